@@ -1,0 +1,5 @@
+//! The ai-router control plane: configuration, key and state stores, the sync service the Envoy
+//! filter watches, the mock provider and the Envoy bootstrap renderer.
+
+pub mod mock;
+pub mod render;

@@ -1,0 +1,1 @@
+//! The scriptable fake provider.

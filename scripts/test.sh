@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The whole check of the repository, as CI runs it (.ci/run) and as a developer runs it:
+# setup, formatting, lints (host and wasm), the wasm filter, the binaries, the compose file,
+# then every test (unit, integration against the mock provider, end-to-end through a real
+# Envoy 1.40 loading the built filter) and the doc-tests. Any failure fails the run; nothing is
+# skipped. Prints the time each step took.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# The test run as a whole is bounded so a hung test fails instead of eating CI's time.
+TEST_TIMEOUT="${AI_ROUTER_TEST_TIMEOUT:-2400}"
+
+START_ALL=$(date +%s)
+TIMINGS=()
+step() {
+    local name="$1"; shift
+    local t0 t1 rc
+    printf '\n==> %s\n' "$name"
+    t0=$(date +%s)
+    set +e
+    "$@"
+    rc=$?
+    set -e
+    t1=$(date +%s)
+    TIMINGS+=("$(printf '%5ss  %s' "$((t1 - t0))" "$name")")
+    if [ "$rc" -ne 0 ]; then
+        printf '\n==> FAILED (exit %s): %s after %ss\n' "$rc" "$name" "$((t1 - t0))"
+        summary
+        exit "$rc"
+    fi
+    printf '==> ok: %s (%ss)\n' "$name" "$((t1 - t0))"
+}
+summary() {
+    printf '\n==> timings\n'
+    local line
+    for line in "${TIMINGS[@]}"; do printf '%s\n' "$line"; done
+    printf '%5ss  total\n' "$(($(date +%s) - START_ALL))"
+}
+
+step "setup (scripts/setup.sh)" ./scripts/setup.sh
+if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+    # shellcheck disable=SC1091
+    . "$HOME/.cargo/env"
+fi
+
+export ENVOY_BIN="$ROOT/.venv/bin/envoy"
+export AI_ROUTER_WASM="$ROOT/target/wasm32-wasip1/release/ai_router_filter.wasm"
+export AI_ROUTER_BIN="$ROOT/target/debug/ai-router"
+export AI_ROUTER_PYTHON="$ROOT/.venv/bin/python"
+
+step "cargo fmt --check" cargo fmt --all -- --check
+step "docker-compose config (validation only)" docker-compose -f docker-compose.yml config -q
+step "cargo clippy (host, all targets)" cargo clippy --workspace --all-targets --locked -- -D warnings
+if [ "$(cat target/.wasm-toolchain 2>/dev/null)" = "rustup" ]; then
+    # The filter's proxy-wasm glue compiles only for wasm32: lint it there too.
+    step "cargo clippy (filter, wasm32-wasip1)" \
+        cargo clippy -p ai-router-filter --target wasm32-wasip1 --locked -- -D warnings
+fi
+step "build the wasm filter (scripts/build-wasm.sh)" ./scripts/build-wasm.sh
+step "cargo build --workspace --bins" cargo build --workspace --bins --locked
+
+run_tests() {
+    if cargo nextest --version >/dev/null 2>&1; then
+        # nextest does not run doc-tests: they run in the next step. A run that finds no test
+        # fails (--no-tests=fail).
+        timeout -k 30 "$TEST_TIMEOUT" cargo nextest run --workspace --locked --no-fail-fast \
+            --no-tests=fail
+    else
+        timeout -k 30 "$TEST_TIMEOUT" cargo test --workspace --locked --no-fail-fast
+    fi
+}
+step "tests (ENVOY_BIN, AI_ROUTER_WASM, AI_ROUTER_BIN, AI_ROUTER_PYTHON set)" run_tests
+if cargo nextest --version >/dev/null 2>&1; then
+    step "doc-tests" timeout -k 30 600 cargo test --workspace --locked --doc
+fi
+
+summary
+printf '\nall checks passed\n'

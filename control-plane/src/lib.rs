@@ -3,3 +3,6 @@
 
 pub mod mock;
 pub mod render;
+pub mod config;
+pub mod error;
+pub mod secrets;

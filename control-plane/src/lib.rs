@@ -6,3 +6,5 @@ pub mod render;
 pub mod config;
 pub mod error;
 pub mod secrets;
+pub mod engine;
+pub mod vkeys;

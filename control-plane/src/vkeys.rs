@@ -1,0 +1,270 @@
+//! Virtual keys: the `sk-starci-<label>-<secret>` keys apps call the gateway with.
+//!
+//! This issue covers mounted keys: `mountedKeys` in the config, or, when none is configured,
+//! `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every profile and model.
+//! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
+//! id is `key_` + 16 hex of sha256("mounted:<label>"), stable across secrets and deploys.
+//! Errors name the label and the id, never the secret.
+
+use std::collections::BTreeSet;
+
+use ai_router_proto::v1 as pb;
+use rand::RngCore;
+
+use crate::config::{Config, MountedKey, QuotaConfig};
+use crate::secrets::{sha256_hex, Env, Secret, SecretSource};
+
+/// The env variable that mounts the app's key when the config mounts none.
+pub const STARCI_AI_KEY: &str = "STARCI_AI_KEY";
+const SECRET_PREFIX: &str = "sk-starci-";
+const MIN_SECRET_TAIL: usize = 32;
+
+/// A virtual key as the control plane holds it: bindings and the hash, never the secret.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VirtualKeyRecord {
+    pub id: String,
+    pub label: String,
+    pub sha256: String,
+    pub profiles: Vec<String>,
+    pub models: Vec<String>,
+    pub owner: Option<String>,
+    pub allow_fallback: bool,
+    pub enabled: bool,
+    pub quota: Option<QuotaConfig>,
+    pub mounted: bool,
+}
+
+impl VirtualKeyRecord {
+    pub fn to_proto(&self) -> pb::VirtualKey {
+        pb::VirtualKey {
+            id: self.id.clone(),
+            label: self.label.clone(),
+            sha256: self.sha256.clone(),
+            profiles: self.profiles.clone(),
+            models: self.models.clone(),
+            allow_fallback: self.allow_fallback,
+            enabled: self.enabled,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MountedKeyError {
+    #[error("mounted key {label} ({id}) is invalid: {reason}")]
+    Invalid {
+        label: String,
+        id: String,
+        reason: String,
+    },
+    #[error("mounted key {label} is given twice")]
+    DuplicateLabel { label: String },
+}
+
+/// `key_` + the first 16 hex of sha256("mounted:<label>").
+pub fn mounted_id(label: &str) -> String {
+    let digest = sha256_hex(&format!("mounted:{label}"));
+    format!("key_{}", &digest[..16])
+}
+
+/// Checks `sk-starci-<label>-<at least 32 of [A-Za-z0-9_-]>`. The reason never quotes the
+/// secret.
+pub fn check_secret(label: &str, secret: &str) -> Result<(), String> {
+    let prefix = format!("{SECRET_PREFIX}{label}-");
+    let Some(tail) = secret.strip_prefix(&prefix) else {
+        return Err(format!("the secret does not start with {prefix}"));
+    };
+    if tail.len() < MIN_SECRET_TAIL {
+        return Err(format!(
+            "the secret has fewer than {MIN_SECRET_TAIL} characters after {prefix}"
+        ));
+    }
+    if !tail
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "the secret has characters other than letters, digits, _ and - after {prefix}"
+        ));
+    }
+    Ok(())
+}
+
+/// The label of a `sk-starci-<label>-...` secret.
+pub fn label_of(secret: &str) -> Option<&str> {
+    let rest = secret.strip_prefix(SECRET_PREFIX)?;
+    let (label, _) = rest.split_once('-')?;
+    let ok = !label.is_empty()
+        && label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    ok.then_some(label)
+}
+
+/// A fresh `sk-starci-<label>-<48 hex>`.
+pub fn generate_secret(label: &str) -> Secret {
+    let mut bytes = [0u8; 24];
+    rand::rng().fill_bytes(&mut bytes);
+    Secret::new(format!("{SECRET_PREFIX}{label}-{}", hex::encode(bytes)))
+}
+
+/// The mounted keys of `config`, or `STARCI_AI_KEY` when it mounts none (an empty list when that
+/// is unset too).
+pub fn mounted_keys(
+    config: &Config,
+    env: &dyn Env,
+) -> Result<Vec<VirtualKeyRecord>, MountedKeyError> {
+    if config.mounted_keys.is_empty() {
+        return starci_ai_key(env).map(|key| key.into_iter().collect());
+    }
+    let mut labels = BTreeSet::new();
+    let mut keys = Vec::with_capacity(config.mounted_keys.len());
+    for mounted in &config.mounted_keys {
+        if !labels.insert(mounted.label.clone()) {
+            return Err(MountedKeyError::DuplicateLabel {
+                label: mounted.label.clone(),
+            });
+        }
+        keys.push(mount(mounted, env)?);
+    }
+    Ok(keys)
+}
+
+fn mount(mounted: &MountedKey, env: &dyn Env) -> Result<VirtualKeyRecord, MountedKeyError> {
+    let id = mounted_id(&mounted.label);
+    let invalid = |reason: String| MountedKeyError::Invalid {
+        label: mounted.label.clone(),
+        id: id.clone(),
+        reason,
+    };
+    let secret = mounted
+        .source
+        .resolve(env)
+        .ok_or_else(|| invalid(format!("{} resolves to nothing", mounted.source.describe())))?;
+    check_secret(&mounted.label, secret.expose()).map_err(invalid)?;
+    Ok(VirtualKeyRecord {
+        id: id.clone(),
+        label: mounted.label.clone(),
+        sha256: sha256_hex(secret.expose()),
+        profiles: mounted.profiles.clone(),
+        models: mounted.models.clone(),
+        owner: mounted.owner.clone(),
+        allow_fallback: mounted.allow_fallback,
+        enabled: mounted.enabled,
+        quota: mounted.quota,
+        mounted: true,
+    })
+}
+
+/// `STARCI_AI_KEY` (or the file `STARCI_AI_KEY_FILE` names), bound to every profile and model.
+fn starci_ai_key(env: &dyn Env) -> Result<Option<VirtualKeyRecord>, MountedKeyError> {
+    let source = SecretSource::EnvOrFileEnv {
+        var: STARCI_AI_KEY.to_owned(),
+        file_var: format!("{STARCI_AI_KEY}_FILE"),
+    };
+    let Some(secret) = source.resolve(env) else {
+        return Ok(None);
+    };
+    let Some(label) = label_of(secret.expose()).map(str::to_owned) else {
+        return Err(MountedKeyError::Invalid {
+            label: STARCI_AI_KEY.to_owned(),
+            id: "-".to_owned(),
+            reason: format!("the secret is not {SECRET_PREFIX}<label>-<secret>"),
+        });
+    };
+    let mounted = MountedKey {
+        label,
+        source,
+        profiles: vec!["*".to_owned()],
+        models: vec!["*".to_owned()],
+        owner: None,
+        allow_fallback: true,
+        quota: None,
+        enabled: true,
+    };
+    mount(&mounted, env).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::secrets::MapEnv;
+    use std::path::Path;
+
+    const GOOD: &str = "sk-starci-app-0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    fn load(text: &str) -> Result<Config, String> {
+        parse(text)
+            .and_then(|f| f.resolve(&MapEnv::default(), Path::new(".")))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn id_is_stable_per_label() {
+        let id = mounted_id("app");
+        assert_eq!(id.len(), 4 + 16);
+        assert_eq!(id, format!("key_{}", &sha256_hex("mounted:app")[..16]));
+    }
+
+    #[test]
+    fn starci_ai_key_is_mounted_for_everything() -> Result<(), String> {
+        let config = load("{}")?;
+        let env = MapEnv::new([(STARCI_AI_KEY, GOOD)]);
+        let keys = mounted_keys(&config, &env).map_err(|e| e.to_string())?;
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].label, "app");
+        assert_eq!(keys[0].id, mounted_id("app"));
+        assert_eq!(keys[0].sha256, sha256_hex(GOOD));
+        assert_eq!(keys[0].profiles, ["*"]);
+        assert_eq!(keys[0].models, ["*"]);
+        assert!(keys[0].mounted && keys[0].enabled && keys[0].allow_fallback);
+        assert!(mounted_keys(&config, &MapEnv::default())
+            .map_err(|e| e.to_string())?
+            .is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn invalid_secrets_are_refused_without_quoting_them() -> Result<(), String> {
+        let config = load("mountedKeys: [{ label: app, env: K, profiles: ['*'] }]\n")?;
+        for bad in [
+            "sk-starci-other-0123456789abcdef0123456789abcdef0123",
+            "sk-starci-app-short",
+            "sk-starci-app-0123456789abcdef0123456789abcdef!!!!",
+        ] {
+            let env = MapEnv::new([("K", bad)]);
+            let message = match mounted_keys(&config, &env) {
+                Ok(_) => return Err(format!("{bad} was accepted")),
+                Err(e) => e.to_string(),
+            };
+            assert!(message.contains("mounted key app (key_"), "{message}");
+            assert!(!message.contains(bad), "{message}");
+        }
+        let message = mounted_keys(&config, &MapEnv::default())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            matches!(&message, Err(m) if m.contains("env K resolves to nothing")),
+            "{message:?}"
+        );
+        let env = MapEnv::new([("K", GOOD)]);
+        let keys = mounted_keys(&config, &env).map_err(|e| e.to_string())?;
+        assert_eq!(keys[0].sha256, sha256_hex(GOOD));
+        let message = mounted_keys(&load("{}")?, &MapEnv::new([(STARCI_AI_KEY, "sk-live-x")]))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            matches!(&message, Err(m) if !m.contains("sk-live-x")),
+            "{message:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn generated_secrets_are_valid() {
+        let secret = generate_secret("local");
+        assert!(check_secret("local", secret.expose()).is_ok());
+        assert_eq!(label_of(secret.expose()), Some("local"));
+        assert_eq!(secret.expose().len(), "sk-starci-local-".len() + 48);
+    }
+}

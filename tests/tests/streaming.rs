@@ -1,0 +1,134 @@
+//! Streams through a real Envoy: a failure before the first token fails over invisibly (the
+//! client sees one clean stream from another lane); a failure after it ends the client's stream
+//! with an OpenAI error event and is not retried.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use ai_router_e2e::{script, Gateway, StreamReply};
+use serde_json::{json, Value};
+
+/// One clean stream of `chunks`: one role chunk, the content in order, no error, `[DONE]` last.
+fn assert_clean_stream(s: &StreamReply, chunks: &[&str]) {
+    assert_eq!(s.status, 200, "{s}");
+    assert!(
+        s.header("content-type")
+            .unwrap_or_default()
+            .starts_with("text/event-stream"),
+        "{s}"
+    );
+    assert!(
+        !s.header("x-request-id").unwrap_or_default().is_empty(),
+        "{s}"
+    );
+    assert!(s.transport_error.is_none(), "{s}");
+    assert_eq!(s.role_chunks(), 1, "exactly one role chunk:\n{s}");
+    assert_eq!(
+        s.contents(),
+        chunks,
+        "the content in order, nothing of the failed lane:\n{s}"
+    );
+    for e in s.json_events() {
+        assert!(e.get("error").is_none(), "no error event expected:\n{s}");
+    }
+    assert_eq!(s.events.last().map(String::as_str), Some("[DONE]"), "{s}");
+    assert_eq!(s.events.iter().filter(|e| *e == "[DONE]").count(), 1, "{s}");
+}
+
+async fn fails_over_before_the_first_token(test: &str, fail_with: &str) {
+    let gw = Gateway::start(test).await.expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::stream_failing(
+            &["never", "seen"],
+            0,
+            fail_with
+        )])]))
+        .await
+        .unwrap();
+    let good = ["Hello", " from", " p2"];
+    gw.mock2
+        .script(json!([script::always(vec![script::stream(&good)])]))
+        .await
+        .unwrap();
+
+    let s = gw.stream("chat").await.unwrap();
+    assert_clean_stream(&s, &good);
+    assert!(!s.body.contains("never"), "{s}");
+
+    let p1 = gw.mock1.calls().await.unwrap();
+    assert!(
+        !p1.is_empty(),
+        "p1 was tried first: the stream failed there"
+    );
+    assert!(
+        p1.iter()
+            .all(|c| c.stream && c.model.as_deref() == Some("m1")),
+        "{p1:?}"
+    );
+    let p2 = gw.mock2.calls().await.unwrap();
+    assert_eq!(p2.len(), 1, "{p2:?}");
+    assert!(p2[0].stream, "{:?}", p2[0].raw);
+    assert_eq!(p2[0].model.as_deref(), Some("m2"), "{:?}", p2[0].raw);
+    assert_eq!(gw.alias_of(p2[0].key.as_deref()), "c");
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_first_event_is_an_error_fails_over_invisibly() {
+    fails_over_before_the_first_token("stream_error_event_first", "error-event").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_before_the_first_token_fails_over_invisibly() {
+    fails_over_before_the_first_token("stream_drop_before_token", "network").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_dropped_after_the_first_token_ends_with_an_error_event() {
+    let gw = Gateway::start("stream_drop_after_token")
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::stream_failing(
+            &["one", " two", " three"],
+            2,
+            "network"
+        )])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::stream(&["from p2"])])]))
+        .await
+        .unwrap();
+
+    let s = gw.stream("chat").await.unwrap();
+    assert_eq!(s.status, 200, "the stream had started:\n{s}");
+    assert_eq!(s.role_chunks(), 1, "{s}");
+    assert_eq!(
+        s.contents(),
+        ["one", " two"],
+        "what was sent before the drop:\n{s}"
+    );
+    let last = s
+        .events
+        .last()
+        .and_then(|e| serde_json::from_str::<Value>(e).ok())
+        .unwrap_or(Value::Null);
+    let error = last
+        .get("error")
+        .unwrap_or_else(|| panic!("the stream ends with an error event:\n{s}"));
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "error.message:\n{s}"
+    );
+    assert!(error["type"].is_string(), "error.type:\n{s}");
+    assert!(error.get("code").is_some(), "error.code:\n{s}");
+    assert!(
+        !s.events.iter().any(|e| e == "[DONE]"),
+        "a failed stream does not end with [DONE]:\n{s}"
+    );
+    assert_eq!(gw.mock1.calls().await.unwrap().len(), 1, "one attempt");
+    assert!(
+        gw.mock2.calls().await.unwrap().is_empty(),
+        "no retry after the first token"
+    );
+    gw.check_no_secrets_in_logs().unwrap();
+}

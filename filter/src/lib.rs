@@ -1,1 +1,29 @@
-//! ai-router filter
+//! The ai-router proxy-wasm filter. One module, three roles chosen by the plugin configuration:
+//!
+//! - `front` (public listener): routes, authenticates the virtual key, parses the body,
+//!   resolves the profile or model and writes the call plan; on the way back it turns a final
+//!   failure into the gateway's error answer and adds the routing headers.
+//! - `attempt` (internal listener, once per attempt): picks a lane, injects the key, rewrites
+//!   the request for the provider, and classifies the answer; a retryable failure is turned
+//!   into a signal the outer router retries on.
+//! - `ctrl` (a singleton per Envoy process): holds the control plane's sync stream and
+//!   publishes the state to the workers through shared data, and sends their reports back.
+//!
+//! Everything that decides (routing, lane choice, classification, the stream gate) is plain
+//! Rust in the modules below and is unit-tested on the host; `glue` is the thin proxy-wasm part.
+
+pub mod classify;
+pub mod errors;
+pub mod lanes;
+pub mod plan;
+pub mod resolve;
+pub mod sse;
+pub mod state;
+pub mod stream;
+pub mod util;
+
+mod glue;
+
+proxy_wasm::main! {{
+    glue::register();
+}}

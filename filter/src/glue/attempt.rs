@@ -1,0 +1,422 @@
+//! The attempt stage: once per attempt, on the internal listener. Picks the lane, sends the
+//! request to its provider, and judges the answer.
+
+use ai_router_proto::v1::{AttemptOutcome, Usage as ProtoUsage};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use serde_json::Value;
+
+use super::front::{H_ATTEMPT, H_ERROR_CLASS, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
+use super::shared::{self, now_ms, SharedView};
+use crate::classify::{classify, Class, Failure};
+use crate::errors::{upstream_invalid_request, GatewayError};
+use crate::lanes::{self, LaneId, Pick};
+use crate::plan::{Plan, PLAN_HEADER};
+use crate::stream::{usage_of, Gate, Step, Usage};
+use crate::util::redact;
+
+/// How the answer is being handled.
+enum Mode {
+    /// Not yet known (request phase).
+    Pending,
+    /// A unary answer or an error: buffered whole, judged at the end.
+    Whole { status: u16, headers: Vec<(String, String)> },
+    /// A stream: held until the first token.
+    Stream { gate: Box<Gate>, seen: usize },
+    /// Passed through untouched (after the verdict).
+    Through,
+}
+
+impl Default for Mode {
+    fn default() -> Self {
+        Mode::Pending
+    }
+}
+
+struct Lane {
+    id: LaneId,
+    kind: String,
+    secret: String,
+    fingerprint: u64,
+}
+
+#[derive(Default)]
+pub struct Attempt {
+    plan: Option<Plan>,
+    attempt: u32,
+    lane: Option<Lane>,
+    started_ms: i64,
+    mode: Mode,
+    reported: bool,
+    after_first_token: bool,
+    usage: Option<Usage>,
+}
+
+/// The gateway's final answer when calls have run out of lanes or attempts, by the class of
+/// the last failure.
+pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
+    let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
+    match class {
+        Some(Class::RateLimit) => GatewayError::new(503, "pool_rate_limited", "Every key that can serve this call is rate limited.").with_retry_after(wait),
+        Some(Class::Quota) => GatewayError::new(503, "pool_quota_exhausted", "Every key that can serve this call has spent its quota or credit.")
+            .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Auth) => GatewayError::new(503, "pool_auth_failed", "Every key that can serve this call was refused by its provider.")
+            .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Deadline) => GatewayError::new(504, "pool_timeout", "The call's deadline passed."),
+        Some(Class::Transient | Class::Network | Class::Timeout | Class::Stream) => {
+            GatewayError::new(502, "upstream_error", "Every attempt failed upstream.")
+        }
+        _ => GatewayError::new(503, "pool_unavailable", "No lane of the pool can serve this call right now.").with_retry_after(wait),
+    }
+}
+
+impl Attempt {
+    fn cid(&self) -> &str {
+        self.plan.as_ref().map(|p| p.cid.as_str()).unwrap_or("")
+    }
+
+    /// Answers from this stage (no lane): the final error, not retried.
+    fn give_up(&mut self, class: Option<Class>, retry_at_ms: Option<i64>) -> Action {
+        let err = final_error(class, retry_at_ms, now_ms());
+        let attempts = self.attempt.to_string();
+        let retry_after = err.retry_after_s.map(|s| s.to_string());
+        let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)];
+        if let Some(r) = retry_after.as_deref() {
+            headers.push((H_RETRY_AFTER, r));
+        }
+        self.send_http_response(u32::from(err.status), headers, Some(&err.body()));
+        Action::Pause
+    }
+
+    fn prepare(&mut self, body: &[u8]) -> Action {
+        let Some(plan) = self.plan.clone() else {
+            return self.give_up(None, None);
+        };
+        let Some(state) = shared::current_state() else { return self.give_up(None, None) };
+        let now = now_ms();
+        let tried = shared::with_call(&plan.cid, |c| c.tried.clone()).unwrap_or_default();
+        let pick = shared::with_round_robin(|rr| lanes::pick(&state, &plan.tiers, &tried, &SharedView, rr, now));
+        let chosen = match pick {
+            Pick::Lane(c) => c,
+            Pick::Unavailable { class, retry_at_ms } => {
+                let last = shared::with_call(&plan.cid, |c| c.last_failure).flatten();
+                let (class, retry_at) = match (class, last) {
+                    (Some(c), _) => (Some(c), retry_at_ms),
+                    (None, Some((c, r))) => (Some(c), r),
+                    (None, None) => (None, retry_at_ms),
+                };
+                return self.give_up(class, retry_at);
+            }
+        };
+        let Some(provider) = state.provider_at(chosen.provider_index) else { return self.give_up(None, None) };
+        let Some(key) = provider.keys.get(chosen.key_index) else { return self.give_up(None, None) };
+
+        // The body for this provider: its model id, usage asked for on streams.
+        let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("model".into(), Value::String(chosen.lane.model.clone()));
+            if plan.stream {
+                let opts = obj.entry("stream_options").or_insert_with(|| Value::Object(Default::default()));
+                if let Some(o) = opts.as_object_mut() {
+                    o.insert("include_usage".into(), Value::Bool(true));
+                }
+            }
+        }
+        let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
+        self.set_http_request_body(0, body.len(), &new_body);
+        self.set_http_request_header("content-length", None);
+
+        let path = format!("{}{}", provider.base_path, plan.op.path());
+        let cluster = if provider.scheme == "https" { "providers_tls" } else { "providers_plain" };
+        self.set_http_request_header(":authority", Some(&provider.authority));
+        self.set_http_request_header(":path", Some(&path));
+        self.set_http_request_header("x-ai-router-cluster", Some(cluster));
+        for (name, _) in self.get_http_request_headers() {
+            if name.starts_with("x-envoy-") || name.starts_with("x-ai-router-") && name != "x-ai-router-cluster" || name == "x-forwarded-for" {
+                self.set_http_request_header(&name, None);
+            }
+        }
+        self.set_http_request_header("authorization", None);
+        self.set_http_request_header("x-api-key", None);
+        for h in &provider.headers {
+            let lower = h.name.to_ascii_lowercase();
+            if lower != "authorization" && lower != "x-api-key" && lower != provider.auth_header {
+                self.set_http_request_header(&lower, Some(&h.value));
+            }
+        }
+        if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
+            self.set_http_request_header("authorization", Some(&format!("Bearer {}", key.secret)));
+        } else {
+            self.set_http_request_header(&provider.auth_header, Some(&key.secret));
+        }
+        if !plan.rid.is_empty() {
+            self.set_http_request_header("x-request-id", Some(&plan.rid));
+            self.set_http_request_header("idempotency-key", Some(&plan.rid));
+        }
+        if plan.stream {
+            self.set_http_request_header("accept", Some("text/event-stream"));
+        }
+
+        shared::with_call(&plan.cid, |c| {
+            c.tried.push(chosen.lane.clone());
+            c.attempts = c.attempts.max(self.attempt);
+        });
+        shared::add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
+        self.lane = Some(Lane { id: chosen.lane, kind: provider.kind.clone(), secret: key.secret.clone(), fingerprint: key.fingerprint });
+        Action::Continue
+    }
+
+    /// Effects of a failure on this VM's view at once (the control plane's push follows).
+    fn hold(&self, failure: &Failure, now: i64) {
+        let Some(lane) = &self.lane else { return };
+        match failure.class {
+            Class::RateLimit => {
+                let until = failure.retry_at_ms.unwrap_or(now + 10_000);
+                shared::hold_cooldown(&lane.id, until);
+            }
+            Class::Quota => {
+                let until = failure.retry_at_ms.unwrap_or(now + 6 * 3_600_000);
+                shared::hold_blacklist(&lane.id.provider, &lane.id.key, Class::Quota, until, lane.fingerprint);
+            }
+            Class::Auth => shared::hold_blacklist(&lane.id.provider, &lane.id.key, Class::Auth, 0, lane.fingerprint),
+            _ => {}
+        }
+    }
+
+    fn report(&mut self, failure: Option<&Failure>, status: u16) {
+        if self.reported {
+            return;
+        }
+        self.reported = true;
+        let Some(lane) = &self.lane else { return };
+        let now = now_ms();
+        shared::add_in_flight(&lane.id.provider, &lane.id.key, -1);
+        let plan = self.plan.as_ref();
+        shared::with_call(self.cid(), |c| match failure {
+            Some(f) => c.last_failure = Some((f.class, f.retry_at_ms)),
+            None => c.answered = Some(lane.id.clone()),
+        });
+        shared::report_attempt(AttemptOutcome {
+            request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
+            attempt: self.attempt,
+            provider: lane.id.provider.clone(),
+            key: lane.id.key.clone(),
+            model: lane.id.model.clone(),
+            outcome: if failure.is_some() { "error".into() } else { "success".into() },
+            error_class: failure.map(|f| f.class.as_str().to_string()).unwrap_or_default(),
+            status: u32::from(status),
+            latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
+            retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
+            fingerprint: lane.fingerprint,
+            provider_code: failure.and_then(|f| f.provider_code.clone()).unwrap_or_default(),
+            usage: self.usage.map(|u| ProtoUsage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens }),
+            virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
+            at_ms: now,
+            after_first_token: self.after_first_token,
+            operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
+        });
+    }
+
+    /// Turns the held response into the signal for the outer router, or the client's answer.
+    fn fail(&mut self, failure: Failure, body_size: usize) {
+        let now = now_ms();
+        self.hold(&failure, now);
+        self.report(Some(&failure), failure.status);
+        let (status, body) = if failure.class.retryable() {
+            let err = final_error(Some(failure.class), failure.retry_at_ms, now);
+            self.set_http_response_header(H_RETRY, Some("1"));
+            self.set_http_response_header(H_FINAL_STATUS, Some(&err.status.to_string()));
+            if let Some(s) = err.retry_after_s {
+                self.set_http_response_header(H_RETRY_AFTER, Some(&s.to_string()));
+            }
+            (503u16, err.body())
+        } else {
+            let secret = self.lane.as_ref().map(|l| l.secret.as_str()).unwrap_or("");
+            let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
+            (failure.status, err.body())
+        };
+        self.set_http_response_header(":status", Some(&status.to_string()));
+        self.set_http_response_header(H_ERROR_CLASS, Some(failure.class.as_str()));
+        self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
+        self.set_http_response_header("content-type", Some("application/json"));
+        self.set_http_response_header("content-length", None);
+        self.set_http_response_body(0, body_size, &body);
+        self.mode = Mode::Through;
+    }
+
+    fn succeed_headers(&self) {
+        self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
+        if let Some(lane) = &self.lane {
+            self.set_http_response_header(H_LANE_MODEL, Some(&lane.id.model));
+        }
+    }
+}
+
+impl Context for Attempt {}
+
+impl HttpContext for Attempt {
+    fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        self.started_ms = now_ms();
+        self.attempt = self.get_http_request_header("x-envoy-attempt-count").and_then(|v| v.parse().ok()).unwrap_or(1);
+        self.plan = self.get_http_request_header(PLAN_HEADER).and_then(|p| Plan::decode(&p));
+        if self.plan.is_none() {
+            return self.give_up(None, None);
+        }
+        if end_of_stream {
+            return self.prepare(&[]);
+        }
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        if self.lane.is_some() {
+            return Action::Continue;
+        }
+        let body = self.get_http_request_body(0, size).unwrap_or_default();
+        self.prepare(&body)
+    }
+
+    fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        let Some(lane) = &self.lane else { return Action::Continue };
+        let status: u16 = self.get_http_response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(502);
+        let headers = self.get_http_response_headers();
+        let is_sse = headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream"));
+        let stream = self.plan.as_ref().is_some_and(|p| p.stream);
+        if (200..300).contains(&status) && stream && is_sse {
+            let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
+            self.mode = Mode::Stream { gate: Box::new(Gate::new(&lane.kind, include_usage)), seen: 0 };
+        } else {
+            self.mode = Mode::Whole { status, headers };
+        }
+        if end_of_stream {
+            // No body at all.
+            self.judge_whole(&[], 0);
+            return Action::Continue;
+        }
+        Action::Pause
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        match std::mem::take(&mut self.mode) {
+            Mode::Pending | Mode::Through => {
+                self.mode = Mode::Through;
+                Action::Continue
+            }
+            Mode::Whole { status, headers } => {
+                self.mode = Mode::Whole { status, headers };
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                let body = self.get_http_response_body(0, size).unwrap_or_default();
+                self.judge_whole(&body, size);
+                Action::Continue
+            }
+            Mode::Stream { mut gate, seen } => {
+                let now = now_ms();
+                // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
+                let buffered = !gate.released();
+                let new = if buffered {
+                    self.get_http_response_body(seen, size.saturating_sub(seen)).unwrap_or_default()
+                } else {
+                    self.get_http_response_body(0, size).unwrap_or_default()
+                };
+                // The bytes that take the place of this callback's body.
+                let mut out: Option<Vec<u8>> = None;
+                match gate.feed(&new, now) {
+                    Step::Hold => {}
+                    Step::Release(bytes) => {
+                        self.after_first_token = true;
+                        self.succeed_headers();
+                        out = Some(bytes);
+                    }
+                    Step::Forward(bytes) => out = Some(bytes),
+                    Step::Fail(failure) => {
+                        self.fail(failure, size);
+                        return Action::Continue;
+                    }
+                }
+                if !end_of_stream {
+                    if let Some(bytes) = out {
+                        self.set_http_response_body(0, size, &bytes);
+                    }
+                    let held = !gate.released();
+                    self.mode = Mode::Stream { gate, seen: size };
+                    return if held { Action::Pause } else { Action::Continue };
+                }
+                match gate.finish() {
+                    Ok(tail) => {
+                        if !self.after_first_token {
+                            self.after_first_token = gate.released();
+                            self.succeed_headers();
+                        }
+                        let mut bytes = out.unwrap_or_default();
+                        bytes.extend(tail);
+                        self.set_http_response_body(0, size, &bytes);
+                        self.usage = gate.usage;
+                        let failure = (!gate.completed()).then(|| Failure {
+                            class: Class::Stream,
+                            retry_at_ms: None,
+                            provider_code: None,
+                            message: "the stream broke off after the first token".into(),
+                            status: 200,
+                        });
+                        self.report(failure.as_ref(), 200);
+                    }
+                    Err(failure) => self.fail(failure, size),
+                }
+                self.mode = Mode::Through;
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_log(&mut self) {
+        if self.reported || self.lane.is_none() {
+            return;
+        }
+        // The attempt ended without a verdict: the connection broke, the per-attempt timeout
+        // fired, or the client went away.
+        let elapsed = now_ms().saturating_sub(self.started_ms) as u64;
+        let timeout = self.plan.as_ref().map(|p| p.timeout_ms).unwrap_or(u64::MAX);
+        let class = if self.after_first_token {
+            Class::Stream
+        } else if elapsed + 50 >= timeout {
+            Class::Timeout
+        } else {
+            Class::Network
+        };
+        let failure = Failure { class, retry_at_ms: None, provider_code: None, message: String::new(), status: 0 };
+        self.report(Some(&failure), 0);
+    }
+}
+
+impl Attempt {
+    /// The verdict on a whole (unary or error) answer.
+    fn judge_whole(&mut self, body: &[u8], size: usize) {
+        let Mode::Whole { status, headers } = std::mem::take(&mut self.mode) else { return };
+        let Some(lane) = &self.lane else { return };
+        let now = now_ms();
+        let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
+        if (200..300).contains(&status) && !has_error_object {
+            self.usage = usage_of(&parsed);
+            self.succeed_headers();
+            self.report(None, status);
+            self.mode = Mode::Through;
+            return;
+        }
+        let mut failure = classify(&lane.kind, status, &headers, body, now);
+        // Envoy's own answers (connection refused, reset before headers) carry no provider body.
+        let text = String::from_utf8_lossy(body);
+        if status == 503 && (text.starts_with("upstream connect error") || text.starts_with("no healthy upstream")) {
+            failure.class = Class::Network;
+        }
+        self.fail(failure, size);
+    }
+}
+

@@ -1,0 +1,175 @@
+//! The singleton that holds the control plane's sync stream for this Envoy process: it writes
+//! every snapshot it receives into shared data for the workers, re-opens the stream with
+//! backoff when it breaks (the workers keep serving from the last state meanwhile), and sends
+//! the workers' reports back in batches.
+
+use ai_router_proto::v1::{AttemptOutcome, ReportBatch, RequestOutcome, StateUpdate, WatchRequest};
+use prost::Message;
+use proxy_wasm::hostcalls;
+
+use super::shared::{duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY};
+use super::{log_error, log_info};
+
+const SERVICE: &str = "airouter.v1.Sync";
+const TOKEN_HEADER: &str = "x-ai-router-sync-token";
+const MAX_BATCH: usize = 256;
+
+pub struct Ctrl {
+    cluster: String,
+    node: String,
+    token: Option<String>,
+    stream: Option<u32>,
+    next_connect_ms: i64,
+    backoff_ms: i64,
+    queue: Option<u32>,
+    version: u64,
+    connected_once: bool,
+}
+
+impl Ctrl {
+    pub fn new(cluster: String, node: String) -> Self {
+        let token = std::env::var("AI_ROUTER_SYNC_TOKEN").ok().filter(|t| !t.is_empty());
+        Self {
+            cluster,
+            node,
+            token,
+            stream: None,
+            next_connect_ms: 0,
+            backoff_ms: 250,
+            queue: None,
+            version: 0,
+            connected_once: false,
+        }
+    }
+
+    pub fn start(&mut self, tick_ms: u64) {
+        match hostcalls::register_shared_queue(REPORT_QUEUE) {
+            Ok(q) => self.queue = Some(q),
+            Err(e) => log_error(&format!("ai-router: cannot register the report queue: {e:?}")),
+        }
+        let _ = hostcalls::set_tick_period(duration_ms(tick_ms.clamp(50, 10_000)));
+    }
+
+    fn metadata(&self) -> Vec<(&str, &[u8])> {
+        match &self.token {
+            Some(t) => vec![(TOKEN_HEADER, t.as_bytes())],
+            None => Vec::new(),
+        }
+    }
+
+    fn connect(&mut self) {
+        let request = WatchRequest { node: self.node.clone(), known_version: self.version }.encode_to_vec();
+        match hostcalls::open_grpc_stream(&self.cluster, SERVICE, "Watch", self.metadata()) {
+            Ok(token) => {
+                self.stream = Some(token);
+                if let Err(e) = hostcalls::send_grpc_stream_message(token, Some(&request), true) {
+                    log_error(&format!("ai-router: cannot send the watch request: {e:?}"));
+                }
+            }
+            Err(e) => {
+                log_error(&format!("ai-router: cannot open the sync stream to cluster '{}': {e:?}", self.cluster));
+                self.schedule_reconnect();
+            }
+        }
+    }
+
+    fn schedule_reconnect(&mut self) {
+        self.stream = None;
+        self.next_connect_ms = now_ms() + self.backoff_ms;
+        self.backoff_ms = (self.backoff_ms * 2).min(5_000);
+    }
+
+    pub fn on_tick(&mut self) {
+        if self.stream.is_none() && now_ms() >= self.next_connect_ms {
+            self.connect();
+        }
+        self.flush_reports();
+    }
+
+    pub fn on_stream_message(&mut self, token: u32, size: usize) {
+        if Some(token) != self.stream {
+            return;
+        }
+        let bytes = match hostcalls::get_buffer(proxy_wasm::types::BufferType::GrpcReceiveBuffer, 0, size) {
+            Ok(Some(b)) => b,
+            _ => return,
+        };
+        let update = match StateUpdate::decode(bytes.as_slice()) {
+            Ok(u) => u,
+            Err(e) => {
+                log_error(&format!("ai-router: undecodable state update: {e}"));
+                return;
+            }
+        };
+        let Some(snapshot) = update.snapshot else { return };
+        // The snapshot first, then the version the workers compare against.
+        let encoded = snapshot.encode_to_vec();
+        if hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&encoded), None).is_err() {
+            log_error("ai-router: cannot publish the state snapshot");
+            return;
+        }
+        let _ = hostcalls::set_shared_data(VERSION_KEY, Some(&update.version.to_be_bytes()), None);
+        if !self.connected_once || self.version == 0 {
+            log_info(&format!("ai-router: state version {} received from the control plane", update.version));
+        }
+        self.connected_once = true;
+        self.version = update.version;
+        self.backoff_ms = 250;
+    }
+
+    pub fn on_stream_close(&mut self, token: u32, status: u32) {
+        if Some(token) != self.stream {
+            return;
+        }
+        let (_, message) = hostcalls::get_grpc_status().unwrap_or((status, None));
+        log_error(&format!(
+            "ai-router: sync stream closed (grpc status {status}{}); serving from state version {} until it is back",
+            message.map(|m| format!(": {m}")).unwrap_or_default(),
+            self.version
+        ));
+        self.schedule_reconnect();
+    }
+
+    pub fn on_queue_ready(&mut self, _queue: u32) {
+        self.flush_reports();
+    }
+
+    pub fn on_report_response(&mut self, _token: u32, status: u32) {
+        if status != 0 {
+            log_error(&format!("ai-router: the control plane refused a report batch (grpc status {status})"));
+        }
+    }
+
+    fn flush_reports(&mut self) {
+        let Some(queue) = self.queue else { return };
+        loop {
+            let mut batch = ReportBatch { node: self.node.clone(), ..ReportBatch::default() };
+            while batch.attempts.len() + batch.requests.len() < MAX_BATCH {
+                let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) else { break };
+                let Some((kind, body)) = msg.split_first() else { continue };
+                match *kind {
+                    REPORT_ATTEMPT => {
+                        if let Ok(a) = AttemptOutcome::decode(body) {
+                            batch.attempts.push(a);
+                        }
+                    }
+                    REPORT_REQUEST => {
+                        if let Ok(r) = RequestOutcome::decode(body) {
+                            batch.requests.push(r);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if batch.attempts.is_empty() && batch.requests.is_empty() {
+                return;
+            }
+            let bytes = batch.encode_to_vec();
+            if let Err(e) = hostcalls::dispatch_grpc_call(&self.cluster, SERVICE, "Report", self.metadata(), Some(&bytes), duration_ms(5_000)) {
+                log_error(&format!("ai-router: cannot send reports: {e:?}"));
+                return;
+            }
+        }
+    }
+}
+

@@ -1,0 +1,231 @@
+//! What the workers share: the pushed state (shared data written by the ctrl singleton, decoded
+//! once per version per VM), holds one worker puts on lanes for all (shared data), this VM's
+//! calls in progress, in-flight counts and round-robin positions (thread-local: the front and
+//! attempt stages of one call run on the same worker), and the report queue.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
+use prost::Message;
+use proxy_wasm::hostcalls;
+use serde::{Deserialize, Serialize};
+
+use crate::classify::Class;
+use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
+use crate::state::State;
+
+pub const VM_ID: &str = "ai_router";
+pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
+pub const VERSION_KEY: &str = "ai-router/version";
+pub const REPORT_QUEUE: &str = "ai-router/reports";
+pub const REPORT_ATTEMPT: u8 = 1;
+pub const REPORT_REQUEST: u8 = 2;
+
+/// Bookkeeping for one call, shared by its front and attempt contexts.
+#[derive(Debug, Default)]
+pub struct Call {
+    pub tried: Vec<LaneId>,
+    pub attempts: u32,
+    pub last_failure: Option<(Class, Option<i64>)>,
+    pub answered: Option<LaneId>,
+    pub created_ms: i64,
+}
+
+#[derive(Default)]
+struct Local {
+    state: Option<Rc<State>>,
+    calls: HashMap<String, Call>,
+    in_flight: HashMap<(String, String), u32>,
+    rr: RoundRobin,
+    queue: Option<u32>,
+    next_call: u64,
+    salt: u64,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Local> = RefCell::new(Local::default());
+}
+
+pub fn now_ms() -> i64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The freshest state, decoding the pushed snapshot only when its version changed.
+pub fn current_state() -> Option<Rc<State>> {
+    let version = match hostcalls::get_shared_data(VERSION_KEY) {
+        Ok((Some(bytes), _)) if bytes.len() == 8 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes);
+            u64::from_be_bytes(b)
+        }
+        _ => return LOCAL.with(|l| l.borrow().state.clone()),
+    };
+    let cached = LOCAL.with(|l| l.borrow().state.clone());
+    if let Some(s) = &cached {
+        if s.version == version {
+            return cached;
+        }
+    }
+    let decoded = match hostcalls::get_shared_data(SNAPSHOT_KEY) {
+        Ok((Some(bytes), _)) => State::decode(version, &bytes),
+        _ => None,
+    };
+    match decoded {
+        Some(state) => {
+            let state = Rc::new(state);
+            LOCAL.with(|l| l.borrow_mut().state = Some(state.clone()));
+            Some(state)
+        }
+        None => cached,
+    }
+}
+
+/// A new call id, unique within this Envoy process.
+pub fn new_call(now: i64) -> String {
+    LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.salt == 0 {
+            // Distinguishes the VMs of the workers from each other.
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_i64(now);
+            l.salt = h.finish() | 1;
+        }
+        l.next_call += 1;
+        let cid = format!("{:x}-{}", l.salt, l.next_call);
+        l.calls.insert(cid.clone(), Call { created_ms: now, ..Call::default() });
+        // Calls whose front context never said goodbye are dropped after ten minutes.
+        if l.calls.len() > 1024 {
+            l.calls.retain(|_, c| now - c.created_ms < 600_000);
+        }
+        cid
+    })
+}
+
+pub fn with_call<R>(cid: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
+    LOCAL.with(|l| l.borrow_mut().calls.get_mut(cid).map(f))
+}
+
+pub fn end_call(cid: &str) -> Option<Call> {
+    LOCAL.with(|l| l.borrow_mut().calls.remove(cid))
+}
+
+pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
+    LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        let n = l.in_flight.entry((provider.to_string(), key.to_string())).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+    })
+}
+
+pub fn with_round_robin<R>(f: impl FnOnce(&mut RoundRobin) -> R) -> R {
+    LOCAL.with(|l| f(&mut l.borrow_mut().rr))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct StoredHold {
+    #[serde(default)]
+    cooldown_until: i64,
+    #[serde(default)]
+    class: Option<String>,
+    #[serde(default)]
+    until: i64,
+    #[serde(default)]
+    fp: u64,
+}
+
+fn cooldown_key(lane: &LaneId) -> String {
+    format!("ai-router/cooldown/{}", lane.token())
+}
+
+fn blacklist_key(provider: &str, key: &str) -> String {
+    format!("ai-router/blacklist/{provider}\u{1f}{key}")
+}
+
+/// Cools a lane for every worker of this Envoy at once (the control plane's push follows).
+pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
+    let value = StoredHold { cooldown_until: until_ms, class: None, until: 0, fp: 0 };
+    if let Ok(bytes) = serde_json::to_vec(&value) {
+        let _ = hostcalls::set_shared_data(&cooldown_key(lane), Some(&bytes), None);
+    }
+}
+
+/// Takes a key out for every worker of this Envoy at once.
+pub fn hold_blacklist(provider: &str, key: &str, class: Class, until_ms: i64, fingerprint: u64) {
+    let value = StoredHold { cooldown_until: 0, class: Some(class.as_str().into()), until: until_ms, fp: fingerprint };
+    if let Ok(bytes) = serde_json::to_vec(&value) {
+        let _ = hostcalls::set_shared_data(&blacklist_key(provider, key), Some(&bytes), None);
+    }
+}
+
+fn read_hold(key: &str) -> Option<StoredHold> {
+    match hostcalls::get_shared_data(key) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => serde_json::from_slice(&bytes).ok(),
+        _ => None,
+    }
+}
+
+/// The picker's view backed by shared data and this VM's counters.
+pub struct SharedView;
+
+impl View for SharedView {
+    fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
+        let mut out = Vec::new();
+        if let Some(h) = read_hold(&cooldown_key(lane)) {
+            out.push(LocalHold::Cooldown { until_ms: h.cooldown_until });
+        }
+        if let Some(h) = read_hold(&blacklist_key(&lane.provider, &lane.key)) {
+            if let Some(class) = h.class.as_deref().and_then(Class::parse) {
+                out.push(LocalHold::Blacklist { class, until_ms: h.until, fingerprint: h.fp });
+            }
+        }
+        out
+    }
+
+    fn in_flight(&self, provider: &str, key: &str) -> u32 {
+        LOCAL.with(|l| l.borrow().in_flight.get(&(provider.to_string(), key.to_string())).copied().unwrap_or(0))
+    }
+
+    fn provider_in_flight(&self, provider: &str) -> u32 {
+        LOCAL.with(|l| l.borrow().in_flight.iter().filter(|((p, _), _)| p == provider).map(|(_, n)| *n).sum())
+    }
+}
+
+fn report_queue() -> Option<u32> {
+    if let Some(q) = LOCAL.with(|l| l.borrow().queue) {
+        return Some(q);
+    }
+    let q = hostcalls::resolve_shared_queue(VM_ID, REPORT_QUEUE).ok().flatten()?;
+    LOCAL.with(|l| l.borrow_mut().queue = Some(q));
+    Some(q)
+}
+
+fn enqueue(kind: u8, body: Vec<u8>) {
+    let Some(q) = report_queue() else { return };
+    let mut msg = Vec::with_capacity(body.len() + 1);
+    msg.push(kind);
+    msg.extend(body);
+    if hostcalls::enqueue_shared_queue(q, Some(&msg)).is_err() {
+        // The singleton may have restarted: resolve again next time.
+        LOCAL.with(|l| l.borrow_mut().queue = None);
+    }
+}
+
+pub fn report_attempt(outcome: AttemptOutcome) {
+    enqueue(REPORT_ATTEMPT, outcome.encode_to_vec());
+}
+
+pub fn report_request(outcome: RequestOutcome) {
+    enqueue(REPORT_REQUEST, outcome.encode_to_vec());
+}
+
+pub fn duration_ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}

@@ -1,0 +1,333 @@
+//! The front stage's decisions on a parsed request: which profile or pool model it names,
+//! whether the virtual key may call it, the merged policy, and the ordered candidate tiers.
+
+use ai_router_proto::v1::{Policy, VirtualKey};
+use serde_json::Value;
+
+use crate::errors::GatewayError;
+use crate::plan::{Candidate, Operation};
+use crate::state::State;
+
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_DEADLINE_MS: u64 = 120_000;
+
+/// What the front stage derived from a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub tiers: Vec<Vec<Candidate>>,
+    pub max_attempts: u32,
+    pub timeout_ms: u64,
+    pub deadline_ms: u64,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Later fields win, field by field.
+pub fn merge(base: &Policy, over: &Policy) -> Policy {
+    let mut out = base.clone();
+    if over.model.is_some() {
+        out.model = over.model.clone();
+    }
+    if !over.fallbacks.is_empty() {
+        out.fallbacks = over.fallbacks.clone();
+    }
+    if over.allow_fallback.is_some() {
+        out.allow_fallback = over.allow_fallback;
+    }
+    if over.max_attempts.is_some() {
+        out.max_attempts = over.max_attempts;
+    }
+    if over.timeout_ms.is_some() {
+        out.timeout_ms = over.timeout_ms;
+    }
+    if over.deadline_ms.is_some() {
+        out.deadline_ms = over.deadline_ms;
+    }
+    if over.max_cost.is_some() {
+        out.max_cost = over.max_cost;
+    }
+    if !over.providers.is_empty() {
+        out.providers = over.providers.clone();
+    }
+    if !over.require.is_empty() {
+        out.require = over.require.clone();
+    }
+    if !over.candidates.is_empty() {
+        out.candidates = over.candidates.clone();
+    }
+    out.pinned = out.pinned || over.pinned;
+    out
+}
+
+fn allows(list: &[String], name: &str) -> bool {
+    list.iter().any(|n| n == "*" || n == name)
+}
+
+/// Whether the key may call a pool model directly by this name (or the model's id or aliases).
+fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
+    if allows(&key.models, name) {
+        return true;
+    }
+    state.models_named(name).iter().any(|r| {
+        state
+            .provider_at(r.provider)
+            .and_then(|p| p.models.get(r.model))
+            .map(|m| allows(&key.models, &m.id) || m.aliases.iter().any(|a| allows(&key.models, a)))
+            .unwrap_or(false)
+    })
+}
+
+/// The candidates serving a model name, optionally on one provider and within the policy's
+/// provider restriction.
+fn candidates_for(state: &State, name: &str, provider: Option<&str>, weight: f64, policy: &Policy) -> Vec<Candidate> {
+    state
+        .models_named(name)
+        .iter()
+        .filter_map(|r| {
+            let p = state.provider_at(r.provider)?;
+            let m = p.models.get(r.model)?;
+            if provider.is_some_and(|want| want != p.id) {
+                return None;
+            }
+            if !policy.providers.is_empty() && !policy.providers.contains(&p.id) {
+                return None;
+            }
+            Some(Candidate { provider: p.id.clone(), model: m.id.clone(), weight })
+        })
+        .collect()
+}
+
+fn capability_ok(state: &State, c: &Candidate, op: Operation) -> bool {
+    let Some((_, p)) = state.provider(&c.provider) else { return false };
+    let Some(m) = p.models.iter().find(|m| m.id == c.model) else { return false };
+    let embeddings = m.capabilities.iter().any(|c| c == "embeddings");
+    match op {
+        Operation::Embeddings => embeddings,
+        // A model that declares only embeddings cannot chat.
+        Operation::Chat => !embeddings || m.capabilities.iter().any(|c| c == "chat"),
+    }
+}
+
+/// Decides what a request routes to.
+pub fn resolve(state: &State, key: &VirtualKey, body: &Value, op: Operation) -> Result<Resolved, GatewayError> {
+    let requested = match body.get("model") {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(GatewayError::new(400, "missing_model", "The request has no model.").with_param("model"));
+        }
+        Some(_) => {
+            return Err(GatewayError::new(400, "invalid_request", "model must be a string.").with_param("model"));
+        }
+    };
+    let defaults = state.defaults();
+    let profile = state.profile(&requested);
+
+    let (policy, tiers_by_name): (Policy, Vec<Vec<(String, Option<String>, f64)>>) = if let Some(profile) = profile {
+        if !allows(&key.profiles, &requested) {
+            return Err(GatewayError::new(
+                403,
+                "model_not_allowed",
+                format!("This key may not call the profile '{requested}'."),
+            )
+            .with_param("model"));
+        }
+        let policy = merge(&defaults, profile);
+        let tiers = if !profile.candidates.is_empty() {
+            profile
+                .candidates
+                .iter()
+                .map(|t| {
+                    t.candidates
+                        .iter()
+                        .map(|c| {
+                            let provider = (!c.provider.is_empty()).then(|| c.provider.clone());
+                            let weight = if c.weight > 0.0 { c.weight } else { 1.0 };
+                            (c.model.clone(), provider, weight)
+                        })
+                        .collect()
+                })
+                .collect()
+        } else {
+            let preferred = policy.model.clone().unwrap_or_default();
+            std::iter::once(preferred)
+                .chain(policy.fallbacks.iter().cloned())
+                .filter(|n| !n.is_empty())
+                .map(|n| vec![(n, None, 1.0)])
+                .collect()
+        };
+        (policy, tiers)
+    } else {
+        if state.models_named(&requested).is_empty() {
+            return Err(GatewayError::new(
+                404,
+                "model_not_found",
+                format!("The model '{requested}' does not exist in this gateway's pool."),
+            )
+            .with_param("model"));
+        }
+        if !key_may_call_model(state, key, &requested) {
+            return Err(GatewayError::new(
+                403,
+                "model_not_allowed",
+                format!("This key may not call the model '{requested}'."),
+            )
+            .with_param("model"));
+        }
+        // A direct model call falls back only through the defaults' fallbacks the key may call.
+        let mut tiers = vec![vec![(requested.clone(), None, 1.0)]];
+        for f in &defaults.fallbacks {
+            if f != &requested && key_may_call_model(state, key, f) {
+                tiers.push(vec![(f.clone(), None, 1.0)]);
+            }
+        }
+        let mut policy = defaults.clone();
+        policy.model = Some(requested.clone());
+        (policy, tiers)
+    };
+
+    let allow_fallback = policy.allow_fallback.unwrap_or(true) && key.allow_fallback;
+    let mut tiers: Vec<Vec<Candidate>> = Vec::new();
+    for tier in tiers_by_name {
+        let mut out: Vec<Candidate> = Vec::new();
+        for (name, provider, weight) in tier {
+            for c in candidates_for(state, &name, provider.as_deref(), weight, &policy) {
+                if capability_ok(state, &c, op) && !tiers.iter().flatten().chain(out.iter()).any(|o| o.provider == c.provider && o.model == c.model) {
+                    out.push(c);
+                }
+            }
+        }
+        if !out.is_empty() {
+            tiers.push(out);
+        }
+        if !allow_fallback && !tiers.is_empty() {
+            break;
+        }
+    }
+    if tiers.is_empty() {
+        return Err(GatewayError::new(
+            503,
+            "pool_unavailable",
+            format!("No provider in the pool can serve '{requested}' for this request."),
+        ));
+    }
+    let stream = op == Operation::Chat && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Ok(Resolved {
+        tiers,
+        max_attempts: policy.max_attempts.filter(|n| *n > 0).unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        timeout_ms: policy.timeout_ms.filter(|n| *n > 0).unwrap_or(DEFAULT_TIMEOUT_MS),
+        deadline_ms: policy.deadline_ms.filter(|n| *n > 0).unwrap_or(DEFAULT_DEADLINE_MS),
+        stream,
+        include_usage,
+    })
+}
+
+/// The `/v1/models` list for a key: the profiles and pool names it may call.
+pub fn model_list(state: &State, key: &VirtualKey) -> Vec<String> {
+    let mut names: Vec<String> = state
+        .snapshot
+        .profiles
+        .keys()
+        .filter(|p| allows(&key.profiles, p))
+        .cloned()
+        .collect();
+    let mut models: Vec<String> = state
+        .names()
+        .filter(|n| !state.snapshot.profiles.contains_key(*n) && key_may_call_model(state, key, n))
+        .cloned()
+        .collect();
+    names.sort();
+    models.sort();
+    names.extend(models);
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ai_router_proto::v1::{Model, Provider, Snapshot};
+    use serde_json::json;
+
+    fn model(id: &str, aliases: &[&str]) -> Model {
+        Model { id: id.into(), aliases: aliases.iter().map(|a| a.to_string()).collect(), ..Default::default() }
+    }
+
+    fn state() -> State {
+        let mut snap = Snapshot::default();
+        snap.providers.push(Provider { id: "p1".into(), models: vec![model("m1", &["chat"]), model("big", &["smart"])], ..Default::default() });
+        snap.providers.push(Provider { id: "p2".into(), models: vec![model("m1", &["chat"])], ..Default::default() });
+        snap.defaults = Some(Policy { fallbacks: vec!["smart".into()], ..Default::default() });
+        snap.profiles.insert(
+            "strict".into(),
+            Policy { model: Some("smart".into()), allow_fallback: Some(false), max_attempts: Some(2), ..Default::default() },
+        );
+        State::new(1, snap)
+    }
+
+    fn all_key() -> VirtualKey {
+        VirtualKey { id: "k".into(), profiles: vec!["*".into()], models: vec!["*".into()], allow_fallback: true, enabled: true, ..Default::default() }
+    }
+
+    #[test]
+    fn direct_model_with_default_fallbacks() {
+        let r = resolve(&state(), &all_key(), &json!({"model":"chat","messages":[]}), Operation::Chat).unwrap();
+        assert_eq!(r.tiers.len(), 2);
+        assert_eq!(r.tiers[0].iter().map(|c| c.provider.as_str()).collect::<Vec<_>>(), vec!["p1", "p2"]);
+        assert_eq!(r.tiers[1][0].model, "big");
+        assert_eq!(r.max_attempts, DEFAULT_MAX_ATTEMPTS);
+    }
+
+    #[test]
+    fn profile_policy_and_pinning() {
+        let r = resolve(&state(), &all_key(), &json!({"model":"strict","stream":true}), Operation::Chat).unwrap();
+        assert_eq!(r.tiers.len(), 1);
+        assert_eq!(r.tiers[0][0].model, "big");
+        assert_eq!(r.max_attempts, 2);
+        assert!(r.stream);
+    }
+
+    #[test]
+    fn errors() {
+        let s = state();
+        let k = all_key();
+        assert_eq!(resolve(&s, &k, &json!({}), Operation::Chat).unwrap_err().code, "missing_model");
+        assert_eq!(resolve(&s, &k, &json!({"model": 3}), Operation::Chat).unwrap_err().code, "invalid_request");
+        assert_eq!(resolve(&s, &k, &json!({"model":"nope"}), Operation::Chat).unwrap_err().code, "model_not_found");
+        let narrow = VirtualKey { models: vec!["big".into()], profiles: vec![], ..k.clone() };
+        assert_eq!(resolve(&s, &narrow, &json!({"model":"chat"}), Operation::Chat).unwrap_err().status, 403);
+        assert_eq!(resolve(&s, &narrow, &json!({"model":"strict"}), Operation::Chat).unwrap_err().code, "model_not_allowed");
+        // An alias of an allowed model id is allowed.
+        assert!(resolve(&s, &narrow, &json!({"model":"smart"}), Operation::Chat).is_ok());
+    }
+
+    #[test]
+    fn key_without_fallback_keeps_first_tier() {
+        let k = VirtualKey { allow_fallback: false, ..all_key() };
+        let r = resolve(&state(), &k, &json!({"model":"chat"}), Operation::Chat).unwrap();
+        assert_eq!(r.tiers.len(), 1);
+    }
+
+    #[test]
+    fn models_list_respects_scope() {
+        let s = state();
+        let narrow = VirtualKey { models: vec!["m1".into()], profiles: vec![], ..all_key() };
+        assert_eq!(model_list(&s, &narrow), vec!["chat".to_string(), "m1".to_string()]);
+        assert!(model_list(&s, &all_key()).contains(&"strict".to_string()));
+    }
+
+    #[test]
+    fn merge_is_field_by_field() {
+        let a = Policy { max_attempts: Some(3), fallbacks: vec!["x".into()], ..Default::default() };
+        let b = Policy { timeout_ms: Some(5), ..Default::default() };
+        let m = merge(&a, &b);
+        assert_eq!(m.max_attempts, Some(3));
+        assert_eq!(m.timeout_ms, Some(5));
+        assert_eq!(m.fallbacks, vec!["x".to_string()]);
+    }
+}

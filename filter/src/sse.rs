@@ -1,0 +1,152 @@
+//! An incremental server-sent-events parser: feed bytes as they arrive, get whole events with
+//! their raw bytes (so they can be forwarded untouched) and their parsed fields.
+
+/// One complete event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The bytes of the event including its terminating blank line.
+    pub raw: Vec<u8>,
+    /// The `event:` field, if any.
+    pub name: Option<String>,
+    /// The `data:` lines joined with `\n`.
+    pub data: String,
+}
+
+/// Holds the bytes of an incomplete event between feeds.
+#[derive(Debug, Default)]
+pub struct Parser {
+    pending: Vec<u8>,
+}
+
+impl Parser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes received but not yet part of a complete event.
+    pub fn pending(&self) -> &[u8] {
+        &self.pending
+    }
+
+    /// Takes the incomplete tail (at the end of a stream).
+    pub fn take_pending(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Adds bytes and returns every event they complete.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
+        self.pending.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(end) = event_end(&self.pending) {
+            let raw: Vec<u8> = self.pending.drain(..end).collect();
+            if let Some(event) = parse_event(raw) {
+                events.push(event);
+            }
+        }
+        events
+    }
+}
+
+/// The index just past the blank line that ends the first event, if complete.
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i < buf.len() {
+        // A line ends at \n, \r\n or a lone \r; an event at an empty line.
+        let line_end = match buf[i..].iter().position(|b| *b == b'\n' || *b == b'\r') {
+            Some(p) => i + p,
+            None => return None,
+        };
+        let mut next = line_end + 1;
+        if buf[line_end] == b'\r' {
+            if next >= buf.len() {
+                // "\r" at the very end: wait to see whether "\n" follows.
+                return None;
+            }
+            if buf[next] == b'\n' {
+                next += 1;
+            }
+        }
+        if line_end == i {
+            // An empty line: the event ends here.
+            return Some(next);
+        }
+        i = next;
+    }
+    None
+}
+
+fn parse_event(raw: Vec<u8>) -> Option<Event> {
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let mut name = None;
+    let mut data: Vec<String> = Vec::new();
+    let mut any_field = false;
+    for line in text.split(['\n', '\r']) {
+        if line.is_empty() || line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = match line.find(':') {
+            Some(p) => {
+                let v = &line[p + 1..];
+                (&line[..p], v.strip_prefix(' ').unwrap_or(v))
+            }
+            None => (line, ""),
+        };
+        any_field = true;
+        match field {
+            "event" => name = Some(value.to_string()),
+            "data" => data.push(value.to_string()),
+            _ => {}
+        }
+    }
+    if !any_field {
+        // Comments and blank lines only (keep-alives): still forwarded raw by callers that
+        // want them, but carry no event.
+        return Some(Event { raw, name: None, data: String::new() });
+    }
+    Some(Event { raw, name, data: data.join("\n") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STREAM: &str = "data: {\"a\":1}\n\nevent: ping\ndata: x\n\n: keep-alive\n\ndata: [DONE]\n\n";
+
+    fn datas(events: &[Event]) -> Vec<String> {
+        events.iter().filter(|e| !e.data.is_empty()).map(|e| e.data.clone()).collect()
+    }
+
+    #[test]
+    fn every_split_position_gives_the_same_events() {
+        let whole = Parser::new().feed(STREAM.as_bytes());
+        assert_eq!(datas(&whole), vec!["{\"a\":1}", "x", "[DONE]"]);
+        assert_eq!(whole[1].name.as_deref(), Some("ping"));
+        for split in 0..=STREAM.len() {
+            let mut p = Parser::new();
+            let mut got = p.feed(&STREAM.as_bytes()[..split]);
+            got.extend(p.feed(&STREAM.as_bytes()[split..]));
+            assert_eq!(got, whole, "split at {split}");
+            assert!(p.pending().is_empty());
+        }
+    }
+
+    #[test]
+    fn byte_by_byte_with_crlf() {
+        let s = "data: one\r\ndata: two\r\n\r\ndata: three\r\r\n";
+        let mut p = Parser::new();
+        let mut got = Vec::new();
+        for b in s.as_bytes() {
+            got.extend(p.feed(&[*b]));
+        }
+        assert_eq!(datas(&got), vec!["one\ntwo", "three"]);
+        let raw: Vec<u8> = got.iter().flat_map(|e| e.raw.clone()).collect();
+        assert_eq!(raw, s.as_bytes());
+    }
+
+    #[test]
+    fn incomplete_tail_is_pending() {
+        let mut p = Parser::new();
+        assert!(p.feed(b"data: par").is_empty());
+        assert_eq!(p.take_pending(), b"data: par");
+    }
+}

@@ -1,0 +1,307 @@
+//! The attempt stage's view of an OpenAI chat-completions stream: hold everything until the
+//! first token, fail over on anything that goes wrong before it, and after it forward events as
+//! they come, dropping the usage chunk the client did not ask for and ending a broken stream
+//! with an OpenAI error event.
+
+use serde_json::Value;
+
+use crate::classify::{classify_stream_error, Class, Failure};
+use crate::sse::{Event, Parser};
+
+/// Token usage read from a reply.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+pub fn usage_of(v: &Value) -> Option<Usage> {
+    let u = v.get("usage")?;
+    if u.is_null() {
+        return None;
+    }
+    Some(Usage {
+        prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+        completion_tokens: u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+    })
+}
+
+/// What a fed chunk means for the attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Still before the first token: keep holding.
+    Hold,
+    /// The first token arrived: release, forwarding these bytes in place of everything held.
+    Release(Vec<u8>),
+    /// After the first token: forward these bytes in place of the chunk.
+    Forward(Vec<u8>),
+    /// The stream failed before the first token: fail over.
+    Fail(Failure),
+}
+
+#[derive(Debug)]
+pub struct Gate {
+    kind: String,
+    include_usage: bool,
+    parser: Parser,
+    released: bool,
+    held: Vec<u8>,
+    done: bool,
+    errored: bool,
+    pub usage: Option<Usage>,
+    pub model: Option<String>,
+}
+
+impl Gate {
+    pub fn new(kind: &str, include_usage: bool) -> Self {
+        Self {
+            kind: kind.to_string(),
+            include_usage,
+            parser: Parser::new(),
+            released: false,
+            held: Vec::new(),
+            done: false,
+            errored: false,
+            usage: None,
+            model: None,
+        }
+    }
+
+    pub fn released(&self) -> bool {
+        self.released
+    }
+
+    /// Whether the provider ended the stream properly (`[DONE]`).
+    pub fn completed(&self) -> bool {
+        self.done
+    }
+
+    /// Feeds newly received bytes.
+    pub fn feed(&mut self, bytes: &[u8], now_ms: i64) -> Step {
+        let mut out: Vec<u8> = Vec::new();
+        let mut released_now = false;
+        for event in self.parser.feed(bytes) {
+            match self.judge(&event, now_ms) {
+                Judged::Keep { token } => {
+                    if self.released {
+                        out.extend_from_slice(&event.raw);
+                    } else {
+                        self.held.extend_from_slice(&event.raw);
+                        if token {
+                            self.released = true;
+                            released_now = true;
+                            out.append(&mut self.held);
+                        }
+                    }
+                }
+                Judged::Drop => {}
+                Judged::Error(failure) => {
+                    if self.released {
+                        self.errored = true;
+                        out.extend_from_slice(&event.raw);
+                    } else {
+                        return Step::Fail(failure);
+                    }
+                }
+            }
+        }
+        if released_now {
+            Step::Release(out)
+        } else if self.released {
+            Step::Forward(out)
+        } else {
+            Step::Hold
+        }
+    }
+
+    /// The stream ended. Before the first token an empty or cut-off stream is a failure; after
+    /// it, a stream that did not finish gets an error event. Returns what to append (or the
+    /// failure).
+    pub fn finish(&mut self) -> Result<Vec<u8>, Failure> {
+        let tail = self.parser.take_pending();
+        if !self.released {
+            if self.done {
+                // A complete stream with no content at all: pass it on as it is.
+                self.released = true;
+                let mut out = std::mem::take(&mut self.held);
+                out.extend_from_slice(&tail);
+                return Ok(out);
+            }
+            return Err(Failure {
+                class: Class::Stream,
+                retry_at_ms: None,
+                provider_code: None,
+                message: "the stream ended before the first token".into(),
+                status: 200,
+            });
+        }
+        let mut out = tail;
+        if !self.done && !self.errored {
+            out.extend_from_slice(&error_event(
+                "The provider's stream broke off after the answer had started; it cannot be resumed.",
+                "stream_interrupted",
+            ));
+        }
+        Ok(out)
+    }
+
+    fn judge(&mut self, event: &Event, now_ms: i64) -> Judged {
+        let data = event.data.trim();
+        if data.is_empty() {
+            // Comments and keep-alives.
+            return Judged::Keep { token: false };
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Judged::Keep { token: false };
+        }
+        let Ok(value) = serde_json::from_str::<Value>(data) else {
+            return Judged::Error(Failure {
+                class: Class::Stream,
+                retry_at_ms: None,
+                provider_code: None,
+                message: "the provider sent malformed stream data".into(),
+                status: 200,
+            });
+        };
+        if value.get("error").is_some() || event.name.as_deref() == Some("error") {
+            return Judged::Error(classify_stream_error(&self.kind, &value, now_ms));
+        }
+        if self.model.is_none() {
+            self.model = value.get("model").and_then(Value::as_str).map(str::to_string);
+        }
+        let choices_empty = value.get("choices").and_then(Value::as_array).is_none_or(|c| c.is_empty());
+        if let Some(u) = usage_of(&value) {
+            self.usage = Some(u);
+            if choices_empty && !self.include_usage {
+                return Judged::Drop;
+            }
+        }
+        Judged::Keep { token: has_token(&value) }
+    }
+}
+
+enum Judged {
+    Keep { token: bool },
+    Drop,
+    Error(Failure),
+}
+
+/// The first token: a delta that carries anything besides the role (content, a refusal, tool
+/// calls), or a finish reason.
+fn has_token(chunk: &Value) -> bool {
+    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else { return false };
+    choices.iter().any(|c| {
+        let delta_has = c.get("delta").and_then(Value::as_object).is_some_and(|d| {
+            d.iter().any(|(k, v)| {
+                k != "role"
+                    && match v {
+                        Value::Null => false,
+                        Value::String(s) => !s.is_empty(),
+                        Value::Array(a) => !a.is_empty(),
+                        _ => true,
+                    }
+            })
+        });
+        delta_has || c.get("finish_reason").is_some_and(|f| !f.is_null())
+    })
+}
+
+/// An OpenAI-style error event for a stream that cannot go on.
+pub fn error_event(message: &str, code: &str) -> Vec<u8> {
+    let body = serde_json::json!({
+        "error": { "message": message, "type": "api_error", "param": null, "code": code }
+    });
+    format!("data: {body}\n\n").into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(delta: &str) -> String {
+        format!("data: {{\"id\":\"c\",\"model\":\"m1\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":null}}]}}\n\n")
+    }
+
+    fn whole() -> String {
+        let mut s = chunk(r#"{"role":"assistant","content":""}"#);
+        s += &chunk(r#"{"content":"Hel"}"#);
+        s += &chunk(r#"{"content":"lo"}"#);
+        s += "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+        s += "data: [DONE]\n\n";
+        s
+    }
+
+    fn run(input: &str, split: usize, include_usage: bool) -> (Vec<u8>, Gate) {
+        let mut g = Gate::new("openai", include_usage);
+        let mut out = Vec::new();
+        for part in [&input.as_bytes()[..split], &input.as_bytes()[split..]] {
+            match g.feed(part, 0) {
+                Step::Hold => {}
+                Step::Release(b) | Step::Forward(b) => out.extend(b),
+                Step::Fail(f) => panic!("failed: {f:?}"),
+            }
+        }
+        out.extend(g.finish().unwrap());
+        (out, g)
+    }
+
+    #[test]
+    fn holds_until_first_token_then_forwards_everything_once() {
+        let input = whole();
+        for split in 0..=input.len() {
+            let (out, g) = run(&input, split, true);
+            assert_eq!(String::from_utf8(out).unwrap(), input, "split {split}");
+            assert_eq!(g.usage, Some(Usage { prompt_tokens: 3, completion_tokens: 2 }));
+            assert!(g.completed());
+        }
+    }
+
+    #[test]
+    fn usage_chunk_dropped_unless_asked() {
+        let (out, g) = run(&whole(), 10, false);
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("usage"));
+        assert!(text.ends_with("data: [DONE]\n\n"));
+        assert_eq!(g.usage.unwrap().completion_tokens, 2);
+    }
+
+    #[test]
+    fn role_chunk_alone_is_held() {
+        let mut g = Gate::new("openai", false);
+        assert_eq!(g.feed(chunk(r#"{"role":"assistant","content":""}"#).as_bytes(), 0), Step::Hold);
+        assert!(matches!(g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0), Step::Release(_)));
+    }
+
+    #[test]
+    fn error_before_first_token_fails_over() {
+        let mut g = Gate::new("openai", false);
+        assert_eq!(g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0), Step::Hold);
+        match g.feed(b"data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n", 0) {
+            Step::Fail(f) => assert_eq!(f.class, Class::Transient),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn cut_before_first_token_is_a_failure() {
+        let mut g = Gate::new("openai", false);
+        assert_eq!(g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0), Step::Hold);
+        assert_eq!(g.finish().unwrap_err().class, Class::Stream);
+    }
+
+    #[test]
+    fn cut_after_first_token_ends_with_error_event() {
+        let mut g = Gate::new("openai", false);
+        assert!(matches!(g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0), Step::Release(_)));
+        let tail = String::from_utf8(g.finish().unwrap()).unwrap();
+        assert!(tail.starts_with("data: {\"error\""));
+        assert!(tail.contains("stream_interrupted"));
+    }
+
+    #[test]
+    fn malformed_data_before_token_fails() {
+        let mut g = Gate::new("openai", false);
+        assert!(matches!(g.feed(b"data: {not json\n\n", 0), Step::Fail(_)));
+    }
+}

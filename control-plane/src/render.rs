@@ -198,6 +198,8 @@ bootstrap_extensions:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig
           dns_cache_config: *dns_cache
+          # Plain HTTP endpoints (a local model server, the mock) have no certificate to check.
+          allow_insecure_cluster_options: true
       typed_extension_protocol_options:
         envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
           "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions

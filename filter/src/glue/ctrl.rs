@@ -24,6 +24,8 @@ pub struct Ctrl {
     queue: Option<u32>,
     version: u64,
     connected_once: bool,
+    /// An outage was already logged.
+    quiet: bool,
 }
 
 impl Ctrl {
@@ -39,6 +41,7 @@ impl Ctrl {
             queue: None,
             version: 0,
             connected_once: false,
+            quiet: false,
         }
     }
 
@@ -112,6 +115,10 @@ impl Ctrl {
         if !self.connected_once || self.version == 0 {
             log_info(&format!("ai-router: state version {} received from the control plane", update.version));
         }
+        if self.quiet {
+            log_info(&format!("ai-router: sync stream to the control plane is back (state version {})", update.version));
+        }
+        self.quiet = false;
         self.connected_once = true;
         self.version = update.version;
         self.backoff_ms = 250;
@@ -122,6 +129,12 @@ impl Ctrl {
             return;
         }
         let (_, message) = hostcalls::get_grpc_status().unwrap_or((status, None));
+        // One line per outage, not one per reconnect attempt.
+        if self.quiet {
+            self.schedule_reconnect();
+            return;
+        }
+        self.quiet = true;
         log_error(&format!(
             "ai-router: sync stream closed (grpc status {status}{}); serving from state version {} until it is back",
             message.map(|m| format!(": {m}")).unwrap_or_default(),

@@ -8,3 +8,6 @@ pub mod error;
 pub mod secrets;
 pub mod engine;
 pub mod vkeys;
+pub mod sync;
+pub mod serve;
+pub mod state_store;

@@ -1,0 +1,381 @@
+//! `ai-router serve`: the control plane process.
+//!
+//! HTTP (axum):
+//! - `GET /health` -> `{"status":"ok"|"degraded","version":N}`; degraded while no provider has a
+//!   usable key (a secret that is set and not blacklisted). Always 200: the process is alive.
+//! - anything else -> 404 with an OpenAI error object.
+//!
+//! gRPC (tonic): `airouter.v1.Sync` (see [`crate::sync`]).
+//!
+//! [`start`] binds and runs everything in the background and is what `up` and the tests use;
+//! [`serve`] is the CLI command: load (nothing is bound before the config is valid), start,
+//! print one JSON line with the bound addresses, wait for SIGINT/SIGTERM, drain.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{self, Config, StoreSpec};
+use crate::engine::{Engine, Health, MemoryStateStore, StateStore, SystemClock};
+use crate::error::{ApiError, ErrorCode};
+use crate::secrets::{Env, ProcessEnv, Secret};
+use crate::state_store::SqliteStateStore;
+use crate::sync::{SyncService, SYNC_TOKEN_ENV};
+use crate::vkeys;
+
+/// How long in-flight work gets to finish at shutdown.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub config: PathBuf,
+    /// `HOST:PORT`; default from `controlPlane.host` / `httpPort`.
+    pub http_listen: Option<String>,
+    /// `HOST:PORT`; default from `controlPlane.host` / `grpcPort`.
+    pub grpc_listen: Option<String>,
+}
+
+/// What [`start`] needs beyond the config.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    pub http_listen: String,
+    pub grpc_listen: String,
+    /// Overrides `AI_ROUTER_SYNC_TOKEN` and `controlPlane.syncToken` (for `up`).
+    pub sync_token: Option<Secret>,
+}
+
+/// A running control plane. [`Running::shutdown`] stops it; dropping it stops the tasks too.
+#[derive(Debug)]
+pub struct Running {
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub engine: Arc<Engine>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Ends the Watch streams, stops accepting, waits (bounded) for the servers to drain.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        let tasks = std::mem::take(&mut self.tasks);
+        let all = futures::future::join_all(tasks);
+        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
+            tracing::warn!("the control plane did not drain in time");
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// The sync token: `AI_ROUTER_SYNC_TOKEN`, else `controlPlane.syncToken`; a configured reference
+/// that resolves to nothing is an error (the channel would otherwise be open to anyone).
+pub fn sync_token(config: &Config, env: &dyn Env) -> anyhow::Result<Option<Secret>> {
+    if let Some(token) = env.var(SYNC_TOKEN_ENV).filter(|t| !t.trim().is_empty()) {
+        return Ok(Some(Secret::new(token.trim())));
+    }
+    match &config.control_plane.sync_token {
+        None => Ok(None),
+        Some(source) => source.resolve(env).map(Some).with_context(|| {
+            format!(
+                "controlPlane.syncToken: {} resolves to nothing",
+                source.describe()
+            )
+        }),
+    }
+}
+
+/// Opens the configured state store (blocking: SQLite opens and migrates the file).
+pub fn open_state_store(spec: &StoreSpec) -> anyhow::Result<Arc<dyn StateStore>> {
+    Ok(match spec {
+        StoreSpec::Memory => Arc::new(MemoryStateStore::default()),
+        StoreSpec::Sqlite(path) => Arc::new(
+            SqliteStateStore::open(path)
+                .with_context(|| format!("stateStore: opening {}", path.display()))?,
+        ),
+    })
+}
+
+/// The HTTP surface.
+pub fn http_router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .fallback(not_found)
+        .with_state(engine)
+}
+
+async fn health(State(engine): State<Arc<Engine>>) -> Json<Health> {
+    Json(engine.health())
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such route")
+}
+
+/// Builds the engine from `config`, binds both listeners and runs everything in the background.
+pub async fn start(
+    config: Config,
+    env: Arc<dyn Env>,
+    opts: StartOptions,
+) -> anyhow::Result<Running> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    let virtual_keys = vkeys::mounted_keys(&config, env.as_ref())?;
+    if virtual_keys.is_empty() {
+        tracing::warn!(
+            "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys): every call will be refused"
+        );
+    }
+    let token = match opts.sync_token {
+        Some(token) => Some(token),
+        None => sync_token(&config, env.as_ref())?,
+    };
+    let spec = config.state_store.clone();
+    let store = tokio::task::spawn_blocking(move || open_state_store(&spec)).await??;
+    let durable = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || store.load()).await??
+    };
+
+    let http = TcpListener::bind(&opts.http_listen)
+        .await
+        .with_context(|| format!("binding the HTTP listener to {}", opts.http_listen))?;
+    let grpc = TcpListener::bind(&opts.grpc_listen)
+        .await
+        .with_context(|| format!("binding the gRPC listener to {}", opts.grpc_listen))?;
+    let http_addr = http.local_addr()?;
+    let grpc_addr = grpc.local_addr()?;
+
+    let engine = Engine::new(
+        Arc::new(config),
+        env,
+        Arc::new(SystemClock),
+        virtual_keys,
+        durable,
+    );
+    let (shutdown, stop) = watch::channel(false);
+    let signal = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stopped| *stopped).await;
+    };
+
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(engine.clone().run_refresh(stop.clone())));
+    tasks.push(tokio::spawn(
+        engine.clone().run_persist(store, stop.clone()),
+    ));
+    let router = http_router(engine.clone());
+    let http_stop = signal(stop.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(err) = axum::serve(http, router)
+            .with_graceful_shutdown(http_stop)
+            .await
+        {
+            tracing::error!(%err, "the HTTP server failed");
+        }
+    }));
+    let service = SyncService::new(engine.clone(), token.clone(), stop.clone());
+    let grpc_stop = signal(stop.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(err) = crate::sync::serve(grpc, service, grpc_stop).await {
+            tracing::error!(%err, "the gRPC server failed");
+        }
+    }));
+    tracing::info!(
+        http = %http_addr,
+        grpc = %grpc_addr,
+        version = engine.version(),
+        providers = engine.config().providers.len(),
+        sync_token = token.is_some(),
+        "control plane listening"
+    );
+    Ok(Running {
+        http_addr,
+        grpc_addr,
+        engine,
+        shutdown,
+        tasks,
+    })
+}
+
+/// `ai-router serve`.
+pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
+    let env: Arc<dyn Env> = Arc::new(ProcessEnv);
+    let config = config::load(&opts.config, env.as_ref())?;
+    let cp = &config.control_plane;
+    let start_opts = StartOptions {
+        http_listen: opts
+            .http_listen
+            .unwrap_or_else(|| join_host_port(&cp.host, cp.http_port)),
+        grpc_listen: opts
+            .grpc_listen
+            .unwrap_or_else(|| join_host_port(&cp.host, cp.grpc_port)),
+        sync_token: None,
+    };
+    let running = start(config, env, start_opts).await?;
+    println!(
+        "{}",
+        json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() })
+    );
+    shutdown_signal().await?;
+    tracing::info!("stopping");
+    running.shutdown().await;
+    Ok(())
+}
+
+/// `host:port`, bracketing an IPv6 literal.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM")?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.context("waiting for SIGINT")?,
+            _ = terminate.recv() => {}
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::secrets::MapEnv;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use http_body_util::BodyExt;
+    use std::path::Path;
+    use tower::ServiceExt;
+
+    const POOL: &str = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }, { alias: b, env: K2 }], models: [{ id: m }] }\n";
+
+    fn config(env: &MapEnv) -> Result<Config, String> {
+        parse(POOL)
+            .and_then(|f| f.resolve(env, Path::new(".")))
+            .map_err(|e| e.to_string())
+    }
+
+    async fn get_json(
+        router: Router,
+        uri: &str,
+    ) -> Result<(StatusCode, serde_json::Value), Box<dyn std::error::Error>> {
+        let response = router
+            .oneshot(Request::builder().uri(uri).body(Body::empty())?)
+            .await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok((status, serde_json::from_slice(&bytes)?))
+    }
+
+    #[tokio::test]
+    async fn health_in_process() -> Result<(), Box<dyn std::error::Error>> {
+        let env = Arc::new(MapEnv::new([("K", "sk-a")]));
+        let running = start(
+            config(&env)?,
+            env,
+            StartOptions {
+                http_listen: "127.0.0.1:0".into(),
+                grpc_listen: "127.0.0.1:0".into(),
+                sync_token: None,
+            },
+        )
+        .await?;
+        let (status, body) = get_json(http_router(running.engine.clone()), "/health").await?;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["status"], "ok");
+        assert_eq!(body["version"], running.engine.version());
+        let (status, body) = get_json(http_router(running.engine.clone()), "/nope").await?;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"]["code"], "not_found");
+
+        // And over the socket.
+        let mut stream = tokio::net::TcpStream::connect(running.http_addr).await?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains("\"status\":\"ok\""), "{text}");
+        running.shutdown().await;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn degraded_without_usable_keys() -> Result<(), Box<dyn std::error::Error>> {
+        // K resolves at load (so the provider stays) and is then unset.
+        let env = Arc::new(MapEnv::new([("K", "sk-a")]));
+        let config = config(&env)?;
+        let running = start(
+            config,
+            Arc::new(MapEnv::default()),
+            StartOptions {
+                http_listen: "127.0.0.1:0".into(),
+                grpc_listen: "127.0.0.1:0".into(),
+                sync_token: None,
+            },
+        )
+        .await?;
+        let (_, body) = get_json(http_router(running.engine.clone()), "/health").await?;
+        assert_eq!(body["status"], "degraded");
+        running.shutdown().await;
+        Ok(())
+    }
+
+    #[test]
+    fn sync_token_sources() -> Result<(), Box<dyn std::error::Error>> {
+        let text = format!("{POOL}controlPlane: {{ syncToken: {{ env: TOK }} }}\n");
+        let env = MapEnv::new([("K", "sk-a")]);
+        let config = parse(&text)?.resolve(&env, Path::new("."))?;
+        assert!(sync_token(&config, &env).is_err());
+        let env = MapEnv::new([("TOK", "t1")]);
+        assert_eq!(
+            sync_token(&config, &env)?.map(|t| t.expose().to_owned()),
+            Some("t1".into())
+        );
+        let env = MapEnv::new([("TOK", "t1"), (SYNC_TOKEN_ENV, "t2")]);
+        assert_eq!(
+            sync_token(&config, &env)?.map(|t| t.expose().to_owned()),
+            Some("t2".into())
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn host_port() {
+        assert_eq!(join_host_port("127.0.0.1", 1), "127.0.0.1:1");
+        assert_eq!(join_host_port("::1", 1), "[::1]:1");
+    }
+}

@@ -1,0 +1,276 @@
+//! `airouter.v1.Sync`, the service each Envoy's singleton holds open.
+//!
+//! `Watch` sends the current snapshot at once, then every new version (a watcher that falls
+//! behind skips to the newest: each update is a full snapshot). `Report` applies outcomes to the
+//! engine. When a sync token is configured every call must carry it in the
+//! `x-ai-router-sync-token` metadata entry (compared in constant time), else `UNAUTHENTICATED`.
+//! HTTP/2 keepalive pings notice a dead Envoy whose stream would otherwise linger.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ai_router_proto::v1 as pb;
+use ai_router_proto::v1::sync_server::{Sync as SyncApi, SyncServer};
+use futures::Stream;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::error::{ApiError, ErrorCode};
+use crate::secrets::{constant_time_eq, Secret};
+
+/// The metadata entry carrying the sync token.
+pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
+/// The env variable holding the sync token (wins over `controlPlane.syncToken`).
+pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
+
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::StateUpdate, Status>> + Send + 'static>>;
+
+#[derive(Clone)]
+pub struct SyncService {
+    engine: Arc<Engine>,
+    token: Option<Secret>,
+    /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for SyncService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncService")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SyncService {
+    pub fn new(
+        engine: Arc<Engine>,
+        token: Option<Secret>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            engine,
+            token,
+            shutdown,
+        }
+    }
+
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(expected) = &self.token else {
+            return Ok(());
+        };
+        let given = request
+            .metadata()
+            .get(SYNC_TOKEN_METADATA)
+            .map(|v| v.as_bytes());
+        match given {
+            None => Err(ApiError::new(
+                ErrorCode::MissingApiKey,
+                format!("the {SYNC_TOKEN_METADATA} metadata entry is required"),
+            )
+            .into()),
+            Some(given) if constant_time_eq(given, expected.expose().as_bytes()) => Ok(()),
+            Some(_) => Err(ApiError::new(ErrorCode::InvalidApiKey, "wrong sync token").into()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SyncApi for SyncService {
+    type WatchStream = UpdateStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        self.authorize(&request)?;
+        let node = request.into_inner().node;
+        tracing::info!(node = %node, "sync watcher connected");
+        let mut updates = self.engine.subscribe();
+        // The first item is the current snapshot, whatever version the caller holds: it may
+        // have been written by another control plane.
+        updates.mark_changed();
+        let shutdown = self.shutdown.clone();
+        let stream = futures::stream::unfold(
+            (updates, shutdown, node),
+            |(mut updates, mut shutdown, node)| async move {
+                if *shutdown.borrow() {
+                    return None;
+                }
+                tokio::select! {
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            return None;
+                        }
+                        let update = pb::StateUpdate::clone(&updates.borrow_and_update());
+                        Some((Ok(update), (updates, shutdown, node)))
+                    }
+                    _ = shutdown.changed() => {
+                        tracing::debug!(node = %node, "closing a sync watcher for shutdown");
+                        None
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report(
+        &self,
+        request: Request<pb::ReportBatch>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        self.authorize(&request)?;
+        let batch = request.into_inner();
+        let (version, _) = self.engine.apply_report(&batch);
+        Ok(Response::new(pb::ReportAck { version }))
+    }
+}
+
+/// Serves Sync on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    service: SyncService,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(30)));
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(SyncServer::new(service))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::engine::{DurableState, SystemClock};
+    use crate::secrets::MapEnv;
+    use ai_router_proto::v1::sync_client::SyncClient;
+    use futures::StreamExt;
+    use std::path::Path;
+
+    fn engine() -> Result<Arc<Engine>, String> {
+        let env = Arc::new(MapEnv::new([("K", "sk-upstream")]));
+        let config = parse(
+            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m }] }\n",
+        )
+        .and_then(|f| f.resolve(env.as_ref(), Path::new(".")))
+        .map_err(|e| e.to_string())?;
+        Ok(Engine::new(
+            Arc::new(config),
+            env,
+            Arc::new(SystemClock),
+            Vec::new(),
+            DurableState::default(),
+        ))
+    }
+
+    fn with_token<T>(message: T, token: &str) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Ok(value) = token.parse() {
+            request.metadata_mut().insert(SYNC_TOKEN_METADATA, value);
+        }
+        request
+    }
+
+    #[tokio::test]
+    async fn token_is_required_when_configured() -> Result<(), Box<dyn std::error::Error>> {
+        let (_tx, rx) = watch::channel(false);
+        let service = SyncService::new(engine()?, Some(Secret::new("tok")), rx);
+        let missing = service
+            .report(Request::new(pb::ReportBatch::default()))
+            .await;
+        assert_eq!(
+            missing.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated)
+        );
+        let wrong = service
+            .report(with_token(pb::ReportBatch::default(), "nope"))
+            .await;
+        assert_eq!(
+            wrong.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated)
+        );
+        let watch = service
+            .watch(with_token(pb::WatchRequest::default(), "nope"))
+            .await;
+        assert_eq!(
+            watch.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated)
+        );
+        let ok = service
+            .report(with_token(pb::ReportBatch::default(), "tok"))
+            .await?;
+        assert!(ok.into_inner().version > 0);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn watch_over_a_socket_sends_now_then_each_version(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let engine = engine()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let service = SyncService::new(engine.clone(), Some(Secret::new("tok")), stop_rx.clone());
+        let mut stop = stop_rx.clone();
+        let server = tokio::spawn(serve(listener, service, async move {
+            let _ = stop.wait_for(|s| *s).await;
+        }));
+        let mut client = SyncClient::connect(format!("http://{addr}")).await?;
+        let mut stream = client
+            .watch(with_token(
+                pb::WatchRequest {
+                    node: "test".into(),
+                    known_version: 0,
+                },
+                "tok",
+            ))
+            .await?
+            .into_inner();
+        let first = stream.next().await.ok_or("no first update")??;
+        assert_eq!(first.version, engine.version());
+        let snapshot = first.snapshot.unwrap_or_default();
+        assert_eq!(snapshot.providers[0].keys[0].secret, "sk-upstream");
+
+        let attempt = pb::AttemptOutcome {
+            provider: "p".into(),
+            key: "a".into(),
+            model: "m".into(),
+            outcome: "error".into(),
+            error_class: "rate_limit".into(),
+            ..Default::default()
+        };
+        let ack = client
+            .report(with_token(
+                pb::ReportBatch {
+                    attempts: vec![attempt],
+                    ..Default::default()
+                },
+                "tok",
+            ))
+            .await?
+            .into_inner();
+        assert_eq!(ack.version, first.version + 1);
+        let second = stream.next().await.ok_or("no second update")??;
+        assert_eq!(second.version, ack.version);
+        assert_eq!(second.snapshot.unwrap_or_default().cooldowns.len(), 1);
+
+        // Shutdown ends the stream and the server.
+        stop_tx.send(true)?;
+        assert!(stream.next().await.is_none_or(|item| item.is_err()));
+        tokio::time::timeout(Duration::from_secs(5), server).await???;
+        Ok(())
+    }
+}

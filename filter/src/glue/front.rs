@@ -31,6 +31,7 @@ pub struct Front {
     /// Replace whatever body comes back with this (a router-level failure).
     replace_body: Option<Vec<u8>>,
     status: u16,
+    key: Option<ai_router_proto::v1::VirtualKey>,
 }
 
 impl Front {
@@ -94,7 +95,7 @@ impl Front {
 
     fn on_body(&mut self, body: &[u8], op: Operation) -> Action {
         let Some(state) = shared::current_state() else { return self.reply(GatewayError::not_ready()) };
-        let Some(key) = self.authenticate(&state) else { return Action::Pause };
+        let Some(key) = self.key.take() else { return self.reply(GatewayError::invalid_api_key()) };
         let parsed: Value = match serde_json::from_slice(body) {
             Ok(v @ Value::Object(_)) => v,
             Ok(_) => return self.reply(GatewayError::new(400, "invalid_json", "The request body must be a JSON object.")),
@@ -170,7 +171,8 @@ impl HttpContext for Front {
         };
         self.op = Some(op);
         let Some(state) = shared::current_state() else { return self.reply(GatewayError::not_ready()) };
-        if self.authenticate(&state).is_none() {
+        self.key = self.authenticate(&state);
+        if self.key.is_none() {
             return Action::Pause;
         }
         if let Some(len) = self.get_http_request_header("content-length").and_then(|v| v.parse::<u64>().ok()) {

@@ -26,6 +26,7 @@ pub struct Ctrl {
     connected_once: bool,
     /// An outage was already logged.
     quiet: bool,
+    published: u64,
 }
 
 impl Ctrl {
@@ -42,6 +43,7 @@ impl Ctrl {
             version: 0,
             connected_once: false,
             quiet: false,
+            published: 0,
         }
     }
 
@@ -111,7 +113,10 @@ impl Ctrl {
             log_error("ai-router: cannot publish the state snapshot");
             return;
         }
-        let _ = hostcalls::set_shared_data(VERSION_KEY, Some(&update.version.to_be_bytes()), None);
+        // The workers compare against a counter of this process, not the control plane's
+        // version: a restarted control plane counts from the start again.
+        self.published += 1;
+        let _ = hostcalls::set_shared_data(VERSION_KEY, Some(&self.published.to_be_bytes()), None);
         if !self.connected_once || self.version == 0 {
             log_info(&format!("ai-router: state version {} received from the control plane", update.version));
         }

@@ -11,3 +11,4 @@ pub mod vkeys;
 pub mod sync;
 pub mod serve;
 pub mod state_store;
+pub mod up;

@@ -1,0 +1,560 @@
+//! `ai-router up`: the local one-command run.
+//!
+//! Starts the control plane in-process on ephemeral ports; with no provider key in the
+//! environment, starts the mock provider in-process and serves the pool's model names from it;
+//! renders the Envoy bootstrap into a temp dir and runs Envoy (`ENVOY_BIN`, else `envoy` on
+//! PATH) with a generated sync token; waits until Envoy's public listener answers; prints
+//! `{"baseUrl":"http://HOST:PORT/v1","apiKey":"sk-starci-..."}`; stops everything on
+//! SIGINT/SIGTERM (or when Envoy exits).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::RngCore;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::{
+    self, Config, FileConfig, KeyConfig, ModelConfig, MountedKeyConfig, PolicyConfig,
+    ProviderConfig, ProviderKind,
+};
+use crate::mock::{self, MockOptions};
+use crate::render::{render_envoy, RenderOptions};
+use crate::secrets::{Env, MapEnv, ProcessEnv, Secret};
+use crate::serve::{self, join_host_port, StartOptions};
+use crate::sync::SYNC_TOKEN_ENV;
+use crate::vkeys::{self, STARCI_AI_KEY};
+
+/// Where Envoy finds the module when nothing says otherwise (the container layout).
+pub const DEFAULT_WASM_PATH: &str = "/etc/envoy/ai_router_filter.wasm";
+const WASM_FILE: &str = "ai_router_filter.wasm";
+const WASM_BUILD_PATH: &str = "target/wasm32-wasip1/release/ai_router_filter.wasm";
+const DEFAULT_CONFIG: &str = "examples/pool.yaml";
+/// The variable the mock provider's throwaway key is read from.
+const MOCK_KEY_ENV: &str = "AI_ROUTER_MOCK_KEY";
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const SETUP_HINT: &str = "run ./scripts/setup.sh";
+
+#[derive(Debug, Clone, Default)]
+pub struct UpOptions {
+    pub config: Option<PathBuf>,
+    pub wasm: Option<PathBuf>,
+}
+
+/// Overrides for [`render_options`] (the `render-envoy` flags).
+#[derive(Debug, Clone, Default)]
+pub struct RenderOverrides {
+    pub control_plane: Option<(String, u16)>,
+    pub wasm: Option<String>,
+    pub listen: Option<(String, u16)>,
+    pub admin: Option<(String, u16)>,
+}
+
+/// The bootstrap options for `config`: listen from `gateway`, the control plane from
+/// `controlPlane.host` / `grpcPort`, the admin on 127.0.0.1:9901, the largest `maxAttempts`.
+pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOptions {
+    let (listen_host, listen_port) = overrides
+        .listen
+        .unwrap_or_else(|| (config.gateway.host.clone(), config.gateway.port));
+    let (admin_host, admin_port) = overrides
+        .admin
+        .unwrap_or_else(|| ("127.0.0.1".to_owned(), 9901));
+    let (control_plane_host, control_plane_port) = overrides.control_plane.unwrap_or_else(|| {
+        (
+            config.control_plane.host.clone(),
+            config.control_plane.grpc_port,
+        )
+    });
+    RenderOptions {
+        listen_host,
+        listen_port,
+        admin_host,
+        admin_port,
+        control_plane_host,
+        control_plane_port,
+        wasm_path: overrides
+            .wasm
+            .unwrap_or_else(|| DEFAULT_WASM_PATH.to_owned()),
+        max_body_bytes: config.gateway.max_body_bytes,
+        max_attempts: config.max_attempts(),
+    }
+}
+
+/// Splits `HOST:PORT` (`[v6]:PORT` too).
+pub fn parse_host_port(value: &str) -> anyhow::Result<(String, u16)> {
+    let (host, port) = value
+        .rsplit_once(':')
+        .with_context(|| format!("`{value}` is not HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("`{value}`: the port is not a number from 0 to 65535"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        bail!("`{value}`: the host is missing");
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// Replaces the providers with one `mock` provider at `base_url` serving every model id and
+/// alias of the pool; profiles keep their models (provider restrictions are dropped: the only
+/// provider left is the mock).
+pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
+    let mut models: Vec<ModelConfig> = Vec::new();
+    let mut ids = BTreeSet::new();
+    for provider in &file.providers {
+        for model in &provider.models {
+            if ids.insert(model.id.clone()) {
+                models.push(model.clone());
+            } else if let Some(existing) = models.iter_mut().find(|m| m.id == model.id) {
+                for alias in &model.aliases {
+                    if !existing.aliases.contains(alias) {
+                        existing.aliases.push(alias.clone());
+                    }
+                }
+            }
+        }
+    }
+    file.providers = vec![ProviderConfig {
+        id: Some("mock".to_owned()),
+        kind: Some(ProviderKind::OpenaiCompatible),
+        base_url: Some(base_url.to_owned()),
+        headers: Default::default(),
+        weight: None,
+        max_concurrency: None,
+        default_max_tokens: None,
+        budget: None,
+        keys: vec![KeyConfig {
+            alias: "mock-1".to_owned(),
+            env: Some(MOCK_KEY_ENV.to_owned()),
+            file: None,
+            weight: None,
+            max_concurrency: None,
+        }],
+        keys_from_env: None,
+        models,
+    }];
+    let unpin = |policy: &mut PolicyConfig| {
+        policy.providers = None;
+        for tier in policy.candidates.iter_mut().flatten() {
+            for candidate in &mut tier.0 {
+                candidate.provider = Some("mock".to_owned());
+            }
+        }
+    };
+    if let Some(defaults) = file.defaults.as_mut() {
+        unpin(defaults);
+    }
+    for profile in file.profiles.values_mut() {
+        unpin(profile);
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::rng().fill_bytes(&mut buf);
+    hex::encode(buf)
+}
+
+/// `--wasm`, `AI_ROUTER_WASM`, next to the executable, or the release build under the working
+/// directory or the executable's ancestors.
+pub fn find_wasm(explicit: Option<&Path>, env: &dyn Env) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        if path.is_file() {
+            return Ok(path.to_path_buf());
+        }
+        bail!("--wasm {}: no such file", path.display());
+    }
+    if let Some(path) = env.var("AI_ROUTER_WASM").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        bail!("AI_ROUTER_WASM={}: no such file", path.display());
+    }
+    let mut candidates = Vec::new();
+    let exe = std::env::current_exe().ok();
+    if let Some(dir) = exe.as_deref().and_then(Path::parent) {
+        candidates.push(dir.join(WASM_FILE));
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        candidates.push(cwd.join(WASM_BUILD_PATH));
+    }
+    if let Some(exe) = &exe {
+        candidates.extend(exe.ancestors().skip(1).map(|dir| dir.join(WASM_BUILD_PATH)));
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "{WASM_FILE} not found (looked for --wasm, AI_ROUTER_WASM, next to the executable \
+                 and {WASM_BUILD_PATH}); {SETUP_HINT} to build it"
+            )
+        })
+}
+
+/// `ENVOY_BIN`, else `envoy` on PATH.
+pub fn find_envoy(env: &dyn Env) -> anyhow::Result<PathBuf> {
+    if let Some(bin) = env.var("ENVOY_BIN").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(&bin);
+        if path.is_file() {
+            return Ok(path);
+        }
+        bail!("ENVOY_BIN={bin}: no such file; {SETUP_HINT} to install Envoy");
+    }
+    env.var("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("envoy"))
+        .find(|p| p.is_file())
+        .with_context(|| {
+            format!(
+                "envoy not found (set ENVOY_BIN or put envoy on PATH); {SETUP_HINT} to install it"
+            )
+        })
+}
+
+/// A temp dir removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "ai-router-up-{}-{}",
+            std::process::id(),
+            random_hex(4)
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `ai-router up`.
+pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
+    let process_env: Arc<dyn Env> = Arc::new(ProcessEnv);
+    let config_path = match opts.config {
+        Some(path) => path,
+        None if Path::new(DEFAULT_CONFIG).is_file() => PathBuf::from(DEFAULT_CONFIG),
+        None => bail!("no --config given and {DEFAULT_CONFIG} is not here"),
+    };
+    let mut file = config::read(&config_path)?;
+    let base_dir = config::base_dir_of(&config_path);
+    let mut overlay = MapEnv::default();
+    // The app's key: STARCI_AI_KEY, else a fresh local one.
+    let api_key = match process_env
+        .var(STARCI_AI_KEY)
+        .filter(|k| !k.trim().is_empty())
+    {
+        Some(key) => Secret::new(key.trim()),
+        None => {
+            let key = vkeys::generate_secret("local");
+            overlay.set(STARCI_AI_KEY, key.expose());
+            key
+        }
+    };
+    if !file.mounted_keys.is_empty() {
+        if let Some(label) = vkeys::label_of(api_key.expose()) {
+            if !file.mounted_keys.iter().any(|k| k.label == label) {
+                file.mounted_keys.push(MountedKeyConfig {
+                    label: label.to_owned(),
+                    env: Some(STARCI_AI_KEY.to_owned()),
+                    file: None,
+                    profiles: vec!["*".to_owned()],
+                    models: vec!["*".to_owned()],
+                    owner: None,
+                    allow_fallback: None,
+                    quota: None,
+                    enabled: None,
+                });
+            }
+        }
+    }
+
+    let has_keys = !file
+        .resolve(process_env.as_ref(), &base_dir)?
+        .providers
+        .is_empty();
+    // Fail on a missing tool before starting anything.
+    let envoy_bin = find_envoy(process_env.as_ref())?;
+    let wasm = find_wasm(opts.wasm.as_deref(), process_env.as_ref())?;
+    let mut mock_handle = None;
+    if !has_keys {
+        let handle = mock::start(MockOptions {
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            script: None,
+        })
+        .await?;
+        let base_url = format!("http://{}/v1", handle.addr());
+        tracing::info!(url = %base_url, "no provider key in the environment: serving the pool from the mock");
+        pool_on_mock(&mut file, &base_url);
+        overlay.set(MOCK_KEY_ENV, format!("sk-mock-{}", random_hex(16)));
+        mock_handle = Some(handle);
+    }
+    let env: Arc<dyn Env> = Arc::new(overlay.overlay(process_env.clone()));
+    let config = file.resolve(env.as_ref(), &base_dir)?;
+
+    let sync_token = Secret::new(random_hex(32));
+    let running = serve::start(
+        config.clone(),
+        env,
+        StartOptions {
+            http_listen: "127.0.0.1:0".to_owned(),
+            grpc_listen: "127.0.0.1:0".to_owned(),
+            sync_token: Some(sync_token.clone()),
+        },
+    )
+    .await?;
+
+    let listen_host = if config.gateway.host_explicit {
+        config.gateway.host.clone()
+    } else {
+        "127.0.0.1".to_owned()
+    };
+    let options = render_options(
+        &config,
+        RenderOverrides {
+            control_plane: Some(("127.0.0.1".to_owned(), running.grpc_addr.port())),
+            wasm: Some(wasm.display().to_string()),
+            listen: Some((listen_host.clone(), config.gateway.port)),
+            admin: Some(("127.0.0.1".to_owned(), 0)),
+        },
+    );
+    let dir = TempDir::new()?;
+    let bootstrap = dir.0.join("envoy.yaml");
+    std::fs::write(&bootstrap, render_envoy(&options))
+        .with_context(|| format!("writing {}", bootstrap.display()))?;
+    let admin_file = dir.0.join("admin-address");
+
+    let mut envoy = tokio::process::Command::new(&envoy_bin)
+        .arg("-c")
+        .arg(&bootstrap)
+        .arg("--admin-address-path")
+        .arg(&admin_file)
+        .arg("--use-dynamic-base-id")
+        .args(["--log-level", "warn"])
+        .env(SYNC_TOKEN_ENV, sync_token.expose())
+        .stdin(Stdio::null())
+        // Our stdout carries one JSON line; Envoy's output goes to stderr.
+        .stdout(Stdio::from(std::io::stderr()))
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", envoy_bin.display()))?;
+
+    let public = wait_until_ready(&mut envoy, &admin_file, &listen_host, config.gateway.port).await;
+    let public = match public {
+        Ok(addr) => addr,
+        Err(err) => {
+            let _ = envoy.start_kill();
+            running.shutdown().await;
+            return Err(err);
+        }
+    };
+    let url_host = match listen_host.as_str() {
+        "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
+        host => host.to_owned(),
+    };
+    println!(
+        "{}",
+        json!({
+            "baseUrl": format!("http://{}/v1", join_host_port(&url_host, public.port())),
+            "apiKey": api_key.expose(),
+        })
+    );
+    tracing::info!(gateway = %public, control_plane = %running.grpc_addr, "ai-router is up");
+
+    let outcome = tokio::select! {
+        signal = serve::shutdown_signal() => signal,
+        status = envoy.wait() => Err(anyhow::anyhow!("envoy exited: {}", status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()))),
+    };
+    tracing::info!("stopping");
+    let _ = envoy.start_kill();
+    let _ = tokio::time::timeout(Duration::from_secs(5), envoy.wait()).await;
+    running.shutdown().await;
+    drop(mock_handle);
+    drop(dir);
+    outcome
+}
+
+/// Waits until Envoy has written its admin address, reports the public listener and that
+/// listener answers HTTP. Returns the public listener's address.
+async fn wait_until_ready(
+    envoy: &mut tokio::process::Child,
+    admin_file: &Path,
+    listen_host: &str,
+    listen_port: u16,
+) -> anyhow::Result<SocketAddr> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(status) = envoy.try_wait()? {
+            bail!("envoy exited before it was ready ({status}); see its log above");
+        }
+        if Instant::now() > deadline {
+            bail!("envoy was not ready after {}s", READY_TIMEOUT.as_secs());
+        }
+        if let Some(addr) = public_listener(admin_file, listen_host, listen_port).await {
+            if answers_http(addr).await {
+                return Ok(addr);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The public listener's bound address from Envoy's admin `/listeners`, or `None` while it is
+/// not there yet.
+async fn public_listener(
+    admin_file: &Path,
+    listen_host: &str,
+    listen_port: u16,
+) -> Option<SocketAddr> {
+    let admin = std::fs::read_to_string(admin_file).ok()?;
+    let body = http_get(admin.trim(), "/listeners?format=json").await?;
+    let value: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let statuses = value.get("listener_statuses")?.as_array()?;
+    let mut ports = statuses.iter().filter_map(|status| {
+        let socket = status.get("local_address")?.get("socket_address")?;
+        let port = u16::try_from(socket.get("port_value")?.as_u64()?).ok()?;
+        Some(port)
+    });
+    let port = if listen_port == 0 {
+        ports.find(|p| *p != 0)?
+    } else {
+        ports.find(|p| *p == listen_port)?
+    };
+    let host = match listen_host {
+        "0.0.0.0" | "::" => "127.0.0.1",
+        host => host,
+    };
+    tokio::net::lookup_host(join_host_port(host, port))
+        .await
+        .ok()?
+        .next()
+}
+
+async fn answers_http(addr: SocketAddr) -> bool {
+    http_get(&addr.to_string(), "/v1/models").await.is_some()
+}
+
+/// A minimal HTTP/1.0 GET; `None` on any failure or a non-HTTP answer.
+async fn http_get(authority: &str, path: &str) -> Option<String> {
+    let connect = tokio::net::TcpStream::connect(authority);
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect)
+        .await
+        .ok()?
+        .ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nhost: {authority}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    if !text.starts_with("HTTP/") {
+        return None;
+    }
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+    Some(body.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    const POOL: &str = include_str!("../../examples/pool.yaml");
+
+    #[test]
+    fn the_example_pool_moves_onto_the_mock() -> Result<(), Box<dyn std::error::Error>> {
+        let mut file = parse(POOL)?;
+        pool_on_mock(&mut file, "http://127.0.0.1:1234/v1");
+        let env = MapEnv::new([(MOCK_KEY_ENV, "sk-mock")]);
+        let config = file.resolve(&env, Path::new("."))?;
+        assert_eq!(config.providers.len(), 1);
+        let mock = &config.providers[0];
+        assert_eq!(mock.id, "mock");
+        assert_eq!(mock.endpoint.authority, "127.0.0.1:1234");
+        assert_eq!(mock.keys[0].alias, "mock-1");
+        for name in [
+            "gpt-4o-mini",
+            "gpt-4o",
+            "openai/gpt-4o-mini",
+            "deepseek-chat",
+            "fast",
+            "smart",
+        ] {
+            assert!(mock.serves(name), "{name}");
+        }
+        assert_eq!(config.profiles.len(), 2);
+        assert_eq!(config.profiles["lesson"].model.as_deref(), Some("fast"));
+        Ok(())
+    }
+
+    #[test]
+    fn render_options_follow_the_config() -> Result<(), Box<dyn std::error::Error>> {
+        let env = MapEnv::new([("OPENAI_API_KEY", "k")]);
+        let config = parse(POOL)?.resolve(&env, Path::new("."))?;
+        let o = render_options(&config, RenderOverrides::default());
+        assert_eq!((o.listen_host.as_str(), o.listen_port), ("0.0.0.0", 8080));
+        assert_eq!(
+            (o.control_plane_host.as_str(), o.control_plane_port),
+            ("control-plane", 8082)
+        );
+        assert_eq!((o.admin_host.as_str(), o.admin_port), ("127.0.0.1", 9901));
+        assert_eq!(o.wasm_path, DEFAULT_WASM_PATH);
+        assert_eq!(o.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(o.max_attempts, 4);
+        let o = render_options(
+            &config,
+            RenderOverrides {
+                control_plane: Some(("127.0.0.1".into(), 1)),
+                listen: Some(("127.0.0.1".into(), 0)),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            (o.control_plane_host.as_str(), o.control_plane_port),
+            ("127.0.0.1", 1)
+        );
+        assert_eq!(o.listen_port, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn host_port_parsing() -> Result<(), Box<dyn std::error::Error>> {
+        assert_eq!(parse_host_port("127.0.0.1:80")?, ("127.0.0.1".into(), 80));
+        assert_eq!(parse_host_port("[::1]:0")?, ("::1".into(), 0));
+        assert!(parse_host_port("nope").is_err());
+        assert!(parse_host_port(":80").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn missing_tools_name_the_setup_script() {
+        let env = MapEnv::new([("PATH", "/nonexistent"), ("ENVOY_BIN", "")]);
+        let message = find_envoy(&env).map(|_| ()).map_err(|e| e.to_string());
+        assert!(
+            matches!(&message, Err(m) if m.contains("scripts/setup.sh")),
+            "{message:?}"
+        );
+        let env = MapEnv::new([("AI_ROUTER_WASM", "/nonexistent.wasm")]);
+        let message = find_wasm(None, &env).map(|_| ()).map_err(|e| e.to_string());
+        assert!(
+            matches!(&message, Err(m) if m.contains("AI_ROUTER_WASM")),
+            "{message:?}"
+        );
+    }
+}

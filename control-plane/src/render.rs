@@ -29,7 +29,10 @@ pub struct RenderOptions {
 fn buffer_limit(max_body_bytes: u64) -> u64 {
     // Room for the body twice over (the replay buffer and the body the attempt rewrites) plus
     // headers; never below 1 MiB.
-    max_body_bytes.saturating_mul(2).saturating_add(64 * 1024).max(1024 * 1024)
+    max_body_bytes
+        .saturating_mul(2)
+        .saturating_add(64 * 1024)
+        .max(1024 * 1024)
 }
 
 fn q(s: &str) -> String {
@@ -53,7 +56,12 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let limit = buffer_limit(o.max_body_bytes);
     let retries = o.max_attempts.max(1) - 1;
     let front = wasm_config("ai_router_front", r#"{"role":"front"}"#, &o.wasm_path, 24);
-    let attempt = wasm_config("ai_router_attempt", r#"{"role":"attempt"}"#, &o.wasm_path, 24);
+    let attempt = wasm_config(
+        "ai_router_attempt",
+        r#"{"role":"attempt"}"#,
+        &o.wasm_path,
+        24,
+    );
     let ctrl = wasm_config(
         "ai_router_ctrl",
         r#"{"role":"ctrl","grpc_cluster":"ai_router_control_plane","node":"envoy","tick_ms":500}"#,
@@ -248,14 +256,21 @@ mod tests {
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
         let listeners = &doc["static_resources"]["listeners"];
         assert_eq!(listeners[0]["name"], "ai_router_public");
-        assert_eq!(listeners[0]["address"]["socket_address"]["port_value"], 8080);
+        assert_eq!(
+            listeners[0]["address"]["socket_address"]["port_value"],
+            8080
+        );
         assert_eq!(listeners[1]["name"], "ai_router_attempt");
-        let route = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        let route = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
+            ["virtual_hosts"][0]["routes"][0]["route"];
         assert_eq!(route["retry_policy"]["num_retries"], 3);
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));
         assert!(yaml.contains(r#"value: "{\"role\":\"attempt\"}""#));
         assert!(yaml.contains("host_env_keys: [AI_ROUTER_SYNC_TOKEN]"));
         // Large bodies must fit the replay buffer.
-        assert_eq!(listeners[0]["per_connection_buffer_limit_bytes"], buffer_limit(4 * 1024 * 1024));
+        assert_eq!(
+            listeners[0]["per_connection_buffer_limit_bytes"],
+            buffer_limit(4 * 1024 * 1024)
+        );
     }
 }

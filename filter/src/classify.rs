@@ -53,7 +53,10 @@ impl Class {
 
     /// Whether another attempt may succeed where this one failed.
     pub fn retryable(self) -> bool {
-        !matches!(self, Class::InvalidRequest | Class::Cancelled | Class::Deadline)
+        !matches!(
+            self,
+            Class::InvalidRequest | Class::Cancelled | Class::Deadline
+        )
     }
 
     /// Failures that belong to one key: the next key is tried without backoff.
@@ -162,11 +165,27 @@ const AUTH_CODES: &[&str] = &[
     "api_key_invalid",
     "accessdenied",
 ];
-const RATE_CODES: &[&str] = &["rate_limit_exceeded", "rate_limit_error", "throttling", "rate_limited"];
-const OVERLOAD_CODES: &[&str] = &["overloaded_error", "server_error", "unavailable", "internal"];
+const RATE_CODES: &[&str] = &[
+    "rate_limit_exceeded",
+    "rate_limit_error",
+    "throttling",
+    "rate_limited",
+];
+const OVERLOAD_CODES: &[&str] = &[
+    "overloaded_error",
+    "server_error",
+    "unavailable",
+    "internal",
+];
 
 /// Classifies a provider's non-success answer (or a 2xx answer carrying an error object).
-pub fn classify(kind: &str, status: u16, headers: &[(String, String)], body: &[u8], now_ms: i64) -> Failure {
+pub fn classify(
+    kind: &str,
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+    now_ms: i64,
+) -> Failure {
     let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let (code, kind_field, message) = error_fields(&parsed);
     let lower = |s: &Option<String>| s.as_deref().unwrap_or("").to_ascii_lowercase();
@@ -267,52 +286,144 @@ mod tests {
 
     #[test]
     fn statuses() {
-        assert_eq!(c("openai", 429, r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached"}}"#), Class::RateLimit);
-        assert_eq!(c("openai", 401, r#"{"error":{"code":"invalid_api_key"}}"#), Class::Auth);
+        assert_eq!(
+            c(
+                "openai",
+                429,
+                r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached"}}"#
+            ),
+            Class::RateLimit
+        );
+        assert_eq!(
+            c("openai", 401, r#"{"error":{"code":"invalid_api_key"}}"#),
+            Class::Auth
+        );
         assert_eq!(c("openai", 403, ""), Class::Auth);
         assert_eq!(c("openai", 503, ""), Class::Transient);
-        assert_eq!(c("anthropic", 529, r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#), Class::Transient);
+        assert_eq!(
+            c(
+                "anthropic",
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
+            ),
+            Class::Transient
+        );
         for s in [408, 409, 425, 498, 500, 502, 504] {
             assert_eq!(c("openai-compatible", s, ""), Class::Transient, "{s}");
         }
-        assert_eq!(c("openai", 400, r#"{"error":{"message":"context length exceeded","code":"context_length_exceeded"}}"#), Class::InvalidRequest);
+        assert_eq!(
+            c(
+                "openai",
+                400,
+                r#"{"error":{"message":"context length exceeded","code":"context_length_exceeded"}}"#
+            ),
+            Class::InvalidRequest
+        );
         assert_eq!(c("openai", 404, ""), Class::InvalidRequest);
         assert_eq!(c("openai", 422, ""), Class::InvalidRequest);
     }
 
     #[test]
     fn quota_shapes() {
-        assert_eq!(c("openai", 429, r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#), Class::Quota);
-        assert_eq!(c("openrouter", 402, r#"{"error":{"code":402,"message":"Insufficient credits"}}"#), Class::Quota);
-        assert_eq!(c("deepseek", 402, r#"{"error":{"message":"Insufficient Balance"}}"#), Class::Quota);
-        assert_eq!(c("qwen", 400, r#"{"code":"Arrearage","message":"Access denied, please make sure your account is in good standing."}"#), Class::Quota);
-        assert_eq!(c("anthropic", 400, r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#), Class::Quota);
-        assert_eq!(c("gemini", 429, r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Quota exceeded for metric generate_content_free_tier_requests, limit per day"}}]"#), Class::Quota);
-        assert_eq!(c("gemini", 429, r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Resource has been exhausted (e.g. check quota)."}}]"#), Class::RateLimit);
+        assert_eq!(
+            c(
+                "openai",
+                429,
+                r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "openrouter",
+                402,
+                r#"{"error":{"code":402,"message":"Insufficient credits"}}"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "deepseek",
+                402,
+                r#"{"error":{"message":"Insufficient Balance"}}"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "qwen",
+                400,
+                r#"{"code":"Arrearage","message":"Access denied, please make sure your account is in good standing."}"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "anthropic",
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "gemini",
+                429,
+                r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Quota exceeded for metric generate_content_free_tier_requests, limit per day"}}]"#
+            ),
+            Class::Quota
+        );
+        assert_eq!(
+            c(
+                "gemini",
+                429,
+                r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Resource has been exhausted (e.g. check quota)."}}]"#
+            ),
+            Class::RateLimit
+        );
     }
 
     #[test]
     fn auth_in_4xx_body() {
-        assert_eq!(c("qwen", 400, r#"{"code":"InvalidApiKey","message":"Invalid API-key provided."}"#), Class::Auth);
+        assert_eq!(
+            c(
+                "qwen",
+                400,
+                r#"{"code":"InvalidApiKey","message":"Invalid API-key provided."}"#
+            ),
+            Class::Auth
+        );
     }
 
     #[test]
     fn retry_after_headers() {
         let h = vec![("Retry-After".to_string(), "2".to_string())];
         assert_eq!(retry_at(&h, 1000), Some(3000));
-        let h = vec![("retry-after-ms".to_string(), "250".to_string()), ("retry-after".to_string(), "9".to_string())];
+        let h = vec![
+            ("retry-after-ms".to_string(), "250".to_string()),
+            ("retry-after".to_string(), "9".to_string()),
+        ];
         assert_eq!(retry_at(&h, 1000), Some(1250));
         assert_eq!(retry_at(&[], 1000), None);
     }
 
     #[test]
     fn stream_error_events() {
-        let e: Value = serde_json::from_str(r#"{"error":{"message":"overloaded","type":"server_error"}}"#).unwrap();
-        assert_eq!(classify_stream_error("openai", &e, 0).class, Class::Transient);
+        let e: Value =
+            serde_json::from_str(r#"{"error":{"message":"overloaded","type":"server_error"}}"#)
+                .unwrap();
+        assert_eq!(
+            classify_stream_error("openai", &e, 0).class,
+            Class::Transient
+        );
         let e: Value = serde_json::from_str(r#"{"error":{"message":"boom"}}"#).unwrap();
         assert_eq!(classify_stream_error("openai", &e, 0).class, Class::Stream);
-        let e: Value = serde_json::from_str(r#"{"error":{"message":"slow down","code":429}}"#).unwrap();
-        assert_eq!(classify_stream_error("openrouter", &e, 0).class, Class::RateLimit);
+        let e: Value =
+            serde_json::from_str(r#"{"error":{"message":"slow down","code":429}}"#).unwrap();
+        assert_eq!(
+            classify_stream_error("openrouter", &e, 0).class,
+            Class::RateLimit
+        );
     }
 
     #[test]
@@ -321,7 +432,18 @@ mod tests {
         assert!(!Class::InvalidRequest.retryable());
         assert!(Class::Auth.belongs_to_key());
         assert!(!Class::Transient.belongs_to_key());
-        for c in ["rate_limit", "quota", "auth", "transient", "network", "timeout", "stream", "invalid_request", "cancelled", "deadline"] {
+        for c in [
+            "rate_limit",
+            "quota",
+            "auth",
+            "transient",
+            "network",
+            "timeout",
+            "stream",
+            "invalid_request",
+            "cancelled",
+            "deadline",
+        ] {
             assert_eq!(Class::parse(c).unwrap().as_str(), c);
         }
     }

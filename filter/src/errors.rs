@@ -16,7 +16,13 @@ pub struct GatewayError {
 
 impl GatewayError {
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), param: None, retry_after_s: None }
+        Self {
+            status,
+            code,
+            message: message.into(),
+            param: None,
+            retry_after_s: None,
+        }
     }
 
     pub fn with_param(mut self, param: &'static str) -> Self {
@@ -42,7 +48,11 @@ impl GatewayError {
     }
 
     pub fn invalid_api_key() -> Self {
-        Self::new(401, "invalid_api_key", "The API key is unknown, revoked or disabled.")
+        Self::new(
+            401,
+            "invalid_api_key",
+            "The API key is unknown, revoked or disabled.",
+        )
     }
 
     pub fn not_ready() -> Self {

@@ -17,7 +17,11 @@ pub struct LaneId {
 
 impl LaneId {
     pub fn new(provider: &str, key: &str, model: &str) -> Self {
-        Self { provider: provider.into(), key: key.into(), model: model.into() }
+        Self {
+            provider: provider.into(),
+            key: key.into(),
+            model: model.into(),
+        }
     }
 
     /// A stable text form for shared-data keys and round-robin state.
@@ -34,7 +38,11 @@ pub enum LocalHold {
     Cooldown { until_ms: i64 },
     /// The key is out (auth, quota, missing) until this time (0: until its secret changes),
     /// as long as its secret still has this fingerprint.
-    Blacklist { class: Class, until_ms: i64, fingerprint: u64 },
+    Blacklist {
+        class: Class,
+        until_ms: i64,
+        fingerprint: u64,
+    },
 }
 
 /// The world the picker reads.
@@ -56,7 +64,10 @@ pub struct Chosen {
 pub enum Pick {
     Lane(Chosen),
     /// No lane is usable now: the reason of the soonest-returning one and when it returns.
-    Unavailable { class: Option<Class>, retry_at_ms: Option<i64> },
+    Unavailable {
+        class: Option<Class>,
+        retry_at_ms: Option<i64>,
+    },
 }
 
 /// Smooth weighted round-robin positions, per VM.
@@ -93,7 +104,14 @@ struct Usable {
 }
 
 /// Why a lane is out right now, and until when (None: until something changes).
-fn out_reason(state: &State, view: &dyn View, pi: usize, ki: usize, lane: &LaneId, now_ms: i64) -> Option<(Class, Option<i64>)> {
+fn out_reason(
+    state: &State,
+    view: &dyn View,
+    pi: usize,
+    ki: usize,
+    lane: &LaneId,
+    now_ms: i64,
+) -> Option<(Class, Option<i64>)> {
     let provider = state.provider_at(pi)?;
     let key = provider.keys.get(ki)?;
     if key.secret.is_empty() {
@@ -115,7 +133,11 @@ fn out_reason(state: &State, view: &dyn View, pi: usize, ki: usize, lane: &LaneI
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
-            let class = if h.reason == "quota" { Class::Quota } else { Class::Auth };
+            let class = if h.reason == "quota" {
+                Class::Quota
+            } else {
+                Class::Auth
+            };
             consider(class, (h.until_ms > 0).then_some(h.until_ms));
         }
     }
@@ -125,9 +147,15 @@ fn out_reason(state: &State, view: &dyn View, pi: usize, ki: usize, lane: &LaneI
     }
     for hold in view.holds(lane) {
         match hold {
-            LocalHold::Cooldown { until_ms } if until_ms > now_ms => consider(Class::RateLimit, Some(until_ms)),
-            LocalHold::Blacklist { class, until_ms, fingerprint }
-                if (fingerprint == 0 || fingerprint == key.fingerprint) && (until_ms == 0 || until_ms > now_ms) =>
+            LocalHold::Cooldown { until_ms } if until_ms > now_ms => {
+                consider(Class::RateLimit, Some(until_ms))
+            }
+            LocalHold::Blacklist {
+                class,
+                until_ms,
+                fingerprint,
+            } if (fingerprint == 0 || fingerprint == key.fingerprint)
+                && (until_ms == 0 || until_ms > now_ms) =>
             {
                 consider(class, (until_ms > 0).then_some(until_ms))
             }
@@ -137,19 +165,30 @@ fn out_reason(state: &State, view: &dyn View, pi: usize, ki: usize, lane: &LaneI
     if key.max_concurrency > 0 && view.in_flight(&provider.id, &key.alias) >= key.max_concurrency {
         consider(Class::RateLimit, Some(now_ms + 1));
     }
-    if provider.max_concurrency > 0 && view.provider_in_flight(&provider.id) >= provider.max_concurrency {
+    if provider.max_concurrency > 0
+        && view.provider_in_flight(&provider.id) >= provider.max_concurrency
+    {
         consider(Class::RateLimit, Some(now_ms + 1));
     }
     worst
 }
 
 /// Chooses the lane for the next attempt of a call.
-pub fn pick(state: &State, tiers: &[Vec<Candidate>], tried: &[LaneId], view: &dyn View, rr: &mut RoundRobin, now_ms: i64) -> Pick {
+pub fn pick(
+    state: &State,
+    tiers: &[Vec<Candidate>],
+    tried: &[LaneId],
+    view: &dyn View,
+    rr: &mut RoundRobin,
+    now_ms: i64,
+) -> Pick {
     let mut usable: Vec<Usable> = Vec::new();
     let mut soonest: Option<(Class, Option<i64>)> = None;
     for (tier_index, tier) in tiers.iter().enumerate() {
         for cand in tier {
-            let Some((pi, provider)) = state.provider(&cand.provider) else { continue };
+            let Some((pi, provider)) = state.provider(&cand.provider) else {
+                continue;
+            };
             let model_weight = provider
                 .models
                 .iter()
@@ -170,36 +209,62 @@ pub fn pick(state: &State, tiers: &[Vec<Candidate>], tried: &[LaneId], view: &dy
                     continue;
                 }
                 let lane_tried = tried.contains(&lane);
-                let key_tried = tried.iter().any(|t| t.provider == lane.provider && t.key == lane.key);
+                let key_tried = tried
+                    .iter()
+                    .any(|t| t.provider == lane.provider && t.key == lane.key);
                 let provider_tried = tried.iter().any(|t| t.provider == lane.provider);
-                let weight = positive(provider.weight) * positive(key.weight) * model_weight * positive(cand.weight);
+                let weight = positive(provider.weight)
+                    * positive(key.weight)
+                    * model_weight
+                    * positive(cand.weight);
                 usable.push(Usable {
                     rank: (lane_tried, tier_index, key_tried, provider_tried),
                     in_flight: view.in_flight(&provider.id, &key.alias),
                     weight,
-                    chosen: Chosen { lane, provider_index: pi, key_index: ki, tier: tier_index },
+                    chosen: Chosen {
+                        lane,
+                        provider_index: pi,
+                        key_index: ki,
+                        tier: tier_index,
+                    },
                 });
             }
         }
     }
     let Some(best_rank) = usable.iter().map(|u| u.rank).min() else {
         return match soonest {
-            Some((class, retry_at_ms)) => Pick::Unavailable { class: Some(class), retry_at_ms },
-            None => Pick::Unavailable { class: None, retry_at_ms: None },
+            Some((class, retry_at_ms)) => Pick::Unavailable {
+                class: Some(class),
+                retry_at_ms,
+            },
+            None => Pick::Unavailable {
+                class: None,
+                retry_at_ms: None,
+            },
         };
     };
     usable.retain(|u| u.rank == best_rank);
     let fewest = usable.iter().map(|u| u.in_flight).min().unwrap_or(0);
     usable.retain(|u| u.in_flight == fewest);
-    let options: Vec<(String, f64)> = usable.iter().map(|u| (u.chosen.lane.token(), u.weight)).collect();
+    let options: Vec<(String, f64)> = usable
+        .iter()
+        .map(|u| (u.chosen.lane.token(), u.weight))
+        .collect();
     match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
         Some(u) => Pick::Lane(u.chosen),
-        None => Pick::Unavailable { class: None, retry_at_ms: None },
+        None => Pick::Unavailable {
+            class: None,
+            retry_at_ms: None,
+        },
     }
 }
 
 fn positive(w: f64) -> f64 {
-    if w > 0.0 { w } else { 1.0 }
+    if w > 0.0 {
+        w
+    } else {
+        1.0
+    }
 }
 
 #[cfg(test)]
@@ -219,28 +284,64 @@ mod tests {
             self.holds.borrow().get(lane).cloned().unwrap_or_default()
         }
         fn in_flight(&self, p: &str, k: &str) -> u32 {
-            self.in_flight.get(&(p.to_string(), k.to_string())).copied().unwrap_or(0)
+            self.in_flight
+                .get(&(p.to_string(), k.to_string()))
+                .copied()
+                .unwrap_or(0)
         }
         fn provider_in_flight(&self, p: &str) -> u32 {
-            self.in_flight.iter().filter(|((pp, _), _)| pp == p).map(|(_, n)| *n).sum()
+            self.in_flight
+                .iter()
+                .filter(|((pp, _), _)| pp == p)
+                .map(|(_, n)| *n)
+                .sum()
         }
     }
 
     fn key(alias: &str) -> ProviderKey {
-        ProviderKey { alias: alias.into(), secret: format!("sk-{alias}"), fingerprint: crate::util::fingerprint(&format!("sk-{alias}")), ..Default::default() }
+        ProviderKey {
+            alias: alias.into(),
+            secret: format!("sk-{alias}"),
+            fingerprint: crate::util::fingerprint(&format!("sk-{alias}")),
+            ..Default::default()
+        }
     }
 
     fn state_with(health: Vec<KeyHealth>) -> State {
         let mut s = Snapshot::default();
-        let m = Model { id: "m1".into(), ..Default::default() };
-        s.providers.push(Provider { id: "p1".into(), keys: vec![key("a"), key("b")], models: vec![m.clone()], ..Default::default() });
-        s.providers.push(Provider { id: "p2".into(), keys: vec![key("c")], models: vec![m], ..Default::default() });
+        let m = Model {
+            id: "m1".into(),
+            ..Default::default()
+        };
+        s.providers.push(Provider {
+            id: "p1".into(),
+            keys: vec![key("a"), key("b")],
+            models: vec![m.clone()],
+            ..Default::default()
+        });
+        s.providers.push(Provider {
+            id: "p2".into(),
+            keys: vec![key("c")],
+            models: vec![m],
+            ..Default::default()
+        });
         s.key_health = health;
         State::new(1, s)
     }
 
     fn tiers() -> Vec<Vec<Candidate>> {
-        vec![vec![Candidate { provider: "p1".into(), model: "m1".into(), weight: 1.0 }], vec![Candidate { provider: "p2".into(), model: "m1".into(), weight: 1.0 }]]
+        vec![
+            vec![Candidate {
+                provider: "p1".into(),
+                model: "m1".into(),
+                weight: 1.0,
+            }],
+            vec![Candidate {
+                provider: "p2".into(),
+                model: "m1".into(),
+                weight: 1.0,
+            }],
+        ]
     }
 
     fn chosen(p: Pick) -> LaneId {
@@ -263,21 +364,44 @@ mod tests {
         let tried = vec![LaneId::new("p1", "a", "m1")];
         assert_eq!(chosen(pick(&s, &tiers(), &tried, &v, &mut rr, 0)).key, "b");
         let tried = vec![LaneId::new("p1", "a", "m1"), LaneId::new("p1", "b", "m1")];
-        assert_eq!(chosen(pick(&s, &tiers(), &tried, &v, &mut rr, 0)).provider, "p2");
+        assert_eq!(
+            chosen(pick(&s, &tiers(), &tried, &v, &mut rr, 0)).provider,
+            "p2"
+        );
     }
 
     #[test]
     fn cooldowns_and_blacklists() {
-        let s = state_with(vec![KeyHealth { provider: "p1".into(), key: "a".into(), reason: "auth".into(), until_ms: 0, refused_fingerprint: crate::util::fingerprint("sk-a") }]);
+        let s = state_with(vec![KeyHealth {
+            provider: "p1".into(),
+            key: "a".into(),
+            reason: "auth".into(),
+            until_ms: 0,
+            refused_fingerprint: crate::util::fingerprint("sk-a"),
+        }]);
         let v = FakeView::default();
-        v.holds.borrow_mut().insert(LaneId::new("p1", "b", "m1"), vec![LocalHold::Cooldown { until_ms: 5000 }]);
+        v.holds.borrow_mut().insert(
+            LaneId::new("p1", "b", "m1"),
+            vec![LocalHold::Cooldown { until_ms: 5000 }],
+        );
         let mut rr = RoundRobin::default();
-        assert_eq!(chosen(pick(&s, &tiers(), &[], &v, &mut rr, 1000)).provider, "p2");
+        assert_eq!(
+            chosen(pick(&s, &tiers(), &[], &v, &mut rr, 1000)).provider,
+            "p2"
+        );
         // The cooldown passes.
         assert_eq!(chosen(pick(&s, &tiers(), &[], &v, &mut rr, 6000)).key, "b");
         // A new secret lifts the blacklist: the refused fingerprint no longer matches.
-        let s2 = state_with(vec![KeyHealth { provider: "p1".into(), key: "a".into(), reason: "auth".into(), until_ms: 0, refused_fingerprint: 42 }]);
-        let picks: Vec<String> = (0..4).map(|_| chosen(pick(&s2, &tiers(), &[], &FakeView::default(), &mut rr, 0)).key).collect();
+        let s2 = state_with(vec![KeyHealth {
+            provider: "p1".into(),
+            key: "a".into(),
+            reason: "auth".into(),
+            until_ms: 0,
+            refused_fingerprint: 42,
+        }]);
+        let picks: Vec<String> = (0..4)
+            .map(|_| chosen(pick(&s2, &tiers(), &[], &FakeView::default(), &mut rr, 0)).key)
+            .collect();
         assert!(picks.contains(&"a".to_string()));
     }
 
@@ -286,10 +410,19 @@ mod tests {
         let s = state_with(vec![]);
         let v = FakeView::default();
         for (p, k, until) in [("p1", "a", 3000), ("p1", "b", 2000), ("p2", "c", 4000)] {
-            v.holds.borrow_mut().insert(LaneId::new(p, k, "m1"), vec![LocalHold::Cooldown { until_ms: until }]);
+            v.holds.borrow_mut().insert(
+                LaneId::new(p, k, "m1"),
+                vec![LocalHold::Cooldown { until_ms: until }],
+            );
         }
         let mut rr = RoundRobin::default();
-        assert_eq!(pick(&s, &tiers(), &[], &v, &mut rr, 1000), Pick::Unavailable { class: Some(Class::RateLimit), retry_at_ms: Some(2000) });
+        assert_eq!(
+            pick(&s, &tiers(), &[], &v, &mut rr, 1000),
+            Pick::Unavailable {
+                class: Some(Class::RateLimit),
+                retry_at_ms: Some(2000)
+            }
+        );
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct Resolved {
     pub include_usage: bool,
 }
 
+/// A candidate by the name the policy uses: (model name, provider, weight).
+type NamedCandidate = (String, Option<String>, f64);
+
 /// Later fields win, field by field.
 pub fn merge(base: &Policy, over: &Policy) -> Policy {
     let mut out = base.clone();
@@ -80,7 +83,13 @@ fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
 
 /// The candidates serving a model name, optionally on one provider and within the policy's
 /// provider restriction.
-fn candidates_for(state: &State, name: &str, provider: Option<&str>, weight: f64, policy: &Policy) -> Vec<Candidate> {
+fn candidates_for(
+    state: &State,
+    name: &str,
+    provider: Option<&str>,
+    weight: f64,
+    policy: &Policy,
+) -> Vec<Candidate> {
     state
         .models_named(name)
         .iter()
@@ -93,14 +102,22 @@ fn candidates_for(state: &State, name: &str, provider: Option<&str>, weight: f64
             if !policy.providers.is_empty() && !policy.providers.contains(&p.id) {
                 return None;
             }
-            Some(Candidate { provider: p.id.clone(), model: m.id.clone(), weight })
+            Some(Candidate {
+                provider: p.id.clone(),
+                model: m.id.clone(),
+                weight,
+            })
         })
         .collect()
 }
 
 fn capability_ok(state: &State, c: &Candidate, op: Operation) -> bool {
-    let Some((_, p)) = state.provider(&c.provider) else { return false };
-    let Some(m) = p.models.iter().find(|m| m.id == c.model) else { return false };
+    let Some((_, p)) = state.provider(&c.provider) else {
+        return false;
+    };
+    let Some(m) = p.models.iter().find(|m| m.id == c.model) else {
+        return false;
+    };
     let embeddings = m.capabilities.iter().any(|c| c == "embeddings");
     match op {
         Operation::Embeddings => embeddings,
@@ -110,20 +127,32 @@ fn capability_ok(state: &State, c: &Candidate, op: Operation) -> bool {
 }
 
 /// Decides what a request routes to.
-pub fn resolve(state: &State, key: &VirtualKey, body: &Value, op: Operation) -> Result<Resolved, GatewayError> {
+pub fn resolve(
+    state: &State,
+    key: &VirtualKey,
+    body: &Value,
+    op: Operation,
+) -> Result<Resolved, GatewayError> {
     let requested = match body.get("model") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(GatewayError::new(400, "missing_model", "The request has no model.").with_param("model"));
+            return Err(
+                GatewayError::new(400, "missing_model", "The request has no model.")
+                    .with_param("model"),
+            );
         }
         Some(_) => {
-            return Err(GatewayError::new(400, "invalid_request", "model must be a string.").with_param("model"));
+            return Err(
+                GatewayError::new(400, "invalid_request", "model must be a string.")
+                    .with_param("model"),
+            );
         }
     };
     let defaults = state.defaults();
     let profile = state.profile(&requested);
 
-    let (policy, tiers_by_name): (Policy, Vec<Vec<(String, Option<String>, f64)>>) = if let Some(profile) = profile {
+    let (policy, tiers_by_name): (Policy, Vec<Vec<NamedCandidate>>) = if let Some(profile) = profile
+    {
         if !allows(&key.profiles, &requested) {
             return Err(GatewayError::new(
                 403,
@@ -192,7 +221,13 @@ pub fn resolve(state: &State, key: &VirtualKey, body: &Value, op: Operation) -> 
         let mut out: Vec<Candidate> = Vec::new();
         for (name, provider, weight) in tier {
             for c in candidates_for(state, &name, provider.as_deref(), weight, &policy) {
-                if capability_ok(state, &c, op) && !tiers.iter().flatten().chain(out.iter()).any(|o| o.provider == c.provider && o.model == c.model) {
+                if capability_ok(state, &c, op)
+                    && !tiers
+                        .iter()
+                        .flatten()
+                        .chain(out.iter())
+                        .any(|o| o.provider == c.provider && o.model == c.model)
+                {
                     out.push(c);
                 }
             }
@@ -211,7 +246,8 @@ pub fn resolve(state: &State, key: &VirtualKey, body: &Value, op: Operation) -> 
             format!("No provider in the pool can serve '{requested}' for this request."),
         ));
     }
-    let stream = op == Operation::Chat && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let stream =
+        op == Operation::Chat && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -219,9 +255,18 @@ pub fn resolve(state: &State, key: &VirtualKey, body: &Value, op: Operation) -> 
         .unwrap_or(false);
     Ok(Resolved {
         tiers,
-        max_attempts: policy.max_attempts.filter(|n| *n > 0).unwrap_or(DEFAULT_MAX_ATTEMPTS),
-        timeout_ms: policy.timeout_ms.filter(|n| *n > 0).unwrap_or(DEFAULT_TIMEOUT_MS),
-        deadline_ms: policy.deadline_ms.filter(|n| *n > 0).unwrap_or(DEFAULT_DEADLINE_MS),
+        max_attempts: policy
+            .max_attempts
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        timeout_ms: policy
+            .timeout_ms
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_TIMEOUT_MS),
+        deadline_ms: policy
+            .deadline_ms
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_DEADLINE_MS),
         stream,
         include_usage,
     })
@@ -255,37 +300,82 @@ mod tests {
     use serde_json::json;
 
     fn model(id: &str, aliases: &[&str]) -> Model {
-        Model { id: id.into(), aliases: aliases.iter().map(|a| a.to_string()).collect(), ..Default::default() }
+        Model {
+            id: id.into(),
+            aliases: aliases.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        }
     }
 
     fn state() -> State {
         let mut snap = Snapshot::default();
-        snap.providers.push(Provider { id: "p1".into(), models: vec![model("m1", &["chat"]), model("big", &["smart"])], ..Default::default() });
-        snap.providers.push(Provider { id: "p2".into(), models: vec![model("m1", &["chat"])], ..Default::default() });
-        snap.defaults = Some(Policy { fallbacks: vec!["smart".into()], ..Default::default() });
+        snap.providers.push(Provider {
+            id: "p1".into(),
+            models: vec![model("m1", &["chat"]), model("big", &["smart"])],
+            ..Default::default()
+        });
+        snap.providers.push(Provider {
+            id: "p2".into(),
+            models: vec![model("m1", &["chat"])],
+            ..Default::default()
+        });
+        snap.defaults = Some(Policy {
+            fallbacks: vec!["smart".into()],
+            ..Default::default()
+        });
         snap.profiles.insert(
             "strict".into(),
-            Policy { model: Some("smart".into()), allow_fallback: Some(false), max_attempts: Some(2), ..Default::default() },
+            Policy {
+                model: Some("smart".into()),
+                allow_fallback: Some(false),
+                max_attempts: Some(2),
+                ..Default::default()
+            },
         );
         State::new(1, snap)
     }
 
     fn all_key() -> VirtualKey {
-        VirtualKey { id: "k".into(), profiles: vec!["*".into()], models: vec!["*".into()], allow_fallback: true, enabled: true, ..Default::default() }
+        VirtualKey {
+            id: "k".into(),
+            profiles: vec!["*".into()],
+            models: vec!["*".into()],
+            allow_fallback: true,
+            enabled: true,
+            ..Default::default()
+        }
     }
 
     #[test]
     fn direct_model_with_default_fallbacks() {
-        let r = resolve(&state(), &all_key(), &json!({"model":"chat","messages":[]}), Operation::Chat).unwrap();
+        let r = resolve(
+            &state(),
+            &all_key(),
+            &json!({"model":"chat","messages":[]}),
+            Operation::Chat,
+        )
+        .unwrap();
         assert_eq!(r.tiers.len(), 2);
-        assert_eq!(r.tiers[0].iter().map(|c| c.provider.as_str()).collect::<Vec<_>>(), vec!["p1", "p2"]);
+        assert_eq!(
+            r.tiers[0]
+                .iter()
+                .map(|c| c.provider.as_str())
+                .collect::<Vec<_>>(),
+            vec!["p1", "p2"]
+        );
         assert_eq!(r.tiers[1][0].model, "big");
         assert_eq!(r.max_attempts, DEFAULT_MAX_ATTEMPTS);
     }
 
     #[test]
     fn profile_policy_and_pinning() {
-        let r = resolve(&state(), &all_key(), &json!({"model":"strict","stream":true}), Operation::Chat).unwrap();
+        let r = resolve(
+            &state(),
+            &all_key(),
+            &json!({"model":"strict","stream":true}),
+            Operation::Chat,
+        )
+        .unwrap();
         assert_eq!(r.tiers.len(), 1);
         assert_eq!(r.tiers[0][0].model, "big");
         assert_eq!(r.max_attempts, 2);
@@ -296,19 +386,51 @@ mod tests {
     fn errors() {
         let s = state();
         let k = all_key();
-        assert_eq!(resolve(&s, &k, &json!({}), Operation::Chat).unwrap_err().code, "missing_model");
-        assert_eq!(resolve(&s, &k, &json!({"model": 3}), Operation::Chat).unwrap_err().code, "invalid_request");
-        assert_eq!(resolve(&s, &k, &json!({"model":"nope"}), Operation::Chat).unwrap_err().code, "model_not_found");
-        let narrow = VirtualKey { models: vec!["big".into()], profiles: vec![], ..k.clone() };
-        assert_eq!(resolve(&s, &narrow, &json!({"model":"chat"}), Operation::Chat).unwrap_err().status, 403);
-        assert_eq!(resolve(&s, &narrow, &json!({"model":"strict"}), Operation::Chat).unwrap_err().code, "model_not_allowed");
+        assert_eq!(
+            resolve(&s, &k, &json!({}), Operation::Chat)
+                .unwrap_err()
+                .code,
+            "missing_model"
+        );
+        assert_eq!(
+            resolve(&s, &k, &json!({"model": 3}), Operation::Chat)
+                .unwrap_err()
+                .code,
+            "invalid_request"
+        );
+        assert_eq!(
+            resolve(&s, &k, &json!({"model":"nope"}), Operation::Chat)
+                .unwrap_err()
+                .code,
+            "model_not_found"
+        );
+        let narrow = VirtualKey {
+            models: vec!["big".into()],
+            profiles: vec![],
+            ..k.clone()
+        };
+        assert_eq!(
+            resolve(&s, &narrow, &json!({"model":"chat"}), Operation::Chat)
+                .unwrap_err()
+                .status,
+            403
+        );
+        assert_eq!(
+            resolve(&s, &narrow, &json!({"model":"strict"}), Operation::Chat)
+                .unwrap_err()
+                .code,
+            "model_not_allowed"
+        );
         // An alias of an allowed model id is allowed.
         assert!(resolve(&s, &narrow, &json!({"model":"smart"}), Operation::Chat).is_ok());
     }
 
     #[test]
     fn key_without_fallback_keeps_first_tier() {
-        let k = VirtualKey { allow_fallback: false, ..all_key() };
+        let k = VirtualKey {
+            allow_fallback: false,
+            ..all_key()
+        };
         let r = resolve(&state(), &k, &json!({"model":"chat"}), Operation::Chat).unwrap();
         assert_eq!(r.tiers.len(), 1);
     }
@@ -316,15 +438,29 @@ mod tests {
     #[test]
     fn models_list_respects_scope() {
         let s = state();
-        let narrow = VirtualKey { models: vec!["m1".into()], profiles: vec![], ..all_key() };
-        assert_eq!(model_list(&s, &narrow), vec!["chat".to_string(), "m1".to_string()]);
+        let narrow = VirtualKey {
+            models: vec!["m1".into()],
+            profiles: vec![],
+            ..all_key()
+        };
+        assert_eq!(
+            model_list(&s, &narrow),
+            vec!["chat".to_string(), "m1".to_string()]
+        );
         assert!(model_list(&s, &all_key()).contains(&"strict".to_string()));
     }
 
     #[test]
     fn merge_is_field_by_field() {
-        let a = Policy { max_attempts: Some(3), fallbacks: vec!["x".into()], ..Default::default() };
-        let b = Policy { timeout_ms: Some(5), ..Default::default() };
+        let a = Policy {
+            max_attempts: Some(3),
+            fallbacks: vec!["x".into()],
+            ..Default::default()
+        };
+        let b = Policy {
+            timeout_ms: Some(5),
+            ..Default::default()
+        };
         let m = merge(&a, &b);
         assert_eq!(m.max_attempts, Some(3));
         assert_eq!(m.timeout_ms, Some(5));

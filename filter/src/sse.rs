@@ -101,19 +101,32 @@ fn parse_event(raw: Vec<u8>) -> Option<Event> {
     if !any_field {
         // Comments and blank lines only (keep-alives): still forwarded raw by callers that
         // want them, but carry no event.
-        return Some(Event { raw, name: None, data: String::new() });
+        return Some(Event {
+            raw,
+            name: None,
+            data: String::new(),
+        });
     }
-    Some(Event { raw, name, data: data.join("\n") })
+    Some(Event {
+        raw,
+        name,
+        data: data.join("\n"),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const STREAM: &str = "data: {\"a\":1}\n\nevent: ping\ndata: x\n\n: keep-alive\n\ndata: [DONE]\n\n";
+    const STREAM: &str =
+        "data: {\"a\":1}\n\nevent: ping\ndata: x\n\n: keep-alive\n\ndata: [DONE]\n\n";
 
     fn datas(events: &[Event]) -> Vec<String> {
-        events.iter().filter(|e| !e.data.is_empty()).map(|e| e.data.clone()).collect()
+        events
+            .iter()
+            .filter(|e| !e.data.is_empty())
+            .map(|e| e.data.clone())
+            .collect()
     }
 
     #[test]

@@ -25,14 +25,20 @@ pub struct State {
 
 impl State {
     pub fn new(version: u64, snapshot: Snapshot) -> Self {
-        let mut state = State { version, ..State::default() };
+        let mut state = State {
+            version,
+            ..State::default()
+        };
         for (i, vk) in snapshot.virtual_keys.iter().enumerate() {
             state.vkeys.insert(vk.sha256.clone(), i);
         }
         for (pi, p) in snapshot.providers.iter().enumerate() {
             state.providers.insert(p.id.clone(), pi);
             for (mi, m) in p.models.iter().enumerate() {
-                let r = ModelRef { provider: pi, model: mi };
+                let r = ModelRef {
+                    provider: pi,
+                    model: mi,
+                };
                 for name in std::iter::once(&m.id).chain(m.aliases.iter()) {
                     let entry = state.names.entry(name.clone()).or_default();
                     if !entry.contains(&r) {
@@ -42,11 +48,18 @@ impl State {
             }
         }
         for h in &snapshot.key_health {
-            state.key_health.insert((h.provider.clone(), h.key.clone()), h.clone());
+            state
+                .key_health
+                .insert((h.provider.clone(), h.key.clone()), h.clone());
         }
         for c in &snapshot.cooldowns {
             let k = (c.provider.clone(), c.key.clone(), c.model.clone());
-            let until = state.cooldowns.get(&k).copied().unwrap_or(0).max(c.until_ms);
+            let until = state
+                .cooldowns
+                .get(&k)
+                .copied()
+                .unwrap_or(0)
+                .max(c.until_ms);
             state.cooldowns.insert(k, until);
         }
         state.snapshot = snapshot;
@@ -59,7 +72,9 @@ impl State {
     }
 
     pub fn virtual_key(&self, sha256_hex: &str) -> Option<&VirtualKey> {
-        self.vkeys.get(sha256_hex).and_then(|i| self.snapshot.virtual_keys.get(*i))
+        self.vkeys
+            .get(sha256_hex)
+            .and_then(|i| self.snapshot.virtual_keys.get(*i))
     }
 
     pub fn provider(&self, id: &str) -> Option<(usize, &Provider)> {
@@ -85,7 +100,8 @@ impl State {
     }
 
     pub fn key_health(&self, provider: &str, key: &str) -> Option<&KeyHealth> {
-        self.key_health.get(&(provider.to_string(), key.to_string()))
+        self.key_health
+            .get(&(provider.to_string(), key.to_string()))
     }
 
     pub fn cooldown_until(&self, provider: &str, key: &str, model: &str) -> i64 {

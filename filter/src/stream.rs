@@ -22,7 +22,10 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
     }
     Some(Usage {
         prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
-        completion_tokens: u.get("completion_tokens").and_then(Value::as_u64).unwrap_or(0),
+        completion_tokens: u
+            .get("completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
     })
 }
 
@@ -168,16 +171,24 @@ impl Gate {
             return Judged::Error(classify_stream_error(&self.kind, &value, now_ms));
         }
         if self.model.is_none() {
-            self.model = value.get("model").and_then(Value::as_str).map(str::to_string);
+            self.model = value
+                .get("model")
+                .and_then(Value::as_str)
+                .map(str::to_string);
         }
-        let choices_empty = value.get("choices").and_then(Value::as_array).is_none_or(|c| c.is_empty());
+        let choices_empty = value
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_none_or(|c| c.is_empty());
         if let Some(u) = usage_of(&value) {
             self.usage = Some(u);
             if choices_empty && !self.include_usage {
                 return Judged::Drop;
             }
         }
-        Judged::Keep { token: has_token(&value) }
+        Judged::Keep {
+            token: has_token(&value),
+        }
     }
 }
 
@@ -190,7 +201,9 @@ enum Judged {
 /// The first token: a delta that carries anything besides the role (content, a refusal, tool
 /// calls), or a finish reason.
 fn has_token(chunk: &Value) -> bool {
-    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else { return false };
+    let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+        return false;
+    };
     choices.iter().any(|c| {
         let delta_has = c.get("delta").and_then(Value::as_object).is_some_and(|d| {
             d.iter().any(|(k, v)| {
@@ -252,7 +265,13 @@ mod tests {
         for split in 0..=input.len() {
             let (out, g) = run(&input, split, true);
             assert_eq!(String::from_utf8(out).unwrap(), input, "split {split}");
-            assert_eq!(g.usage, Some(Usage { prompt_tokens: 3, completion_tokens: 2 }));
+            assert_eq!(
+                g.usage,
+                Some(Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 2
+                })
+            );
             assert!(g.completed());
         }
     }
@@ -269,15 +288,27 @@ mod tests {
     #[test]
     fn role_chunk_alone_is_held() {
         let mut g = Gate::new("openai", false);
-        assert_eq!(g.feed(chunk(r#"{"role":"assistant","content":""}"#).as_bytes(), 0), Step::Hold);
-        assert!(matches!(g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0), Step::Release(_)));
+        assert_eq!(
+            g.feed(chunk(r#"{"role":"assistant","content":""}"#).as_bytes(), 0),
+            Step::Hold
+        );
+        assert!(matches!(
+            g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0),
+            Step::Release(_)
+        ));
     }
 
     #[test]
     fn error_before_first_token_fails_over() {
         let mut g = Gate::new("openai", false);
-        assert_eq!(g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0), Step::Hold);
-        match g.feed(b"data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n", 0) {
+        assert_eq!(
+            g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0),
+            Step::Hold
+        );
+        match g.feed(
+            b"data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n",
+            0,
+        ) {
             Step::Fail(f) => assert_eq!(f.class, Class::Transient),
             other => panic!("{other:?}"),
         }
@@ -286,14 +317,20 @@ mod tests {
     #[test]
     fn cut_before_first_token_is_a_failure() {
         let mut g = Gate::new("openai", false);
-        assert_eq!(g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0), Step::Hold);
+        assert_eq!(
+            g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0),
+            Step::Hold
+        );
         assert_eq!(g.finish().unwrap_err().class, Class::Stream);
     }
 
     #[test]
     fn cut_after_first_token_ends_with_error_event() {
         let mut g = Gate::new("openai", false);
-        assert!(matches!(g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0), Step::Release(_)));
+        assert!(matches!(
+            g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0),
+            Step::Release(_)
+        ));
         let tail = String::from_utf8(g.finish().unwrap()).unwrap();
         assert!(tail.starts_with("data: {\"error\""));
         assert!(tail.contains("stream_interrupted"));

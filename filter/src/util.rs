@@ -38,7 +38,10 @@ mod tests {
 
     #[test]
     fn redacts_secret() {
-        assert_eq!(redact("bad key sk-123456", "sk-123456"), "bad key [redacted]");
+        assert_eq!(
+            redact("bad key sk-123456", "sk-123456"),
+            "bad key [redacted]"
+        );
         assert_eq!(sha256_hex(b"").len(), 64);
     }
 }

@@ -6,7 +6,9 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
 
-use super::front::{H_ATTEMPT, H_ERROR_CLASS, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
+use super::front::{
+    H_ATTEMPT, H_ERROR_CLASS, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER,
+};
 use super::shared::{self, now_ms, SharedView};
 use crate::classify::{classify, Class, Failure};
 use crate::errors::{upstream_invalid_request, GatewayError};
@@ -16,21 +18,20 @@ use crate::stream::{usage_of, Gate, Step, Usage};
 use crate::util::redact;
 
 /// How the answer is being handled.
+#[derive(Default)]
 enum Mode {
     /// Not yet known (request phase).
+    #[default]
     Pending,
     /// A unary answer or an error: buffered whole, judged at the end.
-    Whole { status: u16, headers: Vec<(String, String)> },
+    Whole {
+        status: u16,
+        headers: Vec<(String, String)>,
+    },
     /// A stream: held until the first token.
     Stream { gate: Box<Gate>, seen: usize },
     /// Passed through untouched (after the verdict).
     Through,
-}
-
-impl Default for Mode {
-    fn default() -> Self {
-        Mode::Pending
-    }
 }
 
 struct Lane {
@@ -57,16 +58,36 @@ pub struct Attempt {
 pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
     let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
     match class {
-        Some(Class::RateLimit) => GatewayError::new(503, "pool_rate_limited", "Every key that can serve this call is rate limited.").with_retry_after(wait),
-        Some(Class::Quota) => GatewayError::new(503, "pool_quota_exhausted", "Every key that can serve this call has spent its quota or credit.")
-            .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Auth) => GatewayError::new(503, "pool_auth_failed", "Every key that can serve this call was refused by its provider.")
-            .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Deadline) => GatewayError::new(504, "pool_timeout", "The call's deadline passed."),
+        Some(Class::RateLimit) => GatewayError::new(
+            503,
+            "pool_rate_limited",
+            "Every key that can serve this call is rate limited.",
+        )
+        .with_retry_after(wait),
+        Some(Class::Quota) => GatewayError::new(
+            503,
+            "pool_quota_exhausted",
+            "Every key that can serve this call has spent its quota or credit.",
+        )
+        .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Auth) => GatewayError::new(
+            503,
+            "pool_auth_failed",
+            "Every key that can serve this call was refused by its provider.",
+        )
+        .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Deadline) => {
+            GatewayError::new(504, "pool_timeout", "The call's deadline passed.")
+        }
         Some(Class::Transient | Class::Network | Class::Timeout | Class::Stream) => {
             GatewayError::new(502, "upstream_error", "Every attempt failed upstream.")
         }
-        _ => GatewayError::new(503, "pool_unavailable", "No lane of the pool can serve this call right now.").with_retry_after(wait),
+        _ => GatewayError::new(
+            503,
+            "pool_unavailable",
+            "No lane of the pool can serve this call right now.",
+        )
+        .with_retry_after(wait),
     }
 }
 
@@ -80,7 +101,8 @@ impl Attempt {
         let err = final_error(class, retry_at_ms, now_ms());
         let attempts = self.attempt.to_string();
         let retry_after = err.retry_after_s.map(|s| s.to_string());
-        let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)];
+        let mut headers: Vec<(&str, &str)> =
+            vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)];
         if let Some(r) = retry_after.as_deref() {
             headers.push((H_RETRY_AFTER, r));
         }
@@ -92,10 +114,14 @@ impl Attempt {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(None, None);
         };
-        let Some(state) = shared::current_state() else { return self.give_up(None, None) };
+        let Some(state) = shared::current_state() else {
+            return self.give_up(None, None);
+        };
         let now = now_ms();
         let tried = shared::with_call(&plan.cid, |c| c.tried.clone()).unwrap_or_default();
-        let pick = shared::with_round_robin(|rr| lanes::pick(&state, &plan.tiers, &tried, &SharedView, rr, now));
+        let pick = shared::with_round_robin(|rr| {
+            lanes::pick(&state, &plan.tiers, &tried, &SharedView, rr, now)
+        });
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
@@ -108,15 +134,21 @@ impl Attempt {
                 return self.give_up(class, retry_at);
             }
         };
-        let Some(provider) = state.provider_at(chosen.provider_index) else { return self.give_up(None, None) };
-        let Some(key) = provider.keys.get(chosen.key_index) else { return self.give_up(None, None) };
+        let Some(provider) = state.provider_at(chosen.provider_index) else {
+            return self.give_up(None, None);
+        };
+        let Some(key) = provider.keys.get(chosen.key_index) else {
+            return self.give_up(None, None);
+        };
 
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         if let Some(obj) = value.as_object_mut() {
             obj.insert("model".into(), Value::String(chosen.lane.model.clone()));
             if plan.stream {
-                let opts = obj.entry("stream_options").or_insert_with(|| Value::Object(Default::default()));
+                let opts = obj
+                    .entry("stream_options")
+                    .or_insert_with(|| Value::Object(Default::default()));
                 if let Some(o) = opts.as_object_mut() {
                     o.insert("include_usage".into(), Value::Bool(true));
                 }
@@ -127,12 +159,19 @@ impl Attempt {
         self.set_http_request_header("content-length", None);
 
         let path = format!("{}{}", provider.base_path, plan.op.path());
-        let cluster = if provider.scheme == "https" { "providers_tls" } else { "providers_plain" };
+        let cluster = if provider.scheme == "https" {
+            "providers_tls"
+        } else {
+            "providers_plain"
+        };
         self.set_http_request_header(":authority", Some(&provider.authority));
         self.set_http_request_header(":path", Some(&path));
         self.set_http_request_header("x-ai-router-cluster", Some(cluster));
         for (name, _) in self.get_http_request_headers() {
-            if name.starts_with("x-envoy-") || name.starts_with("x-ai-router-") && name != "x-ai-router-cluster" || name == "x-forwarded-for" {
+            if name.starts_with("x-envoy-")
+                || name.starts_with("x-ai-router-") && name != "x-ai-router-cluster"
+                || name == "x-forwarded-for"
+            {
                 self.set_http_request_header(&name, None);
             }
         }
@@ -162,7 +201,12 @@ impl Attempt {
             c.attempts = c.attempts.max(self.attempt);
         });
         shared::add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
-        self.lane = Some(Lane { id: chosen.lane, kind: provider.kind.clone(), secret: key.secret.clone(), fingerprint: key.fingerprint });
+        self.lane = Some(Lane {
+            id: chosen.lane,
+            kind: provider.kind.clone(),
+            secret: key.secret.clone(),
+            fingerprint: key.fingerprint,
+        });
         Action::Continue
     }
 
@@ -176,9 +220,21 @@ impl Attempt {
             }
             Class::Quota => {
                 let until = failure.retry_at_ms.unwrap_or(now + 6 * 3_600_000);
-                shared::hold_blacklist(&lane.id.provider, &lane.id.key, Class::Quota, until, lane.fingerprint);
+                shared::hold_blacklist(
+                    &lane.id.provider,
+                    &lane.id.key,
+                    Class::Quota,
+                    until,
+                    lane.fingerprint,
+                );
             }
-            Class::Auth => shared::hold_blacklist(&lane.id.provider, &lane.id.key, Class::Auth, 0, lane.fingerprint),
+            Class::Auth => shared::hold_blacklist(
+                &lane.id.provider,
+                &lane.id.key,
+                Class::Auth,
+                0,
+                lane.fingerprint,
+            ),
             _ => {}
         }
     }
@@ -202,14 +258,25 @@ impl Attempt {
             provider: lane.id.provider.clone(),
             key: lane.id.key.clone(),
             model: lane.id.model.clone(),
-            outcome: if failure.is_some() { "error".into() } else { "success".into() },
-            error_class: failure.map(|f| f.class.as_str().to_string()).unwrap_or_default(),
+            outcome: if failure.is_some() {
+                "error".into()
+            } else {
+                "success".into()
+            },
+            error_class: failure
+                .map(|f| f.class.as_str().to_string())
+                .unwrap_or_default(),
             status: u32::from(status),
             latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
             retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
             fingerprint: lane.fingerprint,
-            provider_code: failure.and_then(|f| f.provider_code.clone()).unwrap_or_default(),
-            usage: self.usage.map(|u| ProtoUsage { prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens }),
+            provider_code: failure
+                .and_then(|f| f.provider_code.clone())
+                .unwrap_or_default(),
+            usage: self.usage.map(|u| ProtoUsage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
             virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
             at_ms: now,
             after_first_token: self.after_first_token,
@@ -257,8 +324,13 @@ impl Context for Attempt {}
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         self.started_ms = now_ms();
-        self.attempt = self.get_http_request_header("x-envoy-attempt-count").and_then(|v| v.parse().ok()).unwrap_or(1);
-        self.plan = self.get_http_request_header(PLAN_HEADER).and_then(|p| Plan::decode(&p));
+        self.attempt = self
+            .get_http_request_header("x-envoy-attempt-count")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        self.plan = self
+            .get_http_request_header(PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p));
         if self.plan.is_none() {
             return self.give_up(None, None);
         }
@@ -280,16 +352,24 @@ impl HttpContext for Attempt {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        let Some(lane) = &self.lane else { return Action::Continue };
-        let status: u16 = self.get_http_response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(502);
+        let Some(lane) = &self.lane else {
+            return Action::Continue;
+        };
+        let status: u16 = self
+            .get_http_response_header(":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(502);
         let headers = self.get_http_response_headers();
-        let is_sse = headers
-            .iter()
-            .any(|(k, v)| k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream"));
+        let is_sse = headers.iter().any(|(k, v)| {
+            k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
+        });
         let stream = self.plan.as_ref().is_some_and(|p| p.stream);
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
-            self.mode = Mode::Stream { gate: Box::new(Gate::new(&lane.kind, include_usage)), seen: 0 };
+            self.mode = Mode::Stream {
+                gate: Box::new(Gate::new(&lane.kind, include_usage)),
+                seen: 0,
+            };
         } else {
             self.mode = Mode::Whole { status, headers };
         }
@@ -321,7 +401,8 @@ impl HttpContext for Attempt {
                 // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
                 let buffered = !gate.released();
                 let new = if buffered {
-                    self.get_http_response_body(seen, size.saturating_sub(seen)).unwrap_or_default()
+                    self.get_http_response_body(seen, size.saturating_sub(seen))
+                        .unwrap_or_default()
                 } else {
                     self.get_http_response_body(0, size).unwrap_or_default()
                 };
@@ -346,7 +427,11 @@ impl HttpContext for Attempt {
                     }
                     let held = !gate.released();
                     self.mode = Mode::Stream { gate, seen: size };
-                    return if held { Action::Pause } else { Action::Continue };
+                    return if held {
+                        Action::Pause
+                    } else {
+                        Action::Continue
+                    };
                 }
                 match gate.finish() {
                     Ok(tail) => {
@@ -390,7 +475,13 @@ impl HttpContext for Attempt {
         } else {
             Class::Network
         };
-        let failure = Failure { class, retry_at_ms: None, provider_code: None, message: String::new(), status: 0 };
+        let failure = Failure {
+            class,
+            retry_at_ms: None,
+            provider_code: None,
+            message: String::new(),
+            status: 0,
+        };
         self.report(Some(&failure), 0);
     }
 }
@@ -398,7 +489,9 @@ impl HttpContext for Attempt {
 impl Attempt {
     /// The verdict on a whole (unary or error) answer.
     fn judge_whole(&mut self, body: &[u8], size: usize) {
-        let Mode::Whole { status, headers } = std::mem::take(&mut self.mode) else { return };
+        let Mode::Whole { status, headers } = std::mem::take(&mut self.mode) else {
+            return;
+        };
         let Some(lane) = &self.lane else { return };
         let now = now_ms();
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -413,10 +506,12 @@ impl Attempt {
         let mut failure = classify(&lane.kind, status, &headers, body, now);
         // Envoy's own answers (connection refused, reset before headers) carry no provider body.
         let text = String::from_utf8_lossy(body);
-        if status == 503 && (text.starts_with("upstream connect error") || text.starts_with("no healthy upstream")) {
+        if status == 503
+            && (text.starts_with("upstream connect error")
+                || text.starts_with("no healthy upstream"))
+        {
             failure.class = Class::Network;
         }
         self.fail(failure, size);
     }
 }
-

@@ -7,7 +7,9 @@ use ai_router_proto::v1::{AttemptOutcome, ReportBatch, RequestOutcome, StateUpda
 use prost::Message;
 use proxy_wasm::hostcalls;
 
-use super::shared::{duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY};
+use super::shared::{
+    duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY,
+};
 use super::{log_error, log_info};
 
 const SERVICE: &str = "airouter.v1.Sync";
@@ -31,7 +33,9 @@ pub struct Ctrl {
 
 impl Ctrl {
     pub fn new(cluster: String, node: String) -> Self {
-        let token = std::env::var("AI_ROUTER_SYNC_TOKEN").ok().filter(|t| !t.is_empty());
+        let token = std::env::var("AI_ROUTER_SYNC_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
         Self {
             cluster,
             node,
@@ -50,7 +54,9 @@ impl Ctrl {
     pub fn start(&mut self, tick_ms: u64) {
         match hostcalls::register_shared_queue(REPORT_QUEUE) {
             Ok(q) => self.queue = Some(q),
-            Err(e) => log_error(&format!("ai-router: cannot register the report queue: {e:?}")),
+            Err(e) => log_error(&format!(
+                "ai-router: cannot register the report queue: {e:?}"
+            )),
         }
         let _ = hostcalls::set_tick_period(duration_ms(tick_ms.clamp(50, 10_000)));
     }
@@ -63,7 +69,11 @@ impl Ctrl {
     }
 
     fn connect(&mut self) {
-        let request = WatchRequest { node: self.node.clone(), known_version: self.version }.encode_to_vec();
+        let request = WatchRequest {
+            node: self.node.clone(),
+            known_version: self.version,
+        }
+        .encode_to_vec();
         match hostcalls::open_grpc_stream(&self.cluster, SERVICE, "Watch", self.metadata()) {
             Ok(token) => {
                 self.stream = Some(token);
@@ -72,7 +82,10 @@ impl Ctrl {
                 }
             }
             Err(e) => {
-                log_error(&format!("ai-router: cannot open the sync stream to cluster '{}': {e:?}", self.cluster));
+                log_error(&format!(
+                    "ai-router: cannot open the sync stream to cluster '{}': {e:?}",
+                    self.cluster
+                ));
                 self.schedule_reconnect();
             }
         }
@@ -95,7 +108,11 @@ impl Ctrl {
         if Some(token) != self.stream {
             return;
         }
-        let bytes = match hostcalls::get_buffer(proxy_wasm::types::BufferType::GrpcReceiveBuffer, 0, size) {
+        let bytes = match hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::GrpcReceiveBuffer,
+            0,
+            size,
+        ) {
             Ok(Some(b)) => b,
             _ => return,
         };
@@ -106,7 +123,9 @@ impl Ctrl {
                 return;
             }
         };
-        let Some(snapshot) = update.snapshot else { return };
+        let Some(snapshot) = update.snapshot else {
+            return;
+        };
         // The snapshot first, then the version the workers compare against.
         let encoded = snapshot.encode_to_vec();
         if hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&encoded), None).is_err() {
@@ -118,10 +137,16 @@ impl Ctrl {
         self.published += 1;
         let _ = hostcalls::set_shared_data(VERSION_KEY, Some(&self.published.to_be_bytes()), None);
         if !self.connected_once || self.version == 0 {
-            log_info(&format!("ai-router: state version {} received from the control plane", update.version));
+            log_info(&format!(
+                "ai-router: state version {} received from the control plane",
+                update.version
+            ));
         }
         if self.quiet {
-            log_info(&format!("ai-router: sync stream to the control plane is back (state version {})", update.version));
+            log_info(&format!(
+                "ai-router: sync stream to the control plane is back (state version {})",
+                update.version
+            ));
         }
         self.quiet = false;
         self.connected_once = true;
@@ -154,17 +179,26 @@ impl Ctrl {
 
     pub fn on_report_response(&mut self, _token: u32, status: u32) {
         if status != 0 {
-            log_error(&format!("ai-router: the control plane refused a report batch (grpc status {status})"));
+            log_error(&format!(
+                "ai-router: the control plane refused a report batch (grpc status {status})"
+            ));
         }
     }
 
     fn flush_reports(&mut self) {
         let Some(queue) = self.queue else { return };
         loop {
-            let mut batch = ReportBatch { node: self.node.clone(), ..ReportBatch::default() };
+            let mut batch = ReportBatch {
+                node: self.node.clone(),
+                ..ReportBatch::default()
+            };
             while batch.attempts.len() + batch.requests.len() < MAX_BATCH {
-                let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) else { break };
-                let Some((kind, body)) = msg.split_first() else { continue };
+                let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) else {
+                    break;
+                };
+                let Some((kind, body)) = msg.split_first() else {
+                    continue;
+                };
                 match *kind {
                     REPORT_ATTEMPT => {
                         if let Ok(a) = AttemptOutcome::decode(body) {
@@ -183,11 +217,17 @@ impl Ctrl {
                 return;
             }
             let bytes = batch.encode_to_vec();
-            if let Err(e) = hostcalls::dispatch_grpc_call(&self.cluster, SERVICE, "Report", self.metadata(), Some(&bytes), duration_ms(5_000)) {
+            if let Err(e) = hostcalls::dispatch_grpc_call(
+                &self.cluster,
+                SERVICE,
+                "Report",
+                self.metadata(),
+                Some(&bytes),
+                duration_ms(5_000),
+            ) {
                 log_error(&format!("ai-router: cannot send reports: {e:?}"));
                 return;
             }
         }
     }
 }
-

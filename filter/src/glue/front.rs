@@ -38,7 +38,10 @@ impl Front {
     fn reply(&mut self, err: GatewayError) -> Action {
         self.answered = Some((err.status, err.code));
         let retry_after = err.retry_after_s.map(|s| s.to_string());
-        let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json"), ("x-request-id", &self.rid)];
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("content-type", "application/json"),
+            ("x-request-id", &self.rid),
+        ];
         if let Some(r) = retry_after.as_deref() {
             headers.push(("retry-after", r));
         }
@@ -47,31 +50,53 @@ impl Front {
     }
 
     fn models(&mut self, path: &str) -> Action {
-        let Some(state) = shared::current_state() else { return self.reply(GatewayError::not_ready()) };
-        let Some(key) = self.authenticate(&state) else { return Action::Pause };
+        let Some(state) = shared::current_state() else {
+            return self.reply(GatewayError::not_ready());
+        };
+        let Some(key) = self.authenticate(&state) else {
+            return Action::Pause;
+        };
         let names = resolve::model_list(&state, &key);
         let item = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" });
         let body = match path.strip_prefix("/v1/models/") {
             Some(id) if !id.is_empty() => {
                 if !names.iter().any(|n| n == id) {
                     return self.reply(
-                        GatewayError::new(404, "model_not_found", format!("The model '{id}' does not exist or this key may not call it."))
-                            .with_param("model"),
+                        GatewayError::new(
+                            404,
+                            "model_not_found",
+                            format!("The model '{id}' does not exist or this key may not call it."),
+                        )
+                        .with_param("model"),
                     );
                 }
                 item(id)
             }
-            _ => json!({ "object": "list", "data": names.iter().map(|n| item(n)).collect::<Vec<_>>() }),
+            _ => {
+                json!({ "object": "list", "data": names.iter().map(|n| item(n)).collect::<Vec<_>>() })
+            }
         };
         self.answered = Some((200, "models"));
         let bytes = body.to_string().into_bytes();
-        self.send_http_response(200, vec![("content-type", "application/json"), ("x-request-id", &self.rid)], Some(&bytes));
+        self.send_http_response(
+            200,
+            vec![
+                ("content-type", "application/json"),
+                ("x-request-id", &self.rid),
+            ],
+            Some(&bytes),
+        );
         Action::Pause
     }
 
     /// The virtual key of the bearer token, or an answer already sent.
-    fn authenticate(&mut self, state: &crate::state::State) -> Option<ai_router_proto::v1::VirtualKey> {
-        let header = self.get_http_request_header("authorization").unwrap_or_default();
+    fn authenticate(
+        &mut self,
+        state: &crate::state::State,
+    ) -> Option<ai_router_proto::v1::VirtualKey> {
+        let header = self
+            .get_http_request_header("authorization")
+            .unwrap_or_default();
         let token = header
             .split_once(' ')
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
@@ -94,24 +119,48 @@ impl Front {
     }
 
     fn on_body(&mut self, body: &[u8], op: Operation) -> Action {
-        let Some(state) = shared::current_state() else { return self.reply(GatewayError::not_ready()) };
-        let Some(key) = self.key.take() else { return self.reply(GatewayError::invalid_api_key()) };
+        let Some(state) = shared::current_state() else {
+            return self.reply(GatewayError::not_ready());
+        };
+        let Some(key) = self.key.take() else {
+            return self.reply(GatewayError::invalid_api_key());
+        };
         let parsed: Value = match serde_json::from_slice(body) {
             Ok(v @ Value::Object(_)) => v,
-            Ok(_) => return self.reply(GatewayError::new(400, "invalid_json", "The request body must be a JSON object.")),
-            Err(e) => return self.reply(GatewayError::new(400, "invalid_json", format!("The request body is not valid JSON: {e}"))),
+            Ok(_) => {
+                return self.reply(GatewayError::new(
+                    400,
+                    "invalid_json",
+                    "The request body must be a JSON object.",
+                ))
+            }
+            Err(e) => {
+                return self.reply(GatewayError::new(
+                    400,
+                    "invalid_json",
+                    format!("The request body is not valid JSON: {e}"),
+                ))
+            }
         };
         match op {
             Operation::Chat => {
                 if !parsed.get("messages").is_some_and(Value::is_array) {
                     return self.reply(
-                        GatewayError::new(400, "invalid_request", "messages must be an array of chat messages.").with_param("messages"),
+                        GatewayError::new(
+                            400,
+                            "invalid_request",
+                            "messages must be an array of chat messages.",
+                        )
+                        .with_param("messages"),
                     );
                 }
             }
             Operation::Embeddings => {
                 if parsed.get("input").is_none() {
-                    return self.reply(GatewayError::new(400, "invalid_request", "input is required.").with_param("input"));
+                    return self.reply(
+                        GatewayError::new(400, "invalid_request", "input is required.")
+                            .with_param("input"),
+                    );
                 }
             }
         }
@@ -139,8 +188,14 @@ impl Front {
         self.set_http_request_header("x-envoy-max-retries", Some(&retries));
         // The whole call is bounded by the deadline; each attempt until its first token by the
         // attempt timeout (the attempt stage holds the headers until then).
-        self.set_http_request_header("x-envoy-upstream-rq-timeout-ms", Some(&plan.deadline_ms.to_string()));
-        self.set_http_request_header("x-envoy-upstream-rq-per-try-timeout-ms", Some(&plan.timeout_ms.to_string()));
+        self.set_http_request_header(
+            "x-envoy-upstream-rq-timeout-ms",
+            Some(&plan.deadline_ms.to_string()),
+        );
+        self.set_http_request_header(
+            "x-envoy-upstream-rq-per-try-timeout-ms",
+            Some(&plan.timeout_ms.to_string()),
+        );
         Action::Continue
     }
 }
@@ -150,7 +205,9 @@ impl Context for Front {}
 impl HttpContext for Front {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         self.started_ms = now_ms();
-        self.rid = self.get_http_request_header("x-request-id").unwrap_or_default();
+        self.rid = self
+            .get_http_request_header("x-request-id")
+            .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
         for (name, _) in self.get_http_request_headers() {
             if name.starts_with("x-envoy-") || name.starts_with("x-ai-router-") {
@@ -159,29 +216,53 @@ impl HttpContext for Front {
         }
         let method = self.get_http_request_header(":method").unwrap_or_default();
         let full_path = self.get_http_request_header(":path").unwrap_or_default();
-        let path = full_path.split('?').next().unwrap_or("").trim_end_matches('/').to_string();
+        let path = full_path
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/')
+            .to_string();
         let op = match (method.as_str(), path.as_str()) {
             ("POST", "/v1/chat/completions") => Operation::Chat,
             ("POST", "/v1/embeddings") => Operation::Embeddings,
-            ("GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => return self.models(&path),
+            ("GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => {
+                return self.models(&path)
+            }
             (_, "/v1/chat/completions" | "/v1/embeddings" | "/v1/models") => {
-                return self.reply(GatewayError::new(405, "method_not_allowed", format!("{method} is not allowed on {path}.")));
+                return self.reply(GatewayError::new(
+                    405,
+                    "method_not_allowed",
+                    format!("{method} is not allowed on {path}."),
+                ));
             }
             _ => return self.reply(GatewayError::not_found(&path)),
         };
         self.op = Some(op);
-        let Some(state) = shared::current_state() else { return self.reply(GatewayError::not_ready()) };
+        let Some(state) = shared::current_state() else {
+            return self.reply(GatewayError::not_ready());
+        };
         self.key = self.authenticate(&state);
         if self.key.is_none() {
             return Action::Pause;
         }
-        if let Some(len) = self.get_http_request_header("content-length").and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(len) = self
+            .get_http_request_header("content-length")
+            .and_then(|v| v.parse::<u64>().ok())
+        {
             if len > state.max_body_bytes() {
-                return self.reply(GatewayError::new(413, "request_too_large", format!("The body is larger than {} bytes.", state.max_body_bytes())));
+                return self.reply(GatewayError::new(
+                    413,
+                    "request_too_large",
+                    format!("The body is larger than {} bytes.", state.max_body_bytes()),
+                ));
             }
         }
         if end_of_stream {
-            return self.reply(GatewayError::new(400, "invalid_json", "The request has no body."));
+            return self.reply(GatewayError::new(
+                400,
+                "invalid_json",
+                "The request has no body.",
+            ));
         }
         // The client's key never goes further than this stage.
         self.set_http_request_header("authorization", None);
@@ -192,10 +273,18 @@ impl HttpContext for Front {
         if self.answered.is_some() {
             return Action::Pause;
         }
-        let Some(op) = self.op else { return Action::Continue };
-        let limit = shared::current_state().map(|s| s.max_body_bytes()).unwrap_or(4 * 1024 * 1024);
+        let Some(op) = self.op else {
+            return Action::Continue;
+        };
+        let limit = shared::current_state()
+            .map(|s| s.max_body_bytes())
+            .unwrap_or(4 * 1024 * 1024);
         if size as u64 > limit {
-            return self.reply(GatewayError::new(413, "request_too_large", format!("The body is larger than {limit} bytes.")));
+            return self.reply(GatewayError::new(
+                413,
+                "request_too_large",
+                format!("The body is larger than {limit} bytes."),
+            ));
         }
         if !end_of_stream {
             return Action::Pause;
@@ -208,11 +297,16 @@ impl HttpContext for Front {
         if self.answered.is_some() {
             return Action::Continue;
         }
-        self.status = self.get_http_response_header(":status").and_then(|s| s.parse().ok()).unwrap_or(0);
+        self.status = self
+            .get_http_response_header(":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let attempt = self.get_http_response_header(H_ATTEMPT);
         let model = self.get_http_response_header(H_LANE_MODEL);
         let retry_after = self.get_http_response_header(H_RETRY_AFTER);
-        let final_status = self.get_http_response_header(H_FINAL_STATUS).and_then(|s| s.parse::<u16>().ok());
+        let final_status = self
+            .get_http_response_header(H_FINAL_STATUS)
+            .and_then(|s| s.parse::<u16>().ok());
         if self.get_http_response_header(H_RETRY).is_some() {
             // Every attempt the router was allowed failed: this one carries the final answer.
             let status = final_status.unwrap_or(502);
@@ -221,9 +315,17 @@ impl HttpContext for Front {
         } else if attempt.is_none() && self.status >= 500 {
             // The router itself gave up (deadline, no attempt stage reachable).
             let err = if self.status == 504 {
-                GatewayError::new(504, "pool_timeout", "The call's deadline passed before a provider answered.")
+                GatewayError::new(
+                    504,
+                    "pool_timeout",
+                    "The call's deadline passed before a provider answered.",
+                )
             } else {
-                GatewayError::new(502, "upstream_error", "No provider could be reached for this call.")
+                GatewayError::new(
+                    502,
+                    "upstream_error",
+                    "No provider could be reached for this call.",
+                )
             };
             self.status = err.status;
             self.set_http_response_header(":status", Some(&err.status.to_string()));
@@ -237,7 +339,10 @@ impl HttpContext for Front {
         }
         // Strip everything internal.
         for (name, _) in self.get_http_response_headers() {
-            if name.starts_with("x-ai-router-") || name.starts_with("x-envoy-") || name.starts_with("x-ratelimit-") {
+            if name.starts_with("x-ai-router-")
+                || name.starts_with("x-envoy-")
+                || name.starts_with("x-ratelimit-")
+            {
                 self.set_http_response_header(&name, None);
             }
         }
@@ -247,8 +352,11 @@ impl HttpContext for Front {
         if let Some(m) = model.filter(|_| self.status < 400) {
             self.set_http_response_header("x-ai-router-model", Some(&m));
         }
-        let attempts = attempt
-            .or_else(|| self.cid.as_deref().and_then(|cid| shared::with_call(cid, |c| c.attempts.to_string())));
+        let attempts = attempt.or_else(|| {
+            self.cid
+                .as_deref()
+                .and_then(|cid| shared::with_call(cid, |c| c.attempts.to_string()))
+        });
         if let Some(a) = attempts {
             self.set_http_response_header("x-ai-router-attempts", Some(&a));
         }
@@ -259,7 +367,9 @@ impl HttpContext for Front {
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let Some(body) = self.replace_body.as_ref() else { return Action::Continue };
+        let Some(body) = self.replace_body.as_ref() else {
+            return Action::Continue;
+        };
         if !end_of_stream {
             return Action::Pause;
         }
@@ -277,7 +387,11 @@ impl HttpContext for Front {
             Some((status, _)) => ("success".to_string(), status),
             None if (200..300).contains(&self.status) => ("success".to_string(), self.status),
             None => {
-                let class = call.as_ref().and_then(|c| c.last_failure).map(|(c, _)| c.as_str()).unwrap_or("upstream");
+                let class = call
+                    .as_ref()
+                    .and_then(|c| c.last_failure)
+                    .map(|(c, _)| c.as_str())
+                    .unwrap_or("upstream");
                 (format!("error:{class}"), self.status)
             }
         };
@@ -290,8 +404,14 @@ impl HttpContext for Front {
             status: u32::from(status),
             attempts: call.as_ref().map(|c| c.attempts).unwrap_or(0),
             latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
-            provider: answered.as_ref().map(|l| l.provider.clone()).unwrap_or_default(),
-            model: answered.as_ref().map(|l| l.model.clone()).unwrap_or_default(),
+            provider: answered
+                .as_ref()
+                .map(|l| l.provider.clone())
+                .unwrap_or_default(),
+            model: answered
+                .as_ref()
+                .map(|l| l.model.clone())
+                .unwrap_or_default(),
             usage: None::<ProtoUsage>,
             at_ms: now,
         });

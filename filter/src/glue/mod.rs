@@ -9,8 +9,6 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 use serde::Deserialize;
 
-
-
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PluginConfig {
@@ -29,7 +27,10 @@ struct PluginConfig {
 pub fn register() {
     proxy_wasm::set_log_level(LogLevel::Info);
     std::panic::set_hook(Box::new(|info| {
-        let _ = proxy_wasm::hostcalls::log(LogLevel::Critical, &format!("ai-router filter panicked: {info}"));
+        let _ = proxy_wasm::hostcalls::log(
+            LogLevel::Critical,
+            &format!("ai-router filter panicked: {info}"),
+        );
     }));
     proxy_wasm::set_root_context(|_| Box::new(Root::default()));
 }
@@ -70,7 +71,11 @@ impl Context for Root {
 
 impl RootContext for Root {
     fn on_configure(&mut self, size: usize) -> bool {
-        let raw = if size == 0 { None } else { self.get_plugin_configuration() };
+        let raw = if size == 0 {
+            None
+        } else {
+            self.get_plugin_configuration()
+        };
         let config: PluginConfig = match raw.as_deref().map(serde_json::from_slice) {
             Some(Ok(c)) => c,
             Some(Err(e)) => {
@@ -78,7 +83,9 @@ impl RootContext for Root {
                 return false;
             }
             None => {
-                log_error("ai-router: the plugin configuration is missing (expected {\"role\":...})");
+                log_error(
+                    "ai-router: the plugin configuration is missing (expected {\"role\":...})",
+                );
                 return false;
             }
         };
@@ -87,14 +94,18 @@ impl RootContext for Root {
             "attempt" => Role::Attempt,
             "ctrl" => {
                 let mut c = ctrl::Ctrl::new(
-                    config.grpc_cluster.unwrap_or_else(|| "ai_router_control_plane".into()),
+                    config
+                        .grpc_cluster
+                        .unwrap_or_else(|| "ai_router_control_plane".into()),
                     config.node.unwrap_or_else(|| "envoy".into()),
                 );
                 c.start(config.tick_ms.unwrap_or(500));
                 Role::Ctrl(Box::new(c))
             }
             other => {
-                log_error(&format!("ai-router: unknown role '{other}' (front, attempt or ctrl)"));
+                log_error(&format!(
+                    "ai-router: unknown role '{other}' (front, attempt or ctrl)"
+                ));
                 return false;
             }
         };

@@ -100,7 +100,13 @@ pub fn new_call(now: i64) -> String {
         }
         l.next_call += 1;
         let cid = format!("{:x}-{}", l.salt, l.next_call);
-        l.calls.insert(cid.clone(), Call { created_ms: now, ..Call::default() });
+        l.calls.insert(
+            cid.clone(),
+            Call {
+                created_ms: now,
+                ..Call::default()
+            },
+        );
         // Calls whose front context never said goodbye are dropped after ten minutes.
         if l.calls.len() > 1024 {
             l.calls.retain(|_, c| now - c.created_ms < 600_000);
@@ -120,7 +126,10 @@ pub fn end_call(cid: &str) -> Option<Call> {
 pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
-        let n = l.in_flight.entry((provider.to_string(), key.to_string())).or_insert(0);
+        let n = l
+            .in_flight
+            .entry((provider.to_string(), key.to_string()))
+            .or_insert(0);
         *n = n.saturating_add_signed(delta);
     })
 }
@@ -151,7 +160,12 @@ fn blacklist_key(provider: &str, key: &str) -> String {
 
 /// Cools a lane for every worker of this Envoy at once (the control plane's push follows).
 pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
-    let value = StoredHold { cooldown_until: until_ms, class: None, until: 0, fp: 0 };
+    let value = StoredHold {
+        cooldown_until: until_ms,
+        class: None,
+        until: 0,
+        fp: 0,
+    };
     if let Ok(bytes) = serde_json::to_vec(&value) {
         let _ = hostcalls::set_shared_data(&cooldown_key(lane), Some(&bytes), None);
     }
@@ -159,7 +173,12 @@ pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
 
 /// Takes a key out for every worker of this Envoy at once.
 pub fn hold_blacklist(provider: &str, key: &str, class: Class, until_ms: i64, fingerprint: u64) {
-    let value = StoredHold { cooldown_until: 0, class: Some(class.as_str().into()), until: until_ms, fp: fingerprint };
+    let value = StoredHold {
+        cooldown_until: 0,
+        class: Some(class.as_str().into()),
+        until: until_ms,
+        fp: fingerprint,
+    };
     if let Ok(bytes) = serde_json::to_vec(&value) {
         let _ = hostcalls::set_shared_data(&blacklist_key(provider, key), Some(&bytes), None);
     }
@@ -179,22 +198,41 @@ impl View for SharedView {
     fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
         let mut out = Vec::new();
         if let Some(h) = read_hold(&cooldown_key(lane)) {
-            out.push(LocalHold::Cooldown { until_ms: h.cooldown_until });
+            out.push(LocalHold::Cooldown {
+                until_ms: h.cooldown_until,
+            });
         }
         if let Some(h) = read_hold(&blacklist_key(&lane.provider, &lane.key)) {
             if let Some(class) = h.class.as_deref().and_then(Class::parse) {
-                out.push(LocalHold::Blacklist { class, until_ms: h.until, fingerprint: h.fp });
+                out.push(LocalHold::Blacklist {
+                    class,
+                    until_ms: h.until,
+                    fingerprint: h.fp,
+                });
             }
         }
         out
     }
 
     fn in_flight(&self, provider: &str, key: &str) -> u32 {
-        LOCAL.with(|l| l.borrow().in_flight.get(&(provider.to_string(), key.to_string())).copied().unwrap_or(0))
+        LOCAL.with(|l| {
+            l.borrow()
+                .in_flight
+                .get(&(provider.to_string(), key.to_string()))
+                .copied()
+                .unwrap_or(0)
+        })
     }
 
     fn provider_in_flight(&self, provider: &str) -> u32 {
-        LOCAL.with(|l| l.borrow().in_flight.iter().filter(|((p, _), _)| p == provider).map(|(_, n)| *n).sum())
+        LOCAL.with(|l| {
+            l.borrow()
+                .in_flight
+                .iter()
+                .filter(|((p, _), _)| p == provider)
+                .map(|(_, n)| *n)
+                .sum()
+        })
     }
 }
 
@@ -202,7 +240,9 @@ fn report_queue() -> Option<u32> {
     if let Some(q) = LOCAL.with(|l| l.borrow().queue) {
         return Some(q);
     }
-    let q = hostcalls::resolve_shared_queue(VM_ID, REPORT_QUEUE).ok().flatten()?;
+    let q = hostcalls::resolve_shared_queue(VM_ID, REPORT_QUEUE)
+        .ok()
+        .flatten()?;
     LOCAL.with(|l| l.borrow_mut().queue = Some(q));
     Some(q)
 }

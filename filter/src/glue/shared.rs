@@ -134,8 +134,12 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
     })
 }
 
+/// Runs `f` with the round-robin positions; `f` may read the rest of the local state.
 pub fn with_round_robin<R>(f: impl FnOnce(&mut RoundRobin) -> R) -> R {
-    LOCAL.with(|l| f(&mut l.borrow_mut().rr))
+    let mut rr = LOCAL.with(|l| std::mem::take(&mut l.borrow_mut().rr));
+    let out = f(&mut rr);
+    LOCAL.with(|l| l.borrow_mut().rr = rr);
+    out
 }
 
 #[derive(Debug, Serialize, Deserialize)]

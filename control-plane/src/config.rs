@@ -26,7 +26,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config {path}: {source}")]
+    #[error("cannot read config {path}")]
     Read {
         path: String,
         source: std::io::Error,
@@ -557,8 +557,17 @@ pub struct MountedKey {
 
 /// Reads, parses and resolves the file at `path`.
 pub fn load(path: &Path, env: &dyn Env) -> Result<Config, ConfigError> {
-    let file = read(path)?;
-    file.resolve(env, &base_dir_of(path))
+    resolve_at(&read(path)?, env, path)
+}
+
+/// Resolves `file`, read from `path`; errors name the file.
+pub fn resolve_at(file: &FileConfig, env: &dyn Env, path: &Path) -> Result<Config, ConfigError> {
+    file.resolve(env, &base_dir_of(path)).map_err(|e| match e {
+        ConfigError::Invalid(message) => {
+            ConfigError::Invalid(format!("config {}: {message}", path.display()))
+        }
+        other => other,
+    })
 }
 
 /// Reads and parses the file at `path` without resolving it (`up` edits the pool first).

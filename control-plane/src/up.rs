@@ -31,7 +31,7 @@ use crate::sync::SYNC_TOKEN_ENV;
 use crate::vkeys::{self, STARCI_AI_KEY};
 
 /// Where Envoy finds the module when nothing says otherwise (the container layout).
-pub const DEFAULT_WASM_PATH: &str = "/etc/envoy/ai_router_filter.wasm";
+pub const DEFAULT_WASM_PATH: &str = "/etc/envoy/wasm/ai_router_filter.wasm";
 const WASM_FILE: &str = "ai_router_filter.wasm";
 const WASM_BUILD_PATH: &str = "target/wasm32-wasip1/release/ai_router_filter.wasm";
 const DEFAULT_CONFIG: &str = "examples/pool.yaml";

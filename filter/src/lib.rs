@@ -12,6 +12,7 @@
 //! Everything that decides (routing, lane choice, classification, the stream gate) is plain
 //! Rust in the modules below and is unit-tested on the host; `glue` is the thin proxy-wasm part.
 
+pub mod anthropic;
 pub mod classify;
 pub mod errors;
 pub mod lanes;

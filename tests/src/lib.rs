@@ -8,8 +8,8 @@
 //! waits by sleeping: readiness is polled with a deadline.
 //!
 //! Tools come from the environment (`scripts/test.sh` sets them all):
-//! `AI_ROUTER_BIN` (else `<workspace>/target/debug/ai-router`), `ENVOY_BIN` (else `envoy` on
-//! PATH), `AI_ROUTER_WASM` (else `<workspace>/target/wasm32-wasip1/release/ai_router_filter.wasm`)
+//! `AI_ROUTER_BIN` (else `<workspace>/target/debug/ai-router`), `ENVOY_BIN` (else
+//! `<workspace>/.venv/bin/envoy`, else `envoy` on PATH), `AI_ROUTER_WASM` (else `<workspace>/target/wasm32-wasip1/release/ai_router_filter.wasm`)
 //! and `AI_ROUTER_PYTHON` (else `<workspace>/.venv/bin/python`). A missing tool is an error
 //! naming the setup command: a test never passes by skipping.
 
@@ -95,10 +95,15 @@ pub fn python_bin() -> Result<PathBuf> {
     )
 }
 
-/// Envoy 1.40: `ENVOY_BIN`, else `envoy` on PATH.
+/// Envoy 1.40: `ENVOY_BIN`, else the project's `<workspace>/.venv/bin/envoy` (what
+/// `scripts/setup.sh` installs), else `envoy` on PATH.
 pub fn envoy_bin() -> Result<PathBuf> {
     if let Some(v) = std::env::var_os("ENVOY_BIN").filter(|v| !v.is_empty()) {
         return tool_from_env("ENVOY_BIN", PathBuf::from(v), "Envoy");
+    }
+    let venv = workspace_root().join(".venv/bin/envoy");
+    if venv.is_file() {
+        return Ok(venv);
     }
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
@@ -106,8 +111,11 @@ pub fn envoy_bin() -> Result<PathBuf> {
         .into_iter()
         .map(|dir| dir.join("envoy"))
         .find(|p| p.is_file());
-    on_path
-        .ok_or_else(|| anyhow!("Envoy not found (ENVOY_BIN unset, no envoy on PATH): {SETUP_HINT}"))
+    on_path.ok_or_else(|| {
+        anyhow!(
+            "Envoy not found (ENVOY_BIN unset, no .venv/bin/envoy, no envoy on PATH): {SETUP_HINT}"
+        )
+    })
 }
 
 static DIR_COUNTER: AtomicU32 = AtomicU32::new(0);

@@ -366,20 +366,25 @@ async fn a_revoked_virtual_key_gets_401() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_secret_reaches_a_log_or_a_client() {
     let gw = Gateway::start("no_secrets").await.expect("fixture");
-    // p1 refuses the request with an error that echoes both of its keys; p2 answers.
-    let echo = format!(
-        "Invalid request for key {} (also {}): maximum context length exceeded",
-        gw.key_a, gw.key_b
-    );
-    let bad_request = script::status(
-        400,
-        json!({}),
-        Some(
-            json!({ "error": { "message": echo, "type": "invalid_request_error", "param": null, "code": "context_length_exceeded" } }),
-        ),
-    );
+    // p1 refuses the request with an error that echoes the key it was sent (as OpenAI's
+    // "Incorrect API key provided: sk-..." does); p2 answers.
+    let bad_request = |key: &str| {
+        script::status(
+            400,
+            json!({}),
+            Some(json!({ "error": {
+                "message": format!("Invalid request for key {key}: maximum context length exceeded"),
+                "type": "invalid_request_error",
+                "param": null,
+                "code": "context_length_exceeded"
+            } })),
+        )
+    };
     gw.mock1
-        .script(json!([script::always(vec![bad_request])]))
+        .script(json!([
+            script::for_key(&gw.key_a, vec![bad_request(&gw.key_a)]),
+            script::for_key(&gw.key_b, vec![bad_request(&gw.key_b)]),
+        ]))
         .await
         .unwrap();
     gw.mock2
@@ -389,6 +394,10 @@ async fn no_secret_reaches_a_log_or_a_client() {
 
     let r = gw.chat("chat").await.unwrap();
     assert_eq!(r.status, 400, "{r}");
+    assert!(
+        r.text.contains("Invalid request for key [redacted]"),
+        "the echoed key is replaced by [redacted]:\n{r}"
+    );
     for (name, secret) in gw.secrets() {
         assert!(!r.text.contains(secret), "{name} reached the client:\n{r}");
     }

@@ -10,10 +10,12 @@ use super::front::{
     H_ATTEMPT, H_ERROR_CLASS, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER,
 };
 use super::shared::{self, now_ms, SharedView};
+use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::classify::{classify, Class, Failure};
 use crate::errors::{upstream_invalid_request, GatewayError};
 use crate::lanes::{self, LaneId, Pick};
-use crate::plan::{Plan, PLAN_HEADER};
+use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::sse::Parser;
 use crate::stream::{usage_of, Gate, Step, Usage};
 use crate::util::redact;
 
@@ -28,10 +30,31 @@ enum Mode {
         status: u16,
         headers: Vec<(String, String)>,
     },
-    /// A stream: held until the first token.
-    Stream { gate: Box<Gate>, seen: usize },
+    /// A stream: held until the first token. Anthropic events are translated to OpenAI chunks
+    /// first.
+    Stream {
+        gate: Box<Gate>,
+        upstream: Option<Box<Translate>>,
+        seen: usize,
+    },
     /// Passed through untouched (after the verdict).
     Through,
+}
+
+/// The Anthropic stream, parsed and translated into OpenAI chunk bytes.
+struct Translate {
+    parser: Parser,
+    translator: StreamTranslator,
+}
+
+impl Translate {
+    fn feed(&mut self, bytes: &[u8], now_ms: i64) -> Result<Vec<u8>, Failure> {
+        let mut out = Vec::new();
+        for event in self.parser.feed(bytes) {
+            out.extend(self.translator.feed(&event, now_ms)?);
+        }
+        Ok(out)
+    }
 }
 
 struct Lane {
@@ -154,11 +177,39 @@ impl Attempt {
                 }
             }
         }
+        let anthropic = provider.kind == "anthropic";
+        if anthropic && plan.op == Operation::Chat {
+            let max_tokens = if provider.default_max_tokens > 0 {
+                provider.default_max_tokens
+            } else {
+                4096
+            };
+            value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
+                Ok(v) => v,
+                Err(e) => {
+                    // The request cannot be expressed for this provider: the caller's to fix.
+                    let mut err = GatewayError::new(400, "invalid_request", e.message);
+                    err.param = e.param;
+                    let attempts = self.attempt.to_string();
+                    self.send_http_response(
+                        400,
+                        vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)],
+                        Some(&err.body()),
+                    );
+                    return Action::Pause;
+                }
+            };
+        }
         let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
         self.set_http_request_body(0, body.len(), &new_body);
         self.set_http_request_header("content-length", None);
 
-        let path = format!("{}{}", provider.base_path, plan.op.path());
+        let api_path = if anthropic && plan.op == Operation::Chat {
+            "/messages"
+        } else {
+            plan.op.path()
+        };
+        let path = format!("{}{}", provider.base_path, api_path);
         let cluster = if provider.scheme == "https" {
             "providers_tls"
         } else {
@@ -187,6 +238,9 @@ impl Attempt {
             self.set_http_request_header("authorization", Some(&format!("Bearer {}", key.secret)));
         } else {
             self.set_http_request_header(&provider.auth_header, Some(&key.secret));
+        }
+        if anthropic {
+            self.set_http_request_header("anthropic-version", Some(ANTHROPIC_VERSION));
         }
         if !plan.rid.is_empty() {
             self.set_http_request_header("x-request-id", Some(&plan.rid));
@@ -366,8 +420,15 @@ impl HttpContext for Attempt {
         let stream = self.plan.as_ref().is_some_and(|p| p.stream);
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
+            let upstream = (lane.kind == "anthropic").then(|| {
+                Box::new(Translate {
+                    parser: Parser::new(),
+                    translator: StreamTranslator::new(now_ms() / 1000),
+                })
+            });
             self.mode = Mode::Stream {
                 gate: Box::new(Gate::new(&lane.kind, include_usage)),
+                upstream,
                 seen: 0,
             };
         } else {
@@ -396,7 +457,11 @@ impl HttpContext for Attempt {
                 self.judge_whole(&body, size);
                 Action::Continue
             }
-            Mode::Stream { mut gate, seen } => {
+            Mode::Stream {
+                mut gate,
+                mut upstream,
+                seen,
+            } => {
                 let now = now_ms();
                 // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
                 let buffered = !gate.released();
@@ -405,6 +470,28 @@ impl HttpContext for Attempt {
                         .unwrap_or_default()
                 } else {
                     self.get_http_response_body(0, size).unwrap_or_default()
+                };
+                let new = match upstream.as_mut().map(|t| t.feed(&new, now)) {
+                    None => new,
+                    Some(Ok(translated)) => translated,
+                    Some(Err(failure)) if !gate.released() => {
+                        self.fail(failure, size);
+                        return Action::Continue;
+                    }
+                    Some(Err(failure)) => {
+                        // After the first token: end the client's stream with the error.
+                        let event = crate::stream::error_event(
+                            &format!(
+                                "The provider's stream failed after the answer had started: {}",
+                                failure.message
+                            ),
+                            "stream_interrupted",
+                        );
+                        self.set_http_response_body(0, size, &event);
+                        self.report(Some(&failure), 200);
+                        self.mode = Mode::Through;
+                        return Action::Continue;
+                    }
                 };
                 // The bytes that take the place of this callback's body.
                 let mut out: Option<Vec<u8>> = None;
@@ -426,7 +513,11 @@ impl HttpContext for Attempt {
                         self.set_http_response_body(0, size, &bytes);
                     }
                     let held = !gate.released();
-                    self.mode = Mode::Stream { gate, seen: size };
+                    self.mode = Mode::Stream {
+                        gate,
+                        upstream,
+                        seen: size,
+                    };
                     return if held {
                         Action::Pause
                     } else {
@@ -497,6 +588,19 @@ impl Attempt {
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
         if (200..300).contains(&status) && !has_error_object {
+            if lane.kind == "anthropic"
+                && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
+            {
+                let translated = anthropic::from_messages_response(&parsed, now / 1000);
+                self.usage = usage_of(&translated);
+                self.set_http_response_body(0, size, translated.to_string().as_bytes());
+                self.set_http_response_header("content-length", None);
+                self.set_http_response_header("content-type", Some("application/json"));
+                self.succeed_headers();
+                self.report(None, status);
+                self.mode = Mode::Through;
+                return;
+            }
             self.usage = usage_of(&parsed);
             self.succeed_headers();
             self.report(None, status);

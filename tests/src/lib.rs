@@ -1586,6 +1586,21 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_tool_is_an_error_naming_the_setup_script() {
+        let err = tool_from_env(
+            "AI_ROUTER_E2E_UNSET_VARIABLE",
+            PathBuf::from("/nonexistent/envoy"),
+            "Envoy",
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+        assert!(err.contains("./scripts/setup.sh"), "{err}");
+        assert!(err.contains("./scripts/test.sh"), "{err}");
+        assert!(err.contains("/nonexistent/envoy"), "{err}");
+    }
+
+    #[test]
     fn public_listener_skips_internal_listeners() {
         let v = json!({"listener_statuses": [
             {"name": "attempt", "local_address": {"envoy_internal_address": {"server_listener_name": "attempt"}}},

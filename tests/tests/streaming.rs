@@ -7,8 +7,8 @@ use ai_router_e2e::{script, Gateway, StreamReply};
 use serde_json::{json, Value};
 
 /// One clean stream of `chunks`: one role chunk, the content in order, no error, `[DONE]` last.
-fn assert_clean_stream(s: &StreamReply, chunks: &[&str]) {
-    assert_eq!(s.status, 200, "{s}");
+fn assert_clean_stream(s: &StreamReply, chunks: &[&str], calls: &str) {
+    assert_eq!(s.status, 200, "{s}\n--- provider calls ---\n{calls}");
     assert!(
         s.header("content-type")
             .unwrap_or_default()
@@ -50,10 +50,19 @@ async fn fails_over_before_the_first_token(test: &str, fail_with: &str) {
         .unwrap();
 
     let s = gw.stream("chat").await.unwrap();
-    assert_clean_stream(&s, &good);
+    let p1 = gw.mock1.calls().await.unwrap();
+    let p2 = gw.mock2.calls().await.unwrap();
+    let calls = format!(
+        "p1 (keys {:?}): {} call(s); p2: {} call(s)",
+        p1.iter()
+            .map(|c| gw.alias_of(c.key.as_deref()))
+            .collect::<Vec<_>>(),
+        p1.len(),
+        p2.len()
+    );
+    assert_clean_stream(&s, &good, &calls);
     assert!(!s.body.contains("never"), "{s}");
 
-    let p1 = gw.mock1.calls().await.unwrap();
     assert!(
         !p1.is_empty(),
         "p1 was tried first: the stream failed there"
@@ -121,6 +130,10 @@ async fn a_stream_dropped_after_the_first_token_ends_with_an_error_event() {
     );
     assert!(error["type"].is_string(), "error.type:\n{s}");
     assert!(error.get("code").is_some(), "error.code:\n{s}");
+    assert!(
+        s.transport_error.is_none(),
+        "the gateway ends the client's stream with an error event, not a broken connection:\n{s}"
+    );
     assert!(
         !s.events.iter().any(|e| e == "[DONE]"),
         "a failed stream does not end with [DONE]:\n{s}"

@@ -14,6 +14,7 @@
 
 pub mod anthropic;
 pub mod classify;
+pub mod embeddings;
 pub mod errors;
 pub mod lanes;
 pub mod plan;

@@ -12,6 +12,7 @@ use super::front::{
 use super::shared::{self, now_ms, SharedView};
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::classify::{classify, Class, Failure};
+use crate::embeddings;
 use crate::errors::{upstream_invalid_request, GatewayError};
 use crate::lanes::{self, LaneId, Pick};
 use crate::plan::{Operation, Plan, PLAN_HEADER};
@@ -74,6 +75,8 @@ pub struct Attempt {
     reported: bool,
     after_first_token: bool,
     usage: Option<Usage>,
+    /// Embeddings: the vector length the lane's model declares.
+    dimensions: Option<usize>,
 }
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
@@ -141,9 +144,16 @@ impl Attempt {
             return self.give_up(None, None);
         };
         let now = now_ms();
-        let tried = shared::with_call(&plan.cid, |c| c.tried.clone()).unwrap_or_default();
+        let (tried, identity) =
+            shared::with_call(&plan.cid, |c| (c.tried.clone(), c.identity.clone()))
+                .unwrap_or_default();
+        // An embeddings call never leaves the vector space of its first lane.
+        let tiers = match &identity {
+            Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
+            None => plan.tiers.clone(),
+        };
         let pick = shared::with_round_robin(|rr| {
-            lanes::pick(&state, &plan.tiers, &tried, &SharedView, rr, now)
+            lanes::pick(&state, &tiers, &tried, &SharedView, rr, now)
         });
         let chosen = match pick {
             Pick::Lane(c) => c,
@@ -250,10 +260,18 @@ impl Attempt {
             self.set_http_request_header("accept", Some("text/event-stream"));
         }
 
+        let model_identity =
+            embeddings::identity_of(&state, &chosen.lane.provider, &chosen.lane.model);
+        let dimensions =
+            embeddings::dimensions_of(&state, &chosen.lane.provider, &chosen.lane.model);
         shared::with_call(&plan.cid, |c| {
             c.tried.push(chosen.lane.clone());
             c.attempts = c.attempts.max(self.attempt);
+            if plan.op == Operation::Embeddings && c.identity.is_none() {
+                c.identity = model_identity;
+            }
         });
+        self.dimensions = dimensions;
         shared::add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,
@@ -600,6 +618,23 @@ impl Attempt {
                 self.report(None, status);
                 self.mode = Mode::Through;
                 return;
+            }
+            if let Some(expected) = self.dimensions.filter(|_| {
+                self.plan
+                    .as_ref()
+                    .is_some_and(|p| p.op == Operation::Embeddings)
+            }) {
+                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
+                    let failure = Failure {
+                        class: Class::Transient,
+                        retry_at_ms: None,
+                        provider_code: None,
+                        message,
+                        status,
+                    };
+                    self.fail(failure, size);
+                    return;
+                }
             }
             self.usage = usage_of(&parsed);
             self.succeed_headers();

@@ -32,6 +32,8 @@ pub struct Call {
     pub last_failure: Option<(Class, Option<i64>)>,
     pub answered: Option<LaneId>,
     pub created_ms: i64,
+    /// Embeddings: the model identity of the first lane, which every later attempt keeps.
+    pub identity: Option<String>,
 }
 
 #[derive(Default)]

@@ -61,7 +61,7 @@ fn vector_len(embedding: &Value) -> Option<usize> {
 
 fn base64_len(s: &str) -> Option<usize> {
     let s = s.trim();
-    if s.len() % 4 != 0 {
+    if !s.len().is_multiple_of(4) {
         return None;
     }
     let padding = s.bytes().rev().take_while(|b| *b == b'=').count();

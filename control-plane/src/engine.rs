@@ -605,6 +605,24 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
         }),
         generated_at_ms: now,
         breakers: Vec::new(),
+        resilience: Some(pb::Resilience {
+            backoff: Some(pb::BackoffSettings {
+                base_ms: config.resilience.backoff.base_ms,
+                factor: config.resilience.backoff.factor,
+                max_ms: config.resilience.backoff.max_ms,
+            }),
+            rate_limit_cooldown_ms: config.resilience.rate_limit_cooldown_ms,
+            quota_blacklist_ms: config.resilience.quota_blacklist_ms,
+            auth_disable_ms: config.resilience.auth_disable_ms.unwrap_or(0),
+        }),
+        selection: Some(pb::Selection {
+            latency_tolerance: config.selection.latency_tolerance,
+            latency_slack_ms: config.selection.latency_slack_ms,
+            ewma_alpha: config.selection.ewma_alpha,
+            low_headroom: config.selection.low_headroom,
+        }),
+        headroom: Vec::new(),
+        provider_health: Vec::new(),
     };
     pb::StateUpdate {
         version: state.version,

@@ -1,14 +1,14 @@
 //! The ai-router control plane: configuration, key and state stores, the sync service the Envoy
 //! filter watches, the mock provider and the Envoy bootstrap renderer.
 
+pub mod config;
+pub mod engine;
+pub mod error;
 pub mod mock;
 pub mod render;
-pub mod config;
-pub mod error;
 pub mod secrets;
-pub mod engine;
-pub mod vkeys;
-pub mod sync;
 pub mod serve;
 pub mod state_store;
+pub mod sync;
 pub mod up;
+pub mod vkeys;

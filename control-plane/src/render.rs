@@ -149,6 +149,8 @@ bootstrap_extensions:
                       routes:
                         - match: {{ prefix: "/" }}
                           route: {{ cluster_header: x-ai-router-cluster, timeout: 0s }}
+                          # Chosen by the attempt stage; the provider never sees it.
+                          request_headers_to_remove: [x-ai-router-cluster]
                 http_filters:
                   - name: envoy.filters.http.wasm
                     typed_config:

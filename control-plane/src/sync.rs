@@ -33,12 +33,17 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::StateUpdate, Status>> + Send + 'static>>;
 
+/// (scope, provider, key) -> the lease is held until (ms since the epoch).
+type LeaseTable = std::collections::HashMap<(String, String, String), i64>;
+
 #[derive(Clone)]
 pub struct SyncService {
     engine: Arc<Engine>,
     token: Option<Secret>,
     /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
     shutdown: watch::Receiver<bool>,
+    /// Half-open probe leases: (scope, provider, key) -> held until (ms since the epoch).
+    leases: Arc<std::sync::Mutex<LeaseTable>>,
 }
 
 impl std::fmt::Debug for SyncService {
@@ -59,6 +64,7 @@ impl SyncService {
             engine,
             token,
             shutdown,
+            leases: Arc::default(),
         }
     }
 
@@ -130,6 +136,36 @@ impl SyncApi for SyncService {
         let batch = request.into_inner();
         let (version, _) = self.engine.apply_report(&batch);
         Ok(Response::new(pb::ReportAck { version }))
+    }
+
+    async fn lease(
+        &self,
+        request: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseReply>, Status> {
+        self.authorize(&request)?;
+        let req = request.into_inner();
+        let now = crate::engine::Clock::now_ms(&crate::engine::SystemClock);
+        let ttl = i64::try_from(req.ttl_ms.clamp(100, 600_000)).unwrap_or(60_000);
+        let mut leases = self
+            .leases
+            .lock()
+            .map_err(|_| Status::internal("lease table poisoned"))?;
+        leases.retain(|_, until| *until > now);
+        let id = (req.scope, req.provider, req.key);
+        let reply = match leases.get(&id) {
+            Some(until) => pb::LeaseReply {
+                granted: false,
+                retry_at_ms: *until,
+            },
+            None => {
+                leases.insert(id, now + ttl);
+                pb::LeaseReply {
+                    granted: true,
+                    retry_at_ms: 0,
+                }
+            }
+        };
+        Ok(Response::new(reply))
     }
 }
 

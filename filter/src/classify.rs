@@ -448,3 +448,93 @@ mod tests {
         }
     }
 }
+
+/// Parses an OpenAI-style reset duration: "1s", "6m0s", "20ms", "1h2m3.5s", or plain seconds.
+fn parse_reset_duration(v: &str) -> Option<i64> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        return Some((secs * 1000.0).ceil() as i64);
+    }
+    let mut total = 0f64;
+    let mut number = String::new();
+    let mut chars = v.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            number.push(c);
+            continue;
+        }
+        let n: f64 = number.parse().ok()?;
+        number.clear();
+        let unit = match c {
+            'h' => 3_600_000.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                1.0
+            }
+            'm' => 60_000.0,
+            's' => 1000.0,
+            _ => return None,
+        };
+        total += n * unit;
+        any = true;
+    }
+    (any && number.is_empty()).then_some(total.ceil() as i64)
+}
+
+/// The rate-limit headroom a provider reported: remaining requests, remaining tokens (-1 when
+/// absent) and the earliest reset (ms since the epoch, 0 when absent).
+pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
+    let get = |names: &[&str]| {
+        headers
+            .iter()
+            .find(|(k, _)| names.iter().any(|n| k.eq_ignore_ascii_case(n)))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let number = |names: &[&str]| get(names).and_then(|v| v.parse::<i64>().ok()).unwrap_or(-1);
+    let requests = number(&[
+        "x-ratelimit-remaining-requests",
+        "anthropic-ratelimit-requests-remaining",
+    ]);
+    let tokens = number(&[
+        "x-ratelimit-remaining-tokens",
+        "anthropic-ratelimit-tokens-remaining",
+    ]);
+    let resets = [
+        get(&["x-ratelimit-reset-requests"]).and_then(|v| parse_reset_duration(&v)),
+        get(&["x-ratelimit-reset-tokens"]).and_then(|v| parse_reset_duration(&v)),
+    ];
+    let reset = resets
+        .iter()
+        .flatten()
+        .min()
+        .map(|d| now_ms + d)
+        .unwrap_or(0);
+    (requests, tokens, reset)
+}
+
+#[cfg(test)]
+mod headroom_tests {
+    use super::*;
+
+    #[test]
+    fn reads_openai_headers() {
+        let h = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let headers = h(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-tokens", "1500"),
+            ("x-ratelimit-reset-requests", "6m0s"),
+            ("x-ratelimit-reset-tokens", "20ms"),
+        ]);
+        assert_eq!(headroom(&headers, 1000), (0, 1500, 1020));
+        assert_eq!(headroom(&[], 1000), (-1, -1, 0));
+        assert_eq!(parse_reset_duration("1h2m3.5s"), Some(3_723_500));
+        assert_eq!(parse_reset_duration("2"), Some(2000));
+        assert_eq!(parse_reset_duration("bogus"), None);
+    }
+}

@@ -77,6 +77,8 @@ pub struct Attempt {
     usage: Option<Usage>,
     /// Embeddings: the vector length the lane's model declares.
     dimensions: Option<usize>,
+    /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
+    headroom: Option<(i64, i64, i64)>,
 }
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
@@ -352,6 +354,10 @@ impl Attempt {
             virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
             at_ms: now,
             after_first_token: self.after_first_token,
+            remaining_requests: self.headroom.map_or(-1, |h| h.0),
+            remaining_tokens: self.headroom.map_or(-1, |h| h.1),
+            ratelimit_reset_at_ms: self.headroom.map_or(0, |h| h.2),
+            probe: false,
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
         });
     }
@@ -432,6 +438,7 @@ impl HttpContext for Attempt {
             .and_then(|s| s.parse().ok())
             .unwrap_or(502);
         let headers = self.get_http_response_headers();
+        self.headroom = Some(crate::classify::headroom(&headers, now_ms()));
         let is_sse = headers.iter().any(|(k, v)| {
             k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
         });

@@ -117,7 +117,11 @@ bootstrap_extensions:
                             # by the front stage); the route itself never cuts a stream.
                             timeout: 0s
                             retry_policy:
-                              retry_on: "retriable-headers,reset,connect-failure"
+                              # x-ai-router-retry: the attempt stage's verdict. 502/503: the
+                              # attempt listener's own answer when a provider broke off while
+                              # the attempt stage held its response (before the first token).
+                              retry_on: "retriable-headers,retriable-status-codes,reset,connect-failure"
+                              retriable_status_codes: [502, 503]
                               num_retries: {retries}
                               retriable_headers:
                                 - name: x-ai-router-retry

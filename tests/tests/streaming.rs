@@ -90,16 +90,18 @@ async fn a_stream_dropped_before_the_first_token_fails_over_invisibly() {
     fails_over_before_the_first_token("stream_drop_before_token", "network").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stream_dropped_after_the_first_token_ends_with_an_error_event() {
-    let gw = Gateway::start("stream_drop_after_token")
-        .await
-        .expect("fixture");
+/// A provider stream that fails after the first token: the client keeps what it got, the call
+/// is not retried, and the stream never ends with `[DONE]`.
+async fn fails_after_the_first_token(
+    test: &str,
+    fail_with: &str,
+) -> (Gateway, ai_router_e2e::StreamReply) {
+    let gw = Gateway::start(test).await.expect("fixture");
     gw.mock1
         .script(json!([script::always(vec![script::stream_failing(
             &["one", " two", " three"],
             2,
-            "network"
+            fail_with
         )])]))
         .await
         .unwrap();
@@ -114,8 +116,22 @@ async fn a_stream_dropped_after_the_first_token_ends_with_an_error_event() {
     assert_eq!(
         s.contents(),
         ["one", " two"],
-        "what was sent before the drop:\n{s}"
+        "what was sent before the failure:\n{s}"
     );
+    assert!(
+        !s.events.iter().any(|e| e == "[DONE]"),
+        "a failed stream does not end with [DONE]:\n{s}"
+    );
+    assert_eq!(gw.mock1.calls().await.unwrap().len(), 1, "one attempt");
+    assert!(
+        gw.mock2.calls().await.unwrap().is_empty(),
+        "no retry after the first token"
+    );
+    gw.check_no_secrets_in_logs().unwrap();
+    (gw, s)
+}
+
+fn assert_ends_with_error_event(s: &ai_router_e2e::StreamReply) {
     let last = s
         .events
         .last()
@@ -134,14 +150,29 @@ async fn a_stream_dropped_after_the_first_token_ends_with_an_error_event() {
         s.transport_error.is_none(),
         "the gateway ends the client's stream with an error event, not a broken connection:\n{s}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_off_after_the_first_token_ends_with_an_error_event() {
+    // The provider ends its body cleanly but without finishing the answer ([DONE]).
+    let (_gw, s) = fails_after_the_first_token("stream_truncated_after_token", "truncate").await;
+    assert_ends_with_error_event(&s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_error_after_the_first_token_ends_the_stream_with_it() {
+    let (_gw, s) = fails_after_the_first_token("stream_error_after_token", "error-event").await;
+    assert_ends_with_error_event(&s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_after_the_first_token_breaks_the_clients_stream() {
+    // Envoy cannot append to a response whose upstream connection was reset (no filter runs on a
+    // reset), so the client's body is cut off without its final chunk: every HTTP client reports
+    // that as an error, and the stream never looks complete.
+    let (_gw, s) = fails_after_the_first_token("stream_drop_after_token", "network").await;
     assert!(
-        !s.events.iter().any(|e| e == "[DONE]"),
-        "a failed stream does not end with [DONE]:\n{s}"
+        s.transport_error.is_some(),
+        "the client must see the stream break off, not a clean end:\n{s}"
     );
-    assert_eq!(gw.mock1.calls().await.unwrap().len(), 1, "one attempt");
-    assert!(
-        gw.mock2.calls().await.unwrap().is_empty(),
-        "no retry after the first token"
-    );
-    gw.check_no_secrets_in_logs().unwrap();
 }

@@ -128,13 +128,19 @@ impl Attempt {
     fn give_up(&mut self, class: Option<Class>, retry_at_ms: Option<i64>) -> Action {
         let err = final_error(class, retry_at_ms, now_ms());
         let attempts = self.attempt.to_string();
+        let final_status = err.status.to_string();
         let retry_after = err.retry_after_s.map(|s| s.to_string());
-        let mut headers: Vec<(&str, &str)> =
-            vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)];
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("content-type", "application/json"),
+            (H_ATTEMPT, &attempts),
+            (H_FINAL_STATUS, &final_status),
+        ];
         if let Some(r) = retry_after.as_deref() {
             headers.push((H_RETRY_AFTER, r));
         }
-        self.send_http_response(u32::from(err.status), headers, Some(&err.body()));
+        // 500 is never retried by the outer router (502 and 503 are); the front stage answers
+        // the client with the final status.
+        self.send_http_response(500, headers, Some(&err.body()));
         Action::Pause
     }
 

@@ -307,8 +307,9 @@ impl HttpContext for Front {
         let final_status = self
             .get_http_response_header(H_FINAL_STATUS)
             .and_then(|s| s.parse::<u16>().ok());
-        if self.get_http_response_header(H_RETRY).is_some() {
-            // Every attempt the router was allowed failed: this one carries the final answer.
+        if self.get_http_response_header(H_RETRY).is_some() || final_status.is_some() {
+            // Every attempt the router was allowed failed, or no lane was left: this answer
+            // carries the gateway's final error.
             let status = final_status.unwrap_or(502);
             self.status = status;
             self.set_http_response_header(":status", Some(&status.to_string()));

@@ -170,7 +170,44 @@ bootstrap_extensions:
                   - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    # The attempt stage waits (backoff, a lane coming back before the deadline) by calling this
+    # listener: the fault filter delays the answer by x-envoy-fault-delay-request ms.
+    - name: ai_router_timer
+      internal_listener: {{}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: ai_router_timer
+                route_config:
+                  name: ai_router_timer
+                  virtual_hosts:
+                    - name: timer
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          direct_response: {{ status: 204 }}
+                http_filters:
+                  - name: envoy.filters.http.fault
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+                      delay:
+                        header_delay: {{}}
+                        percentage: {{ numerator: 100, denominator: HUNDRED }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
+    - name: ai_router_timer
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: ai_router_timer
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    envoy_internal_address: {{ server_listener_name: ai_router_timer }}
     - name: ai_router_attempts
       connect_timeout: 1s
       per_connection_buffer_limit_bytes: {limit}

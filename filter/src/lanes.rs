@@ -50,6 +50,19 @@ pub trait View {
     fn holds(&self, lane: &LaneId) -> Vec<LocalHold>;
     fn in_flight(&self, provider: &str, key: &str) -> u32;
     fn provider_in_flight(&self, provider: &str) -> u32;
+    /// The lane's latency EWMA in ms, if it was ever measured.
+    fn latency(&self, _lane: &LaneId) -> Option<f64> {
+        None
+    }
+}
+
+/// A half-open breaker the attempt must hold the probe lease of before it may use the lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// "key" or "provider"
+    pub scope: &'static str,
+    pub provider: String,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +71,18 @@ pub struct Chosen {
     pub provider_index: usize,
     pub key_index: usize,
     pub tier: usize,
+    /// Set when the lane's key or provider breaker is half-open.
+    pub probe: Option<Probe>,
+}
+
+/// What the picker needs to know about the call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Request<'a> {
+    pub tried: &'a [LaneId],
+    /// Lanes this attempt may not use (a probe lease another call holds).
+    pub excluded: &'a [LaneId],
+    /// Estimated tokens of the request, against reported token headroom.
+    pub tokens: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -98,9 +123,49 @@ impl RoundRobin {
 
 struct Usable {
     chosen: Chosen,
-    rank: (bool, usize, bool, bool),
+    /// The spec's tiers: untried lane, model order, untried key, untried provider, headroom.
+    rank: (bool, usize, bool, bool, bool),
     in_flight: u32,
     weight: f64,
+    latency: Option<f64>,
+}
+
+/// A breaker's effect on a lane right now.
+enum BreakerGate {
+    Closed,
+    Open(i64),
+    HalfOpen,
+}
+
+fn breaker_gate(state: &State, scope: &str, provider: &str, key: &str, now_ms: i64) -> BreakerGate {
+    match state.breaker(scope, provider, key) {
+        Some(b) if b.state == "open" && b.open_until_ms > now_ms => {
+            BreakerGate::Open(b.open_until_ms)
+        }
+        // Open past its cooldown is half-open, whether or not the push said so yet.
+        Some(b) if b.state == "open" || b.state == "half_open" => BreakerGate::HalfOpen,
+        _ => BreakerGate::Closed,
+    }
+}
+
+/// How often a call waiting for a concurrency slot looks again.
+const SLOT_POLL_MS: i64 = 50;
+
+/// Keeps the reason whose lane returns last (the lane is out until every reason passes).
+fn later(
+    worst: Option<(Class, Option<i64>)>,
+    class: Class,
+    until: Option<i64>,
+) -> Option<(Class, Option<i64>)> {
+    Some(match worst {
+        None => (class, until),
+        Some((c, u)) => match (u, until) {
+            (None, _) => (c, u),
+            (_, None) => (class, until),
+            (Some(a), Some(b)) if b > a => (class, until),
+            _ => (c, u),
+        },
+    })
 }
 
 /// Why a lane is out right now, and until when (None: until something changes).
@@ -110,6 +175,7 @@ fn out_reason(
     pi: usize,
     ki: usize,
     lane: &LaneId,
+    tokens: u64,
     now_ms: i64,
 ) -> Option<(Class, Option<i64>)> {
     let provider = state.provider_at(pi)?;
@@ -118,17 +184,6 @@ fn out_reason(
         return Some((Class::Auth, None));
     }
     let mut worst: Option<(Class, Option<i64>)> = None;
-    let mut consider = |class: Class, until: Option<i64>| {
-        worst = Some(match worst {
-            None => (class, until),
-            Some((c, u)) => match (u, until) {
-                (None, _) => (c, u),
-                (_, None) => (class, until),
-                (Some(a), Some(b)) if b > a => (class, until),
-                _ => (c, u),
-            },
-        });
-    };
     if let Some(h) = state.key_health(&provider.id, &key.alias) {
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
@@ -138,17 +193,17 @@ fn out_reason(
             } else {
                 Class::Auth
             };
-            consider(class, (h.until_ms > 0).then_some(h.until_ms));
+            worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms));
         }
     }
     let pushed = state.cooldown_until(&lane.provider, &lane.key, &lane.model);
     if pushed > now_ms {
-        consider(Class::RateLimit, Some(pushed));
+        worst = later(worst, Class::RateLimit, Some(pushed));
     }
     for hold in view.holds(lane) {
         match hold {
             LocalHold::Cooldown { until_ms } if until_ms > now_ms => {
-                consider(Class::RateLimit, Some(until_ms))
+                worst = later(worst, Class::RateLimit, Some(until_ms));
             }
             LocalHold::Blacklist {
                 class,
@@ -157,18 +212,35 @@ fn out_reason(
             } if (fingerprint == 0 || fingerprint == key.fingerprint)
                 && (until_ms == 0 || until_ms > now_ms) =>
             {
-                consider(class, (until_ms > 0).then_some(until_ms))
+                worst = later(worst, class, (until_ms > 0).then_some(until_ms));
             }
             _ => {}
         }
     }
-    if key.max_concurrency > 0 && view.in_flight(&provider.id, &key.alias) >= key.max_concurrency {
-        consider(Class::RateLimit, Some(now_ms + 1));
+    let provider_out = state.provider_out_until(&provider.id);
+    if provider_out > now_ms {
+        worst = later(worst, Class::Quota, Some(provider_out));
     }
-    if provider.max_concurrency > 0
-        && view.provider_in_flight(&provider.id) >= provider.max_concurrency
-    {
-        consider(Class::RateLimit, Some(now_ms + 1));
+    for (scope, key_alias) in [("provider", ""), ("key", key.alias.as_str())] {
+        if let BreakerGate::Open(until) =
+            breaker_gate(state, scope, &provider.id, key_alias, now_ms)
+        {
+            worst = later(worst, Class::Transient, Some(until));
+        }
+    }
+    if let Some(h) = state.headroom(&lane.provider, &lane.key, &lane.model) {
+        let no_requests = h.remaining_requests == 0;
+        let too_few_tokens = h.remaining_tokens >= 0 && (h.remaining_tokens as u64) < tokens;
+        if h.reset_at_ms > now_ms && (no_requests || too_few_tokens) {
+            worst = later(worst, Class::RateLimit, Some(h.reset_at_ms));
+        }
+    }
+    let key_full =
+        key.max_concurrency > 0 && view.in_flight(&provider.id, &key.alias) >= key.max_concurrency;
+    let provider_full = provider.max_concurrency > 0
+        && view.provider_in_flight(&provider.id) >= provider.max_concurrency;
+    if key_full || provider_full {
+        worst = later(worst, Class::RateLimit, Some(now_ms + SLOT_POLL_MS));
     }
     worst
 }
@@ -177,11 +249,12 @@ fn out_reason(
 pub fn pick(
     state: &State,
     tiers: &[Vec<Candidate>],
-    tried: &[LaneId],
+    req: Request<'_>,
     view: &dyn View,
     rr: &mut RoundRobin,
     now_ms: i64,
 ) -> Pick {
+    let selection = state.selection();
     let mut usable: Vec<Usable> = Vec::new();
     let mut soonest: Option<(Class, Option<i64>)> = None;
     for (tier_index, tier) in tiers.iter().enumerate() {
@@ -193,39 +266,67 @@ pub fn pick(
                 .models
                 .iter()
                 .find(|m| m.id == cand.model)
-                .map(|m| if m.weight > 0.0 { m.weight } else { 1.0 })
+                .map(|m| positive(m.weight))
                 .unwrap_or(1.0);
             for (ki, key) in provider.keys.iter().enumerate() {
                 let lane = LaneId::new(&provider.id, &key.alias, &cand.model);
-                if let Some((class, until)) = out_reason(state, view, pi, ki, &lane, now_ms) {
-                    soonest = Some(match soonest {
-                        None => (class, until),
-                        Some((c, u)) => match (u, until) {
-                            (Some(a), Some(b)) if b < a => (class, until),
-                            (None, Some(_)) => (class, until),
-                            _ => (c, u),
-                        },
-                    });
+                if req.excluded.contains(&lane) {
+                    soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
                     continue;
                 }
-                let lane_tried = tried.contains(&lane);
-                let key_tried = tried
+                if let Some((class, until)) =
+                    out_reason(state, view, pi, ki, &lane, req.tokens, now_ms)
+                {
+                    soonest = sooner(soonest, class, until);
+                    continue;
+                }
+                let probe = [("provider", ""), ("key", key.alias.as_str())]
+                    .into_iter()
+                    .find_map(|(scope, k)| {
+                        matches!(
+                            breaker_gate(state, scope, &provider.id, k, now_ms),
+                            BreakerGate::HalfOpen
+                        )
+                        .then(|| Probe {
+                            scope,
+                            provider: provider.id.clone(),
+                            key: k.to_string(),
+                        })
+                    });
+                let low_headroom = state
+                    .headroom(&lane.provider, &lane.key, &lane.model)
+                    .is_some_and(|h| {
+                        h.remaining_requests >= 0
+                            && h.reset_at_ms > now_ms
+                            && (h.remaining_requests as u64) <= selection.low_headroom
+                    });
+                let lane_tried = req.tried.contains(&lane);
+                let key_tried = req
+                    .tried
                     .iter()
                     .any(|t| t.provider == lane.provider && t.key == lane.key);
-                let provider_tried = tried.iter().any(|t| t.provider == lane.provider);
+                let provider_tried = req.tried.iter().any(|t| t.provider == lane.provider);
                 let weight = positive(provider.weight)
                     * positive(key.weight)
                     * model_weight
                     * positive(cand.weight);
                 usable.push(Usable {
-                    rank: (lane_tried, tier_index, key_tried, provider_tried),
+                    rank: (
+                        lane_tried,
+                        tier_index,
+                        key_tried,
+                        provider_tried,
+                        low_headroom,
+                    ),
                     in_flight: view.in_flight(&provider.id, &key.alias),
+                    latency: view.latency(&lane),
                     weight,
                     chosen: Chosen {
                         lane,
                         provider_index: pi,
                         key_index: ki,
                         tier: tier_index,
+                        probe,
                     },
                 });
             }
@@ -246,6 +347,11 @@ pub fn pick(
     usable.retain(|u| u.rank == best_rank);
     let fewest = usable.iter().map(|u| u.in_flight).min().unwrap_or(0);
     usable.retain(|u| u.in_flight == fewest);
+    // Lanes within the latency tolerance of the best measured one tie; unmeasured ones stay in.
+    if let Some(best) = usable.iter().filter_map(|u| u.latency).reduce(f64::min) {
+        let limit = best * selection.latency_tolerance + selection.latency_slack_ms as f64;
+        usable.retain(|u| u.latency.is_none_or(|l| l <= limit));
+    }
     let options: Vec<(String, f64)> = usable
         .iter()
         .map(|u| (u.chosen.lane.token(), u.weight))
@@ -257,6 +363,30 @@ pub fn pick(
             retry_at_ms: None,
         },
     }
+}
+
+/// The wait after the n-th transient failure of a call: min(maxMs, baseMs * factor^(n-1)) scaled
+/// by a random factor in [0.5, 1).
+pub fn backoff_ms(b: &ai_router_proto::v1::BackoffSettings, n: u32, unit_random: f64) -> u64 {
+    let exp = b.factor.powi(n.saturating_sub(1).min(64) as i32);
+    let raw = (b.base_ms as f64 * exp).min(b.max_ms as f64);
+    (raw * (0.5 + 0.5 * unit_random.clamp(0.0, 1.0))) as u64
+}
+
+/// Keeps the reason whose lane returns first (the call may wait for it).
+fn sooner(
+    soonest: Option<(Class, Option<i64>)>,
+    class: Class,
+    until: Option<i64>,
+) -> Option<(Class, Option<i64>)> {
+    Some(match soonest {
+        None => (class, until),
+        Some((c, u)) => match (u, until) {
+            (Some(a), Some(b)) if b < a => (class, until),
+            (None, Some(_)) => (class, until),
+            _ => (c, u),
+        },
+    })
 }
 
 fn positive(w: f64) -> f64 {
@@ -356,16 +486,61 @@ mod tests {
         let s = state_with(vec![]);
         let v = FakeView::default();
         let mut rr = RoundRobin::default();
-        let first = chosen(pick(&s, &tiers(), &[], &v, &mut rr, 0));
-        let second = chosen(pick(&s, &tiers(), &[], &v, &mut rr, 0));
+        let first = chosen(pick(
+            &s,
+            &tiers(),
+            Request {
+                tried: &[],
+                ..Request::default()
+            },
+            &v,
+            &mut rr,
+            0,
+        ));
+        let second = chosen(pick(
+            &s,
+            &tiers(),
+            Request {
+                tried: &[],
+                ..Request::default()
+            },
+            &v,
+            &mut rr,
+            0,
+        ));
         assert_ne!(first.key, second.key);
         assert_eq!(first.provider, "p1");
         // After trying a, the call goes to b, then to provider 2, then back to a tried lane.
         let tried = vec![LaneId::new("p1", "a", "m1")];
-        assert_eq!(chosen(pick(&s, &tiers(), &tried, &v, &mut rr, 0)).key, "b");
+        assert_eq!(
+            chosen(pick(
+                &s,
+                &tiers(),
+                Request {
+                    tried: &tried,
+                    ..Request::default()
+                },
+                &v,
+                &mut rr,
+                0
+            ))
+            .key,
+            "b"
+        );
         let tried = vec![LaneId::new("p1", "a", "m1"), LaneId::new("p1", "b", "m1")];
         assert_eq!(
-            chosen(pick(&s, &tiers(), &tried, &v, &mut rr, 0)).provider,
+            chosen(pick(
+                &s,
+                &tiers(),
+                Request {
+                    tried: &tried,
+                    ..Request::default()
+                },
+                &v,
+                &mut rr,
+                0
+            ))
+            .provider,
             "p2"
         );
     }
@@ -386,11 +561,36 @@ mod tests {
         );
         let mut rr = RoundRobin::default();
         assert_eq!(
-            chosen(pick(&s, &tiers(), &[], &v, &mut rr, 1000)).provider,
+            chosen(pick(
+                &s,
+                &tiers(),
+                Request {
+                    tried: &[],
+                    ..Request::default()
+                },
+                &v,
+                &mut rr,
+                1000
+            ))
+            .provider,
             "p2"
         );
         // The cooldown passes.
-        assert_eq!(chosen(pick(&s, &tiers(), &[], &v, &mut rr, 6000)).key, "b");
+        assert_eq!(
+            chosen(pick(
+                &s,
+                &tiers(),
+                Request {
+                    tried: &[],
+                    ..Request::default()
+                },
+                &v,
+                &mut rr,
+                6000
+            ))
+            .key,
+            "b"
+        );
         // A new secret lifts the blacklist: the refused fingerprint no longer matches.
         let s2 = state_with(vec![KeyHealth {
             provider: "p1".into(),
@@ -400,7 +600,20 @@ mod tests {
             refused_fingerprint: 42,
         }]);
         let picks: Vec<String> = (0..4)
-            .map(|_| chosen(pick(&s2, &tiers(), &[], &FakeView::default(), &mut rr, 0)).key)
+            .map(|_| {
+                chosen(pick(
+                    &s2,
+                    &tiers(),
+                    Request {
+                        tried: &[],
+                        ..Request::default()
+                    },
+                    &FakeView::default(),
+                    &mut rr,
+                    0,
+                ))
+                .key
+            })
             .collect();
         assert!(picks.contains(&"a".to_string()));
     }
@@ -417,7 +630,17 @@ mod tests {
         }
         let mut rr = RoundRobin::default();
         assert_eq!(
-            pick(&s, &tiers(), &[], &v, &mut rr, 1000),
+            pick(
+                &s,
+                &tiers(),
+                Request {
+                    tried: &[],
+                    ..Request::default()
+                },
+                &v,
+                &mut rr,
+                1000
+            ),
             Pick::Unavailable {
                 class: Some(Class::RateLimit),
                 retry_at_ms: Some(2000)
@@ -440,7 +663,185 @@ mod tests {
         v.in_flight.insert(("p1".into(), "a".into()), 2);
         let mut rr = RoundRobin::default();
         for _ in 0..3 {
-            assert_eq!(chosen(pick(&s, &tiers(), &[], &v, &mut rr, 0)).key, "b");
+            assert_eq!(
+                chosen(pick(
+                    &s,
+                    &tiers(),
+                    Request {
+                        tried: &[],
+                        ..Request::default()
+                    },
+                    &v,
+                    &mut rr,
+                    0
+                ))
+                .key,
+                "b"
+            );
         }
+    }
+
+    fn state_with_snapshot(f: impl FnOnce(&mut Snapshot)) -> State {
+        let mut s = state_with(vec![]).snapshot;
+        f(&mut s);
+        State::new(2, s)
+    }
+
+    fn pick_now(s: &State, v: &FakeView, rr: &mut RoundRobin, now: i64) -> Pick {
+        pick(s, &tiers(), Request::default(), v, rr, now)
+    }
+
+    #[test]
+    fn open_breakers_exclude_and_half_open_asks_for_a_probe() {
+        use ai_router_proto::v1::BreakerState;
+        let s = state_with_snapshot(|snap| {
+            snap.breakers.push(BreakerState {
+                scope: "provider".into(),
+                provider: "p1".into(),
+                key: String::new(),
+                state: "open".into(),
+                open_until_ms: 5000,
+            });
+        });
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        // Provider 1 is open: every call goes to p2 (a later tier) until the cooldown passes.
+        assert_eq!(chosen(pick_now(&s, &v, &mut rr, 1000)).provider, "p2");
+        match pick_now(&s, &v, &mut rr, 6000) {
+            Pick::Lane(c) => {
+                assert_eq!(c.lane.provider, "p1");
+                assert_eq!(
+                    c.probe,
+                    Some(Probe {
+                        scope: "provider",
+                        provider: "p1".into(),
+                        key: String::new()
+                    })
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // A lane whose probe another call holds is skipped.
+        let excluded = vec![LaneId::new("p1", "a", "m1"), LaneId::new("p1", "b", "m1")];
+        let req = Request {
+            excluded: &excluded,
+            ..Request::default()
+        };
+        assert_eq!(
+            chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000)).provider,
+            "p2"
+        );
+    }
+
+    #[test]
+    fn headroom_and_budgets() {
+        use ai_router_proto::v1::{Headroom, ProviderHealth};
+        let s = state_with_snapshot(|snap| {
+            snap.headroom.push(Headroom {
+                provider: "p1".into(),
+                key: "a".into(),
+                model: "m1".into(),
+                remaining_requests: 0,
+                remaining_tokens: -1,
+                reset_at_ms: 3000,
+            });
+            snap.headroom.push(Headroom {
+                provider: "p1".into(),
+                key: "b".into(),
+                model: "m1".into(),
+                remaining_requests: 1,
+                remaining_tokens: -1,
+                reset_at_ms: 3000,
+            });
+        });
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        // a is out (no requests left); b is at low headroom: used only because p2 is a later tier.
+        for _ in 0..3 {
+            assert_eq!(chosen(pick_now(&s, &v, &mut rr, 1000)).key, "b");
+        }
+        // After the reset both are back.
+        let keys: Vec<String> = (0..4)
+            .map(|_| chosen(pick_now(&s, &v, &mut rr, 4000)).key)
+            .collect();
+        assert!(keys.contains(&"a".to_string()));
+        // Token headroom below the estimate keeps the lane out.
+        let s = state_with_snapshot(|snap| {
+            snap.headroom.push(Headroom {
+                provider: "p1".into(),
+                key: "a".into(),
+                model: "m1".into(),
+                remaining_requests: 50,
+                remaining_tokens: 10,
+                reset_at_ms: 3000,
+            });
+        });
+        for _ in 0..3 {
+            assert_eq!(
+                chosen(pick(
+                    &s,
+                    &tiers(),
+                    Request {
+                        tokens: 100,
+                        ..Request::default()
+                    },
+                    &v,
+                    &mut rr,
+                    1000
+                ))
+                .key,
+                "b"
+            );
+        }
+        // A provider past its budget is out until the reported time.
+        let s = state_with_snapshot(|snap| {
+            snap.provider_health.push(ProviderHealth {
+                provider: "p1".into(),
+                reason: "budget".into(),
+                until_ms: 9000,
+            });
+        });
+        assert_eq!(chosen(pick_now(&s, &v, &mut rr, 1000)).provider, "p2");
+    }
+
+    #[test]
+    fn latency_outside_tolerance_loses() {
+        struct Slow;
+        impl View for Slow {
+            fn holds(&self, _: &LaneId) -> Vec<LocalHold> {
+                Vec::new()
+            }
+            fn in_flight(&self, _: &str, _: &str) -> u32 {
+                0
+            }
+            fn provider_in_flight(&self, _: &str) -> u32 {
+                0
+            }
+            fn latency(&self, lane: &LaneId) -> Option<f64> {
+                Some(if lane.key == "a" { 1000.0 } else { 100.0 })
+            }
+        }
+        let s = state_with(vec![]);
+        let mut rr = RoundRobin::default();
+        for _ in 0..4 {
+            assert_eq!(
+                chosen(pick(&s, &tiers(), Request::default(), &Slow, &mut rr, 0)).key,
+                "b"
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = ai_router_proto::v1::BackoffSettings {
+            base_ms: 100,
+            factor: 2.0,
+            max_ms: 5000,
+        };
+        assert_eq!(backoff_ms(&b, 1, 0.0), 50);
+        assert_eq!(backoff_ms(&b, 1, 0.999_999), 99);
+        assert_eq!(backoff_ms(&b, 3, 0.0), 200);
+        assert_eq!(backoff_ms(&b, 30, 0.0), 2500);
+        assert!(backoff_ms(&b, 30, 0.99) < 5000);
     }
 }

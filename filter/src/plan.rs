@@ -61,6 +61,9 @@ pub struct Plan {
     pub timeout_ms: u64,
     pub deadline_ms: u64,
     pub started_ms: i64,
+    /// Estimated prompt tokens plus max_tokens, against reported token headroom.
+    #[serde(default)]
+    pub tokens: u64,
 }
 
 impl Plan {

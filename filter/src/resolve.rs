@@ -16,6 +16,7 @@ pub const DEFAULT_DEADLINE_MS: u64 = 120_000;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
     pub tiers: Vec<Vec<Candidate>>,
+    pub needs: Needs,
     pub max_attempts: u32,
     pub timeout_ms: u64,
     pub deadline_ms: u64,
@@ -111,19 +112,132 @@ fn candidates_for(
         .collect()
 }
 
-fn capability_ok(state: &State, c: &Candidate, op: Operation) -> bool {
-    let Some((_, p)) = state.provider(&c.provider) else {
-        return false;
+/// What a request needs from a model, derived from the request itself and the policy.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Needs {
+    pub capabilities: Vec<String>,
+    /// Estimated prompt tokens (four characters a token) plus max_tokens.
+    pub context_tokens: u64,
+    pub prompt_tokens: u64,
+    pub max_tokens: u64,
+}
+
+/// Estimated tokens of everything the caller sent: four characters a token.
+fn estimate_prompt_tokens(body: &Value, op: Operation) -> u64 {
+    let field = match op {
+        Operation::Chat => body.get("messages"),
+        Operation::Embeddings => body.get("input"),
     };
-    let Some(m) = p.models.iter().find(|m| m.id == c.model) else {
-        return false;
-    };
-    let embeddings = m.capabilities.iter().any(|c| c == "embeddings");
-    match op {
-        Operation::Embeddings => embeddings,
-        // A model that declares only embeddings cannot chat.
-        Operation::Chat => !embeddings || m.capabilities.iter().any(|c| c == "chat"),
+    let chars = field.map(|v| v.to_string().chars().count()).unwrap_or(0)
+        + body
+            .get("tools")
+            .map(|v| v.to_string().chars().count())
+            .unwrap_or(0);
+    (chars as u64).div_ceil(4)
+}
+
+impl Needs {
+    pub fn of(body: &Value, op: Operation, policy_require: &[String]) -> Needs {
+        let mut capabilities: Vec<String> = Vec::new();
+        let mut need = |c: &str| {
+            if !capabilities.iter().any(|x| x == c) {
+                capabilities.push(c.to_string());
+            }
+        };
+        match op {
+            Operation::Embeddings => need("embeddings"),
+            Operation::Chat => {
+                need("chat");
+                if body
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty())
+                    || body
+                        .get("functions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|t| !t.is_empty())
+                {
+                    need("tools");
+                }
+                let format = body
+                    .get("response_format")
+                    .and_then(|f| f.get("type"))
+                    .and_then(Value::as_str);
+                if format.is_some_and(|t| t != "text") {
+                    need("json");
+                }
+                if body.get("stream").and_then(Value::as_bool).unwrap_or(false) {
+                    need("streaming");
+                }
+            }
+        }
+        for r in policy_require {
+            need(r);
+        }
+        let prompt_tokens = estimate_prompt_tokens(body, op);
+        let max_tokens = body
+            .get("max_completion_tokens")
+            .or_else(|| body.get("max_tokens"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        Needs {
+            capabilities,
+            context_tokens: prompt_tokens + max_tokens,
+            prompt_tokens,
+            max_tokens,
+        }
     }
+}
+
+/// A model's capabilities: as declared, else chat, streaming, tools and json.
+fn capabilities_of(m: &ai_router_proto::v1::Model) -> Vec<String> {
+    if m.capabilities.is_empty() {
+        return ["chat", "streaming", "tools", "json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    }
+    let mut caps = m.capabilities.clone();
+    // A model that declares chat features chats.
+    if caps.iter().any(|c| c != "embeddings") && !caps.iter().any(|c| c == "chat") {
+        caps.push("chat".into());
+    }
+    caps
+}
+
+/// Why a candidate cannot serve this request, if it cannot.
+fn unfit(state: &State, c: &Candidate, needs: &Needs, max_cost: Option<f64>) -> Option<String> {
+    let (_, p) = state.provider(&c.provider)?;
+    let Some(m) = p.models.iter().find(|m| m.id == c.model) else {
+        return Some(format!("{} is not served by {}", c.model, c.provider));
+    };
+    let caps = capabilities_of(m);
+    if let Some(missing) = needs.capabilities.iter().find(|n| !caps.contains(n)) {
+        return Some(format!("{} does not support {missing}", m.id));
+    }
+    if m.context_window > 0 && needs.context_tokens > m.context_window {
+        return Some(format!(
+            "{} has a context window of {} tokens; this request needs about {}",
+            m.id, m.context_window, needs.context_tokens
+        ));
+    }
+    if let (Some(limit), Some(cost)) = (max_cost, m.cost.as_ref()) {
+        // The worst case: every prompt token plus max_tokens (or the whole window) of output.
+        let output = if needs.max_tokens > 0 {
+            needs.max_tokens
+        } else {
+            m.context_window.saturating_sub(needs.prompt_tokens)
+        };
+        let worst =
+            (needs.prompt_tokens as f64 * cost.input + output as f64 * cost.output) / 1_000_000.0;
+        if worst > limit {
+            return Some(format!(
+                "{} may cost {worst:.4} for this request, above the budget of {limit}",
+                m.id
+            ));
+        }
+    }
+    None
 }
 
 /// Decides what a request routes to.
@@ -216,17 +330,22 @@ pub fn resolve(
     };
 
     let allow_fallback = policy.allow_fallback.unwrap_or(true) && key.allow_fallback;
+    let needs = Needs::of(body, op, &policy.require);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
+    let mut why_not: Option<String> = None;
     for tier in tiers_by_name {
         let mut out: Vec<Candidate> = Vec::new();
         for (name, provider, weight) in tier {
             for c in candidates_for(state, &name, provider.as_deref(), weight, &policy) {
-                if capability_ok(state, &c, op)
-                    && !tiers
-                        .iter()
-                        .flatten()
-                        .chain(out.iter())
-                        .any(|o| o.provider == c.provider && o.model == c.model)
+                if let Some(reason) = unfit(state, &c, &needs, policy.max_cost) {
+                    why_not.get_or_insert(reason);
+                    continue;
+                }
+                if !tiers
+                    .iter()
+                    .flatten()
+                    .chain(out.iter())
+                    .any(|o| o.provider == c.provider && o.model == c.model)
                 {
                     out.push(c);
                 }
@@ -240,6 +359,15 @@ pub fn resolve(
         }
     }
     if tiers.is_empty() {
+        if let Some(reason) = why_not {
+            // Nothing in the pool fits what the request needs: no candidate.
+            return Err(GatewayError::new(
+                400,
+                "model_not_supported",
+                format!("No model '{requested}' can serve this request: {reason}."),
+            )
+            .with_param("model"));
+        }
         return Err(GatewayError::new(
             503,
             "pool_unavailable",
@@ -255,6 +383,7 @@ pub fn resolve(
         .unwrap_or(false);
     Ok(Resolved {
         tiers,
+        needs,
         max_attempts: policy
             .max_attempts
             .filter(|n| *n > 0)
@@ -448,6 +577,117 @@ mod tests {
             vec!["chat".to_string(), "m1".to_string()]
         );
         assert!(model_list(&s, &all_key()).contains(&"strict".to_string()));
+    }
+
+    #[test]
+    fn needs_cut_candidates() {
+        let mut snap = Snapshot::default();
+        let small = Model {
+            id: "small".into(),
+            context_window: 100,
+            ..Default::default()
+        };
+        let notools = Model {
+            id: "plain".into(),
+            capabilities: vec!["chat".into(), "streaming".into()],
+            ..Default::default()
+        };
+        let pricey = Model {
+            id: "pricey".into(),
+            cost: Some(ai_router_proto::v1::Cost {
+                input: 1000.0,
+                output: 1000.0,
+            }),
+            ..Default::default()
+        };
+        let emb = Model {
+            id: "emb".into(),
+            capabilities: vec!["embeddings".into()],
+            ..Default::default()
+        };
+        snap.providers.push(Provider {
+            id: "p".into(),
+            models: vec![small, notools, pricey, emb],
+            ..Default::default()
+        });
+        let s = State::new(1, snap);
+        let k = all_key();
+        let long = "x".repeat(1000);
+        let e = resolve(
+            &s,
+            &k,
+            &json!({"model":"small","messages":[{"role":"user","content": long}]}),
+            Operation::Chat,
+        )
+        .unwrap_err();
+        assert_eq!((e.status, e.code), (400, "model_not_supported"));
+        assert!(e.message.contains("context window"), "{}", e.message);
+        let e = resolve(
+            &s,
+            &k,
+            &json!({"model":"plain","messages":[],"tools":[{"type":"function"}]}),
+            Operation::Chat,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("tools"), "{}", e.message);
+        assert!(resolve(
+            &s,
+            &k,
+            &json!({"model":"plain","messages":[],"stream":true}),
+            Operation::Chat
+        )
+        .is_ok());
+        let e = resolve(
+            &s,
+            &k,
+            &json!({"model":"plain","messages":[],"response_format":{"type":"json_object"}}),
+            Operation::Chat,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("json"), "{}", e.message);
+        assert!(resolve(
+            &s,
+            &k,
+            &json!({"model":"emb","messages":[]}),
+            Operation::Chat
+        )
+        .is_err());
+        assert!(resolve(
+            &s,
+            &k,
+            &json!({"model":"emb","input":"hi"}),
+            Operation::Embeddings
+        )
+        .is_ok());
+        assert!(resolve(
+            &s,
+            &k,
+            &json!({"model":"plain","input":"hi"}),
+            Operation::Embeddings
+        )
+        .is_err());
+        // Budget: the worst case of a pricey model is over maxCost.
+        let mut snap = s.snapshot.clone();
+        snap.defaults = Some(Policy {
+            max_cost: Some(0.5),
+            ..Default::default()
+        });
+        let s2 = State::new(2, snap);
+        let e = resolve(
+            &s2,
+            &k,
+            &json!({"model":"pricey","messages":[],"max_tokens":1000}),
+            Operation::Chat,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("budget"), "{}", e.message);
+        let n = Needs::of(
+            &json!({"messages":[{"content":"abcd"}],"max_tokens":7}),
+            Operation::Chat,
+            &["vision".into()],
+        );
+        assert!(n.capabilities.contains(&"vision".to_string()));
+        assert_eq!(n.max_tokens, 7);
     }
 
     #[test]

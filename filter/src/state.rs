@@ -2,7 +2,10 @@
 
 use std::collections::HashMap;
 
-use ai_router_proto::v1::{KeyHealth, Policy, Provider, Snapshot, VirtualKey};
+use ai_router_proto::v1::{
+    BreakerState, Headroom, KeyHealth, Policy, Provider, Resilience, Selection, Snapshot,
+    VirtualKey,
+};
 
 /// Where a pool model is served: provider index and model index in the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +24,11 @@ pub struct State {
     names: HashMap<String, Vec<ModelRef>>,
     key_health: HashMap<(String, String), KeyHealth>,
     cooldowns: HashMap<(String, String, String), i64>,
+    /// (scope, provider, key) -> breaker; the key is empty for provider breakers.
+    breakers: HashMap<(String, String, String), BreakerState>,
+    headroom: HashMap<(String, String, String), Headroom>,
+    /// provider -> out until (a spent budget).
+    provider_out: HashMap<String, i64>,
 }
 
 impl State {
@@ -62,8 +70,67 @@ impl State {
                 .max(c.until_ms);
             state.cooldowns.insert(k, until);
         }
+        for b in &snapshot.breakers {
+            state.breakers.insert(
+                (b.scope.clone(), b.provider.clone(), b.key.clone()),
+                b.clone(),
+            );
+        }
+        for h in &snapshot.headroom {
+            state.headroom.insert(
+                (h.provider.clone(), h.key.clone(), h.model.clone()),
+                h.clone(),
+            );
+        }
+        for p in &snapshot.provider_health {
+            let until = state
+                .provider_out
+                .get(&p.provider)
+                .copied()
+                .unwrap_or(0)
+                .max(p.until_ms);
+            state.provider_out.insert(p.provider.clone(), until);
+        }
         state.snapshot = snapshot;
         state
+    }
+
+    /// The key's or the provider's breaker (`key` empty), when it is not closed.
+    pub fn breaker(&self, scope: &str, provider: &str, key: &str) -> Option<&BreakerState> {
+        self.breakers
+            .get(&(scope.to_string(), provider.to_string(), key.to_string()))
+    }
+
+    pub fn headroom(&self, provider: &str, key: &str, model: &str) -> Option<&Headroom> {
+        self.headroom
+            .get(&(provider.to_string(), key.to_string(), model.to_string()))
+    }
+
+    /// When a provider out of rotation as a whole (a spent budget) returns.
+    pub fn provider_out_until(&self, provider: &str) -> i64 {
+        self.provider_out.get(provider).copied().unwrap_or(0)
+    }
+
+    pub fn resilience(&self) -> Resilience {
+        self.snapshot.resilience.unwrap_or_default()
+    }
+
+    pub fn selection(&self) -> Selection {
+        let Some(mut s) = self.snapshot.selection else {
+            return Selection {
+                latency_tolerance: 1.5,
+                latency_slack_ms: 50,
+                ewma_alpha: 0.3,
+                low_headroom: 1,
+            };
+        };
+        if s.latency_tolerance <= 0.0 {
+            s.latency_tolerance = 1.5;
+        }
+        if s.ewma_alpha <= 0.0 || s.ewma_alpha > 1.0 {
+            s.ewma_alpha = 0.3;
+        }
+        s
     }
 
     pub fn decode(version: u64, bytes: &[u8]) -> Option<Self> {

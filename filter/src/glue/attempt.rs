@@ -1,7 +1,8 @@
 //! The attempt stage: once per attempt, on the internal listener. Picks the lane, sends the
 //! request to its provider, and judges the answer.
 
-use ai_router_proto::v1::{AttemptOutcome, Usage as ProtoUsage};
+use ai_router_proto::v1::{AttemptOutcome, LeaseReply, LeaseRequest, Usage as ProtoUsage};
+use prost::Message;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
@@ -79,7 +80,29 @@ pub struct Attempt {
     dimensions: Option<usize>,
     /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
     headroom: Option<(i64, i64, i64)>,
+    /// The request body, kept while the attempt waits or asks for a lease.
+    body: Vec<u8>,
+    /// Lanes this attempt may not use (probe leases held elsewhere).
+    excluded: Vec<LaneId>,
+    /// An asynchronous step in progress.
+    pending: Pending,
+    /// This attempt holds a half-open breaker's probe lease.
+    probe: bool,
+    first_byte_ms: Option<i64>,
 }
+
+/// What the attempt waits for.
+#[derive(Default)]
+enum Pending {
+    #[default]
+    Nothing,
+    /// A timer (backoff, a lane returning).
+    Wait(u32),
+    /// The probe lease for this lane.
+    Lease(u32, Box<lanes::Chosen>, lanes::Probe),
+}
+
+const TIMER_CLUSTER: &str = "ai_router_timer";
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
@@ -144,7 +167,9 @@ impl Attempt {
         Action::Pause
     }
 
-    fn prepare(&mut self, body: &[u8]) -> Action {
+    /// Decides what this attempt does now: give up, wait (backoff, a lane that returns before
+    /// the deadline, a probe lease), or go to a lane.
+    fn prepare(&mut self) -> Action {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(None, None);
         };
@@ -152,20 +177,38 @@ impl Attempt {
             return self.give_up(None, None);
         };
         let now = now_ms();
-        let (tried, identity) =
-            shared::with_call(&plan.cid, |c| (c.tried.clone(), c.identity.clone()))
-                .unwrap_or_default();
+        let deadline = plan.started_ms.saturating_add(plan.deadline_ms as i64);
+        if now >= deadline {
+            return self.give_up(Some(Class::Deadline), None);
+        }
+        let (tried, identity, backoff_until) = shared::with_call(&plan.cid, |c| {
+            (c.tried.clone(), c.identity.clone(), c.backoff_until_ms)
+        })
+        .unwrap_or_default();
+        if backoff_until > now {
+            // After a transient failure the next attempt waits, bounded by the deadline.
+            return self.wait_until(backoff_until.min(deadline));
+        }
         // An embeddings call never leaves the vector space of its first lane.
         let tiers = match &identity {
             Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
             None => plan.tiers.clone(),
         };
+        let request = lanes::Request {
+            tried: &tried,
+            excluded: &self.excluded,
+            tokens: plan.tokens,
+        };
         let pick = shared::with_round_robin(|rr| {
-            lanes::pick(&state, &tiers, &tried, &SharedView, rr, now)
+            lanes::pick(&state, &tiers, request, &SharedView, rr, now)
         });
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
+                if let Some(at) = retry_at_ms.filter(|at| *at < deadline) {
+                    // A lane returns before the deadline: wait for it rather than fail.
+                    return self.wait_until(at);
+                }
                 let last = shared::with_call(&plan.cid, |c| c.last_failure).flatten();
                 let (class, retry_at) = match (class, last) {
                     (Some(c), _) => (Some(c), retry_at_ms),
@@ -175,6 +218,111 @@ impl Attempt {
                 return self.give_up(class, retry_at);
             }
         };
+        if let Some(probe) = chosen.probe.clone() {
+            return self.ask_lease(chosen, probe);
+        }
+        self.send_to(&state, chosen)
+    }
+
+    /// Pauses the attempt until `at`, through the timer listener (a fault-filter delay).
+    fn wait_until(&mut self, at: i64) -> Action {
+        let ms = (at - now_ms()).clamp(1, 600_000);
+        let delay = ms.to_string();
+        let headers = vec![
+            (":method", "GET"),
+            (":path", "/wait"),
+            (":authority", "ai-router-timer"),
+            ("x-envoy-fault-delay-request", delay.as_str()),
+        ];
+        match self.dispatch_http_call(
+            TIMER_CLUSTER,
+            headers,
+            None,
+            vec![],
+            shared::duration_ms(ms as u64 + 5_000),
+        ) {
+            Ok(token) => {
+                self.pending = Pending::Wait(token);
+                Action::Pause
+            }
+            Err(_) => self.give_up(None, Some(at)),
+        }
+    }
+
+    /// Asks the control plane for the half-open breaker's probe lease.
+    fn ask_lease(&mut self, chosen: lanes::Chosen, probe: lanes::Probe) -> Action {
+        let request = LeaseRequest {
+            scope: probe.scope.to_string(),
+            provider: probe.provider.clone(),
+            key: probe.key.clone(),
+            holder: format!(
+                "{}#{}",
+                self.plan.as_ref().map(|p| p.rid.as_str()).unwrap_or(""),
+                self.attempt
+            ),
+            ttl_ms: self
+                .plan
+                .as_ref()
+                .map(|p| p.timeout_ms)
+                .unwrap_or(60_000)
+                .max(1_000),
+        };
+        let token = shared::sync_token();
+        let metadata: Vec<(&str, &[u8])> = match &token {
+            Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+            None => Vec::new(),
+        };
+        match self.dispatch_grpc_call(
+            shared::CONTROL_PLANE_CLUSTER,
+            "airouter.v1.Sync",
+            "Lease",
+            metadata,
+            Some(&request.encode_to_vec()),
+            shared::duration_ms(2_000),
+        ) {
+            Ok(t) => {
+                self.pending = Pending::Lease(t, Box::new(chosen), probe);
+                Action::Pause
+            }
+            Err(_) => {
+                // No control plane to ask: leave the half-open lane alone for this attempt.
+                self.exclude_probe(&probe);
+                self.prepare()
+            }
+        }
+    }
+
+    fn exclude_probe(&mut self, probe: &lanes::Probe) {
+        let Some(state) = shared::current_state() else {
+            return;
+        };
+        let Some((_, provider)) = state.provider(&probe.provider) else {
+            return;
+        };
+        for key in &provider.keys {
+            if probe.key.is_empty() || probe.key == key.alias {
+                for m in &provider.models {
+                    self.excluded
+                        .push(LaneId::new(&provider.id, &key.alias, &m.id));
+                }
+            }
+        }
+    }
+
+    /// Resumes the request after an asynchronous step decided.
+    fn resume_with(&mut self, action: Action) {
+        if action == Action::Continue {
+            self.resume_http_request();
+        }
+    }
+
+    /// Sends the attempt to `chosen`: the body and headers for its provider.
+    fn send_to(&mut self, state: &crate::state::State, chosen: lanes::Chosen) -> Action {
+        let Some(plan) = self.plan.clone() else {
+            return self.give_up(None, None);
+        };
+        let body = std::mem::take(&mut self.body);
+        let body = body.as_slice();
         let Some(provider) = state.provider_at(chosen.provider_index) else {
             return self.give_up(None, None);
         };
@@ -269,9 +417,9 @@ impl Attempt {
         }
 
         let model_identity =
-            embeddings::identity_of(&state, &chosen.lane.provider, &chosen.lane.model);
+            embeddings::identity_of(state, &chosen.lane.provider, &chosen.lane.model);
         let dimensions =
-            embeddings::dimensions_of(&state, &chosen.lane.provider, &chosen.lane.model);
+            embeddings::dimensions_of(state, &chosen.lane.provider, &chosen.lane.model);
         shared::with_call(&plan.cid, |c| {
             c.tried.push(chosen.lane.clone());
             c.attempts = c.attempts.max(self.attempt);
@@ -280,6 +428,8 @@ impl Attempt {
             }
         });
         self.dimensions = dimensions;
+        self.probe = chosen.probe.is_some();
+        self.started_ms = now_ms();
         shared::add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,
@@ -293,13 +443,18 @@ impl Attempt {
     /// Effects of a failure on this VM's view at once (the control plane's push follows).
     fn hold(&self, failure: &Failure, now: i64) {
         let Some(lane) = &self.lane else { return };
+        let resilience = shared::resilience();
         match failure.class {
             Class::RateLimit => {
-                let until = failure.retry_at_ms.unwrap_or(now + 10_000);
+                let until = failure
+                    .retry_at_ms
+                    .unwrap_or(now + resilience.rate_limit_cooldown_ms as i64);
                 shared::hold_cooldown(&lane.id, until);
             }
             Class::Quota => {
-                let until = failure.retry_at_ms.unwrap_or(now + 6 * 3_600_000);
+                let until = failure
+                    .retry_at_ms
+                    .unwrap_or(now + resilience.quota_blacklist_ms as i64);
                 shared::hold_blacklist(
                     &lane.id.provider,
                     &lane.id.key,
@@ -308,13 +463,20 @@ impl Attempt {
                     lane.fingerprint,
                 );
             }
-            Class::Auth => shared::hold_blacklist(
-                &lane.id.provider,
-                &lane.id.key,
-                Class::Auth,
-                0,
-                lane.fingerprint,
-            ),
+            Class::Auth => {
+                let until = if resilience.auth_disable_ms > 0 {
+                    now + resilience.auth_disable_ms as i64
+                } else {
+                    0
+                };
+                shared::hold_blacklist(
+                    &lane.id.provider,
+                    &lane.id.key,
+                    Class::Auth,
+                    until,
+                    lane.fingerprint,
+                )
+            }
             _ => {}
         }
     }
@@ -328,10 +490,34 @@ impl Attempt {
         let now = now_ms();
         shared::add_in_flight(&lane.id.provider, &lane.id.key, -1);
         let plan = self.plan.as_ref();
+        let backoff = shared::resilience().backoff.unwrap_or_default();
         shared::with_call(self.cid(), |c| match failure {
-            Some(f) => c.last_failure = Some((f.class, f.retry_at_ms)),
+            Some(f) => {
+                c.last_failure = Some((f.class, f.retry_at_ms));
+                if matches!(
+                    f.class,
+                    Class::Transient | Class::Network | Class::Timeout | Class::Stream
+                ) {
+                    c.transient_failures += 1;
+                    let wait = crate::lanes::backoff_ms(
+                        &backoff,
+                        c.transient_failures,
+                        shared::random_unit(),
+                    );
+                    c.backoff_until_ms = now + wait as i64;
+                    // A retry-after on a transient failure also cools the lane.
+                    if let Some(at) = f.retry_at_ms {
+                        c.backoff_until_ms = c.backoff_until_ms.max(at.min(now + 60_000));
+                    }
+                }
+            }
             None => c.answered = Some(lane.id.clone()),
         });
+        if failure.is_none() {
+            if let Some(first) = self.first_byte_ms {
+                shared::record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
+            }
+        }
         shared::report_attempt(AttemptOutcome {
             request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
             attempt: self.attempt,
@@ -363,7 +549,7 @@ impl Attempt {
             remaining_requests: self.headroom.map_or(-1, |h| h.0),
             remaining_tokens: self.headroom.map_or(-1, |h| h.1),
             ratelimit_reset_at_ms: self.headroom.map_or(0, |h| h.2),
-            probe: false,
+            probe: self.probe,
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
         });
     }
@@ -395,7 +581,10 @@ impl Attempt {
         self.mode = Mode::Through;
     }
 
-    fn succeed_headers(&self) {
+    fn succeed_headers(&mut self) {
+        if self.first_byte_ms.is_none() {
+            self.first_byte_ms = Some(now_ms());
+        }
         self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
             self.set_http_response_header(H_LANE_MODEL, Some(&lane.id.model));
@@ -403,7 +592,45 @@ impl Attempt {
     }
 }
 
-impl Context for Attempt {}
+impl Context for Attempt {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
+        if matches!(self.pending, Pending::Wait(t) if t == token) {
+            self.pending = Pending::Nothing;
+            let action = self.prepare();
+            self.resume_with(action);
+        }
+    }
+
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        let Pending::Lease(t, chosen, probe) = std::mem::take(&mut self.pending) else {
+            return;
+        };
+        if t != token {
+            self.pending = Pending::Lease(t, chosen, probe);
+            return;
+        }
+        let reply = (status == 0)
+            .then(|| self.get_grpc_call_response_body(0, size))
+            .flatten()
+            .and_then(|b| LeaseReply::decode(b.as_slice()).ok());
+        let action = match (reply, shared::current_state()) {
+            (Some(r), Some(state)) if r.granted => self.send_to(&state, *chosen),
+            _ => {
+                // Another call probes this breaker (or the control plane is away): other lanes,
+                // or wait for the probe's verdict.
+                self.exclude_probe(&probe);
+                self.prepare()
+            }
+        };
+        self.resume_with(action);
+    }
+}
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
@@ -419,7 +646,7 @@ impl HttpContext for Attempt {
             return self.give_up(None, None);
         }
         if end_of_stream {
-            return self.prepare(&[]);
+            return self.prepare();
         }
         Action::Pause
     }
@@ -431,8 +658,8 @@ impl HttpContext for Attempt {
         if self.lane.is_some() {
             return Action::Continue;
         }
-        let body = self.get_http_request_body(0, size).unwrap_or_default();
-        self.prepare(&body)
+        self.body = self.get_http_request_body(0, size).unwrap_or_default();
+        self.prepare()
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {

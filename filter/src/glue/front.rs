@@ -181,6 +181,7 @@ impl Front {
             timeout_ms: resolved.timeout_ms,
             deadline_ms: resolved.deadline_ms,
             started_ms: self.started_ms,
+            tokens: resolved.needs.context_tokens,
         };
         self.cid = Some(cid);
         self.set_http_request_header(PLAN_HEADER, Some(&plan.encode()));

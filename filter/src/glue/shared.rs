@@ -18,6 +18,7 @@ use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
 use crate::state::State;
 
 pub const VM_ID: &str = "ai_router";
+pub const CONTROL_PLANE_CLUSTER: &str = "ai_router_control_plane";
 pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
 pub const VERSION_KEY: &str = "ai-router/version";
 pub const REPORT_QUEUE: &str = "ai-router/reports";
@@ -34,17 +35,23 @@ pub struct Call {
     pub created_ms: i64,
     /// Embeddings: the model identity of the first lane, which every later attempt keeps.
     pub identity: Option<String>,
+    /// Transient failures so far, for the backoff.
+    pub transient_failures: u32,
+    /// The next attempt waits until then.
+    pub backoff_until_ms: i64,
 }
 
 #[derive(Default)]
 struct Local {
     state: Option<Rc<State>>,
     calls: HashMap<String, Call>,
-    in_flight: HashMap<(String, String), u32>,
     rr: RoundRobin,
     queue: Option<u32>,
     next_call: u64,
     salt: u64,
+    /// Latency EWMA per lane token, in ms.
+    latency: HashMap<String, f64>,
+    rng: u64,
 }
 
 thread_local! {
@@ -125,15 +132,99 @@ pub fn end_call(cid: &str) -> Option<Call> {
     LOCAL.with(|l| l.borrow_mut().calls.remove(cid))
 }
 
+fn in_flight_key(provider: &str, key: &str) -> String {
+    format!("ai-router/inflight/{provider}\u{1f}{key}")
+}
+
+fn read_counter(key: &str) -> (u32, Option<u32>) {
+    match hostcalls::get_shared_data(key) {
+        Ok((Some(bytes), cas)) if bytes.len() == 4 => {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&bytes);
+            (u32::from_be_bytes(b), cas)
+        }
+        Ok((_, cas)) => (0, cas),
+        Err(_) => (0, None),
+    }
+}
+
+/// In-flight attempts per key, counted across every worker of this Envoy (shared data, updated
+/// with compare-and-swap).
 pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
+    let name = in_flight_key(provider, key);
+    for _ in 0..16 {
+        let (n, cas) = read_counter(&name);
+        let next = n.saturating_add_signed(delta);
+        match hostcalls::set_shared_data(&name, Some(&next.to_be_bytes()), cas) {
+            Ok(()) => return,
+            Err(proxy_wasm::types::Status::CasMismatch) => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+pub fn in_flight(provider: &str, key: &str) -> u32 {
+    read_counter(&in_flight_key(provider, key)).0
+}
+
+/// A number in [0, 1) for jitter (xorshift, seeded per VM).
+pub fn random_unit() -> f64 {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
-        let n = l
-            .in_flight
-            .entry((provider.to_string(), key.to_string()))
-            .or_insert(0);
-        *n = n.saturating_add_signed(delta);
+        if l.rng == 0 {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_i64(now_ms());
+            l.rng = h.finish() | 1;
+        }
+        let mut x = l.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        l.rng = x;
+        (x >> 11) as f64 / (1u64 << 53) as f64
     })
+}
+
+/// Folds a successful attempt's time to first byte into the lane's EWMA.
+pub fn record_latency(lane: &LaneId, ms: f64) {
+    let alpha = current_state()
+        .map(|s| s.selection().ewma_alpha)
+        .unwrap_or(0.3);
+    LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        let e = l.latency.entry(lane.token()).or_insert(ms);
+        *e = alpha * ms + (1.0 - alpha) * *e;
+    })
+}
+
+/// The pushed resilience settings, with the spec's defaults where unset.
+pub fn resilience() -> ai_router_proto::v1::Resilience {
+    let mut r = current_state().map(|s| s.resilience()).unwrap_or_default();
+    if r.rate_limit_cooldown_ms == 0 {
+        r.rate_limit_cooldown_ms = 10_000;
+    }
+    if r.quota_blacklist_ms == 0 {
+        r.quota_blacklist_ms = 21_600_000;
+    }
+    let b = r.backoff.get_or_insert_with(Default::default);
+    if b.base_ms == 0 {
+        b.base_ms = 100;
+    }
+    if b.factor <= 0.0 {
+        b.factor = 2.0;
+    }
+    if b.max_ms == 0 {
+        b.max_ms = 5_000;
+    }
+    r
+}
+
+/// The sync token Envoy passes to the VM, for calls to the control plane.
+pub fn sync_token() -> Option<String> {
+    std::env::var("AI_ROUTER_SYNC_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
 }
 
 /// Runs `f` with the round-robin positions; `f` may read the rest of the local state.
@@ -221,24 +312,21 @@ impl View for SharedView {
     }
 
     fn in_flight(&self, provider: &str, key: &str) -> u32 {
-        LOCAL.with(|l| {
-            l.borrow()
-                .in_flight
-                .get(&(provider.to_string(), key.to_string()))
-                .copied()
-                .unwrap_or(0)
-        })
+        in_flight(provider, key)
     }
 
     fn provider_in_flight(&self, provider: &str) -> u32 {
-        LOCAL.with(|l| {
-            l.borrow()
-                .in_flight
-                .iter()
-                .filter(|((p, _), _)| p == provider)
-                .map(|(_, n)| *n)
-                .sum()
-        })
+        let Some(state) = current_state() else {
+            return 0;
+        };
+        let Some((_, p)) = state.provider(provider) else {
+            return 0;
+        };
+        p.keys.iter().map(|k| in_flight(provider, &k.alias)).sum()
+    }
+
+    fn latency(&self, lane: &LaneId) -> Option<f64> {
+        LOCAL.with(|l| l.borrow().latency.get(&lane.token()).copied())
     }
 }
 

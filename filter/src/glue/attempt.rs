@@ -813,17 +813,39 @@ impl HttpContext for Attempt {
         if self.reported || self.lane.is_none() {
             return;
         }
-        // The attempt ended without a verdict: the connection broke, the per-attempt timeout
-        // fired, or the client went away.
-        let elapsed = now_ms().saturating_sub(self.started_ms) as u64;
-        let timeout = self.plan.as_ref().map(|p| p.timeout_ms).unwrap_or(u64::MAX);
-        let class = if self.after_first_token {
-            Class::Stream
-        } else if elapsed + 50 >= timeout {
+        // The attempt ended without a verdict: the provider's connection broke, the attempt or
+        // call timed out, or the caller went away (the outer router resets this stream then).
+        let now = now_ms();
+        let elapsed = now.saturating_sub(self.started_ms).max(0) as u64;
+        let (timeout, deadline) = self
+            .plan
+            .as_ref()
+            .map(|p| {
+                (
+                    p.timeout_ms,
+                    p.started_ms.saturating_add(p.deadline_ms as i64),
+                )
+            })
+            .unwrap_or((u64::MAX, i64::MAX));
+        let downstream_gone = self
+            .get_property(vec!["response", "code_details"])
+            .is_some_and(|d| d.starts_with(b"downstream_remote_disconnect"));
+        let class = if now + 50 >= deadline {
+            Class::Deadline
+        } else if downstream_gone && !self.after_first_token && elapsed + 50 >= timeout {
             Class::Timeout
+        } else if downstream_gone {
+            Class::Cancelled
+        } else if self.after_first_token {
+            Class::Stream
         } else {
             Class::Network
         };
+        if class == Class::Cancelled && self.after_first_token {
+            // The caller stopped reading early: the lane served it.
+            self.report(None, 200);
+            return;
+        }
         let failure = Failure {
             class,
             retry_at_ms: None,

@@ -192,6 +192,8 @@ pub struct Engine {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
     updates: watch::Sender<Arc<pb::StateUpdate>>,
+    /// See [`ReportObserver`].
+    report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -271,6 +273,7 @@ impl Engine {
             clock,
             state: Mutex::new(state),
             updates,
+            report_observers: Mutex::default(),
         });
         engine.expire();
         engine
@@ -312,6 +315,7 @@ impl Engine {
 
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
+        self.observe_report(batch);
         let now = self.clock.now_ms();
         let resilience = &self.config.resilience;
         let mut state = lock(&self.state);
@@ -540,6 +544,44 @@ impl Engine {
         state.version += 1;
         let update = Arc::new(build_update(&self.config, state, now));
         self.updates.send_replace(update);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Virtual keys from the key store, and report observers (usage accounting): see
+// `crate::keystore` and `crate::usage`.
+// ---------------------------------------------------------------------------------------------
+
+/// Sees every report batch [`Engine::apply_report`] receives (usage accounting). Must not
+/// block: it runs on the report path.
+pub trait ReportObserver: Send + Sync {
+    fn observe(&self, batch: &pb::ReportBatch);
+}
+
+impl Engine {
+    /// Replaces the snapshot's virtual keys (mounted and stored); publishes a new version when
+    /// they changed. Returns whether they did.
+    pub fn set_virtual_keys(&self, keys: Vec<VirtualKeyRecord>) -> bool {
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        if state.virtual_keys == keys {
+            return false;
+        }
+        state.virtual_keys = keys;
+        self.publish(&mut state, now);
+        true
+    }
+
+    /// Adds an observer of every later report batch.
+    pub fn add_report_observer(&self, observer: Arc<dyn ReportObserver>) {
+        lock(&self.report_observers).push(observer);
+    }
+
+    fn observe_report(&self, batch: &pb::ReportBatch) {
+        let observers = lock(&self.report_observers).clone();
+        for observer in observers {
+            observer.observe(batch);
+        }
     }
 }
 

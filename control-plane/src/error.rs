@@ -22,8 +22,10 @@ pub enum ErrorCode {
     AdminDisabled,
     /// An unknown route or record.
     NotFound,
-    /// The change conflicts with the record (e.g. a mounted key cannot be revoked).
+    /// The change conflicts with the record (e.g. a revoked key cannot be rotated).
     Conflict,
+    /// A mounted key cannot be revoked, rotated or updated: it changes by redeploying.
+    KeyMounted,
     /// The service cannot answer now (no usable provider, shutting down).
     Unavailable,
     /// A fault of the control plane itself.
@@ -40,6 +42,7 @@ impl ErrorCode {
             Self::AdminDisabled => "admin_disabled",
             Self::NotFound => "not_found",
             Self::Conflict => "conflict",
+            Self::KeyMounted => "key_mounted",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal_error",
         }
@@ -48,7 +51,9 @@ impl ErrorCode {
     /// The `type` of the OpenAI error object.
     pub fn error_type(self) -> &'static str {
         match self {
-            Self::InvalidRequest | Self::NotFound | Self::Conflict => "invalid_request_error",
+            Self::InvalidRequest | Self::NotFound | Self::Conflict | Self::KeyMounted => {
+                "invalid_request_error"
+            }
             Self::MissingApiKey | Self::InvalidApiKey | Self::AdminDisabled => {
                 "authentication_error"
             }
@@ -62,7 +67,7 @@ impl ErrorCode {
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::AdminDisabled => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::Conflict => StatusCode::CONFLICT,
+            Self::Conflict | Self::KeyMounted => StatusCode::CONFLICT,
             Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -74,7 +79,7 @@ impl ErrorCode {
             Self::MissingApiKey | Self::InvalidApiKey => tonic::Code::Unauthenticated,
             Self::AdminDisabled => tonic::Code::PermissionDenied,
             Self::NotFound => tonic::Code::NotFound,
-            Self::Conflict => tonic::Code::FailedPrecondition,
+            Self::Conflict | Self::KeyMounted => tonic::Code::FailedPrecondition,
             Self::Unavailable => tonic::Code::Unavailable,
             Self::Internal => tonic::Code::Internal,
         }

@@ -1,9 +1,11 @@
 //! The ai-router control plane: configuration, key and state stores, the sync service the Envoy
 //! filter watches, the mock provider and the Envoy bootstrap renderer.
 
+pub mod admin;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod keystore;
 pub mod mock;
 pub mod render;
 pub mod secrets;
@@ -11,4 +13,5 @@ pub mod serve;
 pub mod state_store;
 pub mod sync;
 pub mod up;
+pub mod usage;
 pub mod vkeys;

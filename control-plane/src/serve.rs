@@ -17,20 +17,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admin::{AdminApi, AdminGrpc};
 use crate::config::{self, Config, StoreSpec};
-use crate::engine::{Engine, Health, MemoryStateStore, StateStore, SystemClock};
+use crate::engine::{Engine, MemoryStateStore, StateStore, SystemClock};
 use crate::error::{ApiError, ErrorCode};
+use crate::keystore::{self, KeyAdmin};
 use crate::secrets::{Env, ProcessEnv, Secret};
 use crate::state_store::SqliteStateStore;
 use crate::sync::{SyncService, SYNC_TOKEN_ENV};
+use crate::usage::UsageRecorder;
 use crate::vkeys;
 
 /// How long in-flight work gets to finish at shutdown.
@@ -60,6 +61,7 @@ pub struct Running {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub engine: Arc<Engine>,
+    pub admin: Arc<AdminApi>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -113,20 +115,30 @@ pub fn open_state_store(spec: &StoreSpec) -> anyhow::Result<Arc<dyn StateStore>>
     })
 }
 
-/// The HTTP surface.
-pub fn http_router(engine: Arc<Engine>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .fallback(not_found)
-        .with_state(engine)
-}
-
-async fn health(State(engine): State<Arc<Engine>>) -> Json<Health> {
-    Json(engine.health())
+/// The HTTP surface: `/health` and the admin API (see [`crate::admin`]).
+pub fn http_router(admin: Arc<AdminApi>) -> Router {
+    crate::admin::routes().fallback(not_found).with_state(admin)
 }
 
 async fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such route")
+}
+
+/// Opens the key store, refuses mounted keys that collide with stored ones, and returns the
+/// key operations with the snapshot's first virtual keys (mounted, then stored).
+pub async fn open_keys(
+    config: &Config,
+    mounted: Vec<vkeys::VirtualKeyRecord>,
+) -> anyhow::Result<(Arc<KeyAdmin>, Vec<vkeys::VirtualKeyRecord>)> {
+    let spec = config.gateway.key_store.clone();
+    tokio::task::spawn_blocking(move || {
+        let store = keystore::open(&spec).context("gateway.keyStore")?;
+        let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)));
+        keys.check_collisions()?;
+        let records = keys.snapshot_keys().context("gateway.keyStore")?;
+        Ok((keys, records))
+    })
+    .await?
 }
 
 /// Builds the engine from `config`, binds both listeners and runs everything in the background.
@@ -138,12 +150,14 @@ pub async fn start(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let virtual_keys = vkeys::mounted_keys(&config, env.as_ref())?;
+    let mounted = vkeys::mounted_keys(&config, env.as_ref())?;
+    let (keys, virtual_keys) = open_keys(&config, mounted).await?;
     if virtual_keys.is_empty() {
         tracing::warn!(
-            "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys): every call will be refused"
+            "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys) or stored: every call will be refused"
         );
     }
+    let admin_token = crate::admin::admin_token(&config, env.as_ref());
     let token = match opts.sync_token {
         Some(token) => Some(token),
         None => sync_token(&config, env.as_ref())?,
@@ -164,8 +178,9 @@ pub async fn start(
     let http_addr = http.local_addr()?;
     let grpc_addr = grpc.local_addr()?;
 
+    let config = Arc::new(config);
     let engine = Engine::new(
-        Arc::new(config),
+        config.clone(),
         env,
         Arc::new(SystemClock),
         virtual_keys,
@@ -181,7 +196,22 @@ pub async fn start(
     tasks.push(tokio::spawn(
         engine.clone().run_persist(store, stop.clone()),
     ));
-    let router = http_router(engine.clone());
+    // Usage accounting and keys written by other processes.
+    let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
+    engine.add_report_observer(recorder);
+    tasks.push(tokio::spawn(crate::usage::run_writer(
+        usage_rows,
+        keys.store().clone(),
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::admin::run_key_sync(
+        engine.clone(),
+        keys.clone(),
+        stop.clone(),
+    )));
+    let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
+    let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
+    let router = http_router(admin.clone());
     let http_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) = axum::serve(http, router)
@@ -194,7 +224,9 @@ pub async fn start(
     let service = SyncService::new(engine.clone(), token.clone(), stop.clone());
     let grpc_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
-        if let Err(err) = crate::sync::serve(grpc, service, grpc_stop).await {
+        if let Err(err) =
+            crate::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
+        {
             tracing::error!(%err, "the gRPC server failed");
         }
     }));
@@ -204,12 +236,14 @@ pub async fn start(
         version = engine.version(),
         providers = engine.config().providers.len(),
         sync_token = token.is_some(),
+        admin_api = admin_token.is_some(),
         "control plane listening"
     );
     Ok(Running {
         http_addr,
         grpc_addr,
         engine,
+        admin,
         shutdown,
         tasks,
     })
@@ -311,11 +345,11 @@ mod tests {
             },
         )
         .await?;
-        let (status, body) = get_json(http_router(running.engine.clone()), "/health").await?;
+        let (status, body) = get_json(http_router(running.admin.clone()), "/health").await?;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body["status"], "ok");
         assert_eq!(body["version"], running.engine.version());
-        let (status, body) = get_json(http_router(running.engine.clone()), "/nope").await?;
+        let (status, body) = get_json(http_router(running.admin.clone()), "/nope").await?;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert_eq!(body["error"]["code"], "not_found");
 
@@ -348,7 +382,7 @@ mod tests {
             },
         )
         .await?;
-        let (_, body) = get_json(http_router(running.engine.clone()), "/health").await?;
+        let (_, body) = get_json(http_router(running.admin.clone()), "/health").await?;
         assert_eq!(body["status"], "degraded");
         running.shutdown().await;
         Ok(())

@@ -175,6 +175,16 @@ pub async fn serve(
     service: SyncService,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with_admin(listener, service, None, shutdown).await
+}
+
+/// [`serve`], plus `airouter.v1.Admin` when given.
+pub async fn serve_with_admin(
+    listener: TcpListener,
+    service: SyncService,
+    admin: Option<ai_router_proto::v1::admin_server::AdminServer<crate::admin::AdminGrpc>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(30)));
@@ -182,6 +192,7 @@ pub async fn serve(
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(SyncServer::new(service))
+        .add_optional_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

@@ -1,7 +1,8 @@
 //! Virtual keys: the `sk-starci-<label>-<secret>` keys apps call the gateway with.
 //!
-//! This issue covers mounted keys: `mountedKeys` in the config, or, when none is configured,
-//! `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every profile and model.
+//! Mounted keys are built here (stored keys live in [`crate::keystore`]): `mountedKeys` in the
+//! config, or, when none is configured, `STARCI_AI_KEY` (or the file named by
+//! `STARCI_AI_KEY_FILE`) bound to every profile and model.
 //! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
 //! id is `key_` + 16 hex of sha256("mounted:<label>"), stable across secrets and deploys.
 //! Errors name the label and the id, never the secret.
@@ -25,6 +26,8 @@ pub struct VirtualKeyRecord {
     pub id: String,
     pub label: String,
     pub sha256: String,
+    /// The last four characters of the secret.
+    pub hint: String,
     pub profiles: Vec<String>,
     pub models: Vec<String>,
     pub owner: Option<String>,
@@ -58,6 +61,12 @@ pub enum MountedKeyError {
     },
     #[error("mounted key {label} is given twice")]
     DuplicateLabel { label: String },
+    #[error("mounted key {label} ({id}) collides with the key store: {reason}")]
+    Collision {
+        label: String,
+        id: String,
+        reason: String,
+    },
 }
 
 /// `key_` + the first 16 hex of sha256("mounted:<label>").
@@ -98,6 +107,16 @@ pub fn label_of(secret: &str) -> Option<&str> {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
     ok.then_some(label)
+}
+
+/// The last four characters of a secret: how every surface tells keys apart.
+pub fn hint(secret: &str) -> String {
+    let start = secret
+        .char_indices()
+        .rev()
+        .nth(3)
+        .map_or(0, |(index, _)| index);
+    secret[start..].to_owned()
 }
 
 /// A fresh `sk-starci-<label>-<48 hex>`.
@@ -145,6 +164,7 @@ fn mount(mounted: &MountedKey, env: &dyn Env) -> Result<VirtualKeyRecord, Mounte
         id: id.clone(),
         label: mounted.label.clone(),
         sha256: sha256_hex(secret.expose()),
+        hint: hint(secret.expose()),
         profiles: mounted.profiles.clone(),
         models: mounted.models.clone(),
         owner: mounted.owner.clone(),

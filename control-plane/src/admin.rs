@@ -1,0 +1,638 @@
+//! The admin API: the gateway's virtual keys, over HTTP (on the control plane's HTTP server)
+//! and gRPC (`airouter.v1.Admin`, on its gRPC server, same operations).
+//!
+//! Every call carries the admin token: `Authorization: Bearer <token>` (the HTTP header, or the
+//! gRPC metadata entry `authorization`), compared in constant time. The token is
+//! `gateway.adminToken`, else `AI_ROUTER_ADMIN_TOKEN`. With none configured every call answers
+//! 403 `admin_disabled`; without a token 401 `missing_api_key`; with a wrong one 401
+//! `invalid_api_key`.
+//!
+//! | route | does |
+//! |---|---|
+//! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); 201 `{ key, secret }` |
+//! | `GET /admin/keys` | `{ keys: [...] }`: mounted keys (`mounted: true`) then stored ones |
+//! | `GET /admin/keys/{id}` | one key |
+//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`) |
+//! | `POST /admin/keys/{id}/revoke` | revoke for good |
+//! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
+//! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
+//! | `GET /health` (no token needed) | with the admin token, adds the pool: providers, key aliases and states, cooldowns, breakers |
+//!
+//! A key is `{ id, label, owner, profiles, models, allowFallback, quota, enabled, revoked,
+//! mounted, hint, createdAtMs, created }`: never its secret or hash. The secret is in the
+//! answer to create and rotate only. Errors are OpenAI error objects: 400 `invalid_request`,
+//! 404 `not_found`, 409 `key_mounted` (revoke, rotate or PATCH of a mounted key: it changes by
+//! redeploying), 409 `conflict` (a revoked key), 500 `internal_error`.
+//!
+//! A write is pushed to the data plane before the call answers; keys written by another
+//! process sharing the SQLite store are picked up by [`run_key_sync`] within a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ai_router_proto::v1 as pb;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::error::{ApiError, ErrorCode};
+use crate::keystore::{KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, UsageDay};
+use crate::secrets::{constant_time_eq, Env, Secret};
+
+/// The env variable holding the admin token when `gateway.adminToken` does not name one.
+pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
+
+/// How often the key store is checked for changes made by another process.
+pub const KEY_SYNC_INTERVAL: Duration = Duration::from_millis(500);
+
+impl From<KeyStoreError> for ApiError {
+    fn from(err: KeyStoreError) -> Self {
+        let code = match &err {
+            KeyStoreError::Invalid(_) => ErrorCode::InvalidRequest,
+            KeyStoreError::NotFound(_) => ErrorCode::NotFound,
+            KeyStoreError::Mounted(_) => ErrorCode::KeyMounted,
+            KeyStoreError::Revoked(_) => ErrorCode::Conflict,
+            KeyStoreError::Storage(_) => ErrorCode::Internal,
+        };
+        ApiError::new(code, err.to_string())
+    }
+}
+
+/// The admin token: `gateway.adminToken` when it resolves, else `AI_ROUTER_ADMIN_TOKEN`.
+pub fn admin_token(config: &crate::config::Config, env: &dyn Env) -> Option<Secret> {
+    let configured = config.gateway.admin_token.as_ref();
+    if let Some(token) = configured.and_then(|source| source.resolve(env)) {
+        return Some(token);
+    }
+    let from_env = env
+        .var(ADMIN_TOKEN_ENV)
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .map(Secret::new);
+    if from_env.is_none() {
+        if let Some(source) = configured {
+            tracing::warn!(
+                "gateway.adminToken: {} resolves to nothing: the admin API is off",
+                source.describe()
+            );
+        }
+    }
+    from_env
+}
+
+/// The admin operations behind both transports.
+pub struct AdminApi {
+    keys: Arc<KeyAdmin>,
+    token: Option<Secret>,
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for AdminApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminApi")
+            .field("token", &self.token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot.
+fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
+    engine.set_virtual_keys(keys.snapshot_keys()?);
+    Ok(())
+}
+
+impl AdminApi {
+    pub fn new(keys: Arc<KeyAdmin>, token: Option<Secret>, engine: Arc<Engine>) -> Self {
+        Self {
+            keys,
+            token,
+            engine,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Checks an `Authorization` value against the admin token.
+    pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
+        let Some(expected) = &self.token else {
+            return Err(ApiError::new(
+                ErrorCode::AdminDisabled,
+                "the admin API is off: no admin token is configured",
+            ));
+        };
+        let Some(value) = authorization else {
+            return Err(ApiError::new(
+                ErrorCode::MissingApiKey,
+                "the admin API needs Authorization: Bearer <admin token>",
+            ));
+        };
+        let token = value
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.strip_prefix(b"bearer "))
+            .unwrap_or(b"");
+        if constant_time_eq(token.trim_ascii(), expected.expose().as_bytes()) {
+            Ok(())
+        } else {
+            Err(ApiError::new(ErrorCode::InvalidApiKey, "wrong admin token"))
+        }
+    }
+
+    /// Runs a key operation off the executor; a write is pushed to the snapshot before this
+    /// returns.
+    async fn run<T: Send + 'static>(
+        &self,
+        write: bool,
+        op: impl FnOnce(&KeyAdmin) -> Result<T, KeyStoreError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let keys = self.keys.clone();
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = op(&keys)?;
+            if write {
+                push_keys(&engine, &keys)?;
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("admin task failed: {e}")))?
+    }
+
+    pub async fn create(&self, spec: KeySpec) -> Result<crate::keystore::KeyWithSecret, ApiError> {
+        self.run(true, move |k| k.create(spec)).await
+    }
+
+    pub async fn list(&self) -> Result<Vec<KeyInfo>, ApiError> {
+        self.run(false, |k| k.list()).await
+    }
+
+    pub async fn get(&self, id: String) -> Result<KeyInfo, ApiError> {
+        self.run(false, move |k| k.get(&id)).await
+    }
+
+    pub async fn update(&self, id: String, patch: KeyPatch) -> Result<KeyInfo, ApiError> {
+        self.run(true, move |k| k.update(&id, patch)).await
+    }
+
+    pub async fn revoke(&self, id: String) -> Result<KeyInfo, ApiError> {
+        self.run(true, move |k| k.revoke(&id)).await
+    }
+
+    pub async fn rotate(&self, id: String) -> Result<crate::keystore::KeyWithSecret, ApiError> {
+        self.run(true, move |k| k.rotate(&id)).await
+    }
+
+    pub async fn usage(
+        &self,
+        id: String,
+        from: Option<String>,
+        to: Option<String>,
+    ) -> Result<crate::keystore::UsageReport, ApiError> {
+        self.run(false, move |k| k.usage(&id, from.as_deref(), to.as_deref()))
+            .await
+    }
+
+    /// `/health` for an operator: the pool as the data plane sees it, keys by alias only.
+    pub fn pool_health(&self) -> Value {
+        let health = self.engine.health();
+        let update = self.engine.current();
+        let snapshot = update.snapshot.clone().unwrap_or_default();
+        let key_state = |provider: &str, alias: &str| {
+            snapshot
+                .key_health
+                .iter()
+                .find(|h| h.provider == provider && h.key == alias)
+                .map_or_else(
+                    || json!({ "state": "ok" }),
+                    |h| json!({ "state": h.reason, "untilMs": h.until_ms }),
+                )
+        };
+        let providers: Vec<Value> = snapshot
+            .providers
+            .iter()
+            .map(|p| {
+                let keys: Vec<Value> = p
+                    .keys
+                    .iter()
+                    .map(|k| {
+                        let mut entry = key_state(&p.id, &k.alias);
+                        entry["alias"] = json!(k.alias);
+                        entry
+                    })
+                    .collect();
+                let models: Vec<&str> = p.models.iter().map(|m| m.id.as_str()).collect();
+                json!({ "id": p.id, "kind": p.kind, "keys": keys, "models": models })
+            })
+            .collect();
+        let breakers: Vec<Value> = snapshot
+            .breakers
+            .iter()
+            .map(|b| {
+                json!({
+                    "scope": b.scope,
+                    "provider": b.provider,
+                    "key": b.key,
+                    "state": b.state,
+                    "openUntilMs": b.open_until_ms,
+                })
+            })
+            .collect();
+        let cooldowns: Vec<Value> = snapshot
+            .cooldowns
+            .iter()
+            .map(|c| {
+                json!({ "provider": c.provider, "key": c.key, "model": c.model, "untilMs": c.until_ms })
+            })
+            .collect();
+        let provider_health: Vec<Value> = snapshot
+            .provider_health
+            .iter()
+            .map(|h| json!({ "provider": h.provider, "reason": h.reason, "untilMs": h.until_ms }))
+            .collect();
+        json!({
+            "status": health.status,
+            "version": health.version,
+            "providers": providers,
+            "breakers": breakers,
+            "cooldowns": cooldowns,
+            "providerHealth": provider_health,
+            "virtualKeys": snapshot.virtual_keys.len(),
+        })
+    }
+}
+
+/// Polls the key store's change counter and pushes its keys into the snapshot when another
+/// process changed them, until `shutdown` flips.
+pub async fn run_key_sync(
+    engine: Arc<Engine>,
+    keys: Arc<KeyAdmin>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(KEY_SYNC_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen: Option<u64> = None;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.wait_for(|stopped| *stopped) => break,
+        }
+        let engine = engine.clone();
+        let keys = keys.clone();
+        let last = seen;
+        let result = tokio::task::spawn_blocking(move || {
+            let generation = keys.store().generation()?;
+            if last != Some(generation) {
+                push_keys(&engine, &keys)?;
+            }
+            Ok::<_, KeyStoreError>(generation)
+        })
+        .await;
+        match result {
+            Ok(Ok(generation)) => {
+                seen = Some(generation);
+                if failing {
+                    tracing::info!("the key store is readable again");
+                    failing = false;
+                }
+            }
+            Ok(Err(err)) if !failing => {
+                tracing::error!(%err, "cannot read the key store");
+                failing = true;
+            }
+            Ok(Err(_)) => {}
+            Err(err) => tracing::error!(%err, "the key sync task failed"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------------------------
+
+/// The admin routes and `/health`, on the shared state.
+pub fn routes() -> Router<Arc<AdminApi>> {
+    Router::new()
+        .route("/health", get(health))
+        .route("/admin/keys", get(list_keys).post(create_key))
+        .route("/admin/keys/{id}", get(get_key).patch(update_key))
+        .route("/admin/keys/{id}/revoke", post(revoke_key))
+        .route("/admin/keys/{id}/rotate", post(rotate_key))
+        .route("/admin/keys/{id}/usage", get(key_usage))
+}
+
+type Answer = Result<(StatusCode, Json<Value>), ApiError>;
+
+fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
+    api.authorize(
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    )
+}
+
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("invalid body: {e}")))
+}
+
+fn ok(status: StatusCode, value: impl serde::Serialize) -> Answer {
+    let value = serde_json::to_value(value)
+        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+    Ok((status, Json(value)))
+}
+
+/// `GET /health`: the plain answer, or the pool's with the admin token.
+async fn health(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Json<Value> {
+    let admin = headers.contains_key(axum::http::header::AUTHORIZATION)
+        && authorize(&api, &headers).is_ok();
+    if admin {
+        Json(api.pool_health())
+    } else {
+        let health = api.engine.health();
+        Json(json!({ "status": health.status, "version": health.version }))
+    }
+}
+
+async fn create_key(State(api): State<Arc<AdminApi>>, headers: HeaderMap, bytes: Bytes) -> Answer {
+    authorize(&api, &headers)?;
+    let spec: KeySpec = body(&bytes)?;
+    let created = api.create(spec).await?;
+    tracing::info!(id = %created.key.id, label = %created.key.label, "virtual key created");
+    ok(StatusCode::CREATED, created)
+}
+
+async fn list_keys(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
+    authorize(&api, &headers)?;
+    let keys = api.list().await?;
+    ok(StatusCode::OK, json!({ "object": "list", "keys": keys }))
+}
+
+async fn get_key(
+    State(api): State<Arc<AdminApi>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    authorize(&api, &headers)?;
+    ok(StatusCode::OK, api.get(id).await?)
+}
+
+async fn update_key(
+    State(api): State<Arc<AdminApi>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Answer {
+    authorize(&api, &headers)?;
+    let patch: KeyPatch = body(&bytes)?;
+    let key = api.update(id, patch).await?;
+    tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
+    ok(StatusCode::OK, key)
+}
+
+async fn revoke_key(
+    State(api): State<Arc<AdminApi>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    authorize(&api, &headers)?;
+    let key = api.revoke(id).await?;
+    tracing::info!(id = %key.id, "virtual key revoked");
+    ok(StatusCode::OK, key)
+}
+
+async fn rotate_key(
+    State(api): State<Arc<AdminApi>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Answer {
+    authorize(&api, &headers)?;
+    let rotated = api.rotate(id).await?;
+    tracing::info!(id = %rotated.key.id, "virtual key rotated");
+    ok(StatusCode::OK, rotated)
+}
+
+async fn key_usage(
+    State(api): State<Arc<AdminApi>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Answer {
+    authorize(&api, &headers)?;
+    let mut from = None;
+    let mut to = None;
+    for pair in query.as_deref().unwrap_or("").split('&') {
+        match pair.split_once('=') {
+            Some(("from", value)) => from = Some(value.to_owned()),
+            Some(("to", value)) => to = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    ok(StatusCode::OK, api.usage(id, from, to).await?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// gRPC
+// ---------------------------------------------------------------------------------------------
+
+/// `airouter.v1.Admin` over the same [`AdminApi`].
+#[derive(Debug, Clone)]
+pub struct AdminGrpc {
+    api: Arc<AdminApi>,
+}
+
+impl AdminGrpc {
+    pub fn new(api: Arc<AdminApi>) -> Self {
+        Self { api }
+    }
+
+    pub fn into_server(self) -> pb::admin_server::AdminServer<Self> {
+        pb::admin_server::AdminServer::new(self)
+    }
+
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.api
+            .authorize(
+                request
+                    .metadata()
+                    .get("authorization")
+                    .map(|v| v.as_bytes()),
+            )
+            .map_err(Status::from)
+    }
+}
+
+fn quota_to_proto(q: &crate::config::QuotaConfig) -> pb::Quota {
+    pb::Quota {
+        requests_per_minute: q.requests_per_minute,
+        tokens_per_day: q.tokens_per_day,
+        cost_per_day: q.cost_per_day,
+        cost_per_month: q.cost_per_month,
+    }
+}
+
+fn quota_from_proto(q: &pb::Quota) -> crate::config::QuotaConfig {
+    crate::config::QuotaConfig {
+        requests_per_minute: q.requests_per_minute,
+        tokens_per_day: q.tokens_per_day,
+        cost_per_day: q.cost_per_day,
+        cost_per_month: q.cost_per_month,
+    }
+}
+
+fn key_to_proto(k: KeyInfo) -> pb::KeyInfo {
+    pb::KeyInfo {
+        id: k.id,
+        label: k.label,
+        owner: k.owner.unwrap_or_default(),
+        profiles: k.profiles,
+        models: k.models,
+        allow_fallback: k.allow_fallback,
+        quota: Some(quota_to_proto(&k.quota)),
+        enabled: k.enabled,
+        revoked: k.revoked,
+        mounted: k.mounted,
+        hint: k.hint,
+        created_at_ms: k.created_at_ms,
+    }
+}
+
+fn day_to_proto(d: UsageDay) -> pb::UsageDay {
+    pb::UsageDay {
+        day: d.day,
+        requests: d.requests,
+        successes: d.successes,
+        failures: d.failures,
+        prompt_tokens: d.prompt_tokens,
+        completion_tokens: d.completion_tokens,
+        cost: d.cost,
+        latency_ms: d.latency_ms,
+        outcomes: d.outcomes.into_iter().collect(),
+    }
+}
+
+fn with_secret(k: crate::keystore::KeyWithSecret) -> pb::KeyWithSecret {
+    pb::KeyWithSecret {
+        key: Some(key_to_proto(k.key)),
+        secret: k.secret,
+    }
+}
+
+fn non_empty(s: String) -> Option<String> {
+    (!s.is_empty()).then_some(s)
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminGrpc {
+    async fn health(
+        &self,
+        request: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthReply>, Status> {
+        self.authorize(&request)?;
+        let health = self.api.engine.health();
+        Ok(Response::new(pb::HealthReply {
+            status: health.status.to_owned(),
+            state_version: health.version,
+        }))
+    }
+
+    async fn create_key(
+        &self,
+        request: Request<pb::CreateKeyRequest>,
+    ) -> Result<Response<pb::KeyWithSecret>, Status> {
+        self.authorize(&request)?;
+        let r = request.into_inner();
+        let spec = KeySpec {
+            label: r.label,
+            owner: non_empty(r.owner),
+            profiles: r.profiles,
+            models: r.models,
+            allow_fallback: r.allow_fallback,
+            quota: r.quota.as_ref().map(quota_from_proto),
+            enabled: None,
+        };
+        let created = self.api.create(spec).await?;
+        tracing::info!(id = %created.key.id, "virtual key created");
+        Ok(Response::new(with_secret(created)))
+    }
+
+    async fn list_keys(
+        &self,
+        request: Request<pb::ListKeysRequest>,
+    ) -> Result<Response<pb::ListKeysReply>, Status> {
+        self.authorize(&request)?;
+        let keys = self.api.list().await?;
+        Ok(Response::new(pb::ListKeysReply {
+            keys: keys.into_iter().map(key_to_proto).collect(),
+        }))
+    }
+
+    async fn get_key(&self, request: Request<pb::KeyRef>) -> Result<Response<pb::KeyInfo>, Status> {
+        self.authorize(&request)?;
+        let key = self.api.get(request.into_inner().id).await?;
+        Ok(Response::new(key_to_proto(key)))
+    }
+
+    async fn update_key(
+        &self,
+        request: Request<pb::UpdateKeyRequest>,
+    ) -> Result<Response<pb::KeyInfo>, Status> {
+        self.authorize(&request)?;
+        let r = request.into_inner();
+        let patch = KeyPatch {
+            owner: r.owner,
+            profiles: r.set_profiles.then_some(r.profiles),
+            models: r.set_models.then_some(r.models),
+            allow_fallback: r.allow_fallback,
+            quota: r.quota.as_ref().map(quota_from_proto),
+            enabled: r.enabled,
+        };
+        let key = self.api.update(r.id, patch).await?;
+        tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
+        Ok(Response::new(key_to_proto(key)))
+    }
+
+    async fn revoke_key(
+        &self,
+        request: Request<pb::KeyRef>,
+    ) -> Result<Response<pb::KeyInfo>, Status> {
+        self.authorize(&request)?;
+        let key = self.api.revoke(request.into_inner().id).await?;
+        tracing::info!(id = %key.id, "virtual key revoked");
+        Ok(Response::new(key_to_proto(key)))
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<pb::KeyRef>,
+    ) -> Result<Response<pb::KeyWithSecret>, Status> {
+        self.authorize(&request)?;
+        let rotated = self.api.rotate(request.into_inner().id).await?;
+        tracing::info!(id = %rotated.key.id, "virtual key rotated");
+        Ok(Response::new(with_secret(rotated)))
+    }
+
+    async fn key_usage(
+        &self,
+        request: Request<pb::KeyUsageRequest>,
+    ) -> Result<Response<pb::KeyUsageReply>, Status> {
+        self.authorize(&request)?;
+        let r = request.into_inner();
+        let report = self
+            .api
+            .usage(r.id, non_empty(r.from), non_empty(r.to))
+            .await?;
+        Ok(Response::new(pb::KeyUsageReply {
+            id: report.id,
+            days: report.days.into_iter().map(day_to_proto).collect(),
+            total: Some(day_to_proto(report.total)),
+        }))
+    }
+}

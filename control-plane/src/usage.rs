@@ -1,0 +1,307 @@
+//! Usage accounting: every report batch the filters send becomes usage rows per virtual key and
+//! UTC day in the key store.
+//!
+//! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
+//!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
+//! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage (the attempt that
+//!   consumed them, streamed or not): cost = prompt tokens x the model's input cost + completion
+//!   tokens x its output cost, per million tokens (a model without a cost counts 0). A request
+//!   outcome's own usage is not counted again.
+//!
+//! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
+//! The engine hands each batch to [`UsageRecorder`] (a [`ReportObserver`]), which only queues
+//! the rows; [`run_writer`] merges what is queued and writes it off the executor.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ai_router_proto::v1 as pb;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::engine::{Clock, ReportObserver};
+use crate::keystore::{utc_day, KeyStore, UsageDay};
+
+type Rows = Vec<(String, UsageDay)>;
+
+/// The cost of `usage` on `provider`'s `model`, from its cost per million tokens.
+pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) -> f64 {
+    let cost = config
+        .providers
+        .iter()
+        .find(|p| p.id == provider)
+        .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
+        .and_then(|m| m.cost);
+    cost.map_or(0.0, |c| {
+        (usage.prompt_tokens as f64 * c.input + usage.completion_tokens as f64 * c.output)
+            / 1_000_000.0
+    })
+}
+
+/// The usage rows of one batch, merged per (key id, day).
+pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows {
+    let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
+    fn row<'a>(
+        rows: &'a mut BTreeMap<(String, String), UsageDay>,
+        id: &str,
+        at_ms: i64,
+        now_ms: i64,
+    ) -> &'a mut UsageDay {
+        let day = utc_day(if at_ms > 0 { at_ms } else { now_ms });
+        rows.entry((id.to_owned(), day.clone()))
+            .or_insert_with(|| UsageDay {
+                day,
+                ..UsageDay::default()
+            })
+    }
+    for request in &batch.requests {
+        if request.virtual_key_id.is_empty() {
+            continue;
+        }
+        let entry = row(&mut rows, &request.virtual_key_id, request.at_ms, now_ms);
+        entry.requests += 1;
+        if request.outcome == "success" {
+            entry.successes += 1;
+        } else {
+            entry.failures += 1;
+        }
+        entry.latency_ms += request.latency_ms;
+        let outcome = if request.outcome.is_empty() {
+            "unknown".to_owned()
+        } else {
+            request.outcome.clone()
+        };
+        *entry.outcomes.entry(outcome).or_insert(0) += 1;
+    }
+    for attempt in &batch.attempts {
+        let Some(usage) = attempt.usage.as_ref() else {
+            continue;
+        };
+        if attempt.virtual_key_id.is_empty() || usage.prompt_tokens + usage.completion_tokens == 0 {
+            continue;
+        }
+        let cost = cost_of(config, &attempt.provider, &attempt.model, usage);
+        let entry = row(&mut rows, &attempt.virtual_key_id, attempt.at_ms, now_ms);
+        entry.prompt_tokens += usage.prompt_tokens;
+        entry.completion_tokens += usage.completion_tokens;
+        entry.cost += cost;
+    }
+    rows.into_iter().map(|((id, _), row)| (id, row)).collect()
+}
+
+/// Queues the usage rows of every report batch for [`run_writer`].
+pub struct UsageRecorder {
+    config: Arc<Config>,
+    clock: Arc<dyn Clock>,
+    queue: mpsc::UnboundedSender<Rows>,
+}
+
+impl UsageRecorder {
+    /// The recorder and the receiving end [`run_writer`] drains.
+    pub fn new(
+        config: Arc<Config>,
+        clock: Arc<dyn Clock>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Rows>) {
+        let (queue, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(Self {
+                config,
+                clock,
+                queue,
+            }),
+            rx,
+        )
+    }
+}
+
+impl ReportObserver for UsageRecorder {
+    fn observe(&self, batch: &pb::ReportBatch) {
+        let rows = usage_rows(&self.config, batch, self.clock.now_ms());
+        if !rows.is_empty() {
+            // The writer is gone only at shutdown.
+            let _ = self.queue.send(rows);
+        }
+    }
+}
+
+fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
+    for (id, row) in rows {
+        into.entry((id, row.day.clone()))
+            .or_insert_with(|| UsageDay {
+                day: row.day.clone(),
+                ..UsageDay::default()
+            })
+            .add(&row);
+    }
+}
+
+/// Writes queued usage rows to `store` until `shutdown` flips, then writes what is left.
+pub async fn run_writer(
+    mut rx: mpsc::UnboundedReceiver<Rows>,
+    store: Arc<dyn KeyStore>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let first = tokio::select! {
+            rows = rx.recv() => rows,
+            _ = shutdown.wait_for(|stopped| *stopped) => None,
+        };
+        let Some(first) = first else { break };
+        let mut pending = BTreeMap::new();
+        merge(&mut pending, first);
+        while let Ok(more) = rx.try_recv() {
+            merge(&mut pending, more);
+        }
+        write(&store, pending).await;
+    }
+    let mut pending = BTreeMap::new();
+    while let Ok(more) = rx.try_recv() {
+        merge(&mut pending, more);
+    }
+    if !pending.is_empty() {
+        write(&store, pending).await;
+    }
+}
+
+async fn write(store: &Arc<dyn KeyStore>, pending: BTreeMap<(String, String), UsageDay>) {
+    let rows: Rows = pending
+        .into_iter()
+        .map(|((id, _), row)| (id, row))
+        .collect();
+    let store = store.clone();
+    match tokio::task::spawn_blocking(move || store.record_usage(&rows)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::error!(%err, "cannot record usage"),
+        Err(err) => tracing::error!(%err, "the usage writer failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::keystore::MemoryKeyStore;
+    use crate::secrets::MapEnv;
+    use std::path::Path;
+
+    fn config() -> Result<Config, String> {
+        parse(
+            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m, aliases: [fast], cost: { input: 2.0, output: 10.0 } }, { id: free }] }\n",
+        )
+        .and_then(|f| f.resolve(&MapEnv::new([("K", "sk")]), Path::new(".")))
+        .map_err(|e| e.to_string())
+    }
+
+    // 2026-03-15T12:00:00Z
+    const AT: i64 = 1_773_576_000_000;
+
+    fn batch() -> pb::ReportBatch {
+        let usage = |p, c| {
+            Some(pb::Usage {
+                prompt_tokens: p,
+                completion_tokens: c,
+            })
+        };
+        pb::ReportBatch {
+            node: "n".into(),
+            requests: vec![
+                pb::RequestOutcome {
+                    virtual_key_id: "key_a".into(),
+                    outcome: "success".into(),
+                    latency_ms: 120,
+                    at_ms: AT,
+                    ..Default::default()
+                },
+                pb::RequestOutcome {
+                    virtual_key_id: "key_a".into(),
+                    outcome: "rejected:model_not_allowed".into(),
+                    latency_ms: 1,
+                    at_ms: AT,
+                    ..Default::default()
+                },
+                pb::RequestOutcome {
+                    virtual_key_id: "key_a".into(),
+                    outcome: "error:upstream".into(),
+                    latency_ms: 3,
+                    at_ms: AT - 86_400_000,
+                    ..Default::default()
+                },
+                // Refused before authenticating: no key.
+                pb::RequestOutcome {
+                    outcome: "rejected:invalid_api_key".into(),
+                    ..Default::default()
+                },
+            ],
+            attempts: vec![
+                pb::AttemptOutcome {
+                    virtual_key_id: "key_a".into(),
+                    provider: "p".into(),
+                    model: "m".into(),
+                    outcome: "success".into(),
+                    usage: usage(1_000, 500),
+                    at_ms: AT,
+                    ..Default::default()
+                },
+                pb::AttemptOutcome {
+                    virtual_key_id: "key_a".into(),
+                    provider: "p".into(),
+                    model: "free".into(),
+                    outcome: "success".into(),
+                    usage: usage(10, 5),
+                    at_ms: AT,
+                    ..Default::default()
+                },
+                // A failed attempt without usage counts nothing.
+                pb::AttemptOutcome {
+                    virtual_key_id: "key_a".into(),
+                    provider: "p".into(),
+                    model: "m".into(),
+                    outcome: "error".into(),
+                    at_ms: AT,
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn rows_per_key_and_day() -> Result<(), String> {
+        let rows = usage_rows(&config()?, &batch(), AT);
+        assert_eq!(rows.len(), 2);
+        let (id, yesterday) = &rows[0];
+        assert_eq!(
+            (id.as_str(), yesterday.day.as_str()),
+            ("key_a", "2026-03-14")
+        );
+        assert_eq!((yesterday.requests, yesterday.failures), (1, 1));
+        let (_, today) = &rows[1];
+        assert_eq!(today.day, "2026-03-15");
+        assert_eq!((today.requests, today.successes, today.failures), (2, 1, 1));
+        assert_eq!(today.latency_ms, 121);
+        assert_eq!(today.outcomes["success"], 1);
+        assert_eq!(today.outcomes["rejected:model_not_allowed"], 1);
+        assert_eq!((today.prompt_tokens, today.completion_tokens), (1_010, 505));
+        // 1000 x 2 / 1M + 500 x 10 / 1M
+        assert!((today.cost - 0.007).abs() < 1e-12, "{}", today.cost);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_writer_stores_what_the_recorder_queues() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let store: Arc<dyn KeyStore> = Arc::new(MemoryKeyStore::default());
+        let (recorder, rx) =
+            UsageRecorder::new(Arc::new(config()?), Arc::new(crate::engine::SystemClock));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let writer = tokio::spawn(run_writer(rx, store.clone(), stop_rx));
+        recorder.observe(&batch());
+        recorder.observe(&batch());
+        stop_tx.send(true)?;
+        writer.await?;
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31")?;
+        assert_eq!(days.len(), 2);
+        assert_eq!(days[1].requests, 4);
+        assert_eq!(days[1].prompt_tokens, 2_020);
+        Ok(())
+    }
+}

@@ -1,17 +1,22 @@
 //! The state authority: what the data plane decides from.
 //!
 //! The engine holds the resolved pool (providers and their current secrets), the virtual keys
-//! and the health state (blacklisted keys, lane cooldowns), and publishes all of it as one
-//! versioned [`pb::StateUpdate`] on a `tokio::sync::watch` channel; every change bumps the
-//! version. Three things change it:
+//! and the health state (blacklisted keys, lane cooldowns, breakers, headroom, provider spend),
+//! and publishes all of it as one versioned [`pb::StateUpdate`] on a `tokio::sync::watch`
+//! channel; every change bumps the version. Four things change it:
 //! - [`Engine::apply_report`]: attempt outcomes from the filters (docs/architecture.md, Sync);
 //! - [`Engine::refresh_secrets`]: every reference is resolved again (about once a second), a
 //!   changed secret replaces the pushed one and lifts a blacklist whose refused fingerprint
 //!   differs;
-//! - [`Engine::expire`]: cooldowns and timed blacklists past their end.
+//! - [`Engine::expire`]: cooldowns, timed blacklists, headroom past its reset and ended budget
+//!   periods go; open breakers past their cooldown turn half-open;
+//! - [`Engine::sync_store`]: what another control plane sharing the state store wrote.
 //!
-//! Durable state (blacklists, cooldowns; later breakers) goes through [`StateStore`]; the
-//! in-memory store is the default, and a persister task writes each change off the executor.
+//! Durable state goes through [`StateStore`]; the in-memory store is the default. The persister
+//! task ([`Engine::run_persist`]) merges the store into the engine and writes this process's
+//! changes back, off the executor, on every change and about once a second. Updates are
+//! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is
+//! added): breakers are a health signal, not a ledger.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,12 +25,16 @@ use std::time::Duration;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
+use crate::breakers::{self, Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::budget::{self, Spend};
 use crate::config::{Config, PolicyConfig, Provider};
 use crate::secrets::{Env, Secret};
 use crate::vkeys::VirtualKeyRecord;
 
 /// How often secret references are resolved again.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the state store is read for what other control planes wrote.
+pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Milliseconds since the Unix epoch; injectable so the tests control time.
 pub trait Clock: Send + Sync {
@@ -84,27 +93,199 @@ pub type KeyId = (String, String);
 /// (provider id, key alias, model)
 pub type LaneId = (String, String, String);
 
-/// What survives a restart with a durable store.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The last rate-limit headroom a lane's provider reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneHeadroom {
+    /// -1: not reported.
+    pub remaining_requests: i64,
+    /// -1: not reported.
+    pub remaining_tokens: i64,
+    /// When the window resets (ms since the epoch); the entry goes then.
+    pub reset_at_ms: i64,
+}
+
+/// How long a reported headroom holds when the provider named no reset.
+pub const HEADROOM_DEFAULT_WINDOW_MS: i64 = 60_000;
+
+/// What survives a restart with a durable store, and what control planes sharing one store see.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DurableState {
     pub blacklists: BTreeMap<KeyId, Blacklist>,
     pub cooldowns: BTreeMap<LaneId, i64>,
+    /// Every breaker that is not closed, or closed with failures counted.
+    pub breakers: BTreeMap<BreakerId, Breaker>,
+    pub headroom: BTreeMap<LaneId, LaneHeadroom>,
+    /// Provider id -> spend this UTC day and month.
+    pub spend: BTreeMap<String, Spend>,
+}
+
+/// The entries to write and to delete to turn one map into another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapChanges<K, V> {
+    pub upsert: Vec<(K, V)>,
+    pub delete: Vec<K>,
+}
+
+impl<K, V> Default for MapChanges<K, V> {
+    fn default() -> Self {
+        Self {
+            upsert: Vec::new(),
+            delete: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: PartialEq + Clone> MapChanges<K, V> {
+    pub fn between(from: &BTreeMap<K, V>, to: &BTreeMap<K, V>) -> Self {
+        let upsert = to
+            .iter()
+            .filter(|(k, v)| from.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let delete = from
+            .keys()
+            .filter(|k| !to.contains_key(*k))
+            .cloned()
+            .collect();
+        Self { upsert, delete }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.upsert.is_empty() && self.delete.is_empty()
+    }
+
+    pub fn apply(&self, map: &mut BTreeMap<K, V>) {
+        for k in &self.delete {
+            map.remove(k);
+        }
+        for (k, v) in &self.upsert {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// What a store must write to go from one [`DurableState`] to another.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DurableChanges {
+    pub blacklists: MapChanges<KeyId, Blacklist>,
+    pub cooldowns: MapChanges<LaneId, i64>,
+    pub breakers: MapChanges<BreakerId, Breaker>,
+    pub headroom: MapChanges<LaneId, LaneHeadroom>,
+    pub spend: MapChanges<String, Spend>,
+}
+
+impl DurableChanges {
+    pub fn between(from: &DurableState, to: &DurableState) -> Self {
+        Self {
+            blacklists: MapChanges::between(&from.blacklists, &to.blacklists),
+            cooldowns: MapChanges::between(&from.cooldowns, &to.cooldowns),
+            breakers: MapChanges::between(&from.breakers, &to.breakers),
+            headroom: MapChanges::between(&from.headroom, &to.headroom),
+            spend: MapChanges::between(&from.spend, &to.spend),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blacklists.is_empty()
+            && self.cooldowns.is_empty()
+            && self.breakers.is_empty()
+            && self.headroom.is_empty()
+            && self.spend.is_empty()
+    }
+
+    pub fn apply(&self, state: &mut DurableState) {
+        self.blacklists.apply(&mut state.blacklists);
+        self.cooldowns.apply(&mut state.cooldowns);
+        self.breakers.apply(&mut state.breakers);
+        self.headroom.apply(&mut state.headroom);
+        self.spend.apply(&mut state.spend);
+    }
+}
+
+/// Three-way merge of one map: an entry another process changed (`remote` differs from `base`,
+/// the last state both agreed on) is taken unless we changed it too (ours wins). Returns
+/// whether `local` changed.
+fn merge_map<K: Ord + Clone, V: PartialEq + Clone>(
+    local: &mut BTreeMap<K, V>,
+    base: &BTreeMap<K, V>,
+    remote: &BTreeMap<K, V>,
+) -> bool {
+    let mut changed = false;
+    let keys: std::collections::BTreeSet<&K> = base.keys().chain(remote.keys()).collect();
+    for k in keys {
+        let (b, r) = (base.get(k), remote.get(k));
+        if b == r || local.get(k) != b || local.get(k) == r {
+            continue;
+        }
+        match r {
+            Some(v) => local.insert(k.clone(), v.clone()),
+            None => local.remove(k),
+        };
+        changed = true;
+    }
+    changed
+}
+
+/// [`merge_map`] for every part; spend is added rather than replaced.
+fn merge_durable(local: &mut DurableState, base: &DurableState, remote: &DurableState) -> bool {
+    let mut changed = merge_map(&mut local.blacklists, &base.blacklists, &remote.blacklists);
+    changed |= merge_map(&mut local.cooldowns, &base.cooldowns, &remote.cooldowns);
+    changed |= merge_map(&mut local.breakers, &base.breakers, &remote.breakers);
+    changed |= merge_map(&mut local.headroom, &base.headroom, &remote.headroom);
+    for (provider, theirs) in &remote.spend {
+        let old = base.spend.get(provider).copied().unwrap_or_default();
+        if old == *theirs {
+            continue;
+        }
+        let ours = local.spend.entry(provider.clone()).or_default();
+        let before = *ours;
+        ours.merge(&old, theirs);
+        changed |= *ours != before;
+    }
+    changed
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("state store: {0}")]
 pub struct StoreError(pub String);
 
+/// The answer to a probe lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseGrant {
+    Granted,
+    /// Someone else holds it until then (ms since the epoch).
+    HeldUntil(i64),
+}
+
 /// Where durable state lives. Calls block: callers run them off the async executor.
 pub trait StateStore: Send + Sync {
     fn load(&self) -> Result<DurableState, StoreError>;
-    fn save(&self, state: &DurableState) -> Result<(), StoreError>;
+    /// Writes the given entries and deletes the given keys, in one transaction.
+    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError>;
+    /// Makes the store hold exactly `state`.
+    fn save(&self, state: &DurableState) -> Result<(), StoreError> {
+        let current = self.load()?;
+        self.apply(&DurableChanges::between(&current, state))
+    }
+    /// The half-open probe lease on `id`: granted to `holder` until `now_ms + ttl_ms` when
+    /// nobody holds it (or the holder's lease ended), atomically across every process sharing
+    /// the store.
+    fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<LeaseGrant, StoreError>;
+    /// Ends the lease on `id`; with `holder_prefix`, only a lease whose holder starts with it.
+    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError>;
 }
 
-/// Keeps the last saved state in memory: gone on restart.
+/// Keeps the state in memory: gone on restart.
 #[derive(Debug, Default)]
 pub struct MemoryStateStore {
     state: Mutex<DurableState>,
+    leases: Mutex<BTreeMap<BreakerId, (String, i64)>>,
 }
 
 impl StateStore for MemoryStateStore {
@@ -112,8 +293,38 @@ impl StateStore for MemoryStateStore {
         Ok(lock(&self.state).clone())
     }
 
-    fn save(&self, state: &DurableState) -> Result<(), StoreError> {
-        *lock(&self.state) = state.clone();
+    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError> {
+        changes.apply(&mut lock(&self.state));
+        Ok(())
+    }
+
+    fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<LeaseGrant, StoreError> {
+        let mut leases = lock(&self.leases);
+        leases.retain(|_, (_, until)| *until > now_ms);
+        if let Some((_, until)) = leases.get(id) {
+            return Ok(LeaseGrant::HeldUntil(*until));
+        }
+        leases.insert(
+            id.clone(),
+            (holder.to_owned(), now_ms.saturating_add(ttl_ms)),
+        );
+        Ok(LeaseGrant::Granted)
+    }
+
+    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError> {
+        let mut leases = lock(&self.leases);
+        let matches = leases
+            .get(id)
+            .is_some_and(|(holder, _)| holder_prefix.is_none_or(|p| holder.starts_with(p)));
+        if matches {
+            leases.remove(id);
+        }
         Ok(())
     }
 }
@@ -133,6 +344,14 @@ pub enum EngineEvent {
         key: String,
         was: &'static str,
         reason: &'static str,
+    },
+    Breaker {
+        scope: BreakerScope,
+        provider: String,
+        /// "" for the provider scope.
+        key: String,
+        from: BreakerPhase,
+        to: BreakerPhase,
     },
 }
 
@@ -167,6 +386,21 @@ impl EngineEvent {
                 reason = %reason,
                 "key restored"
             ),
+            Self::Breaker {
+                scope,
+                provider,
+                key,
+                from,
+                to,
+            } => tracing::warn!(
+                event = "breaker",
+                scope = scope.as_str(),
+                provider = %provider,
+                key = %key,
+                from = from.as_str(),
+                to = to.as_str(),
+                "breaker changed"
+            ),
         }
     }
 }
@@ -183,6 +417,8 @@ struct State {
     /// Current secret of every key, `None` when its reference resolves to nothing.
     secrets: BTreeMap<KeyId, Option<Secret>>,
     durable: DurableState,
+    /// What the store held after the last exchange with it: the base of the three-way merge.
+    base: DurableState,
     virtual_keys: Vec<VirtualKeyRecord>,
 }
 
@@ -190,6 +426,8 @@ pub struct Engine {
     config: Arc<Config>,
     env: Arc<dyn Env>,
     clock: Arc<dyn Clock>,
+    /// Durable state and the probe leases.
+    store: Arc<dyn StateStore>,
     state: Mutex<State>,
     updates: watch::Sender<Arc<pb::StateUpdate>>,
     /// See [`ReportObserver`].
@@ -213,15 +451,35 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Engine {
-    /// Resolves every key, takes over `durable` (dropping entries for keys the pool no longer
-    /// has and lifting blacklists whose secret changed meanwhile) and publishes the first
-    /// snapshot.
+    /// [`Engine::with_store`] with an in-memory store.
     pub fn new(
         config: Arc<Config>,
         env: Arc<dyn Env>,
         clock: Arc<dyn Clock>,
         virtual_keys: Vec<VirtualKeyRecord>,
         durable: DurableState,
+    ) -> Arc<Self> {
+        Self::with_store(
+            config,
+            env,
+            clock,
+            virtual_keys,
+            durable,
+            Arc::new(MemoryStateStore::default()),
+        )
+    }
+
+    /// Resolves every key, takes over `durable` (what `store` held at start: entries for keys
+    /// the pool no longer has are dropped, blacklists whose secret changed meanwhile lifted)
+    /// and publishes the first snapshot. The store's copy catches up at the first
+    /// [`Engine::sync_store`].
+    pub fn with_store(
+        config: Arc<Config>,
+        env: Arc<dyn Env>,
+        clock: Arc<dyn Clock>,
+        virtual_keys: Vec<VirtualKeyRecord>,
+        durable: DurableState,
+        store: Arc<dyn StateStore>,
     ) -> Arc<Self> {
         let mut secrets = BTreeMap::new();
         for provider in &config.providers {
@@ -232,6 +490,7 @@ impl Engine {
                 );
             }
         }
+        let base = durable.clone();
         let mut kept = DurableState::default();
         for (id, entry) in durable.blacklists {
             let Some(current) = secrets.get(&id) else {
@@ -252,10 +511,30 @@ impl Engine {
                 kept.blacklists.insert(id, entry);
             }
         }
+        let known_key = |p: &String, k: &String| secrets.contains_key(&(p.clone(), k.clone()));
+        let known_provider = |p: &String| config.providers.iter().any(|x| &x.id == p);
         kept.cooldowns = durable
             .cooldowns
             .into_iter()
-            .filter(|((p, k, _), _)| secrets.contains_key(&(p.clone(), k.clone())))
+            .filter(|((p, k, _), _)| known_key(p, k))
+            .collect();
+        kept.headroom = durable
+            .headroom
+            .into_iter()
+            .filter(|((p, k, _), _)| known_key(p, k))
+            .collect();
+        kept.breakers = durable
+            .breakers
+            .into_iter()
+            .filter(|((scope, p, k), _)| match scope {
+                BreakerScope::Key => known_key(p, k),
+                BreakerScope::Provider => known_provider(p),
+            })
+            .collect();
+        kept.spend = durable
+            .spend
+            .into_iter()
+            .filter(|(p, _)| known_provider(p))
             .collect();
         // Versions start at the wall clock so they keep increasing across restarts.
         let version = u64::try_from(clock.now_ms()).unwrap_or(0).max(1);
@@ -263,6 +542,7 @@ impl Engine {
             version,
             secrets,
             durable: kept,
+            base,
             virtual_keys,
         };
         let first = Arc::new(build_update(&config, &state, clock.now_ms()));
@@ -271,6 +551,7 @@ impl Engine {
             config,
             env,
             clock,
+            store,
             state: Mutex::new(state),
             updates,
             report_observers: Mutex::default(),
@@ -321,11 +602,35 @@ impl Engine {
         let mut state = lock(&self.state);
         let mut events = Vec::new();
         let mut changed = false;
+        // Probe leases to end once the state lock is released (the store may block).
+        let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
         for attempt in &batch.attempts {
+            let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
+            if state.secrets.contains_key(&lane_key) {
+                changed |= note_headroom(&mut state.durable, attempt, now);
+                changed |= note_spend(&self.config, &mut state.durable, attempt, now);
+                if attempt.probe {
+                    let holder =
+                        (!attempt.request_id.is_empty()).then(|| attempt.request_id.clone());
+                    for id in breaker_ids(&attempt.provider, &attempt.key) {
+                        releases.push((id, holder.clone()));
+                    }
+                }
+                if attempt.outcome == "success" {
+                    changed |= update_breakers(
+                        &mut state.durable,
+                        &attempt.provider,
+                        &attempt.key,
+                        |_, b| b.on_success(),
+                        &mut events,
+                        &mut releases,
+                    );
+                }
+            }
             if attempt.outcome != "error" {
                 continue;
             }
-            let id: KeyId = (attempt.provider.clone(), attempt.key.clone());
+            let id: KeyId = lane_key;
             let Some(current) = state.secrets.get(&id) else {
                 tracing::debug!(provider = %id.0, key = %id.1, "report for an unknown key");
                 continue;
@@ -389,8 +694,37 @@ impl Engine {
                         changed = true;
                     }
                 }
-                // Transient failures feed the breakers (a later issue); invalid requests and
-                // cancellations change nothing.
+                class if breakers::counts(class) => {
+                    // A retry-after on a transient failure also cools the lane.
+                    if let Some(until) = retry_at {
+                        let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
+                        let entry = state.durable.cooldowns.entry(lane).or_insert(0);
+                        if until > *entry {
+                            *entry = until;
+                            changed = true;
+                        }
+                    }
+                    let started = if attempt.at_ms > 0 {
+                        attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
+                    } else {
+                        0
+                    };
+                    changed |= update_breakers(
+                        &mut state.durable,
+                        &id.0,
+                        &id.1,
+                        |scope, b| {
+                            let config = match scope {
+                                BreakerScope::Key => &resilience.key_breaker,
+                                BreakerScope::Provider => &resilience.provider_breaker,
+                            };
+                            b.on_failure(config, now, retry_at, started)
+                        },
+                        &mut events,
+                        &mut releases,
+                    );
+                }
+                // Invalid requests and cancellations change nothing.
                 _ => {}
             }
         }
@@ -400,7 +734,88 @@ impl Engine {
         if changed {
             self.publish(&mut state, now);
         }
-        (state.version, events)
+        let version = state.version;
+        drop(state);
+        self.release_leases(releases);
+        (version, events)
+    }
+
+    fn release_leases(&self, releases: Vec<(BreakerId, Option<String>)>) {
+        for (id, holder) in releases {
+            if let Err(err) = self.store.release(&id, holder.as_deref()) {
+                tracing::error!(%err, scope = id.0.as_str(), provider = %id.1, "cannot release a probe lease");
+            }
+        }
+    }
+
+    /// The half-open probe lease on breaker `id` for `holder`, for `ttl_ms` (clamped to
+    /// 100 ms..10 min). Refused with `retry_at_ms` = the end of the cooldown while the breaker is
+    /// still open, or = the end of the current lease while another attempt holds it. Atomic
+    /// across every process sharing the state store. Blocking (the store).
+    pub fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        ttl_ms: u64,
+    ) -> Result<pb::LeaseReply, StoreError> {
+        let now = self.clock.now_ms();
+        let id = match id.0 {
+            BreakerScope::Provider => (id.0, id.1.clone(), String::new()),
+            BreakerScope::Key => id.clone(),
+        };
+        let open_until = lock(&self.state)
+            .durable
+            .breakers
+            .get(&id)
+            .filter(|b| b.phase == BreakerPhase::Open && b.open_until_ms > now)
+            .map(|b| b.open_until_ms);
+        if let Some(until) = open_until {
+            return Ok(pb::LeaseReply {
+                granted: false,
+                retry_at_ms: until,
+            });
+        }
+        let ttl = ms(ttl_ms.clamp(100, 600_000));
+        Ok(match self.store.lease(&id, holder, now, ttl)? {
+            LeaseGrant::Granted => {
+                tracing::debug!(scope = id.0.as_str(), provider = %id.1, key = %id.2, holder = %holder, "probe lease granted");
+                pb::LeaseReply {
+                    granted: true,
+                    retry_at_ms: 0,
+                }
+            }
+            LeaseGrant::HeldUntil(until) => pb::LeaseReply {
+                granted: false,
+                retry_at_ms: until,
+            },
+        })
+    }
+
+    /// Merges what other processes wrote to `store` since the last exchange and writes this
+    /// process's changes; returns whether the merge changed the pushed state. Blocking.
+    pub fn sync_store(&self, store: &dyn StateStore) -> Result<bool, StoreError> {
+        let remote = store.load()?;
+        let now = self.clock.now_ms();
+        let (changes, written, pulled) = {
+            let mut state = lock(&self.state);
+            let base = std::mem::take(&mut state.base);
+            let pulled = merge_durable(&mut state.durable, &base, &remote);
+            state.base = base;
+            if pulled {
+                self.publish(&mut state, now);
+            }
+            (
+                DurableChanges::between(&remote, &state.durable),
+                state.durable.clone(),
+                pulled,
+            )
+        };
+        if !changes.is_empty() {
+            store.apply(&changes)?;
+        }
+        // Only once written: a failed write leaves the base, so the next round tries again.
+        lock(&self.state).base = written;
+        Ok(pulled)
     }
 
     /// Resolves every key reference again; a changed secret is pushed and lifts a blacklist
@@ -465,24 +880,42 @@ impl Engine {
         events
     }
 
-    /// Drops cooldowns and timed blacklists that have ended; returns whether anything did.
+    /// Drops cooldowns, timed blacklists and headroom that have ended, turns open breakers past
+    /// their cooldown half-open and starts new budget periods; returns whether the pushed state
+    /// changed.
     pub fn expire(&self) -> bool {
         let now = self.clock.now_ms();
         let mut state = lock(&self.state);
+        let durable = &mut state.durable;
         let before = (
-            state.durable.blacklists.len(),
-            state.durable.cooldowns.len(),
+            durable.blacklists.len(),
+            durable.cooldowns.len(),
+            durable.headroom.len(),
         );
-        state
-            .durable
+        durable
             .blacklists
             .retain(|_, b| b.until_ms == 0 || b.until_ms > now);
-        state.durable.cooldowns.retain(|_, until| *until > now);
-        let changed = before
+        durable.cooldowns.retain(|_, until| *until > now);
+        durable.headroom.retain(|_, h| h.reset_at_ms > now);
+        let mut changed = before
             != (
-                state.durable.blacklists.len(),
-                state.durable.cooldowns.len(),
+                durable.blacklists.len(),
+                durable.cooldowns.len(),
+                durable.headroom.len(),
             );
+        let mut events = Vec::new();
+        for (id, breaker) in &mut durable.breakers {
+            if let Some((from, to)) = breaker.tick(now) {
+                events.push(breaker_event(id, from, to));
+                changed = true;
+            }
+        }
+        for spend in durable.spend.values_mut() {
+            changed |= spend.roll(now);
+        }
+        for event in &events {
+            event.log();
+        }
         if changed {
             self.publish(&mut state, now);
         }
@@ -513,29 +946,43 @@ impl Engine {
         }
     }
 
-    /// Writes the durable state to `store` whenever it changes, until `shutdown` flips.
+    /// Exchanges state with `store` ([`Engine::sync_store`]) whenever it changes and every
+    /// [`STORE_POLL_INTERVAL`] (what another control plane wrote), until `shutdown` flips; a
+    /// last exchange then.
     pub async fn run_persist(
         self: Arc<Self>,
         store: Arc<dyn StateStore>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut updates = self.subscribe();
-        let mut saved = self.durable();
+        let mut tick = tokio::time::interval(STORE_POLL_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
         loop {
-            tokio::select! {
-                changed = updates.changed() => if changed.is_err() { break },
-                _ = shutdown.changed() => break,
-            }
-            let now = self.durable();
-            if now == saved {
-                continue;
-            }
+            let stop = tokio::select! {
+                changed = updates.changed() => changed.is_err(),
+                _ = tick.tick() => false,
+                _ = shutdown.changed() => true,
+            };
+            let engine = self.clone();
             let store = store.clone();
-            let to_save = now.clone();
-            match tokio::task::spawn_blocking(move || store.save(&to_save)).await {
-                Ok(Ok(())) => saved = now,
-                Ok(Err(err)) => tracing::error!(%err, "cannot save the state"),
-                Err(err) => tracing::error!(%err, "state save task failed"),
+            match tokio::task::spawn_blocking(move || engine.sync_store(store.as_ref())).await {
+                Ok(Ok(_)) => {
+                    if failing {
+                        tracing::info!("the state store is reachable again");
+                    }
+                    failing = false;
+                }
+                // One line per outage, not one per second.
+                Ok(Err(err)) if !failing => {
+                    tracing::error!(%err, "cannot exchange state with the store");
+                    failing = true;
+                }
+                Ok(Err(_)) => {}
+                Err(err) => tracing::error!(%err, "state store task failed"),
+            }
+            if stop || *shutdown.borrow() {
+                break;
             }
         }
     }
@@ -587,6 +1034,128 @@ impl Engine {
 
 fn ms(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The key's breaker and its provider's.
+fn breaker_ids(provider: &str, key: &str) -> [BreakerId; 2] {
+    [
+        (BreakerScope::Key, provider.to_owned(), key.to_owned()),
+        (BreakerScope::Provider, provider.to_owned(), String::new()),
+    ]
+}
+
+fn breaker_event(id: &BreakerId, from: BreakerPhase, to: BreakerPhase) -> EngineEvent {
+    EngineEvent::Breaker {
+        scope: id.0,
+        provider: id.1.clone(),
+        key: id.2.clone(),
+        from,
+        to,
+    }
+}
+
+/// Runs `step` on the key's and the provider's breakers; records events and the leases that
+/// end (a breaker that leaves half-open or closes). Returns whether the pushed state changed
+/// (a failure counted while closed is stored, not pushed).
+fn update_breakers(
+    durable: &mut DurableState,
+    provider: &str,
+    key: &str,
+    step: impl Fn(BreakerScope, &mut Breaker) -> Option<breakers::Transition>,
+    events: &mut Vec<EngineEvent>,
+    releases: &mut Vec<(BreakerId, Option<String>)>,
+) -> bool {
+    let mut visible = false;
+    for id in breaker_ids(provider, key) {
+        let before = durable.breakers.get(&id).copied().unwrap_or_default();
+        let mut breaker = before;
+        if let Some((from, to)) = step(id.0, &mut breaker) {
+            events.push(breaker_event(&id, from, to));
+            if from == BreakerPhase::HalfOpen || to == BreakerPhase::Closed {
+                releases.push((id.clone(), None));
+            }
+        }
+        if breaker == before {
+            continue;
+        }
+        visible |= breaker.phase != before.phase
+            || (breaker.phase != BreakerPhase::Closed
+                && breaker.open_until_ms != before.open_until_ms);
+        if breaker.is_idle() {
+            durable.breakers.remove(&id);
+        } else {
+            durable.breakers.insert(id, breaker);
+        }
+    }
+    visible
+}
+
+/// Keeps the lane's last reported headroom; returns whether it changed. Absent values are -1
+/// (remaining) and 0 (reset); with no reset the entry holds [`HEADROOM_DEFAULT_WINDOW_MS`].
+/// Any outcome counts (a 429 reports headroom too).
+fn note_headroom(durable: &mut DurableState, attempt: &pb::AttemptOutcome, now: i64) -> bool {
+    if attempt.remaining_requests < 0 && attempt.remaining_tokens < 0 {
+        return false;
+    }
+    // 0/0 with no reset is what a message that never set the fields decodes to.
+    if attempt.remaining_requests == 0
+        && attempt.remaining_tokens == 0
+        && attempt.ratelimit_reset_at_ms <= 0
+    {
+        return false;
+    }
+    let reset_at_ms = if attempt.ratelimit_reset_at_ms > 0 {
+        attempt.ratelimit_reset_at_ms
+    } else {
+        now.saturating_add(HEADROOM_DEFAULT_WINDOW_MS)
+    };
+    if reset_at_ms <= now {
+        return false;
+    }
+    let entry = LaneHeadroom {
+        remaining_requests: attempt.remaining_requests.max(-1),
+        remaining_tokens: attempt.remaining_tokens.max(-1),
+        reset_at_ms,
+    };
+    let lane = (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    );
+    if durable.headroom.get(&lane) == Some(&entry) {
+        return false;
+    }
+    durable.headroom.insert(lane, entry);
+    true
+}
+
+/// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
+/// of (or back in) its budget.
+fn note_spend(
+    config: &Config,
+    durable: &mut DurableState,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+) -> bool {
+    let Some(usage) = attempt.usage else {
+        return false;
+    };
+    let Some(provider) = config.providers.iter().find(|p| p.id == attempt.provider) else {
+        return false;
+    };
+    let model = provider
+        .models
+        .iter()
+        .find(|m| m.answers_to(&attempt.model));
+    let cost = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
+    if !(cost > 0.0 && cost.is_finite()) {
+        return false;
+    }
+    let spend = durable.spend.entry(provider.id.clone()).or_default();
+    let out = |s: &Spend| provider.budget.as_ref().and_then(|b| s.out_until(b, now));
+    let before = out(spend);
+    spend.add(now, cost);
+    out(spend) != before
 }
 
 fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
@@ -646,7 +1215,19 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
             max_body_bytes: config.gateway.max_body_bytes,
         }),
         generated_at_ms: now,
-        breakers: Vec::new(),
+        breakers: state
+            .durable
+            .breakers
+            .iter()
+            .filter(|(_, b)| b.phase != BreakerPhase::Closed)
+            .map(|((scope, provider, key), b)| pb::BreakerState {
+                scope: scope.as_str().to_owned(),
+                provider: provider.clone(),
+                key: key.clone(),
+                state: b.phase.as_str().to_owned(),
+                open_until_ms: b.open_until_ms,
+            })
+            .collect(),
         resilience: Some(pb::Resilience {
             backoff: Some(pb::BackoffSettings {
                 base_ms: config.resilience.backoff.base_ms,
@@ -663,8 +1244,33 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
             ewma_alpha: config.selection.ewma_alpha,
             low_headroom: config.selection.low_headroom,
         }),
-        headroom: Vec::new(),
-        provider_health: Vec::new(),
+        headroom: state
+            .durable
+            .headroom
+            .iter()
+            .filter(|(_, h)| h.reset_at_ms > now)
+            .map(|((provider, key, model), h)| pb::Headroom {
+                provider: provider.clone(),
+                key: key.clone(),
+                model: model.clone(),
+                remaining_requests: h.remaining_requests,
+                remaining_tokens: h.remaining_tokens,
+                reset_at_ms: h.reset_at_ms,
+            })
+            .collect(),
+        provider_health: config
+            .providers
+            .iter()
+            .filter_map(|p| {
+                let budget = p.budget.as_ref()?;
+                let until = state.durable.spend.get(&p.id)?.out_until(budget, now)?;
+                Some(pb::ProviderHealth {
+                    provider: p.id.clone(),
+                    reason: "budget".to_owned(),
+                    until_ms: until,
+                })
+            })
+            .collect(),
     };
     pb::StateUpdate {
         version: state.version,
@@ -1141,6 +1747,617 @@ profiles:
             assert_eq!(f.engine.current().version, v);
             last = v;
         }
+        Ok(())
+    }
+
+    // ---- breakers, leases, headroom, budgets, the shared store ------------------------------
+
+    const BREAKERS: &str = "
+resilience:
+  keyBreaker: { failureThreshold: 2, cooldownMs: 1000, maxCooldownMs: 3000 }
+  providerBreaker: { failureThreshold: 3, cooldownMs: 2000, maxCooldownMs: 4000 }
+providers:
+  - id: openai
+    kind: openai
+    keysFromEnv: OPENAI
+    budget: { costPerDay: 1, costPerMonth: 2 }
+    models: [{ id: gpt-4o-mini, aliases: [fast], cost: { input: 0.15, output: 0.6 } }]
+  - id: local
+    baseUrl: http://127.0.0.1:9000/v1/
+    keys: [{ alias: a, env: LOCAL_A }]
+    models: [{ id: llama }]
+";
+
+    fn test_env() -> Arc<SharedEnv> {
+        let env = Arc::new(SharedEnv::default());
+        {
+            let mut vars = lock(&env.0);
+            vars.set("OPENAI_API_KEY", "sk-one");
+            vars.set("OPENAI_API_KEY_2", "sk-two");
+            vars.set("LOCAL_A", "sk-a");
+        }
+        env
+    }
+
+    fn engine_on(
+        text: &str,
+        env: Arc<SharedEnv>,
+        clock: Arc<TestClock>,
+        store: Arc<dyn StateStore>,
+    ) -> Result<Arc<Engine>, String> {
+        let config = parse(text)
+            .and_then(|f| f.resolve(env.as_ref(), Path::new(".")))
+            .map_err(|e| e.to_string())?;
+        let durable = store.load().map_err(|e| e.to_string())?;
+        Ok(Engine::with_store(
+            Arc::new(config),
+            env,
+            clock,
+            Vec::new(),
+            durable,
+            store,
+        ))
+    }
+
+    fn breaker_of(engine: &Engine, scope: &str, key: &str) -> Option<(String, i64)> {
+        snapshot(engine)
+            .breakers
+            .into_iter()
+            .find(|b| b.scope == scope && b.key == key)
+            .map(|b| (b.state, b.open_until_ms))
+    }
+
+    fn success(provider: &str, key: &str) -> pb::AttemptOutcome {
+        let mut ok = attempt(provider, key, "");
+        ok.outcome = "success".into();
+        ok
+    }
+
+    fn temp_db(name: &str) -> Result<std::path::PathBuf, String> {
+        let dir =
+            std::env::temp_dir().join(format!("ai-router-engine-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        Ok(dir.join("state.sqlite"))
+    }
+
+    fn sqlite(path: &Path) -> Result<Arc<dyn StateStore>, String> {
+        crate::state_store::SqliteStateStore::open(path)
+            .map(|s| Arc::new(s) as Arc<dyn StateStore>)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn key_breaker_opens_half_opens_doubles_and_closes() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        // Classes that never count.
+        for class in [
+            "rate_limit",
+            "quota",
+            "auth",
+            "invalid_request",
+            "cancelled",
+        ] {
+            e.apply_report(&batch(vec![attempt("local", "a", class)]));
+        }
+        assert!(snapshot(e).breakers.is_empty());
+        // One failure, a success, one failure: never two in a row.
+        let (_, events) = e.apply_report(&batch(vec![
+            attempt("openai", "openai-1", "transient"),
+            success("openai", "openai-1"),
+            attempt("openai", "openai-1", "network"),
+        ]));
+        assert!(events.is_empty());
+        assert!(snapshot(e).breakers.is_empty());
+        let (_, events) = e.apply_report(&batch(vec![attempt("openai", "openai-1", "timeout")]));
+        assert_eq!(
+            events,
+            vec![EngineEvent::Breaker {
+                scope: BreakerScope::Key,
+                provider: "openai".into(),
+                key: "openai-1".into(),
+                from: BreakerPhase::Closed,
+                to: BreakerPhase::Open,
+            }]
+        );
+        assert_eq!(
+            breaker_of(e, "key", "openai-1"),
+            Some(("open".into(), 1_001_000))
+        );
+        // Closed breakers are not pushed; the provider's has counted 2 of 3 only.
+        assert_eq!(snapshot(e).breakers.len(), 1);
+        // Past the cooldown: half-open from then.
+        f.clock.0.store(1_001_000, Ordering::SeqCst);
+        assert!(e.expire());
+        assert_eq!(
+            breaker_of(e, "key", "openai-1"),
+            Some(("half_open".into(), 1_001_000))
+        );
+        // The probe fails: open for twice the cooldown, then capped at the max.
+        let mut probe = attempt("openai", "openai-1", "stream");
+        probe.probe = true;
+        f.clock.0.store(1_001_500, Ordering::SeqCst);
+        let (_, events) = e.apply_report(&batch(vec![probe.clone()]));
+        assert!(events.contains(&EngineEvent::Breaker {
+            scope: BreakerScope::Key,
+            provider: "openai".into(),
+            key: "openai-1".into(),
+            from: BreakerPhase::HalfOpen,
+            to: BreakerPhase::Open,
+        }));
+        assert_eq!(
+            breaker_of(e, "key", "openai-1"),
+            Some(("open".into(), 1_003_500))
+        );
+        f.clock.0.store(1_003_500, Ordering::SeqCst);
+        e.expire();
+        e.apply_report(&batch(vec![probe.clone()]));
+        assert_eq!(
+            breaker_of(e, "key", "openai-1"),
+            Some(("open".into(), 1_006_500))
+        );
+        // A retry-after later than the cooldown wins.
+        f.clock.0.store(1_006_500, Ordering::SeqCst);
+        e.expire();
+        probe.retry_at_ms = 1_100_000;
+        e.apply_report(&batch(vec![probe]));
+        assert_eq!(
+            breaker_of(e, "key", "openai-1"),
+            Some(("open".into(), 1_100_000))
+        );
+        // Any success closes it.
+        let (_, events) = e.apply_report(&batch(vec![success("openai", "openai-1")]));
+        assert!(events.iter().any(|ev| matches!(
+            ev,
+            EngineEvent::Breaker {
+                scope: BreakerScope::Key,
+                to: BreakerPhase::Closed,
+                ..
+            }
+        )));
+        assert!(snapshot(e).breakers.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn provider_breaker_is_fed_by_all_its_keys() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        e.apply_report(&batch(vec![
+            attempt("openai", "openai-1", "transient"),
+            attempt("openai", "openai-2", "transient"),
+        ]));
+        assert!(snapshot(e).breakers.is_empty());
+        // A success on either key resets the provider's count.
+        e.apply_report(&batch(vec![success("openai", "openai-2")]));
+        e.apply_report(&batch(vec![
+            attempt("openai", "openai-1", "transient"),
+            attempt("openai", "openai-2", "transient"),
+        ]));
+        assert_eq!(breaker_of(e, "provider", ""), None);
+        let mut failed = attempt("openai", "openai-2", "transient");
+        failed.retry_at_ms = 1_500_000;
+        let (_, events) = e.apply_report(&batch(vec![failed]));
+        assert!(events.iter().any(|ev| matches!(
+            ev,
+            EngineEvent::Breaker {
+                scope: BreakerScope::Provider,
+                key,
+                from: BreakerPhase::Closed,
+                to: BreakerPhase::Open,
+                ..
+            } if key.is_empty()
+        )));
+        assert_eq!(
+            breaker_of(e, "provider", ""),
+            Some(("open".into(), 1_500_000))
+        );
+        // The retry-after cooled the lane too.
+        assert!(snapshot(e)
+            .cooldowns
+            .iter()
+            .any(|c| c.key == "openai-2" && c.until_ms == 1_500_000));
+        Ok(())
+    }
+
+    fn probe_lease_contention(engines: &[Arc<Engine>], clock: &TestClock) -> Result<(), String> {
+        let e = &engines[0];
+        let id: BreakerId = (BreakerScope::Key, "openai".into(), "openai-1".into());
+        for _ in 0..2 {
+            e.apply_report(&batch(vec![attempt("openai", "openai-1", "transient")]));
+        }
+        // Still open: refused until the cooldown ends.
+        let reply = e
+            .lease(&id, "early", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert_eq!((reply.granted, reply.retry_at_ms), (false, 1_001_000));
+        clock.0.store(1_001_000, Ordering::SeqCst);
+        for engine in engines {
+            engine.expire();
+        }
+        let barrier = std::sync::Barrier::new(20);
+        let replies: Vec<(usize, pb::LeaseReply)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..20)
+                .map(|i| {
+                    let engine = engines[i % engines.len()].clone();
+                    let (barrier, id) = (&barrier, id.clone());
+                    scope.spawn(move || {
+                        barrier.wait();
+                        engine
+                            .lease(&id, &format!("req-{i}:1"), 5_000)
+                            .map(|r| (i, r))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().ok())
+                .filter_map(Result::ok)
+                .collect()
+        });
+        assert_eq!(replies.len(), 20);
+        let granted: Vec<usize> = replies
+            .iter()
+            .filter(|(_, r)| r.granted)
+            .map(|(i, _)| *i)
+            .collect();
+        assert_eq!(granted.len(), 1, "{replies:?}");
+        assert!(replies
+            .iter()
+            .filter(|(_, r)| !r.granted)
+            .all(|(_, r)| r.retry_at_ms == 1_006_000));
+        // Another request's probe outcome does not end it (a rate limit leaves the breaker
+        // half-open); the holder's does.
+        let mut other = attempt("openai", "openai-1", "rate_limit");
+        other.probe = true;
+        other.request_id = "someone-else".into();
+        e.apply_report(&batch(vec![other]));
+        let held = e
+            .lease(&id, "next:1", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert!(!held.granted);
+        let mut mine = attempt("openai", "openai-1", "rate_limit");
+        mine.probe = true;
+        mine.request_id = format!("req-{}", granted[0]);
+        e.apply_report(&batch(vec![mine]));
+        let next = e
+            .lease(&id, "next:1", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert!(next.granted);
+        // Now "next" holds it; its probe succeeds: closed, and the lease is gone.
+        let mut probe = success("openai", "openai-1");
+        probe.probe = true;
+        probe.request_id = "next".into();
+        e.apply_report(&batch(vec![probe]));
+        assert!(breaker_of(e, "key", "openai-1").is_none());
+        let again = e
+            .lease(&id, "later:1", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert!(again.granted);
+        // A lease that is never released ends with its TTL.
+        let blocked = e
+            .lease(&id, "blocked:1", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert!(!blocked.granted);
+        clock.0.store(1_006_000, Ordering::SeqCst);
+        let after_ttl = e
+            .lease(&id, "late:1", 5_000)
+            .map_err(|err| err.to_string())?;
+        assert!(after_ttl.granted);
+        Ok(())
+    }
+
+    #[test]
+    fn one_probe_lease_among_twenty_in_memory() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        probe_lease_contention(std::slice::from_ref(&f.engine), &f.clock)
+    }
+
+    #[test]
+    fn one_probe_lease_among_twenty_across_two_sqlite_engines() -> Result<(), String> {
+        let path = temp_db("lease")?;
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+        let a = engine_on(BREAKERS, test_env(), clock.clone(), sqlite(&path)?)?;
+        let b = engine_on(BREAKERS, test_env(), clock.clone(), sqlite(&path)?)?;
+        // `b` learns of the breaker through the store.
+        let share = |from: &Engine, to: &Engine| -> Result<(), String> {
+            from.sync_store(from.store.as_ref())
+                .map_err(|e| e.to_string())?;
+            to.sync_store(to.store.as_ref())
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        };
+        let result = probe_lease_contention(&[a.clone(), b.clone()], &clock);
+        share(&a, &b)?;
+        let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
+        result
+    }
+
+    #[test]
+    fn headroom_is_the_last_report_until_its_reset() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        let mut ok = success("openai", "openai-1");
+        ok.remaining_requests = 5;
+        ok.remaining_tokens = 1_000;
+        ok.ratelimit_reset_at_ms = 1_030_000;
+        e.apply_report(&batch(vec![ok.clone()]));
+        let h = snapshot(e).headroom;
+        assert_eq!(h.len(), 1);
+        assert_eq!(
+            (
+                h[0].model.as_str(),
+                h[0].remaining_requests,
+                h[0].remaining_tokens,
+                h[0].reset_at_ms
+            ),
+            ("gpt-4o-mini", 5, 1_000, 1_030_000)
+        );
+        // The last value wins, a 429 included; -1 stays "not reported".
+        let mut limited = attempt("openai", "openai-1", "rate_limit");
+        limited.remaining_requests = 0;
+        limited.remaining_tokens = -1;
+        limited.ratelimit_reset_at_ms = 1_020_000;
+        e.apply_report(&batch(vec![limited]));
+        let h = snapshot(e).headroom;
+        assert_eq!(
+            (
+                h[0].remaining_requests,
+                h[0].remaining_tokens,
+                h[0].reset_at_ms
+            ),
+            (0, -1, 1_020_000)
+        );
+        // Nothing reported (or an unset message): unchanged.
+        let v = e.version();
+        let mut silent = success("openai", "openai-1");
+        silent.remaining_requests = -1;
+        silent.remaining_tokens = -1;
+        e.apply_report(&batch(vec![silent, success("openai", "openai-1")]));
+        assert_eq!(e.version(), v);
+        // No reset named: the default window.
+        let mut no_reset = success("local", "a");
+        no_reset.model = "llama".into();
+        no_reset.remaining_requests = 7;
+        no_reset.remaining_tokens = -1;
+        e.apply_report(&batch(vec![no_reset]));
+        assert!(snapshot(e)
+            .headroom
+            .iter()
+            .any(|h| h.key == "a" && h.reset_at_ms == 1_000_000 + HEADROOM_DEFAULT_WINDOW_MS));
+        // The reset passes: dropped.
+        f.clock.0.store(1_020_000, Ordering::SeqCst);
+        assert!(e.expire());
+        let h = snapshot(e).headroom;
+        assert_eq!(h.len(), 1);
+        assert_eq!(h[0].key, "a");
+        f.clock
+            .0
+            .store(1_000_000 + HEADROOM_DEFAULT_WINDOW_MS, Ordering::SeqCst);
+        e.expire();
+        assert!(snapshot(e).headroom.is_empty());
+        Ok(())
+    }
+
+    fn with_usage(prompt: u64, completion: u64) -> pb::AttemptOutcome {
+        let mut ok = success("openai", "openai-1");
+        ok.usage = Some(pb::Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+        });
+        ok
+    }
+
+    #[test]
+    fn budgets_roll_over_by_utc_day_and_month() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        const DAY: i64 = 86_400_000;
+        // 4M prompt tokens at 0.15 = 0.6; 1M completion at 0.6 = 0.6.
+        e.apply_report(&batch(vec![with_usage(4_000_000, 0)]));
+        assert!(snapshot(e).provider_health.is_empty());
+        let (_, _) = e.apply_report(&batch(vec![with_usage(0, 1_000_000)]));
+        let health = snapshot(e).provider_health;
+        assert_eq!(health.len(), 1);
+        assert_eq!(
+            (
+                health[0].provider.as_str(),
+                health[0].reason.as_str(),
+                health[0].until_ms
+            ),
+            ("openai", "budget", DAY)
+        );
+        assert!((e.durable().spend["openai"].day_cost - 1.2).abs() < 1e-9);
+        // A model without a cost (and another provider) counts nothing.
+        let mut free = with_usage(1_000_000, 1_000_000);
+        free.provider = "local".into();
+        free.key = "a".into();
+        free.model = "llama".into();
+        e.apply_report(&batch(vec![free]));
+        assert!(!e.durable().spend.contains_key("local"));
+        // The next UTC day: back in.
+        f.clock.0.store(DAY, Ordering::SeqCst);
+        assert!(e.expire());
+        assert!(snapshot(e).provider_health.is_empty());
+        // 0.6 more today brings the month to 1.8; 0.3 more crosses 2: out until February.
+        e.apply_report(&batch(vec![with_usage(4_000_000, 0)]));
+        assert!(snapshot(e).provider_health.is_empty());
+        f.clock.0.store(2 * DAY, Ordering::SeqCst);
+        e.apply_report(&batch(vec![with_usage(2_000_000, 0)]));
+        let health = snapshot(e).provider_health;
+        assert_eq!(health.len(), 1);
+        assert_eq!(health[0].until_ms, 31 * DAY);
+        // Still out on another day of January.
+        f.clock.0.store(20 * DAY, Ordering::SeqCst);
+        e.expire();
+        assert_eq!(snapshot(e).provider_health.len(), 1);
+        f.clock.0.store(31 * DAY, Ordering::SeqCst);
+        assert!(e.expire());
+        assert!(snapshot(e).provider_health.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn state_survives_a_restart_with_sqlite() -> Result<(), String> {
+        let path = temp_db("restart")?;
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+        let env = test_env();
+        let first = engine_on(BREAKERS, env.clone(), clock.clone(), sqlite(&path)?)?;
+        let mut refused = attempt("openai", "openai-2", "auth");
+        refused.fingerprint = fingerprint("sk-two");
+        let mut headroom = success("local", "a");
+        headroom.model = "llama".into();
+        headroom.remaining_requests = 3;
+        headroom.remaining_tokens = 300;
+        headroom.ratelimit_reset_at_ms = 1_050_000;
+        first.apply_report(&batch(vec![
+            refused,
+            attempt("openai", "openai-1", "rate_limit"),
+            headroom,
+            attempt("local", "a", "transient"),
+            attempt("local", "a", "transient"),
+            with_usage(0, 2_000_000),
+        ]));
+        first
+            .sync_store(first.store.as_ref())
+            .map_err(|e| e.to_string())?;
+        let before = snapshot(&first);
+        let saved = first.durable();
+        drop(first);
+
+        let second = engine_on(BREAKERS, env, clock.clone(), sqlite(&path)?)?;
+        assert_eq!(second.durable(), saved);
+        let after = snapshot(&second);
+        assert_eq!(after.key_health, before.key_health);
+        assert_eq!(after.cooldowns, before.cooldowns);
+        assert_eq!(after.breakers, before.breakers);
+        assert_eq!(after.breakers.len(), 1);
+        assert_eq!(after.headroom, before.headroom);
+        assert_eq!(after.provider_health, before.provider_health);
+        assert_eq!(after.provider_health.len(), 1);
+        assert_eq!(
+            after
+                .key_health
+                .iter()
+                .find(|h| h.key == "openai-2")
+                .map(|h| h.refused_fingerprint),
+            Some(fingerprint("sk-two"))
+        );
+        let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
+        Ok(())
+    }
+
+    #[test]
+    fn two_engines_on_one_sqlite_file_share_blacklists_and_spend() -> Result<(), String> {
+        let path = temp_db("shared")?;
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+        let (env_a, env_b) = (test_env(), test_env());
+        let a = engine_on(BREAKERS, env_a.clone(), clock.clone(), sqlite(&path)?)?;
+        let b = engine_on(BREAKERS, env_b.clone(), clock.clone(), sqlite(&path)?)?;
+        let sync = |e: &Engine| {
+            e.sync_store(e.store.as_ref())
+                .map_err(|err| err.to_string())
+        };
+        sync(&a)?;
+        sync(&b)?;
+        let mut refused = attempt("openai", "openai-1", "quota");
+        refused.retry_at_ms = 2_000_000;
+        a.apply_report(&batch(vec![refused, with_usage(0, 500_000)]));
+        b.apply_report(&batch(vec![with_usage(0, 500_000)]));
+        sync(&a)?;
+        let v = b.version();
+        assert!(sync(&b)?);
+        assert!(b.version() > v);
+        let seen = snapshot(&b)
+            .key_health
+            .into_iter()
+            .find(|h| h.key == "openai-1")
+            .map(|h| (h.reason, h.until_ms));
+        assert_eq!(seen, Some(("quota".into(), 2_000_000)));
+        // Spend is added, not overwritten: 0.3 each, 0.6 in all, seen by both.
+        sync(&a)?;
+        for e in [&a, &b] {
+            assert!((e.durable().spend["openai"].day_cost - 0.6).abs() < 1e-9);
+        }
+        // A blacklist lifted by a rotation in one process is lifted in the other.
+        lock(&env_a.0).set("OPENAI_API_KEY", "sk-one-new");
+        let events = a.refresh_secrets();
+        assert!(matches!(
+            &events[..],
+            [EngineEvent::KeyRestored { was: "quota", .. }]
+        ));
+        sync(&a)?;
+        assert!(sync(&b)?);
+        let key: KeyId = ("openai".into(), "openai-1".into());
+        assert!(!b.durable().blacklists.contains_key(&key));
+        // Expiry in one process reaches the other.
+        let mut refused = attempt("openai", "openai-2", "quota");
+        refused.retry_at_ms = 1_500_000;
+        b.apply_report(&batch(vec![refused]));
+        sync(&b)?;
+        sync(&a)?;
+        assert!(snapshot(&a).key_health.iter().any(|h| h.key == "openai-2"));
+        clock.0.store(1_500_000, Ordering::SeqCst);
+        a.expire();
+        sync(&a)?;
+        sync(&b)?;
+        assert!(snapshot(&b).key_health.iter().all(|h| h.key != "openai-2"));
+        let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
+        Ok(())
+    }
+
+    #[test]
+    fn a_rotated_file_secret_lifts_an_auth_blacklist() -> Result<(), String> {
+        let dir =
+            std::env::temp_dir().join(format!("ai-router-engine-{}-file", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let secret = dir.join("key");
+        std::fs::write(&secret, "sk-file-1\n").map_err(|e| e.to_string())?;
+        let text = format!(
+            "providers:\n  - {{ id: p, baseUrl: 'http://h/v1', keys: [{{ alias: f, file: {} }}], models: [{{ id: m }}] }}\n",
+            secret.display()
+        );
+        let f = fixture(&text)?;
+        let mut refused = attempt("p", "f", "auth");
+        refused.fingerprint = fingerprint("sk-file-1");
+        f.engine.apply_report(&batch(vec![refused]));
+        assert_eq!(snapshot(&f.engine).key_health.len(), 1);
+        // Unchanged file: nothing happens.
+        assert!(f.engine.refresh_secrets().is_empty());
+        std::fs::write(&secret, "sk-file-2\n").map_err(|e| e.to_string())?;
+        let events = f.engine.refresh_secrets();
+        assert_eq!(
+            events,
+            vec![EngineEvent::KeyRestored {
+                provider: "p".into(),
+                key: "f".into(),
+                was: "auth",
+                reason: "secret_changed"
+            }]
+        );
+        let s = snapshot(&f.engine);
+        assert!(s.key_health.is_empty());
+        assert_eq!(s.providers[0].keys[0].secret, "sk-file-2");
+        std::fs::remove_dir_all(&dir).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    #[test]
+    fn every_snapshot_carries_resilience_and_selection() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        for _ in 0..2 {
+            f.engine
+                .apply_report(&batch(vec![attempt("local", "a", "transient")]));
+        }
+        let s = snapshot(&f.engine);
+        assert!(!s.breakers.is_empty());
+        let r = s.resilience.unwrap_or_default();
+        assert_eq!(r.rate_limit_cooldown_ms, 10_000);
+        assert_eq!(r.quota_blacklist_ms, 21_600_000);
+        assert_eq!(r.auth_disable_ms, 0);
+        assert_eq!(r.backoff.map(|b| b.max_ms), Some(5_000));
+        assert_eq!(s.selection.map(|x| x.low_headroom), Some(1));
         Ok(())
     }
 }

@@ -2,6 +2,8 @@
 //! filter watches, the mock provider and the Envoy bootstrap renderer.
 
 pub mod admin;
+pub mod breakers;
+pub mod budget;
 pub mod config;
 pub mod engine;
 pub mod error;

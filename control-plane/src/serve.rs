@@ -179,12 +179,13 @@ pub async fn start(
     let grpc_addr = grpc.local_addr()?;
 
     let config = Arc::new(config);
-    let engine = Engine::new(
+    let engine = Engine::with_store(
         config.clone(),
         env,
         Arc::new(SystemClock),
         virtual_keys,
         durable,
+        store.clone(),
     );
     let (shutdown, stop) = watch::channel(false);
     let signal = |mut rx: watch::Receiver<bool>| async move {

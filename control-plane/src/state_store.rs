@@ -1,6 +1,9 @@
 //! The durable state store: `stateStore: { type: sqlite, path }`.
 //!
-//! Blacklisted keys and lane cooldowns survive a restart. One schema, versioned with
+//! Blacklisted keys (with the refused fingerprint), lane cooldowns, breakers, headroom and
+//! provider spend survive a restart, and control planes on one host sharing the file see each
+//! other's (the engine polls and merges, see [`crate::engine::Engine::sync_store`]). The
+//! half-open probe lease is one upsert, atomic across processes. One schema, versioned with
 //! `PRAGMA user_version`; migrations run in one transaction, WAL is set outside it, and a schema
 //! newer than this binary knows is refused. Calls block: the engine runs them with
 //! `spawn_blocking`.
@@ -10,10 +13,15 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection};
 
-use crate::engine::{Blacklist, BlacklistReason, DurableState, StateStore, StoreError};
+use crate::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::budget::Spend;
+use crate::engine::{
+    Blacklist, BlacklistReason, DurableChanges, DurableState, LaneHeadroom, LeaseGrant, StateStore,
+    StoreError,
+};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const MIGRATIONS: &[&str] = &[
     // 0 -> 1
@@ -32,6 +40,41 @@ const MIGRATIONS: &[&str] = &[
         model TEXT NOT NULL,
         until_ms INTEGER NOT NULL,
         PRIMARY KEY (provider, key, model)
+    );",
+    // 1 -> 2
+    "CREATE TABLE breaker (
+        scope TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        failures INTEGER NOT NULL,
+        open_until_ms INTEGER NOT NULL,
+        cooldown_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, provider, key)
+    );
+    CREATE TABLE headroom (
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        model TEXT NOT NULL,
+        remaining_requests INTEGER NOT NULL,
+        remaining_tokens INTEGER NOT NULL,
+        reset_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (provider, key, model)
+    );
+    CREATE TABLE provider_spend (
+        provider TEXT NOT NULL PRIMARY KEY,
+        day INTEGER NOT NULL,
+        day_cost REAL NOT NULL,
+        month INTEGER NOT NULL,
+        month_cost REAL NOT NULL
+    );
+    CREATE TABLE probe_lease (
+        scope TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        holder TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, provider, key)
     );",
 ];
 
@@ -93,15 +136,30 @@ impl SqliteStateStore {
     }
 }
 
+type Row<T> = Result<T, rusqlite::Error>;
+
+fn read_all<T>(
+    conn: &Connection,
+    sql: &str,
+    map: impl FnMut(&rusqlite::Row<'_>) -> Row<T>,
+) -> Result<Vec<T>, StoreError> {
+    let mut stmt = conn.prepare(sql).map_err(store_err)?;
+    let rows = stmt.query_map([], map).map_err(store_err)?;
+    rows.collect::<Result<Vec<_>, _>>().map_err(store_err)
+}
+
+fn u64_to_sql(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
 impl StateStore for SqliteStateStore {
     fn load(&self) -> Result<DurableState, StoreError> {
         let conn = self.conn();
         let mut state = DurableState::default();
-        let mut stmt = conn
-            .prepare("SELECT provider, key, reason, until_ms, refused_fingerprint, code FROM key_blacklist")
-            .map_err(store_err)?;
-        let rows = stmt
-            .query_map([], |row| {
+        let rows = read_all(
+            &conn,
+            "SELECT provider, key, reason, until_ms, refused_fingerprint, code FROM key_blacklist",
+            |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
@@ -110,10 +168,9 @@ impl StateStore for SqliteStateStore {
                     row.get::<_, i64>(4)?,
                     row.get::<_, Option<String>>(5)?,
                 ))
-            })
-            .map_err(store_err)?;
-        for row in rows {
-            let (provider, key, reason, until_ms, fp, code) = row.map_err(store_err)?;
+            },
+        )?;
+        for (provider, key, reason, until_ms, fp, code) in rows {
             let Some(reason) = BlacklistReason::parse(&reason) else {
                 continue;
             };
@@ -127,50 +184,204 @@ impl StateStore for SqliteStateStore {
                 },
             );
         }
-        let mut stmt = conn
-            .prepare("SELECT provider, key, model, until_ms FROM lane_cooldown")
-            .map_err(store_err)?;
-        let rows = stmt
-            .query_map([], |row| {
+        state.cooldowns = read_all(
+            &conn,
+            "SELECT provider, key, model, until_ms FROM lane_cooldown",
+            |row| Ok(((row.get(0)?, row.get(1)?, row.get(2)?), row.get(3)?)),
+        )?
+        .into_iter()
+        .collect();
+        let rows = read_all(
+            &conn,
+            "SELECT scope, provider, key, phase, failures, open_until_ms, cooldown_ms FROM breaker",
+            |row| {
                 Ok((
-                    (
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, String>(2)?,
-                    ),
-                    row.get::<_, i64>(3)?,
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, String>(3)?,
+                    row.get::<_, i64>(4)?,
+                    row.get::<_, i64>(5)?,
+                    row.get::<_, i64>(6)?,
                 ))
-            })
-            .map_err(store_err)?;
-        for row in rows {
-            let (lane, until) = row.map_err(store_err)?;
-            state.cooldowns.insert(lane, until);
+            },
+        )?;
+        for (scope, provider, key, phase, failures, open_until_ms, cooldown_ms) in rows {
+            let (Some(scope), Some(phase)) =
+                (BreakerScope::parse(&scope), BreakerPhase::parse(&phase))
+            else {
+                continue;
+            };
+            state.breakers.insert(
+                (scope, provider, key),
+                Breaker {
+                    phase,
+                    failures: u32::try_from(failures).unwrap_or(0),
+                    open_until_ms,
+                    cooldown_ms: u64::try_from(cooldown_ms).unwrap_or(0),
+                },
+            );
         }
+        state.headroom = read_all(
+            &conn,
+            "SELECT provider, key, model, remaining_requests, remaining_tokens, reset_at_ms FROM headroom",
+            |row| {
+                Ok((
+                    (row.get(0)?, row.get(1)?, row.get(2)?),
+                    LaneHeadroom {
+                        remaining_requests: row.get(3)?,
+                        remaining_tokens: row.get(4)?,
+                        reset_at_ms: row.get(5)?,
+                    },
+                ))
+            },
+        )?
+        .into_iter()
+        .collect();
+        state.spend = read_all(
+            &conn,
+            "SELECT provider, day, day_cost, month, month_cost FROM provider_spend",
+            |row| {
+                Ok((
+                    row.get(0)?,
+                    Spend {
+                        day: row.get(1)?,
+                        day_cost: row.get(2)?,
+                        month: row.get(3)?,
+                        month_cost: row.get(4)?,
+                    },
+                ))
+            },
+        )?
+        .into_iter()
+        .collect();
         Ok(state)
     }
 
-    fn save(&self, state: &DurableState) -> Result<(), StoreError> {
+    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(store_err)?;
-        tx.execute("DELETE FROM key_blacklist", [])
-            .map_err(store_err)?;
-        tx.execute("DELETE FROM lane_cooldown", [])
-            .map_err(store_err)?;
-        for ((provider, key), entry) in &state.blacklists {
+        for (provider, key) in &changes.blacklists.delete {
             tx.execute(
-                "INSERT INTO key_blacklist (provider, key, reason, until_ms, refused_fingerprint, code) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "DELETE FROM key_blacklist WHERE provider = ?1 AND key = ?2",
+                params![provider, key],
+            )
+            .map_err(store_err)?;
+        }
+        for ((provider, key), entry) in &changes.blacklists.upsert {
+            tx.execute(
+                "INSERT OR REPLACE INTO key_blacklist (provider, key, reason, until_ms, refused_fingerprint, code) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![provider, key, entry.reason.as_str(), entry.until_ms, to_sql(entry.refused_fingerprint), entry.code],
             )
             .map_err(store_err)?;
         }
-        for ((provider, key, model), until) in &state.cooldowns {
+        for (provider, key, model) in &changes.cooldowns.delete {
             tx.execute(
-                "INSERT INTO lane_cooldown (provider, key, model, until_ms) VALUES (?1, ?2, ?3, ?4)",
+                "DELETE FROM lane_cooldown WHERE provider = ?1 AND key = ?2 AND model = ?3",
+                params![provider, key, model],
+            )
+            .map_err(store_err)?;
+        }
+        for ((provider, key, model), until) in &changes.cooldowns.upsert {
+            tx.execute(
+                "INSERT OR REPLACE INTO lane_cooldown (provider, key, model, until_ms) VALUES (?1, ?2, ?3, ?4)",
                 params![provider, key, model, until],
             )
             .map_err(store_err)?;
         }
+        for (scope, provider, key) in &changes.breakers.delete {
+            tx.execute(
+                "DELETE FROM breaker WHERE scope = ?1 AND provider = ?2 AND key = ?3",
+                params![scope.as_str(), provider, key],
+            )
+            .map_err(store_err)?;
+        }
+        for ((scope, provider, key), b) in &changes.breakers.upsert {
+            tx.execute(
+                "INSERT OR REPLACE INTO breaker (scope, provider, key, phase, failures, open_until_ms, cooldown_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![scope.as_str(), provider, key, b.phase.as_str(), b.failures, b.open_until_ms, u64_to_sql(b.cooldown_ms)],
+            )
+            .map_err(store_err)?;
+        }
+        for (provider, key, model) in &changes.headroom.delete {
+            tx.execute(
+                "DELETE FROM headroom WHERE provider = ?1 AND key = ?2 AND model = ?3",
+                params![provider, key, model],
+            )
+            .map_err(store_err)?;
+        }
+        for ((provider, key, model), h) in &changes.headroom.upsert {
+            tx.execute(
+                "INSERT OR REPLACE INTO headroom (provider, key, model, remaining_requests, remaining_tokens, reset_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![provider, key, model, h.remaining_requests, h.remaining_tokens, h.reset_at_ms],
+            )
+            .map_err(store_err)?;
+        }
+        for provider in &changes.spend.delete {
+            tx.execute(
+                "DELETE FROM provider_spend WHERE provider = ?1",
+                params![provider],
+            )
+            .map_err(store_err)?;
+        }
+        for (provider, s) in &changes.spend.upsert {
+            tx.execute(
+                "INSERT OR REPLACE INTO provider_spend (provider, day, day_cost, month, month_cost) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![provider, s.day, s.day_cost, s.month, s.month_cost],
+            )
+            .map_err(store_err)?;
+        }
         tx.commit().map_err(store_err)
+    }
+
+    fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<LeaseGrant, StoreError> {
+        let conn = self.conn();
+        let (scope, provider, key) = (id.0.as_str(), &id.1, &id.2);
+        // One statement: SQLite's write lock makes it atomic across processes.
+        let granted = conn
+            .execute(
+                "INSERT INTO probe_lease (scope, provider, key, holder, until_ms) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (scope, provider, key) DO UPDATE
+                 SET holder = excluded.holder, until_ms = excluded.until_ms
+                 WHERE probe_lease.until_ms <= ?6",
+                params![scope, provider, key, holder, now_ms.saturating_add(ttl_ms), now_ms],
+            )
+            .map_err(store_err)?;
+        if granted > 0 {
+            return Ok(LeaseGrant::Granted);
+        }
+        let until: i64 = conn
+            .query_row(
+                "SELECT until_ms FROM probe_lease WHERE scope = ?1 AND provider = ?2 AND key = ?3",
+                params![scope, provider, key],
+                |row| row.get(0),
+            )
+            .map_err(store_err)?;
+        Ok(LeaseGrant::HeldUntil(until))
+    }
+
+    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError> {
+        let conn = self.conn();
+        let (scope, provider, key) = (id.0.as_str(), &id.1, &id.2);
+        match holder_prefix {
+            None => conn.execute(
+                "DELETE FROM probe_lease WHERE scope = ?1 AND provider = ?2 AND key = ?3",
+                params![scope, provider, key],
+            ),
+            Some(prefix) => conn.execute(
+                "DELETE FROM probe_lease WHERE scope = ?1 AND provider = ?2 AND key = ?3
+                 AND substr(holder, 1, length(?4)) = ?4",
+                params![scope, provider, key, prefix],
+            ),
+        }
+        .map_err(store_err)?;
+        Ok(())
     }
 }
 

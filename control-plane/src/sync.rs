@@ -2,7 +2,8 @@
 //!
 //! `Watch` sends the current snapshot at once, then every new version (a watcher that falls
 //! behind skips to the newest: each update is a full snapshot). `Report` applies outcomes to the
-//! engine. When a sync token is configured every call must carry it in the
+//! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
+//! state store (shared by control planes on one SQLite file). When a sync token is configured every call must carry it in the
 //! `x-ai-router-sync-token` metadata entry (compared in constant time), else `UNAUTHENTICATED`.
 //! HTTP/2 keepalive pings notice a dead Envoy whose stream would otherwise linger.
 
@@ -19,6 +20,7 @@ use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
+use crate::breakers::BreakerScope;
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
 use crate::secrets::{constant_time_eq, Secret};
@@ -33,17 +35,12 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::StateUpdate, Status>> + Send + 'static>>;
 
-/// (scope, provider, key) -> the lease is held until (ms since the epoch).
-type LeaseTable = std::collections::HashMap<(String, String, String), i64>;
-
 #[derive(Clone)]
 pub struct SyncService {
     engine: Arc<Engine>,
     token: Option<Secret>,
     /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
     shutdown: watch::Receiver<bool>,
-    /// Half-open probe leases: (scope, provider, key) -> held until (ms since the epoch).
-    leases: Arc<std::sync::Mutex<LeaseTable>>,
 }
 
 impl std::fmt::Debug for SyncService {
@@ -64,7 +61,6 @@ impl SyncService {
             engine,
             token,
             shutdown,
-            leases: Arc::default(),
         }
     }
 
@@ -134,7 +130,11 @@ impl SyncApi for SyncService {
     ) -> Result<Response<pb::ReportAck>, Status> {
         self.authorize(&request)?;
         let batch = request.into_inner();
-        let (version, _) = self.engine.apply_report(&batch);
+        // Ending a probe lease writes to the store: off the executor.
+        let engine = self.engine.clone();
+        let (version, _) = tokio::task::spawn_blocking(move || engine.apply_report(&batch))
+            .await
+            .map_err(|err| Status::internal(format!("report task failed: {err}")))?;
         Ok(Response::new(pb::ReportAck { version }))
     }
 
@@ -144,27 +144,22 @@ impl SyncApi for SyncService {
     ) -> Result<Response<pb::LeaseReply>, Status> {
         self.authorize(&request)?;
         let req = request.into_inner();
-        let now = crate::engine::Clock::now_ms(&crate::engine::SystemClock);
-        let ttl = i64::try_from(req.ttl_ms.clamp(100, 600_000)).unwrap_or(60_000);
-        let mut leases = self
-            .leases
-            .lock()
-            .map_err(|_| Status::internal("lease table poisoned"))?;
-        leases.retain(|_, until| *until > now);
-        let id = (req.scope, req.provider, req.key);
-        let reply = match leases.get(&id) {
-            Some(until) => pb::LeaseReply {
-                granted: false,
-                retry_at_ms: *until,
-            },
-            None => {
-                leases.insert(id, now + ttl);
-                pb::LeaseReply {
-                    granted: true,
-                    retry_at_ms: 0,
-                }
-            }
+        let Some(scope) = BreakerScope::parse(&req.scope) else {
+            return Err(Status::invalid_argument(format!(
+                "scope must be \"key\" or \"provider\", not {:?}",
+                req.scope
+            )));
         };
+        let engine = self.engine.clone();
+        let id = (scope, req.provider, req.key);
+        // The store may be SQLite: off the executor.
+        let reply = tokio::task::spawn_blocking(move || engine.lease(&id, &req.holder, req.ttl_ms))
+            .await
+            .map_err(|err| Status::internal(format!("lease task failed: {err}")))?
+            .map_err(|err| {
+                tracing::error!(%err, "cannot take a probe lease");
+                Status::unavailable("the state store is unavailable")
+            })?;
         Ok(Response::new(reply))
     }
 }

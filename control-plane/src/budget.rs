@@ -1,0 +1,231 @@
+//! Provider budgets: `providers[].budget { costPerDay, costPerMonth }`.
+//!
+//! Spend is counted per UTC day and UTC month from attempt usage and the model's cost (per one
+//! million tokens, in whatever unit the budget uses). Past a budget the provider is out until
+//! the next UTC day or month.
+
+use crate::config::{BudgetConfig, ModelConfig};
+
+const DAY_MS: i64 = 86_400_000;
+
+/// A provider's spend in the current UTC day and month.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Spend {
+    /// Days since the epoch of `day_cost`.
+    pub day: i64,
+    pub day_cost: f64,
+    /// `year * 12 + month - 1` of `month_cost`.
+    pub month: i64,
+    pub month_cost: f64,
+}
+
+/// The UTC day index of `ms`.
+pub fn day_of(ms: i64) -> i64 {
+    ms.div_euclid(DAY_MS)
+}
+
+/// `year * 12 + month - 1` of `ms`, in UTC.
+pub fn month_of(ms: i64) -> i64 {
+    let (year, month, _) = civil_from_days(day_of(ms));
+    year * 12 + i64::from(month) - 1
+}
+
+/// When the UTC day after the one holding `ms` starts.
+pub fn next_day_ms(ms: i64) -> i64 {
+    (day_of(ms) + 1).saturating_mul(DAY_MS)
+}
+
+/// When the UTC month after the one holding `ms` starts.
+pub fn next_month_ms(ms: i64) -> i64 {
+    let next = month_of(ms) + 1;
+    let (year, month) = (next.div_euclid(12), next.rem_euclid(12) + 1);
+    days_from_civil(year, month, 1).saturating_mul(DAY_MS)
+}
+
+/// After Howard Hinnant's `civil_from_days`: days since 1970-01-01 to (year, month, day).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        u32::try_from(month).unwrap_or(1),
+        u32::try_from(day).unwrap_or(1),
+    )
+}
+
+/// After Howard Hinnant's `days_from_civil`.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The estimated cost of an attempt: usage times the model's price per million tokens (a model
+/// without a cost counts 0).
+pub fn attempt_cost(
+    model: Option<&ModelConfig>,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+) -> f64 {
+    let Some(cost) = model.and_then(|m| m.cost) else {
+        return 0.0;
+    };
+    // Token counts fit f64 exactly far beyond any real usage.
+    #[allow(clippy::cast_precision_loss)]
+    let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
+    (prompt * cost.input + completion * cost.output) / 1e6
+}
+
+impl Spend {
+    /// Moves to the period holding `now`, zeroing a past day or month; returns whether it did.
+    pub fn roll(&mut self, now: i64) -> bool {
+        let (day, month) = (day_of(now), month_of(now));
+        let mut changed = false;
+        if self.day != day {
+            self.day = day;
+            self.day_cost = 0.0;
+            changed = true;
+        }
+        if self.month != month {
+            self.month = month;
+            self.month_cost = 0.0;
+            changed = true;
+        }
+        changed
+    }
+
+    pub fn add(&mut self, now: i64, cost: f64) {
+        self.roll(now);
+        self.day_cost += cost;
+        self.month_cost += cost;
+    }
+
+    /// Until when the provider is out (ms since the epoch), when a budget is spent at `now`.
+    pub fn out_until(&self, budget: &BudgetConfig, now: i64) -> Option<i64> {
+        let day = budget
+            .cost_per_day
+            .filter(|limit| self.day == day_of(now) && self.day_cost >= *limit)
+            .map(|_| next_day_ms(now));
+        let month = budget
+            .cost_per_month
+            .filter(|limit| self.month == month_of(now) && self.month_cost >= *limit)
+            .map(|_| next_month_ms(now));
+        day.max(month)
+    }
+
+    /// Three-way merge of spend another process added (`remote - base`) with ours (`self`).
+    pub fn merge(&mut self, base: &Self, remote: &Self) {
+        if remote.day == self.day {
+            let ours = if base.day == self.day {
+                self.day_cost - base.day_cost
+            } else {
+                self.day_cost
+            };
+            self.day_cost = remote.day_cost + ours.max(0.0);
+        } else if remote.day > self.day {
+            self.day = remote.day;
+            self.day_cost = remote.day_cost;
+        }
+        if remote.month == self.month {
+            let ours = if base.month == self.month {
+                self.month_cost - base.month_cost
+            } else {
+                self.month_cost
+            };
+            self.month_cost = remote.month_cost + ours.max(0.0);
+        } else if remote.month > self.month {
+            self.month = remote.month;
+            self.month_cost = remote.month_cost;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::CostConfig;
+
+    // 2024-01-31T12:00:00Z
+    const JAN_31_NOON: i64 = 1_706_702_400_000;
+
+    #[test]
+    fn calendar() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(days_from_civil(2024, 2, 29), 19_782);
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        assert_eq!(next_day_ms(JAN_31_NOON), 1_706_745_600_000); // 2024-02-01
+        assert_eq!(next_month_ms(JAN_31_NOON), 1_706_745_600_000);
+        // 2024-12-15 -> 2025-01-01
+        let dec = days_from_civil(2024, 12, 15) * DAY_MS;
+        assert_eq!(next_month_ms(dec), days_from_civil(2025, 1, 1) * DAY_MS);
+        assert_eq!(month_of(dec) + 1, month_of(next_month_ms(dec)));
+    }
+
+    #[test]
+    fn cost_and_rollover() {
+        let model = ModelConfig {
+            id: "m".into(),
+            aliases: Vec::new(),
+            context_window: None,
+            cost: Some(CostConfig {
+                input: 2.0,
+                output: 10.0,
+            }),
+            capabilities: None,
+            weight: None,
+            identity: None,
+            dimensions: None,
+        };
+        let cost = attempt_cost(Some(&model), 500_000, 100_000);
+        assert!((cost - 2.0).abs() < 1e-9);
+        assert_eq!(attempt_cost(None, 1, 1), 0.0);
+        let budget = BudgetConfig {
+            cost_per_day: Some(3.0),
+            cost_per_month: Some(5.0),
+        };
+        let mut spend = Spend::default();
+        spend.add(JAN_31_NOON, 2.0);
+        assert_eq!(spend.out_until(&budget, JAN_31_NOON), None);
+        spend.add(JAN_31_NOON, 1.0);
+        let feb_1 = next_day_ms(JAN_31_NOON);
+        assert_eq!(spend.out_until(&budget, JAN_31_NOON), Some(feb_1));
+        // The next day: the day budget is fresh, the month one too (a new month).
+        assert!(spend.roll(feb_1));
+        assert_eq!(spend.out_until(&budget, feb_1), None);
+        spend.add(feb_1, 2.5);
+        spend.add(feb_1 + DAY_MS, 2.5);
+        // 5.0 this month: out until March, whatever the day.
+        let march_1 = days_from_civil(2024, 3, 1) * DAY_MS;
+        assert_eq!(spend.out_until(&budget, feb_1 + DAY_MS), Some(march_1));
+    }
+
+    #[test]
+    fn merge_adds_what_each_process_spent() {
+        let base = Spend {
+            day: 10,
+            day_cost: 1.0,
+            month: 5,
+            month_cost: 4.0,
+        };
+        let mut ours = base;
+        ours.day_cost += 0.5;
+        ours.month_cost += 0.5;
+        let mut remote = base;
+        remote.day_cost += 2.0;
+        remote.month_cost += 2.0;
+        ours.merge(&base, &remote);
+        assert!((ours.day_cost - 3.5).abs() < 1e-9);
+        assert!((ours.month_cost - 6.5).abs() < 1e-9);
+    }
+}

@@ -477,6 +477,12 @@ impl Attempt {
                     lane.fingerprint,
                 )
             }
+            Class::Transient | Class::Network | Class::Timeout | Class::Stream => {
+                // A retry-after on a transient failure also cools the lane.
+                if let Some(at) = failure.retry_at_ms {
+                    shared::hold_cooldown(&lane.id, at);
+                }
+            }
             _ => {}
         }
     }
@@ -491,6 +497,8 @@ impl Attempt {
         shared::add_in_flight(&lane.id.provider, &lane.id.key, -1);
         let plan = self.plan.as_ref();
         let backoff = shared::resilience().backoff.unwrap_or_default();
+        // Drawn before borrowing the call: the call table and the generator share a cell.
+        let jitter = shared::random_unit();
         shared::with_call(self.cid(), |c| match failure {
             Some(f) => {
                 c.last_failure = Some((f.class, f.retry_at_ms));
@@ -499,16 +507,8 @@ impl Attempt {
                     Class::Transient | Class::Network | Class::Timeout | Class::Stream
                 ) {
                     c.transient_failures += 1;
-                    let wait = crate::lanes::backoff_ms(
-                        &backoff,
-                        c.transient_failures,
-                        shared::random_unit(),
-                    );
+                    let wait = crate::lanes::backoff_ms(&backoff, c.transient_failures, jitter);
                     c.backoff_until_ms = now + wait as i64;
-                    // A retry-after on a transient failure also cools the lane.
-                    if let Some(at) = f.retry_at_ms {
-                        c.backoff_until_ms = c.backoff_until_ms.max(at.min(now + 60_000));
-                    }
                 }
             }
             None => c.answered = Some(lane.id.clone()),

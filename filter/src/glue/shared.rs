@@ -124,8 +124,9 @@ pub fn new_call(now: i64) -> String {
     })
 }
 
+/// Runs `f` on the call's bookkeeping; `f` must not reach for the rest of the local state.
 pub fn with_call<R>(cid: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
-    LOCAL.with(|l| l.borrow_mut().calls.get_mut(cid).map(f))
+    LOCAL.with(|l| l.try_borrow_mut().ok()?.calls.get_mut(cid).map(f))
 }
 
 pub fn end_call(cid: &str) -> Option<Call> {

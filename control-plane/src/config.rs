@@ -1444,8 +1444,16 @@ fn check_policy(
             }
         }
         if shapes.len() > 1 {
+            let found: Vec<String> = shapes
+                .iter()
+                .map(|(identity, dimensions)| match dimensions {
+                    Some(d) => format!("{identity} ({d} dimensions)"),
+                    None => format!("{identity} (no dimensions)"),
+                })
+                .collect();
             return Err(invalid(format!(
-                "{path}.pinned: the candidates are not one model identity and dimensions"
+                "{path}.pinned: the candidates are not one model identity and dimensions: {}",
+                found.join(", ")
             )));
         }
     }
@@ -1827,8 +1835,29 @@ mod tests {
         let bad = format!("{base}profiles:\n  embed: {{ pinned: true, candidates: [{{ model: te3 }}, {{ model: te3l }}] }}\n");
         assert_eq!(
             err(&bad, &env),
-            "profiles.embed.pinned: the candidates are not one model identity and dimensions"
+            "profiles.embed.pinned: the candidates are not one model identity and dimensions: \
+             te3 (1536 dimensions), te3l (3072 dimensions)"
         );
+        // One identity, two vector lengths.
+        let dims = "providers:\n  - { id: o, kind: openai, keys: [{ alias: k, env: A }], models: [{ id: te3, capabilities: [embeddings], dimensions: 1536 }] }\n  - { id: r, kind: openrouter, keys: [{ alias: k, env: A }], models: [{ id: openai/te3, identity: te3, capabilities: [embeddings], dimensions: 512 }] }\nprofiles:\n  vec: { pinned: true, candidates: [[{ provider: o, model: te3 }, { provider: r, model: openai/te3 }]] }\n";
+        assert_eq!(
+            err(dims, &env),
+            "profiles.vec.pinned: the candidates are not one model identity and dimensions: \
+             te3 (512 dimensions), te3 (1536 dimensions)"
+        );
+        // Two chat models: the identity defaults to the id.
+        let chat = "providers:\n  - { id: o, kind: openai, keys: [{ alias: k, env: A }], models: [{ id: a }, { id: b }] }\nprofiles:\n  chat: { pinned: true, candidates: [{ model: a }, { model: b }] }\n";
+        assert!(err(chat, &env).starts_with("profiles.chat.pinned: the candidates are not one"));
+        // Pinned needs candidates, and only a profile can be pinned.
+        let no_candidates = "providers:\n  - { id: o, kind: openai, keys: [{ alias: k, env: A }], models: [{ id: a }] }\nprofiles:\n  p: { pinned: true, model: a }\n";
+        assert_eq!(
+            err(no_candidates, &env),
+            "profiles.p.pinned: a pinned profile needs candidates"
+        );
+        // Refused even when a candidate's provider has no key now (checked against the file).
+        let env_o_only = MapEnv::new([("A", "k")]);
+        let absent = "providers:\n  - { id: o, kind: openai, keys: [{ alias: k, env: A }], models: [{ id: te3, capabilities: [embeddings], dimensions: 1536 }] }\n  - { id: r, kind: openrouter, keys: [{ alias: k, env: NOPE }], models: [{ id: openai/te3, capabilities: [embeddings], dimensions: 1536 }] }\nprofiles:\n  embed: { pinned: true, candidates: [[{ provider: o, model: te3 }, { provider: r, model: openai/te3 }]] }\n";
+        assert!(err(absent, &env_o_only).starts_with("profiles.embed.pinned: "));
     }
 
     #[test]

@@ -315,4 +315,62 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), server).await???;
         Ok(())
     }
+
+    #[tokio::test]
+    async fn lease_is_granted_once_and_checks_the_scope() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let (_tx, rx) = watch::channel(false);
+        let service = SyncService::new(engine()?, None, rx);
+        let ask = |scope: &str, holder: &str| pb::LeaseRequest {
+            scope: scope.into(),
+            provider: "p".into(),
+            key: "a".into(),
+            holder: holder.into(),
+            ttl_ms: 60_000,
+        };
+        let bad = service.lease(Request::new(ask("lane", "r1:1"))).await;
+        assert_eq!(
+            bad.err().map(|s| s.code()),
+            Some(tonic::Code::InvalidArgument)
+        );
+        let first = service
+            .lease(Request::new(ask("key", "r1:1")))
+            .await?
+            .into_inner();
+        assert!(first.granted);
+        let second = service
+            .lease(Request::new(ask("key", "r2:1")))
+            .await?
+            .into_inner();
+        assert!(!second.granted);
+        assert!(second.retry_at_ms > 0);
+        // The provider scope is another lease (its key is ignored).
+        let provider = service
+            .lease(Request::new(ask("provider", "r2:1")))
+            .await?
+            .into_inner();
+        assert!(provider.granted);
+        // The holder's probe outcome ends it.
+        let outcome = pb::AttemptOutcome {
+            request_id: "r1".into(),
+            provider: "p".into(),
+            key: "a".into(),
+            model: "m".into(),
+            outcome: "success".into(),
+            probe: true,
+            ..Default::default()
+        };
+        service
+            .report(Request::new(pb::ReportBatch {
+                attempts: vec![outcome],
+                ..Default::default()
+            }))
+            .await?;
+        let third = service
+            .lease(Request::new(ask("key", "r3:1")))
+            .await?
+            .into_inner();
+        assert!(third.granted);
+        Ok(())
+    }
 }

@@ -85,6 +85,12 @@ pub fn render_envoy(o: &RenderOptions) -> String {
 # The singleton (role=ctrl) holds the control plane's sync stream for this process.
 admin:
   address: {{ socket_address: {{ address: {admin_host}, port_value: {admin_port} }} }}
+overload_manager:
+  resource_monitors:
+    - name: envoy.resource_monitors.global_downstream_max_connections
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig
+        max_active_downstream_connections: 50000
 bootstrap_extensions:
   - name: envoy.bootstrap.internal_listener
     typed_config:

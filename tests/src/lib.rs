@@ -1573,6 +1573,254 @@ pub fn openai_error_problem(reply: &Reply, status: u16, code: &str) -> Option<St
     (!problems.is_empty()).then(|| format!("{}\n--- reply ---\n{reply}", problems.join("; ")))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Custom pools (routing and resilience tests)
+
+/// The `gateway` and `controlPlane` sections every custom pool starts with: loopback, port 0,
+/// a memory key store. Append `providers`, `profiles`, `resilience`... after it.
+pub fn pool_yaml_header() -> String {
+    "gateway: { host: 127.0.0.1, port: 0, keyStore: { type: memory } }\n\
+     controlPlane: { host: 127.0.0.1, httpPort: 0, grpcPort: 0 }\n"
+        .to_string()
+}
+
+/// What a custom pool's builder returns.
+#[derive(Debug, Clone, Default)]
+pub struct PoolSetup {
+    /// The whole pool YAML (start from [`pool_yaml_header`]).
+    pub yaml: String,
+    /// Variables for the control plane (provider key variables, `_FILE` paths...).
+    /// `STARCI_AI_KEY` and `AI_ROUTER_SYNC_TOKEN` are added by the fixture.
+    pub env: Vec<(String, String)>,
+    /// `(secret, name)`: how the tests name the provider secrets the mocks see.
+    pub names: Vec<(String, String)>,
+}
+
+impl PoolSetup {
+    /// Adds a provider secret in variable `var`, named `name` in the mock's calls.
+    pub fn secret_env(&mut self, var: &str, name: &str) -> String {
+        let secret = format!("sk-{name}-{}", random_hex(24));
+        self.env.push((var.to_string(), secret.clone()));
+        self.names.push((secret.clone(), name.to_string()));
+        secret
+    }
+
+    /// Names a secret held elsewhere (a file) without putting it in the environment.
+    pub fn name_secret(&mut self, secret: &str, name: &str) {
+        self.names.push((secret.to_string(), name.to_string()));
+    }
+}
+
+/// One call a mock received, with the mock's index and the name of its key.
+#[derive(Debug, Clone)]
+pub struct NamedCall {
+    pub mock: usize,
+    pub key: String,
+    pub call: MockCall,
+}
+
+/// `n` mock providers, the control plane serving a custom pool, and Envoy. The builder gets the
+/// mocks' URLs (`http://127.0.0.1:<port>`, no `/v1`, so a provider can hang its own path from
+/// it) and the test directory (for secret files, an SQLite path). The tails of every log are
+/// printed when a test panics while it is alive.
+#[derive(Debug)]
+pub struct Pool {
+    pub dir: TestDir,
+    pub mocks: Vec<Mock>,
+    pub cp: ControlPlane,
+    pub envoy: Envoy,
+    pub client: Client,
+    pub virtual_key: String,
+    pub sync_token: String,
+    names: Vec<(String, String)>,
+    cp_env: Vec<(String, String)>,
+    /// Extra control planes and Envoys (a second process sharing a state store).
+    pub others: Vec<(ControlPlane, Envoy)>,
+}
+
+impl Pool {
+    /// Starts `mocks` mocks, then the control plane on the pool `build` returns, then Envoy.
+    pub async fn start(
+        test: &str,
+        mocks: usize,
+        build: impl FnOnce(&[String], &TestDir) -> Result<PoolSetup>,
+    ) -> Result<Self> {
+        let dir = TestDir::new(test)?;
+        let mut started = Vec::new();
+        for i in 0..mocks {
+            started.push(Mock::start(&dir, &format!("mock{}", i + 1)).await?);
+        }
+        let urls: Vec<String> = started.iter().map(|m| m.url().to_string()).collect();
+        let setup = build(&urls, &dir)?;
+        let virtual_key = new_virtual_key();
+        let sync_token = format!("sync-{}", random_hex(32));
+        let mut cp_env = setup.env.clone();
+        cp_env.push(("STARCI_AI_KEY".into(), virtual_key.clone()));
+        cp_env.push(("AI_ROUTER_SYNC_TOKEN".into(), sync_token.clone()));
+        let cp = ControlPlane::start(&dir, &setup.yaml, &cp_env)
+            .await
+            .context("starting the control plane")?;
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
+        let envoy = Envoy::start(
+            &dir,
+            cp.config_path(),
+            cp.grpc_addr(),
+            &envoy_env,
+            &virtual_key,
+        )
+        .await
+        .with_context(|| cp.tail())
+        .context("starting Envoy")?;
+        let client = Client::new(&envoy.base_url())?;
+        Ok(Self {
+            dir,
+            mocks: started,
+            cp,
+            envoy,
+            client,
+            virtual_key,
+            sync_token,
+            names: setup.names,
+            cp_env,
+            others: Vec::new(),
+        })
+    }
+
+    /// The name of a provider secret (or a note that it is unknown).
+    pub fn name_of(&self, secret: Option<&str>) -> String {
+        match secret {
+            Some(s) => self
+                .names
+                .iter()
+                .find(|(k, _)| k == s)
+                .map(|(_, n)| n.clone())
+                .unwrap_or_else(|| format!("<unknown key {s}>")),
+            None => "<no key>".into(),
+        }
+    }
+
+    /// Every call every mock received, mock by mock, each in order.
+    pub async fn calls(&self) -> Result<Vec<NamedCall>> {
+        let mut out = Vec::new();
+        for (i, mock) in self.mocks.iter().enumerate() {
+            for call in mock.calls().await? {
+                out.push(NamedCall {
+                    mock: i,
+                    key: self.name_of(call.key.as_deref()),
+                    call,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of the keys that received calls, in order (mock by mock).
+    pub async fn keys_called(&self) -> Result<Vec<String>> {
+        Ok(self.calls().await?.into_iter().map(|c| c.key).collect())
+    }
+
+    /// Clears every mock's call log.
+    pub async fn clear_calls(&self) -> Result<()> {
+        for m in &self.mocks {
+            m.clear_calls().await?;
+        }
+        Ok(())
+    }
+
+    /// A unary chat completion of `model` with the virtual key.
+    pub async fn chat(&self, model: &str) -> Result<Reply> {
+        self.client.chat(model, Some(&self.virtual_key)).await
+    }
+
+    /// `POST /v1/chat/completions` with `body` and the virtual key.
+    pub async fn chat_with(&self, body: &Value) -> Result<Reply> {
+        self.client.chat_with(body, Some(&self.virtual_key)).await
+    }
+
+    /// The control plane's variables (what it was started with, `STARCI_AI_KEY` included).
+    pub fn control_plane_env(&self) -> &[(String, String)] {
+        &self.cp_env
+    }
+
+    /// Replaces Envoy with a fresh one (no memory of earlier calls) synced to the control plane.
+    pub async fn restart_envoy(&mut self) -> Result<()> {
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
+        self.envoy.process.kill();
+        let envoy = Envoy::start(
+            &self.dir,
+            self.cp.config_path(),
+            self.cp.grpc_addr(),
+            &envoy_env,
+            &self.virtual_key,
+        )
+        .await
+        .with_context(|| self.cp.tail())
+        .context("starting a new Envoy")?;
+        self.client = Client::new(&envoy.base_url())?;
+        self.envoy = envoy;
+        Ok(())
+    }
+
+    /// Starts a second control plane on the same pool YAML and variables (in its own
+    /// directory, `<test>-<name>`), and an Envoy synced to it; returns its index in `others`.
+    pub async fn start_other(&mut self, name: &str) -> Result<usize> {
+        let yaml = fs::read_to_string(self.cp.config_path())
+            .with_context(|| format!("reading {}", self.cp.config_path().display()))?;
+        let base = self
+            .dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = TestDir::new(&format!("{base}-{name}"))?;
+        let cp = ControlPlane::start(&dir, &yaml, &self.cp_env)
+            .await
+            .with_context(|| format!("starting control plane {name}"))?;
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
+        let envoy = Envoy::start(
+            &dir,
+            cp.config_path(),
+            cp.grpc_addr(),
+            &envoy_env,
+            &self.virtual_key,
+        )
+        .await
+        .with_context(|| cp.tail())
+        .with_context(|| format!("starting the Envoy of control plane {name}"))?;
+        self.others.push((cp, envoy));
+        Ok(self.others.len() - 1)
+    }
+
+    /// The tails of every process's logs.
+    pub fn tails(&self) -> String {
+        let mut out = format!(
+            "logs in {}\n{}\n{}",
+            self.dir.path().display(),
+            self.cp.tail(),
+            self.envoy.tail()
+        );
+        for (cp, envoy) in &self.others {
+            out.push_str(&cp.tail());
+            out.push_str(&envoy.tail());
+        }
+        for m in &self.mocks {
+            out.push_str(&m.process().tail());
+        }
+        out
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== process logs of the failed test =====\n{}",
+                self.tails()
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -636,3 +636,316 @@ impl pb::admin_server::Admin for AdminGrpc {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+    use crate::engine::{DurableState, SystemClock};
+    use crate::keystore::MemoryKeyStore;
+    use crate::secrets::MapEnv;
+    use crate::vkeys::VirtualKeyRecord;
+    use axum::body::Body;
+    use axum::http::Request as HttpRequest;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "admin-test-token";
+
+    fn api(token: Option<&str>) -> Result<Arc<AdminApi>, String> {
+        let env = Arc::new(MapEnv::new([("K", "sk-upstream")]));
+        let config = parse(
+            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m }] }\n",
+        )
+        .and_then(|f| f.resolve(env.as_ref(), std::path::Path::new(".")))
+        .map_err(|e| e.to_string())?;
+        let mounted = VirtualKeyRecord {
+            id: crate::vkeys::mounted_id("app"),
+            label: "app".into(),
+            sha256: crate::secrets::sha256_hex("sk-starci-app-mounted"),
+            hint: "nted".into(),
+            profiles: vec!["*".into()],
+            models: vec!["*".into()],
+            owner: None,
+            allow_fallback: true,
+            enabled: true,
+            quota: None,
+            mounted: true,
+        };
+        let engine = Engine::new(
+            Arc::new(config),
+            env,
+            Arc::new(SystemClock),
+            vec![mounted.clone()],
+            DurableState::default(),
+        );
+        let keys = Arc::new(KeyAdmin::new(
+            Arc::new(MemoryKeyStore::default()),
+            vec![mounted],
+            Arc::new(SystemClock),
+        ));
+        Ok(Arc::new(AdminApi::new(
+            keys,
+            token.map(Secret::new),
+            engine,
+        )))
+    }
+
+    async fn send(
+        api: &Arc<AdminApi>,
+        method: &str,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error>> {
+        let mut request = HttpRequest::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
+        let response = routes()
+            .with_state(api.clone())
+            .oneshot(request.body(body)?)
+            .await?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok((status, serde_json::from_slice(&bytes)?))
+    }
+
+    #[tokio::test]
+    async fn the_admin_token_guards_every_route() -> Result<(), Box<dyn std::error::Error>> {
+        let api = api(Some(TOKEN))?;
+        let (status, body) = send(&api, "GET", "/admin/keys", None, None).await?;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["error"]["code"], "missing_api_key");
+        let (status, body) = send(&api, "GET", "/admin/keys", Some("nope"), None).await?;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["error"]["code"], "invalid_api_key");
+        let (status, _) = send(&api, "GET", "/admin/keys", Some(TOKEN), None).await?;
+        assert_eq!(status, StatusCode::OK);
+
+        let off = self::api(None)?;
+        let (status, body) = send(&off, "GET", "/admin/keys", Some(TOKEN), None).await?;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+        assert_eq!(body["error"]["code"], "admin_disabled");
+
+        // /health: the pool with the token only, aliases and never a secret.
+        let (_, plain) = send(&api, "GET", "/health", None, None).await?;
+        assert!(plain.get("providers").is_none(), "{plain}");
+        let (_, full) = send(&api, "GET", "/health", Some(TOKEN), None).await?;
+        assert_eq!(full["providers"][0]["keys"][0]["alias"], "a", "{full}");
+        assert!(!full.to_string().contains("sk-upstream"), "{full}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn create_read_change_and_refuse() -> Result<(), Box<dyn std::error::Error>> {
+        let api = api(Some(TOKEN))?;
+        let t = Some(TOKEN);
+        let (status, created) = send(
+            &api,
+            "POST",
+            "/admin/keys",
+            t,
+            Some(json!({ "label": "app_two", "profiles": ["work"], "quota": { "requestsPerMinute": 5 } })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let id = created["key"]["id"].as_str().unwrap_or_default().to_owned();
+        let secret = created["secret"].as_str().unwrap_or_default().to_owned();
+        assert!(secret.starts_with("sk-starci-app_two-"));
+        assert_eq!(created["key"]["quota"]["requestsPerMinute"], 5);
+        // Pushed before the answer.
+        let hash = crate::secrets::sha256_hex(&secret);
+        let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+        assert!(snapshot.virtual_keys.iter().any(|k| k.sha256 == hash));
+
+        let (status, listed) = send(&api, "GET", "/admin/keys", t, None).await?;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(listed["keys"][0]["mounted"], true);
+        assert_eq!(listed["keys"][1]["id"], id.as_str());
+        assert!(!listed.to_string().contains(&secret) && !listed.to_string().contains(&hash));
+
+        let (status, patched) = send(
+            &api,
+            "PATCH",
+            &format!("/admin/keys/{id}"),
+            t,
+            Some(json!({ "enabled": false })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK, "{patched}");
+        let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+        assert!(snapshot
+            .virtual_keys
+            .iter()
+            .any(|k| k.sha256 == hash && !k.enabled));
+        let (status, body) = send(
+            &api,
+            "PATCH",
+            &format!("/admin/keys/{id}"),
+            t,
+            Some(json!({ "bogus": 1 })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+        let mounted = crate::vkeys::mounted_id("app");
+        for (method, uri) in [
+            ("POST", format!("/admin/keys/{mounted}/revoke")),
+            ("POST", format!("/admin/keys/{mounted}/rotate")),
+            ("PATCH", format!("/admin/keys/{mounted}")),
+        ] {
+            let (status, body) = send(&api, method, &uri, t, Some(json!({}))).await?;
+            assert_eq!(status, StatusCode::CONFLICT, "{uri}");
+            assert_eq!(body["error"]["code"], "key_mounted", "{uri}");
+        }
+        let (status, body) = send(&api, "GET", "/admin/keys/key_nope", t, None).await?;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"]["code"], "not_found");
+
+        let (status, rotated) =
+            send(&api, "POST", &format!("/admin/keys/{id}/rotate"), t, None).await?;
+        assert_eq!(status, StatusCode::OK);
+        assert_ne!(rotated["secret"], secret.as_str());
+        let (status, revoked) =
+            send(&api, "POST", &format!("/admin/keys/{id}/revoke"), t, None).await?;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(revoked["revoked"], true);
+        let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+        assert_eq!(snapshot.virtual_keys.len(), 1);
+        let (status, body) =
+            send(&api, "POST", &format!("/admin/keys/{id}/rotate"), t, None).await?;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn usage_ranges() -> Result<(), Box<dyn std::error::Error>> {
+        let api = api(Some(TOKEN))?;
+        let t = Some(TOKEN);
+        let mounted = crate::vkeys::mounted_id("app");
+        let row = |day: &str| UsageDay {
+            day: day.into(),
+            requests: 2,
+            successes: 2,
+            ..UsageDay::default()
+        };
+        api.keys.store().record_usage(&[
+            (mounted.clone(), row("2026-01-31")),
+            (mounted.clone(), row("2026-02-01")),
+            (mounted.clone(), row("2026-02-02")),
+        ])?;
+        let uri = format!("/admin/keys/{mounted}/usage?from=2026-02-01&to=2026-02-28");
+        let (status, body) = send(&api, "GET", &uri, t, None).await?;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["days"].as_array().map(Vec::len), Some(2));
+        assert_eq!(body["total"]["requests"], 4);
+        assert_eq!(body["from"], "2026-02-01");
+        // Default: this month (nothing recorded in it here).
+        let (status, body) = send(
+            &api,
+            "GET",
+            &format!("/admin/keys/{mounted}/usage"),
+            t,
+            None,
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body["from"].as_str().is_some_and(|d| d.ends_with("-01")));
+        for bad in [
+            "from=2026-02-30",
+            "from=2026-03-01&to=2026-02-01",
+            "to=yesterday",
+        ] {
+            let uri = format!("/admin/keys/{mounted}/usage?{bad}");
+            let (status, body) = send(&api, "GET", &uri, t, None).await?;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        }
+        let (status, _) = send(&api, "GET", "/admin/keys/key_nope/usage", t, None).await?;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        Ok(())
+    }
+
+    fn authed<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Ok(value) = format!("Bearer {TOKEN}").parse() {
+            request.metadata_mut().insert("authorization", value);
+        }
+        request
+    }
+
+    #[tokio::test]
+    async fn grpc_admin_over_a_socket() -> Result<(), Box<dyn std::error::Error>> {
+        use ai_router_proto::v1::admin_client::AdminClient;
+        let api = api(Some(TOKEN))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let sync = crate::sync::SyncService::new(api.engine.clone(), None, stop_rx.clone());
+        let mut stop = stop_rx.clone();
+        let server = tokio::spawn(crate::sync::serve_with_admin(
+            listener,
+            sync,
+            Some(AdminGrpc::new(api.clone()).into_server()),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ));
+        let mut client = AdminClient::connect(format!("http://{addr}")).await?;
+        let denied = client.list_keys(pb::ListKeysRequest {}).await;
+        assert_eq!(
+            denied.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated)
+        );
+        let created = client
+            .create_key(authed(pb::CreateKeyRequest {
+                label: "grpc_app".into(),
+                models: vec!["*".into()],
+                ..Default::default()
+            }))
+            .await?
+            .into_inner();
+        assert!(created.secret.starts_with("sk-starci-grpc_app-"));
+        let id = created.key.map(|k| k.id).unwrap_or_default();
+        let listed = client
+            .list_keys(authed(pb::ListKeysRequest {}))
+            .await?
+            .into_inner();
+        assert_eq!(listed.keys.len(), 2);
+        let updated = client
+            .update_key(authed(pb::UpdateKeyRequest {
+                id: id.clone(),
+                enabled: Some(false),
+                ..Default::default()
+            }))
+            .await?
+            .into_inner();
+        assert!(!updated.enabled);
+        let mounted = client
+            .revoke_key(authed(pb::KeyRef {
+                id: crate::vkeys::mounted_id("app"),
+            }))
+            .await;
+        assert_eq!(
+            mounted.err().map(|s| s.code()),
+            Some(tonic::Code::FailedPrecondition)
+        );
+        let usage = client
+            .key_usage(authed(pb::KeyUsageRequest {
+                id,
+                ..Default::default()
+            }))
+            .await?
+            .into_inner();
+        assert!(usage.days.is_empty());
+        let health = client
+            .health(authed(pb::HealthRequest {}))
+            .await?
+            .into_inner();
+        assert_eq!(health.status, "ok");
+        stop_tx.send(true)?;
+        tokio::time::timeout(Duration::from_secs(5), server).await???;
+        Ok(())
+    }
+}

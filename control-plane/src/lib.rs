@@ -7,6 +7,7 @@ pub mod budget;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod keys_cli;
 pub mod keystore;
 pub mod mock;
 pub mod render;

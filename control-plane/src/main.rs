@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ai_router_control_plane::secrets::{Env, ProcessEnv};
-use ai_router_control_plane::{config, mock, render, serve, up};
+use ai_router_control_plane::{config, keys_cli, mock, render, serve, up};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -33,6 +33,9 @@ enum Command {
         #[arg(long, value_name = "HOST:PORT")]
         grpc_listen: Option<String>,
     },
+    /// Manage the gateway's virtual keys: on the config's sqlite key store (--config) or
+    /// through a running control plane (--url). Prints JSON.
+    Keys(keys_cli::KeysArgs),
     /// Run the scriptable fake provider.
     Mock {
         #[arg(long, default_value = "127.0.0.1")]
@@ -149,5 +152,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
         }
         Command::Up { config, wasm } => up::up(up::UpOptions { config, wasm }).await,
+        Command::Keys(args) => match keys_cli::run(args).await {
+            Ok(value) => {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+                Ok(())
+            }
+            Err(err) => {
+                println!("{}", err.openai_body());
+                Err(anyhow::anyhow!("{}", err.message))
+            }
+        },
     }
 }

@@ -1,0 +1,526 @@
+//! Virtual keys issued by the gateway, through a real Envoy: keys created by the admin API or by
+//! the CLI on a shared SQLite store reach the filter within a second or two; rotate, disable and
+//! revoke take effect the same way; usage counts the calls made through Envoy; the admin API
+//! needs the admin token and never shows a secret or a hash (but the one-time secret).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use ai_router_e2e::{
+    ai_router_bin, openai_error_problem, poll, script, standard_pool, ControlPlane, Gateway, Reply,
+    TestDir,
+};
+use serde_json::{json, Value};
+
+const PUSH: Duration = Duration::from_secs(10);
+
+fn assert_error(reply: &Reply, status: u16, code: &str, what: &str) {
+    if let Some(problem) = openai_error_problem(reply, status, code) {
+        panic!("{what}: {problem}");
+    }
+}
+
+/// The admin API of the fixture's control plane.
+struct Admin {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+    /// Every body it answered, to check that none holds a secret or a hash.
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl Admin {
+    fn new(gw: &Gateway) -> Self {
+        Self {
+            base: format!("http://{}", gw.cp.http_addr()),
+            token: gw.admin_token.clone(),
+            http: ai_router_e2e::http_client().unwrap(),
+            seen: Default::default(),
+        }
+    }
+
+    async fn call_with(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        token: Option<&str>,
+    ) -> Reply {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap();
+        self.seen.lock().unwrap().push(text.clone());
+        Reply {
+            status,
+            headers,
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Reply {
+        let token = self.token.clone();
+        self.call_with(method, path, body, Some(&token)).await
+    }
+
+    async fn create(&self, body: Value) -> (String, String) {
+        let r = self
+            .call(reqwest::Method::POST, "/admin/keys", Some(body))
+            .await;
+        assert_eq!(r.status, 201, "POST /admin/keys: {r}");
+        let id = r.json["key"]["id"].as_str().expect("key.id").to_string();
+        let secret = r.json["secret"].as_str().expect("secret").to_string();
+        (id, secret)
+    }
+
+    /// Every body but those of create and rotate (which show the secret once).
+    fn bodies_without_secrets(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|b| !b.contains("\"secret\""))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Waits until a chat with `key` answers `status`.
+async fn wait_status(gw: &Gateway, key: &str, status: u16, what: &str) -> Reply {
+    poll(what, PUSH, || {
+        let c = gw.client.clone();
+        let key = key.to_string();
+        async move {
+            let r = c.chat("chat", Some(&key)).await?;
+            Ok((r.status == status).then_some(r))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// True when `text` holds 64 hex digits in a row (a SHA-256).
+fn has_sha256(text: &str) -> bool {
+    let mut run = 0;
+    for c in text.chars() {
+        if c.is_ascii_hexdigit() {
+            run += 1;
+            if run >= 64 {
+                return true;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    false
+}
+
+/// `ai-router keys ...` with `env`; the exit status and the JSON it printed.
+async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, Value, String) {
+    let mut cmd = tokio::process::Command::new(ai_router_bin().unwrap());
+    cmd.arg("keys").args(args).env_clear();
+    if let Ok(path) = std::env::var("PATH") {
+        cmd.env("PATH", path);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("the CLI finished")
+        .expect("the CLI ran");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.success(),
+        json,
+        format!("stdout: {stdout}\nstderr: {stderr}"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotate_disable_and_usage_of_an_admin_created_key() {
+    let gw = Gateway::start("vk_rotate_disable_usage")
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    let admin = Admin::new(&gw);
+    let (id, first) = admin
+        .create(json!({ "label": "usage_app", "models": ["*"], "owner": "team-u" }))
+        .await;
+    assert!(first.starts_with("sk-starci-usage_app-"), "{first}");
+
+    // Every 200 counts as a request of this key; a 401 never authenticated, so it does not.
+    let mut served = 0u64;
+    wait_status(&gw, &first, 200, "the created key to be accepted").await;
+    served += 1;
+    for _ in 0..3 {
+        let r = gw.client.chat("chat", Some(&first)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        served += 1;
+    }
+
+    // Rotate: same id, a new secret; the old one is refused.
+    let r = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/admin/keys/{id}/rotate"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "rotate: {r}");
+    assert_eq!(r.json["key"]["id"], id.as_str(), "{r}");
+    let second = r.json["secret"].as_str().expect("secret").to_string();
+    assert_ne!(second, first);
+    let refused = wait_status(&gw, &first, 401, "the old secret to be refused").await;
+    assert_error(&refused, 401, "invalid_api_key", "the rotated-away secret");
+    wait_status(&gw, &second, 200, "the new secret to be accepted").await;
+    served += 1;
+
+    // Disable: 401 until enabled again.
+    let r = admin
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/admin/keys/{id}"),
+            Some(json!({ "enabled": false })),
+        )
+        .await;
+    assert_eq!(r.status, 200, "PATCH: {r}");
+    assert_eq!(r.json["enabled"], false, "{r}");
+    let refused = wait_status(&gw, &second, 401, "the disabled key to be refused").await;
+    assert_error(&refused, 401, "invalid_api_key", "a disabled key");
+    let r = admin
+        .call(
+            reqwest::Method::PATCH,
+            &format!("/admin/keys/{id}"),
+            Some(json!({ "enabled": true })),
+        )
+        .await;
+    assert_eq!(r.status, 200, "PATCH: {r}");
+    wait_status(&gw, &second, 200, "the enabled key to be accepted again").await;
+    served += 1;
+
+    // Usage: the calls made through Envoy, on today's row (UTC) and in the total.
+    let usage = poll("usage to count every call", PUSH, || {
+        let admin = &admin;
+        let id = id.clone();
+        async move {
+            let r = admin
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/admin/keys/{id}/usage"),
+                    None,
+                )
+                .await;
+            anyhow::ensure!(r.status == 200, "usage: {r}");
+            let requests = r.json["total"]["requests"].as_u64().unwrap_or(0);
+            Ok((requests >= served).then_some(r))
+        }
+    })
+    .await
+    .unwrap();
+    let total = &usage.json["total"];
+    assert_eq!(total["requests"].as_u64(), Some(served), "{usage}");
+    assert_eq!(total["successes"].as_u64(), Some(served), "{usage}");
+    assert_eq!(total["failures"].as_u64(), Some(0), "{usage}");
+    assert_eq!(
+        total["outcomes"]["success"].as_u64(),
+        Some(served),
+        "{usage}"
+    );
+    // The mock reports usage on every answer: tokens are counted from the attempts.
+    assert!(total["promptTokens"].as_u64().unwrap_or(0) > 0, "{usage}");
+    assert!(
+        total["completionTokens"].as_u64().unwrap_or(0) > 0,
+        "{usage}"
+    );
+    assert_eq!(
+        usage.json["days"].as_array().map(Vec::len),
+        Some(1),
+        "{usage}"
+    );
+    assert!(
+        usage.json["days"][0]["day"]
+            .as_str()
+            .is_some_and(|d| d.len() == 10),
+        "{usage}"
+    );
+    // A range before today has no rows.
+    let r = admin
+        .call(
+            reqwest::Method::GET,
+            &format!("/admin/keys/{id}/usage?from=2000-01-01&to=2000-01-31"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.json["total"]["requests"], 0, "{r}");
+    let r = admin
+        .call(
+            reqwest::Method::GET,
+            &format!("/admin/keys/{id}/usage?from=2000-02-30"),
+            None,
+        )
+        .await;
+    assert_error(&r, 400, "invalid_request", "a date that does not exist");
+
+    // Listing: the mounted key and this one, never a secret or a hash.
+    let r = admin.call(reqwest::Method::GET, "/admin/keys", None).await;
+    assert_eq!(r.status, 200, "{r}");
+    let keys = r.json["keys"].as_array().cloned().unwrap_or_default();
+    let mounted = keys
+        .iter()
+        .find(|k| k["mounted"] == true)
+        .unwrap_or_else(|| panic!("the mounted key is listed: {r}"));
+    let ours = keys
+        .iter()
+        .find(|k| k["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("the created key is listed: {r}"));
+    assert_eq!(ours["owner"], "team-u", "{r}");
+    assert_eq!(ours["hint"], &second[second.len() - 4..], "{r}");
+    // A mounted key changes by redeploying.
+    let mounted_id = mounted["id"].as_str().unwrap().to_string();
+    for (method, path, body) in [
+        (
+            reqwest::Method::POST,
+            format!("/admin/keys/{mounted_id}/revoke"),
+            None,
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/admin/keys/{mounted_id}/rotate"),
+            None,
+        ),
+        (
+            reqwest::Method::PATCH,
+            format!("/admin/keys/{mounted_id}"),
+            Some(json!({ "enabled": false })),
+        ),
+    ] {
+        let r = admin.call(method, &path, body).await;
+        assert_error(&r, 409, "key_mounted", &path);
+    }
+    let r = admin
+        .call(
+            reqwest::Method::GET,
+            "/admin/keys/key_0000000000000000",
+            None,
+        )
+        .await;
+    assert_error(&r, 404, "not_found", "an unknown key");
+    let r = gw.chat("chat").await.unwrap();
+    assert_eq!(r.status, 200, "the mounted key still works: {r}");
+
+    for body in admin.bodies_without_secrets() {
+        for secret in [&first, &second, &gw.virtual_key, &gw.admin_token] {
+            assert!(!body.contains(secret.as_str()), "a secret in {body}");
+        }
+        assert!(!has_sha256(&body), "a hash in {body}");
+    }
+    let logs = format!("{}\n{}", gw.cp.logs(), gw.envoy.logs());
+    for secret in [&first, &second] {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a created key's secret in the logs"
+        );
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_created_by_the_cli_on_a_shared_sqlite_store_reach_envoy() {
+    let gw = Gateway::start_with("vk_cli_sqlite", |p1, p2| {
+        standard_pool(p1, p2).replace(
+            "keyStore: { type: memory }",
+            "keyStore: { type: sqlite, path: keys.sqlite }",
+        )
+    })
+    .await
+    .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    let config = gw.cp.config_path().display().to_string();
+    let env = [
+        ("P1_KEY_A", gw.key_a.as_str()),
+        ("P1_KEY_B", gw.key_b.as_str()),
+        ("P2_KEY_C", gw.key_c.as_str()),
+        ("STARCI_AI_KEY", gw.virtual_key.as_str()),
+    ];
+
+    // Written by another process while the control plane runs.
+    let (ok, created, out) = run_cli(
+        &[
+            "create", "--label", "cli_app", "--models", "*", "--owner", "ops", "--rpm", "600",
+            "--config", &config,
+        ],
+        &env,
+    )
+    .await;
+    assert!(ok, "keys create: {out}");
+    let id = created["key"]["id"].as_str().expect("key.id").to_string();
+    let secret = created["secret"].as_str().expect("secret").to_string();
+    assert!(secret.starts_with("sk-starci-cli_app-"), "{out}");
+    assert_eq!(created["key"]["quota"]["requestsPerMinute"], 600, "{out}");
+    wait_status(&gw, &secret, 200, "the CLI-created key to be accepted").await;
+
+    // list / get print no secret or hash; the mounted key is listed too.
+    let (ok, list, out) = run_cli(&["list", "--config", &config], &env).await;
+    assert!(ok, "keys list: {out}");
+    let keys = list["keys"].as_array().cloned().unwrap_or_default();
+    assert!(keys.iter().any(|k| k["id"] == id.as_str()), "{out}");
+    assert!(keys.iter().any(|k| k["mounted"] == true), "{out}");
+    assert!(!out.contains(&secret) && !has_sha256(&out), "{out}");
+    let (ok, got, out) = run_cli(&["get", &id, "--config", &config], &env).await;
+    assert!(ok && got["owner"] == "ops", "keys get: {out}");
+
+    // The same store through the running control plane.
+    let admin_env = [("AI_ROUTER_ADMIN_TOKEN", gw.admin_token.as_str())];
+    let url = format!("http://{}", gw.cp.http_addr());
+    let (ok, listed, out) = run_cli(&["list", "--url", &url], &admin_env).await;
+    assert!(ok, "keys list --url: {out}");
+    assert!(
+        listed["keys"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k["id"] == id.as_str())),
+        "{out}"
+    );
+    let (ok, err, out) = run_cli(&["list", "--url", &url], &[]).await;
+    assert!(!ok && err["error"]["code"] == "missing_api_key", "{out}");
+
+    // Rotate and disable through the CLI: the server picks both up.
+    let (ok, rotated, out) = run_cli(&["rotate", &id, "--config", &config], &env).await;
+    assert!(ok, "keys rotate: {out}");
+    let new_secret = rotated["secret"].as_str().expect("secret").to_string();
+    wait_status(&gw, &secret, 401, "the rotated-away secret to be refused").await;
+    wait_status(&gw, &new_secret, 200, "the new secret to be accepted").await;
+    let (ok, _, out) = run_cli(&["update", &id, "--disabled", "--config", &config], &env).await;
+    assert!(ok, "keys update --disabled: {out}");
+    wait_status(&gw, &new_secret, 401, "the disabled key to be refused").await;
+    let (ok, _, out) = run_cli(&["update", &id, "--enabled", "--config", &config], &env).await;
+    assert!(ok, "keys update --enabled: {out}");
+    wait_status(&gw, &new_secret, 200, "the enabled key to be accepted").await;
+
+    // Usage written by the server is read by the CLI from the same file.
+    let usage = poll("usage in the shared store", PUSH, || {
+        let config = config.clone();
+        let id = id.clone();
+        async move {
+            let (ok, usage, out) = run_cli(&["usage", &id, "--config", &config], &env).await;
+            anyhow::ensure!(ok, "keys usage: {out}");
+            Ok((usage["total"]["requests"].as_u64().unwrap_or(0) >= 3).then_some(usage))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        usage["days"].as_array().is_some_and(|d| !d.is_empty()),
+        "{usage}"
+    );
+
+    // Revoke through the CLI: 401 within a couple of seconds.
+    let (ok, revoked, out) = run_cli(&["revoke", &id, "--config", &config], &env).await;
+    assert!(ok && revoked["revoked"] == true, "keys revoke: {out}");
+    let r = wait_status(&gw, &new_secret, 401, "the revoked key to be refused").await;
+    assert_error(&r, 401, "invalid_api_key", "a revoked key");
+    // Mounted keys are refused by the CLI too.
+    let mounted_id = keys
+        .iter()
+        .find(|k| k["mounted"] == true)
+        .and_then(|k| k["id"].as_str())
+        .unwrap()
+        .to_string();
+    let (ok, err, out) = run_cli(&["revoke", &mounted_id, "--config", &config], &env).await;
+    assert!(!ok && err["error"]["code"] == "key_mounted", "{out}");
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_needs_the_admin_token() {
+    let gw = Gateway::start("vk_admin_token").await.expect("fixture");
+    let admin = Admin::new(&gw);
+    let r = admin
+        .call_with(reqwest::Method::GET, "/admin/keys", None, None)
+        .await;
+    assert_error(&r, 401, "missing_api_key", "no admin token");
+    let r = admin
+        .call_with(
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({ "label": "x", "models": ["*"] })),
+            Some("admin-wrong"),
+        )
+        .await;
+    assert_error(&r, 401, "invalid_api_key", "a wrong admin token");
+    // A virtual key is not an admin token.
+    let vk = gw.virtual_key.clone();
+    let r = admin
+        .call_with(reqwest::Method::GET, "/admin/keys", None, Some(&vk))
+        .await;
+    assert_error(
+        &r,
+        401,
+        "invalid_api_key",
+        "a virtual key as the admin token",
+    );
+    let r = admin
+        .call(
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({ "label": "Bad Label", "models": ["*"] })),
+        )
+        .await;
+    assert_error(&r, 400, "invalid_request", "an invalid label");
+
+    // /health: plain without the token, the pool (aliases only) with it.
+    let r = admin
+        .call_with(reqwest::Method::GET, "/health", None, None)
+        .await;
+    assert_eq!(r.status, 200, "{r}");
+    assert!(r.json.get("providers").is_none(), "{r}");
+    let r = admin.call(reqwest::Method::GET, "/health", None).await;
+    assert_eq!(r.status, 200, "{r}");
+    let aliases: Vec<&str> = r.json["providers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["keys"].as_array().into_iter().flatten())
+        .filter_map(|k| k["alias"].as_str())
+        .collect();
+    assert_eq!(aliases, ["a", "b", "c"], "{r}");
+    assert!(r.json["breakers"].is_array(), "{r}");
+    for (name, secret) in gw.secrets() {
+        assert!(!r.text.contains(secret), "{name} in /health: {r}");
+    }
+
+    // No admin token configured: the admin API is off.
+    let dir = TestDir::new("vk_admin_disabled").unwrap();
+    let yaml = standard_pool(&gw.mock1.api_base(), &gw.mock2.api_base())
+        .replace("  adminToken: { env: AI_ROUTER_ADMIN_TOKEN }\n", "");
+    let env = vec![("P1_KEY_A".to_string(), gw.key_a.clone())];
+    let cp = ControlPlane::start(&dir, &yaml, &env).await.unwrap();
+    let r = admin
+        .http
+        .get(format!("http://{}/admin/keys", cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "admin_disabled", "{body}");
+}

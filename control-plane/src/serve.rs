@@ -3,9 +3,12 @@
 //! HTTP (axum):
 //! - `GET /health` -> `{"status":"ok"|"degraded","version":N}`; degraded while no provider has a
 //!   usable key (a secret that is set and not blacklisted). Always 200: the process is alive.
+//!   With the admin token it adds the pool (see [`crate::admin`]).
+//! - `/admin/keys...`: the admin API (see [`crate::admin`]).
 //! - anything else -> 404 with an OpenAI error object.
 //!
-//! gRPC (tonic): `airouter.v1.Sync` (see [`crate::sync`]).
+//! gRPC (tonic): `airouter.v1.Sync` (see [`crate::sync`]) and `airouter.v1.Admin` (see
+//! [`crate::admin`]).
 //!
 //! [`start`] binds and runs everything in the background and is what `up` and the tests use;
 //! [`serve`] is the CLI command: load (nothing is bound before the config is valid), start,

@@ -1746,6 +1746,8 @@ impl Pool {
     pub async fn restart_envoy(&mut self) -> Result<()> {
         let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
         self.envoy.process.kill();
+        // Envoy::start reads the admin address from this file: not the old Envoy's.
+        let _ = fs::remove_file(self.dir.join("envoy-admin.txt"));
         let envoy = Envoy::start(
             &self.dir,
             self.cp.config_path(),

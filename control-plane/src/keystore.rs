@@ -32,52 +32,6 @@ use crate::secrets::{sha256_hex, Secret};
 use crate::vkeys::{self, VirtualKeyRecord};
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 1;
-
-const MIGRATIONS: &[&str] = &[
-    // 0 -> 1
-    "CREATE TABLE virtual_keys (
-        id TEXT PRIMARY KEY,
-        label TEXT NOT NULL,
-        sha256 TEXT NOT NULL UNIQUE,
-        hint TEXT NOT NULL,
-        owner TEXT,
-        profiles TEXT NOT NULL,
-        models TEXT NOT NULL,
-        allow_fallback INTEGER NOT NULL,
-        requests_per_minute INTEGER,
-        tokens_per_day INTEGER,
-        cost_per_day REAL,
-        cost_per_month REAL,
-        enabled INTEGER NOT NULL,
-        revoked INTEGER NOT NULL,
-        created_at_ms INTEGER NOT NULL
-    );
-    CREATE TABLE key_usage (
-        key_id TEXT NOT NULL,
-        day TEXT NOT NULL,
-        requests INTEGER NOT NULL DEFAULT 0,
-        successes INTEGER NOT NULL DEFAULT 0,
-        failures INTEGER NOT NULL DEFAULT 0,
-        prompt_tokens INTEGER NOT NULL DEFAULT 0,
-        completion_tokens INTEGER NOT NULL DEFAULT 0,
-        cost REAL NOT NULL DEFAULT 0,
-        latency_ms INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (key_id, day)
-    );
-    CREATE TABLE key_usage_outcomes (
-        key_id TEXT NOT NULL,
-        day TEXT NOT NULL,
-        outcome TEXT NOT NULL,
-        count INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (key_id, day, outcome)
-    );
-    CREATE TABLE key_changes (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        generation INTEGER NOT NULL
-    );
-    INSERT INTO key_changes (id, generation) VALUES (1, 0);",
-];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyStoreError {
@@ -329,35 +283,7 @@ impl SqliteKeyStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(storage)?;
         }
-        let mut conn = Connection::open(path).map_err(storage)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(storage)?;
-        // WAL cannot be set inside a transaction.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(storage)?;
-        // Two processes may migrate at once: the immediate transaction serialises them and the
-        // version is read again inside it.
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(storage)?;
-        let version: i64 = tx
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(storage)?;
-        if version > SCHEMA_VERSION {
-            return Err(KeyStoreError::Storage(format!(
-                "the key store's schema version {version} is newer than this binary's \
-                 ({SCHEMA_VERSION}); upgrade ai-router"
-            )));
-        }
-        if version < SCHEMA_VERSION {
-            let from = usize::try_from(version).map_err(storage)?;
-            for migration in MIGRATIONS.iter().skip(from) {
-                tx.execute_batch(migration).map_err(storage)?;
-            }
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(storage)?;
-        }
-        tx.commit().map_err(storage)?;
+        let conn = crate::sqlite::open(path).map_err(KeyStoreError::Storage)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -1268,7 +1194,7 @@ mod tests {
         assert_eq!(one.list()?.len(), 2);
         // A newer schema is refused.
         one.conn()
-            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)?;
+            .pragma_update(None, "user_version", crate::sqlite::SCHEMA_VERSION + 1)?;
         drop(one);
         let refused = SqliteKeyStore::open(&path).map(|_| ());
         assert!(

@@ -13,6 +13,7 @@ pub mod mock;
 pub mod render;
 pub mod secrets;
 pub mod serve;
+pub mod sqlite;
 pub mod state_store;
 pub mod sync;
 pub mod up;

@@ -21,62 +21,6 @@ use crate::engine::{
 };
 
 /// The schema this binary writes.
-pub const SCHEMA_VERSION: i64 = 2;
-
-const MIGRATIONS: &[&str] = &[
-    // 0 -> 1
-    "CREATE TABLE key_blacklist (
-        provider TEXT NOT NULL,
-        key TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        until_ms INTEGER NOT NULL,
-        refused_fingerprint INTEGER NOT NULL,
-        code TEXT,
-        PRIMARY KEY (provider, key)
-    );
-    CREATE TABLE lane_cooldown (
-        provider TEXT NOT NULL,
-        key TEXT NOT NULL,
-        model TEXT NOT NULL,
-        until_ms INTEGER NOT NULL,
-        PRIMARY KEY (provider, key, model)
-    );",
-    // 1 -> 2
-    "CREATE TABLE breaker (
-        scope TEXT NOT NULL,
-        provider TEXT NOT NULL,
-        key TEXT NOT NULL,
-        phase TEXT NOT NULL,
-        failures INTEGER NOT NULL,
-        open_until_ms INTEGER NOT NULL,
-        cooldown_ms INTEGER NOT NULL,
-        PRIMARY KEY (scope, provider, key)
-    );
-    CREATE TABLE headroom (
-        provider TEXT NOT NULL,
-        key TEXT NOT NULL,
-        model TEXT NOT NULL,
-        remaining_requests INTEGER NOT NULL,
-        remaining_tokens INTEGER NOT NULL,
-        reset_at_ms INTEGER NOT NULL,
-        PRIMARY KEY (provider, key, model)
-    );
-    CREATE TABLE provider_spend (
-        provider TEXT NOT NULL PRIMARY KEY,
-        day INTEGER NOT NULL,
-        day_cost REAL NOT NULL,
-        month INTEGER NOT NULL,
-        month_cost REAL NOT NULL
-    );
-    CREATE TABLE probe_lease (
-        scope TEXT NOT NULL,
-        provider TEXT NOT NULL,
-        key TEXT NOT NULL,
-        holder TEXT NOT NULL,
-        until_ms INTEGER NOT NULL,
-        PRIMARY KEY (scope, provider, key)
-    );",
-];
 
 #[derive(Debug)]
 pub struct SqliteStateStore {
@@ -101,31 +45,7 @@ impl SqliteStateStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(store_err)?;
         }
-        let mut conn = Connection::open(path).map_err(store_err)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(store_err)?;
-        // WAL cannot be set inside a transaction.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(store_err)?;
-        let version: i64 = conn
-            .pragma_query_value(None, "user_version", |row| row.get(0))
-            .map_err(store_err)?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError(format!(
-                "the state store's schema version {version} is newer than this binary's \
-                 ({SCHEMA_VERSION}); upgrade ai-router"
-            )));
-        }
-        if version < SCHEMA_VERSION {
-            let tx = conn.transaction().map_err(store_err)?;
-            let from = usize::try_from(version).map_err(store_err)?;
-            for migration in &MIGRATIONS[from..] {
-                tx.execute_batch(migration).map_err(store_err)?;
-            }
-            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                .map_err(store_err)?;
-            tx.commit().map_err(store_err)?;
-        }
+        let conn = crate::sqlite::open(path).map_err(StoreError)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -415,7 +335,7 @@ mod tests {
         assert_eq!(store.load()?, state);
         store
             .conn()
-            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)?;
+            .pragma_update(None, "user_version", crate::sqlite::SCHEMA_VERSION + 1)?;
         drop(store);
         let refused = SqliteStateStore::open(&path).map(|_| ()).map_err(|e| e.0);
         assert!(

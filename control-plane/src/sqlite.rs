@@ -1,0 +1,178 @@
+//! The one SQLite schema of ai-router. The key store and the state store may share a file
+//! (several processes may, too), so the file has one schema and one `PRAGMA user_version`:
+//! migrations run in order in one immediate transaction, WAL is set outside it, and a file
+//! written by a newer binary is refused.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+/// The schema version this binary writes; each migration moves the file one version up.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+const MIGRATIONS: &[&str] = &[
+    // Key store ------------------------------------------------------------------------------
+    // 0 -> 1
+    "CREATE TABLE virtual_keys (
+        id TEXT PRIMARY KEY,
+        label TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        hint TEXT NOT NULL,
+        owner TEXT,
+        profiles TEXT NOT NULL,
+        models TEXT NOT NULL,
+        allow_fallback INTEGER NOT NULL,
+        requests_per_minute INTEGER,
+        tokens_per_day INTEGER,
+        cost_per_day REAL,
+        cost_per_month REAL,
+        enabled INTEGER NOT NULL,
+        revoked INTEGER NOT NULL,
+        created_at_ms INTEGER NOT NULL
+    );
+    CREATE TABLE key_usage (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        requests INTEGER NOT NULL DEFAULT 0,
+        successes INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day)
+    );
+    CREATE TABLE key_usage_outcomes (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        count INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, outcome)
+    );
+    CREATE TABLE key_changes (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        generation INTEGER NOT NULL
+    );
+    INSERT INTO key_changes (id, generation) VALUES (1, 0);",
+    // State store ----------------------------------------------------------------------------
+    // 0 -> 1
+    "CREATE TABLE key_blacklist (
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        refused_fingerprint INTEGER NOT NULL,
+        code TEXT,
+        PRIMARY KEY (provider, key)
+    );
+    CREATE TABLE lane_cooldown (
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        model TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        PRIMARY KEY (provider, key, model)
+    );",
+    // 1 -> 2
+    "CREATE TABLE breaker (
+        scope TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        phase TEXT NOT NULL,
+        failures INTEGER NOT NULL,
+        open_until_ms INTEGER NOT NULL,
+        cooldown_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, provider, key)
+    );
+    CREATE TABLE headroom (
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        model TEXT NOT NULL,
+        remaining_requests INTEGER NOT NULL,
+        remaining_tokens INTEGER NOT NULL,
+        reset_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (provider, key, model)
+    );
+    CREATE TABLE provider_spend (
+        provider TEXT NOT NULL PRIMARY KEY,
+        day INTEGER NOT NULL,
+        day_cost REAL NOT NULL,
+        month INTEGER NOT NULL,
+        month_cost REAL NOT NULL
+    );
+    CREATE TABLE probe_lease (
+        scope TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        holder TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        PRIMARY KEY (scope, provider, key)
+    );",
+];
+
+/// Opens (and creates or migrates) the database at `path`.
+pub fn open(path: &Path) -> Result<Connection, String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+    }
+    let mut conn = Connection::open(path).map_err(|e| err(&e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(&e))?;
+    // WAL cannot be set inside a transaction.
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| err(&e))?;
+    // Two processes may migrate at once: the immediate transaction serialises them and the
+    // version is read inside it.
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| err(&e))?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| err(&e))?;
+    if version > SCHEMA_VERSION {
+        return Err(format!(
+            "{}: the schema version {version} is newer than this binary's ({SCHEMA_VERSION}); upgrade ai-router",
+            path.display()
+        ));
+    }
+    let from = usize::try_from(version).map_err(|e| err(&e))?;
+    for migration in MIGRATIONS.iter().skip(from) {
+        tx.execute_batch(migration).map_err(|e| err(&e))?;
+    }
+    if version < SCHEMA_VERSION {
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(|e| err(&e))?;
+    }
+    tx.commit().map_err(|e| err(&e))?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_store_and_state_store_share_one_file() {
+        let dir = std::env::temp_dir().join(format!("ai-router-sqlite-{}", std::process::id()));
+        let path = dir.join("shared.sqlite");
+        let keys = crate::keystore::SqliteKeyStore::open(&path).unwrap();
+        let state = crate::state_store::SqliteStateStore::open(&path).unwrap();
+        let again = crate::keystore::SqliteKeyStore::open(&path).unwrap();
+        drop((keys, state, again));
+        let conn = open(&path).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(tables >= 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -60,3 +60,154 @@ async fn the_openai_and_langchain_python_clients_chat_and_stream_through_the_gat
     );
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+/// The models every protocol pool serves on mock 1 (`chat`, `tools`, `json`, under provider
+/// `llm` of `kind`, keys `a` and `b`) and the embeddings model on mock 2 (`embed`, 8
+/// dimensions, provider `emb`, openai-compatible, key `c`).
+fn protocols_pool(kind: &'static str) -> impl Fn(&str, &str) -> String {
+    move |p1: &str, p2: &str| {
+        format!(
+            r#"gateway:
+  host: 127.0.0.1
+  port: 0
+  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
+  keyStore: {{ type: memory }}
+controlPlane:
+  host: 127.0.0.1
+  httpPort: 0
+  grpcPort: 0
+providers:
+  - id: llm
+    kind: {kind}
+    baseUrl: {p1}
+    keys:
+      - {{ alias: a, env: P1_KEY_A }}
+      - {{ alias: b, env: P1_KEY_B }}
+    models:
+      - {{ id: m-chat, aliases: [chat] }}
+      - {{ id: m-tools, aliases: [tools] }}
+      - {{ id: m-json, aliases: [json] }}
+  - id: emb
+    kind: openai-compatible
+    baseUrl: {p2}
+    keys:
+      - {{ alias: c, env: P2_KEY_C }}
+    models:
+      - {{ id: te3, aliases: [embed], capabilities: [embeddings], dimensions: 8 }}
+defaults:
+  deadlineMs: 30000
+resilience:
+  backoff: {{ baseMs: 10, factor: 2, maxMs: 50 }}
+"#
+        )
+    }
+}
+
+/// Runs tests/conformance/protocols.py against a gateway whose chat provider is of `kind`.
+async fn protocol_clients(test: &str, kind: &'static str) {
+    let python = python_bin().unwrap();
+    let gw = Gateway::start_with(test, protocols_pool(kind))
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([
+            script::rule(
+                json!({ "model": "m-chat" }),
+                vec![script::stream(&["Hello", " from", " the", " pool"])]
+            ),
+            script::rule(
+                json!({ "model": "m-tools" }),
+                vec![json!({ "toolCalls": [{
+                    "name": "get_weather",
+                    "argumentChunks": ["{\"city\"", ": \"Par", "is\"}"]
+                }] })]
+            ),
+            script::rule(
+                json!({ "model": "m-json" }),
+                vec![script::text("{\"answer\": 42}")]
+            ),
+        ]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![json!({ "dimensions": 8 })])]))
+        .await
+        .unwrap();
+
+    let script_path = workspace_root().join("tests/conformance/protocols.py");
+    let child = tokio::process::Command::new(&python)
+        .arg(&script_path)
+        .env("AI_ROUTER_BASE_URL", gw.openai_base_url())
+        .env("AI_ROUTER_API_KEY", &gw.virtual_key)
+        .env("AI_ROUTER_CHAT_MODEL", "chat")
+        .env("AI_ROUTER_EXPECT", "Hello from the pool")
+        .env("AI_ROUTER_TOOLS_MODEL", "tools")
+        .env("AI_ROUTER_JSON_MODEL", "json")
+        .env("AI_ROUTER_EMBED_MODEL", "embed")
+        .env("AI_ROUTER_EMBED_DIMENSIONS", "8")
+        .env("NO_PROXY", "*")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("the client script finishes within 4 minutes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    std::fs::write(gw.dir.join("protocols.stdout"), stdout.as_bytes()).unwrap();
+    std::fs::write(gw.dir.join("protocols.stderr"), stderr.as_bytes()).unwrap();
+    assert!(
+        out.status.success(),
+        "{} {} ({kind}) exited {}\n----- stdout -----\n{stdout}\n----- stderr -----\n{stderr}",
+        python.display(),
+        script_path.display(),
+        out.status
+    );
+
+    // The calls went where the kind says: the Messages API for anthropic, chat completions
+    // otherwise; embeddings always to the OpenAI-compatible provider.
+    let chat_calls = gw.mock1.calls().await.unwrap();
+    let expected_path = if kind == "anthropic" {
+        "/v1/messages"
+    } else {
+        "/v1/chat/completions"
+    };
+    assert!(!chat_calls.is_empty(), "no chat call reached the provider");
+    for c in &chat_calls {
+        assert!(
+            c.path.ends_with(expected_path),
+            "{kind}: a chat call went to {}",
+            c.path
+        );
+    }
+    let embed_calls = gw.mock2.calls().await.unwrap();
+    assert!(
+        embed_calls.len() >= 4,
+        "the embeddings calls reached the embeddings provider: {embed_calls:?}"
+    );
+    assert!(embed_calls
+        .iter()
+        .all(|c| c.path.ends_with("/v1/embeddings") && c.model.as_deref() == Some("te3")));
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_clients_use_tools_json_mode_streams_and_embeddings_with_an_openai_provider() {
+    protocol_clients("python_protocols_openai", "openai-compatible").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_clients_use_tools_json_mode_streams_and_embeddings_with_an_anthropic_provider()
+{
+    protocol_clients("python_protocols_anthropic", "anthropic").await;
+}

@@ -1275,9 +1275,9 @@ async fn a_gap_after_the_first_token_longer_than_the_timeout_cuts_the_stream_wit
     // Envoy's idle timeout on the attempt route is timeoutMs + 0.5 s.
     let gap = s.ended_at.saturating_sub(contents[0].0);
     assert!(
-        gap >= Duration::from_millis(1000) && gap <= Duration::from_millis(3500),
-        "the stream ended {gap:?} after its last chunk (expected about 1.5 s):\n{s}\n{}",
-        s.body
+        gap >= Duration::from_millis(1000) && gap <= Duration::from_millis(2500),
+        "the stream ended {gap:?} after its last chunk (expected about 1.5 s: timeoutMs 1 s + \
+         0.5 s, give or take 1 s):\n{s}"
     );
     assert!(
         s.transport_error.is_some()

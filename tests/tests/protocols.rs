@@ -215,7 +215,7 @@ impl std::fmt::Display for TimedStream {
         if let Some(e) = &self.transport_error {
             writeln!(f, "<transport error: {e}>")?;
         }
-        Ok(())
+        write!(f, "--- raw body ---\n{}", self.body)
     }
 }
 

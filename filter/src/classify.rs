@@ -153,6 +153,16 @@ const QUOTA_TEXT: &[&str] = &[
     "free-models-per-day",
     "quota exceeded for",
     "daily limit",
+    "api usage limits",
+    "usage limit",
+];
+/// Refusals of the key itself that some providers send with a 400.
+const AUTH_TEXT: &[&str] = &[
+    "api key not valid",
+    "api_key_invalid",
+    "invalid api key",
+    "incorrect api key",
+    "invalid x-api-key",
 ];
 const AUTH_CODES: &[&str] = &[
     "invalid_api_key",
@@ -196,7 +206,10 @@ pub fn classify(
     let has_code = |set: &[&str]| tokens.iter().any(|t| !t.is_empty() && set.contains(t));
 
     let quota = has_code(QUOTA_CODES) || contains_any(&msg_l, QUOTA_TEXT);
-    let auth = has_code(AUTH_CODES);
+    let raw_l = String::from_utf8_lossy(body).to_ascii_lowercase();
+    let auth = has_code(AUTH_CODES)
+        || contains_any(&msg_l, AUTH_TEXT)
+        || raw_l.contains("api_key_invalid");
     let rate = has_code(RATE_CODES);
     // Gemini says RESOURCE_EXHAUSTED for both rate limits and spent quotas; the message tells.
     let gemini_exhausted = type_l == "resource_exhausted";
@@ -245,13 +258,45 @@ pub fn classify(
             }
         }
     };
+    let window_end = if class == Class::Quota {
+        regain_access_at(&message)
+    } else {
+        None
+    };
     Failure {
         class,
-        retry_at_ms: retry_at(headers, now_ms),
+        retry_at_ms: retry_at(headers, now_ms).or(window_end),
         provider_code: code.or(kind_field),
         message,
         status,
     }
+}
+
+/// The end of a spent quota's window when the message names it, as Anthropic's spend cap does:
+/// "... You will regain access on 2026-12-01 at 00:00 UTC."
+fn regain_access_at(message: &str) -> Option<i64> {
+    let rest = &message[message.find("regain access on ")? + "regain access on ".len()..];
+    let date = rest.get(..10)?;
+    let time = rest.get(10..)?.strip_prefix(" at ")?.get(..5)?;
+    let num = |s: &str| s.parse::<i64>().ok();
+    let (y, m, d) = (
+        num(date.get(..4)?)?,
+        num(date.get(5..7)?)?,
+        num(date.get(8..10)?)?,
+    );
+    let (hh, mm) = (num(time.get(..2)?)?, num(time.get(3..5)?)?);
+    Some((days_from_civil(y, m, d) * 86_400 + hh * 3_600 + mm * 60) * 1000)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date.
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// Classifies an error object received inside a stream (before or after the first token).
@@ -381,6 +426,18 @@ mod tests {
             ),
             Class::RateLimit
         );
+    }
+
+    #[test]
+    fn second_shapes() {
+        let spend_cap = r#"{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified API usage limits. You will regain access on 2026-12-01 at 00:00 UTC."}}"#;
+        let f = classify("anthropic", 400, &[], spend_cap.as_bytes(), 0);
+        assert_eq!(f.class, Class::Quota);
+        assert_eq!(f.retry_at_ms, Some(1_796_083_200_000));
+        let gemini = r#"[{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}]"#;
+        assert_eq!(c("gemini", 400, gemini), Class::Auth);
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
     }
 
     #[test]

@@ -288,6 +288,39 @@ fn regain_access_at(message: &str) -> Option<i64> {
     Some((days_from_civil(y, m, d) * 86_400 + hh * 3_600 + mm * 60) * 1000)
 }
 
+/// `YYYY-MM-DDTHH:MM:SS[.fff]Z` (UTC only) as ms since the epoch.
+fn parse_rfc3339(v: &str) -> Option<i64> {
+    let v = v.trim();
+    let num = |s: Option<&str>| s.and_then(|s| s.parse::<i64>().ok());
+    let (y, mo, d) = (num(v.get(..4))?, num(v.get(5..7))?, num(v.get(8..10))?);
+    if !matches!(v.get(10..11), Some("T" | "t" | " ")) {
+        return None;
+    }
+    let (h, mi, sec) = (
+        num(v.get(11..13))?,
+        num(v.get(14..16))?,
+        num(v.get(17..19))?,
+    );
+    let rest = v.get(19..)?;
+    let (frac, zone) = match rest.strip_prefix('.') {
+        Some(r) => {
+            let digits = r.find(|c: char| !c.is_ascii_digit()).unwrap_or(r.len());
+            let ms = r
+                .get(..digits.min(3))
+                .filter(|d| !d.is_empty())
+                .and_then(|d| d.parse::<i64>().ok())
+                .unwrap_or(0);
+            let scale = [100, 10, 1][digits.clamp(1, 3) - 1];
+            (ms * scale, &r[digits..])
+        }
+        None => (0, rest),
+    };
+    if !(zone == "Z" || zone == "z" || zone == "+00:00") {
+        return None;
+    }
+    Some((days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + sec) * 1000 + frac)
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
@@ -557,15 +590,21 @@ pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
         "x-ratelimit-remaining-tokens",
         "anthropic-ratelimit-tokens-remaining",
     ]);
-    let resets = [
+    let durations = [
         get(&["x-ratelimit-reset-requests"]).and_then(|v| parse_reset_duration(&v)),
         get(&["x-ratelimit-reset-tokens"]).and_then(|v| parse_reset_duration(&v)),
     ];
-    let reset = resets
+    // Anthropic names the moment: anthropic-ratelimit-*-reset: 2026-11-29T18:00:30Z.
+    let moments = [
+        get(&["anthropic-ratelimit-requests-reset"]).and_then(|v| parse_rfc3339(&v)),
+        get(&["anthropic-ratelimit-tokens-reset"]).and_then(|v| parse_rfc3339(&v)),
+    ];
+    let reset = durations
         .iter()
         .flatten()
-        .min()
         .map(|d| now_ms + d)
+        .chain(moments.iter().flatten().copied())
+        .min()
         .unwrap_or(0);
     (requests, tokens, reset)
 }
@@ -593,5 +632,15 @@ mod headroom_tests {
         assert_eq!(parse_reset_duration("1h2m3.5s"), Some(3_723_500));
         assert_eq!(parse_reset_duration("2"), Some(2000));
         assert_eq!(parse_reset_duration("bogus"), None);
+        let anthropic = h(&[
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2026-12-01T00:00:12Z"),
+        ]);
+        assert_eq!(headroom(&anthropic, 0), (0, -1, 1_796_083_212_000));
+        assert_eq!(
+            parse_rfc3339("2026-12-01T00:00:12.5Z"),
+            Some(1_796_083_212_500)
+        );
+        assert_eq!(parse_rfc3339("2026-12-01T00:00:12+02:00"), None);
     }
 }

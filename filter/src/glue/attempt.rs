@@ -50,12 +50,17 @@ struct Translate {
 }
 
 impl Translate {
-    fn feed(&mut self, bytes: &[u8], now_ms: i64) -> Result<Vec<u8>, Failure> {
+    /// The OpenAI bytes of the events received, and the failure that ended them, if one did
+    /// (what came before it in the same read is kept: it may hold the first token).
+    fn feed(&mut self, bytes: &[u8], now_ms: i64) -> (Vec<u8>, Option<Failure>) {
         let mut out = Vec::new();
         for event in self.parser.feed(bytes) {
-            out.extend(self.translator.feed(&event, now_ms)?);
+            match self.translator.feed(&event, now_ms) {
+                Ok(chunk) => out.extend(chunk),
+                Err(failure) => return (out, Some(failure)),
+            }
         }
-        Ok(out)
+        (out, None)
     }
 }
 
@@ -729,27 +734,9 @@ impl HttpContext for Attempt {
                 } else {
                     self.get_http_response_body(0, size).unwrap_or_default()
                 };
-                let new = match upstream.as_mut().map(|t| t.feed(&new, now)) {
-                    None => new,
-                    Some(Ok(translated)) => translated,
-                    Some(Err(failure)) if !gate.released() => {
-                        self.fail(failure, size);
-                        return Action::Continue;
-                    }
-                    Some(Err(failure)) => {
-                        // After the first token: end the client's stream with the error.
-                        let event = crate::stream::error_event(
-                            &format!(
-                                "The provider's stream failed after the answer had started: {}",
-                                failure.message
-                            ),
-                            "stream_interrupted",
-                        );
-                        self.set_http_response_body(0, size, &event);
-                        self.report(Some(&failure), 200);
-                        self.mode = Mode::Through;
-                        return Action::Continue;
-                    }
+                let (new, upstream_failure) = match upstream.as_mut() {
+                    None => (new, None),
+                    Some(t) => t.feed(&new, now),
                 };
                 // The bytes that take the place of this callback's body.
                 let mut out: Option<Vec<u8>> = None;
@@ -765,6 +752,25 @@ impl HttpContext for Attempt {
                         self.fail(failure, size);
                         return Action::Continue;
                     }
+                }
+                if let Some(failure) = upstream_failure {
+                    if !gate.released() {
+                        self.fail(failure, size);
+                        return Action::Continue;
+                    }
+                    // After the first token: what arrived, then the error ends the stream.
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(crate::stream::error_event(
+                        &format!(
+                            "The provider's stream failed after the answer had started: {}",
+                            failure.message
+                        ),
+                        "stream_interrupted",
+                    ));
+                    self.set_http_response_body(0, size, &bytes);
+                    self.report(Some(&failure), 200);
+                    self.mode = Mode::Through;
+                    return Action::Continue;
                 }
                 if !end_of_stream {
                     if let Some(bytes) = out {

@@ -935,3 +935,50 @@ async fn two_control_planes_sharing_an_sqlite_state_store_share_a_blacklist() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_past_its_daily_budget_is_out_until_the_next_utc_day() {
+    let pool = Pool::start("provider_budget", 1, |m, _| {
+        let mock = &m[0];
+        let mut setup = PoolSetup::default();
+        setup.secret_env("RS_KEY_A", "a");
+        setup.secret_env("RS_KEY_C", "c");
+        // One call costs far more than the day's budget: (prompt + 8 completion tokens) x 1000
+        // per million tokens.
+        setup.yaml = format!(
+            "{}providers:\n  - id: p1\n    baseUrl: {mock}/p1/v1\n    budget: {{ costPerDay: 0.001 }}\n    keys: [{{ alias: a, env: RS_KEY_A }}]\n    models: [{{ id: m1, aliases: [chat], cost: {{ input: 1000, output: 1000 }} }}]\n  - id: p2\n    baseUrl: {mock}/p2/v1\n    keys: [{{ alias: c, env: RS_KEY_C }}]\n    models: [{{ id: m1, aliases: [chat] }}]\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    // Equal lanes alternate, so p1 serves one of the first calls and spends past its budget.
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        let (r, keys) = call(&pool, "chat").await;
+        assert_eq!(r.status, 200, "{r}");
+        first.extend(keys);
+    }
+    assert!(
+        first.contains(&"a".to_string()),
+        "p1 served before its budget was spent: {first:?}"
+    );
+    // Once the spend is reported and pushed, p1 is out: every call goes to p2.
+    let mut streak = 0;
+    let started = Instant::now();
+    while streak < 6 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "p1 still serves past its budget"
+        );
+        let (r, keys) = call(&pool, "chat").await;
+        assert_eq!(r.status, 200, "{r}");
+        streak = if keys == ["c"] { streak + 1 } else { 0 };
+    }
+    for _ in 0..10 {
+        let (r, keys) = call(&pool, "chat").await;
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(keys, ["c"], "a provider past its budget gets no traffic");
+    }
+}

@@ -25,7 +25,9 @@
 //! redeploying), 409 `conflict` (a revoked key), 500 `internal_error`.
 //!
 //! A write is pushed to the data plane before the call answers; keys written by another
-//! process sharing the SQLite store are picked up by [`run_key_sync`] within a second.
+//! process sharing the SQLite store are picked up by [`run_key_sync`] within a second. The same
+//! task pushes the keys' quota blocks ([`crate::quotas`]) after each usage write, when the UTC
+//! day rolls over, and every few seconds (usage another process wrote).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +39,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
@@ -50,6 +52,8 @@ pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
 
 /// How often the key store is checked for changes made by another process.
 pub const KEY_SYNC_INTERVAL: Duration = Duration::from_millis(500);
+/// Key-sync ticks between two quota recomputations when nothing else asked for one.
+const QUOTA_RECHECK_TICKS: u32 = 10;
 
 impl From<KeyStoreError> for ApiError {
     fn from(err: KeyStoreError) -> Self {
@@ -269,27 +273,39 @@ impl AdminApi {
 }
 
 /// Polls the key store's change counter and pushes its keys into the snapshot when another
-/// process changed them, until `shutdown` flips.
+/// process changed them, until `shutdown` flips. Also pushes the keys again, with their quota
+/// blocks recomputed, when `usage_written` fires (the usage of the call that crossed a limit is
+/// then in the store), when the UTC day changes (blocks end) and every few seconds.
 pub async fn run_key_sync(
     engine: Arc<Engine>,
     keys: Arc<KeyAdmin>,
+    usage_written: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tick = tokio::time::interval(KEY_SYNC_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen: Option<u64> = None;
+    let mut day = String::new();
+    let mut ticks = 0u32;
     let mut failing = false;
     loop {
-        tokio::select! {
-            _ = tick.tick() => {}
+        let written = tokio::select! {
+            _ = tick.tick() => false,
+            _ = usage_written.notified() => true,
             _ = shutdown.wait_for(|stopped| *stopped) => break,
+        };
+        ticks += 1;
+        let today = crate::keystore::utc_day(keys.now_ms());
+        let recheck = written || today != day || ticks >= QUOTA_RECHECK_TICKS;
+        if recheck {
+            ticks = 0;
         }
         let engine = engine.clone();
         let keys = keys.clone();
         let last = seen;
         let result = tokio::task::spawn_blocking(move || {
             let generation = keys.store().generation()?;
-            if last != Some(generation) {
+            if recheck || last != Some(generation) {
                 push_keys(&engine, &keys)?;
             }
             Ok::<_, KeyStoreError>(generation)
@@ -298,6 +314,7 @@ pub async fn run_key_sync(
         match result {
             Ok(Ok(generation)) => {
                 seen = Some(generation);
+                day = today;
                 if failing {
                     tracing::info!("the key store is readable again");
                     failing = false;
@@ -671,6 +688,7 @@ mod tests {
             enabled: true,
             quota: None,
             mounted: true,
+            quota_block: None,
         };
         let engine = Engine::new(
             Arc::new(config),

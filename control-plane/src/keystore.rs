@@ -84,6 +84,7 @@ impl StoredKey {
             enabled: self.enabled && !self.revoked,
             quota: Some(self.quota),
             mounted: false,
+            quota_block: None,
         }
     }
 }
@@ -756,6 +757,10 @@ impl KeyAdmin {
         &self.mounted
     }
 
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
     fn is_mounted(&self, id: &str) -> bool {
         self.mounted.iter().any(|k| k.id == id)
     }
@@ -924,7 +929,7 @@ impl KeyAdmin {
 
     /// The snapshot's virtual keys: the mounted ones, then every stored key that is not
     /// revoked (a disabled one with `enabled: false`). A stored key that shares a hash with a
-    /// mounted one is left out.
+    /// mounted one is left out. Each carries the quota block its usage puts on it now.
     pub fn snapshot_keys(&self) -> Result<Vec<VirtualKeyRecord>, KeyStoreError> {
         let mut keys = self.mounted.clone();
         for key in self.store.list()? {
@@ -933,6 +938,7 @@ impl KeyAdmin {
             }
             keys.push(key.to_record());
         }
+        crate::quotas::with_blocks(self.store.as_ref(), &mut keys, self.clock.now_ms())?;
         Ok(keys)
     }
 
@@ -1014,6 +1020,7 @@ mod tests {
             enabled: true,
             quota: None,
             mounted: true,
+            quota_block: None,
         }
     }
 

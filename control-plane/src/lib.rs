@@ -10,6 +10,7 @@ pub mod error;
 pub mod keys_cli;
 pub mod keystore;
 pub mod mock;
+pub mod quotas;
 pub mod render;
 pub mod secrets;
 pub mod serve;

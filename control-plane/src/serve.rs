@@ -203,14 +203,17 @@ pub async fn start(
     // Usage accounting and keys written by other processes.
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
     engine.add_report_observer(recorder);
+    let usage_written = Arc::new(tokio::sync::Notify::new());
     tasks.push(tokio::spawn(crate::usage::run_writer(
         usage_rows,
         keys.store().clone(),
+        usage_written.clone(),
         stop.clone(),
     )));
     tasks.push(tokio::spawn(crate::admin::run_key_sync(
         engine.clone(),
         keys.clone(),
+        usage_written,
         stop.clone(),
     )));
     let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));

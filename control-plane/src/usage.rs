@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ai_router_proto::v1 as pb;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::config::Config;
 use crate::engine::{Clock, ReportObserver};
@@ -136,9 +136,11 @@ fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
 }
 
 /// Writes queued usage rows to `store` until `shutdown` flips, then writes what is left.
+/// `written` fires after each successful write (the quota blocks depend on it).
 pub async fn run_writer(
     mut rx: mpsc::UnboundedReceiver<Rows>,
     store: Arc<dyn KeyStore>,
+    written: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -152,7 +154,9 @@ pub async fn run_writer(
         while let Ok(more) = rx.try_recv() {
             merge(&mut pending, more);
         }
-        write(&store, pending).await;
+        if write(&store, pending).await {
+            written.notify_one();
+        }
     }
     let mut pending = BTreeMap::new();
     while let Ok(more) = rx.try_recv() {
@@ -163,16 +167,23 @@ pub async fn run_writer(
     }
 }
 
-async fn write(store: &Arc<dyn KeyStore>, pending: BTreeMap<(String, String), UsageDay>) {
+/// Whether the rows were stored.
+async fn write(store: &Arc<dyn KeyStore>, pending: BTreeMap<(String, String), UsageDay>) -> bool {
     let rows: Rows = pending
         .into_iter()
         .map(|((id, _), row)| (id, row))
         .collect();
     let store = store.clone();
     match tokio::task::spawn_blocking(move || store.record_usage(&rows)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::error!(%err, "cannot record usage"),
-        Err(err) => tracing::error!(%err, "the usage writer failed"),
+        Ok(Ok(())) => true,
+        Ok(Err(err)) => {
+            tracing::error!(%err, "cannot record usage");
+            false
+        }
+        Err(err) => {
+            tracing::error!(%err, "the usage writer failed");
+            false
+        }
     }
 }
 
@@ -293,7 +304,8 @@ mod tests {
         let (recorder, rx) =
             UsageRecorder::new(Arc::new(config()?), Arc::new(crate::engine::SystemClock));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let writer = tokio::spawn(run_writer(rx, store.clone(), stop_rx));
+        let written = Arc::new(Notify::new());
+        let writer = tokio::spawn(run_writer(rx, store.clone(), written.clone(), stop_rx));
         recorder.observe(&batch());
         recorder.observe(&batch());
         stop_tx.send(true)?;

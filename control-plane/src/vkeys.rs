@@ -13,6 +13,7 @@ use ai_router_proto::v1 as pb;
 use rand::RngCore;
 
 use crate::config::{Config, MountedKey, QuotaConfig};
+use crate::quotas::QuotaBlock;
 use crate::secrets::{sha256_hex, Env, Secret, SecretSource};
 
 /// The env variable that mounts the app's key when the config mounts none.
@@ -35,6 +36,8 @@ pub struct VirtualKeyRecord {
     pub enabled: bool,
     pub quota: Option<QuotaConfig>,
     pub mounted: bool,
+    /// A quota spent according to usage ([`crate::quotas`]).
+    pub quota_block: Option<QuotaBlock>,
 }
 
 impl VirtualKeyRecord {
@@ -47,6 +50,13 @@ impl VirtualKeyRecord {
             models: self.models.clone(),
             allow_fallback: self.allow_fallback,
             enabled: self.enabled,
+            requests_per_minute: self.quota.and_then(|q| q.requests_per_minute).unwrap_or(0),
+            quota_code: self
+                .quota_block
+                .as_ref()
+                .map(|b| b.code.to_owned())
+                .unwrap_or_default(),
+            quota_until_ms: self.quota_block.as_ref().map_or(0, |b| b.until_ms),
         }
     }
 }
@@ -172,6 +182,7 @@ fn mount(mounted: &MountedKey, env: &dyn Env) -> Result<VirtualKeyRecord, Mounte
         enabled: mounted.enabled,
         quota: mounted.quota,
         mounted: true,
+        quota_block: None,
     })
 }
 

@@ -1,0 +1,231 @@
+//! Per-key quotas: what the control plane decides from usage and pushes with each virtual key.
+//!
+//! - `quota.requestsPerMinute` is pushed as is (`VirtualKey.requests_per_minute`); the filter
+//!   counts requests per UTC minute itself, in Envoy's shared data.
+//! - `quota.tokensPerDay`, `costPerDay` and `costPerMonth` are decided here from the key's usage
+//!   rows (per UTC day; a month is the sum of its days). Tokens and cost are counted after a
+//!   call, so a key is blocked from the request after the one that crossed a limit: once its
+//!   usage is at or above it, until the start of the next UTC day (month). The block is pushed as
+//!   `VirtualKey.quota_code` / `quota_until_ms`.
+//!
+//! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync
+//! ([`crate::admin::run_key_sync`]) recomputes them after every usage write and when the UTC day
+//! rolls over, and the engine publishes a new snapshot when a block appears or ends.
+
+use crate::budget::{next_day_ms, next_month_ms};
+use crate::config::QuotaConfig;
+use crate::keystore::{utc_day, KeyStore, KeyStoreError, UsageDay};
+use crate::vkeys::VirtualKeyRecord;
+
+pub const TOKENS_PER_DAY_EXCEEDED: &str = "tokens_per_day_exceeded";
+pub const COST_PER_DAY_EXCEEDED: &str = "cost_per_day_exceeded";
+pub const COST_PER_MONTH_EXCEEDED: &str = "cost_per_month_exceeded";
+
+/// A spent quota: the 429 code the filter answers with, until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaBlock {
+    pub code: &'static str,
+    pub until_ms: i64,
+}
+
+/// Whether `quota` has a limit decided from usage (the others are the filter's).
+pub fn has_usage_limits(quota: &QuotaConfig) -> bool {
+    quota.tokens_per_day.is_some() || quota.cost_per_day.is_some() || quota.cost_per_month.is_some()
+}
+
+/// The block `quota` puts on a key that used `today` this UTC day and `month` this UTC month;
+/// the month's block wins when both are spent (it lasts longer).
+pub fn block(
+    quota: &QuotaConfig,
+    today: &UsageDay,
+    month: &UsageDay,
+    now_ms: i64,
+) -> Option<QuotaBlock> {
+    if quota
+        .cost_per_month
+        .is_some_and(|limit| month.cost >= limit)
+    {
+        return Some(QuotaBlock {
+            code: COST_PER_MONTH_EXCEEDED,
+            until_ms: next_month_ms(now_ms),
+        });
+    }
+    let tokens = today.prompt_tokens.saturating_add(today.completion_tokens);
+    let code = if quota.tokens_per_day.is_some_and(|limit| tokens >= limit) {
+        TOKENS_PER_DAY_EXCEEDED
+    } else if quota.cost_per_day.is_some_and(|limit| today.cost >= limit) {
+        COST_PER_DAY_EXCEEDED
+    } else {
+        return None;
+    };
+    Some(QuotaBlock {
+        code,
+        until_ms: next_day_ms(now_ms),
+    })
+}
+
+/// This UTC day's and this UTC month's usage of the key `id`.
+pub fn usage_now(
+    store: &dyn KeyStore,
+    id: &str,
+    now_ms: i64,
+) -> Result<(UsageDay, UsageDay), KeyStoreError> {
+    let today = utc_day(now_ms);
+    let first = format!("{}-01", &today[..7]);
+    let mut day = UsageDay::default();
+    let mut month = UsageDay::default();
+    for row in store.usage(id, &first, &today)? {
+        if row.day == today {
+            day.add(&row);
+        }
+        month.add(&row);
+    }
+    Ok((day, month))
+}
+
+/// Sets the block of every key whose quota has a usage limit (stored and mounted alike: usage
+/// rows are per key id).
+pub fn with_blocks(
+    store: &dyn KeyStore,
+    keys: &mut [VirtualKeyRecord],
+    now_ms: i64,
+) -> Result<(), KeyStoreError> {
+    for key in keys {
+        key.quota_block = match key.quota.filter(has_usage_limits) {
+            Some(quota) => {
+                let (today, month) = usage_now(store, &key.id, now_ms)?;
+                block(&quota, &today, &month, now_ms)
+            }
+            None => None,
+        };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keystore::MemoryKeyStore;
+
+    // 2026-03-15T12:00:00Z
+    const AT: i64 = 1_773_576_000_000;
+    // 2026-03-16T00:00:00Z, 2026-04-01T00:00:00Z
+    const NEXT_DAY: i64 = 1_773_619_200_000;
+    const NEXT_MONTH: i64 = 1_775_001_600_000;
+
+    fn used(tokens: u64, cost: f64) -> UsageDay {
+        UsageDay {
+            prompt_tokens: tokens / 2,
+            completion_tokens: tokens - tokens / 2,
+            cost,
+            ..UsageDay::default()
+        }
+    }
+
+    fn quota(tokens: Option<u64>, day: Option<f64>, month: Option<f64>) -> QuotaConfig {
+        QuotaConfig {
+            requests_per_minute: None,
+            tokens_per_day: tokens,
+            cost_per_day: day,
+            cost_per_month: month,
+        }
+    }
+
+    #[test]
+    fn a_limit_blocks_once_reached_until_the_next_window() {
+        let q = quota(Some(100), Some(1.0), Some(5.0));
+        assert_eq!(block(&q, &used(99, 0.5), &used(99, 4.0), AT), None);
+        let tokens = block(&q, &used(100, 0.5), &used(100, 4.0), AT);
+        assert_eq!(
+            tokens,
+            Some(QuotaBlock {
+                code: TOKENS_PER_DAY_EXCEEDED,
+                until_ms: NEXT_DAY
+            })
+        );
+        let cost = block(&q, &used(10, 1.0), &used(10, 4.0), AT);
+        assert_eq!(cost.map(|b| b.code), Some(COST_PER_DAY_EXCEEDED));
+        // The month's block lasts longer, so it is the one pushed.
+        let month = block(&q, &used(500, 2.0), &used(500, 5.5), AT);
+        assert_eq!(
+            month,
+            Some(QuotaBlock {
+                code: COST_PER_MONTH_EXCEEDED,
+                until_ms: NEXT_MONTH
+            })
+        );
+        assert_eq!(
+            block(
+                &QuotaConfig::default(),
+                &used(1 << 40, 1e9),
+                &used(1 << 40, 1e9),
+                AT
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn blocks_come_from_the_store_and_roll_over() -> Result<(), KeyStoreError> {
+        let store = MemoryKeyStore::default();
+        let row = |day: &str, tokens: u64, cost: f64| {
+            (
+                "key_a".to_owned(),
+                UsageDay {
+                    day: day.to_owned(),
+                    ..used(tokens, cost)
+                },
+            )
+        };
+        store.record_usage(&[
+            row("2026-02-28", 10_000, 100.0),
+            row("2026-03-01", 0, 3.0),
+            row("2026-03-15", 150, 0.5),
+        ])?;
+        let (today, month) = usage_now(&store, "key_a", AT)?;
+        assert_eq!(today.prompt_tokens + today.completion_tokens, 150);
+        assert!((month.cost - 3.5).abs() < 1e-9);
+        let record = |q: Option<QuotaConfig>| VirtualKeyRecord {
+            id: "key_a".into(),
+            label: "a".into(),
+            sha256: String::new(),
+            hint: String::new(),
+            profiles: vec![],
+            models: vec![],
+            owner: None,
+            allow_fallback: true,
+            enabled: true,
+            quota: q,
+            mounted: false,
+            quota_block: None,
+        };
+        let mut keys = vec![
+            record(Some(quota(Some(100), None, None))),
+            record(Some(quota(None, None, Some(3.5)))),
+            record(Some(quota(Some(1_000), Some(1.0), Some(10.0)))),
+            record(None),
+        ];
+        with_blocks(&store, &mut keys, AT)?;
+        let codes: Vec<_> = keys
+            .iter()
+            .map(|k| k.quota_block.as_ref().map(|b| b.code))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                Some(TOKENS_PER_DAY_EXCEEDED),
+                Some(COST_PER_MONTH_EXCEEDED),
+                None,
+                None
+            ]
+        );
+        // The next day the daily block is over; the month's is not.
+        with_blocks(&store, &mut keys, NEXT_DAY)?;
+        let codes: Vec<_> = keys
+            .iter()
+            .map(|k| k.quota_block.as_ref().map(|b| b.code))
+            .collect();
+        assert_eq!(codes, [None, Some(COST_PER_MONTH_EXCEEDED), None, None]);
+        Ok(())
+    }
+}

@@ -18,6 +18,7 @@ pub mod embeddings;
 pub mod errors;
 pub mod lanes;
 pub mod plan;
+pub mod quota;
 pub mod resolve;
 pub mod sse;
 pub mod state;

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::shared::{self, now_ms};
 use crate::errors::GatewayError;
 use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::quota;
 use crate::resolve;
 use crate::util::sha256_hex;
 
@@ -201,6 +202,19 @@ impl Front {
     }
 }
 
+/// The key's quota answer, if any: a block the control plane pushed, else the request past
+/// `requests_per_minute` in this UTC minute (counted here, across the workers).
+fn quota_refusal(key: &ai_router_proto::v1::VirtualKey, now: i64) -> Option<GatewayError> {
+    if let Some(err) = quota::blocked(key, now) {
+        return Some(err);
+    }
+    if key.requests_per_minute == 0 {
+        return None;
+    }
+    let count = shared::count_minute_request(&key.id, quota::minute_of(now))?;
+    quota::over_minute_limit(key.requests_per_minute, count, now)
+}
+
 impl Context for Front {}
 
 impl HttpContext for Front {
@@ -243,8 +257,11 @@ impl HttpContext for Front {
             return self.reply(GatewayError::not_ready());
         };
         self.key = self.authenticate(&state);
-        if self.key.is_none() {
+        let Some(key) = self.key.as_ref() else {
             return Action::Pause;
+        };
+        if let Some(err) = quota_refusal(key, self.started_ms) {
+            return self.reply(err);
         }
         if let Some(len) = self
             .get_http_request_header("content-length")

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::Class;
 use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
+use crate::quota::MinuteCount;
 use crate::state::State;
 
 pub const VM_ID: &str = "ai_router";
@@ -166,6 +167,26 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
 
 pub fn in_flight(provider: &str, key: &str) -> u32 {
     read_counter(&in_flight_key(provider, key)).0
+}
+
+/// Counts one request of the virtual key `key_id` in the UTC minute `minute`, across every
+/// worker of this Envoy (one shared-data entry per key, compare-and-swap); returns the count
+/// in that minute including this one, `None` when the entry could not be updated.
+pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
+    let name = format!("ai-router/rpm/{key_id}");
+    for _ in 0..16 {
+        let (stored, cas) = match hostcalls::get_shared_data(&name) {
+            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteCount::decode), cas),
+            Err(_) => return None,
+        };
+        let next = MinuteCount::bump(stored, minute);
+        match hostcalls::set_shared_data(&name, Some(&next.encode()), cas) {
+            Ok(()) => return Some(next.count),
+            Err(proxy_wasm::types::Status::CasMismatch) => continue,
+            Err(_) => return None,
+        }
+    }
+    None
 }
 
 /// A number in [0, 1) for jitter (xorshift, seeded per VM).

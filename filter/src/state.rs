@@ -190,3 +190,51 @@ impl State {
         self.snapshot.profiles.keys().chain(self.names.keys())
     }
 }
+
+/// Whether any provider has a key with a secret that is not blacklisted right now.
+pub fn any_usable_key(state: &State, now_ms: i64) -> bool {
+    state.snapshot.providers.iter().any(|p| {
+        p.keys.iter().any(|k| {
+            !k.secret.is_empty()
+                && state.key_health(&p.id, &k.alias).is_none_or(|h| {
+                    let same_secret =
+                        h.refused_fingerprint == 0 || h.refused_fingerprint == k.fingerprint;
+                    !(same_secret && (h.until_ms == 0 || h.until_ms > now_ms))
+                })
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ai_router_proto::v1::{KeyHealth, ProviderKey};
+
+    #[test]
+    fn usable_keys() {
+        let key = |alias: &str, secret: &str| ProviderKey {
+            alias: alias.into(),
+            secret: secret.into(),
+            fingerprint: 7,
+            ..Default::default()
+        };
+        let mut snap = Snapshot::default();
+        snap.providers.push(Provider {
+            id: "p".into(),
+            keys: vec![key("a", ""), key("b", "sk")],
+            ..Default::default()
+        });
+        assert!(any_usable_key(&State::new(1, snap.clone()), 0));
+        snap.key_health.push(KeyHealth {
+            provider: "p".into(),
+            key: "b".into(),
+            reason: "auth".into(),
+            until_ms: 0,
+            refused_fingerprint: 7,
+        });
+        assert!(!any_usable_key(&State::new(2, snap.clone()), 0));
+        // A new secret (another fingerprint) lifts it.
+        snap.key_health[0].refused_fingerprint = 8;
+        assert!(any_usable_key(&State::new(3, snap), 0));
+    }
+}

@@ -413,3 +413,45 @@ async fn no_secret_reaches_a_log_or_a_client() {
 
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_health_is_ok_until_no_provider_has_a_usable_key() {
+    let gw = Gateway::start("gateway_health").await.expect("fixture");
+    let health = || async {
+        gw.client
+            .request(reqwest::Method::GET, "/health", None, None)
+            .await
+            .unwrap()
+    };
+    let r = health().await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.json["status"], "ok", "{r}");
+    // Every key of every provider is refused: once blacklisted, the pool is degraded.
+    let refused = script::status(
+        401,
+        json!({}),
+        Some(
+            json!({"error": {"message": "bad key", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}),
+        ),
+    );
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![refused.clone()])]))
+            .await
+            .unwrap();
+    }
+    let r = gw.chat("chat").await.unwrap();
+    assert_eq!(r.status, 503, "{r}");
+    let started = std::time::Instant::now();
+    loop {
+        let r = health().await;
+        assert_eq!(r.status, 200, "{r}");
+        if r.json["status"] == "degraded" {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "still {r} with every key refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -90,6 +90,23 @@ impl Front {
         Action::Pause
     }
 
+    /// `GET /health` (no key): ok while some provider has a usable key, else degraded.
+    fn health(&mut self) -> Action {
+        let (status, code) = match shared::current_state() {
+            None => (503, "starting"),
+            Some(state) if crate::state::any_usable_key(&state, now_ms()) => (200, "ok"),
+            Some(_) => (200, "degraded"),
+        };
+        self.answered = Some((status, "health"));
+        let body = json!({ "status": code }).to_string().into_bytes();
+        self.send_http_response(
+            u32::from(status),
+            vec![("content-type", "application/json")],
+            Some(&body),
+        );
+        Action::Pause
+    }
+
     /// The virtual key of the bearer token, or an answer already sent.
     fn authenticate(
         &mut self,
@@ -243,6 +260,7 @@ impl HttpContext for Front {
             ("GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => {
                 return self.models(&path)
             }
+            ("GET", "/health") => return self.health(),
             (_, "/v1/chat/completions" | "/v1/embeddings" | "/v1/models") => {
                 return self.reply(GatewayError::new(
                     405,

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod keys_cli;
 pub mod keystore;
+pub mod metrics;
 pub mod mock;
 pub mod quotas;
 pub mod render;

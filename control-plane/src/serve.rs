@@ -218,7 +218,9 @@ pub async fn start(
     )));
     let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
-    let router = http_router(admin.clone());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    engine.add_report_observer(metrics.clone());
+    let router = http_router(admin.clone()).merge(crate::metrics::routes(engine.clone(), metrics));
     let http_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) = axum::serve(http, router)

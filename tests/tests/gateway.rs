@@ -455,3 +455,39 @@ async fn the_gateway_health_is_ok_until_no_provider_has_a_usable_key() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_exposes_what_envoy_reported_as_prometheus_metrics_without_secrets() {
+    let gw = Gateway::start("metrics").await.expect("fixture");
+    let r = gw.chat("chat").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let url = format!("http://{}/metrics", gw.cp.http_addr());
+    // Reports reach the control plane a moment after the answer: poll.
+    let started = std::time::Instant::now();
+    let text = loop {
+        let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        if text.contains("ai_router_requests_total{operation=\"chat\",outcome=\"success\"} 1")
+            && text.contains("outcome=\"success\",class=\"\"} 1")
+        {
+            break text;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the call is not counted:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(text.contains("ai_router_state_version "), "{text}");
+    for secret in [
+        &gw.key_a,
+        &gw.key_b,
+        &gw.key_c,
+        &gw.virtual_key,
+        &gw.sync_token,
+    ] {
+        assert!(
+            !text.contains(secret.as_str()),
+            "a secret in /metrics:\n{text}"
+        );
+    }
+}

@@ -44,6 +44,17 @@ pub trait Clock: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+/// A clock the tests set by hand.
+#[cfg(test)]
+pub(crate) struct TestClock(pub std::sync::atomic::AtomicI64);
+
+#[cfg(test)]
+impl Clock for TestClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
         std::time::SystemTime::now()
@@ -1382,12 +1393,7 @@ mod tests {
     use std::path::Path;
     use std::sync::atomic::{AtomicI64, Ordering};
 
-    struct TestClock(AtomicI64);
-    impl Clock for TestClock {
-        fn now_ms(&self) -> i64 {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
+    use super::TestClock;
 
     /// An env whose variables the test can change while the engine reads it.
     #[derive(Default)]

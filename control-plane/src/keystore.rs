@@ -977,14 +977,9 @@ impl KeyAdmin {
 mod tests {
     use super::*;
     use crate::engine::SystemClock;
-    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::atomic::AtomicI64;
 
-    struct TestClock(AtomicI64);
-    impl Clock for TestClock {
-        fn now_ms(&self) -> i64 {
-            self.0.load(Ordering::SeqCst)
-        }
-    }
+    use crate::engine::TestClock;
 
     // 2026-03-15T12:00:00Z
     const MARCH_15: i64 = 1_773_576_000_000;

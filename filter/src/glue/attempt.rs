@@ -7,9 +7,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
 
-use super::front::{
-    H_ATTEMPT, H_ERROR_CLASS, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER,
-};
+use super::front::{H_ATTEMPT, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
 use super::shared::{self, now_ms, SharedView};
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::classify::{classify, Class, Failure};
@@ -578,7 +576,6 @@ impl Attempt {
             (failure.status, err.body())
         };
         self.set_http_response_header(":status", Some(&status.to_string()));
-        self.set_http_response_header(H_ERROR_CLASS, Some(failure.class.as_str()));
         self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
         self.set_http_response_header("content-type", Some("application/json"));
         self.set_http_response_header("content-length", None);

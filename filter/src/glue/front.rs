@@ -17,7 +17,6 @@ pub const H_RETRY: &str = "x-ai-router-retry";
 pub const H_FINAL_STATUS: &str = "x-ai-router-final-status";
 pub const H_ATTEMPT: &str = "x-ai-router-attempt";
 pub const H_LANE_MODEL: &str = "x-ai-router-lane-model";
-pub const H_ERROR_CLASS: &str = "x-ai-router-error";
 pub const H_RETRY_AFTER: &str = "x-ai-router-retry-after";
 
 #[derive(Default)]
@@ -33,6 +32,8 @@ pub struct Front {
     replace_body: Option<Vec<u8>>,
     status: u16,
     key: Option<ai_router_proto::v1::VirtualKey>,
+    /// The state the request was authenticated against; its body is routed by the same one.
+    state: Option<std::rc::Rc<crate::state::State>>,
 }
 
 impl Front {
@@ -137,7 +138,7 @@ impl Front {
     }
 
     fn on_body(&mut self, body: &[u8], op: Operation) -> Action {
-        let Some(state) = shared::current_state() else {
+        let Some(state) = self.state.clone() else {
             return self.reply(GatewayError::not_ready());
         };
         let Some(key) = self.key.take() else {
@@ -275,6 +276,7 @@ impl HttpContext for Front {
             return self.reply(GatewayError::not_ready());
         };
         self.key = self.authenticate(&state);
+        self.state = Some(state.clone());
         let Some(key) = self.key.as_ref() else {
             return Action::Pause;
         };
@@ -312,7 +314,9 @@ impl HttpContext for Front {
         let Some(op) = self.op else {
             return Action::Continue;
         };
-        let limit = shared::current_state()
+        let limit = self
+            .state
+            .as_ref()
             .map(|s| s.max_body_bytes())
             .unwrap_or(4 * 1024 * 1024);
         if size as u64 > limit {

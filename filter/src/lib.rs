@@ -16,6 +16,7 @@ pub mod anthropic;
 pub mod classify;
 pub mod embeddings;
 pub mod errors;
+pub mod headers;
 pub mod lanes;
 pub mod plan;
 pub mod quota;

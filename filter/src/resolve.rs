@@ -68,28 +68,33 @@ fn allows(list: &[String], name: &str) -> bool {
     list.iter().any(|n| n == "*" || n == name)
 }
 
-/// Whether the key may call a pool model directly by this name (or the model's id or aliases).
+/// Whether a pool model is within the key's `models`: the key names its id or one of its
+/// aliases, as written in the pool. Calling a shared alias never widens that: the alias
+/// reaches only the models the key names.
+fn model_in_scope(key: &VirtualKey, model: &ai_router_proto::v1::Model) -> bool {
+    allows(&key.models, &model.id) || model.aliases.iter().any(|a| allows(&key.models, a))
+}
+
+/// Whether the key may call a pool model directly by this name: some model by that name is
+/// within its scope.
 fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
-    if allows(&key.models, name) {
-        return true;
-    }
     state.models_named(name).iter().any(|r| {
         state
             .provider_at(r.provider)
             .and_then(|p| p.models.get(r.model))
-            .map(|m| allows(&key.models, &m.id) || m.aliases.iter().any(|a| allows(&key.models, a)))
-            .unwrap_or(false)
+            .is_some_and(|m| model_in_scope(key, m))
     })
 }
 
-/// The candidates serving a model name, optionally on one provider and within the policy's
-/// provider restriction.
+/// The candidates serving a model name, optionally on one provider, within the policy's
+/// provider restriction and, for a direct model call, within the key's model scope.
 fn candidates_for(
     state: &State,
     name: &str,
     provider: Option<&str>,
     weight: f64,
     policy: &Policy,
+    scope: Option<&VirtualKey>,
 ) -> Vec<Candidate> {
     state
         .models_named(name)
@@ -101,6 +106,9 @@ fn candidates_for(
                 return None;
             }
             if !policy.providers.is_empty() && !policy.providers.contains(&p.id) {
+                return None;
+            }
+            if scope.is_some_and(|key| !model_in_scope(key, m)) {
                 return None;
             }
             Some(Candidate {
@@ -329,6 +337,8 @@ pub fn resolve(
         (policy, tiers)
     };
 
+    // A profile is the operator's choice of models; a direct call stays within the key's.
+    let scope = profile.is_none().then_some(key);
     let allow_fallback = policy.allow_fallback.unwrap_or(true) && key.allow_fallback;
     let needs = Needs::of(body, op, &policy.require);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
@@ -336,7 +346,7 @@ pub fn resolve(
     for tier in tiers_by_name {
         let mut out: Vec<Candidate> = Vec::new();
         for (name, provider, weight) in tier {
-            for c in candidates_for(state, &name, provider.as_deref(), weight, &policy) {
+            for c in candidates_for(state, &name, provider.as_deref(), weight, &policy, scope) {
                 if let Some(reason) = unfit(state, &c, &needs, policy.max_cost) {
                     why_not.get_or_insert(reason);
                     continue;
@@ -552,6 +562,62 @@ mod tests {
         );
         // An alias of an allowed model id is allowed.
         assert!(resolve(&s, &narrow, &json!({"model":"smart"}), Operation::Chat).is_ok());
+    }
+
+    #[test]
+    fn a_shared_alias_never_widens_the_key_scope() {
+        let mut snap = Snapshot::default();
+        for (provider, id) in [
+            ("openai", "gpt-4o-mini"),
+            ("local", "llama3"),
+            ("openrouter", "openai/gpt-4o-mini"),
+        ] {
+            snap.providers.push(Provider {
+                id: provider.into(),
+                models: vec![model(id, &["fast"])],
+                ..Default::default()
+            });
+        }
+        snap.defaults = Some(Policy {
+            fallbacks: vec!["fast".into()],
+            ..Default::default()
+        });
+        let s = State::new(1, snap);
+        let narrow = VirtualKey {
+            models: vec!["gpt-4o-mini".into()],
+            profiles: vec![],
+            ..all_key()
+        };
+        let lanes = |name: &str| -> Vec<(String, String)> {
+            resolve(&s, &narrow, &json!({"model": name}), Operation::Chat)
+                .map(|r| {
+                    r.tiers
+                        .into_iter()
+                        .flatten()
+                        .map(|c| (c.provider, c.model))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let only = vec![("openai".to_string(), "gpt-4o-mini".to_string())];
+        assert_eq!(lanes("fast"), only);
+        assert_eq!(lanes("gpt-4o-mini"), only);
+        assert_eq!(
+            resolve(&s, &narrow, &json!({"model":"llama3"}), Operation::Chat)
+                .map(|_| ())
+                .unwrap_err()
+                .code,
+            "model_not_allowed"
+        );
+        // A key that names the alias gets every model carrying it.
+        let by_alias = VirtualKey {
+            models: vec!["fast".into()],
+            ..narrow.clone()
+        };
+        let all = resolve(&s, &by_alias, &json!({"model":"fast"}), Operation::Chat)
+            .map(|r| r.tiers.into_iter().flatten().count())
+            .unwrap_or(0);
+        assert_eq!(all, 3);
     }
 
     #[test]

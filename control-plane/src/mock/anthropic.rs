@@ -138,11 +138,16 @@ pub fn message_stream(turn: &Turn, answer: &Answer) -> StreamPlan {
         head,
         content,
         tail,
-        error_event: sse::event(
-            "error",
-            &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-        ),
+        error_event: stream_error_event("Overloaded"),
     }
+}
+
+/// The `error` event an Anthropic stream ends with when the server fails mid-answer.
+pub fn stream_error_event(message: &str) -> bytes::Bytes {
+    sse::event(
+        "error",
+        &json!({"type": "error", "error": {"type": "overloaded_error", "message": message}}),
+    )
 }
 
 /// An Anthropic error object for a scripted status without a body.

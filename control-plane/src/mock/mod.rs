@@ -63,7 +63,7 @@
 //! | field | meaning |
 //! |---|---|
 //! | `status` | the HTTP status (default 200); a 4xx/5xx without `body` gets a generic error object in the endpoint's shape |
-//! | `headers` | response headers (numbers allowed in YAML) |
+//! | `headers` | response headers (numbers allowed in YAML); characters U+0080..U+00FF are sent as their single Latin-1 byte, so a script can send raw non-UTF-8 header bytes |
 //! | `latencyMs` | delay before the response headers |
 //! | `error: network` | close the TCP connection without any response |
 //! | `text` | the message text (default `Hello from the ai-router mock.`, none when `toolCalls` is set) |
@@ -84,7 +84,7 @@
 //! the body cleanly without the finish chunk and without `[DONE]`; without `failAfter` it
 //! fails after all content), `stallAfter` + `stallMs` (pause once after that many content
 //! chunks), `includeUsage` (true or false forces the usage chunk on or off whatever the
-//! request asked). A reply without `stream` streams its text a word per chunk; a reply with
+//! request asked), `errorMessage` (the message of the `error-event` failure). A reply without `stream` streams its text a word per chunk; a reply with
 //! `stream` used on a unary request answers the joined chunks.
 //!
 //! # Provider errors
@@ -562,12 +562,28 @@ fn respond(
         // Checked when the script was loaded.
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
+            HeaderValue::from_bytes(&header_bytes(value)),
         ) {
             response.headers_mut().insert(name, value);
         }
     }
     response
+}
+
+/// A scripted header value as sent: characters U+0080..=U+00FF become their single Latin-1
+/// byte (obs-text, as some servers still send), so a script can send raw non-UTF-8 bytes.
+pub(crate) fn header_bytes(value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len());
+    for c in value.chars() {
+        match u8::try_from(u32::from(c)) {
+            Ok(byte) => out.push(byte),
+            Err(_) => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out
 }
 
 fn success(
@@ -589,13 +605,19 @@ fn success(
         return json_response(StatusCode::OK, &body);
     }
     let spec = reply.stream.clone().unwrap_or_default();
-    let plan = match endpoint {
+    let mut plan = match endpoint {
         Endpoint::Messages => anthropic::message_stream(turn, &answer),
         Endpoint::Chat | Endpoint::Embeddings => {
             let include_usage = spec.include_usage.unwrap_or(turn.usage_requested);
             openai::chat_stream(turn, &answer, include_usage)
         }
     };
+    if let Some(message) = &spec.error_message {
+        plan.error_event = match endpoint {
+            Endpoint::Messages => anthropic::stream_error_event(message),
+            Endpoint::Chat | Endpoint::Embeddings => openai::stream_error_event(message),
+        };
+    }
     let mut response = Response::new(sse::body(sse::schedule(plan, &spec)));
     let headers = response.headers_mut();
     headers.insert(

@@ -128,13 +128,20 @@ pub fn chat_stream(turn: &Turn, answer: &Answer, include_usage: bool) -> StreamP
         head,
         content,
         tail,
-        error_event: sse::data(&json!({"error": {
-            "message": "The server had an error while processing your request. Sorry about that!",
-            "type": "server_error",
-            "param": null,
-            "code": null,
-        }})),
+        error_event: stream_error_event(
+            "The server had an error while processing your request. Sorry about that!",
+        ),
     }
+}
+
+/// The error object an OpenAI stream ends with when the server fails mid-answer.
+pub fn stream_error_event(message: &str) -> bytes::Bytes {
+    sse::data(&json!({"error": {
+        "message": message,
+        "type": "server_error",
+        "param": null,
+        "code": null,
+    }}))
 }
 
 /// The default vector length of an embedding.

@@ -193,6 +193,10 @@ pub struct StreamSpec {
     /// Force the usage chunk on (true) or off (false) whatever the request asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
+    /// The message of the error event `failWith: error-event` sends (providers echo keys and
+    /// request details in such messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -311,7 +315,7 @@ impl Reply {
             if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return Err(format!("header name {name:?} is invalid"));
             }
-            if hyper::header::HeaderValue::from_str(value).is_err() {
+            if hyper::header::HeaderValue::from_bytes(&super::header_bytes(value)).is_err() {
                 return Err(format!("header {name}: value {value:?} is invalid"));
             }
         }

@@ -8,16 +8,18 @@ use proxy_wasm::types::Action;
 use serde_json::Value;
 
 use super::front::{H_ATTEMPT, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
+use super::host::{self, Body, Headers};
 use super::shared::{self, now_ms, SharedView};
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::classify::{classify, Class, Failure};
 use crate::embeddings;
 use crate::errors::{upstream_invalid_request, GatewayError};
+use crate::headers;
 use crate::lanes::{self, LaneId, Pick};
 use crate::plan::{Operation, Plan, PLAN_HEADER};
 use crate::sse::Parser;
 use crate::stream::{usage_of, Gate, Step, Usage};
-use crate::util::redact;
+use crate::util::{redact, redact_bytes};
 
 /// How the answer is being handled.
 #[derive(Default)]
@@ -37,8 +39,11 @@ enum Mode {
         upstream: Option<Box<Translate>>,
         seen: usize,
     },
-    /// Passed through untouched (after the verdict).
+    /// Passed through untouched (after the verdict, at the end of the answer).
     Through,
+    /// The answer was replaced by the gateway's verdict: whatever the provider still sends is
+    /// dropped, never passed on raw.
+    Drained,
 }
 
 /// The Anthropic stream, parsed and translated into OpenAI chunk bytes.
@@ -106,6 +111,8 @@ enum Pending {
 }
 
 const TIMER_CLUSTER: &str = "ai_router_timer";
+/// The header the attempt route picks the provider cluster by (removed by the route).
+const CLUSTER_HEADER: &str = "x-ai-router-cluster";
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
@@ -166,7 +173,7 @@ impl Attempt {
         }
         // 500 is never retried by the outer router (502 and 503 are); the front stage answers
         // the client with the final status.
-        self.send_http_response(500, headers, Some(&err.body()));
+        host::send_response(500, &headers, &err.body());
         Action::Pause
     }
 
@@ -237,11 +244,9 @@ impl Attempt {
             (":authority", "ai-router-timer"),
             ("x-envoy-fault-delay-request", delay.as_str()),
         ];
-        match self.dispatch_http_call(
+        match host::dispatch_http_call(
             TIMER_CLUSTER,
-            headers,
-            None,
-            vec![],
+            &headers,
             shared::duration_ms(ms as u64 + 5_000),
         ) {
             Ok(token) => {
@@ -275,12 +280,12 @@ impl Attempt {
             Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
             None => Vec::new(),
         };
-        match self.dispatch_grpc_call(
+        match host::dispatch_grpc_call(
             shared::CONTROL_PLANE_CLUSTER,
             "airouter.v1.Sync",
             "Lease",
-            metadata,
-            Some(&request.encode_to_vec()),
+            &metadata,
+            &request.encode_to_vec(),
             shared::duration_ms(2_000),
         ) {
             Ok(t) => {
@@ -315,7 +320,7 @@ impl Attempt {
     /// Resumes the request after an asynchronous step decided.
     fn resume_with(&mut self, action: Action) {
         if action == Action::Continue {
-            self.resume_http_request();
+            host::resume_request();
         }
     }
 
@@ -360,18 +365,18 @@ impl Attempt {
                     let mut err = GatewayError::new(400, "invalid_request", e.message);
                     err.param = e.param;
                     let attempts = self.attempt.to_string();
-                    self.send_http_response(
+                    host::send_response(
                         400,
-                        vec![("content-type", "application/json"), (H_ATTEMPT, &attempts)],
-                        Some(&err.body()),
+                        &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
+                        &err.body(),
                     );
                     return Action::Pause;
                 }
             };
         }
         let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
-        self.set_http_request_body(0, body.len(), &new_body);
-        self.set_http_request_header("content-length", None);
+        Body::Request.set(0, body.len(), &new_body);
+        Headers::Request.set("content-length", None);
 
         let api_path = if anthropic && plan.op == Operation::Chat {
             "/messages"
@@ -384,39 +389,35 @@ impl Attempt {
         } else {
             "providers_plain"
         };
-        self.set_http_request_header(":authority", Some(&provider.authority));
-        self.set_http_request_header(":path", Some(&path));
-        self.set_http_request_header("x-ai-router-cluster", Some(cluster));
-        for (name, _) in self.get_http_request_headers() {
-            if name.starts_with("x-envoy-")
-                || name.starts_with("x-ai-router-") && name != "x-ai-router-cluster"
-                || name == "x-forwarded-for"
-            {
-                self.set_http_request_header(&name, None);
+        Headers::Request.set(":authority", Some(&provider.authority));
+        Headers::Request.set(":path", Some(&path));
+        Headers::Request.set(CLUSTER_HEADER, Some(cluster));
+        // Only the allowlisted client headers go on; the provider's own are added below.
+        for name in Headers::Request.names() {
+            if !headers::forwarded_to_provider(&name) && name != CLUSTER_HEADER {
+                Headers::Request.remove(&name);
             }
         }
-        self.set_http_request_header("authorization", None);
-        self.set_http_request_header("x-api-key", None);
         for h in &provider.headers {
             let lower = h.name.to_ascii_lowercase();
             if lower != "authorization" && lower != "x-api-key" && lower != provider.auth_header {
-                self.set_http_request_header(&lower, Some(&h.value));
+                Headers::Request.set(&lower, Some(&h.value));
             }
         }
         if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
-            self.set_http_request_header("authorization", Some(&format!("Bearer {}", key.secret)));
+            Headers::Request.set("authorization", Some(&format!("Bearer {}", key.secret)));
         } else {
-            self.set_http_request_header(&provider.auth_header, Some(&key.secret));
+            Headers::Request.set(&provider.auth_header, Some(&key.secret));
         }
         if anthropic {
-            self.set_http_request_header("anthropic-version", Some(ANTHROPIC_VERSION));
+            Headers::Request.set("anthropic-version", Some(ANTHROPIC_VERSION));
         }
         if !plan.rid.is_empty() {
-            self.set_http_request_header("x-request-id", Some(&plan.rid));
-            self.set_http_request_header("idempotency-key", Some(&plan.rid));
+            Headers::Request.set("x-request-id", Some(&plan.rid));
+            Headers::Request.set("idempotency-key", Some(&plan.rid));
         }
         if plan.stream {
-            self.set_http_request_header("accept", Some("text/event-stream"));
+            Headers::Request.set("accept", Some("text/event-stream"));
         }
 
         let model_identity =
@@ -564,10 +565,10 @@ impl Attempt {
         self.report(Some(&failure), failure.status);
         let (status, body) = if failure.class.retryable() {
             let err = final_error(Some(failure.class), failure.retry_at_ms, now);
-            self.set_http_response_header(H_RETRY, Some("1"));
-            self.set_http_response_header(H_FINAL_STATUS, Some(&err.status.to_string()));
+            Headers::Response.set(H_RETRY, Some("1"));
+            Headers::Response.set(H_FINAL_STATUS, Some(&err.status.to_string()));
             if let Some(s) = err.retry_after_s {
-                self.set_http_response_header(H_RETRY_AFTER, Some(&s.to_string()));
+                Headers::Response.set(H_RETRY_AFTER, Some(&s.to_string()));
             }
             (503u16, err.body())
         } else {
@@ -575,21 +576,30 @@ impl Attempt {
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
             (failure.status, err.body())
         };
-        self.set_http_response_header(":status", Some(&status.to_string()));
-        self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
-        self.set_http_response_header("content-type", Some("application/json"));
-        self.set_http_response_header("content-length", None);
-        self.set_http_response_body(0, body_size, &body);
-        self.mode = Mode::Through;
+        Headers::Response.set(":status", Some(&status.to_string()));
+        Headers::Response.set(H_ATTEMPT, Some(&self.attempt.to_string()));
+        Headers::Response.set("content-type", Some("application/json"));
+        Headers::Response.set("content-length", None);
+        Body::Response.set(0, body_size, &body);
+        self.mode = Mode::Drained;
+    }
+
+    /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
+    /// passes through here (providers echo keys in error messages).
+    fn scrub(&self, bytes: Vec<u8>) -> Vec<u8> {
+        match &self.lane {
+            Some(lane) => redact_bytes(&bytes, &lane.secret).unwrap_or(bytes),
+            None => bytes,
+        }
     }
 
     fn succeed_headers(&mut self) {
         if self.first_byte_ms.is_none() {
             self.first_byte_ms = Some(now_ms());
         }
-        self.set_http_response_header(H_ATTEMPT, Some(&self.attempt.to_string()));
+        Headers::Response.set(H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
-            self.set_http_response_header(H_LANE_MODEL, Some(&lane.id.model));
+            Headers::Response.set(H_LANE_MODEL, Some(&lane.id.model));
         }
     }
 }
@@ -618,7 +628,7 @@ impl Context for Attempt {
             return;
         }
         let reply = (status == 0)
-            .then(|| self.get_grpc_call_response_body(0, size))
+            .then(|| host::grpc_call_response_body(size))
             .flatten()
             .and_then(|b| LeaseReply::decode(b.as_slice()).ok());
         let action = match (reply, shared::current_state()) {
@@ -660,7 +670,7 @@ impl HttpContext for Attempt {
         if self.lane.is_some() {
             return Action::Continue;
         }
-        self.body = self.get_http_request_body(0, size).unwrap_or_default();
+        self.body = Body::Request.get(0, size);
         self.prepare()
     }
 
@@ -672,7 +682,23 @@ impl HttpContext for Attempt {
             .get_http_response_header(":status")
             .and_then(|s| s.parse().ok())
             .unwrap_or(502);
-        let headers = self.get_http_response_headers();
+        // The provider's headers: internal names it sends are dropped before anything reads
+        // them, and only the allowlisted ones reach the client (its key redacted).
+        let mut headers: Vec<(String, String)> = Vec::new();
+        for (name, value) in Headers::Response.all() {
+            if headers::is_internal(&name) {
+                Headers::Response.remove(&name);
+                continue;
+            }
+            if !headers::forwarded_to_client(&name) {
+                Headers::Response.remove(&name);
+            } else if let Some(clean) = redact_bytes(&value, &lane.secret) {
+                Headers::Response.set_bytes(&name, &clean);
+            }
+            if let Ok(text) = String::from_utf8(value) {
+                headers.push((name, text));
+            }
+        }
         self.headroom = Some(crate::classify::headroom(&headers, now_ms()));
         let is_sse = headers.iter().any(|(k, v)| {
             k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
@@ -708,12 +734,17 @@ impl HttpContext for Attempt {
                 self.mode = Mode::Through;
                 Action::Continue
             }
+            Mode::Drained => {
+                Body::Response.set(0, size, &[]);
+                self.mode = Mode::Drained;
+                Action::Continue
+            }
             Mode::Whole { status, headers } => {
                 self.mode = Mode::Whole { status, headers };
                 if !end_of_stream {
                     return Action::Pause;
                 }
-                let body = self.get_http_response_body(0, size).unwrap_or_default();
+                let body = Body::Response.get(0, size);
                 self.judge_whole(&body, size);
                 Action::Continue
             }
@@ -726,10 +757,9 @@ impl HttpContext for Attempt {
                 // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
                 let buffered = !gate.released();
                 let new = if buffered {
-                    self.get_http_response_body(seen, size.saturating_sub(seen))
-                        .unwrap_or_default()
+                    Body::Response.get(seen, size.saturating_sub(seen))
                 } else {
-                    self.get_http_response_body(0, size).unwrap_or_default()
+                    Body::Response.get(0, size)
                 };
                 let (new, upstream_failure) = match upstream.as_mut() {
                     None => (new, None),
@@ -742,9 +772,9 @@ impl HttpContext for Attempt {
                     Step::Release(bytes) => {
                         self.after_first_token = true;
                         self.succeed_headers();
-                        out = Some(bytes);
+                        out = Some(self.scrub(bytes));
                     }
-                    Step::Forward(bytes) => out = Some(bytes),
+                    Step::Forward(bytes) => out = Some(self.scrub(bytes)),
                     Step::Fail(failure) => {
                         self.fail(failure, size);
                         return Action::Continue;
@@ -764,14 +794,15 @@ impl HttpContext for Attempt {
                         ),
                         "stream_interrupted",
                     ));
-                    self.set_http_response_body(0, size, &bytes);
+                    let bytes = self.scrub(bytes);
+                    Body::Response.set(0, size, &bytes);
                     self.report(Some(&failure), 200);
-                    self.mode = Mode::Through;
+                    self.mode = Mode::Drained;
                     return Action::Continue;
                 }
                 if !end_of_stream {
                     if let Some(bytes) = out {
-                        self.set_http_response_body(0, size, &bytes);
+                        Body::Response.set(0, size, &bytes);
                     }
                     let held = !gate.released();
                     self.mode = Mode::Stream {
@@ -792,8 +823,8 @@ impl HttpContext for Attempt {
                             self.succeed_headers();
                         }
                         let mut bytes = out.unwrap_or_default();
-                        bytes.extend(tail);
-                        self.set_http_response_body(0, size, &bytes);
+                        bytes.extend(self.scrub(tail));
+                        Body::Response.set(0, size, &bytes);
                         self.usage = gate.usage;
                         let failure = (!gate.completed()).then(|| Failure {
                             class: Class::Stream,
@@ -830,8 +861,7 @@ impl HttpContext for Attempt {
                 )
             })
             .unwrap_or((u64::MAX, i64::MAX));
-        let downstream_gone = self
-            .get_property(vec!["response", "code_details"])
+        let downstream_gone = host::property(&["response", "code_details"])
             .is_some_and(|d| d.starts_with(b"downstream_remote_disconnect"));
         let class = if now + 50 >= deadline {
             Class::Deadline
@@ -876,9 +906,10 @@ impl Attempt {
             {
                 let translated = anthropic::from_messages_response(&parsed, now / 1000);
                 self.usage = usage_of(&translated);
-                self.set_http_response_body(0, size, translated.to_string().as_bytes());
-                self.set_http_response_header("content-length", None);
-                self.set_http_response_header("content-type", Some("application/json"));
+                let bytes = self.scrub(translated.to_string().into_bytes());
+                Body::Response.set(0, size, &bytes);
+                Headers::Response.set("content-length", None);
+                Headers::Response.set("content-type", Some("application/json"));
                 self.succeed_headers();
                 self.report(None, status);
                 self.mode = Mode::Through;
@@ -902,6 +933,14 @@ impl Attempt {
                 }
             }
             self.usage = usage_of(&parsed);
+            if let Some(clean) = self
+                .lane
+                .as_ref()
+                .and_then(|l| redact_bytes(body, &l.secret))
+            {
+                Body::Response.set(0, size, &clean);
+                Headers::Response.remove("content-length");
+            }
             self.succeed_headers();
             self.report(None, status);
             self.mode = Mode::Through;

@@ -5,8 +5,10 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use serde_json::{json, Value};
 
+use super::host::{self, Body, Headers};
 use super::shared::{self, now_ms};
 use crate::errors::GatewayError;
+use crate::headers;
 use crate::plan::{Operation, Plan, PLAN_HEADER};
 use crate::quota;
 use crate::resolve;
@@ -47,7 +49,7 @@ impl Front {
         if let Some(r) = retry_after.as_deref() {
             headers.push(("retry-after", r));
         }
-        self.send_http_response(u32::from(err.status), headers, Some(&err.body()));
+        host::send_response(err.status, &headers, &err.body());
         Action::Pause
     }
 
@@ -80,13 +82,13 @@ impl Front {
         };
         self.answered = Some((200, "models"));
         let bytes = body.to_string().into_bytes();
-        self.send_http_response(
+        host::send_response(
             200,
-            vec![
+            &[
                 ("content-type", "application/json"),
                 ("x-request-id", &self.rid),
             ],
-            Some(&bytes),
+            &bytes,
         );
         Action::Pause
     }
@@ -100,11 +102,7 @@ impl Front {
         };
         self.answered = Some((status, "health"));
         let body = json!({ "status": code }).to_string().into_bytes();
-        self.send_http_response(
-            u32::from(status),
-            vec![("content-type", "application/json")],
-            Some(&body),
-        );
+        host::send_response(status, &[("content-type", "application/json")], &body);
         Action::Pause
     }
 
@@ -113,9 +111,23 @@ impl Front {
         &mut self,
         state: &crate::state::State,
     ) -> Option<ai_router_proto::v1::VirtualKey> {
-        let header = self
-            .get_http_request_header("authorization")
-            .unwrap_or_default();
+        let header = match Headers::Request.get_bytes("authorization") {
+            None => String::new(),
+            Some(bytes) => match String::from_utf8(bytes) {
+                Ok(text) => text,
+                Err(_) => {
+                    self.reply(
+                        GatewayError::new(
+                            400,
+                            "invalid_request",
+                            "The Authorization header is not valid text; send `Bearer <virtual key>`.",
+                        )
+                        .with_param("authorization"),
+                    );
+                    return None;
+                }
+            },
+        };
         let token = header
             .split_once(' ')
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
@@ -203,16 +215,16 @@ impl Front {
             tokens: resolved.needs.context_tokens,
         };
         self.cid = Some(cid);
-        self.set_http_request_header(PLAN_HEADER, Some(&plan.encode()));
+        Headers::Request.set(PLAN_HEADER, Some(&plan.encode()));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
-        self.set_http_request_header("x-envoy-max-retries", Some(&retries));
+        Headers::Request.set("x-envoy-max-retries", Some(&retries));
         // The whole call is bounded by the deadline; each attempt until its first token by the
         // attempt timeout (the attempt stage holds the headers until then).
-        self.set_http_request_header(
+        Headers::Request.set(
             "x-envoy-upstream-rq-timeout-ms",
             Some(&plan.deadline_ms.to_string()),
         );
-        self.set_http_request_header(
+        Headers::Request.set(
             "x-envoy-upstream-rq-per-try-timeout-ms",
             Some(&plan.timeout_ms.to_string()),
         );
@@ -242,13 +254,13 @@ impl HttpContext for Front {
             .get_http_request_header("x-request-id")
             .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
-        for (name, _) in self.get_http_request_headers() {
-            if name.starts_with("x-envoy-") || name.starts_with("x-ai-router-") {
-                self.set_http_request_header(&name, None);
+        for name in Headers::Request.names() {
+            if headers::is_internal(&name) {
+                Headers::Request.remove(&name);
             }
         }
-        let method = self.get_http_request_header(":method").unwrap_or_default();
-        let full_path = self.get_http_request_header(":path").unwrap_or_default();
+        let method = Headers::Request.get(":method").unwrap_or_default();
+        let full_path = Headers::Request.get(":path").unwrap_or_default();
         let path = full_path
             .split('?')
             .next()
@@ -303,7 +315,7 @@ impl HttpContext for Front {
             ));
         }
         // The client's key never goes further than this stage.
-        self.set_http_request_header("authorization", None);
+        Headers::Request.set("authorization", None);
         Action::Pause
     }
 
@@ -329,7 +341,7 @@ impl HttpContext for Front {
         if !end_of_stream {
             return Action::Pause;
         }
-        let body = self.get_http_request_body(0, size).unwrap_or_default();
+        let body = Body::Request.get(0, size);
         self.on_body(&body, op)
     }
 
@@ -341,18 +353,18 @@ impl HttpContext for Front {
             .get_http_response_header(":status")
             .and_then(|s| s.parse().ok())
             .unwrap_or(0);
-        let attempt = self.get_http_response_header(H_ATTEMPT);
-        let model = self.get_http_response_header(H_LANE_MODEL);
-        let retry_after = self.get_http_response_header(H_RETRY_AFTER);
+        let attempt = Headers::Response.get(H_ATTEMPT);
+        let model = Headers::Response.get(H_LANE_MODEL);
+        let retry_after = Headers::Response.get(H_RETRY_AFTER);
         let final_status = self
             .get_http_response_header(H_FINAL_STATUS)
             .and_then(|s| s.parse::<u16>().ok());
-        if self.get_http_response_header(H_RETRY).is_some() || final_status.is_some() {
+        if Headers::Response.has(H_RETRY) || final_status.is_some() {
             // Every attempt the router was allowed failed, or no lane was left: this answer
             // carries the gateway's final error.
             let status = final_status.unwrap_or(502);
             self.status = status;
-            self.set_http_response_header(":status", Some(&status.to_string()));
+            Headers::Response.set(":status", Some(&status.to_string()));
         } else if attempt.is_none() && self.status >= 500 {
             // The router itself gave up (deadline, no attempt stage reachable).
             let err = if self.status == 504 {
@@ -369,9 +381,9 @@ impl HttpContext for Front {
                 )
             };
             self.status = err.status;
-            self.set_http_response_header(":status", Some(&err.status.to_string()));
-            self.set_http_response_header("content-type", Some("application/json"));
-            self.set_http_response_header("content-length", None);
+            Headers::Response.set(":status", Some(&err.status.to_string()));
+            Headers::Response.set("content-type", Some("application/json"));
+            Headers::Response.set("content-length", None);
             if end_of_stream {
                 // No body to replace; the status and headers still tell the story.
             } else {
@@ -379,19 +391,16 @@ impl HttpContext for Front {
             }
         }
         // Strip everything internal.
-        for (name, _) in self.get_http_response_headers() {
-            if name.starts_with("x-ai-router-")
-                || name.starts_with("x-envoy-")
-                || name.starts_with("x-ratelimit-")
-            {
-                self.set_http_response_header(&name, None);
+        for name in Headers::Response.names() {
+            if headers::is_internal(&name) || name.starts_with("x-ratelimit-") {
+                Headers::Response.remove(&name);
             }
         }
         if !self.rid.is_empty() {
-            self.set_http_response_header("x-request-id", Some(&self.rid));
+            Headers::Response.set("x-request-id", Some(&self.rid));
         }
         if let Some(m) = model.filter(|_| self.status < 400) {
-            self.set_http_response_header("x-ai-router-model", Some(&m));
+            Headers::Response.set("x-ai-router-model", Some(&m));
         }
         let attempts = attempt.or_else(|| {
             self.cid
@@ -399,10 +408,10 @@ impl HttpContext for Front {
                 .and_then(|cid| shared::with_call(cid, |c| c.attempts.to_string()))
         });
         if let Some(a) = attempts {
-            self.set_http_response_header("x-ai-router-attempts", Some(&a));
+            Headers::Response.set("x-ai-router-attempts", Some(&a));
         }
         if let Some(r) = retry_after.filter(|_| self.status >= 400) {
-            self.set_http_response_header("retry-after", Some(&r));
+            Headers::Response.set("retry-after", Some(&r));
         }
         Action::Continue
     }
@@ -415,7 +424,7 @@ impl HttpContext for Front {
             return Action::Pause;
         }
         let body = body.clone();
-        self.set_http_response_body(0, size, &body);
+        Body::Response.set(0, size, &body);
         Action::Continue
     }
 

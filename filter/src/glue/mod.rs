@@ -3,6 +3,7 @@
 mod attempt;
 mod ctrl;
 mod front;
+mod host;
 mod shared;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -74,7 +75,7 @@ impl RootContext for Root {
         let raw = if size == 0 {
             None
         } else {
-            self.get_plugin_configuration()
+            host::plugin_configuration()
         };
         let config: PluginConfig = match raw.as_deref().map(serde_json::from_slice) {
             Some(Ok(c)) => c,

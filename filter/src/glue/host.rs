@@ -1,0 +1,196 @@
+//! The host adapter: every call the stages make into Envoy goes through here, straight to
+//! `proxy_wasm::hostcalls`, never through the SDK's trait helpers (`self.get_http_*`), which
+//! `unwrap()` internally and decode header values with `String::from_utf8(..).unwrap()`: a
+//! client or provider header carrying one byte >= 0x80 would panic the VM. Header values are
+//! read as bytes; a value that is not UTF-8 is opaque to the gateway (it is never parsed), and
+//! every host error becomes a [`HostError`] the caller handles.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, MapType, Status};
+
+/// A host call that did not succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError {
+    pub call: &'static str,
+    pub status: Status,
+}
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "host call {} failed: {:?}", self.call, self.status)
+    }
+}
+
+fn failed(call: &'static str) -> impl Fn(Status) -> HostError {
+    move |status| HostError { call, status }
+}
+
+/// Logs a host error; the callers treat the value as absent and go on.
+fn logged<T>(result: Result<T, HostError>) -> Option<T> {
+    match result {
+        Ok(v) => Some(v),
+        Err(e) => {
+            super::log_error(&format!("ai-router: {e}"));
+            None
+        }
+    }
+}
+
+/// One of the stream's header maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headers {
+    Request,
+    Response,
+}
+
+impl Headers {
+    fn map(self) -> MapType {
+        match self {
+            Headers::Request => MapType::HttpRequestHeaders,
+            Headers::Response => MapType::HttpResponseHeaders,
+        }
+    }
+
+    /// The raw value of `name`, if present.
+    pub fn get_bytes(self, name: &str) -> Option<Vec<u8>> {
+        logged(hostcalls::get_map_value_bytes(self.map(), name).map_err(failed("get_header")))
+            .flatten()
+    }
+
+    /// The value of `name` when it is present and UTF-8 text; a value that is not is treated
+    /// as absent by every caller that needs text.
+    pub fn get(self, name: &str) -> Option<String> {
+        self.get_bytes(name).and_then(|v| String::from_utf8(v).ok())
+    }
+
+    /// Whether `name` is present, whatever its bytes.
+    pub fn has(self, name: &str) -> bool {
+        self.get_bytes(name).is_some()
+    }
+
+    /// Every header, values as raw bytes.
+    pub fn all(self) -> Vec<(String, Vec<u8>)> {
+        logged(hostcalls::get_map_bytes(self.map()).map_err(failed("get_headers")))
+            .unwrap_or_default()
+    }
+
+    /// The names of every header.
+    pub fn names(self) -> Vec<String> {
+        self.all().into_iter().map(|(k, _)| k).collect()
+    }
+
+    /// Sets (or with `None` removes) `name`.
+    pub fn set(self, name: &str, value: Option<&str>) {
+        logged(hostcalls::set_map_value(self.map(), name, value).map_err(failed("set_header")));
+    }
+
+    pub fn remove(self, name: &str) {
+        self.set(name, None);
+    }
+
+    /// Sets `name` to raw bytes.
+    pub fn set_bytes(self, name: &str, value: &[u8]) {
+        logged(
+            hostcalls::set_map_value_bytes(self.map(), name, Some(value))
+                .map_err(failed("set_header")),
+        );
+    }
+}
+
+/// One of the stream's bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    Request,
+    Response,
+}
+
+impl Body {
+    fn buffer(self) -> BufferType {
+        match self {
+            Body::Request => BufferType::HttpRequestBody,
+            Body::Response => BufferType::HttpResponseBody,
+        }
+    }
+
+    /// `size` bytes from `start` of what Envoy holds (empty when nothing is there).
+    pub fn get(self, start: usize, size: usize) -> Vec<u8> {
+        logged(hostcalls::get_buffer(self.buffer(), start, size).map_err(failed("get_body")))
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Replaces `size` bytes from `start` with `bytes`.
+    pub fn set(self, start: usize, size: usize, bytes: &[u8]) {
+        logged(
+            hostcalls::set_buffer(self.buffer(), start, size, bytes).map_err(failed("set_body")),
+        );
+    }
+}
+
+/// The plugin configuration bytes, if any.
+pub fn plugin_configuration() -> Option<Vec<u8>> {
+    logged(
+        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+            .map_err(failed("get_plugin_configuration")),
+    )
+    .flatten()
+}
+
+/// The body of a finished gRPC call.
+pub fn grpc_call_response_body(size: usize) -> Option<Vec<u8>> {
+    logged(
+        hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
+            .map_err(failed("get_grpc_body")),
+    )
+    .flatten()
+}
+
+/// A property of the stream (`["response", "code_details"]`...).
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    logged(hostcalls::get_property(path.to_vec()).map_err(failed("get_property"))).flatten()
+}
+
+/// Answers the stream locally.
+pub fn send_response(status: u16, headers: &[(&str, &str)], body: &[u8]) {
+    logged(
+        hostcalls::send_http_response(u32::from(status), headers.to_vec(), Some(body))
+            .map_err(failed("send_http_response")),
+    );
+}
+
+/// Lets a paused request go on.
+pub fn resume_request() {
+    logged(hostcalls::resume_http_request().map_err(failed("resume_http_request")));
+}
+
+/// An HTTP call to `cluster`; its answer arrives in `on_http_call_response` with the token.
+pub fn dispatch_http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<u32, HostError> {
+    hostcalls::dispatch_http_call(cluster, headers.to_vec(), None, vec![], timeout)
+        .map_err(failed("dispatch_http_call"))
+}
+
+/// A unary gRPC call; its answer arrives in `on_grpc_call_response` with the token.
+pub fn dispatch_grpc_call(
+    cluster: &str,
+    service: &str,
+    method: &str,
+    metadata: &[(&str, &[u8])],
+    message: &[u8],
+    timeout: Duration,
+) -> Result<u32, HostError> {
+    hostcalls::dispatch_grpc_call(
+        cluster,
+        service,
+        method,
+        metadata.to_vec(),
+        Some(message),
+        timeout,
+    )
+    .map_err(failed("dispatch_grpc_call"))
+}

@@ -1,0 +1,103 @@
+//! Which headers cross the gateway. Both directions are allowlists: a header reaches a provider
+//! or a client only when it is named here, so a new header a client or a provider invents
+//! (credentials, billing selectors, cookies, the stages' own signals) never crosses by default.
+
+/// The prefix of every header the stages use between themselves. A client's or a provider's
+/// header with this prefix is removed before anything reads it.
+pub const INTERNAL_PREFIX: &str = "x-ai-router-";
+
+/// Headers a client sends that reach the provider unchanged. Everything else is dropped:
+/// the gateway sets the provider's credentials, `:authority`, `:path`, `content-length`,
+/// `accept` on streams, `x-request-id` and `idempotency-key` itself, and the provider's
+/// configured `headers` are added after. `accept-encoding` is not forwarded so that answers
+/// come back as plain bytes the attempt stage can read.
+pub const FORWARDED_TO_PROVIDER: &[&str] = &[
+    "content-type",
+    "accept",
+    "user-agent",
+    "traceparent",
+    "tracestate",
+];
+
+/// Headers of a provider's answer that reach the client. The provider's rate-limit, cookie,
+/// organisation and tracing headers stay inside; the gateway adds its own (`x-request-id`,
+/// `x-ai-router-model`, `x-ai-router-attempts`, `retry-after` on a final error).
+pub const FORWARDED_TO_CLIENT: &[&str] = &[
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "cache-control",
+];
+
+/// Whether a request header the attempt stage received from the front stage goes on to the
+/// provider. Pseudo-headers (`:method`, `:path`...) always stay: Envoy needs them.
+pub fn forwarded_to_provider(name: &str) -> bool {
+    name.starts_with(':') || FORWARDED_TO_PROVIDER.contains(&name)
+}
+
+/// Whether a provider's response header goes on to the client.
+pub fn forwarded_to_client(name: &str) -> bool {
+    name.starts_with(':') || FORWARDED_TO_CLIENT.contains(&name)
+}
+
+/// Whether a header is one the stages use between themselves, or one that steers Envoy.
+pub fn is_internal(name: &str) -> bool {
+    name.starts_with(INTERNAL_PREFIX) || name.starts_with("x-envoy-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_and_billing_selectors_never_reach_a_provider() {
+        for name in [
+            "authorization",
+            "api-key",
+            "x-api-key",
+            "proxy-authorization",
+            "cookie",
+            "openai-organization",
+            "openai-project",
+            "x-goog-api-key",
+            "x-forwarded-for",
+            "x-envoy-attempt-count",
+            "x-ai-router-plan",
+            "accept-encoding",
+            "anthropic-version",
+        ] {
+            assert!(!forwarded_to_provider(name), "{name} must not be forwarded");
+        }
+        for name in [":method", ":path", "content-type", "accept", "traceparent"] {
+            assert!(forwarded_to_provider(name), "{name} must be forwarded");
+        }
+    }
+
+    #[test]
+    fn provider_internals_never_reach_a_client() {
+        for name in [
+            "set-cookie",
+            "openai-organization",
+            "openai-project",
+            "x-ratelimit-remaining-requests",
+            "anthropic-ratelimit-requests-remaining",
+            "x-ai-router-final-status",
+            "x-ai-router-retry",
+            "x-envoy-upstream-service-time",
+            "server",
+            "x-request-id",
+        ] {
+            assert!(!forwarded_to_client(name), "{name} must not be forwarded");
+        }
+        for name in [":status", "content-type", "content-length"] {
+            assert!(forwarded_to_client(name), "{name} must be forwarded");
+        }
+    }
+
+    #[test]
+    fn internal_names() {
+        assert!(is_internal("x-ai-router-retry"));
+        assert!(is_internal("x-envoy-max-retries"));
+        assert!(!is_internal("x-request-id"));
+    }
+}

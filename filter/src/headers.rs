@@ -13,6 +13,8 @@ pub const INTERNAL_PREFIX: &str = "x-ai-router-";
 /// come back as plain bytes the attempt stage can read.
 pub const FORWARDED_TO_PROVIDER: &[&str] = &[
     "content-type",
+    // Set by Envoy on every request; its route lookup finds no route without it.
+    "x-forwarded-proto",
     "accept",
     "user-agent",
     "traceparent",

@@ -827,7 +827,7 @@ impl Envoy {
             "--admin-address-path".to_string(),
             admin_path.display().to_string(),
             "--log-level".to_string(),
-            "warn".to_string(),
+            std::env::var("AI_ROUTER_E2E_ENVOY_LOG").unwrap_or_else(|_| "warn".to_string()),
             // Several Envoys run at once: no shared memory between them.
             "--disable-hot-restart".to_string(),
         ];

@@ -97,6 +97,8 @@ pub struct Attempt {
     /// This attempt holds a half-open breaker's probe lease.
     probe: bool,
     first_byte_ms: Option<i64>,
+    /// The provider's answer ended with its headers.
+    headers_only: bool,
 }
 
 /// What the attempt waits for.
@@ -563,12 +565,17 @@ impl Attempt {
         let now = now_ms();
         self.hold(&failure, now);
         self.report(Some(&failure), failure.status);
+        let attempt = self.attempt.to_string();
+        let mut signals: Vec<(&str, String)> = vec![
+            (H_ATTEMPT, attempt),
+            ("content-type", "application/json".into()),
+        ];
         let (status, body) = if failure.class.retryable() {
             let err = final_error(Some(failure.class), failure.retry_at_ms, now);
-            Headers::Response.set(H_RETRY, Some("1"));
-            Headers::Response.set(H_FINAL_STATUS, Some(&err.status.to_string()));
+            signals.push((H_RETRY, "1".into()));
+            signals.push((H_FINAL_STATUS, err.status.to_string()));
             if let Some(s) = err.retry_after_s {
-                Headers::Response.set(H_RETRY_AFTER, Some(&s.to_string()));
+                signals.push((H_RETRY_AFTER, s.to_string()));
             }
             (503u16, err.body())
         } else {
@@ -576,12 +583,21 @@ impl Attempt {
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
             (failure.status, err.body())
         };
-        Headers::Response.set(":status", Some(&status.to_string()));
-        Headers::Response.set(H_ATTEMPT, Some(&self.attempt.to_string()));
-        Headers::Response.set("content-type", Some("application/json"));
-        Headers::Response.set("content-length", None);
-        Body::Response.set(0, body_size, &body);
         self.mode = Mode::Drained;
+        if self.headers_only {
+            // The provider's answer has no body to replace (the host refuses to write one):
+            // answer in its place.
+            let headers: Vec<(&str, &str)> =
+                signals.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            host::send_response(status, &headers, &body);
+            return;
+        }
+        Headers::Response.set(":status", Some(&status.to_string()));
+        for (name, value) in &signals {
+            Headers::Response.set(name, Some(value));
+        }
+        Headers::Response.remove("content-length");
+        Body::Response.set(0, body_size, &body);
     }
 
     /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
@@ -722,6 +738,7 @@ impl HttpContext for Attempt {
         }
         if end_of_stream {
             // No body at all.
+            self.headers_only = true;
             self.judge_whole(&[], 0);
             return Action::Continue;
         }

@@ -1,0 +1,482 @@
+//! The release blockers a hostile client or a misbehaving provider could use, through a real
+//! Envoy: header bytes that are not UTF-8 (HTTP/1.1 and HTTP/2, both stages), a provider that
+//! sends the stages' own signals, a provider that echoes its key (unary, SSE, error events,
+//! the Anthropic stream), a key's model scope and a shared alias, and the headers that may
+//! cross the gateway in either direction.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use ai_router_e2e::{chat_body, http_client, openai_error_problem, poll, script, Gateway, Reply};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Sends one raw HTTP/1.1 request and reads the whole answer (the request asks to close).
+async fn raw_http1(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut out))
+        .await
+        .expect("Envoy answers a raw request")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(raw: &str) -> u16 {
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An HTTP/2 client without TLS (prior knowledge), as `curl --http2-prior-knowledge` is.
+fn h2_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn reply_of(resp: reqwest::Response) -> Reply {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let text = resp.text().await.unwrap();
+    Reply {
+        status,
+        headers,
+        json: serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    }
+}
+
+fn assert_error(reply: &Reply, status: u16, code: &str, what: &str) {
+    if let Some(problem) = openai_error_problem(reply, status, code) {
+        panic!("{what}: {problem}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_bytes_that_are_not_utf8_never_break_either_stage() {
+    let gw = Gateway::start("non_utf8_headers").await.expect("fixture");
+    // The provider answers with a Latin-1 byte in a header of its own, as some servers do.
+    gw.mock1
+        .script(json!([script::always(vec![json!({
+            "text": "caf\u{e9} served",
+            "headers": { "x-served-by": "caf\u{e9}", "x-ratelimit-remaining-requests": "9\u{e9}" }
+        })])]))
+        .await
+        .unwrap();
+    let addr = gw.envoy.listen_addr();
+    let body = chat_body("chat", false).to_string();
+    for round in 0..4 {
+        // HTTP/1.1, no key: /health and a chat with a byte >= 0x80 in a header value.
+        let mut health =
+            b"GET /health HTTP/1.1\r\nhost: gw\r\nconnection: close\r\nx-foo: caf".to_vec();
+        health.extend_from_slice(b"\xe9\r\n\r\n");
+        let answer = raw_http1(addr, &health).await;
+        assert_eq!(status_of(&answer), 200, "round {round}: /health: {answer}");
+        assert!(answer.contains("\"status\""), "round {round}: {answer}");
+
+        let mut chat = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nconnection: close\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nx-note: na",
+            gw.virtual_key,
+            body.len()
+        )
+        .into_bytes();
+        chat.extend_from_slice(b"\xefve\xff\r\n\r\n");
+        chat.extend_from_slice(body.as_bytes());
+        let answer = raw_http1(addr, &chat).await;
+        assert_eq!(status_of(&answer), 200, "round {round}: chat: {answer}");
+        assert!(answer.contains("served"), "round {round}: {answer}");
+
+        // An Authorization header that is not text is refused, in the OpenAI shape.
+        let mut bad_auth = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\nauthorization: Bearer sk-",
+            body.len()
+        )
+        .into_bytes();
+        bad_auth.extend_from_slice(b"\xe9\xe9\r\n\r\n");
+        bad_auth.extend_from_slice(body.as_bytes());
+        let answer = raw_http1(addr, &bad_auth).await;
+        assert_eq!(status_of(&answer), 400, "round {round}: bad auth: {answer}");
+        assert!(
+            answer.contains("\"code\":\"invalid_request\""),
+            "round {round}: {answer}"
+        );
+
+        // HTTP/2 (prior knowledge), the same bytes.
+        let h2 = h2_client();
+        let value = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").unwrap();
+        let resp = h2
+            .get(format!("{}/health", gw.envoy.base_url()))
+            .header("x-foo", value.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+        assert_eq!(resp.status().as_u16(), 200, "round {round}: h2 /health");
+        let resp = h2
+            .post(format!("{}/v1/chat/completions", gw.envoy.base_url()))
+            .bearer_auth(&gw.virtual_key)
+            .header("content-type", "application/json")
+            .header("x-foo", value)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let reply = reply_of(resp).await;
+        assert_eq!(reply.status, 200, "round {round}: h2 chat: {reply}");
+        assert_eq!(reply.content(), Some("caf\u{e9} served"), "{reply}");
+        assert!(
+            reply.header("x-served-by").is_none(),
+            "a provider header outside the allowlist reached the client: {reply}"
+        );
+    }
+    // And the gateway still serves an ordinary client afterwards.
+    let reply = gw.chat("chat").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert!(
+        !gw.envoy.logs().contains("panicked"),
+        "the filter panicked:\n{}",
+        gw.envoy.tail()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_cannot_send_the_stages_signals() {
+    let gw = Gateway::start("provider_impersonation")
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![json!({
+            "text": "fine",
+            "headers": {
+                "x-ai-router-final-status": "299",
+                "x-ai-router-retry": "1",
+                "x-ai-router-attempt": "7",
+                "x-ai-router-lane-model": "spoofed",
+                "x-envoy-overloaded": "true"
+            }
+        })])]))
+        .await
+        .unwrap();
+    let reply = gw.chat("chat").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(reply.content(), Some("fine"), "{reply}");
+    assert_eq!(reply.header("x-ai-router-attempts").as_deref(), Some("1"));
+    assert_eq!(reply.header("x-ai-router-model").as_deref(), Some("m1"));
+    assert_eq!(
+        gw.keys_called().await.unwrap().len(),
+        1,
+        "a spoofed retry signal made the gateway call the provider again"
+    );
+    // A stream too.
+    gw.clear_calls().await.unwrap();
+    let streamed = gw.stream("chat").await.unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert_eq!(gw.keys_called().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_key_never_reaches_the_client() {
+    let gw = Gateway::start("key_echo").await.expect("fixture");
+    let key = gw.key_a.clone();
+    let echo = format!("Incorrect API key provided: {key}. You can find your key at ...");
+    // Key b is not used: keep every call on key a.
+    gw.mock1
+        .script(json!([
+            script::rule(
+                json!({"key": gw.key_b}),
+                vec![json!({"status": 401, "body": {"error": {"message": "no", "type": "invalid_request_error", "code": "invalid_api_key"}}})]
+            ),
+            script::always(vec![
+                // Unary: the key echoed in the answer and in an allowlisted header.
+                json!({"text": format!("your key is {key}"), "headers": {"cache-control": format!("no-store {key}")}}),
+                // SSE: a chunk echoes it, then an error event after the first token does.
+                json!({"stream": {
+                    "chunks": ["Hello ", format!("{key} "), "world"],
+                    "failAfter": 2,
+                    "failWith": "error-event",
+                    "errorMessage": echo,
+                }}),
+                // A non-retryable error echoing it.
+                json!({"status": 400, "body": {"error": {"message": format!("Invalid 'messages[0]' (sent with {key})"), "type": "invalid_request_error", "code": null}}}),
+            ]),
+        ]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::text("p2")])]))
+        .await
+        .unwrap();
+
+    let reply = gw.chat("m1").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    let mut seen = vec![reply.to_string()];
+    assert!(reply.text.contains("[redacted]"), "{reply}");
+
+    let streamed = gw.stream("m1").await.unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(
+        streamed.body.contains("Hello "),
+        "the answer started: {}",
+        streamed.body
+    );
+    assert!(
+        streamed.body.contains("[redacted]"),
+        "the echo is redacted: {}",
+        streamed.body
+    );
+    seen.push(streamed.body.clone());
+    seen.push(format!("{:?}", streamed.headers));
+
+    let refused = gw.chat("m1").await.unwrap();
+    assert_eq!(refused.status, 400, "{refused}");
+    assert!(refused.text.contains("[redacted]"), "{refused}");
+    seen.push(refused.to_string());
+
+    for (name, secret) in gw.secrets() {
+        for text in &seen {
+            assert!(!text.contains(secret), "{name} reached the client:\n{text}");
+        }
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+/// Provider `claude` (kind anthropic, mock 1, key `a`) and `p2` (openai-compatible, mock 2).
+fn anthropic_pool(p1: &str, p2: &str) -> String {
+    format!(
+        r#"gateway:
+  host: 127.0.0.1
+  port: 0
+  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
+  keyStore: {{ type: memory }}
+controlPlane:
+  host: 127.0.0.1
+  httpPort: 0
+  grpcPort: 0
+providers:
+  - id: claude
+    kind: anthropic
+    baseUrl: {p1}
+    keys:
+      - {{ alias: a, env: P1_KEY_A }}
+    models:
+      - {{ id: claude-m, aliases: [claude] }}
+  - id: p2
+    kind: openai-compatible
+    baseUrl: {p2}
+    keys:
+      - {{ alias: c, env: P2_KEY_C }}
+    models:
+      - {{ id: m2 }}
+defaults:
+  deadlineMs: 20000
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_stream_never_carries_the_key_to_the_client() {
+    let gw = Gateway::start_with("anthropic_key_echo", anthropic_pool)
+        .await
+        .expect("fixture");
+    let key = gw.key_a.clone();
+    gw.mock1
+        .script(json!([script::always(vec![json!({"stream": {
+            "chunks": ["Hi ", format!("{key} "), "there"],
+            "failAfter": 2,
+            "failWith": "error-event",
+            "errorMessage": format!("invalid x-api-key {key}"),
+        }})])]))
+        .await
+        .unwrap();
+    let streamed = gw.stream("claude").await.unwrap();
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    assert!(streamed.body.contains("Hi "), "{}", streamed.body);
+    assert!(
+        !streamed.body.contains(&key),
+        "the key reached the client: {}",
+        streamed.body
+    );
+    assert!(streamed.body.contains("[redacted]"), "{}", streamed.body);
+}
+
+/// `p1` serves `m1` (aliases `chat`, `fast`), `p2` serves `m2` (alias `fast`): one alias, two
+/// providers' models.
+fn shared_alias_pool(p1: &str, p2: &str) -> String {
+    ai_router_e2e::standard_pool(p1, p2)
+        .replace(
+            "{ id: m1, aliases: [chat] }",
+            "{ id: m1, aliases: [chat, fast] }",
+        )
+        .replace(
+            "{ id: m2, aliases: [backup] }",
+            "{ id: m2, aliases: [fast] }",
+        )
+        .replace("fallbacks: [m2]", "fallbacks: [fast]")
+        .replace("deadlineMs: 30000", "deadlineMs: 4000")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_alias_never_widens_a_keys_model_scope() {
+    let gw = Gateway::start_with("scope_alias", shared_alias_pool)
+        .await
+        .expect("fixture");
+    // p1 fails every call: a key scoped to m1 must not be answered by p2's m2, whatever name
+    // it calls m1 by.
+    gw.mock1
+        .script(json!([script::always(vec![json!({"status": 500})])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::text("from m2")])]))
+        .await
+        .unwrap();
+    let http = http_client().unwrap();
+    let created: Value = http
+        .post(format!("http://{}/admin/keys", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .json(&json!({"label": "narrow", "models": ["m1"], "profiles": []}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let narrow = created["secret"].as_str().expect("secret").to_string();
+    // The key reaches Envoy within a push.
+    poll("the new key is pushed", Duration::from_secs(10), || {
+        let c = gw.client.clone();
+        let narrow = narrow.clone();
+        async move {
+            let r = c.chat("m2", Some(&narrow)).await?;
+            Ok((r.status != 401).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let direct = gw.client.chat("m2", Some(&narrow)).await.unwrap();
+    assert_error(
+        &direct,
+        403,
+        "model_not_allowed",
+        "m2 is outside the key's scope",
+    );
+
+    for name in ["fast", "m1", "chat"] {
+        gw.clear_calls().await.unwrap();
+        let reply = gw.client.chat(name, Some(&narrow)).await.unwrap();
+        assert_ne!(
+            reply.status, 200,
+            "{name}: answered outside the scope: {reply}"
+        );
+        assert!(
+            gw.mock2.calls().await.unwrap().is_empty(),
+            "{name}: p2's m2 was called for a key scoped to m1"
+        );
+        // (After the first call p1's breakers are open: the later ones may not reach it.)
+    }
+    // The mounted key (every model) still falls back to p2 through the alias.
+    let reply = gw.chat("fast").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(reply.content(), Some("from m2"));
+    // /v1/models lists what the key may call, nothing more.
+    let models = gw
+        .client
+        .request(reqwest::Method::GET, "/v1/models", Some(&narrow), None)
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models.json["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(!ids.contains(&"m2"), "{ids:?}");
+    assert!(ids.contains(&"m1"), "{ids:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowlisted_headers_cross_the_gateway() {
+    let gw = Gateway::start("header_allowlist").await.expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![json!({
+            "text": "ok",
+            "headers": {
+                "set-cookie": "session=provider",
+                "openai-organization": "org-provider",
+                "openai-project": "proj-provider",
+                "x-ratelimit-remaining-requests": "99",
+                "server": "provider-server",
+                "x-provider-debug": "internal"
+            }
+        })])]))
+        .await
+        .unwrap();
+    let resp = http_client()
+        .unwrap()
+        .post(format!("{}/v1/chat/completions", gw.envoy.base_url()))
+        .bearer_auth(&gw.virtual_key)
+        .header("content-type", "application/json")
+        .header("user-agent", "sdk/1.0")
+        .header("api-key", "client-api-key")
+        .header("x-api-key", "client-x-api-key")
+        .header("proxy-authorization", "Basic Y2xpZW50")
+        .header("cookie", "client=1")
+        .header("openai-organization", "org-client")
+        .header("openai-project", "proj-client")
+        .header("x-goog-api-key", "client-goog")
+        .header("x-custom", "anything")
+        .header("accept-encoding", "gzip")
+        .body(chat_body("chat", false).to_string())
+        .send()
+        .await
+        .unwrap();
+    let reply = reply_of(resp).await;
+    assert_eq!(reply.status, 200, "{reply}");
+    for name in [
+        "set-cookie",
+        "openai-organization",
+        "openai-project",
+        "x-ratelimit-remaining-requests",
+        "x-provider-debug",
+    ] {
+        assert!(
+            reply.header(name).is_none(),
+            "the provider's {name} reached the client: {reply}"
+        );
+    }
+    assert_ne!(reply.header("server").as_deref(), Some("provider-server"));
+    let calls = gw.mock1.calls().await.unwrap();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    for name in [
+        "api-key",
+        "x-api-key",
+        "proxy-authorization",
+        "cookie",
+        "openai-organization",
+        "openai-project",
+        "x-goog-api-key",
+        "x-custom",
+        "accept-encoding",
+        "x-forwarded-for",
+        "x-envoy-attempt-count",
+        "x-envoy-expected-rq-timeout-ms",
+    ] {
+        assert!(
+            call.header(name).is_none(),
+            "the client's {name} reached the provider: {:?}",
+            call.header_pairs()
+        );
+    }
+    assert_eq!(call.header("user-agent").as_deref(), Some("sdk/1.0"));
+    let auth = call.header("authorization").unwrap_or_default();
+    assert!(
+        auth == format!("Bearer {}", gw.key_a) || auth == format!("Bearer {}", gw.key_b),
+        "the provider sees its own key only: {auth}"
+    );
+}

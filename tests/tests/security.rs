@@ -480,3 +480,46 @@ async fn only_allowlisted_headers_cross_the_gateway() {
         "the provider sees its own key only: {auth}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_answer_without_a_body_never_breaks_the_attempt_stage() {
+    let gw = Gateway::start("headers_only_answers")
+        .await
+        .expect("fixture");
+    // Every p1 key answers a bare 503 (no body at all): the call fails over to p2.
+    gw.mock1
+        .script(json!([script::always(vec![
+            json!({"status": 503, "body": ""})
+        ])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::rule(
+            json!({"model": "m2"}),
+            vec![
+                script::text("from p2"),
+                // Then a bare 400: the client gets an error object, not an empty body.
+                json!({"status": 400, "body": ""}),
+            ]
+        ),]))
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let reply = gw.chat("chat").await.unwrap();
+        if round == 0 {
+            assert_eq!(reply.status, 200, "{reply}");
+            assert_eq!(reply.content(), Some("from p2"), "{reply}");
+        } else {
+            assert_eq!(reply.status, 400, "round {round}: {reply}");
+            assert!(
+                reply.json.pointer("/error/message").is_some(),
+                "round {round}: an error object: {reply}"
+            );
+        }
+    }
+    assert!(
+        !gw.envoy.logs().contains("panicked"),
+        "the filter panicked:\n{}",
+        gw.envoy.tail()
+    );
+}

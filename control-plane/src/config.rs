@@ -81,6 +81,7 @@ pub struct GatewayConfig {
     pub admin_token: Option<SecretRefConfig>,
     pub key_store: Option<StoreConfig>,
     pub max_body_bytes: Option<u64>,
+    pub forward_rate_limit_headers: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -498,6 +499,8 @@ pub struct Gateway {
     pub admin_token: Option<SecretSource>,
     pub key_store: StoreSpec,
     pub max_body_bytes: u64,
+    /// Providers' `x-ratelimit-*`, `anthropic-ratelimit-*` and `retry-after` reach clients.
+    pub forward_rate_limit_headers: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1040,6 +1043,7 @@ impl FileConfig {
             admin_token,
             key_store: store_spec("gateway.keyStore", g.key_store.as_ref(), base_dir)?,
             max_body_bytes,
+            forward_rate_limit_headers: g.forward_rate_limit_headers.unwrap_or(false),
         })
     }
 

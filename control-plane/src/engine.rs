@@ -1224,6 +1224,7 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
         cooldowns,
         limits: Some(pb::Limits {
             max_body_bytes: config.gateway.max_body_bytes,
+            forward_rate_limit_headers: config.gateway.forward_rate_limit_headers,
         }),
         generated_at_ms: now,
         breakers: state

@@ -37,9 +37,20 @@ pub fn forwarded_to_provider(name: &str) -> bool {
     name.starts_with(':') || FORWARDED_TO_PROVIDER.contains(&name)
 }
 
-/// Whether a provider's response header goes on to the client.
-pub fn forwarded_to_client(name: &str) -> bool {
-    name.starts_with(':') || FORWARDED_TO_CLIENT.contains(&name)
+/// Whether a provider's response header goes on to the client; its rate-limit headers only
+/// when the operator opted in (`gateway.forwardRateLimitHeaders`).
+pub fn forwarded_to_client(name: &str, rate_limits: bool) -> bool {
+    name.starts_with(':')
+        || FORWARDED_TO_CLIENT.contains(&name)
+        || rate_limits && is_rate_limit(name)
+}
+
+/// A provider's rate-limit header: `x-ratelimit-*`, `anthropic-ratelimit-*`, `retry-after`.
+pub fn is_rate_limit(name: &str) -> bool {
+    name.starts_with("x-ratelimit-")
+        || name.starts_with("anthropic-ratelimit-")
+        || name == "retry-after"
+        || name == "retry-after-ms"
 }
 
 /// Whether a header is one the stages use between themselves, or one that steers Envoy.
@@ -89,11 +100,22 @@ mod tests {
             "server",
             "x-request-id",
         ] {
-            assert!(!forwarded_to_client(name), "{name} must not be forwarded");
+            assert!(
+                !forwarded_to_client(name, false),
+                "{name} must not be forwarded"
+            );
         }
         for name in [":status", "content-type", "content-length"] {
-            assert!(forwarded_to_client(name), "{name} must be forwarded");
+            assert!(forwarded_to_client(name, false), "{name} must be forwarded");
         }
+        // Rate-limit headers only when the operator opts in; never the others.
+        assert!(forwarded_to_client("x-ratelimit-remaining-requests", true));
+        assert!(forwarded_to_client(
+            "anthropic-ratelimit-tokens-remaining",
+            true
+        ));
+        assert!(!forwarded_to_client("set-cookie", true));
+        assert!(!forwarded_to_client("x-ai-router-retry", true));
     }
 
     #[test]

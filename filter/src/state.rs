@@ -185,6 +185,14 @@ impl State {
         }
     }
 
+    /// Whether providers' rate-limit headers reach clients (`gateway.forwardRateLimitHeaders`).
+    pub fn forward_rate_limit_headers(&self) -> bool {
+        self.snapshot
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.forward_rate_limit_headers)
+    }
+
     /// Every name a caller may use: profiles, model ids and aliases.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.snapshot.profiles.keys().chain(self.names.keys())

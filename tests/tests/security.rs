@@ -523,3 +523,40 @@ async fn a_provider_answer_without_a_body_never_breaks_the_attempt_stage() {
         gw.envoy.tail()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_headers_reach_the_client_only_when_the_operator_opts_in() {
+    let gw = Gateway::start_with("rate_limit_headers_opt_in", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2).replace(
+            "  keyStore: { type: memory }\n",
+            "  keyStore: { type: memory }\n  forwardRateLimitHeaders: true\n",
+        )
+    })
+    .await
+    .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![json!({
+            "text": "ok",
+            "headers": {
+                "x-ratelimit-remaining-requests": "99",
+                "x-ratelimit-limit-requests": "100",
+                "set-cookie": "session=provider",
+                "x-ai-router-retry": "1"
+            }
+        })])]))
+        .await
+        .unwrap();
+    let reply = gw.chat("chat").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert_eq!(
+        reply.header("x-ratelimit-remaining-requests").as_deref(),
+        Some("99"),
+        "{reply}"
+    );
+    assert_eq!(
+        reply.header("x-ratelimit-limit-requests").as_deref(),
+        Some("100")
+    );
+    assert!(reply.header("set-cookie").is_none(), "{reply}");
+    assert!(reply.header("x-ai-router-retry").is_none(), "{reply}");
+}

@@ -700,13 +700,14 @@ impl HttpContext for Attempt {
             .unwrap_or(502);
         // The provider's headers: internal names it sends are dropped before anything reads
         // them, and only the allowlisted ones reach the client (its key redacted).
+        let rate_limits = shared::current_state().is_some_and(|s| s.forward_rate_limit_headers());
         let mut headers: Vec<(String, String)> = Vec::new();
         for (name, value) in Headers::Response.all() {
             if headers::is_internal(&name) {
                 Headers::Response.remove(&name);
                 continue;
             }
-            if !headers::forwarded_to_client(&name) {
+            if !headers::forwarded_to_client(&name, rate_limits) {
                 Headers::Response.remove(&name);
             } else if let Some(clean) = redact_bytes(&value, &lane.secret) {
                 Headers::Response.set_bytes(&name, &clean);

@@ -391,8 +391,10 @@ impl HttpContext for Front {
             }
         }
         // Strip everything internal.
+        // The attempt stage let a provider's rate-limit headers through only if the operator
+        // opted in; its own internal ones end here.
         for name in Headers::Response.names() {
-            if headers::is_internal(&name) || name.starts_with("x-ratelimit-") {
+            if headers::is_internal(&name) {
                 Headers::Response.remove(&name);
             }
         }

@@ -288,8 +288,9 @@ pub trait StateStore: Send + Sync {
         now_ms: i64,
         ttl_ms: i64,
     ) -> Result<LeaseGrant, StoreError>;
-    /// Ends the lease on `id`; with `holder_prefix`, only a lease whose holder starts with it.
-    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError>;
+    /// Ends the lease on `id`: whoever holds it (`None`, the breaker moved on), or only when
+    /// `holder` is the whole holder string (a probe's own outcome).
+    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError>;
 }
 
 /// Keeps the state in memory: gone on restart.
@@ -328,11 +329,11 @@ impl StateStore for MemoryStateStore {
         Ok(LeaseGrant::Granted)
     }
 
-    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError> {
+    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError> {
         let mut leases = lock(&self.leases);
         let matches = leases
             .get(id)
-            .is_some_and(|(holder, _)| holder_prefix.is_none_or(|p| holder.starts_with(p)));
+            .is_some_and(|(held_by, _)| holder.is_none_or(|h| held_by == h));
         if matches {
             leases.remove(id);
         }
@@ -621,8 +622,8 @@ impl Engine {
                 changed |= note_headroom(&mut state.durable, attempt, now);
                 changed |= note_spend(&self.config, &mut state.durable, attempt, now);
                 if attempt.probe {
-                    let holder =
-                        (!attempt.request_id.is_empty()).then(|| attempt.request_id.clone());
+                    // Only the attempt that holds the lease ends it.
+                    let holder = Some(probe_holder(&attempt.request_id, attempt.attempt));
                     for id in breaker_ids(&attempt.provider, &attempt.key) {
                         releases.push((id, holder.clone()));
                     }
@@ -1048,6 +1049,8 @@ fn ms(value: u64) -> i64 {
 }
 
 /// The key's breaker and its provider's.
+use ai_router_contract::probe_holder;
+
 fn breaker_ids(provider: &str, key: &str) -> [BreakerId; 2] {
     [
         (BreakerScope::Key, provider.to_owned(), key.to_owned()),
@@ -2053,6 +2056,49 @@ providers:
             .map_err(|err| err.to_string())?;
         assert!(after_ttl.granted);
         Ok(())
+    }
+
+    /// A probe's outcome frees its own lease only: request `1` never frees `12#1`'s.
+    fn lease_release_matches_the_whole_holder(store: &dyn StateStore) -> Result<(), String> {
+        let id: BreakerId = (BreakerScope::Key, "p".to_string(), "k".to_string());
+        let held = |store: &dyn StateStore| -> Result<bool, String> {
+            let grant = store
+                .lease(&id, "someone-else#1", 1_000, 60_000)
+                .map_err(|e| e.to_string())?;
+            Ok(!matches!(grant, LeaseGrant::Granted))
+        };
+        let grant = store
+            .lease(&id, &probe_holder("12", 1), 1_000, 60_000)
+            .map_err(|e| e.to_string())?;
+        assert!(matches!(grant, LeaseGrant::Granted));
+        for other in [probe_holder("1", 1), probe_holder("", 1), "12".to_string()] {
+            store
+                .release(&id, Some(&other))
+                .map_err(|e| e.to_string())?;
+            assert!(held(store)?, "{other:?} freed the lease of 12#1");
+        }
+        store
+            .release(&id, Some(&probe_holder("12", 1)))
+            .map_err(|e| e.to_string())?;
+        assert!(!held(store)?, "the holder's own outcome frees it");
+        // A breaker that moves on frees whoever holds it.
+        store.release(&id, None).map_err(|e| e.to_string())?;
+        assert!(!held(store)?);
+        Ok(())
+    }
+
+    #[test]
+    fn lease_release_matches_the_whole_holder_in_memory() -> Result<(), String> {
+        lease_release_matches_the_whole_holder(&MemoryStateStore::default())
+    }
+
+    #[test]
+    fn lease_release_matches_the_whole_holder_in_sqlite() -> Result<(), String> {
+        let path = temp_db("lease_holder")?;
+        let store = sqlite(&path)?;
+        let result = lease_release_matches_the_whole_holder(store.as_ref());
+        let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
+        result
     }
 
     #[test]

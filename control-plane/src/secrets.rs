@@ -41,12 +41,7 @@ impl fmt::Debug for Secret {
 
 /// First 8 bytes of SHA-256(value) as a big-endian u64: the fingerprint a blacklist keeps of the
 /// secret it refused.
-pub fn fingerprint(value: &str) -> u64 {
-    let digest = Sha256::digest(value.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first)
-}
+pub use ai_router_contract::fingerprint;
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(value: &str) -> String {

@@ -286,18 +286,18 @@ impl StateStore for SqliteStateStore {
         Ok(LeaseGrant::HeldUntil(until))
     }
 
-    fn release(&self, id: &BreakerId, holder_prefix: Option<&str>) -> Result<(), StoreError> {
+    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError> {
         let conn = self.conn();
         let (scope, provider, key) = (id.0.as_str(), &id.1, &id.2);
-        match holder_prefix {
+        match holder {
             None => conn.execute(
                 "DELETE FROM probe_lease WHERE scope = ?1 AND provider = ?2 AND key = ?3",
                 params![scope, provider, key],
             ),
-            Some(prefix) => conn.execute(
+            Some(holder) => conn.execute(
                 "DELETE FROM probe_lease WHERE scope = ?1 AND provider = ?2 AND key = ?3
-                 AND substr(holder, 1, length(?4)) = ?4",
-                params![scope, provider, key, prefix],
+                 AND holder = ?4",
+                params![scope, provider, key, holder],
             ),
         }
         .map_err(store_err)?;

@@ -7,13 +7,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-/// The 64-bit fingerprint of a secret: the first 8 bytes of its SHA-256, big endian.
-pub fn fingerprint(secret: &str) -> u64 {
-    let digest = Sha256::digest(secret.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first)
-}
+pub use ai_router_contract::fingerprint;
 
 /// Replaces every occurrence of `secret` in `text` with `[redacted]`.
 pub fn redact(text: &str, secret: &str) -> String {

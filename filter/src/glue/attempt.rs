@@ -265,10 +265,9 @@ impl Attempt {
             scope: probe.scope.to_string(),
             provider: probe.provider.clone(),
             key: probe.key.clone(),
-            holder: format!(
-                "{}#{}",
+            holder: ai_router_contract::probe_holder(
                 self.plan.as_ref().map(|p| p.rid.as_str()).unwrap_or(""),
-                self.attempt
+                self.attempt,
             ),
             ttl_ms: self
                 .plan

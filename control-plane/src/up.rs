@@ -318,6 +318,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             http_listen: "127.0.0.1:0".to_owned(),
             grpc_listen: "127.0.0.1:0".to_owned(),
             sync_token: Some(sync_token.clone()),
+            insecure_trusted_sync: false,
         },
     )
     .await?;

@@ -83,6 +83,7 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
         max_body_bytes: config.gateway.max_body_bytes,
         max_attempts: config.max_attempts(),
         idle_timeout_ms: config.max_timeout_ms(),
+        limits: config.gateway.limits,
     }
 }
 

@@ -41,6 +41,97 @@ pub struct RenderOptions {
     pub limits: ListenerLimits,
 }
 
+/// Envoy's own answers on the public listener (codec errors, timeouts, the router's), as
+/// OpenAI error objects: `(status, code, type, message)`. Any other status Envoy answers itself
+/// gets [`OTHER_LOCAL_REPLY`].
+const LOCAL_REPLIES: &[(u16, &str, &str, &str)] = &[
+    (
+        400,
+        "invalid_request",
+        "invalid_request_error",
+        "The request is not valid HTTP.",
+    ),
+    (
+        408,
+        "request_timeout",
+        "invalid_request_error",
+        "The request was not received in time.",
+    ),
+    (
+        413,
+        "request_too_large",
+        "invalid_request_error",
+        "The request is too large.",
+    ),
+    (
+        426,
+        "upgrade_required",
+        "invalid_request_error",
+        "Use HTTP/1.1 or HTTP/2.",
+    ),
+    (
+        431,
+        "header_too_large",
+        "invalid_request_error",
+        "The request headers are too large.",
+    ),
+    (500, "internal_error", "api_error", "The gateway failed."),
+    (
+        502,
+        "upstream_error",
+        "api_error",
+        "The gateway could not reach a provider.",
+    ),
+    (
+        503,
+        "pool_unavailable",
+        "api_error",
+        "The gateway cannot take this call now.",
+    ),
+    (
+        504,
+        "pool_timeout",
+        "api_error",
+        "The call's deadline passed.",
+    ),
+];
+const OTHER_LOCAL_REPLY: (&str, &str, &str) = (
+    "gateway_error",
+    "api_error",
+    "The gateway refused the request.",
+);
+
+/// Envoy's `local_reply_config` for the public listener. Filters' local replies pass through it
+/// too: the front stage's own error objects (sent with an empty response code details string)
+/// are left alone by matching only replies whose details Envoy filled in.
+fn local_reply_config(indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let envoy_only = format!(
+        "{pad}          - extension_filter:\n{pad}              name: envoy.access_loggers.extension_filters.cel\n{pad}              typed_config:\n{pad}                \"@type\": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter\n{pad}                expression: \"response.code_details != ''\"\n"
+    );
+    let body = |code: &str, kind: &str, message: &str| {
+        format!(
+            "{pad}    body_format_override:\n{pad}      json_format:\n{pad}        error: {{ message: {}, type: {}, param: null, code: {} }}\n",
+            q(message),
+            q(kind),
+            q(code)
+        )
+    };
+    let mut out = format!("{pad}local_reply_config:\n{pad}  mappers:\n");
+    for (status, code, kind, message) in LOCAL_REPLIES {
+        out.push_str(&format!(
+            "{pad}  - filter:\n{pad}      and_filter:\n{pad}        filters:\n{pad}          - status_code_filter: {{ comparison: {{ op: EQ, value: {{ default_value: {status}, runtime_key: ai_router.local_reply.{status} }} }} }}\n{envoy_only}"
+        ));
+        out.push_str(&body(code, kind, message));
+    }
+    let (code, kind, message) = OTHER_LOCAL_REPLY;
+    out.push_str(&format!(
+        "{pad}  - filter:\n{pad}      and_filter:\n{pad}        filters:\n{pad}          - status_code_filter: {{ comparison: {{ op: GE, value: {{ default_value: 400, runtime_key: ai_router.local_reply.other }} }} }}\n{envoy_only}"
+    ));
+    out.push_str(&body(code, kind, message));
+    out
+}
+
 /// `1.500s`.
 fn seconds(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
@@ -112,6 +203,7 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
     let concurrency = o.limits.max_concurrent_requests;
     let breakers = circuit_breakers(concurrency, 6);
+    let local_replies = local_reply_config(16);
     let (streams, stream_window, connection_window) = (
         MAX_CONCURRENT_STREAMS,
         STREAM_WINDOW_BYTES,
@@ -170,7 +262,8 @@ bootstrap_extensions:
                   max_concurrent_streams: {streams}
                   initial_stream_window_size: {stream_window}
                   initial_connection_window_size: {connection_window}
-                route_config:
+                # Envoy's own answers (timeouts, codec errors, the router's) as OpenAI errors.
+{local_replies}                route_config:
                   name: ai_router_public
                   virtual_hosts:
                     - name: ai_router
@@ -398,6 +491,23 @@ mod tests {
             hcm["http2_protocol_options"]["max_concurrent_streams"],
             MAX_CONCURRENT_STREAMS
         );
+        // Every status in the table, then a catch-all; each only for Envoy's own answers.
+        let mappers = hcm["local_reply_config"]["mappers"].as_sequence().unwrap();
+        assert_eq!(mappers.len(), LOCAL_REPLIES.len() + 1);
+        for (mapper, (status, code, _, _)) in mappers.iter().zip(LOCAL_REPLIES) {
+            let filters = &mapper["filter"]["and_filter"]["filters"];
+            assert_eq!(
+                filters[0]["status_code_filter"]["comparison"]["value"]["default_value"],
+                u64::from(*status)
+            );
+            assert_eq!(
+                filters[1]["extension_filter"]["typed_config"]["expression"],
+                "response.code_details != ''"
+            );
+            let error = &mapper["body_format_override"]["json_format"]["error"];
+            assert_eq!(error["code"], *code);
+            assert!(error["param"].is_null());
+        }
         let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
         for name in [
             "ai_router_timer",

@@ -78,6 +78,117 @@ async fn send_and_stall(
     })
 }
 
+/// Checks that a raw HTTP/1.1 answer has `status` and an OpenAI error object with `code`
+/// (content-type application/json, `message`, `type`, `param: null`); returns the object.
+fn assert_openai_error(answer: &str, status: u16, code: &str) -> serde_json::Value {
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete answer: {answer:?}"));
+    assert!(
+        head.starts_with(&format!("HTTP/1.1 {status} ")),
+        "want {status}: {answer:?}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{answer:?}"
+    );
+    let value: serde_json::Value = serde_json::from_str(body.trim())
+        .unwrap_or_else(|e| panic!("the body is not JSON ({e}): {answer:?}"));
+    let error = &value["error"];
+    assert_eq!(error["code"], code, "{answer:?}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{answer:?}"
+    );
+    assert!(
+        error["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("_error")),
+        "{answer:?}"
+    );
+    assert!(
+        error.get("param").is_some_and(|p| p.is_null()),
+        "{answer:?}"
+    );
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_own_answers_are_openai_errors_and_the_filters_are_left_alone() {
+    let gw = Gateway::start_with("listener_local_replies", pool_with_short_bounds)
+        .await
+        .expect("fixture");
+    let addr = gw.envoy.listen_addr();
+    let bound = Duration::from_secs(10);
+    let key = &gw.virtual_key;
+    let huge = "x".repeat(100 * 1024);
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (
+            "a malformed header line",
+            "GET /v1/models HTTP/1.1\r\nhost: gw\r\nno colon here\r\n\r\n".into(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "headers past 60 KiB",
+            format!("GET /v1/models HTTP/1.1\r\nhost: gw\r\nx-big: {huge}\r\n\r\n"),
+            431,
+            "header_too_large",
+        ),
+        (
+            "HTTP/1.0",
+            "GET /v1/models HTTP/1.0\r\nhost: gw\r\n\r\n".into(),
+            426,
+            "upgrade_required",
+        ),
+        (
+            "headers that never end",
+            format!("GET /v1/models HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {key}\r\n"),
+            408,
+            "request_timeout",
+        ),
+        // The front stage's own answers keep their codes (a rewrite would say gateway_error).
+        (
+            "no key (the filter's 401)",
+            "GET /v1/models HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n\r\n".into(),
+            401,
+            "missing_api_key",
+        ),
+        (
+            "an unknown route (the filter's 404)",
+            format!("GET /v2/nope HTTP/1.1\r\nhost: gw\r\nauthorization: Bearer {key}\r\nconnection: close\r\n\r\n"),
+            404,
+            "not_found",
+        ),
+    ];
+    for (what, request, status, code) in cases {
+        let answer = send_and_stall(addr, request.into_bytes(), bound)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", gw.tails()))
+            .answer;
+        let error = assert_openai_error(&answer, status, code);
+        eprintln!("{what}: {status} {error}");
+    }
+    // A body over gateway.maxBodyBytes: the filter's 413, unchanged.
+    let body = format!(
+        "{{\"model\":\"chat\",\"messages\":[{{\"role\":\"user\",\"content\":\"{}\"}}]}}",
+        "y".repeat(5 * 1024 * 1024)
+    );
+    let r = gw
+        .client
+        .request(
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            Some(key),
+            Some(body),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413, "{r}");
+    assert_eq!(r.error_code(), Some("request_too_large"), "{r}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_headers_and_silent_connections_are_closed_within_their_bounds() {
     let gw = Gateway::start_with("listener_slowloris", pool_with_short_bounds)
@@ -177,6 +288,7 @@ async fn a_stalled_body_is_answered_408_within_the_request_timeout_but_a_slow_an
             stalled.answer.starts_with("HTTP/1.1 408"),
             "stalled body {i}: {stalled:?}"
         );
+        assert_openai_error(&stalled.answer, 408, "request_timeout");
         let answered = stalled.answered_after.unwrap_or_default();
         assert!(
             answered >= Duration::from_millis(REQUEST_TIMEOUT_MS / 2)

@@ -900,7 +900,11 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let sync = crate::sync::SyncService::new(api.engine.clone(), None, stop_rx.clone());
+        let sync = crate::sync::SyncService::new(
+            api.engine.clone(),
+            crate::sync::SyncAccess::Token(Secret::new("sync-tok")),
+            stop_rx.clone(),
+        );
         let mut stop = stop_rx.clone();
         let server = tokio::spawn(crate::sync::serve_with_admin(
             listener,
@@ -962,6 +966,67 @@ mod tests {
             .await?
             .into_inner();
         assert_eq!(health.status, "ok");
+        stop_tx.send(true)?;
+        tokio::time::timeout(Duration::from_secs(5), server).await???;
+        Ok(())
+    }
+
+    /// Admin shares the Sync port: with no admin token it is off for every caller, the sync
+    /// token included (it lists keys, creates them and reads usage).
+    #[tokio::test]
+    async fn grpc_admin_without_an_admin_token_is_off_even_for_sync_callers(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use ai_router_proto::v1::admin_client::AdminClient;
+        let api = api(None)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let sync = crate::sync::SyncService::new(
+            api.engine.clone(),
+            crate::sync::SyncAccess::Token(Secret::new("sync-tok")),
+            stop_rx.clone(),
+        );
+        let mut stop = stop_rx.clone();
+        let server = tokio::spawn(crate::sync::serve_with_admin(
+            listener,
+            sync,
+            Some(AdminGrpc::new(api.clone()).into_server()),
+            async move {
+                let _ = stop.wait_for(|s| *s).await;
+            },
+        ));
+        let mut client = AdminClient::connect(format!("http://{addr}")).await?;
+        let with_sync_token = |mut request: Request<pb::ListKeysRequest>| {
+            if let Ok(value) = "sync-tok".parse() {
+                request
+                    .metadata_mut()
+                    .insert(crate::sync::SYNC_TOKEN_METADATA, value);
+            }
+            if let Ok(value) = "Bearer sync-tok".parse() {
+                request.metadata_mut().insert("authorization", value);
+            }
+            request
+        };
+        for request in [
+            Request::new(pb::ListKeysRequest {}),
+            with_sync_token(Request::new(pb::ListKeysRequest {})),
+        ] {
+            let denied = client.list_keys(request).await;
+            assert_eq!(
+                denied.err().map(|s| s.code()),
+                Some(tonic::Code::PermissionDenied)
+            );
+        }
+        let created = client
+            .create_key(pb::CreateKeyRequest {
+                label: "nope".into(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(
+            created.err().map(|s| s.code()),
+            Some(tonic::Code::PermissionDenied)
+        );
         stop_tx.send(true)?;
         tokio::time::timeout(Duration::from_secs(5), server).await???;
         Ok(())

@@ -23,6 +23,15 @@ use crate::secrets::{split_key_list, Env, SecretSource};
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
 /// A policy's `maxAttempts` when none sets it.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
+/// `gateway.requestHeadersTimeoutMs`: a client's request headers arrive within this.
+pub const DEFAULT_REQUEST_HEADERS_TIMEOUT_MS: u64 = 10_000;
+/// `gateway.requestTimeoutMs`: a client's whole request (headers and body) arrives within this.
+pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 60_000;
+/// `gateway.connectionIdleTimeoutMs`: a client connection with no request open is closed after
+/// this.
+pub const DEFAULT_CONNECTION_IDLE_TIMEOUT_MS: u64 = 300_000;
+/// `gateway.maxConcurrentRequests`: calls in flight through one Envoy.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: u32 = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -82,6 +91,56 @@ pub struct GatewayConfig {
     pub key_store: Option<StoreConfig>,
     pub max_body_bytes: Option<u64>,
     pub forward_rate_limit_headers: Option<bool>,
+    pub request_headers_timeout_ms: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
+    pub connection_idle_timeout_ms: Option<u64>,
+    pub max_concurrent_requests: Option<u32>,
+}
+
+impl GatewayConfig {
+    fn listener_limits(&self) -> Result<ListenerLimits, ConfigError> {
+        let at_least = |field: &str, value: u64, min: u64| {
+            if value < min {
+                Err(invalid(format!("gateway.{field}: must be at least {min}")))
+            } else {
+                Ok(value)
+            }
+        };
+        let defaults = ListenerLimits::default();
+        let limits = ListenerLimits {
+            request_headers_timeout_ms: at_least(
+                "requestHeadersTimeoutMs",
+                self.request_headers_timeout_ms
+                    .unwrap_or(defaults.request_headers_timeout_ms),
+                1,
+            )?,
+            request_timeout_ms: at_least(
+                "requestTimeoutMs",
+                self.request_timeout_ms
+                    .unwrap_or(defaults.request_timeout_ms),
+                1,
+            )?,
+            connection_idle_timeout_ms: at_least(
+                "connectionIdleTimeoutMs",
+                self.connection_idle_timeout_ms
+                    .unwrap_or(defaults.connection_idle_timeout_ms),
+                1,
+            )?,
+            max_concurrent_requests: self
+                .max_concurrent_requests
+                .unwrap_or(defaults.max_concurrent_requests),
+        };
+        if limits.max_concurrent_requests == 0 {
+            return Err(invalid("gateway.maxConcurrentRequests: must be at least 1"));
+        }
+        if limits.request_timeout_ms < limits.request_headers_timeout_ms {
+            return Err(invalid(format!(
+                "gateway.requestTimeoutMs: {} is shorter than gateway.requestHeadersTimeoutMs ({}); the request timeout covers the headers too",
+                limits.request_timeout_ms, limits.request_headers_timeout_ms
+            )));
+        }
+        Ok(limits)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -501,6 +560,34 @@ pub struct Gateway {
     pub max_body_bytes: u64,
     /// Providers' `x-ratelimit-*`, `anthropic-ratelimit-*` and `retry-after` reach clients.
     pub forward_rate_limit_headers: bool,
+    /// Envoy's public listener: the bounds on what a client may hold open.
+    pub limits: ListenerLimits,
+}
+
+/// The public listener's bounds against slow or stalled clients, and the concurrency Envoy's
+/// circuit breakers are sized for. Defaults applied and checked once, at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// From the first byte of a request to the end of its headers.
+    pub request_headers_timeout_ms: u64,
+    /// From the first byte of a request to the end of its body (not the response).
+    pub request_timeout_ms: u64,
+    /// A client connection with no request in flight.
+    pub connection_idle_timeout_ms: u64,
+    /// Calls in flight through one Envoy: every cluster's breakers allow this many connections,
+    /// requests and retries.
+    pub max_concurrent_requests: u32,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            request_headers_timeout_ms: DEFAULT_REQUEST_HEADERS_TIMEOUT_MS,
+            request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            connection_idle_timeout_ms: DEFAULT_CONNECTION_IDLE_TIMEOUT_MS,
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -1036,6 +1123,7 @@ impl FileConfig {
                 )
             })
             .transpose()?;
+        let limits = g.listener_limits()?;
         Ok(Gateway {
             host: non_empty_host("gateway.host", g.host.as_deref())?,
             host_explicit: g.host.is_some(),
@@ -1044,6 +1132,7 @@ impl FileConfig {
             key_store: store_spec("gateway.keyStore", g.key_store.as_ref(), base_dir)?,
             max_body_bytes,
             forward_rate_limit_headers: g.forward_rate_limit_headers.unwrap_or(false),
+            limits,
         })
     }
 
@@ -1828,6 +1917,36 @@ mod tests {
         assert_eq!(err(dup, &env), "providers[1].id: `p` is given twice");
         let bad_url = "providers:\n  - { id: p, baseUrl: 'ftp://h', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
         assert!(err(bad_url, &env).starts_with("providers[0].baseUrl: "));
+    }
+
+    #[test]
+    fn listener_limits_default_once_and_are_checked() -> Result<(), String> {
+        let env = MapEnv::new([("A", "k")]);
+        let base = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
+        let config = resolve(base, &env)?;
+        assert_eq!(config.gateway.limits, ListenerLimits::default());
+        assert_eq!(config.gateway.limits.request_headers_timeout_ms, 10_000);
+        let set = format!("{base}gateway: {{ requestHeadersTimeoutMs: 1000, requestTimeoutMs: 2000, connectionIdleTimeoutMs: 3000, maxConcurrentRequests: 64 }}\n");
+        assert_eq!(
+            resolve(&set, &env)?.gateway.limits,
+            ListenerLimits {
+                request_headers_timeout_ms: 1000,
+                request_timeout_ms: 2000,
+                connection_idle_timeout_ms: 3000,
+                max_concurrent_requests: 64,
+            }
+        );
+        let cases = [
+            ("gateway: { requestHeadersTimeoutMs: 0 }\n", "gateway.requestHeadersTimeoutMs: must be at least 1"),
+            ("gateway: { requestTimeoutMs: 0 }\n", "gateway.requestTimeoutMs: must be at least 1"),
+            ("gateway: { connectionIdleTimeoutMs: 0 }\n", "gateway.connectionIdleTimeoutMs: must be at least 1"),
+            ("gateway: { maxConcurrentRequests: 0 }\n", "gateway.maxConcurrentRequests: must be at least 1"),
+            ("gateway: { requestHeadersTimeoutMs: 5000, requestTimeoutMs: 4000 }\n", "gateway.requestTimeoutMs: 4000 is shorter than gateway.requestHeadersTimeoutMs (5000); the request timeout covers the headers too"),
+        ];
+        for (extra, expected) in cases {
+            assert_eq!(err(&format!("{base}{extra}"), &env), expected, "{extra}");
+        }
+        Ok(())
     }
 
     #[test]

@@ -32,6 +32,12 @@ enum Command {
         /// HOST:PORT (default: controlPlane.host and grpcPort); port 0 picks one.
         #[arg(long, value_name = "HOST:PORT")]
         grpc_listen: Option<String>,
+        /// Serve the Sync channel without a token, on a loopback gRPC address only. Without
+        /// this, serve refuses to start unless AI_ROUTER_SYNC_TOKEN or controlPlane.syncToken
+        /// gives a token: Sync hands out every provider key.
+        #[arg(long, env = "AI_ROUTER_INSECURE_TRUSTED_SYNC", action = clap::ArgAction::SetTrue,
+              value_parser = clap::builder::BoolishValueParser::new())]
+        insecure_trusted_sync: bool,
     },
     /// Manage the gateway's virtual keys: on the config's sqlite key store (--config) or
     /// through a running control plane (--url). Prints JSON.
@@ -111,11 +117,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             config,
             http_listen,
             grpc_listen,
+            insecure_trusted_sync,
         } => {
             serve::serve(serve::ServeOptions {
                 config,
                 http_listen,
                 grpc_listen,
+                insecure_trusted_sync,
             })
             .await
         }

@@ -3,6 +3,18 @@
 //! so the bootstrap does not change when the pool does), the control-plane cluster and the
 //! singleton that holds the sync stream.
 
+use crate::config::ListenerLimits;
+
+/// Streams one client connection may have open at once over HTTP/2 (RFC 9113 asks for at least
+/// 100); Envoy's default is unbounded.
+const MAX_CONCURRENT_STREAMS: u32 = 100;
+/// HTTP/2 flow-control windows on the public listener. Envoy's defaults (256 MiB per stream)
+/// let a client push far more than a stream may buffer before Envoy can push back; a stream's
+/// window is kept within its buffer limit (at least 1 MiB, see [`buffer_limit`]) and the
+/// connection's to a few streams' worth.
+const STREAM_WINDOW_BYTES: u64 = 1024 * 1024;
+const CONNECTION_WINDOW_BYTES: u64 = 4 * STREAM_WINDOW_BYTES;
+
 /// Everything the bootstrap depends on. Built from the config by the CLI (`render-envoy`, `up`)
 /// and by the tests.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +36,117 @@ pub struct RenderOptions {
     pub max_attempts: u32,
     /// The longest `timeoutMs` of any policy: the longest silence allowed within a stream.
     pub idle_timeout_ms: u64,
+    /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
+    /// `maxConcurrentRequests`.
+    pub limits: ListenerLimits,
+}
+
+/// Envoy's own answers on the public listener (codec errors, timeouts, the router's), as
+/// OpenAI error objects: `(status, code, type, message)`. Any other status Envoy answers itself
+/// gets [`OTHER_LOCAL_REPLY`].
+const LOCAL_REPLIES: &[(u16, &str, &str, &str)] = &[
+    (
+        400,
+        "invalid_request",
+        "invalid_request_error",
+        "The request is not valid HTTP.",
+    ),
+    (
+        408,
+        "request_timeout",
+        "invalid_request_error",
+        "The request was not received in time.",
+    ),
+    (
+        413,
+        "request_too_large",
+        "invalid_request_error",
+        "The request is too large.",
+    ),
+    (
+        426,
+        "upgrade_required",
+        "invalid_request_error",
+        "Use HTTP/1.1 or HTTP/2.",
+    ),
+    (
+        431,
+        "header_too_large",
+        "invalid_request_error",
+        "The request headers are too large.",
+    ),
+    (500, "internal_error", "api_error", "The gateway failed."),
+    (
+        502,
+        "upstream_error",
+        "api_error",
+        "The gateway could not reach a provider.",
+    ),
+    (
+        503,
+        "pool_unavailable",
+        "api_error",
+        "The gateway cannot take this call now.",
+    ),
+    (
+        504,
+        "pool_timeout",
+        "api_error",
+        "The call's deadline passed.",
+    ),
+];
+const OTHER_LOCAL_REPLY: (&str, &str, &str) = (
+    "gateway_error",
+    "api_error",
+    "The gateway refused the request.",
+);
+
+/// Envoy's `local_reply_config` for the public listener. Filters' local replies pass through it
+/// too: the front stage's own error objects (sent with an empty response code details string)
+/// are left alone by matching only replies whose details Envoy filled in.
+fn local_reply_config(indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let envoy_only = format!(
+        "{pad}          - extension_filter:\n{pad}              name: envoy.access_loggers.extension_filters.cel\n{pad}              typed_config:\n{pad}                \"@type\": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter\n{pad}                expression: \"response.code_details != ''\"\n"
+    );
+    let body = |code: &str, kind: &str, message: &str| {
+        format!(
+            "{pad}    body_format_override:\n{pad}      json_format:\n{pad}        error: {{ message: {}, type: {}, param: null, code: {} }}\n",
+            q(message),
+            q(kind),
+            q(code)
+        )
+    };
+    let mut out = format!("{pad}local_reply_config:\n{pad}  mappers:\n");
+    for (status, code, kind, message) in LOCAL_REPLIES {
+        out.push_str(&format!(
+            "{pad}  - filter:\n{pad}      and_filter:\n{pad}        filters:\n{pad}          - status_code_filter: {{ comparison: {{ op: EQ, value: {{ default_value: {status}, runtime_key: ai_router.local_reply.{status} }} }} }}\n{envoy_only}"
+        ));
+        out.push_str(&body(code, kind, message));
+    }
+    let (code, kind, message) = OTHER_LOCAL_REPLY;
+    out.push_str(&format!(
+        "{pad}  - filter:\n{pad}      and_filter:\n{pad}        filters:\n{pad}          - status_code_filter: {{ comparison: {{ op: GE, value: {{ default_value: 400, runtime_key: ai_router.local_reply.other }} }} }}\n{envoy_only}"
+    ));
+    out.push_str(&body(code, kind, message));
+    out
+}
+
+/// `1.500s`.
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// Envoy's default thresholds (1024 connections, pending and active requests; 3 retries in
+/// flight per cluster) would cut a busy pool's failover off with "retry overflow": every cluster
+/// a call crosses is sized for `max_concurrent_requests` calls in flight, each of which may be
+/// retrying.
+fn circuit_breakers(max_concurrent_requests: u32, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    let n = max_concurrent_requests;
+    format!(
+        "{pad}circuit_breakers:\n{pad}  thresholds:\n{pad}    - priority: DEFAULT\n{pad}      max_connections: {n}\n{pad}      max_pending_requests: {n}\n{pad}      max_requests: {n}\n{pad}      max_retries: {n}\n"
+    )
 }
 
 /// Shared by the listeners and the cluster that carry a request body: Envoy needs the whole
@@ -74,8 +197,18 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
-    let idle_ms = o.idle_timeout_ms.max(100);
-    let idle_timeout = format!("{}.{:03}s", idle_ms / 1000, idle_ms % 1000);
+    let idle_timeout = seconds(o.idle_timeout_ms.max(100));
+    let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
+    let request_timeout = seconds(o.limits.request_timeout_ms);
+    let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
+    let concurrency = o.limits.max_concurrent_requests;
+    let breakers = circuit_breakers(concurrency, 6);
+    let local_replies = local_reply_config(16);
+    let (streams, stream_window, connection_window) = (
+        MAX_CONCURRENT_STREAMS,
+        STREAM_WINDOW_BYTES,
+        CONNECTION_WINDOW_BYTES,
+    );
     format!(
         r#"# Generated by `ai-router render-envoy`; edit the pool config and render again instead.
 #
@@ -115,7 +248,22 @@ bootstrap_extensions:
                 # The call's deadline bounds a request (x-envoy-upstream-rq-timeout-ms, set by the
                 # front stage), not a silence: a call may wait for a lane.
                 stream_idle_timeout: 0s
-                route_config:
+                # What a client may hold open (gateway.requestHeadersTimeoutMs, requestTimeoutMs,
+                # connectionIdleTimeoutMs): slow headers and stalled bodies are answered 408 and
+                # closed. request_timeout ends once the request body is in (or the answer has
+                # started), so it never cuts a streamed answer.
+                request_headers_timeout: {request_headers_timeout}
+                request_timeout: {request_timeout}
+                common_http_protocol_options:
+                  idle_timeout: {connection_idle_timeout}
+                  # Some servers read x_a as x-a: an underscore header could pass for an internal one.
+                  headers_with_underscores_action: DROP_HEADER
+                http2_protocol_options:
+                  max_concurrent_streams: {streams}
+                  initial_stream_window_size: {stream_window}
+                  initial_connection_window_size: {connection_window}
+                # Envoy's own answers (timeouts, codec errors, the router's) as OpenAI errors.
+{local_replies}                route_config:
                   name: ai_router_public
                   virtual_hosts:
                     - name: ai_router
@@ -184,6 +332,8 @@ bootstrap_extensions:
                       dns_cache_config: &dns_cache
                         name: ai_router_providers
                         dns_lookup_family: V4_PREFERRED
+                        # Calls waiting for a provider's name to resolve (default 1024).
+                        dns_cache_circuit_breaker: {{ max_pending_requests: {concurrency} }}
                   - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
@@ -218,7 +368,7 @@ bootstrap_extensions:
   clusters:
     - name: ai_router_timer
       connect_timeout: 1s
-      load_assignment:
+{breakers}      load_assignment:
         cluster_name: ai_router_timer
         endpoints:
           - lb_endpoints:
@@ -228,7 +378,8 @@ bootstrap_extensions:
     - name: ai_router_attempts
       connect_timeout: 1s
       per_connection_buffer_limit_bytes: {limit}
-      load_assignment:
+      # One connection and one request per attempt in flight; every call may be retrying.
+{breakers}      load_assignment:
         cluster_name: ai_router_attempts
         endpoints:
           - lb_endpoints:
@@ -238,7 +389,7 @@ bootstrap_extensions:
     - name: providers_tls
       connect_timeout: 10s
       lb_policy: CLUSTER_PROVIDED
-      cluster_type:
+{breakers}      cluster_type:
         name: envoy.clusters.dynamic_forward_proxy
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig
@@ -261,7 +412,7 @@ bootstrap_extensions:
     - name: providers_plain
       connect_timeout: 5s
       lb_policy: CLUSTER_PROVIDED
-      cluster_type:
+{breakers}      cluster_type:
         name: envoy.clusters.dynamic_forward_proxy
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig
@@ -308,6 +459,7 @@ mod tests {
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
             idle_timeout_ms: 60_000,
+            limits: ListenerLimits::default(),
         }
     }
 
@@ -328,6 +480,52 @@ mod tests {
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));
         assert!(yaml.contains(r#"value: "{\"role\":\"attempt\"}""#));
         assert!(yaml.contains("host_env_keys: [AI_ROUTER_SYNC_TOKEN]"));
+        let hcm = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(hcm["request_headers_timeout"], "10.000s");
+        assert_eq!(hcm["request_timeout"], "60.000s");
+        assert_eq!(
+            hcm["common_http_protocol_options"]["idle_timeout"],
+            "300.000s"
+        );
+        assert_eq!(
+            hcm["http2_protocol_options"]["max_concurrent_streams"],
+            MAX_CONCURRENT_STREAMS
+        );
+        // Every status in the table, then a catch-all; each only for Envoy's own answers.
+        let mappers = hcm["local_reply_config"]["mappers"].as_sequence().unwrap();
+        assert_eq!(mappers.len(), LOCAL_REPLIES.len() + 1);
+        for (mapper, (status, code, _, _)) in mappers.iter().zip(LOCAL_REPLIES) {
+            let filters = &mapper["filter"]["and_filter"]["filters"];
+            assert_eq!(
+                filters[0]["status_code_filter"]["comparison"]["value"]["default_value"],
+                u64::from(*status)
+            );
+            assert_eq!(
+                filters[1]["extension_filter"]["typed_config"]["expression"],
+                "response.code_details != ''"
+            );
+            let error = &mapper["body_format_override"]["json_format"]["error"];
+            assert_eq!(error["code"], *code);
+            assert!(error["param"].is_null());
+        }
+        let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        for name in [
+            "ai_router_timer",
+            "ai_router_attempts",
+            "providers_tls",
+            "providers_plain",
+        ] {
+            let cluster = clusters.iter().find(|c| c["name"] == name).unwrap();
+            let thresholds = &cluster["circuit_breakers"]["thresholds"][0];
+            for field in [
+                "max_connections",
+                "max_pending_requests",
+                "max_requests",
+                "max_retries",
+            ] {
+                assert_eq!(thresholds[field], 10_000, "{name}.{field}");
+            }
+        }
         // Large bodies must fit the replay buffer.
         assert_eq!(
             listeners[0]["per_connection_buffer_limit_bytes"],

@@ -8,7 +8,10 @@
 //! - anything else -> 404 with an OpenAI error object.
 //!
 //! gRPC (tonic): `airouter.v1.Sync` (see [`crate::sync`]) and `airouter.v1.Admin` (see
-//! [`crate::admin`]).
+//! [`crate::admin`]). Sync hands out every provider secret, so `serve` refuses to start without
+//! a sync token ([`sync_access`]) unless told the channel is trusted (`--insecure-trusted-sync`
+//! or `AI_ROUTER_INSECURE_TRUSTED_SYNC`), and then serves gRPC on loopback only. Admin needs
+//! its own token and is off without one, whatever the sync token.
 //!
 //! [`start`] binds and runs everything in the background and is what `up` and the tests use;
 //! [`serve`] is the CLI command: load (nothing is bound before the config is valid), start,
@@ -33,7 +36,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::keystore::{self, KeyAdmin};
 use crate::secrets::{Env, ProcessEnv, Secret};
 use crate::state_store::SqliteStateStore;
-use crate::sync::{SyncService, SYNC_TOKEN_ENV};
+use crate::sync::{SyncAccess, SyncService, INSECURE_TRUSTED_SYNC_ENV, SYNC_TOKEN_ENV};
 use crate::usage::UsageRecorder;
 use crate::vkeys;
 
@@ -47,6 +50,8 @@ pub struct ServeOptions {
     pub http_listen: Option<String>,
     /// `HOST:PORT`; default from `controlPlane.host` / `grpcPort`.
     pub grpc_listen: Option<String>,
+    /// Serve Sync without a token (loopback only).
+    pub insecure_trusted_sync: bool,
 }
 
 /// What [`start`] needs beyond the config.
@@ -56,6 +61,9 @@ pub struct StartOptions {
     pub grpc_listen: String,
     /// Overrides `AI_ROUTER_SYNC_TOKEN` and `controlPlane.syncToken` (for `up`).
     pub sync_token: Option<Secret>,
+    /// With no token anywhere, serve Sync unauthenticated on a loopback `grpc_listen`
+    /// instead of refusing to start.
+    pub insecure_trusted_sync: bool,
 }
 
 /// A running control plane. [`Running::shutdown`] stops it; dropping it stops the tasks too.
@@ -107,6 +115,51 @@ pub fn sync_token(config: &Config, env: &dyn Env) -> anyhow::Result<Option<Secre
     }
 }
 
+/// Why `serve` will not start with no sync token.
+fn missing_sync_token() -> String {
+    format!(
+        "no sync token: the gRPC Sync channel hands every provider key to whoever calls it, so it \
+         needs one. Set {SYNC_TOKEN_ENV} (the same random value for the control plane and Envoy, \
+         e.g. `openssl rand -hex 32`) or reference one in the config with \
+         `controlPlane.syncToken: {{ env: NAME }}` or `{{ file: PATH }}`. Only where every local \
+         process may read the provider keys, pass --insecure-trusted-sync (or set \
+         {INSECURE_TRUSTED_SYNC_ENV}=1) to serve Sync without a token on a loopback address"
+    )
+}
+
+/// Who may call Sync: the token (`opts.sync_token`, else [`sync_token`]); with none, the
+/// trusted mode when asked for and `grpc_listen` is loopback only; else an error naming the ways
+/// to set a token. Runs before anything is bound.
+pub async fn sync_access(
+    config: &Config,
+    env: &dyn Env,
+    opts: &StartOptions,
+) -> anyhow::Result<SyncAccess> {
+    let token = match &opts.sync_token {
+        Some(token) => Some(token.clone()),
+        None => sync_token(config, env)?,
+    };
+    if let Some(token) = token {
+        return Ok(SyncAccess::Token(token));
+    }
+    if !opts.insecure_trusted_sync {
+        anyhow::bail!(missing_sync_token());
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&opts.grpc_listen)
+        .await
+        .with_context(|| format!("resolving the gRPC listen address {}", opts.grpc_listen))?
+        .collect();
+    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+        anyhow::bail!(
+            "--insecure-trusted-sync serves the Sync channel without a token, so it binds \
+             loopback only: the gRPC listen address {} is not a loopback address (use \
+             127.0.0.1:PORT or [::1]:PORT, or set {SYNC_TOKEN_ENV} to serve it on a network)",
+            opts.grpc_listen
+        );
+    }
+    Ok(SyncAccess::TrustedLoopback)
+}
+
 /// Opens the configured state store (blocking: SQLite opens and migrates the file).
 pub fn open_state_store(spec: &StoreSpec) -> anyhow::Result<Arc<dyn StateStore>> {
     Ok(match spec {
@@ -150,6 +203,14 @@ pub async fn start(
     env: Arc<dyn Env>,
     opts: StartOptions,
 ) -> anyhow::Result<Running> {
+    // Before anything is opened or bound.
+    let access = sync_access(&config, env.as_ref(), &opts).await?;
+    if matches!(access, SyncAccess::TrustedLoopback) {
+        tracing::warn!(
+            grpc = %opts.grpc_listen,
+            "--insecure-trusted-sync: the Sync channel has no token; every local process can read the provider keys"
+        );
+    }
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
@@ -161,10 +222,6 @@ pub async fn start(
         );
     }
     let admin_token = crate::admin::admin_token(&config, env.as_ref());
-    let token = match opts.sync_token {
-        Some(token) => Some(token),
-        None => sync_token(&config, env.as_ref())?,
-    };
     let spec = config.state_store.clone();
     let store = tokio::task::spawn_blocking(move || open_state_store(&spec)).await??;
     let durable = {
@@ -230,7 +287,8 @@ pub async fn start(
             tracing::error!(%err, "the HTTP server failed");
         }
     }));
-    let service = SyncService::new(engine.clone(), token.clone(), stop.clone());
+    let sync_token = matches!(access, SyncAccess::Token(_));
+    let service = SyncService::new(engine.clone(), access, stop.clone());
     let grpc_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) =
@@ -244,7 +302,7 @@ pub async fn start(
         grpc = %grpc_addr,
         version = engine.version(),
         providers = engine.config().providers.len(),
-        sync_token = token.is_some(),
+        sync_token,
         admin_api = admin_token.is_some(),
         "control plane listening"
     );
@@ -271,6 +329,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             .grpc_listen
             .unwrap_or_else(|| join_host_port(&cp.host, cp.grpc_port)),
         sync_token: None,
+        insecure_trusted_sync: opts.insecure_trusted_sync,
     };
     let running = start(config, env, start_opts).await?;
     println!(
@@ -350,7 +409,8 @@ mod tests {
             StartOptions {
                 http_listen: "127.0.0.1:0".into(),
                 grpc_listen: "127.0.0.1:0".into(),
-                sync_token: None,
+                sync_token: Some(Secret::new("sync-test-token")),
+                insecure_trusted_sync: false,
             },
         )
         .await?;
@@ -387,7 +447,8 @@ mod tests {
             StartOptions {
                 http_listen: "127.0.0.1:0".into(),
                 grpc_listen: "127.0.0.1:0".into(),
-                sync_token: None,
+                sync_token: Some(Secret::new("sync-test-token")),
+                insecure_trusted_sync: false,
             },
         )
         .await?;
@@ -413,6 +474,64 @@ mod tests {
             sync_token(&config, &env)?.map(|t| t.expose().to_owned()),
             Some("t2".into())
         );
+        Ok(())
+    }
+
+    fn start_options(grpc_listen: &str, trusted: bool) -> StartOptions {
+        StartOptions {
+            http_listen: "127.0.0.1:0".into(),
+            grpc_listen: grpc_listen.into(),
+            sync_token: None,
+            insecure_trusted_sync: trusted,
+        }
+    }
+
+    #[tokio::test]
+    async fn no_sync_token_is_refused_naming_every_way_out(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let env = MapEnv::new([("K", "sk-a")]);
+        let config = config(&env)?;
+        let refused = sync_access(&config, &env, &start_options("127.0.0.1:0", false)).await;
+        let message = refused.err().map(|e| format!("{e:#}")).unwrap_or_default();
+        for part in [
+            SYNC_TOKEN_ENV,
+            "controlPlane.syncToken",
+            "--insecure-trusted-sync",
+            INSECURE_TRUSTED_SYNC_ENV,
+        ] {
+            assert!(message.contains(part), "{part} missing from: {message}");
+        }
+        // And `start` refuses before binding anything.
+        let started = start(
+            config.clone(),
+            Arc::new(env.clone()),
+            start_options("127.0.0.1:0", false),
+        )
+        .await;
+        assert!(started.is_err());
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn trusted_sync_binds_loopback_only() -> Result<(), Box<dyn std::error::Error>> {
+        let env = MapEnv::new([("K", "sk-a")]);
+        let config = config(&env)?;
+        for listen in ["0.0.0.0:0", "[::]:0", "192.0.2.1:8082"] {
+            let refused = sync_access(&config, &env, &start_options(listen, true)).await;
+            let message = refused.err().map(|e| format!("{e:#}")).unwrap_or_default();
+            assert!(
+                message.contains("loopback") && message.contains(listen),
+                "{listen}: {message}"
+            );
+        }
+        for listen in ["127.0.0.1:0", "[::1]:0", "localhost:0"] {
+            let access = sync_access(&config, &env, &start_options(listen, true)).await?;
+            assert!(matches!(access, SyncAccess::TrustedLoopback), "{listen}");
+        }
+        // A token wins over the trusted mode: any address, and the token is checked.
+        let env = MapEnv::new([("K", "sk-a"), (SYNC_TOKEN_ENV, "t1")]);
+        let access = sync_access(&config, &env, &start_options("0.0.0.0:0", true)).await?;
+        assert!(matches!(access, SyncAccess::Token(t) if t.expose() == "t1"));
         Ok(())
     }
 

@@ -3,8 +3,13 @@
 //! `Watch` sends the current snapshot at once, then every new version (a watcher that falls
 //! behind skips to the newest: each update is a full snapshot). `Report` applies outcomes to the
 //! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
-//! state store (shared by control planes on one SQLite file). When a sync token is configured every call must carry it in the
-//! `x-ai-router-sync-token` metadata entry (compared in constant time), else `UNAUTHENTICATED`.
+//! state store (shared by control planes on one SQLite file).
+//!
+//! The channel carries every provider secret, and `Report` moves breakers, blacklists and usage,
+//! so it is authenticated ([`SyncAccess`]): every call (Watch, Report, Lease) carries the sync
+//! token in the `x-ai-router-sync-token` metadata entry (compared in constant time), else
+//! `UNAUTHENTICATED`. The only way to serve without one is the explicit trusted mode, and
+//! [`crate::serve`] binds that to loopback only.
 //! HTTP/2 keepalive pings notice a dead Envoy whose stream would otherwise linger.
 
 use std::future::Future;
@@ -29,6 +34,18 @@ use crate::secrets::{constant_time_eq, Secret};
 pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
 /// The env variable holding the sync token (wins over `controlPlane.syncToken`).
 pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
+/// The env twin of `serve --insecure-trusted-sync`.
+pub const INSECURE_TRUSTED_SYNC_ENV: &str = "AI_ROUTER_INSECURE_TRUSTED_SYNC";
+
+/// Who may call the Sync service.
+#[derive(Debug, Clone)]
+pub enum SyncAccess {
+    /// Every call must carry this token.
+    Token(Secret),
+    /// No token (`--insecure-trusted-sync`): any process that reaches the port is trusted, so
+    /// the port is bound to loopback only.
+    TrustedLoopback,
+}
 
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -38,7 +55,7 @@ type UpdateStream = Pin<Box<dyn Stream<Item = Result<pb::StateUpdate, Status>> +
 #[derive(Clone)]
 pub struct SyncService {
     engine: Arc<Engine>,
-    token: Option<Secret>,
+    access: SyncAccess,
     /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
     shutdown: watch::Receiver<bool>,
 }
@@ -46,27 +63,25 @@ pub struct SyncService {
 impl std::fmt::Debug for SyncService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyncService")
-            .field("token", &self.token)
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
 
 impl SyncService {
-    pub fn new(
-        engine: Arc<Engine>,
-        token: Option<Secret>,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
+    pub fn new(engine: Arc<Engine>, access: SyncAccess, shutdown: watch::Receiver<bool>) -> Self {
         Self {
             engine,
-            token,
+            access,
             shutdown,
         }
     }
 
+    /// Every handler calls this before it reads the request.
     fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(expected) = &self.token else {
-            return Ok(());
+        let expected = match &self.access {
+            SyncAccess::Token(token) => token,
+            SyncAccess::TrustedLoopback => return Ok(()),
         };
         let given = request
             .metadata()
@@ -218,6 +233,13 @@ mod tests {
         ))
     }
 
+    fn maybe_with_token<T>(message: T, token: Option<&str>) -> Request<T> {
+        match token {
+            Some(token) => with_token(message, token),
+            None => Request::new(message),
+        }
+    }
+
     fn with_token<T>(message: T, token: &str) -> Request<T> {
         let mut request = Request::new(message);
         if let Ok(value) = token.parse() {
@@ -227,34 +249,50 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn token_is_required_when_configured() -> Result<(), Box<dyn std::error::Error>> {
+    async fn watch_report_and_lease_need_the_token() -> Result<(), Box<dyn std::error::Error>> {
         let (_tx, rx) = watch::channel(false);
-        let service = SyncService::new(engine()?, Some(Secret::new("tok")), rx);
-        let missing = service
-            .report(Request::new(pb::ReportBatch::default()))
-            .await;
-        assert_eq!(
-            missing.err().map(|s| s.code()),
-            Some(tonic::Code::Unauthenticated)
-        );
-        let wrong = service
-            .report(with_token(pb::ReportBatch::default(), "nope"))
-            .await;
-        assert_eq!(
-            wrong.err().map(|s| s.code()),
-            Some(tonic::Code::Unauthenticated)
-        );
-        let watch = service
-            .watch(with_token(pb::WatchRequest::default(), "nope"))
-            .await;
-        assert_eq!(
-            watch.err().map(|s| s.code()),
-            Some(tonic::Code::Unauthenticated)
-        );
+        let engine = engine()?;
+        let service = SyncService::new(engine.clone(), SyncAccess::Token(Secret::new("tok")), rx);
+        let version = engine.version();
+        let failure = pb::ReportBatch {
+            attempts: vec![pb::AttemptOutcome {
+                provider: "p".into(),
+                key: "a".into(),
+                model: "m".into(),
+                outcome: "error".into(),
+                error_class: "auth".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let lease = pb::LeaseRequest {
+            scope: "key".into(),
+            provider: "p".into(),
+            key: "a".into(),
+            holder: "r1:1".into(),
+            ttl_ms: 60_000,
+        };
+        for token in [None, Some("nope"), Some("to"), Some("tok2")] {
+            let code = |status: Option<Status>| status.map(|s| s.code());
+            let watch = service
+                .watch(maybe_with_token(pb::WatchRequest::default(), token))
+                .await;
+            assert_eq!(code(watch.err()), Some(tonic::Code::Unauthenticated));
+            let report = service
+                .report(maybe_with_token(failure.clone(), token))
+                .await;
+            assert_eq!(code(report.err()), Some(tonic::Code::Unauthenticated));
+            let leased = service.lease(maybe_with_token(lease.clone(), token)).await;
+            assert_eq!(code(leased.err()), Some(tonic::Code::Unauthenticated));
+        }
+        // Nothing the refused calls carried was applied.
+        assert_eq!(engine.version(), version);
         let ok = service
             .report(with_token(pb::ReportBatch::default(), "tok"))
             .await?;
         assert!(ok.into_inner().version > 0);
+        let ok = service.lease(with_token(lease, "tok")).await?;
+        assert!(ok.into_inner().granted);
         Ok(())
     }
 
@@ -265,7 +303,11 @@ mod tests {
         let (stop_tx, stop_rx) = watch::channel(false);
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let service = SyncService::new(engine.clone(), Some(Secret::new("tok")), stop_rx.clone());
+        let service = SyncService::new(
+            engine.clone(),
+            SyncAccess::Token(Secret::new("tok")),
+            stop_rx.clone(),
+        );
         let mut stop = stop_rx.clone();
         let server = tokio::spawn(serve(listener, service, async move {
             let _ = stop.wait_for(|s| *s).await;
@@ -320,7 +362,7 @@ mod tests {
     async fn lease_is_granted_once_and_checks_the_scope() -> Result<(), Box<dyn std::error::Error>>
     {
         let (_tx, rx) = watch::channel(false);
-        let service = SyncService::new(engine()?, None, rx);
+        let service = SyncService::new(engine()?, SyncAccess::TrustedLoopback, rx);
         let ask = |scope: &str, holder: &str| pb::LeaseRequest {
             scope: scope.into(),
             provider: "p".into(),

@@ -83,6 +83,7 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
         max_body_bytes: config.gateway.max_body_bytes,
         max_attempts: config.max_attempts(),
         idle_timeout_ms: config.max_timeout_ms(),
+        limits: config.gateway.limits,
     }
 }
 
@@ -318,6 +319,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             http_listen: "127.0.0.1:0".to_owned(),
             grpc_listen: "127.0.0.1:0".to_owned(),
             sync_token: Some(sync_token.clone()),
+            insecure_trusted_sync: false,
         },
     )
     .await?;

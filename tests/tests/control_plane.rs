@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use ai_router_e2e::{ai_router_bin, script, workspace_root, Gateway, Process, TestDir};
+use ai_router_proto::v1 as pb;
+use ai_router_proto::v1::sync_client::SyncClient;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -245,4 +247,283 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
             "`ai-router render-envoy --config examples/pool.yaml` differs from envoy/envoy.yaml at {first_diff}\n{regenerate}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sync channel hands out every provider key: it is never open by default.
+
+fn sync_pool() -> String {
+    format!(
+        "{}providers:\n  - id: p1\n    kind: openai-compatible\n    baseUrl: http://127.0.0.1:9/v1\n    keys: [{{ alias: a, env: P1_KEY_A }}]\n    models: [{{ id: m1, aliases: [chat] }}]\n",
+        ai_router_e2e::pool_yaml_header()
+    )
+}
+
+fn serve_args(config: &std::path::Path, grpc_listen: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "serve",
+        "--config",
+        &config.display().to_string(),
+        "--http-listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        grpc_listen,
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Runs `serve` and expects it to exit non-zero before binding, its output naming each of
+/// `needles` and never the provider key.
+async fn assert_serve_refuses(test: &str, grpc_listen: &str, extra: &[&str], needles: &[&str]) {
+    let dir = TestDir::new(test).unwrap();
+    let config = dir.write("pool.yaml", &sync_pool()).unwrap();
+    let provider_key = format!("sk-p1-a-{}", ai_router_e2e::random_hex(24));
+    let env = [("P1_KEY_A".to_string(), provider_key.clone())];
+    let args = serve_args(&config, grpc_listen, extra);
+    let mut p = Process::spawn(&dir, "serve", &ai_router_bin().unwrap(), &args, &env).unwrap();
+    let status = p
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("serve must refuse to start and exit: {e:#}"));
+    let logs = p.logs();
+    assert!(!status.success(), "serve started ({status}):\n{}", p.tail());
+    assert!(
+        !logs.contains("{\"http\""),
+        "serve bound its ports before refusing:\n{logs}"
+    );
+    for needle in needles {
+        assert!(
+            logs.contains(needle),
+            "the refusal must name {needle:?}:\n{logs}"
+        );
+    }
+    assert!(
+        !logs.contains(&provider_key),
+        "the provider key was printed:\n{logs}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_without_a_sync_token_refuses_to_start_naming_the_ways_to_set_one() {
+    assert_serve_refuses(
+        "sync_no_token",
+        "127.0.0.1:0",
+        &[],
+        &[
+            "AI_ROUTER_SYNC_TOKEN",
+            "controlPlane.syncToken",
+            "--insecure-trusted-sync",
+            "AI_ROUTER_INSECURE_TRUSTED_SYNC",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusted_sync_serves_loopback_only() {
+    assert_serve_refuses(
+        "sync_trusted_public",
+        "0.0.0.0:0",
+        &["--insecure-trusted-sync"],
+        &["loopback", "0.0.0.0:0"],
+    )
+    .await;
+
+    // On loopback it starts (here through the env twin of the flag) and Watch needs no token.
+    let dir = TestDir::new("sync_trusted_loopback").unwrap();
+    let config = dir.write("pool.yaml", &sync_pool()).unwrap();
+    let provider_key = format!("sk-p1-a-{}", ai_router_e2e::random_hex(24));
+    let env = [
+        ("P1_KEY_A".to_string(), provider_key.clone()),
+        (
+            "AI_ROUTER_INSECURE_TRUSTED_SYNC".to_string(),
+            "1".to_string(),
+        ),
+    ];
+    let args = serve_args(&config, "127.0.0.1:0", &[]);
+    let mut p = Process::spawn(&dir, "serve", &ai_router_bin().unwrap(), &args, &env).unwrap();
+    let line = p
+        .first_json_line(ai_router_e2e::START_TIMEOUT)
+        .await
+        .unwrap();
+    let grpc = line["grpc"].as_str().unwrap().to_string();
+    assert!(grpc.starts_with("127.0.0.1:"), "{line}");
+    let mut client = SyncClient::connect(format!("http://{grpc}")).await.unwrap();
+    let mut stream = client
+        .watch(pb::WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        first.snapshot.unwrap().providers[0].keys[0].secret,
+        provider_key
+    );
+    assert!(
+        p.logs().contains("insecure-trusted-sync"),
+        "the trusted mode is logged as a warning:\n{}",
+        p.tail()
+    );
+}
+
+fn sync_request<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("x-ai-router-sync-token", token.parse().unwrap());
+    }
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
+    let dir = TestDir::new("sync_token_required").unwrap();
+    let sync_token = format!("sync-{}", ai_router_e2e::random_hex(32));
+    let admin_token = format!("admin-{}", ai_router_e2e::random_hex(32));
+    let provider_key = format!("sk-p1-a-{}", ai_router_e2e::random_hex(24));
+    let env: Vec<(String, String)> = [
+        ("P1_KEY_A", provider_key.as_str()),
+        ("STARCI_AI_KEY", &ai_router_e2e::new_virtual_key()),
+        ("AI_ROUTER_SYNC_TOKEN", &sync_token),
+        ("AI_ROUTER_ADMIN_TOKEN", &admin_token),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .to_vec();
+    let cp = ai_router_e2e::ControlPlane::start(&dir, &sync_pool(), &env)
+        .await
+        .unwrap();
+    let http = ai_router_e2e::http_client().unwrap();
+    let admin_get = |path: String| {
+        let req = http
+            .get(format!("http://{}{path}", cp.http_addr()))
+            .bearer_auth(&admin_token)
+            .send();
+        async move {
+            let r = req.await?;
+            anyhow::Ok(r.json::<serde_json::Value>().await?)
+        }
+    };
+    let keys = admin_get("/admin/keys".into()).await.unwrap();
+    let key_id = keys["keys"][0]["id"].as_str().unwrap().to_string();
+    let key_state = |health: &serde_json::Value| health["providers"][0]["keys"][0]["state"].clone();
+    let usage_days = |usage: &serde_json::Value| usage["days"].as_array().map_or(0, Vec::len);
+
+    // An auth failure blacklists the key; a finished request writes a usage row.
+    let report = pb::ReportBatch {
+        node: "intruder".into(),
+        attempts: vec![pb::AttemptOutcome {
+            request_id: "r1".into(),
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            outcome: "error".into(),
+            error_class: "auth".into(),
+            ..Default::default()
+        }],
+        requests: vec![pb::RequestOutcome {
+            request_id: "r1".into(),
+            virtual_key_id: key_id.clone(),
+            operation: "chat".into(),
+            outcome: "success".into(),
+            status: 200,
+            attempts: 1,
+            usage: Some(pb::Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            }),
+            ..Default::default()
+        }],
+    };
+    let lease = pb::LeaseRequest {
+        scope: "key".into(),
+        provider: "p1".into(),
+        key: "a".into(),
+        holder: "r1:1".into(),
+        ttl_ms: 60_000,
+    };
+    let mut client = SyncClient::connect(format!("http://{}", cp.grpc_addr()))
+        .await
+        .unwrap();
+    let wrong_same_length = "x".repeat(sync_token.len());
+    let prefix = &sync_token[..sync_token.len() - 1];
+    for token in [
+        None,
+        Some("wrong"),
+        Some(wrong_same_length.as_str()),
+        Some(prefix),
+    ] {
+        let watch = client
+            .watch(sync_request(pb::WatchRequest::default(), token))
+            .await;
+        assert_eq!(
+            watch.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated),
+            "Watch with {token:?}"
+        );
+        let reported = client.report(sync_request(report.clone(), token)).await;
+        assert_eq!(
+            reported.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated),
+            "Report with {token:?}"
+        );
+        let leased = client.lease(sync_request(lease.clone(), token)).await;
+        assert_eq!(
+            leased.err().map(|s| s.code()),
+            Some(tonic::Code::Unauthenticated),
+            "Lease with {token:?}"
+        );
+    }
+    let health = admin_get("/health".into()).await.unwrap();
+    assert_eq!(
+        key_state(&health),
+        "ok",
+        "a refused Report blacklisted the key: {health}"
+    );
+    let usage_path = format!("/admin/keys/{key_id}/usage");
+    let usage = admin_get(usage_path.clone()).await.unwrap();
+    assert_eq!(
+        usage_days(&usage),
+        0,
+        "a refused Report wrote usage: {usage}"
+    );
+
+    // The same calls with the token are served, and the same Report then does both: the checks
+    // above would have seen it.
+    let mut stream = client
+        .watch(sync_request(pb::WatchRequest::default(), Some(&sync_token)))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = stream.message().await.unwrap().unwrap();
+    assert_eq!(
+        first.snapshot.unwrap().providers[0].keys[0].secret,
+        provider_key
+    );
+    let granted = client
+        .lease(sync_request(lease, Some(&sync_token)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(granted.granted);
+    client
+        .report(sync_request(report, Some(&sync_token)))
+        .await
+        .unwrap();
+    let health = admin_get("/health".into()).await.unwrap();
+    assert_ne!(key_state(&health), "ok", "{health}");
+    ai_router_e2e::poll(
+        "the usage row of the reported request",
+        Duration::from_secs(20),
+        || {
+            let usage = admin_get(usage_path.clone());
+            async move { Ok((usage_days(&usage.await?) > 0).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!cp.logs().contains(&provider_key), "{}", cp.tail());
 }

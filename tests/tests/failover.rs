@@ -284,3 +284,76 @@ async fn a_providers_400_is_returned_once_and_not_retried() {
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.content(), Some("from p1"), "{r}");
 }
+
+/// Envoy's default circuit breakers allow 3 retries in flight per cluster: under concurrency
+/// most calls then failed with "retry overflow" instead of failing over. Every call of two
+/// waves of 64 concurrent ones tries p1 (always 503) and must still be answered by p2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_holds_at_64_concurrent_calls_with_one_provider_always_failing() {
+    const CONCURRENT: usize = 64;
+    // Breakers that never open keep p1 in every call's path, so every call retries.
+    let never_open = "{ failureThreshold: 1000000, cooldownMs: 1000, maxCooldownMs: 1000 }";
+    let gw = Gateway::start_with("failover_concurrent", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2).replace(
+            "resilience:\n",
+            &format!("resilience:\n  keyBreaker: {never_open}\n  providerBreaker: {never_open}\n"),
+        )
+    })
+    .await
+    .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::status(
+            503,
+            json!({}),
+            Some(json!({ "error": { "message": "The server is overloaded", "type": "server_error", "param": null, "code": null } })),
+        )])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::text("from p2")])]))
+        .await
+        .unwrap();
+
+    for wave in 0..2 {
+        gw.clear_calls().await.unwrap();
+        let calls = (0..CONCURRENT).map(|_| gw.chat("chat"));
+        let replies = futures::future::join_all(calls).await;
+        let failed: Vec<String> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Ok(r) if r.status == 200 && r.content() == Some("from p2") => None,
+                Ok(r) => Some(format!("{} {}", r.status, r.text)),
+                Err(e) => Some(format!("{e:#}")),
+            })
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "wave {wave}: {} of {CONCURRENT} concurrent calls failed, e.g. {:?}\n{}",
+            failed.len(),
+            failed.first(),
+            gw.tails()
+        );
+        // Each call did fail over: p1 saw at least one attempt per call.
+        let p1 = gw.mock1.calls().await.unwrap().len();
+        assert!(p1 >= CONCURRENT, "wave {wave}: p1 saw only {p1} attempts");
+        let p2 = gw.mock2.calls().await.unwrap().len();
+        assert_eq!(p2, CONCURRENT, "wave {wave}");
+    }
+    let stats = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("http://{}/stats", gw.envoy.admin_addr()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let overflows: Vec<&str> = stats
+        .lines()
+        .filter(|l| l.contains("_overflow:") && !l.ends_with(": 0"))
+        .collect();
+    assert!(
+        overflows.is_empty(),
+        "Envoy counted overflows: {overflows:?}"
+    );
+}

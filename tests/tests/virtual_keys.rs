@@ -510,7 +510,10 @@ async fn the_admin_api_needs_the_admin_token() {
     let dir = TestDir::new("vk_admin_disabled").unwrap();
     let yaml = standard_pool(&gw.mock1.api_base(), &gw.mock2.api_base())
         .replace("  adminToken: { env: AI_ROUTER_ADMIN_TOKEN }\n", "");
-    let env = vec![("P1_KEY_A".to_string(), gw.key_a.clone())];
+    let env = vec![
+        ("P1_KEY_A".to_string(), gw.key_a.clone()),
+        ("AI_ROUTER_SYNC_TOKEN".to_string(), gw.sync_token.clone()),
+    ];
     let cp = ControlPlane::start(&dir, &yaml, &env).await.unwrap();
     let r = admin
         .http

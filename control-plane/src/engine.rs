@@ -1995,7 +1995,7 @@ providers:
                     scope.spawn(move || {
                         barrier.wait();
                         engine
-                            .lease(&id, &format!("req-{i}:1"), 5_000)
+                            .lease(&id, &probe_holder(&format!("req-{i}"), 1), 5_000)
                             .map(|r| (i, r))
                     })
                 })
@@ -2022,23 +2022,26 @@ providers:
         let mut other = attempt("openai", "openai-1", "rate_limit");
         other.probe = true;
         other.request_id = "someone-else".into();
+        other.attempt = 1;
         e.apply_report(&batch(vec![other]));
         let held = e
-            .lease(&id, "next:1", 5_000)
+            .lease(&id, &probe_holder("next", 1), 5_000)
             .map_err(|err| err.to_string())?;
         assert!(!held.granted);
         let mut mine = attempt("openai", "openai-1", "rate_limit");
         mine.probe = true;
         mine.request_id = format!("req-{}", granted[0]);
+        mine.attempt = 1;
         e.apply_report(&batch(vec![mine]));
         let next = e
-            .lease(&id, "next:1", 5_000)
+            .lease(&id, &probe_holder("next", 1), 5_000)
             .map_err(|err| err.to_string())?;
         assert!(next.granted);
         // Now "next" holds it; its probe succeeds: closed, and the lease is gone.
         let mut probe = success("openai", "openai-1");
         probe.probe = true;
         probe.request_id = "next".into();
+        probe.attempt = 1;
         e.apply_report(&batch(vec![probe]));
         assert!(breaker_of(e, "key", "openai-1").is_none());
         let again = e

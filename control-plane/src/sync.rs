@@ -376,7 +376,10 @@ mod tests {
             Some(tonic::Code::InvalidArgument)
         );
         let first = service
-            .lease(Request::new(ask("key", "r1:1")))
+            .lease(Request::new(ask(
+                "key",
+                &ai_router_contract::probe_holder("r1", 1),
+            )))
             .await?
             .into_inner();
         assert!(first.granted);
@@ -395,6 +398,7 @@ mod tests {
         // The holder's probe outcome ends it.
         let outcome = pb::AttemptOutcome {
             request_id: "r1".into(),
+            attempt: 1,
             provider: "p".into(),
             key: "a".into(),
             model: "m".into(),

@@ -20,6 +20,7 @@ pub mod headers;
 pub mod lanes;
 pub mod plan;
 pub mod quota;
+pub mod reports;
 pub mod resolve;
 pub mod sse;
 pub mod state;

@@ -527,3 +527,96 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
     .unwrap();
     assert!(!cp.logs().contains(&provider_key), "{}", cp.tail());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_afterwards() {
+    let mut gw = Gateway::start_with("reports_survive_an_outage", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2).replace(
+            "keyStore: { type: memory }",
+            "keyStore: { type: sqlite, path: keys.sqlite }",
+        )
+    })
+    .await
+    .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    let http = ai_router_e2e::http_client().unwrap();
+    let admin = format!("http://{}", gw.cp.http_addr());
+    let created: serde_json::Value = http
+        .post(format!("{admin}/admin/keys"))
+        .bearer_auth(&gw.admin_token)
+        .json(&json!({"label": "outage_app", "models": ["*"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["key"]["id"].as_str().unwrap().to_string();
+    let secret = created["secret"].as_str().unwrap().to_string();
+    let mut served = 0u64;
+    ai_router_e2e::poll(
+        "the new key to reach Envoy",
+        Duration::from_secs(10),
+        || {
+            let c = gw.client.clone();
+            let secret = secret.clone();
+            async move {
+                let r = c.chat("chat", Some(&secret)).await?;
+                Ok((r.status == 200).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    served += 1;
+
+    // Down: calls from four clients at once keep succeeding from the last state.
+    gw.cp.stop();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let c = ai_router_e2e::Client::new(&gw.envoy.base_url()).unwrap();
+        let secret = secret.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0u64;
+            for _ in 0..10 {
+                let r = c.chat("chat", Some(&secret)).await.unwrap();
+                assert_eq!(r.status, 200, "{r}");
+                ok += 1;
+            }
+            ok
+        }));
+    }
+    for t in tasks {
+        served += t.await.unwrap();
+    }
+    // Long enough that the singleton tried, failed and backed off several times.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    gw.cp.restart(&[]).await.unwrap();
+    // The gRPC port is the same (Envoy's cluster points there); the HTTP port is new.
+    let url = format!("http://{}/admin/keys/{id}/usage", gw.cp.http_addr());
+    let counted = ai_router_e2e::poll(
+        "the outage's calls to be accounted",
+        Duration::from_secs(30),
+        || {
+            let (http, url, token) = (http.clone(), url.clone(), gw.admin_token.clone());
+            async move {
+                let usage: serde_json::Value = http
+                    .get(&url)
+                    .bearer_auth(token)
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                let n = usage["total"]["requests"].as_u64().unwrap_or(0);
+                Ok((n >= served).then_some(n))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", gw.tails()));
+    assert_eq!(counted, served, "each call counted once");
+}

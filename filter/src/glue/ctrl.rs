@@ -11,10 +11,10 @@ use super::shared::{
     duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY,
 };
 use super::{log_error, log_info};
+use crate::reports::{Outbox, MAX_BATCH};
 
 const SERVICE: &str = "airouter.v1.Sync";
-const TOKEN_HEADER: &str = "x-ai-router-sync-token";
-const MAX_BATCH: usize = 256;
+const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
 
 pub struct Ctrl {
     cluster: String,
@@ -29,11 +29,15 @@ pub struct Ctrl {
     /// An outage was already logged.
     quiet: bool,
     published: u64,
+    /// Reports not yet acknowledged by the control plane.
+    outbox: Outbox,
+    /// `outbox.dropped` when it was last logged.
+    logged_dropped: u64,
 }
 
 impl Ctrl {
     pub fn new(cluster: String, node: String) -> Self {
-        let token = std::env::var("AI_ROUTER_SYNC_TOKEN")
+        let token = std::env::var(ai_router_contract::SYNC_TOKEN_ENV)
             .ok()
             .filter(|t| !t.is_empty());
         Self {
@@ -48,6 +52,8 @@ impl Ctrl {
             connected_once: false,
             quiet: false,
             published: 0,
+            outbox: Outbox::new(),
+            logged_dropped: 0,
         }
     }
 
@@ -177,15 +183,60 @@ impl Ctrl {
         self.flush_reports();
     }
 
-    pub fn on_report_response(&mut self, _token: u32, status: u32) {
-        if status != 0 {
+    pub fn on_report_response(&mut self, token: u32, status: u32) {
+        let ok = status == 0;
+        if !self.outbox.answered(token, ok, now_ms()) {
+            return;
+        }
+        if !ok && !self.outbox.failing {
+            // One line per outage; the batch waits and is sent again.
+            self.outbox.failing = true;
             log_error(&format!(
-                "ai-router: the control plane refused a report batch (grpc status {status})"
+                "ai-router: reports are not getting through (grpc status {status}); keeping {} outcomes until they do",
+                self.outbox.held()
             ));
+        }
+        self.send_reports();
+    }
+
+    /// Moves the workers' reports from the shared queue into the outbox, then sends what may go.
+    fn flush_reports(&mut self) {
+        self.collect_reports();
+        self.send_reports();
+        if self.outbox.dropped > self.logged_dropped {
+            log_error(&format!(
+                "ai-router: the report outbox is full: {} outcomes dropped so far",
+                self.outbox.dropped
+            ));
+            self.logged_dropped = self.outbox.dropped;
         }
     }
 
-    fn flush_reports(&mut self) {
+    fn send_reports(&mut self) {
+        while let Some(batch) = self.outbox.next(now_ms()) {
+            let bytes = batch.encode_to_vec();
+            match hostcalls::dispatch_grpc_call(
+                &self.cluster,
+                SERVICE,
+                "Report",
+                self.metadata(),
+                Some(&bytes),
+                duration_ms(5_000),
+            ) {
+                Ok(token) => self.outbox.sent(token, batch),
+                Err(e) => {
+                    if !self.outbox.failing {
+                        self.outbox.failing = true;
+                        log_error(&format!("ai-router: cannot send reports: {e:?}"));
+                    }
+                    self.outbox.not_sent(batch, now_ms());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn collect_reports(&mut self) {
         let Some(queue) = self.queue else { return };
         loop {
             let mut batch = ReportBatch {
@@ -216,18 +267,7 @@ impl Ctrl {
             if batch.attempts.is_empty() && batch.requests.is_empty() {
                 return;
             }
-            let bytes = batch.encode_to_vec();
-            if let Err(e) = hostcalls::dispatch_grpc_call(
-                &self.cluster,
-                SERVICE,
-                "Report",
-                self.metadata(),
-                Some(&bytes),
-                duration_ms(5_000),
-            ) {
-                log_error(&format!("ai-router: cannot send reports: {e:?}"));
-                return;
-            }
+            self.outbox.push(batch);
         }
     }
 }

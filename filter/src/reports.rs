@@ -1,0 +1,189 @@
+//! The singleton's outbox of outcome reports. Reports feed usage, quotas, budgets and breakers,
+//! so one that could not be sent waits here until the control plane takes it: a batch leaves
+//! only when the control plane acknowledged it. The outbox is bounded; past the bound the
+//! oldest outcomes are dropped, and counted.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use ai_router_proto::v1::ReportBatch;
+
+/// Outcomes kept while the control plane is away (about 300 bytes each).
+pub const MAX_BUFFERED_OUTCOMES: usize = 20_000;
+/// Outcomes per `Report` call.
+pub const MAX_BATCH: usize = 256;
+/// `Report` calls in flight at once.
+pub const MAX_IN_FLIGHT: usize = 4;
+/// The wait after a refused or failed batch before the next try, doubling up to the cap.
+const RETRY_BASE_MS: i64 = 250;
+const RETRY_MAX_MS: i64 = 5_000;
+
+#[derive(Debug, Default)]
+pub struct Outbox {
+    waiting: VecDeque<ReportBatch>,
+    in_flight: BTreeMap<u32, ReportBatch>,
+    /// Outcomes in `waiting` and `in_flight`.
+    held: usize,
+    /// Outcomes dropped because the outbox was full, since the start.
+    pub dropped: u64,
+    retry_at_ms: i64,
+    retry_ms: i64,
+    /// The control plane is known to be failing reports (for logging once per outage).
+    pub failing: bool,
+}
+
+fn size(batch: &ReportBatch) -> usize {
+    batch.attempts.len() + batch.requests.len()
+}
+
+impl Outbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Outcomes waiting or in flight.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Adds a batch to send; drops the oldest waiting outcomes past the bound.
+    pub fn push(&mut self, batch: ReportBatch) {
+        if size(&batch) == 0 {
+            return;
+        }
+        self.held += size(&batch);
+        self.waiting.push_back(batch);
+        while self.held > MAX_BUFFERED_OUTCOMES {
+            let Some(oldest) = self.waiting.pop_front() else {
+                break;
+            };
+            self.held -= size(&oldest);
+            self.dropped += size(&oldest) as u64;
+        }
+    }
+
+    /// The next batch to send now, if one may go (not too many in flight, not backing off).
+    /// The caller sends it and calls [`Outbox::sent`] with the call's token, or
+    /// [`Outbox::not_sent`] when it could not even dispatch it.
+    pub fn next(&mut self, now_ms: i64) -> Option<ReportBatch> {
+        if self.in_flight.len() >= MAX_IN_FLIGHT || now_ms < self.retry_at_ms {
+            return None;
+        }
+        self.waiting.pop_front()
+    }
+
+    /// The batch from [`Outbox::next`] is on its way as call `token`.
+    pub fn sent(&mut self, token: u32, batch: ReportBatch) {
+        self.in_flight.insert(token, batch);
+    }
+
+    /// The batch from [`Outbox::next`] could not be dispatched: it waits again, first.
+    pub fn not_sent(&mut self, batch: ReportBatch, now_ms: i64) {
+        self.waiting.push_front(batch);
+        self.back_off(now_ms);
+    }
+
+    /// The answer to call `token`: acknowledged (`ok`), or failed and to be sent again.
+    /// Returns whether the token was one of this outbox's calls.
+    pub fn answered(&mut self, token: u32, ok: bool, now_ms: i64) -> bool {
+        let Some(batch) = self.in_flight.remove(&token) else {
+            return false;
+        };
+        if ok {
+            self.held -= size(&batch);
+            self.retry_ms = 0;
+            self.retry_at_ms = 0;
+            self.failing = false;
+        } else {
+            self.waiting.push_front(batch);
+            self.back_off(now_ms);
+        }
+        true
+    }
+
+    fn back_off(&mut self, now_ms: i64) {
+        self.retry_ms = (self.retry_ms * 2).clamp(RETRY_BASE_MS, RETRY_MAX_MS);
+        self.retry_at_ms = now_ms + self.retry_ms;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ai_router_proto::v1::AttemptOutcome;
+
+    fn batch(n: usize, tag: &str) -> ReportBatch {
+        ReportBatch {
+            attempts: (0..n)
+                .map(|i| AttemptOutcome {
+                    request_id: format!("{tag}-{i}"),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_batch_leaves_only_once_acknowledged() {
+        let mut o = Outbox::new();
+        o.push(batch(3, "a"));
+        let b = o.next(0).unwrap();
+        o.sent(7, b);
+        assert_eq!(o.held(), 3);
+        // The control plane is away: the batch comes back, after a wait.
+        assert!(o.answered(7, false, 1_000));
+        assert_eq!(o.held(), 3);
+        assert!(o.next(1_100).is_none(), "backing off");
+        let again = o.next(1_250).unwrap();
+        assert_eq!(again.attempts[0].request_id, "a-0");
+        o.sent(8, again);
+        assert!(o.answered(8, true, 1_300));
+        assert_eq!(o.held(), 0);
+        assert!(!o.answered(8, true, 1_300), "unknown token");
+    }
+
+    #[test]
+    fn failed_dispatches_keep_their_order_and_back_off_doubling() {
+        let mut o = Outbox::new();
+        o.push(batch(1, "first"));
+        o.push(batch(1, "second"));
+        let b = o.next(0).unwrap();
+        o.not_sent(b, 0);
+        assert!(o.next(249).is_none());
+        let b = o.next(250).unwrap();
+        assert_eq!(b.attempts[0].request_id, "first-0");
+        o.not_sent(b, 250);
+        assert!(o.next(749).is_none(), "the wait doubled");
+        assert_eq!(o.next(750).unwrap().attempts[0].request_id, "first-0");
+    }
+
+    #[test]
+    fn in_flight_calls_are_bounded() {
+        let mut o = Outbox::new();
+        for i in 0..10 {
+            o.push(batch(1, &i.to_string()));
+        }
+        for token in 0..MAX_IN_FLIGHT as u32 {
+            let b = o.next(0).unwrap();
+            o.sent(token, b);
+        }
+        assert!(o.next(0).is_none());
+        o.answered(0, true, 0);
+        assert!(o.next(0).is_some());
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_are_dropped_and_counted() {
+        let mut o = Outbox::new();
+        let per = MAX_BATCH;
+        let batches = MAX_BUFFERED_OUTCOMES / per + 3;
+        for i in 0..batches {
+            o.push(batch(per, &i.to_string()));
+        }
+        assert!(o.held() <= MAX_BUFFERED_OUTCOMES);
+        assert_eq!(o.dropped as usize + o.held(), batches * per);
+        // The newest are the ones kept.
+        let first = o.next(0).unwrap();
+        assert_ne!(first.attempts[0].request_id, "0-0");
+    }
+}

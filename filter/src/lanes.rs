@@ -397,6 +397,23 @@ fn positive(w: f64) -> f64 {
     }
 }
 
+/// The provider and key of a lane in `state`, when it still serves the lane's model.
+pub fn lane_in<'s>(
+    state: &'s crate::state::State,
+    lane: &LaneId,
+) -> Option<(
+    &'s ai_router_proto::v1::Provider,
+    &'s ai_router_proto::v1::ProviderKey,
+)> {
+    let (_, provider) = state.provider(&lane.provider)?;
+    let key = provider.keys.iter().find(|k| k.alias == lane.key)?;
+    provider
+        .models
+        .iter()
+        .any(|m| m.id == lane.model)
+        .then_some((provider, key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,6 +474,35 @@ mod tests {
         });
         s.key_health = health;
         State::new(1, s)
+    }
+
+    #[test]
+    fn a_lane_is_found_by_identity_in_a_newer_snapshot() {
+        let old = state_with(vec![]);
+        let lane = LaneId::new("p2", "c", "m1");
+        assert_eq!(
+            lane_in(&old, &lane).map(|(p, k)| (p.id.as_str(), k.alias.as_str())),
+            Some(("p2", "c"))
+        );
+        // The next snapshot lists p2 first and gives p1 a new first key: positions chosen on
+        // the old one would name another lane.
+        let mut snap = old.snapshot.clone();
+        snap.providers.reverse();
+        snap.providers[1].keys.insert(0, key("z"));
+        let newer = State::new(2, snap);
+        assert_eq!(
+            lane_in(&newer, &lane).map(|(p, k)| (p.id.as_str(), k.secret.as_str())),
+            Some(("p2", "sk-c"))
+        );
+        let a = LaneId::new("p1", "a", "m1");
+        assert_eq!(
+            lane_in(&newer, &a).map(|(_, k)| k.secret.as_str()),
+            Some("sk-a")
+        );
+        // A key or model that is gone is no lane.
+        assert!(lane_in(&newer, &LaneId::new("p1", "gone", "m1")).is_none());
+        assert!(lane_in(&newer, &LaneId::new("p1", "a", "m9")).is_none());
+        assert!(lane_in(&newer, &LaneId::new("p9", "a", "m1")).is_none());
     }
 
     fn tiers() -> Vec<Vec<Candidate>> {

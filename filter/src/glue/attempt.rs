@@ -332,11 +332,11 @@ impl Attempt {
         };
         let body = std::mem::take(&mut self.body);
         let body = body.as_slice();
-        let Some(provider) = state.provider_at(chosen.provider_index) else {
-            return self.give_up(None, None);
-        };
-        let Some(key) = provider.keys.get(chosen.key_index) else {
-            return self.give_up(None, None);
+        // By identity, not by position: after a lease reply `state` may be a newer snapshot
+        // than the one the lane was picked from. A lane that is gone is picked again.
+        let Some((provider, key)) = lanes::lane_in(state, &chosen.lane) else {
+            self.body = body.to_vec();
+            return self.prepare();
         };
 
         // The body for this provider: its model id, usage asked for on streams.

@@ -1060,6 +1060,18 @@ impl FileConfig {
             }
         }
 
+        // Accepted and ignored would be worse than refused: an operator who sets these expects
+        // them to act.
+        if self.telemetry.include_content {
+            return Err(invalid(
+                "telemetry.includeContent: true is not supported by this version: the gateway records no prompt or answer anywhere; remove the field or set it to false",
+            ));
+        }
+        if self.store_namespace.is_some() {
+            return Err(invalid(
+                "storeNamespace: not supported by this version: it names the keys of a store shared between gateways, and the memory and sqlite stores are never shared that way; remove the field",
+            ));
+        }
         Ok(Config {
             base_dir: base_dir.to_path_buf(),
             gateway,
@@ -1833,6 +1845,20 @@ mod tests {
             message.starts_with("resilience.keyBreaker.extra: unknown field"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn settings_this_version_cannot_honour_are_refused() {
+        let env = MapEnv::default();
+        let message = err("telemetry: { includeContent: true }
+", &env);
+        assert!(
+            message.starts_with("telemetry.includeContent: true is not supported"),
+            "{message}"
+        );
+        let message = err("storeNamespace: team-a
+", &env);
+        assert!(message.starts_with("storeNamespace: not supported"), "{message}");
     }
 
     #[test]

@@ -1850,15 +1850,24 @@ mod tests {
     #[test]
     fn settings_this_version_cannot_honour_are_refused() {
         let env = MapEnv::default();
-        let message = err("telemetry: { includeContent: true }
-", &env);
+        let message = err(
+            "telemetry: { includeContent: true }
+",
+            &env,
+        );
         assert!(
             message.starts_with("telemetry.includeContent: true is not supported"),
             "{message}"
         );
-        let message = err("storeNamespace: team-a
-", &env);
-        assert!(message.starts_with("storeNamespace: not supported"), "{message}");
+        let message = err(
+            "storeNamespace: team-a
+",
+            &env,
+        );
+        assert!(
+            message.starts_with("storeNamespace: not supported"),
+            "{message}"
+        );
     }
 
     #[test]

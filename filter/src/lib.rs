@@ -9,23 +9,8 @@
 //! - `ctrl` (a singleton per Envoy process): holds the control plane's sync stream and
 //!   publishes the state to the workers through shared data, and sends their reports back.
 //!
-//! Everything that decides (routing, lane choice, classification, the stream gate) is plain
-//! Rust in the modules below and is unit-tested on the host; `glue` is the thin proxy-wasm part.
-
-pub mod anthropic;
-pub mod classify;
-pub mod embeddings;
-pub mod errors;
-pub mod headers;
-pub mod lanes;
-pub mod plan;
-pub mod quota;
-pub mod reports;
-pub mod resolve;
-pub mod sse;
-pub mod state;
-pub mod stream;
-pub mod util;
+//! Everything that decides (routing, lane choice, classification, the stream gate) lives in
+//! `ai-router-filter-core` and is unit-tested on the host; this crate is the proxy-wasm glue.
 
 mod glue;
 

@@ -10,16 +10,16 @@ use serde_json::Value;
 use super::front::{H_ATTEMPT, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
 use super::host::{self, Body, Headers};
 use super::shared::{self, now_ms, SharedView};
-use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
-use crate::classify::{classify, Class, Failure};
-use crate::embeddings;
-use crate::errors::{upstream_invalid_request, GatewayError};
-use crate::headers;
-use crate::lanes::{self, LaneId, Pick};
-use crate::plan::{Operation, Plan, PLAN_HEADER};
-use crate::sse::Parser;
-use crate::stream::{usage_of, Gate, Step, Usage};
-use crate::util::{redact, redact_bytes};
+use ai_router_filter_core::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
+use ai_router_filter_core::classify::{classify, Class, Failure};
+use ai_router_filter_core::embeddings;
+use ai_router_filter_core::errors::{upstream_invalid_request, GatewayError};
+use ai_router_filter_core::headers;
+use ai_router_filter_core::lanes::{self, LaneId, Pick};
+use ai_router_filter_core::plan::{Operation, Plan, PLAN_HEADER};
+use ai_router_filter_core::sse::Parser;
+use ai_router_filter_core::stream::{usage_of, Gate, Step, Usage};
+use ai_router_filter_core::util::{redact, redact_bytes};
 
 /// How the answer is being handled.
 #[derive(Default)]
@@ -326,7 +326,11 @@ impl Attempt {
     }
 
     /// Sends the attempt to `chosen`: the body and headers for its provider.
-    fn send_to(&mut self, state: &crate::state::State, chosen: lanes::Chosen) -> Action {
+    fn send_to(
+        &mut self,
+        state: &ai_router_filter_core::state::State,
+        chosen: lanes::Chosen,
+    ) -> Action {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(None, None);
         };
@@ -512,7 +516,11 @@ impl Attempt {
                     Class::Transient | Class::Network | Class::Timeout | Class::Stream
                 ) {
                     c.transient_failures += 1;
-                    let wait = crate::lanes::backoff_ms(&backoff, c.transient_failures, jitter);
+                    let wait = ai_router_filter_core::lanes::backoff_ms(
+                        &backoff,
+                        c.transient_failures,
+                        jitter,
+                    );
                     c.backoff_until_ms = now + wait as i64;
                 }
             }
@@ -715,7 +723,10 @@ impl HttpContext for Attempt {
                 headers.push((name, text));
             }
         }
-        self.headroom = Some(crate::classify::headroom(&headers, now_ms()));
+        self.headroom = Some(ai_router_filter_core::classify::headroom(
+            &headers,
+            now_ms(),
+        ));
         let is_sse = headers.iter().any(|(k, v)| {
             k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
         });
@@ -804,7 +815,7 @@ impl HttpContext for Attempt {
                     }
                     // After the first token: what arrived, then the error ends the stream.
                     let mut bytes = out.unwrap_or_default();
-                    bytes.extend(crate::stream::error_event(
+                    bytes.extend(ai_router_filter_core::stream::error_event(
                         &format!(
                             "The provider's stream failed after the answer had started: {}",
                             failure.message

@@ -11,7 +11,7 @@ use super::shared::{
     duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY,
 };
 use super::{log_error, log_info};
-use crate::reports::{Outbox, MAX_BATCH};
+use ai_router_filter_core::reports::{Outbox, MAX_BATCH};
 
 const SERVICE: &str = "airouter.v1.Sync";
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;

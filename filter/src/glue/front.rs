@@ -7,12 +7,12 @@ use serde_json::{json, Value};
 
 use super::host::{self, Body, Headers};
 use super::shared::{self, now_ms};
-use crate::errors::GatewayError;
-use crate::headers;
-use crate::plan::{Operation, Plan, PLAN_HEADER};
-use crate::quota;
-use crate::resolve;
-use crate::util::sha256_hex;
+use ai_router_filter_core::errors::GatewayError;
+use ai_router_filter_core::headers;
+use ai_router_filter_core::plan::{Operation, Plan, PLAN_HEADER};
+use ai_router_filter_core::quota;
+use ai_router_filter_core::resolve;
+use ai_router_filter_core::util::sha256_hex;
 
 /// Response headers the attempt stage uses to talk to this stage.
 pub const H_RETRY: &str = "x-ai-router-retry";
@@ -35,7 +35,7 @@ pub struct Front {
     status: u16,
     key: Option<ai_router_proto::v1::VirtualKey>,
     /// The state the request was authenticated against; its body is routed by the same one.
-    state: Option<std::rc::Rc<crate::state::State>>,
+    state: Option<std::rc::Rc<ai_router_filter_core::state::State>>,
 }
 
 impl Front {
@@ -97,7 +97,9 @@ impl Front {
     fn health(&mut self) -> Action {
         let (status, code) = match shared::current_state() {
             None => (503, "starting"),
-            Some(state) if crate::state::any_usable_key(&state, now_ms()) => (200, "ok"),
+            Some(state) if ai_router_filter_core::state::any_usable_key(&state, now_ms()) => {
+                (200, "ok")
+            }
             Some(_) => (200, "degraded"),
         };
         self.answered = Some((status, "health"));
@@ -109,7 +111,7 @@ impl Front {
     /// The virtual key of the bearer token, or an answer already sent.
     fn authenticate(
         &mut self,
-        state: &crate::state::State,
+        state: &ai_router_filter_core::state::State,
     ) -> Option<ai_router_proto::v1::VirtualKey> {
         let header = match Headers::Request.get_bytes("authorization") {
             None => String::new(),

@@ -13,10 +13,10 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 use serde::{Deserialize, Serialize};
 
-use crate::classify::Class;
-use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
-use crate::quota::MinuteCount;
-use crate::state::State;
+use ai_router_filter_core::classify::Class;
+use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
+use ai_router_filter_core::quota::MinuteCount;
+use ai_router_filter_core::state::State;
 
 pub const VM_ID: &str = "ai_router";
 pub const CONTROL_PLANE_CLUSTER: &str = "ai_router_control_plane";

@@ -9,6 +9,39 @@ pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
 /// The environment variable that holds the sync token (control plane and Envoy).
 pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
 
+/// The headers the stages use between themselves (never seen by a client or a provider).
+pub mod headers {
+    /// Front → attempt: the call plan (JSON).
+    pub const PLAN: &str = "x-ai-router-plan";
+    /// Attempt → the attempt listener's route (`cluster_header`): the provider cluster.
+    pub const CLUSTER: &str = "x-ai-router-cluster";
+    /// Attempt → outer router (`retriable_headers`): try another lane.
+    pub const RETRY: &str = "x-ai-router-retry";
+    /// Attempt → front: the gateway status of the final error this answer carries.
+    pub const FINAL_STATUS: &str = "x-ai-router-final-status";
+    /// Attempt → front: the attempt number.
+    pub const ATTEMPT: &str = "x-ai-router-attempt";
+    /// Attempt → front: the pool model that answered.
+    pub const LANE_MODEL: &str = "x-ai-router-lane-model";
+    /// Attempt → front: seconds until a lane returns.
+    pub const RETRY_AFTER: &str = "x-ai-router-retry-after";
+    /// Front → client: the model that answered.
+    pub const MODEL: &str = "x-ai-router-model";
+    /// Front → client: how many attempts the call made.
+    pub const ATTEMPTS: &str = "x-ai-router-attempts";
+    /// Every internal header starts with this.
+    pub const PREFIX: &str = "x-ai-router-";
+}
+
+/// The Envoy clusters the filter and the rendered bootstrap name.
+pub mod clusters {
+    pub const CONTROL_PLANE: &str = "ai_router_control_plane";
+    pub const TIMER: &str = "ai_router_timer";
+    pub const ATTEMPTS: &str = "ai_router_attempts";
+    pub const PROVIDERS_TLS: &str = "providers_tls";
+    pub const PROVIDERS_PLAIN: &str = "providers_plain";
+}
+
 /// Who holds a half-open breaker's probe lease: one attempt of one request. A probe's outcome
 /// releases the lease only when it names the same holder, whole.
 pub fn probe_holder(request_id: &str, attempt: u32) -> String {

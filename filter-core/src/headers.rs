@@ -4,7 +4,7 @@
 
 /// The prefix of every header the stages use between themselves. A client's or a provider's
 /// header with this prefix is removed before anything reads it.
-pub const INTERNAL_PREFIX: &str = "x-ai-router-";
+pub const INTERNAL_PREFIX: &str = ai_router_contract::headers::PREFIX;
 
 /// Headers a client sends that reach the provider unchanged. Everything else is dropped:
 /// the gateway sets the provider's credentials, `:authority`, `:path`, `content-length`,

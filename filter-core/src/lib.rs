@@ -11,10 +11,13 @@
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
+pub mod calls;
 pub mod classify;
 pub mod embeddings;
 pub mod errors;
+pub mod front;
 pub mod headers;
+pub mod host;
 pub mod lanes;
 pub mod plan;
 pub mod quota;

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const PLAN_HEADER: &str = "x-ai-router-plan";
+pub const PLAN_HEADER: &str = ai_router_contract::headers::PLAN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

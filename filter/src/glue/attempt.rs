@@ -7,9 +7,12 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use serde_json::Value;
 
-use super::front::{H_ATTEMPT, H_FINAL_STATUS, H_LANE_MODEL, H_RETRY, H_RETRY_AFTER};
 use super::host::{self, Body, Headers};
 use super::shared::{self, now_ms, SharedView};
+use ai_router_contract::headers::{
+    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL,
+    RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+};
 use ai_router_filter_core::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use ai_router_filter_core::classify::{classify, Class, Failure};
 use ai_router_filter_core::embeddings;
@@ -112,9 +115,9 @@ enum Pending {
     Lease(u32, Box<lanes::Chosen>, lanes::Probe),
 }
 
-const TIMER_CLUSTER: &str = "ai_router_timer";
+const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
-const CLUSTER_HEADER: &str = "x-ai-router-cluster";
+const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
@@ -390,9 +393,9 @@ impl Attempt {
         };
         let path = format!("{}{}", provider.base_path, api_path);
         let cluster = if provider.scheme == "https" {
-            "providers_tls"
+            ai_router_contract::clusters::PROVIDERS_TLS
         } else {
-            "providers_plain"
+            ai_router_contract::clusters::PROVIDERS_PLAIN
         };
         Headers::Request.set(":authority", Some(&provider.authority));
         Headers::Request.set(":path", Some(&path));
@@ -670,12 +673,12 @@ impl Context for Attempt {
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         self.started_ms = now_ms();
-        self.attempt = self
-            .get_http_request_header("x-envoy-attempt-count")
+        self.attempt = Headers::Request
+            .get("x-envoy-attempt-count")
             .and_then(|v| v.parse().ok())
             .unwrap_or(1);
-        self.plan = self
-            .get_http_request_header(PLAN_HEADER)
+        self.plan = Headers::Request
+            .get(PLAN_HEADER)
             .and_then(|p| Plan::decode(&p));
         if self.plan.is_none() {
             return self.give_up(None, None);
@@ -701,8 +704,8 @@ impl HttpContext for Attempt {
         let Some(lane) = &self.lane else {
             return Action::Continue;
         };
-        let status: u16 = self
-            .get_http_response_header(":status")
+        let status: u16 = Headers::Response
+            .get(":status")
             .and_then(|s| s.parse().ok())
             .unwrap_or(502);
         // The provider's headers: internal names it sends are dropped before anything reads

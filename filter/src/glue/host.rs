@@ -5,10 +5,17 @@
 //! read as bytes; a value that is not UTF-8 is opaque to the gateway (it is never parsed), and
 //! every host error becomes a [`HostError`] the caller handles.
 
+use std::rc::Rc;
 use std::time::Duration;
 
+use ai_router_filter_core::calls::Call;
+use ai_router_filter_core::host::{Flow, Host, Side};
+use ai_router_filter_core::state::State;
+use ai_router_proto::v1::RequestOutcome;
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, MapType, Status};
+use proxy_wasm::types::{Action, BufferType, MapType, Status};
+
+use super::shared;
 
 /// A host call that did not succeed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,11 +70,6 @@ impl Headers {
     /// as absent by every caller that needs text.
     pub fn get(self, name: &str) -> Option<String> {
         self.get_bytes(name).and_then(|v| String::from_utf8(v).ok())
-    }
-
-    /// Whether `name` is present, whatever its bytes.
-    pub fn has(self, name: &str) -> bool {
-        self.get_bytes(name).is_some()
     }
 
     /// Every header, values as raw bytes.
@@ -193,4 +195,72 @@ pub fn dispatch_grpc_call(
         timeout,
     )
     .map_err(failed("dispatch_grpc_call"))
+}
+
+/// [`ai_router_filter_core::host::Host`] over the calls above and this VM's shared state: what
+/// the stages in `ai-router-filter-core` run on inside Envoy.
+pub struct WasmHost;
+
+fn headers_of(side: Side) -> Headers {
+    match side {
+        Side::Request => Headers::Request,
+        Side::Response => Headers::Response,
+    }
+}
+
+fn body_of(side: Side) -> Body {
+    match side {
+        Side::Request => Body::Request,
+        Side::Response => Body::Response,
+    }
+}
+
+impl Host for WasmHost {
+    fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
+        headers_of(side).get_bytes(name)
+    }
+    fn header_names(&self, side: Side) -> Vec<String> {
+        headers_of(side).names()
+    }
+    fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
+        headers_of(side).set(name, value);
+    }
+    fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
+        body_of(side).get(start, size)
+    }
+    fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]) {
+        body_of(side).set(start, size, bytes);
+    }
+    fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        send_response(status, headers, body);
+    }
+    fn now_ms(&self) -> i64 {
+        shared::now_ms()
+    }
+    fn state(&self) -> Option<Rc<State>> {
+        shared::current_state()
+    }
+    fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
+        shared::count_minute_request(key_id, minute)
+    }
+    fn new_call(&mut self, now_ms: i64) -> String {
+        shared::new_call(now_ms)
+    }
+    fn call_attempts(&self, call_id: &str) -> Option<u32> {
+        shared::with_call(call_id, |c| c.attempts)
+    }
+    fn end_call(&mut self, call_id: &str) -> Option<Call> {
+        shared::end_call(call_id)
+    }
+    fn report_request(&mut self, outcome: RequestOutcome) {
+        shared::report_request(outcome);
+    }
+}
+
+/// The SDK's action for a stage's flow.
+pub fn action(flow: Flow) -> Action {
+    match flow {
+        Flow::Continue => Action::Continue,
+        Flow::Pause => Action::Pause,
+    }
 }

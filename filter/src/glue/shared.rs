@@ -19,28 +19,14 @@ use ai_router_filter_core::quota::MinuteCount;
 use ai_router_filter_core::state::State;
 
 pub const VM_ID: &str = "ai_router";
-pub const CONTROL_PLANE_CLUSTER: &str = "ai_router_control_plane";
+pub const CONTROL_PLANE_CLUSTER: &str = ai_router_contract::clusters::CONTROL_PLANE;
 pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
 pub const VERSION_KEY: &str = "ai-router/version";
 pub const REPORT_QUEUE: &str = "ai-router/reports";
 pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 
-/// Bookkeeping for one call, shared by its front and attempt contexts.
-#[derive(Debug, Default)]
-pub struct Call {
-    pub tried: Vec<LaneId>,
-    pub attempts: u32,
-    pub last_failure: Option<(Class, Option<i64>)>,
-    pub answered: Option<LaneId>,
-    pub created_ms: i64,
-    /// Embeddings: the model identity of the first lane, which every later attempt keeps.
-    pub identity: Option<String>,
-    /// Transient failures so far, for the backoff.
-    pub transient_failures: u32,
-    /// The next attempt waits until then.
-    pub backoff_until_ms: i64,
-}
+pub use ai_router_filter_core::calls::Call;
 
 #[derive(Default)]
 struct Local {

@@ -1,0 +1,21 @@
+//! A call's bookkeeping in the VM, shared by its front stage and every attempt: what it tried,
+//! how its last attempt failed, the lane that answered, the embeddings identity it keeps, and
+//! the backoff before its next attempt.
+
+use crate::classify::Class;
+use crate::lanes::LaneId;
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Call {
+    pub tried: Vec<LaneId>,
+    pub attempts: u32,
+    pub last_failure: Option<(Class, Option<i64>)>,
+    pub answered: Option<LaneId>,
+    pub created_ms: i64,
+    /// Embeddings: the model identity of the first lane, which every later attempt keeps.
+    pub identity: Option<String>,
+    /// Transient failures so far, for the backoff.
+    pub transient_failures: u32,
+    /// The next attempt waits until then.
+    pub backoff_until_ms: i64,
+}

@@ -496,3 +496,313 @@ impl Front {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fake::FakeHost;
+    use ai_router_proto::v1::{Model, Policy, Provider, ProviderKey, Snapshot};
+
+    const KEY: &str = "sk-starci-app-0123456789abcdef";
+
+    fn state() -> State {
+        let mut snap = Snapshot::default();
+        snap.providers.push(Provider {
+            id: "p1".into(),
+            keys: vec![ProviderKey {
+                alias: "a".into(),
+                secret: "sk-provider-a".into(),
+                ..Default::default()
+            }],
+            models: vec![Model {
+                id: "m1".into(),
+                aliases: vec!["chat".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        snap.virtual_keys.push(VirtualKey {
+            id: "key_app".into(),
+            sha256: sha256_hex(KEY.as_bytes()),
+            profiles: vec!["*".into()],
+            models: vec!["*".into()],
+            allow_fallback: true,
+            enabled: true,
+            ..Default::default()
+        });
+        snap.virtual_keys.push(VirtualKey {
+            id: "key_slow".into(),
+            sha256: sha256_hex(b"sk-starci-slow-1"),
+            models: vec!["*".into()],
+            enabled: true,
+            requests_per_minute: 1,
+            ..Default::default()
+        });
+        snap.defaults = Some(Policy {
+            max_attempts: Some(3),
+            ..Default::default()
+        });
+        State::new(1, snap)
+    }
+
+    /// A host holding a client request with these headers.
+    fn client(method: &str, path: &str, extra: &[(&str, &[u8])]) -> FakeHost {
+        let mut host = FakeHost::with_state(state());
+        host.add(Side::Request, ":method", method.as_bytes());
+        host.add(Side::Request, ":path", path.as_bytes());
+        host.add(Side::Request, "x-request-id", b"rid-1");
+        for (k, v) in extra {
+            host.add(Side::Request, k, v);
+        }
+        host
+    }
+
+    fn bearer(key: &str) -> Vec<u8> {
+        format!("Bearer {key}").into_bytes()
+    }
+
+    /// Runs the request phase with `body`; returns the flow of the body callback.
+    fn send_body(front: &mut Front, host: &mut FakeHost, body: &str) -> Flow {
+        host.request_body = body.as_bytes().to_vec();
+        front.on_request_body(host, body.len(), true)
+    }
+
+    fn answered_code(host: &FakeHost) -> (u16, String) {
+        let a = host.answered.as_ref().expect("a local answer");
+        let code = a.json()["error"]["code"].as_str().unwrap_or("").to_string();
+        (a.status, code)
+    }
+
+    #[test]
+    fn a_unary_call_writes_the_plan_then_dresses_the_answer() {
+        let auth = bearer(KEY);
+        let mut host = client(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", &auth),
+                ("x-ai-router-plan", b"{\"spoofed\":true}"),
+                ("x-envoy-max-retries", b"99"),
+            ],
+        );
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+        assert!(host.answered.is_none());
+        // The client's key and its attempts to steer the router are gone.
+        assert!(host.header(Side::Request, "authorization").is_none());
+        assert!(host.header(Side::Request, "x-ai-router-plan").is_none());
+        let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.vk, "key_app");
+        assert_eq!(plan.rid, "rid-1");
+        assert_eq!(plan.tiers[0][0].provider, "p1");
+        assert_eq!(plan.tiers[0][0].model, "m1");
+        assert_eq!(
+            host.text(Side::Request, "x-envoy-max-retries").as_deref(),
+            Some("2")
+        );
+
+        // The attempt stage answered on its first attempt, from m1.
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        host.add(Side::Response, H_LANE_MODEL, b"m1");
+        host.add(Side::Response, "x-envoy-upstream-service-time", b"3");
+        assert_eq!(front.on_response_headers(&mut host, false), Flow::Continue);
+        assert_eq!(host.text(Side::Response, H_MODEL).as_deref(), Some("m1"));
+        assert_eq!(host.text(Side::Response, H_ATTEMPTS).as_deref(), Some("1"));
+        assert_eq!(
+            host.text(Side::Response, "x-request-id").as_deref(),
+            Some("rid-1")
+        );
+        for internal in [H_ATTEMPT, H_LANE_MODEL, "x-envoy-upstream-service-time"] {
+            assert!(
+                host.header(Side::Response, internal).is_none(),
+                "{internal}"
+            );
+        }
+        front.on_log(&mut host);
+        assert_eq!(host.reports.len(), 1);
+        assert_eq!(host.reports[0].outcome, "success");
+        assert_eq!(host.reports[0].virtual_key_id, "key_app");
+        assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
+    }
+
+    #[test]
+    fn the_last_attempts_signal_becomes_the_final_status() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        send_body(
+            &mut front,
+            &mut host,
+            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        host.add(Side::Response, ":status", b"503");
+        host.add(Side::Response, H_RETRY, b"1");
+        host.add(Side::Response, H_FINAL_STATUS, b"503");
+        host.add(Side::Response, H_RETRY_AFTER, b"7");
+        host.add(Side::Response, H_ATTEMPT, b"3");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("503"));
+        assert_eq!(
+            host.text(Side::Response, "retry-after").as_deref(),
+            Some("7")
+        );
+        assert!(host.header(Side::Response, H_MODEL).is_none());
+        assert!(host.header(Side::Response, H_RETRY).is_none());
+        front.on_log(&mut host);
+        assert!(host.reports[0].outcome.starts_with("error:"));
+    }
+
+    #[test]
+    fn a_router_timeout_gets_the_gateways_error_body() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        send_body(
+            &mut front,
+            &mut host,
+            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        // Envoy's router gave up: no attempt header, its own text body.
+        host.add(Side::Response, ":status", b"504");
+        host.add(Side::Response, "content-type", b"text/plain");
+        front.on_response_headers(&mut host, false);
+        host.response_body = b"upstream request timeout".to_vec();
+        assert_eq!(front.on_response_body(&mut host, 5, false), Flow::Pause);
+        assert_eq!(front.on_response_body(&mut host, 24, true), Flow::Continue);
+        let body: Value = serde_json::from_slice(&host.response_body).unwrap_or(Value::Null);
+        assert_eq!(body["error"]["code"], "pool_timeout");
+        assert_eq!(
+            host.text(Side::Response, "content-type").as_deref(),
+            Some("application/json")
+        );
+    }
+
+    #[test]
+    fn keys_are_checked_before_anything_else() {
+        let cases: Vec<(Vec<(&str, Vec<u8>)>, u16, &str)> = vec![
+            (vec![], 401, "missing_api_key"),
+            (
+                vec![("authorization", bearer("sk-starci-nope-1"))],
+                401,
+                "invalid_api_key",
+            ),
+            (
+                vec![("authorization", b"Basic abc".to_vec())],
+                401,
+                "missing_api_key",
+            ),
+            (
+                vec![("authorization", b"Bearer sk-\xe9\xe9".to_vec())],
+                400,
+                "invalid_request",
+            ),
+        ];
+        for (headers, status, code) in cases {
+            let extra: Vec<(&str, &[u8])> =
+                headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            let mut host = client("POST", "/v1/chat/completions", &extra);
+            let mut front = Front::default();
+            assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+            assert_eq!(
+                answered_code(&host),
+                (status, code.to_string()),
+                "{headers:?}"
+            );
+            front.on_log(&mut host);
+            assert!(host.reports[0].outcome.starts_with("rejected:"));
+        }
+    }
+
+    #[test]
+    fn routes_methods_health_and_models() {
+        let mut host = client("GET", "/v1/nothing", &[]);
+        Front::default().on_request_headers(&mut host, true);
+        assert_eq!(answered_code(&host).0, 404);
+
+        let mut host = client("GET", "/v1/chat/completions", &[]);
+        Front::default().on_request_headers(&mut host, true);
+        assert_eq!(answered_code(&host).0, 405);
+
+        // A header value that is not UTF-8 is opaque, never a failure.
+        let mut host = client("GET", "/health", &[("x-foo", b"caf\xe9")]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!((a.status, a.json()["status"].clone()), (200, "ok".into()));
+
+        let auth = bearer(KEY);
+        let mut host = client("GET", "/v1/models/chat", &[("authorization", &auth)]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!((a.status, a.json()["id"].clone()), (200, "chat".into()));
+
+        let mut host = client("GET", "/health", &[]);
+        host.state = None;
+        Front::default().on_request_headers(&mut host, true);
+        assert_eq!(host.answered.map(|a| a.status), Some(503));
+    }
+
+    #[test]
+    fn body_checks() {
+        let auth = bearer(KEY);
+        // Too large by its content-length: refused before the body arrives.
+        let mut host = client(
+            "POST",
+            "/v1/chat/completions",
+            &[("authorization", &auth), ("content-length", b"99999999")],
+        );
+        Front::default().on_request_headers(&mut host, false);
+        assert_eq!(answered_code(&host), (413, "request_too_large".into()));
+
+        for (body, code) in [
+            ("{not json", "invalid_json"),
+            ("[1,2]", "invalid_json"),
+            (r#"{"messages":[]}"#, "missing_model"),
+            (r#"{"model":"m1","messages":"hi"}"#, "invalid_request"),
+            (r#"{"model":"nope","messages":[]}"#, "model_not_found"),
+        ] {
+            let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            assert_eq!(
+                send_body(&mut front, &mut host, body),
+                Flow::Pause,
+                "{body}"
+            );
+            assert_eq!(answered_code(&host).1, code, "{body}");
+            assert!(host.header(Side::Request, PLAN_HEADER).is_none());
+        }
+
+        // No body at all.
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        Front::default().on_request_headers(&mut host, true);
+        assert_eq!(answered_code(&host), (400, "invalid_json".into()));
+    }
+
+    #[test]
+    fn requests_per_minute_answer_429_with_retry_after() {
+        let auth = bearer("sk-starci-slow-1");
+        let mut first = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        assert_eq!(
+            Front::default().on_request_headers(&mut first, false),
+            Flow::Pause
+        );
+        assert!(first.answered.is_none());
+        // The same process, the same minute.
+        let counts = first.minute_counts.clone();
+        let mut second = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        second.minute_counts = counts;
+        Front::default().on_request_headers(&mut second, false);
+        let a = second.answered.clone().expect("refused");
+        assert_eq!(a.status, 429);
+        assert_eq!(a.json()["error"]["code"], "requests_per_minute_exceeded");
+        assert!(a.header("retry-after").is_some());
+    }
+}

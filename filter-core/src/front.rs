@@ -687,7 +687,8 @@ mod tests {
 
     #[test]
     fn keys_are_checked_before_anything_else() {
-        let cases: Vec<(Vec<(&str, Vec<u8>)>, u16, &str)> = vec![
+        type Headers = Vec<(&'static str, Vec<u8>)>;
+        let cases: Vec<(Headers, u16, &str)> = vec![
             (vec![], 401, "missing_api_key"),
             (
                 vec![("authorization", bearer("sk-starci-nope-1"))],

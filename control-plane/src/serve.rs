@@ -259,7 +259,7 @@ pub async fn start(
     ));
     // Usage accounting and keys written by other processes.
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
-    engine.add_report_observer(recorder);
+    engine.add_report_observer(recorder.clone());
     let usage_written = Arc::new(tokio::sync::Notify::new());
     tasks.push(tokio::spawn(crate::usage::run_writer(
         usage_rows,
@@ -288,7 +288,7 @@ pub async fn start(
         }
     }));
     let sync_token = matches!(access, SyncAccess::Token(_));
-    let service = SyncService::new(engine.clone(), access, stop.clone());
+    let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     let grpc_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) =

@@ -58,6 +58,8 @@ pub struct SyncService {
     access: SyncAccess,
     /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
     shutdown: watch::Receiver<bool>,
+    /// When set, a `Report` is acknowledged only once its usage rows are stored.
+    usage: Option<Arc<crate::usage::UsageRecorder>>,
 }
 
 impl std::fmt::Debug for SyncService {
@@ -74,7 +76,14 @@ impl SyncService {
             engine,
             access,
             shutdown,
+            usage: None,
         }
+    }
+
+    /// Acknowledges a `Report` only once `recorder` has stored its usage rows.
+    pub fn with_usage(mut self, recorder: Arc<crate::usage::UsageRecorder>) -> Self {
+        self.usage = Some(recorder);
+        self
     }
 
     /// Every handler calls this before it reads the request.
@@ -150,6 +159,14 @@ impl SyncApi for SyncService {
         let (version, _) = tokio::task::spawn_blocking(move || engine.apply_report(&batch))
             .await
             .map_err(|err| Status::internal(format!("report task failed: {err}")))?;
+        if let Some(usage) = &self.usage {
+            // Not acknowledged, the filter sends the batch again.
+            if !usage.stored().await {
+                return Err(Status::unavailable(
+                    "the usage of this batch could not be stored",
+                ));
+            }
+        }
         Ok(Response::new(pb::ReportAck { version }))
     }
 

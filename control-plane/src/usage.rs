@@ -10,19 +10,29 @@
 //!
 //! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
 //! The engine hands each batch to [`UsageRecorder`] (a [`ReportObserver`]), which only queues
-//! the rows; [`run_writer`] merges what is queued and writes it off the executor.
+//! the rows; [`run_writer`] merges what is queued and writes it off the executor. A `Report`
+//! is acknowledged only once its rows are stored ([`UsageRecorder::stored`]): a filter whose
+//! batch was not acknowledged sends it again, so a control plane killed between the two loses
+//! no call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ai_router_proto::v1 as pb;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::config::Config;
 use crate::engine::{Clock, ReportObserver};
 use crate::keystore::{utc_day, KeyStore, UsageDay};
 
 type Rows = Vec<(String, UsageDay)>;
+
+/// What the writer receives, in order.
+pub enum Queued {
+    Rows(Rows),
+    /// Answered once everything queued before it is stored (`true`) or failed to be.
+    Stored(oneshot::Sender<bool>),
+}
 
 /// The cost of `usage` on `provider`'s `model`, from its cost per million tokens.
 pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) -> f64 {
@@ -93,7 +103,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
 pub struct UsageRecorder {
     config: Arc<Config>,
     clock: Arc<dyn Clock>,
-    queue: mpsc::UnboundedSender<Rows>,
+    queue: mpsc::UnboundedSender<Queued>,
 }
 
 impl UsageRecorder {
@@ -101,7 +111,7 @@ impl UsageRecorder {
     pub fn new(
         config: Arc<Config>,
         clock: Arc<dyn Clock>,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Rows>) {
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Queued>) {
         let (queue, rx) = mpsc::unbounded_channel();
         (
             Arc::new(Self {
@@ -112,6 +122,16 @@ impl UsageRecorder {
             rx,
         )
     }
+
+    /// Waits until every row queued so far is in the store; `false` when the write failed or
+    /// the writer is gone.
+    pub async fn stored(&self) -> bool {
+        let (tx, rx) = oneshot::channel();
+        if self.queue.send(Queued::Stored(tx)).is_err() {
+            return false;
+        }
+        rx.await.unwrap_or(false)
+    }
 }
 
 impl ReportObserver for UsageRecorder {
@@ -119,7 +139,7 @@ impl ReportObserver for UsageRecorder {
         let rows = usage_rows(&self.config, batch, self.clock.now_ms());
         if !rows.is_empty() {
             // The writer is gone only at shutdown.
-            let _ = self.queue.send(rows);
+            let _ = self.queue.send(Queued::Rows(rows));
         }
     }
 }
@@ -138,32 +158,50 @@ fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
 /// Writes queued usage rows to `store` until `shutdown` flips, then writes what is left.
 /// `written` fires after each successful write (the quota blocks depend on it).
 pub async fn run_writer(
-    mut rx: mpsc::UnboundedReceiver<Rows>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
     store: Arc<dyn KeyStore>,
     written: Arc<Notify>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
         let first = tokio::select! {
-            rows = rx.recv() => rows,
+            queued = rx.recv() => queued,
             _ = shutdown.wait_for(|stopped| *stopped) => None,
         };
         let Some(first) = first else { break };
         let mut pending = BTreeMap::new();
-        merge(&mut pending, first);
+        let mut waiting = Vec::new();
+        take(first, &mut pending, &mut waiting);
         while let Ok(more) = rx.try_recv() {
-            merge(&mut pending, more);
+            take(more, &mut pending, &mut waiting);
         }
-        if write(&store, pending).await {
+        let stored = pending.is_empty() || write(&store, pending).await;
+        if stored {
             written.notify_one();
+        }
+        for waiter in waiting {
+            let _ = waiter.send(stored);
         }
     }
     let mut pending = BTreeMap::new();
+    let mut waiting = Vec::new();
     while let Ok(more) = rx.try_recv() {
-        merge(&mut pending, more);
+        take(more, &mut pending, &mut waiting);
     }
-    if !pending.is_empty() {
-        write(&store, pending).await;
+    let stored = pending.is_empty() || write(&store, pending).await;
+    for waiter in waiting {
+        let _ = waiter.send(stored);
+    }
+}
+
+fn take(
+    queued: Queued,
+    pending: &mut BTreeMap<(String, String), UsageDay>,
+    waiting: &mut Vec<oneshot::Sender<bool>>,
+) {
+    match queued {
+        Queued::Rows(rows) => merge(pending, rows),
+        Queued::Stored(waiter) => waiting.push(waiter),
     }
 }
 
@@ -308,6 +346,10 @@ mod tests {
         let writer = tokio::spawn(run_writer(rx, store.clone(), written.clone(), stop_rx));
         recorder.observe(&batch());
         recorder.observe(&batch());
+        // Acknowledged only once stored.
+        assert!(recorder.stored().await);
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31")?;
+        assert_eq!(days[1].requests, 4);
         stop_tx.send(true)?;
         writer.await?;
         let days = store.usage("key_a", "2026-03-01", "2026-03-31")?;

@@ -5,10 +5,16 @@
 
 use std::rc::Rc;
 
-use ai_router_proto::v1::RequestOutcome;
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 
 use crate::calls::Call;
+use crate::classify::Class;
+use crate::lanes::{LaneId, RoundRobin, View};
 use crate::state::State;
+
+/// A host call that could not be made (a dispatch the host refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused;
 
 /// What a callback tells Envoy to do with the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,10 +33,12 @@ pub enum Side {
 pub trait Host {
     /// The raw value of a header (values need not be UTF-8).
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>>;
-    /// The names of every header of that side.
-    fn header_names(&self, side: Side) -> Vec<String>;
+    /// Every header of that side, values as raw bytes.
+    fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)>;
     /// Sets (or with `None` removes) a header.
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>);
+    /// Sets a header to raw bytes.
+    fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]);
     /// `size` bytes from `start` of the body received so far.
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8>;
     /// Replaces `size` bytes from `start` of the body with `bytes`.
@@ -54,6 +62,63 @@ pub trait Host {
     /// Queues a request outcome for the control plane.
     fn report_request(&mut self, outcome: RequestOutcome);
 
+    // The attempt stage's needs.
+
+    /// An HTTP call (the timer listener); its answer comes back with the returned token.
+    fn dispatch_http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u32, Refused>;
+    /// A unary gRPC call (the probe lease); its answer comes back with the returned token.
+    fn dispatch_grpc_call(
+        &mut self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        metadata: &[(&str, &[u8])],
+        message: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, Refused>;
+    /// The body of the gRPC answer being delivered.
+    fn grpc_call_response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// Lets a request paused by an asynchronous step go on.
+    fn resume_request(&mut self);
+    /// A stream property (`["response", "code_details"]`).
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// The sync token, for calls to the control plane.
+    fn sync_token(&self) -> Option<String>;
+    /// Runs `f` on a call's bookkeeping.
+    fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R>;
+    /// Runs `f` with the picker's view of this process (holds, in-flight counts, latency)
+    /// and this VM's round-robin positions.
+    fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R;
+    /// Adds to a key's in-flight count, across the process.
+    fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32);
+    /// Cools a lane for the whole process at once (the control plane's push follows).
+    fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64);
+    /// Takes a key out for the whole process at once.
+    fn hold_blacklist(
+        &mut self,
+        provider: &str,
+        key: &str,
+        class: Class,
+        until_ms: i64,
+        fingerprint: u64,
+    );
+    /// Folds a successful attempt's time to first byte into the lane's latency EWMA.
+    fn record_latency(&mut self, lane: &LaneId, ms: f64);
+    /// A number in [0, 1), for jitter.
+    fn random_unit(&mut self) -> f64;
+    /// Queues an attempt outcome for the control plane.
+    fn report_attempt(&mut self, outcome: AttemptOutcome);
+
+    /// The names of every header of that side.
+    fn header_names(&self, side: Side) -> Vec<String> {
+        self.headers(side).into_iter().map(|(k, _)| k).collect()
+    }
+
     /// A header's value when it is UTF-8 text; a value that is not is opaque, as if absent.
     fn header_text(&self, side: Side, name: &str) -> Option<String> {
         self.header(side, name)
@@ -69,11 +134,55 @@ pub mod fake {
     use std::collections::HashMap;
     use std::rc::Rc;
 
-    use ai_router_proto::v1::RequestOutcome;
+    use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 
-    use super::{Host, Side};
+    use super::{Host, Refused, Side};
     use crate::calls::Call;
+    use crate::classify::Class;
+    use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
     use crate::state::State;
+
+    /// A call the stage dispatched.
+    #[derive(Debug, Clone, PartialEq)]
+    pub enum Dispatched {
+        Http {
+            cluster: String,
+            headers: Vec<(String, String)>,
+        },
+        Grpc {
+            cluster: String,
+            method: String,
+            metadata: Vec<(String, Vec<u8>)>,
+            message: Vec<u8>,
+        },
+    }
+
+    /// The picker's view in a test: holds and in-flight counts set by the test or the stage.
+    #[derive(Debug, Default)]
+    pub struct FakeLanes {
+        pub holds: HashMap<LaneId, Vec<LocalHold>>,
+        pub in_flight: HashMap<(String, String), i64>,
+    }
+
+    impl View for FakeLanes {
+        fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
+            self.holds.get(lane).cloned().unwrap_or_default()
+        }
+        fn in_flight(&self, provider: &str, key: &str) -> u32 {
+            self.in_flight
+                .get(&(provider.to_string(), key.to_string()))
+                .copied()
+                .unwrap_or(0)
+                .max(0) as u32
+        }
+        fn provider_in_flight(&self, provider: &str) -> u32 {
+            self.in_flight
+                .iter()
+                .filter(|((p, _), _)| p == provider)
+                .map(|(_, n)| (*n).max(0) as u32)
+                .sum()
+        }
+    }
 
     #[derive(Debug, Clone, PartialEq)]
     pub struct LocalAnswer {
@@ -107,6 +216,16 @@ pub mod fake {
         pub calls: HashMap<String, Call>,
         pub next_call: u64,
         pub reports: Vec<RequestOutcome>,
+        pub attempts: Vec<AttemptOutcome>,
+        pub dispatched: Vec<Dispatched>,
+        pub next_token: u32,
+        pub refuse_dispatch: bool,
+        pub grpc_body: Option<Vec<u8>>,
+        pub resumed: u32,
+        pub properties: HashMap<String, Vec<u8>>,
+        pub lanes: FakeLanes,
+        pub rr: RoundRobin,
+        pub latencies: Vec<(LaneId, f64)>,
     }
 
     impl FakeHost {
@@ -149,8 +268,13 @@ pub mod fake {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.clone())
         }
-        fn header_names(&self, side: Side) -> Vec<String> {
-            self.map(side).iter().map(|(k, _)| k.clone()).collect()
+        fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
+            self.map(side).clone()
+        }
+        fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+            let map = self.map_mut(side);
+            map.retain(|(k, _)| k != name);
+            map.push((name.to_string(), value.to_vec()));
         }
         fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
             let map = self.map_mut(side);
@@ -219,6 +343,123 @@ pub mod fake {
         }
         fn report_request(&mut self, outcome: RequestOutcome) {
             self.reports.push(outcome);
+        }
+        fn dispatch_http_call(
+            &mut self,
+            cluster: &str,
+            headers: &[(&str, &str)],
+            _timeout_ms: u64,
+        ) -> Result<u32, Refused> {
+            if self.refuse_dispatch {
+                return Err(Refused);
+            }
+            self.dispatched.push(Dispatched::Http {
+                cluster: cluster.into(),
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            });
+            self.next_token += 1;
+            Ok(self.next_token)
+        }
+        fn dispatch_grpc_call(
+            &mut self,
+            cluster: &str,
+            _service: &str,
+            method: &str,
+            metadata: &[(&str, &[u8])],
+            message: &[u8],
+            _timeout_ms: u64,
+        ) -> Result<u32, Refused> {
+            if self.refuse_dispatch {
+                return Err(Refused);
+            }
+            self.dispatched.push(Dispatched::Grpc {
+                cluster: cluster.into(),
+                method: method.into(),
+                metadata: metadata
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_vec()))
+                    .collect(),
+                message: message.to_vec(),
+            });
+            self.next_token += 1;
+            Ok(self.next_token)
+        }
+        fn grpc_call_response_body(&self, _size: usize) -> Option<Vec<u8>> {
+            self.grpc_body.clone()
+        }
+        fn resume_request(&mut self) {
+            self.resumed += 1;
+        }
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            self.properties.get(&path.join(".")).cloned()
+        }
+        fn sync_token(&self) -> Option<String> {
+            Some("sync-token".into())
+        }
+        fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
+            self.calls.get_mut(call_id).map(f)
+        }
+        fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
+            f(&self.lanes, &mut self.rr)
+        }
+        fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
+            *self
+                .lanes
+                .in_flight
+                .entry((provider.to_string(), key.to_string()))
+                .or_default() += i64::from(delta);
+        }
+        fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+            self.lanes
+                .holds
+                .entry(lane.clone())
+                .or_default()
+                .push(LocalHold::Cooldown { until_ms });
+        }
+        fn hold_blacklist(
+            &mut self,
+            provider: &str,
+            key: &str,
+            class: Class,
+            until_ms: i64,
+            fingerprint: u64,
+        ) {
+            // A key's blacklist holds every model of it; the tests look it up by lane.
+            for model in self.models_of(provider) {
+                self.lanes
+                    .holds
+                    .entry(LaneId::new(provider, key, &model))
+                    .or_default()
+                    .push(LocalHold::Blacklist {
+                        class,
+                        until_ms,
+                        fingerprint,
+                    });
+            }
+        }
+        fn record_latency(&mut self, lane: &LaneId, ms: f64) {
+            self.latencies.push((lane.clone(), ms));
+        }
+        fn random_unit(&mut self) -> f64 {
+            0.5
+        }
+        fn report_attempt(&mut self, outcome: AttemptOutcome) {
+            self.attempts.push(outcome);
+        }
+    }
+
+    impl FakeHost {
+        fn models_of(&self, provider: &str) -> Vec<String> {
+            self.state
+                .as_ref()
+                .and_then(|s| {
+                    s.provider(provider)
+                        .map(|(_, p)| p.models.iter().map(|m| m.id.clone()).collect())
+                })
+                .unwrap_or_default()
         }
     }
 }

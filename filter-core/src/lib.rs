@@ -11,6 +11,7 @@
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
+pub mod attempt;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;

@@ -115,6 +115,28 @@ impl State {
         self.snapshot.resilience.unwrap_or_default()
     }
 
+    /// The pushed resilience settings, with the spec's defaults where unset.
+    pub fn resilience_or_defaults(state: Option<&State>) -> Resilience {
+        let mut r = state.map(State::resilience).unwrap_or_default();
+        if r.rate_limit_cooldown_ms == 0 {
+            r.rate_limit_cooldown_ms = 10_000;
+        }
+        if r.quota_blacklist_ms == 0 {
+            r.quota_blacklist_ms = 21_600_000;
+        }
+        let b = r.backoff.get_or_insert_with(Default::default);
+        if b.base_ms == 0 {
+            b.base_ms = 100;
+        }
+        if b.factor <= 0.0 {
+            b.factor = 2.0;
+        }
+        if b.max_ms == 0 {
+            b.max_ms = 5_000;
+        }
+        r
+    }
+
     pub fn selection(&self) -> Selection {
         let Some(mut s) = self.snapshot.selection else {
             return Selection {

@@ -9,9 +9,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ai_router_filter_core::calls::Call;
-use ai_router_filter_core::host::{Flow, Host, Side};
+use ai_router_filter_core::classify::Class;
+use ai_router_filter_core::host::{Flow, Host, Refused, Side};
+use ai_router_filter_core::lanes::{LaneId, RoundRobin, View};
 use ai_router_filter_core::state::State;
-use ai_router_proto::v1::RequestOutcome;
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{Action, BufferType, MapType, Status};
 
@@ -66,12 +68,6 @@ impl Headers {
             .flatten()
     }
 
-    /// The value of `name` when it is present and UTF-8 text; a value that is not is treated
-    /// as absent by every caller that needs text.
-    pub fn get(self, name: &str) -> Option<String> {
-        self.get_bytes(name).and_then(|v| String::from_utf8(v).ok())
-    }
-
     /// Every header, values as raw bytes.
     pub fn all(self) -> Vec<(String, Vec<u8>)> {
         logged(hostcalls::get_map_bytes(self.map()).map_err(failed("get_headers")))
@@ -86,10 +82,6 @@ impl Headers {
     /// Sets (or with `None` removes) `name`.
     pub fn set(self, name: &str, value: Option<&str>) {
         logged(hostcalls::set_map_value(self.map(), name, value).map_err(failed("set_header")));
-    }
-
-    pub fn remove(self, name: &str) {
-        self.set(name, None);
     }
 
     /// Sets `name` to raw bytes.
@@ -219,11 +211,17 @@ impl Host for WasmHost {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
         headers_of(side).get_bytes(name)
     }
+    fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
+        headers_of(side).all()
+    }
     fn header_names(&self, side: Side) -> Vec<String> {
         headers_of(side).names()
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
         headers_of(side).set(name, value);
+    }
+    fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+        headers_of(side).set_bytes(name, value);
     }
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
         body_of(side).get(start, size)
@@ -254,6 +252,81 @@ impl Host for WasmHost {
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
         shared::report_request(outcome);
+    }
+    fn dispatch_http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u32, Refused> {
+        logged(dispatch_http_call(
+            cluster,
+            headers,
+            shared::duration_ms(timeout_ms),
+        ))
+        .ok_or(Refused)
+    }
+    fn dispatch_grpc_call(
+        &mut self,
+        cluster: &str,
+        service: &str,
+        method: &str,
+        metadata: &[(&str, &[u8])],
+        message: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, Refused> {
+        logged(dispatch_grpc_call(
+            cluster,
+            service,
+            method,
+            metadata,
+            message,
+            shared::duration_ms(timeout_ms),
+        ))
+        .ok_or(Refused)
+    }
+    fn grpc_call_response_body(&self, size: usize) -> Option<Vec<u8>> {
+        grpc_call_response_body(size)
+    }
+    fn resume_request(&mut self) {
+        resume_request();
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        property(path)
+    }
+    fn sync_token(&self) -> Option<String> {
+        shared::sync_token()
+    }
+    fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
+        shared::with_call(call_id, f)
+    }
+    fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
+        shared::with_round_robin(|rr| f(&shared::SharedView, rr))
+    }
+    fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
+        shared::add_in_flight(provider, key, delta);
+    }
+    fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+        shared::hold_cooldown(lane, until_ms);
+    }
+    fn hold_blacklist(
+        &mut self,
+        provider: &str,
+        key: &str,
+        class: Class,
+        until_ms: i64,
+        fingerprint: u64,
+    ) {
+        shared::hold_blacklist(provider, key, class, until_ms, fingerprint);
+    }
+    fn record_latency(&mut self, lane: &LaneId, ms: f64) {
+        shared::record_latency(lane, ms);
+    }
+    fn random_unit(&mut self) -> f64 {
+        shared::random_unit()
+    }
+    fn report_attempt(&mut self, outcome: AttemptOutcome) {
+        shared::report_attempt(outcome);
     }
 }
 

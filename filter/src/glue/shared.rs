@@ -19,7 +19,6 @@ use ai_router_filter_core::quota::MinuteCount;
 use ai_router_filter_core::state::State;
 
 pub const VM_ID: &str = "ai_router";
-pub const CONTROL_PLANE_CLUSTER: &str = ai_router_contract::clusters::CONTROL_PLANE;
 pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
 pub const VERSION_KEY: &str = "ai-router/version";
 pub const REPORT_QUEUE: &str = "ai-router/reports";
@@ -206,31 +205,9 @@ pub fn record_latency(lane: &LaneId, ms: f64) {
     })
 }
 
-/// The pushed resilience settings, with the spec's defaults where unset.
-pub fn resilience() -> ai_router_proto::v1::Resilience {
-    let mut r = current_state().map(|s| s.resilience()).unwrap_or_default();
-    if r.rate_limit_cooldown_ms == 0 {
-        r.rate_limit_cooldown_ms = 10_000;
-    }
-    if r.quota_blacklist_ms == 0 {
-        r.quota_blacklist_ms = 21_600_000;
-    }
-    let b = r.backoff.get_or_insert_with(Default::default);
-    if b.base_ms == 0 {
-        b.base_ms = 100;
-    }
-    if b.factor <= 0.0 {
-        b.factor = 2.0;
-    }
-    if b.max_ms == 0 {
-        b.max_ms = 5_000;
-    }
-    r
-}
-
 /// The sync token Envoy passes to the VM, for calls to the control plane.
 pub fn sync_token() -> Option<String> {
-    std::env::var("AI_ROUTER_SYNC_TOKEN")
+    std::env::var(ai_router_contract::SYNC_TOKEN_ENV)
         .ok()
         .filter(|t| !t.is_empty())
 }

@@ -1,0 +1,1000 @@
+//! The attempt stage: once per attempt, on the internal listener. Picks the lane, sends the
+//! request to its provider, and judges the answer. A state machine over [`Host`]: waits (a
+//! backoff, a lane that returns) and the probe lease are pending states resumed by the
+//! callback that answers them.
+
+use ai_router_proto::v1::{AttemptOutcome, LeaseReply, LeaseRequest, Usage as ProtoUsage};
+use prost::Message;
+use serde_json::Value;
+
+use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
+use crate::classify::{classify, Class, Failure};
+use crate::embeddings;
+use crate::errors::{upstream_invalid_request, GatewayError};
+use crate::headers;
+use crate::host::{Flow, Host, Side};
+use crate::lanes::{self, LaneId, Pick};
+use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::sse::Parser;
+use crate::state::State;
+use crate::stream::{usage_of, Gate, Step, Usage};
+use crate::util::{redact, redact_bytes};
+use ai_router_contract::headers::{
+    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL,
+    RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+};
+
+/// How the answer is being handled.
+#[derive(Default)]
+enum Mode {
+    /// Not yet known (request phase).
+    #[default]
+    Pending,
+    /// A unary answer or an error: buffered whole, judged at the end.
+    Whole {
+        status: u16,
+        headers: Vec<(String, String)>,
+    },
+    /// A stream: held until the first token. Anthropic events are translated to OpenAI chunks
+    /// first.
+    Stream {
+        gate: Box<Gate>,
+        upstream: Option<Box<Translate>>,
+        seen: usize,
+    },
+    /// Passed through untouched (after the verdict, at the end of the answer).
+    Through,
+    /// The answer was replaced by the gateway's verdict: whatever the provider still sends is
+    /// dropped, never passed on raw.
+    Drained,
+}
+
+/// The Anthropic stream, parsed and translated into OpenAI chunk bytes.
+struct Translate {
+    parser: Parser,
+    translator: StreamTranslator,
+}
+
+impl Translate {
+    /// The OpenAI bytes of the events received, and the failure that ended them, if one did
+    /// (what came before it in the same read is kept: it may hold the first token).
+    fn feed(&mut self, bytes: &[u8], now_ms: i64) -> (Vec<u8>, Option<Failure>) {
+        let mut out = Vec::new();
+        for event in self.parser.feed(bytes) {
+            match self.translator.feed(&event, now_ms) {
+                Ok(chunk) => out.extend(chunk),
+                Err(failure) => return (out, Some(failure)),
+            }
+        }
+        (out, None)
+    }
+}
+
+struct Lane {
+    id: LaneId,
+    kind: String,
+    secret: String,
+    fingerprint: u64,
+}
+
+#[derive(Default)]
+pub struct Attempt {
+    plan: Option<Plan>,
+    attempt: u32,
+    lane: Option<Lane>,
+    started_ms: i64,
+    mode: Mode,
+    reported: bool,
+    after_first_token: bool,
+    usage: Option<Usage>,
+    /// Embeddings: the vector length the lane's model declares.
+    dimensions: Option<usize>,
+    /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
+    headroom: Option<(i64, i64, i64)>,
+    /// The request body, kept while the attempt waits or asks for a lease.
+    body: Vec<u8>,
+    /// Lanes this attempt may not use (probe leases held elsewhere).
+    excluded: Vec<LaneId>,
+    /// An asynchronous step in progress.
+    pending: Pending,
+    /// This attempt holds a half-open breaker's probe lease.
+    probe: bool,
+    first_byte_ms: Option<i64>,
+    /// The provider's answer ended with its headers.
+    headers_only: bool,
+}
+
+/// What the attempt waits for.
+#[derive(Default)]
+enum Pending {
+    #[default]
+    Nothing,
+    /// A timer (backoff, a lane returning).
+    Wait(u32),
+    /// The probe lease for this lane.
+    Lease(u32, Box<lanes::Chosen>, lanes::Probe),
+}
+
+const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
+/// The header the attempt route picks the provider cluster by (removed by the route).
+const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
+
+/// The gateway's final answer when calls have run out of lanes or attempts, by the class of
+/// the last failure.
+pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
+    let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
+    match class {
+        Some(Class::RateLimit) => GatewayError::new(
+            503,
+            "pool_rate_limited",
+            "Every key that can serve this call is rate limited.",
+        )
+        .with_retry_after(wait),
+        Some(Class::Quota) => GatewayError::new(
+            503,
+            "pool_quota_exhausted",
+            "Every key that can serve this call has spent its quota or credit.",
+        )
+        .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Auth) => GatewayError::new(
+            503,
+            "pool_auth_failed",
+            "Every key that can serve this call was refused by its provider.",
+        )
+        .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Deadline) => {
+            GatewayError::new(504, "pool_timeout", "The call's deadline passed.")
+        }
+        Some(Class::Transient | Class::Network | Class::Timeout | Class::Stream) => {
+            GatewayError::new(502, "upstream_error", "Every attempt failed upstream.")
+        }
+        _ => GatewayError::new(
+            503,
+            "pool_unavailable",
+            "No lane of the pool can serve this call right now.",
+        )
+        .with_retry_after(wait),
+    }
+}
+
+impl Attempt {
+    fn cid(&self) -> &str {
+        self.plan.as_ref().map(|p| p.cid.as_str()).unwrap_or("")
+    }
+
+    /// Answers from this stage (no lane): the final error, not retried.
+    fn give_up(
+        &mut self,
+        host: &mut impl Host,
+        class: Option<Class>,
+        retry_at_ms: Option<i64>,
+    ) -> Flow {
+        let err = final_error(class, retry_at_ms, host.now_ms());
+        let attempts = self.attempt.to_string();
+        let final_status = err.status.to_string();
+        let retry_after = err.retry_after_s.map(|s| s.to_string());
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("content-type", "application/json"),
+            (H_ATTEMPT, &attempts),
+            (H_FINAL_STATUS, &final_status),
+        ];
+        if let Some(r) = retry_after.as_deref() {
+            headers.push((H_RETRY_AFTER, r));
+        }
+        // 500 is never retried by the outer router (502 and 503 are); the front stage answers
+        // the client with the final status.
+        host.send_response(500, &headers, &err.body());
+        Flow::Pause
+    }
+
+    /// Decides what this attempt does now: give up, wait (backoff, a lane that returns before
+    /// the deadline, a probe lease), or go to a lane.
+    fn prepare(&mut self, host: &mut impl Host) -> Flow {
+        let Some(plan) = self.plan.clone() else {
+            return self.give_up(host, None, None);
+        };
+        let Some(state) = host.state() else {
+            return self.give_up(host, None, None);
+        };
+        let now = host.now_ms();
+        let deadline = plan.started_ms.saturating_add(plan.deadline_ms as i64);
+        if now >= deadline {
+            return self.give_up(host, Some(Class::Deadline), None);
+        }
+        let (tried, identity, backoff_until) = host
+            .with_call(&plan.cid, |c| {
+                (c.tried.clone(), c.identity.clone(), c.backoff_until_ms)
+            })
+            .unwrap_or_default();
+        if backoff_until > now {
+            // After a transient failure the next attempt waits, bounded by the deadline.
+            return self.wait_until(host, backoff_until.min(deadline));
+        }
+        // An embeddings call never leaves the vector space of its first lane.
+        let tiers = match &identity {
+            Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
+            None => plan.tiers.clone(),
+        };
+        let request = lanes::Request {
+            tried: &tried,
+            excluded: &self.excluded,
+            tokens: plan.tokens,
+        };
+        let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
+        let chosen = match pick {
+            Pick::Lane(c) => c,
+            Pick::Unavailable { class, retry_at_ms } => {
+                if let Some(at) = retry_at_ms.filter(|at| *at < deadline) {
+                    // A lane returns before the deadline: wait for it rather than fail.
+                    return self.wait_until(host, at);
+                }
+                let last = host.with_call(&plan.cid, |c| c.last_failure).flatten();
+                let (class, retry_at) = match (class, last) {
+                    (Some(c), _) => (Some(c), retry_at_ms),
+                    (None, Some((c, r))) => (Some(c), r),
+                    (None, None) => (None, retry_at_ms),
+                };
+                return self.give_up(host, class, retry_at);
+            }
+        };
+        if let Some(probe) = chosen.probe.clone() {
+            return self.ask_lease(host, chosen, probe);
+        }
+        self.send_to(host, &state, chosen)
+    }
+
+    /// Pauses the attempt until `at`, through the timer listener (a fault-filter delay).
+    fn wait_until(&mut self, host: &mut impl Host, at: i64) -> Flow {
+        let ms = (at - host.now_ms()).clamp(1, 600_000);
+        let delay = ms.to_string();
+        let headers = vec![
+            (":method", "GET"),
+            (":path", "/wait"),
+            (":authority", "ai-router-timer"),
+            ("x-envoy-fault-delay-request", delay.as_str()),
+        ];
+        match host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000) {
+            Ok(token) => {
+                self.pending = Pending::Wait(token);
+                Flow::Pause
+            }
+            Err(_) => self.give_up(host, None, Some(at)),
+        }
+    }
+
+    /// Asks the control plane for the half-open breaker's probe lease.
+    fn ask_lease(
+        &mut self,
+        host: &mut impl Host,
+        chosen: lanes::Chosen,
+        probe: lanes::Probe,
+    ) -> Flow {
+        let request = LeaseRequest {
+            scope: probe.scope.to_string(),
+            provider: probe.provider.clone(),
+            key: probe.key.clone(),
+            holder: ai_router_contract::probe_holder(
+                self.plan.as_ref().map(|p| p.rid.as_str()).unwrap_or(""),
+                self.attempt,
+            ),
+            ttl_ms: self
+                .plan
+                .as_ref()
+                .map(|p| p.timeout_ms)
+                .unwrap_or(60_000)
+                .max(1_000),
+        };
+        let token = host.sync_token();
+        let metadata: Vec<(&str, &[u8])> = match &token {
+            Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+            None => Vec::new(),
+        };
+        match host.dispatch_grpc_call(
+            ai_router_contract::clusters::CONTROL_PLANE,
+            "airouter.v1.Sync",
+            "Lease",
+            &metadata,
+            &request.encode_to_vec(),
+            2_000,
+        ) {
+            Ok(t) => {
+                self.pending = Pending::Lease(t, Box::new(chosen), probe);
+                Flow::Pause
+            }
+            Err(_) => {
+                // No control plane to ask: leave the half-open lane alone for this attempt.
+                self.exclude_probe(host, &probe);
+                self.prepare(host)
+            }
+        }
+    }
+
+    fn exclude_probe(&mut self, host: &mut impl Host, probe: &lanes::Probe) {
+        let Some(state) = host.state() else {
+            return;
+        };
+        let Some((_, provider)) = state.provider(&probe.provider) else {
+            return;
+        };
+        for key in &provider.keys {
+            if probe.key.is_empty() || probe.key == key.alias {
+                for m in &provider.models {
+                    self.excluded
+                        .push(LaneId::new(&provider.id, &key.alias, &m.id));
+                }
+            }
+        }
+    }
+
+    /// Resumes the request after an asynchronous step decided.
+    fn resume_with(&mut self, host: &mut impl Host, action: Flow) {
+        if action == Flow::Continue {
+            host.resume_request();
+        }
+    }
+
+    /// Sends the attempt to `chosen`: the body and headers for its provider.
+    fn send_to(&mut self, host: &mut impl Host, state: &State, chosen: lanes::Chosen) -> Flow {
+        let Some(plan) = self.plan.clone() else {
+            return self.give_up(host, None, None);
+        };
+        let body = std::mem::take(&mut self.body);
+        let body = body.as_slice();
+        // By identity, not by position: after a lease reply `state` may be a newer snapshot
+        // than the one the lane was picked from. A lane that is gone is picked again.
+        let Some((provider, key)) = lanes::lane_in(state, &chosen.lane) else {
+            self.body = body.to_vec();
+            return self.prepare(host);
+        };
+
+        // The body for this provider: its model id, usage asked for on streams.
+        let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("model".into(), Value::String(chosen.lane.model.clone()));
+            if plan.stream {
+                let opts = obj
+                    .entry("stream_options")
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if let Some(o) = opts.as_object_mut() {
+                    o.insert("include_usage".into(), Value::Bool(true));
+                }
+            }
+        }
+        let anthropic = provider.kind == "anthropic";
+        if anthropic && plan.op == Operation::Chat {
+            let max_tokens = if provider.default_max_tokens > 0 {
+                provider.default_max_tokens
+            } else {
+                4096
+            };
+            value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
+                Ok(v) => v,
+                Err(e) => {
+                    // The request cannot be expressed for this provider: the caller's to fix.
+                    let mut err = GatewayError::new(400, "invalid_request", e.message);
+                    err.param = e.param;
+                    let attempts = self.attempt.to_string();
+                    host.send_response(
+                        400,
+                        &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
+                        &err.body(),
+                    );
+                    return Flow::Pause;
+                }
+            };
+        }
+        let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
+        host.set_body(Side::Request, 0, body.len(), &new_body);
+        host.set_header(Side::Request, "content-length", None);
+
+        let api_path = if anthropic && plan.op == Operation::Chat {
+            "/messages"
+        } else {
+            plan.op.path()
+        };
+        let path = format!("{}{}", provider.base_path, api_path);
+        let cluster = if provider.scheme == "https" {
+            ai_router_contract::clusters::PROVIDERS_TLS
+        } else {
+            ai_router_contract::clusters::PROVIDERS_PLAIN
+        };
+        host.set_header(Side::Request, ":authority", Some(&provider.authority));
+        host.set_header(Side::Request, ":path", Some(&path));
+        host.set_header(Side::Request, CLUSTER_HEADER, Some(cluster));
+        // Only the allowlisted client headers go on; the provider's own are added below.
+        for name in host.header_names(Side::Request) {
+            if !headers::forwarded_to_provider(&name) && name != CLUSTER_HEADER {
+                host.set_header(Side::Request, &name, None);
+            }
+        }
+        for h in &provider.headers {
+            let lower = h.name.to_ascii_lowercase();
+            if lower != "authorization" && lower != "x-api-key" && lower != provider.auth_header {
+                host.set_header(Side::Request, &lower, Some(&h.value));
+            }
+        }
+        if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
+            host.set_header(
+                Side::Request,
+                "authorization",
+                Some(&format!("Bearer {}", key.secret)),
+            );
+        } else {
+            host.set_header(Side::Request, &provider.auth_header, Some(&key.secret));
+        }
+        if anthropic {
+            host.set_header(Side::Request, "anthropic-version", Some(ANTHROPIC_VERSION));
+        }
+        if !plan.rid.is_empty() {
+            host.set_header(Side::Request, "x-request-id", Some(&plan.rid));
+            host.set_header(Side::Request, "idempotency-key", Some(&plan.rid));
+        }
+        if plan.stream {
+            host.set_header(Side::Request, "accept", Some("text/event-stream"));
+        }
+
+        let model_identity =
+            embeddings::identity_of(state, &chosen.lane.provider, &chosen.lane.model);
+        let dimensions =
+            embeddings::dimensions_of(state, &chosen.lane.provider, &chosen.lane.model);
+        host.with_call(&plan.cid, |c| {
+            c.tried.push(chosen.lane.clone());
+            c.attempts = c.attempts.max(self.attempt);
+            if plan.op == Operation::Embeddings && c.identity.is_none() {
+                c.identity = model_identity;
+            }
+        });
+        self.dimensions = dimensions;
+        self.probe = chosen.probe.is_some();
+        self.started_ms = host.now_ms();
+        host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
+        self.lane = Some(Lane {
+            id: chosen.lane,
+            kind: provider.kind.clone(),
+            secret: key.secret.clone(),
+            fingerprint: key.fingerprint,
+        });
+        Flow::Continue
+    }
+
+    /// Effects of a failure on this VM's view at once (the control plane's push follows).
+    fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) {
+        let Some(lane) = &self.lane else { return };
+        let resilience = State::resilience_or_defaults(host.state().as_deref());
+        match failure.class {
+            Class::RateLimit => {
+                let until = failure
+                    .retry_at_ms
+                    .unwrap_or(now + resilience.rate_limit_cooldown_ms as i64);
+                host.hold_cooldown(&lane.id, until);
+            }
+            Class::Quota => {
+                let until = failure
+                    .retry_at_ms
+                    .unwrap_or(now + resilience.quota_blacklist_ms as i64);
+                host.hold_blacklist(
+                    &lane.id.provider,
+                    &lane.id.key,
+                    Class::Quota,
+                    until,
+                    lane.fingerprint,
+                );
+            }
+            Class::Auth => {
+                let until = if resilience.auth_disable_ms > 0 {
+                    now + resilience.auth_disable_ms as i64
+                } else {
+                    0
+                };
+                host.hold_blacklist(
+                    &lane.id.provider,
+                    &lane.id.key,
+                    Class::Auth,
+                    until,
+                    lane.fingerprint,
+                )
+            }
+            Class::Transient | Class::Network | Class::Timeout | Class::Stream => {
+                // A retry-after on a transient failure also cools the lane.
+                if let Some(at) = failure.retry_at_ms {
+                    host.hold_cooldown(&lane.id, at);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn report(&mut self, host: &mut impl Host, failure: Option<&Failure>, status: u16) {
+        if self.reported {
+            return;
+        }
+        self.reported = true;
+        let Some(lane) = &self.lane else { return };
+        let now = host.now_ms();
+        host.add_in_flight(&lane.id.provider, &lane.id.key, -1);
+        let plan = self.plan.as_ref();
+        let backoff = State::resilience_or_defaults(host.state().as_deref())
+            .backoff
+            .unwrap_or_default();
+        // Drawn before borrowing the call: the call table and the generator share a cell.
+        let jitter = host.random_unit();
+        host.with_call(self.cid(), |c| match failure {
+            Some(f) => {
+                c.last_failure = Some((f.class, f.retry_at_ms));
+                if matches!(
+                    f.class,
+                    Class::Transient | Class::Network | Class::Timeout | Class::Stream
+                ) {
+                    c.transient_failures += 1;
+                    let wait = crate::lanes::backoff_ms(&backoff, c.transient_failures, jitter);
+                    c.backoff_until_ms = now + wait as i64;
+                }
+            }
+            None => c.answered = Some(lane.id.clone()),
+        });
+        if failure.is_none() {
+            if let Some(first) = self.first_byte_ms {
+                host.record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
+            }
+        }
+        host.report_attempt(AttemptOutcome {
+            request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
+            attempt: self.attempt,
+            provider: lane.id.provider.clone(),
+            key: lane.id.key.clone(),
+            model: lane.id.model.clone(),
+            outcome: if failure.is_some() {
+                "error".into()
+            } else {
+                "success".into()
+            },
+            error_class: failure
+                .map(|f| f.class.as_str().to_string())
+                .unwrap_or_default(),
+            status: u32::from(status),
+            latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
+            retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
+            fingerprint: lane.fingerprint,
+            provider_code: failure
+                .and_then(|f| f.provider_code.clone())
+                .unwrap_or_default(),
+            usage: self.usage.map(|u| ProtoUsage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
+            virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
+            at_ms: now,
+            after_first_token: self.after_first_token,
+            remaining_requests: self.headroom.map_or(-1, |h| h.0),
+            remaining_tokens: self.headroom.map_or(-1, |h| h.1),
+            ratelimit_reset_at_ms: self.headroom.map_or(0, |h| h.2),
+            probe: self.probe,
+            operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
+        });
+    }
+
+    /// Turns the held response into the signal for the outer router, or the client's answer.
+    fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+        let now = host.now_ms();
+        self.hold(host, &failure, now);
+        self.report(host, Some(&failure), failure.status);
+        let attempt = self.attempt.to_string();
+        let mut signals: Vec<(&str, String)> = vec![
+            (H_ATTEMPT, attempt),
+            ("content-type", "application/json".into()),
+        ];
+        let (status, body) = if failure.class.retryable() {
+            let err = final_error(Some(failure.class), failure.retry_at_ms, now);
+            signals.push((H_RETRY, "1".into()));
+            signals.push((H_FINAL_STATUS, err.status.to_string()));
+            if let Some(s) = err.retry_after_s {
+                signals.push((H_RETRY_AFTER, s.to_string()));
+            }
+            (503u16, err.body())
+        } else {
+            let secret = self.lane.as_ref().map(|l| l.secret.as_str()).unwrap_or("");
+            let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
+            (failure.status, err.body())
+        };
+        self.mode = Mode::Drained;
+        if self.headers_only {
+            // The provider's answer has no body to replace (the host refuses to write one):
+            // answer in its place.
+            let headers: Vec<(&str, &str)> =
+                signals.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            host.send_response(status, &headers, &body);
+            return;
+        }
+        host.set_header(Side::Response, ":status", Some(&status.to_string()));
+        for (name, value) in &signals {
+            host.set_header(Side::Response, name, Some(value));
+        }
+        host.set_header(Side::Response, "content-length", None);
+        host.set_body(Side::Response, 0, body_size, &body);
+    }
+
+    /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
+    /// passes through here (providers echo keys in error messages).
+    fn scrub(&self, bytes: Vec<u8>) -> Vec<u8> {
+        match &self.lane {
+            Some(lane) => redact_bytes(&bytes, &lane.secret).unwrap_or(bytes),
+            None => bytes,
+        }
+    }
+
+    fn succeed_headers(&mut self, host: &mut impl Host) {
+        if self.first_byte_ms.is_none() {
+            self.first_byte_ms = Some(host.now_ms());
+        }
+        host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
+        if let Some(lane) = &self.lane {
+            host.set_header(Side::Response, H_LANE_MODEL, Some(&lane.id.model));
+        }
+    }
+}
+
+impl Attempt {
+    /// The answer to an HTTP call this stage dispatched (the timer).
+    pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
+        if matches!(self.pending, Pending::Wait(t) if t == token) {
+            self.pending = Pending::Nothing;
+            let action = self.prepare(host);
+            self.resume_with(host, action);
+        }
+    }
+
+    /// The answer to a gRPC call this stage dispatched (the probe lease).
+    pub fn on_grpc_call_response(
+        &mut self,
+        host: &mut impl Host,
+        token: u32,
+        status: u32,
+        size: usize,
+    ) {
+        let Pending::Lease(t, chosen, probe) = std::mem::take(&mut self.pending) else {
+            return;
+        };
+        if t != token {
+            self.pending = Pending::Lease(t, chosen, probe);
+            return;
+        }
+        let reply = (status == 0)
+            .then(|| host.grpc_call_response_body(size))
+            .flatten()
+            .and_then(|b| LeaseReply::decode(b.as_slice()).ok());
+        let action = match (reply, host.state()) {
+            (Some(r), Some(state)) if r.granted => self.send_to(host, &state, *chosen),
+            _ => {
+                // Another call probes this breaker (or the control plane is away): other lanes,
+                // or wait for the probe's verdict.
+                self.exclude_probe(host, &probe);
+                self.prepare(host)
+            }
+        };
+        self.resume_with(host, action);
+    }
+}
+
+impl Attempt {
+    pub fn on_request_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        self.started_ms = host.now_ms();
+        self.attempt = host
+            .header_text(Side::Request, "x-envoy-attempt-count")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1);
+        self.plan = host
+            .header_text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p));
+        if self.plan.is_none() {
+            return self.give_up(host, None, None);
+        }
+        if end_of_stream {
+            return self.prepare(host);
+        }
+        Flow::Pause
+    }
+
+    pub fn on_request_body(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
+        if !end_of_stream {
+            return Flow::Pause;
+        }
+        if self.lane.is_some() {
+            return Flow::Continue;
+        }
+        self.body = host.body(Side::Request, 0, size);
+        self.prepare(host)
+    }
+
+    pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        let Some(lane) = &self.lane else {
+            return Flow::Continue;
+        };
+        let status: u16 = host
+            .header_text(Side::Response, ":status")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(502);
+        // The provider's headers: internal names it sends are dropped before anything reads
+        // them, and only the allowlisted ones reach the client (its key redacted).
+        let rate_limits = host.state().is_some_and(|s| s.forward_rate_limit_headers());
+        let mut headers: Vec<(String, String)> = Vec::new();
+        for (name, value) in host.headers(Side::Response) {
+            if headers::is_internal(&name) {
+                host.set_header(Side::Response, &name, None);
+                continue;
+            }
+            if !headers::forwarded_to_client(&name, rate_limits) {
+                host.set_header(Side::Response, &name, None);
+            } else if let Some(clean) = redact_bytes(&value, &lane.secret) {
+                host.set_header_bytes(Side::Response, &name, &clean);
+            }
+            if let Ok(text) = String::from_utf8(value) {
+                headers.push((name, text));
+            }
+        }
+        self.headroom = Some(crate::classify::headroom(&headers, host.now_ms()));
+        let is_sse = headers.iter().any(|(k, v)| {
+            k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
+        });
+        let stream = self.plan.as_ref().is_some_and(|p| p.stream);
+        if (200..300).contains(&status) && stream && is_sse {
+            let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
+            let upstream = (lane.kind == "anthropic").then(|| {
+                Box::new(Translate {
+                    parser: Parser::new(),
+                    translator: StreamTranslator::new(host.now_ms() / 1000),
+                })
+            });
+            self.mode = Mode::Stream {
+                gate: Box::new(Gate::new(&lane.kind, include_usage)),
+                upstream,
+                seen: 0,
+            };
+        } else {
+            self.mode = Mode::Whole { status, headers };
+        }
+        if end_of_stream {
+            // No body at all.
+            self.headers_only = true;
+            self.judge_whole(host, &[], 0);
+            return Flow::Continue;
+        }
+        Flow::Pause
+    }
+
+    pub fn on_response_body(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Flow {
+        match std::mem::take(&mut self.mode) {
+            Mode::Pending | Mode::Through => {
+                self.mode = Mode::Through;
+                Flow::Continue
+            }
+            Mode::Drained => {
+                host.set_body(Side::Response, 0, size, &[]);
+                self.mode = Mode::Drained;
+                Flow::Continue
+            }
+            Mode::Whole { status, headers } => {
+                self.mode = Mode::Whole { status, headers };
+                if !end_of_stream {
+                    return Flow::Pause;
+                }
+                let body = host.body(Side::Response, 0, size);
+                self.judge_whole(host, &body, size);
+                Flow::Continue
+            }
+            Mode::Stream {
+                mut gate,
+                mut upstream,
+                seen,
+            } => {
+                let now = host.now_ms();
+                // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
+                let buffered = !gate.released();
+                let new = if buffered {
+                    host.body(Side::Response, seen, size.saturating_sub(seen))
+                } else {
+                    host.body(Side::Response, 0, size)
+                };
+                let (new, upstream_failure) = match upstream.as_mut() {
+                    None => (new, None),
+                    Some(t) => t.feed(&new, now),
+                };
+                // The bytes that take the place of this callback's body.
+                let mut out: Option<Vec<u8>> = None;
+                match gate.feed(&new, now) {
+                    Step::Hold => {}
+                    Step::Release(bytes) => {
+                        self.after_first_token = true;
+                        self.succeed_headers(host);
+                        out = Some(self.scrub(bytes));
+                    }
+                    Step::Forward(bytes) => out = Some(self.scrub(bytes)),
+                    Step::Fail(failure) => {
+                        self.fail(host, failure, size);
+                        return Flow::Continue;
+                    }
+                }
+                if let Some(failure) = upstream_failure {
+                    if !gate.released() {
+                        self.fail(host, failure, size);
+                        return Flow::Continue;
+                    }
+                    // After the first token: what arrived, then the error ends the stream.
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(crate::stream::error_event(
+                        &format!(
+                            "The provider's stream failed after the answer had started: {}",
+                            failure.message
+                        ),
+                        "stream_interrupted",
+                    ));
+                    let bytes = self.scrub(bytes);
+                    host.set_body(Side::Response, 0, size, &bytes);
+                    self.report(host, Some(&failure), 200);
+                    self.mode = Mode::Drained;
+                    return Flow::Continue;
+                }
+                if !end_of_stream {
+                    if let Some(bytes) = out {
+                        host.set_body(Side::Response, 0, size, &bytes);
+                    }
+                    let held = !gate.released();
+                    self.mode = Mode::Stream {
+                        gate,
+                        upstream,
+                        seen: size,
+                    };
+                    return if held { Flow::Pause } else { Flow::Continue };
+                }
+                match gate.finish() {
+                    Ok(tail) => {
+                        if !self.after_first_token {
+                            self.after_first_token = gate.released();
+                            self.succeed_headers(host);
+                        }
+                        let mut bytes = out.unwrap_or_default();
+                        bytes.extend(self.scrub(tail));
+                        host.set_body(Side::Response, 0, size, &bytes);
+                        self.usage = gate.usage;
+                        let failure = (!gate.completed()).then(|| Failure {
+                            class: Class::Stream,
+                            retry_at_ms: None,
+                            provider_code: None,
+                            message: "the stream broke off after the first token".into(),
+                            status: 200,
+                        });
+                        self.report(host, failure.as_ref(), 200);
+                    }
+                    Err(failure) => self.fail(host, failure, size),
+                }
+                self.mode = Mode::Through;
+                Flow::Continue
+            }
+        }
+    }
+
+    pub fn on_log(&mut self, host: &mut impl Host) {
+        if self.reported || self.lane.is_none() {
+            return;
+        }
+        // The attempt ended without a verdict: the provider's connection broke, the attempt or
+        // call timed out, or the caller went away (the outer router resets this stream then).
+        let now = host.now_ms();
+        let elapsed = now.saturating_sub(self.started_ms).max(0) as u64;
+        let (timeout, deadline) = self
+            .plan
+            .as_ref()
+            .map(|p| {
+                (
+                    p.timeout_ms,
+                    p.started_ms.saturating_add(p.deadline_ms as i64),
+                )
+            })
+            .unwrap_or((u64::MAX, i64::MAX));
+        let downstream_gone = host
+            .property(&["response", "code_details"])
+            .is_some_and(|d| d.starts_with(b"downstream_remote_disconnect"));
+        let class = if now + 50 >= deadline {
+            Class::Deadline
+        } else if downstream_gone && !self.after_first_token && elapsed + 50 >= timeout {
+            Class::Timeout
+        } else if downstream_gone {
+            Class::Cancelled
+        } else if self.after_first_token {
+            Class::Stream
+        } else {
+            Class::Network
+        };
+        if class == Class::Cancelled && self.after_first_token {
+            // The caller stopped reading early: the lane served it.
+            self.report(host, None, 200);
+            return;
+        }
+        let failure = Failure {
+            class,
+            retry_at_ms: None,
+            provider_code: None,
+            message: String::new(),
+            status: 0,
+        };
+        self.report(host, Some(&failure), 0);
+    }
+}
+
+impl Attempt {
+    /// The verdict on a whole (unary or error) answer.
+    fn judge_whole(&mut self, host: &mut impl Host, body: &[u8], size: usize) {
+        let Mode::Whole { status, headers } = std::mem::take(&mut self.mode) else {
+            return;
+        };
+        let Some(lane) = &self.lane else { return };
+        let now = host.now_ms();
+        let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
+        if (200..300).contains(&status) && !has_error_object {
+            if lane.kind == "anthropic"
+                && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
+            {
+                let translated = anthropic::from_messages_response(&parsed, now / 1000);
+                self.usage = usage_of(&translated);
+                let bytes = self.scrub(translated.to_string().into_bytes());
+                host.set_body(Side::Response, 0, size, &bytes);
+                host.set_header(Side::Response, "content-length", None);
+                host.set_header(Side::Response, "content-type", Some("application/json"));
+                self.succeed_headers(host);
+                self.report(host, None, status);
+                self.mode = Mode::Through;
+                return;
+            }
+            if let Some(expected) = self.dimensions.filter(|_| {
+                self.plan
+                    .as_ref()
+                    .is_some_and(|p| p.op == Operation::Embeddings)
+            }) {
+                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
+                    let failure = Failure {
+                        class: Class::Transient,
+                        retry_at_ms: None,
+                        provider_code: None,
+                        message,
+                        status,
+                    };
+                    self.fail(host, failure, size);
+                    return;
+                }
+            }
+            self.usage = usage_of(&parsed);
+            if let Some(clean) = self
+                .lane
+                .as_ref()
+                .and_then(|l| redact_bytes(body, &l.secret))
+            {
+                host.set_body(Side::Response, 0, size, &clean);
+                host.set_header(Side::Response, "content-length", None);
+            }
+            self.succeed_headers(host);
+            self.report(host, None, status);
+            self.mode = Mode::Through;
+            return;
+        }
+        let mut failure = classify(&lane.kind, status, &headers, body, now);
+        // Envoy's own answers (connection refused, reset before headers) carry no provider body.
+        let text = String::from_utf8_lossy(body);
+        if status == 503
+            && (text.starts_with("upstream connect error")
+                || text.starts_with("no healthy upstream"))
+        {
+            failure.class = Class::Network;
+        }
+        self.fail(host, failure, size);
+    }
+}

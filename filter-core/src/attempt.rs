@@ -998,3 +998,460 @@ impl Attempt {
         self.fail(host, failure, size);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fake::{Dispatched, FakeHost};
+    use crate::lanes::View;
+    use crate::plan::Candidate;
+    use ai_router_proto::v1::{BreakerState, LaneCooldown, Model, Provider, ProviderKey, Snapshot};
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn provider(id: &str, kind: &str, keys: &[&str], model: &str) -> Provider {
+        Provider {
+            id: id.into(),
+            kind: kind.into(),
+            scheme: "http".into(),
+            authority: format!("{id}.test:8000"),
+            base_path: "/v1".into(),
+            auth_header: if kind == "anthropic" {
+                "x-api-key".into()
+            } else {
+                "authorization".into()
+            },
+            keys: keys
+                .iter()
+                .map(|k| ProviderKey {
+                    alias: (*k).into(),
+                    secret: format!("sk-{id}-{k}-secret"),
+                    fingerprint: crate::util::fingerprint(&format!("sk-{id}-{k}-secret")),
+                    ..Default::default()
+                })
+                .collect(),
+            models: vec![Model {
+                id: model.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let mut snap = Snapshot::default();
+        snap.providers
+            .push(provider("p1", "openai-compatible", &["a"], "m1"));
+        snap.providers
+            .push(provider("p2", "openai-compatible", &["c"], "m2"));
+        snap
+    }
+
+    fn plan(stream: bool) -> Plan {
+        Plan {
+            cid: "call-1".into(),
+            rid: "rid-1".into(),
+            vk: "key_app".into(),
+            op: Operation::Chat,
+            stream,
+            include_usage: false,
+            tiers: vec![
+                vec![Candidate {
+                    provider: "p1".into(),
+                    model: "m1".into(),
+                    weight: 1.0,
+                }],
+                vec![Candidate {
+                    provider: "p2".into(),
+                    model: "m2".into(),
+                    weight: 1.0,
+                }],
+            ],
+            max_attempts: 4,
+            timeout_ms: 10_000,
+            deadline_ms: 30_000,
+            started_ms: NOW,
+            tokens: 10,
+        }
+    }
+
+    /// A host holding attempt `n` of the call, as the outer router sends it.
+    fn host_with(snap: Snapshot, plan: &Plan, n: u32) -> FakeHost {
+        let mut host = FakeHost::with_state(State::new(1, snap));
+        host.now = NOW + 5;
+        host.calls
+            .insert(plan.cid.clone(), crate::calls::Call::default());
+        host.add(Side::Request, ":method", b"POST");
+        host.add(Side::Request, ":path", b"/v1/chat/completions");
+        host.add(Side::Request, ":authority", b"gateway");
+        host.add(Side::Request, "content-type", b"application/json");
+        host.add(Side::Request, "cookie", b"session=client");
+        host.add(Side::Request, "openai-organization", b"org-client");
+        host.add(
+            Side::Request,
+            "x-envoy-attempt-count",
+            n.to_string().as_bytes(),
+        );
+        host.add(Side::Request, PLAN_HEADER, plan.encode().as_bytes());
+        let stream = if plan.stream { ",\"stream\":true" } else { "" };
+        host.request_body =
+            format!(r#"{{"model":"chat","messages":[{{"role":"user","content":"hi"}}]{stream}}}"#)
+                .into_bytes();
+        host
+    }
+
+    /// Runs the request phase; returns the flow of the body callback.
+    fn send(stage: &mut Attempt, host: &mut FakeHost) -> Flow {
+        assert_eq!(stage.on_request_headers(host, false), Flow::Pause);
+        let size = host.request_body.len();
+        stage.on_request_body(host, size, true)
+    }
+
+    /// The provider answers: headers, then the whole body in one callback.
+    fn answer(
+        stage: &mut Attempt,
+        host: &mut FakeHost,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) {
+        host.add(Side::Response, ":status", status.to_string().as_bytes());
+        for (k, v) in headers {
+            host.add(Side::Response, k, v.as_bytes());
+        }
+        assert_eq!(stage.on_response_headers(host, false), Flow::Pause);
+        host.response_body = body.as_bytes().to_vec();
+        let size = host.response_body.len();
+        assert_eq!(stage.on_response_body(host, size, true), Flow::Continue);
+    }
+
+    #[test]
+    fn a_unary_success_goes_to_the_first_lane_with_its_own_key() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p1.test:8000")
+        );
+        assert_eq!(
+            host.text(Side::Request, ":path").as_deref(),
+            Some("/v1/chat/completions")
+        );
+        assert_eq!(
+            host.text(Side::Request, "authorization").as_deref(),
+            Some("Bearer sk-p1-a-secret")
+        );
+        assert_eq!(
+            host.text(Side::Request, CLUSTER_HEADER).as_deref(),
+            Some(ai_router_contract::clusters::PROVIDERS_PLAIN)
+        );
+        for gone in [
+            "cookie",
+            "openai-organization",
+            PLAN_HEADER,
+            "x-envoy-attempt-count",
+        ] {
+            assert!(
+                host.header(Side::Request, gone).is_none(),
+                "{gone} reached the provider"
+            );
+        }
+        let sent: Value = serde_json::from_slice(&host.request_body).unwrap_or(Value::Null);
+        assert_eq!(
+            sent["model"], "m1",
+            "the pool model id replaces the caller's name"
+        );
+        assert_eq!(host.lanes.in_flight("p1", "a"), 1);
+
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json"), ("set-cookie", "x=1")],
+            r#"{"choices":[{"message":{"content":"hello sk-p1-a-secret"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        );
+        assert_eq!(host.text(Side::Response, H_ATTEMPT).as_deref(), Some("1"));
+        assert_eq!(
+            host.text(Side::Response, H_LANE_MODEL).as_deref(),
+            Some("m1")
+        );
+        assert!(host.header(Side::Response, "set-cookie").is_none());
+        assert!(!String::from_utf8_lossy(&host.response_body).contains("sk-p1-a-secret"));
+        assert_eq!(host.attempts.len(), 1);
+        let report = &host.attempts[0];
+        assert_eq!(
+            (report.outcome.as_str(), report.key.as_str()),
+            ("success", "a")
+        );
+        assert_eq!(report.usage.map(|u| u.completion_tokens), Some(2));
+        assert_eq!(host.lanes.in_flight("p1", "a"), 0);
+        assert_eq!(
+            host.calls.get("call-1").and_then(|c| c.answered.clone()),
+            Some(LaneId::new("p1", "a", "m1"))
+        );
+    }
+
+    #[test]
+    fn a_429_cools_the_lane_and_signals_a_retry_then_the_next_attempt_fails_over() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(
+            &mut stage,
+            &mut host,
+            429,
+            &[
+                ("content-type", "application/json"),
+                ("retry-after", "20"),
+                ("x-ai-router-final-status", "299"),
+            ],
+            r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#,
+        );
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("503"));
+        assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+        // The provider's own stage header never survives: this one is the stage's verdict.
+        assert_eq!(
+            host.text(Side::Response, H_FINAL_STATUS).as_deref(),
+            Some("503")
+        );
+        assert_eq!(host.attempts[0].error_class, "rate_limit");
+        assert!(
+            host.lanes
+                .holds(&LaneId::new("p1", "a", "m1"))
+                .iter()
+                .any(|h| matches!(
+                    h,
+                    crate::lanes::LocalHold::Cooldown { until_ms } if *until_ms >= NOW + 19_000
+                )),
+            "the lane is cooled for every worker at once"
+        );
+
+        // The outer router's second attempt: p1's only lane is cooling, p2 serves.
+        let lanes = std::mem::take(&mut host.lanes);
+        let calls = std::mem::take(&mut host.calls);
+        let mut second = host_with(snapshot(), &plan, 2);
+        second.lanes = lanes;
+        second.calls = calls;
+        let mut stage = Attempt::default();
+        // A rate limit is no transient failure: no backoff, straight to the next tier.
+        assert_eq!(send(&mut stage, &mut second), Flow::Continue);
+        assert!(
+            second.dispatched.is_empty(),
+            "no wait: {:?}",
+            second.dispatched
+        );
+        assert_eq!(
+            second.text(Side::Request, ":authority").as_deref(),
+            Some("p2.test:8000")
+        );
+        assert_eq!(second.text(Side::Request, H_ATTEMPT), None);
+    }
+
+    #[test]
+    fn a_stream_is_held_until_the_first_token() {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        assert_eq!(
+            host.text(Side::Request, "accept").as_deref(),
+            Some("text/event-stream")
+        );
+        let sent: Value = serde_json::from_slice(&host.request_body).unwrap_or(Value::Null);
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        assert_eq!(stage.on_response_headers(&mut host, false), Flow::Pause);
+        let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        host.response_body = role.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, role.len(), false),
+            Flow::Pause,
+            "held"
+        );
+        assert!(host.header(Side::Response, H_ATTEMPT).is_none());
+        let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        host.response_body.extend_from_slice(token.as_bytes());
+        let size = host.response_body.len();
+        assert_eq!(
+            stage.on_response_body(&mut host, size, false),
+            Flow::Continue,
+            "released"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&host.response_body),
+            format!("{role}{token}")
+        );
+        assert_eq!(host.text(Side::Response, H_ATTEMPT).as_deref(), Some("1"));
+        // After the first token, chunks go on as they come; the end is a success.
+        let done = "data: [DONE]\n\n";
+        host.response_body = done.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, done.len(), true),
+            Flow::Continue
+        );
+        assert_eq!(host.attempts[0].outcome, "success");
+        assert!(host.attempts[0].after_first_token);
+    }
+
+    #[test]
+    fn an_error_event_before_the_first_token_fails_over_invisibly() {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        stage.on_response_headers(&mut host, false);
+        let event = "data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n";
+        host.response_body = event.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, event.len(), false),
+            Flow::Continue
+        );
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("503"));
+        assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+        assert!(!String::from_utf8_lossy(&host.response_body).contains("data:"));
+        // Whatever the provider still sends is dropped.
+        host.response_body = b"data: {\"choices\":[]}\n\n".to_vec();
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        assert!(host.response_body.is_empty());
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].outcome, "error");
+    }
+
+    #[test]
+    fn a_half_open_breaker_asks_for_the_probe_lease_and_a_refusal_moves_on() {
+        let plan = plan(false);
+        let mut snap = snapshot();
+        snap.breakers.push(BreakerState {
+            scope: "key".into(),
+            provider: "p1".into(),
+            key: "a".into(),
+            state: "half_open".into(),
+            open_until_ms: NOW - 1_000,
+        });
+        let mut host = host_with(snap, &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(
+            send(&mut stage, &mut host),
+            Flow::Pause,
+            "waits for the lease"
+        );
+        let Some(Dispatched::Grpc {
+            method,
+            metadata,
+            message,
+            ..
+        }) = host.dispatched.last().cloned()
+        else {
+            panic!("a lease call: {:?}", host.dispatched);
+        };
+        assert_eq!(method, "Lease");
+        assert!(metadata
+            .iter()
+            .any(|(k, _)| k == ai_router_contract::SYNC_TOKEN_METADATA));
+        let asked = LeaseRequest::decode(message.as_slice()).unwrap_or_default();
+        assert_eq!(asked.holder, ai_router_contract::probe_holder("rid-1", 1));
+        // Refused: another call probes it. This attempt goes to p2 instead.
+        host.grpc_body = Some(
+            LeaseReply {
+                granted: false,
+                retry_at_ms: NOW + 60_000,
+            }
+            .encode_to_vec(),
+        );
+        let token = host.next_token;
+        stage.on_grpc_call_response(&mut host, token, 0, 8);
+        assert_eq!(host.resumed, 1);
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p2.test:8000")
+        );
+        assert_eq!(
+            host.text(Side::Request, "authorization").as_deref(),
+            Some("Bearer sk-p2-c-secret")
+        );
+    }
+
+    #[test]
+    fn a_lane_back_before_the_deadline_is_waited_for() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        let mut snap = snapshot();
+        snap.cooldowns.push(LaneCooldown {
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            until_ms: NOW + 2_000,
+        });
+        let mut host = host_with(snap, &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        let Some(Dispatched::Http { cluster, headers }) = host.dispatched.last().cloned() else {
+            panic!("a timer call: {:?}", host.dispatched);
+        };
+        assert_eq!(cluster, TIMER_CLUSTER);
+        let delay: i64 = headers
+            .iter()
+            .find(|(k, _)| k == "x-envoy-fault-delay-request")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        assert!((1_900..=2_000).contains(&delay), "{delay}");
+        // The timer fires once the cooldown is over.
+        host.now = NOW + 2_001;
+        let token = host.next_token;
+        stage.on_http_call_response(&mut host, token);
+        assert_eq!(host.resumed, 1);
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p1.test:8000")
+        );
+    }
+
+    #[test]
+    fn no_lane_left_is_the_final_error_never_retried() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        let mut snap = snapshot();
+        // Out far past the deadline.
+        snap.cooldowns.push(LaneCooldown {
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            until_ms: NOW + 3_600_000,
+        });
+        let mut host = host_with(snap, &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        let answer = host.answered.clone().expect("a local answer");
+        assert_eq!(
+            answer.status, 500,
+            "500 is never retried by the outer router"
+        );
+        assert_eq!(answer.header(H_FINAL_STATUS), Some("503"));
+        assert_eq!(answer.json()["error"]["code"], "pool_rate_limited");
+        assert!(answer.header(H_RETRY_AFTER).is_some());
+    }
+
+    #[test]
+    fn a_caller_that_went_away_is_reported_cancelled() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        host.properties.insert(
+            "response.code_details".into(),
+            b"downstream_remote_disconnect".to_vec(),
+        );
+        stage.on_log(&mut host);
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].error_class, "cancelled");
+        assert_eq!(host.lanes.in_flight("p1", "a"), 0, "the slot is freed");
+    }
+}

@@ -126,7 +126,10 @@ struct Usable {
     /// The spec's tiers: untried lane, model order, untried key, untried provider, headroom.
     rank: (bool, usize, bool, bool, bool),
     in_flight: u32,
-    weight: f64,
+    /// The candidate's share of its tier (provider x model x candidate weight).
+    candidate_weight: f64,
+    /// The key's share within its candidate.
+    key_weight: f64,
     latency: Option<f64>,
 }
 
@@ -306,10 +309,8 @@ pub fn pick(
                     .iter()
                     .any(|t| t.provider == lane.provider && t.key == lane.key);
                 let provider_tried = req.tried.iter().any(|t| t.provider == lane.provider);
-                let weight = positive(provider.weight)
-                    * positive(key.weight)
-                    * model_weight
-                    * positive(cand.weight);
+                let candidate_weight =
+                    positive(provider.weight) * model_weight * positive(cand.weight);
                 usable.push(Usable {
                     rank: (
                         lane_tried,
@@ -320,7 +321,8 @@ pub fn pick(
                     ),
                     in_flight: view.in_flight(&provider.id, &key.alias),
                     latency: view.latency(&lane),
-                    weight,
+                    candidate_weight,
+                    key_weight: positive(key.weight),
                     chosen: Chosen {
                         lane,
                         provider_index: pi,
@@ -352,9 +354,32 @@ pub fn pick(
         let limit = best * selection.latency_tolerance + selection.latency_slack_ms as f64;
         usable.retain(|u| u.latency.is_none_or(|l| l <= limit));
     }
+    // A tier shares its load between candidates by their weights, and a candidate's share
+    // between its keys by key weight: a candidate's share does not grow with its key count.
+    let mut key_totals: HashMap<(&str, &str), f64> = HashMap::new();
+    for u in &usable {
+        *key_totals
+            .entry((
+                u.chosen.lane.provider.as_str(),
+                u.chosen.lane.model.as_str(),
+            ))
+            .or_default() += u.key_weight;
+    }
     let options: Vec<(String, f64)> = usable
         .iter()
-        .map(|u| (u.chosen.lane.token(), u.weight))
+        .map(|u| {
+            let total = key_totals
+                .get(&(
+                    u.chosen.lane.provider.as_str(),
+                    u.chosen.lane.model.as_str(),
+                ))
+                .copied()
+                .unwrap_or(u.key_weight);
+            (
+                u.chosen.lane.token(),
+                u.candidate_weight * u.key_weight / total,
+            )
+        })
         .collect();
     match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
         Some(u) => Pick::Lane(u.chosen),
@@ -700,6 +725,35 @@ mod tests {
         let opts = vec![("x".to_string(), 3.0), ("y".to_string(), 1.0)];
         let picks: Vec<usize> = (0..8).map(|_| rr.choose(&opts).unwrap()).collect();
         assert_eq!(picks.iter().filter(|i| **i == 0).count(), 6);
+    }
+
+    #[test]
+    fn candidates_share_a_tier_by_their_weight_whatever_their_key_count() {
+        // p1 has keys a and b, p2 has key c; both candidates weigh 1: p1 and p2 half each.
+        let s = state_with(vec![]);
+        let tier = vec![vec![
+            Candidate {
+                provider: "p1".into(),
+                model: "m1".into(),
+                weight: 1.0,
+            },
+            Candidate {
+                provider: "p2".into(),
+                model: "m1".into(),
+                weight: 1.0,
+            },
+        ]];
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for _ in 0..400 {
+            let key = chosen(pick(&s, &tier, Request::default(), &v, &mut rr, 0)).key;
+            *counts.entry(key).or_default() += 1;
+        }
+        let n = |k: &str| counts.get(k).copied().unwrap_or(0);
+        assert_eq!(n("c"), 200, "{counts:?}");
+        assert_eq!(n("a") + n("b"), 200, "{counts:?}");
+        assert_eq!(n("a"), 100, "{counts:?}");
     }
 
     #[test]

@@ -364,7 +364,9 @@ pub fn resolve(
         if !out.is_empty() {
             tiers.push(out);
         }
-        if !allow_fallback && !tiers.is_empty() {
+        // Without fallback the preferred tier is the call: when the request's needs cut it,
+        // nothing else may answer.
+        if !allow_fallback {
             break;
         }
     }
@@ -618,6 +620,59 @@ mod tests {
             .map(|r| r.tiers.into_iter().flatten().count())
             .unwrap_or(0);
         assert_eq!(all, 3);
+    }
+
+    #[test]
+    fn without_fallback_a_cut_preferred_model_is_no_candidate() {
+        let mut snap = Snapshot::default();
+        snap.providers.push(Provider {
+            id: "p1".into(),
+            models: vec![Model {
+                id: "small".into(),
+                context_window: 100,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        snap.providers.push(Provider {
+            id: "p2".into(),
+            models: vec![model("big", &[])],
+            ..Default::default()
+        });
+        snap.profiles.insert(
+            "strict".into(),
+            Policy {
+                model: Some("small".into()),
+                fallbacks: vec!["big".into()],
+                allow_fallback: Some(false),
+                ..Default::default()
+            },
+        );
+        snap.profiles.insert(
+            "loose".into(),
+            Policy {
+                model: Some("small".into()),
+                fallbacks: vec!["big".into()],
+                ..Default::default()
+            },
+        );
+        let s = State::new(1, snap);
+        let long = "x".repeat(2_000);
+        let body = |profile: &str| json!({"model": profile, "messages": [{"role": "user", "content": long}]});
+        let err = resolve(&s, &all_key(), &body("strict"), Operation::Chat)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (400, "model_not_supported"));
+        let loose = resolve(&s, &all_key(), &body("loose"), Operation::Chat)
+            .map(|r| {
+                r.tiers
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c.model)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        assert_eq!(loose, vec!["big".to_string()]);
     }
 
     #[test]

@@ -56,7 +56,8 @@ const FAST_BACKOFF: &str = "resilience:\n  backoff: { baseMs: 10, factor: 1, max
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weighted_tiers_share_load_in_proportion() {
     // Tier 1: p1's m1 (candidate weight 3; keys a weight 2, b weight 1) and p2's m2 (weight 1):
-    // lane weights a 6, b 3, c 1.
+    // the candidates share the tier 3:1 whatever their key count (p1 0.75, p2 0.25), and p1's
+    // share splits 2:1 between its keys: a 0.5, b 0.25, c 0.25.
     let pool = Pool::start("weighted", 1, |m, _| {
         Ok(pool_setup(
             &m[0],
@@ -76,7 +77,7 @@ async fn weighted_tiers_share_load_in_proportion() {
         *counts.entry(keys[0].clone()).or_default() += 1;
     }
     let share = |k: &str| *counts.get(k).unwrap_or(&0) as f64 / n as f64;
-    for (k, want) in [("a", 0.6), ("b", 0.3), ("c", 0.1)] {
+    for (k, want) in [("a", 0.5), ("b", 0.25), ("c", 0.25)] {
         assert!(
             (share(k) - want).abs() <= 0.06,
             "key {k} served {:.3} of {n} calls, expected {want} (counts {counts:?})",
@@ -159,6 +160,36 @@ async fn model_order_untried_keys_then_untried_providers_and_allow_fallback_fals
     let (r, _) = call(&pool, "loose").await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.header("x-ai-router-model").as_deref(), Some("m2"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_fallback_false_pins_even_when_the_request_cuts_the_preferred_model() {
+    // p1 serves `small` (a 50-token context window), p2 serves `big`.
+    let pool = Pool::start("pin_cut", 1, |m, _| {
+        Ok(pool_setup(
+            &m[0],
+            "    keys: [{ alias: a, env: RT_KEY_A }]\n    models: [{ id: small, contextWindow: 50 }]\n",
+            "    keys: [{ alias: c, env: RT_KEY_C }]\n    models: [{ id: big }]\n",
+            "profiles:\n  strict: { model: small, fallbacks: [big], allowFallback: false }\n  loose: { model: small, fallbacks: [big] }\n",
+        ))
+    })
+    .await
+    .expect("fixture");
+    let long = "word ".repeat(400);
+    let body =
+        |profile: &str| json!({"model": profile, "messages": [{"role": "user", "content": long}]});
+    pool.clear_calls().await.unwrap();
+    let r = pool.chat_with(&body("strict")).await.unwrap();
+    if let Some(p) = openai_error_problem(&r, 400, "model_not_supported") {
+        panic!("a pinned profile whose model the request cuts: {p}");
+    }
+    assert!(
+        pool.calls().await.unwrap().is_empty(),
+        "no provider is called"
+    );
+    let r = pool.chat_with(&body("loose")).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.header("x-ai-router-model").as_deref(), Some("big"), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -343,6 +343,9 @@ pub fn resolve(
     let needs = Needs::of(body, op, &policy.require);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
     let mut why_not: Option<String> = None;
+    // What the Anthropic adapter cannot express (`n: 2`...), worked out once, when a candidate
+    // is of kind anthropic: such a lane is no candidate for this request.
+    let mut anthropic_refusal: Option<Option<String>> = None;
     for tier in tiers_by_name {
         let mut out: Vec<Candidate> = Vec::new();
         for (name, provider, weight) in tier {
@@ -350,6 +353,24 @@ pub fn resolve(
                 if let Some(reason) = unfit(state, &c, &needs, policy.max_cost) {
                     why_not.get_or_insert(reason);
                     continue;
+                }
+                let anthropic = op == Operation::Chat
+                    && state
+                        .provider(&c.provider)
+                        .is_some_and(|(_, p)| p.kind == "anthropic");
+                if anthropic {
+                    let refusal = anthropic_refusal.get_or_insert_with(|| {
+                        crate::anthropic::to_messages_request(body, &c.model, 4096)
+                            .err()
+                            .map(|e| e.message)
+                    });
+                    if let Some(reason) = refusal {
+                        why_not.get_or_insert(format!(
+                            "{} on {} (an Anthropic provider) cannot take it: {reason}",
+                            c.model, c.provider
+                        ));
+                        continue;
+                    }
                 }
                 if !tiers
                     .iter()
@@ -673,6 +694,46 @@ mod tests {
             })
             .unwrap_or_default();
         assert_eq!(loose, vec!["big".to_string()]);
+    }
+
+    #[test]
+    fn an_anthropic_lane_that_cannot_take_the_request_is_no_candidate() {
+        let mut snap = Snapshot::default();
+        snap.providers.push(Provider {
+            id: "claude".into(),
+            kind: "anthropic".into(),
+            models: vec![model("claude-m", &["smart"])],
+            ..Default::default()
+        });
+        snap.providers.push(Provider {
+            id: "oai".into(),
+            kind: "openai".into(),
+            models: vec![model("gpt-m", &["smart"])],
+            ..Default::default()
+        });
+        let s = State::new(1, snap);
+        let two = |name: &str| json!({"model": name, "n": 2, "messages": [{"role": "user", "content": "hi"}]});
+        let lanes = resolve(&s, &all_key(), &two("smart"), Operation::Chat)
+            .map(|r| {
+                r.tiers
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c.provider)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        assert_eq!(lanes, vec!["oai".to_string()]);
+        let err = resolve(&s, &all_key(), &two("claude-m"), Operation::Chat)
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!((err.status, err.code), (400, "model_not_supported"));
+        assert!(err.message.contains("Anthropic"), "{}", err.message);
+        // A request the adapter can express keeps both.
+        let one = json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}]});
+        let both = resolve(&s, &all_key(), &one, Operation::Chat)
+            .map(|r| r.tiers.into_iter().flatten().count())
+            .unwrap_or(0);
+        assert_eq!(both, 2);
     }
 
     #[test]

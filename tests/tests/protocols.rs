@@ -1596,3 +1596,28 @@ async fn embeddings_of_the_wrong_dimensions_fail_the_attempt() {
     assert!(vectors(&r).is_empty(), "{r}");
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_anthropic_adapter_cannot_express_goes_to_a_lane_that_can() {
+    let gw = Gateway::start_with("anthropic_refusal_is_no_candidate", anthropic_pool)
+        .await
+        .expect("fixture");
+    gw.mock2
+        .script(json!([script::always(vec![script::text("two from p2")])]))
+        .await
+        .unwrap();
+    // `n: 2` has no Messages equivalent: the Anthropic lane is no candidate, the fallback is.
+    let body = json!({"model": "claude", "n": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let r = gw
+        .client
+        .chat_with(&body, Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.header("x-ai-router-model").as_deref(), Some("m2"), "{r}");
+    assert!(
+        gw.mock1.calls().await.unwrap().is_empty(),
+        "claude was never tried"
+    );
+    assert_eq!(r.header("x-ai-router-attempts").as_deref(), Some("1"));
+}

@@ -145,9 +145,9 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
         Some(Class::Deadline) => {
             GatewayError::new(504, "pool_timeout", "The call's deadline passed.")
         }
-        Some(Class::Transient | Class::Network | Class::Timeout | Class::Stream) => {
-            GatewayError::new(502, "upstream_error", "Every attempt failed upstream.")
-        }
+        Some(
+            Class::Transient | Class::Network | Class::Timeout | Class::Stream | Class::Mismatch,
+        ) => GatewayError::new(502, "upstream_error", "Every attempt failed upstream."),
         _ => GatewayError::new(
             503,
             "pool_unavailable",
@@ -444,7 +444,13 @@ impl Attempt {
                 c.identity = model_identity;
             }
         });
-        self.dimensions = dimensions;
+        // The caller's `dimensions` is what the answer is checked against; else the model's.
+        let requested = value
+            .get("dimensions")
+            .and_then(Value::as_u64)
+            .filter(|_| plan.op == Operation::Embeddings)
+            .map(|d| d as usize);
+        self.dimensions = requested.or(dimensions);
         self.probe = chosen.probe.is_some();
         self.started_ms = host.now_ms();
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
@@ -962,7 +968,7 @@ impl Attempt {
             }) {
                 if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
                     let failure = Failure {
-                        class: Class::Transient,
+                        class: Class::Mismatch,
                         retry_at_ms: None,
                         provider_code: None,
                         message,

@@ -17,6 +17,9 @@ pub enum Class {
     InvalidRequest,
     Cancelled,
     Deadline,
+    /// A well-formed answer that is not what the call needs (embeddings of another length):
+    /// the call tries another lane, but the lane is not failing, so no breaker counts it.
+    Mismatch,
 }
 
 impl Class {
@@ -32,6 +35,7 @@ impl Class {
             Class::InvalidRequest => "invalid_request",
             Class::Cancelled => "cancelled",
             Class::Deadline => "deadline",
+            Class::Mismatch => "mismatch",
         }
     }
 
@@ -47,6 +51,7 @@ impl Class {
             "invalid_request" => Class::InvalidRequest,
             "cancelled" => Class::Cancelled,
             "deadline" => Class::Deadline,
+            "mismatch" => Class::Mismatch,
             _ => return None,
         })
     }

@@ -1621,3 +1621,55 @@ async fn a_request_the_anthropic_adapter_cannot_express_goes_to_a_lane_that_can(
     );
     assert_eq!(r.header("x-ai-router-attempts").as_deref(), Some("1"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requested_dimensions_are_what_embeddings_are_checked_against_and_a_mismatch_opens_no_breaker(
+) {
+    let gw = Gateway::start_with("embeddings_requested_dimensions", |p1, p2| {
+        embeddings_pool(p1, p2).replace(
+            "resilience:\n",
+            "resilience:\n  keyBreaker: { failureThreshold: 2, cooldownMs: 60000, maxCooldownMs: 60000 }\n",
+        )
+    })
+    .await
+    .expect("fixture");
+    // Both lanes of `embed` answer the 4 dimensions the caller asks for (the model declares 8).
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![json!({ "dimensions": 4 })])]))
+            .await
+            .unwrap();
+    }
+    let asked = json!({ "model": "embed", "input": "alpha", "dimensions": 4 });
+    for i in 0..3 {
+        let r = embeddings(&gw, &asked).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        assert_eq!(vectors(&r)[0].len(), 4, "{r}");
+        assert_eq!(
+            r.header("x-ai-router-attempts").as_deref(),
+            Some("1"),
+            "{r}"
+        );
+    }
+    // Without `dimensions` those answers are the wrong length: the call fails over and fails,
+    // but the keys are not failing, so their breakers stay closed.
+    let plain = json!({ "model": "embed", "input": "alpha" });
+    for _ in 0..4 {
+        let r = embeddings(&gw, &plain).await;
+        assert!(r.status >= 500, "{r}");
+    }
+    let metrics = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("http://{}/metrics", gw.cp.http_addr()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !metrics.contains("ai_router_breaker_open{"),
+        "a dimension mismatch opened a breaker:\n{metrics}"
+    );
+    let r = embeddings(&gw, &asked).await;
+    assert_eq!(r.status, 200, "{r}");
+}

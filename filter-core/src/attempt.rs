@@ -829,6 +829,15 @@ impl Attempt {
                         return Flow::Continue;
                     }
                 }
+                if let Some(failure) = gate.failed_after_first_token().cloned() {
+                    // The client got the error event in `out`; the attempt failed.
+                    let bytes = out.unwrap_or_default();
+                    host.set_body(Side::Response, 0, size, &bytes);
+                    self.usage = gate.usage;
+                    self.report(host, Some(&failure), 200);
+                    self.mode = Mode::Drained;
+                    return Flow::Continue;
+                }
                 if let Some(failure) = upstream_failure {
                     if !gate.released() {
                         self.fail(host, failure, size);

@@ -51,6 +51,8 @@ pub struct Gate {
     held: Vec<u8>,
     done: bool,
     errored: bool,
+    /// What ended the stream after the first token (an error event, malformed data).
+    failed: Option<Failure>,
     pub usage: Option<Usage>,
     pub model: Option<String>,
 }
@@ -65,6 +67,7 @@ impl Gate {
             held: Vec::new(),
             done: false,
             errored: false,
+            failed: None,
             usage: None,
             model: None,
         }
@@ -76,13 +79,23 @@ impl Gate {
 
     /// Whether the provider ended the stream properly (`[DONE]`).
     pub fn completed(&self) -> bool {
-        self.done
+        self.done && self.failed.is_none()
+    }
+
+    /// The failure that ended the stream after its first token, if one did: the client got one
+    /// OpenAI error event in its place, and nothing after it.
+    pub fn failed_after_first_token(&self) -> Option<&Failure> {
+        self.failed.as_ref()
     }
 
     /// Feeds newly received bytes.
     pub fn feed(&mut self, bytes: &[u8], now_ms: i64) -> Step {
         let mut out: Vec<u8> = Vec::new();
         let mut released_now = false;
+        if self.failed.is_some() {
+            // The stream already ended for the client: nothing more reaches it.
+            return Step::Forward(out);
+        }
         for event in self.parser.feed(bytes) {
             match self.judge(&event, now_ms) {
                 Judged::Keep { token } => {
@@ -100,8 +113,18 @@ impl Gate {
                 Judged::Drop => {}
                 Judged::Error(failure) => {
                     if self.released {
+                        // One OpenAI error event ends the stream, whatever shape the provider's
+                        // error had (or no shape: malformed data); `[DONE]` never follows.
                         self.errored = true;
-                        out.extend_from_slice(&event.raw);
+                        out.extend(error_event(
+                            &format!(
+                                "The provider's stream failed after the answer had started: {}",
+                                failure.message
+                            ),
+                            "stream_interrupted",
+                        ));
+                        self.failed = Some(failure);
+                        break;
                     } else {
                         return Step::Fail(failure);
                     }
@@ -122,6 +145,9 @@ impl Gate {
     /// failure).
     pub fn finish(&mut self) -> Result<Vec<u8>, Failure> {
         let tail = self.parser.take_pending();
+        if self.failed.is_some() {
+            return Ok(Vec::new());
+        }
         if !self.released {
             if self.done {
                 // A complete stream with no content at all: pass it on as it is.
@@ -334,6 +360,39 @@ mod tests {
         let tail = String::from_utf8(g.finish().unwrap()).unwrap();
         assert!(tail.starts_with("data: {\"error\""));
         assert!(tail.contains("stream_interrupted"));
+    }
+
+    #[test]
+    fn after_the_first_token_a_failure_is_one_error_event_and_the_end() {
+        for bad in [
+            "data: {not json\n\n",
+            "data: {\"error\":{\"code\":500,\"status\":\"INTERNAL\",\"message\":\"boom\"}}\n\n",
+        ] {
+            let mut g = Gate::new("openai", false);
+            assert!(matches!(
+                g.feed(chunk(r#"{"content":"x"}"#).as_bytes(), 0),
+                Step::Release(_)
+            ));
+            let rest = format!("{bad}{}data: [DONE]\n\n", chunk(r#"{"content":"y"}"#));
+            let Step::Forward(out) = g.feed(rest.as_bytes(), 0) else {
+                panic!("forwarded");
+            };
+            let out = String::from_utf8(out).unwrap();
+            assert_eq!(out.matches("data: ").count(), 1, "{out}");
+            assert!(out.contains("\"code\":\"stream_interrupted\""), "{out}");
+            assert!(
+                !out.contains("[DONE]") && !out.contains("{not json"),
+                "{out}"
+            );
+            assert!(g.failed_after_first_token().is_some());
+            assert!(!g.completed());
+            // Whatever follows is dropped, and the end adds nothing.
+            assert_eq!(
+                g.feed(chunk(r#"{"content":"z"}"#).as_bytes(), 0),
+                Step::Forward(vec![])
+            );
+            assert_eq!(g.finish().unwrap(), Vec::<u8>::new());
+        }
     }
 
     #[test]

@@ -166,6 +166,42 @@ async fn a_streamed_error_after_the_first_token_ends_the_stream_with_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_data_after_the_first_token_ends_the_stream_with_one_error_event() {
+    // The provider sends a chunk that is not JSON, then goes on to `[DONE]`: the client gets
+    // one OpenAI error event in its place and nothing after it, and the attempt is a failure.
+    let (gw, s) = fails_after_the_first_token("stream_malformed_after_token", "malformed").await;
+    assert_ends_with_error_event(&s);
+    assert!(
+        !s.body.contains("{\"delta\": \n"),
+        "the malformed chunk was passed on:\n{s}"
+    );
+    assert_eq!(
+        s.events.iter().filter(|e| e.contains("\"error\"")).count(),
+        1,
+        "{s}"
+    );
+    let metrics = ai_router_e2e::poll(
+        "the attempt to be counted",
+        std::time::Duration::from_secs(10),
+        || {
+            let url = format!("http://{}/metrics", gw.cp.http_addr());
+            async move {
+                let text = ai_router_e2e::http_client()?
+                    .get(url)
+                    .send()
+                    .await?
+                    .text()
+                    .await?;
+                Ok(text.contains("class=\"stream\"").then_some(text))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(metrics.contains("class=\"stream\""), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_dropped_after_the_first_token_breaks_the_clients_stream() {
     // Envoy cannot append to a response whose upstream connection was reset (no filter runs on a
     // reset), so the client's body is cut off without its final chunk: every HTTP client reports

@@ -81,7 +81,8 @@
 //! chunk, before the first token), `failWith` (`network`, the default: abort the connection
 //! mid-body without the terminating chunk; `error-event`: send a streamed error object,
 //! `data: {"error":{...}}` or Anthropic's `event: error`, then end the body; `truncate`: end
-//! the body cleanly without the finish chunk and without `[DONE]`; without `failAfter` it
+//! the body cleanly without the finish chunk and without `[DONE]`; `malformed`: send a `data:`
+//! event that is not JSON, then the rest of the stream as usual; without `failAfter` it
 //! fails after all content), `stallAfter` + `stallMs` (pause once after that many content
 //! chunks), `includeUsage` (true or false forces the usage chunk on or off whatever the
 //! request asked), `errorMessage` (the message of the `error-event` failure). A reply without `stream` streams its text a word per chunk; a reply with

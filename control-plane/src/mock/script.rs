@@ -208,6 +208,9 @@ pub enum FailWith {
     ErrorEvent,
     /// End the body cleanly without the finish chunk and without `[DONE]`.
     Truncate,
+    /// Send a `data:` event that is not JSON, then the rest of the stream as usual (`[DONE]`
+    /// included).
+    Malformed,
 }
 
 /// Header values may be written as numbers or booleans in YAML.

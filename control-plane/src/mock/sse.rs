@@ -104,14 +104,20 @@ pub fn schedule(plan: StreamPlan, spec: &StreamSpec) -> Vec<Step> {
                 bytes: error_event,
             }),
             FailWith::Truncate => {}
+            FailWith::Malformed => steps.push(Step::Send {
+                delay: pending + delay,
+                bytes: Bytes::from_static(b"data: {\"choices\": [{\"delta\": \n\n"),
+            }),
         };
 
     for piece in plan.content {
         if piece.counts {
             if let (Some(at), Some(how)) = (fail_at, fail_with) {
                 if sent == at {
-                    fail(&mut steps, pending, how, plan.error_event);
-                    return steps;
+                    fail(&mut steps, pending, how, plan.error_event.clone());
+                    if how != FailWith::Malformed {
+                        return steps;
+                    }
                 }
             }
             steps.push(Step::Send {
@@ -127,9 +133,17 @@ pub fn schedule(plan: StreamPlan, spec: &StreamSpec) -> Vec<Step> {
             });
         }
     }
-    if let Some(how) = fail_with {
-        fail(&mut steps, pending, how, plan.error_event);
-        return steps;
+    match fail_with {
+        // Already sent among the content.
+        Some(FailWith::Malformed) if fail_at.is_some_and(|at| at < sent) => {}
+        Some(FailWith::Malformed) => {
+            fail(&mut steps, pending, FailWith::Malformed, plan.error_event)
+        }
+        Some(how) => {
+            fail(&mut steps, pending, how, plan.error_event);
+            return steps;
+        }
+        None => {}
     }
     for (index, bytes) in plan.tail.into_iter().enumerate() {
         let wait = if index == 0 { delay } else { Duration::ZERO };
@@ -230,6 +244,22 @@ mod tests {
         assert_eq!(
             text(&schedule(plan(), &spec(None, Some(FailWith::Truncate)))),
             "H[ab]"
+        );
+    }
+
+    #[test]
+    fn malformed_data_then_the_rest_of_the_stream() {
+        let spec = StreamSpec {
+            fail_after: Some(1),
+            fail_with: Some(FailWith::Malformed),
+            ..StreamSpec::default()
+        };
+        let out = text(&schedule(plan(), &spec));
+        assert!(out.starts_with("H[a"), "{out}");
+        assert!(out.contains("data: {\"choices\""), "{out}");
+        assert!(
+            out.ends_with("b]FD"),
+            "the rest follows, tail included: {out}"
         );
     }
 

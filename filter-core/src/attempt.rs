@@ -1239,7 +1239,7 @@ mod tests {
                 .iter()
                 .any(|h| matches!(
                     h,
-                    crate::lanes::LocalHold::Cooldown { until_ms } if *until_ms >= NOW + 19_000
+                    crate::lanes::LocalHold::Cooldown { until_ms, .. } if *until_ms >= NOW + 19_000
                 )),
             "the lane is cooled for every worker at once"
         );

@@ -417,7 +417,10 @@ pub mod fake {
                 .holds
                 .entry(lane.clone())
                 .or_default()
-                .push(LocalHold::Cooldown { until_ms });
+                .push(LocalHold::Cooldown {
+                    until_ms,
+                    set_at_ms: self.now,
+                });
         }
         fn hold_blacklist(
             &mut self,
@@ -437,6 +440,7 @@ pub mod fake {
                         class,
                         until_ms,
                         fingerprint,
+                        set_at_ms: self.now,
                     });
             }
         }

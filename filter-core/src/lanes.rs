@@ -35,14 +35,31 @@ impl LaneId {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LocalHold {
     /// A 429 cooldown on the lane until this time.
-    Cooldown { until_ms: i64 },
+    Cooldown { until_ms: i64, set_at_ms: i64 },
     /// The key is out (auth, quota, missing) until this time (0: until its secret changes),
     /// as long as its secret still has this fingerprint.
     Blacklist {
         class: Class,
         until_ms: i64,
         fingerprint: u64,
+        set_at_ms: i64,
     },
+}
+
+/// How long a hold this process put on a lane speaks for the control plane: a snapshot
+/// generated this long after the hold was set has heard of the failure (reports of failures go
+/// out at once), so from then on the control plane's view wins, even when it no longer has the
+/// hold (a restarted control plane that forgot it, a blacklist reset by an operator).
+pub const LOCAL_HOLD_GRACE_MS: i64 = 5_000;
+
+impl LocalHold {
+    pub fn set_at_ms(&self) -> i64 {
+        match self {
+            LocalHold::Cooldown { set_at_ms, .. } | LocalHold::Blacklist { set_at_ms, .. } => {
+                *set_at_ms
+            }
+        }
+    }
 }
 
 /// The world the picker reads.
@@ -204,14 +221,19 @@ fn out_reason(
         worst = later(worst, Class::RateLimit, Some(pushed));
     }
     for hold in view.holds(lane) {
+        if hold.set_at_ms() + LOCAL_HOLD_GRACE_MS <= state.snapshot.generated_at_ms {
+            // The control plane has spoken since: its state is the truth.
+            continue;
+        }
         match hold {
-            LocalHold::Cooldown { until_ms } if until_ms > now_ms => {
+            LocalHold::Cooldown { until_ms, .. } if until_ms > now_ms => {
                 worst = later(worst, Class::RateLimit, Some(until_ms));
             }
             LocalHold::Blacklist {
                 class,
                 until_ms,
                 fingerprint,
+                ..
             } if (fingerprint == 0 || fingerprint == key.fingerprint)
                 && (until_ms == 0 || until_ms > now_ms) =>
             {
@@ -628,7 +650,10 @@ mod tests {
         let v = FakeView::default();
         v.holds.borrow_mut().insert(
             LaneId::new("p1", "b", "m1"),
-            vec![LocalHold::Cooldown { until_ms: 5000 }],
+            vec![LocalHold::Cooldown {
+                until_ms: 5000,
+                set_at_ms: 0,
+            }],
         );
         let mut rr = RoundRobin::default();
         assert_eq!(
@@ -696,7 +721,10 @@ mod tests {
         for (p, k, until) in [("p1", "a", 3000), ("p1", "b", 2000), ("p2", "c", 4000)] {
             v.holds.borrow_mut().insert(
                 LaneId::new(p, k, "m1"),
-                vec![LocalHold::Cooldown { until_ms: until }],
+                vec![LocalHold::Cooldown {
+                    until_ms: until,
+                    set_at_ms: 0,
+                }],
             );
         }
         let mut rr = RoundRobin::default();
@@ -754,6 +782,42 @@ mod tests {
         assert_eq!(n("c"), 200, "{counts:?}");
         assert_eq!(n("a") + n("b"), 200, "{counts:?}");
         assert_eq!(n("a"), 100, "{counts:?}");
+    }
+
+    #[test]
+    fn a_local_hold_gives_way_to_the_control_plane_once_it_has_spoken() {
+        let v = FakeView::default();
+        let lane = LaneId::new("p1", "a", "m1");
+        v.holds.borrow_mut().insert(
+            lane.clone(),
+            vec![LocalHold::Blacklist {
+                class: Class::Auth,
+                until_ms: 0,
+                fingerprint: 0,
+                set_at_ms: 10_000,
+            }],
+        );
+        let only_a = vec![vec![Candidate {
+            provider: "p1".into(),
+            model: "m1".into(),
+            weight: 1.0,
+        }]];
+        let keys = |generated_at_ms: i64| {
+            let s = state_with_snapshot(|s| {
+                s.generated_at_ms = generated_at_ms;
+                s.providers[0].keys.truncate(1);
+            });
+            let mut rr = RoundRobin::default();
+            matches!(
+                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
+                Pick::Lane(_)
+            )
+        };
+        // A snapshot from before the hold (or within the grace) cannot know of it: the key is out.
+        assert!(!keys(9_000));
+        assert!(!keys(10_000 + LOCAL_HOLD_GRACE_MS - 1));
+        // One generated after the grace without the blacklist: the control plane's view wins.
+        assert!(keys(10_000 + LOCAL_HOLD_GRACE_MS));
     }
 
     #[test]

@@ -620,3 +620,69 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
     .unwrap_or_else(|e| panic!("{e:#}\n{}", gw.tails()));
     assert_eq!(counted, served, "each call counted once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blacklist_the_control_plane_no_longer_has_is_lifted_in_envoy_too() {
+    let mut gw = Gateway::start("local_holds_follow_the_control_plane")
+        .await
+        .expect("fixture");
+    let refused = json!({"status": 401, "body": {"error": {
+        "message": "Incorrect API key provided.", "type": "invalid_request_error",
+        "param": null, "code": "invalid_api_key"}}});
+    gw.mock1
+        .script(json!([
+            script::for_key(&gw.key_a, vec![refused]),
+            script::always(vec![script::text("ok")])
+        ]))
+        .await
+        .unwrap();
+    // Until key a has been tried and refused (auth: out until its secret changes).
+    ai_router_e2e::poll("key a to be refused", Duration::from_secs(10), || {
+        let gw = &gw;
+        async move {
+            let r = gw.chat("chat").await?;
+            anyhow::ensure!(r.status == 200, "{r}");
+            Ok(gw
+                .keys_called()
+                .await?
+                .contains(&"a".to_string())
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let refused_at = std::time::Instant::now();
+    // The key is good again, but Envoy holds it out.
+    gw.mock1
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    gw.clear_calls().await.unwrap();
+    for _ in 0..4 {
+        assert_eq!(gw.chat("chat").await.unwrap().status, 200);
+    }
+    assert!(!gw.keys_called().await.unwrap().contains(&"a".to_string()));
+
+    // A restarted control plane (memory state store) has no blacklist. Once its state has had
+    // time to hear of the refusal (the grace Envoy gives its own holds, 5 s), its view wins.
+    let grace = Duration::from_millis(5_500);
+    if let Some(rest) = grace.checked_sub(refused_at.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    gw.cp.restart(&[]).await.unwrap();
+    ai_router_e2e::poll("key a to be used again", Duration::from_secs(20), || {
+        let gw = &gw;
+        async move {
+            gw.clear_calls().await?;
+            let r = gw.chat("chat").await?;
+            anyhow::ensure!(r.status == 200, "{r}");
+            Ok(gw
+                .keys_called()
+                .await?
+                .contains(&"a".to_string())
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", gw.tails()));
+}

@@ -230,6 +230,9 @@ struct StoredHold {
     until: i64,
     #[serde(default)]
     fp: u64,
+    /// When this process set it.
+    #[serde(default)]
+    at: i64,
 }
 
 fn cooldown_key(lane: &LaneId) -> String {
@@ -247,6 +250,7 @@ pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
         class: None,
         until: 0,
         fp: 0,
+        at: now_ms(),
     };
     if let Ok(bytes) = serde_json::to_vec(&value) {
         let _ = hostcalls::set_shared_data(&cooldown_key(lane), Some(&bytes), None);
@@ -260,6 +264,7 @@ pub fn hold_blacklist(provider: &str, key: &str, class: Class, until_ms: i64, fi
         class: Some(class.as_str().into()),
         until: until_ms,
         fp: fingerprint,
+        at: now_ms(),
     };
     if let Ok(bytes) = serde_json::to_vec(&value) {
         let _ = hostcalls::set_shared_data(&blacklist_key(provider, key), Some(&bytes), None);
@@ -282,6 +287,7 @@ impl View for SharedView {
         if let Some(h) = read_hold(&cooldown_key(lane)) {
             out.push(LocalHold::Cooldown {
                 until_ms: h.cooldown_until,
+                set_at_ms: h.at,
             });
         }
         if let Some(h) = read_hold(&blacklist_key(&lane.provider, &lane.key)) {
@@ -290,6 +296,7 @@ impl View for SharedView {
                     class,
                     until_ms: h.until,
                     fingerprint: h.fp,
+                    set_at_ms: h.at,
                 });
             }
         }

@@ -95,6 +95,8 @@ pub struct Attempt {
     body: Vec<u8>,
     /// Lanes this attempt may not use (probe leases held elsewhere).
     excluded: Vec<LaneId>,
+    /// The state version `excluded` was decided on.
+    excluded_in_version: u64,
     /// An asynchronous step in progress.
     pending: Pending,
     /// This attempt holds a half-open breaker's probe lease.
@@ -313,6 +315,7 @@ impl Attempt {
         let Some(state) = host.state() else {
             return;
         };
+        self.excluded_in_version = state.version;
         let Some((_, provider)) = state.provider(&probe.provider) else {
             return;
         };
@@ -644,6 +647,14 @@ impl Attempt {
     pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
         if matches!(self.pending, Pending::Wait(t) if t == token) {
             self.pending = Pending::Nothing;
+            // A lane left to another call's probe comes back once the state moved on (the
+            // probe's outcome closed or reopened its breaker): ask again, never wait it out.
+            if host
+                .state()
+                .is_some_and(|s| s.version != self.excluded_in_version)
+            {
+                self.excluded.clear();
+            }
             let action = self.prepare(host);
             self.resume_with(host, action);
         }
@@ -1391,6 +1402,47 @@ mod tests {
         assert_eq!(
             host.text(Side::Request, "authorization").as_deref(),
             Some("Bearer sk-p2-c-secret")
+        );
+    }
+
+    #[test]
+    fn a_single_lane_left_to_another_calls_probe_is_used_once_the_probe_closed_the_breaker() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        let mut snap = snapshot();
+        snap.breakers.push(BreakerState {
+            scope: "key".into(),
+            provider: "p1".into(),
+            key: "a".into(),
+            state: "half_open".into(),
+            open_until_ms: NOW - 1_000,
+        });
+        let mut host = host_with(snap, &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        host.grpc_body = Some(
+            LeaseReply {
+                granted: false,
+                retry_at_ms: NOW + 60_000,
+            }
+            .encode_to_vec(),
+        );
+        let token = host.next_token;
+        stage.on_grpc_call_response(&mut host, token, 0, 8);
+        // Refused: the only lane is another call's probe; this one waits a moment.
+        let Some(Dispatched::Http { .. }) = host.dispatched.last() else {
+            panic!("a short wait: {:?}", host.dispatched);
+        };
+        assert_eq!(host.resumed, 0);
+        // The probe succeeded: the next state has the breaker closed.
+        host.state = Some(std::rc::Rc::new(State::new(2, snapshot())));
+        host.now = NOW + 300;
+        let token = host.next_token;
+        stage.on_http_call_response(&mut host, token);
+        assert_eq!(host.resumed, 1, "the call goes on at once");
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p1.test:8000")
         );
     }
 

@@ -982,3 +982,57 @@ async fn a_provider_past_its_daily_budget_is_out_until_the_next_utc_day() {
         assert_eq!(keys, ["c"], "a provider past its budget gets no traffic");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds() {
+    // One lane only (p1's m1 on key a, no fallback). timeoutMs is short, so a call left waiting
+    // on another call's probe until its per-try timeout would fail with 504.
+    let pool = Pool::start("half_open_single_lane", 1, |m, _| {
+        Ok(two_providers(
+            &m[0],
+            "[{ alias: a, env: RS_KEY_A }]",
+            "defaults: { timeoutMs: 6000, deadlineMs: 20000 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 500, maxCooldownMs: 500 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 500, maxCooldownMs: 500 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
+        ))
+    })
+    .await
+    .expect("fixture");
+    let a = secret(&pool, "RS_KEY_A");
+    let fail = script::status(
+        503,
+        json!({}),
+        Some(
+            json!({"error": {"message": "down", "type": "server_error", "param": null, "code": null}}),
+        ),
+    );
+    // The first answer fails (the breaker opens), then every answer is slow but good: the probe
+    // is in flight long enough for the other calls to find the lane taken.
+    pool.mocks[0]
+        .script(json!([script::for_key(
+            &a,
+            vec![fail, json!({"text": "ok", "latencyMs": 400})]
+        )]))
+        .await
+        .unwrap();
+    let first = pool.chat("m1").await.unwrap();
+    assert!(first.status == 200 || first.status >= 500, "{first}");
+
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        let client = ai_router_e2e::Client::new(&pool.envoy.base_url()).unwrap();
+        let key = pool.virtual_key.clone();
+        calls.push(tokio::spawn(
+            async move { client.chat("m1", Some(&key)).await },
+        ));
+    }
+    for call in calls {
+        let r = call.await.unwrap().unwrap();
+        assert_eq!(r.status, 200, "a call behind the probe: {r}");
+        assert_eq!(r.content(), Some("ok"), "{r}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the calls behind the probe waited {:?}",
+        started.elapsed()
+    );
+}

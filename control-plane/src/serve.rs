@@ -187,9 +187,10 @@ pub async fn open_keys(
     mounted: Vec<vkeys::VirtualKeyRecord>,
 ) -> anyhow::Result<(Arc<KeyAdmin>, Vec<vkeys::VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
+    let names = config.names.clone();
     tokio::task::spawn_blocking(move || {
         let store = keystore::open(&spec).context("gateway.keyStore")?;
-        let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)));
+        let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names));
         keys.check_collisions()?;
         let records = keys.snapshot_keys().context("gateway.keyStore")?;
         Ok((keys, records))

@@ -333,10 +333,11 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         insecure_trusted_sync: opts.insecure_trusted_sync,
     };
     let running = start(config, env, start_opts).await?;
-    println!(
-        "{}",
-        json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() })
-    );
+    let line =
+        json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() });
+    if let Err(err) = crate::stdout::print_line(&line.to_string()) {
+        tracing::warn!(%err, "cannot print the listening line on stdout");
+    }
     shutdown_signal().await?;
     tracing::info!("stopping");
     running.shutdown().await;

@@ -293,7 +293,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // exported for the app, the pool would otherwise send the gateway's own key to itself.
     for name in ignored_virtual_keys(process_env.as_ref()) {
         eprintln!(
-            "ai-router up: ignoring {name}: it holds a gateway virtual key (sk-starci-...), not a provider key"
+            "ai-router up: ignoring {name}: it holds a gateway virtual key (sk-starci-...), not a provider key (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
         );
     }
     let process_env: Arc<dyn Env> = Arc::new(WithoutVirtualKeys(process_env));
@@ -326,10 +326,6 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         eprintln!(
             "ai-router up: provider keys found for: {}",
             listed.join("; ")
-        );
-    } else {
-        eprintln!(
-            "ai-router up: no provider key in the environment: the pool is served by the built-in mock"
         );
     }
     // Fail on a missing tool before starting anything.
@@ -440,14 +436,14 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
         host => host.to_owned(),
     };
-    println!(
-        "{}",
-        json!({
-            "baseUrl": format!("http://{}/v1", join_host_port(&url_host, public.port())),
-            "apiKey": api_key.expose(),
-            "adminUrl": admin_url,
-        })
-    );
+    let line = json!({
+        "baseUrl": format!("http://{}/v1", join_host_port(&url_host, public.port())),
+        "apiKey": api_key.expose(),
+        "adminUrl": admin_url,
+    });
+    if let Err(err) = crate::stdout::print_line(&line.to_string()) {
+        tracing::warn!(%err, "cannot print the ready line on stdout");
+    }
     tracing::info!(gateway = %public, control_plane = %running.grpc_addr, "ai-router is up");
 
     let outcome = tokio::select! {

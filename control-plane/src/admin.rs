@@ -12,14 +12,15 @@
 //! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); 201 `{ key, secret }` |
 //! | `GET /admin/keys` | `{ keys: [...] }`: mounted keys (`mounted: true`) then stored ones |
 //! | `GET /admin/keys/{id}` | one key |
-//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`) |
+//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all) |
 //! | `POST /admin/keys/{id}/revoke` | revoke for good |
 //! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
 //! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
 //! | `GET /health` (no token needed) | with the admin token, adds the pool: providers, key aliases and states, cooldowns, breakers |
 //!
 //! A key is `{ id, label, owner, profiles, models, allowFallback, quota, enabled, revoked,
-//! mounted, hint, createdAtMs, created }`: never its secret or hash. The secret is in the
+//! mounted, hint, createdAtMs, created }`: never its secret or hash. `profiles` and `models`
+//! must name the pool's profiles and model ids or aliases (or `*`), else 400. The secret is in the
 //! answer to create and rotate only. Errors are OpenAI error objects: 400 `invalid_request`,
 //! 404 `not_found`, 409 `key_mounted` (revoke, rotate or PATCH of a mounted key: it changes by
 //! redeploying), 409 `conflict` (a revoked key), 500 `internal_error`.

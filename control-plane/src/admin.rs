@@ -12,14 +12,15 @@
 //! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); 201 `{ key, secret }` |
 //! | `GET /admin/keys` | `{ keys: [...] }`: mounted keys (`mounted: true`) then stored ones |
 //! | `GET /admin/keys/{id}` | one key |
-//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`) |
+//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all) |
 //! | `POST /admin/keys/{id}/revoke` | revoke for good |
 //! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
 //! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
 //! | `GET /health` (no token needed) | with the admin token, adds the pool: providers, key aliases and states, cooldowns, breakers |
 //!
 //! A key is `{ id, label, owner, profiles, models, allowFallback, quota, enabled, revoked,
-//! mounted, hint, createdAtMs, created }`: never its secret or hash. The secret is in the
+//! mounted, hint, createdAtMs, created }`: never its secret or hash. `profiles` and `models`
+//! must name the pool's profiles and model ids or aliases (or `*`), else 400. The secret is in the
 //! answer to create and rotate only. Errors are OpenAI error objects: 400 `invalid_request`,
 //! 404 `not_found`, 409 `key_mounted` (revoke, rotate or PATCH of a mounted key: it changes by
 //! redeploying), 409 `conflict` (a revoked key), 500 `internal_error`.
@@ -44,7 +45,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
 use crate::error::{ApiError, ErrorCode};
-use crate::keystore::{KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, UsageDay};
+use crate::keystore::{KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, QuotaPatch, UsageDay};
 use crate::secrets::{constant_time_eq, Env, Secret};
 
 /// The env variable holding the admin token when `gateway.adminToken` does not name one.
@@ -608,7 +609,12 @@ impl pb::admin_server::Admin for AdminGrpc {
             profiles: r.set_profiles.then_some(r.profiles),
             models: r.set_models.then_some(r.models),
             allow_fallback: r.allow_fallback,
-            quota: r.quota.as_ref().map(quota_from_proto),
+            // Merged limit by limit; proto3 optionals cannot say "clear", so gRPC sets and keeps
+            // limits and HTTP `null` (or the CLI) removes one.
+            quota: r
+                .quota
+                .as_ref()
+                .map(|q| Some(QuotaPatch::setting(&quota_from_proto(q)))),
             enabled: r.enabled,
         };
         let key = self.api.update(r.id, patch).await?;
@@ -672,10 +678,11 @@ mod tests {
     fn api(token: Option<&str>) -> Result<Arc<AdminApi>, String> {
         let env = Arc::new(MapEnv::new([("K", "sk-upstream")]));
         let config = parse(
-            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m }] }\n",
+            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m, aliases: [fast] }] }\nprofiles:\n  work: { model: m }\n",
         )
         .and_then(|f| f.resolve(env.as_ref(), std::path::Path::new(".")))
         .map_err(|e| e.to_string())?;
+        let names = config.names.clone();
         let mounted = VirtualKeyRecord {
             id: crate::vkeys::mounted_id("app"),
             label: "app".into(),
@@ -697,11 +704,14 @@ mod tests {
             vec![mounted.clone()],
             DurableState::default(),
         );
-        let keys = Arc::new(KeyAdmin::new(
-            Arc::new(MemoryKeyStore::default()),
-            vec![mounted],
-            Arc::new(SystemClock),
-        ));
+        let keys = Arc::new(
+            KeyAdmin::new(
+                Arc::new(MemoryKeyStore::default()),
+                vec![mounted],
+                Arc::new(SystemClock),
+            )
+            .with_pool(names),
+        );
         Ok(Arc::new(AdminApi::new(
             keys,
             token.map(Secret::new),
@@ -839,6 +849,128 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_quota_patch_merges_limit_by_limit() -> Result<(), Box<dyn std::error::Error>> {
+        let api = api(Some(TOKEN))?;
+        let t = Some(TOKEN);
+        let (status, created) = send(
+            &api,
+            "POST",
+            "/admin/keys",
+            t,
+            Some(json!({ "label": "app", "models": ["*"], "quota": { "requestsPerMinute": 5, "tokensPerDay": 1000 } })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let uri = format!(
+            "/admin/keys/{}",
+            created["key"]["id"].as_str().unwrap_or_default()
+        );
+        let (status, key) = send(
+            &api,
+            "PATCH",
+            &uri,
+            t,
+            Some(json!({ "quota": { "costPerDay": 2.5 } })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK, "{key}");
+        assert_eq!(
+            key["quota"],
+            json!({ "requestsPerMinute": 5, "tokensPerDay": 1000, "costPerDay": 2.5, "costPerMonth": null })
+        );
+        // The engine's copy (what Envoy enforces) keeps the per-minute limit too.
+        let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+        assert!(snapshot
+            .virtual_keys
+            .iter()
+            .any(|k| k.label == "app" && k.requests_per_minute == 5));
+        // null clears one limit.
+        let (status, key) = send(
+            &api,
+            "PATCH",
+            &uri,
+            t,
+            Some(json!({ "quota": { "requestsPerMinute": null } })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK, "{key}");
+        assert_eq!(key["quota"]["requestsPerMinute"], Value::Null);
+        assert_eq!(key["quota"]["tokensPerDay"], 1000);
+        assert_eq!(key["quota"]["costPerDay"], 2.5);
+        // A bad value in a merge is still refused, naming the field.
+        let (status, body) = send(
+            &api,
+            "PATCH",
+            &uri,
+            t,
+            Some(json!({ "quota": { "costPerMonth": -1 } })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("quota.costPerMonth")),
+            "{body}"
+        );
+        // quota: null clears them all.
+        let (status, key) = send(&api, "PATCH", &uri, t, Some(json!({ "quota": null }))).await?;
+        assert_eq!(status, StatusCode::OK, "{key}");
+        assert_eq!(
+            key["quota"],
+            json!({ "requestsPerMinute": null, "tokensPerDay": null, "costPerDay": null, "costPerMonth": null })
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn bindings_must_name_the_pool() -> Result<(), Box<dyn std::error::Error>> {
+        let api = api(Some(TOKEN))?;
+        let t = Some(TOKEN);
+        for (spec, named) in [
+            (json!({ "label": "a", "profiles": ["nope"] }), "`nope`"),
+            (
+                json!({ "label": "a", "profiles": ["work", "*", "lessons"] }),
+                "profiles[2]",
+            ),
+            (json!({ "label": "a", "models": ["gpt-9"] }), "`gpt-9`"),
+        ] {
+            let (status, body) = send(&api, "POST", "/admin/keys", t, Some(spec.clone())).await?;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{spec}: {body}");
+            assert_eq!(body["error"]["code"], "invalid_request");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(named)),
+                "{spec}: {body}"
+            );
+        }
+        let (status, created) = send(
+            &api,
+            "POST",
+            "/admin/keys",
+            t,
+            Some(json!({ "label": "a", "profiles": ["work", "*"], "models": ["m", "fast", "*"] })),
+        )
+        .await?;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let uri = format!(
+            "/admin/keys/{}",
+            created["key"]["id"].as_str().unwrap_or_default()
+        );
+        for patch in [
+            json!({ "profiles": ["nope"] }),
+            json!({ "models": ["gpt-9"] }),
+        ] {
+            let (status, body) = send(&api, "PATCH", &uri, t, Some(patch.clone())).await?;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{patch}: {body}");
+        }
+        let (_, key) = send(&api, "GET", &uri, t, None).await?;
+        assert_eq!(key["profiles"], json!(["work", "*"]));
+        Ok(())
+    }
+
+    #[tokio::test]
     async fn usage_ranges() -> Result<(), Box<dyn std::error::Error>> {
         let api = api(Some(TOKEN))?;
         let t = Some(TOKEN);
@@ -929,6 +1061,17 @@ mod tests {
             .await?
             .into_inner();
         assert!(created.secret.starts_with("sk-starci-grpc_app-"));
+        let unknown = client
+            .create_key(authed(pb::CreateKeyRequest {
+                label: "grpc_app".into(),
+                profiles: vec!["nope".into()],
+                ..Default::default()
+            }))
+            .await;
+        assert!(
+            matches!(&unknown, Err(s) if s.code() == tonic::Code::InvalidArgument && s.message().contains("`nope`")),
+            "{unknown:?}"
+        );
         let id = created.key.map(|k| k.id).unwrap_or_default();
         let listed = client
             .list_keys(authed(pb::ListKeysRequest {}))

@@ -67,7 +67,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub profiles: BTreeMap<String, PolicyConfig>,
     #[serde(default)]
-    pub resilience: ResilienceConfig,
+    pub resilience: ResilienceFileConfig,
     #[serde(default)]
     pub selection: SelectionConfig,
     #[serde(default)]
@@ -391,24 +391,74 @@ impl<'de> Deserialize<'de> for TierConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+/// `resilience.keyBreaker` / `providerBreaker` as written: every field optional, defaults from
+/// [`ResilienceConfig::default`] (per breaker).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BreakerFileConfig {
+    pub failure_threshold: Option<u32>,
+    pub cooldown_ms: Option<u64>,
+    pub max_cooldown_ms: Option<u64>,
+}
+
+impl BreakerFileConfig {
+    fn over(self, default: BreakerConfig) -> BreakerConfig {
+        BreakerConfig {
+            failure_threshold: self.failure_threshold.unwrap_or(default.failure_threshold),
+            cooldown_ms: self.cooldown_ms.unwrap_or(default.cooldown_ms),
+            max_cooldown_ms: self.max_cooldown_ms.unwrap_or(default.max_cooldown_ms),
+        }
+    }
+}
+
+/// `resilience.backoff` as written: every field optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackoffFileConfig {
+    pub base_ms: Option<u64>,
+    pub factor: Option<f64>,
+    pub max_ms: Option<u64>,
+}
+
+impl BackoffFileConfig {
+    fn over(self, default: BackoffConfig) -> BackoffConfig {
+        BackoffConfig {
+            base_ms: self.base_ms.unwrap_or(default.base_ms),
+            factor: self.factor.unwrap_or(default.factor),
+            max_ms: self.max_ms.unwrap_or(default.max_ms),
+        }
+    }
+}
+
+/// `resilience` as written; [`FileConfig::resolve`] lays it over the defaults once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ResilienceFileConfig {
+    pub key_breaker: Option<BreakerFileConfig>,
+    pub provider_breaker: Option<BreakerFileConfig>,
+    pub backoff: Option<BackoffFileConfig>,
+    /// Absent or `null`: until the secret changes.
+    pub auth_disable_ms: Option<u64>,
+    pub rate_limit_cooldown_ms: Option<u64>,
+    pub quota_blacklist_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BreakerConfig {
     pub failure_threshold: u32,
     pub cooldown_ms: u64,
     pub max_cooldown_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BackoffConfig {
     pub base_ms: u64,
     pub factor: f64,
     pub max_ms: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+/// The resolved resilience settings: the spec's defaults with the file's fields laid over them.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ResilienceConfig {
     pub key_breaker: BreakerConfig,
     pub provider_breaker: BreakerConfig,
@@ -515,8 +565,18 @@ pub struct Config {
     pub state_store: StoreSpec,
     pub store_namespace: String,
     pub mounted_keys: Vec<MountedKey>,
+    /// Every profile and model name the file declares: what a virtual key may be bound to.
+    pub names: PoolNames,
     /// What resolution dropped or cut, for the log.
     pub warnings: Vec<String>,
+}
+
+/// The profile names and the model ids and aliases the file declares, whatever the environment
+/// holds now (a provider whose key is missing today still names its models).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolNames {
+    pub profiles: BTreeSet<String>,
+    pub models: BTreeSet<String>,
 }
 
 impl Config {
@@ -619,6 +679,9 @@ pub struct Provider {
     pub id: String,
     pub kind: ProviderKind,
     pub base_url: String,
+    /// Where `base_url` came from, for messages: `providers[0].baseUrl`, `OPENAI_BASE_URL` or
+    /// `the openai default`.
+    pub base_url_from: String,
     pub endpoint: Endpoint,
     pub headers: Vec<(String, String)>,
     pub weight: f64,
@@ -1019,7 +1082,11 @@ impl FileConfig {
             check_policy(&format!("profiles.{name}"), profile, &all, &all_names, true)?;
         }
 
-        let mounted_keys = self.resolve_mounted_keys(base_dir)?;
+        let mounted_keys = self.resolve_mounted_keys(base_dir, &all_names)?;
+        let names = PoolNames {
+            profiles: self.profiles.keys().cloned().collect(),
+            models: all_names.iter().map(|n| (*n).to_owned()).collect(),
+        };
 
         // Drop the providers no key of which resolves now.
         let mut providers = Vec::with_capacity(all.len());
@@ -1036,6 +1103,12 @@ impl FileConfig {
                     provider.id
                 ));
             }
+        }
+        // A provider on the gateway's own listener would have every call call itself (the
+        // quick start's OPENAI_BASE_URL, exported for the app, read back as the pool's). A
+        // provider without a key is never called, so only the kept ones are checked.
+        for provider in &providers {
+            refuse_own_listener(provider, &gateway)?;
         }
         let served: BTreeSet<String> = providers
             .iter()
@@ -1088,37 +1161,37 @@ impl FileConfig {
                 .clone()
                 .unwrap_or_else(|| "ai-router".to_owned()),
             mounted_keys,
+            names,
             warnings,
         })
     }
 
     fn resolve_gateway(&self, base_dir: &Path) -> Result<Gateway, ConfigError> {
         let g = &self.gateway;
-        let port = match (g.port, g.app_port) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    "gateway.appPort: cannot be combined with gateway.port",
-                ))
-            }
-            (Some(port), None) => {
-                if g.port_offset.is_some() {
+        let port =
+            match (g.port, g.app_port) {
+                (Some(_), Some(_)) => {
                     return Err(invalid(
-                        "gateway.portOffset: only applies with gateway.appPort",
-                    ));
+                        "gateway.appPort: cannot be combined with gateway.port",
+                    ))
                 }
-                port
-            }
-            (None, Some(app)) => {
-                let offset = g.port_offset.unwrap_or(1);
-                if offset == 0 {
-                    return Err(invalid("gateway.portOffset: must be at least 1"));
+                (_, None) if g.port_offset.is_some() => return Err(invalid(
+                    "gateway.portOffset: only applies with gateway.appPort (the gateway listens \
+                     on appPort + portOffset); set gateway.appPort, or remove portOffset and set \
+                     gateway.port",
+                )),
+                (Some(port), None) => port,
+                (None, Some(app)) => {
+                    let offset = g.port_offset.unwrap_or(1);
+                    if offset == 0 {
+                        return Err(invalid("gateway.portOffset: must be at least 1"));
+                    }
+                    app.checked_add(offset).ok_or_else(|| {
+                        invalid("gateway.portOffset: appPort + portOffset is past 65535")
+                    })?
                 }
-                app.checked_add(offset).ok_or_else(|| {
-                    invalid("gateway.portOffset: appPort + portOffset is past 65535")
-                })?
-            }
-            (None, None) => 8080,
-        };
+                (None, None) => 8080,
+            };
         let max_body_bytes = g.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 {
             return Err(invalid("gateway.maxBodyBytes: must be at least 1"));
@@ -1170,7 +1243,11 @@ impl FileConfig {
         })
     }
 
-    fn resolve_mounted_keys(&self, base_dir: &Path) -> Result<Vec<MountedKey>, ConfigError> {
+    fn resolve_mounted_keys(
+        &self,
+        base_dir: &Path,
+        model_names: &BTreeSet<&str>,
+    ) -> Result<Vec<MountedKey>, ConfigError> {
         let mut labels = BTreeSet::new();
         let mut keys = Vec::new();
         for (i, raw) in self.mounted_keys.iter().enumerate() {
@@ -1199,6 +1276,13 @@ impl FileConfig {
                     )));
                 }
             }
+            for (j, model) in raw.models.iter().enumerate() {
+                if model != PROFILE_WILDCARD && !model_names.contains(model.as_str()) {
+                    return Err(invalid(format!(
+                        "{path}.models[{j}]: unknown model `{model}` (no provider serves it by id or alias; \"*\" for every model)"
+                    )));
+                }
+            }
             let source = secret_ref(&path, raw.env.as_ref(), raw.file.as_ref(), base_dir)?;
             keys.push(MountedKey {
                 label: raw.label.clone(),
@@ -1215,7 +1299,26 @@ impl FileConfig {
     }
 
     fn resolve_resilience(&self) -> Result<ResilienceConfig, ConfigError> {
-        let r = self.resilience;
+        let raw = self.resilience;
+        let defaults = ResilienceConfig::default();
+        let r = ResilienceConfig {
+            key_breaker: raw
+                .key_breaker
+                .unwrap_or_default()
+                .over(defaults.key_breaker),
+            provider_breaker: raw
+                .provider_breaker
+                .unwrap_or_default()
+                .over(defaults.provider_breaker),
+            backoff: raw.backoff.unwrap_or_default().over(defaults.backoff),
+            auth_disable_ms: raw.auth_disable_ms.or(defaults.auth_disable_ms),
+            rate_limit_cooldown_ms: raw
+                .rate_limit_cooldown_ms
+                .unwrap_or(defaults.rate_limit_cooldown_ms),
+            quota_blacklist_ms: raw
+                .quota_blacklist_ms
+                .unwrap_or(defaults.quota_blacklist_ms),
+        };
         for (name, b) in [
             ("keyBreaker", r.key_breaker),
             ("providerBreaker", r.provider_breaker),
@@ -1247,6 +1350,43 @@ impl FileConfig {
         }
         Ok(s)
     }
+}
+
+/// Refuses a provider whose base URL is the gateway's own public listener on this machine (a
+/// loopback or unspecified address, `localhost`, or `gateway.host`, with `gateway.port`).
+fn refuse_own_listener(provider: &Provider, gateway: &Gateway) -> Result<(), ConfigError> {
+    if gateway.port == 0 {
+        // Picked at bind time: nothing to compare with.
+        return Ok(());
+    }
+    let authority = provider.endpoint.authority.to_ascii_lowercase();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (host, port.parse::<u16>().ok()),
+        _ => (authority.as_str(), None),
+    };
+    let port = port.unwrap_or(if provider.endpoint.scheme == "https" {
+        443
+    } else {
+        80
+    });
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let local = host == "localhost"
+        || host == gateway.host.to_ascii_lowercase()
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified());
+    if !local || port != gateway.port {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "provider {}: its base URL {} (from {}) is the gateway's own listener (port {}): every \
+         call would go back into the gateway. Point {} at the provider's API, not at the gateway",
+        provider.id,
+        provider.base_url,
+        provider.base_url_from,
+        gateway.port,
+        provider.base_url_from
+    )))
 }
 
 fn non_empty_host(path: &str, host: Option<&str>) -> Result<String, ConfigError> {
@@ -1286,18 +1426,19 @@ fn resolve_provider(
         None => None,
     };
     let env_base_url = prefix
-        .and_then(|p| env.var(&format!("{p}_BASE_URL")))
-        .filter(|v| !v.trim().is_empty());
-    let base_url = raw
-        .base_url
-        .clone()
-        .or(env_base_url)
-        .or_else(|| kind.default_base_url().map(str::to_owned))
-        .ok_or_else(|| {
-            invalid(format!(
+        .map(|p| format!("{p}_BASE_URL"))
+        .and_then(|var| Some(var.clone()).zip(env.var(&var)))
+        .filter(|(_, v)| !v.trim().is_empty());
+    let (base_url, base_url_from) = match (&raw.base_url, env_base_url, kind.default_base_url()) {
+        (Some(url), _, _) => (url.clone(), format!("{path}.baseUrl")),
+        (None, Some((var, url)), _) => (url, var),
+        (None, None, Some(url)) => (url.to_owned(), format!("the {} default", kind.as_str())),
+        (None, None, None) => {
+            return Err(invalid(format!(
                 "{path}.baseUrl: required for kind openai-compatible"
-            ))
-        })?;
+            )))
+        }
+    };
     let endpoint =
         parse_base_url(base_url.trim()).map_err(|e| invalid(format!("{path}.baseUrl: {e}")))?;
 
@@ -1429,6 +1570,7 @@ fn resolve_provider(
         id,
         kind,
         base_url,
+        base_url_from,
         endpoint,
         headers,
         weight,
@@ -1941,6 +2083,7 @@ mod tests {
             ("profiles:\n  x: { model: m, candidates: [{ model: m }] }\n", "profiles.x.candidates: takes the place of model and fallbacks; give one or the other"),
             ("profiles:\n  x: { maxAttempts: 0 }\n", "profiles.x.maxAttempts: must be at least 1"),
             ("mountedKeys: [{ label: app, env: K, profiles: [nope] }]\n", "mountedKeys[0].profiles[0]: unknown profile `nope`"),
+            ("mountedKeys: [{ label: app, env: K, models: [fast, nope] }]\n", "mountedKeys[0].models[1]: unknown model `nope` (no provider serves it by id or alias; \"*\" for every model)"),
             ("mountedKeys: [{ label: App, env: K, profiles: ['*'] }]\n", "mountedKeys[0].label: `App` must be lowercase letters, digits and _"),
             ("mountedKeys: [{ label: app, profiles: ['*'] }]\n", "mountedKeys[0]: a secret reference needs { env: NAME } or { file: path }"),
             ("gateway: { port: 1, appPort: 3001 }\n", "gateway.appPort: cannot be combined with gateway.port"),
@@ -1981,6 +2124,114 @@ mod tests {
         for (extra, expected) in cases {
             assert_eq!(err(&format!("{base}{extra}"), &env), expected, "{extra}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn partial_resilience_objects_take_the_defaults_per_field() -> Result<(), String> {
+        let env = MapEnv::new([("A", "k")]);
+        let base = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
+        let defaults = ResilienceConfig::default();
+        assert_eq!(resolve(base, &env)?.resilience, defaults);
+        let partial = format!(
+            "{base}resilience:\n  keyBreaker: {{ failureThreshold: 5 }}\n  providerBreaker: {{ cooldownMs: 1000 }}\n  backoff: {{ maxMs: 800 }}\n  rateLimitCooldownMs: 7\n"
+        );
+        let r = resolve(&partial, &env)?.resilience;
+        assert_eq!(
+            r.key_breaker,
+            BreakerConfig {
+                failure_threshold: 5,
+                cooldown_ms: 15_000,
+                max_cooldown_ms: 300_000,
+            }
+        );
+        assert_eq!(
+            r.provider_breaker,
+            BreakerConfig {
+                failure_threshold: 8,
+                cooldown_ms: 1000,
+                max_cooldown_ms: 300_000,
+            }
+        );
+        assert_eq!(
+            r.backoff,
+            BackoffConfig {
+                base_ms: 100,
+                factor: 2.0,
+                max_ms: 800,
+            }
+        );
+        assert_eq!(r.rate_limit_cooldown_ms, 7);
+        assert_eq!(r.quota_blacklist_ms, defaults.quota_blacklist_ms);
+        assert_eq!(r.auth_disable_ms, None);
+        // Checks still run on the merged values.
+        let bad = format!("{base}resilience: {{ keyBreaker: {{ maxCooldownMs: 10 }} }}\n");
+        assert_eq!(
+            err(&bad, &env),
+            "resilience.keyBreaker.maxCooldownMs: must be at least cooldownMs"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_provider_on_the_gateways_own_listener_is_refused() -> Result<(), String> {
+        let openai = "providers:\n  - { id: openai, kind: openai, keysFromEnv: OPENAI, models: [{ id: m }] }\n";
+        for url in [
+            "http://127.0.0.1:8080/v1",
+            "http://localhost:8080/v1",
+            "http://0.0.0.0:8080",
+            "http://[::1]:8080/v1",
+        ] {
+            let env = MapEnv::new([("OPENAI_API_KEY", "sk-real"), ("OPENAI_BASE_URL", url)]);
+            let message = err(openai, &env);
+            assert!(
+                message.starts_with("provider openai: its base URL")
+                    && message.contains("(from OPENAI_BASE_URL)")
+                    && message.contains("gateway's own listener (port 8080)"),
+                "{url}: {message}"
+            );
+            assert!(!message.contains("sk-real"), "{message}");
+        }
+        // From the file, on a derived port.
+        let file = "gateway: { appPort: 3001 }\nproviders:\n  - { id: loop, baseUrl: 'http://127.0.0.1:3002/v1', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
+        let env = MapEnv::new([("A", "k")]);
+        let message = err(file, &env);
+        assert!(
+            message.starts_with("provider loop: ")
+                && message.contains("(from providers[0].baseUrl)"),
+            "{message}"
+        );
+        // Another port, another host, or a provider without a key (never called) is fine.
+        for (url, key) in [
+            ("http://127.0.0.1:8081/v1", "sk-real"),
+            ("http://10.1.2.3:8080/v1", "sk-real"),
+            ("http://127.0.0.1:8080/v1", ""),
+        ] {
+            let env = MapEnv::new([("OPENAI_API_KEY", key), ("OPENAI_BASE_URL", url)]);
+            resolve(openai, &env)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_port_offset_needs_an_app_port() -> Result<(), String> {
+        let env = MapEnv::new([("A", "k")]);
+        let base = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
+        for gateway in [
+            "gateway: { portOffset: 5 }\n",
+            "gateway: { port: 9000, portOffset: 5 }\n",
+        ] {
+            let message = err(&format!("{base}{gateway}"), &env);
+            assert!(
+                message.starts_with("gateway.portOffset: only applies with gateway.appPort"),
+                "{gateway}: {message}"
+            );
+        }
+        let derived = resolve(
+            &format!("{base}gateway: {{ appPort: 3001, portOffset: 5 }}\n"),
+            &env,
+        )?;
+        assert_eq!(derived.gateway.port, 3006);
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use crate::admin::ADMIN_TOKEN_ENV;
 use crate::config::{self, QuotaConfig, StoreSpec};
 use crate::engine::SystemClock;
 use crate::error::{ApiError, ErrorCode};
-use crate::keystore::{self, KeyAdmin, KeyInfo, KeyPatch, KeySpec};
+use crate::keystore::{self, KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 use crate::secrets::{Env, ProcessEnv};
 use crate::vkeys;
 
@@ -131,13 +131,13 @@ impl Bindings {
             || self.cost_per_month.is_some()
     }
 
-    /// `base` with the quota flags given laid over it.
-    fn quota_over(&self, base: QuotaConfig) -> QuotaConfig {
+    /// The limits the quota flags name.
+    fn quota(&self) -> QuotaConfig {
         QuotaConfig {
-            requests_per_minute: self.rpm.or(base.requests_per_minute),
-            tokens_per_day: self.tokens_per_day.or(base.tokens_per_day),
-            cost_per_day: self.cost_per_day.or(base.cost_per_day),
-            cost_per_month: self.cost_per_month.or(base.cost_per_month),
+            requests_per_minute: self.rpm,
+            tokens_per_day: self.tokens_per_day,
+            cost_per_day: self.cost_per_day,
+            cost_per_month: self.cost_per_month,
         }
     }
 
@@ -168,21 +168,22 @@ impl Bindings {
             profiles: Self::list(&self.profiles).unwrap_or_default(),
             models: Self::list(&self.models).unwrap_or_default(),
             allow_fallback: self.allow_fallback(),
-            quota: self
-                .has_quota()
-                .then(|| self.quota_over(QuotaConfig::default())),
+            quota: self.has_quota().then(|| self.quota()),
             enabled: self.enabled(),
         }
     }
 
-    /// The change against `current` (quota flags change only the limits they name).
-    pub fn patch(&self, current: &KeyInfo) -> KeyPatch {
+    /// The change the flags ask for (quota flags change only the limits they name: the store
+    /// merges them into the key's).
+    pub fn patch(&self) -> KeyPatch {
         KeyPatch {
             owner: self.owner.clone(),
             profiles: Self::list(&self.profiles),
             models: Self::list(&self.models),
             allow_fallback: self.allow_fallback(),
-            quota: self.has_quota().then(|| self.quota_over(current.quota)),
+            quota: self
+                .has_quota()
+                .then(|| Some(QuotaPatch::setting(&self.quota()))),
             enabled: self.enabled(),
         }
     }
@@ -226,10 +227,11 @@ pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     // simply not known here.
     let mounted = vkeys::mounted_keys(&config, env.as_ref()).unwrap_or_default();
     let spec = config.gateway.key_store.clone();
+    let names = config.names.clone();
     let command = args.command;
     tokio::task::spawn_blocking(move || {
         let store = keystore::open(&spec)?;
-        let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock));
+        let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names);
         local(&keys, command)
     })
     .await
@@ -245,10 +247,7 @@ fn local(keys: &KeyAdmin, command: KeysCommand) -> Result<Value, ApiError> {
         KeysCommand::Create(args) => to_json(keys.create(args.bindings.spec(&args.label))?),
         KeysCommand::List => Ok(json!({ "object": "list", "keys": keys.list()? })),
         KeysCommand::Get { id } => to_json(keys.get(&id)?),
-        KeysCommand::Update { id, bindings } => {
-            let current = keys.get(&id)?;
-            to_json(keys.update(&id, bindings.patch(&current))?)
-        }
+        KeysCommand::Update { id, bindings } => to_json(keys.update(&id, bindings.patch())?),
         KeysCommand::Revoke { id } => to_json(keys.revoke(&id)?),
         KeysCommand::Rotate { id } => to_json(keys.rotate(&id)?),
         KeysCommand::Usage { id, from, to } => {
@@ -324,10 +323,7 @@ impl Remote {
             KeysCommand::List => self.call(Method::GET, "", None).await,
             KeysCommand::Get { id } => self.call(Method::GET, &format!("/{id}"), None).await,
             KeysCommand::Update { id, bindings } => {
-                let current: KeyInfo =
-                    serde_json::from_value(self.call(Method::GET, &format!("/{id}"), None).await?)
-                        .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
-                let patch = to_json(bindings.patch(&current))?;
+                let patch = to_json(bindings.patch())?;
                 self.call(Method::PATCH, &format!("/{id}"), Some(patch))
                     .await
             }
@@ -383,6 +379,7 @@ fn remote_error(status: u16, body: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keystore::KeyInfo;
     use clap::Parser;
 
     #[derive(Debug, Parser)]
@@ -492,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn update_patches_only_what_is_given() -> Result<(), clap::Error> {
+    fn update_patches_only_what_is_given() -> Result<(), Box<dyn std::error::Error>> {
         let args = parse(&["update", "k", "--rpm", "5", "--enabled", "--profiles", ""])?;
         let KeysCommand::Update { bindings, .. } = args.command else {
             panic!("not update");
@@ -516,14 +513,21 @@ mod tests {
             created_at_ms: 0,
             created: None,
         };
-        let patch = bindings.patch(&current);
+        let patch = bindings.patch();
         assert_eq!(patch.enabled, Some(true));
         assert_eq!(patch.profiles, Some(vec![]));
         assert_eq!(patch.models, None);
         assert_eq!(patch.allow_fallback, None);
-        let quota = patch.quota.unwrap_or_default();
+        let quota = patch
+            .quota
+            .flatten()
+            .unwrap_or_default()
+            .apply(current.quota);
         assert_eq!(quota.requests_per_minute, Some(5));
         assert_eq!(quota.cost_per_month, Some(3.0));
+        // On the wire: only the limit the flag names.
+        let wire = serde_json::to_value(&patch)?;
+        assert_eq!(wire["quota"], json!({ "requestsPerMinute": 5 }));
         Ok(())
     }
 }

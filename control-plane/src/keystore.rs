@@ -26,7 +26,7 @@ use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::config::QuotaConfig;
+use crate::config::{PoolNames, QuotaConfig};
 use crate::engine::Clock;
 use crate::secrets::{sha256_hex, Secret};
 use crate::vkeys::{self, VirtualKeyRecord};
@@ -579,7 +579,70 @@ pub struct KeySpec {
     pub enabled: Option<bool>,
 }
 
-/// `PATCH /admin/keys/{id}`, `keys update`: each field given replaces the key's.
+/// A patch field that can be cleared: absent keeps the value, `null` clears it, a value sets it.
+fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+/// A change to a key's quota, merged field by field: an absent limit is kept, `null` removes
+/// it, a number sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct QuotaPatch {
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub requests_per_minute: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tokens_per_day: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cost_per_day: Option<Option<f64>>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cost_per_month: Option<Option<f64>>,
+}
+
+impl QuotaPatch {
+    /// Sets every limit `quota` has (the limits it leaves out are kept).
+    pub fn setting(quota: &QuotaConfig) -> Self {
+        Self {
+            requests_per_minute: quota.requests_per_minute.map(Some),
+            tokens_per_day: quota.tokens_per_day.map(Some),
+            cost_per_day: quota.cost_per_day.map(Some),
+            cost_per_month: quota.cost_per_month.map(Some),
+        }
+    }
+
+    /// `base` with this patch laid over it.
+    pub fn apply(&self, base: QuotaConfig) -> QuotaConfig {
+        QuotaConfig {
+            requests_per_minute: self.requests_per_minute.unwrap_or(base.requests_per_minute),
+            tokens_per_day: self.tokens_per_day.unwrap_or(base.tokens_per_day),
+            cost_per_day: self.cost_per_day.unwrap_or(base.cost_per_day),
+            cost_per_month: self.cost_per_month.unwrap_or(base.cost_per_month),
+        }
+    }
+}
+
+/// `PATCH /admin/keys/{id}`, `keys update`: each field given replaces the key's, except
+/// `quota`, which is merged limit by limit ([`QuotaPatch`]); `quota: null` removes every limit.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KeyPatch {
@@ -592,8 +655,12 @@ pub struct KeyPatch {
     pub models: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_fallback: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quota: Option<QuotaConfig>,
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub quota: Option<Option<QuotaPatch>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 }
@@ -697,6 +764,35 @@ fn check_bindings(profiles: &[String], models: &[String]) -> Result<(), KeyStore
     Ok(())
 }
 
+/// Refuses a profile or model name the pool does not have (`*` is always allowed).
+fn check_known(
+    pool: Option<&PoolNames>,
+    profiles: &[String],
+    models: &[String],
+) -> Result<(), KeyStoreError> {
+    let Some(pool) = pool else { return Ok(()) };
+    for (i, profile) in profiles.iter().enumerate() {
+        if profile != WILDCARD && !pool.profiles.contains(profile) {
+            let known: Vec<&str> = pool.profiles.iter().map(String::as_str).collect();
+            return Err(KeyStoreError::Invalid(format!(
+                "profiles[{i}]: the pool has no profile `{profile}` (it has: {}); use \"*\" for every profile",
+                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+            )));
+        }
+    }
+    for (i, model) in models.iter().enumerate() {
+        if model != WILDCARD && !pool.models.contains(model) {
+            return Err(KeyStoreError::Invalid(format!(
+                "models[{i}]: no provider in the pool serves a model with id or alias `{model}`; \
+                 name a pool model id or alias, or use \"*\" for every model"
+            )));
+        }
+    }
+    Ok(())
+}
+
+const WILDCARD: &str = "*";
+
 fn check_quota(quota: &QuotaConfig) -> Result<(), KeyStoreError> {
     for (name, value) in [
         ("costPerDay", quota.cost_per_day),
@@ -726,6 +822,8 @@ pub struct KeyAdmin {
     store: Arc<dyn KeyStore>,
     mounted: Vec<VirtualKeyRecord>,
     clock: Arc<dyn Clock>,
+    /// The names a key may be bound to; `None` checks nothing (a store opened without its pool).
+    pool: Option<PoolNames>,
 }
 
 impl std::fmt::Debug for KeyAdmin {
@@ -746,7 +844,14 @@ impl KeyAdmin {
             store,
             mounted,
             clock,
+            pool: None,
         }
+    }
+
+    /// Refuses bindings to profiles and models `pool` does not have.
+    pub fn with_pool(mut self, pool: PoolNames) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     pub fn store(&self) -> &Arc<dyn KeyStore> {
@@ -792,6 +897,7 @@ impl KeyAdmin {
             ));
         }
         check_bindings(&spec.profiles, &spec.models)?;
+        check_known(self.pool.as_ref(), &spec.profiles, &spec.models)?;
         let quota = spec.quota.unwrap_or_default();
         check_quota(&quota)?;
         let (secret, sha256) = self.fresh(&spec.label);
@@ -845,6 +951,8 @@ impl KeyAdmin {
         if let Some(owner) = patch.owner {
             key.owner = (!owner.is_empty()).then_some(owner);
         }
+        let patch_profiles = patch.profiles.clone();
+        let patch_models = patch.models.clone();
         if let Some(profiles) = patch.profiles {
             key.profiles = profiles;
         }
@@ -854,14 +962,26 @@ impl KeyAdmin {
         if let Some(allow) = patch.allow_fallback {
             key.allow_fallback = allow;
         }
-        if let Some(quota) = patch.quota {
-            check_quota(&quota)?;
-            key.quota = quota;
+        match patch.quota {
+            None => {}
+            Some(None) => key.quota = QuotaConfig::default(),
+            Some(Some(change)) => {
+                let quota = change.apply(key.quota);
+                check_quota(&quota)?;
+                key.quota = quota;
+            }
         }
         if let Some(enabled) = patch.enabled {
             key.enabled = enabled;
         }
         check_bindings(&key.profiles, &key.models)?;
+        // Only what this patch names: a key bound before a profile left the pool keeps working
+        // until its bindings are changed.
+        check_known(
+            self.pool.as_ref(),
+            patch_profiles.as_deref().unwrap_or_default(),
+            patch_models.as_deref().unwrap_or_default(),
+        )?;
         self.store.replace(&key)?;
         Ok(KeyInfo::stored(&key))
     }

@@ -17,6 +17,7 @@ pub mod secrets;
 pub mod serve;
 pub mod sqlite;
 pub mod state_store;
+pub mod stdout;
 pub mod sync;
 pub mod up;
 pub mod usage;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use ai_router_control_plane::secrets::{Env, ProcessEnv};
-use ai_router_control_plane::{config, keys_cli, mock, render, serve, up};
+use ai_router_control_plane::{config, keys_cli, mock, render, serve, stdout, up};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -153,20 +153,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             match out {
                 Some(path) => std::fs::write(&path, yaml)
                     .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display())),
-                None => {
-                    print!("{yaml}");
-                    Ok(())
-                }
+                None => Ok(stdout::print(&yaml)?),
             }
         }
         Command::Up { config, wasm } => up::up(up::UpOptions { config, wasm }).await,
         Command::Keys(args) => match keys_cli::run(args).await {
-            Ok(value) => {
-                println!("{}", serde_json::to_string_pretty(&value)?);
-                Ok(())
-            }
+            Ok(value) => Ok(stdout::print_line(&serde_json::to_string_pretty(&value)?)?),
             Err(err) => {
-                println!("{}", err.openai_body());
+                stdout::print_line(&err.openai_body().to_string())?;
                 Err(anyhow::anyhow!("{}", err.message))
             }
         },

@@ -187,9 +187,10 @@ pub async fn open_keys(
     mounted: Vec<vkeys::VirtualKeyRecord>,
 ) -> anyhow::Result<(Arc<KeyAdmin>, Vec<vkeys::VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
+    let names = config.names.clone();
     tokio::task::spawn_blocking(move || {
         let store = keystore::open(&spec).context("gateway.keyStore")?;
-        let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)));
+        let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names));
         keys.check_collisions()?;
         let records = keys.snapshot_keys().context("gateway.keyStore")?;
         Ok((keys, records))
@@ -332,10 +333,11 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         insecure_trusted_sync: opts.insecure_trusted_sync,
     };
     let running = start(config, env, start_opts).await?;
-    println!(
-        "{}",
-        json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() })
-    );
+    let line =
+        json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() });
+    if let Err(err) = crate::stdout::print_line(&line.to_string()) {
+        tracing::warn!(%err, "cannot print the listening line on stdout");
+    }
     shutdown_signal().await?;
     tracing::info!("stopping");
     running.shutdown().await;

@@ -1,11 +1,14 @@
 //! `ai-router up`: the local one-command run.
 //!
-//! Starts the control plane in-process on ephemeral ports; with no provider key in the
-//! environment, starts the mock provider in-process and serves the pool's model names from it;
-//! renders the Envoy bootstrap into a temp dir and runs Envoy (`ENVOY_BIN`, else `envoy` on
+//! Starts the control plane in-process: its HTTP (admin API, /health, /metrics) on
+//! 127.0.0.1:`controlPlane.httpPort` (8081 by default, 0 picks one), its gRPC on an ephemeral
+//! port. Variables holding a gateway virtual key (`sk-starci-...`, other than `STARCI_AI_KEY`)
+//! are hidden from the pool and named on stderr, as are the providers keys were found for; with
+//! no provider key, starts the mock provider in-process and serves the pool's model names from
+//! it. Renders the Envoy bootstrap into a temp dir and runs Envoy (`ENVOY_BIN`, else `envoy` on
 //! PATH) with a generated sync token; waits until Envoy's public listener answers; prints
-//! `{"baseUrl":"http://HOST:PORT/v1","apiKey":"sk-starci-..."}`; stops everything on
-//! SIGINT/SIGTERM (or when Envoy exits).
+//! `{"baseUrl":"http://HOST:PORT/v1","apiKey":"sk-starci-...","adminUrl":"http://127.0.0.1:8081"}`;
+//! stops everything on SIGINT/SIGTERM (or when Envoy exits).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -19,13 +22,13 @@ use rand::RngCore;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::admin::ADMIN_TOKEN_ENV;
 use crate::config::{
-    self, Config, FileConfig, KeyConfig, ModelConfig, MountedKeyConfig, PolicyConfig,
-    ProviderConfig, ProviderKind,
+    self, Config, FileConfig, KeyConfig, ModelConfig, PolicyConfig, ProviderConfig, ProviderKind,
 };
 use crate::mock::{self, MockOptions};
 use crate::render::{render_envoy, RenderOptions};
-use crate::secrets::{Env, MapEnv, ProcessEnv, Secret};
+use crate::secrets::{Env, MapEnv, ProcessEnv, Secret, SecretSource};
 use crate::serve::{self, join_host_port, StartOptions};
 use crate::sync::SYNC_TOKEN_ENV;
 use crate::vkeys::{self, STARCI_AI_KEY};
@@ -156,6 +159,35 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
     }
 }
 
+/// The variables `up` hides from the pool: any but `STARCI_AI_KEY` holding a gateway virtual
+/// key (`sk-starci-...`). Names only.
+fn ignored_virtual_keys(env: &dyn Env) -> Vec<String> {
+    env.names()
+        .into_iter()
+        .filter(|name| name != STARCI_AI_KEY)
+        .filter(|name| env.var(name).is_some_and(|v| vkeys::is_virtual_key(&v)))
+        .collect()
+}
+
+/// An environment without the variables [`ignored_virtual_keys`] names.
+struct WithoutVirtualKeys(Arc<dyn Env>);
+
+impl Env for WithoutVirtualKeys {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0
+            .var(name)
+            .filter(|v| name == STARCI_AI_KEY || !vkeys::is_virtual_key(v))
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.0
+            .names()
+            .into_iter()
+            .filter(|name| self.var(name).is_some())
+            .collect()
+    }
+}
+
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
@@ -257,40 +289,45 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         None => bail!("no --config given and {DEFAULT_CONFIG} is not here"),
     };
     let mut file = config::read(&config_path)?;
+    // A gateway virtual key is never a provider key: with the quick start's OPENAI_API_KEY
+    // exported for the app, the pool would otherwise send the gateway's own key to itself.
+    for name in ignored_virtual_keys(process_env.as_ref()) {
+        eprintln!(
+            "ai-router up: ignoring {name}: it holds a gateway virtual key (sk-starci-...), not a provider key (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
+        );
+    }
+    let process_env: Arc<dyn Env> = Arc::new(WithoutVirtualKeys(process_env));
     let mut overlay = MapEnv::default();
-    // The app's key: STARCI_AI_KEY, else a fresh local one.
-    let api_key = match process_env
-        .var(STARCI_AI_KEY)
-        .filter(|k| !k.trim().is_empty())
-    {
-        Some(key) => Secret::new(key.trim()),
+    // The app's key: STARCI_AI_KEY (or the file STARCI_AI_KEY_FILE names), else a fresh local
+    // one. Either way the control plane mounts it from the environment ([`vkeys::mounted_keys`]).
+    let app_key_source = SecretSource::EnvOrFileEnv {
+        var: STARCI_AI_KEY.to_owned(),
+        file_var: format!("{STARCI_AI_KEY}_FILE"),
+    };
+    let api_key = match app_key_source.resolve(process_env.as_ref()) {
+        Some(key) => key,
         None => {
             let key = vkeys::generate_secret("local");
             overlay.set(STARCI_AI_KEY, key.expose());
             key
         }
     };
-    if !file.mounted_keys.is_empty() {
-        if let Some(label) = vkeys::label_of(api_key.expose()) {
-            if !file.mounted_keys.iter().any(|k| k.label == label) {
-                file.mounted_keys.push(MountedKeyConfig {
-                    label: label.to_owned(),
-                    env: Some(STARCI_AI_KEY.to_owned()),
-                    file: None,
-                    profiles: vec!["*".to_owned()],
-                    models: vec!["*".to_owned()],
-                    owner: None,
-                    allow_fallback: None,
-                    quota: None,
-                    enabled: None,
-                });
-            }
-        }
-    }
 
-    let has_keys = !config::resolve_at(&file, process_env.as_ref(), &config_path)?
-        .providers
-        .is_empty();
+    let found = config::resolve_at(&file, process_env.as_ref(), &config_path)?.providers;
+    let has_keys = !found.is_empty();
+    if has_keys {
+        let listed: Vec<String> = found
+            .iter()
+            .map(|p| {
+                let aliases: Vec<&str> = p.keys.iter().map(|k| k.alias.as_str()).collect();
+                format!("{} ({})", p.id, aliases.join(", "))
+            })
+            .collect();
+        eprintln!(
+            "ai-router up: provider keys found for: {}",
+            listed.join("; ")
+        );
+    }
     // Fail on a missing tool before starting anything.
     let envoy_bin = find_envoy(process_env.as_ref())?;
     let wasm = find_wasm(opts.wasm.as_deref(), process_env.as_ref())?;
@@ -312,17 +349,43 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let config = config::resolve_at(&file, env.as_ref(), &config_path)?;
 
     let sync_token = Secret::new(random_hex(32));
+    // The admin API on a port the README and `keys --url` can name: controlPlane.httpPort
+    // (8081 by default; 0 picks one). gRPC stays internal to this run.
+    let admin_port = config.control_plane.http_port;
+    let admin_enabled = crate::admin::admin_token(&config, env.as_ref()).is_some();
     let running = serve::start(
         config.clone(),
         env,
         StartOptions {
-            http_listen: "127.0.0.1:0".to_owned(),
+            http_listen: join_host_port("127.0.0.1", admin_port),
             grpc_listen: "127.0.0.1:0".to_owned(),
             sync_token: Some(sync_token.clone()),
             insecure_trusted_sync: false,
         },
     )
-    .await?;
+    .await
+    .map_err(|err| {
+        let taken = err.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+        });
+        if taken {
+            err.context(format!(
+                "the admin API's port {admin_port} (controlPlane.httpPort) is taken, perhaps by \
+                 another `ai-router up`: stop it, or set controlPlane.httpPort to a free port \
+                 (0 picks one; up prints it as adminUrl)"
+            ))
+        } else {
+            err
+        }
+    })?;
+    let admin_url = format!("http://{}", running.http_addr);
+    if !admin_enabled {
+        eprintln!(
+            "ai-router up: the admin API at {admin_url} is off: export {ADMIN_TOKEN_ENV} before `ai-router up` to manage keys through it"
+        );
+    }
 
     let listen_host = if config.gateway.host_explicit {
         config.gateway.host.clone()
@@ -373,13 +436,14 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
         host => host.to_owned(),
     };
-    println!(
-        "{}",
-        json!({
-            "baseUrl": format!("http://{}/v1", join_host_port(&url_host, public.port())),
-            "apiKey": api_key.expose(),
-        })
-    );
+    let line = json!({
+        "baseUrl": format!("http://{}/v1", join_host_port(&url_host, public.port())),
+        "apiKey": api_key.expose(),
+        "adminUrl": admin_url,
+    });
+    if let Err(err) = crate::stdout::print_line(&line.to_string()) {
+        tracing::warn!(%err, "cannot print the ready line on stdout");
+    }
     tracing::info!(gateway = %public, control_plane = %running.grpc_addr, "ai-router is up");
 
     let outcome = tokio::select! {
@@ -561,6 +625,33 @@ mod tests {
             ("127.0.0.1", 1)
         );
         assert_eq!(o.listen_port, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn the_quick_start_exports_do_not_turn_the_pool_onto_itself(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // What the README's "First requests" has the user export, then `up` again.
+        let app_key = vkeys::generate_secret("local");
+        let exported = Arc::new(MapEnv::new([
+            ("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1"),
+            ("OPENAI_API_KEY", app_key.expose()),
+            (STARCI_AI_KEY, app_key.expose()),
+        ]));
+        let file = parse(POOL)?;
+        // Read as a provider key, the gateway's own key would route the pool to itself.
+        let raw = file.resolve(exported.as_ref(), Path::new("."));
+        assert!(
+            matches!(&raw, Err(e) if e.to_string().contains("(from OPENAI_BASE_URL)")),
+            "{raw:?}"
+        );
+        assert_eq!(ignored_virtual_keys(exported.as_ref()), ["OPENAI_API_KEY"]);
+        let env = WithoutVirtualKeys(exported);
+        assert_eq!(env.var("OPENAI_API_KEY"), None);
+        assert_eq!(env.var(STARCI_AI_KEY).as_deref(), Some(app_key.expose()));
+        assert!(!env.names().iter().any(|n| n == "OPENAI_API_KEY"));
+        // No provider key left: up serves the pool from the mock.
+        assert!(file.resolve(&env, Path::new("."))?.providers.is_empty());
         Ok(())
     }
 

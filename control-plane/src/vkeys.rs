@@ -1,8 +1,8 @@
 //! Virtual keys: the `sk-starci-<label>-<secret>` keys apps call the gateway with.
 //!
 //! Mounted keys are built here (stored keys live in [`crate::keystore`]): `mountedKeys` in the
-//! config, or, when none is configured, `STARCI_AI_KEY` (or the file named by
-//! `STARCI_AI_KEY_FILE`) bound to every profile and model.
+//! config, and `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every
+//! profile and model, unless a `mountedKeys` entry already mounts that secret.
 //! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
 //! id is `key_` + 16 hex of sha256("mounted:<label>"), stable across secrets and deploys.
 //! Errors name the label and the id, never the secret.
@@ -108,6 +108,11 @@ pub fn check_secret(label: &str, secret: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `value` looks like a gateway virtual key (`sk-starci-...`), whatever its label.
+pub fn is_virtual_key(value: &str) -> bool {
+    value.trim().starts_with(SECRET_PREFIX)
+}
+
 /// The label of a `sk-starci-<label>-...` secret.
 pub fn label_of(secret: &str) -> Option<&str> {
     let rest = secret.strip_prefix(SECRET_PREFIX)?;
@@ -136,17 +141,15 @@ pub fn generate_secret(label: &str) -> Secret {
     Secret::new(format!("{SECRET_PREFIX}{label}-{}", hex::encode(bytes)))
 }
 
-/// The mounted keys of `config`, or `STARCI_AI_KEY` when it mounts none (an empty list when that
-/// is unset too).
+/// The mounted keys of `config`, then `STARCI_AI_KEY` (bound to everything) when it is set and
+/// no `mountedKeys` entry already mounts the same secret. A `STARCI_AI_KEY` whose label a
+/// `mountedKeys` entry holds with another secret is refused: both would share one key id.
 pub fn mounted_keys(
     config: &Config,
     env: &dyn Env,
 ) -> Result<Vec<VirtualKeyRecord>, MountedKeyError> {
-    if config.mounted_keys.is_empty() {
-        return starci_ai_key(env).map(|key| key.into_iter().collect());
-    }
     let mut labels = BTreeSet::new();
-    let mut keys = Vec::with_capacity(config.mounted_keys.len());
+    let mut keys = Vec::with_capacity(config.mounted_keys.len() + 1);
     for mounted in &config.mounted_keys {
         if !labels.insert(mounted.label.clone()) {
             return Err(MountedKeyError::DuplicateLabel {
@@ -155,6 +158,32 @@ pub fn mounted_keys(
         }
         keys.push(mount(mounted, env)?);
     }
+    let Some(app) = starci_ai_key(env)? else {
+        return Ok(keys);
+    };
+    if keys.iter().any(|k| k.sha256 == app.sha256) {
+        // Mounted by an entry (its bindings and quota apply, not the wildcard).
+        return Ok(keys);
+    }
+    if labels.contains(&app.label) {
+        return Err(MountedKeyError::Invalid {
+            id: app.id,
+            reason: format!(
+                "{STARCI_AI_KEY} holds a key labelled {label}, and mountedKeys mounts another \
+                 secret under that label; give one of them another label, or mount \
+                 {STARCI_AI_KEY} through mountedKeys with env: {STARCI_AI_KEY}",
+                label = app.label
+            ),
+            label: app.label,
+        });
+    }
+    if !keys.is_empty() {
+        tracing::info!(
+            label = %app.label,
+            "{STARCI_AI_KEY} is mounted next to mountedKeys, bound to every profile and model"
+        );
+    }
+    keys.push(app);
     Ok(keys)
 }
 
@@ -286,6 +315,34 @@ mod tests {
             .map_err(|e| e.to_string());
         assert!(
             matches!(&message, Err(m) if !m.contains("sk-live-x")),
+            "{message:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn starci_ai_key_is_mounted_next_to_mounted_keys() -> Result<(), String> {
+        const OTHER: &str = "sk-starci-ops-0123456789abcdef0123456789abcdef0123456789abcdef";
+        let config = load("mountedKeys: [{ label: ops, env: K, profiles: ['*'], quota: { requestsPerMinute: 3 } }]\n")?;
+        let env = MapEnv::new([("K", OTHER), (STARCI_AI_KEY, GOOD)]);
+        let keys = mounted_keys(&config, &env).map_err(|e| e.to_string())?;
+        let labels: Vec<&str> = keys.iter().map(|k| k.label.as_str()).collect();
+        assert_eq!(labels, ["ops", "app"]);
+        assert_eq!(keys[1].sha256, sha256_hex(GOOD));
+        assert_eq!(keys[1].models, ["*"]);
+        // The same secret through an entry is mounted once, with the entry's bindings.
+        let env = MapEnv::new([("K", OTHER), (STARCI_AI_KEY, OTHER)]);
+        let keys = mounted_keys(&config, &env).map_err(|e| e.to_string())?;
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].quota.and_then(|q| q.requests_per_minute), Some(3));
+        // Another secret under an entry's label would share its id.
+        let clash = "sk-starci-ops-ffffffffffffffffffffffffffffffffffffffffffffffff";
+        let env = MapEnv::new([("K", OTHER), (STARCI_AI_KEY, clash)]);
+        let message = mounted_keys(&config, &env)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            matches!(&message, Err(m) if m.contains("labelled ops") && !m.contains(clash)),
             "{message:?}"
         );
         Ok(())

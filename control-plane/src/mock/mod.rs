@@ -171,7 +171,9 @@ impl Default for MockOptions {
 /// serves until SIGINT or SIGTERM.
 pub async fn run(opts: MockOptions) -> anyhow::Result<()> {
     let handle = start(opts).await?;
-    println!("{}", json!({ "listening": handle.url() }));
+    if let Err(err) = crate::stdout::print_line(&json!({ "listening": handle.url() }).to_string()) {
+        tracing::warn!(%err, "cannot print the listening line on stdout");
+    }
     tracing::info!(addr = %handle.addr(), "mock provider listening");
     shutdown_signal().await?;
     tracing::info!("mock provider stopping");

@@ -991,7 +991,7 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
         Ok(two_providers(
             &m[0],
             "[{ alias: a, env: RS_KEY_A }]",
-            "defaults: { timeoutMs: 6000, deadlineMs: 20000 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 500, maxCooldownMs: 500 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 500, maxCooldownMs: 500 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
+            "defaults: { timeoutMs: 6000, deadlineMs: 20000 }\nprofiles:\n  once: { model: m1, maxAttempts: 1 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 300, maxCooldownMs: 300 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 300, maxCooldownMs: 300 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
         ))
     })
     .await
@@ -1004,28 +1004,64 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
             json!({"error": {"message": "down", "type": "server_error", "param": null, "code": null}}),
         ),
     );
-    // The first answer fails (the breaker opens), then every answer is slow but good: the probe
-    // is in flight long enough for the other calls to find the lane taken.
+    // The first answer fails and opens the breaker; then every answer is good but slow, so the
+    // probe is in flight while the other calls arrive.
     pool.mocks[0]
         .script(json!([script::for_key(
             &a,
-            vec![fail, json!({"text": "ok", "latencyMs": 400})]
+            vec![fail, json!({"text": "ok", "latencyMs": 1500})]
         )]))
         .await
         .unwrap();
-    let first = pool.chat("m1").await.unwrap();
-    assert!(first.status == 200 || first.status >= 500, "{first}");
+    let first = pool.chat("once").await.unwrap();
+    assert!(first.status >= 500, "{first}");
+    // The control plane turns the breaker half-open once its cooldown is over.
+    let metrics = format!("http://{}/metrics", pool.cp.http_addr());
+    poll(
+        "the breaker to be half-open",
+        Duration::from_secs(10),
+        || {
+            let url = metrics.clone();
+            async move {
+                let text = ai_router_e2e::http_client()?
+                    .get(url)
+                    .send()
+                    .await?
+                    .text()
+                    .await?;
+                Ok(text
+                    .lines()
+                    .any(|l| {
+                        l.starts_with("ai_router_breaker_open{scope=\"key\"") && l.ends_with(" 0.5")
+                    })
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
 
-    let started = Instant::now();
-    let mut calls = Vec::new();
-    for _ in 0..8 {
+    let client = |pool: &Pool| {
         let client = ai_router_e2e::Client::new(&pool.envoy.base_url()).unwrap();
         let key = pool.virtual_key.clone();
-        calls.push(tokio::spawn(
-            async move { client.chat("m1", Some(&key)).await },
-        ));
-    }
-    for call in calls {
+        tokio::spawn(async move { client.chat("m1", Some(&key)).await })
+    };
+    let probe = client(&pool);
+    // The probe holds the lease once the mock has its request.
+    poll(
+        "the probe to reach the provider",
+        Duration::from_secs(5),
+        || {
+            let pool = &pool;
+            async move { Ok((!pool.calls().await?.is_empty()).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let behind: Vec<_> = (0..6).map(|_| client(&pool)).collect();
+    assert_eq!(probe.await.unwrap().unwrap().status, 200);
+    for call in behind {
         let r = call.await.unwrap().unwrap();
         assert_eq!(r.status, 200, "a call behind the probe: {r}");
         assert_eq!(r.content(), Some("ok"), "{r}");

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::admin::ADMIN_TOKEN_ENV;
+use crate::api::admin::ADMIN_TOKEN_ENV;
+use crate::api::error::{ApiError, ErrorCode};
+use crate::config::secrets::{Env, ProcessEnv};
 use crate::config::{self, QuotaConfig, StoreSpec};
 use crate::engine::SystemClock;
-use crate::error::{ApiError, ErrorCode};
-use crate::keystore::{self, KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
-use crate::secrets::{Env, ProcessEnv};
-use crate::vkeys;
+use crate::keys::mounted;
+use crate::keys::store::{self, KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 
 #[derive(Debug, Clone, Args)]
 pub struct KeysArgs {
@@ -225,12 +225,12 @@ pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     }
     // Mounted keys are listed and protected; a mount that does not resolve in this shell is
     // simply not known here.
-    let mounted = vkeys::mounted_keys(&config, env.as_ref()).unwrap_or_default();
+    let mounted = mounted::mounted_keys(&config, env.as_ref()).unwrap_or_default();
     let spec = config.gateway.key_store.clone();
     let names = config.names.clone();
     let command = args.command;
     tokio::task::spawn_blocking(move || {
-        let store = keystore::open(&spec)?;
+        let store = store::open(&spec)?;
         let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names);
         local(&keys, command)
     })
@@ -379,7 +379,7 @@ fn remote_error(status: u16, body: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keystore::KeyInfo;
+    use crate::keys::store::KeyInfo;
     use clap::Parser;
 
     #[derive(Debug, Parser)]

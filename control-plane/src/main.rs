@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use ai_router_control_plane::secrets::{Env, ProcessEnv};
+use ai_router_control_plane::config::secrets::{Env, ProcessEnv};
 use ai_router_control_plane::{config, keys_cli, mock, render, serve, stdout, up};
 use clap::{Parser, Subcommand};
 

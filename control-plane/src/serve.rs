@@ -3,12 +3,12 @@
 //! HTTP (axum):
 //! - `GET /health` -> `{"status":"ok"|"degraded","version":N}`; degraded while no provider has a
 //!   usable key (a secret that is set and not blacklisted). Always 200: the process is alive.
-//!   With the admin token it adds the pool (see [`crate::admin`]).
-//! - `/admin/keys...`: the admin API (see [`crate::admin`]).
+//!   With the admin token it adds the pool (see [`crate::api::admin`]).
+//! - `/admin/keys...`: the admin API (see [`crate::api::admin`]).
 //! - anything else -> 404 with an OpenAI error object.
 //!
-//! gRPC (tonic): `airouter.v1.Sync` (see [`crate::sync`]) and `airouter.v1.Admin` (see
-//! [`crate::admin`]). Sync hands out every provider secret, so `serve` refuses to start without
+//! gRPC (tonic): `airouter.v1.Sync` (see [`crate::api::sync`]) and `airouter.v1.Admin` (see
+//! [`crate::api::admin`]). Sync hands out every provider secret, so `serve` refuses to start without
 //! a sync token ([`sync_access`]) unless told the channel is trusted (`--insecure-trusted-sync`
 //! or `AI_ROUTER_INSECURE_TRUSTED_SYNC`), and then serves gRPC on loopback only. Admin needs
 //! its own token and is off without one, whatever the sync token.
@@ -29,16 +29,16 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::admin::{AdminApi, AdminGrpc};
+use crate::api::admin::{AdminApi, AdminGrpc};
+use crate::api::error::{ApiError, ErrorCode};
+use crate::api::sync::{SyncAccess, SyncService, INSECURE_TRUSTED_SYNC_ENV, SYNC_TOKEN_ENV};
+use crate::config::secrets::{Env, ProcessEnv, Secret};
 use crate::config::{self, Config, StoreSpec};
 use crate::engine::{Engine, MemoryStateStore, StateStore, SystemClock};
-use crate::error::{ApiError, ErrorCode};
-use crate::keystore::{self, KeyAdmin};
-use crate::secrets::{Env, ProcessEnv, Secret};
-use crate::state_store::SqliteStateStore;
-use crate::sync::{SyncAccess, SyncService, INSECURE_TRUSTED_SYNC_ENV, SYNC_TOKEN_ENV};
-use crate::usage::UsageRecorder;
-use crate::vkeys;
+use crate::keys::mounted;
+use crate::keys::store::{self, KeyAdmin};
+use crate::keys::usage::UsageRecorder;
+use crate::store::state::SqliteStateStore;
 
 /// How long in-flight work gets to finish at shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -171,9 +171,11 @@ pub fn open_state_store(spec: &StoreSpec) -> anyhow::Result<Arc<dyn StateStore>>
     })
 }
 
-/// The HTTP surface: `/health` and the admin API (see [`crate::admin`]).
+/// The HTTP surface: `/health` and the admin API (see [`crate::api::admin`]).
 pub fn http_router(admin: Arc<AdminApi>) -> Router {
-    crate::admin::routes().fallback(not_found).with_state(admin)
+    crate::api::admin::routes()
+        .fallback(not_found)
+        .with_state(admin)
 }
 
 async fn not_found() -> ApiError {
@@ -184,12 +186,12 @@ async fn not_found() -> ApiError {
 /// key operations with the snapshot's first virtual keys (mounted, then stored).
 pub async fn open_keys(
     config: &Config,
-    mounted: Vec<vkeys::VirtualKeyRecord>,
-) -> anyhow::Result<(Arc<KeyAdmin>, Vec<vkeys::VirtualKeyRecord>)> {
+    mounted: Vec<mounted::VirtualKeyRecord>,
+) -> anyhow::Result<(Arc<KeyAdmin>, Vec<mounted::VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
     let names = config.names.clone();
     tokio::task::spawn_blocking(move || {
-        let store = keystore::open(&spec).context("gateway.keyStore")?;
+        let store = store::open(&spec).context("gateway.keyStore")?;
         let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names));
         keys.check_collisions()?;
         let records = keys.snapshot_keys().context("gateway.keyStore")?;
@@ -215,14 +217,14 @@ pub async fn start(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let mounted = vkeys::mounted_keys(&config, env.as_ref())?;
+    let mounted = mounted::mounted_keys(&config, env.as_ref())?;
     let (keys, virtual_keys) = open_keys(&config, mounted).await?;
     if virtual_keys.is_empty() {
         tracing::warn!(
             "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys) or stored: every call will be refused"
         );
     }
-    let admin_token = crate::admin::admin_token(&config, env.as_ref());
+    let admin_token = crate::api::admin::admin_token(&config, env.as_ref());
     let spec = config.state_store.clone();
     let store = tokio::task::spawn_blocking(move || open_state_store(&spec)).await??;
     let durable = {
@@ -262,13 +264,13 @@ pub async fn start(
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
     engine.add_report_observer(recorder.clone());
     let usage_written = Arc::new(tokio::sync::Notify::new());
-    tasks.push(tokio::spawn(crate::usage::run_writer(
+    tasks.push(tokio::spawn(crate::keys::usage::run_writer(
         usage_rows,
         keys.store().clone(),
         usage_written.clone(),
         stop.clone(),
     )));
-    tasks.push(tokio::spawn(crate::admin::run_key_sync(
+    tasks.push(tokio::spawn(crate::api::admin::run_key_sync(
         engine.clone(),
         keys.clone(),
         usage_written,
@@ -276,9 +278,10 @@ pub async fn start(
     )));
     let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
-    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let metrics = Arc::new(crate::api::metrics::Metrics::default());
     engine.add_report_observer(metrics.clone());
-    let router = http_router(admin.clone()).merge(crate::metrics::routes(engine.clone(), metrics));
+    let router =
+        http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
     let http_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) = axum::serve(http, router)
@@ -293,7 +296,7 @@ pub async fn start(
     let grpc_stop = signal(stop.clone());
     tasks.push(tokio::spawn(async move {
         if let Err(err) =
-            crate::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
+            crate::api::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
         {
             tracing::error!(%err, "the gRPC server failed");
         }
@@ -375,7 +378,7 @@ pub async fn shutdown_signal() -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use crate::config::parse;
-    use crate::secrets::MapEnv;
+    use crate::config::secrets::MapEnv;
     use axum::body::Body;
     use axum::http::{Request, StatusCode};
     use http_body_util::BodyExt;

@@ -22,16 +22,16 @@ use rand::RngCore;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::admin::ADMIN_TOKEN_ENV;
+use crate::api::admin::ADMIN_TOKEN_ENV;
+use crate::api::sync::SYNC_TOKEN_ENV;
+use crate::config::secrets::{Env, MapEnv, ProcessEnv, Secret, SecretSource};
 use crate::config::{
     self, Config, FileConfig, KeyConfig, ModelConfig, PolicyConfig, ProviderConfig, ProviderKind,
 };
+use crate::keys::mounted::{self, STARCI_AI_KEY};
 use crate::mock::{self, MockOptions};
 use crate::render::{render_envoy, RenderOptions};
-use crate::secrets::{Env, MapEnv, ProcessEnv, Secret, SecretSource};
 use crate::serve::{self, join_host_port, StartOptions};
-use crate::sync::SYNC_TOKEN_ENV;
-use crate::vkeys::{self, STARCI_AI_KEY};
 
 /// Where Envoy finds the module when nothing says otherwise (the container layout).
 pub const DEFAULT_WASM_PATH: &str = "/etc/envoy/wasm/ai_router_filter.wasm";
@@ -165,7 +165,7 @@ fn ignored_virtual_keys(env: &dyn Env) -> Vec<String> {
     env.names()
         .into_iter()
         .filter(|name| name != STARCI_AI_KEY)
-        .filter(|name| env.var(name).is_some_and(|v| vkeys::is_virtual_key(&v)))
+        .filter(|name| env.var(name).is_some_and(|v| mounted::is_virtual_key(&v)))
         .collect()
 }
 
@@ -176,7 +176,7 @@ impl Env for WithoutVirtualKeys {
     fn var(&self, name: &str) -> Option<String> {
         self.0
             .var(name)
-            .filter(|v| name == STARCI_AI_KEY || !vkeys::is_virtual_key(v))
+            .filter(|v| name == STARCI_AI_KEY || !mounted::is_virtual_key(v))
     }
 
     fn names(&self) -> Vec<String> {
@@ -299,7 +299,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let process_env: Arc<dyn Env> = Arc::new(WithoutVirtualKeys(process_env));
     let mut overlay = MapEnv::default();
     // The app's key: STARCI_AI_KEY (or the file STARCI_AI_KEY_FILE names), else a fresh local
-    // one. Either way the control plane mounts it from the environment ([`vkeys::mounted_keys`]).
+    // one. Either way the control plane mounts it from the environment ([`mounted::mounted_keys`]).
     let app_key_source = SecretSource::EnvOrFileEnv {
         var: STARCI_AI_KEY.to_owned(),
         file_var: format!("{STARCI_AI_KEY}_FILE"),
@@ -307,7 +307,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let api_key = match app_key_source.resolve(process_env.as_ref()) {
         Some(key) => key,
         None => {
-            let key = vkeys::generate_secret("local");
+            let key = mounted::generate_secret("local");
             overlay.set(STARCI_AI_KEY, key.expose());
             key
         }
@@ -352,7 +352,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // The admin API on a port the README and `keys --url` can name: controlPlane.httpPort
     // (8081 by default; 0 picks one). gRPC stays internal to this run.
     let admin_port = config.control_plane.http_port;
-    let admin_enabled = crate::admin::admin_token(&config, env.as_ref()).is_some();
+    let admin_enabled = crate::api::admin::admin_token(&config, env.as_ref()).is_some();
     let running = serve::start(
         config.clone(),
         env,
@@ -632,7 +632,7 @@ mod tests {
     fn the_quick_start_exports_do_not_turn_the_pool_onto_itself(
     ) -> Result<(), Box<dyn std::error::Error>> {
         // What the README's "First requests" has the user export, then `up` again.
-        let app_key = vkeys::generate_secret("local");
+        let app_key = mounted::generate_secret("local");
         let exported = Arc::new(MapEnv::new([
             ("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1"),
             ("OPENAI_API_KEY", app_key.expose()),

@@ -25,10 +25,10 @@ use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
-use crate::breakers::BreakerScope;
+use crate::api::error::{ApiError, ErrorCode};
+use crate::config::secrets::{constant_time_eq, Secret};
+use crate::engine::breakers::BreakerScope;
 use crate::engine::Engine;
-use crate::error::{ApiError, ErrorCode};
-use crate::secrets::{constant_time_eq, Secret};
 
 /// The metadata entry carrying the sync token.
 pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
@@ -59,7 +59,7 @@ pub struct SyncService {
     /// Flips to `true` at shutdown so open `Watch` streams end and the server can drain.
     shutdown: watch::Receiver<bool>,
     /// When set, a `Report` is acknowledged only once its usage rows are stored.
-    usage: Option<Arc<crate::usage::UsageRecorder>>,
+    usage: Option<Arc<crate::keys::usage::UsageRecorder>>,
 }
 
 impl std::fmt::Debug for SyncService {
@@ -81,7 +81,7 @@ impl SyncService {
     }
 
     /// Acknowledges a `Report` only once `recorder` has stored its usage rows.
-    pub fn with_usage(mut self, recorder: Arc<crate::usage::UsageRecorder>) -> Self {
+    pub fn with_usage(mut self, recorder: Arc<crate::keys::usage::UsageRecorder>) -> Self {
         self.usage = Some(recorder);
         self
     }
@@ -209,7 +209,7 @@ pub async fn serve(
 pub async fn serve_with_admin(
     listener: TcpListener,
     service: SyncService,
-    admin: Option<ai_router_proto::v1::admin_server::AdminServer<crate::admin::AdminGrpc>>,
+    admin: Option<ai_router_proto::v1::admin_server::AdminServer<crate::api::admin::AdminGrpc>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener)
@@ -228,8 +228,8 @@ pub async fn serve_with_admin(
 mod tests {
     use super::*;
     use crate::config::parse;
+    use crate::config::secrets::MapEnv;
     use crate::engine::{DurableState, SystemClock};
-    use crate::secrets::MapEnv;
     use ai_router_proto::v1::sync_client::SyncClient;
     use futures::StreamExt;
     use std::path::Path;

@@ -18,6 +18,9 @@
 //! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is
 //! added): breakers are a health signal, not a ledger.
 
+pub mod breakers;
+pub mod budget;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -25,11 +28,11 @@ use std::time::Duration;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
-use crate::breakers::{self, Breaker, BreakerId, BreakerPhase, BreakerScope};
-use crate::budget::{self, Spend};
+use self::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use self::budget::Spend;
+use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
-use crate::secrets::{Env, Secret};
-use crate::vkeys::VirtualKeyRecord;
+use crate::keys::mounted::VirtualKeyRecord;
 
 /// How often secret references are resolved again.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -1008,7 +1011,7 @@ impl Engine {
 
 // ---------------------------------------------------------------------------------------------
 // Virtual keys from the key store, and report observers (usage accounting): see
-// `crate::keystore` and `crate::usage`.
+// `crate::keys::store` and `crate::keys::usage`.
 // ---------------------------------------------------------------------------------------------
 
 /// Sees every report batch [`Engine::apply_report`] receives (usage accounting). Must not
@@ -1393,7 +1396,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
 mod tests {
     use super::*;
     use crate::config::parse;
-    use crate::secrets::{fingerprint, MapEnv};
+    use crate::config::secrets::{fingerprint, MapEnv};
     use std::path::Path;
     use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -1832,7 +1835,7 @@ providers:
     }
 
     fn sqlite(path: &Path) -> Result<Arc<dyn StateStore>, String> {
-        crate::state_store::SqliteStateStore::open(path)
+        crate::store::state::SqliteStateStore::open(path)
             .map(|s| Arc::new(s) as Arc<dyn StateStore>)
             .map_err(|e| e.to_string())
     }

@@ -13,8 +13,8 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection};
 
-use crate::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
-use crate::budget::Spend;
+use crate::engine::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::engine::budget::Spend;
 use crate::engine::{
     Blacklist, BlacklistReason, DurableChanges, DurableState, LaneHeadroom, LeaseGrant, StateStore,
     StoreError,
@@ -45,7 +45,7 @@ impl SqliteStateStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(store_err)?;
         }
-        let conn = crate::sqlite::open(path).map_err(StoreError)?;
+        let conn = crate::store::sqlite::open(path).map_err(StoreError)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -333,9 +333,11 @@ mod tests {
         }
         let store = SqliteStateStore::open(&path)?;
         assert_eq!(store.load()?, state);
-        store
-            .conn()
-            .pragma_update(None, "user_version", crate::sqlite::SCHEMA_VERSION + 1)?;
+        store.conn().pragma_update(
+            None,
+            "user_version",
+            crate::store::sqlite::SCHEMA_VERSION + 1,
+        )?;
         drop(store);
         let refused = SqliteStateStore::open(&path).map(|_| ()).map_err(|e| e.0);
         assert!(

@@ -156,9 +156,9 @@ mod tests {
     fn key_store_and_state_store_share_one_file() {
         let dir = std::env::temp_dir().join(format!("ai-router-sqlite-{}", std::process::id()));
         let path = dir.join("shared.sqlite");
-        let keys = crate::keystore::SqliteKeyStore::open(&path).unwrap();
-        let state = crate::state_store::SqliteStateStore::open(&path).unwrap();
-        let again = crate::keystore::SqliteKeyStore::open(&path).unwrap();
+        let keys = crate::keys::store::SqliteKeyStore::open(&path).unwrap();
+        let state = crate::store::state::SqliteStateStore::open(&path).unwrap();
+        let again = crate::keys::store::SqliteKeyStore::open(&path).unwrap();
         drop((keys, state, again));
         let conn = open(&path).unwrap();
         let v: i64 = conn

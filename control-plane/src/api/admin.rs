@@ -27,7 +27,7 @@
 //!
 //! A write is pushed to the data plane before the call answers; keys written by another
 //! process sharing the SQLite store are picked up by [`run_key_sync`] within a second. The same
-//! task pushes the keys' quota blocks ([`crate::quotas`]) after each usage write, when the UTC
+//! task pushes the keys' quota blocks ([`crate::keys::quotas`]) after each usage write, when the UTC
 //! day rolls over, and every few seconds (usage another process wrote).
 
 use std::sync::Arc;
@@ -43,10 +43,12 @@ use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
 
+use crate::api::error::{ApiError, ErrorCode};
+use crate::config::secrets::{constant_time_eq, Env, Secret};
 use crate::engine::Engine;
-use crate::error::{ApiError, ErrorCode};
-use crate::keystore::{KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, QuotaPatch, UsageDay};
-use crate::secrets::{constant_time_eq, Env, Secret};
+use crate::keys::store::{
+    KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, QuotaPatch, UsageDay,
+};
 
 /// The env variable holding the admin token when `gateway.adminToken` does not name one.
 pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
@@ -170,7 +172,10 @@ impl AdminApi {
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("admin task failed: {e}")))?
     }
 
-    pub async fn create(&self, spec: KeySpec) -> Result<crate::keystore::KeyWithSecret, ApiError> {
+    pub async fn create(
+        &self,
+        spec: KeySpec,
+    ) -> Result<crate::keys::store::KeyWithSecret, ApiError> {
         self.run(true, move |k| k.create(spec)).await
     }
 
@@ -190,7 +195,7 @@ impl AdminApi {
         self.run(true, move |k| k.revoke(&id)).await
     }
 
-    pub async fn rotate(&self, id: String) -> Result<crate::keystore::KeyWithSecret, ApiError> {
+    pub async fn rotate(&self, id: String) -> Result<crate::keys::store::KeyWithSecret, ApiError> {
         self.run(true, move |k| k.rotate(&id)).await
     }
 
@@ -199,7 +204,7 @@ impl AdminApi {
         id: String,
         from: Option<String>,
         to: Option<String>,
-    ) -> Result<crate::keystore::UsageReport, ApiError> {
+    ) -> Result<crate::keys::store::UsageReport, ApiError> {
         self.run(false, move |k| k.usage(&id, from.as_deref(), to.as_deref()))
             .await
     }
@@ -296,7 +301,7 @@ pub async fn run_key_sync(
             _ = shutdown.wait_for(|stopped| *stopped) => break,
         };
         ticks += 1;
-        let today = crate::keystore::utc_day(keys.now_ms());
+        let today = crate::keys::store::utc_day(keys.now_ms());
         let recheck = written || today != day || ticks >= QUOTA_RECHECK_TICKS;
         if recheck {
             ticks = 0;
@@ -536,7 +541,7 @@ fn day_to_proto(d: UsageDay) -> pb::UsageDay {
     }
 }
 
-fn with_secret(k: crate::keystore::KeyWithSecret) -> pb::KeyWithSecret {
+fn with_secret(k: crate::keys::store::KeyWithSecret) -> pb::KeyWithSecret {
     pb::KeyWithSecret {
         key: Some(key_to_proto(k.key)),
         secret: k.secret,
@@ -664,10 +669,10 @@ impl pb::admin_server::Admin for AdminGrpc {
 mod tests {
     use super::*;
     use crate::config::parse;
+    use crate::config::secrets::MapEnv;
     use crate::engine::{DurableState, SystemClock};
-    use crate::keystore::MemoryKeyStore;
-    use crate::secrets::MapEnv;
-    use crate::vkeys::VirtualKeyRecord;
+    use crate::keys::mounted::VirtualKeyRecord;
+    use crate::keys::store::MemoryKeyStore;
     use axum::body::Body;
     use axum::http::Request as HttpRequest;
     use http_body_util::BodyExt;
@@ -684,9 +689,9 @@ mod tests {
         .map_err(|e| e.to_string())?;
         let names = config.names.clone();
         let mounted = VirtualKeyRecord {
-            id: crate::vkeys::mounted_id("app"),
+            id: crate::keys::mounted::mounted_id("app"),
             label: "app".into(),
-            sha256: crate::secrets::sha256_hex("sk-starci-app-mounted"),
+            sha256: crate::config::secrets::sha256_hex("sk-starci-app-mounted"),
             hint: "nted".into(),
             profiles: vec!["*".into()],
             models: vec!["*".into()],
@@ -784,7 +789,7 @@ mod tests {
         assert!(secret.starts_with("sk-starci-app_two-"));
         assert_eq!(created["key"]["quota"]["requestsPerMinute"], 5);
         // Pushed before the answer.
-        let hash = crate::secrets::sha256_hex(&secret);
+        let hash = crate::config::secrets::sha256_hex(&secret);
         let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
         assert!(snapshot.virtual_keys.iter().any(|k| k.sha256 == hash));
 
@@ -818,7 +823,7 @@ mod tests {
         .await?;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
-        let mounted = crate::vkeys::mounted_id("app");
+        let mounted = crate::keys::mounted::mounted_id("app");
         for (method, uri) in [
             ("POST", format!("/admin/keys/{mounted}/revoke")),
             ("POST", format!("/admin/keys/{mounted}/rotate")),
@@ -974,7 +979,7 @@ mod tests {
     async fn usage_ranges() -> Result<(), Box<dyn std::error::Error>> {
         let api = api(Some(TOKEN))?;
         let t = Some(TOKEN);
-        let mounted = crate::vkeys::mounted_id("app");
+        let mounted = crate::keys::mounted::mounted_id("app");
         let row = |day: &str| UsageDay {
             day: day.into(),
             requests: 2,
@@ -1032,13 +1037,13 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let sync = crate::sync::SyncService::new(
+        let sync = crate::api::sync::SyncService::new(
             api.engine.clone(),
-            crate::sync::SyncAccess::Token(Secret::new("sync-tok")),
+            crate::api::sync::SyncAccess::Token(Secret::new("sync-tok")),
             stop_rx.clone(),
         );
         let mut stop = stop_rx.clone();
-        let server = tokio::spawn(crate::sync::serve_with_admin(
+        let server = tokio::spawn(crate::api::sync::serve_with_admin(
             listener,
             sync,
             Some(AdminGrpc::new(api.clone()).into_server()),
@@ -1089,7 +1094,7 @@ mod tests {
         assert!(!updated.enabled);
         let mounted = client
             .revoke_key(authed(pb::KeyRef {
-                id: crate::vkeys::mounted_id("app"),
+                id: crate::keys::mounted::mounted_id("app"),
             }))
             .await;
         assert_eq!(
@@ -1124,13 +1129,13 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let sync = crate::sync::SyncService::new(
+        let sync = crate::api::sync::SyncService::new(
             api.engine.clone(),
-            crate::sync::SyncAccess::Token(Secret::new("sync-tok")),
+            crate::api::sync::SyncAccess::Token(Secret::new("sync-tok")),
             stop_rx.clone(),
         );
         let mut stop = stop_rx.clone();
-        let server = tokio::spawn(crate::sync::serve_with_admin(
+        let server = tokio::spawn(crate::api::sync::serve_with_admin(
             listener,
             sync,
             Some(AdminGrpc::new(api.clone()).into_server()),
@@ -1143,7 +1148,7 @@ mod tests {
             if let Ok(value) = "sync-tok".parse() {
                 request
                     .metadata_mut()
-                    .insert(crate::sync::SYNC_TOKEN_METADATA, value);
+                    .insert(crate::api::sync::SYNC_TOKEN_METADATA, value);
             }
             if let Ok(value) = "Bearer sync-tok".parse() {
                 request.metadata_mut().insert("authorization", value);

@@ -11,13 +11,15 @@
 //!
 //! Secrets stay references ([`SecretSource`]); the engine resolves them.
 
+pub mod secrets;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::secrets::{split_key_list, Env, SecretSource};
+use crate::config::secrets::{split_key_list, Env, SecretSource};
 
 /// 4 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
@@ -1782,7 +1784,7 @@ fn cut_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::MapEnv;
+    use crate::config::secrets::MapEnv;
 
     fn resolve(text: &str, env: &MapEnv) -> Result<Config, String> {
         parse(text)
@@ -1797,7 +1799,7 @@ mod tests {
         }
     }
 
-    const POOL: &str = include_str!("../../examples/pool.yaml");
+    const POOL: &str = include_str!("../../../examples/pool.yaml");
 
     #[test]
     fn example_pool_with_openai_and_deepseek_keys() -> Result<(), String> {

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::config::Config;
 use crate::engine::{Clock, ReportObserver};
-use crate::keystore::{utc_day, KeyStore, UsageDay};
+use crate::keys::store::{utc_day, KeyStore, UsageDay};
 
 type Rows = Vec<(String, UsageDay)>;
 
@@ -229,8 +229,8 @@ async fn write(store: &Arc<dyn KeyStore>, pending: BTreeMap<(String, String), Us
 mod tests {
     use super::*;
     use crate::config::parse;
-    use crate::keystore::MemoryKeyStore;
-    use crate::secrets::MapEnv;
+    use crate::config::secrets::MapEnv;
+    use crate::keys::store::MemoryKeyStore;
     use std::path::Path;
 
     fn config() -> Result<Config, String> {

@@ -26,10 +26,10 @@ use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+use crate::config::secrets::{sha256_hex, Secret};
 use crate::config::{PoolNames, QuotaConfig};
 use crate::engine::Clock;
-use crate::secrets::{sha256_hex, Secret};
-use crate::vkeys::{self, VirtualKeyRecord};
+use crate::keys::mounted::{self, VirtualKeyRecord};
 
 /// The schema this binary writes.
 
@@ -284,7 +284,7 @@ impl SqliteKeyStore {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(storage)?;
         }
-        let conn = crate::sqlite::open(path).map_err(KeyStoreError::Storage)?;
+        let conn = crate::store::sqlite::open(path).map_err(KeyStoreError::Storage)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
@@ -808,7 +808,7 @@ fn check_quota(quota: &QuotaConfig) -> Result<(), KeyStoreError> {
 }
 
 fn hint_of(secret: &Secret) -> String {
-    vkeys::hint(secret.expose())
+    mounted::hint(secret.expose())
 }
 
 fn new_key_id() -> String {
@@ -882,7 +882,7 @@ impl KeyAdmin {
     /// A fresh secret whose hash and id collide with no mounted key.
     fn fresh(&self, label: &str) -> (Secret, String) {
         loop {
-            let secret = vkeys::generate_secret(label);
+            let secret = mounted::generate_secret(label);
             let hash = sha256_hex(secret.expose());
             if !self.mounted.iter().any(|k| k.sha256 == hash) {
                 return (secret, hash);
@@ -1058,16 +1058,16 @@ impl KeyAdmin {
             }
             keys.push(key.to_record());
         }
-        crate::quotas::with_blocks(self.store.as_ref(), &mut keys, self.clock.now_ms())?;
+        crate::keys::quotas::with_blocks(self.store.as_ref(), &mut keys, self.clock.now_ms())?;
         Ok(keys)
     }
 
     /// A mounted key whose secret or id a stored key also holds: the gateway refuses to start.
-    pub fn check_collisions(&self) -> Result<(), vkeys::MountedKeyError> {
+    pub fn check_collisions(&self) -> Result<(), mounted::MountedKeyError> {
         let stored = self
             .store
             .list()
-            .map_err(|e| vkeys::MountedKeyError::Collision {
+            .map_err(|e| mounted::MountedKeyError::Collision {
                 label: "-".to_owned(),
                 id: "-".to_owned(),
                 reason: e.to_string(),
@@ -1082,7 +1082,7 @@ impl KeyAdmin {
                 } else {
                     "secret"
                 };
-                return Err(vkeys::MountedKeyError::Collision {
+                return Err(mounted::MountedKeyError::Collision {
                     label: mounted.label.clone(),
                     id: mounted.id.clone(),
                     reason: format!("the stored key {} holds the same {what}", other.id),
@@ -1124,7 +1124,7 @@ mod tests {
 
     fn mounted_record() -> VirtualKeyRecord {
         VirtualKeyRecord {
-            id: vkeys::mounted_id("app"),
+            id: mounted::mounted_id("app"),
             label: "app".into(),
             sha256: sha256_hex("sk-starci-app-x"),
             hint: "pp-x".into(),
@@ -1154,7 +1154,7 @@ mod tests {
         })?;
         assert!(created.secret.starts_with("sk-starci-lesson_app-"));
         assert_eq!(created.secret.len(), "sk-starci-lesson_app-".len() + 48);
-        assert!(vkeys::check_secret("lesson_app", &created.secret).is_ok());
+        assert!(mounted::check_secret("lesson_app", &created.secret).is_ok());
         let id = created.key.id.clone();
         assert!(id.starts_with("key_") && id.len() == 20, "{id}");
         assert_eq!(created.key.hint, created.secret[created.secret.len() - 4..]);
@@ -1211,7 +1211,7 @@ mod tests {
         assert_eq!(after.models, ["m1"]);
 
         // Mounted keys are read-only.
-        let mounted = vkeys::mounted_id("app");
+        let mounted = mounted::mounted_id("app");
         assert!(admin.get(&mounted)?.mounted);
         assert_eq!(
             admin.revoke(&mounted),
@@ -1315,8 +1315,11 @@ mod tests {
         assert!(one.get(&created.key.id)?.is_some());
         assert_eq!(one.list()?.len(), 2);
         // A newer schema is refused.
-        one.conn()
-            .pragma_update(None, "user_version", crate::sqlite::SCHEMA_VERSION + 1)?;
+        one.conn().pragma_update(
+            None,
+            "user_version",
+            crate::store::sqlite::SCHEMA_VERSION + 1,
+        )?;
         drop(one);
         let refused = SqliteKeyStore::open(&path).map(|_| ());
         assert!(

@@ -1,6 +1,6 @@
 //! Virtual keys: the `sk-starci-<label>-<secret>` keys apps call the gateway with.
 //!
-//! Mounted keys are built here (stored keys live in [`crate::keystore`]): `mountedKeys` in the
+//! Mounted keys are built here (stored keys live in [`crate::keys::store`]): `mountedKeys` in the
 //! config, and `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every
 //! profile and model, unless a `mountedKeys` entry already mounts that secret.
 //! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
@@ -12,9 +12,9 @@ use std::collections::BTreeSet;
 use ai_router_proto::v1 as pb;
 use rand::RngCore;
 
+use crate::config::secrets::{sha256_hex, Env, Secret, SecretSource};
 use crate::config::{Config, MountedKey, QuotaConfig};
-use crate::quotas::QuotaBlock;
-use crate::secrets::{sha256_hex, Env, Secret, SecretSource};
+use crate::keys::quotas::QuotaBlock;
 
 /// The env variable that mounts the app's key when the config mounts none.
 pub const STARCI_AI_KEY: &str = "STARCI_AI_KEY";
@@ -36,7 +36,7 @@ pub struct VirtualKeyRecord {
     pub enabled: bool,
     pub quota: Option<QuotaConfig>,
     pub mounted: bool,
-    /// A quota spent according to usage ([`crate::quotas`]).
+    /// A quota spent according to usage ([`crate::keys::quotas`]).
     pub quota_block: Option<QuotaBlock>,
 }
 
@@ -248,7 +248,7 @@ fn starci_ai_key(env: &dyn Env) -> Result<Option<VirtualKeyRecord>, MountedKeyEr
 mod tests {
     use super::*;
     use crate::config::parse;
-    use crate::secrets::MapEnv;
+    use crate::config::secrets::MapEnv;
     use std::path::Path;
 
     const GOOD: &str = "sk-starci-app-0123456789abcdef0123456789abcdef0123456789abcdef";

@@ -9,13 +9,13 @@
 //!   `VirtualKey.quota_code` / `quota_until_ms`.
 //!
 //! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync
-//! ([`crate::admin::run_key_sync`]) recomputes them after every usage write and when the UTC day
+//! ([`crate::api::admin::run_key_sync`]) recomputes them after every usage write and when the UTC day
 //! rolls over, and the engine publishes a new snapshot when a block appears or ends.
 
-use crate::budget::{next_day_ms, next_month_ms};
 use crate::config::QuotaConfig;
-use crate::keystore::{utc_day, KeyStore, KeyStoreError, UsageDay};
-use crate::vkeys::VirtualKeyRecord;
+use crate::engine::budget::{next_day_ms, next_month_ms};
+use crate::keys::mounted::VirtualKeyRecord;
+use crate::keys::store::{utc_day, KeyStore, KeyStoreError, UsageDay};
 
 pub const TOKENS_PER_DAY_EXCEEDED: &str = "tokens_per_day_exceeded";
 pub const COST_PER_DAY_EXCEEDED: &str = "cost_per_day_exceeded";
@@ -105,7 +105,7 @@ pub fn with_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keystore::MemoryKeyStore;
+    use crate::keys::store::MemoryKeyStore;
 
     // 2026-03-15T12:00:00Z
     const AT: i64 = 1_773_576_000_000;

@@ -1,0 +1,7 @@
+//! What listens: the Sync service Envoy watches, the admin API over HTTP and gRPC, Prometheus
+//! metrics, and the one error table they answer with.
+
+pub mod admin;
+pub mod error;
+pub mod metrics;
+pub mod sync;

@@ -9,14 +9,14 @@
 //! - `store/`: the durable state store (memory, SQLite) and the SQLite schema both stores share;
 //! - `api/`: what listens: the Sync service Envoy watches, the admin API (HTTP and gRPC),
 //!   Prometheus metrics and the one error table behind them;
-//! - `serve`, `up`, `keys_cli`: the commands that assemble them; `render`: the Envoy
+//! - `cli/`: one file per command; `serve` and `up` assemble the servers; `render`: the Envoy
 //!   bootstrap; `mock`: the scriptable fake provider.
 
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod keys;
-pub mod keys_cli;
 pub mod mock;
 pub mod render;
 pub mod serve;

@@ -1,6 +1,14 @@
 //! Classification of a provider's answer: what failed, whether another lane should be tried,
 //! and what it means for the key (cooldown, blacklist) — per provider kind, from the status and
 //! the error body.
+//!
+//! The provider's structured fields decide first (`error.code`, `error.type`, Google's
+//! `error.status` and `details[]`: QuotaFailure `quotaId`, ErrorInfo `reason`, RetryInfo), then
+//! the status, and the message text last (without its URLs). The window comes from
+//! `retry-after-ms` / `retry-after`, RetryInfo, `X-RateLimit-Reset`, a moment or a wait the
+//! message names, or the provider's calendar (Gemini's days end at midnight Pacific time), and
+//! is capped ([`MAX_RATE_LIMIT_COOLDOWN_MS`], [`MAX_QUOTA_HOLD_MS`]). Every real error answer in
+//! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
 
 use serde_json::Value;
 
@@ -1042,6 +1050,8 @@ pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
         .map(|d| now_ms + d)
         .chain(moments.iter().flatten().copied())
         .min()
+        // A lane out of headroom waits for its reset, but no longer than a rate limit's cap.
+        .map(|at| at.min(now_ms.saturating_add(MAX_RATE_LIMIT_COOLDOWN_MS)))
         .unwrap_or(0);
     (requests, tokens, reset)
 }
@@ -1066,6 +1076,14 @@ mod headroom_tests {
         ]);
         assert_eq!(headroom(&headers, 1000), (0, 1500, 1020));
         assert_eq!(headroom(&[], 1000), (-1, -1, 0));
+        let far = h(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "72h"),
+        ]);
+        assert_eq!(
+            headroom(&far, 1000),
+            (0, -1, 1000 + MAX_RATE_LIMIT_COOLDOWN_MS)
+        );
         assert_eq!(parse_reset_duration("1h2m3.5s"), Some(3_723_500));
         assert_eq!(parse_reset_duration("2"), Some(2000));
         assert_eq!(parse_reset_duration("bogus"), None);
@@ -1073,7 +1091,10 @@ mod headroom_tests {
             ("anthropic-ratelimit-requests-remaining", "0"),
             ("anthropic-ratelimit-requests-reset", "2026-12-01T00:00:12Z"),
         ]);
-        assert_eq!(headroom(&anthropic, 0), (0, -1, 1_796_083_212_000));
+        assert_eq!(
+            headroom(&anthropic, 1_796_083_200_000),
+            (0, -1, 1_796_083_212_000)
+        );
         assert_eq!(
             parse_rfc3339("2026-12-01T00:00:12.5Z"),
             Some(1_796_083_212_500)

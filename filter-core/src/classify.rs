@@ -1,6 +1,14 @@
 //! Classification of a provider's answer: what failed, whether another lane should be tried,
 //! and what it means for the key (cooldown, blacklist) — per provider kind, from the status and
 //! the error body.
+//!
+//! The provider's structured fields decide first (`error.code`, `error.type`, Google's
+//! `error.status` and `details[]`: QuotaFailure `quotaId`, ErrorInfo `reason`, RetryInfo), then
+//! the status, and the message text last (without its URLs). The window comes from
+//! `retry-after-ms` / `retry-after`, RetryInfo, `X-RateLimit-Reset`, a moment or a wait the
+//! message names, or the provider's calendar (Gemini's days end at midnight Pacific time), and
+//! is capped ([`MAX_RATE_LIMIT_COOLDOWN_MS`], [`MAX_QUOTA_HOLD_MS`]). Every real error answer in
+//! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
 
 use serde_json::Value;
 
@@ -83,6 +91,49 @@ pub struct Failure {
     pub status: u16,
 }
 
+/// The longest a provider's window may cool a lane down (a rate limit, a retry-after on a
+/// transient failure): a retry-after of days must not park a lane for good.
+pub const MAX_RATE_LIMIT_COOLDOWN_MS: i64 = 3_600_000;
+/// The longest a provider's window may blacklist a key for a spent quota (a monthly cap named
+/// further out is checked again after a week).
+pub const MAX_QUOTA_HOLD_MS: i64 = 7 * 86_400_000;
+
+/// What a failure holds, as the attempt stage applies it: the lane (the key and model cool
+/// down), the key (blacklisted), or nothing (a transient failure only feeds the breakers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Lane,
+    Key,
+    Nothing,
+}
+
+impl Hold {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hold::Lane => "lane",
+            Hold::Key => "key",
+            Hold::Nothing => "none",
+        }
+    }
+}
+
+impl Failure {
+    /// What this failure holds: a rate limit cools the lane, a spent quota or a refused secret
+    /// blacklists the key, a transient failure with a retry-after also cools the lane.
+    pub fn hold(&self) -> Hold {
+        match self.class {
+            Class::RateLimit => Hold::Lane,
+            Class::Quota | Class::Auth => Hold::Key,
+            Class::Transient | Class::Network | Class::Timeout | Class::Stream
+                if self.retry_at_ms.is_some() =>
+            {
+                Hold::Lane
+            }
+            _ => Hold::Nothing,
+        }
+    }
+}
+
 /// `retry-after-ms`, else `retry-after` (seconds or an HTTP date is not parsed: seconds only),
 /// else the OpenAI-style reset headers are left to headroom logic.
 pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
@@ -105,17 +156,40 @@ pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
     None
 }
 
-/// The error object's code, type and message, across the shapes providers use:
-/// `{"error":{...}}`, `{"error":"text"}`, `[{"error":{...}}]` (Gemini), `{"type":"error",
-/// "error":{...}}` (Anthropic), `{"code":"...","message":"..."}` (DashScope).
-fn error_fields(body: &Value) -> (Option<String>, Option<String>, String) {
+/// What a provider's error object says, across the shapes providers use: `{"error":{...}}`,
+/// `{"error":"text"}`, `[{"error":{...}}]` (Gemini), `{"type":"error","error":{...}}`
+/// (Anthropic), `{"code":"...","message":"..."}` (DashScope).
+#[derive(Debug, Default)]
+struct ErrorFields {
+    /// `error.code`.
+    code: Option<String>,
+    /// `error.type`, else Google's `error.status`.
+    kind: Option<String>,
+    message: String,
+    /// Google's QuotaFailure violations' `quotaId`s (`GenerateRequestsPerDay...`).
+    quota_ids: Vec<String>,
+    /// Google's ErrorInfo `reason`s (`API_KEY_INVALID`).
+    reasons: Vec<String>,
+    /// Google's RetryInfo `retryDelay`, in ms.
+    retry_delay_ms: Option<i64>,
+    /// `X-RateLimit-Reset` among the headers the error carries (OpenRouter's
+    /// `error.metadata.headers`).
+    reset: Option<String>,
+}
+
+fn error_fields(body: &Value) -> ErrorFields {
     let body = match body {
         Value::Array(items) => items.first().unwrap_or(&Value::Null),
         other => other,
     };
     let obj = match body.get("error") {
         Some(e @ Value::Object(_)) => e,
-        Some(Value::String(s)) => return (None, None, s.clone()),
+        Some(Value::String(s)) => {
+            return ErrorFields {
+                message: s.clone(),
+                ..ErrorFields::default()
+            }
+        }
         _ => body,
     };
     let text = |v: Option<&Value>| match v {
@@ -123,14 +197,58 @@ fn error_fields(body: &Value) -> (Option<String>, Option<String>, String) {
         Some(Value::Number(n)) => Some(n.to_string()),
         _ => None,
     };
-    let code = text(obj.get("code"));
-    let kind = text(obj.get("type")).or_else(|| text(obj.get("status")));
-    let message = text(obj.get("message")).unwrap_or_default();
-    (code, kind, message)
+    let mut fields = ErrorFields {
+        code: text(obj.get("code")),
+        kind: text(obj.get("type")).or_else(|| text(obj.get("status"))),
+        message: text(obj.get("message")).unwrap_or_default(),
+        ..ErrorFields::default()
+    };
+    for detail in obj
+        .get("details")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let kind = detail.get("@type").and_then(Value::as_str).unwrap_or("");
+        if kind.ends_with("google.rpc.QuotaFailure") {
+            let violations = detail.get("violations").and_then(Value::as_array);
+            fields.quota_ids.extend(
+                violations
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| text(v.get("quotaId"))),
+            );
+        } else if kind.ends_with("google.rpc.RetryInfo") {
+            fields.retry_delay_ms = text(detail.get("retryDelay"))
+                .and_then(|d| parse_reset_duration(&d))
+                .or(fields.retry_delay_ms);
+        }
+        // ErrorInfo, and the bare `{"reason": ...}` some answers carry.
+        if let Some(reason) = text(detail.get("reason")) {
+            fields.reasons.push(reason);
+        }
+    }
+    if let Some(Value::Object(headers)) = obj.get("metadata").and_then(|m| m.get("headers")) {
+        fields.reset = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("x-ratelimit-reset"))
+            .and_then(|(_, v)| text(Some(v)));
+    }
+    fields
 }
 
 fn contains_any(haystack: &str, needles: &[&str]) -> bool {
     needles.iter().any(|n| haystack.contains(n))
+}
+
+/// The message without its URLs: a link to a billing page does not make a rate limit a quota.
+fn words_without_urls(message: &str) -> String {
+    message
+        .split_whitespace()
+        .filter(|w| !w.contains("://"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_ascii_lowercase()
 }
 
 const QUOTA_CODES: &[&str] = &[
@@ -143,6 +261,8 @@ const QUOTA_CODES: &[&str] = &[
     "payment_required",
     "quota_exceeded",
     "credit_balance_too_low",
+    // DashScope's "use free tier only" mode with the free tier spent: lifted in the console.
+    "allocationquota.freetieronly",
 ];
 const QUOTA_TEXT: &[&str] = &[
     "exceeded your current quota",
@@ -160,6 +280,9 @@ const QUOTA_TEXT: &[&str] = &[
     "daily limit",
     "api usage limits",
     "usage limit",
+    // OpenRouter's per-key credit limit, which its owner raises or which resets.
+    "key limit exceeded",
+    "free tier of the model has been exhausted",
 ];
 /// Refusals of the key itself that some providers send with a 400.
 const AUTH_TEXT: &[&str] = &[
@@ -179,13 +302,20 @@ const AUTH_CODES: &[&str] = &[
     "invalid_authentication",
     "api_key_invalid",
     "accessdenied",
+    // Groq: the organization behind the key is restricted; every call with it fails.
+    "organization_restricted",
 ];
 const RATE_CODES: &[&str] = &[
     "rate_limit_exceeded",
     "rate_limit_error",
     "throttling",
     "rate_limited",
+    "limit_requests",
+    "throttling.ratequota",
+    "throttling.allocationquota",
 ];
+/// A rate-limit code over a per-day budget (Groq's and OpenAI's TPD/RPD) is a spent quota.
+const PER_DAY_TEXT: &[&str] = &["(tpd)", "(rpd)", "per day"];
 const OVERLOAD_CODES: &[&str] = &[
     "overloaded_error",
     "server_error",
@@ -193,33 +323,87 @@ const OVERLOAD_CODES: &[&str] = &[
     "internal",
 ];
 
-/// Classifies a provider's non-success answer (or a 2xx answer carrying an error object).
-pub fn classify(
+/// The period of a Google quota that ran out, from its QuotaFailure `quotaId`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum QuotaPeriod {
+    Minute,
+    Day,
+}
+
+fn quota_period(quota_ids: &[String]) -> Option<QuotaPeriod> {
+    // A spent day outlasts a spent minute.
+    if quota_ids.iter().any(|id| id.contains("PerDay")) {
+        Some(QuotaPeriod::Day)
+    } else if quota_ids.iter().any(|id| id.contains("PerMinute")) {
+        Some(QuotaPeriod::Minute)
+    } else {
+        None
+    }
+}
+
+/// The verdict of the provider's structured fields (code, type, status, details), when they
+/// give one. 5xx answers are transient whatever they carry.
+fn class_from_fields(status: u16, fields: &ErrorFields, tokens: &[String; 2]) -> Option<Class> {
+    let has_code = |set: &[&str]| {
+        tokens
+            .iter()
+            .any(|t| !t.is_empty() && set.contains(&t.as_str()))
+    };
+    if (500..=599).contains(&status) {
+        return None;
+    }
+    if status == 413 {
+        // The request is too big (Groq also says so over a per-minute token limit): no other key
+        // of the same tier would take it.
+        return Some(Class::InvalidRequest);
+    }
+    match quota_period(&fields.quota_ids) {
+        Some(QuotaPeriod::Day) => return Some(Class::Quota),
+        Some(QuotaPeriod::Minute) => return Some(Class::RateLimit),
+        None => {}
+    }
+    if fields
+        .reasons
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case("api_key_invalid"))
+    {
+        return Some(Class::Auth);
+    }
+    if has_code(QUOTA_CODES) {
+        return Some(Class::Quota);
+    }
+    if has_code(RATE_CODES) {
+        let message = fields.message.to_ascii_lowercase();
+        return Some(if contains_any(&message, PER_DAY_TEXT) {
+            Class::Quota
+        } else {
+            Class::RateLimit
+        });
+    }
+    if has_code(AUTH_CODES) {
+        return Some(Class::Auth);
+    }
+    None
+}
+
+/// The verdict of the status and, last, the message text.
+fn class_from_status_and_text(
     kind: &str,
     status: u16,
-    headers: &[(String, String)],
-    body: &[u8],
-    now_ms: i64,
-) -> Failure {
-    let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let (code, kind_field, message) = error_fields(&parsed);
-    let lower = |s: &Option<String>| s.as_deref().unwrap_or("").to_ascii_lowercase();
-    let code_l = lower(&code);
-    let type_l = lower(&kind_field);
-    let msg_l = message.to_ascii_lowercase();
-    let tokens = [code_l.as_str(), type_l.as_str()];
-    let has_code = |set: &[&str]| tokens.iter().any(|t| !t.is_empty() && set.contains(t));
-
-    let quota = has_code(QUOTA_CODES) || contains_any(&msg_l, QUOTA_TEXT);
-    let raw_l = String::from_utf8_lossy(body).to_ascii_lowercase();
-    let auth = has_code(AUTH_CODES)
-        || contains_any(&msg_l, AUTH_TEXT)
-        || raw_l.contains("api_key_invalid");
-    let rate = has_code(RATE_CODES);
-    // Gemini says RESOURCE_EXHAUSTED for both rate limits and spent quotas; the message tells.
-    let gemini_exhausted = type_l == "resource_exhausted";
-
-    let class = match status {
+    fields: &ErrorFields,
+    tokens: &[String; 2],
+) -> Class {
+    let has_code = |set: &[&str]| {
+        tokens
+            .iter()
+            .any(|t| !t.is_empty() && set.contains(&t.as_str()))
+    };
+    let text = words_without_urls(&fields.message);
+    let quota = contains_any(&text, QUOTA_TEXT);
+    let auth = contains_any(&text, AUTH_TEXT);
+    match status {
+        // OpenRouter: a request for more tokens than the credit covers is about the request.
+        402 if text.contains("max_tokens") => Class::InvalidRequest,
         402 => Class::Quota,
         401 | 403 => {
             if quota && kind != "openai" {
@@ -229,7 +413,15 @@ pub fn classify(
             }
         }
         429 => {
-            if quota || (gemini_exhausted && msg_l.contains("quota") && msg_l.contains("per day")) {
+            // Gemini says RESOURCE_EXHAUSTED for rate limits and spent days alike; without a
+            // QuotaFailure only the message tells.
+            if tokens[1] == "resource_exhausted" {
+                if contains_any(&text, PER_DAY_TEXT) {
+                    Class::Quota
+                } else {
+                    Class::RateLimit
+                }
+            } else if quota {
                 Class::Quota
             } else {
                 Class::RateLimit
@@ -242,8 +434,6 @@ pub fn classify(
                 Class::Quota
             } else if auth {
                 Class::Auth
-            } else if rate {
-                Class::RateLimit
             } else {
                 Class::InvalidRequest
             }
@@ -254,27 +444,113 @@ pub fn classify(
                 Class::Quota
             } else if auth {
                 Class::Auth
-            } else if rate {
-                Class::RateLimit
             } else if has_code(OVERLOAD_CODES) {
                 Class::Transient
             } else {
                 Class::Stream
             }
         }
-    };
-    let window_end = if class == Class::Quota {
-        regain_access_at(&message)
-    } else {
-        None
-    };
+    }
+}
+
+/// Classifies a provider's non-success answer (or a 2xx answer carrying an error object): the
+/// provider's structured fields first, then the status, then the message text.
+pub fn classify(
+    kind: &str,
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+    now_ms: i64,
+) -> Failure {
+    let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let fields = error_fields(&parsed);
+    let lower = |s: &Option<String>| s.as_deref().unwrap_or("").to_ascii_lowercase();
+    let tokens = [lower(&fields.code), lower(&fields.kind)];
+    let class = class_from_fields(status, &fields, &tokens)
+        .unwrap_or_else(|| class_from_status_and_text(kind, status, &fields, &tokens));
+    let retry_at_ms = window(kind, class, headers, &fields, now_ms);
     Failure {
         class,
-        retry_at_ms: retry_at(headers, now_ms).or(window_end),
-        provider_code: code.or(kind_field),
-        message,
+        retry_at_ms,
+        provider_code: fields.code.or(fields.kind),
+        message: fields.message,
         status,
     }
+}
+
+/// When the provider says the failure ends, capped by the class: a lane cools down at most
+/// [`MAX_RATE_LIMIT_COOLDOWN_MS`], a key's spent quota holds it at most [`MAX_QUOTA_HOLD_MS`].
+fn window(
+    kind: &str,
+    class: Class,
+    headers: &[(String, String)],
+    fields: &ErrorFields,
+    now_ms: i64,
+) -> Option<i64> {
+    let from_headers = retry_at(headers, now_ms);
+    let reset = || {
+        fields
+            .reset
+            .clone()
+            .or_else(|| header(headers, "x-ratelimit-reset"))
+            .and_then(|v| reset_moment(&v, now_ms))
+    };
+    let try_again = || try_again_in(&fields.message).map(|ms| now_ms + ms);
+    let (at, cap) = match class {
+        Class::Quota => {
+            let text = fields.message.to_ascii_lowercase();
+            let daily = quota_period(&fields.quota_ids) == Some(QuotaPeriod::Day)
+                || (fields.quota_ids.is_empty() && contains_any(&text, PER_DAY_TEXT));
+            // Gemini's daily quotas reset at midnight Pacific time, whatever retryDelay says.
+            let at = if kind == "gemini" && daily {
+                Some(next_pacific_midnight_ms(now_ms))
+            } else {
+                from_headers
+                    .or_else(reset)
+                    .or_else(|| regain_access_at(&fields.message))
+                    .or_else(try_again)
+            };
+            (at, MAX_QUOTA_HOLD_MS)
+        }
+        Class::RateLimit => (
+            from_headers
+                .or(fields.retry_delay_ms.map(|ms| now_ms + ms))
+                .or_else(reset)
+                .or_else(try_again),
+            MAX_RATE_LIMIT_COOLDOWN_MS,
+        ),
+        _ => (from_headers, MAX_RATE_LIMIT_COOLDOWN_MS),
+    };
+    at.map(|at| at.clamp(now_ms, now_ms.saturating_add(cap)))
+}
+
+fn header(headers: &[(String, String)], name: &str) -> Option<String> {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+/// An `X-RateLimit-Reset` value: ms since the epoch (OpenRouter), seconds since the epoch, or
+/// seconds from now.
+fn reset_moment(value: &str, now_ms: i64) -> Option<i64> {
+    let n = value.trim().parse::<f64>().ok().filter(|n| *n >= 0.0)?;
+    Some(if n >= 1e11 {
+        n as i64
+    } else if n >= 1e9 {
+        (n * 1000.0) as i64
+    } else {
+        now_ms + (n * 1000.0).ceil() as i64
+    })
+}
+
+/// The wait a message names: "Please try again in 1.23s" (Groq, OpenAI), "in 31m2.4s", "in 120ms".
+fn try_again_in(message: &str) -> Option<i64> {
+    const NEEDLE: &str = "try again in ";
+    let lower = message.to_ascii_lowercase();
+    let rest = &lower[lower.find(NEEDLE)? + NEEDLE.len()..];
+    let token = rest.split_whitespace().next()?;
+    parse_reset_duration(token.trim_end_matches(['.', ',', ';']))
 }
 
 /// The end of a spent quota's window when the message names it, as Anthropic's spend cap does:
@@ -335,6 +611,58 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+const HOUR_MS: i64 = 3_600_000;
+const DAY_MS: i64 = 86_400_000;
+
+/// `(year, month, day)` of a count of days since 1970-01-01, after Howard Hinnant's
+/// `civil_from_days`.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// The day (days since 1970-01-01) of the `nth` Sunday of a month.
+fn nth_sunday(year: i64, month: i64, nth: i64) -> i64 {
+    let first = days_from_civil(year, month, 1);
+    // 1970-01-01 was a Thursday: (days + 4) mod 7 is 0 on a Sunday.
+    let weekday = (first + 4).rem_euclid(7);
+    first + (7 - weekday) % 7 + 7 * (nth - 1)
+}
+
+/// The days summer time begins and ends in America/Los_Angeles (the US rules since 2007: the
+/// second Sunday of March at 02:00 PST, the first Sunday of November at 02:00 PDT).
+fn pacific_dst_days(year: i64) -> (i64, i64) {
+    (nth_sunday(year, 3, 2), nth_sunday(year, 11, 1))
+}
+
+/// Whether Pacific time is on PDT at a moment (ms since the epoch).
+fn pacific_dst_at(ms: i64) -> bool {
+    let (year, _, _) = civil_from_days(ms.div_euclid(DAY_MS));
+    let (start, end) = pacific_dst_days(year);
+    // 02:00 PST is 10:00 UTC; 02:00 PDT is 09:00 UTC.
+    (start * DAY_MS + 10 * HOUR_MS..end * DAY_MS + 9 * HOUR_MS).contains(&ms)
+}
+
+/// The next midnight in America/Los_Angeles after `now_ms`, as ms since the epoch: when
+/// Gemini's daily quotas reset. DST-aware without a time-zone database (US rules above).
+pub fn next_pacific_midnight_ms(now_ms: i64) -> i64 {
+    let offset = |dst: bool| if dst { 7 * HOUR_MS } else { 8 * HOUR_MS };
+    let local_day = (now_ms - offset(pacific_dst_at(now_ms))).div_euclid(DAY_MS);
+    let next = local_day + 1;
+    let (year, _, _) = civil_from_days(next);
+    let (start, end) = pacific_dst_days(year);
+    // The clocks change at 02:00: midnight on the day PDT begins is still PST, midnight on the
+    // day it ends still PDT.
+    next * DAY_MS + offset(next > start && next <= end)
 }
 
 /// Classifies an error object received inside a stream (before or after the first token).
@@ -469,9 +797,20 @@ mod tests {
     #[test]
     fn second_shapes() {
         let spend_cap = r#"{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified API usage limits. You will regain access on 2026-12-01 at 00:00 UTC."}}"#;
-        let f = classify("anthropic", 400, &[], spend_cap.as_bytes(), 0);
+        // Two days before the named moment (2026-12-01T00:00Z).
+        let now = 1_796_083_200_000 - 2 * DAY_MS;
+        let f = classify("anthropic", 400, &[], spend_cap.as_bytes(), now);
         assert_eq!(f.class, Class::Quota);
         assert_eq!(f.retry_at_ms, Some(1_796_083_200_000));
+        // A month before it: held a week, then tried again.
+        let f = classify(
+            "anthropic",
+            400,
+            &[],
+            spend_cap.as_bytes(),
+            now - 28 * DAY_MS,
+        );
+        assert_eq!(f.retry_at_ms, Some(now - 28 * DAY_MS + MAX_QUOTA_HOLD_MS));
         let gemini = r#"[{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}]"#;
         assert_eq!(c("gemini", 400, gemini), Class::Auth);
         assert_eq!(days_from_civil(1970, 1, 1), 0);
@@ -517,6 +856,112 @@ mod tests {
             serde_json::from_str(r#"{"error":{"message":"slow down","code":429}}"#).unwrap();
         assert_eq!(
             classify_stream_error("openrouter", &e, 0).class,
+            Class::RateLimit
+        );
+    }
+
+    #[test]
+    fn pacific_midnight_follows_the_us_dst_rules() {
+        // (now, the next 00:00 America/Los_Angeles), worked out with Python's zoneinfo.
+        for (now, midnight) in [
+            (1_741_514_399_000, 1_741_590_000_000), // 2025-03-09 01:59:59 PST
+            (1_762_073_999_000, 1_762_156_800_000), // 2025-11-02 01:59:59 PDT
+            (1_762_074_000_000, 1_762_156_800_000), // 2025-11-02 01:00:00 PST
+            (1_899_367_200_000, 1_899_442_800_000), // 2030-03-10 03:00 PDT
+            (1_919_916_000_000, 1_919_919_600_000), // 2030-11-02 23:00 PDT
+            (1_709_193_599_000, 1_709_193_600_000), // 2024-02-28 23:59:59 PST
+            (1_709_193_600_000, 1_709_280_000_000), // 2024-02-29 00:00 PST
+        ] {
+            assert_eq!(next_pacific_midnight_ms(now), midnight, "{now}");
+        }
+        assert_eq!(
+            pacific_dst_days(2026),
+            (days_from_civil(2026, 3, 8), days_from_civil(2026, 11, 1))
+        );
+        assert_eq!(civil_from_days(days_from_civil(2028, 2, 29)), (2028, 2, 29));
+    }
+
+    #[test]
+    fn provider_windows_are_capped() {
+        let h = |name: &str, value: &str| vec![(name.to_string(), value.to_string())];
+        let now = 1_000_000;
+        // A rate limit asking for three days cools the lane an hour.
+        let f = classify(
+            "openai",
+            429,
+            &h("retry-after", "259200"),
+            br#"{"error":{"code":"rate_limit_exceeded","message":"slow down"}}"#,
+            now,
+        );
+        assert_eq!(f.class, Class::RateLimit);
+        assert_eq!(f.retry_at_ms, Some(now + MAX_RATE_LIMIT_COOLDOWN_MS));
+        // A retry-after on a transient failure too.
+        let f = classify("openai", 503, &h("retry-after-ms", "90000000"), b"", now);
+        assert_eq!(
+            (f.class, f.retry_at_ms),
+            (Class::Transient, Some(now + MAX_RATE_LIMIT_COOLDOWN_MS))
+        );
+        // A spent quota asking for a month holds the key a week.
+        let f = classify(
+            "openai",
+            429,
+            &h("retry-after", "2592000"),
+            br#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#,
+            now,
+        );
+        assert_eq!(f.class, Class::Quota);
+        assert_eq!(f.retry_at_ms, Some(now + MAX_QUOTA_HOLD_MS));
+        // Within the caps, the provider's window stands; a moment already past is now.
+        let f = classify("openai", 429, &h("retry-after", "30"), b"", now);
+        assert_eq!(f.retry_at_ms, Some(now + 30_000));
+        assert_eq!(
+            reset_moment("999", 1_700_000_000_000),
+            Some(1_700_000_999_000)
+        );
+        let past = classify(
+            "openrouter",
+            429,
+            &h("X-RateLimit-Reset", "1600000000000"),
+            b"",
+            now * 2_000_000,
+        );
+        assert_eq!(past.retry_at_ms, Some(now * 2_000_000));
+    }
+
+    #[test]
+    fn reset_moments_in_response_headers_and_messages() {
+        let free_daily = br#"{"error":{"message":"Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day","code":429}}"#;
+        let now = 1_796_000_000_000;
+        let f = classify(
+            "openrouter",
+            429,
+            &[("X-RateLimit-Reset".into(), "1796083200000".into())],
+            free_daily,
+            now,
+        );
+        assert_eq!(
+            (f.class, f.retry_at_ms),
+            (Class::Quota, Some(1_796_083_200_000))
+        );
+        // Seconds since the epoch are read as such.
+        assert_eq!(reset_moment("1796083200", now), Some(1_796_083_200_000));
+        assert_eq!(
+            try_again_in("Please try again in 31m2.4s. Need more tokens?"),
+            Some(1_862_400)
+        );
+        assert_eq!(try_again_in("Please try again in 120ms."), Some(120));
+        assert_eq!(try_again_in("try again later"), None);
+    }
+
+    #[test]
+    fn gemini_without_details_falls_back_to_the_message() {
+        let daily = br#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"You exceeded your current quota. Quota exceeded for metric generate_content_free_tier_requests, limit per day"}}]"#;
+        let now = 1_784_098_799_000; // 2026-07-14 23:59:59 PDT
+        let f = classify("gemini", 429, &[], daily, now);
+        assert_eq!((f.class, f.retry_at_ms), (Class::Quota, Some(now + 1000)));
+        let minute = br#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"You exceeded your current quota, please check your plan and billing details."}}]"#;
+        assert_eq!(
+            classify("gemini", 429, &[], minute, now).class,
             Class::RateLimit
         );
     }
@@ -610,6 +1055,8 @@ pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
         .map(|d| now_ms + d)
         .chain(moments.iter().flatten().copied())
         .min()
+        // A lane out of headroom waits for its reset, but no longer than a rate limit's cap.
+        .map(|at| at.min(now_ms.saturating_add(MAX_RATE_LIMIT_COOLDOWN_MS)))
         .unwrap_or(0);
     (requests, tokens, reset)
 }
@@ -634,6 +1081,14 @@ mod headroom_tests {
         ]);
         assert_eq!(headroom(&headers, 1000), (0, 1500, 1020));
         assert_eq!(headroom(&[], 1000), (-1, -1, 0));
+        let far = h(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "72h"),
+        ]);
+        assert_eq!(
+            headroom(&far, 1000),
+            (0, -1, 1000 + MAX_RATE_LIMIT_COOLDOWN_MS)
+        );
         assert_eq!(parse_reset_duration("1h2m3.5s"), Some(3_723_500));
         assert_eq!(parse_reset_duration("2"), Some(2000));
         assert_eq!(parse_reset_duration("bogus"), None);
@@ -641,7 +1096,10 @@ mod headroom_tests {
             ("anthropic-ratelimit-requests-remaining", "0"),
             ("anthropic-ratelimit-requests-reset", "2026-12-01T00:00:12Z"),
         ]);
-        assert_eq!(headroom(&anthropic, 0), (0, -1, 1_796_083_212_000));
+        assert_eq!(
+            headroom(&anthropic, 1_796_083_200_000),
+            (0, -1, 1_796_083_212_000)
+        );
         assert_eq!(
             parse_rfc3339("2026-12-01T00:00:12.5Z"),
             Some(1_796_083_212_500)

@@ -90,13 +90,16 @@
 //!
 //! # Provider errors
 //!
-//! [`provider_error`] (`providerError` in a script) holds each provider's real error answers.
+//! [`provider_error`] (`providerError` in a script) holds each provider's real error answers,
+//! read from `testdata/provider-errors/<kind>.yaml` (embedded in the binary; the same files
+//! state the classifier's expected verdict on each, checked by filter-core's table test).
 //! Every kind (`openai`, `anthropic`, `openrouter`, `qwen`, `deepseek`, `gemini`, `groq`,
 //! `openai-compatible`) has `rate_limited`, `quota_exhausted`, `invalid_key`, `overloaded` and
 //! `bad_request`; second shapes include `openai.billing_hard_limit`,
 //! `openai.tokens_rate_limited`, `anthropic.spend_cap`, `anthropic.billing_error`,
 //! `openrouter.free_daily`, `openrouter.key_limit`, `qwen.free_tier_exhausted`,
-//! `qwen.native_throttling`, `gemini.free_daily`, `groq.tokens_per_day`, `groq.flex_capacity`
+//! `qwen.native_throttling`, `gemini.free_daily`, `gemini.tokens_per_minute`,
+//! `groq.tokens_per_day`, `groq.requests_per_minute`, `groq.flex_capacity`
 //! ([`provider_error_names`] lists them all; `GET /_mock/errors` shows them).
 //!
 //! # Control API
@@ -200,6 +203,9 @@ async fn shutdown_signal() -> anyhow::Result<()> {
 
 /// In-process start: binds and serves in the background.
 pub async fn start(opts: MockOptions) -> anyhow::Result<MockHandle> {
+    // A table that does not load would make every `providerError` unknown: refuse to start.
+    errors::check_table()
+        .map_err(|error| anyhow::anyhow!("the embedded provider error table: {error}"))?;
     let script = match &opts.script {
         Some(path) => Script::from_file(path)?,
         None => Script::default(),

@@ -4,6 +4,8 @@
 
 use sha2::{Digest, Sha256};
 
+pub mod calendar;
+
 /// The gRPC metadata entry that carries the sync token on every `airouter.v1.Sync` call.
 pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
 /// The environment variable that holds the sync token (control plane and Envoy).

@@ -8,7 +8,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
-use crate::classify::{classify, Class, Failure};
+use crate::classify::{classify, Class, Failure, Hold};
 use crate::embeddings;
 use crate::errors::{upstream_invalid_request, GatewayError};
 use crate::headers;
@@ -467,49 +467,38 @@ impl Attempt {
     }
 
     /// Effects of a failure on this VM's view at once (the control plane's push follows).
+    /// Effects of a failure on this process's view at once (the control plane's push follows),
+    /// by the one hold rule ([`Failure::hold`]).
     fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) {
         let Some(lane) = &self.lane else { return };
         let resilience = State::resilience_or_defaults(host.state().as_deref());
-        match failure.class {
-            Class::RateLimit => {
+        match failure.hold() {
+            Hold::Lane => {
                 let until = failure
                     .retry_at_ms
                     .unwrap_or(now + resilience.rate_limit_cooldown_ms as i64);
                 host.hold_cooldown(&lane.id, until);
             }
-            Class::Quota => {
-                let until = failure
-                    .retry_at_ms
-                    .unwrap_or(now + resilience.quota_blacklist_ms as i64);
-                host.hold_blacklist(
-                    &lane.id.provider,
-                    &lane.id.key,
-                    Class::Quota,
-                    until,
-                    lane.fingerprint,
-                );
-            }
-            Class::Auth => {
-                let until = if resilience.auth_disable_ms > 0 {
-                    now + resilience.auth_disable_ms as i64
-                } else {
-                    0
+            Hold::Key => {
+                let until = match failure.class {
+                    Class::Auth if resilience.auth_disable_ms > 0 => {
+                        now + resilience.auth_disable_ms as i64
+                    }
+                    // Until the secret changes.
+                    Class::Auth => 0,
+                    _ => failure
+                        .retry_at_ms
+                        .unwrap_or(now + resilience.quota_blacklist_ms as i64),
                 };
                 host.hold_blacklist(
                     &lane.id.provider,
                     &lane.id.key,
-                    Class::Auth,
+                    failure.class,
                     until,
                     lane.fingerprint,
-                )
+                );
             }
-            Class::Transient | Class::Network | Class::Timeout | Class::Stream => {
-                // A retry-after on a transient failure also cools the lane.
-                if let Some(at) = failure.retry_at_ms {
-                    host.hold_cooldown(&lane.id, at);
-                }
-            }
-            _ => {}
+            Hold::Nothing => {}
         }
     }
 

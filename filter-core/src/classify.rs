@@ -10,6 +10,7 @@
 //! is capped ([`MAX_RATE_LIMIT_COOLDOWN_MS`], [`MAX_QUOTA_HOLD_MS`]). Every real error answer in
 //! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
 
+use ai_router_contract::calendar::{days_from_civil, next_pacific_midnight_ms};
 use serde_json::Value;
 
 /// Why an attempt failed.
@@ -566,7 +567,7 @@ fn regain_access_at(message: &str) -> Option<i64> {
         num(date.get(8..10)?)?,
     );
     let (hh, mm) = (num(time.get(..2)?)?, num(time.get(3..5)?)?);
-    Some((days_from_civil(y, m, d) * 86_400 + hh * 3_600 + mm * 60) * 1000)
+    Some((days_of(y, m, d)? * 86_400 + hh * 3_600 + mm * 60) * 1000)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.fff]Z` (UTC only) as ms since the epoch.
@@ -599,70 +600,13 @@ fn parse_rfc3339(v: &str) -> Option<i64> {
     if !(zone == "Z" || zone == "z" || zone == "+00:00") {
         return None;
     }
-    Some((days_from_civil(y, mo, d) * 86_400 + h * 3_600 + mi * 60 + sec) * 1000 + frac)
+    Some((days_of(y, mo, d)? * 86_400 + h * 3_600 + mi * 60 + sec) * 1000 + frac)
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-const HOUR_MS: i64 = 3_600_000;
-const DAY_MS: i64 = 86_400_000;
-
-/// `(year, month, day)` of a count of days since 1970-01-01, after Howard Hinnant's
-/// `civil_from_days`.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-/// The day (days since 1970-01-01) of the `nth` Sunday of a month.
-fn nth_sunday(year: i64, month: i64, nth: i64) -> i64 {
-    let first = days_from_civil(year, month, 1);
-    // 1970-01-01 was a Thursday: (days + 4) mod 7 is 0 on a Sunday.
-    let weekday = (first + 4).rem_euclid(7);
-    first + (7 - weekday) % 7 + 7 * (nth - 1)
-}
-
-/// The days summer time begins and ends in America/Los_Angeles (the US rules since 2007: the
-/// second Sunday of March at 02:00 PST, the first Sunday of November at 02:00 PDT).
-fn pacific_dst_days(year: i64) -> (i64, i64) {
-    (nth_sunday(year, 3, 2), nth_sunday(year, 11, 1))
-}
-
-/// Whether Pacific time is on PDT at a moment (ms since the epoch).
-fn pacific_dst_at(ms: i64) -> bool {
-    let (year, _, _) = civil_from_days(ms.div_euclid(DAY_MS));
-    let (start, end) = pacific_dst_days(year);
-    // 02:00 PST is 10:00 UTC; 02:00 PDT is 09:00 UTC.
-    (start * DAY_MS + 10 * HOUR_MS..end * DAY_MS + 9 * HOUR_MS).contains(&ms)
-}
-
-/// The next midnight in America/Los_Angeles after `now_ms`, as ms since the epoch: when
-/// Gemini's daily quotas reset. DST-aware without a time-zone database (US rules above).
-pub fn next_pacific_midnight_ms(now_ms: i64) -> i64 {
-    let offset = |dst: bool| if dst { 7 * HOUR_MS } else { 8 * HOUR_MS };
-    let local_day = (now_ms - offset(pacific_dst_at(now_ms))).div_euclid(DAY_MS);
-    let next = local_day + 1;
-    let (year, _, _) = civil_from_days(next);
-    let (start, end) = pacific_dst_days(year);
-    // The clocks change at 02:00: midnight on the day PDT begins is still PST, midnight on the
-    // day it ends still PDT.
-    next * DAY_MS + offset(next > start && next <= end)
+/// Days since 1970-01-01 of a date parsed from text; `None` for a month or day out of range.
+fn days_of(y: i64, m: i64, d: i64) -> Option<i64> {
+    let (m, d) = (u32::try_from(m).ok()?, u32::try_from(d).ok()?);
+    ((1..=12).contains(&m) && (1..=31).contains(&d)).then(|| days_from_civil(y, m, d))
 }
 
 /// Classifies an error object received inside a stream (before or after the first token).
@@ -798,7 +742,7 @@ mod tests {
     fn second_shapes() {
         let spend_cap = r#"{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified API usage limits. You will regain access on 2026-12-01 at 00:00 UTC."}}"#;
         // Two days before the named moment (2026-12-01T00:00Z).
-        let now = 1_796_083_200_000 - 2 * DAY_MS;
+        let now = 1_796_083_200_000 - 2 * ai_router_contract::calendar::DAY_MS;
         let f = classify("anthropic", 400, &[], spend_cap.as_bytes(), now);
         assert_eq!(f.class, Class::Quota);
         assert_eq!(f.retry_at_ms, Some(1_796_083_200_000));
@@ -808,13 +752,14 @@ mod tests {
             400,
             &[],
             spend_cap.as_bytes(),
-            now - 28 * DAY_MS,
+            now - 28 * ai_router_contract::calendar::DAY_MS,
         );
-        assert_eq!(f.retry_at_ms, Some(now - 28 * DAY_MS + MAX_QUOTA_HOLD_MS));
+        assert_eq!(
+            f.retry_at_ms,
+            Some(now - 28 * ai_router_contract::calendar::DAY_MS + MAX_QUOTA_HOLD_MS)
+        );
         let gemini = r#"[{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}]"#;
         assert_eq!(c("gemini", 400, gemini), Class::Auth);
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
     }
 
     #[test]
@@ -858,27 +803,6 @@ mod tests {
             classify_stream_error("openrouter", &e, 0).class,
             Class::RateLimit
         );
-    }
-
-    #[test]
-    fn pacific_midnight_follows_the_us_dst_rules() {
-        // (now, the next 00:00 America/Los_Angeles), worked out with Python's zoneinfo.
-        for (now, midnight) in [
-            (1_741_514_399_000, 1_741_590_000_000), // 2025-03-09 01:59:59 PST
-            (1_762_073_999_000, 1_762_156_800_000), // 2025-11-02 01:59:59 PDT
-            (1_762_074_000_000, 1_762_156_800_000), // 2025-11-02 01:00:00 PST
-            (1_899_367_200_000, 1_899_442_800_000), // 2030-03-10 03:00 PDT
-            (1_919_916_000_000, 1_919_919_600_000), // 2030-11-02 23:00 PDT
-            (1_709_193_599_000, 1_709_193_600_000), // 2024-02-28 23:59:59 PST
-            (1_709_193_600_000, 1_709_280_000_000), // 2024-02-29 00:00 PST
-        ] {
-            assert_eq!(next_pacific_midnight_ms(now), midnight, "{now}");
-        }
-        assert_eq!(
-            pacific_dst_days(2026),
-            (days_from_civil(2026, 3, 8), days_from_civil(2026, 11, 1))
-        );
-        assert_eq!(civil_from_days(days_from_civil(2028, 2, 29)), (2028, 2, 29));
     }
 
     #[test]

@@ -31,9 +31,9 @@ use crate::engine::breakers::BreakerScope;
 use crate::engine::Engine;
 
 /// The metadata entry carrying the sync token.
-pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
+pub const SYNC_TOKEN_METADATA: &str = ai_router_contract::SYNC_TOKEN_METADATA;
 /// The env variable holding the sync token (wins over `controlPlane.syncToken`).
-pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
+pub const SYNC_TOKEN_ENV: &str = ai_router_contract::SYNC_TOKEN_ENV;
 /// The env twin of `serve --insecure-trusted-sync`.
 pub const INSECURE_TRUSTED_SYNC_ENV: &str = "AI_ROUTER_INSECURE_TRUSTED_SYNC";
 

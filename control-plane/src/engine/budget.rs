@@ -6,7 +6,7 @@
 
 use crate::config::{BudgetConfig, ModelConfig};
 
-const DAY_MS: i64 = 86_400_000;
+use ai_router_contract::calendar::{self, civil_from_days, DAY_MS};
 
 /// A provider's spend in the current UTC day and month.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -37,38 +37,7 @@ pub fn next_day_ms(ms: i64) -> i64 {
 
 /// When the UTC month after the one holding `ms` starts.
 pub fn next_month_ms(ms: i64) -> i64 {
-    let next = month_of(ms) + 1;
-    let (year, month) = (next.div_euclid(12), next.rem_euclid(12) + 1);
-    days_from_civil(year, month, 1).saturating_mul(DAY_MS)
-}
-
-/// After Howard Hinnant's `civil_from_days`: days since 1970-01-01 to (year, month, day).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (
-        year,
-        u32::try_from(month).unwrap_or(1),
-        u32::try_from(day).unwrap_or(1),
-    )
-}
-
-/// After Howard Hinnant's `days_from_civil`.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    calendar::first_of_next_month_ms(ms)
 }
 
 /// The estimated cost of an attempt: usage times the model's price per million tokens (a model
@@ -155,6 +124,7 @@ impl Spend {
 mod tests {
     use super::*;
     use crate::config::CostConfig;
+    use ai_router_contract::calendar::days_from_civil;
 
     // 2024-01-31T12:00:00Z
     const JAN_31_NOON: i64 = 1_706_702_400_000;

@@ -497,37 +497,8 @@ pub fn open(spec: &crate::config::StoreSpec) -> Result<Arc<dyn KeyStore>, KeySto
 // Dates (UTC days as `YYYY-MM-DD`)
 // ---------------------------------------------------------------------------------------------
 
-/// Days since 1970-01-01 of a civil date (proleptic Gregorian).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let mp = if m > 2 { m - 3 } else { m + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The civil date of a day number.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
-    let m = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
-/// The UTC day of `ms` since the epoch.
-pub fn utc_day(ms: i64) -> String {
-    let (y, m, d) = civil_from_days(ms.div_euclid(86_400_000));
-    format!("{y:04}-{m:02}-{d:02}")
-}
+pub use ai_router_contract::calendar::utc_day;
+use ai_router_contract::calendar::{civil_from_days, days_from_civil};
 
 /// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_timestamp(ms: i64) -> String {

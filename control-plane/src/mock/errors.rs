@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ai_router_contract::calendar::{self, civil_from_days, days_from_civil};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
@@ -280,7 +281,7 @@ fn unix_now_secs() -> i64 {
 }
 
 fn next_utc_midnight_ms(now_secs: i64) -> i64 {
-    (now_secs.div_euclid(86_400) + 1) * 86_400_000
+    calendar::next_utc_midnight_ms(now_secs.saturating_mul(1000))
 }
 
 /// The year and month after the month holding `now_secs` (UTC).
@@ -291,31 +292,6 @@ fn next_month(now_secs: i64) -> (i64, u32) {
     } else {
         (year, month + 1)
     }
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let (month, day) = (i64::from(month), i64::from(day));
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year - era * 400;
-    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// Days since 1970-01-01 to (year, month, day), after Howard Hinnant's `civil_from_days`.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month as u32, day as u32)
 }
 
 #[cfg(test)]

@@ -1,0 +1,277 @@
+//! The client side: requests, replies, server-sent events.
+
+use super::*;
+
+/// A unary answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    /// The body parsed as JSON, `Null` if it is not JSON.
+    pub json: Value,
+    pub text: String,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+
+    /// The `error.code` of an OpenAI error object.
+    pub fn error_code(&self) -> Option<&str> {
+        self.json.pointer("/error/code").and_then(Value::as_str)
+    }
+
+    /// `choices[0].message.content`.
+    pub fn content(&self) -> Option<&str> {
+        self.json
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+    }
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "HTTP {}", self.status)?;
+        for (k, v) in &self.headers {
+            writeln!(f, "{k}: {}", v.to_str().unwrap_or("<binary>"))?;
+        }
+        write!(f, "\n{}", self.text)
+    }
+}
+
+/// A streamed answer: the `data:` payloads of its server-sent events, in order.
+#[derive(Debug, Clone)]
+pub struct StreamReply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    /// Each event's data (multi-line data joined with `\n`), `[DONE]` included.
+    pub events: Vec<String>,
+    /// The raw body as received.
+    pub body: String,
+    /// Set when the connection failed before the body ended.
+    pub transport_error: Option<String>,
+}
+
+impl StreamReply {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
+
+    /// The events that parse as JSON (everything but `[DONE]`).
+    pub fn json_events(&self) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter_map(|e| serde_json::from_str(e).ok())
+            .collect()
+    }
+
+    /// The chunks whose first choice's delta carries a role.
+    pub fn role_chunks(&self) -> usize {
+        self.json_events()
+            .iter()
+            .filter(|e| {
+                e.pointer("/choices/0/delta/role")
+                    .is_some_and(|r| !r.is_null())
+            })
+            .count()
+    }
+
+    /// Every `delta.content`, in order.
+    pub fn contents(&self) -> Vec<String> {
+        self.json_events()
+            .iter()
+            .filter_map(|e| {
+                e.pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+            })
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The concatenated content.
+    pub fn text(&self) -> String {
+        self.contents().concat()
+    }
+}
+
+impl fmt::Display for StreamReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "HTTP {}", self.status)?;
+        for (k, v) in &self.headers {
+            writeln!(f, "{k}: {}", v.to_str().unwrap_or("<binary>"))?;
+        }
+        write!(f, "\n{}", self.body)?;
+        if let Some(e) = &self.transport_error {
+            write!(f, "\n<transport error: {e}>")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses a server-sent-event body into its events' data. Events end at a blank line; lines
+/// may end in `\n`, `\r\n` or `\r`; `data:` lines of one event are joined with `\n`; comments
+/// and other fields are ignored. A final event without its blank line still counts.
+pub fn parse_sse(body: &str) -> Vec<String> {
+    let mut events = Vec::new();
+    let mut data: Option<String> = None;
+    let normalized = body.replace("\r\n", "\n").replace('\r', "\n");
+    for line in normalized.split('\n') {
+        if line.is_empty() {
+            if let Some(d) = data.take() {
+                events.push(d);
+            }
+            continue;
+        }
+        if line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = match line.split_once(':') {
+            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+            None => (line, ""),
+        };
+        if field == "data" {
+            match data.as_mut() {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            }
+        }
+    }
+    if let Some(d) = data {
+        events.push(d);
+    }
+    events
+}
+
+/// A chat request body with one user message.
+pub fn chat_body(model: &str, stream: bool) -> Value {
+    let mut body = json!({
+        "model": model,
+        "messages": [{ "role": "user", "content": "Say hello." }],
+    });
+    if stream {
+        body["stream"] = json!(true);
+    }
+    body
+}
+
+/// An HTTP client of the gateway.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// `base` is `http://host:port` (no `/v1`).
+    pub fn new(base: &str) -> Result<Self> {
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            http: http_client()?,
+        })
+    }
+
+    /// Any request; `body` is sent as is (so invalid JSON can be sent).
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<String>,
+    ) -> Result<Reply> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method.clone(), &url);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp
+            .text()
+            .await
+            .with_context(|| format!("reading the body of {method} {url}"))?;
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Reply {
+            status,
+            headers,
+            json,
+            text,
+        })
+    }
+
+    /// `POST /v1/chat/completions` with `body`.
+    pub async fn chat_with(&self, body: &Value, key: Option<&str>) -> Result<Reply> {
+        self.request(
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            key,
+            Some(body.to_string()),
+        )
+        .await
+    }
+
+    /// A unary chat completion of `model`.
+    pub async fn chat(&self, model: &str, key: Option<&str>) -> Result<Reply> {
+        self.chat_with(&chat_body(model, false), key).await
+    }
+
+    /// A streamed chat completion of `model`.
+    pub async fn stream(&self, model: &str, key: Option<&str>) -> Result<StreamReply> {
+        self.stream_with(&chat_body(model, true), key).await
+    }
+
+    /// `POST /v1/chat/completions` with `body` (which should say `stream: true`), reading the
+    /// body to its end or to the connection's failure.
+    pub async fn stream_with(&self, body: &Value, key: Option<&str>) -> Result<StreamReply> {
+        let url = format!("{}/v1/chat/completions", self.base);
+        let mut req = self
+            .http
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(body.to_string());
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let resp = req.send().await.with_context(|| format!("POST {url}"))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let mut bytes = Vec::new();
+        let mut transport_error = None;
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(b) => bytes.extend_from_slice(&b),
+                Err(e) => {
+                    transport_error = Some(format!("{e:#}"));
+                    break;
+                }
+            }
+        }
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(StreamReply {
+            status,
+            headers,
+            events: parse_sse(&body),
+            body,
+            transport_error,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The control plane.
+
+use super::*;
+
+/// `ai-router serve` on ephemeral ports; can be stopped and restarted on the same gRPC port.
+#[derive(Debug)]
+pub struct ControlPlane {
+    dir: TestDir,
+    config: PathBuf,
+    env: Vec<(String, String)>,
+    process: Option<Process>,
+    /// Every generation's logs, the running one last.
+    stopped: Vec<Process>,
+    generation: u32,
+    http: SocketAddr,
+    grpc: SocketAddr,
+}
+
+impl ControlPlane {
+    /// Writes `config_yaml` to the test directory and serves it with `env`.
+    pub async fn start(dir: &TestDir, config_yaml: &str, env: &[(String, String)]) -> Result<Self> {
+        let config = dir.write("pool.yaml", config_yaml)?;
+        let mut cp = Self {
+            dir: dir.clone(),
+            config,
+            env: env.to_vec(),
+            process: None,
+            stopped: Vec::new(),
+            generation: 0,
+            http: SocketAddr::from(([127, 0, 0, 1], 0)),
+            grpc: SocketAddr::from(([127, 0, 0, 1], 0)),
+        };
+        cp.spawn("127.0.0.1:0").await?;
+        Ok(cp)
+    }
+
+    async fn spawn(&mut self, grpc_listen: &str) -> Result<()> {
+        self.generation += 1;
+        let name = if self.generation == 1 {
+            "control-plane".to_string()
+        } else {
+            format!("control-plane-{}", self.generation)
+        };
+        let args = vec![
+            "serve".to_string(),
+            "--config".to_string(),
+            self.config.display().to_string(),
+            "--http-listen".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--grpc-listen".to_string(),
+            grpc_listen.to_string(),
+        ];
+        let mut process = Process::spawn(&self.dir, &name, &ai_router_bin()?, &args, &self.env)?;
+        let line = process.first_json_line(START_TIMEOUT).await?;
+        let http = parse_addr(json_str(&line, "http")?).with_context(|| process.tail())?;
+        let grpc = parse_addr(json_str(&line, "grpc")?).with_context(|| process.tail())?;
+        let client = http_client()?;
+        let health = format!("http://{http}/health");
+        poll("the control plane's /health", START_TIMEOUT, || {
+            let req = client.get(&health).send();
+            async move { Ok(req.await?.status().is_success().then_some(())) }
+        })
+        .await
+        .with_context(|| process.tail())?;
+        self.http = http;
+        self.grpc = grpc;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    /// Kills the control plane.
+    pub fn stop(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            p.kill();
+            self.stopped.push(p);
+        }
+    }
+
+    /// Starts it again on the same gRPC port (Envoy's cluster points there), with `env`
+    /// replacing the variables of the same name. The port was just freed; a bind race is retried.
+    pub async fn restart(&mut self, env: &[(String, String)]) -> Result<()> {
+        self.stop();
+        for (k, v) in env {
+            self.env.retain(|(ek, _)| ek != k);
+            self.env.push((k.clone(), v.clone()));
+        }
+        let grpc = self.grpc.to_string();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.spawn(&grpc).await {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() < deadline => {
+                    // Keep the failed generation's logs for the report, then try again.
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e.context(format!("restarting the control plane on {grpc}"))),
+            }
+        }
+    }
+
+    /// Every generation's stdout and stderr.
+    pub fn logs(&self) -> String {
+        self.stopped
+            .iter()
+            .chain(self.process.iter())
+            .map(Process::logs)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn tail(&self) -> String {
+        self.stopped
+            .iter()
+            .chain(self.process.iter())
+            .map(Process::tail)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

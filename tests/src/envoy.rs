@@ -1,0 +1,200 @@
+//! Envoy.
+
+use super::*;
+
+/// Envoy 1.40 with the bootstrap `ai-router render-envoy` renders, on ephemeral ports.
+#[derive(Debug)]
+pub struct Envoy {
+    pub(crate) process: Process,
+    render: Process,
+    admin: String,
+    listen: SocketAddr,
+    bootstrap: PathBuf,
+}
+
+impl Envoy {
+    /// Renders the bootstrap for `config` pointing at the control plane's gRPC address, runs
+    /// Envoy, reads its listener's port from the admin API and waits until the filter has its
+    /// state (`GET /v1/models` with `ready_key` answers 200).
+    pub async fn start(
+        dir: &TestDir,
+        config: &Path,
+        control_plane_grpc: SocketAddr,
+        env: &[(String, String)],
+        ready_key: &str,
+    ) -> Result<Self> {
+        let bin = ai_router_bin()?;
+        let envoy = envoy_bin()?;
+        let wasm = wasm_path()?;
+        let bootstrap = dir.join("envoy.yaml");
+        let args = vec![
+            "render-envoy".to_string(),
+            "--config".to_string(),
+            config.display().to_string(),
+            "--control-plane".to_string(),
+            format!("127.0.0.1:{}", control_plane_grpc.port()),
+            "--wasm".to_string(),
+            wasm.display().to_string(),
+            "--listen".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--admin".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--out".to_string(),
+            bootstrap.display().to_string(),
+        ];
+        let mut render = Process::spawn(dir, "render-envoy", &bin, &args, env)?;
+        let st = render.wait_exit(START_TIMEOUT).await?;
+        if !st.success() || !bootstrap.is_file() {
+            bail!(
+                "ai-router {} failed ({st}) or wrote no {}\n{}",
+                args.join(" "),
+                bootstrap.display(),
+                render.tail()
+            );
+        }
+
+        let admin_path = dir.join("envoy-admin.txt");
+        let envoy_args = vec![
+            "-c".to_string(),
+            bootstrap.display().to_string(),
+            "--concurrency".to_string(),
+            "2".to_string(),
+            "--admin-address-path".to_string(),
+            admin_path.display().to_string(),
+            "--log-level".to_string(),
+            std::env::var("AI_ROUTER_E2E_ENVOY_LOG").unwrap_or_else(|_| "warn".to_string()),
+            // Several Envoys run at once: no shared memory between them.
+            "--disable-hot-restart".to_string(),
+        ];
+        let mut process = Process::spawn(dir, "envoy", &envoy, &envoy_args, env)?;
+
+        let admin = {
+            let admin_path = admin_path.clone();
+            let result = poll("Envoy's admin address file", ENVOY_READY_TIMEOUT, || {
+                let status = process.try_status();
+                let admin_path = admin_path.clone();
+                async move {
+                    if let Some(st) = status? {
+                        bail!("Envoy exited ({st})");
+                    }
+                    let text = fs::read_to_string(&admin_path).unwrap_or_default();
+                    let text = text.trim();
+                    Ok((!text.is_empty()).then(|| text.to_string()))
+                }
+            })
+            .await;
+            result.with_context(|| process.tail())?
+        };
+
+        let client = http_client()?;
+        let listeners_url = format!("http://{admin}/listeners?format=json");
+        let listen = {
+            let result = poll("Envoy's public listener", ENVOY_READY_TIMEOUT, || {
+                let status = process.try_status();
+                let req = client.get(&listeners_url).send();
+                async move {
+                    if let Some(st) = status? {
+                        bail!("Envoy exited ({st})");
+                    }
+                    let v: Value = req.await?.json().await?;
+                    Ok(public_listener(&v))
+                }
+            })
+            .await;
+            result.with_context(|| process.tail())?
+        };
+
+        let envoy = Self {
+            process,
+            render,
+            admin,
+            listen,
+            bootstrap,
+        };
+        envoy.wait_ready(ready_key).await?;
+        Ok(envoy)
+    }
+
+    /// Waits until `GET /v1/models` with `key` answers 200: the filter has received its state.
+    pub async fn wait_ready(&self, key: &str) -> Result<()> {
+        let client = http_client()?;
+        let url = format!("{}/v1/models", self.base_url());
+        let result = poll(
+            "Envoy to answer GET /v1/models with 200",
+            ENVOY_READY_TIMEOUT,
+            || {
+                let req = client.get(&url).bearer_auth(key).send();
+                async move {
+                    let resp = req.await?;
+                    let status = resp.status();
+                    if status == reqwest::StatusCode::OK {
+                        return Ok(Some(()));
+                    }
+                    let text = resp.text().await.unwrap_or_default();
+                    bail!("GET /v1/models answered {status}: {text}")
+                }
+            },
+        )
+        .await;
+        result.with_context(|| self.process.tail())
+    }
+
+    /// `http://127.0.0.1:<listener port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// `host:port` of the admin interface.
+    pub fn admin_addr(&self) -> &str {
+        &self.admin
+    }
+
+    pub fn bootstrap_path(&self) -> &Path {
+        &self.bootstrap
+    }
+
+    pub fn process(&self) -> &Process {
+        &self.process
+    }
+
+    pub fn logs(&self) -> String {
+        format!("{}\n{}", self.render.logs(), self.process.logs())
+    }
+
+    pub fn tail(&self) -> String {
+        self.process.tail()
+    }
+}
+
+/// The bound address of the one listener on a socket (the internal listener has none); a
+/// listener named `public` wins if there are several.
+pub(crate) fn public_listener(v: &Value) -> Option<SocketAddr> {
+    let statuses = v.get("listener_statuses")?.as_array()?;
+    let mut found: Vec<(String, SocketAddr)> = Vec::new();
+    for l in statuses {
+        let name = l.get("name").and_then(Value::as_str).unwrap_or_default();
+        let sock = l.get("local_address").and_then(|a| a.get("socket_address"));
+        let Some(sock) = sock else { continue };
+        let host = sock
+            .get("address")
+            .and_then(Value::as_str)
+            .unwrap_or("127.0.0.1");
+        let port = sock.get("port_value").and_then(Value::as_u64).unwrap_or(0);
+        if port == 0 {
+            continue;
+        }
+        let host = if host == "0.0.0.0" { "127.0.0.1" } else { host };
+        if let Ok(addr) = format!("{host}:{port}").parse() {
+            found.push((name.to_string(), addr));
+        }
+    }
+    found
+        .iter()
+        .find(|(n, _)| n == "public")
+        .or_else(|| found.first())
+        .map(|(_, a)| *a)
+}

@@ -1,0 +1,495 @@
+//! Fixtures: the standard gateway (two mocks, the control plane, Envoy) and custom pools.
+
+use super::*;
+
+/// Two mock providers, the control plane and Envoy, for the standard pool:
+///
+/// - provider `p1` (openai-compatible, mock 1) with keys `a` (`P1_KEY_A`) and `b` (`P1_KEY_B`),
+///   serving model `m1` (alias `chat`);
+/// - provider `p2` (openai-compatible, mock 2) with key `c` (`P2_KEY_C`), serving model `m2`
+///   (alias `backup`);
+/// - `defaults.fallbacks: [m2]`, so a call for `chat`/`m1` tries p1's keys first and falls back
+///   to p2; a short backoff keeps failover quick.
+///
+/// The virtual key is mounted from `STARCI_AI_KEY` (label `e2e`). When a test panics while the
+/// fixture is alive, the tails of every process's logs are printed.
+#[derive(Debug)]
+pub struct Gateway {
+    pub dir: TestDir,
+    pub mock1: Mock,
+    pub mock2: Mock,
+    pub cp: ControlPlane,
+    pub envoy: Envoy,
+    pub client: Client,
+    /// The mounted virtual key (`STARCI_AI_KEY`).
+    pub virtual_key: String,
+    /// The provider secrets: `a`, `b`, `c`.
+    pub key_a: String,
+    pub key_b: String,
+    pub key_c: String,
+    pub sync_token: String,
+    pub admin_token: String,
+}
+
+/// The standard pool's YAML for two mock providers at `p1_base` and `p2_base`.
+pub fn standard_pool(p1_base: &str, p2_base: &str) -> String {
+    format!(
+        r#"gateway:
+  host: 127.0.0.1
+  port: 0
+  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
+  keyStore: {{ type: memory }}
+controlPlane:
+  host: 127.0.0.1
+  httpPort: 0
+  grpcPort: 0
+providers:
+  - id: p1
+    kind: openai-compatible
+    baseUrl: {p1_base}
+    keys:
+      - {{ alias: a, env: P1_KEY_A }}
+      - {{ alias: b, env: P1_KEY_B }}
+    models:
+      - {{ id: m1, aliases: [chat] }}
+  - id: p2
+    kind: openai-compatible
+    baseUrl: {p2_base}
+    keys:
+      - {{ alias: c, env: P2_KEY_C }}
+    models:
+      - {{ id: m2, aliases: [backup] }}
+defaults:
+  fallbacks: [m2]
+  deadlineMs: 30000
+resilience:
+  backoff: {{ baseMs: 10, factor: 2, maxMs: 50 }}
+"#
+    )
+}
+
+/// A fresh virtual key for the `e2e` label.
+pub fn new_virtual_key() -> String {
+    format!("sk-starci-e2e-{}", random_hex(48))
+}
+
+impl Gateway {
+    /// Starts the standard pool (see the type's docs).
+    pub async fn start(test: &str) -> Result<Self> {
+        Self::start_with(test, standard_pool).await
+    }
+
+    /// Starts the fixture with the pool `pool(p1_base, p2_base)` returns.
+    pub async fn start_with(test: &str, pool: impl Fn(&str, &str) -> String) -> Result<Self> {
+        let dir = TestDir::new(test)?;
+        let mock1 = Mock::start(&dir, "mock1").await?;
+        let mock2 = Mock::start(&dir, "mock2").await?;
+        let virtual_key = new_virtual_key();
+        let key_a = format!("sk-p1-a-{}", random_hex(24));
+        let key_b = format!("sk-p1-b-{}", random_hex(24));
+        let key_c = format!("sk-p2-c-{}", random_hex(24));
+        let sync_token = format!("sync-{}", random_hex(32));
+        let admin_token = format!("admin-{}", random_hex(32));
+        let env: Vec<(String, String)> = [
+            ("P1_KEY_A", key_a.as_str()),
+            ("P1_KEY_B", key_b.as_str()),
+            ("P2_KEY_C", key_c.as_str()),
+            ("STARCI_AI_KEY", virtual_key.as_str()),
+            ("AI_ROUTER_SYNC_TOKEN", sync_token.as_str()),
+            ("AI_ROUTER_ADMIN_TOKEN", admin_token.as_str()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let yaml = pool(&mock1.api_base(), &mock2.api_base());
+        let cp = ControlPlane::start(&dir, &yaml, &env)
+            .await
+            .context("starting the control plane")?;
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
+        let envoy = Envoy::start(
+            &dir,
+            cp.config_path(),
+            cp.grpc_addr(),
+            &envoy_env,
+            &virtual_key,
+        )
+        .await
+        .with_context(|| cp.tail())
+        .context("starting Envoy")?;
+        let client = Client::new(&envoy.base_url())?;
+        Ok(Self {
+            dir,
+            mock1,
+            mock2,
+            cp,
+            envoy,
+            client,
+            virtual_key,
+            key_a,
+            key_b,
+            key_c,
+            sync_token,
+            admin_token,
+        })
+    }
+
+    /// The OpenAI base URL of the gateway: `http://127.0.0.1:<port>/v1`.
+    pub fn openai_base_url(&self) -> String {
+        format!("{}/v1", self.envoy.base_url())
+    }
+
+    /// A unary chat completion with the virtual key.
+    pub async fn chat(&self, model: &str) -> Result<Reply> {
+        self.client.chat(model, Some(&self.virtual_key)).await
+    }
+
+    /// A streamed chat completion with the virtual key.
+    pub async fn stream(&self, model: &str) -> Result<StreamReply> {
+        self.client.stream(model, Some(&self.virtual_key)).await
+    }
+
+    /// Which provider key a secret is: `a`, `b`, `c`, or the secret itself when unknown.
+    pub fn alias_of(&self, secret: Option<&str>) -> String {
+        match secret {
+            Some(s) if s == self.key_a => "a".into(),
+            Some(s) if s == self.key_b => "b".into(),
+            Some(s) if s == self.key_c => "c".into(),
+            Some(s) => format!("<unknown key {s}>"),
+            None => "<no key>".into(),
+        }
+    }
+
+    /// Every call both mocks received, as `(alias, call)`, mock 1's first.
+    pub async fn provider_calls(&self) -> Result<Vec<(String, MockCall)>> {
+        let mut out = Vec::new();
+        for mock in [&self.mock1, &self.mock2] {
+            for call in mock.calls().await? {
+                out.push((self.alias_of(call.key.as_deref()), call));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The aliases of the keys that received calls, mock 1's calls first, each mock in order.
+    pub async fn keys_called(&self) -> Result<Vec<String>> {
+        Ok(self
+            .provider_calls()
+            .await?
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect())
+    }
+
+    /// Clears both mocks' call logs.
+    pub async fn clear_calls(&self) -> Result<()> {
+        self.mock1.clear_calls().await?;
+        self.mock2.clear_calls().await
+    }
+
+    /// Every secret of the fixture: provider keys, the virtual key, the sync and admin tokens.
+    pub fn secrets(&self) -> Vec<(&'static str, &str)> {
+        vec![
+            ("P1_KEY_A", &self.key_a),
+            ("P1_KEY_B", &self.key_b),
+            ("P2_KEY_C", &self.key_c),
+            ("STARCI_AI_KEY", &self.virtual_key),
+            ("AI_ROUTER_SYNC_TOKEN", &self.sync_token),
+            ("AI_ROUTER_ADMIN_TOKEN", &self.admin_token),
+        ]
+    }
+
+    /// Fails when a secret appears in the control plane's or Envoy's logs (every generation).
+    pub fn check_no_secrets_in_logs(&self) -> Result<()> {
+        let logs = [
+            ("control plane", self.cp.logs()),
+            ("envoy", self.envoy.logs()),
+        ];
+        let mut leaks = Vec::new();
+        for (who, text) in &logs {
+            for (name, secret) in self.secrets() {
+                if text.contains(secret) {
+                    leaks.push(format!("{name} appears in the {who} logs"));
+                }
+            }
+        }
+        if leaks.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "secrets leaked into logs under {}: {}",
+                self.dir.path().display(),
+                leaks.join("; ")
+            )
+        }
+    }
+
+    /// The tails of every process's logs.
+    pub fn tails(&self) -> String {
+        format!(
+            "logs in {}\n{}\n{}\n{}\n{}",
+            self.dir.path().display(),
+            self.cp.tail(),
+            self.envoy.tail(),
+            self.mock1.process().tail(),
+            self.mock2.process().tail()
+        )
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== process logs of the failed test =====\n{}",
+                self.tails()
+            );
+        }
+    }
+}
+
+/// The `gateway` and `controlPlane` sections every custom pool starts with: loopback, port 0,
+/// a memory key store. Append `providers`, `profiles`, `resilience`... after it.
+pub fn pool_yaml_header() -> String {
+    "gateway: { host: 127.0.0.1, port: 0, keyStore: { type: memory } }\n\
+     controlPlane: { host: 127.0.0.1, httpPort: 0, grpcPort: 0 }\n"
+        .to_string()
+}
+
+/// What a custom pool's builder returns.
+#[derive(Debug, Clone, Default)]
+pub struct PoolSetup {
+    /// The whole pool YAML (start from [`pool_yaml_header`]).
+    pub yaml: String,
+    /// Variables for the control plane (provider key variables, `_FILE` paths...).
+    /// `STARCI_AI_KEY` and `AI_ROUTER_SYNC_TOKEN` are added by the fixture.
+    pub env: Vec<(String, String)>,
+    /// `(secret, name)`: how the tests name the provider secrets the mocks see.
+    pub names: Vec<(String, String)>,
+}
+
+impl PoolSetup {
+    /// Adds a provider secret in variable `var`, named `name` in the mock's calls.
+    pub fn secret_env(&mut self, var: &str, name: &str) -> String {
+        let secret = format!("sk-{name}-{}", random_hex(24));
+        self.env.push((var.to_string(), secret.clone()));
+        self.names.push((secret.clone(), name.to_string()));
+        secret
+    }
+
+    /// Names a secret held elsewhere (a file) without putting it in the environment.
+    pub fn name_secret(&mut self, secret: &str, name: &str) {
+        self.names.push((secret.to_string(), name.to_string()));
+    }
+}
+
+/// One call a mock received, with the mock's index and the name of its key.
+#[derive(Debug, Clone)]
+pub struct NamedCall {
+    pub mock: usize,
+    pub key: String,
+    pub call: MockCall,
+}
+
+/// `n` mock providers, the control plane serving a custom pool, and Envoy. The builder gets the
+/// mocks' URLs (`http://127.0.0.1:<port>`, no `/v1`, so a provider can hang its own path from
+/// it) and the test directory (for secret files, an SQLite path). The tails of every log are
+/// printed when a test panics while it is alive.
+#[derive(Debug)]
+pub struct Pool {
+    pub dir: TestDir,
+    pub mocks: Vec<Mock>,
+    pub cp: ControlPlane,
+    pub envoy: Envoy,
+    pub client: Client,
+    pub virtual_key: String,
+    pub sync_token: String,
+    names: Vec<(String, String)>,
+    cp_env: Vec<(String, String)>,
+    /// Extra control planes and Envoys (a second process sharing a state store).
+    pub others: Vec<(ControlPlane, Envoy)>,
+}
+
+impl Pool {
+    /// Starts `mocks` mocks, then the control plane on the pool `build` returns, then Envoy.
+    pub async fn start(
+        test: &str,
+        mocks: usize,
+        build: impl FnOnce(&[String], &TestDir) -> Result<PoolSetup>,
+    ) -> Result<Self> {
+        let dir = TestDir::new(test)?;
+        let mut started = Vec::new();
+        for i in 0..mocks {
+            started.push(Mock::start(&dir, &format!("mock{}", i + 1)).await?);
+        }
+        let urls: Vec<String> = started.iter().map(|m| m.url().to_string()).collect();
+        let setup = build(&urls, &dir)?;
+        let virtual_key = new_virtual_key();
+        let sync_token = format!("sync-{}", random_hex(32));
+        let mut cp_env = setup.env.clone();
+        cp_env.push(("STARCI_AI_KEY".into(), virtual_key.clone()));
+        cp_env.push(("AI_ROUTER_SYNC_TOKEN".into(), sync_token.clone()));
+        let cp = ControlPlane::start(&dir, &setup.yaml, &cp_env)
+            .await
+            .context("starting the control plane")?;
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
+        let envoy = Envoy::start(
+            &dir,
+            cp.config_path(),
+            cp.grpc_addr(),
+            &envoy_env,
+            &virtual_key,
+        )
+        .await
+        .with_context(|| cp.tail())
+        .context("starting Envoy")?;
+        let client = Client::new(&envoy.base_url())?;
+        Ok(Self {
+            dir,
+            mocks: started,
+            cp,
+            envoy,
+            client,
+            virtual_key,
+            sync_token,
+            names: setup.names,
+            cp_env,
+            others: Vec::new(),
+        })
+    }
+
+    /// The name of a provider secret (or a note that it is unknown).
+    pub fn name_of(&self, secret: Option<&str>) -> String {
+        match secret {
+            Some(s) => self
+                .names
+                .iter()
+                .find(|(k, _)| k == s)
+                .map(|(_, n)| n.clone())
+                .unwrap_or_else(|| format!("<unknown key {s}>")),
+            None => "<no key>".into(),
+        }
+    }
+
+    /// Every call every mock received, mock by mock, each in order.
+    pub async fn calls(&self) -> Result<Vec<NamedCall>> {
+        let mut out = Vec::new();
+        for (i, mock) in self.mocks.iter().enumerate() {
+            for call in mock.calls().await? {
+                out.push(NamedCall {
+                    mock: i,
+                    key: self.name_of(call.key.as_deref()),
+                    call,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The names of the keys that received calls, in order (mock by mock).
+    pub async fn keys_called(&self) -> Result<Vec<String>> {
+        Ok(self.calls().await?.into_iter().map(|c| c.key).collect())
+    }
+
+    /// Clears every mock's call log.
+    pub async fn clear_calls(&self) -> Result<()> {
+        for m in &self.mocks {
+            m.clear_calls().await?;
+        }
+        Ok(())
+    }
+
+    /// A unary chat completion of `model` with the virtual key.
+    pub async fn chat(&self, model: &str) -> Result<Reply> {
+        self.client.chat(model, Some(&self.virtual_key)).await
+    }
+
+    /// `POST /v1/chat/completions` with `body` and the virtual key.
+    pub async fn chat_with(&self, body: &Value) -> Result<Reply> {
+        self.client.chat_with(body, Some(&self.virtual_key)).await
+    }
+
+    /// The control plane's variables (what it was started with, `STARCI_AI_KEY` included).
+    pub fn control_plane_env(&self) -> &[(String, String)] {
+        &self.cp_env
+    }
+
+    /// Replaces Envoy with a fresh one (no memory of earlier calls) synced to the control plane.
+    pub async fn restart_envoy(&mut self) -> Result<()> {
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
+        self.envoy.process.kill();
+        // Envoy::start reads the admin address from this file: not the old Envoy's.
+        let _ = fs::remove_file(self.dir.join("envoy-admin.txt"));
+        let envoy = Envoy::start(
+            &self.dir,
+            self.cp.config_path(),
+            self.cp.grpc_addr(),
+            &envoy_env,
+            &self.virtual_key,
+        )
+        .await
+        .with_context(|| self.cp.tail())
+        .context("starting a new Envoy")?;
+        self.client = Client::new(&envoy.base_url())?;
+        self.envoy = envoy;
+        Ok(())
+    }
+
+    /// Starts a second control plane on the same pool YAML and variables (in its own
+    /// directory, `<test>-<name>`), and an Envoy synced to it; returns its index in `others`.
+    pub async fn start_other(&mut self, name: &str) -> Result<usize> {
+        let yaml = fs::read_to_string(self.cp.config_path())
+            .with_context(|| format!("reading {}", self.cp.config_path().display()))?;
+        let base = self
+            .dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let dir = TestDir::new(&format!("{base}-{name}"))?;
+        let cp = ControlPlane::start(&dir, &yaml, &self.cp_env)
+            .await
+            .with_context(|| format!("starting control plane {name}"))?;
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
+        let envoy = Envoy::start(
+            &dir,
+            cp.config_path(),
+            cp.grpc_addr(),
+            &envoy_env,
+            &self.virtual_key,
+        )
+        .await
+        .with_context(|| cp.tail())
+        .with_context(|| format!("starting the Envoy of control plane {name}"))?;
+        self.others.push((cp, envoy));
+        Ok(self.others.len() - 1)
+    }
+
+    /// The tails of every process's logs.
+    pub fn tails(&self) -> String {
+        let mut out = format!(
+            "logs in {}\n{}\n{}",
+            self.dir.path().display(),
+            self.cp.tail(),
+            self.envoy.tail()
+        );
+        for (cp, envoy) in &self.others {
+            out.push_str(&cp.tail());
+            out.push_str(&envoy.tail());
+        }
+        for m in &self.mocks {
+            out.push_str(&m.process().tail());
+        }
+        out
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== process logs of the failed test =====\n{}",
+                self.tails()
+            );
+        }
+    }
+}

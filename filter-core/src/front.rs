@@ -63,7 +63,10 @@ impl Front {
         let names = resolve::model_list(&state, &key);
         let item = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" });
         let body = match path.strip_prefix("/v1/models/") {
-            Some(id) if !id.is_empty() => {
+            Some(raw) if !raw.is_empty() => {
+                // SDKs percent-encode ids such as `openai/gpt-4o-mini`.
+                let decoded = crate::util::percent_decode(raw);
+                let id = decoded.as_deref().unwrap_or(raw);
                 if !names.iter().any(|n| n == id) {
                     return self.reply(
                         host,
@@ -102,9 +105,59 @@ impl Front {
             Some(_) => (200, "degraded"),
         };
         self.answered = Some((status, "health"));
-        let body = json!({ "status": code }).to_string().into_bytes();
+        let mut body = json!({ "status": code });
+        if let Some(state) = host.state().filter(|s| self.is_admin(host, s)) {
+            // The operator's view: every breaker that is not closed and every key that is out,
+            // named by alias only.
+            let snap = &state.snapshot;
+            body["breakers"] = snap
+                .breakers
+                .iter()
+                .map(|b| {
+                    // Open: out until then; half-open: half-open since then.
+                    let moment = if b.state == "open" {
+                        "until_ms"
+                    } else {
+                        "since_ms"
+                    };
+                    let mut entry = json!({"scope": b.scope, "provider": b.provider,
+                                           "key": b.key, "state": b.state});
+                    entry[moment] = json!(b.open_until_ms);
+                    entry
+                })
+                .collect();
+            body["keys"] = snap
+                .key_health
+                .iter()
+                .map(|k| {
+                    json!({"provider": k.provider, "key": k.key, "reason": k.reason,
+                           "until_ms": (k.until_ms > 0).then_some(k.until_ms)})
+                })
+                .collect();
+        }
+        let body = body.to_string().into_bytes();
         host.send_response(status, &[("content-type", "application/json")], &body);
         Flow::Pause
+    }
+
+    /// Whether the request carries the admin token (its SHA-256 is pushed with the state).
+    fn is_admin(&self, host: &impl Host, state: &State) -> bool {
+        let Some(expected) = state
+            .snapshot
+            .limits
+            .as_ref()
+            .map(|l| l.admin_token_sha256.as_str())
+            .filter(|h| !h.is_empty())
+        else {
+            return false;
+        };
+        host.header_text(Side::Request, "authorization")
+            .and_then(|h| {
+                h.split_once(' ')
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                    .map(|(_, t)| sha256_hex(t.trim().as_bytes()))
+            })
+            .is_some_and(|given| given == expected)
     }
 
     /// The virtual key of the bearer token, or an answer already sent.

@@ -491,3 +491,91 @@ async fn the_control_plane_exposes_what_envoy_reported_as_prometheus_metrics_wit
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_with_the_admin_token_shows_breakers_and_keys_and_model_ids_are_percent_decoded() {
+    let gw = Gateway::start_with("health_admin_and_model_ids", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2)
+            .replace(
+                "{ id: m2, aliases: [backup] }",
+                "{ id: org/m2, aliases: [backup] }",
+            )
+            .replace("fallbacks: [m2]", "fallbacks: [org/m2]")
+    })
+    .await
+    .expect("fixture");
+    // Key a is refused: out until its secret changes.
+    gw.mock1
+        .script(json!([
+            script::for_key(
+                &gw.key_a,
+                vec![json!({"status": 401, "body": {"error": {
+                "message": "Incorrect API key provided.", "type": "invalid_request_error",
+                "param": null, "code": "invalid_api_key"}}})]
+            ),
+            script::always(vec![script::text("ok")])
+        ]))
+        .await
+        .unwrap();
+    let health = |token: Option<String>| {
+        let gw = &gw;
+        async move {
+            gw.client
+                .request(reqwest::Method::GET, "/health", token.as_deref(), None)
+                .await
+                .unwrap()
+        }
+    };
+    let out = ai_router_e2e::poll(
+        "key a to show as out",
+        std::time::Duration::from_secs(15),
+        || {
+            let gw = &gw;
+            let health = &health;
+            async move {
+                let _ = gw.chat("chat").await?;
+                let r = health(Some(gw.admin_token.clone())).await;
+                let keys = r.json["keys"].as_array().cloned().unwrap_or_default();
+                Ok(keys
+                    .iter()
+                    .any(|k| k["key"] == "a" && k["reason"] == "auth")
+                    .then_some(r))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status, 200, "{out}");
+    assert!(out.json["breakers"].is_array(), "{out}");
+    for (name, secret) in gw.secrets() {
+        assert!(!out.text.contains(secret), "{name} in /health: {out}");
+    }
+    // Without the token, or with another, only the status.
+    for token in [
+        None,
+        Some("not-the-admin-token".to_string()),
+        Some(gw.virtual_key.clone()),
+    ] {
+        let r = health(token).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert!(
+            r.json.get("keys").is_none() && r.json.get("breakers").is_none(),
+            "{r}"
+        );
+        assert!(r.json["status"].is_string(), "{r}");
+    }
+
+    // The OpenAI SDK percent-encodes `/` in a model id.
+    let r = gw
+        .client
+        .request(
+            reqwest::Method::GET,
+            "/v1/models/org%2Fm2",
+            Some(&gw.virtual_key),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.json["id"], "org/m2", "{r}");
+}

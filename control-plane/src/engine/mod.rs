@@ -435,6 +435,8 @@ struct State {
     /// What the store held after the last exchange with it: the base of the three-way merge.
     base: DurableState,
     virtual_keys: Vec<VirtualKeyRecord>,
+    /// SHA-256 (hex) of the admin token, pushed so the gateway can check it on `GET /health`.
+    admin_token_sha256: String,
 }
 
 pub struct Engine {
@@ -559,6 +561,7 @@ impl Engine {
             durable: kept,
             base,
             virtual_keys,
+            admin_token_sha256: String::new(),
         };
         let first = Arc::new(build_update(&config, &state, clock.now_ms()));
         let (updates, _) = watch::channel(first);
@@ -1023,6 +1026,19 @@ pub trait ReportObserver: Send + Sync {
 impl Engine {
     /// Replaces the snapshot's virtual keys (mounted and stored); publishes a new version when
     /// they changed. Returns whether they did.
+    /// The admin token the gateway's `GET /health` accepts (only its SHA-256 is pushed).
+    pub fn set_admin_token(&self, token: Option<&Secret>) {
+        let hash = token
+            .map(|t| crate::config::secrets::sha256_hex(t.expose()))
+            .unwrap_or_default();
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        if state.admin_token_sha256 != hash {
+            state.admin_token_sha256 = hash;
+            self.publish(&mut state, now);
+        }
+    }
+
     pub fn set_virtual_keys(&self, keys: Vec<VirtualKeyRecord>) -> bool {
         let now = self.clock.now_ms();
         let mut state = lock(&self.state);
@@ -1231,6 +1247,7 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
         limits: Some(pb::Limits {
             max_body_bytes: config.gateway.max_body_bytes,
             forward_rate_limit_headers: config.gateway.forward_rate_limit_headers,
+            admin_token_sha256: state.admin_token_sha256.clone(),
         }),
         generated_at_ms: now,
         breakers: state

@@ -956,6 +956,25 @@ impl Attempt {
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
         if (200..300).contains(&status) && !has_error_object {
+            // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
+            // cut body are not), and a stream when a stream was asked for.
+            let stream_wanted = self.plan.as_ref().is_some_and(|p| p.stream);
+            if !parsed.is_object() || stream_wanted {
+                let message = if stream_wanted {
+                    "the provider answered a stream request without a stream"
+                } else {
+                    "the provider answered 2xx with a body that is not a JSON object"
+                };
+                let failure = Failure {
+                    class: Class::Transient,
+                    retry_at_ms: None,
+                    provider_code: None,
+                    message: message.into(),
+                    status,
+                };
+                self.fail(host, failure, size);
+                return;
+            }
             if lane.kind == "anthropic"
                 && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
             {
@@ -1206,6 +1225,56 @@ mod tests {
             host.calls.get("call-1").and_then(|c| c.answered.clone()),
             Some(LaneId::new("p1", "a", "m1"))
         );
+    }
+
+    #[test]
+    fn a_2xx_that_is_not_what_it_claims_fails_over() {
+        for (stream, content_type, body) in [
+            (
+                false,
+                "text/html",
+                "<html><body>502 Bad Gateway</body></html>",
+            ),
+            (false, "application/json", ""),
+            (false, "application/json", "{\"choices\":[{\"message\""),
+            (
+                true,
+                "application/json",
+                r#"{"choices":[{"message":{"content":"hi"}}]}"#,
+            ),
+        ] {
+            let plan = plan(stream);
+            let mut host = host_with(snapshot(), &plan, 1);
+            let mut stage = Attempt::default();
+            send(&mut stage, &mut host);
+            if body.is_empty() {
+                host.add(Side::Response, ":status", b"200");
+                host.add(Side::Response, "content-type", content_type.as_bytes());
+                assert_eq!(stage.on_response_headers(&mut host, true), Flow::Continue);
+                let answer = host.answered.clone().expect("answered in its place");
+                assert_eq!(answer.status, 503, "{body:?}");
+                assert_eq!(answer.header(H_RETRY), Some("1"));
+            } else {
+                answer(
+                    &mut stage,
+                    &mut host,
+                    200,
+                    &[("content-type", content_type)],
+                    body,
+                );
+                assert_eq!(
+                    host.text(Side::Response, ":status").as_deref(),
+                    Some("503"),
+                    "{body}"
+                );
+                assert_eq!(
+                    host.text(Side::Response, H_RETRY).as_deref(),
+                    Some("1"),
+                    "{body}"
+                );
+            }
+            assert_eq!(host.attempts[0].error_class, "transient", "{body:?}");
+        }
     }
 
     #[test]

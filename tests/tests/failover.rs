@@ -357,3 +357,29 @@ async fn failover_holds_at_64_concurrent_calls_with_one_provider_always_failing(
         "Envoy counted overflows: {overflows:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2xx_answer_that_is_not_what_it_claims_fails_over() {
+    let gw = Gateway::start("not_what_it_claims").await.expect("fixture");
+    // p1 answers 200 with a proxy's HTML page, whatever was asked.
+    gw.mock1
+        .script(json!([script::always(vec![json!({
+            "status": 200,
+            "headers": {"content-type": "text/html"},
+            "body": "<html><body>Service Unavailable</body></html>"
+        })])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::stream(&["from", " p2"])])]))
+        .await
+        .unwrap();
+    let r = gw.chat("chat").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.content(), Some("from p2"), "{r}");
+    assert_eq!(r.header("x-ai-router-model").as_deref(), Some("m2"), "{r}");
+    let s = gw.stream("chat").await.unwrap();
+    assert_eq!(s.status, 200, "{s}");
+    assert_eq!(s.contents().concat(), "from p2", "{s}");
+    assert!(!s.body.contains("<html>"), "{s}");
+}

@@ -33,7 +33,11 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     if over.model.is_some() {
         out.model = over.model.clone();
     }
-    if !over.fallbacks.is_empty() {
+    // A list the later policy sets replaces the earlier one, an empty list included.
+    let sets = |name: &str, list_is_empty: bool| {
+        !list_is_empty || over.set_lists.iter().any(|n| n == name)
+    };
+    if sets("fallbacks", over.fallbacks.is_empty()) {
         out.fallbacks = over.fallbacks.clone();
     }
     if over.allow_fallback.is_some() {
@@ -51,13 +55,13 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     if over.max_cost.is_some() {
         out.max_cost = over.max_cost;
     }
-    if !over.providers.is_empty() {
+    if sets("providers", over.providers.is_empty()) {
         out.providers = over.providers.clone();
     }
-    if !over.require.is_empty() {
+    if sets("require", over.require.is_empty()) {
         out.require = over.require.clone();
     }
-    if !over.candidates.is_empty() {
+    if sets("candidates", over.candidates.is_empty()) {
         out.candidates = over.candidates.clone();
     }
     out.pinned = out.pinned || over.pinned;
@@ -887,5 +891,17 @@ mod tests {
         assert_eq!(m.max_attempts, Some(3));
         assert_eq!(m.timeout_ms, Some(5));
         assert_eq!(m.fallbacks, vec!["x".to_string()]);
+        // An empty list the later policy sets is empty, not "inherit".
+        let cleared = Policy {
+            set_lists: vec!["fallbacks".into(), "providers".into()],
+            ..Default::default()
+        };
+        let a = Policy {
+            providers: vec!["p1".into()],
+            ..a
+        };
+        let m = merge(&a, &cleared);
+        assert!(m.fallbacks.is_empty() && m.providers.is_empty(), "{m:?}");
+        assert_eq!(m.max_attempts, Some(3));
     }
 }

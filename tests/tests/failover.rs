@@ -371,7 +371,9 @@ async fn a_2xx_answer_that_is_not_what_it_claims_fails_over() {
         .await
         .unwrap();
     gw.mock2
-        .script(json!([script::always(vec![script::stream(&["from", " p2"])])]))
+        .script(json!([script::always(vec![script::stream(&[
+            "from", " p2"
+        ])])]))
         .await
         .unwrap();
     let r = gw.chat("chat").await.unwrap();

@@ -528,3 +528,46 @@ async fn keys_from_env_expands_numbered_file_and_list_variables_into_distinct_ke
         "five distinct keys at the mock"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_clears_inherited_lists_with_an_empty_one() {
+    // The defaults fall back to m2 and keep calls on p1; `alone` clears both lists.
+    let pool = Pool::start("empty_lists", 1, |m, _| {
+        Ok(pool_setup(
+            &m[0],
+            P1,
+            "    keys: [{ alias: c, env: RT_KEY_C }]\n    models: [{ id: m2 }, { id: m1 }]\n",
+            &format!("defaults: {{ fallbacks: [m2], providers: [p1] }}\nprofiles:\n  alone: {{ model: m1, fallbacks: [], providers: [] }}\n  inherit: {{ model: m1 }}\n{FAST_BACKOFF}"),
+        ))
+    })
+    .await
+    .expect("fixture");
+    let c = var(&pool, "RT_KEY_C");
+    // p1's m1 is down; p2 serves m1 and m2.
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&c, vec![script::text("from c")]),
+            script::always(vec![down()])
+        ]))
+        .await
+        .unwrap();
+    // `inherit`: providers [p1] keeps it off p2, so the fallback m2 (only on p2) is cut too.
+    let (r, keys) = call(&pool, "inherit").await;
+    assert!(r.status >= 500, "{r}");
+    assert!(!keys.contains(&"c".to_string()), "{keys:?}");
+    // `alone`: no provider restriction (p2's m1 may answer), and no fallback to m2.
+    let (r, _) = call(&pool, "alone").await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.header("x-ai-router-model").as_deref(), Some("m1"), "{r}");
+    let models: Vec<String> = pool
+        .calls()
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.call.model.clone())
+        .collect();
+    assert!(
+        models.iter().all(|m| m == "m1"),
+        "alone never falls back: {models:?}"
+    );
+}

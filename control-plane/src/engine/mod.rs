@@ -1374,7 +1374,18 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
 }
 
 pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
+    let set_lists = [
+        ("fallbacks", p.fallbacks.is_some()),
+        ("providers", p.providers.is_some()),
+        ("require", p.require.is_some()),
+        ("candidates", p.candidates.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, set)| *set)
+    .map(|(name, _)| name.to_owned())
+    .collect();
     pb::Policy {
+        set_lists,
         model: p.model.clone(),
         fallbacks: p.fallbacks.clone().unwrap_or_default(),
         allow_fallback: p.allow_fallback,

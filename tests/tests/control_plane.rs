@@ -686,3 +686,19 @@ async fn a_blacklist_the_control_plane_no_longer_has_is_lifted_in_envoy_too() {
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", gw.tails()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_budget_it_cannot_bound() {
+    // m1 has a price but no contextWindow: a request without max_tokens has no worst case.
+    let yaml = pool_with("", "{ alias: a, env: P1_KEY_A }").replace(
+        "{ id: m1, aliases: [chat] }",
+        "{ id: m1, aliases: [chat], cost: { input: 1, output: 2 } }",
+    ) + "profiles:\n  cheap: { model: m1, budget: { maxCost: 0.01 } }\n";
+    assert_refused(
+        "refuse_unbounded_budget",
+        &yaml,
+        "profiles.cheap.budget.maxCost",
+        &[],
+    )
+    .await;
+}

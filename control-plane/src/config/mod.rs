@@ -1584,6 +1584,43 @@ fn resolve_provider(
     })
 }
 
+/// A budget is checked against a request's worst case: every prompt token plus `max_tokens`
+/// of output, or the whole context window when the request sets no `max_tokens`. A priced
+/// model the policy may reach without a `contextWindow` has no worst case: refused at load,
+/// rather than counting an unknown output as free.
+fn check_cost_is_bounded(
+    path: &str,
+    policy: &PolicyConfig,
+    providers: &[Provider],
+) -> Result<(), ConfigError> {
+    let named: Vec<&str> = policy
+        .model
+        .iter()
+        .chain(policy.fallbacks.iter().flatten())
+        .map(String::as_str)
+        .chain(
+            policy
+                .candidates
+                .iter()
+                .flatten()
+                .flat_map(|tier| tier.0.iter().map(|c| c.model.as_str())),
+        )
+        .collect();
+    // A policy that names no model (the defaults) applies to any model called directly.
+    let reaches = |m: &ModelConfig| named.is_empty() || named.iter().any(|n| m.answers_to(n));
+    for provider in providers {
+        for model in provider.models.iter().filter(|m| reaches(m)) {
+            if model.cost.is_some() && model.context_window.is_none() {
+                return Err(invalid(format!(
+                    "{path}.budget.maxCost: model `{}` of provider `{}` has a cost but no contextWindow, so the cost of a request without max_tokens has no bound; give the model a contextWindow",
+                    model.id, provider.id
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_policy(
     path: &str,
     policy: &PolicyConfig,
@@ -1617,6 +1654,9 @@ fn check_policy(
     }
     if let Some(budget) = policy.budget {
         check_cost(&format!("{path}.budget.maxCost"), budget.max_cost)?;
+        if budget.max_cost.is_some() {
+            check_cost_is_bounded(path, policy, providers)?;
+        }
     }
     for (i, id) in policy.providers.iter().flatten().enumerate() {
         if !providers.iter().any(|p| &p.id == id) {
@@ -1989,6 +2029,20 @@ mod tests {
             message.starts_with("resilience.keyBreaker.extra: unknown field"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn a_budget_needs_a_bound_on_the_output() {
+        let env = MapEnv::new([("A_API_KEY", "k")]);
+        let pool = |window: &str| {
+            format!("providers:\n  - id: a\n    keysFromEnv: A\n    baseUrl: http://h/v1\n    models: [{{ id: m, cost: {{ input: 1, output: 1 }}{window} }}]\nprofiles:\n  cheap: {{ model: m, budget: {{ maxCost: 0.01 }} }}\n")
+        };
+        let message = err(&pool(""), &env);
+        assert!(
+            message.starts_with("profiles.cheap.budget.maxCost: model `m` of provider `a` has a cost but no contextWindow"),
+            "{message}"
+        );
+        assert!(resolve(&pool(", contextWindow: 8000"), &env).is_ok());
     }
 
     #[test]

@@ -44,6 +44,18 @@ pub mod clusters {
     pub const PROVIDERS_PLAIN: &str = "providers_plain";
 }
 
+/// The OpenAI error `type` of a gateway answer, by its HTTP status: one mapping for the filter,
+/// the control plane's APIs and Envoy's own replies.
+pub fn openai_error_type(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
 /// Who holds a half-open breaker's probe lease: one attempt of one request. A probe's outcome
 /// releases the lease only when it names the same holder, whole.
 pub fn probe_holder(request_id: &str, attempt: u32) -> String {

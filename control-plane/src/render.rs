@@ -42,58 +42,34 @@ pub struct RenderOptions {
 }
 
 /// Envoy's own answers on the public listener (codec errors, timeouts, the router's), as
-/// OpenAI error objects: `(status, code, type, message)`. Any other status Envoy answers itself
+/// OpenAI error objects: `(status, code, message)`; the type follows the status. Any other status Envoy answers itself
 /// gets [`OTHER_LOCAL_REPLY`].
-const LOCAL_REPLIES: &[(u16, &str, &str, &str)] = &[
-    (
-        400,
-        "invalid_request",
-        "invalid_request_error",
-        "The request is not valid HTTP.",
-    ),
+const LOCAL_REPLIES: &[(u16, &str, &str)] = &[
+    (400, "invalid_request", "The request is not valid HTTP."),
     (
         408,
         "request_timeout",
-        "invalid_request_error",
         "The request was not received in time.",
     ),
-    (
-        413,
-        "request_too_large",
-        "invalid_request_error",
-        "The request is too large.",
-    ),
-    (
-        426,
-        "upgrade_required",
-        "invalid_request_error",
-        "Use HTTP/1.1 or HTTP/2.",
-    ),
+    (413, "request_too_large", "The request is too large."),
+    (426, "upgrade_required", "Use HTTP/1.1 or HTTP/2."),
     (
         431,
         "header_too_large",
-        "invalid_request_error",
         "The request headers are too large.",
     ),
-    (500, "internal_error", "api_error", "The gateway failed."),
+    (500, "internal_error", "The gateway failed."),
     (
         502,
         "upstream_error",
-        "api_error",
         "The gateway could not reach a provider.",
     ),
     (
         503,
         "pool_unavailable",
-        "api_error",
         "The gateway cannot take this call now.",
     ),
-    (
-        504,
-        "pool_timeout",
-        "api_error",
-        "The call's deadline passed.",
-    ),
+    (504, "pool_timeout", "The call's deadline passed."),
 ];
 const OTHER_LOCAL_REPLY: (&str, &str, &str) = (
     "gateway_error",
@@ -118,7 +94,8 @@ fn local_reply_config(indent: usize) -> String {
         )
     };
     let mut out = format!("{pad}local_reply_config:\n{pad}  mappers:\n");
-    for (status, code, kind, message) in LOCAL_REPLIES {
+    for (status, code, message) in LOCAL_REPLIES {
+        let kind = ai_router_contract::openai_error_type(*status);
         out.push_str(&format!(
             "{pad}  - filter:\n{pad}      and_filter:\n{pad}        filters:\n{pad}          - status_code_filter: {{ comparison: {{ op: EQ, value: {{ default_value: {status}, runtime_key: ai_router.local_reply.{status} }} }} }}\n{envoy_only}"
         ));
@@ -504,7 +481,7 @@ mod tests {
         // Every status in the table, then a catch-all; each only for Envoy's own answers.
         let mappers = hcm["local_reply_config"]["mappers"].as_sequence().unwrap();
         assert_eq!(mappers.len(), LOCAL_REPLIES.len() + 1);
-        for (mapper, (status, code, _, _)) in mappers.iter().zip(LOCAL_REPLIES) {
+        for (mapper, (status, code, _)) in mappers.iter().zip(LOCAL_REPLIES) {
             let filters = &mapper["filter"]["and_filter"]["filters"];
             assert_eq!(
                 filters[0]["status_code_filter"]["comparison"]["value"]["default_value"],

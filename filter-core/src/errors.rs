@@ -66,14 +66,7 @@ impl GatewayError {
 
     /// The OpenAI `type` that goes with a status.
     pub fn error_type(&self) -> &'static str {
-        match self.status {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "invalid_request_error",
-            429 => "rate_limit_error",
-            400..=499 => "invalid_request_error",
-            _ => "api_error",
-        }
+        ai_router_contract::openai_error_type(self.status)
     }
 
     /// `{"error":{"message","type","param","code"}}`

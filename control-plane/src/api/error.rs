@@ -50,15 +50,7 @@ impl ErrorCode {
 
     /// The `type` of the OpenAI error object.
     pub fn error_type(self) -> &'static str {
-        match self {
-            Self::InvalidRequest | Self::NotFound | Self::Conflict | Self::KeyMounted => {
-                "invalid_request_error"
-            }
-            Self::MissingApiKey | Self::InvalidApiKey | Self::AdminDisabled => {
-                "authentication_error"
-            }
-            Self::Unavailable | Self::Internal => "server_error",
-        }
+        ai_router_contract::openai_error_type(self.http_status().as_u16())
     }
 
     pub fn http_status(self) -> StatusCode {

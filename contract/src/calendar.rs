@@ -48,16 +48,16 @@ pub fn next_utc_midnight_ms(ms: i64) -> i64 {
     (ms.div_euclid(DAY_MS) + 1) * DAY_MS
 }
 
-/// Months since January 1970 of a moment (UTC).
+/// `year * 12 + month - 1` of a moment (UTC): consecutive months are consecutive numbers.
 pub fn month_index(ms: i64) -> i64 {
     let (y, m, _) = civil_from_days(ms.div_euclid(DAY_MS));
-    (y - 1970) * 12 + i64::from(m) - 1
+    y * 12 + i64::from(m) - 1
 }
 
 /// The first moment of the UTC month after the one holding `ms`.
 pub fn first_of_next_month_ms(ms: i64) -> i64 {
     let next = month_index(ms) + 1;
-    let year = 1970 + next.div_euclid(12);
+    let year = next.div_euclid(12);
     let month = u32::try_from(next.rem_euclid(12) + 1).unwrap_or(1);
     days_from_civil(year, month, 1).saturating_mul(DAY_MS)
 }
@@ -119,7 +119,7 @@ mod tests {
         assert_eq!(first_of_next_month_ms(ms), 1_709_251_200_000);
         // 2024-12-31T23:59:59Z → 2025-01-01
         assert_eq!(first_of_next_month_ms(1_735_689_599_000), 1_735_689_600_000);
-        assert_eq!(month_index(0), 0);
+        assert_eq!(month_index(0), 1970 * 12);
     }
 
     #[test]

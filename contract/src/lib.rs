@@ -62,6 +62,12 @@ pub fn probe_holder(request_id: &str, attempt: u32) -> String {
     format!("{request_id}#{attempt}")
 }
 
+/// Lowercase hex SHA-256: how virtual keys (and the admin token) are stored and pushed, and
+/// how the filter looks them up.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
 /// The 64-bit fingerprint of a secret: the first 8 bytes of its SHA-256, big endian. A
 /// blacklist remembers the fingerprint of the secret that was refused, so a new secret lifts it.
 pub fn fingerprint(secret: &str) -> u64 {

@@ -104,6 +104,8 @@ pub struct Attempt {
     first_byte_ms: Option<i64>,
     /// The provider's answer ended with its headers.
     headers_only: bool,
+    /// `gateway.forwardRateLimitHeaders` of the state the attempt was sent with.
+    forward_rate_limits: bool,
 }
 
 /// What the attempt waits for.
@@ -454,6 +456,7 @@ impl Attempt {
             .filter(|_| plan.op == Operation::Embeddings)
             .map(|d| d as usize);
         self.dimensions = requested.or(dimensions);
+        self.forward_rate_limits = state.forward_rate_limit_headers();
         self.probe = chosen.probe.is_some();
         self.started_ms = host.now_ms();
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
@@ -726,7 +729,7 @@ impl Attempt {
             .unwrap_or(502);
         // The provider's headers: internal names it sends are dropped before anything reads
         // them, and only the allowlisted ones reach the client (its key redacted).
-        let rate_limits = host.state().is_some_and(|s| s.forward_rate_limit_headers());
+        let rate_limits = self.forward_rate_limits;
         let mut headers: Vec<(String, String)> = Vec::new();
         for (name, value) in host.headers(Side::Response) {
             if headers::is_internal(&name) {

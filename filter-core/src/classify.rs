@@ -138,12 +138,7 @@ impl Failure {
 /// `retry-after-ms`, else `retry-after` (seconds or an HTTP date is not parsed: seconds only),
 /// else the OpenAI-style reset headers are left to headroom logic.
 pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
-    let get = |name: &str| {
-        headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim().to_string())
-    };
+    let get = |name: &str| header(headers, name);
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         if ms >= 0.0 {
             return Some(now_ms + ms.ceil() as i64);
@@ -949,12 +944,7 @@ fn parse_reset_duration(v: &str) -> Option<i64> {
 /// The rate-limit headroom a provider reported: remaining requests, remaining tokens (-1 when
 /// absent) and the earliest reset (ms since the epoch, 0 when absent).
 pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
-    let get = |names: &[&str]| {
-        headers
-            .iter()
-            .find(|(k, _)| names.iter().any(|n| k.eq_ignore_ascii_case(n)))
-            .map(|(_, v)| v.trim().to_string())
-    };
+    let get = |names: &[&str]| names.iter().find_map(|n| header(headers, n));
     let number = |names: &[&str]| get(names).and_then(|v| v.parse::<i64>().ok()).unwrap_or(-1);
     let requests = number(&[
         "x-ratelimit-remaining-requests",

@@ -99,14 +99,15 @@ impl Front {
 
     /// `GET /health` (no key): ok while some provider has a usable key, else degraded.
     fn health(&mut self, host: &mut impl Host) -> Flow {
-        let (status, code) = match host.state() {
+        let state = host.state();
+        let (status, code) = match &state {
             None => (503, "starting"),
-            Some(state) if crate::state::any_usable_key(&state, host.now_ms()) => (200, "ok"),
+            Some(state) if crate::state::any_usable_key(state, host.now_ms()) => (200, "ok"),
             Some(_) => (200, "degraded"),
         };
         self.answered = Some((status, "health"));
         let mut body = json!({ "status": code });
-        if let Some(state) = host.state().filter(|s| self.is_admin(host, s)) {
+        if let Some(state) = state.filter(|s| self.is_admin(host, s)) {
             // The operator's view: every breaker that is not closed and every key that is out,
             // named by alias only.
             let snap = &state.snapshot;
@@ -152,11 +153,7 @@ impl Front {
             return false;
         };
         host.header_text(Side::Request, "authorization")
-            .and_then(|h| {
-                h.split_once(' ')
-                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                    .map(|(_, t)| sha256_hex(t.trim().as_bytes()))
-            })
+            .and_then(|h| bearer_token(&h).map(|t| sha256_hex(t.as_bytes())))
             .is_some_and(|given| given == expected)
     }
 
@@ -180,11 +177,7 @@ impl Front {
                 }
             },
         };
-        let token = header
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t.trim())
-            .unwrap_or("");
+        let token = bearer_token(&header).unwrap_or("");
         if token.is_empty() {
             self.reply(host, GatewayError::missing_api_key());
             return None;
@@ -292,6 +285,14 @@ impl Front {
         );
         Flow::Continue
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value.
+fn bearer_token(header: &str) -> Option<&str> {
+    header
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
 }
 
 /// The key's quota answer, if any: a block the control plane pushed, else the request past

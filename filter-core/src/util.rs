@@ -1,11 +1,7 @@
 //! Small helpers shared by the stages.
 
-use sha2::{Digest, Sha256};
-
 /// Lowercase hex SHA-256, the form virtual keys are pushed in.
-pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(Sha256::digest(data))
-}
+pub use ai_router_contract::sha256_hex;
 
 pub use ai_router_contract::fingerprint;
 
@@ -74,7 +70,7 @@ mod tests {
         assert_eq!(fingerprint("sk-a"), fingerprint("sk-a"));
         assert_ne!(fingerprint("sk-a"), fingerprint("sk-b"));
         // Matches the control plane's definition: first 8 bytes of SHA-256.
-        let d = Sha256::digest(b"abc");
+        let d = <sha2::Sha256 as sha2::Digest>::digest(b"abc");
         assert_eq!(fingerprint("abc").to_be_bytes(), d[..8]);
     }
 

@@ -11,8 +11,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
 /// A secret value. Never printed: `Debug` shows `Secret(<redacted>)`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -45,7 +43,7 @@ pub use ai_router_contract::fingerprint;
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(value: &str) -> String {
-    hex::encode(Sha256::digest(value.as_bytes()))
+    ai_router_contract::sha256_hex(value.as_bytes())
 }
 
 /// Compares two byte strings in time that depends only on their lengths.

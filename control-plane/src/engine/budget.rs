@@ -6,7 +6,7 @@
 
 use crate::config::{BudgetConfig, ModelConfig};
 
-use ai_router_contract::calendar::{self, civil_from_days, DAY_MS};
+use ai_router_contract::calendar::{self, DAY_MS};
 
 /// A provider's spend in the current UTC day and month.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -26,8 +26,7 @@ pub fn day_of(ms: i64) -> i64 {
 
 /// `year * 12 + month - 1` of `ms`, in UTC.
 pub fn month_of(ms: i64) -> i64 {
-    let (year, month, _) = civil_from_days(day_of(ms));
-    year * 12 + i64::from(month) - 1
+    calendar::month_index(ms)
 }
 
 /// When the UTC day after the one holding `ms` starts.
@@ -124,7 +123,7 @@ impl Spend {
 mod tests {
     use super::*;
     use crate::config::CostConfig;
-    use ai_router_contract::calendar::days_from_civil;
+    use ai_router_contract::calendar::{civil_from_days, days_from_civil};
 
     // 2024-01-31T12:00:00Z
     const JAN_31_NOON: i64 = 1_706_702_400_000;

@@ -74,11 +74,6 @@ impl Headers {
             .unwrap_or_default()
     }
 
-    /// The names of every header.
-    pub fn names(self) -> Vec<String> {
-        self.all().into_iter().map(|(k, _)| k).collect()
-    }
-
     /// Sets (or with `None` removes) `name`.
     pub fn set(self, name: &str, value: Option<&str>) {
         logged(hostcalls::set_map_value(self.map(), name, value).map_err(failed("set_header")));
@@ -213,9 +208,6 @@ impl Host for WasmHost {
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
         headers_of(side).all()
-    }
-    fn header_names(&self, side: Side) -> Vec<String> {
-        headers_of(side).names()
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
         headers_of(side).set(name, value);

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use ai_router_proto::tables::Tables;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -38,6 +39,10 @@ use crate::keys::mounted::VirtualKeyRecord;
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the state store is read for what other control planes wrote.
 pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a change that only moves headroom (every answer of a real provider moves it) may
+/// wait to be published with the next ones. The data plane acts on a 429 at once with its own
+/// hold, so headroom this late costs at most a few more 429s, never a wrong answer.
+pub const HEADROOM_COALESCE: Duration = Duration::from_millis(200);
 
 /// Milliseconds since the Unix epoch; injectable so the tests control time.
 pub trait Clock: Send + Sync {
@@ -435,8 +440,12 @@ struct State {
     /// What the store held after the last exchange with it: the base of the three-way merge.
     base: DurableState,
     virtual_keys: Vec<VirtualKeyRecord>,
+    /// `virtual_keys` as published, rebuilt only when they change.
+    published_keys: Arc<BTreeMap<String, pb::VirtualKey>>,
     /// SHA-256 (hex) of the admin token, pushed so the gateway can check it on `GET /health`.
     admin_token_sha256: String,
+    /// A change waits for the next [`Engine::flush`] (headroom only).
+    pending: bool,
 }
 
 pub struct Engine {
@@ -446,7 +455,9 @@ pub struct Engine {
     /// Durable state and the probe leases.
     store: Arc<dyn StateStore>,
     state: Mutex<State>,
-    updates: watch::Sender<Arc<pb::StateUpdate>>,
+    updates: watch::Sender<Arc<Tables>>,
+    /// Headroom-only changes wait for [`Engine::flush`] instead of a publish each.
+    coalesce_headroom: std::sync::atomic::AtomicBool,
     /// See [`ReportObserver`].
     report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
 }
@@ -555,15 +566,18 @@ impl Engine {
             .collect();
         // Versions start at the wall clock so they keep increasing across restarts.
         let version = u64::try_from(clock.now_ms()).unwrap_or(0).max(1);
+        let published_keys = Arc::new(published_keys(&virtual_keys));
         let state = State {
             version,
             secrets,
             durable: kept,
             base,
             virtual_keys,
+            published_keys,
             admin_token_sha256: String::new(),
+            pending: false,
         };
-        let first = Arc::new(build_update(&config, &state, clock.now_ms()));
+        let first = Arc::new(build_tables(&config, &state, clock.now_ms()));
         let (updates, _) = watch::channel(first);
         let engine = Arc::new(Self {
             config,
@@ -572,6 +586,7 @@ impl Engine {
             store,
             state: Mutex::new(state),
             updates,
+            coalesce_headroom: std::sync::atomic::AtomicBool::new(false),
             report_observers: Mutex::default(),
         });
         engine.expire();
@@ -582,13 +597,62 @@ impl Engine {
         &self.config
     }
 
-    /// The current snapshot and every later one.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<pb::StateUpdate>> {
+    /// The published tables now and at every later version.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Tables>> {
         self.updates.subscribe()
     }
 
-    pub fn current(&self) -> Arc<pb::StateUpdate> {
+    /// The published tables.
+    pub fn tables(&self) -> Arc<Tables> {
         self.updates.borrow().clone()
+    }
+
+    /// The published state as one snapshot (admin answers, metrics, tests).
+    pub fn current(&self) -> pb::StateUpdate {
+        let tables = self.tables();
+        pb::StateUpdate {
+            version: tables.version,
+            snapshot: Some(tables.to_snapshot()),
+            delta: None,
+        }
+    }
+
+    /// Lets headroom-only changes wait for [`Engine::flush`] (which `serve` runs every
+    /// [`HEADROOM_COALESCE`]) instead of publishing a version each.
+    pub fn coalesce_headroom(&self, on: bool) {
+        self.coalesce_headroom
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Publishes what waits (headroom); returns whether anything did.
+    pub fn flush(&self) -> bool {
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        if !state.pending {
+            return false;
+        }
+        self.publish(&mut state, now);
+        true
+    }
+
+    /// Runs [`Engine::flush`] every [`HEADROOM_COALESCE`] until `shutdown` flips.
+    pub async fn run_flush(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        self.coalesce_headroom(true);
+        let mut tick = tokio::time::interval(HEADROOM_COALESCE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    self.flush();
+                }
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        self.coalesce_headroom(false);
+        self.flush();
     }
 
     pub fn version(&self) -> u64 {
@@ -620,12 +684,13 @@ impl Engine {
         let mut state = lock(&self.state);
         let mut events = Vec::new();
         let mut changed = false;
+        let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
         for attempt in &batch.attempts {
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
-                changed |= note_headroom(&mut state.durable, attempt, now);
+                headroom_moved |= note_headroom(&mut state.durable, attempt, now);
                 changed |= note_spend(&self.config, &mut state.durable, attempt, now);
                 if attempt.probe {
                     // Only the attempt that holds the lease ends it.
@@ -749,8 +814,13 @@ impl Engine {
         for event in &events {
             event.log();
         }
-        if changed {
+        let coalesce = self
+            .coalesce_headroom
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if changed || (headroom_moved && !coalesce) {
             self.publish(&mut state, now);
+        } else if headroom_moved {
+            state.pending = true;
         }
         let version = state.version;
         drop(state);
@@ -1007,8 +1077,9 @@ impl Engine {
 
     fn publish(&self, state: &mut State, now: i64) {
         state.version += 1;
-        let update = Arc::new(build_update(&self.config, state, now));
-        self.updates.send_replace(update);
+        state.pending = false;
+        let tables = Arc::new(build_tables(&self.config, state, now));
+        self.updates.send_replace(tables);
     }
 }
 
@@ -1045,6 +1116,7 @@ impl Engine {
         if state.virtual_keys == keys {
             return false;
         }
+        state.published_keys = Arc::new(published_keys(&keys));
         state.virtual_keys = keys;
         self.publish(&mut state, now);
         true
@@ -1191,7 +1263,7 @@ fn note_spend(
     out(spend) != before
 }
 
-fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
+fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
     let providers = config
         .providers
         .iter()
@@ -1231,11 +1303,7 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
         .collect();
     let snapshot = pb::Snapshot {
         providers,
-        virtual_keys: state
-            .virtual_keys
-            .iter()
-            .map(VirtualKeyRecord::to_proto)
-            .collect(),
+        virtual_keys: Vec::new(),
         defaults: config.defaults.as_ref().map(policy_to_proto),
         profiles: config
             .profiles
@@ -1307,10 +1375,19 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
             })
             .collect(),
     };
-    pb::StateUpdate {
-        version: state.version,
-        snapshot: Some(snapshot),
+    Tables {
+        virtual_keys: state.published_keys.clone(),
+        ..Tables::from_snapshot(state.version, snapshot)
     }
+}
+
+fn published_keys(keys: &[VirtualKeyRecord]) -> BTreeMap<String, pb::VirtualKey> {
+    keys.iter()
+        .map(|k| {
+            let k = k.to_proto();
+            (k.sha256.clone(), k)
+        })
+        .collect()
 }
 
 fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) -> pb::Provider {
@@ -2159,6 +2236,37 @@ providers:
         share(&a, &b)?;
         let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
         result
+    }
+
+    #[test]
+    fn headroom_alone_waits_for_the_next_flush_and_holds_do_not() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        e.coalesce_headroom(true);
+        let v = e.version();
+        let mut ok = success("openai", "openai-1");
+        ok.remaining_requests = 5;
+        ok.remaining_tokens = 1_000;
+        ok.ratelimit_reset_at_ms = 1_030_000;
+        e.apply_report(&batch(vec![ok.clone()]));
+        ok.remaining_requests = 4;
+        e.apply_report(&batch(vec![ok]));
+        assert_eq!(e.version(), v, "headroom alone is not published at once");
+        assert!(snapshot(e).headroom.is_empty());
+        assert!(e.flush());
+        assert_eq!(e.version(), v + 1, "two reports, one version");
+        assert_eq!(snapshot(e).headroom[0].remaining_requests, 4);
+        assert!(!e.flush(), "nothing waits");
+        // A cooldown is published at once, with any headroom waiting.
+        let mut limited = attempt("openai", "openai-1", "rate_limit");
+        limited.remaining_requests = 0;
+        limited.ratelimit_reset_at_ms = 1_020_000;
+        e.apply_report(&batch(vec![limited]));
+        assert_eq!(e.version(), v + 2);
+        let s = snapshot(e);
+        assert_eq!(s.cooldowns.len(), 1);
+        assert_eq!(s.headroom[0].remaining_requests, 0);
+        Ok(())
     }
 
     #[test]

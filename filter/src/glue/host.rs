@@ -230,6 +230,13 @@ impl Host for WasmHost {
     fn state(&self) -> Option<Rc<State>> {
         shared::current_state()
     }
+    fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
+        shared::virtual_key(sha256_hex)
+    }
+    fn state_sequence(&self) -> u64 {
+        shared::current_state();
+        shared::state_sequence()
+    }
     fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
         shared::count_minute_request(key_id, minute)
     }

@@ -1,14 +1,17 @@
-//! What the workers share: the pushed state (shared data written by the ctrl singleton, decoded
-//! once per version per VM), holds one worker puts on lanes for all (shared data), this VM's
-//! calls in progress, in-flight counts and round-robin positions (thread-local: the front and
-//! attempt stages of one call run on the same worker), and the report queue.
+//! What the workers share: the pushed state as records the ctrl singleton writes to shared data
+//! (the pool, decoded once per pool version per VM; one virtual key and one provider's lane
+//! health, read when a request needs them), holds one worker puts on lanes for all (shared
+//! data), this VM's calls in progress, in-flight counts and round-robin positions
+//! (thread-local: the front and attempt stages of one call run on the same worker), and the
+//! report queue.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
+use ai_router_contract::shared as names;
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use prost::Message;
 use proxy_wasm::hostcalls;
 use serde::{Deserialize, Serialize};
@@ -16,12 +19,9 @@ use serde::{Deserialize, Serialize};
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
 use ai_router_filter_core::quota::MinuteCount;
-use ai_router_filter_core::state::State;
+use ai_router_filter_core::state::{LaneHealth, State};
 
-pub const VM_ID: &str = "ai_router";
-pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
-pub const VERSION_KEY: &str = "ai-router/version";
-pub const REPORT_QUEUE: &str = "ai-router/reports";
+pub use names::{REPORT_QUEUE, VM_ID};
 pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 
@@ -30,6 +30,12 @@ pub use ai_router_filter_core::calls::Call;
 #[derive(Default)]
 struct Local {
     state: Option<Rc<State>>,
+    /// When the control plane generated the newest update the singleton published.
+    synced_at_ms: i64,
+    /// How many updates the singleton had applied at the last look.
+    sequence: u64,
+    /// Each provider's lane-health record as last read, and what it decodes to.
+    lanes: HashMap<String, (Vec<u8>, Rc<LaneHealth>)>,
     calls: HashMap<String, Call>,
     rr: RoundRobin,
     queue: Option<u32>,
@@ -52,23 +58,35 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The freshest state, decoding the pushed snapshot only when its version changed.
+/// The freshest pool, decoded only when its version changed.
 pub fn current_state() -> Option<Rc<State>> {
-    let version = match hostcalls::get_shared_data(VERSION_KEY) {
-        Ok((Some(bytes), _)) if bytes.len() == 8 => {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes);
-            u64::from_be_bytes(b)
+    let (version, synced_at, sequence) = match hostcalls::get_shared_data(names::SYNC) {
+        Ok((Some(bytes), _)) if bytes.len() == 24 => {
+            let word = |i: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&bytes[i..i + 8]);
+                w
+            };
+            (
+                u64::from_be_bytes(word(0)),
+                i64::from_be_bytes(word(8)),
+                u64::from_be_bytes(word(16)),
+            )
         }
         _ => return LOCAL.with(|l| l.borrow().state.clone()),
     };
-    let cached = LOCAL.with(|l| l.borrow().state.clone());
+    let cached = LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        l.synced_at_ms = synced_at;
+        l.sequence = sequence;
+        l.state.clone()
+    });
     if let Some(s) = &cached {
         if s.version == version {
             return cached;
         }
     }
-    let decoded = match hostcalls::get_shared_data(SNAPSHOT_KEY) {
+    let decoded = match hostcalls::get_shared_data(names::POOL) {
         Ok((Some(bytes), _)) => State::decode(version, &bytes),
         _ => None,
     };
@@ -80,6 +98,45 @@ pub fn current_state() -> Option<Rc<State>> {
         }
         None => cached,
     }
+}
+
+/// Moves whenever any pushed record changed (as of the last [`current_state`]).
+pub fn state_sequence() -> u64 {
+    LOCAL.with(|l| l.borrow().sequence)
+}
+
+/// The virtual key whose secret has this SHA-256 (hex), from its own record.
+pub fn virtual_key(sha256_hex: &str) -> Option<VirtualKey> {
+    match hostcalls::get_shared_data(&names::virtual_key(sha256_hex)) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => {
+            <VirtualKey as Message>::decode(bytes.as_slice()).ok()
+        }
+        _ => None,
+    }
+}
+
+/// A provider's lane health from its record, decoded again only when the record changed.
+fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
+    let bytes = match hostcalls::get_shared_data(&names::lanes(provider)) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => bytes,
+        _ => return None,
+    };
+    if let Some(hit) = LOCAL.with(|l| {
+        l.borrow()
+            .lanes
+            .get(provider)
+            .filter(|(seen, _)| *seen == bytes)
+            .map(|(_, h)| h.clone())
+    }) {
+        return Some(hit);
+    }
+    let health = Rc::new(LaneHealth::decode(&bytes)?);
+    LOCAL.with(|l| {
+        l.borrow_mut()
+            .lanes
+            .insert(provider.to_string(), (bytes, health.clone()))
+    });
+    Some(health)
 }
 
 /// A new call id, unique within this Envoy process.
@@ -119,10 +176,6 @@ pub fn end_call(cid: &str) -> Option<Call> {
     LOCAL.with(|l| l.borrow_mut().calls.remove(cid))
 }
 
-fn in_flight_key(provider: &str, key: &str) -> String {
-    format!("ai-router/inflight/{provider}\u{1f}{key}")
-}
-
 fn read_counter(key: &str) -> (u32, Option<u32>) {
     match hostcalls::get_shared_data(key) {
         Ok((Some(bytes), cas)) if bytes.len() == 4 => {
@@ -138,7 +191,7 @@ fn read_counter(key: &str) -> (u32, Option<u32>) {
 /// In-flight attempts per key, counted across every worker of this Envoy (shared data, updated
 /// with compare-and-swap).
 pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
-    let name = in_flight_key(provider, key);
+    let name = names::in_flight(provider, key);
     for _ in 0..16 {
         let (n, cas) = read_counter(&name);
         let next = n.saturating_add_signed(delta);
@@ -151,14 +204,14 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
 }
 
 pub fn in_flight(provider: &str, key: &str) -> u32 {
-    read_counter(&in_flight_key(provider, key)).0
+    read_counter(&names::in_flight(provider, key)).0
 }
 
 /// Counts one request of the virtual key `key_id` in the UTC minute `minute`, across every
 /// worker of this Envoy (one shared-data entry per key, compare-and-swap); returns the count
 /// in that minute including this one, `None` when the entry could not be updated.
 pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
-    let name = format!("ai-router/rpm/{key_id}");
+    let name = names::minute_requests(key_id);
     for _ in 0..16 {
         let (stored, cas) = match hostcalls::get_shared_data(&name) {
             Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteCount::decode), cas),
@@ -236,11 +289,11 @@ struct StoredHold {
 }
 
 fn cooldown_key(lane: &LaneId) -> String {
-    format!("ai-router/cooldown/{}", lane.token())
+    names::cooldown(&lane.provider, &lane.key, &lane.model)
 }
 
 fn blacklist_key(provider: &str, key: &str) -> String {
-    format!("ai-router/blacklist/{provider}\u{1f}{key}")
+    names::blacklist(provider, key)
 }
 
 /// Cools a lane for every worker of this Envoy at once (the control plane's push follows).
@@ -319,6 +372,14 @@ impl View for SharedView {
 
     fn latency(&self, lane: &LaneId) -> Option<f64> {
         LOCAL.with(|l| l.borrow().latency.get(&lane.token()).copied())
+    }
+
+    fn health(&self, provider: &str) -> Option<Rc<LaneHealth>> {
+        lane_health(provider)
+    }
+
+    fn synced_at_ms(&self) -> Option<i64> {
+        Some(LOCAL.with(|l| l.borrow().synced_at_ms))
     }
 }
 

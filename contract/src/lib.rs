@@ -69,19 +69,14 @@ pub mod shared {
         format!("ai-router/lanes/{provider}")
     }
 
-    /// A worker's cooldown of one lane.
-    pub fn cooldown(provider: &str, key: &str, model: &str) -> String {
-        format!("ai-router/cooldown/{provider}\u{1f}{key}\u{1f}{model}")
+    /// The holds the workers put on a provider's keys and lanes.
+    pub fn holds(provider: &str) -> String {
+        format!("ai-router/holds/{provider}")
     }
 
-    /// A worker's blacklist of one key.
-    pub fn blacklist(provider: &str, key: &str) -> String {
-        format!("ai-router/blacklist/{provider}\u{1f}{key}")
-    }
-
-    /// Attempts in flight on one key, across the workers.
-    pub fn in_flight(provider: &str, key: &str) -> String {
-        format!("ai-router/inflight/{provider}\u{1f}{key}")
+    /// Attempts in flight on a provider's keys, across the workers.
+    pub fn in_flight(provider: &str) -> String {
+        format!("ai-router/inflight/{provider}")
     }
 
     /// One virtual key's requests in the current UTC minute, across the workers.

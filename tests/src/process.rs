@@ -187,6 +187,17 @@ pub fn http_client() -> Result<reqwest::Client> {
         .context("building the HTTP client")
 }
 
+/// The body of a plain `GET` (a metrics or stats page).
+pub async fn get_text(url: &str) -> Result<String> {
+    Ok(http_client()?
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?
+        .text()
+        .await?)
+}
+
 pub(crate) fn json_str<'a>(v: &'a Value, key: &str) -> Result<&'a str> {
     v.get(key)
         .and_then(Value::as_str)

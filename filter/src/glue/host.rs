@@ -300,7 +300,7 @@ impl Host for WasmHost {
         shared::with_call(call_id, f)
     }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
-        shared::with_round_robin(|rr| f(&shared::SharedView, rr))
+        shared::with_round_robin(|rr| f(&shared::SharedView::default(), rr))
     }
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
         shared::add_in_flight(provider, key, delta);

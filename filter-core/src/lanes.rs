@@ -256,9 +256,13 @@ fn out_reason(
     if pushed > now_ms {
         worst = later(worst, Class::RateLimit, Some(pushed));
     }
+    let reset_at = health.reset_at_ms(&key.alias);
     for hold in view.holds(lane) {
-        if hold.set_at_ms() + LOCAL_HOLD_GRACE_MS <= synced_at_ms {
-            // The control plane has spoken since: its state is the truth.
+        if hold.set_at_ms() + LOCAL_HOLD_GRACE_MS <= synced_at_ms
+            || (reset_at > 0 && hold.set_at_ms() <= reset_at)
+        {
+            // The control plane has spoken since, or an operator reset the key: its state is
+            // the truth.
             continue;
         }
         match hold {
@@ -862,6 +866,60 @@ mod tests {
         assert!(!keys(10_000 + LOCAL_HOLD_GRACE_MS - 1));
         // One generated after the grace without the blacklist: the control plane's view wins.
         assert!(keys(10_000 + LOCAL_HOLD_GRACE_MS));
+    }
+
+    #[test]
+    fn an_operator_reset_voids_the_holds_set_before_it_at_once() {
+        let v = FakeView::default();
+        let lane = LaneId::new("p1", "a", "m1");
+        v.holds.borrow_mut().insert(
+            lane.clone(),
+            vec![
+                LocalHold::Blacklist {
+                    class: Class::Quota,
+                    until_ms: 0,
+                    fingerprint: 0,
+                    set_at_ms: 10_000,
+                },
+                LocalHold::Cooldown {
+                    until_ms: 60_000,
+                    set_at_ms: 10_500,
+                },
+            ],
+        );
+        let only_a = vec![vec![Candidate {
+            provider: "p1".into(),
+            model: "m1".into(),
+            weight: 1.0,
+        }]];
+        let usable = |reset: Option<(&str, i64)>| {
+            let s = state_with_snapshot(|s| {
+                // Within the grace: without a reset the holds stand.
+                s.generated_at_ms = 11_000;
+                s.providers[0].keys.truncate(1);
+                s.resets = reset
+                    .map(|(key, at_ms)| ai_router_proto::v1::HoldReset {
+                        provider: "p1".into(),
+                        key: key.into(),
+                        at_ms,
+                    })
+                    .into_iter()
+                    .collect();
+            });
+            let mut rr = RoundRobin::default();
+            matches!(
+                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
+                Pick::Lane(_)
+            )
+        };
+        assert!(!usable(None));
+        // A reset of the key, or of its provider, after both holds: usable at once.
+        assert!(usable(Some(("a", 11_000))));
+        assert!(usable(Some(("", 11_000))));
+        // A reset between them voids the blacklist only; the later cooldown stands.
+        assert!(!usable(Some(("a", 10_200))));
+        // A reset of another key changes nothing.
+        assert!(!usable(Some(("b", 11_000))));
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct LaneHealth {
     headroom: HashMap<(String, String), Headroom>,
     /// Out until (a spent budget).
     out_until_ms: i64,
+    /// key ("" for the whole provider) -> when an operator reset it.
+    resets: HashMap<String, i64>,
 }
 
 impl LaneHealth {
@@ -50,6 +52,10 @@ impl LaneHealth {
         }
         for p in record.provider_health {
             h.out_until_ms = h.out_until_ms.max(p.until_ms);
+        }
+        for r in record.resets {
+            let at = h.resets.entry(r.key).or_insert(0);
+            *at = (*at).max(r.at_ms);
         }
         h
     }
@@ -84,6 +90,13 @@ impl LaneHealth {
     /// When the provider, out of rotation as a whole (a spent budget), returns.
     pub fn out_until_ms(&self) -> i64 {
         self.out_until_ms
+    }
+
+    /// When an operator last reset this key or its whole provider (0: not lately): holds
+    /// Envoy's workers put on it before then are void.
+    pub fn reset_at_ms(&self, key: &str) -> i64 {
+        let of = |k: &str| self.resets.get(k).copied().unwrap_or(0);
+        of(key).max(of(""))
     }
 
     /// Every breaker of the provider and its keys that is not closed.
@@ -159,6 +172,9 @@ impl State {
             record(&mut records, &p.provider)
                 .provider_health
                 .push(p.clone());
+        }
+        for r in &snapshot.resets {
+            record(&mut records, &r.provider).resets.push(r.clone());
         }
         state.health = records
             .into_iter()

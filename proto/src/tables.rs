@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::v1::{
-    BreakerRef, BreakerState, Delta, Headroom, KeyHealth, LaneCooldown, LaneRef, Provider,
-    ProviderHealth, ProviderKeyRef, ProviderKeyUpdate, ProviderLanes, Settings, Snapshot,
+    BreakerRef, BreakerState, Delta, Headroom, HoldReset, KeyHealth, LaneCooldown, LaneRef,
+    Provider, ProviderHealth, ProviderKeyRef, ProviderKeyUpdate, ProviderLanes, Settings, Snapshot,
     VirtualKey,
 };
 
@@ -33,6 +33,8 @@ pub struct Tables {
     pub breakers: BTreeMap<BreakerKey, BreakerState>,
     pub headroom: BTreeMap<LaneKey, Headroom>,
     pub provider_health: BTreeMap<String, ProviderHealth>,
+    /// (provider, key or "") -> the operator's recent reset.
+    pub resets: BTreeMap<KeyId, HoldReset>,
 }
 
 /// What a delta changed, by the records Envoy keeps: the pool (settings, providers and their
@@ -54,6 +56,7 @@ impl Touched {
         providers.extend(tables.breakers.keys().map(|k| k.1.clone()));
         providers.extend(tables.headroom.keys().map(|k| k.0.clone()));
         providers.extend(tables.provider_health.keys().cloned());
+        providers.extend(tables.resets.keys().map(|k| k.0.clone()));
         Self {
             pool: true,
             virtual_keys: tables.virtual_keys.keys().cloned().collect(),
@@ -131,6 +134,9 @@ impl Tables {
             t.headroom
                 .insert(lane_key(&h.provider, &h.key, &h.model), h);
         }
+        for r in snapshot.resets {
+            t.resets.insert((r.provider.clone(), r.key.clone()), r);
+        }
         for p in snapshot.provider_health {
             if t.provider_health
                 .get(&p.provider)
@@ -157,6 +163,7 @@ impl Tables {
             selection: self.settings.selection,
             headroom: self.headroom.values().cloned().collect(),
             provider_health: self.provider_health.values().cloned().collect(),
+            resets: self.resets.values().cloned().collect(),
         }
     }
 
@@ -188,6 +195,7 @@ impl Tables {
                 .cloned()
                 .into_iter()
                 .collect(),
+            resets: of_provider(&self.resets, provider, |k| &k.0),
         }
     }
 
@@ -276,6 +284,12 @@ impl Tables {
         let (up, gone) = changes(&self.provider_health, &newer.provider_health);
         d.provider_health = up;
         d.removed_provider_health = gone;
+        let (up, gone) = changes(&self.resets, &newer.resets);
+        d.resets = up;
+        d.removed_resets = gone
+            .into_iter()
+            .map(|(provider, key)| ProviderKeyRef { provider, key })
+            .collect();
         Some(d)
     }
 
@@ -378,6 +392,15 @@ impl Tables {
             note(p);
             self.provider_health.remove(p);
         }
+        for r in &delta.resets {
+            note(&r.provider);
+            self.resets
+                .insert((r.provider.clone(), r.key.clone()), r.clone());
+        }
+        for r in &delta.removed_resets {
+            note(&r.provider);
+            self.resets.remove(&(r.provider.clone(), r.key.clone()));
+        }
         Ok(touched)
     }
 }
@@ -399,6 +422,8 @@ pub fn is_empty(d: &Delta) -> bool {
         && d.removed_headroom.is_empty()
         && d.provider_health.is_empty()
         && d.removed_provider_health.is_empty()
+        && d.resets.is_empty()
+        && d.removed_resets.is_empty()
 }
 
 /// The entries of `map` whose key names `provider`.

@@ -7,8 +7,7 @@
 use std::time::Duration;
 
 use ai_router_e2e::{
-    ai_router_bin, openai_error_problem, poll, script, standard_pool, ControlPlane, Gateway, Reply,
-    TestDir,
+    openai_error_problem, poll, script, standard_pool, ControlPlane, Gateway, Reply, TestDir,
 };
 use serde_json::{json, Value};
 
@@ -137,26 +136,9 @@ fn has_sha256(text: &str) -> bool {
 
 /// `ai-router keys ...` with `env`; the exit status and the JSON it printed.
 async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, Value, String) {
-    let mut cmd = tokio::process::Command::new(ai_router_bin().unwrap());
-    cmd.arg("keys").args(args).env_clear();
-    if let Ok(path) = std::env::var("PATH") {
-        cmd.env("PATH", path);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+    ai_router_e2e::run_cli(&[&["keys"], args].concat(), env)
         .await
-        .expect("the CLI finished")
-        .expect("the CLI ran");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        json,
-        format!("stdout: {stdout}\nstderr: {stderr}"),
-    )
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

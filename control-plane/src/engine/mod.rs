@@ -43,6 +43,9 @@ pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// wait to be published with the next ones. The data plane acts on a 429 at once with its own
 /// hold, so headroom this late costs at most a few more 429s, never a wrong answer.
 pub const HEADROOM_COALESCE: Duration = Duration::from_millis(200);
+/// How long an operator's reset is pushed: past it, Envoy's own holds from before the reset
+/// have given way to the control plane anyway (their grace is 5 s).
+pub const RESET_MARK: Duration = Duration::from_secs(60);
 
 /// Milliseconds since the Unix epoch; injectable so the tests control time.
 pub trait Clock: Send + Sync {
@@ -446,6 +449,28 @@ struct State {
     admin_token_sha256: String,
     /// A change waits for the next [`Engine::flush`] (headroom only).
     pending: bool,
+    /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
+    /// set before then, dropped after [`RESET_MARK`].
+    resets: BTreeMap<KeyId, i64>,
+}
+
+/// What [`Engine::reset`] cleared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResetCounts {
+    pub blacklists: u32,
+    pub cooldowns: u32,
+    pub breakers: u32,
+    pub headroom: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetError {
+    #[error("no provider {0:?} in the pool")]
+    UnknownProvider(String),
+    #[error("provider {provider:?} has no key {key:?}")]
+    UnknownKey { provider: String, key: String },
+    #[error("a key is reset with its provider: give \"provider\" too")]
+    KeyWithoutProvider,
 }
 
 pub struct Engine {
@@ -576,6 +601,7 @@ impl Engine {
             published_keys,
             admin_token_sha256: String::new(),
             pending: false,
+            resets: BTreeMap::new(),
         };
         let first = Arc::new(build_tables(&config, &state, clock.now_ms()));
         let (updates, _) = watch::channel(first);
@@ -622,6 +648,99 @@ impl Engine {
     pub fn coalesce_headroom(&self, on: bool) {
         self.coalesce_headroom
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Closes breakers, lifts blacklists and cooldowns and clears headroom: of every provider
+    /// (`provider` `None`), of one provider and its keys, or of one key (and its lanes). Envoy
+    /// voids its own holds on them at once. A key whose secret is missing stays out.
+    pub fn reset(
+        &self,
+        provider: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<ResetCounts, ResetError> {
+        let providers: Vec<&str> = match (provider, key) {
+            (None, Some(_)) => return Err(ResetError::KeyWithoutProvider),
+            (None, None) => self
+                .config
+                .providers
+                .iter()
+                .map(|p| p.id.as_str())
+                .collect(),
+            (Some(p), _) => {
+                let Some(found) = self.config.providers.iter().find(|x| x.id == p) else {
+                    return Err(ResetError::UnknownProvider(p.to_owned()));
+                };
+                if let Some(k) = key {
+                    if !found.keys.iter().any(|x| x.alias == k) {
+                        return Err(ResetError::UnknownKey {
+                            provider: p.to_owned(),
+                            key: k.to_owned(),
+                        });
+                    }
+                }
+                vec![p]
+            }
+        };
+        let hit = |p: &str, k: &str| providers.contains(&p) && key.is_none_or(|want| want == k);
+        let now = self.clock.now_ms();
+        let mut counts = ResetCounts::default();
+        let mut events = Vec::new();
+        let mut state = lock(&self.state);
+        let durable = &mut state.durable;
+        durable.blacklists.retain(|(p, k), b| {
+            if !hit(p, k) {
+                return true;
+            }
+            counts.blacklists += 1;
+            events.push(EngineEvent::KeyRestored {
+                provider: p.clone(),
+                key: k.clone(),
+                was: b.reason.as_str(),
+                reason: "reset",
+            });
+            false
+        });
+        durable.cooldowns.retain(|(p, k, _), _| {
+            let out = hit(p, k);
+            counts.cooldowns += u32::from(out);
+            !out
+        });
+        durable.headroom.retain(|(p, k, _), _| {
+            let out = hit(p, k);
+            counts.headroom += u32::from(out);
+            !out
+        });
+        durable.breakers.retain(|id, b| {
+            let (scope, p, k) = id;
+            let out = match scope {
+                BreakerScope::Key => hit(p, k),
+                BreakerScope::Provider => key.is_none() && providers.contains(&p.as_str()),
+            };
+            if out && b.phase != BreakerPhase::Closed {
+                counts.breakers += 1;
+                events.push(breaker_event(id, b.phase, BreakerPhase::Closed));
+            }
+            !out
+        });
+        for p in &providers {
+            state
+                .resets
+                .insert(((*p).to_owned(), key.unwrap_or("").to_owned()), now);
+        }
+        for event in &events {
+            event.log();
+        }
+        tracing::info!(
+            provider = provider.unwrap_or("*"),
+            key = key.unwrap_or("*"),
+            blacklists = counts.blacklists,
+            cooldowns = counts.cooldowns,
+            breakers = counts.breakers,
+            headroom = counts.headroom,
+            "reset"
+        );
+        self.publish(&mut state, now);
+        Ok(counts)
     }
 
     /// Publishes what waits (headroom); returns whether anything did.
@@ -991,6 +1110,12 @@ impl Engine {
                 durable.cooldowns.len(),
                 durable.headroom.len(),
             );
+        let marks = state.resets.len();
+        state
+            .resets
+            .retain(|_, at| now.saturating_sub(*at) < ms(RESET_MARK.as_millis() as u64));
+        changed |= marks != state.resets.len();
+        let durable = &mut state.durable;
         let mut events = Vec::new();
         for (id, breaker) in &mut durable.breakers {
             if let Some((from, to)) = breaker.tick(now) {
@@ -1372,6 +1497,15 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                     reason: "budget".to_owned(),
                     until_ms: until,
                 })
+            })
+            .collect(),
+        resets: state
+            .resets
+            .iter()
+            .map(|((provider, key), at)| pb::HoldReset {
+                provider: provider.clone(),
+                key: key.clone(),
+                at_ms: *at,
             })
             .collect(),
     };
@@ -2236,6 +2370,62 @@ providers:
         share(&a, &b)?;
         let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
         result
+    }
+
+    #[test]
+    fn a_reset_clears_one_key_or_everything_and_is_pushed() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        e.apply_report(&batch(vec![
+            attempt("openai", "openai-1", "quota"),
+            attempt("openai", "openai-1", "rate_limit"),
+        ]));
+        let s = snapshot(e);
+        assert_eq!((s.key_health.len(), s.cooldowns.len()), (1, 1));
+        assert_eq!(
+            e.reset(None, Some("openai-1")),
+            Err(ResetError::KeyWithoutProvider)
+        );
+        assert!(matches!(
+            e.reset(Some("nope"), None),
+            Err(ResetError::UnknownProvider(_))
+        ));
+        assert!(matches!(
+            e.reset(Some("openai"), Some("nope")),
+            Err(ResetError::UnknownKey { .. })
+        ));
+        let v = e.version();
+        let counts = e.reset(Some("openai"), Some("openai-1"));
+        assert_eq!(
+            counts,
+            Ok(ResetCounts {
+                blacklists: 1,
+                cooldowns: 1,
+                breakers: 0,
+                headroom: 0
+            })
+        );
+        assert_eq!(e.version(), v + 1, "published at once");
+        let s = snapshot(e);
+        assert!(s.key_health.is_empty() && s.cooldowns.is_empty());
+        assert_eq!(s.resets.len(), 1);
+        assert_eq!(
+            (s.resets[0].provider.as_str(), s.resets[0].key.as_str()),
+            ("openai", "openai-1")
+        );
+        // Everything: one mark per provider, the whole provider.
+        assert_eq!(e.reset(None, None), Ok(ResetCounts::default()));
+        let marks = snapshot(e).resets;
+        assert!(marks
+            .iter()
+            .any(|r| r.provider == "openai" && r.key.is_empty()));
+        // Marks are pushed for a minute, then dropped.
+        f.clock
+            .0
+            .fetch_add(RESET_MARK.as_millis() as i64, Ordering::SeqCst);
+        assert!(e.expire());
+        assert!(snapshot(e).resets.is_empty());
+        Ok(())
     }
 
     #[test]

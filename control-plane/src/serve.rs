@@ -81,6 +81,7 @@ impl Running {
     /// Ends the Watch streams, stops accepting, waits (bounded) for the servers to drain.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
+        self.engine.events().close();
         let tasks = std::mem::take(&mut self.tasks);
         let all = futures::future::join_all(tasks);
         if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
@@ -92,6 +93,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
+        self.engine.events().close();
         for task in &self.tasks {
             task.abort();
         }

@@ -4,6 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncBufReadExt as _;
+
 use ai_router_e2e::{poll, script, Gateway};
 use serde_json::{json, Value};
 
@@ -86,6 +88,20 @@ async fn a_reset_brings_a_refused_key_back_at_once() {
         "{body}"
     );
 
+    // `ai-router events` prints the reset's event as one JSON line.
+    let mut events = tokio::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
+        .args(["events", "--types", "key-restored", "--url"])
+        .arg(format!("http://{}", gw.cp.http_addr()))
+        .env_clear()
+        .env("AI_ROUTER_ADMIN_TOKEN", &gw.admin_token)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(events.stdout.take().unwrap()).lines();
+    // Subscribed once the control plane counts it (the stream is open).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
     // The reset lifts it everywhere at once: well within the 5 s in which Envoy's own hold
     // would otherwise still speak for the control plane.
     let started = Instant::now();
@@ -104,6 +120,23 @@ async fn a_reset_brings_a_refused_key_back_at_once() {
     .unwrap();
     assert_eq!(r.content(), Some("from c"), "{r}");
     assert!(started.elapsed() < Duration::from_secs(1));
+    let line = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+        .await
+        .expect("an event line")
+        .unwrap()
+        .expect("a line");
+    let event: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (
+            event["type"].as_str(),
+            event["provider"].as_str(),
+            event["key"].as_str(),
+            event["reason"].as_str()
+        ),
+        (Some("key-restored"), Some("p2"), Some("c"), Some("reset")),
+        "{line}"
+    );
+    events.kill().await.unwrap();
 
     // The CLI: a reset of everything (nothing left to clear), and a refusal as an error object.
     let (ok, out, text) = run_cli(&gw, &["reset"]).await;
@@ -117,4 +150,233 @@ async fn a_reset_brings_a_refused_key_back_at_once() {
     assert!(!ok, "{text}");
     assert_eq!(out["error"]["code"], "not_found", "{text}");
     gw.check_no_secrets_in_logs().unwrap();
+}
+
+/// Reads server-sent events from `GET /admin/events` into a channel, as `(type, json)`.
+async fn subscribe(
+    base: &str,
+    token: &str,
+    query: &str,
+) -> tokio::sync::mpsc::UnboundedReceiver<(String, Value)> {
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("{base}/admin/events{query}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut resp = resp;
+        let mut buf = String::new();
+        let mut name = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find('\n') {
+                let line: String = buf.drain(..=end).collect();
+                let line = line.trim_end();
+                if let Some(n) = line.strip_prefix("event:") {
+                    name = n.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    let v = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                    if tx.send((name.clone(), v)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The next event of a type in `types`, skipping others; panics after 10 s.
+async fn next_of(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
+    types: &[&str],
+    seen: &mut Vec<(String, Value)>,
+) -> (String, Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {types:?} event within 10 s; seen: {seen:?}"))
+            .expect("the event stream ended");
+        seen.push(got.clone());
+        if types.contains(&got.0.as_str()) {
+            return got;
+        }
+    }
+}
+
+/// The next two events of `types` (in `types`' alphabetical order), whichever came first.
+async fn two_of(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
+    types: [&str; 2],
+    seen: &mut Vec<(String, Value)>,
+) -> [(String, Value); 2] {
+    let mut got = [
+        next_of(rx, &types, seen).await,
+        next_of(rx, &types, seen).await,
+    ];
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_subscriber_sees_every_change_in_order() {
+    let admin_token = format!("admin-{}", ai_router_e2e::random_hex(32));
+    let token = admin_token.clone();
+    let pool = ai_router_e2e::Pool::start("operator_events", 1, move |m, dir| {
+        let old = format!("sk-file-old-{}", ai_router_e2e::random_hex(24));
+        let path = dir.write("key_a.txt", &format!("{old}\n"))?;
+        let yaml = format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n  - id: p1\n    kind: openai-compatible\n    baseUrl: {}\n    keys: [{{ alias: a, file: {} }}]\n    models: [{{ id: m1 }}]\n\
+             defaults: {{ maxAttempts: 1, deadlineMs: 5000 }}\n\
+             resilience:\n  rateLimitCooldownMs: 300\n  keyBreaker: {{ failureThreshold: 1, cooldownMs: 500, maxCooldownMs: 1000 }}\n  providerBreaker: {{ failureThreshold: 100, cooldownMs: 500, maxCooldownMs: 1000 }}\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\n",
+            m[0],
+            path.display()
+        );
+        let mut setup = ai_router_e2e::PoolSetup {
+            yaml,
+            ..Default::default()
+        };
+        setup.env.push(("AI_ROUTER_ADMIN_TOKEN".into(), token));
+        setup.name_secret(&old, "a-old");
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let base = format!("http://{}", pool.cp.http_addr());
+    // A wrong filter is refused; then every type.
+    let bad = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("{base}/admin/events?types=nope"))
+        .bearer_auth(&admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
+    let mut rx = subscribe(&base, &admin_token, "").await;
+    let mut seen = Vec::new();
+    let script = |steps: Vec<Value>| {
+        let mock = &pool.mocks[0];
+        async move { mock.script(json!([script::always(steps)])).await.unwrap() }
+    };
+
+    // A 429: the attempt and the call, with the class.
+    script(vec![json!({ "providerError": "openai.rate_limited" })]).await;
+    let r = pool.chat("m1").await.unwrap();
+    assert!(r.status >= 400, "{r}");
+    // A call's attempt and request events may come in either order (two reports).
+    let both = two_of(&mut rx, ["attempt", "request"], &mut seen).await;
+    let (attempt, request) = (both[0].1.clone(), both[1].1.clone());
+    assert_eq!(
+        (both[0].0.as_str(), both[1].0.as_str()),
+        ("attempt", "request")
+    );
+    assert_eq!(
+        (
+            attempt["provider"].as_str(),
+            attempt["key"].as_str(),
+            attempt["model"].as_str()
+        ),
+        (Some("p1"), Some("a"), Some("m1")),
+        "{attempt}"
+    );
+    assert_eq!(attempt["errorClass"], "rate_limit", "{attempt}");
+    assert!(attempt["requestId"].as_str().is_some_and(|s| !s.is_empty()));
+    assert_eq!(request["outcome"], "error", "{request}");
+    assert_eq!(request["errorClass"], "rate_limit", "{request}");
+    assert_eq!(request["requestId"], attempt["requestId"]);
+
+    // A 503 after the cooldown (its retry-after: 1): the key's breaker opens, turns
+    // half-open, and the probe's success closes it.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    script(vec![json!({ "providerError": "openai.server_error" })]).await;
+    let r = pool.chat("m1").await.unwrap();
+    assert!(r.status >= 500, "{r}");
+    let ops = ["breaker", "key-disabled", "key-restored"];
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(
+        (
+            e["type"].as_str(),
+            e["scope"].as_str(),
+            e["from"].as_str(),
+            e["to"].as_str()
+        ),
+        (Some("breaker"), Some("key"), Some("closed"), Some("open")),
+        "{e}"
+    );
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(
+        (e["from"].as_str(), e["to"].as_str()),
+        (Some("open"), Some("half_open")),
+        "{e}"
+    );
+    script(vec![script::text("ok")]).await;
+    let r = pool.chat("m1").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    // The probe's success closes the breaker; the call's request event may come first.
+    let got = two_of(&mut rx, ["breaker", "request"], &mut seen).await;
+    let (e, request) = (&got[0].1, &got[1].1);
+    assert_eq!(
+        (e["from"].as_str(), e["to"].as_str()),
+        (Some("half_open"), Some("closed")),
+        "{e}"
+    );
+    assert_eq!(request["outcome"], "success", "{request}");
+    assert_eq!(request["provider"], "p1", "{request}");
+
+    // A 401: the key is out until its secret changes; a new file secret brings it back.
+    script(vec![json!({ "providerError": "openai.invalid_key" })]).await;
+    let r = pool.chat("m1").await.unwrap();
+    assert!(r.status >= 400, "{r}");
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(
+        (e["type"].as_str(), e["reason"].as_str()),
+        (Some("key-disabled"), Some("auth")),
+        "{e}"
+    );
+    let new = format!("sk-file-new-{}", ai_router_e2e::random_hex(24));
+    pool.dir.write("key_a.txt", &format!("{new}\n")).unwrap();
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(
+        (e["type"].as_str(), e["was"].as_str(), e["reason"].as_str()),
+        (Some("key-restored"), Some("auth"), Some("secret_changed")),
+        "{e}"
+    );
+
+    // Refused again, then reset by the operator.
+    let r = pool.chat("m1").await.unwrap();
+    assert!(r.status >= 400, "{r}");
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(e["type"], "key-disabled", "{e}");
+    let resp = ai_router_e2e::http_client()
+        .unwrap()
+        .post(format!("{base}/admin/reset"))
+        .bearer_auth(&admin_token)
+        .json(&json!({ "provider": "p1", "key": "a" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
+    assert_eq!(
+        (e["type"].as_str(), e["reason"].as_str()),
+        (Some("key-restored"), Some("reset")),
+        "{e}"
+    );
+    // No secret, no prompt in any event.
+    let all = serde_json::to_string(&seen).unwrap();
+    assert!(!all.contains("sk-file-"), "a secret in the events");
+    assert!(
+        !all.contains(&pool.virtual_key),
+        "the virtual key in the events"
+    );
+    assert!(!all.contains("\"content\""), "content in the events");
 }

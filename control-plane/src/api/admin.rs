@@ -350,11 +350,12 @@ pub fn routes() -> Router<Arc<AdminApi>> {
         .route("/admin/keys/{id}/rotate", post(rotate_key))
         .route("/admin/keys/{id}/usage", get(key_usage))
         .route("/admin/reset", post(reset))
+        .route("/admin/events", get(crate::api::events::events))
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
-fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
     api.authorize(
         headers
             .get(axum::http::header::AUTHORIZATION)
@@ -666,6 +667,38 @@ impl pb::admin_server::Admin for AdminGrpc {
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
         Ok(Response::new(key_to_proto(key)))
+    }
+
+    type EventsStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<pb::AdminEvent, Status>> + Send + 'static>,
+    >;
+
+    async fn events(
+        &self,
+        request: Request<pb::EventsRequest>,
+    ) -> Result<Response<Self::EventsStream>, Status> {
+        use crate::engine::events::{parse_types, Next};
+        self.authorize(&request)?;
+        let list = request.into_inner().types.join(",");
+        let types = parse_types(Some(&list))
+            .map_err(|m| Status::from(ApiError::new(ErrorCode::InvalidRequest, m)))?;
+        let subscription = self.api.engine().events().watch(types);
+        let stream = futures::stream::unfold(subscription, |mut sub| async move {
+            let item = match sub.next().await? {
+                Next::Event(e) => pb::AdminEvent {
+                    r#type: e.type_name().to_owned(),
+                    json: e.to_json(),
+                    missed: 0,
+                },
+                Next::Lagged(n) => pb::AdminEvent {
+                    r#type: "lagged".to_owned(),
+                    json: String::new(),
+                    missed: n,
+                },
+            };
+            Some((Ok(item), sub))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn reset(

@@ -3,5 +3,6 @@
 
 pub mod admin;
 pub mod error;
+pub mod events;
 pub mod metrics;
 pub mod sync;

@@ -1,4 +1,4 @@
-//! `ai-router reset`: operations on a running control plane's admin API (`--url`, the admin
+//! `ai-router reset|events`: operations on a running control plane's admin API (`--url`, the admin
 //! token from `AI_ROUTER_ADMIN_TOKEN` or the variable `--admin-token-env` names). Prints JSON.
 
 use clap::Args;
@@ -50,6 +50,59 @@ pub async fn reset(args: ResetArgs) -> Result<Value, ApiError> {
         .remote()?
         .call(reqwest::Method::POST, "/admin/reset", Some(body))
         .await
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Only these types, comma-separated (attempt, request, breaker, key-disabled,
+    /// key-restored); all when absent.
+    #[arg(long, value_name = "LIST")]
+    pub types: Option<String>,
+}
+
+/// Prints every event as one JSON line until interrupted (or the control plane stops).
+pub async fn events(args: EventsArgs) -> Result<(), ApiError> {
+    let path = match &args.types {
+        Some(t) => format!("/admin/events?types={}", urlencode(t)),
+        None => "/admin/events".to_owned(),
+    };
+    let mut response = args.remote.remote()?.stream(&path).await?;
+    let mut pending = Vec::new();
+    loop {
+        let chunk = response.chunk().await.map_err(|e| {
+            ApiError::new(
+                crate::api::error::ErrorCode::Unavailable,
+                format!("the event stream broke: {e}"),
+            )
+        })?;
+        let Some(chunk) = chunk else {
+            return Ok(());
+        };
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            if let Some(data) = line.trim_end().strip_prefix("data:") {
+                crate::stdout::print_line(data.trim_start()).map_err(|e| {
+                    ApiError::new(crate::api::error::ErrorCode::Internal, e.to_string())
+                })?;
+            }
+        }
+    }
+}
+
+/// Percent-encodes what a query value may not hold as is.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b',' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[cfg(test)]

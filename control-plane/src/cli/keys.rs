@@ -279,6 +279,32 @@ impl Remote {
         })
     }
 
+    /// A `GET` whose answer streams (server-sent events): no overall timeout, only one to
+    /// connect.
+    pub(crate) async fn stream(&self, path: &str) -> Result<reqwest::Response, ApiError> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
+        let response = client
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorCode::Unavailable,
+                    format!("cannot reach the control plane: {e}"),
+                )
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let value: Value = response.json().await.unwrap_or(Value::Null);
+        Err(remote_error(status.as_u16(), &value))
+    }
+
     /// One call of the admin API (`path` from `/admin/...`).
     pub(crate) async fn call(
         &self,

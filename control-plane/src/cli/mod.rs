@@ -41,6 +41,9 @@ enum Command {
     /// (--provider) or of one key (--provider --key), in the control plane and every Envoy at
     /// once. Through a running control plane (--url). Prints JSON.
     Reset(admin::ResetArgs),
+    /// Print the operator's events of a running control plane (--url), one JSON line each,
+    /// until interrupted.
+    Events(admin::EventsArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -80,6 +83,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::RenderEnvoy(args) => render_envoy::run(args),
         Command::Up(args) => up::run(args).await,
         Command::Reset(args) => print_answer(admin::reset(args).await),
+        Command::Events(args) => match admin::events(args).await {
+            Ok(()) => Ok(()),
+            Err(err) => print_answer(Err(err)),
+        },
         Command::Keys(args) => print_answer(keys::run(args).await),
     }
 }

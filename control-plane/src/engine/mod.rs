@@ -20,6 +20,7 @@
 
 pub mod breakers;
 pub mod budget;
+pub mod events;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 
 use self::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use self::budget::Spend;
+use self::events::{Event, EventBus};
 use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
 use crate::keys::mounted::VirtualKeyRecord;
@@ -379,51 +381,49 @@ pub enum EngineEvent {
 }
 
 impl EngineEvent {
-    fn log(&self) {
-        match self {
+    /// The operator's event for it, at `at_ms`.
+    pub fn to_event(&self, at_ms: i64) -> Event {
+        match self.clone() {
             Self::KeyDisabled {
                 provider,
                 key,
                 reason,
                 until_ms,
                 code,
-            } => tracing::warn!(
-                event = "key-disabled",
-                provider = %provider,
-                key = %key,
-                reason = %reason,
-                until_ms = *until_ms,
-                code = code.as_deref().unwrap_or(""),
-                "key disabled"
-            ),
+            } => Event::KeyDisabled {
+                at_ms,
+                provider,
+                key,
+                reason,
+                until_ms,
+                code,
+            },
             Self::KeyRestored {
                 provider,
                 key,
                 was,
                 reason,
-            } => tracing::info!(
-                event = "key-restored",
-                provider = %provider,
-                key = %key,
-                was = %was,
-                reason = %reason,
-                "key restored"
-            ),
+            } => Event::KeyRestored {
+                at_ms,
+                provider,
+                key,
+                was,
+                reason,
+            },
             Self::Breaker {
                 scope,
                 provider,
                 key,
                 from,
                 to,
-            } => tracing::warn!(
-                event = "breaker",
-                scope = scope.as_str(),
-                provider = %provider,
-                key = %key,
-                from = from.as_str(),
-                to = to.as_str(),
-                "breaker changed"
-            ),
+            } => Event::Breaker {
+                at_ms,
+                scope: scope.as_str(),
+                provider,
+                key,
+                from: from.as_str(),
+                to: to.as_str(),
+            },
         }
     }
 }
@@ -485,6 +485,7 @@ pub struct Engine {
     coalesce_headroom: std::sync::atomic::AtomicBool,
     /// See [`ReportObserver`].
     report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
+    events: EventBus,
 }
 
 impl std::fmt::Debug for Engine {
@@ -545,6 +546,7 @@ impl Engine {
         }
         let base = durable.clone();
         let mut kept = DurableState::default();
+        let mut restored_at_start = Vec::new();
         for (id, entry) in durable.blacklists {
             let Some(current) = secrets.get(&id) else {
                 continue;
@@ -553,13 +555,12 @@ impl Engine {
                 entry.refused_fingerprint != 0 && s.fingerprint() != entry.refused_fingerprint
             });
             if changed {
-                EngineEvent::KeyRestored {
+                restored_at_start.push(EngineEvent::KeyRestored {
                     provider: id.0.clone(),
                     key: id.1.clone(),
                     was: entry.reason.as_str(),
                     reason: "secret_changed",
-                }
-                .log();
+                });
             } else {
                 kept.blacklists.insert(id, entry);
             }
@@ -614,13 +615,27 @@ impl Engine {
             updates,
             coalesce_headroom: std::sync::atomic::AtomicBool::new(false),
             report_observers: Mutex::default(),
+            events: EventBus::default(),
         });
+        engine.emit(&restored_at_start);
         engine.expire();
         engine
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The operator's events, live.
+    pub fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    fn emit(&self, events: &[EngineEvent]) {
+        let now = self.clock.now_ms();
+        for event in events {
+            self.events.emit(event.to_event(now));
+        }
     }
 
     /// The published tables now and at every later version.
@@ -727,9 +742,7 @@ impl Engine {
                 .resets
                 .insert(((*p).to_owned(), key.unwrap_or("").to_owned()), now);
         }
-        for event in &events {
-            event.log();
-        }
+        self.emit(&events);
         tracing::info!(
             provider = provider.unwrap_or("*"),
             key = key.unwrap_or("*"),
@@ -798,6 +811,11 @@ impl Engine {
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
         self.observe_report(batch);
+        if self.events.wants_calls() {
+            for event in call_events(&self.config, batch) {
+                self.events.emit(event);
+            }
+        }
         let now = self.clock.now_ms();
         let resilience = &self.config.resilience;
         let mut state = lock(&self.state);
@@ -930,9 +948,7 @@ impl Engine {
                 _ => {}
             }
         }
-        for event in &events {
-            event.log();
-        }
+        self.emit(&events);
         let coalesce = self
             .coalesce_headroom
             .load(std::sync::atomic::Ordering::Relaxed);
@@ -1078,9 +1094,7 @@ impl Engine {
             }
             state.secrets.insert(id, new);
         }
-        for event in &events {
-            event.log();
-        }
+        self.emit(&events);
         if changed {
             self.publish(&mut state, now);
         }
@@ -1126,9 +1140,7 @@ impl Engine {
         for spend in durable.spend.values_mut() {
             changed |= spend.roll(now);
         }
-        for event in &events {
-            event.log();
-        }
+        self.emit(&events);
         if changed {
             self.publish(&mut state, now);
         }
@@ -1361,6 +1373,60 @@ fn note_headroom(durable: &mut DurableState, attempt: &pb::AttemptOutcome, now: 
 
 /// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
 /// of (or back in) its budget.
+/// The attempt and request events of a report batch.
+fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
+    let mut out = Vec::with_capacity(batch.attempts.len() + batch.requests.len());
+    for a in &batch.attempts {
+        let model = config
+            .providers
+            .iter()
+            .find(|p| p.id == a.provider)
+            .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
+        let cost = a.usage.and_then(|u| {
+            let c = budget::attempt_cost(model, u.prompt_tokens, u.completion_tokens);
+            (c > 0.0 && c.is_finite()).then_some(c)
+        });
+        out.push(Event::Attempt {
+            at_ms: a.at_ms,
+            request_id: a.request_id.clone(),
+            operation: a.operation.clone(),
+            attempt: a.attempt,
+            provider: a.provider.clone(),
+            key: a.key.clone(),
+            model: a.model.clone(),
+            latency_ms: a.latency_ms,
+            outcome: a.outcome.clone(),
+            error_class: (!a.error_class.is_empty()).then(|| a.error_class.clone()),
+            status: a.status,
+            usage: a.usage.map(|u| events::Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
+            cost,
+        });
+    }
+    for r in &batch.requests {
+        let (outcome, class) = match r.outcome.split_once(':') {
+            Some((o, c)) => (o.to_owned(), Some(c.to_owned())),
+            None => (r.outcome.clone(), None),
+        };
+        let answered = outcome == "success";
+        out.push(Event::Request {
+            at_ms: r.at_ms,
+            request_id: r.request_id.clone(),
+            operation: r.operation.clone(),
+            outcome,
+            attempts: r.attempts,
+            latency_ms: r.latency_ms,
+            status: r.status,
+            provider: (answered && !r.provider.is_empty()).then(|| r.provider.clone()),
+            model: (answered && !r.model.is_empty()).then(|| r.model.clone()),
+            error_class: class,
+        });
+    }
+    out
+}
+
 fn note_spend(
     config: &Config,
     durable: &mut DurableState,

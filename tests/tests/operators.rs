@@ -380,3 +380,87 @@ async fn an_event_subscriber_sees_every_change_in_order() {
     );
     assert!(!all.contains("\"content\""), "content in the events");
 }
+
+async fn admin_get(gw: &Gateway, path: &str) -> Value {
+    let resp = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("http://{}{path}", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "GET {path}");
+    resp.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
+    let gw = Gateway::start("operator_stats").await.expect("fixture");
+    for m in [&gw.mock1, &gw.mock2] {
+        m.script(json!([script::always(vec![script::text("ok")])]))
+            .await
+            .unwrap();
+    }
+    for model in ["chat", "chat", "chat", "backup"] {
+        let r = gw.client.chat(model, Some(&gw.virtual_key)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    // The reports arrive within a second or so.
+    let stats = poll(
+        "the stats to count 4 calls",
+        Duration::from_secs(10),
+        || async {
+            let s = admin_get(&gw, "/admin/stats").await;
+            Ok((s["requests"]["chat"]["success"] == 4).then_some(s))
+        },
+    )
+    .await
+    .unwrap();
+    let lanes = stats["lanes"].as_array().unwrap();
+    let attempts = |provider: &str| -> u64 {
+        lanes
+            .iter()
+            .filter(|l| l["provider"] == provider)
+            .map(|l| l["attempts"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!((attempts("p1"), attempts("p2")), (3, 1), "{stats}");
+    assert!(
+        lanes.iter().all(|l| l["successes"] == l["attempts"]),
+        "{stats}"
+    );
+    assert!(
+        lanes.iter().all(|l| l["promptTokens"].as_u64() > Some(0)),
+        "{stats}"
+    );
+
+    let catalog = admin_get(&gw, "/admin/catalog").await;
+    let models = catalog["models"].as_array().unwrap();
+    let ids: Vec<&str> = models.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["m1", "m2"], "{catalog}");
+    assert_eq!(models[0]["aliases"], json!(["chat"]), "{catalog}");
+    assert_eq!(models[0]["servedBy"][0]["provider"], "p1", "{catalog}");
+    assert_eq!(catalog["defaults"]["fallbacks"], json!(["m2"]), "{catalog}");
+
+    let health = admin_get(&gw, "/admin/health").await;
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(
+        health["lanes"].as_array().map(Vec::len),
+        Some(lanes.len()),
+        "{health}"
+    );
+
+    // The CLI prints the same catalog.
+    let (ok, out, text) = run_cli(&gw, &["catalog"]).await;
+    assert!(ok, "{text}");
+    assert_eq!(out, catalog);
+    // No secret anywhere.
+    for text in [stats.to_string(), catalog.to_string(), health.to_string()] {
+        for secret in [&gw.key_a, &gw.key_b, &gw.key_c, &gw.virtual_key] {
+            assert!(
+                !text.contains(secret.as_str()),
+                "a secret in an admin answer"
+            );
+        }
+    }
+}

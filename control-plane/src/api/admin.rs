@@ -214,6 +214,7 @@ impl AdminApi {
         let health = self.engine.health();
         let update = self.engine.current();
         let snapshot = update.snapshot.clone().unwrap_or_default();
+        let durable = self.engine.durable();
         let key_state = |provider: &str, alias: &str| {
             snapshot
                 .key_health
@@ -221,7 +222,13 @@ impl AdminApi {
                 .find(|h| h.provider == provider && h.key == alias)
                 .map_or_else(
                     || json!({ "state": "ok" }),
-                    |h| json!({ "state": h.reason, "untilMs": h.until_ms }),
+                    |h| {
+                        let code = durable
+                            .blacklists
+                            .get(&(provider.to_owned(), alias.to_owned()))
+                            .and_then(|b| b.code.clone());
+                        json!({ "state": h.reason, "untilMs": h.until_ms, "code": code })
+                    },
                 )
         };
         let providers: Vec<Value> = snapshot
@@ -273,8 +280,86 @@ impl AdminApi {
             "breakers": breakers,
             "cooldowns": cooldowns,
             "providerHealth": provider_health,
+            "headroom": snapshot.headroom.iter().map(|h| json!({
+                "provider": h.provider, "key": h.key, "model": h.model,
+                "remainingRequests": (h.remaining_requests >= 0).then_some(h.remaining_requests),
+                "remainingTokens": (h.remaining_tokens >= 0).then_some(h.remaining_tokens),
+                "resetAtMs": h.reset_at_ms,
+            })).collect::<Vec<_>>(),
+            "lanes": self.engine.stats().lanes.iter().map(|l| json!({
+                "provider": l.provider, "key": l.key, "model": l.model,
+                "latencyEwmaMs": l.latency_ewma_ms.round(),
+            })).collect::<Vec<_>>(),
             "virtualKeys": snapshot.virtual_keys.len(),
         })
+    }
+
+    /// The pool as callers see it: profiles (their model, fallbacks and candidates after the
+    /// defaults) and models (ids, aliases, which providers serve them, capabilities, cost).
+    /// No key, no secret.
+    pub fn catalog(&self) -> Value {
+        let tables = self.engine.tables();
+        let settings = &tables.settings;
+        let defaults = settings.defaults.clone().unwrap_or_default();
+        let policy = |p: &pb::Policy| {
+            let list = |name: &str, own: &[String], inherited: &[String]| {
+                if p.set_lists.iter().any(|s| s == name) {
+                    own.to_vec()
+                } else {
+                    inherited.to_vec()
+                }
+            };
+            json!({
+                "model": p.model.clone().or_else(|| defaults.model.clone()),
+                "fallbacks": list("fallbacks", &p.fallbacks, &defaults.fallbacks),
+                "providers": list("providers", &p.providers, &defaults.providers),
+                "require": list("require", &p.require, &defaults.require),
+                "candidates": p.candidates.iter().map(|t| t.candidates.iter().map(|c| json!({
+                    "model": c.model,
+                    "provider": (!c.provider.is_empty()).then_some(&c.provider),
+                    "weight": c.weight,
+                })).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                "allowFallback": p.allow_fallback.or(defaults.allow_fallback).unwrap_or(true),
+                "maxAttempts": p.max_attempts.or(defaults.max_attempts),
+                "timeoutMs": p.timeout_ms.or(defaults.timeout_ms),
+                "deadlineMs": p.deadline_ms.or(defaults.deadline_ms),
+            })
+        };
+        let profiles: Vec<Value> = settings
+            .profiles
+            .iter()
+            .map(|(name, p)| {
+                let mut v = policy(p);
+                v["name"] = json!(name);
+                v
+            })
+            .collect();
+        let mut models: std::collections::BTreeMap<&str, (Vec<&str>, Vec<Value>)> =
+            std::collections::BTreeMap::new();
+        for p in &tables.providers {
+            for m in &p.models {
+                let entry = models.entry(m.id.as_str()).or_default();
+                for a in &m.aliases {
+                    if !entry.0.contains(&a.as_str()) {
+                        entry.0.push(a);
+                    }
+                }
+                entry.1.push(json!({
+                    "provider": p.id,
+                    "kind": p.kind,
+                    "contextWindow": (m.context_window > 0).then_some(m.context_window),
+                    "capabilities": m.capabilities,
+                    "cost": m.cost.map(|c| json!({ "input": c.input, "output": c.output })),
+                    "dimensions": (m.dimensions > 0).then_some(m.dimensions),
+                    "weight": m.weight,
+                }));
+            }
+        }
+        let models: Vec<Value> = models
+            .into_iter()
+            .map(|(id, (aliases, served))| json!({ "id": id, "aliases": aliases, "servedBy": served }))
+            .collect();
+        json!({ "defaults": policy(&defaults), "profiles": profiles, "models": models })
     }
 }
 
@@ -351,6 +436,9 @@ pub fn routes() -> Router<Arc<AdminApi>> {
         .route("/admin/keys/{id}/usage", get(key_usage))
         .route("/admin/reset", post(reset))
         .route("/admin/events", get(crate::api::events::events))
+        .route("/admin/health", get(admin_health))
+        .route("/admin/stats", get(stats))
+        .route("/admin/catalog", get(catalog))
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
@@ -412,6 +500,24 @@ impl AdminApi {
             ApiError::new(code, e.to_string())
         })
     }
+}
+
+/// `GET /admin/health`: every breaker, key out, cooldown, headroom, budget and lane latency.
+async fn admin_health(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
+    authorize(&api, &headers)?;
+    ok(StatusCode::OK, api.pool_health())
+}
+
+/// `GET /admin/stats`: this process's counters since start.
+async fn stats(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
+    authorize(&api, &headers)?;
+    ok(StatusCode::OK, api.engine.stats())
+}
+
+/// `GET /admin/catalog`: the pool's profiles and models, with no key.
+async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
+    authorize(&api, &headers)?;
+    ok(StatusCode::OK, api.catalog())
 }
 
 /// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.

@@ -1,4 +1,4 @@
-//! `ai-router reset|events`: operations on a running control plane's admin API (`--url`, the admin
+//! `ai-router health|stats|catalog|reset|events`: operations on a running control plane's admin API (`--url`, the admin
 //! token from `AI_ROUTER_ADMIN_TOKEN` or the variable `--admin-token-env` names). Prints JSON.
 
 use clap::Args;
@@ -23,6 +23,11 @@ impl RemoteArgs {
     fn remote(&self) -> Result<Remote, ApiError> {
         Remote::new(&self.url, admin_token(&ProcessEnv, &self.admin_token_env)?)
     }
+}
+
+/// `GET` one admin page (`/admin/health`, `/admin/stats`, `/admin/catalog`).
+pub async fn show(args: RemoteArgs, path: &str) -> Result<Value, ApiError> {
+    args.remote()?.call(reqwest::Method::GET, path, None).await
 }
 
 #[derive(Debug, Clone, Args)]

@@ -44,6 +44,13 @@ enum Command {
     /// Print the operator's events of a running control plane (--url), one JSON line each,
     /// until interrupted.
     Events(admin::EventsArgs),
+    /// Print a running control plane's health (--url): breakers, keys out, cooldowns,
+    /// headroom, budgets, lane latency.
+    Health(admin::RemoteArgs),
+    /// Print a running control plane's counters since start (--url).
+    Stats(admin::RemoteArgs),
+    /// Print the pool's profiles and models as callers see them (--url).
+    Catalog(admin::RemoteArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -83,6 +90,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::RenderEnvoy(args) => render_envoy::run(args),
         Command::Up(args) => up::run(args).await,
         Command::Reset(args) => print_answer(admin::reset(args).await),
+        Command::Health(args) => print_answer(admin::show(args, "/admin/health").await),
+        Command::Stats(args) => print_answer(admin::show(args, "/admin/stats").await),
+        Command::Catalog(args) => print_answer(admin::show(args, "/admin/catalog").await),
         Command::Events(args) => match admin::events(args).await {
             Ok(()) => Ok(()),
             Err(err) => print_answer(Err(err)),

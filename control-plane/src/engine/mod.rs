@@ -21,6 +21,7 @@
 pub mod breakers;
 pub mod budget;
 pub mod events;
+pub mod stats;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -486,6 +487,7 @@ pub struct Engine {
     /// See [`ReportObserver`].
     report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
     events: EventBus,
+    stats: stats::Stats,
 }
 
 impl std::fmt::Debug for Engine {
@@ -604,7 +606,8 @@ impl Engine {
             pending: false,
             resets: BTreeMap::new(),
         };
-        let first = Arc::new(build_tables(&config, &state, clock.now_ms()));
+        let now_at_start = clock.now_ms();
+        let first = Arc::new(build_tables(&config, &state, now_at_start));
         let (updates, _) = watch::channel(first);
         let engine = Arc::new(Self {
             config,
@@ -616,6 +619,7 @@ impl Engine {
             coalesce_headroom: std::sync::atomic::AtomicBool::new(false),
             report_observers: Mutex::default(),
             events: EventBus::default(),
+            stats: stats::Stats::new(now_at_start),
         });
         engine.emit(&restored_at_start);
         engine.expire();
@@ -629,6 +633,11 @@ impl Engine {
     /// The operator's events, live.
     pub fn events(&self) -> &EventBus {
         &self.events
+    }
+
+    /// This process's counters since start.
+    pub fn stats(&self) -> stats::StatsView {
+        self.stats.view()
     }
 
     fn emit(&self, events: &[EngineEvent]) {
@@ -811,6 +820,8 @@ impl Engine {
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
         self.observe_report(batch);
+        self.stats
+            .observe(batch, |a| attempt_cost(&self.config, a).unwrap_or(0.0));
         if self.events.wants_calls() {
             for event in call_events(&self.config, batch) {
                 self.events.emit(event);
@@ -1373,19 +1384,23 @@ fn note_headroom(durable: &mut DurableState, attempt: &pb::AttemptOutcome, now: 
 
 /// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
 /// of (or back in) its budget.
+/// The estimated cost of an attempt's usage, when it has usage and its model a price.
+fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
+    let usage = a.usage?;
+    let model = config
+        .providers
+        .iter()
+        .find(|p| p.id == a.provider)
+        .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
+    let c = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
+    (c > 0.0 && c.is_finite()).then_some(c)
+}
+
 /// The attempt and request events of a report batch.
 fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
     let mut out = Vec::with_capacity(batch.attempts.len() + batch.requests.len());
     for a in &batch.attempts {
-        let model = config
-            .providers
-            .iter()
-            .find(|p| p.id == a.provider)
-            .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
-        let cost = a.usage.and_then(|u| {
-            let c = budget::attempt_cost(model, u.prompt_tokens, u.completion_tokens);
-            (c > 0.0 && c.is_finite()).then_some(c)
-        });
+        let cost = attempt_cost(config, a);
         out.push(Event::Attempt {
             at_ms: a.at_ms,
             request_id: a.request_id.clone(),
@@ -1433,20 +1448,12 @@ fn note_spend(
     attempt: &pb::AttemptOutcome,
     now: i64,
 ) -> bool {
-    let Some(usage) = attempt.usage else {
+    let Some(cost) = attempt_cost(config, attempt) else {
         return false;
     };
     let Some(provider) = config.providers.iter().find(|p| p.id == attempt.provider) else {
         return false;
     };
-    let model = provider
-        .models
-        .iter()
-        .find(|m| m.answers_to(&attempt.model));
-    let cost = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
-    if !(cost > 0.0 && cost.is_finite()) {
-        return false;
-    }
     let spend = durable.spend.entry(provider.id.clone()).or_default();
     let out = |s: &Spend| provider.budget.as_ref().and_then(|b| s.out_until(b, now));
     let before = out(spend);

@@ -1,0 +1,167 @@
+//! This process's counters since it started, from the data plane's reports: calls by operation
+//! and outcome, and per lane (provider, key alias, model) attempts, failures by class, tokens,
+//! estimated cost and a latency average. What `GET /admin/stats` shows, and the latency
+//! `GET /admin/health` adds to each lane.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use ai_router_proto::v1 as pb;
+use serde::Serialize;
+
+/// Weight of the newest attempt in a lane's latency average.
+const EWMA_ALPHA: f64 = 0.3;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneStats {
+    pub provider: String,
+    pub key: String,
+    pub model: String,
+    pub attempts: u64,
+    pub successes: u64,
+    /// Failed attempts by class.
+    pub failures: BTreeMap<String, u64>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost: f64,
+    /// Exponentially weighted average of the attempts' latency (to the first byte for streams).
+    pub latency_ewma_ms: f64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatsView {
+    pub since_ms: i64,
+    /// operation -> outcome (success, error:<class>, rejected:<code>) -> calls
+    pub requests: BTreeMap<String, BTreeMap<String, u64>>,
+    pub lanes: Vec<LaneStats>,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    since_ms: i64,
+    requests: BTreeMap<String, BTreeMap<String, u64>>,
+    lanes: BTreeMap<(String, String, String), LaneStats>,
+}
+
+impl Stats {
+    pub fn new(since_ms: i64) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                since_ms,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// Counts a report batch; `cost` prices an attempt's usage.
+    pub fn observe(&self, batch: &pb::ReportBatch, cost: impl Fn(&pb::AttemptOutcome) -> f64) {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &batch.requests {
+            *s.requests
+                .entry(r.operation.clone())
+                .or_default()
+                .entry(r.outcome.clone())
+                .or_default() += 1;
+        }
+        for a in &batch.attempts {
+            let lane = s
+                .lanes
+                .entry((a.provider.clone(), a.key.clone(), a.model.clone()))
+                .or_insert_with(|| LaneStats {
+                    provider: a.provider.clone(),
+                    key: a.key.clone(),
+                    model: a.model.clone(),
+                    latency_ewma_ms: a.latency_ms as f64,
+                    ..LaneStats::default()
+                });
+            lane.attempts += 1;
+            if a.outcome == "success" {
+                lane.successes += 1;
+            } else {
+                let class = if a.error_class.is_empty() {
+                    "unknown"
+                } else {
+                    a.error_class.as_str()
+                };
+                *lane.failures.entry(class.to_owned()).or_default() += 1;
+            }
+            if let Some(u) = a.usage {
+                lane.prompt_tokens += u.prompt_tokens;
+                lane.completion_tokens += u.completion_tokens;
+            }
+            let c = cost(a);
+            if c.is_finite() && c > 0.0 {
+                lane.cost += c;
+            }
+            lane.latency_ewma_ms =
+                EWMA_ALPHA * a.latency_ms as f64 + (1.0 - EWMA_ALPHA) * lane.latency_ewma_ms;
+        }
+    }
+
+    pub fn view(&self) -> StatsView {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        StatsView {
+            since_ms: s.since_ms,
+            requests: s.requests.clone(),
+            lanes: s.lanes.values().cloned().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_calls_and_lanes() {
+        let stats = Stats::new(7);
+        let attempt = |outcome: &str, class: &str, latency_ms: u64| pb::AttemptOutcome {
+            provider: "p".into(),
+            key: "a".into(),
+            model: "m".into(),
+            outcome: outcome.into(),
+            error_class: class.into(),
+            latency_ms,
+            usage: (outcome == "success").then_some(pb::Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+            }),
+            ..Default::default()
+        };
+        stats.observe(
+            &pb::ReportBatch {
+                attempts: vec![
+                    attempt("error", "rate_limit", 100),
+                    attempt("success", "", 200),
+                ],
+                requests: vec![pb::RequestOutcome {
+                    operation: "chat".into(),
+                    outcome: "success".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+            |a| if a.usage.is_some() { 0.5 } else { 0.0 },
+        );
+        let v = stats.view();
+        assert_eq!(v.since_ms, 7);
+        assert_eq!(v.requests["chat"]["success"], 1);
+        let lane = &v.lanes[0];
+        assert_eq!((lane.attempts, lane.successes), (2, 1));
+        assert_eq!(lane.failures["rate_limit"], 1);
+        assert_eq!((lane.prompt_tokens, lane.completion_tokens), (10, 5));
+        assert!((lane.cost - 0.5).abs() < 1e-9);
+        assert!(
+            (lane.latency_ewma_ms - 130.0).abs() < 1e-9,
+            "{}",
+            lane.latency_ewma_ms
+        );
+    }
+}

@@ -224,6 +224,9 @@ bootstrap_extensions:
   listeners:
     - name: ai_router_public
       address: {{ socket_address: {{ address: {listen_host}, port_value: {listen_port} }} }}
+      # The only inbound listener: a drain (`POST /drain_listeners?inboundonly`) stops it and
+      # leaves the internal hops to the calls in flight.
+      traffic_direction: INBOUND
       per_connection_buffer_limit_bytes: {limit}
       filter_chains:
         - filters:

@@ -464,3 +464,93 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_to_up_lets_a_stream_in_flight_finish_and_takes_no_new_call() {
+    let dir = ai_router_e2e::TestDir::new("operator_drain").unwrap();
+    let mock = ai_router_e2e::Mock::start(&dir, "mock1").await.unwrap();
+    // A stream of ten chunks, 200 ms apart.
+    let chunks: Vec<String> = (0..10).map(|i| format!("w{i} ")).collect();
+    mock.script(json!([script::always(vec![json!({
+        "text": chunks.concat(),
+        "stream": { "chunks": chunks, "delayMs": 200 }
+    })])]))
+    .await
+    .unwrap();
+    let config = dir
+        .write(
+            "pool.yaml",
+            &format!(
+                "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }} }}\n\
+                 controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+                 providers:\n  - id: p1\n    kind: openai-compatible\n    baseUrl: {}\n    keys: [{{ alias: a, env: DRAIN_KEY }}]\n    models: [{{ id: m1 }}]\n",
+                mock.url()
+            ),
+        )
+        .unwrap();
+    let mut up = tokio::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
+        .arg("up")
+        .arg("--config")
+        .arg(&config)
+        .arg("--wasm")
+        .arg(ai_router_e2e::wasm_path().unwrap())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("ENVOY_BIN", ai_router_e2e::envoy_bin().unwrap())
+        .env(
+            "DRAIN_KEY",
+            format!("sk-drain-{}", ai_router_e2e::random_hex(16)),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(up.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("up is ready")
+        .unwrap()
+        .expect("the ready line");
+    let ready: Value = serde_json::from_str(&ready).unwrap();
+    let base = ready["baseUrl"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("/v1")
+        .to_string();
+    let key = ready["apiKey"].as_str().unwrap().to_string();
+
+    let client = ai_router_e2e::Client::new(&base).unwrap();
+    let stream = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move { client.stream("m1", Some(&key)).await })
+    };
+    // Once the stream is under way, SIGTERM.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let pid = up.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // A new call is not taken (the listener is closed)...
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let late = client.chat("m1", Some(&key)).await;
+    assert!(late.is_err(), "a call after SIGTERM was taken: {late:?}");
+    // ...while the stream in flight ends whole.
+    let r = stream.await.unwrap().unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.transport_error.is_none(), "{:?}", r.transport_error);
+    assert_eq!(
+        r.events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("w9"), "every chunk arrived: {}", r.body);
+    let status = tokio::time::timeout(Duration::from_secs(20), up.wait())
+        .await
+        .expect("up exits after the drain")
+        .unwrap();
+    assert!(status.success(), "up exited with {status}");
+}

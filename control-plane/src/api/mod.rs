@@ -5,3 +5,6 @@ pub mod admin;
 pub mod error;
 pub mod metrics;
 pub mod sync;
+
+#[cfg(test)]
+mod grpc_socket_tests;

@@ -335,6 +335,16 @@ pub struct CostConfig {
     pub output: f64,
 }
 
+impl CostConfig {
+    /// The cost of a call's tokens at these prices per million tokens.
+    pub fn of(&self, prompt_tokens: u64, completion_tokens: u64) -> f64 {
+        // Token counts fit f64 exactly far beyond any real usage.
+        #[allow(clippy::cast_precision_loss)]
+        let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
+        (prompt * self.input + completion * self.output) / 1e6
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PolicyConfig {

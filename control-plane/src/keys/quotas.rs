@@ -8,25 +8,19 @@
 //!   usage is at or above it, until the start of the next UTC day (month). The block is pushed as
 //!   `VirtualKey.quota_code` / `quota_until_ms`.
 //!
-//! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync
-//! ([`crate::api::admin::run_key_sync`]) recomputes them after every usage write and when the UTC day
-//! rolls over, and the engine publishes a new snapshot when a block appears or ends.
+//! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync (`api::admin`)
+//! recomputes them after every usage write and when the UTC day rolls over, and the engine
+//! publishes a new snapshot when a block appears or ends.
+
+use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms};
 
 use crate::config::QuotaConfig;
-use crate::engine::budget::{next_day_ms, next_month_ms};
-use crate::keys::mounted::VirtualKeyRecord;
+use crate::keys::record::{QuotaBlock, VirtualKeyRecord};
 use crate::keys::store::{utc_day, KeyStore, KeyStoreError, UsageDay};
 
 pub const TOKENS_PER_DAY_EXCEEDED: &str = "tokens_per_day_exceeded";
 pub const COST_PER_DAY_EXCEEDED: &str = "cost_per_day_exceeded";
 pub const COST_PER_MONTH_EXCEEDED: &str = "cost_per_month_exceeded";
-
-/// A spent quota: the 429 code the filter answers with, until when.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaBlock {
-    pub code: &'static str,
-    pub until_ms: i64,
-}
 
 /// Whether `quota` has a limit decided from usage (the others are the filter's).
 pub fn has_usage_limits(quota: &QuotaConfig) -> bool {
@@ -47,7 +41,7 @@ pub fn block(
     {
         return Some(QuotaBlock {
             code: COST_PER_MONTH_EXCEEDED,
-            until_ms: next_month_ms(now_ms),
+            until_ms: first_of_next_month_ms(now_ms),
         });
     }
     let tokens = today.prompt_tokens.saturating_add(today.completion_tokens);
@@ -60,7 +54,7 @@ pub fn block(
     };
     Some(QuotaBlock {
         code,
-        until_ms: next_day_ms(now_ms),
+        until_ms: next_utc_midnight_ms(now_ms),
     })
 }
 

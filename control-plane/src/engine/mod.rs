@@ -22,6 +22,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ai_router_contract::failure::{ErrorClass, Hold};
+use ai_router_contract::probe_holder;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -355,18 +357,25 @@ impl Engine {
             };
             let current_fp = current.as_ref().map_or(0, Secret::fingerprint);
             let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
-            match attempt.error_class.as_str() {
-                "rate_limit" => {
+            // The one failure -> hold rule (the filter applies it too). An unknown class changes
+            // nothing, nor do invalid requests and cancellations.
+            let Some(class) = ErrorClass::parse(&attempt.error_class) else {
+                continue;
+            };
+            match class.hold(retry_at.is_some()) {
+                Hold::Lane => {
+                    // A rate limit until its window or the default; a failure of the lane with
+                    // a retry-after until then.
                     let until = retry_at
                         .unwrap_or(now.saturating_add(ms(resilience.rate_limit_cooldown_ms)));
-                    let lane = (id.0, id.1, attempt.model.clone());
+                    let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
                     let entry = state.durable.cooldowns.entry(lane).or_insert(0);
                     if until > *entry {
                         *entry = until;
                         changed = true;
                     }
                 }
-                class @ ("auth" | "quota") => {
+                Hold::Key => {
                     let refused = if attempt.fingerprint != 0 {
                         attempt.fingerprint
                     } else {
@@ -377,7 +386,7 @@ impl Engine {
                         // about the old one.
                         continue;
                     }
-                    let (reason, until) = if class == "auth" {
+                    let (reason, until) = if class == ErrorClass::Auth {
                         let until = resilience
                             .auth_disable_ms
                             .map_or(0, |d| now.saturating_add(ms(d)));
@@ -411,39 +420,31 @@ impl Engine {
                         state.durable.blacklists.insert(id, entry);
                         changed = true;
                     }
+                    // A key's failure, not the lane's: no breaker counts it.
+                    continue;
                 }
-                class if breakers::counts(class) => {
-                    // A retry-after on a transient failure also cools the lane.
-                    if let Some(until) = retry_at {
-                        let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
-                        let entry = state.durable.cooldowns.entry(lane).or_insert(0);
-                        if until > *entry {
-                            *entry = until;
-                            changed = true;
-                        }
-                    }
-                    let started = if attempt.at_ms > 0 {
-                        attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
-                    } else {
-                        0
-                    };
-                    changed |= update_breakers(
-                        &mut state.durable,
-                        &id.0,
-                        &id.1,
-                        |scope, b| {
-                            let config = match scope {
-                                BreakerScope::Key => &resilience.key_breaker,
-                                BreakerScope::Provider => &resilience.provider_breaker,
-                            };
-                            b.on_failure(config, now, retry_at, started)
-                        },
-                        &mut events,
-                        &mut releases,
-                    );
-                }
-                // Invalid requests and cancellations change nothing.
-                _ => {}
+                Hold::Nothing => {}
+            }
+            if class.counts_for_breakers() {
+                let started = if attempt.at_ms > 0 {
+                    attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
+                } else {
+                    0
+                };
+                changed |= update_breakers(
+                    &mut state.durable,
+                    &id.0,
+                    &id.1,
+                    |scope, b| {
+                        let config = match scope {
+                            BreakerScope::Key => &resilience.key_breaker,
+                            BreakerScope::Provider => &resilience.provider_breaker,
+                        };
+                        b.on_failure(config, now, retry_at, started)
+                    },
+                    &mut events,
+                    &mut releases,
+                );
             }
         }
         for event in &events {
@@ -776,8 +777,6 @@ fn ms(value: u64) -> i64 {
 }
 
 /// The key's breaker and its provider's.
-use ai_router_contract::probe_holder;
-
 fn breaker_ids(provider: &str, key: &str) -> [BreakerId; 2] {
     [
         (BreakerScope::Key, provider.to_owned(), key.to_owned()),

@@ -5,6 +5,7 @@
 use sha2::{Digest, Sha256};
 
 pub mod calendar;
+pub mod error_code;
 pub mod failure;
 
 /// The gRPC metadata entry that carries the sync token on every `airouter.v1.Sync` call.

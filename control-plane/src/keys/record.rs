@@ -1,6 +1,7 @@
 //! A virtual key as the control plane holds it and pushes it: the record the mounted keys and
 //! the key store both turn into, with the quota block its usage puts on it.
 
+use ai_router_contract::error_code::ErrorCode;
 use ai_router_proto::v1 as pb;
 
 use crate::config::QuotaConfig;
@@ -38,7 +39,7 @@ impl VirtualKeyRecord {
             quota_code: self
                 .quota_block
                 .as_ref()
-                .map(|b| b.code.to_owned())
+                .map(|b| b.code.as_str().to_owned())
                 .unwrap_or_default(),
             quota_until_ms: self.quota_block.as_ref().map_or(0, |b| b.until_ms),
         }
@@ -48,6 +49,6 @@ impl VirtualKeyRecord {
 /// A spent quota: the 429 code the filter answers with, until when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuotaBlock {
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub until_ms: i64,
 }

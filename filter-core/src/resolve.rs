@@ -1,16 +1,13 @@
 //! The front stage's decisions on a parsed request: which profile or pool model it names,
 //! whether the virtual key may call it, the merged policy, and the ordered candidate tiers.
 
+use ai_router_contract::defaults;
 use ai_router_proto::v1::{Policy, VirtualKey};
 use serde_json::Value;
 
 use crate::errors::{ErrorCode, GatewayError};
 use crate::plan::{Candidate, Operation};
 use crate::state::State;
-
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
-pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
-pub const DEFAULT_DEADLINE_MS: u64 = 120_000;
 
 /// What the front stage derived from a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +66,8 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
 }
 
 fn allows(list: &[String], name: &str) -> bool {
-    list.iter().any(|n| n == "*" || n == name)
+    list.iter()
+        .any(|n| n == ai_router_contract::BINDING_WILDCARD || n == name)
 }
 
 /// Whether a pool model is within the key's `models`: the key names its id or one of its
@@ -337,7 +335,8 @@ pub fn resolve(
 
     // A profile is the operator's choice of models; a direct call stays within the key's.
     let scope = profile.is_none().then_some(key);
-    let allow_fallback = policy.allow_fallback.unwrap_or(true) && key.allow_fallback;
+    let allow_fallback =
+        policy.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK) && key.allow_fallback;
     let needs = Needs::of(body, op, &policy.require);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
     let mut why_not: Option<String> = None;
@@ -416,15 +415,15 @@ pub fn resolve(
         max_attempts: policy
             .max_attempts
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            .unwrap_or(defaults::MAX_ATTEMPTS),
         timeout_ms: policy
             .timeout_ms
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_TIMEOUT_MS),
+            .unwrap_or(defaults::TIMEOUT_MS),
         deadline_ms: policy
             .deadline_ms
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_DEADLINE_MS),
+            .unwrap_or(defaults::DEADLINE_MS),
         stream,
         include_usage,
     })
@@ -522,7 +521,7 @@ mod tests {
             vec!["p1", "p2"]
         );
         assert_eq!(r.tiers[1][0].model, "big");
-        assert_eq!(r.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(r.max_attempts, defaults::MAX_ATTEMPTS);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use ai_router_contract::{defaults, BINDING_WILDCARD};
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
@@ -229,7 +230,7 @@ fn check_known(
 ) -> Result<(), KeyStoreError> {
     let Some(pool) = pool else { return Ok(()) };
     for (i, profile) in profiles.iter().enumerate() {
-        if profile != WILDCARD && !pool.profiles.contains(profile) {
+        if profile != BINDING_WILDCARD && !pool.profiles.contains(profile) {
             let known: Vec<&str> = pool.profiles.iter().map(String::as_str).collect();
             return Err(KeyStoreError::Invalid(format!(
                 "profiles[{i}]: the pool has no profile `{profile}` (it has: {}); use \"*\" for every profile",
@@ -238,7 +239,7 @@ fn check_known(
         }
     }
     for (i, model) in models.iter().enumerate() {
-        if model != WILDCARD && !pool.models.contains(model) {
+        if model != BINDING_WILDCARD && !pool.models.contains(model) {
             return Err(KeyStoreError::Invalid(format!(
                 "models[{i}]: no provider in the pool serves a model with id or alias `{model}`; \
                  name a pool model id or alias, or use \"*\" for every model"
@@ -247,8 +248,6 @@ fn check_known(
     }
     Ok(())
 }
-
-const WILDCARD: &str = "*";
 
 fn check_quota(quota: &QuotaConfig) -> Result<(), KeyStoreError> {
     for (name, value) in [
@@ -370,9 +369,9 @@ impl KeyAdmin {
             owner: spec.owner.filter(|o| !o.is_empty()),
             profiles: spec.profiles,
             models: spec.models,
-            allow_fallback: spec.allow_fallback.unwrap_or(true),
+            allow_fallback: spec.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK),
             quota,
-            enabled: spec.enabled.unwrap_or(true),
+            enabled: spec.enabled.unwrap_or(defaults::KEY_ENABLED),
             revoked: false,
             created_at_ms: self.clock.now_ms(),
         };

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 
+use ai_router_contract::{defaults, BINDING_WILDCARD};
 use rand::RngCore;
 
 use crate::config::secrets::{sha256_hex, Env, Secret, SecretSource};
@@ -193,12 +194,12 @@ fn starci_ai_key(env: &dyn Env) -> Result<Option<VirtualKeyRecord>, MountedKeyEr
     let mounted = MountedKey {
         label,
         source,
-        profiles: vec!["*".to_owned()],
-        models: vec!["*".to_owned()],
+        profiles: vec![BINDING_WILDCARD.to_owned()],
+        models: vec![BINDING_WILDCARD.to_owned()],
         owner: None,
-        allow_fallback: true,
+        allow_fallback: defaults::ALLOW_FALLBACK,
         quota: None,
-        enabled: true,
+        enabled: defaults::KEY_ENABLED,
     };
     mount(&mounted, env).map(Some)
 }

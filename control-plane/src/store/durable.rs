@@ -178,7 +178,7 @@ fn merge_map<K: Ord + Clone, V: PartialEq + Clone>(
     changed
 }
 
-/// [`merge_map`] for every part; spend is added rather than replaced.
+/// `merge_map` for every part; spend is added rather than replaced.
 pub fn merge_durable(local: &mut DurableState, base: &DurableState, remote: &DurableState) -> bool {
     let mut changed = merge_map(&mut local.blacklists, &base.blacklists, &remote.blacklists);
     changed |= merge_map(&mut local.cooldowns, &base.cooldowns, &remote.cooldowns);

@@ -57,6 +57,47 @@ pub mod clusters {
     pub const PROVIDERS_PLAIN: &str = "providers_plain";
 }
 
+/// Inside one Envoy process: the wasm VM the three roles share, the queue of reports, and the
+/// shared-data records. The singleton writes the pushed state as records a worker looks up by
+/// key (the pool, one virtual key, one provider's lane health), so a request reads only what it
+/// needs; workers write their own holds and counters.
+pub mod shared {
+    /// The `vm_id` of the rendered plugin configuration.
+    pub const VM_ID: &str = "ai_router";
+    pub const REPORT_QUEUE: &str = "ai-router/reports";
+    /// 24 bytes, big endian: the pool record's version (u64), when the control plane generated
+    /// the newest update (i64 ms), and how many updates this process applied (u64: it moves
+    /// whenever any record changed). Written last, after the records.
+    pub const SYNC: &str = "ai-router/sync";
+    /// The pool: settings and providers (a `Snapshot` without virtual keys or lane health).
+    pub const POOL: &str = "ai-router/pool";
+
+    /// A virtual key (a `VirtualKey`), by the SHA-256 (hex) of its secret; empty when gone.
+    pub fn virtual_key(sha256_hex: &str) -> String {
+        format!("ai-router/vk/{sha256_hex}")
+    }
+
+    /// A provider's lane health (a `ProviderLanes`).
+    pub fn lanes(provider: &str) -> String {
+        format!("ai-router/lanes/{provider}")
+    }
+
+    /// The holds the workers put on a provider's keys and lanes.
+    pub fn holds(provider: &str) -> String {
+        format!("ai-router/holds/{provider}")
+    }
+
+    /// Attempts in flight on a provider's keys, across the workers.
+    pub fn in_flight(provider: &str) -> String {
+        format!("ai-router/inflight/{provider}")
+    }
+
+    /// One virtual key's requests in the current UTC minute, across the workers.
+    pub fn minute_requests(key_id: &str) -> String {
+        format!("ai-router/rpm/{key_id}")
+    }
+}
+
 /// The OpenAI error `type` of a gateway answer, by its HTTP status: one mapping for the filter,
 /// the control plane's APIs and Envoy's own replies.
 pub fn openai_error_type(status: u16) -> &'static str {

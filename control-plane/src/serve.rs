@@ -263,6 +263,7 @@ pub async fn start(
     let mut tasks = Vec::new();
     engine.set_admin_token(admin_token.as_ref());
     tasks.push(tokio::spawn(engine.clone().run_refresh(stop.clone())));
+    tasks.push(tokio::spawn(engine.clone().run_flush(stop.clone())));
     tasks.push(tokio::spawn(
         engine.clone().run_persist(store, stop.clone()),
     ));

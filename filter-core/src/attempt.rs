@@ -300,7 +300,7 @@ impl Attempt {
         let Some(state) = host.state() else {
             return;
         };
-        self.excluded_in_version = state.version;
+        self.excluded_in_version = host.state_sequence();
         let Some((_, provider)) = state.provider(&probe.provider) else {
             return;
         };
@@ -624,10 +624,7 @@ impl Attempt {
             self.pending = Pending::Nothing;
             // A lane left to another call's probe comes back once the state moved on (the
             // probe's outcome closed or reopened its breaker): ask again, never wait it out.
-            if host
-                .state()
-                .is_some_and(|s| s.version != self.excluded_in_version)
-            {
+            if host.state_sequence() != self.excluded_in_version {
                 self.excluded.clear();
             }
             let action = self.prepare(host);

@@ -57,7 +57,7 @@ impl Front {
         let Some(state) = host.state() else {
             return self.reply(host, GatewayError::not_ready());
         };
-        let Some(key) = self.authenticate(host, &state) else {
+        let Some(key) = self.authenticate(host) else {
             return Flow::Pause;
         };
         let names = resolve::model_list(&state, &key);
@@ -99,19 +99,35 @@ impl Front {
     /// `GET /health` (no key): ok while some provider has a usable key, else degraded.
     fn health(&mut self, host: &mut impl Host) -> Flow {
         let state = host.state();
-        let (status, code) = match &state {
+        let now = host.now_ms();
+        let usable = state
+            .as_ref()
+            .map(|state| host.with_lanes(|view, _| crate::state::any_usable_key(state, view, now)));
+        let (status, code) = match usable {
             None => (503, "starting"),
-            Some(state) if crate::state::any_usable_key(state, host.now_ms()) => (200, "ok"),
-            Some(_) => (200, "degraded"),
+            Some(true) => (200, "ok"),
+            Some(false) => (200, "degraded"),
         };
         self.answered = Some((status, "health"));
         let mut body = json!({ "status": code });
         if let Some(state) = state.filter(|s| self.is_admin(host, s)) {
             // The operator's view: every breaker that is not closed and every key that is out,
             // named by alias only.
-            let snap = &state.snapshot;
-            body["breakers"] = snap
-                .breakers
+            let health: Vec<_> = host.with_lanes(|view, _| {
+                state
+                    .snapshot
+                    .providers
+                    .iter()
+                    .map(|p| crate::lanes::health_of(&state, view, &p.id))
+                    .collect()
+            });
+            let mut breakers: Vec<_> = health.iter().flat_map(|h| h.breakers()).collect();
+            breakers.sort_by(|a, b| {
+                (&a.scope, &a.provider, &a.key).cmp(&(&b.scope, &b.provider, &b.key))
+            });
+            let mut keys: Vec<_> = health.iter().flat_map(|h| h.keys_out()).collect();
+            keys.sort_by(|a, b| (&a.provider, &a.key).cmp(&(&b.provider, &b.key)));
+            body["breakers"] = breakers
                 .iter()
                 .map(|b| {
                     // Open: out until then; half-open: half-open since then.
@@ -126,8 +142,7 @@ impl Front {
                     entry
                 })
                 .collect();
-            body["keys"] = snap
-                .key_health
+            body["keys"] = keys
                 .iter()
                 .map(|k| {
                     json!({"provider": k.provider, "key": k.key, "reason": k.reason,
@@ -157,7 +172,7 @@ impl Front {
     }
 
     /// The virtual key of the bearer token, or an answer already sent.
-    fn authenticate(&mut self, host: &mut impl Host, state: &State) -> Option<VirtualKey> {
+    fn authenticate(&mut self, host: &mut impl Host) -> Option<VirtualKey> {
         let header = match host.header(Side::Request, "authorization") {
             None => String::new(),
             Some(bytes) => match String::from_utf8(bytes) {
@@ -178,10 +193,10 @@ impl Front {
             self.reply(host, GatewayError::missing_api_key());
             return None;
         }
-        match state.virtual_key(&sha256_hex(token.as_bytes())) {
+        match host.virtual_key(&sha256_hex(token.as_bytes())) {
             Some(k) if k.enabled => {
                 self.vk_id = k.id.clone();
-                Some(k.clone())
+                Some(k)
             }
             _ => {
                 self.reply(host, GatewayError::invalid_api_key());
@@ -345,7 +360,7 @@ impl Front {
         let Some(state) = host.state() else {
             return self.reply(host, GatewayError::not_ready());
         };
-        self.key = self.authenticate(host, &state);
+        self.key = self.authenticate(host);
         self.state = Some(state.clone());
         let Some(key) = self.key.as_ref() else {
             return Flow::Pause;

@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
 use crate::calls::Call;
 use crate::classify::Class;
@@ -50,6 +50,11 @@ pub trait Host {
     fn now_ms(&self) -> i64;
     /// The freshest pushed state, if any has arrived.
     fn state(&self) -> Option<Rc<State>>;
+    /// The virtual key with this SHA-256 (hex), as last pushed.
+    fn virtual_key(&self, sha256_hex: &str) -> Option<VirtualKey>;
+    /// A number that moves whenever anything pushed changed (a breaker, a hold, a key), not
+    /// only the pool [`State`] carries.
+    fn state_sequence(&self) -> u64;
     /// Counts one request of a virtual key in a UTC minute across the process; the count
     /// including this one, `None` when it could not be counted.
     fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32>;
@@ -314,6 +319,12 @@ pub mod fake {
         }
         fn state(&self) -> Option<Rc<State>> {
             self.state.clone()
+        }
+        fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
+            self.state.as_ref()?.virtual_key(sha256_hex).cloned()
+        }
+        fn state_sequence(&self) -> u64 {
+            self.state.as_ref().map_or(0, |s| s.version)
         }
         fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
             let n = self

@@ -2,10 +2,11 @@
 //! pushed state plus this VM's own view (what the call tried, in-flight counts, local holds).
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use crate::classify::Class;
 use crate::plan::Candidate;
-use crate::state::State;
+use crate::state::{LaneHealth, State};
 
 /// A lane this call has used.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -71,6 +72,38 @@ pub trait View {
     fn latency(&self, _lane: &LaneId) -> Option<f64> {
         None
     }
+    /// The pushed lane health of a provider, when it is kept apart from the state (Envoy's
+    /// per-provider records); `None`: the state's own.
+    fn health(&self, _provider: &str) -> Option<Rc<LaneHealth>> {
+        None
+    }
+    /// When the control plane generated the newest update this process received (it has
+    /// heard of what this process reported before then); `None`: the state's own time.
+    fn synced_at_ms(&self) -> Option<i64> {
+        None
+    }
+}
+
+/// A view with nothing of its own: no holds, nothing in flight, the state's health.
+pub struct NoView;
+
+impl View for NoView {
+    fn holds(&self, _lane: &LaneId) -> Vec<LocalHold> {
+        Vec::new()
+    }
+    fn in_flight(&self, _provider: &str, _key: &str) -> u32 {
+        0
+    }
+    fn provider_in_flight(&self, _provider: &str) -> u32 {
+        0
+    }
+}
+
+/// The lane health of `provider`: the view's record, else what the state carries, else none.
+pub fn health_of(state: &State, view: &dyn View, provider: &str) -> Rc<LaneHealth> {
+    view.health(provider)
+        .or_else(|| state.health(provider))
+        .unwrap_or_default()
 }
 
 /// A half-open breaker the attempt must hold the probe lease of before it may use the lane.
@@ -157,8 +190,8 @@ enum BreakerGate {
     HalfOpen,
 }
 
-fn breaker_gate(state: &State, scope: &str, provider: &str, key: &str, now_ms: i64) -> BreakerGate {
-    match state.breaker(scope, provider, key) {
+fn breaker_gate(health: &LaneHealth, scope: &str, key: &str, now_ms: i64) -> BreakerGate {
+    match health.breaker(scope, key) {
         Some(b) if b.state == "open" && b.open_until_ms > now_ms => {
             BreakerGate::Open(b.open_until_ms)
         }
@@ -189,8 +222,11 @@ fn later(
 }
 
 /// Why a lane is out right now, and until when (None: until something changes).
+#[allow(clippy::too_many_arguments)]
 fn out_reason(
     state: &State,
+    health: &LaneHealth,
+    synced_at_ms: i64,
     view: &dyn View,
     pi: usize,
     ki: usize,
@@ -204,7 +240,7 @@ fn out_reason(
         return Some((Class::Auth, None));
     }
     let mut worst: Option<(Class, Option<i64>)> = None;
-    if let Some(h) = state.key_health(&provider.id, &key.alias) {
+    if let Some(h) = health.key_health(&key.alias) {
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
@@ -216,13 +252,17 @@ fn out_reason(
             worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms));
         }
     }
-    let pushed = state.cooldown_until(&lane.provider, &lane.key, &lane.model);
+    let pushed = health.cooldown_until(&lane.key, &lane.model);
     if pushed > now_ms {
         worst = later(worst, Class::RateLimit, Some(pushed));
     }
+    let reset_at = health.reset_at_ms(&key.alias);
     for hold in view.holds(lane) {
-        if hold.set_at_ms() + LOCAL_HOLD_GRACE_MS <= state.snapshot.generated_at_ms {
-            // The control plane has spoken since: its state is the truth.
+        if hold.set_at_ms() + LOCAL_HOLD_GRACE_MS <= synced_at_ms
+            || (reset_at > 0 && hold.set_at_ms() <= reset_at)
+        {
+            // The control plane has spoken since, or an operator reset the key: its state is
+            // the truth.
             continue;
         }
         match hold {
@@ -242,18 +282,16 @@ fn out_reason(
             _ => {}
         }
     }
-    let provider_out = state.provider_out_until(&provider.id);
+    let provider_out = health.out_until_ms();
     if provider_out > now_ms {
         worst = later(worst, Class::Quota, Some(provider_out));
     }
     for (scope, key_alias) in [("provider", ""), ("key", key.alias.as_str())] {
-        if let BreakerGate::Open(until) =
-            breaker_gate(state, scope, &provider.id, key_alias, now_ms)
-        {
+        if let BreakerGate::Open(until) = breaker_gate(health, scope, key_alias, now_ms) {
             worst = later(worst, Class::Transient, Some(until));
         }
     }
-    if let Some(h) = state.headroom(&lane.provider, &lane.key, &lane.model) {
+    if let Some(h) = health.headroom(&lane.key, &lane.model) {
         let no_requests = h.remaining_requests == 0;
         let too_few_tokens = h.remaining_tokens >= 0 && (h.remaining_tokens as u64) < tokens;
         if h.reset_at_ms > now_ms && (no_requests || too_few_tokens) {
@@ -280,6 +318,9 @@ pub fn pick(
     now_ms: i64,
 ) -> Pick {
     let selection = state.selection();
+    let synced_at_ms = view
+        .synced_at_ms()
+        .unwrap_or(state.snapshot.generated_at_ms);
     let mut usable: Vec<Usable> = Vec::new();
     let mut soonest: Option<(Class, Option<i64>)> = None;
     for (tier_index, tier) in tiers.iter().enumerate() {
@@ -287,6 +328,7 @@ pub fn pick(
             let Some((pi, provider)) = state.provider(&cand.provider) else {
                 continue;
             };
+            let health = health_of(state, view, &provider.id);
             let model_weight = provider
                 .models
                 .iter()
@@ -299,9 +341,17 @@ pub fn pick(
                     soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
                     continue;
                 }
-                if let Some((class, until)) =
-                    out_reason(state, view, pi, ki, &lane, req.tokens, now_ms)
-                {
+                if let Some((class, until)) = out_reason(
+                    state,
+                    &health,
+                    synced_at_ms,
+                    view,
+                    pi,
+                    ki,
+                    &lane,
+                    req.tokens,
+                    now_ms,
+                ) {
                     soonest = sooner(soonest, class, until);
                     continue;
                 }
@@ -309,7 +359,7 @@ pub fn pick(
                     .into_iter()
                     .find_map(|(scope, k)| {
                         matches!(
-                            breaker_gate(state, scope, &provider.id, k, now_ms),
+                            breaker_gate(&health, scope, k, now_ms),
                             BreakerGate::HalfOpen
                         )
                         .then(|| Probe {
@@ -318,13 +368,11 @@ pub fn pick(
                             key: k.to_string(),
                         })
                     });
-                let low_headroom = state
-                    .headroom(&lane.provider, &lane.key, &lane.model)
-                    .is_some_and(|h| {
-                        h.remaining_requests >= 0
-                            && h.reset_at_ms > now_ms
-                            && (h.remaining_requests as u64) <= selection.low_headroom
-                    });
+                let low_headroom = health.headroom(&lane.key, &lane.model).is_some_and(|h| {
+                    h.remaining_requests >= 0
+                        && h.reset_at_ms > now_ms
+                        && (h.remaining_requests as u64) <= selection.low_headroom
+                });
                 let lane_tried = req.tried.contains(&lane);
                 let key_tried = req
                     .tried
@@ -818,6 +866,60 @@ mod tests {
         assert!(!keys(10_000 + LOCAL_HOLD_GRACE_MS - 1));
         // One generated after the grace without the blacklist: the control plane's view wins.
         assert!(keys(10_000 + LOCAL_HOLD_GRACE_MS));
+    }
+
+    #[test]
+    fn an_operator_reset_voids_the_holds_set_before_it_at_once() {
+        let v = FakeView::default();
+        let lane = LaneId::new("p1", "a", "m1");
+        v.holds.borrow_mut().insert(
+            lane.clone(),
+            vec![
+                LocalHold::Blacklist {
+                    class: Class::Quota,
+                    until_ms: 0,
+                    fingerprint: 0,
+                    set_at_ms: 10_000,
+                },
+                LocalHold::Cooldown {
+                    until_ms: 60_000,
+                    set_at_ms: 10_500,
+                },
+            ],
+        );
+        let only_a = vec![vec![Candidate {
+            provider: "p1".into(),
+            model: "m1".into(),
+            weight: 1.0,
+        }]];
+        let usable = |reset: Option<(&str, i64)>| {
+            let s = state_with_snapshot(|s| {
+                // Within the grace: without a reset the holds stand.
+                s.generated_at_ms = 11_000;
+                s.providers[0].keys.truncate(1);
+                s.resets = reset
+                    .map(|(key, at_ms)| ai_router_proto::v1::HoldReset {
+                        provider: "p1".into(),
+                        key: key.into(),
+                        at_ms,
+                    })
+                    .into_iter()
+                    .collect();
+            });
+            let mut rr = RoundRobin::default();
+            matches!(
+                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
+                Pick::Lane(_)
+            )
+        };
+        assert!(!usable(None));
+        // A reset of the key, or of its provider, after both holds: usable at once.
+        assert!(usable(Some(("a", 11_000))));
+        assert!(usable(Some(("", 11_000))));
+        // A reset between them voids the blacklist only; the later cooldown stands.
+        assert!(!usable(Some(("a", 10_200))));
+        // A reset of another key changes nothing.
+        assert!(!usable(Some(("b", 11_000))));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod front;
 pub mod headers;
 pub mod host;
 pub mod lanes;
+pub mod local;
 pub mod plan;
 pub mod quota;
 pub mod reports;

@@ -1,11 +1,14 @@
 //! The pushed state, decoded once per version and indexed for per-request lookups.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use ai_router_proto::v1::{
-    BreakerState, Headroom, KeyHealth, Policy, Provider, Resilience, Selection, Snapshot,
-    VirtualKey,
+    BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience, Selection,
+    Snapshot, VirtualKey,
 };
+
+use crate::lanes::View;
 
 /// Where a pool model is served: provider index and model index in the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +17,102 @@ pub struct ModelRef {
     pub model: usize,
 }
 
+/// What the pushed state says about one provider's lanes: its keys' blacklists, cooldowns,
+/// breakers that are not closed, headroom, and the provider's own health. A worker reads it
+/// from the provider's shared-data record when it picks among the provider's lanes.
+#[derive(Debug, Default)]
+pub struct LaneHealth {
+    key_health: HashMap<String, KeyHealth>,
+    /// (key, model) -> cooled until
+    cooldowns: HashMap<(String, String), i64>,
+    /// (scope, key) -> breaker; the key is empty for the provider breaker.
+    breakers: HashMap<(String, String), BreakerState>,
+    headroom: HashMap<(String, String), Headroom>,
+    /// Out until (a spent budget).
+    out_until_ms: i64,
+    /// key ("" for the whole provider) -> when an operator reset it.
+    resets: HashMap<String, i64>,
+}
+
+impl LaneHealth {
+    pub fn new(record: ProviderLanes) -> Self {
+        let mut h = LaneHealth::default();
+        for k in record.key_health {
+            h.key_health.insert(k.key.clone(), k);
+        }
+        for c in record.cooldowns {
+            let until = h.cooldowns.entry((c.key, c.model)).or_insert(0);
+            *until = (*until).max(c.until_ms);
+        }
+        for b in record.breakers {
+            h.breakers.insert((b.scope.clone(), b.key.clone()), b);
+        }
+        for r in record.headroom {
+            h.headroom.insert((r.key.clone(), r.model.clone()), r);
+        }
+        for p in record.provider_health {
+            h.out_until_ms = h.out_until_ms.max(p.until_ms);
+        }
+        for r in record.resets {
+            let at = h.resets.entry(r.key).or_insert(0);
+            *at = (*at).max(r.at_ms);
+        }
+        h
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        <ProviderLanes as prost::Message>::decode(bytes)
+            .ok()
+            .map(Self::new)
+    }
+
+    pub fn key_health(&self, key: &str) -> Option<&KeyHealth> {
+        self.key_health.get(key)
+    }
+
+    pub fn cooldown_until(&self, key: &str, model: &str) -> i64 {
+        self.cooldowns
+            .get(&(key.to_string(), model.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The key's breaker (`scope` "key") or the provider's (`scope` "provider", `key` empty),
+    /// when it is not closed.
+    pub fn breaker(&self, scope: &str, key: &str) -> Option<&BreakerState> {
+        self.breakers.get(&(scope.to_string(), key.to_string()))
+    }
+
+    pub fn headroom(&self, key: &str, model: &str) -> Option<&Headroom> {
+        self.headroom.get(&(key.to_string(), model.to_string()))
+    }
+
+    /// When the provider, out of rotation as a whole (a spent budget), returns.
+    pub fn out_until_ms(&self) -> i64 {
+        self.out_until_ms
+    }
+
+    /// When an operator last reset this key or its whole provider (0: not lately): holds
+    /// Envoy's workers put on it before then are void.
+    pub fn reset_at_ms(&self, key: &str) -> i64 {
+        let of = |k: &str| self.resets.get(k).copied().unwrap_or(0);
+        of(key).max(of(""))
+    }
+
+    /// Every breaker of the provider and its keys that is not closed.
+    pub fn breakers(&self) -> impl Iterator<Item = &BreakerState> {
+        self.breakers.values()
+    }
+
+    /// Every key of the provider that is out (blacklisted or missing).
+    pub fn keys_out(&self) -> impl Iterator<Item = &KeyHealth> {
+        self.key_health.values()
+    }
+}
+
+/// The pushed state a worker decides from. In Envoy it is the pool record alone (settings and
+/// providers); virtual keys and lane health are records of their own, read per request. Built
+/// from a whole snapshot (tests, tools) it also answers for those.
 #[derive(Debug, Default)]
 pub struct State {
     pub version: u64,
@@ -22,13 +121,8 @@ pub struct State {
     providers: HashMap<String, usize>,
     /// Model ids and aliases -> every (provider, model) serving the name.
     names: HashMap<String, Vec<ModelRef>>,
-    key_health: HashMap<(String, String), KeyHealth>,
-    cooldowns: HashMap<(String, String, String), i64>,
-    /// (scope, provider, key) -> breaker; the key is empty for provider breakers.
-    breakers: HashMap<(String, String, String), BreakerState>,
-    headroom: HashMap<(String, String, String), Headroom>,
-    /// provider -> out until (a spent budget).
-    provider_out: HashMap<String, i64>,
+    /// The lane health a whole snapshot carried, per provider.
+    health: HashMap<String, Rc<LaneHealth>>,
 }
 
 impl State {
@@ -55,60 +149,45 @@ impl State {
                 }
             }
         }
+        let mut records: HashMap<String, ProviderLanes> = HashMap::new();
+        fn record<'r>(
+            records: &'r mut HashMap<String, ProviderLanes>,
+            p: &str,
+        ) -> &'r mut ProviderLanes {
+            records.entry(p.to_string()).or_default()
+        }
         for h in &snapshot.key_health {
-            state
-                .key_health
-                .insert((h.provider.clone(), h.key.clone()), h.clone());
+            record(&mut records, &h.provider).key_health.push(h.clone());
         }
         for c in &snapshot.cooldowns {
-            let k = (c.provider.clone(), c.key.clone(), c.model.clone());
-            let until = state
-                .cooldowns
-                .get(&k)
-                .copied()
-                .unwrap_or(0)
-                .max(c.until_ms);
-            state.cooldowns.insert(k, until);
+            record(&mut records, &c.provider).cooldowns.push(c.clone());
         }
         for b in &snapshot.breakers {
-            state.breakers.insert(
-                (b.scope.clone(), b.provider.clone(), b.key.clone()),
-                b.clone(),
-            );
+            record(&mut records, &b.provider).breakers.push(b.clone());
         }
         for h in &snapshot.headroom {
-            state.headroom.insert(
-                (h.provider.clone(), h.key.clone(), h.model.clone()),
-                h.clone(),
-            );
+            record(&mut records, &h.provider).headroom.push(h.clone());
         }
         for p in &snapshot.provider_health {
-            let until = state
-                .provider_out
-                .get(&p.provider)
-                .copied()
-                .unwrap_or(0)
-                .max(p.until_ms);
-            state.provider_out.insert(p.provider.clone(), until);
+            record(&mut records, &p.provider)
+                .provider_health
+                .push(p.clone());
         }
+        for r in &snapshot.resets {
+            record(&mut records, &r.provider).resets.push(r.clone());
+        }
+        state.health = records
+            .into_iter()
+            .map(|(p, r)| (p, Rc::new(LaneHealth::new(r))))
+            .collect();
         state.snapshot = snapshot;
         state
     }
 
-    /// The key's or the provider's breaker (`key` empty), when it is not closed.
-    pub fn breaker(&self, scope: &str, provider: &str, key: &str) -> Option<&BreakerState> {
-        self.breakers
-            .get(&(scope.to_string(), provider.to_string(), key.to_string()))
-    }
-
-    pub fn headroom(&self, provider: &str, key: &str, model: &str) -> Option<&Headroom> {
-        self.headroom
-            .get(&(provider.to_string(), key.to_string(), model.to_string()))
-    }
-
-    /// When a provider out of rotation as a whole (a spent budget) returns.
-    pub fn provider_out_until(&self, provider: &str) -> i64 {
-        self.provider_out.get(provider).copied().unwrap_or(0)
+    /// The lane health of `provider` this state carries (a whole snapshot's; none in Envoy,
+    /// where it is a record of its own).
+    pub fn health(&self, provider: &str) -> Option<Rc<LaneHealth>> {
+        self.health.get(provider).cloned()
     }
 
     pub fn resilience(&self) -> Resilience {
@@ -188,18 +267,6 @@ impl State {
         self.snapshot.defaults.clone().unwrap_or_default()
     }
 
-    pub fn key_health(&self, provider: &str, key: &str) -> Option<&KeyHealth> {
-        self.key_health
-            .get(&(provider.to_string(), key.to_string()))
-    }
-
-    pub fn cooldown_until(&self, provider: &str, key: &str, model: &str) -> i64 {
-        self.cooldowns
-            .get(&(provider.to_string(), key.to_string(), model.to_string()))
-            .copied()
-            .unwrap_or(0)
-    }
-
     pub fn max_body_bytes(&self) -> u64 {
         match self.snapshot.limits.as_ref().map(|l| l.max_body_bytes) {
             Some(n) if n > 0 => n,
@@ -222,11 +289,12 @@ impl State {
 }
 
 /// Whether any provider has a key with a secret that is not blacklisted right now.
-pub fn any_usable_key(state: &State, now_ms: i64) -> bool {
+pub fn any_usable_key(state: &State, view: &dyn View, now_ms: i64) -> bool {
     state.snapshot.providers.iter().any(|p| {
+        let health = crate::lanes::health_of(state, view, &p.id);
         p.keys.iter().any(|k| {
             !k.secret.is_empty()
-                && state.key_health(&p.id, &k.alias).is_none_or(|h| {
+                && health.key_health(&k.alias).is_none_or(|h| {
                     let same_secret =
                         h.refused_fingerprint == 0 || h.refused_fingerprint == k.fingerprint;
                     !(same_secret && (h.until_ms == 0 || h.until_ms > now_ms))
@@ -254,7 +322,11 @@ mod tests {
             keys: vec![key("a", ""), key("b", "sk")],
             ..Default::default()
         });
-        assert!(any_usable_key(&State::new(1, snap.clone()), 0));
+        assert!(any_usable_key(
+            &State::new(1, snap.clone()),
+            &crate::lanes::NoView,
+            0
+        ));
         snap.key_health.push(KeyHealth {
             provider: "p".into(),
             key: "b".into(),
@@ -262,9 +334,17 @@ mod tests {
             until_ms: 0,
             refused_fingerprint: 7,
         });
-        assert!(!any_usable_key(&State::new(2, snap.clone()), 0));
+        assert!(!any_usable_key(
+            &State::new(2, snap.clone()),
+            &crate::lanes::NoView,
+            0
+        ));
         // A new secret (another fingerprint) lifts it.
         snap.key_health[0].refused_fingerprint = 8;
-        assert!(any_usable_key(&State::new(3, snap), 0));
+        assert!(any_usable_key(
+            &State::new(3, snap),
+            &crate::lanes::NoView,
+            0
+        ));
     }
 }

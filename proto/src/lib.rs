@@ -5,3 +5,5 @@
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/airouter.v1.rs"));
 }
+
+pub mod tables;

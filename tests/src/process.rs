@@ -187,6 +187,41 @@ pub fn http_client() -> Result<reqwest::Client> {
         .context("building the HTTP client")
 }
 
+/// Runs `ai-router <args>` with only `PATH` and `env` in its environment; (whether it
+/// succeeded, its stdout as JSON (null when it is not), both outputs for a failure message).
+pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> Result<(bool, Value, String)> {
+    let mut cmd = tokio::process::Command::new(ai_router_bin()?);
+    cmd.args(args).env_clear();
+    if let Ok(path) = std::env::var("PATH") {
+        cmd.env("PATH", path);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .context("the CLI did not finish within 30 s")?
+        .context("running the CLI")?;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    Ok((
+        out.status.success(),
+        serde_json::from_str(&stdout).unwrap_or(Value::Null),
+        format!("stdout: {stdout}\nstderr: {stderr}"),
+    ))
+}
+
+/// The body of a plain `GET` (a metrics or stats page).
+pub async fn get_text(url: &str) -> Result<String> {
+    Ok(http_client()?
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?
+        .text()
+        .await?)
+}
+
 pub(crate) fn json_str<'a>(v: &'a Value, key: &str) -> Result<&'a str> {
     v.get(key)
         .and_then(Value::as_str)

@@ -351,6 +351,9 @@ async fn a_lane_with_low_headroom_comes_last_and_a_slow_lane_falls_out_of_the_la
     })
     .await
     .unwrap();
+    // Headroom-only changes are published together every 200 ms (the control plane's
+    // HEADROOM_COALESCE): give that one period to reach Envoy.
+    tokio::time::sleep(Duration::from_millis(400)).await;
     for i in 0..6 {
         let (r, keys) = call(&pool, "m1").await;
         assert_eq!(r.status, 200, "{r}");

@@ -7,8 +7,7 @@
 use std::time::Duration;
 
 use ai_router_e2e::{
-    ai_router_bin, openai_error_problem, poll, script, standard_pool, ControlPlane, Gateway, Reply,
-    TestDir,
+    openai_error_problem, poll, script, standard_pool, ControlPlane, Gateway, Reply, TestDir,
 };
 use serde_json::{json, Value};
 
@@ -137,26 +136,9 @@ fn has_sha256(text: &str) -> bool {
 
 /// `ai-router keys ...` with `env`; the exit status and the JSON it printed.
 async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> (bool, Value, String) {
-    let mut cmd = tokio::process::Command::new(ai_router_bin().unwrap());
-    cmd.arg("keys").args(args).env_clear();
-    if let Ok(path) = std::env::var("PATH") {
-        cmd.env("PATH", path);
-    }
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+    ai_router_e2e::run_cli(&[&["keys"], args].concat(), env)
         .await
-        .expect("the CLI finished")
-        .expect("the CLI ran");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    (
-        out.status.success(),
-        json,
-        format!("stdout: {stdout}\nstderr: {stderr}"),
-    )
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -546,4 +528,85 @@ async fn the_admin_api_needs_the_admin_token() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "admin_disabled", "{body}");
+}
+
+/// A metric's value in the control plane's `/metrics` text (0 when absent).
+async fn metric(gw: &Gateway, line_prefix: &str) -> f64 {
+    let text = ai_router_e2e::get_text(&format!("http://{}/metrics", gw.cp.http_addr()))
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(line_prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revoke_among_thousands_of_keys_reaches_envoy_as_a_small_delta() {
+    use futures::StreamExt as _;
+    const KEYS: usize = 2_000;
+    let gw = Gateway::start("vk_sync_delta").await.expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    let admin = Admin::new(&gw);
+    let created: Vec<(String, String)> = futures::stream::iter(0..KEYS)
+        .map(|i| {
+            let admin = &admin;
+            async move {
+                admin
+                    .create(json!({ "label": format!("bulk{i}"), "models": ["*"] }))
+                    .await
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let (_, last) = created.last().cloned().unwrap();
+    wait_status(&gw, &last, 200, "the last created key to be accepted").await;
+    let snapshots = metric(&gw, "ai_router_sync_messages_total{kind=\"snapshot\"}").await;
+    assert_eq!(snapshots, 1.0, "one snapshot at connect, then deltas only");
+
+    // Revoke one key: Envoy refuses it within a second, and what crossed the sync channel
+    // for it is a delta of a few hundred bytes, not the state of thousands of keys.
+    let (id, secret) = created[KEYS / 2].clone();
+    let (_, other) = created[KEYS / 3].clone();
+    let before = metric(&gw, "ai_router_sync_bytes_total{kind=\"delta\"}").await;
+    let sent_deltas = metric(&gw, "ai_router_sync_messages_total{kind=\"delta\"}").await;
+    let started = std::time::Instant::now();
+    let r = admin
+        .call(
+            reqwest::Method::POST,
+            &format!("/admin/keys/{id}/revoke"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "revoke: {r}");
+    let r = poll("the revoked key to be refused", PUSH, || {
+        let c = gw.client.clone();
+        let secret = secret.clone();
+        async move {
+            let r = c.chat("chat", Some(&secret)).await?;
+            Ok((r.status == 401).then_some(r))
+        }
+    })
+    .await
+    .unwrap();
+    let took = started.elapsed();
+    assert_error(&r, 401, "invalid_api_key", "a revoked key");
+    assert!(took < Duration::from_secs(1), "the revoke took {took:?}");
+    let deltas = metric(&gw, "ai_router_sync_messages_total{kind=\"delta\"}").await - sent_deltas;
+    let bytes = metric(&gw, "ai_router_sync_bytes_total{kind=\"delta\"}").await - before;
+    assert!(deltas >= 1.0, "the revoke went out as a delta");
+    assert!(
+        bytes / deltas < 1_000.0,
+        "{bytes} bytes in {deltas} deltas for one revoked key"
+    );
+    assert_eq!(
+        metric(&gw, "ai_router_sync_messages_total{kind=\"snapshot\"}").await,
+        1.0
+    );
+    let r = gw.client.chat("chat", Some(&other)).await.unwrap();
+    assert_eq!(r.status, 200, "another key still works: {r}");
 }

@@ -347,6 +347,7 @@ pub fn routes() -> Router<Arc<AdminApi>> {
         .route("/admin/keys/{id}/revoke", post(revoke_key))
         .route("/admin/keys/{id}/rotate", post(rotate_key))
         .route("/admin/keys/{id}/usage", get(key_usage))
+        .route("/admin/reset", post(reset))
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
@@ -380,6 +381,46 @@ async fn health(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Json<Va
         let health = api.engine.health();
         Json(json!({ "status": health.status, "version": health.version }))
     }
+}
+
+/// What `POST /admin/reset` takes: nothing (every provider), a provider, or a provider's key.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetSpec {
+    provider: Option<String>,
+    key: Option<String>,
+}
+
+impl AdminApi {
+    /// Closes breakers, lifts blacklists and cooldowns, clears headroom (see [`Engine::reset`]).
+    pub fn reset(
+        &self,
+        provider: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<crate::engine::ResetCounts, ApiError> {
+        use crate::engine::ResetError;
+        self.engine.reset(provider, key).map_err(|e| {
+            let code = match e {
+                ResetError::KeyWithoutProvider => ErrorCode::InvalidRequest,
+                ResetError::UnknownProvider(_) | ResetError::UnknownKey { .. } => {
+                    ErrorCode::NotFound
+                }
+            };
+            ApiError::new(code, e.to_string())
+        })
+    }
+}
+
+/// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.
+async fn reset(State(api): State<Arc<AdminApi>>, headers: HeaderMap, bytes: Bytes) -> Answer {
+    authorize(&api, &headers)?;
+    let spec: ResetSpec = if bytes.iter().all(u8::is_ascii_whitespace) {
+        ResetSpec::default()
+    } else {
+        body(&bytes)?
+    };
+    let counts = api.reset(spec.provider.as_deref(), spec.key.as_deref())?;
+    ok(StatusCode::OK, json!({ "reset": counts }))
 }
 
 async fn create_key(State(api): State<Arc<AdminApi>>, headers: HeaderMap, bytes: Bytes) -> Answer {
@@ -623,6 +664,23 @@ impl pb::admin_server::Admin for AdminGrpc {
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
         Ok(Response::new(key_to_proto(key)))
+    }
+
+    async fn reset(
+        &self,
+        request: Request<pb::ResetRequest>,
+    ) -> Result<Response<pb::ResetReply>, Status> {
+        self.authorize(&request)?;
+        let r = request.into_inner();
+        let given = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let (provider, key) = (given(&r.provider), given(&r.key));
+        let counts = self.api.reset(provider.as_deref(), key.as_deref())?;
+        Ok(Response::new(pb::ResetReply {
+            blacklists: counts.blacklists,
+            cooldowns: counts.cooldowns,
+            breakers: counts.breakers,
+            headroom: counts.headroom,
+        }))
     }
 
     async fn revoke_key(

@@ -150,6 +150,26 @@ impl Metrics {
                 esc(&h.reason)
             );
         }
+        let t = &crate::api::sync::TRAFFIC;
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        for (name, help, counts) in [
+            (
+                "ai_router_sync_messages_total",
+                "State messages sent to Envoy, by kind (a snapshot per connect, then deltas).",
+                [&t.snapshots, &t.deltas],
+            ),
+            (
+                "ai_router_sync_bytes_total",
+                "Bytes of state messages sent to Envoy, by kind.",
+                [&t.snapshot_bytes, &t.delta_bytes],
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for (kind, n) in ["snapshot", "delta"].into_iter().zip(counts) {
+                let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", load(n));
+            }
+        }
         out
     }
 }
@@ -212,6 +232,7 @@ mod tests {
                 }],
                 ..Default::default()
             }),
+            delta: None,
         };
         let text = m.render(&update);
         assert!(

@@ -1,7 +1,8 @@
 //! `airouter.v1.Sync`, the service each Envoy's singleton holds open.
 //!
-//! `Watch` sends the current snapshot at once, then every new version (a watcher that falls
-//! behind skips to the newest: each update is a full snapshot). `Report` applies outcomes to the
+//! `Watch` sends the current snapshot at once, then for every new version the delta from what
+//! that watcher last received (a watcher that falls behind gets one delta over what it
+//! missed). `Report` applies outcomes to the
 //! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
 //! state store (shared by control planes on one SQLite file).
 //!
@@ -14,12 +15,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ai_router_proto::tables::{self, Tables};
 use ai_router_proto::v1 as pb;
 use ai_router_proto::v1::sync_server::{Sync as SyncApi, SyncServer};
 use futures::Stream;
+use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
@@ -119,32 +123,18 @@ impl SyncApi for SyncService {
         self.authorize(&request)?;
         let node = request.into_inner().node;
         tracing::info!(node = %node, "sync watcher connected");
-        let mut updates = self.engine.subscribe();
-        // The first item is the current snapshot, whatever version the caller holds: it may
-        // have been written by another control plane.
-        updates.mark_changed();
+        let updates = self.engine.subscribe();
         let shutdown = self.shutdown.clone();
-        let stream = futures::stream::unfold(
-            (updates, shutdown, node),
-            |(mut updates, mut shutdown, node)| async move {
-                if *shutdown.borrow() {
-                    return None;
-                }
-                tokio::select! {
-                    changed = updates.changed() => {
-                        if changed.is_err() {
-                            return None;
-                        }
-                        let update = pb::StateUpdate::clone(&updates.borrow_and_update());
-                        Some((Ok(update), (updates, shutdown, node)))
-                    }
-                    _ = shutdown.changed() => {
-                        tracing::debug!(node = %node, "closing a sync watcher for shutdown");
-                        None
-                    }
-                }
-            },
-        );
+        let watcher = Watcher {
+            updates,
+            shutdown,
+            node,
+            sent: None,
+        };
+        let stream = futures::stream::unfold(watcher, |mut watcher| async move {
+            let update = watcher.next().await?;
+            Some((Ok(update), watcher))
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -193,6 +183,87 @@ impl SyncApi for SyncService {
                 Status::unavailable("the state store is unavailable")
             })?;
         Ok(Response::new(reply))
+    }
+}
+
+/// What the sync channel carried since start, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct SyncTraffic {
+    pub snapshots: AtomicU64,
+    pub snapshot_bytes: AtomicU64,
+    pub deltas: AtomicU64,
+    pub delta_bytes: AtomicU64,
+}
+
+pub static TRAFFIC: SyncTraffic = SyncTraffic {
+    snapshots: AtomicU64::new(0),
+    snapshot_bytes: AtomicU64::new(0),
+    deltas: AtomicU64::new(0),
+    delta_bytes: AtomicU64::new(0),
+};
+
+/// One `Watch` stream: the current snapshot first, then per new version the delta from what
+/// this watcher last received (versions that changed nothing it holds are skipped; a watcher
+/// that falls behind gets one delta over every version it missed).
+struct Watcher {
+    updates: watch::Receiver<Arc<Tables>>,
+    shutdown: watch::Receiver<bool>,
+    node: String,
+    sent: Option<Arc<Tables>>,
+}
+
+impl Watcher {
+    async fn next(&mut self) -> Option<pb::StateUpdate> {
+        loop {
+            if *self.shutdown.borrow() {
+                return None;
+            }
+            if let Some(sent) = &self.sent {
+                tokio::select! {
+                    changed = self.updates.changed() => changed.ok()?,
+                    _ = self.shutdown.changed() => {
+                        tracing::debug!(node = %self.node, "closing a sync watcher for shutdown");
+                        return None;
+                    }
+                }
+                let now = self.updates.borrow_and_update().clone();
+                match sent.diff(&now) {
+                    Some(delta) if tables::is_empty(&delta) => continue,
+                    Some(delta) => {
+                        let update = pb::StateUpdate {
+                            version: now.version,
+                            snapshot: None,
+                            delta: Some(delta),
+                        };
+                        TRAFFIC.deltas.fetch_add(1, Ordering::Relaxed);
+                        TRAFFIC
+                            .delta_bytes
+                            .fetch_add(update.encoded_len() as u64, Ordering::Relaxed);
+                        self.sent = Some(now);
+                        return Some(update);
+                    }
+                    None => return Some(self.snapshot(now)),
+                }
+            }
+            // The first message is the whole current state, whatever version the caller
+            // holds: it may have been written by another control plane.
+            let now = self.updates.borrow_and_update().clone();
+            return Some(self.snapshot(now));
+        }
+    }
+
+    fn snapshot(&mut self, tables: Arc<Tables>) -> pb::StateUpdate {
+        let update = pb::StateUpdate {
+            version: tables.version,
+            snapshot: Some(tables.to_snapshot()),
+            delta: None,
+        };
+        TRAFFIC.snapshots.fetch_add(1, Ordering::Relaxed);
+        TRAFFIC
+            .snapshot_bytes
+            .fetch_add(update.encoded_len() as u64, Ordering::Relaxed);
+        self.sent = Some(tables);
+        update
     }
 }
 
@@ -366,7 +437,17 @@ mod tests {
         assert_eq!(ack.version, first.version + 1);
         let second = stream.next().await.ok_or("no second update")??;
         assert_eq!(second.version, ack.version);
-        assert_eq!(second.snapshot.unwrap_or_default().cooldowns.len(), 1);
+        // A delta from the first version carrying the new cooldown and nothing else: no
+        // secret, no virtual key.
+        assert!(second.snapshot.is_none());
+        let delta = second.delta.unwrap_or_default();
+        assert_eq!(delta.base_version, first.version);
+        assert_eq!(delta.cooldowns.len(), 1);
+        assert!(delta.providers.is_empty() && delta.provider_keys.is_empty());
+        assert!(delta.virtual_keys.is_empty() && delta.settings.is_none());
+        let mut held = ai_router_proto::tables::Tables::from_snapshot(first.version, snapshot);
+        held.apply(second.version, &delta)?;
+        assert_eq!(held, *engine.tables());
 
         // Shutdown ends the stream and the server.
         stop_tx.send(true)?;

@@ -194,19 +194,7 @@ impl Bindings {
 pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     let env: Arc<dyn Env> = Arc::new(ProcessEnv);
     if let Some(url) = &args.url {
-        let token = env
-            .var(&args.admin_token_env)
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::MissingApiKey,
-                    format!(
-                        "--url needs the admin token in {} (or name another variable with --admin-token-env)",
-                        args.admin_token_env
-                    ),
-                )
-            })?;
+        let token = admin_token(env.as_ref(), &args.admin_token_env)?;
         return Remote::new(url, token)?.run(args.command).await;
     }
     let Some(path) = &args.config else {
@@ -257,27 +245,43 @@ fn local(keys: &KeyAdmin, command: KeysCommand) -> Result<Value, ApiError> {
     }
 }
 
+/// The admin token for `--url`, from the variable `name`.
+pub(crate) fn admin_token(env: &dyn Env, name: &str) -> Result<String, ApiError> {
+    env.var(name)
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::MissingApiKey,
+                format!(
+                    "--url needs the admin token in {name} (or name another variable with --admin-token-env)"
+                ),
+            )
+        })
+}
+
 /// The admin API of a running control plane.
-struct Remote {
+pub(crate) struct Remote {
     base: String,
     token: String,
     client: reqwest::Client,
 }
 
 impl Remote {
-    fn new(url: &str, token: String) -> Result<Self, ApiError> {
+    pub(crate) fn new(url: &str, token: String) -> Result<Self, ApiError> {
         let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
             .build()
             .map_err(|e| ApiError::new(ErrorCode::Internal, e.to_string()))?;
         Ok(Self {
-            base: format!("{}/admin/keys", url.trim_end_matches('/')),
+            base: url.trim_end_matches('/').to_owned(),
             token,
             client,
         })
     }
 
-    async fn call(
+    /// One call of the admin API (`path` from `/admin/...`).
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -312,28 +316,29 @@ impl Remote {
 
     async fn run(&self, command: KeysCommand) -> Result<Value, ApiError> {
         use reqwest::Method;
+        let keys = |path: &str| format!("/admin/keys{path}");
         match command {
             KeysCommand::Create(args) => {
                 self.call(
                     Method::POST,
-                    "",
+                    &keys(""),
                     Some(to_json(args.bindings.spec(&args.label))?),
                 )
                 .await
             }
-            KeysCommand::List => self.call(Method::GET, "", None).await,
-            KeysCommand::Get { id } => self.call(Method::GET, &format!("/{id}"), None).await,
+            KeysCommand::List => self.call(Method::GET, &keys(""), None).await,
+            KeysCommand::Get { id } => self.call(Method::GET, &keys(&format!("/{id}")), None).await,
             KeysCommand::Update { id, bindings } => {
                 let patch = to_json(bindings.patch())?;
-                self.call(Method::PATCH, &format!("/{id}"), Some(patch))
+                self.call(Method::PATCH, &keys(&format!("/{id}")), Some(patch))
                     .await
             }
             KeysCommand::Revoke { id } => {
-                self.call(Method::POST, &format!("/{id}/revoke"), None)
+                self.call(Method::POST, &keys(&format!("/{id}/revoke")), None)
                     .await
             }
             KeysCommand::Rotate { id } => {
-                self.call(Method::POST, &format!("/{id}/rotate"), None)
+                self.call(Method::POST, &keys(&format!("/{id}/rotate")), None)
                     .await
             }
             KeysCommand::Usage { id, from, to } => {
@@ -349,7 +354,7 @@ impl Remote {
                 } else {
                     format!("?{}", query.join("&"))
                 };
-                self.call(Method::GET, &format!("/{id}/usage{query}"), None)
+                self.call(Method::GET, &keys(&format!("/{id}/usage{query}")), None)
                     .await
             }
         }

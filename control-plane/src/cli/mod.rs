@@ -1,5 +1,6 @@
 //! The `ai-router` command line: one file per command; `main.rs` only calls [`main`].
 
+pub mod admin;
 pub mod keys;
 pub mod mock;
 pub mod render_envoy;
@@ -36,6 +37,10 @@ enum Command {
     RenderEnvoy(render_envoy::RenderEnvoyArgs),
     /// Run control plane + Envoy (+ the mock when no provider key is set) locally.
     Up(up::UpArgs),
+    /// Close breakers, lift blacklists and cooldowns, clear headroom: of every provider, of one
+    /// (--provider) or of one key (--provider --key), in the control plane and every Envoy at
+    /// once. Through a running control plane (--url). Prints JSON.
+    Reset(admin::ResetArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -74,12 +79,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Mock(args) => mock::run(args).await,
         Command::RenderEnvoy(args) => render_envoy::run(args),
         Command::Up(args) => up::run(args).await,
-        Command::Keys(args) => match keys::run(args).await {
-            Ok(value) => Ok(stdout::print_line(&serde_json::to_string_pretty(&value)?)?),
-            Err(err) => {
-                stdout::print_line(&err.openai_body().to_string())?;
-                Err(anyhow::anyhow!("{}", err.message))
-            }
-        },
+        Command::Reset(args) => print_answer(admin::reset(args).await),
+        Command::Keys(args) => print_answer(keys::run(args).await),
+    }
+}
+
+/// Prints an admin answer as JSON, or the error object (then fails).
+fn print_answer(
+    answer: Result<serde_json::Value, crate::api::error::ApiError>,
+) -> anyhow::Result<()> {
+    match answer {
+        Ok(value) => Ok(stdout::print_line(&serde_json::to_string_pretty(&value)?)?),
+        Err(err) => {
+            stdout::print_line(&err.openai_body().to_string())?;
+            Err(anyhow::anyhow!("{}", err.message))
+        }
     }
 }

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use ai_router_contract::failure::{ErrorClass, Hold};
 use ai_router_contract::probe_holder;
+use ai_router_proto::tables::Tables;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -50,6 +51,13 @@ pub use crate::store::durable::DurableState;
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the state store is read for what other control planes wrote.
 pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a change that only moves headroom (every answer of a real provider moves it) may
+/// wait to be published with the next ones. The data plane acts on a 429 at once with its own
+/// hold, so headroom this late costs at most a few more 429s, never a wrong answer.
+pub const HEADROOM_COALESCE: Duration = Duration::from_millis(200);
+/// How long an operator's reset is pushed: past it, Envoy's own holds from before the reset
+/// have given way to the control plane anyway (their grace is 5 s).
+pub const RESET_MARK: Duration = Duration::from_secs(60);
 
 /// How long a reported headroom holds when the provider named no reset.
 pub const HEADROOM_DEFAULT_WINDOW_MS: i64 = 60_000;
@@ -145,8 +153,34 @@ struct State {
     /// What the store held after the last exchange with it: the base of the three-way merge.
     base: DurableState,
     virtual_keys: Vec<VirtualKeyRecord>,
+    /// `virtual_keys` as published, rebuilt only when they change.
+    published_keys: Arc<BTreeMap<String, pb::VirtualKey>>,
     /// SHA-256 (hex) of the admin token, pushed so the gateway can check it on `GET /health`.
     admin_token_sha256: String,
+    /// A change waits for the next [`Engine::flush`] (headroom only).
+    pending: bool,
+    /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
+    /// set before then, dropped after [`RESET_MARK`].
+    resets: BTreeMap<KeyId, i64>,
+}
+
+/// What [`Engine::reset`] cleared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResetCounts {
+    pub blacklists: u32,
+    pub cooldowns: u32,
+    pub breakers: u32,
+    pub headroom: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetError {
+    #[error("no provider {0:?} in the pool")]
+    UnknownProvider(String),
+    #[error("provider {provider:?} has no key {key:?}")]
+    UnknownKey { provider: String, key: String },
+    #[error("a key is reset with its provider: give \"provider\" too")]
+    KeyWithoutProvider,
 }
 
 pub struct Engine {
@@ -156,7 +190,9 @@ pub struct Engine {
     /// Durable state and the probe leases.
     store: Arc<dyn StateStore>,
     state: Mutex<State>,
-    updates: watch::Sender<Arc<pb::StateUpdate>>,
+    updates: watch::Sender<Arc<Tables>>,
+    /// Headroom-only changes wait for [`Engine::flush`] instead of a publish each.
+    coalesce_headroom: std::sync::atomic::AtomicBool,
     /// See [`ReportObserver`].
     report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
 }
@@ -257,15 +293,19 @@ impl Engine {
             .collect();
         // Versions start at the wall clock so they keep increasing across restarts.
         let version = u64::try_from(clock.now_ms()).unwrap_or(0).max(1);
+        let published_keys = Arc::new(published_keys(&virtual_keys));
         let state = State {
             version,
             secrets,
             durable: kept,
             base,
             virtual_keys,
+            published_keys,
             admin_token_sha256: String::new(),
+            pending: false,
+            resets: BTreeMap::new(),
         };
-        let first = Arc::new(build_update(&config, &state, clock.now_ms()));
+        let first = Arc::new(build_tables(&config, &state, clock.now_ms()));
         let (updates, _) = watch::channel(first);
         let engine = Arc::new(Self {
             config,
@@ -274,6 +314,7 @@ impl Engine {
             store,
             state: Mutex::new(state),
             updates,
+            coalesce_headroom: std::sync::atomic::AtomicBool::new(false),
             report_observers: Mutex::default(),
         });
         engine.expire();
@@ -284,13 +325,155 @@ impl Engine {
         &self.config
     }
 
-    /// The current snapshot and every later one.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<pb::StateUpdate>> {
+    /// The published tables now and at every later version.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Tables>> {
         self.updates.subscribe()
     }
 
-    pub fn current(&self) -> Arc<pb::StateUpdate> {
+    /// The published tables.
+    pub fn tables(&self) -> Arc<Tables> {
         self.updates.borrow().clone()
+    }
+
+    /// The published state as one snapshot (admin answers, metrics, tests).
+    pub fn current(&self) -> pb::StateUpdate {
+        let tables = self.tables();
+        pb::StateUpdate {
+            version: tables.version,
+            snapshot: Some(tables.to_snapshot()),
+            delta: None,
+        }
+    }
+
+    /// Lets headroom-only changes wait for [`Engine::flush`] (which `serve` runs every
+    /// [`HEADROOM_COALESCE`]) instead of publishing a version each.
+    pub fn coalesce_headroom(&self, on: bool) {
+        self.coalesce_headroom
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Closes breakers, lifts blacklists and cooldowns and clears headroom: of every provider
+    /// (`provider` `None`), of one provider and its keys, or of one key (and its lanes). Envoy
+    /// voids its own holds on them at once. A key whose secret is missing stays out.
+    pub fn reset(
+        &self,
+        provider: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<ResetCounts, ResetError> {
+        let providers: Vec<&str> = match (provider, key) {
+            (None, Some(_)) => return Err(ResetError::KeyWithoutProvider),
+            (None, None) => self
+                .config
+                .providers
+                .iter()
+                .map(|p| p.id.as_str())
+                .collect(),
+            (Some(p), _) => {
+                let Some(found) = self.config.providers.iter().find(|x| x.id == p) else {
+                    return Err(ResetError::UnknownProvider(p.to_owned()));
+                };
+                if let Some(k) = key {
+                    if !found.keys.iter().any(|x| x.alias == k) {
+                        return Err(ResetError::UnknownKey {
+                            provider: p.to_owned(),
+                            key: k.to_owned(),
+                        });
+                    }
+                }
+                vec![p]
+            }
+        };
+        let hit = |p: &str, k: &str| providers.contains(&p) && key.is_none_or(|want| want == k);
+        let now = self.clock.now_ms();
+        let mut counts = ResetCounts::default();
+        let mut events = Vec::new();
+        let mut state = lock(&self.state);
+        let durable = &mut state.durable;
+        durable.blacklists.retain(|(p, k), b| {
+            if !hit(p, k) {
+                return true;
+            }
+            counts.blacklists += 1;
+            events.push(EngineEvent::KeyRestored {
+                provider: p.clone(),
+                key: k.clone(),
+                was: b.reason.as_str(),
+                reason: "reset",
+            });
+            false
+        });
+        durable.cooldowns.retain(|(p, k, _), _| {
+            let out = hit(p, k);
+            counts.cooldowns += u32::from(out);
+            !out
+        });
+        durable.headroom.retain(|(p, k, _), _| {
+            let out = hit(p, k);
+            counts.headroom += u32::from(out);
+            !out
+        });
+        durable.breakers.retain(|id, b| {
+            let (scope, p, k) = id;
+            let out = match scope {
+                BreakerScope::Key => hit(p, k),
+                BreakerScope::Provider => key.is_none() && providers.contains(&p.as_str()),
+            };
+            if out && b.phase != BreakerPhase::Closed {
+                counts.breakers += 1;
+                events.push(breaker_event(id, b.phase, BreakerPhase::Closed));
+            }
+            !out
+        });
+        for p in &providers {
+            state
+                .resets
+                .insert(((*p).to_owned(), key.unwrap_or("").to_owned()), now);
+        }
+        for event in &events {
+            event.log();
+        }
+        tracing::info!(
+            provider = provider.unwrap_or("*"),
+            key = key.unwrap_or("*"),
+            blacklists = counts.blacklists,
+            cooldowns = counts.cooldowns,
+            breakers = counts.breakers,
+            headroom = counts.headroom,
+            "reset"
+        );
+        self.publish(&mut state, now);
+        Ok(counts)
+    }
+
+    /// Publishes what waits (headroom); returns whether anything did.
+    pub fn flush(&self) -> bool {
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        if !state.pending {
+            return false;
+        }
+        self.publish(&mut state, now);
+        true
+    }
+
+    /// Runs [`Engine::flush`] every [`HEADROOM_COALESCE`] until `shutdown` flips.
+    pub async fn run_flush(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        self.coalesce_headroom(true);
+        let mut tick = tokio::time::interval(HEADROOM_COALESCE);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    self.flush();
+                }
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        self.coalesce_headroom(false);
+        self.flush();
     }
 
     pub fn version(&self) -> u64 {
@@ -322,12 +505,13 @@ impl Engine {
         let mut state = lock(&self.state);
         let mut events = Vec::new();
         let mut changed = false;
+        let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
         for attempt in &batch.attempts {
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
-                changed |= note_headroom(&mut state.durable, attempt, now);
+                headroom_moved |= note_headroom(&mut state.durable, attempt, now);
                 changed |= note_spend(&self.config, &mut state.durable, attempt, now);
                 if attempt.probe {
                     // Only the attempt that holds the lease ends it.
@@ -450,8 +634,13 @@ impl Engine {
         for event in &events {
             event.log();
         }
-        if changed {
+        let coalesce = self
+            .coalesce_headroom
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if changed || (headroom_moved && !coalesce) {
             self.publish(&mut state, now);
+        } else if headroom_moved {
+            state.pending = true;
         }
         let version = state.version;
         drop(state);
@@ -622,6 +811,12 @@ impl Engine {
                 durable.cooldowns.len(),
                 durable.headroom.len(),
             );
+        let marks = state.resets.len();
+        state
+            .resets
+            .retain(|_, at| now.saturating_sub(*at) < ms(RESET_MARK.as_millis() as u64));
+        changed |= marks != state.resets.len();
+        let durable = &mut state.durable;
         let mut events = Vec::new();
         for (id, breaker) in &mut durable.breakers {
             if let Some((from, to)) = breaker.tick(now) {
@@ -708,8 +903,9 @@ impl Engine {
 
     fn publish(&self, state: &mut State, now: i64) {
         state.version += 1;
-        let update = Arc::new(build_update(&self.config, state, now));
-        self.updates.send_replace(update);
+        state.pending = false;
+        let tables = Arc::new(build_tables(&self.config, state, now));
+        self.updates.send_replace(tables);
     }
 }
 
@@ -754,6 +950,7 @@ impl Engine {
         if state.virtual_keys == keys {
             return false;
         }
+        state.published_keys = Arc::new(published_keys(&keys));
         state.virtual_keys = keys;
         self.publish(&mut state, now);
         true
@@ -898,7 +1095,7 @@ fn note_spend(
     out(spend) != before
 }
 
-fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
+fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
     let providers = config
         .providers
         .iter()
@@ -938,11 +1135,7 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
         .collect();
     let snapshot = pb::Snapshot {
         providers,
-        virtual_keys: state
-            .virtual_keys
-            .iter()
-            .map(VirtualKeyRecord::to_proto)
-            .collect(),
+        virtual_keys: Vec::new(),
         defaults: config.defaults.as_ref().map(policy_to_proto),
         profiles: config
             .profiles
@@ -1013,11 +1206,29 @@ fn build_update(config: &Config, state: &State, now: i64) -> pb::StateUpdate {
                 })
             })
             .collect(),
+        resets: state
+            .resets
+            .iter()
+            .map(|((provider, key), at)| pb::HoldReset {
+                provider: provider.clone(),
+                key: key.clone(),
+                at_ms: *at,
+            })
+            .collect(),
     };
-    pb::StateUpdate {
-        version: state.version,
-        snapshot: Some(snapshot),
+    Tables {
+        virtual_keys: state.published_keys.clone(),
+        ..Tables::from_snapshot(state.version, snapshot)
     }
+}
+
+fn published_keys(keys: &[VirtualKeyRecord]) -> BTreeMap<String, pb::VirtualKey> {
+    keys.iter()
+        .map(|k| {
+            let k = k.to_proto();
+            (k.sha256.clone(), k)
+        })
+        .collect()
 }
 
 fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) -> pb::Provider {
@@ -1866,6 +2077,93 @@ providers:
         share(&a, &b)?;
         let _ = std::fs::remove_dir_all(path.parent().unwrap_or(Path::new("/nonexistent")));
         result
+    }
+
+    #[test]
+    fn a_reset_clears_one_key_or_everything_and_is_pushed() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        e.apply_report(&batch(vec![
+            attempt("openai", "openai-1", "quota"),
+            attempt("openai", "openai-1", "rate_limit"),
+        ]));
+        let s = snapshot(e);
+        assert_eq!((s.key_health.len(), s.cooldowns.len()), (1, 1));
+        assert_eq!(
+            e.reset(None, Some("openai-1")),
+            Err(ResetError::KeyWithoutProvider)
+        );
+        assert!(matches!(
+            e.reset(Some("nope"), None),
+            Err(ResetError::UnknownProvider(_))
+        ));
+        assert!(matches!(
+            e.reset(Some("openai"), Some("nope")),
+            Err(ResetError::UnknownKey { .. })
+        ));
+        let v = e.version();
+        let counts = e.reset(Some("openai"), Some("openai-1"));
+        assert_eq!(
+            counts,
+            Ok(ResetCounts {
+                blacklists: 1,
+                cooldowns: 1,
+                breakers: 0,
+                headroom: 0
+            })
+        );
+        assert_eq!(e.version(), v + 1, "published at once");
+        let s = snapshot(e);
+        assert!(s.key_health.is_empty() && s.cooldowns.is_empty());
+        assert_eq!(s.resets.len(), 1);
+        assert_eq!(
+            (s.resets[0].provider.as_str(), s.resets[0].key.as_str()),
+            ("openai", "openai-1")
+        );
+        // Everything: one mark per provider, the whole provider.
+        assert_eq!(e.reset(None, None), Ok(ResetCounts::default()));
+        let marks = snapshot(e).resets;
+        assert!(marks
+            .iter()
+            .any(|r| r.provider == "openai" && r.key.is_empty()));
+        // Marks are pushed for a minute, then dropped.
+        f.clock
+            .0
+            .fetch_add(RESET_MARK.as_millis() as i64, Ordering::SeqCst);
+        assert!(e.expire());
+        assert!(snapshot(e).resets.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn headroom_alone_waits_for_the_next_flush_and_holds_do_not() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        e.coalesce_headroom(true);
+        let v = e.version();
+        let mut ok = success("openai", "openai-1");
+        ok.remaining_requests = 5;
+        ok.remaining_tokens = 1_000;
+        ok.ratelimit_reset_at_ms = 1_030_000;
+        e.apply_report(&batch(vec![ok.clone()]));
+        ok.remaining_requests = 4;
+        e.apply_report(&batch(vec![ok]));
+        assert_eq!(e.version(), v, "headroom alone is not published at once");
+        assert!(snapshot(e).headroom.is_empty());
+        assert!(e.flush());
+        assert_eq!(e.version(), v + 1, "two reports, one version");
+        assert_eq!(snapshot(e).headroom[0].remaining_requests, 4);
+        assert!(!e.flush(), "nothing waits");
+        // A cooldown is published at once, with any headroom waiting.
+        let mut limited = attempt("openai", "openai-1", "rate_limit");
+        limited.remaining_requests = 0;
+        limited.ratelimit_reset_at_ms = 1_020_000;
+        e.apply_report(&batch(vec![limited]));
+        assert_eq!(e.version(), v + 2);
+        let s = snapshot(e);
+        assert_eq!(s.cooldowns.len(), 1);
+        assert_eq!(s.headroom[0].remaining_requests, 0);
+        Ok(())
     }
 
     #[test]

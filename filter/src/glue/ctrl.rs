@@ -1,15 +1,17 @@
-//! The singleton that holds the control plane's sync stream for this Envoy process: it writes
-//! every snapshot it receives into shared data for the workers, re-opens the stream with
-//! backoff when it breaks (the workers keep serving from the last state meanwhile), and sends
-//! the workers' reports back in batches.
+//! The singleton that holds the control plane's sync stream for this Envoy process: it keeps
+//! the pushed tables (a snapshot, then each delta applied), writes the records a delta touched
+//! into shared data for the workers (the pool, single virtual keys, single providers' lane
+//! health), re-opens the stream with backoff when it breaks (the workers keep serving from the
+//! last state meanwhile) or when a delta does not follow what it holds, and sends the workers'
+//! reports back in batches.
 
+use ai_router_contract::shared as names;
+use ai_router_proto::tables::{Tables, Touched};
 use ai_router_proto::v1::{AttemptOutcome, ReportBatch, RequestOutcome, StateUpdate, WatchRequest};
 use prost::Message;
 use proxy_wasm::hostcalls;
 
-use super::shared::{
-    duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST, SNAPSHOT_KEY, VERSION_KEY,
-};
+use super::shared::{duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST};
 use super::{log_error, log_info};
 use ai_router_filter_core::reports::{Outbox, MAX_BATCH};
 
@@ -28,7 +30,13 @@ pub struct Ctrl {
     connected_once: bool,
     /// An outage was already logged.
     quiet: bool,
-    published: u64,
+    /// What the control plane pushed, as this process holds it.
+    tables: Option<Tables>,
+    /// The version of the pool record, counted by this process (a restarted control plane
+    /// counts its versions from elsewhere).
+    pool_version: u64,
+    /// Updates applied since start.
+    applied: u64,
     /// Reports not yet acknowledged by the control plane.
     outbox: Outbox,
     /// `outbox.dropped` when it was last logged.
@@ -51,7 +59,9 @@ impl Ctrl {
             version: 0,
             connected_once: false,
             quiet: false,
-            published: 0,
+            tables: None,
+            pool_version: 0,
+            applied: 0,
             outbox: Outbox::new(),
             logged_dropped: 0,
         }
@@ -129,19 +139,41 @@ impl Ctrl {
                 return;
             }
         };
-        let Some(snapshot) = update.snapshot else {
-            return;
+        let touched = match (update.snapshot, update.delta) {
+            (Some(snapshot), _) => {
+                let new = Tables::from_snapshot(update.version, snapshot);
+                let touched = match &self.tables {
+                    Some(old) => changed_records(old, &new),
+                    None => Touched::all(&new),
+                };
+                self.tables = Some(new);
+                touched
+            }
+            (None, Some(delta)) => {
+                let applied = match self.tables.as_mut() {
+                    Some(tables) => tables
+                        .apply(update.version, &delta)
+                        .map_err(|e| e.to_string()),
+                    None => Err("a delta before any snapshot".to_string()),
+                };
+                match applied {
+                    Ok(touched) => touched,
+                    Err(e) => {
+                        // Watch again: the first message is a snapshot.
+                        log_error(&format!("ai-router: {e}; asking for the whole state again"));
+                        let _ = hostcalls::cancel_grpc_stream(token);
+                        self.stream = None;
+                        self.version = 0;
+                        self.next_connect_ms = now_ms();
+                        return;
+                    }
+                }
+            }
+            (None, None) => return,
         };
-        // The snapshot first, then the version the workers compare against.
-        let encoded = snapshot.encode_to_vec();
-        if hostcalls::set_shared_data(SNAPSHOT_KEY, Some(&encoded), None).is_err() {
-            log_error("ai-router: cannot publish the state snapshot");
+        if !self.publish(&touched) {
             return;
         }
-        // The workers compare against a counter of this process, not the control plane's
-        // version: a restarted control plane counts from the start again.
-        self.published += 1;
-        let _ = hostcalls::set_shared_data(VERSION_KEY, Some(&self.published.to_be_bytes()), None);
         if !self.connected_once || self.version == 0 {
             log_info(&format!(
                 "ai-router: state version {} received from the control plane",
@@ -158,6 +190,43 @@ impl Ctrl {
         self.connected_once = true;
         self.version = update.version;
         self.backoff_ms = 250;
+    }
+
+    /// Writes the records `touched` names, then the sync record the workers look at first.
+    fn publish(&mut self, touched: &Touched) -> bool {
+        let Some(tables) = &self.tables else {
+            return false;
+        };
+        if touched.pool {
+            let pool = tables.pool_snapshot().encode_to_vec();
+            if hostcalls::set_shared_data(names::POOL, Some(&pool), None).is_err() {
+                log_error("ai-router: cannot publish the pool");
+                return false;
+            }
+            self.pool_version += 1;
+        }
+        for sha in &touched.virtual_keys {
+            let bytes = tables
+                .virtual_keys
+                .get(sha)
+                .map(Message::encode_to_vec)
+                .unwrap_or_default();
+            if hostcalls::set_shared_data(&names::virtual_key(sha), Some(&bytes), None).is_err() {
+                log_error("ai-router: cannot publish a virtual key");
+            }
+        }
+        for provider in &touched.providers {
+            let bytes = tables.provider_lanes(provider).encode_to_vec();
+            if hostcalls::set_shared_data(&names::lanes(provider), Some(&bytes), None).is_err() {
+                log_error("ai-router: cannot publish a provider's lane health");
+            }
+        }
+        self.applied += 1;
+        let mut sync = [0u8; 24];
+        sync[..8].copy_from_slice(&self.pool_version.to_be_bytes());
+        sync[8..16].copy_from_slice(&tables.generated_at_ms.to_be_bytes());
+        sync[16..].copy_from_slice(&self.applied.to_be_bytes());
+        hostcalls::set_shared_data(names::SYNC, Some(&sync), None).is_ok()
     }
 
     pub fn on_stream_close(&mut self, token: u32, status: u32) {
@@ -270,4 +339,18 @@ impl Ctrl {
             self.outbox.push(batch);
         }
     }
+}
+
+/// The records that differ between what this process held and a new snapshot (a reconnect):
+/// what a delta between them would touch, else every record of either.
+fn changed_records(old: &Tables, new: &Tables) -> Touched {
+    if let Some(delta) = old.diff(new) {
+        let mut scratch = old.clone();
+        if let Ok(touched) = scratch.apply(new.version, &delta) {
+            return touched;
+        }
+    }
+    let mut touched = Touched::all(old);
+    touched.union(Touched::all(new));
+    touched
 }

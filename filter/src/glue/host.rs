@@ -230,6 +230,13 @@ impl Host for WasmHost {
     fn state(&self) -> Option<Rc<State>> {
         shared::current_state()
     }
+    fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
+        shared::virtual_key(sha256_hex)
+    }
+    fn state_sequence(&self) -> u64 {
+        shared::current_state();
+        shared::state_sequence()
+    }
     fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
         shared::count_minute_request(key_id, minute)
     }
@@ -293,7 +300,7 @@ impl Host for WasmHost {
         shared::with_call(call_id, f)
     }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
-        shared::with_round_robin(|rr| f(&shared::SharedView, rr))
+        shared::with_round_robin(|rr| f(&shared::SharedView::default(), rr))
     }
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
         shared::add_in_flight(provider, key, delta);

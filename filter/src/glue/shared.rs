@@ -1,27 +1,27 @@
-//! What the workers share: the pushed state (shared data written by the ctrl singleton, decoded
-//! once per version per VM), holds one worker puts on lanes for all (shared data), this VM's
-//! calls in progress, in-flight counts and round-robin positions (thread-local: the front and
-//! attempt stages of one call run on the same worker), and the report queue.
+//! What the workers share: the pushed state as records the ctrl singleton writes to shared data
+//! (the pool, decoded once per pool version per VM; one virtual key and one provider's lane
+//! health, read when a request needs them), holds one worker puts on lanes for all (shared
+//! data), this VM's calls in progress, in-flight counts and round-robin positions
+//! (thread-local: the front and attempt stages of one call run on the same worker), and the
+//! report queue.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
+use ai_router_contract::shared as names;
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use prost::Message;
 use proxy_wasm::hostcalls;
-use serde::{Deserialize, Serialize};
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
+use ai_router_filter_core::local::{InFlight, ProviderHolds};
 use ai_router_filter_core::quota::MinuteCount;
-use ai_router_filter_core::state::State;
+use ai_router_filter_core::state::{LaneHealth, State};
 
-pub const VM_ID: &str = "ai_router";
-pub const SNAPSHOT_KEY: &str = "ai-router/snapshot";
-pub const VERSION_KEY: &str = "ai-router/version";
-pub const REPORT_QUEUE: &str = "ai-router/reports";
+pub use names::{REPORT_QUEUE, VM_ID};
 pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 
@@ -30,6 +30,12 @@ pub use ai_router_filter_core::calls::Call;
 #[derive(Default)]
 struct Local {
     state: Option<Rc<State>>,
+    /// When the control plane generated the newest update the singleton published.
+    synced_at_ms: i64,
+    /// How many updates the singleton had applied at the last look.
+    sequence: u64,
+    /// Each provider's lane-health record as last read, and what it decodes to.
+    lanes: HashMap<String, (Vec<u8>, Rc<LaneHealth>)>,
     calls: HashMap<String, Call>,
     rr: RoundRobin,
     queue: Option<u32>,
@@ -52,23 +58,35 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// The freshest state, decoding the pushed snapshot only when its version changed.
+/// The freshest pool, decoded only when its version changed.
 pub fn current_state() -> Option<Rc<State>> {
-    let version = match hostcalls::get_shared_data(VERSION_KEY) {
-        Ok((Some(bytes), _)) if bytes.len() == 8 => {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes);
-            u64::from_be_bytes(b)
+    let (version, synced_at, sequence) = match hostcalls::get_shared_data(names::SYNC) {
+        Ok((Some(bytes), _)) if bytes.len() == 24 => {
+            let word = |i: usize| {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&bytes[i..i + 8]);
+                w
+            };
+            (
+                u64::from_be_bytes(word(0)),
+                i64::from_be_bytes(word(8)),
+                u64::from_be_bytes(word(16)),
+            )
         }
         _ => return LOCAL.with(|l| l.borrow().state.clone()),
     };
-    let cached = LOCAL.with(|l| l.borrow().state.clone());
+    let cached = LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        l.synced_at_ms = synced_at;
+        l.sequence = sequence;
+        l.state.clone()
+    });
     if let Some(s) = &cached {
         if s.version == version {
             return cached;
         }
     }
-    let decoded = match hostcalls::get_shared_data(SNAPSHOT_KEY) {
+    let decoded = match hostcalls::get_shared_data(names::POOL) {
         Ok((Some(bytes), _)) => State::decode(version, &bytes),
         _ => None,
     };
@@ -80,6 +98,45 @@ pub fn current_state() -> Option<Rc<State>> {
         }
         None => cached,
     }
+}
+
+/// Moves whenever any pushed record changed (as of the last [`current_state`]).
+pub fn state_sequence() -> u64 {
+    LOCAL.with(|l| l.borrow().sequence)
+}
+
+/// The virtual key whose secret has this SHA-256 (hex), from its own record.
+pub fn virtual_key(sha256_hex: &str) -> Option<VirtualKey> {
+    match hostcalls::get_shared_data(&names::virtual_key(sha256_hex)) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => {
+            <VirtualKey as Message>::decode(bytes.as_slice()).ok()
+        }
+        _ => None,
+    }
+}
+
+/// A provider's lane health from its record, decoded again only when the record changed.
+fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
+    let bytes = match hostcalls::get_shared_data(&names::lanes(provider)) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => bytes,
+        _ => return None,
+    };
+    if let Some(hit) = LOCAL.with(|l| {
+        l.borrow()
+            .lanes
+            .get(provider)
+            .filter(|(seen, _)| *seen == bytes)
+            .map(|(_, h)| h.clone())
+    }) {
+        return Some(hit);
+    }
+    let health = Rc::new(LaneHealth::decode(&bytes)?);
+    LOCAL.with(|l| {
+        l.borrow_mut()
+            .lanes
+            .insert(provider.to_string(), (bytes, health.clone()))
+    });
+    Some(health)
 }
 
 /// A new call id, unique within this Envoy process.
@@ -119,30 +176,21 @@ pub fn end_call(cid: &str) -> Option<Call> {
     LOCAL.with(|l| l.borrow_mut().calls.remove(cid))
 }
 
-fn in_flight_key(provider: &str, key: &str) -> String {
-    format!("ai-router/inflight/{provider}\u{1f}{key}")
-}
-
-fn read_counter(key: &str) -> (u32, Option<u32>) {
-    match hostcalls::get_shared_data(key) {
-        Ok((Some(bytes), cas)) if bytes.len() == 4 => {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(&bytes);
-            (u32::from_be_bytes(b), cas)
-        }
-        Ok((_, cas)) => (0, cas),
-        Err(_) => (0, None),
-    }
-}
-
-/// In-flight attempts per key, counted across every worker of this Envoy (shared data, updated
-/// with compare-and-swap).
-pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
-    let name = in_flight_key(provider, key);
+/// Read-modify-writes the shared-data record `name` with compare-and-swap (another worker may
+/// write it meanwhile); a record that does not decode is started again.
+fn update_record<T: Default>(
+    name: &str,
+    decode: impl Fn(&[u8]) -> Option<T>,
+    encode: impl Fn(&T) -> Vec<u8>,
+    change: impl Fn(&mut T),
+) {
     for _ in 0..16 {
-        let (n, cas) = read_counter(&name);
-        let next = n.saturating_add_signed(delta);
-        match hostcalls::set_shared_data(&name, Some(&next.to_be_bytes()), cas) {
+        let (mut value, cas) = match hostcalls::get_shared_data(name) {
+            Ok((bytes, cas)) => (bytes.as_deref().and_then(&decode).unwrap_or_default(), cas),
+            Err(_) => return,
+        };
+        change(&mut value);
+        match hostcalls::set_shared_data(name, Some(&encode(&value)), cas) {
             Ok(()) => return,
             Err(proxy_wasm::types::Status::CasMismatch) => continue,
             Err(_) => return,
@@ -150,15 +198,29 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
     }
 }
 
-pub fn in_flight(provider: &str, key: &str) -> u32 {
-    read_counter(&in_flight_key(provider, key)).0
+fn read_record<T: Default>(name: &str, decode: impl Fn(&[u8]) -> Option<T>) -> T {
+    match hostcalls::get_shared_data(name) {
+        Ok((Some(bytes), _)) => decode(&bytes).unwrap_or_default(),
+        _ => T::default(),
+    }
+}
+
+/// In-flight attempts per key, counted across every worker of this Envoy (one record per
+/// provider, updated with compare-and-swap).
+pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
+    update_record(
+        &names::in_flight(provider),
+        InFlight::decode,
+        InFlight::encode,
+        |f| f.add(key, delta),
+    );
 }
 
 /// Counts one request of the virtual key `key_id` in the UTC minute `minute`, across every
 /// worker of this Envoy (one shared-data entry per key, compare-and-swap); returns the count
 /// in that minute including this one, `None` when the entry could not be updated.
 pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
-    let name = format!("ai-router/rpm/{key_id}");
+    let name = names::minute_requests(key_id);
     for _ in 0..16 {
         let (stored, cas) = match hostcalls::get_shared_data(&name) {
             Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteCount::decode), cas),
@@ -220,105 +282,100 @@ pub fn with_round_robin<R>(f: impl FnOnce(&mut RoundRobin) -> R) -> R {
     out
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct StoredHold {
-    #[serde(default)]
-    cooldown_until: i64,
-    #[serde(default)]
-    class: Option<String>,
-    #[serde(default)]
-    until: i64,
-    #[serde(default)]
-    fp: u64,
-    /// When this process set it.
-    #[serde(default)]
-    at: i64,
-}
-
-fn cooldown_key(lane: &LaneId) -> String {
-    format!("ai-router/cooldown/{}", lane.token())
-}
-
-fn blacklist_key(provider: &str, key: &str) -> String {
-    format!("ai-router/blacklist/{provider}\u{1f}{key}")
-}
-
 /// Cools a lane for every worker of this Envoy at once (the control plane's push follows).
 pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
-    let value = StoredHold {
-        cooldown_until: until_ms,
-        class: None,
-        until: 0,
-        fp: 0,
-        at: now_ms(),
+    let now = now_ms();
+    let hold = LocalHold::Cooldown {
+        until_ms,
+        set_at_ms: now,
     };
-    if let Ok(bytes) = serde_json::to_vec(&value) {
-        let _ = hostcalls::set_shared_data(&cooldown_key(lane), Some(&bytes), None);
-    }
+    update_record(
+        &names::holds(&lane.provider),
+        ProviderHolds::decode,
+        ProviderHolds::encode,
+        |h| h.put(&lane.key, &lane.model, hold, now),
+    );
 }
 
 /// Takes a key out for every worker of this Envoy at once.
 pub fn hold_blacklist(provider: &str, key: &str, class: Class, until_ms: i64, fingerprint: u64) {
-    let value = StoredHold {
-        cooldown_until: 0,
-        class: Some(class.as_str().into()),
-        until: until_ms,
-        fp: fingerprint,
-        at: now_ms(),
+    let now = now_ms();
+    let hold = LocalHold::Blacklist {
+        class,
+        until_ms,
+        fingerprint,
+        set_at_ms: now,
     };
-    if let Ok(bytes) = serde_json::to_vec(&value) {
-        let _ = hostcalls::set_shared_data(&blacklist_key(provider, key), Some(&bytes), None);
-    }
+    update_record(
+        &names::holds(provider),
+        ProviderHolds::decode,
+        ProviderHolds::encode,
+        |h| h.put(key, "", hold, now),
+    );
 }
 
-fn read_hold(key: &str) -> Option<StoredHold> {
-    match hostcalls::get_shared_data(key) {
-        Ok((Some(bytes), _)) if !bytes.is_empty() => serde_json::from_slice(&bytes).ok(),
-        _ => None,
-    }
+/// What this VM's workers wrote about one provider, read once per lane choice.
+struct ProviderLocal {
+    holds: ProviderHolds,
+    in_flight: InFlight,
 }
 
-/// The picker's view backed by shared data and this VM's counters.
-pub struct SharedView;
+/// The picker's view backed by shared data and this VM's counters: each provider's records are
+/// read once per lane choice, whatever its number of keys.
+#[derive(Default)]
+pub struct SharedView {
+    providers: RefCell<HashMap<String, Rc<ProviderLocal>>>,
+    health: RefCell<HashMap<String, Option<Rc<LaneHealth>>>>,
+}
+
+impl SharedView {
+    fn local(&self, provider: &str) -> Rc<ProviderLocal> {
+        if let Some(hit) = self.providers.borrow().get(provider) {
+            return hit.clone();
+        }
+        let local = Rc::new(ProviderLocal {
+            holds: read_record(&names::holds(provider), ProviderHolds::decode),
+            in_flight: read_record(&names::in_flight(provider), InFlight::decode),
+        });
+        self.providers
+            .borrow_mut()
+            .insert(provider.to_string(), local.clone());
+        local
+    }
+}
 
 impl View for SharedView {
     fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
-        let mut out = Vec::new();
-        if let Some(h) = read_hold(&cooldown_key(lane)) {
-            out.push(LocalHold::Cooldown {
-                until_ms: h.cooldown_until,
-                set_at_ms: h.at,
-            });
-        }
-        if let Some(h) = read_hold(&blacklist_key(&lane.provider, &lane.key)) {
-            if let Some(class) = h.class.as_deref().and_then(Class::parse) {
-                out.push(LocalHold::Blacklist {
-                    class,
-                    until_ms: h.until,
-                    fingerprint: h.fp,
-                    set_at_ms: h.at,
-                });
-            }
-        }
-        out
+        self.local(&lane.provider)
+            .holds
+            .of_lane(&lane.key, &lane.model)
     }
 
     fn in_flight(&self, provider: &str, key: &str) -> u32 {
-        in_flight(provider, key)
+        self.local(provider).in_flight.of(key)
     }
 
     fn provider_in_flight(&self, provider: &str) -> u32 {
-        let Some(state) = current_state() else {
-            return 0;
-        };
-        let Some((_, p)) = state.provider(provider) else {
-            return 0;
-        };
-        p.keys.iter().map(|k| in_flight(provider, &k.alias)).sum()
+        self.local(provider).in_flight.total()
     }
 
     fn latency(&self, lane: &LaneId) -> Option<f64> {
         LOCAL.with(|l| l.borrow().latency.get(&lane.token()).copied())
+    }
+
+    fn health(&self, provider: &str) -> Option<Rc<LaneHealth>> {
+        if let Some(hit) = self.health.borrow().get(provider) {
+            return hit.clone();
+        }
+        let health = lane_health(provider);
+        self.health
+            .borrow_mut()
+            .insert(provider.to_string(), health.clone());
+        health
+    }
+
+    fn synced_at_ms(&self) -> Option<i64> {
+        Some(LOCAL.with(|l| l.borrow().synced_at_ms))
     }
 }
 

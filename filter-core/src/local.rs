@@ -1,0 +1,297 @@
+//! The records the workers of one Envoy write for each other, one per provider: the holds they
+//! put on its keys and lanes before the control plane's push arrives, and the attempts in
+//! flight on its keys. One record per provider (not per key or lane) keeps a lane choice at a
+//! few reads per candidate provider, however many keys it has.
+//!
+//! Both are small binary encodings, read-modify-written by the workers with compare-and-swap.
+
+use crate::classify::Class;
+use crate::lanes::LocalHold;
+
+/// A hold on one lane (`model` set: a cooldown) or one key (`model` empty: a blacklist).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLane {
+    pub key: String,
+    pub model: String,
+    pub hold: LocalHold,
+}
+
+/// How long a hold stays in the record after it ended (then it is pruned on the next write).
+const PRUNE_AFTER_MS: i64 = 60_000;
+
+/// The holds on a provider's keys and lanes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProviderHolds {
+    pub holds: Vec<HeldLane>,
+}
+
+impl ProviderHolds {
+    /// The holds on a lane: its cooldown and its key's blacklist.
+    pub fn of_lane(&self, key: &str, model: &str) -> Vec<LocalHold> {
+        self.holds
+            .iter()
+            .filter(|h| h.key == key && (h.model.is_empty() || h.model == model))
+            .map(|h| h.hold)
+            .collect()
+    }
+
+    /// Puts `hold` on the lane (or key), replacing the previous one of the same kind, and drops
+    /// holds that ended long ago.
+    pub fn put(&mut self, key: &str, model: &str, hold: LocalHold, now_ms: i64) {
+        self.holds.retain(|h| {
+            let ended = match h.hold {
+                LocalHold::Cooldown { until_ms, .. } => until_ms,
+                LocalHold::Blacklist { until_ms: 0, .. } => i64::MAX,
+                LocalHold::Blacklist { until_ms, .. } => until_ms,
+            };
+            ended.saturating_add(PRUNE_AFTER_MS) > now_ms && !(h.key == key && h.model == model)
+        });
+        self.holds.push(HeldLane {
+            key: key.to_string(),
+            model: model.to_string(),
+            hold,
+        });
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for h in &self.holds {
+            put_str(&mut out, &h.key);
+            put_str(&mut out, &h.model);
+            match h.hold {
+                LocalHold::Cooldown {
+                    until_ms,
+                    set_at_ms,
+                } => {
+                    out.push(0);
+                    out.extend(until_ms.to_be_bytes());
+                    out.extend(set_at_ms.to_be_bytes());
+                }
+                LocalHold::Blacklist {
+                    class,
+                    until_ms,
+                    fingerprint,
+                    set_at_ms,
+                } => {
+                    out.push(1);
+                    out.extend(until_ms.to_be_bytes());
+                    out.extend(set_at_ms.to_be_bytes());
+                    out.extend(fingerprint.to_be_bytes());
+                    put_str(&mut out, class.as_str());
+                }
+            }
+        }
+        out
+    }
+
+    /// `None` when the bytes are not a record of this shape.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        let mut holds = Vec::new();
+        while !r.0.is_empty() {
+            let key = r.str()?;
+            let model = r.str()?;
+            let hold = match r.byte()? {
+                0 => LocalHold::Cooldown {
+                    until_ms: r.i64()?,
+                    set_at_ms: r.i64()?,
+                },
+                1 => {
+                    let until_ms = r.i64()?;
+                    let set_at_ms = r.i64()?;
+                    let fingerprint = r.u64()?;
+                    let class = Class::parse(&r.str()?)?;
+                    LocalHold::Blacklist {
+                        class,
+                        until_ms,
+                        fingerprint,
+                        set_at_ms,
+                    }
+                }
+                _ => return None,
+            };
+            holds.push(HeldLane { key, model, hold });
+        }
+        Some(Self { holds })
+    }
+}
+
+/// Attempts in flight per key of one provider (keys with none are left out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub counts: Vec<(String, u32)>,
+}
+
+impl InFlight {
+    pub fn of(&self, key: &str) -> u32 {
+        self.counts
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    pub fn total(&self) -> u32 {
+        self.counts.iter().map(|(_, n)| *n).sum()
+    }
+
+    pub fn add(&mut self, key: &str, delta: i32) {
+        match self.counts.iter().position(|(k, _)| k == key) {
+            Some(i) => {
+                let n = self.counts[i].1.saturating_add_signed(delta);
+                if n == 0 {
+                    self.counts.swap_remove(i);
+                } else {
+                    self.counts[i].1 = n;
+                }
+            }
+            None if delta > 0 => self.counts.push((key.to_string(), delta.unsigned_abs())),
+            None => {}
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (k, n) in &self.counts {
+            put_str(&mut out, k);
+            out.extend(n.to_be_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        let mut counts = Vec::new();
+        while !r.0.is_empty() {
+            let k = r.str()?;
+            let n = u32::from_be_bytes(r.take::<4>()?);
+            counts.push((k, n));
+        }
+        Some(Self { counts })
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+    out.extend(len.to_be_bytes());
+    out.extend(&s.as_bytes()[..usize::from(len)]);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (head, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*head)
+    }
+    fn byte(&mut self) -> Option<u8> {
+        Some(self.take::<1>()?[0])
+    }
+    fn i64(&mut self) -> Option<i64> {
+        Some(i64::from_be_bytes(self.take::<8>()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_be_bytes(self.take::<8>()?))
+    }
+    fn str(&mut self) -> Option<String> {
+        let len = usize::from(u16::from_be_bytes(self.take::<2>()?));
+        if self.0.len() < len {
+            return None;
+        }
+        let (s, rest) = self.0.split_at(len);
+        self.0 = rest;
+        String::from_utf8(s.to_vec()).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_round_trip_replace_and_prune() {
+        let mut h = ProviderHolds::default();
+        h.put(
+            "a",
+            "m",
+            LocalHold::Cooldown {
+                until_ms: 100,
+                set_at_ms: 1,
+            },
+            0,
+        );
+        h.put(
+            "a",
+            "",
+            LocalHold::Blacklist {
+                class: Class::Quota,
+                until_ms: 0,
+                fingerprint: 9,
+                set_at_ms: 2,
+            },
+            0,
+        );
+        h.put(
+            "b",
+            "m",
+            LocalHold::Cooldown {
+                until_ms: 50,
+                set_at_ms: 3,
+            },
+            0,
+        );
+        let back = ProviderHolds::decode(&h.encode());
+        assert_eq!(back.as_ref(), Some(&h));
+        assert_eq!(
+            h.of_lane("a", "m").len(),
+            2,
+            "its cooldown and its key's blacklist"
+        );
+        assert_eq!(h.of_lane("a", "other").len(), 1, "the blacklist only");
+        assert!(h.of_lane("c", "m").is_empty());
+        // A new cooldown replaces the old one on the same lane.
+        h.put(
+            "a",
+            "m",
+            LocalHold::Cooldown {
+                until_ms: 200,
+                set_at_ms: 4,
+            },
+            10,
+        );
+        assert_eq!(h.holds.len(), 3);
+        // Long after they ended, cooldowns are pruned; a blacklist until the secret changes is
+        // not.
+        h.put(
+            "c",
+            "m",
+            LocalHold::Cooldown {
+                until_ms: 1_000_000,
+                set_at_ms: 5,
+            },
+            500_000,
+        );
+        assert_eq!(
+            h.holds.iter().map(|x| x.key.as_str()).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        assert_eq!(ProviderHolds::decode(&[0, 5, b'x']), None);
+        assert_eq!(ProviderHolds::decode(&[]), Some(ProviderHolds::default()));
+    }
+
+    #[test]
+    fn in_flight_counts_per_key() {
+        let mut f = InFlight::default();
+        f.add("a", 1);
+        f.add("a", 1);
+        f.add("b", 1);
+        f.add("c", -1);
+        assert_eq!((f.of("a"), f.of("b"), f.of("c"), f.total()), (2, 1, 0, 3));
+        let back = InFlight::decode(&f.encode());
+        assert_eq!(back.as_ref(), Some(&f));
+        f.add("a", -2);
+        f.add("b", -5);
+        assert!(f.counts.is_empty(), "keys at zero are left out");
+        assert_eq!(InFlight::decode(&[0, 1, b'a', 0]), None);
+    }
+}

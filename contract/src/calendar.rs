@@ -45,7 +45,7 @@ pub fn utc_day(ms: i64) -> String {
 
 /// The next UTC midnight after a moment.
 pub fn next_utc_midnight_ms(ms: i64) -> i64 {
-    (ms.div_euclid(DAY_MS) + 1) * DAY_MS
+    (ms.div_euclid(DAY_MS) + 1).saturating_mul(DAY_MS)
 }
 
 /// `year * 12 + month - 1` of a moment (UTC): consecutive months are consecutive numbers.

@@ -1,10 +1,23 @@
 //! What the filter (wasm) and the control plane (native) must agree on, defined once: names
 //! that cross a process boundary and the small rules both sides apply. No I/O, no proxy-wasm:
 //! both targets build it.
+//!
+//! - `failure`: the error classes and the failure -> hold rule;
+//! - `error_code`: the closed set of gateway error codes (status, OpenAI type, message, gRPC);
+//! - `defaults`: the spec's defaults;
+//! - `calendar`: UTC (and Pacific) calendar math;
+//! - here: the headers, clusters and metadata between the processes, the OpenAI error type of
+//!   a status, the probe lease holder, SHA-256 and the secret fingerprint.
 
 use sha2::{Digest, Sha256};
 
 pub mod calendar;
+pub mod defaults;
+pub mod error_code;
+pub mod failure;
+
+/// A virtual key's `profiles` or `models` entry that binds it to every profile or model.
+pub const BINDING_WILDCARD: &str = "*";
 
 /// The gRPC metadata entry that carries the sync token on every `airouter.v1.Sync` call.
 pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";

@@ -1,19 +1,24 @@
 //! The ai-router control plane: configuration, key and state stores, the sync service the Envoy
 //! filter watches, the admin API, the mock provider and the Envoy bootstrap renderer.
 //!
+//! Layers, each built only on the ones before it (no import cycle between folders or files:
+//! `tests/module_graph.rs`):
 //! - `config/`: the pool file's types, its validation into the resolved model (defaults
-//!   applied once) and the secret references (`secrets`);
-//! - `engine/`: the state the filters decide from: breakers, budgets, blacklists, cooldowns,
-//!   headroom, leases, and the snapshot pushed to every Envoy;
-//! - `keys/`: virtual keys: the store (memory, SQLite), the mounted keys, quotas, usage;
-//! - `store/`: the durable state store (memory, SQLite) and the SQLite schema both stores share;
+//!   applied once) and the secret references (`secrets`); `clock`: time behind a trait;
+//! - `store/`: the durable state (blacklists, cooldowns, breakers, headroom, provider spend),
+//!   the rules of its records, and where it lives (memory, SQLite; the one SQLite schema);
+//! - `keys/`: virtual keys: the record pushed to the gateway, the mounted keys, the key store
+//!   (memory, SQLite), the operations on keys, quotas, usage;
+//! - `engine/`: the state the filters decide from: reports, leases, secret refresh, expiry,
+//!   and the snapshot pushed to every Envoy;
 //! - `api/`: what listens: the Sync service Envoy watches, the admin API (HTTP and gRPC),
 //!   Prometheus metrics and the one error table behind them;
-//! - `cli/`: one file per command; `serve` and `up` assemble the servers; `render`: the Envoy
-//!   bootstrap; `mock`: the scriptable fake provider.
+//! - `render`: the Envoy bootstrap; `mock`: the scriptable fake provider;
+//! - `serve`, `up`: the servers assembled; `cli/`: one file per command.
 
 pub mod api;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod keys;

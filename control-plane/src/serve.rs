@@ -32,12 +32,17 @@ use tokio::task::JoinHandle;
 use crate::api::admin::{AdminApi, AdminGrpc};
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::sync::{SyncAccess, SyncService, INSECURE_TRUSTED_SYNC_ENV, SYNC_TOKEN_ENV};
+use crate::clock::SystemClock;
 use crate::config::secrets::{Env, ProcessEnv, Secret};
 use crate::config::{self, Config, StoreSpec};
-use crate::engine::{Engine, MemoryStateStore, StateStore, SystemClock};
+use crate::engine::Engine;
+use crate::keys::admin::KeyAdmin;
 use crate::keys::mounted;
-use crate::keys::store::{self, KeyAdmin};
+use crate::keys::record::VirtualKeyRecord;
+use crate::keys::store;
 use crate::keys::usage::UsageRecorder;
+use crate::store::durable::StateStore;
+use crate::store::memory::MemoryStateStore;
 use crate::store::state::SqliteStateStore;
 
 /// How long in-flight work gets to finish at shutdown.
@@ -188,8 +193,8 @@ async fn not_found() -> ApiError {
 /// key operations with the snapshot's first virtual keys (mounted, then stored).
 pub async fn open_keys(
     config: &Config,
-    mounted: Vec<mounted::VirtualKeyRecord>,
-) -> anyhow::Result<(Arc<KeyAdmin>, Vec<mounted::VirtualKeyRecord>)> {
+    mounted: Vec<VirtualKeyRecord>,
+) -> anyhow::Result<(Arc<KeyAdmin>, Vec<VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
     let names = config.names.clone();
     tokio::task::spawn_blocking(move || {
@@ -266,7 +271,10 @@ pub async fn start(
     ));
     // Usage accounting and keys written by other processes.
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
-    engine.add_report_observer(recorder.clone());
+    let usage = recorder.clone();
+    engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {
+        usage.observe(batch);
+    }));
     let usage_written = Arc::new(tokio::sync::Notify::new());
     tasks.push(tokio::spawn(crate::keys::usage::run_writer(
         usage_rows,

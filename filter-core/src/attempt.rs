@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::classify::{classify, Class, Failure, Hold};
 use crate::embeddings;
-use crate::errors::{upstream_invalid_request, GatewayError};
+use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self, LaneId, Pick};
@@ -128,36 +128,19 @@ const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
 pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
     let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
     match class {
-        Some(Class::RateLimit) => GatewayError::new(
-            503,
-            "pool_rate_limited",
-            "Every key that can serve this call is rate limited.",
-        )
-        .with_retry_after(wait),
-        Some(Class::Quota) => GatewayError::new(
-            503,
-            "pool_quota_exhausted",
-            "Every key that can serve this call has spent its quota or credit.",
-        )
-        .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Auth) => GatewayError::new(
-            503,
-            "pool_auth_failed",
-            "Every key that can serve this call was refused by its provider.",
-        )
-        .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Deadline) => {
-            GatewayError::new(504, "pool_timeout", "The call's deadline passed.")
+        Some(Class::RateLimit) => {
+            GatewayError::of(ErrorCode::PoolRateLimited).with_retry_after(wait)
         }
+        Some(Class::Quota) => GatewayError::of(ErrorCode::PoolQuotaExhausted)
+            .with_retry_after(Some(wait.unwrap_or(300))),
+        Some(Class::Auth) => {
+            GatewayError::of(ErrorCode::PoolAuthFailed).with_retry_after(Some(wait.unwrap_or(300)))
+        }
+        Some(Class::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
         Some(
             Class::Transient | Class::Network | Class::Timeout | Class::Stream | Class::Mismatch,
-        ) => GatewayError::new(502, "upstream_error", "Every attempt failed upstream."),
-        _ => GatewayError::new(
-            503,
-            "pool_unavailable",
-            "No lane of the pool can serve this call right now.",
-        )
-        .with_retry_after(wait),
+        ) => GatewayError::of(ErrorCode::UpstreamError),
+        _ => GatewayError::of(ErrorCode::PoolUnavailable).with_retry_after(wait),
     }
 }
 
@@ -376,7 +359,7 @@ impl Attempt {
                 Ok(v) => v,
                 Err(e) => {
                     // The request cannot be expressed for this provider: the caller's to fix.
-                    let mut err = GatewayError::new(400, "invalid_request", e.message);
+                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
                     err.param = e.param;
                     let attempts = self.attempt.to_string();
                     host.send_response(
@@ -850,7 +833,7 @@ impl Attempt {
                             "The provider's stream failed after the answer had started: {}",
                             failure.message
                         ),
-                        "stream_interrupted",
+                        ErrorCode::StreamInterrupted,
                     ));
                     let bytes = self.scrub(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);

@@ -11,73 +11,8 @@
 //! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
 
 use ai_router_contract::calendar::{days_from_civil, next_pacific_midnight_ms};
+pub use ai_router_contract::failure::{ErrorClass as Class, Hold};
 use serde_json::Value;
-
-/// Why an attempt failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    RateLimit,
-    Quota,
-    Auth,
-    Transient,
-    Network,
-    Timeout,
-    Stream,
-    InvalidRequest,
-    Cancelled,
-    Deadline,
-    /// A well-formed answer that is not what the call needs (embeddings of another length):
-    /// the call tries another lane, but the lane is not failing, so no breaker counts it.
-    Mismatch,
-}
-
-impl Class {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Class::RateLimit => "rate_limit",
-            Class::Quota => "quota",
-            Class::Auth => "auth",
-            Class::Transient => "transient",
-            Class::Network => "network",
-            Class::Timeout => "timeout",
-            Class::Stream => "stream",
-            Class::InvalidRequest => "invalid_request",
-            Class::Cancelled => "cancelled",
-            Class::Deadline => "deadline",
-            Class::Mismatch => "mismatch",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Class> {
-        Some(match s {
-            "rate_limit" => Class::RateLimit,
-            "quota" => Class::Quota,
-            "auth" => Class::Auth,
-            "transient" => Class::Transient,
-            "network" => Class::Network,
-            "timeout" => Class::Timeout,
-            "stream" => Class::Stream,
-            "invalid_request" => Class::InvalidRequest,
-            "cancelled" => Class::Cancelled,
-            "deadline" => Class::Deadline,
-            "mismatch" => Class::Mismatch,
-            _ => return None,
-        })
-    }
-
-    /// Whether another attempt may succeed where this one failed.
-    pub fn retryable(self) -> bool {
-        !matches!(
-            self,
-            Class::InvalidRequest | Class::Cancelled | Class::Deadline
-        )
-    }
-
-    /// Failures that belong to one key: the next key is tried without backoff.
-    pub fn belongs_to_key(self) -> bool {
-        matches!(self, Class::RateLimit | Class::Quota | Class::Auth)
-    }
-}
 
 /// A classified failure.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,39 +34,10 @@ pub const MAX_RATE_LIMIT_COOLDOWN_MS: i64 = 3_600_000;
 /// further out is checked again after a week).
 pub const MAX_QUOTA_HOLD_MS: i64 = 7 * 86_400_000;
 
-/// What a failure holds, as the attempt stage applies it: the lane (the key and model cool
-/// down), the key (blacklisted), or nothing (a transient failure only feeds the breakers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
-    Lane,
-    Key,
-    Nothing,
-}
-
-impl Hold {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Hold::Lane => "lane",
-            Hold::Key => "key",
-            Hold::Nothing => "none",
-        }
-    }
-}
-
 impl Failure {
-    /// What this failure holds: a rate limit cools the lane, a spent quota or a refused secret
-    /// blacklists the key, a transient failure with a retry-after also cools the lane.
+    /// What this failure holds, by the one rule ([`Class::hold`]).
     pub fn hold(&self) -> Hold {
-        match self.class {
-            Class::RateLimit => Hold::Lane,
-            Class::Quota | Class::Auth => Hold::Key,
-            Class::Transient | Class::Network | Class::Timeout | Class::Stream
-                if self.retry_at_ms.is_some() =>
-            {
-                Hold::Lane
-            }
-            _ => Hold::Nothing,
-        }
+        self.class.hold(self.retry_at_ms.is_some())
     }
 }
 

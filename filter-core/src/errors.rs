@@ -1,13 +1,16 @@
-//! The gateway's error answers: one closed set of codes, each with its HTTP status and the
-//! OpenAI error object clients parse.
+//! The gateway's error answers: a code of the one closed set (`ai_router_contract::error_code`,
+//! which gives its status, OpenAI `type` and default message) and the OpenAI error object
+//! clients parse.
 
+pub use ai_router_contract::error_code::ErrorCode;
 use serde_json::json;
 
 /// An error the gateway answers with instead of a provider's reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatewayError {
+    /// The code's status; the provider's for `upstream_invalid_request`.
     pub status: u16,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub param: Option<&'static str>,
     /// Seconds for `Retry-After`, when the gateway knows when to come back.
@@ -15,14 +18,19 @@ pub struct GatewayError {
 }
 
 impl GatewayError {
-    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            status: code.status(),
             code,
             message: message.into(),
             param: None,
             retry_after_s: None,
         }
+    }
+
+    /// `code` with its default message.
+    pub fn of(code: ErrorCode) -> Self {
+        Self::new(code, code.message())
     }
 
     pub fn with_param(mut self, param: &'static str) -> Self {
@@ -36,35 +44,26 @@ impl GatewayError {
     }
 
     pub fn not_found(path: &str) -> Self {
-        Self::new(404, "not_found", format!("Unknown route: {path}"))
+        Self::new(ErrorCode::NotFound, format!("Unknown route: {path}"))
     }
 
     pub fn missing_api_key() -> Self {
-        Self::new(
-            401,
-            "missing_api_key",
-            "No API key provided. Send your virtual key as 'Authorization: Bearer sk-starci-...'.",
-        )
+        Self::of(ErrorCode::MissingApiKey)
     }
 
     pub fn invalid_api_key() -> Self {
-        Self::new(
-            401,
-            "invalid_api_key",
-            "The API key is unknown, revoked or disabled.",
-        )
+        Self::of(ErrorCode::InvalidApiKey)
     }
 
     pub fn not_ready() -> Self {
         Self::new(
-            503,
-            "pool_unavailable",
+            ErrorCode::PoolUnavailable,
             "The gateway has not received its configuration from the control plane yet.",
         )
         .with_retry_after(Some(1))
     }
 
-    /// The OpenAI `type` that goes with a status.
+    /// The OpenAI `type` that goes with the status sent.
     pub fn error_type(&self) -> &'static str {
         ai_router_contract::openai_error_type(self.status)
     }
@@ -76,7 +75,7 @@ impl GatewayError {
                 "message": self.message,
                 "type": self.error_type(),
                 "param": self.param,
-                "code": self.code,
+                "code": self.code.as_str(),
             }
         })
         .to_string()
@@ -92,7 +91,10 @@ pub fn upstream_invalid_request(status: u16, message: &str) -> GatewayError {
     } else {
         message.to_string()
     };
-    GatewayError::new(status, "upstream_invalid_request", message)
+    GatewayError {
+        status,
+        ..GatewayError::new(ErrorCode::UpstreamInvalidRequest, message)
+    }
 }
 
 #[cfg(test)]
@@ -111,7 +113,7 @@ mod tests {
 
     #[test]
     fn param_is_carried() {
-        let e = GatewayError::new(400, "missing_model", "no model").with_param("model");
+        let e = GatewayError::new(ErrorCode::MissingModel, "no model").with_param("model");
         let v: serde_json::Value = serde_json::from_slice(&e.body()).unwrap();
         assert_eq!(v["error"]["param"], "model");
         assert_eq!(v["error"]["type"], "invalid_request_error");

@@ -12,7 +12,7 @@ use ai_router_contract::headers::{
 use ai_router_proto::v1::{RequestOutcome, Usage as ProtoUsage, VirtualKey};
 use serde_json::{json, Value};
 
-use crate::errors::GatewayError;
+use crate::errors::{ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Plan, PLAN_HEADER};
@@ -40,7 +40,7 @@ pub struct Front {
 
 impl Front {
     fn reply(&mut self, host: &mut impl Host, err: GatewayError) -> Flow {
-        self.answered = Some((err.status, err.code));
+        self.answered = Some((err.status, err.code.as_str()));
         let retry_after = err.retry_after_s.map(|s| s.to_string());
         let mut headers: Vec<(&str, &str)> = vec![
             ("content-type", "application/json"),
@@ -71,8 +71,7 @@ impl Front {
                     return self.reply(
                         host,
                         GatewayError::new(
-                            404,
-                            "model_not_found",
+                            ErrorCode::ModelNotFound,
                             format!("The model '{id}' does not exist or this key may not call it."),
                         )
                         .with_param("model"),
@@ -181,10 +180,7 @@ impl Front {
                 Err(_) => {
                     self.reply(
                         host,
-                        GatewayError::new(
-                            400,
-                            "invalid_request",
-                            "The Authorization header is not valid text; send `Bearer <virtual key>`.",
+                        GatewayError::new(ErrorCode::InvalidRequest, "The Authorization header is not valid text; send `Bearer <virtual key>`.",
                         )
                         .with_param("authorization"),
                     );
@@ -222,8 +218,7 @@ impl Front {
                 return self.reply(
                     host,
                     GatewayError::new(
-                        400,
-                        "invalid_json",
+                        ErrorCode::InvalidJson,
                         "The request body must be a JSON object.",
                     ),
                 )
@@ -232,8 +227,7 @@ impl Front {
                 return self.reply(
                     host,
                     GatewayError::new(
-                        400,
-                        "invalid_json",
+                        ErrorCode::InvalidJson,
                         format!("The request body is not valid JSON: {e}"),
                     ),
                 )
@@ -245,8 +239,7 @@ impl Front {
                     return self.reply(
                         host,
                         GatewayError::new(
-                            400,
-                            "invalid_request",
+                            ErrorCode::InvalidRequest,
                             "messages must be an array of chat messages.",
                         )
                         .with_param("messages"),
@@ -257,7 +250,7 @@ impl Front {
                 if parsed.get("input").is_none() {
                     return self.reply(
                         host,
-                        GatewayError::new(400, "invalid_request", "input is required.")
+                        GatewayError::new(ErrorCode::InvalidRequest, "input is required.")
                             .with_param("input"),
                     );
                 }
@@ -356,8 +349,7 @@ impl Front {
                 return self.reply(
                     host,
                     GatewayError::new(
-                        405,
-                        "method_not_allowed",
+                        ErrorCode::MethodNotAllowed,
                         format!("{method} is not allowed on {path}."),
                     ),
                 );
@@ -384,8 +376,7 @@ impl Front {
                 return self.reply(
                     host,
                     GatewayError::new(
-                        413,
-                        "request_too_large",
+                        ErrorCode::RequestTooLarge,
                         format!("The body is larger than {} bytes.", state.max_body_bytes()),
                     ),
                 );
@@ -394,7 +385,7 @@ impl Front {
         if end_of_stream {
             return self.reply(
                 host,
-                GatewayError::new(400, "invalid_json", "The request has no body."),
+                GatewayError::new(ErrorCode::InvalidJson, "The request has no body."),
             );
         }
         // The client's key never goes further than this stage.
@@ -423,8 +414,7 @@ impl Front {
             return self.reply(
                 host,
                 GatewayError::new(
-                    413,
-                    "request_too_large",
+                    ErrorCode::RequestTooLarge,
                     format!("The body is larger than {limit} bytes."),
                 ),
             );
@@ -460,14 +450,12 @@ impl Front {
             // The router itself gave up (deadline, no attempt stage reachable).
             let err = if self.status == 504 {
                 GatewayError::new(
-                    504,
-                    "pool_timeout",
+                    ErrorCode::PoolTimeout,
                     "The call's deadline passed before a provider answered.",
                 )
             } else {
                 GatewayError::new(
-                    502,
-                    "upstream_error",
+                    ErrorCode::UpstreamError,
                     "No provider could be reached for this call.",
                 )
             };

@@ -11,12 +11,7 @@
 
 use ai_router_proto::v1::VirtualKey;
 
-use crate::errors::GatewayError;
-
-pub const REQUESTS_PER_MINUTE_EXCEEDED: &str = "requests_per_minute_exceeded";
-pub const TOKENS_PER_DAY_EXCEEDED: &str = "tokens_per_day_exceeded";
-pub const COST_PER_DAY_EXCEEDED: &str = "cost_per_day_exceeded";
-pub const COST_PER_MONTH_EXCEEDED: &str = "cost_per_month_exceeded";
+use crate::errors::{ErrorCode, GatewayError};
 
 const MINUTE_MS: i64 = 60_000;
 
@@ -29,23 +24,18 @@ fn seconds_until(now_ms: i64, until_ms: i64) -> u64 {
 /// The 429 for a pushed block still in force at `now_ms`. An unknown code is ignored (a newer
 /// control plane); a block past its end is over even before the next push.
 pub fn blocked(key: &VirtualKey, now_ms: i64) -> Option<GatewayError> {
-    let (code, what) = match key.quota_code.as_str() {
-        TOKENS_PER_DAY_EXCEEDED => (TOKENS_PER_DAY_EXCEEDED, "tokens per UTC day"),
-        COST_PER_DAY_EXCEEDED => (COST_PER_DAY_EXCEEDED, "cost per UTC day"),
-        COST_PER_MONTH_EXCEEDED => (COST_PER_MONTH_EXCEEDED, "cost per UTC month"),
+    let code = match ErrorCode::parse(&key.quota_code) {
+        Some(
+            code @ (ErrorCode::TokensPerDayExceeded
+            | ErrorCode::CostPerDayExceeded
+            | ErrorCode::CostPerMonthExceeded),
+        ) => code,
         _ => return None,
     };
     if key.quota_until_ms <= now_ms {
         return None;
     }
-    Some(
-        GatewayError::new(
-            429,
-            code,
-            format!("This key's quota of {what} is spent; it resets when the window ends."),
-        )
-        .with_retry_after(Some(seconds_until(now_ms, key.quota_until_ms))),
-    )
+    Some(GatewayError::of(code).with_retry_after(Some(seconds_until(now_ms, key.quota_until_ms))))
 }
 
 /// The UTC minute of `now_ms` (minutes since the epoch).
@@ -102,8 +92,7 @@ pub fn over_minute_limit(limit: u64, count: u32, now_ms: i64) -> Option<GatewayE
     let next_minute = (minute_of(now_ms) + 1).saturating_mul(MINUTE_MS);
     Some(
         GatewayError::new(
-            429,
-            REQUESTS_PER_MINUTE_EXCEEDED,
+            ErrorCode::RequestsPerMinuteExceeded,
             format!("This key may make {limit} requests per minute; try again in the next minute."),
         )
         .with_retry_after(Some(seconds_until(now_ms, next_minute))),
@@ -128,17 +117,23 @@ mod tests {
 
     #[test]
     fn a_pushed_block_answers_429_until_it_ends() {
-        let e = blocked(&key(TOKENS_PER_DAY_EXCEEDED, AT + 90_500), AT);
+        let e = blocked(
+            &key(ErrorCode::TokensPerDayExceeded.as_str(), AT + 90_500),
+            AT,
+        );
         let e = e.expect("blocked");
-        assert_eq!((e.status, e.code), (429, TOKENS_PER_DAY_EXCEEDED));
+        assert_eq!((e.status, e.code), (429, ErrorCode::TokensPerDayExceeded));
         assert_eq!(e.error_type(), "rate_limit_error");
         assert_eq!(e.retry_after_s, Some(91));
-        let month = blocked(&key(COST_PER_MONTH_EXCEEDED, AT + 10), AT);
+        let month = blocked(&key(ErrorCode::CostPerMonthExceeded.as_str(), AT + 10), AT);
         assert_eq!(
             month.map(|e| (e.code, e.retry_after_s)),
-            Some((COST_PER_MONTH_EXCEEDED, Some(1)))
+            Some((ErrorCode::CostPerMonthExceeded, Some(1)))
         );
-        assert_eq!(blocked(&key(COST_PER_DAY_EXCEEDED, AT), AT), None);
+        assert_eq!(
+            blocked(&key(ErrorCode::CostPerDayExceeded.as_str(), AT), AT),
+            None
+        );
         assert_eq!(blocked(&key("", 0), AT), None);
         assert_eq!(blocked(&key("something_new", AT + 1_000), AT), None);
     }
@@ -183,7 +178,10 @@ mod tests {
         assert_eq!(over_minute_limit(0, 1_000, AT), None);
         assert_eq!(over_minute_limit(3, 3, AT), None);
         let e = over_minute_limit(3, 4, AT + 15_200).expect("over");
-        assert_eq!((e.status, e.code), (429, REQUESTS_PER_MINUTE_EXCEEDED));
+        assert_eq!(
+            (e.status, e.code),
+            (429, ErrorCode::RequestsPerMinuteExceeded)
+        );
         // 44.8 s left in the minute.
         assert_eq!(e.retry_after_s, Some(45));
         let last = over_minute_limit(3, 9, AT + 59_999).expect("over");

@@ -1,16 +1,13 @@
 //! The front stage's decisions on a parsed request: which profile or pool model it names,
 //! whether the virtual key may call it, the merged policy, and the ordered candidate tiers.
 
+use ai_router_contract::defaults;
 use ai_router_proto::v1::{Policy, VirtualKey};
 use serde_json::Value;
 
-use crate::errors::GatewayError;
+use crate::errors::{ErrorCode, GatewayError};
 use crate::plan::{Candidate, Operation};
 use crate::state::State;
-
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 4;
-pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
-pub const DEFAULT_DEADLINE_MS: u64 = 120_000;
 
 /// What the front stage derived from a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +66,8 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
 }
 
 fn allows(list: &[String], name: &str) -> bool {
-    list.iter().any(|n| n == "*" || n == name)
+    list.iter()
+        .any(|n| n == ai_router_contract::BINDING_WILDCARD || n == name)
 }
 
 /// Whether a pool model is within the key's `models`: the key names its id or one of its
@@ -262,14 +260,11 @@ pub fn resolve(
     let requested = match body.get("model") {
         Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
         Some(Value::String(_)) | None | Some(Value::Null) => {
-            return Err(
-                GatewayError::new(400, "missing_model", "The request has no model.")
-                    .with_param("model"),
-            );
+            return Err(GatewayError::of(ErrorCode::MissingModel).with_param("model"));
         }
         Some(_) => {
             return Err(
-                GatewayError::new(400, "invalid_request", "model must be a string.")
+                GatewayError::new(ErrorCode::InvalidRequest, "model must be a string.")
                     .with_param("model"),
             );
         }
@@ -281,8 +276,7 @@ pub fn resolve(
     {
         if !allows(&key.profiles, &requested) {
             return Err(GatewayError::new(
-                403,
-                "model_not_allowed",
+                ErrorCode::ModelNotAllowed,
                 format!("This key may not call the profile '{requested}'."),
             )
             .with_param("model"));
@@ -315,16 +309,14 @@ pub fn resolve(
     } else {
         if state.models_named(&requested).is_empty() {
             return Err(GatewayError::new(
-                404,
-                "model_not_found",
+                ErrorCode::ModelNotFound,
                 format!("The model '{requested}' does not exist in this gateway's pool."),
             )
             .with_param("model"));
         }
         if !key_may_call_model(state, key, &requested) {
             return Err(GatewayError::new(
-                403,
-                "model_not_allowed",
+                ErrorCode::ModelNotAllowed,
                 format!("This key may not call the model '{requested}'."),
             )
             .with_param("model"));
@@ -343,7 +335,8 @@ pub fn resolve(
 
     // A profile is the operator's choice of models; a direct call stays within the key's.
     let scope = profile.is_none().then_some(key);
-    let allow_fallback = policy.allow_fallback.unwrap_or(true) && key.allow_fallback;
+    let allow_fallback =
+        policy.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK) && key.allow_fallback;
     let needs = Needs::of(body, op, &policy.require);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
     let mut why_not: Option<String> = None;
@@ -399,15 +392,13 @@ pub fn resolve(
         if let Some(reason) = why_not {
             // Nothing in the pool fits what the request needs: no candidate.
             return Err(GatewayError::new(
-                400,
-                "model_not_supported",
+                ErrorCode::ModelNotSupported,
                 format!("No model '{requested}' can serve this request: {reason}."),
             )
             .with_param("model"));
         }
         return Err(GatewayError::new(
-            503,
-            "pool_unavailable",
+            ErrorCode::PoolUnavailable,
             format!("No provider in the pool can serve '{requested}' for this request."),
         ));
     }
@@ -424,15 +415,15 @@ pub fn resolve(
         max_attempts: policy
             .max_attempts
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            .unwrap_or(defaults::MAX_ATTEMPTS),
         timeout_ms: policy
             .timeout_ms
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_TIMEOUT_MS),
+            .unwrap_or(defaults::TIMEOUT_MS),
         deadline_ms: policy
             .deadline_ms
             .filter(|n| *n > 0)
-            .unwrap_or(DEFAULT_DEADLINE_MS),
+            .unwrap_or(defaults::DEADLINE_MS),
         stream,
         include_usage,
     })
@@ -530,7 +521,7 @@ mod tests {
             vec!["p1", "p2"]
         );
         assert_eq!(r.tiers[1][0].model, "big");
-        assert_eq!(r.max_attempts, DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(r.max_attempts, defaults::MAX_ATTEMPTS);
     }
 
     #[test]
@@ -555,19 +546,22 @@ mod tests {
         assert_eq!(
             resolve(&s, &k, &json!({}), Operation::Chat)
                 .unwrap_err()
-                .code,
+                .code
+                .as_str(),
             "missing_model"
         );
         assert_eq!(
             resolve(&s, &k, &json!({"model": 3}), Operation::Chat)
                 .unwrap_err()
-                .code,
+                .code
+                .as_str(),
             "invalid_request"
         );
         assert_eq!(
             resolve(&s, &k, &json!({"model":"nope"}), Operation::Chat)
                 .unwrap_err()
-                .code,
+                .code
+                .as_str(),
             "model_not_found"
         );
         let narrow = VirtualKey {
@@ -584,7 +578,8 @@ mod tests {
         assert_eq!(
             resolve(&s, &narrow, &json!({"model":"strict"}), Operation::Chat)
                 .unwrap_err()
-                .code,
+                .code
+                .as_str(),
             "model_not_allowed"
         );
         // An alias of an allowed model id is allowed.
@@ -633,7 +628,8 @@ mod tests {
             resolve(&s, &narrow, &json!({"model":"llama3"}), Operation::Chat)
                 .map(|_| ())
                 .unwrap_err()
-                .code,
+                .code
+                .as_str(),
             "model_not_allowed"
         );
         // A key that names the alias gets every model carrying it.
@@ -687,7 +683,10 @@ mod tests {
         let err = resolve(&s, &all_key(), &body("strict"), Operation::Chat)
             .map(|_| ())
             .unwrap_err();
-        assert_eq!((err.status, err.code), (400, "model_not_supported"));
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "model_not_supported")
+        );
         let loose = resolve(&s, &all_key(), &body("loose"), Operation::Chat)
             .map(|r| {
                 r.tiers
@@ -730,7 +729,10 @@ mod tests {
         let err = resolve(&s, &all_key(), &two("claude-m"), Operation::Chat)
             .map(|_| ())
             .unwrap_err();
-        assert_eq!((err.status, err.code), (400, "model_not_supported"));
+        assert_eq!(
+            (err.status, err.code.as_str()),
+            (400, "model_not_supported")
+        );
         assert!(err.message.contains("Anthropic"), "{}", err.message);
         // A request the adapter can express keeps both.
         let one = json!({"model": "smart", "messages": [{"role": "user", "content": "hi"}]});
@@ -806,7 +808,7 @@ mod tests {
             Operation::Chat,
         )
         .unwrap_err();
-        assert_eq!((e.status, e.code), (400, "model_not_supported"));
+        assert_eq!((e.status, e.code.as_str()), (400, "model_not_supported"));
         assert!(e.message.contains("context window"), "{}", e.message);
         let e = resolve(
             &s,

@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use crate::classify::{classify_stream_error, Class, Failure};
+use crate::errors::ErrorCode;
 use crate::sse::{Event, Parser};
 
 /// Token usage read from a reply.
@@ -121,7 +122,7 @@ impl Gate {
                                 "The provider's stream failed after the answer had started: {}",
                                 failure.message
                             ),
-                            "stream_interrupted",
+                            ErrorCode::StreamInterrupted,
                         ));
                         self.failed = Some(failure);
                         break;
@@ -167,8 +168,8 @@ impl Gate {
         let mut out = tail;
         if !self.done && !self.errored {
             out.extend_from_slice(&error_event(
-                "The provider's stream broke off after the answer had started; it cannot be resumed.",
-                "stream_interrupted",
+                ErrorCode::StreamInterrupted.message(),
+                ErrorCode::StreamInterrupted,
             ));
         }
         Ok(out)
@@ -247,9 +248,14 @@ fn has_token(chunk: &Value) -> bool {
 }
 
 /// An OpenAI-style error event for a stream that cannot go on.
-pub fn error_event(message: &str, code: &str) -> Vec<u8> {
+pub fn error_event(message: &str, code: ErrorCode) -> Vec<u8> {
     let body = serde_json::json!({
-        "error": { "message": message, "type": "api_error", "param": null, "code": code }
+        "error": {
+            "message": message,
+            "type": code.openai_type(),
+            "param": null,
+            "code": code.as_str(),
+        }
     });
     format!("data: {body}\n\n").into_bytes()
 }

@@ -30,13 +30,16 @@
 //! task pushes the keys' quota blocks ([`crate::keys::quotas`]) after each usage write, when the UTC
 //! day rolls over, and every few seconds (usage another process wrote).
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ai_router_proto::v1 as pb;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as Sse, KeepAlive};
+use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
@@ -45,10 +48,12 @@ use tonic::{Request, Response, Status};
 
 use crate::api::error::{ApiError, ErrorCode};
 use crate::config::secrets::{constant_time_eq, Env, Secret};
+use crate::engine::events::{parse_types, Next};
 use crate::engine::Engine;
-use crate::keys::store::{
-    KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyStoreError, QuotaPatch, UsageDay,
+use crate::keys::admin::{
+    KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyWithSecret, QuotaPatch, UsageReport,
 };
+use crate::keys::store::{utc_day, KeyStoreError, UsageDay};
 
 /// The env variable holding the admin token when `gateway.adminToken` does not name one.
 pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
@@ -172,10 +177,7 @@ impl AdminApi {
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("admin task failed: {e}")))?
     }
 
-    pub async fn create(
-        &self,
-        spec: KeySpec,
-    ) -> Result<crate::keys::store::KeyWithSecret, ApiError> {
+    pub async fn create(&self, spec: KeySpec) -> Result<KeyWithSecret, ApiError> {
         self.run(true, move |k| k.create(spec)).await
     }
 
@@ -195,7 +197,7 @@ impl AdminApi {
         self.run(true, move |k| k.revoke(&id)).await
     }
 
-    pub async fn rotate(&self, id: String) -> Result<crate::keys::store::KeyWithSecret, ApiError> {
+    pub async fn rotate(&self, id: String) -> Result<KeyWithSecret, ApiError> {
         self.run(true, move |k| k.rotate(&id)).await
     }
 
@@ -204,7 +206,7 @@ impl AdminApi {
         id: String,
         from: Option<String>,
         to: Option<String>,
-    ) -> Result<crate::keys::store::UsageReport, ApiError> {
+    ) -> Result<UsageReport, ApiError> {
         self.run(false, move |k| k.usage(&id, from.as_deref(), to.as_deref()))
             .await
     }
@@ -386,7 +388,7 @@ pub async fn run_key_sync(
             _ = shutdown.wait_for(|stopped| *stopped) => break,
         };
         ticks += 1;
-        let today = crate::keys::store::utc_day(keys.now_ms());
+        let today = utc_day(keys.now_ms());
         let recheck = written || today != day || ticks >= QUOTA_RECHECK_TICKS;
         if recheck {
             ticks = 0;
@@ -435,7 +437,7 @@ pub fn routes() -> Router<Arc<AdminApi>> {
         .route("/admin/keys/{id}/rotate", post(rotate_key))
         .route("/admin/keys/{id}/usage", get(key_usage))
         .route("/admin/reset", post(reset))
-        .route("/admin/events", get(crate::api::events::events))
+        .route("/admin/events", get(events))
         .route("/admin/health", get(admin_health))
         .route("/admin/stats", get(stats))
         .route("/admin/catalog", get(catalog))
@@ -443,7 +445,7 @@ pub fn routes() -> Router<Arc<AdminApi>> {
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
-pub(crate) fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
+fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
     api.authorize(
         headers
             .get(axum::http::header::AUTHORIZATION)
@@ -500,6 +502,41 @@ impl AdminApi {
             ApiError::new(code, e.to_string())
         })
     }
+}
+
+/// `GET /admin/events`: the operator's events, live, as server-sent events (`?types=` to
+/// filter). Each SSE event is named by the event's type and carries its JSON; a subscriber that
+/// fell behind gets a `lagged` event with how many it lost.
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    types: Option<String>,
+}
+
+async fn events(
+    State(api): State<Arc<AdminApi>>,
+    headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
+) -> HttpResponse {
+    if let Err(e) = authorize(&api, &headers) {
+        return e.into_response();
+    }
+    let types = match parse_types(query.types.as_deref()) {
+        Ok(t) => t,
+        Err(message) => return ApiError::new(ErrorCode::InvalidRequest, message).into_response(),
+    };
+    let subscription = api.engine().events().watch(types);
+    let stream = futures::stream::unfold(subscription, |mut sub| async move {
+        let item = match sub.next().await? {
+            Next::Event(e) => Sse::default().event(e.type_name()).data(e.to_json()),
+            Next::Lagged(n) => Sse::default()
+                .event("lagged")
+                .data(format!(r#"{{"type":"lagged","missed":{n}}}"#)),
+        };
+        Some((Ok::<_, Infallible>(item), sub))
+    });
+    axum::response::Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response()
 }
 
 /// `GET /admin/health`: every breaker, key out, cooldown, headroom, budget and lane latency.
@@ -689,7 +726,7 @@ fn day_to_proto(d: UsageDay) -> pb::UsageDay {
     }
 }
 
-fn with_secret(k: crate::keys::store::KeyWithSecret) -> pb::KeyWithSecret {
+fn with_secret(k: KeyWithSecret) -> pb::KeyWithSecret {
     pb::KeyWithSecret {
         key: Some(key_to_proto(k.key)),
         secret: k.secret,
@@ -783,7 +820,6 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        use crate::engine::events::{parse_types, Next};
         self.authorize(&request)?;
         let list = request.into_inner().types.join(",");
         let types = parse_types(Some(&list))
@@ -863,21 +899,23 @@ impl pb::admin_server::Admin for AdminGrpc {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::clock::SystemClock;
     use crate::config::parse;
     use crate::config::secrets::MapEnv;
-    use crate::engine::{DurableState, SystemClock};
-    use crate::keys::mounted::VirtualKeyRecord;
+    use crate::keys::record::VirtualKeyRecord;
     use crate::keys::store::MemoryKeyStore;
+    use crate::store::durable::DurableState;
     use axum::body::Body;
     use axum::http::Request as HttpRequest;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    const TOKEN: &str = "admin-test-token";
+    pub(crate) const TOKEN: &str = "admin-test-token";
 
-    fn api(token: Option<&str>) -> Result<Arc<AdminApi>, String> {
+    /// An admin API over a one-provider pool, a memory key store and a mounted key `app`.
+    pub(crate) fn api(token: Option<&str>) -> Result<Arc<AdminApi>, String> {
         let env = Arc::new(MapEnv::new([("K", "sk-upstream")]));
         let config = parse(
             "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m, aliases: [fast] }] }\nprofiles:\n  work: { model: m }\n",
@@ -1219,161 +1257,12 @@ mod tests {
         Ok(())
     }
 
-    fn authed<T>(message: T) -> Request<T> {
+    /// `message` with the admin token.
+    pub(crate) fn authed<T>(message: T) -> Request<T> {
         let mut request = Request::new(message);
         if let Ok(value) = format!("Bearer {TOKEN}").parse() {
             request.metadata_mut().insert("authorization", value);
         }
         request
-    }
-
-    #[tokio::test]
-    async fn grpc_admin_over_a_socket() -> Result<(), Box<dyn std::error::Error>> {
-        use ai_router_proto::v1::admin_client::AdminClient;
-        let api = api(Some(TOKEN))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let sync = crate::api::sync::SyncService::new(
-            api.engine.clone(),
-            crate::api::sync::SyncAccess::Token(Secret::new("sync-tok")),
-            stop_rx.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        let server = tokio::spawn(crate::api::sync::serve_with_admin(
-            listener,
-            sync,
-            Some(AdminGrpc::new(api.clone()).into_server()),
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
-            },
-        ));
-        let mut client = AdminClient::connect(format!("http://{addr}")).await?;
-        let denied = client.list_keys(pb::ListKeysRequest {}).await;
-        assert_eq!(
-            denied.err().map(|s| s.code()),
-            Some(tonic::Code::Unauthenticated)
-        );
-        let created = client
-            .create_key(authed(pb::CreateKeyRequest {
-                label: "grpc_app".into(),
-                models: vec!["*".into()],
-                ..Default::default()
-            }))
-            .await?
-            .into_inner();
-        assert!(created.secret.starts_with("sk-starci-grpc_app-"));
-        let unknown = client
-            .create_key(authed(pb::CreateKeyRequest {
-                label: "grpc_app".into(),
-                profiles: vec!["nope".into()],
-                ..Default::default()
-            }))
-            .await;
-        assert!(
-            matches!(&unknown, Err(s) if s.code() == tonic::Code::InvalidArgument && s.message().contains("`nope`")),
-            "{unknown:?}"
-        );
-        let id = created.key.map(|k| k.id).unwrap_or_default();
-        let listed = client
-            .list_keys(authed(pb::ListKeysRequest {}))
-            .await?
-            .into_inner();
-        assert_eq!(listed.keys.len(), 2);
-        let updated = client
-            .update_key(authed(pb::UpdateKeyRequest {
-                id: id.clone(),
-                enabled: Some(false),
-                ..Default::default()
-            }))
-            .await?
-            .into_inner();
-        assert!(!updated.enabled);
-        let mounted = client
-            .revoke_key(authed(pb::KeyRef {
-                id: crate::keys::mounted::mounted_id("app"),
-            }))
-            .await;
-        assert_eq!(
-            mounted.err().map(|s| s.code()),
-            Some(tonic::Code::FailedPrecondition)
-        );
-        let usage = client
-            .key_usage(authed(pb::KeyUsageRequest {
-                id,
-                ..Default::default()
-            }))
-            .await?
-            .into_inner();
-        assert!(usage.days.is_empty());
-        let health = client
-            .health(authed(pb::HealthRequest {}))
-            .await?
-            .into_inner();
-        assert_eq!(health.status, "ok");
-        stop_tx.send(true)?;
-        tokio::time::timeout(Duration::from_secs(5), server).await???;
-        Ok(())
-    }
-
-    /// Admin shares the Sync port: with no admin token it is off for every caller, the sync
-    /// token included (it lists keys, creates them and reads usage).
-    #[tokio::test]
-    async fn grpc_admin_without_an_admin_token_is_off_even_for_sync_callers(
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        use ai_router_proto::v1::admin_client::AdminClient;
-        let api = api(None)?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let sync = crate::api::sync::SyncService::new(
-            api.engine.clone(),
-            crate::api::sync::SyncAccess::Token(Secret::new("sync-tok")),
-            stop_rx.clone(),
-        );
-        let mut stop = stop_rx.clone();
-        let server = tokio::spawn(crate::api::sync::serve_with_admin(
-            listener,
-            sync,
-            Some(AdminGrpc::new(api.clone()).into_server()),
-            async move {
-                let _ = stop.wait_for(|s| *s).await;
-            },
-        ));
-        let mut client = AdminClient::connect(format!("http://{addr}")).await?;
-        let with_sync_token = |mut request: Request<pb::ListKeysRequest>| {
-            if let Ok(value) = "sync-tok".parse() {
-                request
-                    .metadata_mut()
-                    .insert(crate::api::sync::SYNC_TOKEN_METADATA, value);
-            }
-            if let Ok(value) = "Bearer sync-tok".parse() {
-                request.metadata_mut().insert("authorization", value);
-            }
-            request
-        };
-        for request in [
-            Request::new(pb::ListKeysRequest {}),
-            with_sync_token(Request::new(pb::ListKeysRequest {})),
-        ] {
-            let denied = client.list_keys(request).await;
-            assert_eq!(
-                denied.err().map(|s| s.code()),
-                Some(tonic::Code::PermissionDenied)
-            );
-        }
-        let created = client
-            .create_key(pb::CreateKeyRequest {
-                label: "nope".into(),
-                ..Default::default()
-            })
-            .await;
-        assert_eq!(
-            created.err().map(|s| s.code()),
-            Some(tonic::Code::PermissionDenied)
-        );
-        stop_tx.send(true)?;
-        tokio::time::timeout(Duration::from_secs(5), server).await???;
-        Ok(())
     }
 }

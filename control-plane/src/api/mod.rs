@@ -3,6 +3,8 @@
 
 pub mod admin;
 pub mod error;
-pub mod events;
 pub mod metrics;
 pub mod sync;
+
+#[cfg(test)]
+mod grpc_socket_tests;

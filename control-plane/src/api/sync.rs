@@ -31,8 +31,8 @@ use tonic::{Request, Response, Status};
 
 use crate::api::error::{ApiError, ErrorCode};
 use crate::config::secrets::{constant_time_eq, Secret};
-use crate::engine::breakers::BreakerScope;
 use crate::engine::Engine;
+use crate::store::breaker::BreakerScope;
 
 /// The metadata entry carrying the sync token.
 pub const SYNC_TOKEN_METADATA: &str = ai_router_contract::SYNC_TOKEN_METADATA;
@@ -298,9 +298,10 @@ pub async fn serve_with_admin(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::SystemClock;
     use crate::config::parse;
     use crate::config::secrets::MapEnv;
-    use crate::engine::{DurableState, SystemClock};
+    use crate::store::durable::DurableState;
     use ai_router_proto::v1::sync_client::SyncClient;
     use futures::StreamExt;
     use std::path::Path;

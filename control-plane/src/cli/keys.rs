@@ -18,11 +18,12 @@ use serde_json::{json, Value};
 
 use crate::api::admin::ADMIN_TOKEN_ENV;
 use crate::api::error::{ApiError, ErrorCode};
+use crate::clock::SystemClock;
 use crate::config::secrets::{Env, ProcessEnv};
 use crate::config::{self, QuotaConfig, StoreSpec};
-use crate::engine::SystemClock;
+use crate::keys::admin::{KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 use crate::keys::mounted;
-use crate::keys::store::{self, KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
+use crate::keys::store;
 
 #[derive(Debug, Clone, Args)]
 pub struct KeysArgs {
@@ -410,7 +411,7 @@ fn remote_error(status: u16, body: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::store::KeyInfo;
+    use crate::keys::admin::KeyInfo;
     use clap::Parser;
 
     #[derive(Debug, Parser)]

@@ -18,25 +18,32 @@
 //! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is
 //! added): breakers are a health signal, not a ledger.
 
-pub mod breakers;
-pub mod budget;
 pub mod events;
 pub mod stats;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ai_router_contract::failure::{ErrorClass, Hold};
+use ai_router_contract::probe_holder;
 use ai_router_proto::tables::Tables;
 use ai_router_proto::v1 as pb;
 use tokio::sync::watch;
 
-use self::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
-use self::budget::Spend;
 use self::events::{Event, EventBus};
+use crate::clock::Clock;
 use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
-use crate::keys::mounted::VirtualKeyRecord;
+use crate::keys::record::VirtualKeyRecord;
+use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::store::durable::{
+    merge_durable, Blacklist, BlacklistReason, DurableChanges, DurableState, KeyId, LaneHeadroom,
+    LeaseGrant, StateStore, StoreError,
+};
+use crate::store::lock;
+use crate::store::memory::MemoryStateStore;
+use crate::store::spend::{self as budget, Spend};
 
 /// How often secret references are resolved again.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -50,310 +57,8 @@ pub const HEADROOM_COALESCE: Duration = Duration::from_millis(200);
 /// have given way to the control plane anyway (their grace is 5 s).
 pub const RESET_MARK: Duration = Duration::from_secs(60);
 
-/// Milliseconds since the Unix epoch; injectable so the tests control time.
-pub trait Clock: Send + Sync {
-    fn now_ms(&self) -> i64;
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SystemClock;
-
-/// A clock the tests set by hand.
-#[cfg(test)]
-pub(crate) struct TestClock(pub std::sync::atomic::AtomicI64);
-
-#[cfg(test)]
-impl Clock for TestClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0)
-    }
-}
-
-/// Why a key is out of rotation (stored); `missing` is derived from the secret itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum BlacklistReason {
-    Auth,
-    Quota,
-}
-
-impl BlacklistReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auth => "auth",
-            Self::Quota => "quota",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "auth" => Some(Self::Auth),
-            "quota" => Some(Self::Quota),
-            _ => None,
-        }
-    }
-}
-
-/// A blacklisted key. Keeps the fingerprint of the refused secret, never the secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blacklist {
-    pub reason: BlacklistReason,
-    /// 0: until the secret changes.
-    pub until_ms: i64,
-    pub refused_fingerprint: u64,
-    /// The provider's error code, when it sent one.
-    pub code: Option<String>,
-}
-
-/// (provider id, key alias)
-pub type KeyId = (String, String);
-/// (provider id, key alias, model)
-pub type LaneId = (String, String, String);
-
-/// The last rate-limit headroom a lane's provider reported.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneHeadroom {
-    /// -1: not reported.
-    pub remaining_requests: i64,
-    /// -1: not reported.
-    pub remaining_tokens: i64,
-    /// When the window resets (ms since the epoch); the entry goes then.
-    pub reset_at_ms: i64,
-}
-
 /// How long a reported headroom holds when the provider named no reset.
 pub const HEADROOM_DEFAULT_WINDOW_MS: i64 = 60_000;
-
-/// What survives a restart with a durable store, and what control planes sharing one store see.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DurableState {
-    pub blacklists: BTreeMap<KeyId, Blacklist>,
-    pub cooldowns: BTreeMap<LaneId, i64>,
-    /// Every breaker that is not closed, or closed with failures counted.
-    pub breakers: BTreeMap<BreakerId, Breaker>,
-    pub headroom: BTreeMap<LaneId, LaneHeadroom>,
-    /// Provider id -> spend this UTC day and month.
-    pub spend: BTreeMap<String, Spend>,
-}
-
-/// The entries to write and to delete to turn one map into another.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MapChanges<K, V> {
-    pub upsert: Vec<(K, V)>,
-    pub delete: Vec<K>,
-}
-
-impl<K, V> Default for MapChanges<K, V> {
-    fn default() -> Self {
-        Self {
-            upsert: Vec::new(),
-            delete: Vec::new(),
-        }
-    }
-}
-
-impl<K: Ord + Clone, V: PartialEq + Clone> MapChanges<K, V> {
-    pub fn between(from: &BTreeMap<K, V>, to: &BTreeMap<K, V>) -> Self {
-        let upsert = to
-            .iter()
-            .filter(|(k, v)| from.get(*k) != Some(*v))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let delete = from
-            .keys()
-            .filter(|k| !to.contains_key(*k))
-            .cloned()
-            .collect();
-        Self { upsert, delete }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.upsert.is_empty() && self.delete.is_empty()
-    }
-
-    pub fn apply(&self, map: &mut BTreeMap<K, V>) {
-        for k in &self.delete {
-            map.remove(k);
-        }
-        for (k, v) in &self.upsert {
-            map.insert(k.clone(), v.clone());
-        }
-    }
-}
-
-/// What a store must write to go from one [`DurableState`] to another.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DurableChanges {
-    pub blacklists: MapChanges<KeyId, Blacklist>,
-    pub cooldowns: MapChanges<LaneId, i64>,
-    pub breakers: MapChanges<BreakerId, Breaker>,
-    pub headroom: MapChanges<LaneId, LaneHeadroom>,
-    pub spend: MapChanges<String, Spend>,
-}
-
-impl DurableChanges {
-    pub fn between(from: &DurableState, to: &DurableState) -> Self {
-        Self {
-            blacklists: MapChanges::between(&from.blacklists, &to.blacklists),
-            cooldowns: MapChanges::between(&from.cooldowns, &to.cooldowns),
-            breakers: MapChanges::between(&from.breakers, &to.breakers),
-            headroom: MapChanges::between(&from.headroom, &to.headroom),
-            spend: MapChanges::between(&from.spend, &to.spend),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.blacklists.is_empty()
-            && self.cooldowns.is_empty()
-            && self.breakers.is_empty()
-            && self.headroom.is_empty()
-            && self.spend.is_empty()
-    }
-
-    pub fn apply(&self, state: &mut DurableState) {
-        self.blacklists.apply(&mut state.blacklists);
-        self.cooldowns.apply(&mut state.cooldowns);
-        self.breakers.apply(&mut state.breakers);
-        self.headroom.apply(&mut state.headroom);
-        self.spend.apply(&mut state.spend);
-    }
-}
-
-/// Three-way merge of one map: an entry another process changed (`remote` differs from `base`,
-/// the last state both agreed on) is taken unless we changed it too (ours wins). Returns
-/// whether `local` changed.
-fn merge_map<K: Ord + Clone, V: PartialEq + Clone>(
-    local: &mut BTreeMap<K, V>,
-    base: &BTreeMap<K, V>,
-    remote: &BTreeMap<K, V>,
-) -> bool {
-    let mut changed = false;
-    let keys: std::collections::BTreeSet<&K> = base.keys().chain(remote.keys()).collect();
-    for k in keys {
-        let (b, r) = (base.get(k), remote.get(k));
-        if b == r || local.get(k) != b || local.get(k) == r {
-            continue;
-        }
-        match r {
-            Some(v) => local.insert(k.clone(), v.clone()),
-            None => local.remove(k),
-        };
-        changed = true;
-    }
-    changed
-}
-
-/// [`merge_map`] for every part; spend is added rather than replaced.
-fn merge_durable(local: &mut DurableState, base: &DurableState, remote: &DurableState) -> bool {
-    let mut changed = merge_map(&mut local.blacklists, &base.blacklists, &remote.blacklists);
-    changed |= merge_map(&mut local.cooldowns, &base.cooldowns, &remote.cooldowns);
-    changed |= merge_map(&mut local.breakers, &base.breakers, &remote.breakers);
-    changed |= merge_map(&mut local.headroom, &base.headroom, &remote.headroom);
-    for (provider, theirs) in &remote.spend {
-        let old = base.spend.get(provider).copied().unwrap_or_default();
-        if old == *theirs {
-            continue;
-        }
-        let ours = local.spend.entry(provider.clone()).or_default();
-        let before = *ours;
-        ours.merge(&old, theirs);
-        changed |= *ours != before;
-    }
-    changed
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("state store: {0}")]
-pub struct StoreError(pub String);
-
-/// The answer to a probe lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseGrant {
-    Granted,
-    /// Someone else holds it until then (ms since the epoch).
-    HeldUntil(i64),
-}
-
-/// Where durable state lives. Calls block: callers run them off the async executor.
-pub trait StateStore: Send + Sync {
-    fn load(&self) -> Result<DurableState, StoreError>;
-    /// Writes the given entries and deletes the given keys, in one transaction.
-    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError>;
-    /// Makes the store hold exactly `state`.
-    fn save(&self, state: &DurableState) -> Result<(), StoreError> {
-        let current = self.load()?;
-        self.apply(&DurableChanges::between(&current, state))
-    }
-    /// The half-open probe lease on `id`: granted to `holder` until `now_ms + ttl_ms` when
-    /// nobody holds it (or the holder's lease ended), atomically across every process sharing
-    /// the store.
-    fn lease(
-        &self,
-        id: &BreakerId,
-        holder: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<LeaseGrant, StoreError>;
-    /// Ends the lease on `id`: whoever holds it (`None`, the breaker moved on), or only when
-    /// `holder` is the whole holder string (a probe's own outcome).
-    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError>;
-}
-
-/// Keeps the state in memory: gone on restart.
-#[derive(Debug, Default)]
-pub struct MemoryStateStore {
-    state: Mutex<DurableState>,
-    leases: Mutex<BTreeMap<BreakerId, (String, i64)>>,
-}
-
-impl StateStore for MemoryStateStore {
-    fn load(&self) -> Result<DurableState, StoreError> {
-        Ok(lock(&self.state).clone())
-    }
-
-    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError> {
-        changes.apply(&mut lock(&self.state));
-        Ok(())
-    }
-
-    fn lease(
-        &self,
-        id: &BreakerId,
-        holder: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<LeaseGrant, StoreError> {
-        let mut leases = lock(&self.leases);
-        leases.retain(|_, (_, until)| *until > now_ms);
-        if let Some((_, until)) = leases.get(id) {
-            return Ok(LeaseGrant::HeldUntil(*until));
-        }
-        leases.insert(
-            id.clone(),
-            (holder.to_owned(), now_ms.saturating_add(ttl_ms)),
-        );
-        Ok(LeaseGrant::Granted)
-    }
-
-    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError> {
-        let mut leases = lock(&self.leases);
-        let matches = leases
-            .get(id)
-            .is_some_and(|(held_by, _)| holder.is_none_or(|h| held_by == h));
-        if matches {
-            leases.remove(id);
-        }
-        Ok(())
-    }
-}
 
 /// Something worth telling an operator about. Names keys by provider and alias only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -496,14 +201,6 @@ impl std::fmt::Debug for Engine {
             .field("version", &self.version())
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave the state half-written in a way that matters
-    // more than stopping the control plane would.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Engine {
@@ -868,18 +565,25 @@ impl Engine {
             };
             let current_fp = current.as_ref().map_or(0, Secret::fingerprint);
             let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
-            match attempt.error_class.as_str() {
-                "rate_limit" => {
+            // The one failure -> hold rule (the filter applies it too). An unknown class changes
+            // nothing, nor do invalid requests and cancellations.
+            let Some(class) = ErrorClass::parse(&attempt.error_class) else {
+                continue;
+            };
+            match class.hold(retry_at.is_some()) {
+                Hold::Lane => {
+                    // A rate limit until its window or the default; a failure of the lane with
+                    // a retry-after until then.
                     let until = retry_at
                         .unwrap_or(now.saturating_add(ms(resilience.rate_limit_cooldown_ms)));
-                    let lane = (id.0, id.1, attempt.model.clone());
+                    let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
                     let entry = state.durable.cooldowns.entry(lane).or_insert(0);
                     if until > *entry {
                         *entry = until;
                         changed = true;
                     }
                 }
-                class @ ("auth" | "quota") => {
+                Hold::Key => {
                     let refused = if attempt.fingerprint != 0 {
                         attempt.fingerprint
                     } else {
@@ -890,7 +594,7 @@ impl Engine {
                         // about the old one.
                         continue;
                     }
-                    let (reason, until) = if class == "auth" {
+                    let (reason, until) = if class == ErrorClass::Auth {
                         let until = resilience
                             .auth_disable_ms
                             .map_or(0, |d| now.saturating_add(ms(d)));
@@ -924,39 +628,31 @@ impl Engine {
                         state.durable.blacklists.insert(id, entry);
                         changed = true;
                     }
+                    // A key's failure, not the lane's: no breaker counts it.
+                    continue;
                 }
-                class if breakers::counts(class) => {
-                    // A retry-after on a transient failure also cools the lane.
-                    if let Some(until) = retry_at {
-                        let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
-                        let entry = state.durable.cooldowns.entry(lane).or_insert(0);
-                        if until > *entry {
-                            *entry = until;
-                            changed = true;
-                        }
-                    }
-                    let started = if attempt.at_ms > 0 {
-                        attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
-                    } else {
-                        0
-                    };
-                    changed |= update_breakers(
-                        &mut state.durable,
-                        &id.0,
-                        &id.1,
-                        |scope, b| {
-                            let config = match scope {
-                                BreakerScope::Key => &resilience.key_breaker,
-                                BreakerScope::Provider => &resilience.provider_breaker,
-                            };
-                            b.on_failure(config, now, retry_at, started)
-                        },
-                        &mut events,
-                        &mut releases,
-                    );
-                }
-                // Invalid requests and cancellations change nothing.
-                _ => {}
+                Hold::Nothing => {}
+            }
+            if class.counts_for_breakers() {
+                let started = if attempt.at_ms > 0 {
+                    attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
+                } else {
+                    0
+                };
+                changed |= update_breakers(
+                    &mut state.durable,
+                    &id.0,
+                    &id.1,
+                    |scope, b| {
+                        let config = match scope {
+                            BreakerScope::Key => &resilience.key_breaker,
+                            BreakerScope::Provider => &resilience.provider_breaker,
+                        };
+                        b.on_failure(config, now, retry_at, started)
+                    },
+                    &mut events,
+                    &mut releases,
+                );
             }
         }
         self.emit(&events);
@@ -1232,14 +928,22 @@ impl Engine {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Virtual keys from the key store, and report observers (usage accounting): see
-// `crate::keys::store` and `crate::keys::usage`.
+// Virtual keys from the key store, and report observers (usage accounting): see `keys::admin`
+// and `keys::usage`.
 // ---------------------------------------------------------------------------------------------
 
 /// Sees every report batch [`Engine::apply_report`] receives (usage accounting). Must not
 /// block: it runs on the report path.
 pub trait ReportObserver: Send + Sync {
     fn observe(&self, batch: &pb::ReportBatch);
+}
+
+/// A function observes too: how usage accounting (`keys::usage`) is attached, the keys knowing
+/// nothing of the engine.
+impl<F: Fn(&pb::ReportBatch) + Send + Sync> ReportObserver for F {
+    fn observe(&self, batch: &pb::ReportBatch) {
+        self(batch);
+    }
 }
 
 impl Engine {
@@ -1288,8 +992,6 @@ fn ms(value: u64) -> i64 {
 }
 
 /// The key's breaker and its provider's.
-use ai_router_contract::probe_holder;
-
 fn breaker_ids(provider: &str, key: &str) -> [BreakerId; 2] {
     [
         (BreakerScope::Key, provider.to_owned(), key.to_owned()),
@@ -1314,7 +1016,7 @@ fn update_breakers(
     durable: &mut DurableState,
     provider: &str,
     key: &str,
-    step: impl Fn(BreakerScope, &mut Breaker) -> Option<breakers::Transition>,
+    step: impl Fn(BreakerScope, &mut Breaker) -> Option<crate::store::breaker::Transition>,
     events: &mut Vec<EngineEvent>,
     releases: &mut Vec<(BreakerId, Option<String>)>,
 ) -> bool {
@@ -1712,7 +1414,7 @@ mod tests {
     use std::path::Path;
     use std::sync::atomic::{AtomicI64, Ordering};
 
-    use super::TestClock;
+    use crate::clock::TestClock;
 
     /// An env whose variables the test can change while the engine reads it.
     #[derive(Default)]

@@ -1,6 +1,6 @@
 //! Virtual keys: the `sk-starci-<label>-<secret>` keys apps call the gateway with.
 //!
-//! Mounted keys are built here (stored keys live in [`crate::keys::store`]): `mountedKeys` in the
+//! Mounted keys are built here (stored keys live in the key store): `mountedKeys` in the
 //! config, and `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every
 //! profile and model, unless a `mountedKeys` entry already mounts that secret.
 //! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
@@ -9,57 +9,17 @@
 
 use std::collections::BTreeSet;
 
-use ai_router_proto::v1 as pb;
+use ai_router_contract::{defaults, BINDING_WILDCARD};
 use rand::RngCore;
 
 use crate::config::secrets::{sha256_hex, Env, Secret, SecretSource};
-use crate::config::{Config, MountedKey, QuotaConfig};
-use crate::keys::quotas::QuotaBlock;
+use crate::config::{Config, MountedKey};
+use crate::keys::record::VirtualKeyRecord;
 
 /// The env variable that mounts the app's key when the config mounts none.
 pub const STARCI_AI_KEY: &str = "STARCI_AI_KEY";
 const SECRET_PREFIX: &str = "sk-starci-";
 const MIN_SECRET_TAIL: usize = 32;
-
-/// A virtual key as the control plane holds it: bindings and the hash, never the secret.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VirtualKeyRecord {
-    pub id: String,
-    pub label: String,
-    pub sha256: String,
-    /// The last four characters of the secret.
-    pub hint: String,
-    pub profiles: Vec<String>,
-    pub models: Vec<String>,
-    pub owner: Option<String>,
-    pub allow_fallback: bool,
-    pub enabled: bool,
-    pub quota: Option<QuotaConfig>,
-    pub mounted: bool,
-    /// A quota spent according to usage ([`crate::keys::quotas`]).
-    pub quota_block: Option<QuotaBlock>,
-}
-
-impl VirtualKeyRecord {
-    pub fn to_proto(&self) -> pb::VirtualKey {
-        pb::VirtualKey {
-            id: self.id.clone(),
-            label: self.label.clone(),
-            sha256: self.sha256.clone(),
-            profiles: self.profiles.clone(),
-            models: self.models.clone(),
-            allow_fallback: self.allow_fallback,
-            enabled: self.enabled,
-            requests_per_minute: self.quota.and_then(|q| q.requests_per_minute).unwrap_or(0),
-            quota_code: self
-                .quota_block
-                .as_ref()
-                .map(|b| b.code.to_owned())
-                .unwrap_or_default(),
-            quota_until_ms: self.quota_block.as_ref().map_or(0, |b| b.until_ms),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MountedKeyError {
@@ -234,12 +194,12 @@ fn starci_ai_key(env: &dyn Env) -> Result<Option<VirtualKeyRecord>, MountedKeyEr
     let mounted = MountedKey {
         label,
         source,
-        profiles: vec!["*".to_owned()],
-        models: vec!["*".to_owned()],
+        profiles: vec![BINDING_WILDCARD.to_owned()],
+        models: vec![BINDING_WILDCARD.to_owned()],
         owner: None,
-        allow_fallback: true,
+        allow_fallback: defaults::ALLOW_FALLBACK,
         quota: None,
-        enabled: true,
+        enabled: defaults::KEY_ENABLED,
     };
     mount(&mounted, env).map(Some)
 }

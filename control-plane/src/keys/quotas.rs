@@ -8,25 +8,16 @@
 //!   usage is at or above it, until the start of the next UTC day (month). The block is pushed as
 //!   `VirtualKey.quota_code` / `quota_until_ms`.
 //!
-//! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync
-//! ([`crate::api::admin::run_key_sync`]) recomputes them after every usage write and when the UTC day
-//! rolls over, and the engine publishes a new snapshot when a block appears or ends.
+//! [`with_blocks`] fills the blocks of the snapshot's keys; the key sync (`api::admin`)
+//! recomputes them after every usage write and when the UTC day rolls over, and the engine
+//! publishes a new snapshot when a block appears or ends.
+
+use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms};
+use ai_router_contract::error_code::ErrorCode;
 
 use crate::config::QuotaConfig;
-use crate::engine::budget::{next_day_ms, next_month_ms};
-use crate::keys::mounted::VirtualKeyRecord;
+use crate::keys::record::{QuotaBlock, VirtualKeyRecord};
 use crate::keys::store::{utc_day, KeyStore, KeyStoreError, UsageDay};
-
-pub const TOKENS_PER_DAY_EXCEEDED: &str = "tokens_per_day_exceeded";
-pub const COST_PER_DAY_EXCEEDED: &str = "cost_per_day_exceeded";
-pub const COST_PER_MONTH_EXCEEDED: &str = "cost_per_month_exceeded";
-
-/// A spent quota: the 429 code the filter answers with, until when.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QuotaBlock {
-    pub code: &'static str,
-    pub until_ms: i64,
-}
 
 /// Whether `quota` has a limit decided from usage (the others are the filter's).
 pub fn has_usage_limits(quota: &QuotaConfig) -> bool {
@@ -46,21 +37,21 @@ pub fn block(
         .is_some_and(|limit| month.cost >= limit)
     {
         return Some(QuotaBlock {
-            code: COST_PER_MONTH_EXCEEDED,
-            until_ms: next_month_ms(now_ms),
+            code: ErrorCode::CostPerMonthExceeded,
+            until_ms: first_of_next_month_ms(now_ms),
         });
     }
     let tokens = today.prompt_tokens.saturating_add(today.completion_tokens);
     let code = if quota.tokens_per_day.is_some_and(|limit| tokens >= limit) {
-        TOKENS_PER_DAY_EXCEEDED
+        ErrorCode::TokensPerDayExceeded
     } else if quota.cost_per_day.is_some_and(|limit| today.cost >= limit) {
-        COST_PER_DAY_EXCEEDED
+        ErrorCode::CostPerDayExceeded
     } else {
         return None;
     };
     Some(QuotaBlock {
         code,
-        until_ms: next_day_ms(now_ms),
+        until_ms: next_utc_midnight_ms(now_ms),
     })
 }
 
@@ -105,6 +96,7 @@ pub fn with_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use crate::keys::store::MemoryKeyStore;
 
     // 2026-03-15T12:00:00Z
@@ -139,18 +131,18 @@ mod tests {
         assert_eq!(
             tokens,
             Some(QuotaBlock {
-                code: TOKENS_PER_DAY_EXCEEDED,
+                code: ErrorCode::TokensPerDayExceeded,
                 until_ms: NEXT_DAY
             })
         );
         let cost = block(&q, &used(10, 1.0), &used(10, 4.0), AT);
-        assert_eq!(cost.map(|b| b.code), Some(COST_PER_DAY_EXCEEDED));
+        assert_eq!(cost.map(|b| b.code), Some(ErrorCode::CostPerDayExceeded));
         // The month's block lasts longer, so it is the one pushed.
         let month = block(&q, &used(500, 2.0), &used(500, 5.5), AT);
         assert_eq!(
             month,
             Some(QuotaBlock {
-                code: COST_PER_MONTH_EXCEEDED,
+                code: ErrorCode::CostPerMonthExceeded,
                 until_ms: NEXT_MONTH
             })
         );
@@ -213,8 +205,8 @@ mod tests {
         assert_eq!(
             codes,
             [
-                Some(TOKENS_PER_DAY_EXCEEDED),
-                Some(COST_PER_MONTH_EXCEEDED),
+                Some(ErrorCode::TokensPerDayExceeded),
+                Some(ErrorCode::CostPerMonthExceeded),
                 None,
                 None
             ]
@@ -225,7 +217,10 @@ mod tests {
             .iter()
             .map(|k| k.quota_block.as_ref().map(|b| b.code))
             .collect();
-        assert_eq!(codes, [None, Some(COST_PER_MONTH_EXCEEDED), None, None]);
+        assert_eq!(
+            codes,
+            [None, Some(ErrorCode::CostPerMonthExceeded), None, None]
+        );
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! UTC day.
 //!
 //! A stored key keeps its SHA-256 (lowercase hex) and a hint (the last four characters of the
-//! secret), never the secret: [`KeyAdmin::create`] and [`KeyAdmin::rotate`] hand it out once.
+//! secret), never the secret: creating and rotating a key hand it out once.
 //! Usage rows are per key id and UTC day (`YYYY-MM-DD`), for stored and mounted keys alike.
 //!
 //! Two backends:
@@ -12,26 +12,19 @@
 //!   schema is refused. Several processes may share the file (the CLI writes while a server
 //!   runs): every key change bumps a counter ([`KeyStore::generation`]) the server polls.
 //!
-//! Every call blocks; async callers run them with `spawn_blocking`.
-//!
-//! [`KeyAdmin`] is the one implementation of the operations (create, list, get, update, revoke,
-//! rotate, usage) the admin HTTP and gRPC APIs and the CLI's `--config` mode share; it knows the
-//! mounted keys, which it lists but refuses to change.
+//! Every call blocks; async callers run them with `spawn_blocking`. The operations on keys
+//! (create, rotate, ...) are in `keys::admin`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
-use crate::config::secrets::{sha256_hex, Secret};
-use crate::config::{PoolNames, QuotaConfig};
-use crate::engine::Clock;
-use crate::keys::mounted::{self, VirtualKeyRecord};
-
-/// The schema this binary writes.
+use crate::config::QuotaConfig;
+use crate::keys::record::VirtualKeyRecord;
+use crate::store::lock;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyStoreError {
@@ -47,7 +40,7 @@ pub enum KeyStoreError {
     Storage(String),
 }
 
-fn storage(err: impl std::fmt::Display) -> KeyStoreError {
+pub(super) fn storage(err: impl std::fmt::Display) -> KeyStoreError {
     KeyStoreError::Storage(err.to_string())
 }
 
@@ -136,12 +129,6 @@ pub trait KeyStore: Send + Sync {
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// A counter every key change bumps, whichever process made it.
     fn generation(&self) -> Result<u64, KeyStoreError>;
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,7 +277,7 @@ impl SqliteKeyStore {
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn conn(&self) -> MutexGuard<'_, Connection> {
         lock(&self.conn)
     }
 
@@ -527,808 +514,12 @@ pub fn parse_day(text: &str) -> Option<String> {
     (civil_from_days(days_from_civil(y, m, d)) == (y, m, d)).then(|| text.to_owned())
 }
 
-// ---------------------------------------------------------------------------------------------
-// The operations
-// ---------------------------------------------------------------------------------------------
-
-/// `POST /admin/keys`, `keys create`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KeySpec {
-    pub label: String,
-    #[serde(default)]
-    pub owner: Option<String>,
-    #[serde(default)]
-    pub profiles: Vec<String>,
-    #[serde(default)]
-    pub models: Vec<String>,
-    #[serde(default)]
-    pub allow_fallback: Option<bool>,
-    #[serde(default)]
-    pub quota: Option<QuotaConfig>,
-    #[serde(default)]
-    pub enabled: Option<bool>,
-}
-
-/// A patch field that can be cleared: absent keeps the value, `null` clears it, a value sets it.
-fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
-}
-
-/// A change to a key's quota, merged field by field: an absent limit is kept, `null` removes
-/// it, a number sets it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct QuotaPatch {
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub requests_per_minute: Option<Option<u64>>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub tokens_per_day: Option<Option<u64>>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cost_per_day: Option<Option<f64>>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub cost_per_month: Option<Option<f64>>,
-}
-
-impl QuotaPatch {
-    /// Sets every limit `quota` has (the limits it leaves out are kept).
-    pub fn setting(quota: &QuotaConfig) -> Self {
-        Self {
-            requests_per_minute: quota.requests_per_minute.map(Some),
-            tokens_per_day: quota.tokens_per_day.map(Some),
-            cost_per_day: quota.cost_per_day.map(Some),
-            cost_per_month: quota.cost_per_month.map(Some),
-        }
-    }
-
-    /// `base` with this patch laid over it.
-    pub fn apply(&self, base: QuotaConfig) -> QuotaConfig {
-        QuotaConfig {
-            requests_per_minute: self.requests_per_minute.unwrap_or(base.requests_per_minute),
-            tokens_per_day: self.tokens_per_day.unwrap_or(base.tokens_per_day),
-            cost_per_day: self.cost_per_day.unwrap_or(base.cost_per_day),
-            cost_per_month: self.cost_per_month.unwrap_or(base.cost_per_month),
-        }
-    }
-}
-
-/// `PATCH /admin/keys/{id}`, `keys update`: each field given replaces the key's, except
-/// `quota`, which is merged limit by limit ([`QuotaPatch`]); `quota: null` removes every limit.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct KeyPatch {
-    /// An empty string clears it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub profiles: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub models: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_fallback: Option<bool>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub quota: Option<Option<QuotaPatch>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
-}
-
-/// A key as the admin surfaces show it: never a secret or a hash.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct KeyInfo {
-    pub id: String,
-    pub label: String,
-    pub owner: Option<String>,
-    pub profiles: Vec<String>,
-    pub models: Vec<String>,
-    pub allow_fallback: bool,
-    pub quota: QuotaConfig,
-    pub enabled: bool,
-    pub revoked: bool,
-    pub mounted: bool,
-    /// The last four characters of the secret.
-    pub hint: String,
-    /// 0 for a mounted key.
-    pub created_at_ms: i64,
-    pub created: Option<String>,
-}
-
-impl KeyInfo {
-    fn stored(key: &StoredKey) -> Self {
-        Self {
-            id: key.id.clone(),
-            label: key.label.clone(),
-            owner: key.owner.clone(),
-            profiles: key.profiles.clone(),
-            models: key.models.clone(),
-            allow_fallback: key.allow_fallback,
-            quota: key.quota,
-            enabled: key.enabled,
-            revoked: key.revoked,
-            mounted: false,
-            hint: key.hint.clone(),
-            created_at_ms: key.created_at_ms,
-            created: Some(utc_timestamp(key.created_at_ms)),
-        }
-    }
-
-    fn mounted(key: &VirtualKeyRecord) -> Self {
-        Self {
-            id: key.id.clone(),
-            label: key.label.clone(),
-            owner: key.owner.clone(),
-            profiles: key.profiles.clone(),
-            models: key.models.clone(),
-            allow_fallback: key.allow_fallback,
-            quota: key.quota.unwrap_or_default(),
-            enabled: key.enabled,
-            revoked: false,
-            mounted: true,
-            hint: key.hint.clone(),
-            created_at_ms: 0,
-            created: None,
-        }
-    }
-}
-
-/// A key and its secret, shown once (create, rotate).
-#[derive(Debug, Clone, Serialize)]
-pub struct KeyWithSecret {
-    pub key: KeyInfo,
-    pub secret: String,
-}
-
-/// `GET /admin/keys/{id}/usage`: day rows and their total.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UsageReport {
-    pub id: String,
-    pub from: String,
-    pub to: String,
-    pub days: Vec<UsageDay>,
-    pub total: UsageDay,
-}
-
-fn valid_label(label: &str) -> bool {
-    !label.is_empty()
-        && label.len() <= 64
-        && label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-}
-
-fn check_bindings(profiles: &[String], models: &[String]) -> Result<(), KeyStoreError> {
-    if profiles.is_empty() && models.is_empty() {
-        return Err(KeyStoreError::Invalid(
-            "a key needs at least one profile or model".to_owned(),
-        ));
-    }
-    if profiles.iter().chain(models).any(|n| n.trim().is_empty()) {
-        return Err(KeyStoreError::Invalid(
-            "profile and model names cannot be empty".to_owned(),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a profile or model name the pool does not have (`*` is always allowed).
-fn check_known(
-    pool: Option<&PoolNames>,
-    profiles: &[String],
-    models: &[String],
-) -> Result<(), KeyStoreError> {
-    let Some(pool) = pool else { return Ok(()) };
-    for (i, profile) in profiles.iter().enumerate() {
-        if profile != WILDCARD && !pool.profiles.contains(profile) {
-            let known: Vec<&str> = pool.profiles.iter().map(String::as_str).collect();
-            return Err(KeyStoreError::Invalid(format!(
-                "profiles[{i}]: the pool has no profile `{profile}` (it has: {}); use \"*\" for every profile",
-                if known.is_empty() { "none".to_owned() } else { known.join(", ") }
-            )));
-        }
-    }
-    for (i, model) in models.iter().enumerate() {
-        if model != WILDCARD && !pool.models.contains(model) {
-            return Err(KeyStoreError::Invalid(format!(
-                "models[{i}]: no provider in the pool serves a model with id or alias `{model}`; \
-                 name a pool model id or alias, or use \"*\" for every model"
-            )));
-        }
-    }
-    Ok(())
-}
-
-const WILDCARD: &str = "*";
-
-fn check_quota(quota: &QuotaConfig) -> Result<(), KeyStoreError> {
-    for (name, value) in [
-        ("costPerDay", quota.cost_per_day),
-        ("costPerMonth", quota.cost_per_month),
-    ] {
-        if value.is_some_and(|v| !v.is_finite() || v < 0.0) {
-            return Err(KeyStoreError::Invalid(format!(
-                "quota.{name} must be a number of at least 0"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn hint_of(secret: &Secret) -> String {
-    mounted::hint(secret.expose())
-}
-
-fn new_key_id() -> String {
-    let mut bytes = [0u8; 8];
-    rand::rng().fill_bytes(&mut bytes);
-    format!("key_{}", hex::encode(bytes))
-}
-
-/// The key operations over a store and the mounted keys.
-pub struct KeyAdmin {
-    store: Arc<dyn KeyStore>,
-    mounted: Vec<VirtualKeyRecord>,
-    clock: Arc<dyn Clock>,
-    /// The names a key may be bound to; `None` checks nothing (a store opened without its pool).
-    pool: Option<PoolNames>,
-}
-
-impl std::fmt::Debug for KeyAdmin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyAdmin")
-            .field("mounted", &self.mounted.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl KeyAdmin {
-    pub fn new(
-        store: Arc<dyn KeyStore>,
-        mounted: Vec<VirtualKeyRecord>,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
-        Self {
-            store,
-            mounted,
-            clock,
-            pool: None,
-        }
-    }
-
-    /// Refuses bindings to profiles and models `pool` does not have.
-    pub fn with_pool(mut self, pool: PoolNames) -> Self {
-        self.pool = Some(pool);
-        self
-    }
-
-    pub fn store(&self) -> &Arc<dyn KeyStore> {
-        &self.store
-    }
-
-    pub fn mounted(&self) -> &[VirtualKeyRecord] {
-        &self.mounted
-    }
-
-    pub fn now_ms(&self) -> i64 {
-        self.clock.now_ms()
-    }
-
-    fn is_mounted(&self, id: &str) -> bool {
-        self.mounted.iter().any(|k| k.id == id)
-    }
-
-    fn stored(&self, id: &str) -> Result<StoredKey, KeyStoreError> {
-        if self.is_mounted(id) {
-            return Err(KeyStoreError::Mounted(id.to_owned()));
-        }
-        self.store
-            .get(id)?
-            .ok_or_else(|| KeyStoreError::NotFound(id.to_owned()))
-    }
-
-    /// A fresh secret whose hash and id collide with no mounted key.
-    fn fresh(&self, label: &str) -> (Secret, String) {
-        loop {
-            let secret = mounted::generate_secret(label);
-            let hash = sha256_hex(secret.expose());
-            if !self.mounted.iter().any(|k| k.sha256 == hash) {
-                return (secret, hash);
-            }
-        }
-    }
-
-    pub fn create(&self, spec: KeySpec) -> Result<KeyWithSecret, KeyStoreError> {
-        if !valid_label(&spec.label) {
-            return Err(KeyStoreError::Invalid(
-                "label must be 1 to 64 of lowercase letters, digits and _".to_owned(),
-            ));
-        }
-        check_bindings(&spec.profiles, &spec.models)?;
-        check_known(self.pool.as_ref(), &spec.profiles, &spec.models)?;
-        let quota = spec.quota.unwrap_or_default();
-        check_quota(&quota)?;
-        let (secret, sha256) = self.fresh(&spec.label);
-        let mut id = new_key_id();
-        while self.is_mounted(&id) {
-            id = new_key_id();
-        }
-        let key = StoredKey {
-            id,
-            label: spec.label,
-            sha256,
-            hint: hint_of(&secret),
-            owner: spec.owner.filter(|o| !o.is_empty()),
-            profiles: spec.profiles,
-            models: spec.models,
-            allow_fallback: spec.allow_fallback.unwrap_or(true),
-            quota,
-            enabled: spec.enabled.unwrap_or(true),
-            revoked: false,
-            created_at_ms: self.clock.now_ms(),
-        };
-        self.store.insert(&key)?;
-        Ok(KeyWithSecret {
-            key: KeyInfo::stored(&key),
-            secret: secret.expose().to_owned(),
-        })
-    }
-
-    /// Mounted keys first, then stored ones (revoked included).
-    pub fn list(&self) -> Result<Vec<KeyInfo>, KeyStoreError> {
-        let mut keys: Vec<KeyInfo> = self.mounted.iter().map(KeyInfo::mounted).collect();
-        keys.extend(self.store.list()?.iter().map(KeyInfo::stored));
-        Ok(keys)
-    }
-
-    pub fn get(&self, id: &str) -> Result<KeyInfo, KeyStoreError> {
-        if let Some(key) = self.mounted.iter().find(|k| k.id == id) {
-            return Ok(KeyInfo::mounted(key));
-        }
-        self.store
-            .get(id)?
-            .map(|k| KeyInfo::stored(&k))
-            .ok_or_else(|| KeyStoreError::NotFound(id.to_owned()))
-    }
-
-    pub fn update(&self, id: &str, patch: KeyPatch) -> Result<KeyInfo, KeyStoreError> {
-        let mut key = self.stored(id)?;
-        if key.revoked {
-            return Err(KeyStoreError::Revoked(id.to_owned()));
-        }
-        if let Some(owner) = patch.owner {
-            key.owner = (!owner.is_empty()).then_some(owner);
-        }
-        let patch_profiles = patch.profiles.clone();
-        let patch_models = patch.models.clone();
-        if let Some(profiles) = patch.profiles {
-            key.profiles = profiles;
-        }
-        if let Some(models) = patch.models {
-            key.models = models;
-        }
-        if let Some(allow) = patch.allow_fallback {
-            key.allow_fallback = allow;
-        }
-        match patch.quota {
-            None => {}
-            Some(None) => key.quota = QuotaConfig::default(),
-            Some(Some(change)) => {
-                let quota = change.apply(key.quota);
-                check_quota(&quota)?;
-                key.quota = quota;
-            }
-        }
-        if let Some(enabled) = patch.enabled {
-            key.enabled = enabled;
-        }
-        check_bindings(&key.profiles, &key.models)?;
-        // Only what this patch names: a key bound before a profile left the pool keeps working
-        // until its bindings are changed.
-        check_known(
-            self.pool.as_ref(),
-            patch_profiles.as_deref().unwrap_or_default(),
-            patch_models.as_deref().unwrap_or_default(),
-        )?;
-        self.store.replace(&key)?;
-        Ok(KeyInfo::stored(&key))
-    }
-
-    /// Revokes for good; revoking a revoked key changes nothing.
-    pub fn revoke(&self, id: &str) -> Result<KeyInfo, KeyStoreError> {
-        let mut key = self.stored(id)?;
-        if !key.revoked {
-            key.revoked = true;
-            self.store.replace(&key)?;
-        }
-        Ok(KeyInfo::stored(&key))
-    }
-
-    /// A new secret for the same id, bindings and usage; the old secret stops working.
-    pub fn rotate(&self, id: &str) -> Result<KeyWithSecret, KeyStoreError> {
-        let mut key = self.stored(id)?;
-        if key.revoked {
-            return Err(KeyStoreError::Revoked(id.to_owned()));
-        }
-        let (secret, sha256) = self.fresh(&key.label);
-        key.sha256 = sha256;
-        key.hint = hint_of(&secret);
-        self.store.replace(&key)?;
-        Ok(KeyWithSecret {
-            key: KeyInfo::stored(&key),
-            secret: secret.expose().to_owned(),
-        })
-    }
-
-    /// Day rows from `from` to `to` (inclusive; default: the first of this month to today).
-    pub fn usage(
-        &self,
-        id: &str,
-        from: Option<&str>,
-        to: Option<&str>,
-    ) -> Result<UsageReport, KeyStoreError> {
-        // Exists (mounted or stored)?
-        self.get(id)?;
-        let today = utc_day(self.clock.now_ms());
-        let day = |given: Option<&str>, name: &str, default: String| match given {
-            None | Some("") => Ok(default),
-            Some(text) => parse_day(text).ok_or_else(|| {
-                KeyStoreError::Invalid(format!("{name} must be a date as YYYY-MM-DD"))
-            }),
-        };
-        let from = day(from, "from", format!("{}-01", &today[..7]))?;
-        let to = day(to, "to", today)?;
-        if from > to {
-            return Err(KeyStoreError::Invalid("from is after to".to_owned()));
-        }
-        let days = self.store.usage(id, &from, &to)?;
-        let mut total = UsageDay::default();
-        for row in &days {
-            total.add(row);
-        }
-        Ok(UsageReport {
-            id: id.to_owned(),
-            from,
-            to,
-            days,
-            total,
-        })
-    }
-
-    /// The snapshot's virtual keys: the mounted ones, then every stored key that is not
-    /// revoked (a disabled one with `enabled: false`). A stored key that shares a hash with a
-    /// mounted one is left out. Each carries the quota block its usage puts on it now.
-    pub fn snapshot_keys(&self) -> Result<Vec<VirtualKeyRecord>, KeyStoreError> {
-        let mut keys = self.mounted.clone();
-        for key in self.store.list()? {
-            if key.revoked || self.mounted.iter().any(|m| m.sha256 == key.sha256) {
-                continue;
-            }
-            keys.push(key.to_record());
-        }
-        crate::keys::quotas::with_blocks(self.store.as_ref(), &mut keys, self.clock.now_ms())?;
-        Ok(keys)
-    }
-
-    /// A mounted key whose secret or id a stored key also holds: the gateway refuses to start.
-    pub fn check_collisions(&self) -> Result<(), mounted::MountedKeyError> {
-        let stored = self
-            .store
-            .list()
-            .map_err(|e| mounted::MountedKeyError::Collision {
-                label: "-".to_owned(),
-                id: "-".to_owned(),
-                reason: e.to_string(),
-            })?;
-        for mounted in &self.mounted {
-            if let Some(other) = stored
-                .iter()
-                .find(|k| k.id == mounted.id || k.sha256 == mounted.sha256)
-            {
-                let what = if other.id == mounted.id {
-                    "id"
-                } else {
-                    "secret"
-                };
-                return Err(mounted::MountedKeyError::Collision {
-                    label: mounted.label.clone(),
-                    id: mounted.id.clone(),
-                    reason: format!("the stored key {} holds the same {what}", other.id),
-                });
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::SystemClock;
-    use std::sync::atomic::AtomicI64;
-
-    use crate::engine::TestClock;
 
     // 2026-03-15T12:00:00Z
     const MARCH_15: i64 = 1_773_576_000_000;
-
-    fn temp_path(name: &str) -> std::path::PathBuf {
-        std::env::temp_dir()
-            .join(format!(
-                "ai-router-keys-{}-{name}-{}",
-                std::process::id(),
-                rand::rng().next_u32()
-            ))
-            .join("keys.sqlite")
-    }
-
-    fn spec(label: &str) -> KeySpec {
-        KeySpec {
-            label: label.into(),
-            profiles: vec!["work".into()],
-            ..KeySpec::default()
-        }
-    }
-
-    fn mounted_record() -> VirtualKeyRecord {
-        VirtualKeyRecord {
-            id: mounted::mounted_id("app"),
-            label: "app".into(),
-            sha256: sha256_hex("sk-starci-app-x"),
-            hint: "pp-x".into(),
-            profiles: vec!["*".into()],
-            models: vec![],
-            owner: None,
-            allow_fallback: true,
-            enabled: true,
-            quota: None,
-            mounted: true,
-            quota_block: None,
-        }
-    }
-
-    fn exercise(store: Arc<dyn KeyStore>) -> Result<(), KeyStoreError> {
-        let clock = Arc::new(TestClock(AtomicI64::new(MARCH_15)));
-        let admin = KeyAdmin::new(store.clone(), vec![mounted_record()], clock.clone());
-        let g0 = store.generation()?;
-        let created = admin.create(KeySpec {
-            owner: Some("team".into()),
-            quota: Some(QuotaConfig {
-                requests_per_minute: Some(60),
-                cost_per_month: Some(20.5),
-                ..QuotaConfig::default()
-            }),
-            ..spec("lesson_app")
-        })?;
-        assert!(created.secret.starts_with("sk-starci-lesson_app-"));
-        assert_eq!(created.secret.len(), "sk-starci-lesson_app-".len() + 48);
-        assert!(mounted::check_secret("lesson_app", &created.secret).is_ok());
-        let id = created.key.id.clone();
-        assert!(id.starts_with("key_") && id.len() == 20, "{id}");
-        assert_eq!(created.key.hint, created.secret[created.secret.len() - 4..]);
-        assert!(store.generation()? > g0);
-        let stored = store.get(&id)?.ok_or(KeyStoreError::NotFound(id.clone()))?;
-        assert_eq!(stored.sha256, sha256_hex(&created.secret));
-        assert_eq!(stored.quota.requests_per_minute, Some(60));
-        assert_eq!(stored.quota.cost_per_month, Some(20.5));
-        assert_eq!(stored.owner.as_deref(), Some("team"));
-        assert_eq!(stored.created_at_ms, MARCH_15);
-
-        // Listing: mounted first, never a secret or hash.
-        let list = admin.list()?;
-        assert_eq!(list.len(), 2);
-        assert!(list[0].mounted && !list[1].mounted);
-        let text = serde_json::to_string(&list).map_err(storage)?;
-        assert!(!text.contains(&created.secret) && !text.contains(&stored.sha256));
-
-        // Snapshot keys: enabled stored keys join the mounted one.
-        assert_eq!(admin.snapshot_keys()?.len(), 2);
-
-        // Update.
-        let updated = admin.update(
-            &id,
-            KeyPatch {
-                enabled: Some(false),
-                models: Some(vec!["m1".into()]),
-                ..KeyPatch::default()
-            },
-        )?;
-        assert!(!updated.enabled);
-        assert_eq!(updated.models, ["m1"]);
-        assert_eq!(updated.profiles, ["work"]);
-        let records = admin.snapshot_keys()?;
-        assert!(!records[1].enabled);
-        assert!(matches!(
-            admin.update(
-                &id,
-                KeyPatch {
-                    profiles: Some(vec![]),
-                    models: Some(vec![]),
-                    ..KeyPatch::default()
-                }
-            ),
-            Err(KeyStoreError::Invalid(_))
-        ));
-
-        // Rotate: same id, new hash.
-        let rotated = admin.rotate(&id)?;
-        assert_eq!(rotated.key.id, id);
-        assert_ne!(rotated.secret, created.secret);
-        let after = store.get(&id)?.ok_or(KeyStoreError::NotFound(id.clone()))?;
-        assert_eq!(after.sha256, sha256_hex(&rotated.secret));
-        assert_eq!(after.models, ["m1"]);
-
-        // Mounted keys are read-only.
-        let mounted = mounted::mounted_id("app");
-        assert!(admin.get(&mounted)?.mounted);
-        assert_eq!(
-            admin.revoke(&mounted),
-            Err(KeyStoreError::Mounted(mounted.clone()))
-        );
-        assert_eq!(
-            admin.rotate(&mounted).map(|_| ()),
-            Err(KeyStoreError::Mounted(mounted.clone()))
-        );
-        assert_eq!(
-            admin.update(&mounted, KeyPatch::default()),
-            Err(KeyStoreError::Mounted(mounted.clone()))
-        );
-        assert_eq!(
-            admin.get("key_nope"),
-            Err(KeyStoreError::NotFound("key_nope".into()))
-        );
-
-        // Revoke: gone from the snapshot, for good.
-        assert!(admin.revoke(&id)?.revoked);
-        assert!(admin.revoke(&id)?.revoked);
-        assert_eq!(admin.snapshot_keys()?.len(), 1);
-        assert_eq!(
-            admin.rotate(&id).map(|_| ()),
-            Err(KeyStoreError::Revoked(id.clone()))
-        );
-
-        // Usage rows add up per day; the default range is this month.
-        let row = |day: &str, outcome: &str| UsageDay {
-            day: day.into(),
-            requests: 1,
-            successes: u64::from(outcome == "success"),
-            failures: u64::from(outcome != "success"),
-            prompt_tokens: 10,
-            completion_tokens: 5,
-            cost: 0.25,
-            latency_ms: 100,
-            outcomes: [(outcome.to_owned(), 1)].into_iter().collect(),
-        };
-        store.record_usage(&[
-            (id.clone(), row("2026-03-14", "success")),
-            (id.clone(), row("2026-03-15", "success")),
-            (id.clone(), row("2026-02-28", "success")),
-            ("key_other".into(), row("2026-03-15", "success")),
-        ])?;
-        store.record_usage(&[(id.clone(), row("2026-03-15", "error:upstream"))])?;
-        let report = admin.usage(&id, None, None)?;
-        assert_eq!(
-            (report.from.as_str(), report.to.as_str()),
-            ("2026-03-01", "2026-03-15")
-        );
-        assert_eq!(report.days.len(), 2);
-        assert_eq!(report.days[1].requests, 2);
-        assert_eq!(report.days[1].outcomes["success"], 1);
-        assert_eq!(report.days[1].outcomes["error:upstream"], 1);
-        assert_eq!(report.total.requests, 3);
-        assert_eq!(report.total.prompt_tokens, 30);
-        assert!((report.total.cost - 0.75).abs() < 1e-9);
-        let report = admin.usage(&id, Some("2026-02-01"), Some("2026-02-28"))?;
-        assert_eq!(report.days.len(), 1);
-        assert!(matches!(
-            admin.usage(&id, Some("2026-02-30"), None),
-            Err(KeyStoreError::Invalid(_))
-        ));
-        assert!(matches!(
-            admin.usage(&id, Some("2026-03-10"), Some("2026-03-01")),
-            Err(KeyStoreError::Invalid(_))
-        ));
-        assert_eq!(admin.usage(&mounted, None, None)?.days.len(), 0);
-
-        // Invalid specs.
-        for bad in [
-            spec("Upper"),
-            spec(""),
-            KeySpec {
-                profiles: vec![],
-                ..spec("ok")
-            },
-        ] {
-            assert!(matches!(admin.create(bad), Err(KeyStoreError::Invalid(_))));
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn memory_store() -> Result<(), KeyStoreError> {
-        exercise(Arc::new(MemoryKeyStore::default()))
-    }
-
-    #[test]
-    fn sqlite_store_round_trips_and_is_shared() -> Result<(), Box<dyn std::error::Error>> {
-        let path = temp_path("shared");
-        exercise(Arc::new(SqliteKeyStore::open(&path)?))?;
-        // A second connection (another process) sees the keys and bumps the same counter.
-        let one = SqliteKeyStore::open(&path)?;
-        let two = SqliteKeyStore::open(&path)?;
-        let before = one.generation()?;
-        let admin = KeyAdmin::new(Arc::new(two), Vec::new(), Arc::new(SystemClock));
-        let created = admin.create(spec("other"))?;
-        assert!(one.generation()? > before);
-        assert!(one.get(&created.key.id)?.is_some());
-        assert_eq!(one.list()?.len(), 2);
-        // A newer schema is refused.
-        one.conn().pragma_update(
-            None,
-            "user_version",
-            crate::store::sqlite::SCHEMA_VERSION + 1,
-        )?;
-        drop(one);
-        let refused = SqliteKeyStore::open(&path).map(|_| ());
-        assert!(
-            matches!(&refused, Err(KeyStoreError::Storage(m)) if m.contains("newer")),
-            "{refused:?}"
-        );
-        if let Some(dir) = path.parent() {
-            std::fs::remove_dir_all(dir)?;
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn collisions_with_mounted_keys_are_found() -> Result<(), KeyStoreError> {
-        let store: Arc<dyn KeyStore> = Arc::new(MemoryKeyStore::default());
-        let mounted = mounted_record();
-        store.insert(&StoredKey {
-            id: "key_0000000000000001".into(),
-            label: "app".into(),
-            sha256: mounted.sha256.clone(),
-            hint: "x".into(),
-            owner: None,
-            profiles: vec!["*".into()],
-            models: vec![],
-            allow_fallback: true,
-            quota: QuotaConfig::default(),
-            enabled: true,
-            revoked: false,
-            created_at_ms: 0,
-        })?;
-        let admin = KeyAdmin::new(store, vec![mounted], Arc::new(SystemClock));
-        let err = admin.check_collisions().map_err(|e| e.to_string());
-        assert!(
-            matches!(&err, Err(m) if m.contains("same secret") && m.contains("app")),
-            "{err:?}"
-        );
-        Ok(())
-    }
 
     #[test]
     fn dates() {
@@ -1346,5 +537,29 @@ mod tests {
         ] {
             assert_eq!(parse_day(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn key_store_and_state_store_share_one_file() {
+        let dir = std::env::temp_dir().join(format!("ai-router-sqlite-{}", std::process::id()));
+        let path = dir.join("shared.sqlite");
+        let keys = SqliteKeyStore::open(&path).unwrap();
+        let state = crate::store::state::SqliteStateStore::open(&path).unwrap();
+        let again = SqliteKeyStore::open(&path).unwrap();
+        drop((keys, state, again));
+        let conn = crate::store::sqlite::open(&path).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, crate::store::sqlite::SCHEMA_VERSION);
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(tables >= 3);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,8 +9,8 @@
 //!   outcome's own usage is not counted again.
 //!
 //! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
-//! The engine hands each batch to [`UsageRecorder`] (a [`ReportObserver`]), which only queues
-//! the rows; [`run_writer`] merges what is queued and writes it off the executor. A `Report`
+//! The engine hands each batch to [`UsageRecorder::observe`], which only queues the rows;
+//! [`run_writer`] merges what is queued and writes it off the executor. A `Report`
 //! is acknowledged only once its rows are stored ([`UsageRecorder::stored`]): a filter whose
 //! batch was not acknowledged sends it again, so a control plane killed between the two loses
 //! no call.
@@ -21,8 +21,8 @@ use std::sync::Arc;
 use ai_router_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use crate::clock::Clock;
 use crate::config::Config;
-use crate::engine::{Clock, ReportObserver};
 use crate::keys::store::{utc_day, KeyStore, UsageDay};
 
 type Rows = Vec<(String, UsageDay)>;
@@ -42,10 +42,7 @@ pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) 
         .find(|p| p.id == provider)
         .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
         .and_then(|m| m.cost);
-    cost.map_or(0.0, |c| {
-        (usage.prompt_tokens as f64 * c.input + usage.completion_tokens as f64 * c.output)
-            / 1_000_000.0
-    })
+    cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
 }
 
 /// The usage rows of one batch, merged per (key id, day).
@@ -123,6 +120,16 @@ impl UsageRecorder {
         )
     }
 
+    /// Queues the usage rows of `batch` (the engine calls it with every report batch). Never
+    /// blocks.
+    pub fn observe(&self, batch: &pb::ReportBatch) {
+        let rows = usage_rows(&self.config, batch, self.clock.now_ms());
+        if !rows.is_empty() {
+            // The writer is gone only at shutdown.
+            let _ = self.queue.send(Queued::Rows(rows));
+        }
+    }
+
     /// Waits until every row queued so far is in the store; `false` when the write failed or
     /// the writer is gone.
     pub async fn stored(&self) -> bool {
@@ -131,16 +138,6 @@ impl UsageRecorder {
             return false;
         }
         rx.await.unwrap_or(false)
-    }
-}
-
-impl ReportObserver for UsageRecorder {
-    fn observe(&self, batch: &pb::ReportBatch) {
-        let rows = usage_rows(&self.config, batch, self.clock.now_ms());
-        if !rows.is_empty() {
-            // The writer is gone only at shutdown.
-            let _ = self.queue.send(Queued::Rows(rows));
-        }
     }
 }
 
@@ -340,7 +337,7 @@ mod tests {
     {
         let store: Arc<dyn KeyStore> = Arc::new(MemoryKeyStore::default());
         let (recorder, rx) =
-            UsageRecorder::new(Arc::new(config()?), Arc::new(crate::engine::SystemClock));
+            UsageRecorder::new(Arc::new(config()?), Arc::new(crate::clock::SystemClock));
         let (stop_tx, stop_rx) = watch::channel(false);
         let written = Arc::new(Notify::new());
         let writer = tokio::spawn(run_writer(rx, store.clone(), written.clone(), stop_rx));

@@ -19,8 +19,6 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::script::Reply;
-
 /// The provider kinds of the pool.
 pub const PROVIDER_KINDS: [&str; 8] = [
     "openai",
@@ -218,15 +216,24 @@ pub fn provider_error_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A provider's error answer as the table holds it, its placeholders filled in: what a script's
+/// `providerError` sends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorAnswer {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: Value,
+}
+
 /// A `<kind>.<case>` name from the table.
-pub fn provider_error_by_name(name: &str) -> Option<Reply> {
+pub fn provider_error_by_name(name: &str) -> Option<ErrorAnswer> {
     let (kind, case) = name.split_once('.')?;
     provider_error(kind, case)
 }
 
 /// The provider's real answer for an error case: status, headers and body, its placeholders
 /// filled in for now.
-pub fn provider_error(kind: &str, case: &str) -> Option<Reply> {
+pub fn provider_error(kind: &str, case: &str) -> Option<ErrorAnswer> {
     let (_, _, answer) = table()
         .ok()?
         .iter()
@@ -234,7 +241,7 @@ pub fn provider_error(kind: &str, case: &str) -> Option<Reply> {
     Some(fill_answer(answer, unix_now_secs()))
 }
 
-fn fill_answer(answer: &Answer, now_secs: i64) -> Reply {
+fn fill_answer(answer: &Answer, now_secs: i64) -> ErrorAnswer {
     let mut headers: BTreeMap<String, String> = answer
         .headers
         .iter()
@@ -244,11 +251,10 @@ fn fill_answer(answer: &Answer, now_secs: i64) -> Reply {
     let text = fill_placeholders(&answer.body, now_secs);
     // JSON is sent as the provider's JSON; anything else as is.
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply {
-        status: Some(answer.status),
+    ErrorAnswer {
+        status: answer.status,
         headers,
-        body: Some(body),
-        ..Reply::default()
+        body,
     }
 }
 
@@ -306,9 +312,9 @@ mod tests {
             for case in ERROR_CASES {
                 let reply = provider_error(kind, case)
                     .unwrap_or_else(|| panic!("{kind}.{case} is missing"));
-                let status = reply.status.unwrap();
+                let status = reply.status;
                 assert!(status >= 400, "{kind}.{case}: {status}");
-                assert!(reply.body.is_some(), "{kind}.{case} has no body");
+                assert!(!reply.body.is_null(), "{kind}.{case} has no body");
             }
         }
     }
@@ -399,7 +405,7 @@ mod tests {
     fn placeholders_are_filled_in_every_answer() {
         for name in provider_error_names() {
             let reply = provider_error_by_name(&name).unwrap();
-            let text = format!("{:?} {}", reply.headers, reply.body.unwrap());
+            let text = format!("{:?} {}", reply.headers, reply.body);
             for placeholder in [
                 "{now_ms}",
                 "{next_utc_midnight_ms}",
@@ -420,8 +426,7 @@ mod tests {
         );
         let reset = provider_error_by_name("openrouter.free_daily")
             .unwrap()
-            .body
-            .unwrap()["error"]["metadata"]["headers"]["X-RateLimit-Reset"]
+            .body["error"]["metadata"]["headers"]["X-RateLimit-Reset"]
             .as_str()
             .and_then(|v| v.parse::<i64>().ok())
             .unwrap();
@@ -433,54 +438,51 @@ mod tests {
     fn shapes_are_the_providers_own() {
         let get = |name: &str| provider_error_by_name(name).unwrap();
         let openai = get("openai.rate_limited");
-        assert_eq!(openai.status, Some(429));
+        assert_eq!(openai.status, 429);
         assert!(openai.headers.contains_key("retry-after"));
         assert!(openai
             .headers
             .contains_key("x-ratelimit-remaining-requests"));
-        let body = openai.body.unwrap();
+        let body = openai.body;
         assert_eq!(body["error"]["code"], "rate_limit_exceeded");
         assert_eq!(body["error"]["type"], "requests");
         assert!(body["error"]["param"].is_null());
 
         assert_eq!(
-            get("openai.quota_exhausted").body.unwrap()["error"]["code"],
+            get("openai.quota_exhausted").body["error"]["code"],
             "insufficient_quota"
         );
         assert_eq!(
-            get("openai.invalid_key").body.unwrap()["error"]["code"],
+            get("openai.invalid_key").body["error"]["code"],
             "invalid_api_key"
         );
-        assert_eq!(get("anthropic.overloaded").status, Some(529));
+        assert_eq!(get("anthropic.overloaded").status, 529);
         assert_eq!(
-            get("anthropic.rate_limited").body.unwrap()["error"]["type"],
+            get("anthropic.rate_limited").body["error"]["type"],
             "rate_limit_error"
         );
         assert_eq!(
-            get("anthropic.invalid_key").body.unwrap()["error"]["type"],
+            get("anthropic.invalid_key").body["error"]["type"],
             "authentication_error"
         );
-        assert_eq!(get("openrouter.quota_exhausted").status, Some(402));
+        assert_eq!(get("openrouter.quota_exhausted").status, 402);
         assert_eq!(
-            get("deepseek.quota_exhausted").body.unwrap()["error"]["message"],
+            get("deepseek.quota_exhausted").body["error"]["message"],
             "Insufficient Balance"
         );
         assert_eq!(
-            get("qwen.quota_exhausted").body.unwrap()["error"]["code"],
+            get("qwen.quota_exhausted").body["error"]["code"],
             "Arrearage"
         );
-        assert_eq!(
-            get("qwen.native_invalid_key").body.unwrap()["code"],
-            "InvalidApiKey"
-        );
-        let gemini = get("gemini.rate_limited").body.unwrap();
+        assert_eq!(get("qwen.native_invalid_key").body["code"], "InvalidApiKey");
+        let gemini = get("gemini.rate_limited").body;
         assert_eq!(gemini[0]["error"]["status"], "RESOURCE_EXHAUSTED");
         assert_eq!(
-            get("groq.rate_limited").body.unwrap()["error"]["code"],
+            get("groq.rate_limited").body["error"]["code"],
             "rate_limit_exceeded"
         );
 
-        let spend_cap = get("anthropic.spend_cap").body.unwrap();
+        let spend_cap = get("anthropic.spend_cap").body;
         let message = spend_cap["error"]["message"].as_str().unwrap().to_owned();
         assert!(message.contains("-01 at 00:00 UTC"), "{message}");
     }
@@ -488,11 +490,7 @@ mod tests {
     #[test]
     fn messages_never_hold_a_plausible_real_key() {
         for name in provider_error_names() {
-            let text = provider_error_by_name(&name)
-                .unwrap()
-                .body
-                .unwrap()
-                .to_string();
+            let text = provider_error_by_name(&name).unwrap().body.to_string();
             // A masked test value only: no long run of key characters after a key prefix.
             for prefix in ["sk-", "sk-ant-", "sk-or-", "gsk_", "AIza"] {
                 if let Some(at) = text.find(prefix) {

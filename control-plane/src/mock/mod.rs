@@ -571,28 +571,12 @@ fn respond(
         // Checked when the script was loaded.
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&header_bytes(value)),
+            HeaderValue::from_bytes(&script::header_bytes(value)),
         ) {
             response.headers_mut().insert(name, value);
         }
     }
     response
-}
-
-/// A scripted header value as sent: characters U+0080..=U+00FF become their single Latin-1
-/// byte (obs-text, as some servers still send), so a script can send raw non-UTF-8 bytes.
-pub(crate) fn header_bytes(value: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(value.len());
-    for c in value.chars() {
-        match u8::try_from(u32::from(c)) {
-            Ok(byte) => out.push(byte),
-            Err(_) => {
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            }
-        }
-    }
-    out
 }
 
 fn success(

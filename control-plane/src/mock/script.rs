@@ -318,7 +318,7 @@ impl Reply {
             if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return Err(format!("header name {name:?} is invalid"));
             }
-            if hyper::header::HeaderValue::from_bytes(&super::header_bytes(value)).is_err() {
+            if hyper::header::HeaderValue::from_bytes(&header_bytes(value)).is_err() {
                 return Err(format!("header {name}: value {value:?} is invalid"));
             }
         }
@@ -351,9 +351,9 @@ impl Reply {
         let mut headers = base.headers;
         headers.extend(self.headers.clone());
         Reply {
-            status: self.status.or(base.status),
+            status: self.status.or(Some(base.status)),
             headers,
-            body: self.body.clone().or(base.body),
+            body: self.body.clone().or(Some(base.body)),
             provider_error: None,
             ..self.clone()
         }
@@ -407,6 +407,22 @@ impl Rules {
         state.used = state.used.saturating_add(1);
         Some(reply)
     }
+}
+
+/// A scripted header value as sent: characters U+0080..=U+00FF become their single Latin-1
+/// byte (obs-text, as some servers still send), so a script can send raw non-UTF-8 bytes.
+pub(crate) fn header_bytes(value: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len());
+    for c in value.chars() {
+        match u8::try_from(u32::from(c)) {
+            Ok(byte) => out.push(byte),
+            Err(_) => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,5 +1,28 @@
-//! Where the engine's durable state lives (memory or SQLite), and the SQLite schema the state
-//! store and the key store share.
+//! The durable state and where it lives.
+//!
+//! - `durable`: what survives a restart (blacklists, cooldowns, breakers, headroom, provider
+//!   spend), the changes between two states, their three-way merge, and `StateStore`;
+//! - `breaker`, `spend`: the two records with rules of their own (the breaker's phases, the
+//!   budget's UTC periods), driven by the engine;
+//! - `memory`, `state`: the stores (in memory, SQLite); `sqlite`: the one SQLite schema the
+//!   state store and the key store share.
+//!
+//! Nothing here knows the engine, the keys or the APIs: they build on it.
 
+pub mod breaker;
+pub mod durable;
+pub mod memory;
+pub mod spend;
 pub mod sqlite;
 pub mod state;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Takes a mutex even when a holder panicked: every in-memory holder of state (the memory
+/// stores, the engine) writes whole values under its lock, so a panic cannot leave one
+/// half-written in a way that matters more than stopping the control plane would.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -147,32 +147,3 @@ pub fn open(path: &Path) -> Result<Connection, String> {
     tx.commit().map_err(|e| err(&e))?;
     Ok(conn)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_store_and_state_store_share_one_file() {
-        let dir = std::env::temp_dir().join(format!("ai-router-sqlite-{}", std::process::id()));
-        let path = dir.join("shared.sqlite");
-        let keys = crate::keys::store::SqliteKeyStore::open(&path).unwrap();
-        let state = crate::store::state::SqliteStateStore::open(&path).unwrap();
-        let again = crate::keys::store::SqliteKeyStore::open(&path).unwrap();
-        drop((keys, state, again));
-        let conn = open(&path).unwrap();
-        let v: i64 = conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .unwrap();
-        assert_eq!(v, SCHEMA_VERSION);
-        let tables: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert!(tables >= 3);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}

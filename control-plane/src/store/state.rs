@@ -13,14 +13,12 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection};
 
-use crate::engine::breakers::{Breaker, BreakerId, BreakerPhase, BreakerScope};
-use crate::engine::budget::Spend;
-use crate::engine::{
+use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::store::durable::{
     Blacklist, BlacklistReason, DurableChanges, DurableState, LaneHeadroom, LeaseGrant, StateStore,
     StoreError,
 };
-
-/// The schema this binary writes.
+use crate::store::spend::Spend;
 
 #[derive(Debug)]
 pub struct SqliteStateStore {

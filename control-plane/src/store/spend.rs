@@ -31,7 +31,7 @@ pub fn month_of(ms: i64) -> i64 {
 
 /// When the UTC day after the one holding `ms` starts.
 pub fn next_day_ms(ms: i64) -> i64 {
-    (day_of(ms) + 1).saturating_mul(DAY_MS)
+    calendar::next_utc_midnight_ms(ms)
 }
 
 /// When the UTC month after the one holding `ms` starts.
@@ -46,13 +46,9 @@ pub fn attempt_cost(
     prompt_tokens: u64,
     completion_tokens: u64,
 ) -> f64 {
-    let Some(cost) = model.and_then(|m| m.cost) else {
-        return 0.0;
-    };
-    // Token counts fit f64 exactly far beyond any real usage.
-    #[allow(clippy::cast_precision_loss)]
-    let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
-    (prompt * cost.input + completion * cost.output) / 1e6
+    model
+        .and_then(|m| m.cost)
+        .map_or(0.0, |cost| cost.of(prompt_tokens, completion_tokens))
 }
 
 impl Spend {

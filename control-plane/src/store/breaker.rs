@@ -1,18 +1,12 @@
 //! Circuit breakers, per key and per provider: a plain state machine the engine drives.
 //!
-//! Closed -> open after `failureThreshold` consecutive counted failures (transient, network,
-//! timeout, stream; a success resets the count), for `cooldownMs` or until a retry-after,
-//! whichever is later. Past that it is half-open: one probe goes through (the lease, see
-//! [`crate::engine::Engine::lease`]). A success closes it; a failure while half-open reopens it
-//! with the cooldown doubled, up to `maxCooldownMs`.
+//! Closed -> open after `failureThreshold` consecutive counted failures (the lane's own,
+//! `ErrorClass::counts_for_breakers` in the contract; a success resets the count), for
+//! `cooldownMs` or until a retry-after, whichever is later. Past that it is half-open: one probe
+//! goes through (the lease, see `Engine::lease`). A success closes it; a failure while
+//! half-open reopens it with the cooldown doubled, up to `maxCooldownMs`.
 
 use crate::config::BreakerConfig;
-
-/// The failure classes that count against a breaker. Rate limits, quota, auth, invalid
-/// requests and cancellations belong to one key or one request, not to the lane's health.
-pub fn counts(error_class: &str) -> bool {
-    matches!(error_class, "transient" | "network" | "timeout" | "stream")
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BreakerScope {
@@ -248,22 +242,5 @@ mod tests {
             Some((BreakerPhase::Open, BreakerPhase::Closed))
         );
         assert_eq!(b, Breaker::default());
-    }
-
-    #[test]
-    fn counted_classes() {
-        for class in ["transient", "network", "timeout", "stream"] {
-            assert!(counts(class), "{class}");
-        }
-        for class in [
-            "rate_limit",
-            "quota",
-            "auth",
-            "invalid_request",
-            "cancelled",
-            "",
-        ] {
-            assert!(!counts(class), "{class}");
-        }
     }
 }

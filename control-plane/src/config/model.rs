@@ -1,0 +1,238 @@
+//! The resolved config the rest of the control plane works from: the spec's defaults
+//! (`ai_router_contract::defaults`) applied once, every reference checked, `keysFromEnv`
+//! expanded, the providers without a key dropped and the policies cut to the models that
+//! remain. An `Option` left here means something: no limit (budgets, quotas, concurrency),
+//! until the secret changes (`auth_disable_ms`), a policy field a profile inherits from
+//! `defaults` (the filter merges the layers).
+//!
+//! Models and policy layers keep the file's types (`ModelConfig`, `PolicyConfig`): what the
+//! snapshot pushes of them is built in `engine` (`provider_to_proto`, `policy_to_proto`), which
+//! still reads a model's and a candidate's `weight` and a profile's `pinned` with their default.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use ai_router_contract::defaults;
+
+use crate::config::file::{
+    BudgetConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig, SelectionConfig,
+};
+use crate::config::secrets::SecretSource;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The directory relative paths are taken from.
+    pub base_dir: PathBuf,
+    pub gateway: Gateway,
+    pub control_plane: ControlPlane,
+    /// The providers that have at least one key.
+    pub providers: Vec<Provider>,
+    pub defaults: Option<PolicyConfig>,
+    pub profiles: BTreeMap<String, PolicyConfig>,
+    pub resilience: ResilienceConfig,
+    pub selection: SelectionConfig,
+    pub state_store: StoreSpec,
+    pub mounted_keys: Vec<MountedKey>,
+    /// Every profile and model name the file declares: what a virtual key may be bound to.
+    pub names: PoolNames,
+    /// What resolution dropped or cut, for the log.
+    pub warnings: Vec<String>,
+}
+
+/// The profile names and the model ids and aliases the file declares, whatever the environment
+/// holds now (a provider whose key is missing today still names its models).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolNames {
+    pub profiles: BTreeSet<String>,
+    pub models: BTreeSet<String>,
+}
+
+impl Config {
+    /// The largest `maxAttempts` over the defaults and the profiles (4 when none sets one).
+    /// The longest `timeoutMs` of any policy (default 60 s): the gap allowed between two chunks
+    /// of a stream, enforced by Envoy's idle timeout on the public route.
+    pub fn max_timeout_ms(&self) -> u64 {
+        let defaults = self
+            .defaults
+            .as_ref()
+            .and_then(|d| d.timeout_ms)
+            .unwrap_or(defaults::TIMEOUT_MS);
+        self.profiles
+            .values()
+            .filter_map(|p| p.timeout_ms)
+            .fold(defaults, u64::max)
+    }
+
+    pub fn max_attempts(&self) -> u32 {
+        // A call on the defaults alone (a direct model call) gets their value or 4.
+        let defaults = self
+            .defaults
+            .as_ref()
+            .and_then(|d| d.max_attempts)
+            .unwrap_or(defaults::MAX_ATTEMPTS);
+        self.profiles
+            .values()
+            .filter_map(|p| p.max_attempts)
+            .fold(defaults, u32::max)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gateway {
+    pub host: String,
+    /// Set explicitly by `host`; `up` keeps its own default otherwise.
+    pub host_explicit: bool,
+    pub port: u16,
+    pub admin_token: Option<SecretSource>,
+    pub key_store: StoreSpec,
+    pub max_body_bytes: u64,
+    /// Providers' `x-ratelimit-*`, `anthropic-ratelimit-*` and `retry-after` reach clients.
+    pub forward_rate_limit_headers: bool,
+    /// Envoy's public listener: the bounds on what a client may hold open.
+    pub limits: ListenerLimits,
+}
+
+/// The public listener's bounds against slow or stalled clients, and the concurrency Envoy's
+/// circuit breakers are sized for. Defaults applied and checked once, at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerLimits {
+    /// From the first byte of a request to the end of its headers.
+    pub request_headers_timeout_ms: u64,
+    /// From the first byte of a request to the end of its body (not the response).
+    pub request_timeout_ms: u64,
+    /// A client connection with no request in flight.
+    pub connection_idle_timeout_ms: u64,
+    /// Calls in flight through one Envoy: every cluster's breakers allow this many connections,
+    /// requests and retries.
+    pub max_concurrent_requests: u32,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        Self {
+            request_headers_timeout_ms: defaults::REQUEST_HEADERS_TIMEOUT_MS,
+            request_timeout_ms: defaults::REQUEST_TIMEOUT_MS,
+            connection_idle_timeout_ms: defaults::CONNECTION_IDLE_TIMEOUT_MS,
+            max_concurrent_requests: defaults::MAX_CONCURRENT_REQUESTS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlPlane {
+    pub host: String,
+    pub http_port: u16,
+    pub grpc_port: u16,
+    pub sync_token: Option<SecretSource>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    Memory,
+    Sqlite(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// `host[:port]`.
+    pub authority: String,
+    /// The path the API hangs from, without a trailing slash (`/v1`, or empty).
+    pub base_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Provider {
+    pub id: String,
+    pub kind: ProviderKind,
+    pub base_url: String,
+    /// Where `base_url` came from, for messages: `providers[0].baseUrl`, `OPENAI_BASE_URL` or
+    /// `the openai default`.
+    pub base_url_from: String,
+    pub endpoint: Endpoint,
+    pub headers: Vec<(String, String)>,
+    pub weight: f64,
+    pub max_concurrency: Option<u32>,
+    pub default_max_tokens: u32,
+    pub budget: Option<BudgetConfig>,
+    pub keys: Vec<KeyRef>,
+    pub models: Vec<ModelConfig>,
+}
+
+impl Provider {
+    pub fn serves(&self, name: &str) -> bool {
+        self.models.iter().any(|m| m.answers_to(name))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyRef {
+    pub alias: String,
+    pub source: SecretSource,
+    pub weight: f64,
+    pub max_concurrency: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountedKey {
+    pub label: String,
+    pub source: SecretSource,
+    pub profiles: Vec<String>,
+    pub models: Vec<String>,
+    pub owner: Option<String>,
+    pub allow_fallback: bool,
+    pub quota: Option<QuotaConfig>,
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerConfig {
+    pub failure_threshold: u32,
+    pub cooldown_ms: u64,
+    pub max_cooldown_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BackoffConfig {
+    pub base_ms: u64,
+    pub factor: f64,
+    pub max_ms: u64,
+}
+
+/// The resolved resilience settings: the spec's defaults with the file's fields laid over them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ResilienceConfig {
+    pub key_breaker: BreakerConfig,
+    pub provider_breaker: BreakerConfig,
+    pub backoff: BackoffConfig,
+    /// `None`: until the secret changes.
+    pub auth_disable_ms: Option<u64>,
+    pub rate_limit_cooldown_ms: u64,
+    pub quota_blacklist_ms: u64,
+}
+
+impl Default for ResilienceConfig {
+    fn default() -> Self {
+        Self {
+            key_breaker: BreakerConfig {
+                failure_threshold: defaults::KEY_BREAKER_FAILURE_THRESHOLD,
+                cooldown_ms: defaults::KEY_BREAKER_COOLDOWN_MS,
+                max_cooldown_ms: defaults::KEY_BREAKER_MAX_COOLDOWN_MS,
+            },
+            provider_breaker: BreakerConfig {
+                failure_threshold: defaults::PROVIDER_BREAKER_FAILURE_THRESHOLD,
+                cooldown_ms: defaults::PROVIDER_BREAKER_COOLDOWN_MS,
+                max_cooldown_ms: defaults::PROVIDER_BREAKER_MAX_COOLDOWN_MS,
+            },
+            backoff: BackoffConfig {
+                base_ms: defaults::BACKOFF_BASE_MS,
+                factor: defaults::BACKOFF_FACTOR,
+                max_ms: defaults::BACKOFF_MAX_MS,
+            },
+            auth_disable_ms: None,
+            rate_limit_cooldown_ms: defaults::RATE_LIMIT_COOLDOWN_MS,
+            quota_blacklist_ms: defaults::QUOTA_BLACKLIST_MS,
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The durable state: what survives a restart with a durable store, and what control planes
+//! sharing one store see: blacklisted keys (with the refused fingerprint), lane cooldowns,
+//! breakers, headroom and provider spend. [`StateStore`] is where it lives; the engine changes
+//! it and exchanges it with the store by three-way merge ([`merge_durable`]).
+
+use std::collections::BTreeMap;
+
+use crate::store::breaker::{Breaker, BreakerId};
+use crate::store::spend::Spend;
+
+/// Why a key is out of rotation (stored); `missing` is derived from the secret itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BlacklistReason {
+    Auth,
+    Quota,
+}
+
+impl BlacklistReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::Quota => "quota",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "auth" => Some(Self::Auth),
+            "quota" => Some(Self::Quota),
+            _ => None,
+        }
+    }
+}
+
+/// A blacklisted key. Keeps the fingerprint of the refused secret, never the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blacklist {
+    pub reason: BlacklistReason,
+    /// 0: until the secret changes.
+    pub until_ms: i64,
+    pub refused_fingerprint: u64,
+    /// The provider's error code, when it sent one.
+    pub code: Option<String>,
+}
+
+/// (provider id, key alias)
+pub type KeyId = (String, String);
+/// (provider id, key alias, model)
+pub type LaneId = (String, String, String);
+
+/// The last rate-limit headroom a lane's provider reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneHeadroom {
+    /// -1: not reported.
+    pub remaining_requests: i64,
+    /// -1: not reported.
+    pub remaining_tokens: i64,
+    /// When the window resets (ms since the epoch); the entry goes then.
+    pub reset_at_ms: i64,
+}
+
+/// What survives a restart with a durable store, and what control planes sharing one store see.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DurableState {
+    pub blacklists: BTreeMap<KeyId, Blacklist>,
+    pub cooldowns: BTreeMap<LaneId, i64>,
+    /// Every breaker that is not closed, or closed with failures counted.
+    pub breakers: BTreeMap<BreakerId, Breaker>,
+    pub headroom: BTreeMap<LaneId, LaneHeadroom>,
+    /// Provider id -> spend this UTC day and month.
+    pub spend: BTreeMap<String, Spend>,
+}
+
+/// The entries to write and to delete to turn one map into another.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapChanges<K, V> {
+    pub upsert: Vec<(K, V)>,
+    pub delete: Vec<K>,
+}
+
+impl<K, V> Default for MapChanges<K, V> {
+    fn default() -> Self {
+        Self {
+            upsert: Vec::new(),
+            delete: Vec::new(),
+        }
+    }
+}
+
+impl<K: Ord + Clone, V: PartialEq + Clone> MapChanges<K, V> {
+    pub fn between(from: &BTreeMap<K, V>, to: &BTreeMap<K, V>) -> Self {
+        let upsert = to
+            .iter()
+            .filter(|(k, v)| from.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let delete = from
+            .keys()
+            .filter(|k| !to.contains_key(*k))
+            .cloned()
+            .collect();
+        Self { upsert, delete }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.upsert.is_empty() && self.delete.is_empty()
+    }
+
+    pub fn apply(&self, map: &mut BTreeMap<K, V>) {
+        for k in &self.delete {
+            map.remove(k);
+        }
+        for (k, v) in &self.upsert {
+            map.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// What a store must write to go from one [`DurableState`] to another.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DurableChanges {
+    pub blacklists: MapChanges<KeyId, Blacklist>,
+    pub cooldowns: MapChanges<LaneId, i64>,
+    pub breakers: MapChanges<BreakerId, Breaker>,
+    pub headroom: MapChanges<LaneId, LaneHeadroom>,
+    pub spend: MapChanges<String, Spend>,
+}
+
+impl DurableChanges {
+    pub fn between(from: &DurableState, to: &DurableState) -> Self {
+        Self {
+            blacklists: MapChanges::between(&from.blacklists, &to.blacklists),
+            cooldowns: MapChanges::between(&from.cooldowns, &to.cooldowns),
+            breakers: MapChanges::between(&from.breakers, &to.breakers),
+            headroom: MapChanges::between(&from.headroom, &to.headroom),
+            spend: MapChanges::between(&from.spend, &to.spend),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blacklists.is_empty()
+            && self.cooldowns.is_empty()
+            && self.breakers.is_empty()
+            && self.headroom.is_empty()
+            && self.spend.is_empty()
+    }
+
+    pub fn apply(&self, state: &mut DurableState) {
+        self.blacklists.apply(&mut state.blacklists);
+        self.cooldowns.apply(&mut state.cooldowns);
+        self.breakers.apply(&mut state.breakers);
+        self.headroom.apply(&mut state.headroom);
+        self.spend.apply(&mut state.spend);
+    }
+}
+
+/// Three-way merge of one map: an entry another process changed (`remote` differs from `base`,
+/// the last state both agreed on) is taken unless we changed it too (ours wins). Returns
+/// whether `local` changed.
+fn merge_map<K: Ord + Clone, V: PartialEq + Clone>(
+    local: &mut BTreeMap<K, V>,
+    base: &BTreeMap<K, V>,
+    remote: &BTreeMap<K, V>,
+) -> bool {
+    let mut changed = false;
+    let keys: std::collections::BTreeSet<&K> = base.keys().chain(remote.keys()).collect();
+    for k in keys {
+        let (b, r) = (base.get(k), remote.get(k));
+        if b == r || local.get(k) != b || local.get(k) == r {
+            continue;
+        }
+        match r {
+            Some(v) => local.insert(k.clone(), v.clone()),
+            None => local.remove(k),
+        };
+        changed = true;
+    }
+    changed
+}
+
+/// `merge_map` for every part; spend is added rather than replaced.
+pub fn merge_durable(local: &mut DurableState, base: &DurableState, remote: &DurableState) -> bool {
+    let mut changed = merge_map(&mut local.blacklists, &base.blacklists, &remote.blacklists);
+    changed |= merge_map(&mut local.cooldowns, &base.cooldowns, &remote.cooldowns);
+    changed |= merge_map(&mut local.breakers, &base.breakers, &remote.breakers);
+    changed |= merge_map(&mut local.headroom, &base.headroom, &remote.headroom);
+    for (provider, theirs) in &remote.spend {
+        let old = base.spend.get(provider).copied().unwrap_or_default();
+        if old == *theirs {
+            continue;
+        }
+        let ours = local.spend.entry(provider.clone()).or_default();
+        let before = *ours;
+        ours.merge(&old, theirs);
+        changed |= *ours != before;
+    }
+    changed
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("state store: {0}")]
+pub struct StoreError(pub String);
+
+/// The answer to a probe lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseGrant {
+    Granted,
+    /// Someone else holds it until then (ms since the epoch).
+    HeldUntil(i64),
+}
+
+/// Where durable state lives. Calls block: callers run them off the async executor.
+pub trait StateStore: Send + Sync {
+    fn load(&self) -> Result<DurableState, StoreError>;
+    /// Writes the given entries and deletes the given keys, in one transaction.
+    fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError>;
+    /// Makes the store hold exactly `state`.
+    fn save(&self, state: &DurableState) -> Result<(), StoreError> {
+        let current = self.load()?;
+        self.apply(&DurableChanges::between(&current, state))
+    }
+    /// The half-open probe lease on `id`: granted to `holder` until `now_ms + ttl_ms` when
+    /// nobody holds it (or the holder's lease ended), atomically across every process sharing
+    /// the store.
+    fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<LeaseGrant, StoreError>;
+    /// Ends the lease on `id`: whoever holds it (`None`, the breaker moved on), or only when
+    /// `holder` is the whole holder string (a probe's own outcome).
+    fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError>;
+}

@@ -1,0 +1,526 @@
+//! No import cycle between the control plane's modules.
+//!
+//! Reads every file of the library (`src/`, `main.rs` aside: it only calls the library), takes
+//! the module paths each one names outside comments and string literals (`crate::…`,
+//! `super::…`, `self::…`, a child module's name, `use` trees expanded; test modules included)
+//! and checks that two graphs have no cycle:
+//! - the folders, one node per top-level module (`config`, `store`, `keys`, `engine`, `api`,
+//!   `serve`, ...): the layers of the architecture;
+//! - the files, one node per module, so that no two files of a folder lean on each other either.
+//!
+//! A failure names the cycle and, for each step, the file and line that makes it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// A module path from the crate root (`["keys", "store"]`); the root is empty.
+type ModulePath = Vec<String>;
+
+/// Where a dependency comes from: the file and the line naming the other module.
+#[derive(Debug, Clone)]
+struct Site {
+    file: String,
+    line: usize,
+}
+
+/// module -> module it names -> the first place it does.
+type Graph = BTreeMap<String, BTreeMap<String, Site>>;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Ident(String),
+    PathSep,
+    Open,
+    Close,
+    Comma,
+    Semi,
+    Star,
+    Other,
+}
+
+/// The end of the char literal opening at `start` (a `'`), or `None` for a lifetime.
+fn skip_char_literal(chars: &[char], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    match chars.get(i) {
+        Some('\\') => i += 2,
+        Some(_) if chars.get(i + 1) == Some(&'\'') => i += 1,
+        _ => return None,
+    }
+    while i < chars.len() && chars[i] != '\'' {
+        i += 1;
+    }
+    Some(i + 1)
+}
+
+/// The tokens of a Rust source with their line, comments and literals left out.
+fn tokens(source: &str) -> Vec<(Token, usize)> {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        match c {
+            '\n' => {
+                line += 1;
+                i += 1;
+            }
+            '/' if next == Some('/') => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
+            }
+            '/' if next == Some('*') => {
+                let mut depth = 0;
+                while i < chars.len() {
+                    if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        if chars[i] == '\n' {
+                            line += 1;
+                        }
+                        i += 1;
+                    }
+                }
+            }
+            '"' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\\' {
+                        i += 1;
+                    }
+                    if chars.get(i) == Some(&'\n') {
+                        line += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                out.push((Token::Other, line));
+            }
+            '\'' => {
+                // A char literal ('a', '\n', '\u{1F600}') or a lifetime ('a).
+                match skip_char_literal(&chars, i) {
+                    Some(end) => i = end,
+                    None => {
+                        i += 1;
+                        while i < chars.len() && is_ident(chars[i]) {
+                            i += 1;
+                        }
+                    }
+                }
+                out.push((Token::Other, line));
+            }
+            ':' if next == Some(':') => {
+                out.push((Token::PathSep, line));
+                i += 2;
+            }
+            '{' => {
+                out.push((Token::Open, line));
+                i += 1;
+            }
+            '}' => {
+                out.push((Token::Close, line));
+                i += 1;
+            }
+            ',' => {
+                out.push((Token::Comma, line));
+                i += 1;
+            }
+            ';' => {
+                out.push((Token::Semi, line));
+                i += 1;
+            }
+            '*' => {
+                out.push((Token::Star, line));
+                i += 1;
+            }
+            c if is_ident(c) => {
+                let start = i;
+                while i < chars.len() && is_ident(chars[i]) {
+                    i += 1;
+                }
+                let word: String = chars[start..i].iter().collect();
+                // Raw strings: r"..", r#".."#, br"..", not raw identifiers (r#type).
+                let hashes = chars[i..].iter().take_while(|c| **c == '#').count();
+                let raw = (word == "r" || word == "br") && chars.get(i + hashes) == Some(&'"');
+                if raw {
+                    i += hashes + 1;
+                    loop {
+                        match chars.get(i) {
+                            None => break,
+                            Some('"') if (1..=hashes).all(|h| chars.get(i + h) == Some(&'#')) => {
+                                i += 1 + hashes;
+                                break;
+                            }
+                            Some('\n') => line += 1,
+                            Some(_) => {}
+                        }
+                        i += 1;
+                    }
+                    out.push((Token::Other, line));
+                } else if word == "b" && chars.get(i) == Some(&'\'') {
+                    // A byte literal: b'x', b'\n'.
+                    i = skip_char_literal(&chars, i).unwrap_or(i + 1);
+                    out.push((Token::Other, line));
+                } else if word == "r" && hashes == 1 {
+                    // A raw identifier: r#type.
+                    i += 1;
+                } else {
+                    out.push((Token::Ident(word), line));
+                }
+            }
+            c if c.is_whitespace() => i += 1,
+            _ => {
+                out.push((Token::Other, line));
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The paths of one `use` tree (`a::{b, c::{self, d}}`), from the token after `use` to `;`.
+fn use_paths(tree: &[(Token, usize)]) -> Vec<Vec<String>> {
+    fn walk(tree: &[(Token, usize)], i: &mut usize, prefix: &[String], out: &mut Vec<Vec<String>>) {
+        let mut path: Vec<String> = prefix.to_vec();
+        while *i < tree.len() {
+            match &tree[*i].0 {
+                // `{self, ..}`: the group's own prefix.
+                Token::Ident(word) if word == "self" && !prefix.is_empty() => {}
+                Token::Ident(word) if word == "as" => {
+                    // `as name`: the alias is not a path.
+                    *i += 1;
+                }
+                Token::Ident(word) => path.push(word.clone()),
+                Token::PathSep | Token::Star => {}
+                Token::Open => {
+                    *i += 1;
+                    loop {
+                        walk(tree, i, &path, out);
+                        match tree.get(*i).map(|t| &t.0) {
+                            Some(Token::Comma) => *i += 1,
+                            _ => break,
+                        }
+                    }
+                    // The group's `}`.
+                    *i += 1;
+                    return;
+                }
+                Token::Comma | Token::Close | Token::Semi => break,
+                Token::Other => {}
+            }
+            *i += 1;
+        }
+        out.push(path);
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    walk(tree, &mut i, &[], &mut out);
+    out
+}
+
+/// The module a file defines, from its path under `src/`.
+fn module_of(relative: &Path) -> ModulePath {
+    let mut parts: Vec<String> = relative
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    if let Some(last) = parts.last_mut() {
+        *last = last.trim_end_matches(".rs").to_owned();
+    }
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The module `path` lands in: the longest prefix that is a file module; `None` outside the
+/// crate (a dependency) or at its root.
+fn target(
+    path: &[String],
+    current: &[String],
+    modules: &BTreeSet<ModulePath>,
+) -> Option<ModulePath> {
+    let first = path.first()?;
+    let mut absolute: Vec<String> = match first.as_str() {
+        "crate" => Vec::new(),
+        "self" => current.to_vec(),
+        "super" => current.to_vec(),
+        _ => {
+            let mut child = current.to_vec();
+            child.push(first.clone());
+            if !modules.contains(&child) {
+                return None;
+            }
+            current.to_vec()
+        }
+    };
+    let mut rest = match first.as_str() {
+        "crate" | "self" => &path[1..],
+        _ => path,
+    };
+    while rest.first().map(String::as_str) == Some("super") {
+        absolute.pop();
+        rest = &rest[1..];
+    }
+    absolute.extend(rest.iter().cloned());
+    (1..=absolute.len())
+        .rev()
+        .map(|n| absolute[..n].to_vec())
+        .find(|prefix| modules.contains(prefix))
+}
+
+/// Every (named module, line) of one file defining `module`.
+fn dependencies(
+    source: &str,
+    module: &[String],
+    modules: &BTreeSet<ModulePath>,
+) -> Vec<(ModulePath, usize)> {
+    let tokens = tokens(source);
+    let mut found = Vec::new();
+    // Inline modules (`mod tests { .. }`) open at a brace depth; `super` is relative to them.
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < tokens.len() {
+        let current: ModulePath = module
+            .iter()
+            .cloned()
+            .chain(inline.iter().map(|(name, _)| name.clone()))
+            .collect();
+        let (token, line) = &tokens[i];
+        match token {
+            Token::Open => depth += 1,
+            Token::Close => {
+                depth = depth.saturating_sub(1);
+                if inline.last().is_some_and(|(_, at)| *at == depth) {
+                    inline.pop();
+                }
+            }
+            Token::Ident(word) if word == "mod" => {
+                if let (Some((Token::Ident(name), _)), Some((Token::Open, _))) =
+                    (tokens.get(i + 1), tokens.get(i + 2))
+                {
+                    inline.push((name.clone(), depth));
+                }
+            }
+            Token::Ident(word) if word == "use" => {
+                let end = tokens[i..]
+                    .iter()
+                    .position(|(t, _)| *t == Token::Semi)
+                    .map_or(tokens.len(), |n| i + n);
+                for path in use_paths(&tokens[i + 1..end]) {
+                    if let Some(t) = target(&path, &current, modules) {
+                        found.push((t, *line));
+                    }
+                }
+                i = end;
+                continue;
+            }
+            Token::Ident(word) => {
+                let after_sep = i > 0 && tokens[i - 1].0 == Token::PathSep;
+                if !after_sep && tokens.get(i + 1).map(|t| &t.0) == Some(&Token::PathSep) {
+                    let mut path = vec![word.clone()];
+                    let mut j = i + 1;
+                    while let (Some((Token::PathSep, _)), Some((Token::Ident(next), _))) =
+                        (tokens.get(j), tokens.get(j + 1))
+                    {
+                        path.push(next.clone());
+                        j += 2;
+                    }
+                    if let Some(t) = target(&path, &current, modules) {
+                        found.push((t, *line));
+                    }
+                    i = j;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+/// The module graph of the files `(path under src/, source)`, at file level (`depth` None) or
+/// cut to the first `depth` segments.
+fn graph(files: &[(PathBuf, String)], depth: Option<usize>) -> Graph {
+    let modules: BTreeSet<ModulePath> = files.iter().map(|(p, _)| module_of(p)).collect();
+    let name = |m: &[String]| {
+        let cut = depth.map_or(m.len(), |d| d.min(m.len()));
+        m[..cut].join("::")
+    };
+    let mut graph = Graph::new();
+    for (path, source) in files {
+        let module = module_of(path);
+        if module.is_empty() {
+            continue;
+        }
+        let from = name(&module);
+        for (to, line) in dependencies(source, &module, &modules) {
+            let to = name(&to);
+            if to.is_empty() || to == from {
+                continue;
+            }
+            graph
+                .entry(from.clone())
+                .or_default()
+                .entry(to)
+                .or_insert(Site {
+                    file: path.display().to_string(),
+                    line,
+                });
+        }
+    }
+    graph
+}
+
+/// A cycle of `graph`, as the modules along it (the first repeated at the end).
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &str,
+        graph: &Graph,
+        marks: &mut BTreeMap<String, Mark>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        marks.insert(node.to_owned(), Mark::Open);
+        stack.push(node.to_owned());
+        for next in graph.get(node).into_iter().flat_map(BTreeMap::keys) {
+            match marks.get(next) {
+                Some(Mark::Open) => {
+                    let start = stack.iter().position(|n| n == next).unwrap_or(0);
+                    let mut cycle = stack[start..].to_vec();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                Some(Mark::Done) => {}
+                None => {
+                    if let Some(cycle) = visit(next, graph, marks, stack) {
+                        return Some(cycle);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        marks.insert(node.to_owned(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if !marks.contains_key(node) {
+            if let Some(cycle) = visit(node, graph, &mut marks, &mut Vec::new()) {
+                return Some(cycle);
+            }
+        }
+    }
+    None
+}
+
+fn describe(cycle: &[String], graph: &Graph) -> String {
+    let steps: Vec<String> = cycle
+        .windows(2)
+        .map(|pair| {
+            let site = &graph[&pair[0]][&pair[1]];
+            format!(
+                "  {} -> {}   ({}:{})",
+                pair[0], pair[1], site.file, site.line
+            )
+        })
+        .collect();
+    format!("import cycle:\n{}", steps.join("\n"))
+}
+
+fn library_files() -> Result<Vec<(PathBuf, String)>> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<(PathBuf, String)>) -> Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                walk(&path, root, out)?;
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(root)?.to_path_buf();
+                if relative != Path::new("main.rs") {
+                    out.push((relative, std::fs::read_to_string(&path)?));
+                }
+            }
+        }
+        Ok(())
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &root, &mut files)?;
+    files.sort();
+    Ok(files)
+}
+
+#[test]
+fn folders_have_no_import_cycle() -> Result<()> {
+    let graph = graph(&library_files()?, Some(1));
+    // The check sees the layers it is meant to keep apart.
+    for (from, to) in [("engine", "store"), ("keys", "config"), ("api", "engine")] {
+        assert!(
+            graph.get(from).is_some_and(|t| t.contains_key(to)),
+            "{from} -> {to} not seen: {graph:#?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("{}", describe(&cycle, &graph));
+    }
+    Ok(())
+}
+
+#[test]
+fn files_have_no_import_cycle() -> Result<()> {
+    let graph = graph(&library_files()?, None);
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("{}", describe(&cycle, &graph));
+    }
+    Ok(())
+}
+
+#[test]
+fn the_check_finds_what_a_file_names() {
+    let files = vec![
+        (
+            PathBuf::from("a/mod.rs"),
+            "//! See crate::b (a comment).\npub mod x;\nuse crate::{b::{self, Thing}, c as d};\nfn f() { let s = \"crate::e\"; x::run(); }\n#[cfg(test)]\nmod tests {\n    use super::*;\n    use super::super::e::E;\n}\n".to_owned(),
+        ),
+        (PathBuf::from("a/x.rs"), "pub(super) fn run() { super::f(); }\n".to_owned()),
+        (PathBuf::from("b.rs"), "use crate::a::x;\n".to_owned()),
+        (PathBuf::from("c.rs"), String::new()),
+        (PathBuf::from("e.rs"), "let r = r#\"crate::a\"#; let c = '\"';\n".to_owned()),
+        (PathBuf::from("lib.rs"), "pub mod a;\n".to_owned()),
+    ];
+    let folders = graph(&files, Some(1));
+    let named = |g: &Graph, from: &str| -> Vec<String> {
+        g.get(from)
+            .map(|t| t.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(named(&folders, "a"), ["b", "c", "e"]);
+    assert_eq!(named(&folders, "e"), Vec::<String>::new());
+    let cycle = find_cycle(&folders).unwrap_or_default();
+    assert_eq!(cycle, ["a", "b", "a"]);
+    let text = describe(&cycle, &folders);
+    assert!(text.contains("a -> b   (a/mod.rs:3)"), "{text}");
+    assert!(text.contains("b -> a   (b.rs:1)"), "{text}");
+
+    let modules = graph(&files, None);
+    assert_eq!(named(&modules, "a"), ["a::x", "b", "c", "e"]);
+    assert_eq!(named(&modules, "a::x"), ["a"]);
+}

@@ -15,6 +15,9 @@ const MAX_CONCURRENT_STREAMS: u32 = 100;
 const STREAM_WINDOW_BYTES: u64 = 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u64 = 4 * STREAM_WINDOW_BYTES;
 
+/// How far past the longest `timeoutMs` Envoy's backstop idle timeout on the attempt route is.
+const BACKSTOP_MARGIN_MS: u64 = 1_000;
+
 /// Everything the bootstrap depends on. Built from the config by the CLI (`render-envoy`, `up`)
 /// and by the tests.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +37,9 @@ pub struct RenderOptions {
     pub max_body_bytes: u64,
     /// The largest `maxAttempts` of any policy (defaults and profiles): the router's retries.
     pub max_attempts: u32,
-    /// The longest `timeoutMs` of any policy: the longest silence allowed within a stream.
+    /// The longest `timeoutMs` of any policy. The attempt stage bounds each attempt by its
+    /// call's own `timeoutMs`; Envoy's idle timeout on the attempt route is a backstop a little
+    /// past the longest one.
     pub idle_timeout_ms: u64,
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
@@ -180,7 +185,13 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
-    let idle_timeout = seconds(o.idle_timeout_ms.max(100));
+    // Past the longest timeoutMs, so that the attempt stage's own timer (the call's timeoutMs)
+    // always decides first.
+    let idle_timeout = seconds(
+        o.idle_timeout_ms
+            .max(100)
+            .saturating_add(BACKSTOP_MARGIN_MS),
+    );
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
     let request_timeout = seconds(o.limits.request_timeout_ms);
     let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
@@ -294,6 +305,10 @@ bootstrap_extensions:
                 stat_prefix: ai_router_attempt
                 # An internal connection has no peer to wait for when a stream is cut.
                 delayed_close_timeout: 0s
+                # An attempt may wait (a backoff, a lane coming back) as long as its call's
+                # deadline allows, which the public route bounds; its provider's silence is
+                # bounded by the attempt stage (timeoutMs).
+                stream_idle_timeout: 0s
                 route_config:
                   name: ai_router_attempt
                   virtual_hosts:
@@ -301,9 +316,9 @@ bootstrap_extensions:
                       domains: ["*"]
                       routes:
                         - match: {{ prefix: "/" }}
-                          # idle_timeout: a provider silent for longer than timeoutMs within
-                          # a stream is cut off (before the first token either this or the
-                          # public route's per-try timeout moves the call to another lane).
+                          # The attempt stage bounds each attempt by its call's timeoutMs (until
+                          # the first token, then each gap between chunks); this idle timeout is
+                          # only a backstop past the longest timeoutMs of the pool.
                           route: {{ cluster_header: {cluster_header}, timeout: 0s, idle_timeout: {idle_timeout} }}
                           # Chosen by the attempt stage; the provider never sees it.
                           request_headers_to_remove: [{cluster_header}]
@@ -334,6 +349,8 @@ bootstrap_extensions:
               typed_config:
                 "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
                 stat_prefix: ai_router_timer
+                # A wait lasts as long as it was asked to (bounded by the attempt stage).
+                stream_idle_timeout: 0s
                 route_config:
                   name: ai_router_timer
                   virtual_hosts:

@@ -106,6 +106,34 @@ pub struct Attempt {
     headers_only: bool,
     /// `gateway.forwardRateLimitHeaders` of the state the attempt was sent with.
     forward_rate_limits: bool,
+    /// The attempt's own bound (the policy's `timeoutMs`, from the moment the request went to
+    /// the provider, so no wait before it counts): the first token (a unary answer: the whole
+    /// answer) is due by then; after the first token, the next chunk is.
+    bound: Bound,
+    /// The attempt answered in its own name (it timed out before its answer started): what
+    /// comes back through the stage is that answer.
+    answered_locally: bool,
+}
+
+/// The timer that watches an attempt's bound. One at a time: when the bound moved on while it
+/// ran (a chunk arrived), it is armed again for what is left.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Bound {
+    until_ms: Option<i64>,
+    timer: Option<u32>,
+}
+
+/// A failed attempt's answer on the hop back to the outer router.
+struct Verdict {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+impl Verdict {
+    fn header_pairs(&self) -> Vec<(&str, &str)> {
+        self.headers.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
 }
 
 /// What the attempt waits for.
@@ -122,6 +150,20 @@ enum Pending {
 const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
 const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
+
+/// Asks the timer listener for an answer at `at` (its fault filter delays it by
+/// `x-envoy-fault-delay-request` ms); the answer comes back with the returned token.
+fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
+    let ms = (at - host.now_ms()).clamp(1, 600_000);
+    let delay = ms.to_string();
+    let headers = vec![
+        (":method", "GET"),
+        (":path", "/wait"),
+        (":authority", "ai-router-timer"),
+        ("x-envoy-fault-delay-request", delay.as_str()),
+    ];
+    host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000)
+}
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
@@ -150,8 +192,28 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
             GatewayError::new(504, "pool_timeout", "The call's deadline passed.")
         }
         Some(
-            Class::Transient | Class::Network | Class::Timeout | Class::Stream | Class::Mismatch,
-        ) => GatewayError::new(502, "upstream_error", "Every attempt failed upstream."),
+            class @ (Class::Transient
+            | Class::Network
+            | Class::Timeout
+            | Class::Stream
+            | Class::Mismatch),
+        ) => {
+            let last = match class {
+                Class::Network => "the provider could not be reached",
+                Class::Timeout => "the provider did not answer within the policy's timeoutMs",
+                Class::Stream => "the provider's stream broke off before its first token",
+                Class::Mismatch => "the answer did not match the request",
+                _ => "the provider failed",
+            };
+            GatewayError::new(
+                502,
+                "upstream_error",
+                format!(
+                    "Every attempt failed upstream; the last one: {} ({last}).",
+                    class.as_str()
+                ),
+            )
+        }
         _ => GatewayError::new(
             503,
             "pool_unavailable",
@@ -247,22 +309,66 @@ impl Attempt {
         self.send_to(host, &state, chosen)
     }
 
-    /// Pauses the attempt until `at`, through the timer listener (a fault-filter delay).
+    /// Pauses the attempt until `at`, through the timer listener.
     fn wait_until(&mut self, host: &mut impl Host, at: i64) -> Flow {
-        let ms = (at - host.now_ms()).clamp(1, 600_000);
-        let delay = ms.to_string();
-        let headers = vec![
-            (":method", "GET"),
-            (":path", "/wait"),
-            (":authority", "ai-router-timer"),
-            ("x-envoy-fault-delay-request", delay.as_str()),
-        ];
-        match host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000) {
+        match timer(host, at) {
             Ok(token) => {
                 self.pending = Pending::Wait(token);
                 Flow::Pause
             }
             Err(_) => self.give_up(host, None, Some(at)),
+        }
+    }
+
+    /// Bounds the attempt at `until` (see [`Bound`]), arming the timer unless one runs.
+    fn bound_at(&mut self, host: &mut impl Host, until: i64) {
+        self.bound.until_ms = Some(until);
+        if self.bound.timer.is_none() {
+            // Refused: Envoy's own idle timeout on the attempt route is the backstop.
+            self.bound.timer = timer(host, until).ok();
+        }
+    }
+
+    /// The attempt's bound timer fired: re-arm it if the bound moved on, else the attempt
+    /// timed out.
+    fn on_bound(&mut self, host: &mut impl Host) {
+        let Some(until) = self.bound.until_ms else {
+            return;
+        };
+        if self.reported || self.answered_locally {
+            // The attempt already has its verdict.
+            return;
+        }
+        if host.now_ms() < until {
+            self.bound.timer = timer(host, until).ok();
+            return;
+        }
+        let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+        let what = if self.after_first_token {
+            "the next chunk"
+        } else if self.plan.as_ref().is_some_and(|p| p.stream) {
+            "the first token"
+        } else {
+            "the answer"
+        };
+        let failure = Failure {
+            class: Class::Timeout,
+            retry_at_ms: None,
+            provider_code: None,
+            message: format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
+            status: 0,
+        };
+        if self.after_first_token {
+            // The stream is the client's: no callback is left in which to add an error event
+            // (the provider is silent), so it is cut; the client sees it break off.
+            if let Mode::Stream { gate, .. } = &self.mode {
+                self.usage = gate.usage;
+            }
+            self.report(host, Some(&failure), 200);
+            self.mode = Mode::Drained;
+            host.reset_stream();
+        } else {
+            self.fail_locally(host, failure);
         }
     }
 
@@ -466,6 +572,10 @@ impl Attempt {
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
         });
+        // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
+        // (bounded by its deadline), not this attempt's.
+        let until = self.started_ms.saturating_add(plan.timeout_ms as i64);
+        self.bound_at(host, until);
         Flow::Continue
     }
 
@@ -574,22 +684,23 @@ impl Attempt {
         });
     }
 
-    /// Turns the held response into the signal for the outer router, or the client's answer.
-    fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+    /// The answer that carries a failed attempt's verdict: for a retryable failure the signal
+    /// for the outer router (and the final error, should retries run out), else the
+    /// provider's refusal for the client. Holds and reports the failure.
+    fn verdict(&mut self, host: &mut impl Host, failure: &Failure) -> Verdict {
         let now = host.now_ms();
-        self.hold(host, &failure, now);
-        self.report(host, Some(&failure), failure.status);
-        let attempt = self.attempt.to_string();
-        let mut signals: Vec<(&str, String)> = vec![
-            (H_ATTEMPT, attempt),
+        self.hold(host, failure, now);
+        self.report(host, Some(failure), failure.status);
+        let mut headers: Vec<(&'static str, String)> = vec![
+            (H_ATTEMPT, self.attempt.to_string()),
             ("content-type", "application/json".into()),
         ];
         let (status, body) = if failure.class.retryable() {
             let err = final_error(Some(failure.class), failure.retry_at_ms, now);
-            signals.push((H_RETRY, "1".into()));
-            signals.push((H_FINAL_STATUS, err.status.to_string()));
+            headers.push((H_RETRY, "1".into()));
+            headers.push((H_FINAL_STATUS, err.status.to_string()));
             if let Some(s) = err.retry_after_s {
-                signals.push((H_RETRY_AFTER, s.to_string()));
+                headers.push((H_RETRY_AFTER, s.to_string()));
             }
             (503u16, err.body())
         } else {
@@ -597,21 +708,39 @@ impl Attempt {
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
             (failure.status, err.body())
         };
+        Verdict {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Turns the held response into the signal for the outer router, or the client's answer.
+    fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+        let verdict = self.verdict(host, &failure);
         self.mode = Mode::Drained;
         if self.headers_only {
             // The provider's answer has no body to replace (the host refuses to write one):
             // answer in its place.
-            let headers: Vec<(&str, &str)> =
-                signals.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            host.send_response(status, &headers, &body);
+            host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
             return;
         }
-        host.set_header(Side::Response, ":status", Some(&status.to_string()));
-        for (name, value) in &signals {
+        host.set_header(Side::Response, ":status", Some(&verdict.status.to_string()));
+        for (name, value) in &verdict.headers {
             host.set_header(Side::Response, name, Some(value));
         }
         host.set_header(Side::Response, "content-length", None);
-        host.set_body(Side::Response, 0, body_size, &body);
+        host.set_body(Side::Response, 0, body_size, &verdict.body);
+    }
+
+    /// Fails the attempt outside any callback of its answer (its timer fired): the verdict is
+    /// answered locally, in place of whatever the provider has sent or still sends (nothing
+    /// of it has reached the client: its headers are held until the first token).
+    fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
+        let verdict = self.verdict(host, &failure);
+        self.answered_locally = true;
+        self.mode = Mode::Through;
+        host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
     }
 
     /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
@@ -637,6 +766,11 @@ impl Attempt {
 impl Attempt {
     /// The answer to an HTTP call this stage dispatched (the timer).
     pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
+        if self.bound.timer == Some(token) {
+            self.bound.timer = None;
+            self.on_bound(host);
+            return;
+        }
         if matches!(self.pending, Pending::Wait(t) if t == token) {
             self.pending = Pending::Nothing;
             // A lane left to another call's probe comes back once the state moved on (the
@@ -720,6 +854,10 @@ impl Attempt {
     }
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        if self.answered_locally {
+            // The stage's own answer, on its way back.
+            return Flow::Continue;
+        }
         let Some(lane) = &self.lane else {
             return Flow::Continue;
         };
@@ -819,7 +957,15 @@ impl Attempt {
                 };
                 // The bytes that take the place of this callback's body.
                 let mut out: Option<Vec<u8>> = None;
-                match gate.feed(&new, now) {
+                let chunks_before = gate.chunks();
+                let step = gate.feed(&new, now);
+                if gate.released() && gate.chunks() > chunks_before {
+                    // A chunk after the first token (or the first token itself): the next one
+                    // is due within timeoutMs of it.
+                    let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+                    self.bound_at(host, now.saturating_add(timeout as i64));
+                }
+                match step {
                     Step::Hold => {}
                     Step::Release(bytes) => {
                         self.after_first_token = true;
@@ -904,28 +1050,22 @@ impl Attempt {
         if self.reported || self.lane.is_none() {
             return;
         }
-        // The attempt ended without a verdict: the provider's connection broke, the attempt or
-        // call timed out, or the caller went away (the outer router resets this stream then).
+        // The attempt ended without a verdict: the provider's connection broke, the call's
+        // deadline passed, Envoy's backstop idle timeout cut a silent provider, or the caller
+        // went away (the outer router resets this stream then). The attempt's own timeout is
+        // never among them: its timer gives the verdict itself.
         let now = host.now_ms();
-        let elapsed = now.saturating_sub(self.started_ms).max(0) as u64;
-        let (timeout, deadline) = self
-            .plan
-            .as_ref()
-            .map(|p| {
-                (
-                    p.timeout_ms,
-                    p.started_ms.saturating_add(p.deadline_ms as i64),
-                )
-            })
-            .unwrap_or((u64::MAX, i64::MAX));
-        let downstream_gone = host
+        let deadline = self.plan.as_ref().map_or(i64::MAX, |p| {
+            p.started_ms.saturating_add(p.deadline_ms as i64)
+        });
+        let details = host
             .property(&["response", "code_details"])
-            .is_some_and(|d| d.starts_with(b"downstream_remote_disconnect"));
+            .unwrap_or_default();
         let class = if now + 50 >= deadline {
             Class::Deadline
-        } else if downstream_gone && !self.after_first_token && elapsed + 50 >= timeout {
+        } else if details.starts_with(b"stream_idle_timeout") {
             Class::Timeout
-        } else if downstream_gone {
+        } else if details.starts_with(b"downstream_remote_disconnect") {
             Class::Cancelled
         } else if self.after_first_token {
             Class::Stream
@@ -1137,6 +1277,20 @@ mod tests {
         host
     }
 
+    /// The delays of the timers the stage asked for, in order.
+    fn timer_delays(host: &FakeHost) -> Vec<i64> {
+        host.dispatched
+            .iter()
+            .filter_map(|d| match d {
+                Dispatched::Http { cluster, headers } if cluster == TIMER_CLUSTER => headers
+                    .iter()
+                    .find(|(k, _)| k == "x-envoy-fault-delay-request")
+                    .and_then(|(_, v)| v.parse().ok()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Runs the request phase; returns the flow of the body callback.
     fn send(stage: &mut Attempt, host: &mut FakeHost) -> Flow {
         assert_eq!(stage.on_request_headers(host, false), Flow::Pause);
@@ -1323,10 +1477,12 @@ mod tests {
         second.lanes = lanes;
         second.calls = calls;
         let mut stage = Attempt::default();
-        // A rate limit is no transient failure: no backoff, straight to the next tier.
+        // A rate limit is no transient failure: no backoff, straight to the next tier (the one
+        // timer is the attempt's own bound, armed as the request leaves).
         assert_eq!(send(&mut stage, &mut second), Flow::Continue);
-        assert!(
-            second.dispatched.is_empty(),
+        assert_eq!(
+            timer_delays(&second),
+            [plan.timeout_ms as i64],
             "no wait: {:?}",
             second.dispatched
         );
@@ -1581,5 +1737,205 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         assert_eq!(host.attempts[0].error_class, "cancelled");
         assert_eq!(host.lanes.in_flight("p1", "a"), 0, "the slot is freed");
+    }
+
+    /// The token of the last timer the stage asked for, and its delay.
+    fn last_timer(host: &FakeHost) -> (u32, i64) {
+        let delay = timer_delays(host).last().copied().unwrap_or(-1);
+        (host.next_token, delay)
+    }
+
+    /// A stream attempt at p1 whose headers and role chunk arrived and are held.
+    fn held_stream(host: &mut FakeHost, stage: &mut Attempt) {
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        assert_eq!(stage.on_response_headers(host, false), Flow::Pause);
+        let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        host.response_body = role.as_bytes().to_vec();
+        assert_eq!(stage.on_response_body(host, role.len(), false), Flow::Pause);
+    }
+
+    /// `text` as one content chunk after the first token.
+    fn chunk(stage: &mut Attempt, host: &mut FakeHost, text: &str) -> Flow {
+        let event = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        );
+        if stage.after_first_token {
+            host.response_body = event.into_bytes();
+        } else {
+            host.response_body.extend_from_slice(event.as_bytes());
+        }
+        let size = host.response_body.len();
+        stage.on_response_body(host, size, false)
+    }
+
+    #[test]
+    fn the_attempts_timeout_starts_when_it_reaches_a_provider_not_while_it_waits() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        plan.timeout_ms = 1_000;
+        let mut snap = snapshot();
+        // The only lane is back in 3 s: longer than the attempt's timeout.
+        snap.cooldowns.push(LaneCooldown {
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            until_ms: NOW + 3_000,
+        });
+        let mut host = host_with(snap, &plan, 2);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        let (wait, delay) = last_timer(&host);
+        assert!((2_900..=3_000).contains(&delay), "the wait: {delay}");
+        host.now = NOW + 3_001;
+        stage.on_http_call_response(&mut host, wait);
+        assert_eq!(
+            host.resumed, 1,
+            "the wait is over: the attempt goes to the provider"
+        );
+        assert!(host.answered.is_none());
+        assert!(host.attempts.is_empty());
+        // The attempt's own bound is armed now, for the whole of timeoutMs.
+        assert_eq!(last_timer(&host).1, 1_000);
+    }
+
+    #[test]
+    fn an_attempt_past_its_timeout_before_its_answer_is_retried_with_the_timeout_class() {
+        for (what, stream) in [
+            ("no answer at all", false),
+            ("a stream held before its first token", true),
+        ] {
+            let plan = plan(stream);
+            let mut host = host_with(snapshot(), &plan, 1);
+            let mut stage = Attempt::default();
+            assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+            let (bound, delay) = last_timer(&host);
+            assert_eq!(delay, plan.timeout_ms as i64, "{what}");
+            if stream {
+                held_stream(&mut host, &mut stage);
+            }
+            host.now += plan.timeout_ms as i64;
+            stage.on_http_call_response(&mut host, bound);
+            let answer = host
+                .answered
+                .clone()
+                .expect("answered in the provider's place");
+            assert_eq!(answer.status, 503, "{what}");
+            assert_eq!(answer.header(H_RETRY), Some("1"), "{what}");
+            assert_eq!(answer.header(H_FINAL_STATUS), Some("502"), "{what}");
+            assert_eq!(answer.json()["error"]["code"], "upstream_error", "{what}");
+            assert!(
+                answer.json()["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("timeout")),
+                "{what}: {:?}",
+                answer.json()
+            );
+            assert_eq!(host.attempts.len(), 1, "{what}");
+            assert_eq!(host.attempts[0].error_class, "timeout", "{what}");
+            assert!(!host.attempts[0].after_first_token, "{what}");
+            assert_eq!(
+                host.lanes.in_flight("p1", "a"),
+                0,
+                "{what}: the slot is freed"
+            );
+            let backoff = host.calls.get("call-1").map_or(0, |c| c.backoff_until_ms);
+            assert!(backoff > host.now, "{what}: the next attempt backs off");
+            // The stage's own answer passes back through it untouched.
+            host.response_headers.clear();
+            host.add(Side::Response, ":status", b"503");
+            host.add(Side::Response, H_RETRY, b"1");
+            assert_eq!(stage.on_response_headers(&mut host, false), Flow::Continue);
+            assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+            host.response_body = answer.body.clone();
+            let size = host.response_body.len();
+            assert_eq!(
+                stage.on_response_body(&mut host, size, true),
+                Flow::Continue
+            );
+            assert_eq!(host.response_body, answer.body, "{what}");
+            assert_eq!(host.attempts.len(), 1, "{what}: reported once");
+        }
+    }
+
+    #[test]
+    fn chunks_after_the_first_token_move_the_bound_and_its_timer_is_armed_again() {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let (bound, _) = last_timer(&host);
+        held_stream(&mut host, &mut stage);
+        host.now += 4_000;
+        assert_eq!(
+            chunk(&mut stage, &mut host, "Hi"),
+            Flow::Continue,
+            "released"
+        );
+        host.now += 4_000;
+        assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
+        let dispatched = host.dispatched.len();
+        // The first timer fires at the original bound: the last chunk was 2 s ago.
+        host.now = NOW + 5 + plan.timeout_ms as i64;
+        stage.on_http_call_response(&mut host, bound);
+        assert_eq!(host.resets, 0);
+        assert!(host.attempts.is_empty(), "no verdict");
+        assert_eq!(host.dispatched.len(), dispatched + 1, "armed again");
+        assert_eq!(last_timer(&host).1, 8_000, "for what is left of the gap");
+        // A stale token (an earlier timer) changes nothing.
+        stage.on_http_call_response(&mut host, bound);
+        assert_eq!(host.dispatched.len(), dispatched + 1);
+    }
+
+    #[test]
+    fn a_gap_past_the_timeout_after_the_first_token_cuts_the_stream() {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        held_stream(&mut host, &mut stage);
+        assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+        let (bound, delay) = last_timer(&host);
+        assert_eq!(delay, plan.timeout_ms as i64);
+        host.now += plan.timeout_ms as i64;
+        stage.on_http_call_response(&mut host, bound);
+        // Nothing can be added to a stream whose provider is silent: it is reset.
+        assert_eq!(host.resets, 1);
+        assert!(host.answered.is_none());
+        assert_eq!(host.attempts.len(), 1);
+        let report = &host.attempts[0];
+        assert_eq!(
+            (report.outcome.as_str(), report.error_class.as_str()),
+            ("error", "timeout")
+        );
+        assert!(report.after_first_token);
+        // Whatever the provider still sends is dropped, and the end reports nothing more.
+        assert_eq!(chunk(&mut stage, &mut host, "late"), Flow::Continue);
+        assert!(host.response_body.is_empty());
+        stage.on_log(&mut host);
+        assert_eq!(host.attempts.len(), 1);
+    }
+
+    #[test]
+    fn a_timer_that_fires_after_the_verdict_changes_nothing() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let (bound, _) = last_timer(&host);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"choices":[{"message":{"content":"hello"}}]}"#,
+        );
+        host.now += plan.timeout_ms as i64;
+        let dispatched = host.dispatched.len();
+        stage.on_http_call_response(&mut host, bound);
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].outcome, "success");
+        assert!(host.answered.is_none() && host.resets == 0);
+        assert_eq!(host.dispatched.len(), dispatched);
     }
 }

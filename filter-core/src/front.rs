@@ -271,17 +271,13 @@ impl Front {
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
         host.set_header(Side::Request, "x-envoy-max-retries", Some(&retries));
-        // The whole call is bounded by the deadline; each attempt until its first token by the
-        // attempt timeout (the attempt stage holds the headers until then).
+        // The whole call is bounded by the deadline, waits included. An attempt is bounded by
+        // the attempt stage itself (timeoutMs from the moment it reaches a provider): a per-try
+        // timeout here would also count the attempt's waits for a lane and burn attempts.
         host.set_header(
             Side::Request,
             "x-envoy-upstream-rq-timeout-ms",
             Some(&plan.deadline_ms.to_string()),
-        );
-        host.set_header(
-            Side::Request,
-            "x-envoy-upstream-rq-per-try-timeout-ms",
-            Some(&plan.timeout_ms.to_string()),
         );
         Flow::Continue
     }
@@ -442,20 +438,30 @@ impl Front {
             self.status = status;
             host.set_header(Side::Response, ":status", Some(&status.to_string()));
         } else if attempt.is_none() && self.status >= 500 {
-            // The router itself gave up (deadline, no attempt stage reachable).
-            let err = if self.status == 504 {
-                GatewayError::new(
+            // The router answered itself: the deadline passed before an answer started (504),
+            // or it could not take the call (503: its circuit breakers are full, or no attempt
+            // stage was there to take it).
+            let err = match self.status {
+                504 => GatewayError::new(
                     504,
                     "pool_timeout",
                     "The call's deadline passed before a provider answered.",
+                ),
+                503 => GatewayError::new(
+                    503,
+                    "pool_unavailable",
+                    "The gateway cannot take this call now; try again shortly.",
                 )
-            } else {
-                GatewayError::new(
+                .with_retry_after(Some(1)),
+                _ => GatewayError::new(
                     502,
                     "upstream_error",
                     "No provider could be reached for this call.",
-                )
+                ),
             };
+            if let Some(s) = err.retry_after_s {
+                host.set_header(Side::Response, "retry-after", Some(&s.to_string()));
+            }
             self.status = err.status;
             host.set_header(Side::Response, ":status", Some(&err.status.to_string()));
             host.set_header(Side::Response, "content-type", Some("application/json"));
@@ -659,6 +665,16 @@ mod tests {
             host.text(Side::Request, "x-envoy-max-retries").as_deref(),
             Some("2")
         );
+        // The router bounds the call by its deadline; an attempt is the attempt stage's to
+        // bound (a per-try timeout would count its waits for a lane too).
+        assert_eq!(
+            host.text(Side::Request, "x-envoy-upstream-rq-timeout-ms")
+                .and_then(|v| v.parse::<u64>().ok()),
+            Some(plan.deadline_ms)
+        );
+        assert!(host
+            .header(Side::Request, "x-envoy-upstream-rq-per-try-timeout-ms")
+            .is_none());
 
         // The attempt stage answered on its first attempt, from m1.
         host.add(Side::Response, ":status", b"200");
@@ -685,17 +701,20 @@ mod tests {
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
     }
 
-    #[test]
-    fn the_last_attempts_signal_becomes_the_final_status() {
+    /// A chat call for `m1` with the app's key, sent on to the router.
+    fn a_call_sent_on() -> (Front, FakeHost) {
         let auth = bearer(KEY);
         let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
         let mut front = Front::default();
         front.on_request_headers(&mut host, false);
-        send_body(
-            &mut front,
-            &mut host,
-            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        (front, host)
+    }
+
+    #[test]
+    fn the_last_attempts_signal_becomes_the_final_status() {
+        let (mut front, mut host) = a_call_sent_on();
         host.add(Side::Response, ":status", b"503");
         host.add(Side::Response, H_RETRY, b"1");
         host.add(Side::Response, H_FINAL_STATUS, b"503");
@@ -714,16 +733,40 @@ mod tests {
     }
 
     #[test]
+    fn the_routers_own_answers_get_the_gateways_error_bodies() {
+        for (router_status, status, code, retry_after) in [
+            (504, 504, "pool_timeout", None),
+            // Its circuit breakers are full: the gateway cannot take the call now.
+            (503, 503, "pool_unavailable", Some("1")),
+            (502, 502, "upstream_error", None),
+        ] {
+            let (mut front, mut host) = a_call_sent_on();
+            host.add(
+                Side::Response,
+                ":status",
+                router_status.to_string().as_bytes(),
+            );
+            host.add(Side::Response, "x-envoy-overloaded", b"true");
+            front.on_response_headers(&mut host, false);
+            host.response_body = b"upstream connect error".to_vec();
+            assert_eq!(front.on_response_body(&mut host, 22, true), Flow::Continue);
+            let body: Value = serde_json::from_slice(&host.response_body).unwrap_or(Value::Null);
+            assert_eq!(body["error"]["code"], code, "{router_status}");
+            assert_eq!(
+                host.text(Side::Response, ":status"),
+                Some(status.to_string())
+            );
+            assert_eq!(
+                host.text(Side::Response, "retry-after").as_deref(),
+                retry_after
+            );
+            assert!(host.header(Side::Response, "x-envoy-overloaded").is_none());
+        }
+    }
+
+    #[test]
     fn a_router_timeout_gets_the_gateways_error_body() {
-        let auth = bearer(KEY);
-        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
-        let mut front = Front::default();
-        front.on_request_headers(&mut host, false);
-        send_body(
-            &mut front,
-            &mut host,
-            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
+        let (mut front, mut host) = a_call_sent_on();
         // Envoy's router gave up: no attempt header, its own text body.
         host.add(Side::Response, ":status", b"504");
         host.add(Side::Response, "content-type", b"text/plain");

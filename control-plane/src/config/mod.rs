@@ -582,9 +582,9 @@ pub struct PoolNames {
 }
 
 impl Config {
-    /// The largest `maxAttempts` over the defaults and the profiles (4 when none sets one).
-    /// The longest `timeoutMs` of any policy (default 60 s): the gap allowed between two chunks
-    /// of a stream, enforced by Envoy's idle timeout on the public route.
+    /// The longest `timeoutMs` of any policy (default 60 s). Each call's own `timeoutMs` is
+    /// enforced by the attempt stage; Envoy's idle timeout on the attempt route is only a
+    /// backstop past the longest one (should the stage's timer be unavailable).
     pub fn max_timeout_ms(&self) -> u64 {
         let defaults = self
             .defaults
@@ -597,6 +597,7 @@ impl Config {
             .fold(defaults, u64::max)
     }
 
+    /// The largest `maxAttempts` over the defaults and the profiles (4 when none sets one).
     pub fn max_attempts(&self) -> u32 {
         // A call on the defaults alone (a direct model call) gets their value or 4.
         let defaults = self

@@ -629,7 +629,14 @@ impl Attempt {
             .unwrap_or_default();
         // Drawn before borrowing the call: the call table and the generator share a cell.
         let jitter = host.random_unit();
+        let after_first_token = self.after_first_token;
         host.with_call(self.cid(), |c| match failure {
+            Some(f) if after_first_token => {
+                // The lane answered the client, and its answer broke off.
+                c.last_failure = Some((f.class, f.retry_at_ms));
+                c.answered = Some(lane.id.clone());
+                c.broken_after_first_token = Some(f.class);
+            }
             Some(f) => {
                 c.last_failure = Some((f.class, f.retry_at_ms));
                 if matches!(
@@ -1909,6 +1916,13 @@ mod tests {
             ("error", "timeout")
         );
         assert!(report.after_first_token);
+        assert_eq!(
+            host.calls
+                .get("call-1")
+                .and_then(|c| c.broken_after_first_token),
+            Some(Class::Timeout),
+            "the front stage reports the call as failed"
+        );
         // Whatever the provider still sends is dropped, and the end reports nothing more.
         assert_eq!(chunk(&mut stage, &mut host, "late"), Flow::Continue);
         assert!(host.response_body.is_empty());

@@ -524,7 +524,13 @@ impl Front {
         let (outcome, status) = match self.answered {
             Some((status, code)) if status >= 400 => (format!("rejected:{code}"), status),
             Some((status, _)) => ("success".to_string(), status),
-            None if (200..300).contains(&self.status) => ("success".to_string(), self.status),
+            None if (200..300).contains(&self.status) => {
+                match call.as_ref().and_then(|c| c.broken_after_first_token) {
+                    // A stream that broke off after its first token is no success.
+                    Some(class) => (format!("error:{}", class.as_str()), self.status),
+                    None => ("success".to_string(), self.status),
+                }
+            }
             None => {
                 let class = call
                     .as_ref()
@@ -560,6 +566,7 @@ impl Front {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classify::Class;
     use crate::host::fake::FakeHost;
     use ai_router_proto::v1::{Model, Policy, Provider, ProviderKey, Snapshot};
 
@@ -730,6 +737,23 @@ mod tests {
         assert!(host.header(Side::Response, H_RETRY).is_none());
         front.on_log(&mut host);
         assert!(host.reports[0].outcome.starts_with("error:"));
+    }
+
+    #[test]
+    fn a_stream_that_broke_off_after_its_first_token_is_no_success() {
+        for (broken, outcome) in [(None, "success"), (Some(Class::Timeout), "error:timeout")] {
+            let (mut front, mut host) = a_call_sent_on();
+            host.add(Side::Response, ":status", b"200");
+            host.add(Side::Response, H_ATTEMPT, b"1");
+            front.on_response_headers(&mut host, false);
+            // The attempt stage's report of how the answer ended.
+            for call in host.calls.values_mut() {
+                call.broken_after_first_token = broken;
+            }
+            front.on_log(&mut host);
+            assert_eq!(host.reports[0].outcome, outcome);
+            assert_eq!(host.reports[0].status, 200);
+        }
     }
 
     #[test]

@@ -1340,6 +1340,10 @@ async fn the_deadline_bounds_the_whole_stream() {
     );
     assert!(!s.has_done(), "{s}");
     assert!(
+        s.transport_error.is_some(),
+        "a stream past its deadline is reset (nothing can be written into it):\n{s}"
+    );
+    assert!(
         s.ended_at >= Duration::from_millis(1800) && s.ended_at <= Duration::from_millis(3500),
         "the stream ended at {:?} (deadline 2 s):\n{s}",
         s.ended_at

@@ -151,10 +151,16 @@ const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
 const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
 
-/// Asks the timer listener for an answer at `at` (its fault filter delays it by
-/// `x-envoy-fault-delay-request` ms); the answer comes back with the returned token.
+/// The longest a timer runs: a wait or a bound further off is re-armed when it fires. Envoy
+/// does not cancel a context's HTTP calls when its stream ends, so a timer outlives an attempt
+/// that ended before it fired by up to this long (holding a request on the timer cluster).
+pub const TIMER_SLICE_MS: i64 = 1_000;
+
+/// Asks the timer listener for an answer at `at`, or in [`TIMER_SLICE_MS`] if that is sooner
+/// (its fault filter delays it by `x-envoy-fault-delay-request` ms); the answer comes back
+/// with the returned token. Whoever receives it checks the time again.
 fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
-    let ms = (at - host.now_ms()).clamp(1, 600_000);
+    let ms = (at - host.now_ms()).clamp(1, TIMER_SLICE_MS);
     let delay = ms.to_string();
     let headers = vec![
         (":method", "GET"),
@@ -1489,7 +1495,7 @@ mod tests {
         assert_eq!(send(&mut stage, &mut second), Flow::Continue);
         assert_eq!(
             timer_delays(&second),
-            [plan.timeout_ms as i64],
+            [TIMER_SLICE_MS],
             "no wait: {:?}",
             second.dispatched
         );
@@ -1684,19 +1690,20 @@ mod tests {
         let mut host = host_with(snap, &plan, 1);
         let mut stage = Attempt::default();
         assert_eq!(send(&mut stage, &mut host), Flow::Pause);
-        let Some(Dispatched::Http { cluster, headers }) = host.dispatched.last().cloned() else {
+        let Some(Dispatched::Http { cluster, .. }) = host.dispatched.last().cloned() else {
             panic!("a timer call: {:?}", host.dispatched);
         };
         assert_eq!(cluster, TIMER_CLUSTER);
-        let delay: i64 = headers
-            .iter()
-            .find(|(k, _)| k == "x-envoy-fault-delay-request")
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or(0);
-        assert!((1_900..=2_000).contains(&delay), "{delay}");
+        // The wait goes in slices: the first ends before the lane is back, and waits again.
+        let (token, delay) = last_timer(&host);
+        assert_eq!(delay, TIMER_SLICE_MS);
+        host.now = NOW + 1_005;
+        stage.on_http_call_response(&mut host, token);
+        assert_eq!(host.resumed, 0, "still waiting");
+        let (token, delay) = last_timer(&host);
+        assert!((990..=1_000).contains(&delay), "{delay}");
         // The timer fires once the cooldown is over.
         host.now = NOW + 2_001;
-        let token = host.next_token;
         stage.on_http_call_response(&mut host, token);
         assert_eq!(host.resumed, 1);
         assert_eq!(
@@ -1792,10 +1799,14 @@ mod tests {
         let mut host = host_with(snap, &plan, 2);
         let mut stage = Attempt::default();
         assert_eq!(send(&mut stage, &mut host), Flow::Pause);
-        let (wait, delay) = last_timer(&host);
-        assert!((2_900..=3_000).contains(&delay), "the wait: {delay}");
-        host.now = NOW + 3_001;
-        stage.on_http_call_response(&mut host, wait);
+        // Three slices of waiting, then the lane is back.
+        for at in [NOW + 1_005, NOW + 2_005, NOW + 3_001] {
+            let (wait, delay) = last_timer(&host);
+            assert!((990..=TIMER_SLICE_MS).contains(&delay), "the wait: {delay}");
+            assert!(host.attempts.is_empty() && host.answered.is_none());
+            host.now = at;
+            stage.on_http_call_response(&mut host, wait);
+        }
         assert_eq!(
             host.resumed, 1,
             "the wait is over: the attempt goes to the provider"
@@ -1816,13 +1827,23 @@ mod tests {
             let mut host = host_with(snapshot(), &plan, 1);
             let mut stage = Attempt::default();
             assert_eq!(send(&mut stage, &mut host), Flow::Continue);
-            let (bound, delay) = last_timer(&host);
-            assert_eq!(delay, plan.timeout_ms as i64, "{what}");
+            let (mut bound, delay) = last_timer(&host);
+            assert_eq!(delay, TIMER_SLICE_MS, "{what}");
             if stream {
                 held_stream(&mut host, &mut stage);
             }
-            host.now += plan.timeout_ms as i64;
-            stage.on_http_call_response(&mut host, bound);
+            // The bound's timer runs in slices until timeoutMs has passed.
+            let sent = host.now;
+            while host.answered.is_none() {
+                host.now += TIMER_SLICE_MS;
+                assert!(
+                    host.now <= sent + plan.timeout_ms as i64,
+                    "{what}: not answered in time"
+                );
+                stage.on_http_call_response(&mut host, bound);
+                bound = host.next_token;
+            }
+            assert_eq!(host.now, sent + plan.timeout_ms as i64, "{what}");
             let answer = host
                 .answered
                 .clone()
@@ -1865,33 +1886,50 @@ mod tests {
         }
     }
 
+    /// Lets the clock run a slice at a time, firing the stage's latest timer each time, until
+    /// `done` or `until`; returns the time it stopped at.
+    fn run_timers(
+        stage: &mut Attempt,
+        host: &mut FakeHost,
+        until: i64,
+        done: impl Fn(&FakeHost) -> bool,
+    ) -> i64 {
+        while !done(host) && host.now < until {
+            let (token, delay) = last_timer(host);
+            host.now += delay;
+            stage.on_http_call_response(host, token);
+        }
+        host.now
+    }
+
     #[test]
-    fn chunks_after_the_first_token_move_the_bound_and_its_timer_is_armed_again() {
-        let plan = plan(true);
+    fn chunks_after_the_first_token_move_the_bound_on() {
+        let mut plan = plan(true);
+        plan.timeout_ms = 3_000;
         let mut host = host_with(snapshot(), &plan, 1);
         let mut stage = Attempt::default();
         send(&mut stage, &mut host);
-        let (bound, _) = last_timer(&host);
+        let sent = host.now;
+        let (first, _) = last_timer(&host);
         held_stream(&mut host, &mut stage);
-        host.now += 4_000;
+        // The first token at 2 s, the next chunk at 4 s: the bound is now 7 s.
+        run_timers(&mut stage, &mut host, sent + 2_000, |_| false);
         assert_eq!(
             chunk(&mut stage, &mut host, "Hi"),
             Flow::Continue,
             "released"
         );
-        host.now += 4_000;
+        run_timers(&mut stage, &mut host, sent + 4_000, |_| false);
         assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
-        let dispatched = host.dispatched.len();
-        // The first timer fires at the original bound: the last chunk was 2 s ago.
-        host.now = NOW + 5 + plan.timeout_ms as i64;
-        stage.on_http_call_response(&mut host, bound);
-        assert_eq!(host.resets, 0);
-        assert!(host.attempts.is_empty(), "no verdict");
-        assert_eq!(host.dispatched.len(), dispatched + 1, "armed again");
-        assert_eq!(last_timer(&host).1, 8_000, "for what is left of the gap");
+        let cut = run_timers(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
+        assert_eq!(cut, sent + 7_000, "timeoutMs after the last chunk");
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].error_class, "timeout");
         // A stale token (an earlier timer) changes nothing.
-        stage.on_http_call_response(&mut host, bound);
-        assert_eq!(host.dispatched.len(), dispatched + 1);
+        let dispatched = host.dispatched.len();
+        stage.on_http_call_response(&mut host, first);
+        assert_eq!(host.dispatched.len(), dispatched);
+        assert_eq!(host.resets, 1);
     }
 
     #[test]
@@ -1902,11 +1940,10 @@ mod tests {
         send(&mut stage, &mut host);
         held_stream(&mut host, &mut stage);
         assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
-        let (bound, delay) = last_timer(&host);
-        assert_eq!(delay, plan.timeout_ms as i64);
-        host.now += plan.timeout_ms as i64;
-        stage.on_http_call_response(&mut host, bound);
+        let last_chunk = host.now;
+        let cut = run_timers(&mut stage, &mut host, last_chunk + 60_000, |h| h.resets > 0);
         // Nothing can be added to a stream whose provider is silent: it is reset.
+        assert_eq!(cut, last_chunk + plan.timeout_ms as i64);
         assert_eq!(host.resets, 1);
         assert!(host.answered.is_none());
         assert_eq!(host.attempts.len(), 1);

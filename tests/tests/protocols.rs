@@ -1357,17 +1357,9 @@ async fn the_deadline_bounds_the_whole_stream() {
 
 /// `upstream_rq_active` of the providers' plain-HTTP cluster, from Envoy's admin API.
 async fn upstream_requests_active(gw: &Gateway) -> anyhow::Result<u64> {
-    let url = format!(
-        "http://{}/stats?filter=providers_plain\\.upstream_rq_active$",
-        gw.envoy.admin_addr()
-    );
-    let text = http_client()?.get(&url).send().await?.text().await?;
-    let line = text
-        .lines()
-        .find(|l| l.contains("providers_plain.upstream_rq_active"))
-        .ok_or_else(|| anyhow::anyhow!("no providers_plain.upstream_rq_active in {text:?}"))?;
-    let value = line.rsplit(':').next().unwrap_or_default().trim();
-    Ok(value.parse()?)
+    gw.envoy
+        .stat("cluster.providers_plain.upstream_rq_active")
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,9 +15,6 @@ const MAX_CONCURRENT_STREAMS: u32 = 100;
 const STREAM_WINDOW_BYTES: u64 = 1024 * 1024;
 const CONNECTION_WINDOW_BYTES: u64 = 4 * STREAM_WINDOW_BYTES;
 
-/// How far past the longest `timeoutMs` Envoy's backstop idle timeout on the attempt route is.
-const BACKSTOP_MARGIN_MS: u64 = 1_000;
-
 /// Everything the bootstrap depends on. Built from the config by the CLI (`render-envoy`, `up`)
 /// and by the tests.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,10 +34,6 @@ pub struct RenderOptions {
     pub max_body_bytes: u64,
     /// The largest `maxAttempts` of any policy (defaults and profiles): the router's retries.
     pub max_attempts: u32,
-    /// The longest `timeoutMs` of any policy. The attempt stage bounds each attempt by its
-    /// call's own `timeoutMs`; Envoy's idle timeout on the attempt route is a backstop a little
-    /// past the longest one.
-    pub idle_timeout_ms: u64,
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
     pub limits: ListenerLimits,
@@ -185,13 +178,6 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
-    // Past the longest timeoutMs, so that the attempt stage's own timer (the call's timeoutMs)
-    // always decides first.
-    let idle_timeout = seconds(
-        o.idle_timeout_ms
-            .max(100)
-            .saturating_add(BACKSTOP_MARGIN_MS),
-    );
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
     let request_timeout = seconds(o.limits.request_timeout_ms);
     let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
@@ -319,10 +305,11 @@ bootstrap_extensions:
                       domains: ["*"]
                       routes:
                         - match: {{ prefix: "/" }}
-                          # The attempt stage bounds each attempt by its call's timeoutMs (until
-                          # the first token, then each gap between chunks); this idle timeout is
-                          # only a backstop past the longest timeoutMs of the pool.
-                          route: {{ cluster_header: {cluster_header}, timeout: 0s, idle_timeout: {idle_timeout} }}
+                          # No route timeout nor idle timeout: the attempt stage bounds each
+                          # attempt by its call's timeoutMs (until the first token, then each gap
+                          # between chunks), and the public route the call by its deadline. An
+                          # idle timeout here would also cut an attempt waiting for a lane.
+                          route: {{ cluster_header: {cluster_header}, timeout: 0s }}
                           # Chosen by the attempt stage; the provider never sees it.
                           request_headers_to_remove: [{cluster_header}]
                 http_filters:
@@ -465,7 +452,6 @@ mod tests {
             wasm_path: "/etc/envoy/wasm/ai_router_filter.wasm".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
-            idle_timeout_ms: 60_000,
             limits: ListenerLimits::default(),
         }
     }
@@ -484,6 +470,15 @@ mod tests {
         let route = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
             ["virtual_hosts"][0]["routes"][0]["route"];
         assert_eq!(route["retry_policy"]["num_retries"], 3);
+        // Attempts are bounded by the attempt stage (timeoutMs from the moment an attempt
+        // reaches its provider), calls by their deadline: no Envoy timer may cut an attempt
+        // that waits for a lane.
+        assert!(route["retry_policy"].get("per_try_timeout").is_none());
+        let attempt_hcm = &listeners[1]["filter_chains"][0]["filters"][0]["typed_config"];
+        let attempt_route = &attempt_hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(attempt_route["timeout"], "0s");
+        assert!(attempt_route.get("idle_timeout").is_none());
+        assert_eq!(attempt_hcm["stream_idle_timeout"], "0s");
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));
         assert!(yaml.contains(r#"value: "{\"role\":\"attempt\"}""#));
         assert!(yaml.contains("host_env_keys: [AI_ROUTER_SYNC_TOKEN]"));

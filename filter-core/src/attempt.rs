@@ -330,7 +330,7 @@ impl Attempt {
     fn bound_at(&mut self, host: &mut impl Host, until: i64) {
         self.bound.until_ms = Some(until);
         if self.bound.timer.is_none() {
-            // Refused: Envoy's own idle timeout on the attempt route is the backstop.
+            // Refused (the timer cluster is full): the call's deadline still bounds it.
             self.bound.timer = timer(host, until).ok();
         }
     }
@@ -1064,9 +1064,8 @@ impl Attempt {
             return;
         }
         // The attempt ended without a verdict: the provider's connection broke, the call's
-        // deadline passed, Envoy's backstop idle timeout cut a silent provider, or the caller
-        // went away (the outer router resets this stream then). The attempt's own timeout is
-        // never among them: its timer gives the verdict itself.
+        // deadline passed, or the caller went away (the outer router resets this stream then).
+        // The attempt's own timeout is never among them: its timer gives the verdict itself.
         let now = host.now_ms();
         let deadline = self.plan.as_ref().map_or(i64::MAX, |p| {
             p.started_ms.saturating_add(p.deadline_ms as i64)
@@ -1076,8 +1075,6 @@ impl Attempt {
             .unwrap_or_default();
         let class = if now + 50 >= deadline {
             Class::Deadline
-        } else if details.starts_with(b"stream_idle_timeout") {
-            Class::Timeout
         } else if details.starts_with(b"downstream_remote_disconnect") {
             Class::Cancelled
         } else if self.after_first_token {

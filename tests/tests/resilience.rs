@@ -1095,7 +1095,7 @@ fn timeout_pool(mock: &str, two_keys: bool, policy: &str, backoff_ms: u64) -> Po
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_inside_an_attempt_longer_than_its_timeout_are_not_counted_against_it() {
-    // timeoutMs 1 s; the only lane first answers a 429 with a 2 s retry-after (the next
+    // timeoutMs 1 s; the only lane first answers a 429 with a 3 s retry-after (the next
     // attempt waits for the lane) or a 500 (the next attempt waits a backoff of 1.5 to 3 s).
     let pool = Pool::start("timeout_excludes_waits", 1, |m, _| {
         Ok(timeout_pool(
@@ -1112,7 +1112,7 @@ async fn waits_inside_an_attempt_longer_than_its_timeout_are_not_counted_against
             script::rule(
                 json!({ "model": "m-wait" }),
                 vec![
-                    script::status(429, json!({ "retry-after": "2" }), None),
+                    script::status(429, json!({ "retry-after": "3" }), None),
                     script::text("after the wait")
                 ]
             ),
@@ -1127,7 +1127,7 @@ async fn waits_inside_an_attempt_longer_than_its_timeout_are_not_counted_against
         .await
         .unwrap();
     for (model, text, at_least) in [
-        ("m-wait", "after the wait", Duration::from_millis(1800)),
+        ("m-wait", "after the wait", Duration::from_millis(2800)),
         ("m-back", "after the backoff", Duration::from_millis(1400)),
     ] {
         let started = Instant::now();

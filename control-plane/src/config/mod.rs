@@ -582,21 +582,6 @@ pub struct PoolNames {
 }
 
 impl Config {
-    /// The longest `timeoutMs` of any policy (default 60 s). Each call's own `timeoutMs` is
-    /// enforced by the attempt stage; Envoy's idle timeout on the attempt route is only a
-    /// backstop past the longest one (should the stage's timer be unavailable).
-    pub fn max_timeout_ms(&self) -> u64 {
-        let defaults = self
-            .defaults
-            .as_ref()
-            .and_then(|d| d.timeout_ms)
-            .unwrap_or(60_000);
-        self.profiles
-            .values()
-            .filter_map(|p| p.timeout_ms)
-            .fold(defaults, u64::max)
-    }
-
     /// The largest `maxAttempts` over the defaults and the profiles (4 when none sets one).
     pub fn max_attempts(&self) -> u32 {
         // A call on the defaults alone (a direct model call) gets their value or 4.

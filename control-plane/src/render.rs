@@ -183,9 +183,6 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
     let concurrency = o.limits.max_concurrent_requests;
     let breakers = circuit_breakers(concurrency, 6);
-    // An attempt holds one timer (a wait, or its own timeout), and one that just ended may leave
-    // its last timer running for up to a slice (Envoy does not cancel a stream's HTTP calls).
-    let timer_breakers = circuit_breakers(concurrency.saturating_mul(2), 6);
     let local_replies = local_reply_config(16);
     let (streams, stream_window, connection_window) = (
         MAX_CONCURRENT_STREAMS,
@@ -362,7 +359,7 @@ bootstrap_extensions:
   clusters:
     - name: ai_router_timer
       connect_timeout: 1s
-{timer_breakers}      load_assignment:
+{breakers}      load_assignment:
         cluster_name: ai_router_timer
         endpoints:
           - lb_endpoints:
@@ -511,11 +508,11 @@ mod tests {
             assert!(error["param"].is_null());
         }
         let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
-        for (name, n) in [
-            ("ai_router_timer", 20_000),
-            ("ai_router_attempts", 10_000),
-            ("providers_tls", 10_000),
-            ("providers_plain", 10_000),
+        for name in [
+            "ai_router_timer",
+            "ai_router_attempts",
+            "providers_tls",
+            "providers_plain",
         ] {
             let cluster = clusters.iter().find(|c| c["name"] == name).unwrap();
             let thresholds = &cluster["circuit_breakers"]["thresholds"][0];
@@ -525,7 +522,7 @@ mod tests {
                 "max_requests",
                 "max_retries",
             ] {
-                assert_eq!(thresholds[field], n, "{name}.{field}");
+                assert_eq!(thresholds[field], 10_000, "{name}.{field}");
             }
         }
         // Large bodies must fit the replay buffer.

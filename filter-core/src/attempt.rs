@@ -108,19 +108,12 @@ pub struct Attempt {
     forward_rate_limits: bool,
     /// The attempt's own bound (the policy's `timeoutMs`, from the moment the request went to
     /// the provider, so no wait before it counts): the first token (a unary answer: the whole
-    /// answer) is due by then; after the first token, the next chunk is.
-    bound: Bound,
+    /// answer) is due by then; after the first token, the next chunk is. The host checks it
+    /// every [`BOUND_TICK_MS`] ([`Attempt::bound_due`], then [`Attempt::on_bound`]).
+    bound_ms: Option<i64>,
     /// The attempt answered in its own name (it timed out before its answer started): what
     /// comes back through the stage is that answer.
     answered_locally: bool,
-}
-
-/// The timer that watches an attempt's bound. One at a time: when the bound moved on while it
-/// ran (a chunk arrived), it is armed again for what is left.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Bound {
-    until_ms: Option<i64>,
-    timer: Option<u32>,
 }
 
 /// A failed attempt's answer on the hop back to the outer router.
@@ -151,14 +144,20 @@ const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
 const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
 
-/// The longest a timer runs: a wait or a bound further off is re-armed when it fires. Envoy
+/// The longest a wait's timer runs: a wait further off is armed again when it fires. Envoy
 /// does not cancel a context's HTTP calls when its stream ends, so a timer outlives an attempt
-/// that ended before it fired by up to this long (holding a request on the timer cluster).
+/// that ended while it waited by up to this long (holding a request on the timer cluster).
 pub const TIMER_SLICE_MS: i64 = 1_000;
+
+/// How often the host checks the bounds of the attempts in flight (the attempt role's root
+/// context ticks): an attempt's timeout is noticed at most this late. A tick costs nothing
+/// per attempt but a comparison; a timer per attempt would hold a request on the timer
+/// cluster for as long as its attempt.
+pub const BOUND_TICK_MS: u64 = 100;
 
 /// Asks the timer listener for an answer at `at`, or in [`TIMER_SLICE_MS`] if that is sooner
 /// (its fault filter delays it by `x-envoy-fault-delay-request` ms); the answer comes back
-/// with the returned token. Whoever receives it checks the time again.
+/// with the returned token, and the wait is decided again.
 fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
     let ms = (at - host.now_ms()).clamp(1, TIMER_SLICE_MS);
     let delay = ms.to_string();
@@ -326,27 +325,17 @@ impl Attempt {
         }
     }
 
-    /// Bounds the attempt at `until` (see [`Bound`]), arming the timer unless one runs.
-    fn bound_at(&mut self, host: &mut impl Host, until: i64) {
-        self.bound.until_ms = Some(until);
-        if self.bound.timer.is_none() {
-            // Refused (the timer cluster is full): the call's deadline still bounds it.
-            self.bound.timer = timer(host, until).ok();
-        }
+    /// Whether the attempt's bound has passed while it still waits for its answer (or, after
+    /// the first token, for its next chunk): the host then calls [`Attempt::on_bound`].
+    pub fn bound_due(&self, now_ms: i64) -> bool {
+        self.bound_ms.is_some_and(|until| now_ms >= until)
+            && !self.reported
+            && !self.answered_locally
     }
 
-    /// The attempt's bound timer fired: re-arm it if the bound moved on, else the attempt
-    /// timed out.
-    fn on_bound(&mut self, host: &mut impl Host) {
-        let Some(until) = self.bound.until_ms else {
-            return;
-        };
-        if self.reported || self.answered_locally {
-            // The attempt already has its verdict.
-            return;
-        }
-        if host.now_ms() < until {
-            self.bound.timer = timer(host, until).ok();
+    /// The attempt's bound passed: it timed out.
+    pub fn on_bound(&mut self, host: &mut impl Host) {
+        if !self.bound_due(host.now_ms()) {
             return;
         }
         let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
@@ -580,8 +569,7 @@ impl Attempt {
         });
         // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
         // (bounded by its deadline), not this attempt's.
-        let until = self.started_ms.saturating_add(plan.timeout_ms as i64);
-        self.bound_at(host, until);
+        self.bound_ms = Some(self.started_ms.saturating_add(plan.timeout_ms as i64));
         Flow::Continue
     }
 
@@ -779,11 +767,6 @@ impl Attempt {
 impl Attempt {
     /// The answer to an HTTP call this stage dispatched (the timer).
     pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
-        if self.bound.timer == Some(token) {
-            self.bound.timer = None;
-            self.on_bound(host);
-            return;
-        }
         if matches!(self.pending, Pending::Wait(t) if t == token) {
             self.pending = Pending::Nothing;
             // A lane left to another call's probe comes back once the state moved on (the
@@ -976,7 +959,7 @@ impl Attempt {
                     // A chunk after the first token (or the first token itself): the next one
                     // is due within timeoutMs of it.
                     let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
-                    self.bound_at(host, now.saturating_add(timeout as i64));
+                    self.bound_ms = Some(now.saturating_add(timeout as i64));
                 }
                 match step {
                     Step::Hold => {}
@@ -1487,12 +1470,10 @@ mod tests {
         second.lanes = lanes;
         second.calls = calls;
         let mut stage = Attempt::default();
-        // A rate limit is no transient failure: no backoff, straight to the next tier (the one
-        // timer is the attempt's own bound, armed as the request leaves).
+        // A rate limit is no transient failure: no backoff, straight to the next tier.
         assert_eq!(send(&mut stage, &mut second), Flow::Continue);
-        assert_eq!(
-            timer_delays(&second),
-            [TIMER_SLICE_MS],
+        assert!(
+            second.dispatched.is_empty(),
             "no wait: {:?}",
             second.dispatched
         );
@@ -1810,8 +1791,9 @@ mod tests {
         );
         assert!(host.answered.is_none());
         assert!(host.attempts.is_empty());
-        // The attempt's own bound is armed now, for the whole of timeoutMs.
-        assert_eq!(last_timer(&host).1, 1_000);
+        // The attempt's own bound starts now, for the whole of timeoutMs.
+        assert!(!stage.bound_due(host.now + 999));
+        assert!(stage.bound_due(host.now + 1_000));
     }
 
     #[test]
@@ -1824,23 +1806,15 @@ mod tests {
             let mut host = host_with(snapshot(), &plan, 1);
             let mut stage = Attempt::default();
             assert_eq!(send(&mut stage, &mut host), Flow::Continue);
-            let (mut bound, delay) = last_timer(&host);
-            assert_eq!(delay, TIMER_SLICE_MS, "{what}");
+            assert!(host.dispatched.is_empty(), "{what}: no timer per attempt");
+            let sent = host.now;
             if stream {
                 held_stream(&mut host, &mut stage);
             }
-            // The bound's timer runs in slices until timeoutMs has passed.
-            let sent = host.now;
-            while host.answered.is_none() {
-                host.now += TIMER_SLICE_MS;
-                assert!(
-                    host.now <= sent + plan.timeout_ms as i64,
-                    "{what}: not answered in time"
-                );
-                stage.on_http_call_response(&mut host, bound);
-                bound = host.next_token;
-            }
-            assert_eq!(host.now, sent + plan.timeout_ms as i64, "{what}");
+            let timed_out = run_ticks(&mut stage, &mut host, sent + 60_000, |h| {
+                h.answered.is_some()
+            });
+            assert_eq!(timed_out, sent + plan.timeout_ms as i64, "{what}");
             let answer = host
                 .answered
                 .clone()
@@ -1883,18 +1857,19 @@ mod tests {
         }
     }
 
-    /// Lets the clock run a slice at a time, firing the stage's latest timer each time, until
+    /// Lets the clock run a tick at a time, checking the attempt's bound as the host does, until
     /// `done` or `until`; returns the time it stopped at.
-    fn run_timers(
+    fn run_ticks(
         stage: &mut Attempt,
         host: &mut FakeHost,
         until: i64,
         done: impl Fn(&FakeHost) -> bool,
     ) -> i64 {
         while !done(host) && host.now < until {
-            let (token, delay) = last_timer(host);
-            host.now += delay;
-            stage.on_http_call_response(host, token);
+            host.now += BOUND_TICK_MS as i64;
+            if stage.bound_due(host.now) {
+                stage.on_bound(host);
+            }
         }
         host.now
     }
@@ -1907,26 +1882,22 @@ mod tests {
         let mut stage = Attempt::default();
         send(&mut stage, &mut host);
         let sent = host.now;
-        let (first, _) = last_timer(&host);
         held_stream(&mut host, &mut stage);
         // The first token at 2 s, the next chunk at 4 s: the bound is now 7 s.
-        run_timers(&mut stage, &mut host, sent + 2_000, |_| false);
+        run_ticks(&mut stage, &mut host, sent + 2_000, |_| false);
         assert_eq!(
             chunk(&mut stage, &mut host, "Hi"),
             Flow::Continue,
             "released"
         );
-        run_timers(&mut stage, &mut host, sent + 4_000, |_| false);
+        run_ticks(&mut stage, &mut host, sent + 4_000, |_| false);
         assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
-        let cut = run_timers(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
+        assert!(host.attempts.is_empty() && host.resets == 0);
+        let cut = run_ticks(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
         assert_eq!(cut, sent + 7_000, "timeoutMs after the last chunk");
         assert_eq!(host.attempts.len(), 1);
         assert_eq!(host.attempts[0].error_class, "timeout");
-        // A stale token (an earlier timer) changes nothing.
-        let dispatched = host.dispatched.len();
-        stage.on_http_call_response(&mut host, first);
-        assert_eq!(host.dispatched.len(), dispatched);
-        assert_eq!(host.resets, 1);
+        assert!(!stage.bound_due(host.now), "decided once");
     }
 
     #[test]
@@ -1938,7 +1909,7 @@ mod tests {
         held_stream(&mut host, &mut stage);
         assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
         let last_chunk = host.now;
-        let cut = run_timers(&mut stage, &mut host, last_chunk + 60_000, |h| h.resets > 0);
+        let cut = run_ticks(&mut stage, &mut host, last_chunk + 60_000, |h| h.resets > 0);
         // Nothing can be added to a stream whose provider is silent: it is reset.
         assert_eq!(cut, last_chunk + plan.timeout_ms as i64);
         assert_eq!(host.resets, 1);
@@ -1965,12 +1936,11 @@ mod tests {
     }
 
     #[test]
-    fn a_timer_that_fires_after_the_verdict_changes_nothing() {
+    fn a_bound_past_after_the_verdict_changes_nothing() {
         let plan = plan(false);
         let mut host = host_with(snapshot(), &plan, 1);
         let mut stage = Attempt::default();
         send(&mut stage, &mut host);
-        let (bound, _) = last_timer(&host);
         answer(
             &mut stage,
             &mut host,
@@ -1979,11 +1949,10 @@ mod tests {
             r#"{"choices":[{"message":{"content":"hello"}}]}"#,
         );
         host.now += plan.timeout_ms as i64;
-        let dispatched = host.dispatched.len();
-        stage.on_http_call_response(&mut host, bound);
+        assert!(!stage.bound_due(host.now));
+        stage.on_bound(&mut host);
         assert_eq!(host.attempts.len(), 1);
         assert_eq!(host.attempts[0].outcome, "success");
         assert!(host.answered.is_none() && host.resets == 0);
-        assert_eq!(host.dispatched.len(), dispatched);
     }
 }

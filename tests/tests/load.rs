@@ -17,11 +17,12 @@ const STREAMS: usize = 1_300;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_concurrent_streams_than_envoys_default_circuit_breakers_are_all_served() {
     let gw = Gateway::start("load_streams").await.expect("fixture");
-    // Every stream lasts at least 3 s: they are all in flight at once.
+    // Every stream lasts at least 4 s (2 s before each chunk after the first): they are all in
+    // flight at once.
     gw.mock1
         .script(json!([script::always(vec![json!({
             "text": "one two three",
-            "stream": { "chunks": ["one", " two", " three"], "delayMs": 1000 }
+            "stream": { "chunks": ["one", " two", " three"], "delayMs": 2000 }
         })])]))
         .await
         .unwrap();
@@ -86,8 +87,14 @@ async fn more_concurrent_streams_than_envoys_default_circuit_breakers_are_all_se
         "Envoy counted overflows: {overflows:?}"
     );
     assert_eq!(gw.mock1.calls().await.unwrap().len(), STREAMS);
-    eprintln!("{STREAMS} streams in {took:?}, at most {peak} in flight at once");
-    // Every attempt's timeout timer ended with its stream: none is left behind.
+    let timers = gw
+        .envoy
+        .stat("cluster.ai_router_timer.upstream_rq_total")
+        .await
+        .unwrap();
+    eprintln!("{STREAMS} streams in {took:?}, at most {peak} in flight at once, {timers} timers");
+    // No timer is left behind on the timer cluster (attempts are bounded on a tick, not by a
+    // timer each, and none of these calls waited).
     ai_router_e2e::poll(
         "the attempts' timers to end",
         Duration::from_secs(10),

@@ -156,6 +156,14 @@ pub fn reset_stream() {
     logged(hostcalls::reset_http_response().map_err(failed("reset_http_response")));
 }
 
+/// Makes `context_id` the context the following host calls act on, for the rest of this
+/// callback (a root context's tick acting for one of its HTTP contexts). `false` when the
+/// context is gone.
+pub fn set_effective_context(context_id: u32) -> bool {
+    logged(hostcalls::set_effective_context(context_id).map_err(failed("set_effective_context")))
+        .is_some()
+}
+
 /// Lets a paused request go on.
 pub fn resume_request() {
     logged(hostcalls::resume_http_request().map_err(failed("resume_http_request")));

@@ -985,13 +985,14 @@ async fn a_provider_past_its_daily_budget_is_out_until_the_next_utc_day() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds() {
-    // One lane only (p1's m1 on key a, no fallback). timeoutMs is short, so a call left waiting
-    // on another call's probe until its per-try timeout would fail with 504.
+    // One lane only (p1's m1 on key a, no fallback). Every good answer takes 1.8 s and
+    // timeoutMs is 2 s: a call behind the probe waits about as long before it goes, and that
+    // wait is not its attempt's (it would time out and use a second attempt).
     let pool = Pool::start("half_open_single_lane", 1, |m, _| {
         Ok(two_providers(
             &m[0],
             "[{ alias: a, env: RS_KEY_A }]",
-            "defaults: { timeoutMs: 6000, deadlineMs: 20000 }\nprofiles:\n  once: { model: m1, maxAttempts: 1 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 300, maxCooldownMs: 300 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 300, maxCooldownMs: 300 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
+            "defaults: { timeoutMs: 2000, deadlineMs: 20000 }\nprofiles:\n  once: { model: m1, maxAttempts: 1 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 300, maxCooldownMs: 300 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 300, maxCooldownMs: 300 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
         ))
     })
     .await
@@ -1009,7 +1010,7 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
     pool.mocks[0]
         .script(json!([script::for_key(
             &a,
-            vec![fail, json!({"text": "ok", "latencyMs": 1500})]
+            vec![fail, json!({"text": "ok", "latencyMs": 1800})]
         )]))
         .await
         .unwrap();
@@ -1065,9 +1066,14 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
         let r = call.await.unwrap().unwrap();
         assert_eq!(r.status, 200, "a call behind the probe: {r}");
         assert_eq!(r.content(), Some("ok"), "{r}");
+        assert_eq!(
+            r.header("x-ai-router-attempts").as_deref(),
+            Some("1"),
+            "the wait behind the probe used no attempt: {r}"
+        );
     }
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(7),
         "the calls behind the probe waited {:?}",
         started.elapsed()
     );

@@ -12,6 +12,7 @@ use ai_router_contract::headers::{
 use ai_router_proto::v1::{RequestOutcome, Usage as ProtoUsage, VirtualKey};
 use serde_json::{json, Value};
 
+use crate::classify::Class;
 use crate::errors::GatewayError;
 use crate::headers;
 use crate::host::{Flow, Host, Side};
@@ -283,6 +284,20 @@ impl Front {
     }
 }
 
+/// How Envoy's router ended an answer that had started, from the stream's response code
+/// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
+/// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
+fn cut_by_the_router(host: &impl Host) -> Option<Class> {
+    let details = host.property(&["response", "code_details"])?;
+    if details == b"response_timeout" {
+        Some(Class::Deadline)
+    } else if details.starts_with(b"upstream_reset_after_response_started") {
+        Some(Class::Stream)
+    } else {
+        None
+    }
+}
+
 /// The token of an `Authorization: Bearer <token>` value.
 fn bearer_token(header: &str) -> Option<&str> {
     header
@@ -525,8 +540,13 @@ impl Front {
             Some((status, code)) if status >= 400 => (format!("rejected:{code}"), status),
             Some((status, _)) => ("success".to_string(), status),
             None if (200..300).contains(&self.status) => {
-                match call.as_ref().and_then(|c| c.broken_after_first_token) {
-                    // A stream that broke off after its first token is no success.
+                // A stream that broke off after its first token is no success: the attempt
+                // stage said so, or (when its report comes later) Envoy's router cut it.
+                let broken = call
+                    .as_ref()
+                    .and_then(|c| c.broken_after_first_token)
+                    .or_else(|| cut_by_the_router(host));
+                match broken {
                     Some(class) => (format!("error:{}", class.as_str()), self.status),
                     None => ("success".to_string(), self.status),
                 }
@@ -566,7 +586,6 @@ impl Front {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::classify::Class;
     use crate::host::fake::FakeHost;
     use ai_router_proto::v1::{Model, Policy, Provider, ProviderKey, Snapshot};
 
@@ -741,7 +760,19 @@ mod tests {
 
     #[test]
     fn a_stream_that_broke_off_after_its_first_token_is_no_success() {
-        for (broken, outcome) in [(None, "success"), (Some(Class::Timeout), "error:timeout")] {
+        for (broken, details, outcome) in [
+            (None, "via_upstream", "success"),
+            // The client stopped reading: the lane served it.
+            (None, "downstream_remote_disconnect", "success"),
+            (Some(Class::Timeout), "", "error:timeout"),
+            // The attempt stage's report comes after this stage's end.
+            (None, "response_timeout", "error:deadline"),
+            (
+                None,
+                "upstream_reset_after_response_started{protocol_error}",
+                "error:stream",
+            ),
+        ] {
             let (mut front, mut host) = a_call_sent_on();
             host.add(Side::Response, ":status", b"200");
             host.add(Side::Response, H_ATTEMPT, b"1");
@@ -750,6 +781,8 @@ mod tests {
             for call in host.calls.values_mut() {
                 call.broken_after_first_token = broken;
             }
+            host.properties
+                .insert("response.code_details".into(), details.as_bytes().to_vec());
             front.on_log(&mut host);
             assert_eq!(host.reports[0].outcome, outcome);
             assert_eq!(host.reports[0].status, 200);

@@ -1294,13 +1294,17 @@ async fn a_gap_after_the_first_token_longer_than_the_calls_timeout_cuts_the_stre
     );
     assert_eq!(gw.mock1.calls().await.unwrap().len(), 1, "one attempt");
     assert!(gw.mock2.calls().await.unwrap().is_empty(), "no retry");
-    // The attempt failed as a timeout after its first token.
+    // The attempt failed as a timeout after its first token, and so did the call.
     gw.cp
         .metric_line(&[
             "ai_router_attempts_total{",
             "provider=\"p1\"",
             "class=\"timeout\"",
         ])
+        .await
+        .unwrap();
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:timeout\""])
         .await
         .unwrap();
 
@@ -1353,6 +1357,10 @@ async fn the_deadline_bounds_the_whole_stream() {
         gw.mock2.calls().await.unwrap().is_empty(),
         "no retry after the first token"
     );
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:deadline\""])
+        .await
+        .unwrap();
 }
 
 /// `upstream_rq_active` of the providers' plain-HTTP cluster, from Envoy's admin API.

@@ -209,4 +209,8 @@ async fn a_connection_dropped_after_the_first_token_breaks_the_clients_stream() 
         s.transport_error.is_some() && !s.events.iter().any(|e| e == "[DONE]"),
         "an HTTP/2 client sees the stream reset with an error, not ended:\n{s}"
     );
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:stream\""])
+        .await
+        .unwrap();
 }

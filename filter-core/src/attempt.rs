@@ -734,9 +734,10 @@ impl Attempt {
         host.set_body(Side::Response, 0, body_size, &verdict.body);
     }
 
-    /// Fails the attempt outside any callback of its answer (its timer fired): the verdict is
-    /// answered locally, in place of whatever the provider has sent or still sends (nothing
-    /// of it has reached the client: its headers are held until the first token).
+    /// Fails the attempt outside any callback of its answer (its bound passed, on the host's
+    /// tick): the verdict is answered locally, in place of whatever the provider has sent or
+    /// still sends (nothing of it has reached the client: its headers are held until the first
+    /// token).
     fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
         let verdict = self.verdict(host, &failure);
         self.answered_locally = true;
@@ -957,9 +958,9 @@ impl Attempt {
                 let step = gate.feed(&new, now);
                 if gate.released() && gate.chunks() > chunks_before {
                     // A chunk after the first token (or the first token itself): the next one
-                    // is due within timeoutMs of it.
+                    // is due within timeoutMs of it, unless the answer is complete ([DONE]).
                     let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
-                    self.bound_ms = Some(now.saturating_add(timeout as i64));
+                    self.bound_ms = (!gate.completed()).then(|| now.saturating_add(timeout as i64));
                 }
                 match step {
                     Step::Hold => {}
@@ -1048,7 +1049,7 @@ impl Attempt {
         }
         // The attempt ended without a verdict: the provider's connection broke, the call's
         // deadline passed, or the caller went away (the outer router resets this stream then).
-        // The attempt's own timeout is never among them: its timer gives the verdict itself.
+        // The attempt's own timeout is never among them: its bound gives the verdict itself.
         let now = host.now_ms();
         let deadline = self.plan.as_ref().map_or(i64::MAX, |p| {
             p.started_ms.saturating_add(p.deadline_ms as i64)
@@ -1933,6 +1934,27 @@ mod tests {
         assert!(host.response_body.is_empty());
         stage.on_log(&mut host);
         assert_eq!(host.attempts.len(), 1);
+    }
+
+    #[test]
+    fn a_stream_whose_answer_is_complete_has_no_gap_to_time_out() {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        held_stream(&mut host, &mut stage);
+        assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+        host.response_body = b"data: [DONE]\n\n".to_vec();
+        let size = host.response_body.len();
+        assert_eq!(
+            stage.on_response_body(&mut host, size, false),
+            Flow::Continue
+        );
+        // The provider keeps its stream open past timeoutMs: the answer is whole, no cut.
+        let later = host.now + 3 * plan.timeout_ms as i64;
+        run_ticks(&mut stage, &mut host, later, |_| false);
+        assert_eq!(host.resets, 0);
+        assert!(host.attempts.is_empty());
     }
 
     #[test]

@@ -1901,14 +1901,20 @@ mod tests {
         assert!(!stage.bound_due(host.now), "decided once");
     }
 
-    #[test]
-    fn a_gap_past_the_timeout_after_the_first_token_cuts_the_stream() {
+    /// A stream attempt at p1 that sent its first token ("Hi").
+    fn a_stream_past_its_first_token() -> (Plan, FakeHost, Attempt) {
         let plan = plan(true);
         let mut host = host_with(snapshot(), &plan, 1);
         let mut stage = Attempt::default();
         send(&mut stage, &mut host);
         held_stream(&mut host, &mut stage);
         assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+        (plan, host, stage)
+    }
+
+    #[test]
+    fn a_gap_past_the_timeout_after_the_first_token_cuts_the_stream() {
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
         let last_chunk = host.now;
         let cut = run_ticks(&mut stage, &mut host, last_chunk + 60_000, |h| h.resets > 0);
         // Nothing can be added to a stream whose provider is silent: it is reset.
@@ -1938,12 +1944,7 @@ mod tests {
 
     #[test]
     fn a_stream_whose_answer_is_complete_has_no_gap_to_time_out() {
-        let plan = plan(true);
-        let mut host = host_with(snapshot(), &plan, 1);
-        let mut stage = Attempt::default();
-        send(&mut stage, &mut host);
-        held_stream(&mut host, &mut stage);
-        assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
         host.response_body = b"data: [DONE]\n\n".to_vec();
         let size = host.response_body.len();
         assert_eq!(

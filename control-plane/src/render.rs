@@ -34,8 +34,6 @@ pub struct RenderOptions {
     pub max_body_bytes: u64,
     /// The largest `maxAttempts` of any policy (defaults and profiles): the router's retries.
     pub max_attempts: u32,
-    /// The longest `timeoutMs` of any policy: the longest silence allowed within a stream.
-    pub idle_timeout_ms: u64,
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
     pub limits: ListenerLimits,
@@ -180,7 +178,6 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
-    let idle_timeout = seconds(o.idle_timeout_ms.max(100));
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
     let request_timeout = seconds(o.limits.request_timeout_ms);
     let connection_idle_timeout = seconds(o.limits.connection_idle_timeout_ms);
@@ -297,6 +294,10 @@ bootstrap_extensions:
                 stat_prefix: ai_router_attempt
                 # An internal connection has no peer to wait for when a stream is cut.
                 delayed_close_timeout: 0s
+                # An attempt may wait (a backoff, a lane coming back) as long as its call's
+                # deadline allows, which the public route bounds; its provider's silence is
+                # bounded by the attempt stage (timeoutMs).
+                stream_idle_timeout: 0s
                 route_config:
                   name: ai_router_attempt
                   virtual_hosts:
@@ -304,10 +305,11 @@ bootstrap_extensions:
                       domains: ["*"]
                       routes:
                         - match: {{ prefix: "/" }}
-                          # idle_timeout: a provider silent for longer than timeoutMs within
-                          # a stream is cut off (before the first token either this or the
-                          # public route's per-try timeout moves the call to another lane).
-                          route: {{ cluster_header: {cluster_header}, timeout: 0s, idle_timeout: {idle_timeout} }}
+                          # No route timeout nor idle timeout: the attempt stage bounds each
+                          # attempt by its call's timeoutMs (until the first token, then each gap
+                          # between chunks), and the public route the call by its deadline. An
+                          # idle timeout here would also cut an attempt waiting for a lane.
+                          route: {{ cluster_header: {cluster_header}, timeout: 0s }}
                           # Chosen by the attempt stage; the provider never sees it.
                           request_headers_to_remove: [{cluster_header}]
                 http_filters:
@@ -337,6 +339,8 @@ bootstrap_extensions:
               typed_config:
                 "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
                 stat_prefix: ai_router_timer
+                # A wait lasts as long as it was asked to (bounded by the attempt stage).
+                stream_idle_timeout: 0s
                 route_config:
                   name: ai_router_timer
                   virtual_hosts:
@@ -448,7 +452,6 @@ mod tests {
             wasm_path: "/etc/envoy/wasm/ai_router_filter.wasm".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
-            idle_timeout_ms: 60_000,
             limits: ListenerLimits::default(),
         }
     }
@@ -467,6 +470,15 @@ mod tests {
         let route = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
             ["virtual_hosts"][0]["routes"][0]["route"];
         assert_eq!(route["retry_policy"]["num_retries"], 3);
+        // Attempts are bounded by the attempt stage (timeoutMs from the moment an attempt
+        // reaches its provider), calls by their deadline: no Envoy timer may cut an attempt
+        // that waits for a lane.
+        assert!(route["retry_policy"].get("per_try_timeout").is_none());
+        let attempt_hcm = &listeners[1]["filter_chains"][0]["filters"][0]["typed_config"];
+        let attempt_route = &attempt_hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"];
+        assert_eq!(attempt_route["timeout"], "0s");
+        assert!(attempt_route.get("idle_timeout").is_none());
+        assert_eq!(attempt_hcm["stream_idle_timeout"], "0s");
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));
         assert!(yaml.contains(r#"value: "{\"role\":\"attempt\"}""#));
         assert!(yaml.contains("host_env_keys: [AI_ROUTER_SYNC_TOKEN]"));

@@ -85,7 +85,6 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
             .unwrap_or_else(|| DEFAULT_WASM_PATH.to_owned()),
         max_body_bytes: config.gateway.max_body_bytes,
         max_attempts: config.max_attempts(),
-        idle_timeout_ms: config.max_timeout_ms(),
         limits: config.gateway.limits,
     }
 }

@@ -21,7 +21,6 @@ fn envoys_replies_are_gateway_codes() -> Result<()> {
         wasm_path: "ai_router_filter.wasm".into(),
         max_body_bytes: 1024,
         max_attempts: 4,
-        idle_timeout_ms: 60_000,
         limits: ListenerLimits::default(),
     });
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml)?;

@@ -106,6 +106,27 @@ pub struct Attempt {
     headers_only: bool,
     /// `gateway.forwardRateLimitHeaders` of the state the attempt was sent with.
     forward_rate_limits: bool,
+    /// The attempt's own bound (the policy's `timeoutMs`, from the moment the request went to
+    /// the provider, so no wait before it counts): the first token (a unary answer: the whole
+    /// answer) is due by then; after the first token, the next chunk is. The host checks it
+    /// every [`BOUND_TICK_MS`] ([`Attempt::bound_due`], then [`Attempt::on_bound`]).
+    bound_ms: Option<i64>,
+    /// The attempt answered in its own name (it timed out before its answer started): what
+    /// comes back through the stage is that answer.
+    answered_locally: bool,
+}
+
+/// A failed attempt's answer on the hop back to the outer router.
+struct Verdict {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+impl Verdict {
+    fn header_pairs(&self) -> Vec<(&str, &str)> {
+        self.headers.iter().map(|(k, v)| (*k, v.as_str())).collect()
+    }
 }
 
 /// What the attempt waits for.
@@ -123,6 +144,32 @@ const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
 const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
 
+/// The longest a wait's timer runs: a wait further off is armed again when it fires. Envoy
+/// does not cancel a context's HTTP calls when its stream ends, so a timer outlives an attempt
+/// that ended while it waited by up to this long (holding a request on the timer cluster).
+pub const TIMER_SLICE_MS: i64 = 1_000;
+
+/// How often the host checks the bounds of the attempts in flight (the attempt role's root
+/// context ticks): an attempt's timeout is noticed at most this late. A tick costs nothing
+/// per attempt but a comparison; a timer per attempt would hold a request on the timer
+/// cluster for as long as its attempt.
+pub const BOUND_TICK_MS: u64 = 100;
+
+/// Asks the timer listener for an answer at `at`, or in [`TIMER_SLICE_MS`] if that is sooner
+/// (its fault filter delays it by `x-envoy-fault-delay-request` ms); the answer comes back
+/// with the returned token, and the wait is decided again.
+fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
+    let ms = (at - host.now_ms()).clamp(1, TIMER_SLICE_MS);
+    let delay = ms.to_string();
+    let headers = vec![
+        (":method", "GET"),
+        (":path", "/wait"),
+        (":authority", "ai-router-timer"),
+        ("x-envoy-fault-delay-request", delay.as_str()),
+    ];
+    host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000)
+}
+
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
 pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
@@ -138,8 +185,27 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
         }
         Some(Class::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
         Some(
-            Class::Transient | Class::Network | Class::Timeout | Class::Stream | Class::Mismatch,
-        ) => GatewayError::of(ErrorCode::UpstreamError),
+            class @ (Class::Transient
+            | Class::Network
+            | Class::Timeout
+            | Class::Stream
+            | Class::Mismatch),
+        ) => {
+            let last = match class {
+                Class::Network => "the provider could not be reached",
+                Class::Timeout => "the provider did not answer within the policy's timeoutMs",
+                Class::Stream => "the provider's stream broke off before its first token",
+                Class::Mismatch => "the answer did not match the request",
+                _ => "the provider failed",
+            };
+            GatewayError::new(
+                ErrorCode::UpstreamError,
+                format!(
+                    "Every attempt failed upstream; the last one: {} ({last}).",
+                    class.as_str()
+                ),
+            )
+        }
         _ => GatewayError::of(ErrorCode::PoolUnavailable).with_retry_after(wait),
     }
 }
@@ -230,22 +296,56 @@ impl Attempt {
         self.send_to(host, &state, chosen)
     }
 
-    /// Pauses the attempt until `at`, through the timer listener (a fault-filter delay).
+    /// Pauses the attempt until `at`, through the timer listener.
     fn wait_until(&mut self, host: &mut impl Host, at: i64) -> Flow {
-        let ms = (at - host.now_ms()).clamp(1, 600_000);
-        let delay = ms.to_string();
-        let headers = vec![
-            (":method", "GET"),
-            (":path", "/wait"),
-            (":authority", "ai-router-timer"),
-            ("x-envoy-fault-delay-request", delay.as_str()),
-        ];
-        match host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000) {
+        match timer(host, at) {
             Ok(token) => {
                 self.pending = Pending::Wait(token);
                 Flow::Pause
             }
             Err(_) => self.give_up(host, None, Some(at)),
+        }
+    }
+
+    /// Whether the attempt's bound has passed while it still waits for its answer (or, after
+    /// the first token, for its next chunk): the host then calls [`Attempt::on_bound`].
+    pub fn bound_due(&self, now_ms: i64) -> bool {
+        self.bound_ms.is_some_and(|until| now_ms >= until)
+            && !self.reported
+            && !self.answered_locally
+    }
+
+    /// The attempt's bound passed: it timed out.
+    pub fn on_bound(&mut self, host: &mut impl Host) {
+        if !self.bound_due(host.now_ms()) {
+            return;
+        }
+        let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+        let what = if self.after_first_token {
+            "the next chunk"
+        } else if self.plan.as_ref().is_some_and(|p| p.stream) {
+            "the first token"
+        } else {
+            "the answer"
+        };
+        let failure = Failure {
+            class: Class::Timeout,
+            retry_at_ms: None,
+            provider_code: None,
+            message: format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
+            status: 0,
+        };
+        if self.after_first_token {
+            // The stream is the client's: no callback is left in which to add an error event
+            // (the provider is silent), so it is cut; the client sees it break off.
+            if let Mode::Stream { gate, .. } = &self.mode {
+                self.usage = gate.usage;
+            }
+            self.report(host, Some(&failure), 200);
+            self.mode = Mode::Drained;
+            host.reset_stream();
+        } else {
+            self.fail_locally(host, failure);
         }
     }
 
@@ -449,6 +549,9 @@ impl Attempt {
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
         });
+        // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
+        // (bounded by its deadline), not this attempt's.
+        self.bound_ms = Some(self.started_ms.saturating_add(plan.timeout_ms as i64));
         Flow::Continue
     }
 
@@ -502,7 +605,14 @@ impl Attempt {
             .unwrap_or_default();
         // Drawn before borrowing the call: the call table and the generator share a cell.
         let jitter = host.random_unit();
+        let after_first_token = self.after_first_token;
         host.with_call(self.cid(), |c| match failure {
+            Some(f) if after_first_token => {
+                // The lane answered the client, and its answer broke off.
+                c.last_failure = Some((f.class, f.retry_at_ms));
+                c.answered = Some(lane.id.clone());
+                c.broken_after_first_token = Some(f.class);
+            }
             Some(f) => {
                 c.last_failure = Some((f.class, f.retry_at_ms));
                 if matches!(
@@ -557,22 +667,23 @@ impl Attempt {
         });
     }
 
-    /// Turns the held response into the signal for the outer router, or the client's answer.
-    fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+    /// The answer that carries a failed attempt's verdict: for a retryable failure the signal
+    /// for the outer router (and the final error, should retries run out), else the
+    /// provider's refusal for the client. Holds and reports the failure.
+    fn verdict(&mut self, host: &mut impl Host, failure: &Failure) -> Verdict {
         let now = host.now_ms();
-        self.hold(host, &failure, now);
-        self.report(host, Some(&failure), failure.status);
-        let attempt = self.attempt.to_string();
-        let mut signals: Vec<(&str, String)> = vec![
-            (H_ATTEMPT, attempt),
+        self.hold(host, failure, now);
+        self.report(host, Some(failure), failure.status);
+        let mut headers: Vec<(&'static str, String)> = vec![
+            (H_ATTEMPT, self.attempt.to_string()),
             ("content-type", "application/json".into()),
         ];
         let (status, body) = if failure.class.retryable() {
             let err = final_error(Some(failure.class), failure.retry_at_ms, now);
-            signals.push((H_RETRY, "1".into()));
-            signals.push((H_FINAL_STATUS, err.status.to_string()));
+            headers.push((H_RETRY, "1".into()));
+            headers.push((H_FINAL_STATUS, err.status.to_string()));
             if let Some(s) = err.retry_after_s {
-                signals.push((H_RETRY_AFTER, s.to_string()));
+                headers.push((H_RETRY_AFTER, s.to_string()));
             }
             (503u16, err.body())
         } else {
@@ -580,21 +691,40 @@ impl Attempt {
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
             (failure.status, err.body())
         };
+        Verdict {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// Turns the held response into the signal for the outer router, or the client's answer.
+    fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+        let verdict = self.verdict(host, &failure);
         self.mode = Mode::Drained;
         if self.headers_only {
             // The provider's answer has no body to replace (the host refuses to write one):
             // answer in its place.
-            let headers: Vec<(&str, &str)> =
-                signals.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            host.send_response(status, &headers, &body);
+            host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
             return;
         }
-        host.set_header(Side::Response, ":status", Some(&status.to_string()));
-        for (name, value) in &signals {
+        host.set_header(Side::Response, ":status", Some(&verdict.status.to_string()));
+        for (name, value) in &verdict.headers {
             host.set_header(Side::Response, name, Some(value));
         }
         host.set_header(Side::Response, "content-length", None);
-        host.set_body(Side::Response, 0, body_size, &body);
+        host.set_body(Side::Response, 0, body_size, &verdict.body);
+    }
+
+    /// Fails the attempt outside any callback of its answer (its bound passed, on the host's
+    /// tick): the verdict is answered locally, in place of whatever the provider has sent or
+    /// still sends (nothing of it has reached the client: its headers are held until the first
+    /// token).
+    fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
+        let verdict = self.verdict(host, &failure);
+        self.answered_locally = true;
+        self.mode = Mode::Through;
+        host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
     }
 
     /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
@@ -700,6 +830,10 @@ impl Attempt {
     }
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        if self.answered_locally {
+            // The stage's own answer, on its way back.
+            return Flow::Continue;
+        }
         let Some(lane) = &self.lane else {
             return Flow::Continue;
         };
@@ -799,7 +933,15 @@ impl Attempt {
                 };
                 // The bytes that take the place of this callback's body.
                 let mut out: Option<Vec<u8>> = None;
-                match gate.feed(&new, now) {
+                let chunks_before = gate.chunks();
+                let step = gate.feed(&new, now);
+                if gate.released() && gate.chunks() > chunks_before {
+                    // A chunk after the first token (or the first token itself): the next one
+                    // is due within timeoutMs of it, unless the answer is complete ([DONE]).
+                    let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+                    self.bound_ms = (!gate.completed()).then(|| now.saturating_add(timeout as i64));
+                }
+                match step {
                     Step::Hold => {}
                     Step::Release(bytes) => {
                         self.after_first_token = true;
@@ -884,28 +1026,19 @@ impl Attempt {
         if self.reported || self.lane.is_none() {
             return;
         }
-        // The attempt ended without a verdict: the provider's connection broke, the attempt or
-        // call timed out, or the caller went away (the outer router resets this stream then).
+        // The attempt ended without a verdict: the provider's connection broke, the call's
+        // deadline passed, or the caller went away (the outer router resets this stream then).
+        // The attempt's own timeout is never among them: its bound gives the verdict itself.
         let now = host.now_ms();
-        let elapsed = now.saturating_sub(self.started_ms).max(0) as u64;
-        let (timeout, deadline) = self
-            .plan
-            .as_ref()
-            .map(|p| {
-                (
-                    p.timeout_ms,
-                    p.started_ms.saturating_add(p.deadline_ms as i64),
-                )
-            })
-            .unwrap_or((u64::MAX, i64::MAX));
-        let downstream_gone = host
+        let deadline = self.plan.as_ref().map_or(i64::MAX, |p| {
+            p.started_ms.saturating_add(p.deadline_ms as i64)
+        });
+        let details = host
             .property(&["response", "code_details"])
-            .is_some_and(|d| d.starts_with(b"downstream_remote_disconnect"));
+            .unwrap_or_default();
         let class = if now + 50 >= deadline {
             Class::Deadline
-        } else if downstream_gone && !self.after_first_token && elapsed + 50 >= timeout {
-            Class::Timeout
-        } else if downstream_gone {
+        } else if details.starts_with(b"downstream_remote_disconnect") {
             Class::Cancelled
         } else if self.after_first_token {
             Class::Stream
@@ -1115,6 +1248,20 @@ mod tests {
             format!(r#"{{"model":"chat","messages":[{{"role":"user","content":"hi"}}]{stream}}}"#)
                 .into_bytes();
         host
+    }
+
+    /// The delays of the timers the stage asked for, in order.
+    fn timer_delays(host: &FakeHost) -> Vec<i64> {
+        host.dispatched
+            .iter()
+            .filter_map(|d| match d {
+                Dispatched::Http { cluster, headers } if cluster == TIMER_CLUSTER => headers
+                    .iter()
+                    .find(|(k, _)| k == "x-envoy-fault-delay-request")
+                    .and_then(|(_, v)| v.parse().ok()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Runs the request phase; returns the flow of the body callback.
@@ -1501,19 +1648,20 @@ mod tests {
         let mut host = host_with(snap, &plan, 1);
         let mut stage = Attempt::default();
         assert_eq!(send(&mut stage, &mut host), Flow::Pause);
-        let Some(Dispatched::Http { cluster, headers }) = host.dispatched.last().cloned() else {
+        let Some(Dispatched::Http { cluster, .. }) = host.dispatched.last().cloned() else {
             panic!("a timer call: {:?}", host.dispatched);
         };
         assert_eq!(cluster, TIMER_CLUSTER);
-        let delay: i64 = headers
-            .iter()
-            .find(|(k, _)| k == "x-envoy-fault-delay-request")
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or(0);
-        assert!((1_900..=2_000).contains(&delay), "{delay}");
+        // The wait goes in slices: the first ends before the lane is back, and waits again.
+        let (token, delay) = last_timer(&host);
+        assert_eq!(delay, TIMER_SLICE_MS);
+        host.now = NOW + 1_005;
+        stage.on_http_call_response(&mut host, token);
+        assert_eq!(host.resumed, 0, "still waiting");
+        let (token, delay) = last_timer(&host);
+        assert!((990..=1_000).contains(&delay), "{delay}");
         // The timer fires once the cooldown is over.
         host.now = NOW + 2_001;
-        let token = host.next_token;
         stage.on_http_call_response(&mut host, token);
         assert_eq!(host.resumed, 1);
         assert_eq!(
@@ -1561,5 +1709,252 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         assert_eq!(host.attempts[0].error_class, "cancelled");
         assert_eq!(host.lanes.in_flight("p1", "a"), 0, "the slot is freed");
+    }
+
+    /// The token of the last timer the stage asked for, and its delay.
+    fn last_timer(host: &FakeHost) -> (u32, i64) {
+        let delay = timer_delays(host).last().copied().unwrap_or(-1);
+        (host.next_token, delay)
+    }
+
+    /// A stream attempt at p1 whose headers and role chunk arrived and are held.
+    fn held_stream(host: &mut FakeHost, stage: &mut Attempt) {
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        assert_eq!(stage.on_response_headers(host, false), Flow::Pause);
+        let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        host.response_body = role.as_bytes().to_vec();
+        assert_eq!(stage.on_response_body(host, role.len(), false), Flow::Pause);
+    }
+
+    /// `text` as one content chunk after the first token.
+    fn chunk(stage: &mut Attempt, host: &mut FakeHost, text: &str) -> Flow {
+        let event = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        );
+        if stage.after_first_token {
+            host.response_body = event.into_bytes();
+        } else {
+            host.response_body.extend_from_slice(event.as_bytes());
+        }
+        let size = host.response_body.len();
+        stage.on_response_body(host, size, false)
+    }
+
+    #[test]
+    fn the_attempts_timeout_starts_when_it_reaches_a_provider_not_while_it_waits() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        plan.timeout_ms = 1_000;
+        let mut snap = snapshot();
+        // The only lane is back in 3 s: longer than the attempt's timeout.
+        snap.cooldowns.push(LaneCooldown {
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            until_ms: NOW + 3_000,
+        });
+        let mut host = host_with(snap, &plan, 2);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        // Three slices of waiting, then the lane is back.
+        for at in [NOW + 1_005, NOW + 2_005, NOW + 3_001] {
+            let (wait, delay) = last_timer(&host);
+            assert!((990..=TIMER_SLICE_MS).contains(&delay), "the wait: {delay}");
+            assert!(host.attempts.is_empty() && host.answered.is_none());
+            host.now = at;
+            stage.on_http_call_response(&mut host, wait);
+        }
+        assert_eq!(
+            host.resumed, 1,
+            "the wait is over: the attempt goes to the provider"
+        );
+        assert!(host.answered.is_none());
+        assert!(host.attempts.is_empty());
+        // The attempt's own bound starts now, for the whole of timeoutMs.
+        assert!(!stage.bound_due(host.now + 999));
+        assert!(stage.bound_due(host.now + 1_000));
+    }
+
+    #[test]
+    fn an_attempt_past_its_timeout_before_its_answer_is_retried_with_the_timeout_class() {
+        for (what, stream) in [
+            ("no answer at all", false),
+            ("a stream held before its first token", true),
+        ] {
+            let plan = plan(stream);
+            let mut host = host_with(snapshot(), &plan, 1);
+            let mut stage = Attempt::default();
+            assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+            assert!(host.dispatched.is_empty(), "{what}: no timer per attempt");
+            let sent = host.now;
+            if stream {
+                held_stream(&mut host, &mut stage);
+            }
+            let timed_out = run_ticks(&mut stage, &mut host, sent + 60_000, |h| {
+                h.answered.is_some()
+            });
+            assert_eq!(timed_out, sent + plan.timeout_ms as i64, "{what}");
+            let answer = host
+                .answered
+                .clone()
+                .expect("answered in the provider's place");
+            assert_eq!(answer.status, 503, "{what}");
+            assert_eq!(answer.header(H_RETRY), Some("1"), "{what}");
+            assert_eq!(answer.header(H_FINAL_STATUS), Some("502"), "{what}");
+            assert_eq!(answer.json()["error"]["code"], "upstream_error", "{what}");
+            assert!(
+                answer.json()["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("timeout")),
+                "{what}: {:?}",
+                answer.json()
+            );
+            assert_eq!(host.attempts.len(), 1, "{what}");
+            assert_eq!(host.attempts[0].error_class, "timeout", "{what}");
+            assert!(!host.attempts[0].after_first_token, "{what}");
+            assert_eq!(
+                host.lanes.in_flight("p1", "a"),
+                0,
+                "{what}: the slot is freed"
+            );
+            let backoff = host.calls.get("call-1").map_or(0, |c| c.backoff_until_ms);
+            assert!(backoff > host.now, "{what}: the next attempt backs off");
+            // The stage's own answer passes back through it untouched.
+            host.response_headers.clear();
+            host.add(Side::Response, ":status", b"503");
+            host.add(Side::Response, H_RETRY, b"1");
+            assert_eq!(stage.on_response_headers(&mut host, false), Flow::Continue);
+            assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+            host.response_body = answer.body.clone();
+            let size = host.response_body.len();
+            assert_eq!(
+                stage.on_response_body(&mut host, size, true),
+                Flow::Continue
+            );
+            assert_eq!(host.response_body, answer.body, "{what}");
+            assert_eq!(host.attempts.len(), 1, "{what}: reported once");
+        }
+    }
+
+    /// Lets the clock run a tick at a time, checking the attempt's bound as the host does, until
+    /// `done` or `until`; returns the time it stopped at.
+    fn run_ticks(
+        stage: &mut Attempt,
+        host: &mut FakeHost,
+        until: i64,
+        done: impl Fn(&FakeHost) -> bool,
+    ) -> i64 {
+        while !done(host) && host.now < until {
+            host.now += BOUND_TICK_MS as i64;
+            if stage.bound_due(host.now) {
+                stage.on_bound(host);
+            }
+        }
+        host.now
+    }
+
+    #[test]
+    fn chunks_after_the_first_token_move_the_bound_on() {
+        let mut plan = plan(true);
+        plan.timeout_ms = 3_000;
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let sent = host.now;
+        held_stream(&mut host, &mut stage);
+        // The first token at 2 s, the next chunk at 4 s: the bound is now 7 s.
+        run_ticks(&mut stage, &mut host, sent + 2_000, |_| false);
+        assert_eq!(
+            chunk(&mut stage, &mut host, "Hi"),
+            Flow::Continue,
+            "released"
+        );
+        run_ticks(&mut stage, &mut host, sent + 4_000, |_| false);
+        assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
+        assert!(host.attempts.is_empty() && host.resets == 0);
+        let cut = run_ticks(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
+        assert_eq!(cut, sent + 7_000, "timeoutMs after the last chunk");
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].error_class, "timeout");
+        assert!(!stage.bound_due(host.now), "decided once");
+    }
+
+    /// A stream attempt at p1 that sent its first token ("Hi").
+    fn a_stream_past_its_first_token() -> (Plan, FakeHost, Attempt) {
+        let plan = plan(true);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        held_stream(&mut host, &mut stage);
+        assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+        (plan, host, stage)
+    }
+
+    #[test]
+    fn a_gap_past_the_timeout_after_the_first_token_cuts_the_stream() {
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
+        let last_chunk = host.now;
+        let cut = run_ticks(&mut stage, &mut host, last_chunk + 60_000, |h| h.resets > 0);
+        // Nothing can be added to a stream whose provider is silent: it is reset.
+        assert_eq!(cut, last_chunk + plan.timeout_ms as i64);
+        assert_eq!(host.resets, 1);
+        assert!(host.answered.is_none());
+        assert_eq!(host.attempts.len(), 1);
+        let report = &host.attempts[0];
+        assert_eq!(
+            (report.outcome.as_str(), report.error_class.as_str()),
+            ("error", "timeout")
+        );
+        assert!(report.after_first_token);
+        assert_eq!(
+            host.calls
+                .get("call-1")
+                .and_then(|c| c.broken_after_first_token),
+            Some(Class::Timeout),
+            "the front stage reports the call as failed"
+        );
+        // Whatever the provider still sends is dropped, and the end reports nothing more.
+        assert_eq!(chunk(&mut stage, &mut host, "late"), Flow::Continue);
+        assert!(host.response_body.is_empty());
+        stage.on_log(&mut host);
+        assert_eq!(host.attempts.len(), 1);
+    }
+
+    #[test]
+    fn a_stream_whose_answer_is_complete_has_no_gap_to_time_out() {
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
+        host.response_body = b"data: [DONE]\n\n".to_vec();
+        let size = host.response_body.len();
+        assert_eq!(
+            stage.on_response_body(&mut host, size, false),
+            Flow::Continue
+        );
+        // The provider keeps its stream open past timeoutMs: the answer is whole, no cut.
+        let later = host.now + 3 * plan.timeout_ms as i64;
+        run_ticks(&mut stage, &mut host, later, |_| false);
+        assert_eq!(host.resets, 0);
+        assert!(host.attempts.is_empty());
+    }
+
+    #[test]
+    fn a_bound_past_after_the_verdict_changes_nothing() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"choices":[{"message":{"content":"hello"}}]}"#,
+        );
+        host.now += plan.timeout_ms as i64;
+        assert!(!stage.bound_due(host.now));
+        stage.on_bound(&mut host);
+        assert_eq!(host.attempts.len(), 1);
+        assert_eq!(host.attempts[0].outcome, "success");
+        assert!(host.answered.is_none() && host.resets == 0);
     }
 }

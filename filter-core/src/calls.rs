@@ -1,5 +1,5 @@
 //! A call's bookkeeping in the VM, shared by its front stage and every attempt: what it tried,
-//! how its last attempt failed, the lane that answered, the embeddings identity it keeps, and
+//! how its last attempt failed, the lane that answered (and whether its answer broke off), the embeddings identity it keeps, and
 //! the backoff before its next attempt.
 
 use crate::classify::Class;
@@ -18,4 +18,6 @@ pub struct Call {
     pub transient_failures: u32,
     /// The next attempt waits until then.
     pub backoff_until_ms: i64,
+    /// The answer had started (the client got its first token) when it failed, so: the class.
+    pub broken_after_first_token: Option<Class>,
 }

@@ -12,6 +12,7 @@ use ai_router_contract::headers::{
 use ai_router_proto::v1::{RequestOutcome, Usage as ProtoUsage, VirtualKey};
 use serde_json::{json, Value};
 
+use crate::classify::Class;
 use crate::errors::{ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
@@ -279,19 +280,29 @@ impl Front {
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
         host.set_header(Side::Request, "x-envoy-max-retries", Some(&retries));
-        // The whole call is bounded by the deadline; each attempt until its first token by the
-        // attempt timeout (the attempt stage holds the headers until then).
+        // The whole call is bounded by the deadline, waits included. An attempt is bounded by
+        // the attempt stage itself (timeoutMs from the moment it reaches a provider): a per-try
+        // timeout here would also count the attempt's waits for a lane and burn attempts.
         host.set_header(
             Side::Request,
             "x-envoy-upstream-rq-timeout-ms",
             Some(&plan.deadline_ms.to_string()),
         );
-        host.set_header(
-            Side::Request,
-            "x-envoy-upstream-rq-per-try-timeout-ms",
-            Some(&plan.timeout_ms.to_string()),
-        );
         Flow::Continue
+    }
+}
+
+/// How Envoy's router ended an answer that had started, from the stream's response code
+/// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
+/// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
+fn cut_by_the_router(host: &impl Host) -> Option<Class> {
+    let details = host.property(&["response", "code_details"])?;
+    if details == b"response_timeout" {
+        Some(Class::Deadline)
+    } else if details.starts_with(b"upstream_reset_after_response_started") {
+        Some(Class::Stream)
+    } else {
+        None
     }
 }
 
@@ -447,18 +458,27 @@ impl Front {
             self.status = status;
             host.set_header(Side::Response, ":status", Some(&status.to_string()));
         } else if attempt.is_none() && self.status >= 500 {
-            // The router itself gave up (deadline, no attempt stage reachable).
-            let err = if self.status == 504 {
-                GatewayError::new(
+            // The router answered itself: the deadline passed before an answer started (504),
+            // or it could not take the call (503: its circuit breakers are full, or no attempt
+            // stage was there to take it).
+            let err = match self.status {
+                504 => GatewayError::new(
                     ErrorCode::PoolTimeout,
                     "The call's deadline passed before a provider answered.",
+                ),
+                503 => GatewayError::new(
+                    ErrorCode::PoolUnavailable,
+                    "The gateway cannot take this call now; try again shortly.",
                 )
-            } else {
-                GatewayError::new(
+                .with_retry_after(Some(1)),
+                _ => GatewayError::new(
                     ErrorCode::UpstreamError,
                     "No provider could be reached for this call.",
-                )
+                ),
             };
+            if let Some(s) = err.retry_after_s {
+                host.set_header(Side::Response, "retry-after", Some(&s.to_string()));
+            }
             self.status = err.status;
             host.set_header(Side::Response, ":status", Some(&err.status.to_string()));
             host.set_header(Side::Response, "content-type", Some("application/json"));
@@ -521,7 +541,18 @@ impl Front {
         let (outcome, status) = match self.answered {
             Some((status, code)) if status >= 400 => (format!("rejected:{code}"), status),
             Some((status, _)) => ("success".to_string(), status),
-            None if (200..300).contains(&self.status) => ("success".to_string(), self.status),
+            None if (200..300).contains(&self.status) => {
+                // A stream that broke off after its first token is no success: the attempt
+                // stage said so, or (when its report comes later) Envoy's router cut it.
+                let broken = call
+                    .as_ref()
+                    .and_then(|c| c.broken_after_first_token)
+                    .or_else(|| cut_by_the_router(host));
+                match broken {
+                    Some(class) => (format!("error:{}", class.as_str()), self.status),
+                    None => ("success".to_string(), self.status),
+                }
+            }
             None => {
                 let class = call
                     .as_ref()
@@ -662,6 +693,16 @@ mod tests {
             host.text(Side::Request, "x-envoy-max-retries").as_deref(),
             Some("2")
         );
+        // The router bounds the call by its deadline; an attempt is the attempt stage's to
+        // bound (a per-try timeout would count its waits for a lane too).
+        assert_eq!(
+            host.text(Side::Request, "x-envoy-upstream-rq-timeout-ms")
+                .and_then(|v| v.parse::<u64>().ok()),
+            Some(plan.deadline_ms)
+        );
+        assert!(host
+            .header(Side::Request, "x-envoy-upstream-rq-per-try-timeout-ms")
+            .is_none());
 
         // The attempt stage answered on its first attempt, from m1.
         host.add(Side::Response, ":status", b"200");
@@ -688,17 +729,20 @@ mod tests {
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
     }
 
-    #[test]
-    fn the_last_attempts_signal_becomes_the_final_status() {
+    /// A chat call for `m1` with the app's key, sent on to the router.
+    fn a_call_sent_on() -> (Front, FakeHost) {
         let auth = bearer(KEY);
         let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
         let mut front = Front::default();
         front.on_request_headers(&mut host, false);
-        send_body(
-            &mut front,
-            &mut host,
-            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        (front, host)
+    }
+
+    #[test]
+    fn the_last_attempts_signal_becomes_the_final_status() {
+        let (mut front, mut host) = a_call_sent_on();
         host.add(Side::Response, ":status", b"503");
         host.add(Side::Response, H_RETRY, b"1");
         host.add(Side::Response, H_FINAL_STATUS, b"503");
@@ -717,16 +761,71 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_that_broke_off_after_its_first_token_is_no_success() {
+        for (broken, details, outcome) in [
+            (None, "via_upstream", "success"),
+            // The client stopped reading: the lane served it.
+            (None, "downstream_remote_disconnect", "success"),
+            (Some(Class::Timeout), "", "error:timeout"),
+            // The attempt stage's report comes after this stage's end.
+            (None, "response_timeout", "error:deadline"),
+            (
+                None,
+                "upstream_reset_after_response_started{protocol_error}",
+                "error:stream",
+            ),
+        ] {
+            let (mut front, mut host) = a_call_sent_on();
+            host.add(Side::Response, ":status", b"200");
+            host.add(Side::Response, H_ATTEMPT, b"1");
+            front.on_response_headers(&mut host, false);
+            // The attempt stage's report of how the answer ended.
+            for call in host.calls.values_mut() {
+                call.broken_after_first_token = broken;
+            }
+            host.properties
+                .insert("response.code_details".into(), details.as_bytes().to_vec());
+            front.on_log(&mut host);
+            assert_eq!(host.reports[0].outcome, outcome);
+            assert_eq!(host.reports[0].status, 200);
+        }
+    }
+
+    #[test]
+    fn the_routers_own_answers_get_the_gateways_error_bodies() {
+        for (router_status, status, code, retry_after) in [
+            (504, 504, "pool_timeout", None),
+            // Its circuit breakers are full: the gateway cannot take the call now.
+            (503, 503, "pool_unavailable", Some("1")),
+            (502, 502, "upstream_error", None),
+        ] {
+            let (mut front, mut host) = a_call_sent_on();
+            host.add(
+                Side::Response,
+                ":status",
+                router_status.to_string().as_bytes(),
+            );
+            host.add(Side::Response, "x-envoy-overloaded", b"true");
+            front.on_response_headers(&mut host, false);
+            host.response_body = b"upstream connect error".to_vec();
+            assert_eq!(front.on_response_body(&mut host, 22, true), Flow::Continue);
+            let body: Value = serde_json::from_slice(&host.response_body).unwrap_or(Value::Null);
+            assert_eq!(body["error"]["code"], code, "{router_status}");
+            assert_eq!(
+                host.text(Side::Response, ":status"),
+                Some(status.to_string())
+            );
+            assert_eq!(
+                host.text(Side::Response, "retry-after").as_deref(),
+                retry_after
+            );
+            assert!(host.header(Side::Response, "x-envoy-overloaded").is_none());
+        }
+    }
+
+    #[test]
     fn a_router_timeout_gets_the_gateways_error_body() {
-        let auth = bearer(KEY);
-        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
-        let mut front = Front::default();
-        front.on_request_headers(&mut host, false);
-        send_body(
-            &mut front,
-            &mut host,
-            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
-        );
+        let (mut front, mut host) = a_call_sent_on();
         // Envoy's router gave up: no attempt header, its own text body.
         host.add(Side::Response, ":status", b"504");
         host.add(Side::Response, "content-type", b"text/plain");

@@ -45,6 +45,9 @@ pub trait Host {
     fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]);
     /// Answers the stream locally.
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
+    /// Resets the stream (its upstream request too): what is left when an answer that has
+    /// started cannot be ended with anything written into it.
+    fn reset_stream(&mut self);
 
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
@@ -215,6 +218,8 @@ pub mod fake {
         pub request_body: Vec<u8>,
         pub response_body: Vec<u8>,
         pub answered: Option<LocalAnswer>,
+        /// How many times the stage reset the stream.
+        pub resets: u32,
         pub now: i64,
         pub state: Option<Rc<State>>,
         pub minute_counts: HashMap<(String, i64), u32>,
@@ -313,6 +318,9 @@ pub mod fake {
                     .collect(),
                 body: body.to_vec(),
             });
+        }
+        fn reset_stream(&mut self) {
+            self.resets += 1;
         }
         fn now_ms(&self) -> i64 {
             self.now

@@ -50,6 +50,8 @@ pub struct Gate {
     parser: Parser,
     released: bool,
     held: Vec<u8>,
+    /// Events with data seen so far (comments and keep-alives are not chunks).
+    chunks: u64,
     done: bool,
     errored: bool,
     /// What ended the stream after the first token (an error event, malformed data).
@@ -66,6 +68,7 @@ impl Gate {
             parser: Parser::new(),
             released: false,
             held: Vec::new(),
+            chunks: 0,
             done: false,
             errored: false,
             failed: None,
@@ -76,6 +79,11 @@ impl Gate {
 
     pub fn released(&self) -> bool {
         self.released
+    }
+
+    /// How many events with data the provider sent so far: what bounds a gap in the stream.
+    pub fn chunks(&self) -> u64 {
+        self.chunks
     }
 
     /// Whether the provider ended the stream properly (`[DONE]`).
@@ -181,6 +189,7 @@ impl Gate {
             // Comments and keep-alives.
             return Judged::Keep { token: false };
         }
+        self.chunks += 1;
         if data == "[DONE]" {
             self.done = true;
             return Judged::Keep { token: false };

@@ -181,6 +181,20 @@ impl Client {
         })
     }
 
+    /// The same over HTTP/2 without TLS (prior knowledge), as `curl --http2-prior-knowledge`.
+    pub fn new_h2(base: &str) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .http2_prior_knowledge()
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .context("building the HTTP/2 client")?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        })
+    }
+
     /// Any request; `body` is sent as is (so invalid JSON can be sent).
     pub async fn request(
         &self,

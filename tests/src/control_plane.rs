@@ -80,6 +80,27 @@ impl ControlPlane {
         &self.config
     }
 
+    /// Polls `/metrics` until it has a line containing every one of `parts` (what Envoy
+    /// reported reaches the control plane within a tick or two); returns that line.
+    pub async fn metric_line(&self, parts: &[&str]) -> Result<String> {
+        let url = format!("http://{}/metrics", self.http);
+        poll(
+            &format!("a metric line with {parts:?}"),
+            Duration::from_secs(10),
+            || {
+                let url = url.clone();
+                async move {
+                    let text = http_client()?.get(url).send().await?.text().await?;
+                    Ok(text
+                        .lines()
+                        .find(|l| parts.iter().all(|p| l.contains(p)))
+                        .map(str::to_string))
+                }
+            },
+        )
+        .await
+    }
+
     /// Kills the control plane.
     pub fn stop(&mut self) {
         if let Some(mut p) = self.process.take() {

@@ -157,6 +157,34 @@ impl Envoy {
         &self.bootstrap
     }
 
+    /// The value of the counter or gauge `name` (`cluster.providers_plain.upstream_rq_active`),
+    /// from the admin API.
+    pub async fn stat(&self, name: &str) -> Result<u64> {
+        let escaped = name.replace('.', "\\.");
+        let url = format!("http://{}/stats?filter=^{escaped}$", self.admin);
+        let text = http_client()?.get(&url).send().await?.text().await?;
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .ok_or_else(|| anyhow!("no {name} in {text:?}"))?;
+        value
+            .trim()
+            .parse()
+            .with_context(|| format!("{name}: {value:?}"))
+    }
+
+    /// Every counter Envoy has whose name ends in `_overflow` and is not 0 (a circuit breaker
+    /// turned a call away).
+    pub async fn overflows(&self) -> Result<Vec<String>> {
+        let url = format!("http://{}/stats?filter=_overflow$", self.admin);
+        let text = http_client()?.get(&url).send().await?.text().await?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.ends_with(": 0"))
+            .map(str::to_string)
+            .collect())
+    }
+
     pub fn process(&self) -> &Process {
         &self.process
     }

@@ -1,5 +1,7 @@
 //! Real clients, pointed at Envoy's listener as their base URL: the `openai` Python package and
-//! `langchain-openai` complete a chat and a stream (tests/conformance/clients.py).
+//! `langchain-openai` complete a chat and a stream (tests/conformance/clients.py), use tools,
+//! JSON mode and embeddings (protocols.py), and the SDK raises on every stream the gateway cuts
+//! after its first token (cut_streams.py).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
@@ -8,24 +10,22 @@ use std::time::Duration;
 use ai_router_e2e::{python_bin, script, workspace_root, Gateway};
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_openai_and_langchain_python_clients_chat_and_stream_through_the_gateway() {
+/// Runs the Python client script `name` (in tests/conformance/) against the gateway with
+/// `env` (the base URL and the virtual key are set); returns its stdout, after saving both of
+/// its outputs in the test directory. Panics with them when it does not exit 0 within `limit`.
+async fn run_client_script(
+    gw: &Gateway,
+    name: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> String {
     let python = python_bin().unwrap();
-    let gw = Gateway::start("python_clients").await.expect("fixture");
-    let reply = script::stream(&["Hello", " from", " the", " pool"]);
-    for mock in [&gw.mock1, &gw.mock2] {
-        mock.script(json!([script::always(vec![reply.clone()])]))
-            .await
-            .unwrap();
-    }
-
-    let script_path = workspace_root().join("tests/conformance/clients.py");
-    let child = tokio::process::Command::new(&python)
+    let script_path = workspace_root().join("tests/conformance").join(name);
+    let mut command = tokio::process::Command::new(&python);
+    command
         .arg(&script_path)
         .env("AI_ROUTER_BASE_URL", gw.openai_base_url())
         .env("AI_ROUTER_API_KEY", &gw.virtual_key)
-        .env("AI_ROUTER_MODEL", "chat")
-        .env("AI_ROUTER_EXPECT", "Hello from the pool")
         .env("NO_PROXY", "*")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
@@ -36,17 +36,22 @@ async fn the_openai_and_langchain_python_clients_chat_and_stream_through_the_gat
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let child = command
         .spawn()
         .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
-    let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+    let out = tokio::time::timeout(limit, child.wait_with_output())
         .await
-        .expect("the client script finishes within 3 minutes")
+        .unwrap_or_else(|_| panic!("{name} finishes within {limit:?}"))
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    std::fs::write(gw.dir.join("clients.stdout"), stdout.as_bytes()).unwrap();
-    std::fs::write(gw.dir.join("clients.stderr"), stderr.as_bytes()).unwrap();
+    let stem = name.trim_end_matches(".py");
+    std::fs::write(gw.dir.join(&format!("{stem}.stdout")), stdout.as_bytes()).unwrap();
+    std::fs::write(gw.dir.join(&format!("{stem}.stderr")), stderr.as_bytes()).unwrap();
     assert!(
         out.status.success(),
         "{} {} exited {}\n----- stdout -----\n{stdout}\n----- stderr -----\n{stderr}",
@@ -54,6 +59,29 @@ async fn the_openai_and_langchain_python_clients_chat_and_stream_through_the_gat
         script_path.display(),
         out.status
     );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_and_langchain_python_clients_chat_and_stream_through_the_gateway() {
+    let gw = Gateway::start("python_clients").await.expect("fixture");
+    let reply = script::stream(&["Hello", " from", " the", " pool"]);
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![reply.clone()])]))
+            .await
+            .unwrap();
+    }
+
+    run_client_script(
+        &gw,
+        "clients.py",
+        &[
+            ("AI_ROUTER_MODEL", "chat"),
+            ("AI_ROUTER_EXPECT", "Hello from the pool"),
+        ],
+        Duration::from_secs(180),
+    )
+    .await;
     assert!(
         !gw.mock1.calls().await.unwrap().is_empty() || !gw.mock2.calls().await.unwrap().is_empty(),
         "the clients' calls reached a provider"
@@ -105,7 +133,6 @@ resilience:
 
 /// Runs tests/conformance/protocols.py against a gateway whose chat provider is of `kind`.
 async fn protocol_clients(test: &str, kind: &'static str) {
-    let python = python_bin().unwrap();
     let gw = Gateway::start_with(test, protocols_pool(kind))
         .await
         .expect("fixture");
@@ -134,45 +161,20 @@ async fn protocol_clients(test: &str, kind: &'static str) {
         .await
         .unwrap();
 
-    let script_path = workspace_root().join("tests/conformance/protocols.py");
-    let child = tokio::process::Command::new(&python)
-        .arg(&script_path)
-        .env("AI_ROUTER_BASE_URL", gw.openai_base_url())
-        .env("AI_ROUTER_API_KEY", &gw.virtual_key)
-        .env("AI_ROUTER_CHAT_MODEL", "chat")
-        .env("AI_ROUTER_EXPECT", "Hello from the pool")
-        .env("AI_ROUTER_TOOLS_MODEL", "tools")
-        .env("AI_ROUTER_JSON_MODEL", "json")
-        .env("AI_ROUTER_EMBED_MODEL", "embed")
-        .env("AI_ROUTER_EMBED_DIMENSIONS", "8")
-        .env("NO_PROXY", "*")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("https_proxy")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("the client script finishes within 4 minutes")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    std::fs::write(gw.dir.join("protocols.stdout"), stdout.as_bytes()).unwrap();
-    std::fs::write(gw.dir.join("protocols.stderr"), stderr.as_bytes()).unwrap();
-    assert!(
-        out.status.success(),
-        "{} {} ({kind}) exited {}\n----- stdout -----\n{stdout}\n----- stderr -----\n{stderr}",
-        python.display(),
-        script_path.display(),
-        out.status
-    );
+    run_client_script(
+        &gw,
+        "protocols.py",
+        &[
+            ("AI_ROUTER_CHAT_MODEL", "chat"),
+            ("AI_ROUTER_EXPECT", "Hello from the pool"),
+            ("AI_ROUTER_TOOLS_MODEL", "tools"),
+            ("AI_ROUTER_JSON_MODEL", "json"),
+            ("AI_ROUTER_EMBED_MODEL", "embed"),
+            ("AI_ROUTER_EMBED_DIMENSIONS", "8"),
+        ],
+        Duration::from_secs(240),
+    )
+    .await;
 
     // The calls went where the kind says: the Messages API for anthropic, chat completions
     // otherwise; embeddings always to the OpenAI-compatible provider.
@@ -210,4 +212,55 @@ async fn the_python_clients_use_tools_json_mode_streams_and_embeddings_with_an_o
 async fn the_python_clients_use_tools_json_mode_streams_and_embeddings_with_an_anthropic_provider()
 {
     protocol_clients("python_protocols_anthropic", "anthropic").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_raises_on_every_stream_cut_after_its_first_token() {
+    // One model per cut; profile `quick` gives 1 s between chunks.
+    let gw = Gateway::start_with("python_cut_streams", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2).replace(
+            "      - { id: m1, aliases: [chat] }\n",
+            "      - { id: m1, aliases: [chat] }\n      - { id: m-event }\n      - { id: m-malformed }\n      - { id: m-truncate }\n      - { id: m-reset }\n      - { id: m-silent }\n",
+        )
+        .replace(
+            "resilience:\n",
+            "profiles:\n  quick: { model: m-silent, timeoutMs: 1000 }\nresilience:\n",
+        )
+    })
+    .await
+    .expect("fixture");
+    let failing = |how: &str| script::stream_failing(&["one", " two", " three"], 1, how);
+    gw.mock1
+        .script(json!([
+            script::rule(json!({ "model": "m-event" }), vec![failing("error-event")]),
+            script::rule(
+                json!({ "model": "m-malformed" }),
+                vec![failing("malformed")]
+            ),
+            script::rule(json!({ "model": "m-truncate" }), vec![failing("truncate")]),
+            script::rule(json!({ "model": "m-reset" }), vec![failing("network")]),
+            script::rule(
+                json!({ "model": "m-silent" }),
+                vec![json!({
+                    "stream": { "chunks": ["one", " two"], "stallAfter": 1, "stallMs": 5000 }
+                })]
+            ),
+        ]))
+        .await
+        .unwrap();
+    let stdout = run_client_script(
+        &gw,
+        "cut_streams.py",
+        &[(
+            "AI_ROUTER_CUTS",
+            "m-event=api_error,m-malformed=api_error,m-truncate=api_error,m-reset=transport,quick=transport",
+        )],
+        Duration::from_secs(120),
+    )
+    .await;
+    eprintln!("{stdout}");
+    assert!(
+        gw.mock2.calls().await.unwrap().is_empty(),
+        "no cut stream is retried"
+    );
 }

@@ -339,13 +339,7 @@ async fn failover_holds_at_64_concurrent_calls_with_one_provider_always_failing(
         let p2 = gw.mock2.calls().await.unwrap().len();
         assert_eq!(p2, CONCURRENT, "wave {wave}");
     }
-    let stats = ai_router_e2e::get_text(&format!("http://{}/stats", gw.envoy.admin_addr()))
-        .await
-        .unwrap();
-    let overflows: Vec<&str> = stats
-        .lines()
-        .filter(|l| l.contains("_overflow:") && !l.ends_with(": 0"))
-        .collect();
+    let overflows = gw.envoy.overflows().await.unwrap();
     assert!(
         overflows.is_empty(),
         "Envoy counted overflows: {overflows:?}"

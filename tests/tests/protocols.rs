@@ -1249,16 +1249,25 @@ async fn a_provider_silent_before_the_first_token_is_timed_out_and_the_call_move
     gw.check_no_secrets_in_logs().unwrap();
 }
 
+/// The standard two providers; the defaults allow 20 s of silence, profile `quick` (model m1)
+/// 1 s.
+fn quick_profile_pool(p1: &str, p2: &str) -> String {
+    timed_pool(20_000, 30_000)(p1, p2).replace(
+        "resilience:\n",
+        "profiles:\n  quick: { model: m1, timeoutMs: 1000 }\nresilience:\n",
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gap_after_the_first_token_longer_than_the_timeout_cuts_the_stream_without_retry() {
-    let gw = Gateway::start_with("stream_gap_timeout", timed_pool(1000, 30000))
+async fn a_gap_after_the_first_token_longer_than_the_calls_timeout_cuts_the_stream_without_retry() {
+    let gw = Gateway::start_with("stream_gap_per_call", quick_profile_pool)
         .await
         .expect("fixture");
-    // One token, then 8 s of silence, then the rest.
+    // One token, 4 s of silence, then the rest.
     gw.mock1
         .script(json!([script::always(vec![json!({
             "text": "one two three",
-            "stream": { "chunks": ["one", " two", " three"], "stallAfter": 1, "stallMs": 8000 }
+            "stream": { "chunks": ["one", " two", " three"], "stallAfter": 1, "stallMs": 4000 }
         })])]))
         .await
         .unwrap();
@@ -1266,31 +1275,44 @@ async fn a_gap_after_the_first_token_longer_than_the_timeout_cuts_the_stream_wit
         .script(json!([script::always(vec![script::stream(&["from p2"])])]))
         .await
         .unwrap();
-    let s = timed_stream(&gw, &ai_router_e2e::chat_body("chat", true)).await;
+
+    // Profile `quick`: 1 s between chunks, whatever the other policies allow.
+    let s = timed_stream(&gw, &ai_router_e2e::chat_body("quick", true)).await;
     assert_eq!(s.status, 200, "the stream had started:\n{s}");
     let contents = s.contents();
     let texts: Vec<&str> = contents.iter().map(|(_, c)| c.as_str()).collect();
     assert_eq!(texts, ["one"], "{s}");
     assert!(!s.has_done(), "a cut stream does not end with [DONE]:\n{s}");
-    // Envoy's idle timeout on the attempt route is timeoutMs + 0.5 s.
     let gap = s.ended_at.saturating_sub(contents[0].0);
     assert!(
-        gap >= Duration::from_millis(1000) && gap <= Duration::from_millis(2500),
-        "the stream ended {gap:?} after its last chunk (expected about 1.5 s: timeoutMs 1 s + \
-         0.5 s, give or take 1 s):\n{s}"
+        gap >= Duration::from_millis(900) && gap <= Duration::from_millis(2500),
+        "the stream ended {gap:?} after its last chunk (the profile's timeoutMs is 1 s):\n{s}"
     );
     assert!(
-        s.transport_error.is_some()
-            || s.events
-                .last()
-                .is_some_and(|e| e.json().get("error").is_some()),
-        "the stream is cut off, not completed:\n{s}"
+        s.transport_error.is_some(),
+        "Envoy can only reset a stream whose provider fell silent:\n{s}"
     );
     assert_eq!(gw.mock1.calls().await.unwrap().len(), 1, "one attempt");
-    assert!(
-        gw.mock2.calls().await.unwrap().is_empty(),
-        "no retry after the first token"
-    );
+    assert!(gw.mock2.calls().await.unwrap().is_empty(), "no retry");
+    // The attempt failed as a timeout after its first token, and so did the call.
+    gw.cp
+        .metric_line(&[
+            "ai_router_attempts_total{",
+            "provider=\"p1\"",
+            "class=\"timeout\"",
+        ])
+        .await
+        .unwrap();
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:timeout\""])
+        .await
+        .unwrap();
+
+    // The same silence under the defaults (20 s) is waited out: the stream completes.
+    let s = timed_stream(&gw, &ai_router_e2e::chat_body("chat", true)).await;
+    let texts: Vec<String> = s.contents().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(texts, ["one", " two", " three"], "{s}");
+    assert!(s.has_done() && s.transport_error.is_none(), "{s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1322,6 +1344,10 @@ async fn the_deadline_bounds_the_whole_stream() {
     );
     assert!(!s.has_done(), "{s}");
     assert!(
+        s.transport_error.is_some(),
+        "a stream past its deadline is reset (nothing can be written into it):\n{s}"
+    );
+    assert!(
         s.ended_at >= Duration::from_millis(1800) && s.ended_at <= Duration::from_millis(3500),
         "the stream ended at {:?} (deadline 2 s):\n{s}",
         s.ended_at
@@ -1331,21 +1357,17 @@ async fn the_deadline_bounds_the_whole_stream() {
         gw.mock2.calls().await.unwrap().is_empty(),
         "no retry after the first token"
     );
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:deadline\""])
+        .await
+        .unwrap();
 }
 
 /// `upstream_rq_active` of the providers' plain-HTTP cluster, from Envoy's admin API.
 async fn upstream_requests_active(gw: &Gateway) -> anyhow::Result<u64> {
-    let url = format!(
-        "http://{}/stats?filter=providers_plain\\.upstream_rq_active$",
-        gw.envoy.admin_addr()
-    );
-    let text = http_client()?.get(&url).send().await?.text().await?;
-    let line = text
-        .lines()
-        .find(|l| l.contains("providers_plain.upstream_rq_active"))
-        .ok_or_else(|| anyhow::anyhow!("no providers_plain.upstream_rq_active in {text:?}"))?;
-    let value = line.rsplit(':').next().unwrap_or_default().trim();
-    Ok(value.parse()?)
+    gw.envoy
+        .stat("cluster.providers_plain.upstream_rq_active")
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

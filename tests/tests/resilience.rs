@@ -985,13 +985,14 @@ async fn a_provider_past_its_daily_budget_is_out_until_the_next_utc_day() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds() {
-    // One lane only (p1's m1 on key a, no fallback). timeoutMs is short, so a call left waiting
-    // on another call's probe until its per-try timeout would fail with 504.
+    // One lane only (p1's m1 on key a, no fallback). Every good answer takes 1.8 s and
+    // timeoutMs is 2 s: a call behind the probe waits about as long before it goes, and that
+    // wait is not its attempt's (it would time out and use a second attempt).
     let pool = Pool::start("half_open_single_lane", 1, |m, _| {
         Ok(two_providers(
             &m[0],
             "[{ alias: a, env: RS_KEY_A }]",
-            "defaults: { timeoutMs: 6000, deadlineMs: 20000 }\nprofiles:\n  once: { model: m1, maxAttempts: 1 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 300, maxCooldownMs: 300 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 300, maxCooldownMs: 300 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
+            "defaults: { timeoutMs: 2000, deadlineMs: 20000 }\nprofiles:\n  once: { model: m1, maxAttempts: 1 }\nresilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 300, maxCooldownMs: 300 }\n  providerBreaker: { failureThreshold: 100, cooldownMs: 300, maxCooldownMs: 300 }\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n",
         ))
     })
     .await
@@ -1009,7 +1010,7 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
     pool.mocks[0]
         .script(json!([script::for_key(
             &a,
-            vec![fail, json!({"text": "ok", "latencyMs": 1500})]
+            vec![fail, json!({"text": "ok", "latencyMs": 1800})]
         )]))
         .await
         .unwrap();
@@ -1065,10 +1066,140 @@ async fn with_a_single_lane_the_calls_behind_a_probe_go_as_soon_as_it_succeeds()
         let r = call.await.unwrap().unwrap();
         assert_eq!(r.status, 200, "a call behind the probe: {r}");
         assert_eq!(r.content(), Some("ok"), "{r}");
+        assert_eq!(
+            r.header("x-ai-router-attempts").as_deref(),
+            Some("1"),
+            "the wait behind the probe used no attempt: {r}"
+        );
     }
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(7),
         "the calls behind the probe waited {:?}",
         started.elapsed()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// What timeoutMs bounds: one attempt at a provider, not the call's waits
+
+/// One provider `p` with key `k` (and `k2` when `two_keys`), models `m-wait`, `m-back` and
+/// `m-slow`, breakers that never open, and `policy` as the defaults.
+fn timeout_pool(mock: &str, two_keys: bool, policy: &str, backoff_ms: u64) -> PoolSetup {
+    let mut setup = PoolSetup::default();
+    setup.secret_env("TO_KEY", "k");
+    let mut keys = "{ alias: k, env: TO_KEY }".to_string();
+    if two_keys {
+        setup.secret_env("TO_KEY_2", "k2");
+        keys.push_str(", { alias: k2, env: TO_KEY_2 }");
+    }
+    setup.yaml = format!(
+        "{}providers:\n  - id: p\n    baseUrl: {mock}/v1\n    keys: [{keys}]\n    models: [{{ id: m-wait }}, {{ id: m-back }}, {{ id: m-slow }}]\ndefaults: {policy}\nresilience:\n  backoff: {{ baseMs: {backoff_ms}, factor: 1, maxMs: {backoff_ms} }}\n  keyBreaker: {{ failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }}\n  providerBreaker: {{ failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }}\n",
+        pool_yaml_header()
+    );
+    setup
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_inside_an_attempt_longer_than_its_timeout_are_not_counted_against_it() {
+    // timeoutMs 1 s; the only lane first answers a 429 with a 3 s retry-after (the next
+    // attempt waits for the lane) or a 500 (the next attempt waits a backoff of 1.5 to 3 s).
+    let pool = Pool::start("timeout_excludes_waits", 1, |m, _| {
+        Ok(timeout_pool(
+            &m[0],
+            false,
+            "{ timeoutMs: 1000, deadlineMs: 15000 }",
+            3000,
+        ))
+    })
+    .await
+    .expect("fixture");
+    pool.mocks[0]
+        .script(json!([
+            script::rule(
+                json!({ "model": "m-wait" }),
+                vec![
+                    script::status(429, json!({ "retry-after": "3" }), None),
+                    script::text("after the wait")
+                ]
+            ),
+            script::rule(
+                json!({ "model": "m-back" }),
+                vec![
+                    provider_error("openai.overloaded"),
+                    script::text("after the backoff")
+                ]
+            ),
+        ]))
+        .await
+        .unwrap();
+    for (model, text, at_least) in [
+        ("m-wait", "after the wait", Duration::from_millis(2800)),
+        ("m-back", "after the backoff", Duration::from_millis(1400)),
+    ] {
+        let started = Instant::now();
+        let (r, keys) = call(&pool, model).await;
+        let took = started.elapsed();
+        assert_eq!(
+            r.status, 200,
+            "{model}: the wait is the call's, not the attempt's:\n{r}"
+        );
+        assert_eq!(r.content(), Some(text), "{model}: {r}");
+        assert_eq!(keys, ["k", "k"], "{model}: two attempts at the provider");
+        assert_eq!(
+            r.header("x-ai-router-attempts").as_deref(),
+            Some("2"),
+            "{model}: no attempt burnt while waiting:\n{r}"
+        );
+        assert!(
+            took >= at_least && took < Duration::from_secs(6),
+            "{model}: answered after {took:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_attempts_all_time_out_is_an_upstream_error_long_before_its_deadline() {
+    // Every attempt gets 600 ms, three attempts, a 20 s deadline; the provider takes 5 s.
+    let pool = Pool::start("timeout_final_error", 1, |m, _| {
+        Ok(timeout_pool(
+            &m[0],
+            true,
+            "{ timeoutMs: 600, deadlineMs: 20000, maxAttempts: 3 }",
+            10,
+        ))
+    })
+    .await
+    .expect("fixture");
+    pool.mocks[0]
+        .script(json!([script::always(vec![
+            json!({ "latencyMs": 5000, "text": "too late" })
+        ])]))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (r, keys) = call(&pool, "m-slow").await;
+    let took = started.elapsed();
+    if let Some(p) = openai_error_problem(&r, 502, "upstream_error") {
+        panic!("every attempt timed out, the deadline did not pass: {p}");
+    }
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("timeout"), "names the last class: {r}");
+    assert_eq!(keys.len(), 3, "three attempts at the provider: {keys:?}");
+    assert_eq!(
+        r.header("x-ai-router-attempts").as_deref(),
+        Some("3"),
+        "{r}"
+    );
+    assert!(
+        took >= Duration::from_millis(1700) && took < Duration::from_millis(4500),
+        "three attempts of 600 ms each, answered after {took:?}"
+    );
+    pool.cp
+        .metric_line(&[
+            "ai_router_attempts_total{",
+            "model=\"m-slow\"",
+            "class=\"timeout\"",
+        ])
+        .await
+        .unwrap();
 }

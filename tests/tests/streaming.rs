@@ -180,35 +180,37 @@ async fn malformed_data_after_the_first_token_ends_the_stream_with_one_error_eve
         1,
         "{s}"
     );
-    let metrics = ai_router_e2e::poll(
-        "the attempt to be counted",
-        std::time::Duration::from_secs(10),
-        || {
-            let url = format!("http://{}/metrics", gw.cp.http_addr());
-            async move {
-                let text = ai_router_e2e::http_client()?
-                    .get(url)
-                    .send()
-                    .await?
-                    .text()
-                    .await?;
-                Ok(text.contains("class=\"stream\"").then_some(text))
-            }
-        },
-    )
-    .await
-    .unwrap();
-    assert!(metrics.contains("class=\"stream\""), "{metrics}");
+    // The attempt failed, and so did the call: it is no success for the key's usage either.
+    gw.cp
+        .metric_line(&["ai_router_attempts_total{", "class=\"stream\""])
+        .await
+        .unwrap();
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:stream\""])
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_dropped_after_the_first_token_breaks_the_clients_stream() {
     // Envoy cannot append to a response whose upstream connection was reset (no filter runs on a
-    // reset), so the client's body is cut off without its final chunk: every HTTP client reports
-    // that as an error, and the stream never looks complete.
-    let (_gw, s) = fails_after_the_first_token("stream_drop_after_token", "network").await;
+    // reset; see docs/architecture.md, "A stream cut after its first token"), so the client's
+    // body is cut off: over HTTP/1.1 without its final chunk, over HTTP/2 by a RST_STREAM with an
+    // error code. Every HTTP client reports either as an error; the stream never looks complete.
+    let (gw, s) = fails_after_the_first_token("stream_drop_after_token", "network").await;
     assert!(
         s.transport_error.is_some(),
         "the client must see the stream break off, not a clean end:\n{s}"
     );
+    let h2 = ai_router_e2e::Client::new_h2(&gw.envoy.base_url()).unwrap();
+    let s = h2.stream("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert_eq!(s.contents(), ["one", " two"], "{s}");
+    assert!(
+        s.transport_error.is_some() && !s.events.iter().any(|e| e == "[DONE]"),
+        "an HTTP/2 client sees the stream reset with an error, not ended:\n{s}"
+    );
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:stream\""])
+        .await
+        .unwrap();
 }

@@ -49,20 +49,6 @@ pub struct PoolNames {
 
 impl Config {
     /// The largest `maxAttempts` over the defaults and the profiles (4 when none sets one).
-    /// The longest `timeoutMs` of any policy (default 60 s): the gap allowed between two chunks
-    /// of a stream, enforced by Envoy's idle timeout on the public route.
-    pub fn max_timeout_ms(&self) -> u64 {
-        let defaults = self
-            .defaults
-            .as_ref()
-            .and_then(|d| d.timeout_ms)
-            .unwrap_or(defaults::TIMEOUT_MS);
-        self.profiles
-            .values()
-            .filter_map(|p| p.timeout_ms)
-            .fold(defaults, u64::max)
-    }
-
     pub fn max_attempts(&self) -> u32 {
         // A call on the defaults alone (a direct model call) gets their value or 4.
         let defaults = self

@@ -648,6 +648,5 @@ fn what_the_file_leaves_out_is_the_contracts_default() -> Result<(), String> {
         (defaults::ALLOW_FALLBACK, defaults::KEY_ENABLED)
     );
     assert_eq!(config.max_attempts(), defaults::MAX_ATTEMPTS);
-    assert_eq!(config.max_timeout_ms(), defaults::TIMEOUT_MS);
     Ok(())
 }

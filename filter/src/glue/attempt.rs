@@ -1,15 +1,68 @@
 //! The attempt stage's glue: Envoy's callbacks, forwarded to the stage in
-//! `ai_router_filter_core::attempt` over the wasm host.
+//! `ai_router_filter_core::attempt` over the wasm host, and the tick that checks the bounds of
+//! this worker's attempts in flight (their `timeoutMs`): a root context's tick, acting on each
+//! attempt due through `proxy_set_effective_context`, instead of a timer per attempt.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use super::host::{action, WasmHost};
+use super::host::{self, action, WasmHost};
 use ai_router_filter_core::attempt;
+use ai_router_filter_core::host::Host;
 
-#[derive(Default)]
+type Stage = Rc<RefCell<attempt::Attempt>>;
+
+thread_local! {
+    /// This VM's attempts in flight, by context id. A VM runs on one worker thread.
+    static IN_FLIGHT: RefCell<HashMap<u32, Weak<RefCell<attempt::Attempt>>>> =
+        RefCell::new(HashMap::new());
+}
+
 pub struct Attempt {
-    stage: attempt::Attempt,
+    id: u32,
+    stage: Stage,
+}
+
+impl Attempt {
+    pub fn new(id: u32) -> Self {
+        let stage: Stage = Rc::default();
+        IN_FLIGHT.with(|m| m.borrow_mut().insert(id, Rc::downgrade(&stage)));
+        Self { id, stage }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut attempt::Attempt) -> R) -> Option<R> {
+        self.stage.try_borrow_mut().ok().map(|mut s| f(&mut s))
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id));
+    }
+}
+
+/// Every [`attempt::BOUND_TICK_MS`]: the attempts whose bound passed time out, each acting as
+/// its own context (its local answer, its reset).
+pub fn on_tick() {
+    let now = WasmHost.now_ms();
+    let due: Vec<(u32, Stage)> = IN_FLIGHT.with(|m| {
+        m.borrow()
+            .iter()
+            .filter_map(|(id, weak)| weak.upgrade().map(|s| (*id, s)))
+            .filter(|(_, s)| s.try_borrow().is_ok_and(|s| s.bound_due(now)))
+            .collect()
+    });
+    for (id, stage) in due {
+        if host::set_effective_context(id) {
+            if let Ok(mut stage) = stage.try_borrow_mut() {
+                stage.on_bound(&mut WasmHost);
+            }
+        }
+    }
 }
 
 impl Context for Attempt {
@@ -20,39 +73,36 @@ impl Context for Attempt {
         _body: usize,
         _trailers: usize,
     ) {
-        self.stage.on_http_call_response(&mut WasmHost, token);
+        self.with(|s| s.on_http_call_response(&mut WasmHost, token));
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
-        self.stage
-            .on_grpc_call_response(&mut WasmHost, token, status, size);
+        self.with(|s| s.on_grpc_call_response(&mut WasmHost, token, status, size));
     }
 }
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        action(self.stage.on_request_headers(&mut WasmHost, end_of_stream))
+        let flow = self.with(|s| s.on_request_headers(&mut WasmHost, end_of_stream));
+        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        action(
-            self.stage
-                .on_request_body(&mut WasmHost, size, end_of_stream),
-        )
+        let flow = self.with(|s| s.on_request_body(&mut WasmHost, size, end_of_stream));
+        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        action(self.stage.on_response_headers(&mut WasmHost, end_of_stream))
+        let flow = self.with(|s| s.on_response_headers(&mut WasmHost, end_of_stream));
+        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        action(
-            self.stage
-                .on_response_body(&mut WasmHost, size, end_of_stream),
-        )
+        let flow = self.with(|s| s.on_response_body(&mut WasmHost, size, end_of_stream));
+        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
     }
 
     fn on_log(&mut self) {
-        self.stage.on_log(&mut WasmHost);
+        self.with(|s| s.on_log(&mut WasmHost));
     }
 }

@@ -149,6 +149,21 @@ pub fn send_response(status: u16, headers: &[(&str, &str)], body: &[u8]) {
     );
 }
 
+/// Resets the stream. Envoy's `proxy_close_stream` always answers `Ok` for an HTTP stream (it
+/// defers the reset until the callback returns), so the SDK helper's panic on another status
+/// cannot be reached; the helper is the only way to the call without `unsafe`.
+pub fn reset_stream() {
+    logged(hostcalls::reset_http_response().map_err(failed("reset_http_response")));
+}
+
+/// Makes `context_id` the context the following host calls act on, for the rest of this
+/// callback (a root context's tick acting for one of its HTTP contexts). `false` when the
+/// context is gone.
+pub fn set_effective_context(context_id: u32) -> bool {
+    logged(hostcalls::set_effective_context(context_id).map_err(failed("set_effective_context")))
+        .is_some()
+}
+
 /// Lets a paused request go on.
 pub fn resume_request() {
     logged(hostcalls::resume_http_request().map_err(failed("resume_http_request")));
@@ -223,6 +238,9 @@ impl Host for WasmHost {
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         send_response(status, headers, body);
+    }
+    fn reset_stream(&mut self) {
+        reset_stream();
     }
     fn now_ms(&self) -> i64 {
         shared::now_ms()

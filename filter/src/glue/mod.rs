@@ -92,7 +92,16 @@ impl RootContext for Root {
         };
         self.role = match config.role.as_str() {
             "front" => Role::Front,
-            "attempt" => Role::Attempt,
+            "attempt" => {
+                // The attempts' own timeouts are checked on this root's tick.
+                let tick =
+                    std::time::Duration::from_millis(ai_router_filter_core::attempt::BOUND_TICK_MS);
+                if let Err(status) = proxy_wasm::hostcalls::set_tick_period(tick) {
+                    log_error(&format!("ai-router: set_tick_period failed: {status:?}"));
+                    return false;
+                }
+                Role::Attempt
+            }
             "ctrl" => {
                 let mut c = ctrl::Ctrl::new(
                     config
@@ -114,8 +123,10 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Role::Ctrl(c) = &mut self.role {
-            c.on_tick();
+        match &mut self.role {
+            Role::Ctrl(c) => c.on_tick(),
+            Role::Attempt => attempt::on_tick(),
+            _ => {}
         }
     }
 
@@ -125,10 +136,10 @@ impl RootContext for Root {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         match self.role {
             Role::Front => Some(Box::new(front::Front::default())),
-            Role::Attempt => Some(Box::new(attempt::Attempt::default())),
+            Role::Attempt => Some(Box::new(attempt::Attempt::new(context_id))),
             _ => None,
         }
     }

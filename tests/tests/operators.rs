@@ -454,6 +454,18 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
     let (ok, out, text) = run_cli(&gw, &["catalog"]).await;
     assert!(ok, "{text}");
     assert_eq!(out, catalog);
+    // Not on a terminal, the control plane logs JSON lines.
+    let logs = gw.cp.logs();
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        // The ready line on stdout ({"grpc":...,"http":...}), else log records.
+        assert!(
+            v["grpc"].is_string() || (v["level"].is_string() && v["fields"]["message"].is_string()),
+            "{line}"
+        );
+    }
     // No secret anywhere.
     for text in [stats.to_string(), catalog.to_string(), health.to_string()] {
         for secret in [&gw.key_a, &gw.key_b, &gw.key_c, &gw.virtual_key] {

@@ -22,6 +22,24 @@ use crate::stdout;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How stderr's log lines look: `text` for people, `json` (one object per line) for
+    /// collectors; `auto` is text on a terminal, JSON otherwise. The level comes from
+    /// RUST_LOG (default info).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "AI_ROUTER_LOG_FORMAT",
+        default_value = "auto"
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Auto,
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -56,14 +74,29 @@ enum Command {
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    let json = match cli.log_format {
+        LogFormat::Auto => !terminal,
+        LogFormat::Text => false,
+        LogFormat::Json => true,
+    };
+    if json {
+        tracing_subscriber::fmt()
+            .json()
+            .with_writer(std::io::stderr)
+            .with_env_filter(filter())
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_ansi(terminal)
+            .with_env_filter(filter())
+            .init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

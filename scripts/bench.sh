@@ -24,6 +24,9 @@ cd "$ROOT"
 
 LITELLM_VERSION="1.106.12"   # litellm[proxy]; 1.82.7, 1.82.8 and 1.107.0 were compromised releases
 PORTKEY_VERSION="1.15.2"     # @portkey-ai/gateway
+# Portkey's issue 1389: with @hono/node-server after 1.14.x its streamed answers fail on node
+# ("TypeError: immutable", 500); npm would pick the newest, so the last one that works is pinned.
+HONO_NODE_SERVER_VERSION="1.14.0"
 LITELLM_VENV="$ROOT/bench/.venv-litellm"
 PORTKEY_DIR="$ROOT/bench/.portkey"
 
@@ -110,12 +113,20 @@ if wants portkey; then
         apt-get install -y nodejs npm >&2
     fi
     PORTKEY_PACKAGE="$PORTKEY_DIR/node_modules/@portkey-ai/gateway"
-    installed="$(node -e "try{console.log(require('$PORTKEY_PACKAGE/package.json').version)}catch(e){}" 2>/dev/null || true)"
-    if [ "$installed" != "$PORTKEY_VERSION" ]; then
-        log "installing @portkey-ai/gateway@$PORTKEY_VERSION into $PORTKEY_DIR"
+    version_of() { node -e "try{console.log(require('$1/package.json').version)}catch(e){}" 2>/dev/null || true; }
+    if [ "$(version_of "$PORTKEY_PACKAGE")" != "$PORTKEY_VERSION" ] \
+        || [ "$(version_of "$PORTKEY_DIR/node_modules/@hono/node-server")" != "$HONO_NODE_SERVER_VERSION" ]; then
+        log "installing @portkey-ai/gateway@$PORTKEY_VERSION (@hono/node-server@$HONO_NODE_SERVER_VERSION) into $PORTKEY_DIR"
         mkdir -p "$PORTKEY_DIR"
-        (cd "$PORTKEY_DIR" && npm install --no-audit --no-fund --ignore-scripts --silent \
-            "@portkey-ai/gateway@$PORTKEY_VERSION" >&2)
+        cat >"$PORTKEY_DIR/package.json" <<EOF
+{
+  "private": true,
+  "description": "Portkey's gateway for scripts/bench.sh",
+  "dependencies": { "@portkey-ai/gateway": "$PORTKEY_VERSION" },
+  "overrides": { "@hono/node-server": "$HONO_NODE_SERVER_VERSION" }
+}
+EOF
+        (cd "$PORTKEY_DIR" && npm install --no-audit --no-fund --ignore-scripts --silent >&2)
     fi
     PEER_ARGS+=(--portkey "$PORTKEY_PACKAGE/build/start-server.js" --node "$(command -v node)")
 fi

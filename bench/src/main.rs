@@ -163,6 +163,13 @@ async fn bench(args: Args) -> Result<bool> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
 
+    // The systems run in their own directories: every path given is made absolute.
+    let args = Args {
+        litellm: args.litellm.as_deref().map(absolute).transpose()?,
+        portkey: args.portkey.as_deref().map(absolute).transpose()?,
+        node: args.node.as_deref().map(absolute).transpose()?,
+        ..args
+    };
     let envoy = envoy_bin()?;
     let ai_router = ai_router_bin()?;
     wasm_path()?;
@@ -636,6 +643,10 @@ async fn run_scale(
         probes,
         start_s,
     })
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(path).with_context(|| format!("{} not found", path.display()))
 }
 
 fn loadavg() -> String {

@@ -44,17 +44,21 @@ async fn wait_http(process: &mut Process, url: &str, what: &str) -> Result<()> {
         let status = process.try_status();
         let req = client.get(url).send();
         async move {
+            // An exit ends the wait at once.
             if let Some(st) = status? {
-                anyhow::bail!("exited ({st})");
+                return Ok(Some(Err(anyhow::anyhow!("exited ({st})"))));
             }
             Ok(match req.await {
-                Ok(r) if r.status().is_success() => Some(()),
+                Ok(r) if r.status().is_success() => Some(Ok(())),
                 _ => None,
             })
         }
     })
     .await;
-    result.with_context(|| process.tail())
+    match result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) | Err(e) => Err(e.context(format!("{what}\n{}", process.tail()))),
+    }
 }
 
 /// LiteLLM's proxy with `KEYS` deployments of [`MODEL`] (and of the stream model).

@@ -6,12 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ai_router_e2e::{random_hex, ControlPlane, Envoy, TestDir};
 use anyhow::{anyhow, bail, Context, Result};
-use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -27,8 +26,6 @@ const PROBE_MODEL: &str = "probe-model";
 const OTHER_MODEL: &str = "other-model";
 /// How many providers share the keys that do not serve [`MODEL`].
 const OTHER_PROVIDERS: usize = 8;
-/// Admin API calls in flight while provisioning virtual keys.
-const PROVISION_CONCURRENCY: usize = 8;
 /// The Envoy cluster of the sync stream (`ai-router render-envoy`).
 const SYNC_CLUSTER_RX: &str = "cluster.ai_router_control_plane.upstream_cx_rx_bytes_total";
 /// How long a probe waits for a change to reach every worker.
@@ -238,15 +235,49 @@ impl KeyBundle {
             virtual_keys: self.count,
             seconds: self.provision_s,
             keys_per_second: self.count as f64 / self.provision_s.max(1e-9),
-            how: format!(
-                "POST /admin/keys, {PROVISION_CONCURRENCY} in flight, control plane alone (no Envoy), SQLite key store"
-            ),
+            how: "ai-router keys create --count N --config (straight into the SQLite key store)"
+                .to_string(),
         }
     }
 }
 
-/// Creates `count` virtual keys through the admin API of a control plane serving the
-/// benchmark's pool (without Envoy), then stops it and keeps its SQLite files.
+/// `ai-router keys create --config <pool> ...` with the benchmark's bindings and quotas: `count`
+/// keys labelled `label`, straight into the pool's SQLite key store. The answer (it holds the
+/// secrets) stays in memory.
+fn cli_create(
+    dir: &TestDir,
+    config: &Path,
+    env: &[(String, String)],
+    label: &str,
+    count: usize,
+) -> Result<Value> {
+    let out = std::process::Command::new(ai_router_e2e::ai_router_bin()?)
+        .current_dir(dir.path())
+        .args(["keys", "create", "--label", label, "--models"])
+        .arg(format!("{MODEL},{PROBE_MODEL}"))
+        .args(["--rpm", "100000000", "--tokens-per-day", "100000000000"])
+        .args(["--cost-per-day", "1000000", "--cost-per-month", "10000000"])
+        .arg("--count")
+        .arg(count.to_string())
+        .arg("--config")
+        .arg(config)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running ai-router keys create")?;
+    if !out.status.success() {
+        bail!(
+            "ai-router keys create --count {count} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("ai-router keys create printed no JSON")
+}
+
+/// Creates `count` virtual keys (the load's key and `count - 1` others) in the SQLite key store
+/// of the benchmark's pool with `ai-router keys create --count` (the admin API costs a push of
+/// every key per key created: minutes at 10,000), and keeps the store's files.
 pub async fn provision(count: usize, upstream_port: u16) -> Result<KeyBundle> {
     let dir = TestDir::new(&format!("bench-keys-{count}"))?;
     let db = dir.join("keys.db");
@@ -258,28 +289,33 @@ pub async fn provision(count: usize, upstream_port: u16) -> Result<KeyBundle> {
         headers: Headers::Static,
     };
     let (yaml, env) = pool(&shape, upstream_port, &db, &secrets);
-    let mut cp = ControlPlane::start(&dir, &yaml, &env)
-        .await
-        .context("starting the control plane to provision virtual keys")?;
-    let http = cp.http_addr().to_string();
-    let client = ai_router_e2e::http_client()?;
+    let config = dir.write("pool.yaml", &yaml)?;
     let t0 = Instant::now();
-    let (_, load_key) = create_key(&client, &http, &secrets.admin_token, "bench_load").await?;
-    let created = futures::stream::iter(1..count.max(1))
-        .map(|i| {
-            let client = client.clone();
-            let http = http.clone();
-            let token = secrets.admin_token.clone();
-            async move { create_key(&client, &http, &token, &format!("bench_{i}")).await }
-        })
-        .buffer_unordered(PROVISION_CONCURRENCY)
-        .collect::<Vec<_>>()
-        .await;
-    let provision_s = t0.elapsed().as_secs_f64();
-    if let Some(Err(e)) = created.into_iter().find(Result::is_err) {
-        return Err(e.context(cp.tail()));
+    let load = {
+        let (dir, config, env) = (dir.clone(), config.clone(), env.clone());
+        tokio::task::spawn_blocking(move || cli_create(&dir, &config, &env, "bench_load", 1))
+            .await??
+    };
+    let load_key = load
+        .get("secret")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("keys create: no secret in its answer"))?
+        .to_string();
+    if count > 1 {
+        let others = {
+            let (dir, config, env) = (dir.clone(), config.clone(), env.clone());
+            tokio::task::spawn_blocking(move || cli_create(&dir, &config, &env, "bench", count - 1))
+                .await??
+        };
+        let made = others
+            .get("keys")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        if made != count - 1 {
+            bail!("keys create --count {} made {made} keys", count - 1);
+        }
     }
-    cp.stop();
+    let provision_s = t0.elapsed().as_secs_f64();
     let files = ["keys.db", "keys.db-wal", "keys.db-shm"]
         .iter()
         .map(|f| dir.join(f))
@@ -305,6 +341,8 @@ pub struct Instance {
     load_key: String,
     /// A virtual key created for the revoke probe: (id, secret).
     victim: (String, String),
+    /// How long its `POST /admin/keys` took (every other key already in the store).
+    pub create_key_ms: f64,
 }
 
 impl Instance {
@@ -329,6 +367,7 @@ impl Instance {
             .await
             .context("starting the control plane")?;
         let client = ai_router_e2e::http_client()?;
+        let t0 = Instant::now();
         let victim = create_key(
             &client,
             &cp.http_addr().to_string(),
@@ -337,6 +376,7 @@ impl Instance {
         )
         .await
         .with_context(|| cp.tail())?;
+        let create_key_ms = t0.elapsed().as_secs_f64() * 1000.0;
         let envoy_env = vec![
             (
                 "AI_ROUTER_SYNC_TOKEN".to_string(),
@@ -362,6 +402,7 @@ impl Instance {
             secrets,
             load_key: bundle.load_key.clone(),
             victim,
+            create_key_ms,
         })
     }
 

@@ -456,6 +456,7 @@ async fn run_system(
                     peak_rss_total_mb: result.peak_rss_total_mb,
                     probes,
                     start_s: result.start_s,
+                    create_key_ms: Some(instance.create_key_ms),
                     ..Default::default()
                 };
                 return Ok((result, Some(row)));
@@ -642,6 +643,7 @@ async fn run_scale(
         idle_cpu_s_per_s: idle_cpu,
         probes,
         start_s,
+        create_key_ms: Some(instance.create_key_ms),
     })
 }
 

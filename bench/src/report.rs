@@ -103,6 +103,8 @@ pub struct ScaleResult {
     pub probes: Probes,
     /// Control plane + Envoy start, until the filter has its state.
     pub start_s: f64,
+    /// One `POST /admin/keys` with the scenario's virtual keys already in the store.
+    pub create_key_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -485,8 +487,8 @@ pub fn markdown(r: &Report) -> String {
     if !r.scale.is_empty() {
         let _ = writeln!(o, "## ai-router at scale\n");
         let _ = writeln!(o, "VK = virtual keys in the key store; PK = provider keys (serving the benchmarked model on `fake-a`/`fake-b`, or on 8 other providers serving another model), plus one probe key on its own provider; headers: the fake upstream's rate-limit headers. c16 closed loop. Revoke/blacklist: ms until the change had reached every Envoy worker (the start of a run of polls in a row on fresh connections that all saw it); bytes: what Envoy received on the sync stream for that change. Sync B/s: sync stream bytes per second during the c16 load. Idle CPU: CPU s per s with no traffic.\n");
-        let _ = writeln!(o, "| scenario | c16 rps | p50 | p99 | failed | Envoy MB | CP MB | total MB | CPU s/1k | sync B/s under load | idle CPU CP | idle CPU Envoy | revoke ms (same / other Envoy) | revoke bytes | blacklist ms (same / other Envoy) | blacklist bytes | CP saw blacklist ms | start s |");
-        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(o, "| scenario | c16 rps | p50 | p99 | failed | Envoy MB | CP MB | total MB | CPU s/1k | sync B/s under load | idle CPU CP | idle CPU Envoy | revoke ms (same / other Envoy) | revoke bytes | blacklist ms (same / other Envoy) | blacklist bytes | CP saw blacklist ms | POST /admin/keys ms | start s |");
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for s in &r.scale {
             if let Some(e) = &s.error {
                 let _ = writeln!(
@@ -502,7 +504,7 @@ pub fn markdown(r: &Report) -> String {
             let bl = s.probes.blacklist.as_ref();
             let _ = writeln!(
                 o,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
                 s.label,
                 f(c.map(|p| p.load.throughput_rps), 0),
                 f(c.map(|p| p.load.latency_ms.p50), 2),
@@ -520,6 +522,7 @@ pub fn markdown(r: &Report) -> String {
                 reach(bl),
                 bl.map_or("–".into(), |p| p.sync_rx_bytes.to_string()),
                 f(bl.and_then(|p| p.control_plane_ms), 0),
+                f(s.create_key_ms, 0),
                 s.start_s
             );
         }

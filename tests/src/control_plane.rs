@@ -101,6 +101,11 @@ impl ControlPlane {
         .await
     }
 
+    /// The running generation's process id (the benchmark reads its CPU time and memory).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().and_then(Process::pid)
+    }
+
     /// Kills the control plane.
     pub fn stop(&mut self) {
         if let Some(mut p) = self.process.take() {

@@ -200,7 +200,7 @@ impl Envoy {
 
 /// The bound address of the one listener on a socket (the internal listener has none); a
 /// listener named `public` wins if there are several.
-pub(crate) fn public_listener(v: &Value) -> Option<SocketAddr> {
+pub fn public_listener(v: &Value) -> Option<SocketAddr> {
     let statuses = v.get("listener_statuses")?.as_array()?;
     let mut found: Vec<(String, SocketAddr)> = Vec::new();
     for l in statuses {

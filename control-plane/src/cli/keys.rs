@@ -7,7 +7,8 @@
 //! process, so it needs `--url`.
 //!
 //! Every command prints one JSON document on stdout: the key (`get`, `update`, `revoke`),
-//! `{ key, secret }` (`create`, `rotate`: the only outputs with a secret), `{ keys }` (`list`),
+//! `{ key, secret }` (`create`, `rotate`: the only outputs with a secret; `create --count N`
+//! with N > 1 prints `{ object: "list", keys: [{ key, secret }, ...] }`), `{ keys }` (`list`),
 //! the usage report (`usage`), or an OpenAI error object (and a non-zero exit) when it fails.
 
 use std::path::PathBuf;
@@ -75,6 +76,10 @@ pub struct CreateArgs {
     /// Lowercase letters, digits and _; part of the secret.
     #[arg(long)]
     pub label: String,
+    /// Issue this many keys with the same label and bindings (the benchmark provisions 10,000
+    /// this way: with --config each costs one insert).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub count: u32,
     #[command(flatten)]
     pub bindings: Bindings,
 }
@@ -233,6 +238,13 @@ fn to_json(value: impl serde::Serialize) -> Result<Value, ApiError> {
 
 fn local(keys: &KeyAdmin, command: KeysCommand) -> Result<Value, ApiError> {
     match command {
+        KeysCommand::Create(args) if args.count > 1 => {
+            let spec = args.bindings.spec(&args.label);
+            let created = (0..args.count)
+                .map(|_| keys.create(spec.clone()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(json!({ "object": "list", "keys": to_json(created)? }))
+        }
         KeysCommand::Create(args) => to_json(keys.create(args.bindings.spec(&args.label))?),
         KeysCommand::List => Ok(json!({ "object": "list", "keys": keys.list()? })),
         KeysCommand::Get { id } => to_json(keys.get(&id)?),
@@ -345,12 +357,18 @@ impl Remote {
         let keys = |path: &str| format!("/admin/keys{path}");
         match command {
             KeysCommand::Create(args) => {
-                self.call(
-                    Method::POST,
-                    &keys(""),
-                    Some(to_json(args.bindings.spec(&args.label))?),
-                )
-                .await
+                let spec = to_json(args.bindings.spec(&args.label))?;
+                if args.count == 1 {
+                    return self.call(Method::POST, &keys(""), Some(spec)).await;
+                }
+                let mut created = Vec::new();
+                for _ in 0..args.count {
+                    created.push(
+                        self.call(Method::POST, &keys(""), Some(spec.clone()))
+                            .await?,
+                    );
+                }
+                Ok(json!({ "object": "list", "keys": created }))
             }
             KeysCommand::List => self.call(Method::GET, &keys(""), None).await,
             KeysCommand::Get { id } => self.call(Method::GET, &keys(&format!("/{id}")), None).await,
@@ -463,6 +481,7 @@ mod tests {
         let KeysCommand::Create(create) = args.command else {
             panic!("not create");
         };
+        assert_eq!(create.count, 1);
         let spec = create.bindings.spec(&create.label);
         assert_eq!(spec.label, "lesson_app");
         assert_eq!(spec.owner.as_deref(), Some("team a"));
@@ -517,6 +536,11 @@ mod tests {
         assert!(parse(&["list", "--config", "a", "--url", "http://x"]).is_err());
         assert!(parse(&["update", "k", "--enabled", "--disabled"]).is_err());
         assert!(parse(&["create", "--profiles", "x"]).is_err());
+        assert!(parse(&["create", "--label", "a", "--count", "0"]).is_err());
+        assert!(matches!(
+            parse(&["create", "--label", "a", "--count", "3"])?.command,
+            KeysCommand::Create(CreateArgs { count: 3, .. })
+        ));
         Ok(())
     }
 

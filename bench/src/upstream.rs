@@ -1,0 +1,395 @@
+//! Envoy processes of the benchmark itself: the fake upstream (an Envoy answering every call
+//! with a `direct_response`, no upstream of its own) and the plain Envoy hop in front of it.
+//!
+//! The fake upstream serves, under a path prefix per rate-limit variant (`/static/`,
+//! `/constant/`, `/changing/`, see [`Headers`]):
+//! - `POST <prefix>.../chat/completions` with `accept: text/event-stream`, or under
+//!   `<prefix>stream/`: an OpenAI chat-completion stream (role, three content chunks, finish,
+//!   usage, `data: [DONE]`) in one write;
+//! - anything else under the prefix: an OpenAI chat completion (JSON).
+//!
+//! Streams go out chunked (no `content-length`), as providers send them.
+//! `/probe/` answers a completion too, or `401 invalid_api_key` while the runtime key
+//! `bench.probe_fails` is 100 (set through the admin API's `/runtime_modify`): the sync probes
+//! use it to have one provider key blacklisted on demand. A buffer filter reads each request
+//! whole before the answer, so Envoy keeps the connection alive (an answer sent before the
+//! request body would close it).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use ai_router_e2e::{poll, public_listener, Process, TestDir, ENVOY_READY_TIMEOUT};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+/// The assistant's answer in every completion of the fake upstream.
+pub const COMPLETION_TEXT: &str = "Hello from the bench upstream.";
+/// A piece of [`COMPLETION_TEXT`] that stays whole in one stream chunk.
+pub const STREAM_MARKER: &str = "bench upstream";
+/// The runtime key that makes `/probe/` answer 401.
+pub const PROBE_RUNTIME_KEY: &str = "bench.probe_fails";
+
+/// The rate-limit headers the fake upstream sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Headers {
+    /// No rate-limit headers: every answer the same.
+    Static,
+    /// `x-ratelimit-limit-*` and `-remaining-*` with the same values every time, no reset.
+    Constant,
+    /// Like a real provider: remaining requests and tokens and both resets change on every
+    /// answer (taken from the request's start time, to the microsecond).
+    Changing,
+}
+
+impl Headers {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Headers::Static => "static",
+            Headers::Constant => "constant",
+            Headers::Changing => "changing",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "static" => Ok(Headers::Static),
+            "constant" => Ok(Headers::Constant),
+            "changing" => Ok(Headers::Changing),
+            _ => bail!("unknown rate-limit header variant {s:?} (static, constant, changing)"),
+        }
+    }
+
+    fn header_pairs(self) -> Vec<(&'static str, &'static str)> {
+        match self {
+            Headers::Static => vec![],
+            Headers::Constant => vec![
+                ("x-ratelimit-limit-requests", "10000"),
+                ("x-ratelimit-remaining-requests", "9999"),
+                ("x-ratelimit-limit-tokens", "10000000"),
+                ("x-ratelimit-remaining-tokens", "9999000"),
+            ],
+            Headers::Changing => vec![
+                ("x-ratelimit-limit-requests", "10000000"),
+                ("x-ratelimit-remaining-requests", "9%START_TIME(%6f)%"),
+                ("x-ratelimit-limit-tokens", "100000000"),
+                ("x-ratelimit-remaining-tokens", "8%START_TIME(%6f)%"),
+                ("x-ratelimit-reset-requests", "1.%START_TIME(%3f)%s"),
+                ("x-ratelimit-reset-tokens", "6%START_TIME(%3f)%ms"),
+            ],
+        }
+    }
+}
+
+pub const ALL_HEADERS: [Headers; 3] = [Headers::Static, Headers::Constant, Headers::Changing];
+
+fn completion_json() -> String {
+    json!({
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "bench-model",
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": COMPLETION_TEXT },
+            "finish_reason": "stop"
+        }],
+        "usage": { "prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19 }
+    })
+    .to_string()
+}
+
+fn stream_body() -> String {
+    let chunk = |delta: Value, finish: Value| {
+        json!({
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": "bench-model",
+            "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }]
+        })
+    };
+    let mut events = vec![
+        chunk(json!({ "role": "assistant", "content": "" }), Value::Null),
+        chunk(json!({ "content": "Hello" }), Value::Null),
+        chunk(json!({ "content": " from the" }), Value::Null),
+        chunk(json!({ "content": " bench upstream." }), Value::Null),
+        chunk(json!({}), json!("stop")),
+    ];
+    events.push(json!({
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1_700_000_000,
+        "model": "bench-model",
+        "choices": [],
+        "usage": { "prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19 }
+    }));
+    let mut out = String::new();
+    for e in events {
+        let _ = write!(out, "data: {e}\n\n");
+    }
+    out.push_str("data: [DONE]\n\n");
+    out
+}
+
+/// A YAML/JSON string literal.
+fn lit(s: &str) -> String {
+    Value::String(s.to_string()).to_string()
+}
+
+fn route(matcher: &str, status: u16, content_type: &str, body: &str, headers: Headers) -> String {
+    // A stream goes out chunked, as providers send it (a direct_response has a content-length).
+    let chunked = if content_type == "text/event-stream" {
+        "                          typed_per_filter_config:\n\
+         \x20                           envoy.filters.http.header_mutation:\n\
+         \x20                             \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute\n\
+         \x20                             mutations: { response_mutations: [{ remove: content-length }] }\n"
+    } else {
+        ""
+    };
+    let mut out = format!(
+        "                        - match: {matcher}\n\
+         \x20                         direct_response:\n\
+         \x20                           status: {status}\n\
+         \x20                           body: {{ inline_string: {body} }}\n\
+         {chunked}\
+         \x20                         response_headers_to_add:\n\
+         \x20                           - header: {{ key: content-type, value: {ct} }}\n\
+         \x20                             append_action: OVERWRITE_IF_EXISTS_OR_ADD\n",
+        body = lit(body),
+        ct = lit(content_type),
+    );
+    for (k, v) in headers.header_pairs() {
+        let _ = writeln!(
+            out,
+            "                            - header: {{ key: {k}, value: {} }}",
+            lit(v)
+        );
+    }
+    out
+}
+
+/// The fake upstream's bootstrap.
+pub fn fake_upstream_yaml() -> String {
+    let json_body = completion_json();
+    let sse = stream_body();
+    let mut routes = String::new();
+    let error = json!({"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string();
+    routes.push_str(&route(
+        &format!(
+            "{{ prefix: /probe/, runtime_fraction: {{ default_value: {{ numerator: 0, denominator: HUNDRED }}, runtime_key: {PROBE_RUNTIME_KEY} }} }}"
+        ),
+        401,
+        "application/json",
+        &error,
+        Headers::Static,
+    ));
+    routes.push_str(&route(
+        "{ prefix: /probe/ }",
+        200,
+        "application/json",
+        &json_body,
+        Headers::Static,
+    ));
+    for h in ALL_HEADERS {
+        let p = h.prefix();
+        routes.push_str(&route(
+            &format!("{{ prefix: /{p}/stream/ }}"),
+            200,
+            "text/event-stream",
+            &sse,
+            h,
+        ));
+        routes.push_str(&route(
+            &format!("{{ prefix: /{p}/, headers: [{{ name: accept, string_match: {{ contains: text/event-stream }} }}] }}"),
+            200,
+            "text/event-stream",
+            &sse,
+            h,
+        ));
+        routes.push_str(&route(
+            &format!("{{ prefix: /{p}/ }}"),
+            200,
+            "application/json",
+            &json_body,
+            h,
+        ));
+    }
+    one_listener(
+        "fake_upstream",
+        "# The benchmark's fake upstream: every answer is a direct_response (see bench/src/upstream.rs).\n\
+         layered_runtime:\n  layers:\n    - name: admin\n      admin_layer: {}\n",
+        "                generate_request_id: false\n",
+        &routes,
+        "                  - name: envoy.filters.http.header_mutation\n\
+         \x20                   typed_config:\n\
+         \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation\n\
+         \x20                 - name: envoy.filters.http.buffer\n\
+         \x20                   typed_config:\n\
+         \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer\n\
+         \x20                     max_request_bytes: 1048576\n",
+        "",
+    )
+}
+
+/// One Envoy proxying everything to `upstream` (`127.0.0.1:port`): the cost of one hop.
+pub fn plain_envoy_yaml(upstream_port: u16) -> String {
+    let cluster = format!(
+        r#"  clusters:
+    - name: upstream
+      type: STATIC
+      connect_timeout: 5s
+      circuit_breakers:
+        thresholds:
+          - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
+      load_assignment:
+        cluster_name: upstream
+        endpoints:
+          - lb_endpoints:
+              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}
+"#
+    );
+    one_listener(
+        "plain",
+        "# The benchmark's plain Envoy hop: one listener, one route, one static cluster.\n",
+        "",
+        "                        - match: { prefix: / }\n\
+         \x20                         route: { cluster: upstream, timeout: 30s }\n",
+        "",
+        &cluster,
+    )
+}
+
+/// A bootstrap with an admin interface and one HTTP listener, both on ephemeral loopback
+/// ports: `head` before `static_resources`, `hcm` options, `routes` of its one virtual host,
+/// `filters` before the router, `tail` after the listener (clusters).
+fn one_listener(
+    name: &str,
+    head: &str,
+    hcm: &str,
+    routes: &str,
+    filters: &str,
+    tail: &str,
+) -> String {
+    format!(
+        r#"{head}admin:
+  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+static_resources:
+  listeners:
+    - name: {name}
+      address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: {name}
+{hcm}                route_config:
+                  virtual_hosts:
+                    - name: {name}
+                      domains: ["*"]
+                      routes:
+{routes}                http_filters:
+{filters}                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+{tail}"#
+    )
+}
+
+/// An Envoy the benchmark configured itself, on ephemeral ports.
+#[derive(Debug)]
+pub struct BenchEnvoy {
+    pub process: Process,
+    pub admin: String,
+    pub port: u16,
+}
+
+impl BenchEnvoy {
+    /// Writes `yaml` as `<name>.yaml` in `dir` and runs it with `concurrency` workers.
+    pub async fn start(
+        dir: &TestDir,
+        envoy: &Path,
+        name: &str,
+        yaml: &str,
+        concurrency: u32,
+    ) -> Result<Self> {
+        let config = dir.write(&format!("{name}.yaml"), yaml)?;
+        let admin_path = dir.join(&format!("{name}-admin.txt"));
+        let args = vec![
+            "-c".to_string(),
+            config.display().to_string(),
+            "--concurrency".to_string(),
+            concurrency.to_string(),
+            "--admin-address-path".to_string(),
+            admin_path.display().to_string(),
+            "--log-level".to_string(),
+            "warn".to_string(),
+            "--disable-hot-restart".to_string(),
+        ];
+        let mut process = Process::spawn(dir, name, envoy, &args, &[])?;
+        let admin = {
+            let admin_path = admin_path.clone();
+            let result = poll(
+                &format!("{name}'s admin address"),
+                ENVOY_READY_TIMEOUT,
+                || {
+                    let status = process.try_status();
+                    let text = std::fs::read_to_string(&admin_path).unwrap_or_default();
+                    async move {
+                        if let Some(st) = status? {
+                            bail!("Envoy exited ({st})");
+                        }
+                        let text = text.trim().to_string();
+                        Ok((!text.is_empty()).then_some(text))
+                    }
+                },
+            )
+            .await;
+            result.with_context(|| process.tail())?
+        };
+        let client = ai_router_e2e::http_client()?;
+        let url = format!("http://{admin}/listeners?format=json");
+        let listen = poll(&format!("{name}'s listener"), ENVOY_READY_TIMEOUT, || {
+            let req = client.get(&url).send();
+            async move {
+                let v: Value = req.await?.json().await?;
+                Ok(public_listener(&v))
+            }
+        })
+        .await
+        .with_context(|| process.tail())?;
+        Ok(Self {
+            process,
+            admin,
+            port: listen.port(),
+        })
+    }
+
+    /// Sets a runtime value through the admin API.
+    pub async fn set_runtime(&self, key: &str, value: &str) -> Result<()> {
+        let client = ai_router_e2e::http_client()?;
+        let url = format!("http://{}/runtime_modify?{key}={value}", self.admin);
+        let resp = client.post(&url).send().await?;
+        if !resp.status().is_success() {
+            bail!("{url} answered {}", resp.status());
+        }
+        Ok(())
+    }
+}
+
+/// A counter or gauge from an Envoy's `/stats` (0 when absent).
+pub async fn envoy_stat(admin: &str, name: &str) -> Result<u64> {
+    let client = ai_router_e2e::http_client()?;
+    let url = format!("http://{admin}/stats?format=json&filter=^{name}$");
+    let v: Value = client.get(&url).send().await?.json().await?;
+    Ok(v.get("stats")
+        .and_then(Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .find(|s| s.get("name").and_then(Value::as_str) == Some(name))
+        })
+        .and_then(|s| s.get("value"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0))
+}

@@ -877,6 +877,10 @@ impl Attempt {
                 upstream,
                 seen: 0,
             };
+            // The stream is rewritten as it passes (the usage event the gateway asked for is
+            // dropped, an Anthropic stream translated, an error event added): a provider's
+            // length would promise the client bytes it never gets.
+            host.set_header(Side::Response, "content-length", None);
         } else {
             self.mode = Mode::Whole { status, headers };
         }
@@ -1479,7 +1483,13 @@ mod tests {
 
         host.add(Side::Response, ":status", b"200");
         host.add(Side::Response, "content-type", b"text/event-stream");
+        host.add(Side::Response, "content-length", b"4096");
         assert_eq!(stage.on_response_headers(&mut host, false), Flow::Pause);
+        assert_eq!(
+            host.header(Side::Response, "content-length"),
+            None,
+            "a rewritten stream has no length"
+        );
         let role = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
         host.response_body = role.as_bytes().to_vec();
         assert_eq!(

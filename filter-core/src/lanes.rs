@@ -24,11 +24,6 @@ impl LaneId {
             model: model.into(),
         }
     }
-
-    /// A stable text form for shared-data keys and round-robin state.
-    pub fn token(&self) -> String {
-        format!("{}\u{1f}{}\u{1f}{}", self.provider, self.key, self.model)
-    }
 }
 
 /// A hold this VM (or another worker of this Envoy) put on a key or lane before the control
@@ -148,23 +143,27 @@ pub enum Pick {
 /// Smooth weighted round-robin positions, per VM.
 #[derive(Debug, Default)]
 pub struct RoundRobin {
-    current: HashMap<String, f64>,
+    current: HashMap<LaneId, f64>,
 }
 
 impl RoundRobin {
-    /// Picks among `options` (token, weight) and advances the positions.
-    pub fn choose(&mut self, options: &[(String, f64)]) -> Option<usize> {
+    /// Picks among `options` (lane, weight) and advances the positions.
+    pub fn choose(&mut self, options: &[(&LaneId, f64)]) -> Option<usize> {
         let total: f64 = options.iter().map(|(_, w)| *w).sum();
         let mut best: Option<(usize, f64)> = None;
-        for (i, (token, weight)) in options.iter().enumerate() {
-            let cw = self.current.entry(token.clone()).or_insert(0.0);
+        for (i, (lane, weight)) in options.iter().enumerate() {
+            // A lane's position is created once; later picks only look it up.
+            let cw = match self.current.get_mut(*lane) {
+                Some(cw) => cw,
+                None => self.current.entry((*lane).clone()).or_insert(0.0),
+            };
             *cw += *weight;
             if best.is_none_or(|(_, b)| *cw > b) {
                 best = Some((i, *cw));
             }
         }
         let (i, _) = best?;
-        if let Some(cw) = self.current.get_mut(&options[i].0) {
+        if let Some(cw) = self.current.get_mut(options[i].0) {
             *cw -= total;
         }
         Some(i)
@@ -435,7 +434,7 @@ pub fn pick(
             ))
             .or_default() += u.key_weight;
     }
-    let options: Vec<(String, f64)> = usable
+    let options: Vec<(&LaneId, f64)> = usable
         .iter()
         .map(|u| {
             let total = key_totals
@@ -445,10 +444,7 @@ pub fn pick(
                 ))
                 .copied()
                 .unwrap_or(u.key_weight);
-            (
-                u.chosen.lane.token(),
-                u.candidate_weight * u.key_weight / total,
-            )
+            (&u.chosen.lane, u.candidate_weight * u.key_weight / total)
         })
         .collect();
     match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
@@ -798,7 +794,8 @@ mod tests {
     #[test]
     fn weighted_round_robin_shares_by_weight() {
         let mut rr = RoundRobin::default();
-        let opts = vec![("x".to_string(), 3.0), ("y".to_string(), 1.0)];
+        let (x, y) = (LaneId::new("p", "x", "m"), LaneId::new("p", "y", "m"));
+        let opts = [(&x, 3.0), (&y, 1.0)];
         let picks: Vec<usize> = (0..8).map(|_| rr.choose(&opts).unwrap()).collect();
         assert_eq!(picks.iter().filter(|i| **i == 0).count(), 6);
     }

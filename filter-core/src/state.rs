@@ -23,11 +23,13 @@ pub struct ModelRef {
 #[derive(Debug, Default)]
 pub struct LaneHealth {
     key_health: HashMap<String, KeyHealth>,
-    /// (key, model) -> cooled until
-    cooldowns: HashMap<(String, String), i64>,
-    /// (scope, key) -> breaker; the key is empty for the provider breaker.
-    breakers: HashMap<(String, String), BreakerState>,
-    headroom: HashMap<(String, String), Headroom>,
+    /// key -> (model, cooled until); looked up by `&str`, no allocation per lane.
+    cooldowns: HashMap<String, Vec<(String, i64)>>,
+    /// key -> breaker ("" for the provider's own).
+    key_breakers: HashMap<String, BreakerState>,
+    provider_breaker: Option<BreakerState>,
+    /// key -> (model, headroom)
+    headroom: HashMap<String, Vec<(String, Headroom)>>,
     /// Out until (a spent budget).
     out_until_ms: i64,
     /// key ("" for the whole provider) -> when an operator reset it.
@@ -41,14 +43,23 @@ impl LaneHealth {
             h.key_health.insert(k.key.clone(), k);
         }
         for c in record.cooldowns {
-            let until = h.cooldowns.entry((c.key, c.model)).or_insert(0);
-            *until = (*until).max(c.until_ms);
+            let lanes = h.cooldowns.entry(c.key).or_default();
+            match lanes.iter_mut().find(|(m, _)| *m == c.model) {
+                Some((_, until)) => *until = (*until).max(c.until_ms),
+                None => lanes.push((c.model, c.until_ms)),
+            }
         }
         for b in record.breakers {
-            h.breakers.insert((b.scope.clone(), b.key.clone()), b);
+            if b.scope == "provider" {
+                h.provider_breaker = Some(b);
+            } else {
+                h.key_breakers.insert(b.key.clone(), b);
+            }
         }
         for r in record.headroom {
-            h.headroom.insert((r.key.clone(), r.model.clone()), r);
+            let lanes = h.headroom.entry(r.key.clone()).or_default();
+            lanes.retain(|(m, _)| *m != r.model);
+            lanes.push((r.model.clone(), r));
         }
         for p in record.provider_health {
             h.out_until_ms = h.out_until_ms.max(p.until_ms);
@@ -72,19 +83,26 @@ impl LaneHealth {
 
     pub fn cooldown_until(&self, key: &str, model: &str) -> i64 {
         self.cooldowns
-            .get(&(key.to_string(), model.to_string()))
-            .copied()
-            .unwrap_or(0)
+            .get(key)
+            .and_then(|lanes| lanes.iter().find(|(m, _)| m == model))
+            .map_or(0, |(_, until)| *until)
     }
 
     /// The key's breaker (`scope` "key") or the provider's (`scope` "provider", `key` empty),
     /// when it is not closed.
     pub fn breaker(&self, scope: &str, key: &str) -> Option<&BreakerState> {
-        self.breakers.get(&(scope.to_string(), key.to_string()))
+        if scope == "provider" {
+            self.provider_breaker.as_ref()
+        } else {
+            self.key_breakers.get(key)
+        }
     }
 
     pub fn headroom(&self, key: &str, model: &str) -> Option<&Headroom> {
-        self.headroom.get(&(key.to_string(), model.to_string()))
+        self.headroom
+            .get(key)
+            .and_then(|lanes| lanes.iter().find(|(m, _)| m == model))
+            .map(|(_, h)| h)
     }
 
     /// When the provider, out of rotation as a whole (a spent budget), returns.
@@ -101,7 +119,9 @@ impl LaneHealth {
 
     /// Every breaker of the provider and its keys that is not closed.
     pub fn breakers(&self) -> impl Iterator<Item = &BreakerState> {
-        self.breakers.values()
+        self.provider_breaker
+            .iter()
+            .chain(self.key_breakers.values())
     }
 
     /// Every key of the provider that is out (blacklisted or missing).

@@ -1077,15 +1077,20 @@ fn note_headroom(durable: &mut DurableState, attempt: &pb::AttemptOutcome, now: 
         attempt.key.clone(),
         attempt.model.clone(),
     );
-    if durable.headroom.get(&lane) == Some(&entry) {
-        return false;
+    if let Some(old) = durable.headroom.get(&lane) {
+        let same_values = old.remaining_requests == entry.remaining_requests
+            && old.remaining_tokens == entry.remaining_tokens;
+        // Without a reset from the provider, the same values again are no news: keep the
+        // window they were first seen with (a provider sending constant headers would
+        // otherwise publish a version per answer).
+        if same_values && (attempt.ratelimit_reset_at_ms <= 0 || old.reset_at_ms == reset_at_ms) {
+            return false;
+        }
     }
     durable.headroom.insert(lane, entry);
     true
 }
 
-/// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
-/// of (or back in) its budget.
 /// The estimated cost of an attempt's usage, when it has usage and its model a price.
 fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
     let usage = a.usage?;
@@ -1144,6 +1149,8 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
     out
 }
 
+/// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
+/// of (or back in) its budget.
 fn note_spend(
     config: &Config,
     durable: &mut DurableState,
@@ -2200,6 +2207,24 @@ providers:
             .fetch_add(RESET_MARK.as_millis() as i64, Ordering::SeqCst);
         assert!(e.expire());
         assert!(snapshot(e).resets.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn the_same_headroom_again_without_a_reset_is_no_news() -> Result<(), String> {
+        let f = fixture(BREAKERS)?;
+        let e = &f.engine;
+        let mut ok = success("openai", "openai-1");
+        ok.remaining_requests = 5;
+        ok.remaining_tokens = 1_000;
+        e.apply_report(&batch(vec![ok.clone()]));
+        let v = e.version();
+        f.clock.0.fetch_add(1_000, Ordering::SeqCst);
+        e.apply_report(&batch(vec![ok.clone(), ok.clone()]));
+        assert_eq!(e.version(), v, "constant headers publish nothing");
+        ok.remaining_requests = 4;
+        e.apply_report(&batch(vec![ok]));
+        assert_eq!(e.version(), v + 1, "a new value is news");
         Ok(())
     }
 

@@ -41,8 +41,8 @@ struct Local {
     queue: Option<u32>,
     next_call: u64,
     salt: u64,
-    /// Latency EWMA per lane token, in ms.
-    latency: HashMap<String, f64>,
+    /// Latency EWMA per lane, in ms.
+    latency: HashMap<LaneId, f64>,
     rng: u64,
 }
 
@@ -262,7 +262,10 @@ pub fn record_latency(lane: &LaneId, ms: f64) {
         .unwrap_or(0.3);
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
-        let e = l.latency.entry(lane.token()).or_insert(ms);
+        let e = match l.latency.get_mut(lane) {
+            Some(e) => e,
+            None => l.latency.entry(lane.clone()).or_insert(ms),
+        };
         *e = alpha * ms + (1.0 - alpha) * *e;
     })
 }
@@ -360,7 +363,7 @@ impl View for SharedView {
     }
 
     fn latency(&self, lane: &LaneId) -> Option<f64> {
-        LOCAL.with(|l| l.borrow().latency.get(&lane.token()).copied())
+        LOCAL.with(|l| l.borrow().latency.get(lane).copied())
     }
 
     fn health(&self, provider: &str) -> Option<Rc<LaneHealth>> {

@@ -3,7 +3,8 @@
 # clone. Idempotent: a second run only checks and returns within seconds.
 #
 #   - Debian packages: curl, ca-certificates, pkg-config, build-essential, docker-compose
-#     (only to validate docker-compose.yml; no Docker engine is needed), python3-venv if needed
+#     (only to validate docker-compose.yml; no Docker engine is needed), prometheus (its server
+#     and promtool, which the /metrics tests run), python3-venv if needed
 #   - Rust with the wasm32-wasip1 target (rustup), else Debian's rustc-web toolchain as the
 #     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
 #     ($CARGO_TARGET_DIR is honoured)
@@ -42,7 +43,7 @@ deb_installed() {
 
 # ---------------------------------------------------------------- Debian packages
 missing=()
-for pkg in ca-certificates curl pkg-config build-essential docker-compose; do
+for pkg in ca-certificates curl pkg-config build-essential docker-compose prometheus; do
     deb_installed "$pkg" || missing+=("$pkg")
 done
 if ! command -v python3 >/dev/null 2>&1; then
@@ -51,7 +52,7 @@ fi
 if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 else
-    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose"
+    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose prometheus"
 fi
 
 # ---------------------------------------------------------------- Rust

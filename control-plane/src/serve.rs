@@ -290,7 +290,7 @@ pub async fn start(
     )));
     let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
-    let metrics = Arc::new(crate::api::metrics::Metrics::default());
+    let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
     engine.add_report_observer(metrics.clone());
     let router =
         http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));

@@ -655,6 +655,7 @@ impl Attempt {
             usage: self.usage.map(|u| ProtoUsage {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
+                cached_tokens: u.cached_tokens,
             }),
             virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
             at_ms: now,
@@ -663,6 +664,7 @@ impl Attempt {
             remaining_tokens: self.headroom.map_or(-1, |h| h.1),
             ratelimit_reset_at_ms: self.headroom.map_or(0, |h| h.2),
             probe: self.probe,
+            stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
         });
     }

@@ -14,6 +14,8 @@ use crate::sse::{Event, Parser};
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of the prompt tokens, those served from the provider's cache.
+    pub cached_tokens: u64,
 }
 
 pub fn usage_of(v: &Value) -> Option<Usage> {
@@ -25,6 +27,10 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
         prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
         completion_tokens: u
             .get("completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        cached_tokens: u
+            .pointer("/prompt_tokens_details/cached_tokens")
             .and_then(Value::as_u64)
             .unwrap_or(0),
     })
@@ -273,6 +279,22 @@ pub fn error_event(message: &str, code: ErrorCode) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn usage_reads_the_cached_prompt_tokens() {
+        let v: Value = serde_json::from_str(
+            r#"{"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            usage_of(&v),
+            Some(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 2,
+                cached_tokens: 4
+            })
+        );
+    }
+
     fn chunk(delta: &str) -> String {
         format!("data: {{\"id\":\"c\",\"model\":\"m1\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":null}}]}}\n\n")
     }
@@ -310,7 +332,8 @@ mod tests {
                 g.usage,
                 Some(Usage {
                     prompt_tokens: 3,
-                    completion_tokens: 2
+                    completion_tokens: 2,
+                    cached_tokens: 0
                 })
             );
             assert!(g.completed());

@@ -415,6 +415,7 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
     // An auth failure blacklists the key; a finished request writes a usage row.
     let report = pb::ReportBatch {
         node: "intruder".into(),
+        dropped: 0,
         attempts: vec![pb::AttemptOutcome {
             request_id: "r1".into(),
             provider: "p1".into(),
@@ -434,6 +435,7 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
             usage: Some(pb::Usage {
                 prompt_tokens: 10,
                 completion_tokens: 5,
+                ..Default::default()
             }),
             ..Default::default()
         }],

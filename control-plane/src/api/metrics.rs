@@ -1,11 +1,16 @@
-//! `GET /metrics`: Prometheus text counters of what the data plane reported (requests by
-//! outcome, attempts by lane and class, attempt latency) and gauges of the pushed state
-//! (version, breakers that are not closed, keys out of rotation). Lanes are named by provider
-//! id, key alias and model, never by secret.
+//! `GET /metrics`: Prometheus text (checked by `promtool check metrics`). Counters and
+//! histograms of what the data plane reported (requests, attempts by lane, outcome and class,
+//! latency, tokens, estimated cost, refusals by quota, outcomes the filters' outboxes dropped)
+//! and gauges of the pushed state (version, breakers that are not closed, keys out of rotation)
+//! and of the sync streams (connections and the age of each Envoy's state). Lanes are named by
+//! provider id, key alias and model, never by secret.
+//!
+//! The report fields that are strings today and may become enums are read only by the small
+//! `*_label` functions below.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use ai_router_proto::v1 as pb;
 use axum::extract::State;
@@ -14,46 +19,176 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
+use crate::api::error::ErrorCode;
 use crate::engine::{Engine, ReportObserver};
 
-type AttemptLabels = (String, String, String, String, String);
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// The label of an attempt's outcome: `success` or `error`.
+fn attempt_outcome_label(a: &pb::AttemptOutcome) -> &str {
+    &a.outcome
+}
+
+/// The label of a failed attempt's class (empty for a success).
+fn attempt_class_label(a: &pb::AttemptOutcome) -> &str {
+    &a.error_class
+}
+
+/// The label of a call's outcome: `success`, `error:<class>` or `rejected:<code>`.
+fn request_outcome_label(r: &pb::RequestOutcome) -> &str {
+    &r.outcome
+}
+
+/// The label of a breaker's scope: `key` or `provider`.
+fn breaker_scope_label(b: &pb::BreakerState) -> &str {
+    &b.scope
+}
+
+/// Whether a breaker is open (else half-open).
+fn breaker_is_open(b: &pb::BreakerState) -> bool {
+    b.state == "open"
+}
+
+/// The label of why a key is out of rotation.
+fn key_out_reason_label(h: &pb::KeyHealth) -> &str {
+    &h.reason
+}
+
+/// The quota code a refused call was answered with, when it was refused by a quota.
+fn quota_refusal(outcome: &str) -> Option<&str> {
+    let code = outcome.strip_prefix("rejected:")?;
+    matches!(
+        ErrorCode::parse(code)?,
+        ErrorCode::RequestsPerMinuteExceeded
+            | ErrorCode::TokensPerDayExceeded
+            | ErrorCode::CostPerDayExceeded
+            | ErrorCode::CostPerMonthExceeded
+    )
+    .then_some(code)
+}
+
+/// A histogram of seconds over [`BUCKETS`].
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Per bucket, the observations at or under its bound (not cumulative).
+    buckets: [u64; BUCKETS.len()],
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
+            self.buckets[i] += 1;
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+}
+
+/// Provider, key alias, model.
+type Lane = (String, String, String);
 
 #[derive(Debug, Default)]
 struct Counters {
-    requests: BTreeMap<(String, String), u64>,
-    attempts: BTreeMap<AttemptLabels, u64>,
-    attempt_latency_ms: BTreeMap<(String, String, String), (u64, u64)>,
+    /// By operation, provider, model, outcome.
+    requests: BTreeMap<(String, String, String, String), u64>,
+    /// By lane, outcome, class.
+    attempts: BTreeMap<(Lane, String, String), u64>,
+    /// Successful stream attempts: time to the first token.
+    first_token: BTreeMap<Lane, Histogram>,
+    /// Every other attempt: time to its answer or failure.
+    attempt_duration: BTreeMap<Lane, Histogram>,
+    /// By operation, provider, model: the call's whole duration.
+    request_duration: BTreeMap<(String, String, String), Histogram>,
+    prompt_tokens: BTreeMap<Lane, u64>,
+    completion_tokens: BTreeMap<Lane, u64>,
+    cached_tokens: BTreeMap<Lane, u64>,
+    cost: BTreeMap<Lane, f64>,
+    /// By code.
+    quota_refusals: BTreeMap<String, u64>,
+    /// By node: the outcomes its outbox dropped, as it last said.
+    dropped: BTreeMap<String, u64>,
 }
 
 /// The counters, fed by every `Sync.Report` batch.
 #[derive(Debug, Default)]
 pub struct Metrics {
     counters: Mutex<Counters>,
+    /// Prices attempts (the engine holds this observer, hence weak).
+    engine: Weak<Engine>,
+}
+
+impl Metrics {
+    /// Counters pricing attempts by `engine`'s models.
+    pub fn new(engine: &Arc<Engine>) -> Self {
+        Self {
+            counters: Mutex::default(),
+            engine: Arc::downgrade(engine),
+        }
+    }
 }
 
 impl ReportObserver for Metrics {
     fn observe(&self, batch: &pb::ReportBatch) {
+        let engine = self.engine.upgrade();
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for r in &batch.requests {
+            let outcome = request_outcome_label(r);
+            let call = (r.operation.clone(), r.provider.clone(), r.model.clone());
             *c.requests
-                .entry((r.operation.clone(), r.outcome.clone()))
+                .entry((
+                    call.0.clone(),
+                    call.1.clone(),
+                    call.2.clone(),
+                    outcome.into(),
+                ))
                 .or_default() += 1;
+            c.request_duration
+                .entry(call)
+                .or_default()
+                .observe(r.latency_ms as f64 / 1000.0);
+            if let Some(code) = quota_refusal(outcome) {
+                *c.quota_refusals.entry(code.into()).or_default() += 1;
+            }
         }
         for a in &batch.attempts {
+            let lane: Lane = (a.provider.clone(), a.key.clone(), a.model.clone());
+            let outcome = attempt_outcome_label(a);
             let labels = (
-                a.provider.clone(),
-                a.key.clone(),
-                a.model.clone(),
-                a.outcome.clone(),
-                a.error_class.clone(),
+                lane.clone(),
+                outcome.to_string(),
+                attempt_class_label(a).to_string(),
             );
             *c.attempts.entry(labels).or_default() += 1;
-            let lat = c
-                .attempt_latency_ms
-                .entry((a.provider.clone(), a.key.clone(), a.model.clone()))
-                .or_default();
-            lat.0 += a.latency_ms;
-            lat.1 += 1;
+            let seconds = a.latency_ms as f64 / 1000.0;
+            if a.stream && outcome == "success" {
+                c.first_token
+                    .entry(lane.clone())
+                    .or_default()
+                    .observe(seconds);
+            } else {
+                c.attempt_duration
+                    .entry(lane.clone())
+                    .or_default()
+                    .observe(seconds);
+            }
+            if let Some(u) = a.usage {
+                *c.prompt_tokens.entry(lane.clone()).or_default() += u.prompt_tokens;
+                *c.completion_tokens.entry(lane.clone()).or_default() += u.completion_tokens;
+                *c.cached_tokens.entry(lane.clone()).or_default() += u.cached_tokens;
+            }
+            if let Some(cost) = engine.as_ref().and_then(|e| e.attempt_cost(a)) {
+                *c.cost.entry(lane).or_default() += cost;
+            }
+        }
+        if !batch.node.is_empty() {
+            // The filter's count since it started; batches may arrive out of order.
+            let seen = c.dropped.entry(batch.node.clone()).or_default();
+            *seen = (*seen).max(batch.dropped);
         }
     }
 }
@@ -65,91 +200,256 @@ fn esc(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-impl Metrics {
-    /// The exposition text for the counters and the current snapshot.
-    pub fn render(&self, update: &pb::StateUpdate) -> String {
-        let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP ai_router_requests_total Client requests by operation and outcome."
-        );
-        let _ = writeln!(out, "# TYPE ai_router_requests_total counter");
-        for ((op, outcome), n) in &c.requests {
+fn lane_labels((p, k, m): &Lane) -> String {
+    format!(
+        "provider=\"{}\",key=\"{}\",model=\"{}\"",
+        esc(p),
+        esc(k),
+        esc(m)
+    )
+}
+
+/// A sample value: integers as such, the rest in Prometheus' float syntax.
+fn num(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Writes the `# HELP` and `# TYPE` lines of a metric family.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn histograms<'a>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: impl Iterator<Item = (String, &'a Histogram)>,
+) {
+    family(out, name, "histogram", help);
+    for (labels, h) in series {
+        let mut below = 0;
+        for (bound, n) in BUCKETS.iter().zip(h.buckets) {
+            below += n;
             let _ = writeln!(
                 out,
-                "ai_router_requests_total{{operation=\"{}\",outcome=\"{}\"}} {n}",
+                "{name}_bucket{{{labels},le=\"{}\"}} {below}",
+                num(*bound)
+            );
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", num(h.sum));
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", h.count);
+    }
+}
+
+fn lane_counters<T: std::fmt::Display>(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    series: &BTreeMap<Lane, T>,
+) {
+    family(out, name, "counter", help);
+    for (lane, v) in series {
+        let _ = writeln!(out, "{name}{{{}}} {v}", lane_labels(lane));
+    }
+}
+
+/// A family whose series differ by one label.
+fn by_one_label<'a, T: std::fmt::Display + 'a>(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    label: &str,
+    series: impl Iterator<Item = (&'a str, T)>,
+) {
+    family(out, name, kind, help);
+    for (value, v) in series {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {v}", esc(value));
+    }
+}
+
+impl Metrics {
+    /// The exposition text for the counters, the current snapshot and the open sync streams.
+    pub fn render(&self, update: &pb::StateUpdate) -> String {
+        self.render_with(update, &crate::api::sync::watching())
+    }
+
+    fn render_with(
+        &self,
+        update: &pb::StateUpdate,
+        watching: &[crate::api::sync::Watching],
+    ) -> String {
+        let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        family(
+            &mut out,
+            "ai_router_requests_total",
+            "counter",
+            "Client calls by operation, final provider and model, and outcome (success, error:<class> or rejected:<code>).",
+        );
+        for ((op, p, m, outcome), n) in &c.requests {
+            let _ = writeln!(
+                out,
+                "ai_router_requests_total{{operation=\"{}\",provider=\"{}\",model=\"{}\",outcome=\"{}\"}} {n}",
                 esc(op),
+                esc(p),
+                esc(m),
                 esc(outcome)
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP ai_router_attempts_total Attempts by lane, outcome and failure class."
+        family(
+            &mut out,
+            "ai_router_attempts_total",
+            "counter",
+            "Attempts by lane (provider, key alias, model), outcome and failure class.",
         );
-        let _ = writeln!(out, "# TYPE ai_router_attempts_total counter");
-        for ((p, k, m, outcome, class), n) in &c.attempts {
+        for ((lane, outcome, class), n) in &c.attempts {
             let _ = writeln!(
                 out,
-                "ai_router_attempts_total{{provider=\"{}\",key=\"{}\",model=\"{}\",outcome=\"{}\",class=\"{}\"}} {n}",
-                esc(p),
-                esc(k),
-                esc(m),
+                "ai_router_attempts_total{{{},outcome=\"{}\",class=\"{}\"}} {n}",
+                lane_labels(lane),
                 esc(outcome),
                 esc(class)
             );
         }
-        let _ = writeln!(out, "# HELP ai_router_attempt_latency_ms Attempt latency (to the first byte for streams) by lane.");
-        let _ = writeln!(out, "# TYPE ai_router_attempt_latency_ms summary");
-        for ((p, k, m), (sum, count)) in &c.attempt_latency_ms {
-            let labels = format!(
-                "provider=\"{}\",key=\"{}\",model=\"{}\"",
-                esc(p),
-                esc(k),
-                esc(m)
-            );
-            let _ = writeln!(out, "ai_router_attempt_latency_ms_sum{{{labels}}} {sum}");
-            let _ = writeln!(
-                out,
-                "ai_router_attempt_latency_ms_count{{{labels}}} {count}"
-            );
-        }
+        histograms(
+            &mut out,
+            "ai_router_time_to_first_token_seconds",
+            "Time from sending a successful stream attempt to its first token, by lane.",
+            c.first_token.iter().map(|(l, h)| (lane_labels(l), h)),
+        );
+        histograms(
+            &mut out,
+            "ai_router_attempt_duration_seconds",
+            "Time from sending an attempt to its answer or failure (every attempt but successful streams), by lane.",
+            c.attempt_duration.iter().map(|(l, h)| (lane_labels(l), h)),
+        );
+        histograms(
+            &mut out,
+            "ai_router_request_duration_seconds",
+            "Whole duration of client calls, by operation, final provider and model.",
+            c.request_duration.iter().map(|((op, p, m), h)| {
+                (
+                    format!(
+                        "operation=\"{}\",provider=\"{}\",model=\"{}\"",
+                        esc(op),
+                        esc(p),
+                        esc(m)
+                    ),
+                    h,
+                )
+            }),
+        );
+        lane_counters(
+            &mut out,
+            "ai_router_prompt_tokens_total",
+            "Prompt tokens the providers reported, by lane.",
+            &c.prompt_tokens,
+        );
+        lane_counters(
+            &mut out,
+            "ai_router_completion_tokens_total",
+            "Completion tokens the providers reported, by lane.",
+            &c.completion_tokens,
+        );
+        lane_counters(
+            &mut out,
+            "ai_router_cached_tokens_total",
+            "Of the prompt tokens, those the providers served from their cache, by lane.",
+            &c.cached_tokens,
+        );
+        lane_counters(
+            &mut out,
+            "ai_router_estimated_cost_total",
+            "Estimated cost of the reported usage at the models' configured prices, by lane.",
+            &c.cost,
+        );
+        by_one_label(
+            &mut out,
+            ("ai_router_quota_refusals_total", "counter"),
+            "Calls refused by a virtual key's quota, by error code.",
+            "code",
+            c.quota_refusals.iter().map(|(k, n)| (k.as_str(), n)),
+        );
+        by_one_label(
+            &mut out,
+            ("ai_router_report_dropped_total", "counter"),
+            "Outcomes an Envoy's report outbox dropped (full), the most it reported, by node.",
+            "node",
+            c.dropped.iter().map(|(k, n)| (k.as_str(), n)),
+        );
+        drop(c);
         let snapshot = update.snapshot.clone().unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "# HELP ai_router_state_version The version of the state pushed to Envoy."
+        family(
+            &mut out,
+            "ai_router_state_version",
+            "gauge",
+            "The version of the state pushed to Envoy.",
         );
-        let _ = writeln!(out, "# TYPE ai_router_state_version gauge");
         let _ = writeln!(out, "ai_router_state_version {}", update.version);
-        let _ = writeln!(
-            out,
-            "# HELP ai_router_breaker_open Breakers that are not closed (1 open, 0.5 half-open)."
+        family(
+            &mut out,
+            "ai_router_breaker_open",
+            "gauge",
+            "Breakers that are not closed (1 open, 0.5 half-open), by scope, provider and key alias.",
         );
-        let _ = writeln!(out, "# TYPE ai_router_breaker_open gauge");
         for b in &snapshot.breakers {
-            let v = if b.state == "open" { "1" } else { "0.5" };
+            let v = if breaker_is_open(b) { "1" } else { "0.5" };
             let _ = writeln!(
                 out,
                 "ai_router_breaker_open{{scope=\"{}\",provider=\"{}\",key=\"{}\"}} {v}",
-                esc(&b.scope),
+                esc(breaker_scope_label(b)),
                 esc(&b.provider),
                 esc(&b.key)
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP ai_router_key_out Provider keys out of rotation, by reason."
+        family(
+            &mut out,
+            "ai_router_key_out",
+            "gauge",
+            "Provider keys out of rotation (1 each), by provider, key alias and reason.",
         );
-        let _ = writeln!(out, "# TYPE ai_router_key_out gauge");
         for h in &snapshot.key_health {
             let _ = writeln!(
                 out,
                 "ai_router_key_out{{provider=\"{}\",key=\"{}\",reason=\"{}\"}} 1",
                 esc(&h.provider),
                 esc(&h.key),
-                esc(&h.reason)
+                esc(key_out_reason_label(h))
             );
         }
+        // Per node: open streams, and how stale the oldest is (0 while it holds the current
+        // version; else the seconds since it last did).
+        let mut nodes: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
+        for w in watching {
+            let age = if w.version >= update.version {
+                0.0
+            } else {
+                w.at.elapsed().as_secs_f64()
+            };
+            let n = nodes.entry(&w.node).or_default();
+            n.0 += 1;
+            n.1 = n.1.max(age);
+        }
+        by_one_label(
+            &mut out,
+            ("ai_router_sync_connections", "gauge"),
+            "Open sync (Watch) streams, by Envoy node.",
+            "node",
+            nodes.iter().map(|(node, (n, _))| (*node, n)),
+        );
+        by_one_label(
+            &mut out,
+            ("ai_router_sync_state_age_seconds", "gauge"),
+            "How stale an Envoy's state is: 0 while it holds the current version, else the seconds since it last did.",
+            "node",
+            nodes.iter().map(|(node, (_, age))| (*node, age)),
+        );
         let t = &crate::api::sync::TRAFFIC;
         let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
         for (name, help, counts) in [
@@ -164,8 +464,7 @@ impl Metrics {
                 [&t.snapshot_bytes, &t.delta_bytes],
             ),
         ] {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
+            family(&mut out, name, "counter", help);
             for (kind, n) in ["snapshot", "delta"].into_iter().zip(counts) {
                 let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", load(n));
             }
@@ -190,15 +489,31 @@ async fn render(State((engine, metrics)): State<(Arc<Engine>, Arc<Metrics>)>) ->
 mod tests {
     use super::*;
 
-    #[test]
-    fn counts_reports_and_renders_prometheus_text() {
+    fn sample() -> String {
         let m = Metrics::default();
         m.observe(&pb::ReportBatch {
-            requests: vec![pb::RequestOutcome {
-                operation: "chat".into(),
-                outcome: "success".into(),
-                ..Default::default()
-            }],
+            node: "envoy-1".into(),
+            dropped: 3,
+            requests: vec![
+                pb::RequestOutcome {
+                    operation: "chat".into(),
+                    provider: "p".into(),
+                    model: "m".into(),
+                    outcome: "success".into(),
+                    latency_ms: 120,
+                    ..Default::default()
+                },
+                pb::RequestOutcome {
+                    operation: "chat".into(),
+                    outcome: "rejected:tokens_per_day_exceeded".into(),
+                    ..Default::default()
+                },
+                pb::RequestOutcome {
+                    operation: "chat".into(),
+                    outcome: "rejected:invalid_api_key".into(),
+                    ..Default::default()
+                },
+            ],
             attempts: vec![
                 pb::AttemptOutcome {
                     provider: "p".into(),
@@ -215,9 +530,20 @@ mod tests {
                     model: "m".into(),
                     outcome: "success".into(),
                     latency_ms: 60,
+                    stream: true,
+                    usage: Some(pb::Usage {
+                        prompt_tokens: 10,
+                        completion_tokens: 4,
+                        cached_tokens: 2,
+                    }),
                     ..Default::default()
                 },
             ],
+        });
+        // An older batch of the same node does not lower its count.
+        m.observe(&pb::ReportBatch {
+            node: "envoy-1".into(),
+            dropped: 1,
             ..Default::default()
         });
         let update = pb::StateUpdate {
@@ -234,19 +560,81 @@ mod tests {
             }),
             delta: None,
         };
-        let text = m.render(&update);
+        let watching = [
+            crate::api::sync::Watching {
+                node: "envoy-1".into(),
+                version: 7,
+                at: std::time::Instant::now(),
+            },
+            crate::api::sync::Watching {
+                node: "envoy-2".into(),
+                version: 6,
+                at: std::time::Instant::now() - std::time::Duration::from_secs(5),
+            },
+        ];
+        m.render_with(&update, &watching)
+    }
+
+    #[test]
+    fn counts_reports_and_renders_prometheus_text() {
+        let text = sample();
+        for line in [
+            "ai_router_requests_total{operation=\"chat\",provider=\"p\",model=\"m\",outcome=\"success\"} 1",
+            "ai_router_attempts_total{provider=\"p\",key=\"a\",model=\"m\",outcome=\"error\",class=\"rate_limit\"} 1",
+            // A successful stream attempt's latency is its time to the first token.
+            "ai_router_time_to_first_token_seconds_bucket{provider=\"p\",key=\"b\",model=\"m\",le=\"0.05\"} 0",
+            "ai_router_time_to_first_token_seconds_bucket{provider=\"p\",key=\"b\",model=\"m\",le=\"0.1\"} 1",
+            "ai_router_time_to_first_token_seconds_sum{provider=\"p\",key=\"b\",model=\"m\"} 0.06",
+            "ai_router_attempt_duration_seconds_count{provider=\"p\",key=\"a\",model=\"m\"} 1",
+            "ai_router_request_duration_seconds_bucket{operation=\"chat\",provider=\"p\",model=\"m\",le=\"+Inf\"} 1",
+            "ai_router_prompt_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 10",
+            "ai_router_completion_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 4",
+            "ai_router_cached_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 2",
+            "ai_router_quota_refusals_total{code=\"tokens_per_day_exceeded\"} 1",
+            "ai_router_report_dropped_total{node=\"envoy-1\"} 3",
+            "ai_router_state_version 7",
+            "ai_router_breaker_open{scope=\"key\",provider=\"p\",key=\"a\\\"x\"} 1",
+            "ai_router_sync_connections{node=\"envoy-2\"} 1",
+            "ai_router_sync_state_age_seconds{node=\"envoy-1\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line} in\n{text}");
+        }
         assert!(
-            text.contains("ai_router_requests_total{operation=\"chat\",outcome=\"success\"} 1"),
-            "{text}"
+            !text.contains("ai_router_quota_refusals_total{code=\"invalid_api_key\"}"),
+            "not a quota:\n{text}"
         );
-        assert!(text.contains("class=\"rate_limit\"} 1"), "{text}");
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ai_router_sync_state_age_seconds{node=\"envoy-2\"} "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no age of envoy-2 in\n{text}"));
+        assert!((5.0..60.0).contains(&age), "{age}");
+    }
+
+    /// Debian's `prometheus` package (scripts/setup.sh) provides `promtool`.
+    #[test]
+    fn promtool_accepts_the_text() {
+        use std::io::Write as _;
+        let mut child = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian's prometheus package, scripts/setup.sh) is needed");
+        let text = sample();
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(text.as_bytes())
+            .expect("write to promtool");
+        let out = child.wait_with_output().expect("promtool runs");
         assert!(
-            text.contains(
-                "ai_router_attempt_latency_ms_sum{provider=\"p\",key=\"b\",model=\"m\"} 60"
-            ),
-            "{text}"
+            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+            "promtool check metrics: {}{}\n{text}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
-        assert!(text.contains("ai_router_state_version 7"), "{text}");
-        assert!(text.contains("key=\"a\\\"x\"} 1"), "{text}");
     }
 }

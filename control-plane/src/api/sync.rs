@@ -130,6 +130,7 @@ impl SyncApi for SyncService {
             shutdown,
             node,
             sent: None,
+            id: NEXT_WATCHER.fetch_add(1, Ordering::Relaxed),
         };
         let stream = futures::stream::unfold(watcher, |mut watcher| async move {
             let update = watcher.next().await?;
@@ -202,6 +203,27 @@ pub static TRAFFIC: SyncTraffic = SyncTraffic {
     delta_bytes: AtomicU64::new(0),
 };
 
+/// An open `Watch` stream as `/metrics` shows it: the Envoy's node name, the last version it
+/// was brought up to (sent, or found to change nothing it holds) and when.
+#[derive(Debug, Clone)]
+pub struct Watching {
+    pub node: String,
+    pub version: u64,
+    pub at: std::time::Instant,
+}
+
+/// The open `Watch` streams, by connection.
+pub static WATCHING: std::sync::Mutex<std::collections::BTreeMap<u64, Watching>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+static NEXT_WATCHER: AtomicU64 = AtomicU64::new(0);
+
+/// The open `Watch` streams now.
+pub fn watching() -> Vec<Watching> {
+    let open = WATCHING.lock().unwrap_or_else(|p| p.into_inner());
+    open.values().cloned().collect()
+}
+
 /// One `Watch` stream: the current snapshot first, then per new version the delta from what
 /// this watcher last received (versions that changed nothing it holds are skipped; a watcher
 /// that falls behind gets one delta over every version it missed).
@@ -210,9 +232,31 @@ struct Watcher {
     shutdown: watch::Receiver<bool>,
     node: String,
     sent: Option<Arc<Tables>>,
+    /// Its entry in [`WATCHING`].
+    id: u64,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let mut open = WATCHING.lock().unwrap_or_else(|p| p.into_inner());
+        open.remove(&self.id);
+    }
 }
 
 impl Watcher {
+    /// Notes in [`WATCHING`] that this Envoy is up to `version` now.
+    fn holds(&self, version: u64) {
+        let mut open = WATCHING.lock().unwrap_or_else(|p| p.into_inner());
+        open.insert(
+            self.id,
+            Watching {
+                node: self.node.clone(),
+                version,
+                at: std::time::Instant::now(),
+            },
+        );
+    }
+
     async fn next(&mut self) -> Option<pb::StateUpdate> {
         loop {
             if *self.shutdown.borrow() {
@@ -228,7 +272,10 @@ impl Watcher {
                 }
                 let now = self.updates.borrow_and_update().clone();
                 match sent.diff(&now) {
-                    Some(delta) if tables::is_empty(&delta) => continue,
+                    Some(delta) if tables::is_empty(&delta) => {
+                        self.holds(now.version);
+                        continue;
+                    }
                     Some(delta) => {
                         let update = pb::StateUpdate {
                             version: now.version,
@@ -239,6 +286,7 @@ impl Watcher {
                         TRAFFIC
                             .delta_bytes
                             .fetch_add(update.encoded_len() as u64, Ordering::Relaxed);
+                        self.holds(now.version);
                         self.sent = Some(now);
                         return Some(update);
                     }
@@ -262,6 +310,7 @@ impl Watcher {
         TRAFFIC
             .snapshot_bytes
             .fetch_add(update.encoded_len() as u64, Ordering::Relaxed);
+        self.holds(tables.version);
         self.sent = Some(tables);
         update
     }

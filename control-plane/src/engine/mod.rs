@@ -974,6 +974,11 @@ impl Engine {
         true
     }
 
+    /// The estimated cost of an attempt's usage, when it has usage and its model a price.
+    pub fn attempt_cost(&self, a: &pb::AttemptOutcome) -> Option<f64> {
+        attempt_cost(&self.config, a)
+    }
+
     /// Adds an observer of every later report batch.
     pub fn add_report_observer(&self, observer: Arc<dyn ReportObserver>) {
         lock(&self.report_observers).push(observer);
@@ -2330,6 +2335,7 @@ providers:
         ok.usage = Some(pb::Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
+            ..Default::default()
         });
         ok
     }

@@ -132,6 +132,7 @@ mod tests {
             usage: (outcome == "success").then_some(pb::Usage {
                 prompt_tokens: 10,
                 completion_tokens: 5,
+                ..Default::default()
             }),
             ..Default::default()
         };

@@ -246,6 +246,7 @@ mod tests {
             Some(pb::Usage {
                 prompt_tokens: p,
                 completion_tokens: c,
+                ..Default::default()
             })
         };
         pb::ReportBatch {
@@ -307,6 +308,7 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            dropped: 0,
         }
     }
 

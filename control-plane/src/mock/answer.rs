@@ -59,6 +59,7 @@ impl Answer {
         let usage = reply.usage.unwrap_or(Usage {
             prompt_tokens,
             completion_tokens: estimate_tokens(completion_chars),
+            cached_tokens: 0,
         });
         Self {
             text,
@@ -139,6 +140,7 @@ mod tests {
             usage: Some(Usage {
                 prompt_tokens: 7,
                 completion_tokens: 9,
+                cached_tokens: 0,
             }),
             ..Reply::default()
         };

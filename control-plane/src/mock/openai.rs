@@ -21,11 +21,15 @@ fn finish_reason(answer: &Answer) -> &'static str {
 }
 
 fn usage(answer: &Answer) -> Value {
-    json!({
+    let mut usage = json!({
         "prompt_tokens": answer.usage.prompt_tokens,
         "completion_tokens": answer.usage.completion_tokens,
         "total_tokens": answer.usage.prompt_tokens.saturating_add(answer.usage.completion_tokens),
-    })
+    });
+    if answer.usage.cached_tokens > 0 {
+        usage["prompt_tokens_details"] = json!({ "cached_tokens": answer.usage.cached_tokens });
+    }
+    usage
 }
 
 /// A `chat.completion`.
@@ -367,6 +371,7 @@ mod tests {
             usage: Some(Usage {
                 prompt_tokens: 5,
                 completion_tokens: 6,
+                cached_tokens: 0,
             }),
             ..Reply::default()
         };

@@ -167,6 +167,10 @@ pub struct Usage {
     pub prompt_tokens: u64,
     #[serde(default)]
     pub completion_tokens: u64,
+    /// Of the prompt tokens, those served from the cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, sent when not 0).
+    #[serde(default)]
+    pub cached_tokens: u64,
 }
 
 /// How a stream is delivered and whether it breaks.

@@ -282,7 +282,8 @@ impl Ctrl {
     }
 
     fn send_reports(&mut self) {
-        while let Some(batch) = self.outbox.next(now_ms()) {
+        while let Some(mut batch) = self.outbox.next(now_ms()) {
+            batch.dropped = self.outbox.dropped;
             let bytes = batch.encode_to_vec();
             match hostcalls::dispatch_grpc_call(
                 &self.cluster,

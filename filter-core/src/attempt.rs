@@ -3,7 +3,10 @@
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 
-use ai_router_proto::v1::{AttemptOutcome, LeaseReply, LeaseRequest, Usage as ProtoUsage};
+use ai_router_proto::v1::{
+    AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
+    Usage as ProtoUsage,
+};
 use prost::Message;
 use serde_json::Value;
 
@@ -357,7 +360,7 @@ impl Attempt {
         probe: lanes::Probe,
     ) -> Flow {
         let request = LeaseRequest {
-            scope: probe.scope.to_string(),
+            scope: probe.scope.into(),
             provider: probe.provider.clone(),
             key: probe.key.clone(),
             holder: ai_router_contract::probe_holder(
@@ -638,13 +641,13 @@ impl Attempt {
             key: lane.id.key.clone(),
             model: lane.id.model.clone(),
             outcome: if failure.is_some() {
-                "error".into()
+                AttemptResult::Error.into()
             } else {
-                "success".into()
+                AttemptResult::Success.into()
             },
             error_class: failure
-                .map(|f| f.class.as_str().to_string())
-                .unwrap_or_default(),
+                .map_or(ProtoClass::Unspecified, |f| f.class.into())
+                .into(),
             status: u32::from(status),
             latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
             retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
@@ -1346,7 +1349,7 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         let report = &host.attempts[0];
         assert_eq!(
-            (report.outcome.as_str(), report.key.as_str()),
+            (report.outcome().text(), report.key.as_str()),
             ("success", "a")
         );
         assert_eq!(report.usage.map(|u| u.completion_tokens), Some(2));
@@ -1403,7 +1406,11 @@ mod tests {
                     "{body}"
                 );
             }
-            assert_eq!(host.attempts[0].error_class, "transient", "{body:?}");
+            assert_eq!(
+                host.attempts[0].error_class().text(),
+                "transient",
+                "{body:?}"
+            );
         }
     }
 
@@ -1431,7 +1438,7 @@ mod tests {
             host.text(Side::Response, H_FINAL_STATUS).as_deref(),
             Some("503")
         );
-        assert_eq!(host.attempts[0].error_class, "rate_limit");
+        assert_eq!(host.attempts[0].error_class().text(), "rate_limit");
         assert!(
             host.lanes
                 .holds(&LaneId::new("p1", "a", "m1"))
@@ -1508,7 +1515,7 @@ mod tests {
             stage.on_response_body(&mut host, done.len(), true),
             Flow::Continue
         );
-        assert_eq!(host.attempts[0].outcome, "success");
+        assert_eq!(host.attempts[0].outcome().text(), "success");
         assert!(host.attempts[0].after_first_token);
     }
 
@@ -1536,7 +1543,7 @@ mod tests {
         stage.on_response_body(&mut host, size, true);
         assert!(host.response_body.is_empty());
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].outcome, "error");
+        assert_eq!(host.attempts[0].outcome().text(), "error");
     }
 
     #[test]
@@ -1544,10 +1551,10 @@ mod tests {
         let plan = plan(false);
         let mut snap = snapshot();
         snap.breakers.push(BreakerState {
-            scope: "key".into(),
+            scope: ai_router_proto::v1::BreakerScope::Key.into(),
             provider: "p1".into(),
             key: "a".into(),
-            state: "half_open".into(),
+            state: ai_router_proto::v1::BreakerPhase::HalfOpen.into(),
             open_until_ms: NOW - 1_000,
         });
         let mut host = host_with(snap, &plan, 1);
@@ -1599,10 +1606,10 @@ mod tests {
         plan.tiers.truncate(1);
         let mut snap = snapshot();
         snap.breakers.push(BreakerState {
-            scope: "key".into(),
+            scope: ai_router_proto::v1::BreakerScope::Key.into(),
             provider: "p1".into(),
             key: "a".into(),
-            state: "half_open".into(),
+            state: ai_router_proto::v1::BreakerPhase::HalfOpen.into(),
             open_until_ms: NOW - 1_000,
         });
         let mut host = host_with(snap, &plan, 1);
@@ -1707,7 +1714,7 @@ mod tests {
         );
         stage.on_log(&mut host);
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].error_class, "cancelled");
+        assert_eq!(host.attempts[0].error_class().text(), "cancelled");
         assert_eq!(host.lanes.in_flight("p1", "a"), 0, "the slot is freed");
     }
 
@@ -1811,7 +1818,7 @@ mod tests {
                 answer.json()
             );
             assert_eq!(host.attempts.len(), 1, "{what}");
-            assert_eq!(host.attempts[0].error_class, "timeout", "{what}");
+            assert_eq!(host.attempts[0].error_class().text(), "timeout", "{what}");
             assert!(!host.attempts[0].after_first_token, "{what}");
             assert_eq!(
                 host.lanes.in_flight("p1", "a"),
@@ -1876,7 +1883,7 @@ mod tests {
         let cut = run_ticks(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
         assert_eq!(cut, sent + 7_000, "timeoutMs after the last chunk");
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].error_class, "timeout");
+        assert_eq!(host.attempts[0].error_class().text(), "timeout");
         assert!(!stage.bound_due(host.now), "decided once");
     }
 
@@ -1903,7 +1910,7 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         let report = &host.attempts[0];
         assert_eq!(
-            (report.outcome.as_str(), report.error_class.as_str()),
+            (report.outcome().text(), report.error_class().text()),
             ("error", "timeout")
         );
         assert!(report.after_first_token);
@@ -1954,7 +1961,7 @@ mod tests {
         assert!(!stage.bound_due(host.now));
         stage.on_bound(&mut host);
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].outcome, "success");
+        assert_eq!(host.attempts[0].outcome().text(), "success");
         assert!(host.answered.is_none() && host.resets == 0);
     }
 }

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ai_router_proto::v1::{
-    BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience, Selection,
-    Snapshot, VirtualKey,
+    BreakerScope, BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience,
+    Selection, Snapshot, VirtualKey,
 };
 
 use crate::lanes::View;
@@ -26,7 +26,7 @@ pub struct LaneHealth {
     /// (key, model) -> cooled until
     cooldowns: HashMap<(String, String), i64>,
     /// (scope, key) -> breaker; the key is empty for the provider breaker.
-    breakers: HashMap<(String, String), BreakerState>,
+    breakers: HashMap<(BreakerScope, String), BreakerState>,
     headroom: HashMap<(String, String), Headroom>,
     /// Out until (a spent budget).
     out_until_ms: i64,
@@ -45,7 +45,7 @@ impl LaneHealth {
             *until = (*until).max(c.until_ms);
         }
         for b in record.breakers {
-            h.breakers.insert((b.scope.clone(), b.key.clone()), b);
+            h.breakers.insert((b.scope(), b.key.clone()), b);
         }
         for r in record.headroom {
             h.headroom.insert((r.key.clone(), r.model.clone()), r);
@@ -77,10 +77,9 @@ impl LaneHealth {
             .unwrap_or(0)
     }
 
-    /// The key's breaker (`scope` "key") or the provider's (`scope` "provider", `key` empty),
-    /// when it is not closed.
-    pub fn breaker(&self, scope: &str, key: &str) -> Option<&BreakerState> {
-        self.breakers.get(&(scope.to_string(), key.to_string()))
+    /// The key's breaker or the provider's (`key` empty), when it is not closed.
+    pub fn breaker(&self, scope: BreakerScope, key: &str) -> Option<&BreakerState> {
+        self.breakers.get(&(scope, key.to_string()))
     }
 
     pub fn headroom(&self, key: &str, model: &str) -> Option<&Headroom> {
@@ -330,7 +329,7 @@ mod tests {
         snap.key_health.push(KeyHealth {
             provider: "p".into(),
             key: "b".into(),
-            reason: "auth".into(),
+            reason: ai_router_proto::v1::KeyOutReason::Auth.into(),
             until_ms: 0,
             refused_fingerprint: 7,
         });

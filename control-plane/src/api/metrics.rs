@@ -36,7 +36,7 @@ impl ReportObserver for Metrics {
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for r in &batch.requests {
             *c.requests
-                .entry((r.operation.clone(), r.outcome.clone()))
+                .entry((r.operation.clone(), r.outcome_text()))
                 .or_default() += 1;
         }
         for a in &batch.attempts {
@@ -44,8 +44,8 @@ impl ReportObserver for Metrics {
                 a.provider.clone(),
                 a.key.clone(),
                 a.model.clone(),
-                a.outcome.clone(),
-                a.error_class.clone(),
+                a.outcome().text().to_owned(),
+                a.error_class().text().to_owned(),
             );
             *c.attempts.entry(labels).or_default() += 1;
             let lat = c
@@ -127,11 +127,15 @@ impl Metrics {
         );
         let _ = writeln!(out, "# TYPE ai_router_breaker_open gauge");
         for b in &snapshot.breakers {
-            let v = if b.state == "open" { "1" } else { "0.5" };
+            let v = if b.state() == pb::BreakerPhase::Open {
+                "1"
+            } else {
+                "0.5"
+            };
             let _ = writeln!(
                 out,
                 "ai_router_breaker_open{{scope=\"{}\",provider=\"{}\",key=\"{}\"}} {v}",
-                esc(&b.scope),
+                esc(b.scope().text()),
                 esc(&b.provider),
                 esc(&b.key)
             );
@@ -147,7 +151,7 @@ impl Metrics {
                 "ai_router_key_out{{provider=\"{}\",key=\"{}\",reason=\"{}\"}} 1",
                 esc(&h.provider),
                 esc(&h.key),
-                esc(&h.reason)
+                esc(h.reason().text())
             );
         }
         let t = &crate::api::sync::TRAFFIC;
@@ -196,7 +200,7 @@ mod tests {
         m.observe(&pb::ReportBatch {
             requests: vec![pb::RequestOutcome {
                 operation: "chat".into(),
-                outcome: "success".into(),
+                outcome: pb::RequestResult::Success.into(),
                 ..Default::default()
             }],
             attempts: vec![
@@ -204,8 +208,8 @@ mod tests {
                     provider: "p".into(),
                     key: "a".into(),
                     model: "m".into(),
-                    outcome: "error".into(),
-                    error_class: "rate_limit".into(),
+                    outcome: pb::AttemptResult::Error.into(),
+                    error_class: pb::ErrorClass::RateLimit.into(),
                     latency_ms: 40,
                     ..Default::default()
                 },
@@ -213,7 +217,7 @@ mod tests {
                     provider: "p".into(),
                     key: "b".into(),
                     model: "m".into(),
-                    outcome: "success".into(),
+                    outcome: pb::AttemptResult::Success.into(),
                     latency_ms: 60,
                     ..Default::default()
                 },
@@ -224,10 +228,10 @@ mod tests {
             version: 7,
             snapshot: Some(pb::Snapshot {
                 breakers: vec![pb::BreakerState {
-                    scope: "key".into(),
+                    scope: pb::BreakerScope::Key.into(),
                     provider: "p".into(),
                     key: "a\"x".into(),
-                    state: "open".into(),
+                    state: pb::BreakerPhase::Open.into(),
                     open_until_ms: 1,
                 }],
                 ..Default::default()

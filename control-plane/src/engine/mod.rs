@@ -544,7 +544,7 @@ impl Engine {
                         releases.push((id, holder.clone()));
                     }
                 }
-                if attempt.outcome == "success" {
+                if attempt.outcome() == pb::AttemptResult::Success {
                     changed |= update_breakers(
                         &mut state.durable,
                         &attempt.provider,
@@ -555,7 +555,7 @@ impl Engine {
                     );
                 }
             }
-            if attempt.outcome != "error" {
+            if attempt.outcome() != pb::AttemptResult::Error {
                 continue;
             }
             let id: KeyId = lane_key;
@@ -567,7 +567,7 @@ impl Engine {
             let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
             // The one failure -> hold rule (the filter applies it too). An unknown class changes
             // nothing, nor do invalid requests and cancellations.
-            let Some(class) = ErrorClass::parse(&attempt.error_class) else {
+            let Some(class) = attempt.class() else {
                 continue;
             };
             match class.hold(retry_at.is_some()) {
@@ -1112,8 +1112,8 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
             key: a.key.clone(),
             model: a.model.clone(),
             latency_ms: a.latency_ms,
-            outcome: a.outcome.clone(),
-            error_class: (!a.error_class.is_empty()).then(|| a.error_class.clone()),
+            outcome: a.outcome().text().to_owned(),
+            error_class: a.class().map(|c| c.as_str().to_owned()),
             status: a.status,
             usage: a.usage.map(|u| events::Usage {
                 prompt_tokens: u.prompt_tokens,
@@ -1123,10 +1123,8 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
         });
     }
     for r in &batch.requests {
-        let (outcome, class) = match r.outcome.split_once(':') {
-            Some((o, c)) => (o.to_owned(), Some(c.to_owned())),
-            None => (r.outcome.clone(), None),
-        };
+        let (outcome, class) = r.result_parts();
+        let (outcome, class) = (outcome.to_owned(), class.map(str::to_owned));
         let answered = outcome == "success";
         out.push(Event::Request {
             at_ms: r.at_ms,
@@ -1176,7 +1174,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             key_health.push(pb::KeyHealth {
                 provider: provider.clone(),
                 key: key.clone(),
-                reason: "missing".to_owned(),
+                reason: pb::KeyOutReason::Missing.into(),
                 until_ms: 0,
                 refused_fingerprint: 0,
             });
@@ -1184,7 +1182,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             key_health.push(pb::KeyHealth {
                 provider: provider.clone(),
                 key: key.clone(),
-                reason: entry.reason.as_str().to_owned(),
+                reason: pb::KeyOutReason::from(entry.reason).into(),
                 until_ms: entry.until_ms,
                 refused_fingerprint: entry.refused_fingerprint,
             });
@@ -1224,10 +1222,10 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             .iter()
             .filter(|(_, b)| b.phase != BreakerPhase::Closed)
             .map(|((scope, provider, key), b)| pb::BreakerState {
-                scope: scope.as_str().to_owned(),
+                scope: pb::BreakerScope::from(*scope).into(),
                 provider: provider.clone(),
                 key: key.clone(),
-                state: b.phase.as_str().to_owned(),
+                state: pb::BreakerPhase::from(b.phase).into(),
                 open_until_ms: b.open_until_ms,
             })
             .collect(),
@@ -1269,7 +1267,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 let until = state.durable.spend.get(&p.id)?.out_until(budget, now)?;
                 Some(pb::ProviderHealth {
                     provider: p.id.clone(),
-                    reason: "budget".to_owned(),
+                    reason: pb::ProviderOutReason::Budget.into(),
                     until_ms: until,
                 })
             })
@@ -1482,8 +1480,10 @@ profiles:
             provider: provider.into(),
             key: key.into(),
             model: "gpt-4o-mini".into(),
-            outcome: "error".into(),
-            error_class: class.into(),
+            outcome: pb::AttemptResult::Error.into(),
+            error_class: ai_router_contract::failure::ErrorClass::parse(class)
+                .map_or(pb::ErrorClass::Unspecified, pb::ErrorClass::from)
+                .into(),
             ..Default::default()
         }
     }
@@ -1534,7 +1534,7 @@ profiles:
         // The unset key is pushed as missing.
         assert_eq!(s.key_health.len(), 1);
         assert_eq!(s.key_health[0].key, "b");
-        assert_eq!(s.key_health[0].reason, "missing");
+        assert_eq!(s.key_health[0].reason().text(), "missing");
         assert_eq!(s.limits.map(|l| l.max_body_bytes), Some(4 * 1024 * 1024));
         let work = &s.profiles["work"];
         assert_eq!(work.candidates[0].candidates.len(), 2);
@@ -1594,7 +1594,7 @@ profiles:
             .find(|h| h.key == "openai-1")
             .cloned()
             .unwrap_or_default();
-        assert_eq!(entry.reason, "auth");
+        assert_eq!(entry.reason().text(), "auth");
         assert_eq!(entry.until_ms, 0);
         assert_eq!(entry.refused_fingerprint, fingerprint("sk-one"));
         // The same report again changes nothing.
@@ -1671,7 +1671,7 @@ profiles:
             health
                 .iter()
                 .find(|h| h.key == key)
-                .map(|h| (h.reason.clone(), h.until_ms))
+                .map(|h| (h.reason().text().to_owned(), h.until_ms))
         };
         assert_eq!(until("openai-1"), Some(("quota".into(), 2_000_000)));
         assert_eq!(until("openai-2"), Some(("quota".into(), 1_060_000)));
@@ -1688,7 +1688,7 @@ profiles:
         let f = fixture(POOL)?;
         let v = f.engine.version();
         let mut ok = attempt("openai", "openai-1", "");
-        ok.outcome = "success".into();
+        ok.outcome = pb::AttemptResult::Success.into();
         f.engine.apply_report(&batch(vec![
             ok,
             attempt("openai", "openai-1", "transient"),
@@ -1830,13 +1830,13 @@ providers:
         snapshot(engine)
             .breakers
             .into_iter()
-            .find(|b| b.scope == scope && b.key == key)
-            .map(|b| (b.state, b.open_until_ms))
+            .find(|b| b.scope().text() == scope && b.key == key)
+            .map(|b| (b.state().text().to_owned(), b.open_until_ms))
     }
 
     fn success(provider: &str, key: &str) -> pb::AttemptOutcome {
         let mut ok = attempt(provider, key, "");
-        ok.outcome = "success".into();
+        ok.outcome = pb::AttemptResult::Success.into();
         ok
     }
 
@@ -2323,7 +2323,7 @@ providers:
         assert_eq!(
             (
                 health[0].provider.as_str(),
-                health[0].reason.as_str(),
+                health[0].reason().text(),
                 health[0].until_ms
             ),
             ("openai", "budget", DAY)
@@ -2433,7 +2433,7 @@ providers:
             .key_health
             .into_iter()
             .find(|h| h.key == "openai-1")
-            .map(|h| (h.reason, h.until_ms));
+            .map(|h| (h.reason().text().to_owned(), h.until_ms));
         assert_eq!(seen, Some(("quota".into(), 2_000_000)));
         // Spend is added, not overwritten: 0.3 each, 0.6 in all, seen by both.
         sync(&a)?;

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use ai_router_proto::v1 as pb;
+
 use crate::store::breaker::{Breaker, BreakerId};
 use crate::store::spend::Spend;
 
@@ -28,6 +30,15 @@ impl BlacklistReason {
             "auth" => Some(Self::Auth),
             "quota" => Some(Self::Quota),
             _ => None,
+        }
+    }
+}
+
+impl From<BlacklistReason> for pb::KeyOutReason {
+    fn from(reason: BlacklistReason) -> Self {
+        match reason {
+            BlacklistReason::Auth => Self::Auth,
+            BlacklistReason::Quota => Self::Quota,
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
-    Usage as ProtoUsage,
+    ProviderKind, Usage as ProtoUsage,
 };
 use prost::Message;
 use serde_json::Value;
@@ -75,7 +75,7 @@ impl Translate {
 
 struct Lane {
     id: LaneId,
-    kind: String,
+    kind: ProviderKind,
     secret: String,
     fingerprint: u64,
 }
@@ -451,7 +451,7 @@ impl Attempt {
                 }
             }
         }
-        let anthropic = provider.kind == "anthropic";
+        let anthropic = provider.kind() == ProviderKind::Anthropic;
         if anthropic && plan.op == Operation::Chat {
             let max_tokens = if provider.default_max_tokens > 0 {
                 provider.default_max_tokens
@@ -548,7 +548,7 @@ impl Attempt {
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,
-            kind: provider.kind.clone(),
+            kind: provider.kind(),
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
         });
@@ -869,14 +869,14 @@ impl Attempt {
         let stream = self.plan.as_ref().is_some_and(|p| p.stream);
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
-            let upstream = (lane.kind == "anthropic").then(|| {
+            let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
                 Box::new(Translate {
                     parser: Parser::new(),
                     translator: StreamTranslator::new(host.now_ms() / 1000),
                 })
             });
             self.mode = Mode::Stream {
-                gate: Box::new(Gate::new(&lane.kind, include_usage)),
+                gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
                 upstream,
                 seen: 0,
             };
@@ -1094,7 +1094,7 @@ impl Attempt {
                 self.fail(host, failure, size);
                 return;
             }
-            if lane.kind == "anthropic"
+            if lane.kind == ProviderKind::Anthropic
                 && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
             {
                 let translated = anthropic::from_messages_response(&parsed, now / 1000);
@@ -1139,7 +1139,7 @@ impl Attempt {
             self.mode = Mode::Through;
             return;
         }
-        let mut failure = classify(&lane.kind, status, &headers, body, now);
+        let mut failure = classify(lane.kind.text(), status, &headers, body, now);
         // Envoy's own answers (connection refused, reset before headers) carry no provider body.
         let text = String::from_utf8_lossy(body);
         if status == 503
@@ -1162,14 +1162,14 @@ mod tests {
 
     const NOW: i64 = 1_700_000_000_000;
 
-    fn provider(id: &str, kind: &str, keys: &[&str], model: &str) -> Provider {
+    fn provider(id: &str, kind: ProviderKind, keys: &[&str], model: &str) -> Provider {
         Provider {
             id: id.into(),
             kind: kind.into(),
             scheme: "http".into(),
             authority: format!("{id}.test:8000"),
             base_path: "/v1".into(),
-            auth_header: if kind == "anthropic" {
+            auth_header: if kind == ProviderKind::Anthropic {
                 "x-api-key".into()
             } else {
                 "authorization".into()
@@ -1194,9 +1194,9 @@ mod tests {
     fn snapshot() -> Snapshot {
         let mut snap = Snapshot::default();
         snap.providers
-            .push(provider("p1", "openai-compatible", &["a"], "m1"));
+            .push(provider("p1", ProviderKind::OpenaiCompatible, &["a"], "m1"));
         snap.providers
-            .push(provider("p2", "openai-compatible", &["c"], "m2"));
+            .push(provider("p2", ProviderKind::OpenaiCompatible, &["c"], "m2"));
         snap
     }
 

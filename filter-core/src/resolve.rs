@@ -2,7 +2,7 @@
 //! whether the virtual key may call it, the merged policy, and the ordered candidate tiers.
 
 use ai_router_contract::defaults;
-use ai_router_proto::v1::{Policy, VirtualKey};
+use ai_router_proto::v1::{Policy, PolicyList, ProviderKind, VirtualKey};
 use serde_json::Value;
 
 use crate::errors::{ErrorCode, GatewayError};
@@ -31,10 +31,10 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
         out.model = over.model.clone();
     }
     // A list the later policy sets replaces the earlier one, an empty list included.
-    let sets = |name: &str, list_is_empty: bool| {
-        !list_is_empty || over.set_lists.iter().any(|n| n == name)
+    let sets = |list: PolicyList, list_is_empty: bool| {
+        !list_is_empty || over.set_lists().any(|n| n == list)
     };
-    if sets("fallbacks", over.fallbacks.is_empty()) {
+    if sets(PolicyList::Fallbacks, over.fallbacks.is_empty()) {
         out.fallbacks = over.fallbacks.clone();
     }
     if over.allow_fallback.is_some() {
@@ -52,13 +52,13 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     if over.max_cost.is_some() {
         out.max_cost = over.max_cost;
     }
-    if sets("providers", over.providers.is_empty()) {
+    if sets(PolicyList::Providers, over.providers.is_empty()) {
         out.providers = over.providers.clone();
     }
-    if sets("require", over.require.is_empty()) {
+    if sets(PolicyList::Require, over.require.is_empty()) {
         out.require = over.require.clone();
     }
-    if sets("candidates", over.candidates.is_empty()) {
+    if sets(PolicyList::Candidates, over.candidates.is_empty()) {
         out.candidates = over.candidates.clone();
     }
     out.pinned = out.pinned || over.pinned;
@@ -354,7 +354,7 @@ pub fn resolve(
                 let anthropic = op == Operation::Chat
                     && state
                         .provider(&c.provider)
-                        .is_some_and(|(_, p)| p.kind == "anthropic");
+                        .is_some_and(|(_, p)| p.kind() == ProviderKind::Anthropic);
                 if anthropic {
                     let refusal = anthropic_refusal.get_or_insert_with(|| {
                         crate::anthropic::to_messages_request(body, &c.model, 4096)
@@ -704,13 +704,13 @@ mod tests {
         let mut snap = Snapshot::default();
         snap.providers.push(Provider {
             id: "claude".into(),
-            kind: "anthropic".into(),
+            kind: ProviderKind::Anthropic.into(),
             models: vec![model("claude-m", &["smart"])],
             ..Default::default()
         });
         snap.providers.push(Provider {
             id: "oai".into(),
-            kind: "openai".into(),
+            kind: ProviderKind::Openai.into(),
             models: vec![model("gpt-m", &["smart"])],
             ..Default::default()
         });
@@ -895,7 +895,7 @@ mod tests {
         assert_eq!(m.fallbacks, vec!["x".to_string()]);
         // An empty list the later policy sets is empty, not "inherit".
         let cleared = Policy {
-            set_lists: vec!["fallbacks".into(), "providers".into()],
+            set_lists: vec![PolicyList::Fallbacks.into(), PolicyList::Providers.into()],
             ..Default::default()
         };
         let a = Policy {

@@ -463,7 +463,7 @@ mod tests {
     fn provider(id: &str, keys: &[&str]) -> Provider {
         Provider {
             id: id.into(),
-            kind: "openai".into(),
+            kind: crate::v1::ProviderKind::Openai.into(),
             keys: keys
                 .iter()
                 .map(|a| ProviderKey {

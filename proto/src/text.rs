@@ -6,7 +6,7 @@ use ai_router_contract::failure::ErrorClass as Class;
 
 use crate::v1::{
     AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, ErrorClass, KeyOutReason,
-    ProviderOutReason, RequestOutcome, RequestResult,
+    ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
 };
 
 impl From<Class> for ErrorClass {
@@ -71,6 +71,24 @@ impl RequestResult {
             Self::Success => "success",
             Self::Error => "error",
             Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl ProviderKind {
+    /// The kind as the configuration spells it ("openai-compatible", ...); empty for
+    /// unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Anthropic => "anthropic",
+            Self::Openrouter => "openrouter",
+            Self::Qwen => "qwen",
+            Self::Deepseek => "deepseek",
+            Self::Openai => "openai",
+            Self::Gemini => "gemini",
+            Self::Groq => "groq",
+            Self::OpenaiCompatible => "openai-compatible",
         }
     }
 }

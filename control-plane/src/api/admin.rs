@@ -247,7 +247,7 @@ impl AdminApi {
                     })
                     .collect();
                 let models: Vec<&str> = p.models.iter().map(|m| m.id.as_str()).collect();
-                json!({ "id": p.id, "kind": p.kind, "keys": keys, "models": models })
+                json!({ "id": p.id, "kind": p.kind().text(), "keys": keys, "models": models })
             })
             .collect();
         let breakers: Vec<Value> = snapshot
@@ -304,8 +304,8 @@ impl AdminApi {
         let settings = &tables.settings;
         let defaults = settings.defaults.clone().unwrap_or_default();
         let policy = |p: &pb::Policy| {
-            let list = |name: &str, own: &[String], inherited: &[String]| {
-                if p.set_lists.iter().any(|s| s == name) {
+            let list = |name: pb::PolicyList, own: &[String], inherited: &[String]| {
+                if p.set_lists().any(|s| s == name) {
                     own.to_vec()
                 } else {
                     inherited.to_vec()
@@ -313,9 +313,9 @@ impl AdminApi {
             };
             json!({
                 "model": p.model.clone().or_else(|| defaults.model.clone()),
-                "fallbacks": list("fallbacks", &p.fallbacks, &defaults.fallbacks),
-                "providers": list("providers", &p.providers, &defaults.providers),
-                "require": list("require", &p.require, &defaults.require),
+                "fallbacks": list(pb::PolicyList::Fallbacks, &p.fallbacks, &defaults.fallbacks),
+                "providers": list(pb::PolicyList::Providers, &p.providers, &defaults.providers),
+                "require": list(pb::PolicyList::Require, &p.require, &defaults.require),
                 "candidates": p.candidates.iter().map(|t| t.candidates.iter().map(|c| json!({
                     "model": c.model,
                     "provider": (!c.provider.is_empty()).then_some(&c.provider),
@@ -348,7 +348,7 @@ impl AdminApi {
                 }
                 entry.1.push(json!({
                     "provider": p.id,
-                    "kind": p.kind,
+                    "kind": p.kind().text(),
                     "contextWindow": (m.context_window > 0).then_some(m.context_window),
                     "capabilities": m.capabilities,
                     "cost": m.cost.map(|c| json!({ "input": c.input, "output": c.output })),

@@ -1300,7 +1300,7 @@ fn published_keys(keys: &[VirtualKeyRecord]) -> BTreeMap<String, pb::VirtualKey>
 fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) -> pb::Provider {
     pb::Provider {
         id: p.id.clone(),
-        kind: p.kind.as_str().to_owned(),
+        kind: pb::ProviderKind::from(p.kind).into(),
         scheme: p.endpoint.scheme.clone(),
         authority: p.endpoint.authority.clone(),
         base_path: p.endpoint.base_path.clone(),
@@ -1359,14 +1359,14 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
 
 pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
     let set_lists = [
-        ("fallbacks", p.fallbacks.is_some()),
-        ("providers", p.providers.is_some()),
-        ("require", p.require.is_some()),
-        ("candidates", p.candidates.is_some()),
+        (pb::PolicyList::Fallbacks, p.fallbacks.is_some()),
+        (pb::PolicyList::Providers, p.providers.is_some()),
+        (pb::PolicyList::Require, p.require.is_some()),
+        (pb::PolicyList::Candidates, p.candidates.is_some()),
     ]
     .into_iter()
     .filter(|(_, set)| *set)
-    .map(|(name, _)| name.to_owned())
+    .map(|(list, _)| list.into())
     .collect();
     pb::Policy {
         set_lists,

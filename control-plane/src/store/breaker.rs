@@ -17,11 +17,9 @@ pub enum BreakerScope {
 }
 
 impl BreakerScope {
+    /// "key" or "provider": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Key => "key",
-            Self::Provider => "provider",
-        }
+        pb::BreakerScope::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -66,12 +64,9 @@ pub enum BreakerPhase {
 }
 
 impl BreakerPhase {
+    /// "closed", "open" or "half_open": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Closed => "closed",
-            Self::Open => "open",
-            Self::HalfOpen => "half_open",
-        }
+        pb::BreakerPhase::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {

@@ -18,11 +18,9 @@ pub enum BlacklistReason {
 }
 
 impl BlacklistReason {
+    /// "auth" or "quota": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auth => "auth",
-            Self::Quota => "quota",
-        }
+        pb::KeyOutReason::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {

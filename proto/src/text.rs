@@ -5,8 +5,8 @@
 use ai_router_contract::failure::ErrorClass as Class;
 
 use crate::v1::{
-    AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, ErrorClass, KeyOutReason,
-    ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
+    AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, Capability, ErrorClass,
+    KeyOutReason, ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
 };
 
 impl From<Class> for ErrorClass {
@@ -89,6 +89,20 @@ impl ProviderKind {
             Self::Gemini => "gemini",
             Self::Groq => "groq",
             Self::OpenaiCompatible => "openai-compatible",
+        }
+    }
+}
+
+impl Capability {
+    /// "chat", "streaming", "tools", "json" or "embeddings"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Chat => "chat",
+            Self::Streaming => "streaming",
+            Self::Tools => "tools",
+            Self::Json => "json",
+            Self::Embeddings => "embeddings",
         }
     }
 }

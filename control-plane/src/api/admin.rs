@@ -315,7 +315,11 @@ impl AdminApi {
                 "model": p.model.clone().or_else(|| defaults.model.clone()),
                 "fallbacks": list(pb::PolicyList::Fallbacks, &p.fallbacks, &defaults.fallbacks),
                 "providers": list(pb::PolicyList::Providers, &p.providers, &defaults.providers),
-                "require": list(pb::PolicyList::Require, &p.require, &defaults.require),
+                "require": list(
+                    pb::PolicyList::Require,
+                    &capabilities(p.require()),
+                    &capabilities(defaults.require()),
+                ),
                 "candidates": p.candidates.iter().map(|t| t.candidates.iter().map(|c| json!({
                     "model": c.model,
                     "provider": (!c.provider.is_empty()).then_some(&c.provider),
@@ -350,7 +354,7 @@ impl AdminApi {
                     "provider": p.id,
                     "kind": p.kind().text(),
                     "contextWindow": (m.context_window > 0).then_some(m.context_window),
-                    "capabilities": m.capabilities,
+                    "capabilities": capabilities(m.capabilities()),
                     "cost": m.cost.map(|c| json!({ "input": c.input, "output": c.output })),
                     "dimensions": (m.dimensions > 0).then_some(m.dimensions),
                     "weight": m.weight,
@@ -731,6 +735,11 @@ fn with_secret(k: KeyWithSecret) -> pb::KeyWithSecret {
         key: Some(key_to_proto(k.key)),
         secret: k.secret,
     }
+}
+
+/// Capabilities as the catalog shows them ("chat", ...).
+fn capabilities(list: impl Iterator<Item = pb::Capability>) -> Vec<String> {
+    list.map(|c| c.text().to_owned()).collect()
 }
 
 fn non_empty(s: String) -> Option<String> {

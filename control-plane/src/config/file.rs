@@ -197,15 +197,22 @@ pub enum Capability {
     Embeddings,
 }
 
-impl Capability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::Streaming => "streaming",
-            Self::Tools => "tools",
-            Self::Json => "json",
-            Self::Embeddings => "embeddings",
+impl From<Capability> for ai_router_proto::v1::Capability {
+    fn from(capability: Capability) -> Self {
+        match capability {
+            Capability::Chat => Self::Chat,
+            Capability::Streaming => Self::Streaming,
+            Capability::Tools => Self::Tools,
+            Capability::Json => Self::Json,
+            Capability::Embeddings => Self::Embeddings,
         }
+    }
+}
+
+impl Capability {
+    /// The capability as the configuration spells it: the wire enum's text.
+    pub fn as_str(self) -> &'static str {
+        ai_router_proto::v1::Capability::from(self).text()
     }
 }
 

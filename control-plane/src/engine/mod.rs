@@ -1347,7 +1347,7 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
                 capabilities: m
                     .capabilities()
                     .iter()
-                    .map(|c| c.as_str().to_owned())
+                    .map(|c| pb::Capability::from(*c).into())
                     .collect(),
                 weight: m.weight.unwrap_or(1.0),
                 identity: m.identity().to_owned(),
@@ -1382,7 +1382,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
             .require
             .iter()
             .flatten()
-            .map(|c| c.as_str().to_owned())
+            .map(|c| pb::Capability::from(*c).into())
             .collect(),
         candidates: p
             .candidates
@@ -1515,7 +1515,10 @@ profiles:
         assert_eq!(openai.keys[0].secret, "sk-one");
         assert_eq!(openai.keys[0].fingerprint, fingerprint("sk-one"));
         assert_eq!(
-            openai.models[0].capabilities,
+            openai.models[0]
+                .capabilities()
+                .map(pb::Capability::text)
+                .collect::<Vec<_>>(),
             ["chat", "streaming", "tools", "json"]
         );
         assert_eq!(openai.models[0].identity, "gpt-4o-mini");

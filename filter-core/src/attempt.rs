@@ -3,7 +3,10 @@
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 
-use ai_router_proto::v1::{AttemptOutcome, LeaseReply, LeaseRequest, Usage as ProtoUsage};
+use ai_router_proto::v1::{
+    AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
+    ProviderKind, Usage as ProtoUsage,
+};
 use prost::Message;
 use serde_json::Value;
 
@@ -72,7 +75,7 @@ impl Translate {
 
 struct Lane {
     id: LaneId,
-    kind: String,
+    kind: ProviderKind,
     secret: String,
     fingerprint: u64,
 }
@@ -357,7 +360,7 @@ impl Attempt {
         probe: lanes::Probe,
     ) -> Flow {
         let request = LeaseRequest {
-            scope: probe.scope.to_string(),
+            scope: probe.scope.into(),
             provider: probe.provider.clone(),
             key: probe.key.clone(),
             holder: ai_router_contract::probe_holder(
@@ -448,7 +451,7 @@ impl Attempt {
                 }
             }
         }
-        let anthropic = provider.kind == "anthropic";
+        let anthropic = provider.kind() == ProviderKind::Anthropic;
         if anthropic && plan.op == Operation::Chat {
             let max_tokens = if provider.default_max_tokens > 0 {
                 provider.default_max_tokens
@@ -545,7 +548,7 @@ impl Attempt {
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,
-            kind: provider.kind.clone(),
+            kind: provider.kind(),
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
         });
@@ -638,13 +641,13 @@ impl Attempt {
             key: lane.id.key.clone(),
             model: lane.id.model.clone(),
             outcome: if failure.is_some() {
-                "error".into()
+                AttemptResult::Error.into()
             } else {
-                "success".into()
+                AttemptResult::Success.into()
             },
             error_class: failure
-                .map(|f| f.class.as_str().to_string())
-                .unwrap_or_default(),
+                .map_or(ProtoClass::Unspecified, |f| f.class.into())
+                .into(),
             status: u32::from(status),
             latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
             retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
@@ -868,14 +871,14 @@ impl Attempt {
         let stream = self.plan.as_ref().is_some_and(|p| p.stream);
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
-            let upstream = (lane.kind == "anthropic").then(|| {
+            let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
                 Box::new(Translate {
                     parser: Parser::new(),
                     translator: StreamTranslator::new(host.now_ms() / 1000),
                 })
             });
             self.mode = Mode::Stream {
-                gate: Box::new(Gate::new(&lane.kind, include_usage)),
+                gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
                 upstream,
                 seen: 0,
             };
@@ -1097,7 +1100,7 @@ impl Attempt {
                 self.fail(host, failure, size);
                 return;
             }
-            if lane.kind == "anthropic"
+            if lane.kind == ProviderKind::Anthropic
                 && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
             {
                 let translated = anthropic::from_messages_response(&parsed, now / 1000);
@@ -1142,7 +1145,7 @@ impl Attempt {
             self.mode = Mode::Through;
             return;
         }
-        let mut failure = classify(&lane.kind, status, &headers, body, now);
+        let mut failure = classify(lane.kind.text(), status, &headers, body, now);
         // Envoy's own answers (connection refused, reset before headers) carry no provider body.
         let text = String::from_utf8_lossy(body);
         if status == 503
@@ -1165,14 +1168,14 @@ mod tests {
 
     const NOW: i64 = 1_700_000_000_000;
 
-    fn provider(id: &str, kind: &str, keys: &[&str], model: &str) -> Provider {
+    fn provider(id: &str, kind: ProviderKind, keys: &[&str], model: &str) -> Provider {
         Provider {
             id: id.into(),
             kind: kind.into(),
             scheme: "http".into(),
             authority: format!("{id}.test:8000"),
             base_path: "/v1".into(),
-            auth_header: if kind == "anthropic" {
+            auth_header: if kind == ProviderKind::Anthropic {
                 "x-api-key".into()
             } else {
                 "authorization".into()
@@ -1197,9 +1200,9 @@ mod tests {
     fn snapshot() -> Snapshot {
         let mut snap = Snapshot::default();
         snap.providers
-            .push(provider("p1", "openai-compatible", &["a"], "m1"));
+            .push(provider("p1", ProviderKind::OpenaiCompatible, &["a"], "m1"));
         snap.providers
-            .push(provider("p2", "openai-compatible", &["c"], "m2"));
+            .push(provider("p2", ProviderKind::OpenaiCompatible, &["c"], "m2"));
         snap
     }
 
@@ -1352,7 +1355,7 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         let report = &host.attempts[0];
         assert_eq!(
-            (report.outcome.as_str(), report.key.as_str()),
+            (report.outcome().text(), report.key.as_str()),
             ("success", "a")
         );
         assert_eq!(report.usage.map(|u| u.completion_tokens), Some(2));
@@ -1409,7 +1412,11 @@ mod tests {
                     "{body}"
                 );
             }
-            assert_eq!(host.attempts[0].error_class, "transient", "{body:?}");
+            assert_eq!(
+                host.attempts[0].error_class().text(),
+                "transient",
+                "{body:?}"
+            );
         }
     }
 
@@ -1437,7 +1444,7 @@ mod tests {
             host.text(Side::Response, H_FINAL_STATUS).as_deref(),
             Some("503")
         );
-        assert_eq!(host.attempts[0].error_class, "rate_limit");
+        assert_eq!(host.attempts[0].error_class().text(), "rate_limit");
         assert!(
             host.lanes
                 .holds(&LaneId::new("p1", "a", "m1"))
@@ -1520,7 +1527,7 @@ mod tests {
             stage.on_response_body(&mut host, done.len(), true),
             Flow::Continue
         );
-        assert_eq!(host.attempts[0].outcome, "success");
+        assert_eq!(host.attempts[0].outcome().text(), "success");
         assert!(host.attempts[0].after_first_token);
     }
 
@@ -1548,7 +1555,7 @@ mod tests {
         stage.on_response_body(&mut host, size, true);
         assert!(host.response_body.is_empty());
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].outcome, "error");
+        assert_eq!(host.attempts[0].outcome().text(), "error");
     }
 
     #[test]
@@ -1556,10 +1563,10 @@ mod tests {
         let plan = plan(false);
         let mut snap = snapshot();
         snap.breakers.push(BreakerState {
-            scope: "key".into(),
+            scope: ai_router_proto::v1::BreakerScope::Key.into(),
             provider: "p1".into(),
             key: "a".into(),
-            state: "half_open".into(),
+            state: ai_router_proto::v1::BreakerPhase::HalfOpen.into(),
             open_until_ms: NOW - 1_000,
         });
         let mut host = host_with(snap, &plan, 1);
@@ -1611,10 +1618,10 @@ mod tests {
         plan.tiers.truncate(1);
         let mut snap = snapshot();
         snap.breakers.push(BreakerState {
-            scope: "key".into(),
+            scope: ai_router_proto::v1::BreakerScope::Key.into(),
             provider: "p1".into(),
             key: "a".into(),
-            state: "half_open".into(),
+            state: ai_router_proto::v1::BreakerPhase::HalfOpen.into(),
             open_until_ms: NOW - 1_000,
         });
         let mut host = host_with(snap, &plan, 1);
@@ -1719,7 +1726,7 @@ mod tests {
         );
         stage.on_log(&mut host);
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].error_class, "cancelled");
+        assert_eq!(host.attempts[0].error_class().text(), "cancelled");
         assert_eq!(host.lanes.in_flight("p1", "a"), 0, "the slot is freed");
     }
 
@@ -1823,7 +1830,7 @@ mod tests {
                 answer.json()
             );
             assert_eq!(host.attempts.len(), 1, "{what}");
-            assert_eq!(host.attempts[0].error_class, "timeout", "{what}");
+            assert_eq!(host.attempts[0].error_class().text(), "timeout", "{what}");
             assert!(!host.attempts[0].after_first_token, "{what}");
             assert_eq!(
                 host.lanes.in_flight("p1", "a"),
@@ -1888,7 +1895,7 @@ mod tests {
         let cut = run_ticks(&mut stage, &mut host, sent + 60_000, |h| h.resets > 0);
         assert_eq!(cut, sent + 7_000, "timeoutMs after the last chunk");
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].error_class, "timeout");
+        assert_eq!(host.attempts[0].error_class().text(), "timeout");
         assert!(!stage.bound_due(host.now), "decided once");
     }
 
@@ -1915,7 +1922,7 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         let report = &host.attempts[0];
         assert_eq!(
-            (report.outcome.as_str(), report.error_class.as_str()),
+            (report.outcome().text(), report.error_class().text()),
             ("error", "timeout")
         );
         assert!(report.after_first_token);
@@ -1966,7 +1973,7 @@ mod tests {
         assert!(!stage.bound_due(host.now));
         stage.on_bound(&mut host);
         assert_eq!(host.attempts.len(), 1);
-        assert_eq!(host.attempts[0].outcome, "success");
+        assert_eq!(host.attempts[0].outcome().text(), "success");
         assert!(host.answered.is_none() && host.resets == 0);
     }
 }

@@ -9,7 +9,10 @@ use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, FINAL_STATUS as H_FINAL_STATUS,
     LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
 };
-use ai_router_proto::v1::{RequestOutcome, Usage as ProtoUsage, VirtualKey};
+use ai_router_proto::v1::{
+    BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
+    VirtualKey,
+};
 use serde_json::{json, Value};
 
 use crate::classify::Class;
@@ -124,7 +127,7 @@ impl Front {
             });
             let mut breakers: Vec<_> = health.iter().flat_map(|h| h.breakers()).collect();
             breakers.sort_by(|a, b| {
-                (&a.scope, &a.provider, &a.key).cmp(&(&b.scope, &b.provider, &b.key))
+                (a.scope, &a.provider, &a.key).cmp(&(b.scope, &b.provider, &b.key))
             });
             let mut keys: Vec<_> = health.iter().flat_map(|h| h.keys_out()).collect();
             keys.sort_by(|a, b| (&a.provider, &a.key).cmp(&(&b.provider, &b.key)));
@@ -132,13 +135,13 @@ impl Front {
                 .iter()
                 .map(|b| {
                     // Open: out until then; half-open: half-open since then.
-                    let moment = if b.state == "open" {
+                    let moment = if b.state() == BreakerPhase::Open {
                         "until_ms"
                     } else {
                         "since_ms"
                     };
-                    let mut entry = json!({"scope": b.scope, "provider": b.provider,
-                                           "key": b.key, "state": b.state});
+                    let mut entry = json!({"scope": b.scope().text(), "provider": b.provider,
+                                           "key": b.key, "state": b.state().text()});
                     entry[moment] = json!(b.open_until_ms);
                     entry
                 })
@@ -146,7 +149,7 @@ impl Front {
             body["keys"] = keys
                 .iter()
                 .map(|k| {
-                    json!({"provider": k.provider, "key": k.key, "reason": k.reason,
+                    json!({"provider": k.provider, "key": k.key, "reason": k.reason().text(),
                            "until_ms": (k.until_ms > 0).then_some(k.until_ms)})
                 })
                 .collect();
@@ -538,9 +541,12 @@ impl Front {
         let call = self.cid.as_deref().and_then(|cid| host.end_call(cid));
         let Some(op) = self.op else { return };
         let now = host.now_ms();
-        let (outcome, status) = match self.answered {
-            Some((status, code)) if status >= 400 => (format!("rejected:{code}"), status),
-            Some((status, _)) => ("success".to_string(), status),
+        let success = (RequestResult::Success, None, "");
+        let ((outcome, class, code), status) = match self.answered {
+            Some((status, code)) if status >= 400 => {
+                ((RequestResult::Rejected, None, code), status)
+            }
+            Some((status, _)) => (success, status),
             None if (200..300).contains(&self.status) => {
                 // A stream that broke off after its first token is no success: the attempt
                 // stage said so, or (when its report comes later) Envoy's router cut it.
@@ -549,17 +555,14 @@ impl Front {
                     .and_then(|c| c.broken_after_first_token)
                     .or_else(|| cut_by_the_router(host));
                 match broken {
-                    Some(class) => (format!("error:{}", class.as_str()), self.status),
-                    None => ("success".to_string(), self.status),
+                    Some(class) => ((RequestResult::Error, Some(class), ""), self.status),
+                    None => (success, self.status),
                 }
             }
             None => {
-                let class = call
-                    .as_ref()
-                    .and_then(|c| c.last_failure)
-                    .map(|(c, _)| c.as_str())
-                    .unwrap_or("upstream");
-                (format!("error:{class}"), self.status)
+                // No class when no attempt's failure is known: "error:upstream" in text.
+                let class = call.as_ref().and_then(|c| c.last_failure).map(|(c, _)| c);
+                ((RequestResult::Error, class, ""), self.status)
             }
         };
         let answered = call.as_ref().and_then(|c| c.answered.clone());
@@ -567,7 +570,11 @@ impl Front {
             request_id: self.rid.clone(),
             virtual_key_id: self.vk_id.clone(),
             operation: op.as_str().into(),
-            outcome,
+            outcome: outcome.into(),
+            error_class: class
+                .map_or(ProtoClass::Unspecified, ProtoClass::from)
+                .into(),
+            rejected_code: code.into(),
             status: u32::from(status),
             attempts: call.as_ref().map(|c| c.attempts).unwrap_or(0),
             latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
@@ -724,7 +731,7 @@ mod tests {
         }
         front.on_log(&mut host);
         assert_eq!(host.reports.len(), 1);
-        assert_eq!(host.reports[0].outcome, "success");
+        assert_eq!(host.reports[0].outcome_text(), "success");
         assert_eq!(host.reports[0].virtual_key_id, "key_app");
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
     }
@@ -757,7 +764,7 @@ mod tests {
         assert!(host.header(Side::Response, H_MODEL).is_none());
         assert!(host.header(Side::Response, H_RETRY).is_none());
         front.on_log(&mut host);
-        assert!(host.reports[0].outcome.starts_with("error:"));
+        assert!(host.reports[0].outcome_text().starts_with("error:"));
     }
 
     #[test]
@@ -786,7 +793,7 @@ mod tests {
             host.properties
                 .insert("response.code_details".into(), details.as_bytes().to_vec());
             front.on_log(&mut host);
-            assert_eq!(host.reports[0].outcome, outcome);
+            assert_eq!(host.reports[0].outcome_text(), outcome);
             assert_eq!(host.reports[0].status, 200);
         }
     }
@@ -874,7 +881,7 @@ mod tests {
                 "{headers:?}"
             );
             front.on_log(&mut host);
-            assert!(host.reports[0].outcome.starts_with("rejected:"));
+            assert!(host.reports[0].outcome_text().starts_with("rejected:"));
         }
     }
 

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason};
+
 use crate::classify::Class;
 use crate::plan::Candidate;
 use crate::state::{LaneHealth, State};
@@ -104,8 +106,7 @@ pub fn health_of(state: &State, view: &dyn View, provider: &str) -> Rc<LaneHealt
 /// A half-open breaker the attempt must hold the probe lease of before it may use the lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
-    /// "key" or "provider"
-    pub scope: &'static str,
+    pub scope: BreakerScope,
     pub provider: String,
     pub key: String,
 }
@@ -189,13 +190,15 @@ enum BreakerGate {
     HalfOpen,
 }
 
-fn breaker_gate(health: &LaneHealth, scope: &str, key: &str, now_ms: i64) -> BreakerGate {
+fn breaker_gate(health: &LaneHealth, scope: BreakerScope, key: &str, now_ms: i64) -> BreakerGate {
     match health.breaker(scope, key) {
-        Some(b) if b.state == "open" && b.open_until_ms > now_ms => {
+        Some(b) if b.state() == BreakerPhase::Open && b.open_until_ms > now_ms => {
             BreakerGate::Open(b.open_until_ms)
         }
         // Open past its cooldown is half-open, whether or not the push said so yet.
-        Some(b) if b.state == "open" || b.state == "half_open" => BreakerGate::HalfOpen,
+        Some(b) if matches!(b.state(), BreakerPhase::Open | BreakerPhase::HalfOpen) => {
+            BreakerGate::HalfOpen
+        }
         _ => BreakerGate::Closed,
     }
 }
@@ -243,7 +246,7 @@ fn out_reason(
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
-            let class = if h.reason == "quota" {
+            let class = if h.reason() == KeyOutReason::Quota {
                 Class::Quota
             } else {
                 Class::Auth
@@ -285,7 +288,10 @@ fn out_reason(
     if provider_out > now_ms {
         worst = later(worst, Class::Quota, Some(provider_out));
     }
-    for (scope, key_alias) in [("provider", ""), ("key", key.alias.as_str())] {
+    for (scope, key_alias) in [
+        (BreakerScope::Provider, ""),
+        (BreakerScope::Key, key.alias.as_str()),
+    ] {
         if let BreakerGate::Open(until) = breaker_gate(health, scope, key_alias, now_ms) {
             worst = later(worst, Class::Transient, Some(until));
         }
@@ -354,19 +360,22 @@ pub fn pick(
                     soonest = sooner(soonest, class, until);
                     continue;
                 }
-                let probe = [("provider", ""), ("key", key.alias.as_str())]
-                    .into_iter()
-                    .find_map(|(scope, k)| {
-                        matches!(
-                            breaker_gate(&health, scope, k, now_ms),
-                            BreakerGate::HalfOpen
-                        )
-                        .then(|| Probe {
-                            scope,
-                            provider: provider.id.clone(),
-                            key: k.to_string(),
-                        })
-                    });
+                let probe = [
+                    (BreakerScope::Provider, ""),
+                    (BreakerScope::Key, key.alias.as_str()),
+                ]
+                .into_iter()
+                .find_map(|(scope, k)| {
+                    matches!(
+                        breaker_gate(&health, scope, k, now_ms),
+                        BreakerGate::HalfOpen
+                    )
+                    .then(|| Probe {
+                        scope,
+                        provider: provider.id.clone(),
+                        key: k.to_string(),
+                    })
+                });
                 let low_headroom = health.headroom(&lane.key, &lane.model).is_some_and(|h| {
                     h.remaining_requests >= 0
                         && h.reset_at_ms > now_ms
@@ -687,7 +696,7 @@ mod tests {
         let s = state_with(vec![KeyHealth {
             provider: "p1".into(),
             key: "a".into(),
-            reason: "auth".into(),
+            reason: KeyOutReason::Auth.into(),
             until_ms: 0,
             refused_fingerprint: crate::util::fingerprint("sk-a"),
         }]);
@@ -735,7 +744,7 @@ mod tests {
         let s2 = state_with(vec![KeyHealth {
             provider: "p1".into(),
             key: "a".into(),
-            reason: "auth".into(),
+            reason: KeyOutReason::Auth.into(),
             until_ms: 0,
             refused_fingerprint: 42,
         }]);
@@ -959,10 +968,10 @@ mod tests {
         use ai_router_proto::v1::BreakerState;
         let s = state_with_snapshot(|snap| {
             snap.breakers.push(BreakerState {
-                scope: "provider".into(),
+                scope: BreakerScope::Provider.into(),
                 provider: "p1".into(),
                 key: String::new(),
-                state: "open".into(),
+                state: BreakerPhase::Open.into(),
                 open_until_ms: 5000,
             });
         });
@@ -976,7 +985,7 @@ mod tests {
                 assert_eq!(
                     c.probe,
                     Some(Probe {
-                        scope: "provider",
+                        scope: BreakerScope::Provider,
                         provider: "p1".into(),
                         key: String::new()
                     })
@@ -1060,7 +1069,7 @@ mod tests {
         let s = state_with_snapshot(|snap| {
             snap.provider_health.push(ProviderHealth {
                 provider: "p1".into(),
-                reason: "budget".into(),
+                reason: ai_router_proto::v1::ProviderOutReason::Budget.into(),
                 until_ms: 9000,
             });
         });

@@ -2,7 +2,7 @@
 //! whether the virtual key may call it, the merged policy, and the ordered candidate tiers.
 
 use ai_router_contract::defaults;
-use ai_router_proto::v1::{Policy, VirtualKey};
+use ai_router_proto::v1::{Capability, Policy, PolicyList, ProviderKind, VirtualKey};
 use serde_json::Value;
 
 use crate::errors::{ErrorCode, GatewayError};
@@ -31,10 +31,10 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
         out.model = over.model.clone();
     }
     // A list the later policy sets replaces the earlier one, an empty list included.
-    let sets = |name: &str, list_is_empty: bool| {
-        !list_is_empty || over.set_lists.iter().any(|n| n == name)
+    let sets = |list: PolicyList, list_is_empty: bool| {
+        !list_is_empty || over.set_lists().any(|n| n == list)
     };
-    if sets("fallbacks", over.fallbacks.is_empty()) {
+    if sets(PolicyList::Fallbacks, over.fallbacks.is_empty()) {
         out.fallbacks = over.fallbacks.clone();
     }
     if over.allow_fallback.is_some() {
@@ -52,13 +52,13 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     if over.max_cost.is_some() {
         out.max_cost = over.max_cost;
     }
-    if sets("providers", over.providers.is_empty()) {
+    if sets(PolicyList::Providers, over.providers.is_empty()) {
         out.providers = over.providers.clone();
     }
-    if sets("require", over.require.is_empty()) {
+    if sets(PolicyList::Require, over.require.is_empty()) {
         out.require = over.require.clone();
     }
-    if sets("candidates", over.candidates.is_empty()) {
+    if sets(PolicyList::Candidates, over.candidates.is_empty()) {
         out.candidates = over.candidates.clone();
     }
     out.pinned = out.pinned || over.pinned;
@@ -125,7 +125,7 @@ fn candidates_for(
 /// What a request needs from a model, derived from the request itself and the policy.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Needs {
-    pub capabilities: Vec<String>,
+    pub capabilities: Vec<Capability>,
     /// Estimated prompt tokens (four characters a token) plus max_tokens.
     pub context_tokens: u64,
     pub prompt_tokens: u64,
@@ -147,17 +147,21 @@ fn estimate_prompt_tokens(body: &Value, op: Operation) -> u64 {
 }
 
 impl Needs {
-    pub fn of(body: &Value, op: Operation, policy_require: &[String]) -> Needs {
-        let mut capabilities: Vec<String> = Vec::new();
-        let mut need = |c: &str| {
-            if !capabilities.iter().any(|x| x == c) {
-                capabilities.push(c.to_string());
+    pub fn of(
+        body: &Value,
+        op: Operation,
+        policy_require: impl IntoIterator<Item = Capability>,
+    ) -> Needs {
+        let mut capabilities: Vec<Capability> = Vec::new();
+        let mut need = |c: Capability| {
+            if !capabilities.contains(&c) {
+                capabilities.push(c);
             }
         };
         match op {
-            Operation::Embeddings => need("embeddings"),
+            Operation::Embeddings => need(Capability::Embeddings),
             Operation::Chat => {
-                need("chat");
+                need(Capability::Chat);
                 if body
                     .get("tools")
                     .and_then(Value::as_array)
@@ -167,17 +171,17 @@ impl Needs {
                         .and_then(Value::as_array)
                         .is_some_and(|t| !t.is_empty())
                 {
-                    need("tools");
+                    need(Capability::Tools);
                 }
                 let format = body
                     .get("response_format")
                     .and_then(|f| f.get("type"))
                     .and_then(Value::as_str);
                 if format.is_some_and(|t| t != "text") {
-                    need("json");
+                    need(Capability::Json);
                 }
                 if body.get("stream").and_then(Value::as_bool).unwrap_or(false) {
-                    need("streaming");
+                    need(Capability::Streaming);
                 }
             }
         }
@@ -200,17 +204,19 @@ impl Needs {
 }
 
 /// A model's capabilities: as declared, else chat, streaming, tools and json.
-fn capabilities_of(m: &ai_router_proto::v1::Model) -> Vec<String> {
+fn capabilities_of(m: &ai_router_proto::v1::Model) -> Vec<Capability> {
     if m.capabilities.is_empty() {
-        return ["chat", "streaming", "tools", "json"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        return vec![
+            Capability::Chat,
+            Capability::Streaming,
+            Capability::Tools,
+            Capability::Json,
+        ];
     }
-    let mut caps = m.capabilities.clone();
+    let mut caps: Vec<Capability> = m.capabilities().collect();
     // A model that declares chat features chats.
-    if caps.iter().any(|c| c != "embeddings") && !caps.iter().any(|c| c == "chat") {
-        caps.push("chat".into());
+    if caps.iter().any(|c| *c != Capability::Embeddings) && !caps.contains(&Capability::Chat) {
+        caps.push(Capability::Chat);
     }
     caps
 }
@@ -223,7 +229,7 @@ fn unfit(state: &State, c: &Candidate, needs: &Needs, max_cost: Option<f64>) -> 
     };
     let caps = capabilities_of(m);
     if let Some(missing) = needs.capabilities.iter().find(|n| !caps.contains(n)) {
-        return Some(format!("{} does not support {missing}", m.id));
+        return Some(format!("{} does not support {}", m.id, missing.text()));
     }
     if m.context_window > 0 && needs.context_tokens > m.context_window {
         return Some(format!(
@@ -337,7 +343,7 @@ pub fn resolve(
     let scope = profile.is_none().then_some(key);
     let allow_fallback =
         policy.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK) && key.allow_fallback;
-    let needs = Needs::of(body, op, &policy.require);
+    let needs = Needs::of(body, op, policy.require());
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
     let mut why_not: Option<String> = None;
     // What the Anthropic adapter cannot express (`n: 2`...), worked out once, when a candidate
@@ -354,7 +360,7 @@ pub fn resolve(
                 let anthropic = op == Operation::Chat
                     && state
                         .provider(&c.provider)
-                        .is_some_and(|(_, p)| p.kind == "anthropic");
+                        .is_some_and(|(_, p)| p.kind() == ProviderKind::Anthropic);
                 if anthropic {
                     let refusal = anthropic_refusal.get_or_insert_with(|| {
                         crate::anthropic::to_messages_request(body, &c.model, 4096)
@@ -704,13 +710,13 @@ mod tests {
         let mut snap = Snapshot::default();
         snap.providers.push(Provider {
             id: "claude".into(),
-            kind: "anthropic".into(),
+            kind: ProviderKind::Anthropic.into(),
             models: vec![model("claude-m", &["smart"])],
             ..Default::default()
         });
         snap.providers.push(Provider {
             id: "oai".into(),
-            kind: "openai".into(),
+            kind: ProviderKind::Openai.into(),
             models: vec![model("gpt-m", &["smart"])],
             ..Default::default()
         });
@@ -777,7 +783,7 @@ mod tests {
         };
         let notools = Model {
             id: "plain".into(),
-            capabilities: vec!["chat".into(), "streaming".into()],
+            capabilities: vec![Capability::Chat.into(), Capability::Streaming.into()],
             ..Default::default()
         };
         let pricey = Model {
@@ -790,7 +796,7 @@ mod tests {
         };
         let emb = Model {
             id: "emb".into(),
-            capabilities: vec!["embeddings".into()],
+            capabilities: vec![Capability::Embeddings.into()],
             ..Default::default()
         };
         snap.providers.push(Provider {
@@ -872,9 +878,10 @@ mod tests {
         let n = Needs::of(
             &json!({"messages":[{"content":"abcd"}],"max_tokens":7}),
             Operation::Chat,
-            &["vision".into()],
+            [Capability::Tools],
         );
-        assert!(n.capabilities.contains(&"vision".to_string()));
+        // A policy's requirement is needed even when the body does not ask for it.
+        assert!(n.capabilities.contains(&Capability::Tools));
         assert_eq!(n.max_tokens, 7);
     }
 
@@ -895,7 +902,7 @@ mod tests {
         assert_eq!(m.fallbacks, vec!["x".to_string()]);
         // An empty list the later policy sets is empty, not "inherit".
         let cleared = Policy {
-            set_lists: vec!["fallbacks".into(), "providers".into()],
+            set_lists: vec![PolicyList::Fallbacks.into(), PolicyList::Providers.into()],
             ..Default::default()
         };
         let a = Policy {

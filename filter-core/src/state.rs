@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ai_router_proto::v1::{
-    BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience, Selection,
-    Snapshot, VirtualKey,
+    BreakerScope, BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience,
+    Selection, Snapshot, VirtualKey,
 };
 
 use crate::lanes::View;
@@ -25,7 +25,7 @@ pub struct LaneHealth {
     key_health: HashMap<String, KeyHealth>,
     /// key -> (model, cooled until); looked up by `&str`, no allocation per lane.
     cooldowns: HashMap<String, Vec<(String, i64)>>,
-    /// key -> breaker ("" for the provider's own).
+    /// key -> breaker.
     key_breakers: HashMap<String, BreakerState>,
     provider_breaker: Option<BreakerState>,
     /// key -> (model, headroom)
@@ -50,7 +50,7 @@ impl LaneHealth {
             }
         }
         for b in record.breakers {
-            if b.scope == "provider" {
+            if b.scope() == BreakerScope::Provider {
                 h.provider_breaker = Some(b);
             } else {
                 h.key_breakers.insert(b.key.clone(), b);
@@ -88,13 +88,11 @@ impl LaneHealth {
             .map_or(0, |(_, until)| *until)
     }
 
-    /// The key's breaker (`scope` "key") or the provider's (`scope` "provider", `key` empty),
-    /// when it is not closed.
-    pub fn breaker(&self, scope: &str, key: &str) -> Option<&BreakerState> {
-        if scope == "provider" {
-            self.provider_breaker.as_ref()
-        } else {
-            self.key_breakers.get(key)
+    /// The key's breaker or the provider's (`key` empty), when it is not closed.
+    pub fn breaker(&self, scope: BreakerScope, key: &str) -> Option<&BreakerState> {
+        match scope {
+            BreakerScope::Provider => self.provider_breaker.as_ref(),
+            _ => self.key_breakers.get(key),
         }
     }
 
@@ -350,7 +348,7 @@ mod tests {
         snap.key_health.push(KeyHealth {
             provider: "p".into(),
             key: "b".into(),
-            reason: "auth".into(),
+            reason: ai_router_proto::v1::KeyOutReason::Auth.into(),
             until_ms: 0,
             refused_fingerprint: 7,
         });

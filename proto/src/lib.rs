@@ -7,3 +7,4 @@ pub mod v1 {
 }
 
 pub mod tables;
+pub mod text;

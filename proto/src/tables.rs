@@ -17,7 +17,7 @@ use crate::v1::{
 pub type KeyId = (String, String);
 pub type LaneKey = (String, String, String);
 /// (scope, provider, key); the key is empty for a provider breaker.
-pub type BreakerKey = (String, String, String);
+pub type BreakerKey = (i32, String, String);
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tables {
@@ -128,7 +128,7 @@ impl Tables {
         }
         for b in snapshot.breakers {
             t.breakers
-                .insert((b.scope.clone(), b.provider.clone(), b.key.clone()), b);
+                .insert((b.scope, b.provider.clone(), b.key.clone()), b);
         }
         for h in snapshot.headroom {
             t.headroom
@@ -364,15 +364,13 @@ impl Tables {
         }
         for b in &delta.breakers {
             note(&b.provider);
-            self.breakers.insert(
-                (b.scope.clone(), b.provider.clone(), b.key.clone()),
-                b.clone(),
-            );
+            self.breakers
+                .insert((b.scope, b.provider.clone(), b.key.clone()), b.clone());
         }
         for r in &delta.removed_breakers {
             note(&r.provider);
             self.breakers
-                .remove(&(r.scope.clone(), r.provider.clone(), r.key.clone()));
+                .remove(&(r.scope, r.provider.clone(), r.key.clone()));
         }
         for h in &delta.headroom {
             note(&h.provider);
@@ -465,7 +463,7 @@ mod tests {
     fn provider(id: &str, keys: &[&str]) -> Provider {
         Provider {
             id: id.into(),
-            kind: "openai".into(),
+            kind: crate::v1::ProviderKind::Openai.into(),
             keys: keys
                 .iter()
                 .map(|a| ProviderKey {
@@ -503,7 +501,7 @@ mod tests {
             key_health: vec![KeyHealth {
                 provider: "a".into(),
                 key: "k1".into(),
-                reason: "auth".into(),
+                reason: crate::v1::KeyOutReason::Auth.into(),
                 ..KeyHealth::default()
             }],
             headroom: vec![Headroom {

@@ -421,15 +421,15 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
             provider: "p1".into(),
             key: "a".into(),
             model: "m1".into(),
-            outcome: "error".into(),
-            error_class: "auth".into(),
+            outcome: pb::AttemptResult::Error.into(),
+            error_class: pb::ErrorClass::Auth.into(),
             ..Default::default()
         }],
         requests: vec![pb::RequestOutcome {
             request_id: "r1".into(),
             virtual_key_id: key_id.clone(),
             operation: "chat".into(),
-            outcome: "success".into(),
+            outcome: pb::RequestResult::Success.into(),
             status: 200,
             attempts: 1,
             usage: Some(pb::Usage {
@@ -441,7 +441,7 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
         }],
     };
     let lease = pb::LeaseRequest {
-        scope: "key".into(),
+        scope: pb::BreakerScope::Key.into(),
         provider: "p1".into(),
         key: "a".into(),
         holder: "r1:1".into(),

@@ -247,7 +247,7 @@ impl AdminApi {
                     })
                     .collect();
                 let models: Vec<&str> = p.models.iter().map(|m| m.id.as_str()).collect();
-                json!({ "id": p.id, "kind": p.kind, "keys": keys, "models": models })
+                json!({ "id": p.id, "kind": p.kind().text(), "keys": keys, "models": models })
             })
             .collect();
         let breakers: Vec<Value> = snapshot
@@ -304,8 +304,8 @@ impl AdminApi {
         let settings = &tables.settings;
         let defaults = settings.defaults.clone().unwrap_or_default();
         let policy = |p: &pb::Policy| {
-            let list = |name: &str, own: &[String], inherited: &[String]| {
-                if p.set_lists.iter().any(|s| s == name) {
+            let list = |name: pb::PolicyList, own: &[String], inherited: &[String]| {
+                if p.set_lists().any(|s| s == name) {
                     own.to_vec()
                 } else {
                     inherited.to_vec()
@@ -313,9 +313,13 @@ impl AdminApi {
             };
             json!({
                 "model": p.model.clone().or_else(|| defaults.model.clone()),
-                "fallbacks": list("fallbacks", &p.fallbacks, &defaults.fallbacks),
-                "providers": list("providers", &p.providers, &defaults.providers),
-                "require": list("require", &p.require, &defaults.require),
+                "fallbacks": list(pb::PolicyList::Fallbacks, &p.fallbacks, &defaults.fallbacks),
+                "providers": list(pb::PolicyList::Providers, &p.providers, &defaults.providers),
+                "require": list(
+                    pb::PolicyList::Require,
+                    &capabilities(p.require()),
+                    &capabilities(defaults.require()),
+                ),
                 "candidates": p.candidates.iter().map(|t| t.candidates.iter().map(|c| json!({
                     "model": c.model,
                     "provider": (!c.provider.is_empty()).then_some(&c.provider),
@@ -348,9 +352,9 @@ impl AdminApi {
                 }
                 entry.1.push(json!({
                     "provider": p.id,
-                    "kind": p.kind,
+                    "kind": p.kind().text(),
                     "contextWindow": (m.context_window > 0).then_some(m.context_window),
-                    "capabilities": m.capabilities,
+                    "capabilities": capabilities(m.capabilities()),
                     "cost": m.cost.map(|c| json!({ "input": c.input, "output": c.output })),
                     "dimensions": (m.dimensions > 0).then_some(m.dimensions),
                     "weight": m.weight,
@@ -731,6 +735,11 @@ fn with_secret(k: KeyWithSecret) -> pb::KeyWithSecret {
         key: Some(key_to_proto(k.key)),
         secret: k.secret,
     }
+}
+
+/// Capabilities as the catalog shows them ("chat", ...).
+fn capabilities(list: impl Iterator<Item = pb::Capability>) -> Vec<String> {
+    list.map(|c| c.text().to_owned()).collect()
 }
 
 fn non_empty(s: String) -> Option<String> {

@@ -28,33 +28,33 @@ const BUCKETS: [f64; 14] = [
 ];
 
 /// The label of an attempt's outcome: `success` or `error`.
-fn attempt_outcome_label(a: &pb::AttemptOutcome) -> &str {
-    &a.outcome
+fn attempt_outcome_label(a: &pb::AttemptOutcome) -> &'static str {
+    a.outcome().text()
 }
 
 /// The label of a failed attempt's class (empty for a success).
-fn attempt_class_label(a: &pb::AttemptOutcome) -> &str {
-    &a.error_class
+fn attempt_class_label(a: &pb::AttemptOutcome) -> &'static str {
+    a.error_class().text()
 }
 
 /// The label of a call's outcome: `success`, `error:<class>` or `rejected:<code>`.
-fn request_outcome_label(r: &pb::RequestOutcome) -> &str {
-    &r.outcome
+fn request_outcome_label(r: &pb::RequestOutcome) -> String {
+    r.outcome_text()
 }
 
 /// The label of a breaker's scope: `key` or `provider`.
-fn breaker_scope_label(b: &pb::BreakerState) -> &str {
-    &b.scope
+fn breaker_scope_label(b: &pb::BreakerState) -> &'static str {
+    b.scope().text()
 }
 
 /// Whether a breaker is open (else half-open).
 fn breaker_is_open(b: &pb::BreakerState) -> bool {
-    b.state == "open"
+    b.state() == pb::BreakerPhase::Open
 }
 
 /// The label of why a key is out of rotation.
-fn key_out_reason_label(h: &pb::KeyHealth) -> &str {
-    &h.reason
+fn key_out_reason_label(h: &pb::KeyHealth) -> &'static str {
+    h.reason().text()
 }
 
 /// The quota code a refused call was answered with, when it was refused by a quota.
@@ -144,14 +144,14 @@ impl ReportObserver for Metrics {
                     call.0.clone(),
                     call.1.clone(),
                     call.2.clone(),
-                    outcome.into(),
+                    outcome.clone(),
                 ))
                 .or_default() += 1;
             c.request_duration
                 .entry(call)
                 .or_default()
                 .observe(r.latency_ms as f64 / 1000.0);
-            if let Some(code) = quota_refusal(outcome) {
+            if let Some(code) = quota_refusal(&outcome) {
                 *c.quota_refusals.entry(code.into()).or_default() += 1;
             }
         }
@@ -499,18 +499,20 @@ mod tests {
                     operation: "chat".into(),
                     provider: "p".into(),
                     model: "m".into(),
-                    outcome: "success".into(),
+                    outcome: pb::RequestResult::Success.into(),
                     latency_ms: 120,
                     ..Default::default()
                 },
                 pb::RequestOutcome {
                     operation: "chat".into(),
-                    outcome: "rejected:tokens_per_day_exceeded".into(),
+                    outcome: pb::RequestResult::Rejected.into(),
+                    rejected_code: "tokens_per_day_exceeded".into(),
                     ..Default::default()
                 },
                 pb::RequestOutcome {
                     operation: "chat".into(),
-                    outcome: "rejected:invalid_api_key".into(),
+                    outcome: pb::RequestResult::Rejected.into(),
+                    rejected_code: "invalid_api_key".into(),
                     ..Default::default()
                 },
             ],
@@ -519,8 +521,8 @@ mod tests {
                     provider: "p".into(),
                     key: "a".into(),
                     model: "m".into(),
-                    outcome: "error".into(),
-                    error_class: "rate_limit".into(),
+                    outcome: pb::AttemptResult::Error.into(),
+                    error_class: pb::ErrorClass::RateLimit.into(),
                     latency_ms: 40,
                     ..Default::default()
                 },
@@ -528,7 +530,7 @@ mod tests {
                     provider: "p".into(),
                     key: "b".into(),
                     model: "m".into(),
-                    outcome: "success".into(),
+                    outcome: pb::AttemptResult::Success.into(),
                     latency_ms: 60,
                     stream: true,
                     usage: Some(pb::Usage {
@@ -550,10 +552,10 @@ mod tests {
             version: 7,
             snapshot: Some(pb::Snapshot {
                 breakers: vec![pb::BreakerState {
-                    scope: "key".into(),
+                    scope: pb::BreakerScope::Key.into(),
                     provider: "p".into(),
                     key: "a\"x".into(),
-                    state: "open".into(),
+                    state: pb::BreakerPhase::Open.into(),
                     open_until_ms: 1,
                 }],
                 ..Default::default()

@@ -167,9 +167,9 @@ impl SyncApi for SyncService {
     ) -> Result<Response<pb::LeaseReply>, Status> {
         self.authorize(&request)?;
         let req = request.into_inner();
-        let Some(scope) = BreakerScope::parse(&req.scope) else {
+        let Ok(scope) = BreakerScope::try_from(req.scope()) else {
             return Err(Status::invalid_argument(format!(
-                "scope must be \"key\" or \"provider\", not {:?}",
+                "scope must be key or provider, not {:?}",
                 req.scope
             )));
         };
@@ -397,14 +397,14 @@ mod tests {
                 provider: "p".into(),
                 key: "a".into(),
                 model: "m".into(),
-                outcome: "error".into(),
-                error_class: "auth".into(),
+                outcome: pb::AttemptResult::Error.into(),
+                error_class: pb::ErrorClass::Auth.into(),
                 ..Default::default()
             }],
             ..Default::default()
         };
         let lease = pb::LeaseRequest {
-            scope: "key".into(),
+            scope: pb::BreakerScope::Key.into(),
             provider: "p".into(),
             key: "a".into(),
             holder: "r1:1".into(),
@@ -470,8 +470,8 @@ mod tests {
             provider: "p".into(),
             key: "a".into(),
             model: "m".into(),
-            outcome: "error".into(),
-            error_class: "rate_limit".into(),
+            outcome: pb::AttemptResult::Error.into(),
+            error_class: pb::ErrorClass::RateLimit.into(),
             ..Default::default()
         };
         let ack = client
@@ -512,7 +512,13 @@ mod tests {
         let (_tx, rx) = watch::channel(false);
         let service = SyncService::new(engine()?, SyncAccess::TrustedLoopback, rx);
         let ask = |scope: &str, holder: &str| pb::LeaseRequest {
-            scope: scope.into(),
+            // Anything else is no scope ("lane": unspecified).
+            scope: match scope {
+                "key" => pb::BreakerScope::Key,
+                "provider" => pb::BreakerScope::Provider,
+                _ => pb::BreakerScope::Unspecified,
+            }
+            .into(),
             provider: "p".into(),
             key: "a".into(),
             holder: holder.into(),
@@ -550,7 +556,7 @@ mod tests {
             provider: "p".into(),
             key: "a".into(),
             model: "m".into(),
-            outcome: "success".into(),
+            outcome: pb::AttemptResult::Success.into(),
             probe: true,
             ..Default::default()
         };

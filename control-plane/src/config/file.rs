@@ -103,18 +103,25 @@ pub enum ProviderKind {
     OpenaiCompatible,
 }
 
-impl ProviderKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Anthropic => "anthropic",
-            Self::Openrouter => "openrouter",
-            Self::Qwen => "qwen",
-            Self::Deepseek => "deepseek",
-            Self::Openai => "openai",
-            Self::Gemini => "gemini",
-            Self::Groq => "groq",
-            Self::OpenaiCompatible => "openai-compatible",
+impl From<ProviderKind> for ai_router_proto::v1::ProviderKind {
+    fn from(kind: ProviderKind) -> Self {
+        match kind {
+            ProviderKind::Anthropic => Self::Anthropic,
+            ProviderKind::Openrouter => Self::Openrouter,
+            ProviderKind::Qwen => Self::Qwen,
+            ProviderKind::Deepseek => Self::Deepseek,
+            ProviderKind::Openai => Self::Openai,
+            ProviderKind::Gemini => Self::Gemini,
+            ProviderKind::Groq => Self::Groq,
+            ProviderKind::OpenaiCompatible => Self::OpenaiCompatible,
         }
+    }
+}
+
+impl ProviderKind {
+    /// The kind as the configuration spells it: the wire enum's text.
+    pub fn as_str(self) -> &'static str {
+        ai_router_proto::v1::ProviderKind::from(self).text()
     }
 
     pub fn default_base_url(self) -> Option<&'static str> {
@@ -190,15 +197,22 @@ pub enum Capability {
     Embeddings,
 }
 
-impl Capability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::Streaming => "streaming",
-            Self::Tools => "tools",
-            Self::Json => "json",
-            Self::Embeddings => "embeddings",
+impl From<Capability> for ai_router_proto::v1::Capability {
+    fn from(capability: Capability) -> Self {
+        match capability {
+            Capability::Chat => Self::Chat,
+            Capability::Streaming => Self::Streaming,
+            Capability::Tools => Self::Tools,
+            Capability::Json => Self::Json,
+            Capability::Embeddings => Self::Embeddings,
         }
+    }
+}
+
+impl Capability {
+    /// The capability as the configuration spells it: the wire enum's text.
+    pub fn as_str(self) -> &'static str {
+        ai_router_proto::v1::Capability::from(self).text()
     }
 }
 

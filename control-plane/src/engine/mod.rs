@@ -544,7 +544,7 @@ impl Engine {
                         releases.push((id, holder.clone()));
                     }
                 }
-                if attempt.outcome == "success" {
+                if attempt.outcome() == pb::AttemptResult::Success {
                     changed |= update_breakers(
                         &mut state.durable,
                         &attempt.provider,
@@ -555,7 +555,7 @@ impl Engine {
                     );
                 }
             }
-            if attempt.outcome != "error" {
+            if attempt.outcome() != pb::AttemptResult::Error {
                 continue;
             }
             let id: KeyId = lane_key;
@@ -567,7 +567,7 @@ impl Engine {
             let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
             // The one failure -> hold rule (the filter applies it too). An unknown class changes
             // nothing, nor do invalid requests and cancellations.
-            let Some(class) = ErrorClass::parse(&attempt.error_class) else {
+            let Some(class) = attempt.class() else {
                 continue;
             };
             match class.hold(retry_at.is_some()) {
@@ -1122,8 +1122,8 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
             key: a.key.clone(),
             model: a.model.clone(),
             latency_ms: a.latency_ms,
-            outcome: a.outcome.clone(),
-            error_class: (!a.error_class.is_empty()).then(|| a.error_class.clone()),
+            outcome: a.outcome().text().to_owned(),
+            error_class: a.class().map(|c| c.as_str().to_owned()),
             status: a.status,
             usage: a.usage.map(|u| events::Usage {
                 prompt_tokens: u.prompt_tokens,
@@ -1133,10 +1133,8 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
         });
     }
     for r in &batch.requests {
-        let (outcome, class) = match r.outcome.split_once(':') {
-            Some((o, c)) => (o.to_owned(), Some(c.to_owned())),
-            None => (r.outcome.clone(), None),
-        };
+        let (outcome, class) = r.result_parts();
+        let (outcome, class) = (outcome.to_owned(), class.map(str::to_owned));
         let answered = outcome == "success";
         out.push(Event::Request {
             at_ms: r.at_ms,
@@ -1188,7 +1186,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             key_health.push(pb::KeyHealth {
                 provider: provider.clone(),
                 key: key.clone(),
-                reason: "missing".to_owned(),
+                reason: pb::KeyOutReason::Missing.into(),
                 until_ms: 0,
                 refused_fingerprint: 0,
             });
@@ -1196,7 +1194,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             key_health.push(pb::KeyHealth {
                 provider: provider.clone(),
                 key: key.clone(),
-                reason: entry.reason.as_str().to_owned(),
+                reason: pb::KeyOutReason::from(entry.reason).into(),
                 until_ms: entry.until_ms,
                 refused_fingerprint: entry.refused_fingerprint,
             });
@@ -1236,10 +1234,10 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             .iter()
             .filter(|(_, b)| b.phase != BreakerPhase::Closed)
             .map(|((scope, provider, key), b)| pb::BreakerState {
-                scope: scope.as_str().to_owned(),
+                scope: pb::BreakerScope::from(*scope).into(),
                 provider: provider.clone(),
                 key: key.clone(),
-                state: b.phase.as_str().to_owned(),
+                state: pb::BreakerPhase::from(b.phase).into(),
                 open_until_ms: b.open_until_ms,
             })
             .collect(),
@@ -1281,7 +1279,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 let until = state.durable.spend.get(&p.id)?.out_until(budget, now)?;
                 Some(pb::ProviderHealth {
                     provider: p.id.clone(),
-                    reason: "budget".to_owned(),
+                    reason: pb::ProviderOutReason::Budget.into(),
                     until_ms: until,
                 })
             })
@@ -1314,7 +1312,7 @@ fn published_keys(keys: &[VirtualKeyRecord]) -> BTreeMap<String, pb::VirtualKey>
 fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) -> pb::Provider {
     pb::Provider {
         id: p.id.clone(),
-        kind: p.kind.as_str().to_owned(),
+        kind: pb::ProviderKind::from(p.kind).into(),
         scheme: p.endpoint.scheme.clone(),
         authority: p.endpoint.authority.clone(),
         base_path: p.endpoint.base_path.clone(),
@@ -1361,7 +1359,7 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
                 capabilities: m
                     .capabilities()
                     .iter()
-                    .map(|c| c.as_str().to_owned())
+                    .map(|c| pb::Capability::from(*c).into())
                     .collect(),
                 weight: m.weight.unwrap_or(1.0),
                 identity: m.identity().to_owned(),
@@ -1373,14 +1371,14 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
 
 pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
     let set_lists = [
-        ("fallbacks", p.fallbacks.is_some()),
-        ("providers", p.providers.is_some()),
-        ("require", p.require.is_some()),
-        ("candidates", p.candidates.is_some()),
+        (pb::PolicyList::Fallbacks, p.fallbacks.is_some()),
+        (pb::PolicyList::Providers, p.providers.is_some()),
+        (pb::PolicyList::Require, p.require.is_some()),
+        (pb::PolicyList::Candidates, p.candidates.is_some()),
     ]
     .into_iter()
     .filter(|(_, set)| *set)
-    .map(|(name, _)| name.to_owned())
+    .map(|(list, _)| list.into())
     .collect();
     pb::Policy {
         set_lists,
@@ -1396,7 +1394,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
             .require
             .iter()
             .flatten()
-            .map(|c| c.as_str().to_owned())
+            .map(|c| pb::Capability::from(*c).into())
             .collect(),
         candidates: p
             .candidates
@@ -1494,8 +1492,10 @@ profiles:
             provider: provider.into(),
             key: key.into(),
             model: "gpt-4o-mini".into(),
-            outcome: "error".into(),
-            error_class: class.into(),
+            outcome: pb::AttemptResult::Error.into(),
+            error_class: ai_router_contract::failure::ErrorClass::parse(class)
+                .map_or(pb::ErrorClass::Unspecified, pb::ErrorClass::from)
+                .into(),
             ..Default::default()
         }
     }
@@ -1527,7 +1527,10 @@ profiles:
         assert_eq!(openai.keys[0].secret, "sk-one");
         assert_eq!(openai.keys[0].fingerprint, fingerprint("sk-one"));
         assert_eq!(
-            openai.models[0].capabilities,
+            openai.models[0]
+                .capabilities()
+                .map(pb::Capability::text)
+                .collect::<Vec<_>>(),
             ["chat", "streaming", "tools", "json"]
         );
         assert_eq!(openai.models[0].identity, "gpt-4o-mini");
@@ -1546,7 +1549,7 @@ profiles:
         // The unset key is pushed as missing.
         assert_eq!(s.key_health.len(), 1);
         assert_eq!(s.key_health[0].key, "b");
-        assert_eq!(s.key_health[0].reason, "missing");
+        assert_eq!(s.key_health[0].reason().text(), "missing");
         assert_eq!(s.limits.map(|l| l.max_body_bytes), Some(4 * 1024 * 1024));
         let work = &s.profiles["work"];
         assert_eq!(work.candidates[0].candidates.len(), 2);
@@ -1606,7 +1609,7 @@ profiles:
             .find(|h| h.key == "openai-1")
             .cloned()
             .unwrap_or_default();
-        assert_eq!(entry.reason, "auth");
+        assert_eq!(entry.reason().text(), "auth");
         assert_eq!(entry.until_ms, 0);
         assert_eq!(entry.refused_fingerprint, fingerprint("sk-one"));
         // The same report again changes nothing.
@@ -1683,7 +1686,7 @@ profiles:
             health
                 .iter()
                 .find(|h| h.key == key)
-                .map(|h| (h.reason.clone(), h.until_ms))
+                .map(|h| (h.reason().text().to_owned(), h.until_ms))
         };
         assert_eq!(until("openai-1"), Some(("quota".into(), 2_000_000)));
         assert_eq!(until("openai-2"), Some(("quota".into(), 1_060_000)));
@@ -1700,7 +1703,7 @@ profiles:
         let f = fixture(POOL)?;
         let v = f.engine.version();
         let mut ok = attempt("openai", "openai-1", "");
-        ok.outcome = "success".into();
+        ok.outcome = pb::AttemptResult::Success.into();
         f.engine.apply_report(&batch(vec![
             ok,
             attempt("openai", "openai-1", "transient"),
@@ -1842,13 +1845,13 @@ providers:
         snapshot(engine)
             .breakers
             .into_iter()
-            .find(|b| b.scope == scope && b.key == key)
-            .map(|b| (b.state, b.open_until_ms))
+            .find(|b| b.scope().text() == scope && b.key == key)
+            .map(|b| (b.state().text().to_owned(), b.open_until_ms))
     }
 
     fn success(provider: &str, key: &str) -> pb::AttemptOutcome {
         let mut ok = attempt(provider, key, "");
-        ok.outcome = "success".into();
+        ok.outcome = pb::AttemptResult::Success.into();
         ok
     }
 
@@ -2354,7 +2357,7 @@ providers:
         assert_eq!(
             (
                 health[0].provider.as_str(),
-                health[0].reason.as_str(),
+                health[0].reason().text(),
                 health[0].until_ms
             ),
             ("openai", "budget", DAY)
@@ -2464,7 +2467,7 @@ providers:
             .key_health
             .into_iter()
             .find(|h| h.key == "openai-1")
-            .map(|h| (h.reason, h.until_ms));
+            .map(|h| (h.reason().text().to_owned(), h.until_ms));
         assert_eq!(seen, Some(("quota".into(), 2_000_000)));
         // Spend is added, not overwritten: 0.3 each, 0.6 in all, seen by both.
         sync(&a)?;

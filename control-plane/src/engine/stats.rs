@@ -67,7 +67,7 @@ impl Stats {
             *s.requests
                 .entry(r.operation.clone())
                 .or_default()
-                .entry(r.outcome.clone())
+                .entry(r.outcome_text())
                 .or_default() += 1;
         }
         for a in &batch.attempts {
@@ -82,13 +82,12 @@ impl Stats {
                     ..LaneStats::default()
                 });
             lane.attempts += 1;
-            if a.outcome == "success" {
+            if a.outcome() == pb::AttemptResult::Success {
                 lane.successes += 1;
             } else {
-                let class = if a.error_class.is_empty() {
-                    "unknown"
-                } else {
-                    a.error_class.as_str()
+                let class = match a.error_class().text() {
+                    "" => "unknown",
+                    class => class,
                 };
                 *lane.failures.entry(class.to_owned()).or_default() += 1;
             }
@@ -126,8 +125,14 @@ mod tests {
             provider: "p".into(),
             key: "a".into(),
             model: "m".into(),
-            outcome: outcome.into(),
-            error_class: class.into(),
+            outcome: if outcome == "success" {
+                pb::AttemptResult::Success.into()
+            } else {
+                pb::AttemptResult::Error.into()
+            },
+            error_class: ai_router_contract::failure::ErrorClass::parse(class)
+                .map_or(pb::ErrorClass::Unspecified, pb::ErrorClass::from)
+                .into(),
             latency_ms,
             usage: (outcome == "success").then_some(pb::Usage {
                 prompt_tokens: 10,
@@ -144,7 +149,7 @@ mod tests {
                 ],
                 requests: vec![pb::RequestOutcome {
                     operation: "chat".into(),
-                    outcome: "success".into(),
+                    outcome: pb::RequestResult::Success.into(),
                     ..Default::default()
                 }],
                 ..Default::default()

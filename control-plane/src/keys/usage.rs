@@ -67,16 +67,15 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         }
         let entry = row(&mut rows, &request.virtual_key_id, request.at_ms, now_ms);
         entry.requests += 1;
-        if request.outcome == "success" {
+        if request.outcome() == pb::RequestResult::Success {
             entry.successes += 1;
         } else {
             entry.failures += 1;
         }
         entry.latency_ms += request.latency_ms;
-        let outcome = if request.outcome.is_empty() {
-            "unknown".to_owned()
-        } else {
-            request.outcome.clone()
+        let outcome = match request.outcome_text() {
+            text if text.is_empty() => "unknown".to_owned(),
+            text => text,
         };
         *entry.outcomes.entry(outcome).or_insert(0) += 1;
     }
@@ -254,28 +253,30 @@ mod tests {
             requests: vec![
                 pb::RequestOutcome {
                     virtual_key_id: "key_a".into(),
-                    outcome: "success".into(),
+                    outcome: pb::RequestResult::Success.into(),
                     latency_ms: 120,
                     at_ms: AT,
                     ..Default::default()
                 },
                 pb::RequestOutcome {
                     virtual_key_id: "key_a".into(),
-                    outcome: "rejected:model_not_allowed".into(),
+                    outcome: pb::RequestResult::Rejected.into(),
+                    rejected_code: "model_not_allowed".into(),
                     latency_ms: 1,
                     at_ms: AT,
                     ..Default::default()
                 },
                 pb::RequestOutcome {
                     virtual_key_id: "key_a".into(),
-                    outcome: "error:upstream".into(),
+                    outcome: pb::RequestResult::Error.into(),
                     latency_ms: 3,
                     at_ms: AT - 86_400_000,
                     ..Default::default()
                 },
                 // Refused before authenticating: no key.
                 pb::RequestOutcome {
-                    outcome: "rejected:invalid_api_key".into(),
+                    outcome: pb::RequestResult::Rejected.into(),
+                    rejected_code: "invalid_api_key".into(),
                     ..Default::default()
                 },
             ],
@@ -284,7 +285,7 @@ mod tests {
                     virtual_key_id: "key_a".into(),
                     provider: "p".into(),
                     model: "m".into(),
-                    outcome: "success".into(),
+                    outcome: pb::AttemptResult::Success.into(),
                     usage: usage(1_000, 500),
                     at_ms: AT,
                     ..Default::default()
@@ -293,7 +294,7 @@ mod tests {
                     virtual_key_id: "key_a".into(),
                     provider: "p".into(),
                     model: "free".into(),
-                    outcome: "success".into(),
+                    outcome: pb::AttemptResult::Success.into(),
                     usage: usage(10, 5),
                     at_ms: AT,
                     ..Default::default()
@@ -303,7 +304,7 @@ mod tests {
                     virtual_key_id: "key_a".into(),
                     provider: "p".into(),
                     model: "m".into(),
-                    outcome: "error".into(),
+                    outcome: pb::AttemptResult::Error.into(),
                     at_ms: AT,
                     ..Default::default()
                 },

@@ -6,6 +6,8 @@
 //! goes through (the lease, see `Engine::lease`). A success closes it; a failure while
 //! half-open reopens it with the cooldown doubled, up to `maxCooldownMs`.
 
+use ai_router_proto::v1 as pb;
+
 use crate::config::BreakerConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -15,11 +17,9 @@ pub enum BreakerScope {
 }
 
 impl BreakerScope {
+    /// "key" or "provider": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Key => "key",
-            Self::Provider => "provider",
-        }
+        pb::BreakerScope::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -27,6 +27,28 @@ impl BreakerScope {
             "key" => Some(Self::Key),
             "provider" => Some(Self::Provider),
             _ => None,
+        }
+    }
+}
+
+impl From<BreakerScope> for pb::BreakerScope {
+    fn from(scope: BreakerScope) -> Self {
+        match scope {
+            BreakerScope::Key => Self::Key,
+            BreakerScope::Provider => Self::Provider,
+        }
+    }
+}
+
+impl TryFrom<pb::BreakerScope> for BreakerScope {
+    type Error = pb::BreakerScope;
+
+    /// Unspecified is no scope.
+    fn try_from(scope: pb::BreakerScope) -> Result<Self, Self::Error> {
+        match scope {
+            pb::BreakerScope::Key => Ok(Self::Key),
+            pb::BreakerScope::Provider => Ok(Self::Provider),
+            pb::BreakerScope::Unspecified => Err(scope),
         }
     }
 }
@@ -42,12 +64,9 @@ pub enum BreakerPhase {
 }
 
 impl BreakerPhase {
+    /// "closed", "open" or "half_open": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Closed => "closed",
-            Self::Open => "open",
-            Self::HalfOpen => "half_open",
-        }
+        pb::BreakerPhase::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -56,6 +75,16 @@ impl BreakerPhase {
             "open" => Some(Self::Open),
             "half_open" => Some(Self::HalfOpen),
             _ => None,
+        }
+    }
+}
+
+impl From<BreakerPhase> for pb::BreakerPhase {
+    fn from(phase: BreakerPhase) -> Self {
+        match phase {
+            BreakerPhase::Closed => Self::Closed,
+            BreakerPhase::Open => Self::Open,
+            BreakerPhase::HalfOpen => Self::HalfOpen,
         }
     }
 }

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use ai_router_proto::v1 as pb;
+
 use crate::store::breaker::{Breaker, BreakerId};
 use crate::store::spend::Spend;
 
@@ -16,11 +18,9 @@ pub enum BlacklistReason {
 }
 
 impl BlacklistReason {
+    /// "auth" or "quota": the wire enum's text.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auth => "auth",
-            Self::Quota => "quota",
-        }
+        pb::KeyOutReason::from(self).text()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
@@ -28,6 +28,15 @@ impl BlacklistReason {
             "auth" => Some(Self::Auth),
             "quota" => Some(Self::Quota),
             _ => None,
+        }
+    }
+}
+
+impl From<BlacklistReason> for pb::KeyOutReason {
+    fn from(reason: BlacklistReason) -> Self {
+        match reason {
+            BlacklistReason::Auth => Self::Auth,
+            BlacklistReason::Quota => Self::Quota,
         }
     }
 }

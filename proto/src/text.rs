@@ -1,0 +1,220 @@
+//! The proto enums <-> the contract's Rust types, and the text users see for each (events,
+//! usage, `/metrics` labels, logs): the same strings the wire carried before it had enums.
+//! Each conversion is defined here once.
+
+use ai_router_contract::failure::ErrorClass as Class;
+
+use crate::v1::{
+    AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, Capability, ErrorClass,
+    KeyOutReason, ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
+};
+
+impl From<Class> for ErrorClass {
+    fn from(class: Class) -> Self {
+        match class {
+            Class::RateLimit => Self::RateLimit,
+            Class::Quota => Self::Quota,
+            Class::Auth => Self::Auth,
+            Class::Transient => Self::Transient,
+            Class::Network => Self::Network,
+            Class::Timeout => Self::Timeout,
+            Class::Stream => Self::Stream,
+            Class::InvalidRequest => Self::InvalidRequest,
+            Class::Cancelled => Self::Cancelled,
+            Class::Deadline => Self::Deadline,
+            Class::Mismatch => Self::Mismatch,
+        }
+    }
+}
+
+impl ErrorClass {
+    /// The contract's class; `None` for unspecified.
+    pub fn class(self) -> Option<Class> {
+        Some(match self {
+            Self::Unspecified => return None,
+            Self::RateLimit => Class::RateLimit,
+            Self::Quota => Class::Quota,
+            Self::Auth => Class::Auth,
+            Self::Transient => Class::Transient,
+            Self::Network => Class::Network,
+            Self::Timeout => Class::Timeout,
+            Self::Stream => Class::Stream,
+            Self::InvalidRequest => Class::InvalidRequest,
+            Self::Cancelled => Class::Cancelled,
+            Self::Deadline => Class::Deadline,
+            Self::Mismatch => Class::Mismatch,
+        })
+    }
+
+    /// The class's text ("rate_limit", ...); empty for unspecified.
+    pub fn text(self) -> &'static str {
+        self.class().map_or("", Class::as_str)
+    }
+}
+
+impl AttemptResult {
+    /// "success" or "error"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Success => "success",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl RequestResult {
+    /// "success", "error" or "rejected"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Success => "success",
+            Self::Error => "error",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl ProviderKind {
+    /// The kind as the configuration spells it ("openai-compatible", ...); empty for
+    /// unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Anthropic => "anthropic",
+            Self::Openrouter => "openrouter",
+            Self::Qwen => "qwen",
+            Self::Deepseek => "deepseek",
+            Self::Openai => "openai",
+            Self::Gemini => "gemini",
+            Self::Groq => "groq",
+            Self::OpenaiCompatible => "openai-compatible",
+        }
+    }
+}
+
+impl Capability {
+    /// "chat", "streaming", "tools", "json" or "embeddings"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Chat => "chat",
+            Self::Streaming => "streaming",
+            Self::Tools => "tools",
+            Self::Json => "json",
+            Self::Embeddings => "embeddings",
+        }
+    }
+}
+
+impl BreakerScope {
+    /// "key" or "provider"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Key => "key",
+            Self::Provider => "provider",
+        }
+    }
+}
+
+impl BreakerPhase {
+    /// "closed", "open" or "half_open"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Closed => "closed",
+            Self::Open => "open",
+            Self::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl KeyOutReason {
+    /// "auth", "quota" or "missing"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Auth => "auth",
+            Self::Quota => "quota",
+            Self::Missing => "missing",
+        }
+    }
+}
+
+impl ProviderOutReason {
+    /// "budget"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Budget => "budget",
+        }
+    }
+}
+
+/// The class text of a failed request whose attempts' failure is not known.
+pub const UNKNOWN_REQUEST_CLASS: &str = "upstream";
+
+impl AttemptOutcome {
+    /// The contract's class of a failed attempt.
+    pub fn class(&self) -> Option<Class> {
+        self.error_class().class()
+    }
+}
+
+impl RequestOutcome {
+    /// The result, and what qualifies it: the class of an error ("upstream" when unknown), the
+    /// code of a rejection; `None` for a success.
+    pub fn result_parts(&self) -> (&'static str, Option<&str>) {
+        let result = self.outcome();
+        let detail = match result {
+            RequestResult::Error => Some(match self.error_class().class() {
+                Some(class) => class.as_str(),
+                None => UNKNOWN_REQUEST_CLASS,
+            }),
+            RequestResult::Rejected => Some(self.rejected_code.as_str()),
+            RequestResult::Success | RequestResult::Unspecified => None,
+        };
+        (result.text(), detail)
+    }
+
+    /// The outcome in text: "success", "error:<class>" or "rejected:<code>".
+    pub fn outcome_text(&self) -> String {
+        match self.result_parts() {
+            (result, Some(detail)) => format!("{result}:{detail}"),
+            (result, None) => result.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_class_round_trips_with_its_text() {
+        for n in 1..=11 {
+            let pb = ErrorClass::try_from(n).unwrap_or(ErrorClass::Unspecified);
+            let class = pb.class().unwrap_or(Class::Cancelled);
+            assert_eq!(ErrorClass::from(class), pb);
+            assert_eq!(Class::parse(pb.text()), Some(class));
+        }
+        assert_eq!(ErrorClass::Unspecified.text(), "");
+    }
+
+    #[test]
+    fn request_outcomes_read_as_before() {
+        let mut r = RequestOutcome {
+            outcome: RequestResult::Success.into(),
+            ..Default::default()
+        };
+        assert_eq!(r.outcome_text(), "success");
+        r.outcome = RequestResult::Error.into();
+        assert_eq!(r.outcome_text(), "error:upstream");
+        r.error_class = ErrorClass::Timeout.into();
+        assert_eq!(r.outcome_text(), "error:timeout");
+        r.outcome = RequestResult::Rejected.into();
+        r.rejected_code = "model_not_allowed".into();
+        assert_eq!(r.outcome_text(), "rejected:model_not_allowed");
+    }
+}

@@ -199,10 +199,6 @@ impl EventBus {
             || tracing::enabled!(target: "ai_router::events", tracing::Level::DEBUG)
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.sender.subscribe()
-    }
-
     /// A live subscription to `types`.
     pub fn watch(&self, types: Vec<&'static str>) -> Subscription {
         Subscription {
@@ -261,7 +257,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_subscriber_loses_the_oldest_and_is_told() {
         let bus = EventBus::default();
-        let mut rx = bus.subscribe();
+        let mut sub = bus.watch(TYPES.to_vec());
         for i in 0..(BUFFER + 10) {
             bus.emit(Event::KeyRestored {
                 at_ms: i as i64,
@@ -271,14 +267,13 @@ mod tests {
                 reason: "reset",
             });
         }
+        assert_eq!(sub.next().await, Some(Next::Lagged(10)));
         assert!(matches!(
-            rx.recv().await,
-            Err(broadcast::error::RecvError::Lagged(10))
+            sub.next().await,
+            Some(Next::Event(e)) if matches!(*e, Event::KeyRestored { at_ms: 10, .. })
         ));
-        assert!(matches!(
-            rx.recv().await,
-            Ok(Event::KeyRestored { at_ms: 10, .. })
-        ));
+        bus.close();
+        assert_eq!(sub.next().await, None, "closed at shutdown");
     }
 
     #[test]

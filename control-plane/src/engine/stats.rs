@@ -109,7 +109,15 @@ impl Stats {
         StatsView {
             since_ms: s.since_ms,
             requests: s.requests.clone(),
-            lanes: s.lanes.values().cloned().collect(),
+            // A tenth of a millisecond is as fine as an average of latencies means anything.
+            lanes: s
+                .lanes
+                .values()
+                .map(|l| LaneStats {
+                    latency_ewma_ms: (l.latency_ewma_ms * 10.0).round() / 10.0,
+                    ..l.clone()
+                })
+                .collect(),
         }
     }
 }

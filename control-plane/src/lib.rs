@@ -22,6 +22,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod keys;
+pub mod ledger;
 pub mod mock;
 pub mod render;
 pub mod serve;

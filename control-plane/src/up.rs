@@ -138,9 +138,11 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
             file: None,
             weight: None,
             max_concurrency: None,
+            scope: None,
         }],
         keys_from_env: None,
         models,
+        limits: None,
     }];
     let unpin = |policy: &mut PolicyConfig| {
         policy.providers = None;

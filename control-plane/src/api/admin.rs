@@ -47,6 +47,7 @@ use tokio::sync::{watch, Notify};
 use tonic::{Request, Response, Status};
 
 use crate::api::error::{ApiError, ErrorCode};
+use crate::clock::SystemClock;
 use crate::config::secrets::{constant_time_eq, Env, Secret};
 use crate::engine::events::{parse_types, Next};
 use crate::engine::Engine;
@@ -54,6 +55,7 @@ use crate::keys::admin::{
     KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyWithSecret, QuotaPatch, UsageReport,
 };
 use crate::keys::store::{utc_day, KeyStoreError, UsageDay};
+use crate::ledger::Ledger;
 
 /// The env variable holding the admin token when `gateway.adminToken` does not name one.
 pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
@@ -103,6 +105,7 @@ pub struct AdminApi {
     keys: Arc<KeyAdmin>,
     token: Option<Secret>,
     engine: Arc<Engine>,
+    ledger: Arc<Ledger>,
 }
 
 impl std::fmt::Debug for AdminApi {
@@ -120,12 +123,21 @@ fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
 }
 
 impl AdminApi {
+    /// Also starts the quota ledger: it observes the engine's reports from now on.
     pub fn new(keys: Arc<KeyAdmin>, token: Option<Secret>, engine: Arc<Engine>) -> Self {
+        let ledger = Arc::new(Ledger::new(engine.config(), Arc::new(SystemClock)));
+        engine.add_report_observer(ledger.clone());
         Self {
             keys,
             token,
             engine,
+            ledger,
         }
+    }
+
+    /// The quota ledger (`GET /admin/ledger`).
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.ledger
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -445,6 +457,7 @@ pub fn routes() -> Router<Arc<AdminApi>> {
         .route("/admin/health", get(admin_health))
         .route("/admin/stats", get(stats))
         .route("/admin/catalog", get(catalog))
+        .route("/admin/ledger", get(ledger))
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
@@ -559,6 +572,13 @@ async fn stats(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
 async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
     authorize(&api, &headers)?;
     ok(StatusCode::OK, api.catalog())
+}
+
+/// `GET /admin/ledger`: what each provider budget has left, per window, with sources.
+async fn ledger(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
+    authorize(&api, &headers)?;
+    let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+    ok(StatusCode::OK, api.ledger.view(&snapshot))
 }
 
 /// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.

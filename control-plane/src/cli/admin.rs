@@ -1,4 +1,4 @@
-//! `ai-router health|stats|catalog|reset|events`: operations on a running control plane's admin API (`--url`, the admin
+//! `ai-router health|stats|catalog|ledger|reset|events`: operations on a running control plane's admin API (`--url`, the admin
 //! token from `AI_ROUTER_ADMIN_TOKEN` or the variable `--admin-token-env` names). Prints JSON.
 
 use clap::Args;

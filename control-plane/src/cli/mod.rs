@@ -69,6 +69,9 @@ enum Command {
     Stats(admin::RemoteArgs),
     /// Print the pool's profiles and models as callers see them (--url).
     Catalog(admin::RemoteArgs),
+    /// Print what each provider budget (billing scope) has left per window, with where each
+    /// figure comes from (--url).
+    Ledger(admin::RemoteArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -126,6 +129,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Health(args) => print_answer(admin::show(args, "/admin/health").await),
         Command::Stats(args) => print_answer(admin::show(args, "/admin/stats").await),
         Command::Catalog(args) => print_answer(admin::show(args, "/admin/catalog").await),
+        Command::Ledger(args) => print_answer(admin::show(args, "/admin/ledger").await),
         Command::Events(args) => match admin::events(args).await {
             Ok(()) => Ok(()),
             Err(err) => print_answer(Err(err)),

@@ -168,6 +168,47 @@ pub struct ProviderConfig {
     pub keys_from_env: Option<String>,
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// What the provider allows per window, over the seed table's row for its kind (the quota
+    /// ledger, `ledger::limits`).
+    pub limits: Option<LimitsConfig>,
+}
+
+/// A provider's limits per window; each one set wins over the bundled seed table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsConfig {
+    pub rpm: Option<u64>,
+    pub rpd: Option<u64>,
+    pub tpm: Option<u64>,
+    pub tpd: Option<u64>,
+    pub tokens_per_month: Option<u64>,
+    /// Which window `x-ratelimit-remaining-requests` speaks of: `minute` (the usual) or `day`.
+    pub requests_header: Option<RequestsHeader>,
+    /// Where the provider's day begins: `utc`, `pacific` or `china`.
+    pub day_resets_in: Option<DayZone>,
+}
+
+/// Where a provider's day begins (its daily limits reset then).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DayZone {
+    #[default]
+    Utc,
+    /// Midnight in America/Los_Angeles (Gemini).
+    Pacific,
+    /// Midnight in China (UTC+8, no summer time: Qwen).
+    China,
+}
+
+/// Which window `x-ratelimit-remaining-requests` speaks of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestsHeader {
+    /// The usual meaning (OpenAI and most others).
+    #[default]
+    Minute,
+    /// Groq's: its request limit header is per day.
+    Day,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
@@ -185,6 +226,9 @@ pub struct KeyConfig {
     pub file: Option<PathBuf>,
     pub weight: Option<f64>,
     pub max_concurrency: Option<u32>,
+    /// The billing scope the key spends (an organization, project or account id): keys that
+    /// name the same scope share one budget in the quota ledger. Absent: its own.
+    pub scope: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]

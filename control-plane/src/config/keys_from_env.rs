@@ -47,6 +47,7 @@ pub fn keys_from_env(prefix: &str, alias_base: &str, env: &dyn Env) -> Vec<KeyRe
             },
             weight: defaults::WEIGHT,
             max_concurrency: None,
+            scope: None,
         })
         .collect();
     let list_var = format!("{prefix}_API_KEYS");
@@ -62,6 +63,7 @@ pub fn keys_from_env(prefix: &str, alias_base: &str, env: &dyn Env) -> Vec<KeyRe
                 },
                 weight: defaults::WEIGHT,
                 max_concurrency: None,
+                scope: None,
             });
         }
     }

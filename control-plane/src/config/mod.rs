@@ -28,10 +28,10 @@ mod tests;
 pub use error::ConfigError;
 pub use file::{
     BackoffFileConfig, BreakerFileConfig, BudgetConfig, CandidateConfig, Capability,
-    ControlPlaneConfig, CostConfig, FileConfig, GatewayConfig, KeyConfig, ModelConfig,
-    MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind, QuotaConfig,
-    ResilienceFileConfig, SecretRefConfig, SelectionConfig, StoreConfig, StoreType,
-    TelemetryConfig, TierConfig, DEFAULT_CAPABILITIES,
+    ControlPlaneConfig, CostConfig, DayZone, FileConfig, GatewayConfig, KeyConfig, LimitsConfig,
+    ModelConfig, MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind,
+    QuotaConfig, RequestsHeader, ResilienceFileConfig, SecretRefConfig, SelectionConfig,
+    StoreConfig, StoreType, TelemetryConfig, TierConfig, DEFAULT_CAPABILITIES,
 };
 pub use keys_from_env::keys_from_env;
 pub use load::{base_dir_of, load, parse, read, resolve_at};

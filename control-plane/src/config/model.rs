@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use ai_router_contract::defaults;
 
 use crate::config::file::{
-    BudgetConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig, SelectionConfig,
+    BudgetConfig, LimitsConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig,
+    SelectionConfig,
 };
 use crate::config::secrets::SecretSource;
 
@@ -144,6 +145,7 @@ pub struct Provider {
     pub budget: Option<BudgetConfig>,
     pub keys: Vec<KeyRef>,
     pub models: Vec<ModelConfig>,
+    pub limits: Option<LimitsConfig>,
 }
 
 impl Provider {
@@ -158,6 +160,8 @@ pub struct KeyRef {
     pub source: SecretSource,
     pub weight: f64,
     pub max_concurrency: Option<u32>,
+    /// The billing scope (`scope:`); `None`: the key is its own.
+    pub scope: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

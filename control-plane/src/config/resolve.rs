@@ -436,6 +436,10 @@ fn resolve_provider(
                 &format!("{kpath}.maxConcurrency"),
                 key.max_concurrency,
             )?,
+            scope: match key.scope.as_deref().map(str::trim) {
+                Some("") => return Err(invalid(format!("{kpath}.scope: must not be empty"))),
+                other => other.map(str::to_owned),
+            },
         });
     }
     if raw.keys.is_empty() && prefix.is_none() {
@@ -523,6 +527,7 @@ fn resolve_provider(
         budget: raw.budget.clone(),
         keys,
         models: raw.models.clone(),
+        limits: raw.limits,
     })
 }
 

@@ -1,0 +1,323 @@
+//! One budget's local counts (the `estimated` source) and the anchors providers give it
+//! (`reported`, `mined`).
+//!
+//! An anchor does not overwrite the count: it says "this many were left when the local count
+//! stood at N". Until it ages out, what is left now is `remaining - (count now - N)`; after,
+//! the local count against the known limit is all there is.
+
+use ai_router_contract::calendar::{
+    first_of_next_month_ms, month_index, next_pacific_midnight_ms, next_utc_midnight_ms,
+};
+
+use super::limits::{DayZone, Window};
+
+const SECOND_MS: i64 = 1_000;
+const MINUTE_MS: i64 = 60 * SECOND_MS;
+const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
+const CHINA_OFFSET_MS: i64 = 8 * 60 * MINUTE_MS;
+
+/// How long a value read from a provider's headers stands for the truth.
+pub const REPORTED_TTL_MS: i64 = 2 * MINUTE_MS;
+/// How long a value mined from a 429 stands (providers rarely say more in between).
+pub const MINED_TTL_MS: i64 = 5 * MINUTE_MS;
+
+/// Where a figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Headers of the provider's answers (`x-ratelimit-remaining-*`).
+    Reported,
+    /// A 429 or quota refusal: nothing left until the time it named.
+    Mined,
+    /// Local counting against a known limit.
+    Estimated,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Reported => "reported",
+            Source::Mined => "mined",
+            Source::Estimated => "estimated",
+        }
+    }
+}
+
+/// When the day holding `ms` began and ends, in `zone`.
+pub fn day_bounds(zone: DayZone, ms: i64) -> (i64, i64) {
+    match zone {
+        DayZone::Utc => {
+            let end = next_utc_midnight_ms(ms);
+            (end - DAY_MS, end)
+        }
+        DayZone::China => {
+            let start = (ms + CHINA_OFFSET_MS).div_euclid(DAY_MS) * DAY_MS - CHINA_OFFSET_MS;
+            (start, start + DAY_MS)
+        }
+        // The midnight after the same moment a day earlier is today's (a summer-time day
+        // is an hour off at most).
+        DayZone::Pacific => (
+            next_pacific_midnight_ms(ms - DAY_MS),
+            next_pacific_midnight_ms(ms),
+        ),
+    }
+}
+
+/// What a provider said is left in one window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Anchor {
+    pub remaining: u64,
+    /// The local count of the window when it was said.
+    pub at_count: u64,
+    pub at_ms: i64,
+    /// When the provider's window resets (the anchor means nothing after); 0 when unknown.
+    pub reset_at_ms: i64,
+    pub source: Source,
+}
+
+impl Anchor {
+    fn live(&self, now_ms: i64) -> bool {
+        let ttl = match self.source {
+            Source::Mined => MINED_TTL_MS,
+            _ => REPORTED_TTL_MS,
+        };
+        now_ms < self.at_ms + ttl && (self.reset_at_ms == 0 || now_ms < self.reset_at_ms)
+    }
+}
+
+/// What is left in a window now, and how it is known.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Headroom {
+    pub remaining: u64,
+    pub source: Source,
+    /// How old the figure it rests on is (0 for a local estimate).
+    pub age_ms: i64,
+    /// When it is next known to grow: the anchor's reset, or the window's end.
+    pub resets_at_ms: i64,
+}
+
+/// One budget's counters: the last 60 s by the second, the provider's day, the UTC month.
+#[derive(Debug, Clone)]
+pub struct Counter {
+    zone: DayZone,
+    /// (second, requests, tokens), indexed by second mod 60.
+    seconds: [(i64, u64, u64); 60],
+    day_start_ms: i64,
+    day: (u64, u64),
+    month: i64,
+    month_tokens: u64,
+    anchors: Vec<(Window, Anchor)>,
+}
+
+impl Counter {
+    pub fn new(zone: DayZone) -> Self {
+        Self {
+            zone,
+            seconds: [(i64::MIN, 0, 0); 60],
+            day_start_ms: i64::MIN,
+            day: (0, 0),
+            month: i64::MIN,
+            month_tokens: 0,
+            anchors: Vec::new(),
+        }
+    }
+
+    fn roll(&mut self, now_ms: i64) {
+        let (start, _) = day_bounds(self.zone, now_ms);
+        if start > self.day_start_ms {
+            self.day_start_ms = start;
+            self.day = (0, 0);
+        }
+        let month = month_index(now_ms);
+        if month > self.month {
+            self.month = month;
+            self.month_tokens = 0;
+        }
+    }
+
+    /// Counts what an attempt sent at `at_ms`.
+    pub fn add(&mut self, at_ms: i64, requests: u64, tokens: u64) {
+        self.roll(at_ms);
+        let second = at_ms.div_euclid(SECOND_MS);
+        let slot = &mut self.seconds[second.rem_euclid(60) as usize];
+        if slot.0 != second {
+            *slot = (second, 0, 0);
+        }
+        slot.1 += requests;
+        slot.2 += tokens;
+        if at_ms >= self.day_start_ms {
+            self.day.0 += requests;
+            self.day.1 += tokens;
+        }
+        if month_index(at_ms) == self.month {
+            self.month_tokens += tokens;
+        }
+    }
+
+    /// The local count of a window at `now_ms`.
+    pub fn count(&mut self, window: Window, now_ms: i64) -> u64 {
+        self.roll(now_ms);
+        let now_second = now_ms.div_euclid(SECOND_MS);
+        let minute = || {
+            self.seconds
+                .iter()
+                .filter(|(s, _, _)| *s > now_second - 60 && *s <= now_second)
+        };
+        match window {
+            Window::Rpm => minute().map(|s| s.1).sum(),
+            Window::Tpm => minute().map(|s| s.2).sum(),
+            Window::Rpd => self.day.0,
+            Window::Tpd => self.day.1,
+            Window::TokensPerMonth => self.month_tokens,
+        }
+    }
+
+    /// Records what a provider said is left in `window` (replacing what it said before).
+    pub fn anchor(
+        &mut self,
+        window: Window,
+        remaining: u64,
+        reset_at_ms: i64,
+        source: Source,
+        now_ms: i64,
+    ) {
+        let at_count = self.count(window, now_ms);
+        self.anchors.retain(|(w, a)| *w != window && a.live(now_ms));
+        self.anchors.push((
+            window,
+            Anchor {
+                remaining,
+                at_count,
+                at_ms: now_ms,
+                reset_at_ms,
+                source,
+            },
+        ));
+    }
+
+    /// When a window ends if nothing else is known: a minute from now, or the day's or month's
+    /// end.
+    fn window_end(&self, window: Window, now_ms: i64) -> i64 {
+        match window {
+            Window::Rpm | Window::Tpm => now_ms + MINUTE_MS,
+            Window::Rpd | Window::Tpd => day_bounds(self.zone, now_ms).1,
+            Window::TokensPerMonth => first_of_next_month_ms(now_ms),
+        }
+    }
+
+    /// What is left in `window`: from a live anchor, else from `limit`; `None` when neither is
+    /// known.
+    pub fn headroom(
+        &mut self,
+        window: Window,
+        limit: Option<u64>,
+        now_ms: i64,
+    ) -> Option<Headroom> {
+        let count = self.count(window, now_ms);
+        let anchor = self
+            .anchors
+            .iter()
+            .find(|(w, a)| *w == window && a.live(now_ms))
+            .map(|(_, a)| *a);
+        if let Some(a) = anchor {
+            return Some(Headroom {
+                remaining: a.remaining.saturating_sub(count.saturating_sub(a.at_count)),
+                source: a.source,
+                age_ms: now_ms - a.at_ms,
+                resets_at_ms: if a.reset_at_ms > 0 {
+                    a.reset_at_ms
+                } else {
+                    self.window_end(window, now_ms)
+                },
+            });
+        }
+        limit.map(|l| Headroom {
+            remaining: l.saturating_sub(count),
+            source: Source::Estimated,
+            age_ms: 0,
+            resets_at_ms: self.window_end(window, now_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 2026-03-15T12:00:00Z
+    const AT: i64 = 1_773_576_000_000;
+
+    #[test]
+    fn the_minute_slides_and_the_day_resets_at_its_zone_s_midnight() {
+        let mut c = Counter::new(DayZone::Utc);
+        c.add(AT, 1, 100);
+        c.add(AT + 30_000, 1, 50);
+        assert_eq!(c.count(Window::Rpm, AT + 30_000), 2);
+        assert_eq!(c.count(Window::Tpm, AT + 30_000), 150);
+        // The first one left the minute; the day keeps both.
+        assert_eq!(c.count(Window::Rpm, AT + 61_000), 1);
+        assert_eq!(c.count(Window::Rpd, AT + 61_000), 2);
+        assert_eq!(c.count(Window::Tpd, AT + 61_000), 150);
+        // 12 hours later it is another UTC day.
+        assert_eq!(c.count(Window::Rpd, AT + 12 * 3_600_000), 0);
+        assert_eq!(c.count(Window::TokensPerMonth, AT + 12 * 3_600_000), 150);
+    }
+
+    #[test]
+    fn china_and_pacific_days_begin_at_their_own_midnight() {
+        // 2026-03-15T12:00Z is 20:00 in China: its day began at 16:00Z the day before.
+        assert_eq!(day_bounds(DayZone::China, AT).0, AT - 20 * 3_600_000);
+        assert_eq!(day_bounds(DayZone::China, AT).1, AT + 4 * 3_600_000);
+        // ... and 05:00 PDT: the Pacific day began at 07:00Z.
+        assert_eq!(day_bounds(DayZone::Pacific, AT).0, AT - 5 * 3_600_000);
+        assert_eq!(day_bounds(DayZone::Pacific, AT).1, AT + 19 * 3_600_000);
+    }
+
+    #[test]
+    fn an_anchor_counts_down_with_local_use_then_ages_back_to_the_estimate() {
+        let mut c = Counter::new(DayZone::Utc);
+        c.add(AT, 1, 0);
+        c.anchor(Window::Rpd, 10, 0, Source::Reported, AT);
+        for i in 1..=3 {
+            c.add(AT + i * 1_000, 1, 0);
+        }
+        let h = c.headroom(Window::Rpd, Some(1_000), AT + 5_000);
+        assert_eq!(
+            h.map(|h| (h.remaining, h.source, h.age_ms)),
+            Some((7, Source::Reported, 5_000))
+        );
+        // Two minutes on, the anchor is gone: 1,000 - 4 by local count.
+        let h = c.headroom(Window::Rpd, Some(1_000), AT + REPORTED_TTL_MS + 1);
+        assert_eq!(
+            h.map(|h| (h.remaining, h.source)),
+            Some((996, Source::Estimated))
+        );
+        // No limit, no anchor: unknown.
+        assert_eq!(
+            c.headroom(Window::Tpd, None, AT + REPORTED_TTL_MS + 1),
+            None
+        );
+    }
+
+    #[test]
+    fn a_mined_zero_stands_until_its_reset_or_five_minutes() {
+        let mut c = Counter::new(DayZone::Utc);
+        c.anchor(Window::Rpm, 0, AT + 20_000, Source::Mined, AT);
+        let h = c.headroom(Window::Rpm, Some(30), AT + 10_000);
+        assert_eq!(
+            h.map(|h| (h.remaining, h.source, h.resets_at_ms)),
+            Some((0, Source::Mined, AT + 20_000))
+        );
+        assert_eq!(
+            c.headroom(Window::Rpm, Some(30), AT + 20_000)
+                .map(|h| h.source),
+            Some(Source::Estimated)
+        );
+        c.anchor(Window::Rpd, 0, 0, Source::Mined, AT);
+        assert_eq!(
+            c.headroom(Window::Rpd, None, AT + MINED_TTL_MS - 1)
+                .map(|h| h.source),
+            Some(Source::Mined)
+        );
+        assert_eq!(c.headroom(Window::Rpd, None, AT + MINED_TTL_MS), None);
+    }
+}

@@ -1,0 +1,178 @@
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use super::*;
+use crate::clock::TestClock;
+use crate::config::parse;
+use crate::config::secrets::MapEnv;
+
+// 2026-03-15T12:00:00Z
+const AT: i64 = 1_773_576_000_000;
+
+const POOL: &str = r#"
+providers:
+  - id: groq
+    kind: groq
+    keys:
+      - { alias: g1, env: G1, scope: org-a }
+      - { alias: g2, env: G2, scope: org-a }
+      - { alias: g3, env: G3 }
+    models: [{ id: llama }]
+  - id: local
+    kind: openai-compatible
+    baseUrl: http://127.0.0.1:9/v1
+    limits: { rpm: 5 }
+    keys: [{ alias: l1, env: L1 }]
+    models: [{ id: llama }]
+"#;
+
+fn ledger() -> (Ledger, Arc<TestClock>) {
+    let env = MapEnv::new([("G1", "s1"), ("G2", "s2"), ("G3", "s3"), ("L1", "s4")]);
+    let config = match parse(POOL).and_then(|f| f.resolve(&env, Path::new("."))) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let clock = Arc::new(TestClock(AtomicI64::new(AT)));
+    (Ledger::new(&config, clock.clone()), clock)
+}
+
+fn attempt(provider: &str, key: &str, class: pb::ErrorClass) -> pb::AttemptOutcome {
+    let mut a = pb::AttemptOutcome {
+        provider: provider.to_owned(),
+        key: key.to_owned(),
+        model: "llama".to_owned(),
+        at_ms: AT,
+        remaining_requests: -1,
+        remaining_tokens: -1,
+        usage: Some(pb::Usage {
+            prompt_tokens: 30,
+            completion_tokens: 10,
+            cached_tokens: 0,
+        }),
+        ..Default::default()
+    };
+    a.set_error_class(class);
+    a
+}
+
+fn observe(l: &Ledger, attempts: Vec<pb::AttemptOutcome>) {
+    l.observe(&pb::ReportBatch {
+        attempts,
+        ..Default::default()
+    });
+}
+
+fn scope<'v>(view: &'v Value, provider: &str, scope: &str) -> &'v Value {
+    view["providers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["provider"] == provider))
+        .and_then(|p| p["scopes"].as_array())
+        .and_then(|ss| ss.iter().find(|s| s["scope"] == scope))
+        .unwrap_or(&Value::Null)
+}
+
+#[test]
+fn keys_of_one_scope_share_one_budget() {
+    let (l, _) = ledger();
+    observe(
+        &l,
+        vec![
+            attempt("groq", "g1", pb::ErrorClass::Unspecified),
+            attempt("groq", "g2", pb::ErrorClass::Unspecified),
+            attempt("groq", "g3", pb::ErrorClass::Unspecified),
+        ],
+    );
+    let view = l.view(&pb::Snapshot::default());
+    let org = scope(&view, "groq", "org-a");
+    assert_eq!(org["keys"].as_array().map(Vec::len), Some(2));
+    // 30 a minute from the seed table, two spent by the two keys together.
+    assert_eq!(org["windows"]["rpm"]["used"], 2);
+    assert_eq!(org["windows"]["rpm"]["remaining"], 28);
+    assert_eq!(org["windows"]["rpm"]["source"], "estimated");
+    assert_eq!(org["windows"]["rpm"]["limitSource"], "seed");
+    assert_eq!(org["windows"]["tpm"]["used"], 80);
+    assert_eq!(scope(&view, "groq", "g3")["windows"]["rpm"]["used"], 1);
+    assert_eq!(view["providers"][0]["billingScope"], "organization");
+}
+
+#[test]
+fn reported_headroom_anchors_then_counts_down_and_ages_out() {
+    let (l, clock) = ledger();
+    // Groq's request header is per day.
+    let mut a = attempt("groq", "g1", pb::ErrorClass::Unspecified);
+    a.remaining_requests = 100;
+    a.remaining_tokens = 5_000;
+    observe(&l, vec![a]);
+    clock.0.store(AT + 10_000, Ordering::SeqCst);
+    let mut b = attempt("groq", "g2", pb::ErrorClass::Unspecified);
+    b.at_ms = AT + 10_000;
+    observe(&l, vec![b]);
+    let view = l.view(&pb::Snapshot::default());
+    let rpd = &scope(&view, "groq", "org-a")["windows"]["rpd"];
+    assert_eq!(rpd["remaining"], 99);
+    assert_eq!(rpd["source"], "reported");
+    assert_eq!(rpd["ageMs"], 10_000);
+    assert_eq!(
+        scope(&view, "groq", "org-a")["windows"]["tpm"]["remaining"],
+        4_960
+    );
+    clock
+        .0
+        .store(AT + count::REPORTED_TTL_MS + 1, Ordering::SeqCst);
+    let view = l.view(&pb::Snapshot::default());
+    let rpd = &scope(&view, "groq", "org-a")["windows"]["rpd"];
+    assert_eq!(rpd["source"], "estimated");
+    assert_eq!(rpd["remaining"], 998);
+}
+
+#[test]
+fn a_429_is_mined_as_nothing_left_and_network_failures_are_not_counted() {
+    let (l, _) = ledger();
+    let mut limited = attempt("local", "l1", pb::ErrorClass::RateLimit);
+    limited.retry_at_ms = AT + 20_000;
+    observe(
+        &l,
+        vec![
+            attempt("local", "l1", pb::ErrorClass::Network),
+            attempt("local", "l1", pb::ErrorClass::Timeout),
+            limited,
+        ],
+    );
+    let view = l.view(&pb::Snapshot::default());
+    let s = scope(&view, "local", "l1");
+    assert_eq!(s["windows"]["rpm"]["used"], 1);
+    assert_eq!(s["windows"]["rpm"]["remaining"], 0);
+    assert_eq!(s["windows"]["rpm"]["source"], "mined");
+    assert_eq!(s["windows"]["rpm"]["limitSource"], "config");
+    assert_eq!(s["state"], "exhausted");
+    assert_eq!(s["untilMs"], AT + 20_000);
+}
+
+#[test]
+fn a_scope_whose_keys_are_all_refused_is_disabled_and_one_spent_is_exhausted() {
+    let (l, _) = ledger();
+    let mut snapshot = pb::Snapshot::default();
+    for (key, reason, until) in [
+        ("g1", pb::KeyOutReason::Auth, 0),
+        ("g2", pb::KeyOutReason::Auth, 0),
+        ("g3", pb::KeyOutReason::Quota, AT + 3_600_000),
+    ] {
+        let mut h = pb::KeyHealth {
+            provider: "groq".to_owned(),
+            key: key.to_owned(),
+            until_ms: until,
+            ..Default::default()
+        };
+        h.set_reason(reason);
+        snapshot.key_health.push(h);
+    }
+    let view = l.view(&snapshot);
+    let org = scope(&view, "groq", "org-a");
+    assert_eq!(org["state"], "disabled");
+    assert_eq!(org["reason"], "auth");
+    assert_eq!(org["keys"][0]["state"], "auth");
+    let own = scope(&view, "groq", "g3");
+    assert_eq!(own["state"], "exhausted");
+    assert_eq!(own["untilMs"], AT + 3_600_000);
+    assert_eq!(scope(&view, "local", "l1")["state"], "healthy");
+}

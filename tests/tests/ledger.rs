@@ -1,0 +1,191 @@
+//! The quota ledger through a real Envoy: `GET /admin/ledger` and `ai-router ledger` show what
+//! each billing scope has left, estimated from the calls, anchored by the provider's headers
+//! and mined from its 429s, with keys of one scope sharing one budget.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use ai_router_e2e::{poll, script, Gateway};
+use serde_json::{json, Value};
+
+/// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
+/// `c` has its own, of 100 a day.
+fn pool(p1: &str, p2: &str) -> String {
+    ai_router_e2e::standard_pool(p1, p2)
+        .replace(
+            "      - { alias: a, env: P1_KEY_A }\n      - { alias: b, env: P1_KEY_B }\n",
+            "      - { alias: a, env: P1_KEY_A, scope: org-1 }\n      - { alias: b, env: P1_KEY_B, scope: org-1 }\n    limits: { rpm: 10, tpd: 100000 }\n",
+        )
+        .replace(
+            "      - { alias: c, env: P2_KEY_C }\n",
+            "      - { alias: c, env: P2_KEY_C }\n    limits: { rpd: 100 }\n",
+        )
+}
+
+async fn ledger(gw: &Gateway) -> Value {
+    let resp = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("http://{}/admin/ledger", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    resp.json().await.unwrap()
+}
+
+/// Scripts p2 to answer `reply` and makes one call to it.
+async fn call_p2(gw: &Gateway, reply: Value) -> ai_router_e2e::Reply {
+    gw.mock2
+        .script(json!([script::always(vec![reply])]))
+        .await
+        .unwrap();
+    gw.client
+        .chat("backup", Some(&gw.virtual_key))
+        .await
+        .unwrap()
+}
+
+/// The ledger once `ready` holds of it (within 5 s).
+async fn ledger_when(gw: &Gateway, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    poll(what, Duration::from_secs(5), || {
+        let view = ledger(gw);
+        let ready = &ready;
+        async move {
+            let view = view.await;
+            Ok(ready(&view).then_some(view))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn scope<'v>(view: &'v Value, provider: &str, scope: &str) -> &'v Value {
+    view["providers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["provider"] == provider))
+        .and_then(|p| p["scopes"].as_array())
+        .and_then(|ss| ss.iter().find(|s| s["scope"] == scope))
+        .unwrap_or_else(|| panic!("no scope {provider}/{scope} in {view}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
+    let gw = Gateway::start_with("ledger_sources", pool)
+        .await
+        .expect("fixture");
+
+    // Four calls on p1: both keys serve them, one budget counts them all.
+    for _ in 0..4 {
+        let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    let keys = gw.keys_called().await.unwrap();
+    assert!(
+        keys.contains(&"a".to_owned()) && keys.contains(&"b".to_owned()),
+        "{keys:?}"
+    );
+    let view = poll(
+        "the four calls in the ledger",
+        Duration::from_secs(5),
+        || {
+            let gw = &gw;
+            async move {
+                let view = ledger(gw).await;
+                Ok((scope(&view, "p1", "org-1")["windows"]["rpm"]["used"] == 4).then_some(view))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["keys"].as_array().map(Vec::len), Some(2), "{org}");
+    assert_eq!(org["state"], "healthy", "{org}");
+    let rpm = &org["windows"]["rpm"];
+    assert_eq!(
+        (rpm["remaining"].as_u64(), rpm["source"].as_str()),
+        (Some(6), Some("estimated")),
+        "{rpm}"
+    );
+    assert_eq!(rpm["limitSource"], "config", "{rpm}");
+    assert!(
+        org["windows"]["tpd"]["used"].as_u64().unwrap_or(0) > 0,
+        "{org}"
+    );
+    assert_eq!(view["providers"][0]["billingScope"], "key", "{view}");
+
+    // p2 says what it has left in its headers: the figure is then reported, counting down.
+    let r = call_p2(
+        &gw,
+        json!({
+            "text": "from c",
+            "headers": { "x-ratelimit-remaining-requests": "7", "x-ratelimit-remaining-tokens": "900" }
+        }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r}");
+    let view = ledger_when(&gw, "p2's reported headroom", |v| {
+        scope(v, "p2", "c")["windows"]["rpm"]["source"] == "reported"
+    })
+    .await;
+    let c = scope(&view, "p2", "c");
+    assert_eq!(c["windows"]["rpm"]["remaining"], 7, "{c}");
+    assert_eq!(c["windows"]["tpm"]["remaining"], 900, "{c}");
+    assert!(c["windows"]["rpm"]["ageMs"].as_i64().is_some(), "{c}");
+    // Its daily limit is only estimated: 100 less the one call.
+    assert_eq!(c["windows"]["rpd"]["remaining"], 99, "{c}");
+    assert_eq!(c["windows"]["rpd"]["source"], "estimated", "{c}");
+
+    // A 429 with retry-after is mined: nothing left until then, and the scope is exhausted.
+    let r = call_p2(
+        &gw,
+        script::status(
+            429,
+            json!({ "retry-after": "30" }),
+            Some(json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } })),
+        ),
+    )
+    .await;
+    assert!(r.status >= 400, "{r}");
+    let view = ledger_when(&gw, "p2's mined refusal", |v| {
+        scope(v, "p2", "c")["windows"]["rpm"]["source"] == "mined"
+    })
+    .await;
+    let c = scope(&view, "p2", "c");
+    assert_eq!(c["windows"]["rpm"]["remaining"], 0, "{c}");
+    assert_eq!(c["state"], "exhausted", "{c}");
+    assert!(
+        c["untilMs"].as_i64().unwrap_or(0) > view["atMs"].as_i64().unwrap_or(i64::MAX),
+        "{c}"
+    );
+
+    // The CLI prints the same page.
+    let url = format!("http://{}", gw.cp.http_addr());
+    let (ok, printed, stderr) = ai_router_e2e::run_cli(
+        &["ledger", "--url", &url],
+        &[("AI_ROUTER_ADMIN_TOKEN", &gw.admin_token)],
+    )
+    .await
+    .unwrap();
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        scope(&printed, "p1", "org-1")["windows"]["rpm"]["used"],
+        4,
+        "{printed}"
+    );
+
+    // No secret anywhere in it.
+    let text = printed.to_string();
+    for (name, secret) in [
+        ("a", &gw.key_a),
+        ("b", &gw.key_b),
+        ("c", &gw.key_c),
+        ("vk", &gw.virtual_key),
+    ] {
+        assert!(
+            !text.contains(secret.as_str()),
+            "secret {name} in the ledger"
+        );
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}

@@ -92,6 +92,12 @@ pub mod shared {
         format!("ai-router/inflight/{provider}")
     }
 
+    /// The attempts sent to a provider lately, per billing scope: the reservations against its
+    /// pushed headroom, across the workers.
+    pub fn sends(provider: &str) -> String {
+        format!("ai-router/sends/{provider}")
+    }
+
     /// One virtual key's requests in the current UTC minute, across the workers.
     pub fn minute_requests(key_id: &str) -> String {
         format!("ai-router/rpm/{key_id}")

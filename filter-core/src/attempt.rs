@@ -17,6 +17,7 @@ use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self, LaneId, Pick};
+use crate::local::Send;
 use crate::plan::{Operation, Plan, PLAN_HEADER};
 use crate::sse::Parser;
 use crate::state::State;
@@ -117,7 +118,16 @@ pub struct Attempt {
     /// The attempt answered in its own name (it timed out before its answer started): what
     /// comes back through the stage is that answer.
     answered_locally: bool,
+    /// What the attempt reserved of its billing scope's headroom (provider, send): given back
+    /// if it never reached the provider.
+    reserved: Option<(String, Send)>,
+    /// Reservations lost to another worker in a row (each sends the pick round again).
+    reservations_lost: u32,
 }
+
+/// After this many reservations lost in a row, the attempt takes the lane's rate limit as
+/// reached (the other workers keep sending; this one stops racing them).
+const MAX_RESERVATIONS_LOST: u32 = 8;
 
 /// A failed attempt's answer on the hop back to the outer router.
 struct Verdict {
@@ -437,6 +447,28 @@ impl Attempt {
             self.body = body.to_vec();
             return self.prepare(host);
         };
+        // The pick read the scope's headroom; the reservation takes its share of it atomically
+        // (another worker may have taken the last of it meanwhile: then pick again).
+        let scope = crate::state::scope_of(key).to_owned();
+        let now = host.now_ms();
+        let health = host.with_lanes(|view, _| lanes::health_of(state, view, &provider.id));
+        let allowance = lanes::allowance(&health, &scope, &chosen.lane.model, now).map(|(a, _)| a);
+        let send = Send {
+            scope,
+            model: chosen.lane.model.clone(),
+            at_ms: now,
+            tokens: plan.tokens,
+        };
+        if !host.reserve_send(&provider.id, send.clone(), allowance) {
+            self.body = body.to_vec();
+            self.reservations_lost += 1;
+            if self.reservations_lost > MAX_RESERVATIONS_LOST {
+                return self.give_up(host, Some(Class::RateLimit), None);
+            }
+            return self.prepare(host);
+        }
+        self.reservations_lost = 0;
+        self.reserved = Some((provider.id.clone(), send));
 
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -602,6 +634,13 @@ impl Attempt {
         let Some(lane) = &self.lane else { return };
         let now = host.now_ms();
         host.add_in_flight(&lane.id.provider, &lane.id.key, -1);
+        // A send that never reached the provider did not spend its counters: give it back.
+        let unsent = failure.is_some_and(|f| matches!(f.class, Class::Network | Class::Timeout));
+        if let Some((provider, send)) = self.reserved.take() {
+            if unsent && !self.after_first_token {
+                host.release_send(&provider, &send);
+            }
+        }
         let plan = self.plan.as_ref();
         let backoff = State::resilience_or_defaults(host.state().as_deref())
             .backoff
@@ -1296,6 +1335,69 @@ mod tests {
         host.response_body = body.as_bytes().to_vec();
         let size = host.response_body.len();
         assert_eq!(stage.on_response_body(host, size, true), Flow::Continue);
+    }
+
+    /// p1's keys `a` and `b` spend one scope `org`, which has 2 requests left (reported by
+    /// `a` for a call that began a second ago).
+    fn scoped_snapshot() -> Snapshot {
+        let mut snap = snapshot();
+        snap.providers[0] = provider("p1", ProviderKind::OpenaiCompatible, &["a", "b"], "m1");
+        for k in &mut snap.providers[0].keys {
+            k.scope = "org".into();
+        }
+        snap.headroom.push(ai_router_proto::v1::Headroom {
+            provider: "p1".into(),
+            key: "a".into(),
+            model: "m1".into(),
+            remaining_requests: 2,
+            remaining_tokens: -1,
+            reset_at_ms: NOW + 60_000,
+            scope: "org".into(),
+            as_of_ms: NOW - 1_000,
+        });
+        snap
+    }
+
+    #[test]
+    fn sends_reserve_the_scope_s_headroom_across_its_keys_and_a_network_failure_gives_it_back() {
+        let plan = plan(false);
+        let mut sends = crate::host::fake::FakeLanes::default().sends;
+        let mut sent_to = Vec::new();
+        for _ in 0..3 {
+            let mut host = host_with(scoped_snapshot(), &plan, 1);
+            host.lanes.sends = sends;
+            let mut stage = Attempt::default();
+            assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+            sent_to.push(host.text(Side::Request, ":authority").unwrap_or_default());
+            sends = std::mem::take(&mut host.lanes.sends);
+        }
+        // Two calls spend the scope's two requests, whichever key; the third goes elsewhere.
+        assert_eq!(
+            sent_to,
+            ["p1.test:8000", "p1.test:8000", "p2.test:8000"],
+            "{sends:?}"
+        );
+        assert_eq!(
+            sends.get("p1").map(|s| s.since("org", "m1", NOW - 1_000)),
+            Some((2, 20))
+        );
+
+        // An attempt that never reached the provider gives its reservation back.
+        let mut host = host_with(snapshot(), &plan, 1);
+        host.lanes.sends = sends;
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        assert_eq!(host.lanes.sent_since("p1", "a", "m1", NOW), (1, 10));
+        host.add(Side::Response, ":status", b"503");
+        let _ = stage.on_response_headers(&mut host, false);
+        host.response_body = b"upstream connect error or disconnect/reset before headers".to_vec();
+        let size = host.response_body.len();
+        let _ = stage.on_response_body(&mut host, size, true);
+        assert_eq!(
+            host.attempts.first().map(|a| a.error_class().text()),
+            Some("network")
+        );
+        assert_eq!(host.lanes.sent_since("p1", "a", "m1", NOW), (0, 0));
     }
 
     #[test]

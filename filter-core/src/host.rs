@@ -10,6 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use crate::calls::Call;
 use crate::classify::Class;
 use crate::lanes::{LaneId, RoundRobin, View};
+use crate::local::{Allowance, Send};
 use crate::state::State;
 
 /// A host call that could not be made (a dispatch the host refused).
@@ -104,6 +105,11 @@ pub trait Host {
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R;
     /// Adds to a key's in-flight count, across the process.
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32);
+    /// Reserves one send on a provider's billing scope when `allowance` leaves room for it,
+    /// atomically across the process's workers ([`crate::local::Sends::reserve`]).
+    fn reserve_send(&mut self, provider: &str, send: Send, allowance: Option<Allowance>) -> bool;
+    /// Gives a reservation back (the attempt never reached the provider).
+    fn release_send(&mut self, provider: &str, send: &Send);
     /// Cools a lane for the whole process at once (the control plane's push follows).
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64);
     /// Takes a key out for the whole process at once.
@@ -148,6 +154,7 @@ pub mod fake {
     use crate::calls::Call;
     use crate::classify::Class;
     use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
+    use crate::local::{Allowance, Send, Sends};
     use crate::state::State;
 
     /// A call the stage dispatched.
@@ -170,6 +177,8 @@ pub mod fake {
     pub struct FakeLanes {
         pub holds: HashMap<LaneId, Vec<LocalHold>>,
         pub in_flight: HashMap<(String, String), i64>,
+        /// Per provider.
+        pub sends: HashMap<String, Sends>,
     }
 
     impl View for FakeLanes {
@@ -189,6 +198,11 @@ pub mod fake {
                 .filter(|((p, _), _)| p == provider)
                 .map(|(_, n)| (*n).max(0) as u32)
                 .sum()
+        }
+        fn sent_since(&self, provider: &str, scope: &str, model: &str, since: i64) -> (u64, u64) {
+            self.sends
+                .get(provider)
+                .map_or((0, 0), |s| s.since(scope, model, since))
         }
     }
 
@@ -430,6 +444,23 @@ pub mod fake {
                 .in_flight
                 .entry((provider.to_string(), key.to_string()))
                 .or_default() += i64::from(delta);
+        }
+        fn reserve_send(
+            &mut self,
+            provider: &str,
+            send: Send,
+            allowance: Option<Allowance>,
+        ) -> bool {
+            self.lanes
+                .sends
+                .entry(provider.to_string())
+                .or_default()
+                .reserve(send, allowance)
+        }
+        fn release_send(&mut self, provider: &str, send: &Send) {
+            if let Some(s) = self.lanes.sends.get_mut(provider) {
+                s.release(send);
+            }
         }
         fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
             self.lanes

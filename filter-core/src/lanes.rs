@@ -7,8 +7,9 @@ use std::rc::Rc;
 use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason};
 
 use crate::classify::Class;
+use crate::local::Allowance;
 use crate::plan::Candidate;
-use crate::state::{LaneHealth, State};
+use crate::state::{scope_of, LaneHealth, State};
 
 /// A lane this call has used.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -79,6 +80,64 @@ pub trait View {
     fn synced_at_ms(&self) -> Option<i64> {
         None
     }
+    /// Requests and tokens this process sent on a billing scope's model since `since_ms` (its
+    /// reservations, [`crate::local::Sends`]).
+    fn sent_since(
+        &self,
+        _provider: &str,
+        _scope: &str,
+        _model: &str,
+        _since_ms: i64,
+    ) -> (u64, u64) {
+        (0, 0)
+    }
+}
+
+/// A scope's pushed headroom on a model, while its window lasts: what a reservation is checked
+/// against.
+pub fn allowance(
+    health: &LaneHealth,
+    scope: &str,
+    model: &str,
+    now_ms: i64,
+) -> Option<(Allowance, i64)> {
+    let h = health.headroom(scope, model)?;
+    (h.reset_at_ms > now_ms).then_some((
+        Allowance {
+            remaining_requests: h.remaining_requests,
+            remaining_tokens: h.remaining_tokens,
+            since_ms: h.as_of_ms,
+        },
+        h.reset_at_ms,
+    ))
+}
+
+/// What a scope's headroom leaves now (requests, tokens; -1: not reported) and when its window
+/// resets: the pushed figure less this process's sends on it since it was reported.
+fn headroom_left(
+    health: &LaneHealth,
+    view: &dyn View,
+    provider: &str,
+    scope: &str,
+    model: &str,
+    now_ms: i64,
+) -> Option<(i64, i64, i64)> {
+    let (a, reset_at_ms) = allowance(health, scope, model, now_ms)?;
+    let (requests, tokens) = view.sent_since(provider, scope, model, a.since_ms);
+    let left = |figure: i64, used: u64| {
+        if figure < 0 {
+            -1
+        } else {
+            figure
+                .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
+                .max(0)
+        }
+    };
+    Some((
+        left(a.remaining_requests, requests),
+        left(a.remaining_tokens, tokens),
+        reset_at_ms,
+    ))
 }
 
 /// A view with nothing of its own: no holds, nothing in flight, the state's health.
@@ -296,11 +355,17 @@ fn out_reason(
             worst = later(worst, Class::Transient, Some(until));
         }
     }
-    if let Some(h) = health.headroom(&lane.key, &lane.model) {
-        let no_requests = h.remaining_requests == 0;
-        let too_few_tokens = h.remaining_tokens >= 0 && (h.remaining_tokens as u64) < tokens;
-        if h.reset_at_ms > now_ms && (no_requests || too_few_tokens) {
-            worst = later(worst, Class::RateLimit, Some(h.reset_at_ms));
+    if let Some((requests, tokens_left, reset_at_ms)) = headroom_left(
+        health,
+        view,
+        &provider.id,
+        scope_of(key),
+        &lane.model,
+        now_ms,
+    ) {
+        let too_few_tokens = tokens_left >= 0 && (tokens_left as u64) < tokens;
+        if requests == 0 || too_few_tokens {
+            worst = later(worst, Class::RateLimit, Some(reset_at_ms));
         }
     }
     let key_full =
@@ -376,10 +441,16 @@ pub fn pick(
                         key: k.to_string(),
                     })
                 });
-                let low_headroom = health.headroom(&lane.key, &lane.model).is_some_and(|h| {
-                    h.remaining_requests >= 0
-                        && h.reset_at_ms > now_ms
-                        && (h.remaining_requests as u64) <= selection.low_headroom
+                let low_headroom = headroom_left(
+                    &health,
+                    view,
+                    &provider.id,
+                    scope_of(key),
+                    &lane.model,
+                    now_ms,
+                )
+                .is_some_and(|(requests, _, _)| {
+                    requests >= 0 && (requests as u64) <= selection.low_headroom
                 });
                 let lane_tried = req.tried.contains(&lane);
                 let key_tried = req
@@ -1016,6 +1087,7 @@ mod tests {
                 remaining_requests: 0,
                 remaining_tokens: -1,
                 reset_at_ms: 3000,
+                ..Default::default()
             });
             snap.headroom.push(Headroom {
                 provider: "p1".into(),
@@ -1024,6 +1096,7 @@ mod tests {
                 remaining_requests: 1,
                 remaining_tokens: -1,
                 reset_at_ms: 3000,
+                ..Default::default()
             });
         });
         let v = FakeView::default();
@@ -1046,6 +1119,7 @@ mod tests {
                 remaining_requests: 50,
                 remaining_tokens: 10,
                 reset_at_ms: 3000,
+                ..Default::default()
             });
         });
         for _ in 0..3 {

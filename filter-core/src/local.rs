@@ -170,6 +170,106 @@ impl InFlight {
     }
 }
 
+/// How long a send stays in [`Sends`]: longer than any headroom the control plane pushes is
+/// older than (the coalescing period, the report's trip, the push's).
+pub const SENDS_KEPT_MS: i64 = 120_000;
+/// At most this many sends per provider are kept (the oldest go first): with more than this
+/// in two minutes on one provider the count since a push undercounts, and the overshoot
+/// bound grows by what was dropped.
+pub const SENDS_MAX: usize = 4_096;
+
+/// One attempt sent to a provider: what it reserved of its billing scope's headroom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Send {
+    pub scope: String,
+    pub model: String,
+    pub at_ms: i64,
+    pub tokens: u64,
+}
+
+/// The attempts this Envoy's workers sent to one provider lately, per billing scope and
+/// model: the reservations made against the headroom the control plane pushed. What is left
+/// now is the pushed figure less the sends since the attempt that reported it began.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sends {
+    pub sends: Vec<Send>,
+}
+
+/// What a reservation checks: the pushed remaining requests and tokens (-1: not reported) and
+/// since when sends count against them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowance {
+    pub remaining_requests: i64,
+    pub remaining_tokens: i64,
+    pub since_ms: i64,
+}
+
+impl Sends {
+    /// Requests and tokens sent on `scope`/`model` at or after `since_ms`.
+    pub fn since(&self, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
+        self.sends
+            .iter()
+            .filter(|s| s.at_ms >= since_ms && s.scope == scope && s.model == model)
+            .fold((0, 0), |(n, t), s| (n + 1, t + s.tokens))
+    }
+
+    /// Reserves one request of `tokens` when `allowance` leaves room for it (always, without
+    /// one); returns whether it did.
+    pub fn reserve(&mut self, send: Send, allowance: Option<Allowance>) -> bool {
+        self.prune(send.at_ms);
+        if let Some(a) = allowance {
+            let (requests, tokens) = self.since(&send.scope, &send.model, a.since_ms);
+            let no_request = a.remaining_requests >= 0 && requests >= a.remaining_requests as u64;
+            let no_tokens = a.remaining_tokens >= 0
+                && tokens.saturating_add(send.tokens) > a.remaining_tokens as u64;
+            if no_request || no_tokens {
+                return false;
+            }
+        }
+        if self.sends.len() >= SENDS_MAX {
+            self.sends.remove(0);
+        }
+        self.sends.push(send);
+        true
+    }
+
+    /// Gives a reservation back (the attempt never reached the provider).
+    pub fn release(&mut self, send: &Send) {
+        if let Some(i) = self.sends.iter().rposition(|s| s == send) {
+            self.sends.remove(i);
+        }
+    }
+
+    fn prune(&mut self, now_ms: i64) {
+        self.sends.retain(|s| s.at_ms + SENDS_KEPT_MS > now_ms);
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for s in &self.sends {
+            put_str(&mut out, &s.scope);
+            put_str(&mut out, &s.model);
+            out.extend(s.at_ms.to_be_bytes());
+            out.extend(s.tokens.to_be_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut r = Reader(bytes);
+        let mut sends = Vec::new();
+        while !r.0.is_empty() {
+            sends.push(Send {
+                scope: r.str()?,
+                model: r.str()?,
+                at_ms: r.i64()?,
+                tokens: r.u64()?,
+            });
+        }
+        Some(Self { sends })
+    }
+}
+
 fn put_str(out: &mut Vec<u8>, s: &str) {
     let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
     out.extend(len.to_be_bytes());
@@ -207,6 +307,53 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn send(scope: &str, at_ms: i64, tokens: u64) -> Send {
+        Send {
+            scope: scope.to_owned(),
+            model: "m".to_owned(),
+            at_ms,
+            tokens,
+        }
+    }
+
+    #[test]
+    fn reservations_stop_at_the_allowance_and_a_release_gives_one_back() {
+        let mut s = Sends::default();
+        let allowance = Some(Allowance {
+            remaining_requests: 3,
+            remaining_tokens: -1,
+            since_ms: 1_000,
+        });
+        // A send before the figure was reported does not count against it.
+        assert!(s.reserve(send("org", 900, 10), allowance));
+        for at in [1_000, 1_001, 1_002] {
+            assert!(s.reserve(send("org", at, 10), allowance));
+        }
+        assert!(
+            !s.reserve(send("org", 1_003, 10), allowance),
+            "three were left"
+        );
+        // Another scope has its own.
+        assert!(s.reserve(send("other", 1_003, 10), allowance));
+        s.release(&send("org", 1_001, 10));
+        assert!(s.reserve(send("org", 1_004, 10), allowance));
+        assert_eq!(s.since("org", "m", 1_000), (3, 30));
+        // Tokens bound too.
+        let tokens = Some(Allowance {
+            remaining_requests: -1,
+            remaining_tokens: 35,
+            since_ms: 1_000,
+        });
+        assert!(!s.reserve(send("org", 1_005, 10), tokens));
+        assert!(s.reserve(send("org", 1_005, 5), tokens));
+        // Without an allowance it always goes, and the record round-trips.
+        assert!(s.reserve(send("org", 1_006, 1), None));
+        assert_eq!(Sends::decode(&s.encode()), Some(s.clone()));
+        // Two minutes on, the old sends are gone.
+        assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS, 1), None));
+        assert_eq!(s.sends.len(), 1);
+    }
 
     #[test]
     fn holds_round_trip_replace_and_prune() {

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ai_router_proto::v1::{
-    BreakerScope, BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderLanes, Resilience,
-    Selection, Snapshot, VirtualKey,
+    BreakerScope, BreakerState, Headroom, KeyHealth, Policy, Provider, ProviderKey, ProviderLanes,
+    Resilience, Selection, Snapshot, VirtualKey,
 };
 
 use crate::lanes::View;
@@ -15,6 +15,15 @@ use crate::lanes::View;
 pub struct ModelRef {
     pub provider: usize,
     pub model: usize,
+}
+
+/// The billing scope a key spends: its `scope`, else its alias (it is its own).
+pub fn scope_of(key: &ProviderKey) -> &str {
+    if key.scope.is_empty() {
+        &key.alias
+    } else {
+        &key.scope
+    }
 }
 
 /// What the pushed state says about one provider's lanes: its keys' blacklists, cooldowns,
@@ -28,7 +37,8 @@ pub struct LaneHealth {
     /// key -> breaker.
     key_breakers: HashMap<String, BreakerState>,
     provider_breaker: Option<BreakerState>,
-    /// key -> (model, headroom)
+    /// billing scope (the key's alias when it has none) -> (model, headroom): the newest
+    /// figure any key of the scope reported.
     headroom: HashMap<String, Vec<(String, Headroom)>>,
     /// Out until (a spent budget).
     out_until_ms: i64,
@@ -57,9 +67,13 @@ impl LaneHealth {
             }
         }
         for r in record.headroom {
-            let lanes = h.headroom.entry(r.key.clone()).or_default();
-            lanes.retain(|(m, _)| *m != r.model);
-            lanes.push((r.model.clone(), r));
+            let owner = if r.scope.is_empty() { &r.key } else { &r.scope };
+            let lanes = h.headroom.entry(owner.clone()).or_default();
+            match lanes.iter_mut().find(|(m, _)| *m == r.model) {
+                Some((_, old)) if old.as_of_ms > r.as_of_ms => {}
+                Some((_, old)) => *old = r,
+                None => lanes.push((r.model.clone(), r)),
+            }
         }
         for p in record.provider_health {
             h.out_until_ms = h.out_until_ms.max(p.until_ms);
@@ -96,9 +110,10 @@ impl LaneHealth {
         }
     }
 
-    pub fn headroom(&self, key: &str, model: &str) -> Option<&Headroom> {
+    /// The headroom of a billing scope (a key's [`scope_of`]) on a model.
+    pub fn headroom(&self, scope: &str, model: &str) -> Option<&Headroom> {
         self.headroom
-            .get(key)
+            .get(scope)
             .and_then(|lanes| lanes.iter().find(|(m, _)| m == model))
             .map(|(_, h)| h)
     }

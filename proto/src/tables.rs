@@ -511,6 +511,7 @@ mod tests {
                 remaining_requests: 5,
                 remaining_tokens: 100,
                 reset_at_ms: 9,
+                ..Headroom::default()
             }],
             generated_at_ms: 1,
             ..Snapshot::default()

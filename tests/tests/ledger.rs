@@ -189,3 +189,74 @@ async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
     }
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+/// p1 alone serves `chat` (no fallback), its two keys in one scope; its answers count the
+/// scope's requests down from 10.
+fn scarce_pool(p1: &str, p2: &str) -> String {
+    pool(p1, p2).replace(
+        "defaults:\n  fallbacks: [m2]\n",
+        "defaults:\n  allowFallback: false\n",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_never_send_more_than_the_scope_has_left() {
+    let gw = Gateway::start_with("ledger_reservations", scarce_pool)
+        .await
+        .expect("fixture");
+    // The first answer says 10 are left; each later one, a second later (so that all 50 are
+    // in flight before any answer comes back), says one less, as a provider would; at 0 it
+    // refuses.
+    let mut replies: Vec<Value> = (0..=10)
+        .rev()
+        .map(|left| {
+            json!({
+                "text": "ok",
+                "latencyMs": if left == 10 { 0 } else { 1_000 },
+                "headers": {
+                    "x-ratelimit-remaining-requests": left.to_string(),
+                    "x-ratelimit-reset-requests": "60s"
+                }
+            })
+        })
+        .collect();
+    replies.push(script::status(
+        429,
+        json!({ "retry-after": "60" }),
+        Some(json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } })),
+    ));
+    gw.mock1
+        .script(json!([script::always(replies)]))
+        .await
+        .unwrap();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    // Envoy has the figure once the control plane shows it (pushed in the same update).
+    ledger_when(&gw, "the reported headroom", |v| {
+        scope(v, "p1", "org-1")["windows"]["rpm"]["source"] == "reported"
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.mock1.clear_calls().await.unwrap();
+
+    let calls = (0..50).map(|_| {
+        let c = gw.client.clone();
+        let key = gw.virtual_key.clone();
+        async move { c.chat("chat", Some(&key)).await.unwrap() }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let sent = gw.mock1.calls().await.unwrap().len();
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    assert!(
+        sent <= 10,
+        "{sent} calls reached a scope with 10 requests left"
+    );
+    assert_eq!(ok, sent, "every call sent succeeded");
+    assert!(ok >= 8, "the scope's requests were used: {ok}");
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert!(
+            ai_router_e2e::openai_error_problem(r, 503, "pool_rate_limited").is_none(),
+            "a call past the headroom is told the pool is rate limited: {r}"
+        );
+    }
+}

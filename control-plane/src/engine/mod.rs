@@ -39,7 +39,7 @@ use crate::keys::record::VirtualKeyRecord;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use crate::store::durable::{
     merge_durable, Blacklist, BlacklistReason, DurableChanges, DurableState, KeyId, LaneHeadroom,
-    LeaseGrant, StateStore, StoreError,
+    LaneId, LeaseGrant, StateStore, StoreError,
 };
 use crate::store::lock;
 use crate::store::memory::MemoryStateStore;
@@ -158,6 +158,10 @@ struct State {
     /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
     /// set before then, dropped after [`RESET_MARK`].
     resets: BTreeMap<KeyId, i64>,
+    /// When the attempt that reported each lane's headroom began (pushed as `as_of_ms`: the
+    /// filter counts its sends since then against it). Not durable: after a restart the
+    /// filter counts every recent send, which only errs on the safe side.
+    headroom_as_of: BTreeMap<LaneId, i64>,
 }
 
 /// What [`Engine::reset`] cleared.
@@ -302,6 +306,7 @@ impl Engine {
             admin_token_sha256: String::new(),
             pending: false,
             resets: BTreeMap::new(),
+            headroom_as_of: BTreeMap::new(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -535,7 +540,23 @@ impl Engine {
         for attempt in &batch.attempts {
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
-                headroom_moved |= note_headroom(&mut state.durable, attempt, now);
+                if note_headroom(&mut state.durable, attempt, now) {
+                    headroom_moved = true;
+                    let began = attempt
+                        .at_ms
+                        .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
+                    let lane = (
+                        attempt.provider.clone(),
+                        attempt.key.clone(),
+                        attempt.model.clone(),
+                    );
+                    let st = &mut *state;
+                    if st.headroom_as_of.len() > st.durable.headroom.len() + 64 {
+                        let kept = &st.durable.headroom;
+                        st.headroom_as_of.retain(|l, _| kept.contains_key(l));
+                    }
+                    st.headroom_as_of.insert(lane, began);
+                }
                 changed |= note_spend(&self.config, &mut state.durable, attempt, now);
                 if attempt.probe {
                     // Only the attempt that holds the lease ends it.
@@ -1096,6 +1117,17 @@ fn note_headroom(durable: &mut DurableState, attempt: &pb::AttemptOutcome, now: 
     true
 }
 
+/// A key's billing scope as pushed: its `scope:`, empty when it is its own.
+fn key_scope(config: &Config, provider: &str, key: &str) -> String {
+    config
+        .providers
+        .iter()
+        .find(|p| p.id == provider)
+        .and_then(|p| p.keys.iter().find(|k| k.alias == key))
+        .and_then(|k| k.scope.clone())
+        .unwrap_or_default()
+}
+
 /// The estimated cost of an attempt's usage, when it has usage and its model a price.
 fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
     let usage = a.usage?;
@@ -1262,13 +1294,15 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             .headroom
             .iter()
             .filter(|(_, h)| h.reset_at_ms > now)
-            .map(|((provider, key, model), h)| pb::Headroom {
-                provider: provider.clone(),
-                key: key.clone(),
-                model: model.clone(),
+            .map(|(lane, h)| pb::Headroom {
+                provider: lane.0.clone(),
+                key: lane.1.clone(),
+                model: lane.2.clone(),
                 remaining_requests: h.remaining_requests,
                 remaining_tokens: h.remaining_tokens,
                 reset_at_ms: h.reset_at_ms,
+                scope: key_scope(config, &lane.0, &lane.1),
+                as_of_ms: state.headroom_as_of.get(lane).copied().unwrap_or(0),
             })
             .collect(),
         provider_health: config
@@ -1342,6 +1376,7 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
                     secret: secret.map(|s| s.expose().to_owned()).unwrap_or_default(),
                     weight: k.weight,
                     max_concurrency: k.max_concurrency.unwrap_or(0),
+                    scope: k.scope.clone().unwrap_or_default(),
                 }
             })
             .collect(),

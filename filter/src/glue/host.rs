@@ -12,6 +12,7 @@ use ai_router_filter_core::calls::Call;
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::host::{Flow, Host, Refused, Side};
 use ai_router_filter_core::lanes::{LaneId, RoundRobin, View};
+use ai_router_filter_core::local::{Allowance, Send};
 use ai_router_filter_core::state::State;
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 use proxy_wasm::hostcalls;
@@ -322,6 +323,12 @@ impl Host for WasmHost {
     }
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
         shared::add_in_flight(provider, key, delta);
+    }
+    fn reserve_send(&mut self, provider: &str, send: Send, allowance: Option<Allowance>) -> bool {
+        shared::reserve_send(provider, send, allowance)
+    }
+    fn release_send(&mut self, provider: &str, send: &Send) {
+        shared::release_send(provider, send);
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
         shared::hold_cooldown(lane, until_ms);

@@ -17,7 +17,7 @@ use proxy_wasm::hostcalls;
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
-use ai_router_filter_core::local::{InFlight, ProviderHolds};
+use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use ai_router_filter_core::quota::MinuteCount;
 use ai_router_filter_core::state::{LaneHealth, State};
 
@@ -216,6 +216,38 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
     );
 }
 
+/// Reserves one send on a provider's billing scope when `allowance` leaves room, with
+/// compare-and-swap across the workers; `false` when it does not (or the record cannot be
+/// written: then the send goes, unreserved, rather than fail the call).
+pub fn reserve_send(provider: &str, send: Send, allowance: Option<Allowance>) -> bool {
+    let name = names::sends(provider);
+    for _ in 0..16 {
+        let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
+            Ok((bytes, cas)) => (
+                bytes.as_deref().and_then(Sends::decode).unwrap_or_default(),
+                cas,
+            ),
+            Err(_) => return true,
+        };
+        if !sends.reserve(send.clone(), allowance) {
+            return false;
+        }
+        match hostcalls::set_shared_data(&name, Some(&sends.encode()), cas) {
+            Ok(()) => return true,
+            Err(proxy_wasm::types::Status::CasMismatch) => continue,
+            Err(_) => return true,
+        }
+    }
+    true
+}
+
+/// Gives a reservation back.
+pub fn release_send(provider: &str, send: &Send) {
+    update_record(&names::sends(provider), Sends::decode, Sends::encode, |s| {
+        s.release(send)
+    });
+}
+
 /// Counts one request of the virtual key `key_id` in the UTC minute `minute`, across every
 /// worker of this Envoy (one shared-data entry per key, compare-and-swap); returns the count
 /// in that minute including this one, `None` when the entry could not be updated.
@@ -328,6 +360,7 @@ struct ProviderLocal {
 #[derive(Default)]
 pub struct SharedView {
     providers: RefCell<HashMap<String, Rc<ProviderLocal>>>,
+    sends: RefCell<HashMap<String, Sends>>,
     health: RefCell<HashMap<String, Option<Rc<LaneHealth>>>>,
 }
 
@@ -360,6 +393,17 @@ impl View for SharedView {
 
     fn provider_in_flight(&self, provider: &str) -> u32 {
         self.local(provider).in_flight.total()
+    }
+
+    fn sent_since(&self, provider: &str, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
+        // Read only when a lane has headroom to check, once per provider and pick.
+        if let Some(hit) = self.sends.borrow().get(provider) {
+            return hit.since(scope, model, since_ms);
+        }
+        let sends = read_record(&names::sends(provider), Sends::decode);
+        let out = sends.since(scope, model, since_ms);
+        self.sends.borrow_mut().insert(provider.to_string(), sends);
+        out
     }
 
     fn latency(&self, lane: &LaneId) -> Option<f64> {

@@ -452,14 +452,17 @@ impl Attempt {
         let scope = crate::state::scope_of(key).to_owned();
         let now = host.now_ms();
         let health = host.with_lanes(|view, _| lanes::health_of(state, view, &provider.id));
-        let allowance = lanes::allowance(&health, &scope, &chosen.lane.model, now).map(|(a, _)| a);
+        let allowances: Vec<_> = lanes::allowances(&health, &scope, &chosen.lane.model, now)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
         let send = Send {
             scope,
             model: chosen.lane.model.clone(),
             at_ms: now,
             tokens: plan.tokens,
         };
-        if !host.reserve_send(&provider.id, send.clone(), allowance) {
+        if !host.reserve_send(&provider.id, send.clone(), &allowances) {
             self.body = body.to_vec();
             self.reservations_lost += 1;
             if self.reservations_lost > MAX_RESERVATIONS_LOST {

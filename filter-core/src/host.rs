@@ -107,7 +107,7 @@ pub trait Host {
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32);
     /// Reserves one send on a provider's billing scope when `allowance` leaves room for it,
     /// atomically across the process's workers ([`crate::local::Sends::reserve`]).
-    fn reserve_send(&mut self, provider: &str, send: Send, allowance: Option<Allowance>) -> bool;
+    fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool;
     /// Gives a reservation back (the attempt never reached the provider).
     fn release_send(&mut self, provider: &str, send: &Send);
     /// Cools a lane for the whole process at once (the control plane's push follows).
@@ -445,17 +445,12 @@ pub mod fake {
                 .entry((provider.to_string(), key.to_string()))
                 .or_default() += i64::from(delta);
         }
-        fn reserve_send(
-            &mut self,
-            provider: &str,
-            send: Send,
-            allowance: Option<Allowance>,
-        ) -> bool {
+        fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
             self.lanes
                 .sends
                 .entry(provider.to_string())
                 .or_default()
-                .reserve(send, allowance)
+                .reserve(send, allowances)
         }
         fn release_send(&mut self, provider: &str, send: &Send) {
             if let Some(s) = self.lanes.sends.get_mut(provider) {

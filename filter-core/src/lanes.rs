@@ -93,27 +93,37 @@ pub trait View {
     }
 }
 
-/// A scope's pushed headroom on a model, while its window lasts: what a reservation is checked
-/// against.
-pub fn allowance(
+/// A scope's pushed headroom on a model and scope-wide (the quota ledger's estimate, model
+/// empty), while their windows last: what a reservation is checked against, each with when it
+/// resets.
+pub fn allowances(
     health: &LaneHealth,
     scope: &str,
     model: &str,
     now_ms: i64,
-) -> Option<(Allowance, i64)> {
-    let h = health.headroom(scope, model)?;
-    (h.reset_at_ms > now_ms).then_some((
-        Allowance {
-            remaining_requests: h.remaining_requests,
-            remaining_tokens: h.remaining_tokens,
-            since_ms: h.as_of_ms,
-        },
-        h.reset_at_ms,
-    ))
+) -> Vec<(Allowance, i64)> {
+    [model, ""]
+        .into_iter()
+        .filter_map(|m| {
+            let h = health.headroom(scope, m)?;
+            (h.reset_at_ms > now_ms).then(|| {
+                (
+                    Allowance {
+                        model: m.to_owned(),
+                        remaining_requests: h.remaining_requests,
+                        remaining_tokens: h.remaining_tokens,
+                        since_ms: h.as_of_ms,
+                    },
+                    h.reset_at_ms,
+                )
+            })
+        })
+        .collect()
 }
 
 /// What a scope's headroom leaves now (requests, tokens; -1: not reported) and when its window
-/// resets: the pushed figure less this process's sends on it since it was reported.
+/// resets: the pushed figures less this process's sends on it since each was reported, the
+/// least of the model's and the scope-wide one.
 fn headroom_left(
     health: &LaneHealth,
     view: &dyn View,
@@ -122,8 +132,6 @@ fn headroom_left(
     model: &str,
     now_ms: i64,
 ) -> Option<(i64, i64, i64)> {
-    let (a, reset_at_ms) = allowance(health, scope, model, now_ms)?;
-    let (requests, tokens) = view.sent_since(provider, scope, model, a.since_ms);
     let left = |figure: i64, used: u64| {
         if figure < 0 {
             -1
@@ -133,11 +141,29 @@ fn headroom_left(
                 .max(0)
         }
     };
-    Some((
-        left(a.remaining_requests, requests),
-        left(a.remaining_tokens, tokens),
-        reset_at_ms,
-    ))
+    let least = |a: i64, b: i64| match (a, b) {
+        (-1, x) | (x, -1) => x,
+        (a, b) => a.min(b),
+    };
+    allowances(health, scope, model, now_ms)
+        .into_iter()
+        .map(|(a, reset_at_ms)| {
+            let (requests, tokens) = view.sent_since(provider, scope, &a.model, a.since_ms);
+            (
+                left(a.remaining_requests, requests),
+                left(a.remaining_tokens, tokens),
+                reset_at_ms,
+            )
+        })
+        .reduce(|(r1, t1, z1), (r2, t2, z2)| {
+            // The window that binds is the one that runs out.
+            let reset = match (r1 == 0 || t1 == 0, r2 == 0 || t2 == 0) {
+                (true, false) => z1,
+                (false, true) => z2,
+                _ => z1.max(z2),
+            };
+            (least(r1, r2), least(t1, t2), reset)
+        })
 }
 
 /// A view with nothing of its own: no holds, nothing in flight, the state's health.

@@ -195,30 +195,33 @@ pub struct Sends {
     pub sends: Vec<Send>,
 }
 
-/// What a reservation checks: the pushed remaining requests and tokens (-1: not reported) and
-/// since when sends count against them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a reservation checks: the pushed remaining requests and tokens (-1: not reported) of a
+/// model (empty: every model of the scope) and since when sends count against them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Allowance {
+    pub model: String,
     pub remaining_requests: i64,
     pub remaining_tokens: i64,
     pub since_ms: i64,
 }
 
 impl Sends {
-    /// Requests and tokens sent on `scope`/`model` at or after `since_ms`.
+    /// Requests and tokens sent on `scope`/`model` (empty: any model) at or after `since_ms`.
     pub fn since(&self, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
         self.sends
             .iter()
-            .filter(|s| s.at_ms >= since_ms && s.scope == scope && s.model == model)
+            .filter(|s| {
+                s.at_ms >= since_ms && s.scope == scope && (model.is_empty() || s.model == model)
+            })
             .fold((0, 0), |(n, t), s| (n + 1, t + s.tokens))
     }
 
-    /// Reserves one request of `tokens` when `allowance` leaves room for it (always, without
-    /// one); returns whether it did.
-    pub fn reserve(&mut self, send: Send, allowance: Option<Allowance>) -> bool {
+    /// Reserves one request of `tokens` when every allowance leaves room for it (always,
+    /// without one); returns whether it did.
+    pub fn reserve(&mut self, send: Send, allowances: &[Allowance]) -> bool {
         self.prune(send.at_ms);
-        if let Some(a) = allowance {
-            let (requests, tokens) = self.since(&send.scope, &send.model, a.since_ms);
+        for a in allowances {
+            let (requests, tokens) = self.since(&send.scope, &a.model, a.since_ms);
             let no_request = a.remaining_requests >= 0 && requests >= a.remaining_requests as u64;
             let no_tokens = a.remaining_tokens >= 0
                 && tokens.saturating_add(send.tokens) > a.remaining_tokens as u64;
@@ -320,11 +323,12 @@ mod tests {
     #[test]
     fn reservations_stop_at_the_allowance_and_a_release_gives_one_back() {
         let mut s = Sends::default();
-        let allowance = Some(Allowance {
+        let allowance = &[Allowance {
+            model: "m".to_owned(),
             remaining_requests: 3,
             remaining_tokens: -1,
             since_ms: 1_000,
-        });
+        }];
         // A send before the figure was reported does not count against it.
         assert!(s.reserve(send("org", 900, 10), allowance));
         for at in [1_000, 1_001, 1_002] {
@@ -340,18 +344,31 @@ mod tests {
         assert!(s.reserve(send("org", 1_004, 10), allowance));
         assert_eq!(s.since("org", "m", 1_000), (3, 30));
         // Tokens bound too.
-        let tokens = Some(Allowance {
+        let tokens = &[Allowance {
+            model: "m".to_owned(),
             remaining_requests: -1,
             remaining_tokens: 35,
             since_ms: 1_000,
-        });
+        }];
         assert!(!s.reserve(send("org", 1_005, 10), tokens));
         assert!(s.reserve(send("org", 1_005, 5), tokens));
+        // A scope-wide figure counts every model's sends.
+        let mut other_model = send("org", 1_005, 0);
+        other_model.model = "n".to_owned();
+        let scope_wide = [Allowance {
+            model: String::new(),
+            // Four sent since 1,000 on model m.
+            remaining_requests: 4,
+            remaining_tokens: -1,
+            since_ms: 1_000,
+        }];
+        assert!(!s.reserve(other_model.clone(), &scope_wide));
+        assert!(s.reserve(other_model, &[]));
         // Without an allowance it always goes, and the record round-trips.
-        assert!(s.reserve(send("org", 1_006, 1), None));
+        assert!(s.reserve(send("org", 1_006, 1), &[]));
         assert_eq!(Sends::decode(&s.encode()), Some(s.clone()));
         // Two minutes on, the old sends are gone.
-        assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS, 1), None));
+        assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS, 1), &[]));
         assert_eq!(s.sends.len(), 1);
     }
 

@@ -260,3 +260,37 @@ async fn parallel_calls_never_send_more_than_the_scope_has_left() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
+    // p1 allows 3 requests a minute (its `limits:`); it never says so in its headers.
+    let gw = Gateway::start_with("ledger_estimates", |p1, p2| {
+        scarce_pool(p1, p2).replace("limits: { rpm: 10, tpd: 100000 }", "limits: { rpm: 3 }")
+    })
+    .await
+    .expect("fixture");
+    // Envoy holds the ledger's figure once the control plane pushed it.
+    ledger_when(&gw, "the ledger's first figure", |v| {
+        scope(v, "p1", "org-1")["windows"]["rpm"]["remaining"] == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..3 {
+        let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    gw.mock1.clear_calls().await.unwrap();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert!(
+        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
+        "the fourth call in the minute is not sent: {r}"
+    );
+    assert!(
+        gw.mock1.calls().await.unwrap().is_empty(),
+        "no call reached p1"
+    );
+    let view = ledger(&gw).await;
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["windows"]["rpm"]["remaining"], 0, "{org}");
+    assert_eq!(org["state"], "exhausted", "{org}");
+}

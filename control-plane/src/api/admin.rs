@@ -123,10 +123,12 @@ fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
 }
 
 impl AdminApi {
-    /// Also starts the quota ledger: it observes the engine's reports from now on.
+    /// Also starts the quota ledger: it observes the engine's reports from now on, and its
+    /// estimates are pushed with the engine's headroom.
     pub fn new(keys: Arc<KeyAdmin>, token: Option<Secret>, engine: Arc<Engine>) -> Self {
         let ledger = Arc::new(Ledger::new(engine.config(), Arc::new(SystemClock)));
         engine.add_report_observer(ledger.clone());
+        engine.set_headroom_source(ledger.clone());
         Self {
             keys,
             token,

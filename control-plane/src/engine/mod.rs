@@ -162,6 +162,35 @@ struct State {
     /// filter counts its sends since then against it). Not durable: after a restart the
     /// filter counts every recent send, which only errs on the safe side.
     headroom_as_of: BTreeMap<LaneId, i64>,
+    /// The [`HeadroomSource`]'s figures as last published.
+    estimated: Vec<pb::Headroom>,
+}
+
+/// Headroom the engine pushes besides what providers report: the quota ledger's estimates
+/// (model empty: the whole billing scope). Asked on every [`Engine::flush`]; a change of a
+/// figure publishes.
+pub trait HeadroomSource: Send + Sync {
+    fn headroom(&self, now_ms: i64) -> Vec<pb::Headroom>;
+}
+
+/// Whether two lists of headroom say the same (their times aside).
+fn same_figures(a: &[pb::Headroom], b: &[pb::Headroom]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            (
+                &x.provider,
+                &x.key,
+                &x.model,
+                x.remaining_requests,
+                x.remaining_tokens,
+            ) == (
+                &y.provider,
+                &y.key,
+                &y.model,
+                y.remaining_requests,
+                y.remaining_tokens,
+            )
+        })
 }
 
 /// What [`Engine::reset`] cleared.
@@ -195,6 +224,8 @@ pub struct Engine {
     coalesce_headroom: std::sync::atomic::AtomicBool,
     /// See [`ReportObserver`].
     report_observers: Mutex<Vec<Arc<dyn ReportObserver>>>,
+    /// See [`HeadroomSource`].
+    headroom_source: Mutex<Option<Arc<dyn HeadroomSource>>>,
     events: EventBus,
     stats: stats::Stats,
 }
@@ -307,6 +338,7 @@ impl Engine {
             pending: false,
             resets: BTreeMap::new(),
             headroom_as_of: BTreeMap::new(),
+            estimated: Vec::new(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -320,6 +352,7 @@ impl Engine {
             updates,
             coalesce_headroom: std::sync::atomic::AtomicBool::new(false),
             report_observers: Mutex::default(),
+            headroom_source: Mutex::default(),
             events: EventBus::default(),
             stats: stats::Stats::new(now_at_start),
         });
@@ -467,10 +500,19 @@ impl Engine {
         Ok(counts)
     }
 
-    /// Publishes what waits (headroom); returns whether anything did.
+    /// Publishes what waits (headroom, and the [`HeadroomSource`]'s figures when they moved);
+    /// returns whether anything did.
     pub fn flush(&self) -> bool {
         let now = self.clock.now_ms();
+        let source = lock(&self.headroom_source).clone();
+        let estimated = source.map(|s| s.headroom(now));
         let mut state = lock(&self.state);
+        if let Some(estimated) = estimated {
+            if !same_figures(&state.estimated, &estimated) {
+                state.estimated = estimated;
+                state.pending = true;
+            }
+        }
         if !state.pending {
             return false;
         }
@@ -1005,6 +1047,11 @@ impl Engine {
         lock(&self.report_observers).push(observer);
     }
 
+    /// Pushes `source`'s headroom too, from the next [`Engine::flush`] on.
+    pub fn set_headroom_source(&self, source: Arc<dyn HeadroomSource>) {
+        *lock(&self.headroom_source) = Some(source);
+    }
+
     fn observe_report(&self, batch: &pb::ReportBatch) {
         let observers = lock(&self.report_observers).clone();
         for observer in observers {
@@ -1304,6 +1351,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 scope: key_scope(config, &lane.0, &lane.1),
                 as_of_ms: state.headroom_as_of.get(lane).copied().unwrap_or(0),
             })
+            .chain(state.estimated.iter().cloned())
             .collect(),
         provider_health: config
             .providers

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::engine::ReportObserver;
+use crate::engine::{HeadroomSource, ReportObserver};
 use count::{Counter, Headroom, Source};
 use limits::{Limits, RequestsHeader, Window};
 
@@ -180,6 +180,73 @@ impl Ledger {
             "seedsChecked": limits::seeds_checked(),
             "providers": out,
         })
+    }
+}
+
+/// What the ledger pushes to the filter: per billing scope, what its local count leaves of the
+/// known limits (the `estimated` source only: providers' own figures are pushed per model by
+/// the engine, 429s act as cooldowns). Model empty: the whole scope; the filter's reservations
+/// count every send of the scope against it.
+impl HeadroomSource for Ledger {
+    fn headroom(&self, now_ms: i64) -> Vec<pb::Headroom> {
+        let mut out = Vec::new();
+        let mut providers = lock(&self.providers);
+        for (id, p) in providers.iter_mut() {
+            for (scope, keys) in &p.keys_of {
+                let (Some(counter), Some(first)) = (p.counters.get_mut(scope), keys.first()) else {
+                    continue;
+                };
+                let mut requests: Option<(u64, i64)> = None;
+                let mut tokens: Option<(u64, i64)> = None;
+                for window in Window::ALL {
+                    let Some((limit, _)) = p.limits.limit(window) else {
+                        continue;
+                    };
+                    let Some(h) = counter.headroom(window, Some(limit), now_ms) else {
+                        continue;
+                    };
+                    if h.source != Source::Estimated {
+                        continue;
+                    }
+                    let slot = if window.counts_tokens() {
+                        &mut tokens
+                    } else {
+                        &mut requests
+                    };
+                    if slot.is_none_or(|(r, _)| h.remaining < r) {
+                        *slot = Some((h.remaining, h.resets_at_ms));
+                    }
+                }
+                if requests.is_none() && tokens.is_none() {
+                    continue;
+                }
+                let figure = |v: Option<(u64, i64)>| {
+                    v.map_or(-1, |(r, _)| i64::try_from(r).unwrap_or(i64::MAX))
+                };
+                // Valid until the binding window ends; a minute at least, so that a figure
+                // with room left stays until the next push.
+                let reset_at_ms = [requests, tokens]
+                    .into_iter()
+                    .flatten()
+                    .filter(|(r, _)| *r == 0)
+                    .map(|(_, at)| at)
+                    .max()
+                    .unwrap_or(now_ms + 60_000)
+                    .max(now_ms + 1_000);
+                let shared = keys.len() > 1 || scope != first;
+                out.push(pb::Headroom {
+                    provider: id.clone(),
+                    key: first.clone(),
+                    model: String::new(),
+                    remaining_requests: figure(requests),
+                    remaining_tokens: figure(tokens),
+                    reset_at_ms,
+                    scope: if shared { scope.clone() } else { String::new() },
+                    as_of_ms: now_ms,
+                });
+            }
+        }
+        out
     }
 }
 

@@ -176,3 +176,50 @@ fn a_scope_whose_keys_are_all_refused_is_disabled_and_one_spent_is_exhausted() {
     assert_eq!(own["untilMs"], AT + 3_600_000);
     assert_eq!(scope(&view, "local", "l1")["state"], "healthy");
 }
+
+#[test]
+fn the_estimates_pushed_are_what_the_local_count_leaves_of_known_limits() {
+    let (l, _) = ledger();
+    observe(
+        &l,
+        vec![
+            attempt("local", "l1", pb::ErrorClass::Unspecified),
+            attempt("local", "l1", pb::ErrorClass::Unspecified),
+            attempt("groq", "g1", pb::ErrorClass::Unspecified),
+        ],
+    );
+    let pushed = l.headroom(AT);
+    let local = pushed.iter().find(|h| h.provider == "local");
+    assert_eq!(
+        local.map(|h| (
+            h.key.as_str(),
+            h.model.as_str(),
+            h.remaining_requests,
+            h.remaining_tokens,
+            h.scope.as_str()
+        )),
+        Some(("l1", "", 3, -1, "")),
+        "{pushed:?}"
+    );
+    // Groq's scope org-a is shared: pushed by its scope, the least of rpm 30 and rpd 1000,
+    // and tokens of tpm 8000 and tpd 200000.
+    let org = pushed
+        .iter()
+        .find(|h| h.provider == "groq" && h.scope == "org-a");
+    assert_eq!(
+        org.map(|h| (h.remaining_requests, h.remaining_tokens)),
+        Some((29, 8_000 - 40)),
+        "{pushed:?}"
+    );
+    // A scope spent holds until its window ends.
+    observe(
+        &l,
+        (0..3)
+            .map(|_| attempt("local", "l1", pb::ErrorClass::Unspecified))
+            .collect(),
+    );
+    let pushed = l.headroom(AT);
+    let local = pushed.iter().find(|h| h.provider == "local");
+    assert_eq!(local.map(|h| h.remaining_requests), Some(0));
+    assert_eq!(local.map(|h| h.reset_at_ms), Some(AT + 60_000));
+}

@@ -324,8 +324,8 @@ impl Host for WasmHost {
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
         shared::add_in_flight(provider, key, delta);
     }
-    fn reserve_send(&mut self, provider: &str, send: Send, allowance: Option<Allowance>) -> bool {
-        shared::reserve_send(provider, send, allowance)
+    fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
+        shared::reserve_send(provider, send, allowances)
     }
     fn release_send(&mut self, provider: &str, send: &Send) {
         shared::release_send(provider, send);

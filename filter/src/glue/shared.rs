@@ -216,10 +216,10 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
     );
 }
 
-/// Reserves one send on a provider's billing scope when `allowance` leaves room, with
+/// Reserves one send on a provider's billing scope when its allowances leave room, with
 /// compare-and-swap across the workers; `false` when it does not (or the record cannot be
 /// written: then the send goes, unreserved, rather than fail the call).
-pub fn reserve_send(provider: &str, send: Send, allowance: Option<Allowance>) -> bool {
+pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> bool {
     let name = names::sends(provider);
     for _ in 0..16 {
         let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
@@ -229,7 +229,7 @@ pub fn reserve_send(provider: &str, send: Send, allowance: Option<Allowance>) ->
             ),
             Err(_) => return true,
         };
-        if !sends.reserve(send.clone(), allowance) {
+        if !sends.reserve(send.clone(), allowances) {
             return false;
         }
         match hostcalls::set_shared_data(&name, Some(&sends.encode()), cas) {

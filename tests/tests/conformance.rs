@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use ai_router_e2e::{python_bin, script, workspace_root, Gateway};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Runs the Python client script `name` (in tests/conformance/) against the gateway with
 /// `env` (the base URL and the virtual key are set); returns its stdout, after saving both of
@@ -131,29 +131,36 @@ resilience:
     }
 }
 
+/// The mock's rules for the models of [`protocols_pool`]: `m-chat` streams "Hello from the
+/// pool", `m-tools` calls get_weather({"city": "Paris"}) in three argument chunks, `m-json`
+/// answers {"answer": 42}.
+fn protocol_rules() -> Vec<Value> {
+    vec![
+        script::rule(
+            json!({ "model": "m-chat" }),
+            vec![script::stream(&["Hello", " from", " the", " pool"])],
+        ),
+        script::rule(
+            json!({ "model": "m-tools" }),
+            vec![json!({ "toolCalls": [{
+                "name": "get_weather",
+                "argumentChunks": ["{\"city\"", ": \"Par", "is\"}"]
+            }] })],
+        ),
+        script::rule(
+            json!({ "model": "m-json" }),
+            vec![script::text("{\"answer\": 42}")],
+        ),
+    ]
+}
+
 /// Runs tests/conformance/protocols.py against a gateway whose chat provider is of `kind`.
 async fn protocol_clients(test: &str, kind: &'static str) {
     let gw = Gateway::start_with(test, protocols_pool(kind))
         .await
         .expect("fixture");
     gw.mock1
-        .script(json!([
-            script::rule(
-                json!({ "model": "m-chat" }),
-                vec![script::stream(&["Hello", " from", " the", " pool"])]
-            ),
-            script::rule(
-                json!({ "model": "m-tools" }),
-                vec![json!({ "toolCalls": [{
-                    "name": "get_weather",
-                    "argumentChunks": ["{\"city\"", ": \"Par", "is\"}"]
-                }] })]
-            ),
-            script::rule(
-                json!({ "model": "m-json" }),
-                vec![script::text("{\"answer\": 42}")]
-            ),
-        ]))
+        .script(Value::Array(protocol_rules()))
         .await
         .unwrap();
     gw.mock2
@@ -263,4 +270,116 @@ async fn the_openai_sdk_raises_on_every_stream_cut_after_its_first_token() {
         gw.mock2.calls().await.unwrap().is_empty(),
         "no cut stream is retried"
     );
+}
+
+/// Runs tests/conformance/ingress.py (the `anthropic` SDK on `/v1/messages`, the `openai`
+/// SDK's `responses` on `/v1/responses`) against a gateway whose provider is of `kind`, then
+/// checks what reached the provider: the caller's Messages body as it was for an anthropic
+/// provider, its chat-completions translation for any other.
+async fn ingress_clients(test: &str, kind: &'static str) {
+    let pool = protocols_pool(kind);
+    let gw = Gateway::start_with(test, |p1, p2| {
+        pool(p1, p2).replace(
+            "      - { id: m-json, aliases: [json] }\n",
+            "      - { id: m-json, aliases: [json] }\n      - { id: m-cut, aliases: [cut] }\n      - { id: m-flaky, aliases: [flaky] }\n",
+        )
+    })
+    .await
+    .expect("fixture");
+    let hello = script::stream(&["Hello", " from", " the", " pool"]);
+    // Before its first token: the gateway fails over to the next lane, unseen.
+    let early_failure = script::stream_failing(&["never"], 0, "error-event");
+    let mut rules = protocol_rules();
+    rules.push(script::rule(
+        json!({ "model": "m-cut" }),
+        vec![script::stream_failing(&["one", " two"], 1, "error-event")],
+    ));
+    // One failure, then the answer, for each protocol in turn.
+    rules.push(script::rule(
+        json!({ "model": "m-flaky" }),
+        vec![early_failure.clone(), hello.clone(), early_failure, hello],
+    ));
+    gw.mock1.script(Value::Array(rules)).await.unwrap();
+
+    run_client_script(
+        &gw,
+        "ingress.py",
+        &[
+            ("AI_ROUTER_CHAT_MODEL", "chat"),
+            ("AI_ROUTER_EXPECT", "Hello from the pool"),
+            ("AI_ROUTER_TOOLS_MODEL", "tools"),
+            ("AI_ROUTER_JSON_MODEL", "json"),
+            ("AI_ROUTER_CUT_MODEL", "cut"),
+            ("AI_ROUTER_FLAKY_MODEL", "flaky"),
+        ],
+        Duration::from_secs(240),
+    )
+    .await;
+
+    let calls = gw.mock1.calls().await.unwrap();
+    let bodies: Vec<String> = calls.iter().map(|c| c.body.to_string()).collect();
+    let any = |needle: &str| bodies.iter().any(|b| b.contains(needle));
+    if kind == "anthropic" {
+        assert!(
+            calls.iter().all(|c| c.path.ends_with("/v1/messages")),
+            "every call reached the Messages API"
+        );
+        // Natively: what only the Messages API has reaches the provider as the caller sent it.
+        assert!(
+            any("\"thinking\":{\"budget_tokens\":1024"),
+            "thinking passed on"
+        );
+        assert!(
+            any("\"type\":\"tool_result\""),
+            "the tool result passed on as it was"
+        );
+        assert!(calls
+            .iter()
+            .any(|c| c.header("anthropic-version").is_some()));
+    } else {
+        assert!(
+            calls
+                .iter()
+                .all(|c| c.path.ends_with("/v1/chat/completions")),
+            "every call reached chat completions"
+        );
+        assert!(
+            !any("\"thinking\""),
+            "no Messages-only field reaches an OpenAI provider"
+        );
+        assert!(
+            any("\"role\":\"tool\""),
+            "tool results became tool messages"
+        );
+        assert!(
+            any("data:image/png;base64,"),
+            "images became image_url parts"
+        );
+        assert!(any("\"json_schema\""), "text.format became response_format");
+    }
+    let flaky = calls
+        .iter()
+        .filter(|c| c.model.as_deref() == Some("m-flaky"))
+        .count();
+    assert_eq!(flaky, 4, "each protocol's flaky stream failed over once");
+    for c in &calls {
+        assert!(
+            c.header("authorization")
+                .is_none_or(|h| !h.contains(&gw.virtual_key))
+                && c.header("x-api-key")
+                    .is_none_or(|h| !h.contains(&gw.virtual_key)),
+            "the virtual key never reaches a provider"
+        );
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_and_responses_clients_with_an_openai_provider() {
+    ingress_clients("ingress_clients_openai", "openai-compatible").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_and_responses_clients_with_an_anthropic_provider() {
+    ingress_clients("ingress_clients_anthropic", "anthropic").await;
 }

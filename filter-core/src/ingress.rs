@@ -52,6 +52,9 @@ pub fn chat_request(
     match protocol {
         Protocol::Chat => Ok(body.clone()),
         Protocol::Messages => messages_ingress::to_chat_request(body, fidelity),
+        Protocol::Responses if fidelity == Fidelity::Lenient => {
+            responses::to_chat_request(&responses::routing_view(body))
+        }
         Protocol::Responses => responses::to_chat_request(body),
     }
 }

@@ -35,6 +35,38 @@ pub fn stateful(body: &Value) -> Option<&'static str> {
 // Request
 // ---------------------------------------------------------------------------------------------
 
+const ITEMS: [&str; 4] = [
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+];
+const PARTS: [&str; 5] = [
+    "input_text",
+    "output_text",
+    "text",
+    "input_image",
+    "refusal",
+];
+
+/// The request with what only OpenAI runs left out (built-in tools, other items and parts):
+/// what the front stage routes by, which must not refuse what a native lane would take.
+pub fn routing_view(body: &Value) -> Value {
+    let mut view = body.clone();
+    if let Some(Value::Array(tools)) = view.get_mut("tools") {
+        tools.retain(|t| str_of(t, "type") == "function");
+    }
+    if let Some(Value::Array(items)) = view.get_mut("input") {
+        items.retain(|i| i.get("role").is_some() || ITEMS.contains(&str_of(i, "type")));
+        for item in items.iter_mut() {
+            if let Some(Value::Array(parts)) = item.get_mut("content") {
+                parts.retain(|p| PARTS.contains(&str_of(p, "type")));
+            }
+        }
+    }
+    view
+}
+
 /// Responses request -> chat-completions request (the model name kept as the caller wrote it).
 pub fn to_chat_request(body: &Value) -> Result<Value, AdapterError> {
     let Some(req) = body.as_object() else {
@@ -760,6 +792,22 @@ mod tests {
         let e = to_chat_request(&json!({ "input": [{ "type": "item_reference", "id": "x" }] }))
             .unwrap_err();
         assert!(e.message.contains("natively"));
+    }
+
+    #[test]
+    fn the_routing_view_leaves_out_what_only_openai_runs() {
+        let body = json!({ "model": "m", "tools": [{ "type": "web_search" },
+                { "type": "function", "name": "f", "parameters": {} }],
+            "input": [{ "type": "item_reference", "id": "x" },
+                { "role": "user", "content": [{ "type": "input_file", "file_id": "f" },
+                                              { "type": "input_text", "text": "hi" }] }] });
+        let out = to_chat_request(&routing_view(&body)).unwrap();
+        assert_eq!(out["tools"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            out["messages"],
+            json!([{ "role": "user", "content": "hi" }])
+        );
+        assert!(to_chat_request(&body).is_err(), "strictly, refused");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Real clients, pointed at Envoy's listener as their base URL: the `openai` Python package and
 //! `langchain-openai` complete a chat and a stream (tests/conformance/clients.py), use tools,
 //! JSON mode and embeddings (protocols.py), and the SDK raises on every stream the gateway cuts
-//! after its first token (cut_streams.py).
+//! after its first token (cut_streams.py); the `anthropic` SDK on `/v1/messages` and
+//! `client.responses` on `/v1/responses`, in Python (ingress.py) and from npm
+//! (node/ingress.mjs).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Stdio;
@@ -20,8 +22,42 @@ async fn run_client_script(
     limit: Duration,
 ) -> String {
     let python = python_bin().unwrap();
+    run_client(gw, &python, name, env, limit).await
+}
+
+/// Runs the npm clients' script `name` (in tests/conformance/node/, whose packages
+/// scripts/setup.sh installs) like [`run_client_script`].
+async fn run_node_script(
+    gw: &Gateway,
+    name: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> String {
+    let modules = workspace_root().join("tests/conformance/node/node_modules");
+    assert!(
+        modules.join("openai").is_dir() && modules.join("@anthropic-ai/sdk").is_dir(),
+        "the npm clients are not installed: run scripts/setup.sh"
+    );
+    let node = std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into());
+    run_client(
+        gw,
+        std::path::Path::new(&node),
+        &format!("node/{name}"),
+        env,
+        limit,
+    )
+    .await
+}
+
+async fn run_client(
+    gw: &Gateway,
+    program: &std::path::Path,
+    name: &str,
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> String {
     let script_path = workspace_root().join("tests/conformance").join(name);
-    let mut command = tokio::process::Command::new(&python);
+    let mut command = tokio::process::Command::new(program);
     command
         .arg(&script_path)
         .env("AI_ROUTER_BASE_URL", gw.openai_base_url())
@@ -29,6 +65,8 @@ async fn run_client_script(
         .env("NO_PROXY", "*")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("ANTHROPIC_BASE_URL")
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")
         .env_remove("http_proxy")
@@ -42,20 +80,25 @@ async fn run_client_script(
     }
     let child = command
         .spawn()
-        .unwrap_or_else(|e| panic!("running {}: {e}", python.display()));
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
     let out = tokio::time::timeout(limit, child.wait_with_output())
         .await
         .unwrap_or_else(|_| panic!("{name} finishes within {limit:?}"))
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let stem = name.trim_end_matches(".py");
+    // `node/ingress.mjs` → `node-ingress`: each client's outputs have their own name.
+    let stem = name
+        .replace('/', "-")
+        .trim_end_matches(".py")
+        .trim_end_matches(".mjs")
+        .to_string();
     std::fs::write(gw.dir.join(&format!("{stem}.stdout")), stdout.as_bytes()).unwrap();
     std::fs::write(gw.dir.join(&format!("{stem}.stderr")), stderr.as_bytes()).unwrap();
     assert!(
         out.status.success(),
         "{} {} exited {}\n----- stdout -----\n{stdout}\n----- stderr -----\n{stderr}",
-        python.display(),
+        program.display(),
         script_path.display(),
         out.status
     );
@@ -301,20 +344,16 @@ async fn ingress_clients(test: &str, kind: &'static str) {
     ));
     gw.mock1.script(Value::Array(rules)).await.unwrap();
 
-    run_client_script(
-        &gw,
-        "ingress.py",
-        &[
-            ("AI_ROUTER_CHAT_MODEL", "chat"),
-            ("AI_ROUTER_EXPECT", "Hello from the pool"),
-            ("AI_ROUTER_TOOLS_MODEL", "tools"),
-            ("AI_ROUTER_JSON_MODEL", "json"),
-            ("AI_ROUTER_CUT_MODEL", "cut"),
-            ("AI_ROUTER_FLAKY_MODEL", "flaky"),
-        ],
-        Duration::from_secs(240),
-    )
-    .await;
+    let env = [
+        ("AI_ROUTER_CHAT_MODEL", "chat"),
+        ("AI_ROUTER_EXPECT", "Hello from the pool"),
+        ("AI_ROUTER_TOOLS_MODEL", "tools"),
+        ("AI_ROUTER_JSON_MODEL", "json"),
+        ("AI_ROUTER_CUT_MODEL", "cut"),
+        ("AI_ROUTER_FLAKY_MODEL", "flaky"),
+    ];
+    run_client_script(&gw, "ingress.py", &env, Duration::from_secs(240)).await;
+    run_node_script(&gw, "ingress.mjs", &env, Duration::from_secs(240)).await;
 
     let calls = gw.mock1.calls().await.unwrap();
     let bodies: Vec<String> = calls.iter().map(|c| c.body.to_string()).collect();

@@ -73,11 +73,20 @@ impl Front {
         let Some(state) = host.state() else {
             return self.reply(host, GatewayError::not_ready());
         };
+        // Anthropic clients (they send `anthropic-version`, or their key as `x-api-key`) get
+        // the list in the Messages API's shape.
+        let anthropic_client = host.header(Side::Request, "anthropic-version").is_some()
+            || (host.header(Side::Request, "authorization").is_none()
+                && host.header(Side::Request, "x-api-key").is_some());
+        if anthropic_client {
+            self.protocol = Protocol::Messages;
+        }
         let Some(key) = self.authenticate(host) else {
             return Flow::Pause;
         };
         let names = resolve::model_list(&state, &key);
-        let item = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" });
+        let protocol = self.protocol;
+        let item = |id: &str| crate::ingress::model_entry(protocol, id);
         let body = match path.strip_prefix("/v1/models/") {
             Some(raw) if !raw.is_empty() => {
                 // SDKs percent-encode ids such as `openai/gpt-4o-mini`.
@@ -95,9 +104,7 @@ impl Front {
                 }
                 item(id)
             }
-            _ => {
-                json!({ "object": "list", "data": names.iter().map(|n| item(n)).collect::<Vec<_>>() })
-            }
+            _ => crate::ingress::model_list(protocol, names.iter().map(|n| item(n)).collect()),
         };
         self.answered = Some((200, "models"));
         let bytes = body.to_string().into_bytes();
@@ -1151,6 +1158,21 @@ mod tests {
             );
             assert_eq!(a.json()["type"], "error");
         }
+    }
+
+    #[test]
+    fn anthropic_clients_list_models_in_their_shape() {
+        let key = KEY.as_bytes().to_vec();
+        let mut host = client("GET", "/v1/models", &[("x-api-key", &key)]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!(a.status, 200);
+        assert_eq!(a.json()["data"][0]["type"], "model");
+        assert!(a.json()["first_id"].is_string());
+        let mut host = client("GET", "/v1/models", &[("anthropic-version", b"2023-06-01")]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!((a.status, a.json()["type"].clone()), (401, json!("error")));
     }
 
     #[test]

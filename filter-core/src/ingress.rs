@@ -118,6 +118,28 @@ pub fn unary(protocol: Protocol, chat: &Value, request: &Value, now_s: i64) -> V
     }
 }
 
+/// One entry of `GET /v1/models` for a caller of `protocol`.
+pub fn model_entry(protocol: Protocol, id: &str) -> Value {
+    match protocol {
+        Protocol::Messages => json!({ "type": "model", "id": id, "display_name": id,
+                                      "created_at": "1970-01-01T00:00:00Z" }),
+        _ => json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" }),
+    }
+}
+
+/// The `GET /v1/models` list of `entries` for a caller of `protocol`.
+pub fn model_list(protocol: Protocol, entries: Vec<Value>) -> Value {
+    match protocol {
+        Protocol::Messages => {
+            let id =
+                |e: Option<&Value>| e.and_then(|e| e.get("id")).cloned().unwrap_or(Value::Null);
+            json!({ "first_id": id(entries.first()), "last_id": id(entries.last()),
+                    "has_more": false, "data": entries })
+        }
+        _ => json!({ "object": "list", "data": entries }),
+    }
+}
+
 /// The gateway's error object for a caller of `protocol` (Responses errors are OpenAI's).
 pub fn error_body(protocol: Protocol, err: &GatewayError) -> Vec<u8> {
     match protocol {
@@ -407,6 +429,28 @@ mod tests {
         let native = br#"{"type":"error","error":{"type":"invalid_request_error","message":"x"}}"#;
         assert_eq!(redress_error(Protocol::Messages, 400, native), None);
         assert_eq!(redress_error(Protocol::Responses, 400, &err.body()), None);
+    }
+
+    #[test]
+    fn model_lists_per_protocol() {
+        let list = model_list(
+            Protocol::Messages,
+            vec![
+                model_entry(Protocol::Messages, "a"),
+                model_entry(Protocol::Messages, "b"),
+            ],
+        );
+        assert_eq!(
+            (list["first_id"].clone(), list["last_id"].clone()),
+            (json!("a"), json!("b"))
+        );
+        assert_eq!(list["data"][0]["type"], "model");
+        assert_eq!(list["has_more"], false);
+        let list = model_list(Protocol::Chat, vec![model_entry(Protocol::Chat, "a")]);
+        assert_eq!(
+            (list["object"].clone(), list["data"][0]["object"].clone()),
+            (json!("list"), json!("model"))
+        );
     }
 
     #[test]

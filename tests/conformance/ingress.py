@@ -167,6 +167,13 @@ def _():
     expect(r.content[0].text == EXPECT, r.content)
 
 
+@check("messages: models listed in the Anthropic shape")
+def _():
+    ids = [m.id for m in claude.models.list()]
+    expect(CHAT in ids and TOOLS in ids, ids)
+    expect(claude.models.retrieve(CHAT).type == "model", "retrieve")
+
+
 @check("messages: errors in the Anthropic shape")
 def _():
     bad = anthropic.Anthropic(base_url=ROOT_URL, api_key="sk-not-a-key", max_retries=0)

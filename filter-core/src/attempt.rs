@@ -16,9 +16,11 @@ use crate::embeddings;
 use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
+use crate::ingress::{self, Egress};
 use crate::lanes::{self, LaneId, Pick};
 use crate::local::Send;
-use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::messages_ingress::Fidelity;
+use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
 use crate::sse::Parser;
 use crate::state::State;
 use crate::stream::{usage_of, Gate, Step, Usage};
@@ -44,6 +46,8 @@ enum Mode {
     Stream {
         gate: Box<Gate>,
         upstream: Option<Box<Translate>>,
+        /// Chat chunks to the caller's protocol (Messages, Responses), after the gate.
+        egress: Option<Box<Egress>>,
         seen: usize,
     },
     /// Passed through untouched (after the verdict, at the end of the answer).
@@ -77,6 +81,8 @@ impl Translate {
 struct Lane {
     id: LaneId,
     kind: ProviderKind,
+    /// The lane speaks the caller's protocol: its answer goes back as it comes.
+    native: bool,
     secret: String,
     fingerprint: u64,
 }
@@ -97,6 +103,8 @@ pub struct Attempt {
     headroom: Option<(i64, i64, i64)>,
     /// The request body, kept while the attempt waits or asks for a lease.
     body: Vec<u8>,
+    /// Responses: the caller's body, which the translated answer echoes.
+    request: Value,
     /// Lanes this attempt may not use (probe leases held elsewhere).
     excluded: Vec<LaneId>,
     /// The state version `excluded` was decided on.
@@ -475,9 +483,20 @@ impl Attempt {
 
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let stateful = ingress::stateful(plan.protocol, &value).is_some();
+        let native = ingress::native(plan.protocol, provider.kind(), stateful);
+        if plan.protocol == Protocol::Responses {
+            self.request = value.clone();
+        }
+        if !native && plan.protocol != Protocol::Chat {
+            value = match ingress::chat_request(plan.protocol, &value, Fidelity::Strict) {
+                Ok(v) => v,
+                Err(e) => return self.refuse(host, e),
+            };
+        }
         if let Some(obj) = value.as_object_mut() {
             obj.insert("model".into(), Value::String(chosen.lane.model.clone()));
-            if plan.stream {
+            if plan.stream && !native {
                 let opts = obj
                     .entry("stream_options")
                     .or_insert_with(|| Value::Object(Default::default()));
@@ -487,7 +506,7 @@ impl Attempt {
             }
         }
         let anthropic = provider.kind() == ProviderKind::Anthropic;
-        if anthropic && plan.op == Operation::Chat {
+        if anthropic && plan.op == Operation::Chat && !native {
             let max_tokens = if provider.default_max_tokens > 0 {
                 provider.default_max_tokens
             } else {
@@ -495,25 +514,16 @@ impl Attempt {
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
                 Ok(v) => v,
-                Err(e) => {
-                    // The request cannot be expressed for this provider: the caller's to fix.
-                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
-                    err.param = e.param;
-                    let attempts = self.attempt.to_string();
-                    host.send_response(
-                        400,
-                        &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
-                        &err.body(),
-                    );
-                    return Flow::Pause;
-                }
+                Err(e) => return self.refuse(host, e),
             };
         }
         let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
         host.set_body(Side::Request, 0, body.len(), &new_body);
         host.set_header(Side::Request, "content-length", None);
 
-        let api_path = if anthropic && plan.op == Operation::Chat {
+        let api_path = if native {
+            ingress::native_path(plan.protocol)
+        } else if anthropic && plan.op == Operation::Chat {
             "/messages"
         } else {
             plan.op.path()
@@ -548,7 +558,17 @@ impl Attempt {
         } else {
             host.set_header(Side::Request, &provider.auth_header, Some(&key.secret));
         }
-        if anthropic {
+        if anthropic && native {
+            // The caller's own version and betas: its body is sent as it wrote it.
+            let version = plan
+                .anthropic_version
+                .as_deref()
+                .unwrap_or(ANTHROPIC_VERSION);
+            host.set_header(Side::Request, "anthropic-version", Some(version));
+            if let Some(beta) = plan.anthropic_beta.as_deref() {
+                host.set_header(Side::Request, "anthropic-beta", Some(beta));
+            }
+        } else if anthropic {
             host.set_header(Side::Request, "anthropic-version", Some(ANTHROPIC_VERSION));
         }
         if !plan.rid.is_empty() {
@@ -584,6 +604,7 @@ impl Attempt {
         self.lane = Some(Lane {
             id: chosen.lane,
             kind: provider.kind(),
+            native,
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
         });
@@ -593,7 +614,19 @@ impl Attempt {
         Flow::Continue
     }
 
-    /// Effects of a failure on this VM's view at once (the control plane's push follows).
+    /// The request cannot be expressed for this lane's provider: the caller's to fix (400).
+    fn refuse(&mut self, host: &mut impl Host, e: anthropic::AdapterError) -> Flow {
+        let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+        err.param = e.param;
+        let attempts = self.attempt.to_string();
+        host.send_response(
+            400,
+            &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
+            &err.body(),
+        );
+        Flow::Pause
+    }
+
     /// Effects of a failure on this process's view at once (the control plane's push follows),
     /// by the one hold rule ([`Failure::hold`]).
     fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) {
@@ -913,16 +946,28 @@ impl Attempt {
         let stream = self.plan.as_ref().is_some_and(|p| p.stream);
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
-            let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
-                Box::new(Translate {
-                    parser: Parser::new(),
-                    translator: StreamTranslator::new(host.now_ms() / 1000),
-                })
-            });
-            self.mode = Mode::Stream {
-                gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
-                upstream,
-                seen: 0,
+            let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
+            let now_s = host.now_ms() / 1000;
+            self.mode = if lane.native {
+                Mode::Stream {
+                    gate: Box::new(Gate::native(lane.kind.text(), protocol)),
+                    upstream: None,
+                    egress: None,
+                    seen: 0,
+                }
+            } else {
+                let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
+                    Box::new(Translate {
+                        parser: Parser::new(),
+                        translator: StreamTranslator::new(now_s),
+                    })
+                });
+                Mode::Stream {
+                    gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
+                    upstream,
+                    egress: Egress::new(protocol, &self.request, now_s).map(Box::new),
+                    seen: 0,
+                }
             };
             // The stream is rewritten as it passes (the usage event the gateway asked for is
             // dropped, an Anthropic stream translated, an error event added): a provider's
@@ -968,8 +1013,14 @@ impl Attempt {
             Mode::Stream {
                 mut gate,
                 mut upstream,
+                mut egress,
                 seen,
             } => {
+                // Every byte for the client passes here: chat chunks become the caller's events.
+                let mut to_caller = |bytes: Vec<u8>| match egress.as_mut() {
+                    Some(e) => e.encode(&bytes),
+                    None => bytes,
+                };
                 let now = host.now_ms();
                 // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
                 let buffered = !gate.released();
@@ -1007,7 +1058,7 @@ impl Attempt {
                 }
                 if let Some(failure) = gate.failed_after_first_token().cloned() {
                     // The client got the error event in `out`; the attempt failed.
-                    let bytes = out.unwrap_or_default();
+                    let bytes = to_caller(out.unwrap_or_default());
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.usage = gate.usage;
                     self.report(host, Some(&failure), 200);
@@ -1028,7 +1079,7 @@ impl Attempt {
                         ),
                         ErrorCode::StreamInterrupted,
                     ));
-                    let bytes = self.scrub(bytes);
+                    let bytes = to_caller(self.scrub(bytes));
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.report(host, Some(&failure), 200);
                     self.mode = Mode::Drained;
@@ -1036,12 +1087,13 @@ impl Attempt {
                 }
                 if !end_of_stream {
                     if let Some(bytes) = out {
-                        host.set_body(Side::Response, 0, size, &bytes);
+                        host.set_body(Side::Response, 0, size, &to_caller(bytes));
                     }
                     let held = !gate.released();
                     self.mode = Mode::Stream {
                         gate,
                         upstream,
+                        egress,
                         seen: size,
                     };
                     return if held { Flow::Pause } else { Flow::Continue };
@@ -1054,7 +1106,7 @@ impl Attempt {
                         }
                         let mut bytes = out.unwrap_or_default();
                         bytes.extend(self.scrub(tail));
-                        host.set_body(Side::Response, 0, size, &bytes);
+                        host.set_body(Side::Response, 0, size, &to_caller(bytes));
                         self.usage = gate.usage;
                         let failure = (!gate.completed()).then(|| Failure {
                             class: Class::Stream,
@@ -1142,11 +1194,29 @@ impl Attempt {
                 self.fail(host, failure, size);
                 return;
             }
-            if lane.kind == ProviderKind::Anthropic
-                && self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat)
-            {
-                let translated = anthropic::from_messages_response(&parsed, now / 1000);
-                self.usage = usage_of(&translated);
+            let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
+            if lane.native {
+                // The caller's own protocol: the answer goes as it came, its key redacted.
+                self.usage = ingress::native_usage(protocol, parsed.get("usage"));
+                if let Some(clean) = redact_bytes(body, &lane.secret) {
+                    host.set_body(Side::Response, 0, size, &clean);
+                    host.set_header(Side::Response, "content-length", None);
+                }
+                self.succeed_headers(host);
+                self.report(host, None, status);
+                self.mode = Mode::Through;
+                return;
+            }
+            let chat_op = self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat);
+            let from_anthropic = lane.kind == ProviderKind::Anthropic && chat_op;
+            if from_anthropic || protocol != Protocol::Chat {
+                let chat = if from_anthropic {
+                    anthropic::from_messages_response(&parsed, now / 1000)
+                } else {
+                    parsed
+                };
+                self.usage = usage_of(&chat);
+                let translated = ingress::unary(protocol, &chat, &self.request, now / 1000);
                 let bytes = self.scrub(translated.to_string().into_bytes());
                 host.set_body(Side::Response, 0, size, &bytes);
                 host.set_header(Side::Response, "content-length", None);
@@ -1273,6 +1343,9 @@ mod tests {
             deadline_ms: 30_000,
             started_ms: NOW,
             tokens: 10,
+            protocol: Protocol::Chat,
+            anthropic_version: None,
+            anthropic_beta: None,
         }
     }
 
@@ -2080,5 +2153,297 @@ mod tests {
         assert_eq!(host.attempts.len(), 1);
         assert_eq!(host.attempts[0].outcome().text(), "success");
         assert!(host.answered.is_none() && host.resets == 0);
+    }
+
+    /// A call of `protocol` with `body`, whose first lane is p1 of `kind`.
+    fn ingress_call(
+        kind: ProviderKind,
+        protocol: Protocol,
+        stream: bool,
+        body: Value,
+    ) -> (FakeHost, Attempt) {
+        let mut snap = snapshot();
+        snap.providers[0] = provider("p1", kind, &["a"], "m1");
+        let mut plan = plan(stream);
+        plan.protocol = protocol;
+        plan.include_usage = true;
+        plan.anthropic_version = Some("2024-10-22".into());
+        plan.anthropic_beta = Some("prompt-caching-2024-07-31".into());
+        let mut host = host_with(snap, &plan, 1);
+        host.request_body = body.to_string().into_bytes();
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        (host, stage)
+    }
+
+    fn path_of(host: &FakeHost) -> String {
+        host.text(Side::Request, ":path").unwrap_or_default()
+    }
+
+    fn sent(host: &FakeHost) -> Value {
+        serde_json::from_slice(&host.request_body).unwrap_or(Value::Null)
+    }
+
+    fn answered(host: &FakeHost) -> Value {
+        serde_json::from_slice(&host.response_body).unwrap_or(Value::Null)
+    }
+
+    fn messages_body(stream: bool) -> Value {
+        serde_json::json!({ "model": "claude", "max_tokens": 256, "stream": stream,
+            "system": [{ "type": "text", "text": "Be brief.", "cache_control": { "type": "ephemeral" } }],
+            "thinking": { "type": "enabled", "budget_tokens": 128 },
+            "messages": [{ "role": "user", "content": "Hi" }] })
+    }
+
+    #[test]
+    fn messages_reach_an_anthropic_lane_as_the_caller_wrote_them() {
+        let body = messages_body(false);
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::Anthropic,
+            Protocol::Messages,
+            false,
+            body.clone(),
+        );
+        assert_eq!(path_of(&host), "/v1/messages");
+        let mut expected = body;
+        expected["model"] = "m1".into();
+        assert_eq!(sent(&host), expected, "only the model is rewritten");
+        for (name, value) in [
+            ("anthropic-version", "2024-10-22"),
+            ("anthropic-beta", "prompt-caching-2024-07-31"),
+            ("x-api-key", "sk-p1-a-secret"),
+        ] {
+            assert_eq!(host.text(Side::Request, name).as_deref(), Some(value));
+        }
+        let message = r#"{"id":"msg_1","type":"message","role":"assistant","model":"m1","content":[{"type":"thinking","thinking":"hm","signature":"s"},{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"cache_read_input_tokens":5,"cache_creation_input_tokens":1,"output_tokens":2}}"#;
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            message,
+        );
+        assert_eq!(
+            answered(&host),
+            serde_json::from_str::<Value>(message).unwrap_or(Value::Null),
+            "the answer goes back as it came"
+        );
+        let usage = host.attempts[0].usage.unwrap_or_default();
+        assert_eq!(
+            (
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens
+            ),
+            (9, 5, 2)
+        );
+    }
+
+    #[test]
+    fn a_native_messages_stream_is_held_then_ends_with_an_anthropic_error_event() {
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::Anthropic,
+            Protocol::Messages,
+            true,
+            messages_body(true),
+        );
+        assert!(
+            sent(&host).get("stream_options").is_none(),
+            "no OpenAI field for Anthropic"
+        );
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        stage.on_response_headers(&mut host, false);
+        let head = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        );
+        host.response_body = head.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, head.len(), false),
+            Flow::Pause,
+            "held"
+        );
+        let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+        host.response_body.extend_from_slice(delta.as_bytes());
+        let size = host.response_body.len();
+        assert_eq!(
+            stage.on_response_body(&mut host, size, false),
+            Flow::Continue
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&host.response_body),
+            format!("{head}{delta}")
+        );
+        let error = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        host.response_body = error.as_bytes().to_vec();
+        stage.on_response_body(&mut host, error.len(), false);
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        assert!(out.starts_with("event: error\ndata: "), "{out}");
+        assert!(
+            out.contains("\"stream_interrupted\"") && out.contains("Overloaded"),
+            "{out}"
+        );
+        assert_eq!(host.attempts[0].outcome().text(), "error");
+        assert!(host.attempts[0].after_first_token);
+    }
+
+    #[test]
+    fn messages_reach_an_openai_lane_as_chat_and_come_back_as_messages() {
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::OpenaiCompatible,
+            Protocol::Messages,
+            false,
+            messages_body(false),
+        );
+        assert_eq!(path_of(&host), "/v1/chat/completions");
+        let body = sent(&host);
+        assert_eq!(body["model"], "m1");
+        assert_eq!(body["max_tokens"], 256);
+        assert_eq!(
+            body["messages"][0],
+            serde_json::json!({ "role": "system", "content": "Be brief." })
+        );
+        assert!(body.get("thinking").is_none());
+        assert!(host.header(Side::Request, "anthropic-version").is_none());
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"id":"chatcmpl-7","model":"m1","choices":[{"message":{"role":"assistant","content":"Hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        );
+        let message = answered(&host);
+        assert_eq!(message["type"], "message");
+        assert_eq!(message["content"][0]["text"], "Hi");
+        assert_eq!(message["stop_reason"], "max_tokens");
+        assert_eq!(host.attempts[0].usage.map(|u| u.prompt_tokens), Some(3));
+    }
+
+    #[test]
+    fn a_chat_stream_becomes_messages_events_for_a_messages_caller() {
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::OpenaiCompatible,
+            Protocol::Messages,
+            true,
+            messages_body(true),
+        );
+        assert_eq!(sent(&host)["stream_options"]["include_usage"], true);
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        stage.on_response_headers(&mut host, false);
+        let role = "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+        host.response_body = role.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, role.len(), false),
+            Flow::Pause
+        );
+        let token = "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        host.response_body.extend_from_slice(token.as_bytes());
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, false);
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        assert!(out.starts_with("event: message_start\n"), "{out}");
+        assert!(out.contains("\"text_delta\""), "{out}");
+        // Cut after the first token: the Anthropic error event, never message_stop.
+        host.response_body = b"data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n".to_vec();
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        assert!(
+            out.contains("event: error\n") && !out.contains("message_stop"),
+            "{out}"
+        );
+        assert_eq!(host.attempts[0].outcome().text(), "error");
+    }
+
+    #[test]
+    fn a_responses_call_reaches_an_anthropic_lane_through_both_adapters() {
+        let body = serde_json::json!({ "model": "chat", "instructions": "Be brief.",
+            "input": "Hi", "max_output_tokens": 64 });
+        let (mut host, mut stage) =
+            ingress_call(ProviderKind::Anthropic, Protocol::Responses, false, body);
+        assert_eq!(path_of(&host), "/v1/messages");
+        let sent = sent(&host);
+        assert_eq!(sent["system"], "Be brief.");
+        assert_eq!(sent["max_tokens"], 64);
+        assert_eq!(
+            host.text(Side::Request, "anthropic-version").as_deref(),
+            Some(ANTHROPIC_VERSION),
+            "the adapter's own version, not a Messages caller's"
+        );
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"id":"msg_1","type":"message","model":"m1","content":[{"type":"text","text":"Hello"}],"stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":2}}"#,
+        );
+        let response = answered(&host);
+        assert_eq!(response["object"], "response");
+        assert_eq!(response["instructions"], "Be brief.");
+        assert_eq!(response["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(response["usage"]["output_tokens"], 2);
+    }
+
+    #[test]
+    fn a_messages_block_an_openai_lane_cannot_take_is_the_callers_400() {
+        let body = serde_json::json!({ "model": "claude", "max_tokens": 8, "messages": [{ "role": "user",
+            "content": [{ "type": "document", "source": { "type": "text", "media_type": "text/plain", "data": "x" } }] }] });
+        let mut snap = snapshot();
+        snap.providers.truncate(1);
+        let mut plan = plan(false);
+        plan.protocol = Protocol::Messages;
+        plan.tiers.truncate(1);
+        let mut host = host_with(snap, &plan, 1);
+        host.request_body = body.to_string().into_bytes();
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!(a.status, 400);
+        assert!(a.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("'document'"));
+    }
+
+    #[test]
+    fn a_stateful_responses_call_reaches_an_openai_lane_natively() {
+        let body = serde_json::json!({ "model": "chat", "input": "Hi", "store": true,
+            "stream": true, "previous_response_id": "resp_1", "tools": [{ "type": "web_search" }] });
+        let (mut host, mut stage) = ingress_call(
+            ProviderKind::Openai,
+            Protocol::Responses,
+            true,
+            body.clone(),
+        );
+        assert_eq!(path_of(&host), "/v1/responses");
+        let mut expected = body;
+        expected["model"] = "m1".into();
+        assert_eq!(sent(&host), expected, "only the model is rewritten");
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        stage.on_response_headers(&mut host, false);
+        let created =
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{}}\n\n";
+        host.response_body = created.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, created.len(), false),
+            Flow::Pause
+        );
+        let rest = concat!(
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        );
+        host.response_body.extend_from_slice(rest.as_bytes());
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        assert_eq!(
+            String::from_utf8_lossy(&host.response_body),
+            format!("{created}{rest}"),
+            "passed through as it came"
+        );
+        assert_eq!(host.attempts[0].outcome().text(), "success");
+        assert_eq!(host.attempts[0].usage.map(|u| u.prompt_tokens), Some(3));
     }
 }

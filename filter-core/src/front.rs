@@ -19,7 +19,8 @@ use crate::classify::Class;
 use crate::errors::{ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
-use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::messages_ingress::Fidelity;
+use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
 use crate::quota;
 use crate::resolve;
 use crate::state::State;
@@ -28,6 +29,13 @@ use crate::util::sha256_hex;
 #[derive(Default)]
 pub struct Front {
     op: Option<Operation>,
+    /// The caller's API: the shape of its body, answers and errors.
+    protocol: Protocol,
+    /// Messages: the `anthropic-version` and `anthropic-beta` the caller sent.
+    anthropic_version: Option<String>,
+    anthropic_beta: Option<String>,
+    /// The final answer is an error to re-dress in the caller's shape (buffered whole).
+    redress: bool,
     cid: Option<String>,
     rid: String,
     vk_id: String,
@@ -53,7 +61,11 @@ impl Front {
         if let Some(r) = retry_after.as_deref() {
             headers.push(("retry-after", r));
         }
-        host.send_response(err.status, &headers, &err.body());
+        host.send_response(
+            err.status,
+            &headers,
+            &crate::ingress::error_body(self.protocol, &err),
+        );
         Flow::Pause
     }
 
@@ -61,11 +73,20 @@ impl Front {
         let Some(state) = host.state() else {
             return self.reply(host, GatewayError::not_ready());
         };
+        // Anthropic clients (they send `anthropic-version`, or their key as `x-api-key`) get
+        // the list in the Messages API's shape.
+        let anthropic_client = host.header(Side::Request, "anthropic-version").is_some()
+            || (host.header(Side::Request, "authorization").is_none()
+                && host.header(Side::Request, "x-api-key").is_some());
+        if anthropic_client {
+            self.protocol = Protocol::Messages;
+        }
         let Some(key) = self.authenticate(host) else {
             return Flow::Pause;
         };
         let names = resolve::model_list(&state, &key);
-        let item = |id: &str| json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" });
+        let protocol = self.protocol;
+        let item = |id: &str| crate::ingress::model_entry(protocol, id);
         let body = match path.strip_prefix("/v1/models/") {
             Some(raw) if !raw.is_empty() => {
                 // SDKs percent-encode ids such as `openai/gpt-4o-mini`.
@@ -83,9 +104,7 @@ impl Front {
                 }
                 item(id)
             }
-            _ => {
-                json!({ "object": "list", "data": names.iter().map(|n| item(n)).collect::<Vec<_>>() })
-            }
+            _ => crate::ingress::model_list(protocol, names.iter().map(|n| item(n)).collect()),
         };
         self.answered = Some((200, "models"));
         let bytes = body.to_string().into_bytes();
@@ -192,7 +211,14 @@ impl Front {
                 }
             },
         };
-        let token = bearer_token(&header).unwrap_or("");
+        let api_key = match self.protocol {
+            // Anthropic clients send the key as `x-api-key`.
+            Protocol::Messages if header.is_empty() => host
+                .header_text(Side::Request, "x-api-key")
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        let token = bearer_token(&header).unwrap_or(api_key.trim());
         if token.is_empty() {
             self.reply(host, GatewayError::missing_api_key());
             return None;
@@ -216,7 +242,7 @@ impl Front {
         let Some(key) = self.key.take() else {
             return self.reply(host, GatewayError::invalid_api_key());
         };
-        let parsed: Value = match serde_json::from_slice(body) {
+        let mut parsed: Value = match serde_json::from_slice(body) {
             Ok(v @ Value::Object(_)) => v,
             Ok(_) => {
                 return self.reply(
@@ -237,6 +263,16 @@ impl Front {
                 )
             }
         };
+        // What the pool routes by: the body as a chat-completions request.
+        let view = match crate::ingress::chat_request(self.protocol, &parsed, Fidelity::Lenient) {
+            Ok(v) => v,
+            Err(e) => {
+                let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                err.param = e.param;
+                return self.reply(host, err);
+            }
+        };
+        let request = std::mem::replace(&mut parsed, view);
         match op {
             Operation::Chat => {
                 if !parsed.get("messages").is_some_and(Value::is_array) {
@@ -260,10 +296,31 @@ impl Front {
                 }
             }
         }
-        let resolved = match resolve::resolve(&state, &key, &parsed, op) {
+        let mut resolved = match resolve::resolve(&state, &key, &parsed, op) {
             Ok(r) => r,
             Err(e) => return self.reply(host, e),
         };
+        if let Some(param) = crate::ingress::stateful(self.protocol, &request) {
+            // Only a provider that keeps responses can serve it: lanes of kind openai, natively.
+            match crate::ingress::stateful_tiers(&state, &resolved.tiers) {
+                Some(tiers) => resolved.tiers = tiers,
+                None => {
+                    return self.reply(
+                        host,
+                        GatewayError::new(
+                            ErrorCode::InvalidRequest,
+                            format!(
+                                "'{param}' needs a provider that keeps responses (kind openai), \
+                                 and no lane of this model is one. The gateway keeps no state: \
+                                 send the whole conversation as input items, without \
+                                 previous_response_id and with store false."
+                            ),
+                        )
+                        .with_param(param),
+                    )
+                }
+            }
+        }
         let cid = host.new_call(self.started_ms);
         let plan = Plan {
             cid: cid.clone(),
@@ -271,13 +328,17 @@ impl Front {
             vk: key.id.clone(),
             op,
             stream: resolved.stream,
-            include_usage: resolved.include_usage,
+            // A translated stream needs the usage chunk for its own usage event.
+            include_usage: resolved.include_usage || self.protocol != Protocol::Chat,
             tiers: resolved.tiers,
             max_attempts: resolved.max_attempts,
             timeout_ms: resolved.timeout_ms,
             deadline_ms: resolved.deadline_ms,
             started_ms: self.started_ms,
             tokens: resolved.needs.context_tokens,
+            protocol: self.protocol,
+            anthropic_version: self.anthropic_version.clone(),
+            anthropic_beta: self.anthropic_beta.clone(),
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
@@ -355,11 +416,29 @@ impl Front {
         let op = match (method.as_str(), path.as_str()) {
             ("POST", "/v1/chat/completions") => Operation::Chat,
             ("POST", "/v1/embeddings") => Operation::Embeddings,
+            ("POST", "/v1/messages") => {
+                self.protocol = Protocol::Messages;
+                Operation::Chat
+            }
+            ("POST", "/v1/responses") => {
+                self.protocol = Protocol::Responses;
+                Operation::Chat
+            }
             ("GET", p) if p == "/v1/models" || p.starts_with("/v1/models/") => {
                 return self.models(host, &path)
             }
             ("GET", "/health") => return self.health(host),
-            (_, "/v1/chat/completions" | "/v1/embeddings" | "/v1/models") => {
+            (_, "/v1/messages") => {
+                self.protocol = Protocol::Messages;
+                return self.reply(
+                    host,
+                    GatewayError::new(
+                        ErrorCode::MethodNotAllowed,
+                        format!("{method} is not allowed on {path}."),
+                    ),
+                );
+            }
+            (_, "/v1/chat/completions" | "/v1/embeddings" | "/v1/models" | "/v1/responses") => {
                 return self.reply(
                     host,
                     GatewayError::new(
@@ -402,8 +481,23 @@ impl Front {
                 GatewayError::new(ErrorCode::InvalidJson, "The request has no body."),
             );
         }
+        if self.protocol == Protocol::Messages {
+            let version = host.header_text(Side::Request, "anthropic-version");
+            match crate::ingress::anthropic_version(version.as_deref()) {
+                Ok(v) => self.anthropic_version = Some(v),
+                Err(message) => {
+                    return self.reply(
+                        host,
+                        GatewayError::new(ErrorCode::InvalidRequest, message)
+                            .with_param("anthropic-version"),
+                    )
+                }
+            }
+            self.anthropic_beta = host.header_text(Side::Request, "anthropic-beta");
+        }
         // The client's key never goes further than this stage.
         host.set_header(Side::Request, "authorization", None);
+        host.set_header(Side::Request, "x-api-key", None);
         Flow::Pause
     }
 
@@ -517,6 +611,11 @@ impl Front {
         if let Some(r) = retry_after.filter(|_| self.status >= 400) {
             host.set_header(Side::Response, "retry-after", Some(&r));
         }
+        if self.status >= 400 && self.protocol == Protocol::Messages && !end_of_stream {
+            self.redress = true;
+            host.set_header(Side::Response, "content-length", None);
+            host.set_header(Side::Response, "content-type", Some("application/json"));
+        }
         Flow::Continue
     }
 
@@ -526,13 +625,23 @@ impl Front {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
-        let Some(body) = self.replace_body.as_ref() else {
+        if self.replace_body.is_none() && !self.redress {
             return Flow::Continue;
-        };
+        }
         if !end_of_stream {
             return Flow::Pause;
         }
-        let body = body.clone();
+        let mut body = match self.replace_body.clone() {
+            Some(body) => body,
+            None => host.body(Side::Response, 0, size),
+        };
+        if self.redress {
+            if let Some(redressed) =
+                crate::ingress::redress_error(self.protocol, self.status, &body)
+            {
+                body = redressed;
+            }
+        }
         host.set_body(Side::Response, 0, size, &body);
         Flow::Continue
     }
@@ -968,5 +1077,163 @@ mod tests {
         assert_eq!(a.status, 429);
         assert_eq!(a.json()["error"]["code"], "requests_per_minute_exceeded");
         assert!(a.header("retry-after").is_some());
+    }
+
+    #[test]
+    fn messages_take_x_api_key_and_answer_errors_in_the_anthropic_shape() {
+        let key = KEY.as_bytes().to_vec();
+        // Authenticated by x-api-key; the key goes no further; the plan names the protocol.
+        let mut host = client(
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", &key), ("anthropic-beta", b"tools-2024")],
+        );
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+        assert!(host.answered.is_none());
+        assert!(host.header(Side::Request, "x-api-key").is_none());
+        let body = r#"{"model":"m1","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.protocol, Protocol::Messages);
+        assert!(plan.stream && plan.include_usage);
+        assert_eq!(plan.anthropic_version.as_deref(), Some("2023-06-01"));
+        assert_eq!(plan.anthropic_beta.as_deref(), Some("tools-2024"));
+
+        // The final error of the call, re-dressed.
+        host.add(Side::Response, ":status", b"503");
+        host.add(Side::Response, H_FINAL_STATUS, b"503");
+        host.add(Side::Response, H_ATTEMPT, b"3");
+        front.on_response_headers(&mut host, false);
+        host.response_body = GatewayError::of(ErrorCode::PoolUnavailable).body();
+        let size = host.response_body.len();
+        assert_eq!(
+            front.on_response_body(&mut host, size, true),
+            Flow::Continue
+        );
+        let v: Value = serde_json::from_slice(&host.response_body).unwrap_or(Value::Null);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "overloaded_error");
+        assert_eq!(v["error"]["code"], "pool_unavailable");
+
+        // The stage's own refusals: a wrong key, a bad version, a body without max_tokens.
+        for (headers, body, status, kind) in [
+            (
+                vec![("x-api-key", b"sk-nope".to_vec())],
+                None,
+                401,
+                "authentication_error",
+            ),
+            (
+                vec![
+                    ("x-api-key", key.clone()),
+                    ("anthropic-version", b"latest".to_vec()),
+                ],
+                None,
+                400,
+                "invalid_request_error",
+            ),
+            (
+                vec![("authorization", bearer(KEY))],
+                Some(r#"{"model":"m1","messages":[]}"#),
+                400,
+                "invalid_request_error",
+            ),
+        ] {
+            let extra: Vec<(&str, &[u8])> =
+                headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            let mut host = client("POST", "/v1/messages", &extra);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            if let Some(body) = body {
+                send_body(&mut front, &mut host, body);
+            }
+            let a = host.answered.clone().expect("answered");
+            assert_eq!(
+                (a.status, a.json()["error"]["type"].clone()),
+                (status, kind.into())
+            );
+            assert_eq!(a.json()["type"], "error");
+        }
+    }
+
+    #[test]
+    fn anthropic_clients_list_models_in_their_shape() {
+        let key = KEY.as_bytes().to_vec();
+        let mut host = client("GET", "/v1/models", &[("x-api-key", &key)]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!(a.status, 200);
+        assert_eq!(a.json()["data"][0]["type"], "model");
+        assert!(a.json()["first_id"].is_string());
+        let mut host = client("GET", "/v1/models", &[("anthropic-version", b"2023-06-01")]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!((a.status, a.json()["type"].clone()), (401, json!("error")));
+    }
+
+    #[test]
+    fn responses_are_routed_like_chat_and_state_is_refused_without_an_openai_lane() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/responses", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let body = r#"{"model":"chat","input":"hi","instructions":"brief"}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.protocol, Protocol::Responses);
+        assert_eq!(plan.tiers[0][0].model, "m1");
+
+        for body in [
+            r#"{"model":"chat","input":"hi","previous_response_id":"resp_1"}"#,
+            r#"{"model":"chat","input":"hi","store":true}"#,
+            r#"{"model":"chat"}"#,
+        ] {
+            let mut host = client("POST", "/v1/responses", &[("authorization", &auth)]);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            assert_eq!(
+                send_body(&mut front, &mut host, body),
+                Flow::Pause,
+                "{body}"
+            );
+            assert_eq!(
+                answered_code(&host),
+                (400, "invalid_request".into()),
+                "{body}"
+            );
+        }
+        let mut host = client("GET", "/v1/responses", &[]);
+        Front::default().on_request_headers(&mut host, true);
+        assert_eq!(answered_code(&host).0, 405);
+    }
+
+    #[test]
+    fn a_stateful_response_goes_to_the_openai_lanes_only() {
+        let mut snap = state().snapshot.clone();
+        snap.providers[0].kind = ai_router_proto::v1::ProviderKind::Openai.into();
+        let state = State::new(2, snap);
+        let cut = crate::ingress::stateful_tiers(
+            &state,
+            &[vec![
+                crate::plan::Candidate {
+                    provider: "p1".into(),
+                    model: "m1".into(),
+                    weight: 1.0,
+                },
+                crate::plan::Candidate {
+                    provider: "gone".into(),
+                    model: "m1".into(),
+                    weight: 1.0,
+                },
+            ]],
+        );
+        assert_eq!(cut.map(|t| t[0].len()), Some(1));
     }
 }

@@ -8,6 +8,8 @@
 //! - `classify`: a provider's answer → error class, hold and window;
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
+//! - `ingress`, `messages_ingress`, `responses`: callers that speak the Messages or Responses
+//!   API: which lanes serve them natively, and the translations to and from chat completions;
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
@@ -19,12 +21,15 @@ pub mod errors;
 pub mod front;
 pub mod headers;
 pub mod host;
+pub mod ingress;
 pub mod lanes;
 pub mod local;
+pub mod messages_ingress;
 pub mod plan;
 pub mod quota;
 pub mod reports;
 pub mod resolve;
+pub mod responses;
 pub mod sse;
 pub mod state;
 pub mod stream;

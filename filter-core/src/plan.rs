@@ -28,6 +28,30 @@ impl Operation {
     }
 }
 
+/// The API the caller speaks. Routing is the same for all three (a call is an `Operation::Chat`);
+/// what differs is the shape of the request sent to each lane and of the answer returned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// OpenAI chat completions (and embeddings).
+    #[default]
+    Chat,
+    /// The Anthropic Messages API, `POST /v1/messages`.
+    Messages,
+    /// The OpenAI Responses API, `POST /v1/responses`.
+    Responses,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Chat => "chat",
+            Protocol::Messages => "messages",
+            Protocol::Responses => "responses",
+        }
+    }
+}
+
 /// One (provider, model) a call may use, with its share of its tier.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -64,6 +88,19 @@ pub struct Plan {
     /// Estimated prompt tokens plus max_tokens, against reported token headroom.
     #[serde(default)]
     pub tokens: u64,
+    /// The caller's API.
+    #[serde(default, skip_serializing_if = "is_chat")]
+    pub protocol: Protocol,
+    /// Messages: the caller's `anthropic-version` and `anthropic-beta`, for the providers of
+    /// kind anthropic that serve it natively.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anthropic_beta: Option<String>,
+}
+
+fn is_chat(p: &Protocol) -> bool {
+    *p == Protocol::Chat
 }
 
 impl Plan {

@@ -47,6 +47,30 @@ impl Parser {
     }
 }
 
+/// Test support: feeds `bytes` to `translate` event by event, cut in two at every position;
+/// asserts every cut gives the same output and returns it.
+#[cfg(test)]
+pub fn translated_at_every_cut<F>(bytes: &[u8], mut translate: impl FnMut() -> F) -> Vec<u8>
+where
+    F: FnMut(&Event) -> Vec<u8>,
+{
+    let run = |split: usize, f: &mut F| {
+        let mut parser = Parser::new();
+        let mut out = Vec::new();
+        for part in [&bytes[..split], &bytes[split..]] {
+            for event in parser.feed(part) {
+                out.extend(f(&event));
+            }
+        }
+        out
+    };
+    let whole = run(0, &mut translate());
+    for split in 1..bytes.len() {
+        assert_eq!(run(split, &mut translate()), whole, "cut at {split}");
+    }
+    whole
+}
+
 /// The index just past the blank line that ends the first event, if complete.
 fn event_end(buf: &[u8]) -> Option<usize> {
     let mut i = 0;

@@ -7,6 +7,8 @@ use serde_json::Value;
 
 use crate::classify::{classify_stream_error, Class, Failure};
 use crate::errors::ErrorCode;
+use crate::ingress::NativeStream;
+use crate::plan::Protocol;
 use crate::sse::{Event, Parser};
 
 /// Token usage read from a reply.
@@ -64,6 +66,8 @@ pub struct Gate {
     failed: Option<Failure>,
     pub usage: Option<Usage>,
     pub model: Option<String>,
+    /// A stream in the caller's own protocol (Messages, Responses), read by its own rules.
+    native: Option<NativeStream>,
 }
 
 impl Gate {
@@ -80,6 +84,24 @@ impl Gate {
             failed: None,
             usage: None,
             model: None,
+            native: None,
+        }
+    }
+
+    /// A gate for a stream a provider sends in the caller's own protocol: the same holding
+    /// and failover, its own events for tokens, the end and errors, and its own error event.
+    pub fn native(kind: &str, protocol: Protocol) -> Self {
+        Self {
+            native: Some(NativeStream::new(protocol, kind)),
+            ..Self::new(kind, true)
+        }
+    }
+
+    /// The event that ends the stream for the client after its first token.
+    fn end_event(&self, message: &str) -> Vec<u8> {
+        match &self.native {
+            Some(native) => native.error_event(message),
+            None => error_event(message, ErrorCode::StreamInterrupted),
         }
     }
 
@@ -131,13 +153,10 @@ impl Gate {
                         // One OpenAI error event ends the stream, whatever shape the provider's
                         // error had (or no shape: malformed data); `[DONE]` never follows.
                         self.errored = true;
-                        out.extend(error_event(
-                            &format!(
-                                "The provider's stream failed after the answer had started: {}",
-                                failure.message
-                            ),
-                            ErrorCode::StreamInterrupted,
-                        ));
+                        out.extend(self.end_event(&format!(
+                            "The provider's stream failed after the answer had started: {}",
+                            failure.message
+                        )));
                         self.failed = Some(failure);
                         break;
                     } else {
@@ -181,10 +200,7 @@ impl Gate {
         }
         let mut out = tail;
         if !self.done && !self.errored {
-            out.extend_from_slice(&error_event(
-                ErrorCode::StreamInterrupted.message(),
-                ErrorCode::StreamInterrupted,
-            ));
+            out.extend(self.end_event(ErrorCode::StreamInterrupted.message()));
         }
         Ok(out)
     }
@@ -196,6 +212,17 @@ impl Gate {
             return Judged::Keep { token: false };
         }
         self.chunks += 1;
+        if let Some(native) = self.native.as_mut() {
+            let judged = native.judge(event, now_ms);
+            self.usage = native.usage().or(self.usage);
+            if let Some(failure) = judged.error {
+                return Judged::Error(failure);
+            }
+            self.done |= judged.done;
+            return Judged::Keep {
+                token: judged.token,
+            };
+        }
         if data == "[DONE]" {
             self.done = true;
             return Judged::Keep { token: false };
@@ -260,6 +287,38 @@ fn has_token(chunk: &Value) -> bool {
         });
         delta_has || c.get("finish_reason").is_some_and(|f| !f.is_null())
     })
+}
+
+/// A translation of a chat-completions stream into another protocol's events, fed one SSE
+/// event at a time: chunks, the end (`[DONE]`) and the gateway's error event for a stream cut
+/// after its first token.
+pub trait FromChatStream {
+    /// Whether the translated stream has ended (nothing more is sent).
+    fn ended(&self) -> bool;
+    fn chunk(&mut self, out: &mut Vec<u8>, chunk: &Value);
+    fn finish(&mut self, out: &mut Vec<u8>);
+    fn fail(&mut self, out: &mut Vec<u8>, error: &Value);
+
+    /// The translated events of one chat-completions event (keep-alives and data that is not
+    /// JSON make none).
+    fn feed(&mut self, event: &Event) -> Vec<u8> {
+        let mut out = Vec::new();
+        let data = event.data.trim();
+        if self.ended() || data.is_empty() {
+            return out;
+        }
+        if data == "[DONE]" {
+            self.finish(&mut out);
+            return out;
+        }
+        if let Ok(chunk) = serde_json::from_str::<Value>(data) {
+            match chunk.get("error") {
+                Some(error) => self.fail(&mut out, error),
+                None => self.chunk(&mut out, &chunk),
+            }
+        }
+        out
+    }
 }
 
 /// An OpenAI-style error event for a stream that cannot go on.

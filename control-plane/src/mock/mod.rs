@@ -17,6 +17,7 @@
 //! | `POST` any path ending in `/chat/completions` | OpenAI chat completions, unary or SSE (`stream: true`) |
 //! | `POST` any path ending in `/messages` | the Anthropic Messages API, unary or SSE |
 //! | `POST` any path ending in `/embeddings` | OpenAI embeddings |
+//! | `POST` any path ending in `/responses` | the OpenAI Responses API, unary or SSE (typed events: `response.created`, `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, `response.output_item.done`, `response.completed`; `failWith: error-event` sends `event: error`) |
 //! | anything else outside `/_mock/` | 404, an OpenAI error object |
 //!
 //! The request's key is the bearer token of `authorization`, else `x-api-key`; its model is
@@ -120,6 +121,7 @@ mod answer;
 mod anthropic;
 mod errors;
 mod openai;
+mod responses;
 mod script;
 mod sse;
 
@@ -478,6 +480,7 @@ async fn handle(
 enum Endpoint {
     Chat,
     Messages,
+    Responses,
     Embeddings,
 }
 
@@ -490,6 +493,8 @@ impl Endpoint {
             Some(Self::Messages)
         } else if path.ends_with("/embeddings") {
             Some(Self::Embeddings)
+        } else if path.ends_with("/responses") {
+            Some(Self::Responses)
         } else {
             None
         }
@@ -498,7 +503,7 @@ impl Endpoint {
     fn error_body(self, status: u16, message: &str) -> Value {
         match self {
             Self::Messages => anthropic::error_body(status, message),
-            Self::Chat | Self::Embeddings => openai::error_body(status, message),
+            Self::Chat | Self::Responses | Self::Embeddings => openai::error_body(status, message),
         }
     }
 }
@@ -593,6 +598,7 @@ fn success(
     if !stream {
         let body = match endpoint {
             Endpoint::Messages => anthropic::message(turn, &answer),
+            Endpoint::Responses => responses::unary(turn, &answer),
             Endpoint::Chat | Endpoint::Embeddings => openai::chat_completion(turn, &answer),
         };
         return json_response(StatusCode::OK, &body);
@@ -600,6 +606,7 @@ fn success(
     let spec = reply.stream.clone().unwrap_or_default();
     let mut plan = match endpoint {
         Endpoint::Messages => anthropic::message_stream(turn, &answer),
+        Endpoint::Responses => responses::stream(turn, &answer),
         Endpoint::Chat | Endpoint::Embeddings => {
             let include_usage = spec.include_usage.unwrap_or(turn.usage_requested);
             openai::chat_stream(turn, &answer, include_usage)
@@ -608,6 +615,7 @@ fn success(
     if let Some(message) = &spec.error_message {
         plan.error_event = match endpoint {
             Endpoint::Messages => anthropic::stream_error_event(message),
+            Endpoint::Responses => responses::stream_error_event(message),
             Endpoint::Chat | Endpoint::Embeddings => openai::stream_error_event(message),
         };
     }

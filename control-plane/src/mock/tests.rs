@@ -502,3 +502,59 @@ async fn dropping_the_handle_stops_the_server() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn the_responses_api_unary_and_streamed() {
+    let mock = mock().await;
+    put_script(
+        &mock,
+        json!({ "rules": [{ "match": { "model": "tools" },
+            "replies": [{ "toolCalls": [{ "name": "f", "argumentChunks": ["{\"a\"", ":1}"] }] }] }] }),
+    )
+    .await;
+    let response = send(
+        &mock,
+        "POST",
+        "/v1/responses",
+        &[("authorization", "Bearer sk-test-1")],
+        r#"{"model":"m","input":"Say hi","store":true}"#,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let body = json_of(response).await;
+    assert_eq!(body["object"], "response");
+    assert_eq!(
+        body["output"][0]["content"][0]["text"],
+        "Hello from the ai-router mock."
+    );
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+
+    let response = send(
+        &mock,
+        "POST",
+        "/v1/responses",
+        &[],
+        r#"{"model":"tools","input":"x","stream":true}"#,
+    )
+    .await;
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let events: Vec<Value> = data_lines(&String::from_utf8_lossy(&bytes))
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    assert_eq!(events[4]["item"]["arguments"], "{\"a\":1}");
+    let calls = mock.calls();
+    assert_eq!(calls[0].path, "/v1/responses");
+}

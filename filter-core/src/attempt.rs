@@ -271,10 +271,17 @@ impl Attempt {
             Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
             None => plan.tiers.clone(),
         };
+        let idle_ms = state.selection().affinity_idle_ms;
+        let pinned = plan
+            .session
+            .as_deref()
+            .and_then(|s| crate::affinity::pinned(host, s, idle_ms, now));
         let request = lanes::Request {
             tried: &tried,
             excluded: &self.excluded,
             tokens: plan.tokens,
+            random: host.random_unit(),
+            pinned: pinned.as_ref(),
         };
         let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
         let chosen = match pick {
@@ -632,6 +639,10 @@ impl Attempt {
         if failure.is_none() {
             if let Some(first) = self.first_byte_ms {
                 host.record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
+            }
+            if let Some(session) = plan.and_then(|p| p.session.as_deref()) {
+                let idle_ms = host.state().map_or(0, |s| s.selection().affinity_idle_ms);
+                crate::affinity::remember(host, session, idle_ms, &lane.id, now);
             }
         }
         host.report_attempt(AttemptOutcome {
@@ -1231,6 +1242,7 @@ mod tests {
             deadline_ms: 30_000,
             started_ms: NOW,
             tokens: 10,
+            session: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
+pub mod affinity;
 pub mod anthropic;
 pub mod attempt;
 pub mod calls;
@@ -25,6 +26,7 @@ pub mod plan;
 pub mod quota;
 pub mod reports;
 pub mod resolve;
+pub mod select;
 pub mod sse;
 pub mod state;
 pub mod stream;

@@ -144,6 +144,8 @@ pub struct Provider {
     pub budget: Option<BudgetConfig>,
     pub keys: Vec<KeyRef>,
     pub models: Vec<ModelConfig>,
+    /// Overrides of the kind table's terms (`config::catalog::terms_of`).
+    pub terms: Option<crate::config::file::TermsConfig>,
 }
 
 impl Provider {

@@ -20,8 +20,8 @@ use crate::config::model::{
 };
 use crate::config::secrets::{Env, SecretSource};
 use crate::config::validate::{
-    check_concurrency, check_cost, check_listener_limits, check_policy, check_resilience,
-    check_selection, check_weight, is_label, non_empty_host, refuse_own_listener,
+    check_concurrency, check_cost, check_family, check_listener_limits, check_policy,
+    check_resilience, check_selection, check_weight, is_label, non_empty_host, refuse_own_listener,
     refuse_unsupported_settings, AUTH_HEADERS,
 };
 
@@ -293,7 +293,9 @@ impl FileConfig {
 
     fn resolve_selection(&self) -> Result<SelectionConfig, ConfigError> {
         check_selection(&self.selection)?;
-        Ok(self.selection)
+        let mut selection = self.selection.clone();
+        selection.region = selection.region.map(|r| r.trim().to_ascii_uppercase());
+        Ok(selection)
     }
 }
 
@@ -506,6 +508,7 @@ fn resolve_provider(
         if model.dimensions == Some(0) {
             return Err(invalid(format!("{mpath}.dimensions: must be at least 1")));
         }
+        check_family(&mpath, model)?;
     }
 
     Ok(Provider {
@@ -523,6 +526,7 @@ fn resolve_provider(
         budget: raw.budget.clone(),
         keys,
         models: raw.models.clone(),
+        terms: raw.terms.clone(),
     })
 }
 

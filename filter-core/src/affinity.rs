@@ -143,4 +143,100 @@ mod tests {
         }
         assert!(host.affinity.len() as u64 <= SLOTS);
     }
+
+    fn pool(selection: ai_router_proto::v1::Selection) -> crate::state::State {
+        use ai_router_proto::v1::{Headroom, Model, Provider, ProviderKey, Snapshot};
+        let key = |alias: &str| ProviderKey {
+            alias: alias.into(),
+            secret: format!("sk-{alias}"),
+            fingerprint: ai_router_contract::fingerprint(&format!("sk-{alias}")),
+            ..ProviderKey::default()
+        };
+        let mut snap = Snapshot::default();
+        for (id, keys) in [("p1", vec![key("a"), key("b")]), ("p2", vec![key("c")])] {
+            snap.providers.push(Provider {
+                id: id.into(),
+                keys,
+                models: vec![Model {
+                    id: "m1".into(),
+                    ..Model::default()
+                }],
+                ..Provider::default()
+            });
+        }
+        // a has 80 requests left, b 20, c reports nothing (the default weight, 10).
+        for (p, k, left) in [("p1", "a", 80), ("p1", "b", 20)] {
+            snap.headroom.push(Headroom {
+                provider: p.into(),
+                key: k.into(),
+                model: "m1".into(),
+                remaining_requests: left,
+                remaining_tokens: -1,
+                reset_at_ms: i64::MAX,
+            });
+        }
+        snap.selection = Some(selection);
+        crate::state::State::new(1, snap)
+    }
+
+    fn one_tier() -> Vec<Vec<crate::plan::Candidate>> {
+        vec![["p1", "p2"]
+            .iter()
+            .map(|p| crate::plan::Candidate {
+                provider: p.to_string(),
+                model: "m1".into(),
+                weight: 1.0,
+            })
+            .collect()]
+    }
+
+    #[test]
+    fn a_pinned_lane_wins_while_usable_and_untried_then_the_strategy_decides() {
+        use crate::lanes::{pick, NoView, Pick, Request, RoundRobin};
+        let s = pool(ai_router_proto::v1::Selection {
+            strategy: ai_router_proto::v1::SelectionStrategy::Headroom.into(),
+            unreported_weight: 10.0,
+            ..ai_router_proto::v1::Selection::default()
+        });
+        let tiers = one_tier();
+        let mut rr = RoundRobin::default();
+        let chosen =
+            |req: Request<'_>, rr: &mut RoundRobin| match pick(&s, &tiers, req, &NoView, rr, 0) {
+                Pick::Lane(c) => c.lane,
+                other => panic!("{other:?}"),
+            };
+        // Unpinned, draws across [0, 1) split 80 : 20 : 10 over a, b, c.
+        let lane_at = |r: f64, rr: &mut RoundRobin| {
+            chosen(
+                Request {
+                    random: r,
+                    ..Request::default()
+                },
+                rr,
+            )
+            .key
+        };
+        assert_eq!(lane_at(0.5, &mut rr), "a");
+        assert_eq!(lane_at(0.8, &mut rr), "b");
+        assert_eq!(lane_at(0.95, &mut rr), "c");
+        // Pinned to c: every draw goes to c.
+        let c = LaneId::new("p2", "c", "m1");
+        for r in [0.0, 0.5, 0.99] {
+            let req = Request {
+                random: r,
+                pinned: Some(&c),
+                ..Request::default()
+            };
+            assert_eq!(chosen(req, &mut rr), c);
+        }
+        // Once c failed this call, the call fails over by headroom (a or b, never c).
+        let tried = [c.clone()];
+        let req = Request {
+            random: 0.99,
+            pinned: Some(&c),
+            tried: &tried,
+            ..Request::default()
+        };
+        assert_eq!(chosen(req, &mut rr).provider, "p1");
+    }
 }

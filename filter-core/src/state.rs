@@ -160,7 +160,12 @@ impl State {
                     provider: pi,
                     model: mi,
                 };
-                for name in std::iter::once(&m.id).chain(m.aliases.iter()) {
+                // A family answers to `family:<name>` (families.rs).
+                let family = (!m.family.is_empty()).then(|| crate::families::name_of(&m.family));
+                for name in std::iter::once(&m.id)
+                    .chain(m.aliases.iter())
+                    .chain(family.as_ref())
+                {
                     let entry = state.names.entry(name.clone()).or_default();
                     if !entry.contains(&r) {
                         entry.push(r);

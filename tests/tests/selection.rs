@@ -1,0 +1,249 @@
+//! Choosing among lanes through a real Envoy: `selection.strategy: headroom` spreading calls in
+//! proportion to the remaining requests providers report, session affinity holding a
+//! conversation on one key and moving it when that key is refused, and the pool's filters
+//! (production, region, prompt logging) removing exactly their providers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ai_router_e2e::{chat_body, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
+use serde_json::{json, Value};
+
+async fn call(pool: &Pool, body: &Value, headers: &[(&str, &str)]) -> (Reply, Vec<String>) {
+    pool.clear_calls().await.unwrap();
+    let r = pool
+        .client
+        .chat_with_headers(body, Some(&pool.virtual_key), headers)
+        .await
+        .unwrap();
+    let keys = pool.keys_called().await.unwrap();
+    (r, keys)
+}
+
+/// One provider with keys a, b and c serving m1, and `selection` as given.
+fn three_keys(mock: &str, selection: &str) -> PoolSetup {
+    let mut setup = PoolSetup::default();
+    for k in ["a", "b", "c"] {
+        setup.secret_env(&format!("SEL_KEY_{}", k.to_uppercase()), k);
+    }
+    setup.yaml = format!(
+        "{}providers:\n  - id: p1\n    baseUrl: {mock}/p1/v1\n    keys: [{{ alias: a, env: SEL_KEY_A }}, {{ alias: b, env: SEL_KEY_B }}, {{ alias: c, env: SEL_KEY_C }}]\n    models: [{{ id: m1 }}]\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\nselection:\n{selection}",
+        pool_yaml_header()
+    );
+    setup
+}
+
+/// Each key's share of the calls.
+fn shares(served: &[String]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for k in served {
+        *out.entry(k.clone()).or_default() += 1.0 / served.len() as f64;
+    }
+    out
+}
+
+fn reporting(left: u32) -> Value {
+    json!({ "text": "ok", "headers": {
+        "x-ratelimit-remaining-requests": left.to_string(),
+        "x-ratelimit-reset-requests": "120s"
+    } })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_spreads_a_thousand_calls_in_proportion_to_the_remaining_requests() {
+    let pool = Pool::start("headroom_spread", 1, |m, _| {
+        Ok(three_keys(&m[0], "  strategy: headroom\n"))
+    })
+    .await
+    .expect("fixture");
+    let (a, b, c) = (
+        pool.env_value("SEL_KEY_A"),
+        pool.env_value("SEL_KEY_B"),
+        pool.env_value("SEL_KEY_C"),
+    );
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&a, vec![reporting(600)]),
+            script::for_key(&b, vec![reporting(300)]),
+            script::for_key(&c, vec![reporting(100)]),
+        ]))
+        .await
+        .unwrap();
+    // Until every key has reported once, unreported lanes weigh the default (10).
+    let body = chat_body("m1", false);
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    poll(
+        "every key to report its headroom",
+        Duration::from_secs(20),
+        || {
+            let (pool, body, seen) = (&pool, &body, &seen);
+            async move {
+                let (r, keys) = call(pool, body, &[]).await;
+                anyhow::ensure!(r.status == 200, "{r}");
+                let mut seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                seen.extend(keys);
+                Ok((seen.len() == 3).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Headroom changes reach Envoy in the control plane's next 200 ms publication.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let n = 1000;
+    let mut served: Vec<String> = Vec::with_capacity(n);
+    for i in 0..n {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert!(r.status == 200 && keys.len() == 1, "call {i}: {keys:?} {r}");
+        served.extend(keys);
+    }
+    // 600 : 300 : 100 left. Tolerance: 5 points of the total (3 sigma of a binomial at n = 1,000
+    // is under 4.7 points); smooth round-robin (tiers) would give a third each.
+    let spread = shares(&served);
+    eprintln!("headroom spread over {n} calls: {spread:?}");
+    for (k, want) in [("a", 0.6), ("b", 0.3), ("c", 0.1)] {
+        let got = spread.get(k).copied().unwrap_or(0.0);
+        assert!(
+            (got - want).abs() <= 0.05,
+            "key {k}: {got:.3}, expected {want}: {spread:?}"
+        );
+    }
+    let logs = format!("{}{}", pool.cp.logs(), pool.envoy.logs());
+    for secret in [&a, &b, &c, &pool.virtual_key] {
+        assert!(!logs.contains(secret.as_str()), "a secret is in the logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stays_on_one_key_and_moves_when_that_key_is_refused() {
+    let pool = Pool::start("session_affinity", 1, |m, _| {
+        Ok(three_keys(&m[0], "  affinity: { idleMs: 60000 }\n"))
+    })
+    .await
+    .expect("fixture");
+    let body = chat_body("m1", false);
+    // Without a session, equal keys share calls by round-robin.
+    let mut unpinned = Vec::new();
+    for _ in 0..6 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        unpinned.extend(keys);
+    }
+    unpinned.sort();
+    unpinned.dedup();
+    assert!(unpinned.len() >= 2, "round-robin spreads: {unpinned:?}");
+
+    let session = [("x-ai-router-session", "conversation-123")];
+    let mut pinned = Vec::new();
+    for i in 0..20 {
+        let (r, keys) = call(&pool, &body, &session).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        pinned.extend(keys);
+    }
+    let first = pinned[0].clone();
+    assert!(
+        pinned.iter().all(|k| *k == first),
+        "20 calls of one session on one key: {pinned:?}"
+    );
+
+    // The pinned key is refused (401): the call fails over, and the session re-pins.
+    let refused = pool.env_value(&format!("SEL_KEY_{}", first.to_uppercase()));
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&refused, vec![script::status(401, json!({}), Some(json!({
+                "error": { "message": "Incorrect API key provided", "type": "invalid_request_error", "param": null, "code": "invalid_api_key" }
+            })))]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &body, &session).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys.len(), 2, "the pinned key, then another: {keys:?}");
+    assert_eq!(keys[0], first, "{keys:?}");
+    let second = keys[1].clone();
+    for i in 0..10 {
+        let (r, keys) = call(&pool, &body, &session).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        assert_eq!(
+            keys,
+            std::slice::from_ref(&second),
+            "call {i} after the move"
+        );
+    }
+
+    // The body's `user` is a session too, and another session is pinned on its own.
+    let mut by_user = body.clone();
+    by_user["user"] = json!("user-42");
+    let mut users = Vec::new();
+    for _ in 0..8 {
+        let (r, keys) = call(&pool, &by_user, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        users.extend(keys);
+    }
+    assert!(users.iter().all(|k| *k == users[0]), "{users:?}");
+    assert_ne!(users[0], first, "the refused key serves no one: {users:?}");
+
+    let logs = format!("{}{}", pool.cp.logs(), pool.envoy.logs());
+    assert!(
+        !logs.contains("conversation-123"),
+        "the session id is in the logs"
+    );
+    assert!(!logs.contains(&refused), "a secret is in the logs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_filters_remove_exactly_their_providers() {
+    // Five providers serve m: dev-only terms, Gemini (blocked in the EU by the kind table),
+    // one that may train on prompts, one blocked elsewhere only, and one with no caveat.
+    let pool = Pool::start("terms_filters", 1, |m, _| {
+        let mock = &m[0];
+        let mut setup = PoolSetup::default();
+        let mut providers = String::new();
+        for (id, extra) in [
+            ("devonly", "    terms: { productionAllowed: false }\n"),
+            ("gem", "    kind: gemini\n"),
+            ("trains", "    terms: { trainsOnPrompts: true }\n"),
+            ("usblocked", "    terms: { blockedRegions: [US] }\n"),
+            ("plain", ""),
+        ] {
+            let var = format!("SEL_{}", id.to_uppercase());
+            setup.secret_env(&var, id);
+            let kind = if extra.contains("kind:") { "" } else { "    kind: openai-compatible\n" };
+            providers.push_str(&format!(
+                "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}, {{ id: m-{id} }}]\n"
+            ));
+        }
+        setup.yaml = format!(
+            "{}providers:\n{providers}selection:\n  mode: production\n  region: DE\n  allowPromptLogging: false\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let body = chat_body("m", false);
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..20 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        for k in keys {
+            *served.entry(k).or_default() += 1;
+        }
+    }
+    let names: Vec<&str> = served.keys().map(String::as_str).collect();
+    assert_eq!(names, ["plain", "usblocked"], "{served:?}");
+    // A model only a dropped provider serves: the error names the filter.
+    for (model, reason) in [
+        ("m-devonly", "production_forbidden"),
+        ("m-gem", "region_blocked"),
+        ("m-trains", "prompt_logging"),
+    ] {
+        let (r, keys) = call(&pool, &chat_body(model, false), &[]).await;
+        assert!(keys.is_empty(), "{model}: {keys:?}");
+        assert_eq!(r.status, 400, "{model}: {r}");
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(reason), "{model}: {message}");
+    }
+}

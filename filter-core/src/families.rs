@@ -9,7 +9,9 @@
 //!   families' other members (other ids, other providers), before the next tier's model. A
 //!   tier that spans several families lists their siblings best rank first. Fallback to
 //!   another family follows the operator's order (profiles, `defaults.fallbacks`), whatever
-//!   the families' ranks.
+//!   the families' ranks. A profile candidate that names its provider (`{provider, model}`)
+//!   is an exact lane and brings no siblings; `allowFallback: false` keeps the first tier
+//!   only, siblings included.
 
 use crate::state::State;
 
@@ -57,13 +59,19 @@ where
         let mut siblings: Vec<(String, Option<String>, W)> = Vec::new();
         let mut named: Vec<(String, Option<String>, W)> = Vec::new();
         for (name, provider, weight) in tier {
-            for (family, _) in families_serving(state, &name) {
+            let provider: Option<String> = provider.into();
+            // A candidate naming its provider is the operator's exact lane: no siblings.
+            let families = match provider {
+                Some(_) => Vec::new(),
+                None => families_serving(state, &name),
+            };
+            for (family, _) in families {
                 let family = name_of(&family);
                 if !siblings.iter().any(|(n, _, _)| n == &family) {
                     siblings.push((family, None, weight));
                 }
             }
-            named.push((name, provider.into(), weight));
+            named.push((name, provider, weight));
         }
         out.push(named);
         if !siblings.is_empty() {
@@ -122,6 +130,19 @@ mod tests {
             fallbacks: vec!["moonshotai/kimi-k2".into()],
             ..Policy::default()
         });
+        snap.profiles.insert(
+            "exact".into(),
+            Policy {
+                candidates: vec![ai_router_proto::v1::Tier {
+                    candidates: vec![ai_router_proto::v1::Candidate {
+                        model: "openai/gpt-oss-120b".into(),
+                        provider: "groq".into(),
+                        weight: 1.0,
+                    }],
+                }],
+                ..Policy::default()
+            },
+        );
         snap.selection = Some(selection);
         State::new(1, snap)
     }
@@ -164,6 +185,16 @@ mod tests {
                 vec!["cloudflare/@cf/openai/gpt-oss-120b".to_string()],
                 vec!["openrouter/moonshotai/kimi-k2".to_string()],
             ])
+        );
+        // A profile candidate naming its provider is an exact lane: no siblings.
+        let exact = key(&["*"]);
+        let exact = VirtualKey {
+            profiles: vec!["*".into()],
+            ..exact
+        };
+        assert_eq!(
+            call(&s, &exact, "exact"),
+            Ok(vec![vec!["groq/openai/gpt-oss-120b".to_string()]])
         );
     }
 

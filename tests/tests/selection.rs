@@ -247,3 +247,60 @@ async fn the_pools_filters_remove_exactly_their_providers() {
         assert!(message.contains(reason), "{model}: {message}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_family() {
+    // gpt-oss-120b under Groq's and Cloudflare's ids (one family by the bundled table), and
+    // kimi-k2 (ranked better) as the defaults' fallback.
+    let pool = Pool::start("family_fallback", 1, |m, _| {
+        let mock = &m[0];
+        let mut setup = PoolSetup::default();
+        let mut providers = String::new();
+        for (id, model) in [
+            ("groq", "openai/gpt-oss-120b"),
+            ("cf", "\"@cf/openai/gpt-oss-120b\""),
+            ("or", "moonshotai/kimi-k2"),
+        ] {
+            let var = format!("FAM_{}", id.to_uppercase());
+            setup.secret_env(&var, id);
+            providers.push_str(&format!(
+                "  - id: {id}\n    kind: openai-compatible\n    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: {model} }}]\n"
+            ));
+        }
+        setup.yaml = format!(
+            "{}providers:\n{providers}defaults: {{ fallbacks: [moonshotai/kimi-k2] }}\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let groq = pool.env_value("FAM_GROQ");
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&groq, vec![script::status(503, json!({}), None)]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &chat_body("openai/gpt-oss-120b", false), &[]).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys, ["groq", "cf"], "the same family before kimi-k2: {r}");
+    assert_eq!(
+        r.header("x-ai-router-model").as_deref(),
+        Some("@cf/openai/gpt-oss-120b"),
+        "{r}"
+    );
+    // A request naming the family reaches its members on both providers, not kimi-k2.
+    let mut served = Vec::new();
+    for _ in 0..6 {
+        let (r, keys) = call(&pool, &chat_body("family:gpt-oss-120b", false), &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        served.extend(keys);
+    }
+    assert!(
+        served.iter().all(|k| k == "groq" || k == "cf"),
+        "{served:?}"
+    );
+    assert!(served.iter().any(|k| k == "cf"), "{served:?}");
+}

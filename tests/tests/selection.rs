@@ -34,6 +34,26 @@ fn three_keys(mock: &str, selection: &str) -> PoolSetup {
     setup
 }
 
+/// Providers `(id, extra yaml, model)` on the mock, each with one key `k` (secret named by the
+/// provider's id) serving its model and `m`; `kind: openai-compatible` unless `extra` says.
+fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, String) {
+    let mut setup = PoolSetup::default();
+    let mut yaml = String::new();
+    for (id, extra, model) in providers {
+        let var = format!("SEL_{}", id.to_uppercase());
+        setup.secret_env(&var, id);
+        let kind = if extra.contains("kind:") {
+            ""
+        } else {
+            "    kind: openai-compatible\n"
+        };
+        yaml.push_str(&format!(
+            "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}, {{ id: {model} }}]\n"
+        ));
+    }
+    (setup, yaml)
+}
+
 /// Each key's share of the calls.
 fn shares(served: &[String]) -> BTreeMap<String, f64> {
     let mut out: BTreeMap<String, f64> = BTreeMap::new();
@@ -198,23 +218,16 @@ async fn the_pools_filters_remove_exactly_their_providers() {
     // Five providers serve m: dev-only terms, Gemini (blocked in the EU by the kind table),
     // one that may train on prompts, one blocked elsewhere only, and one with no caveat.
     let pool = Pool::start("terms_filters", 1, |m, _| {
-        let mock = &m[0];
-        let mut setup = PoolSetup::default();
-        let mut providers = String::new();
-        for (id, extra) in [
-            ("devonly", "    terms: { productionAllowed: false }\n"),
-            ("gem", "    kind: gemini\n"),
-            ("trains", "    terms: { trainsOnPrompts: true }\n"),
-            ("usblocked", "    terms: { blockedRegions: [US] }\n"),
-            ("plain", ""),
-        ] {
-            let var = format!("SEL_{}", id.to_uppercase());
-            setup.secret_env(&var, id);
-            let kind = if extra.contains("kind:") { "" } else { "    kind: openai-compatible\n" };
-            providers.push_str(&format!(
-                "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}, {{ id: m-{id} }}]\n"
-            ));
-        }
+        let (mut setup, providers) = one_key_each(
+            &m[0],
+            &[
+                ("devonly", "    terms: { productionAllowed: false }\n", "m-devonly"),
+                ("gem", "    kind: gemini\n", "m-gem"),
+                ("trains", "    terms: { trainsOnPrompts: true }\n", "m-trains"),
+                ("usblocked", "    terms: { blockedRegions: [US] }\n", "m-usblocked"),
+                ("plain", "", "m-plain"),
+            ],
+        );
         setup.yaml = format!(
             "{}providers:\n{providers}selection:\n  mode: production\n  region: DE\n  allowPromptLogging: false\n",
             pool_yaml_header()
@@ -253,20 +266,14 @@ async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_fa
     // gpt-oss-120b under Groq's and Cloudflare's ids (one family by the bundled table), and
     // kimi-k2 (ranked better) as the defaults' fallback.
     let pool = Pool::start("family_fallback", 1, |m, _| {
-        let mock = &m[0];
-        let mut setup = PoolSetup::default();
-        let mut providers = String::new();
-        for (id, model) in [
-            ("groq", "openai/gpt-oss-120b"),
-            ("cf", "\"@cf/openai/gpt-oss-120b\""),
-            ("or", "moonshotai/kimi-k2"),
-        ] {
-            let var = format!("FAM_{}", id.to_uppercase());
-            setup.secret_env(&var, id);
-            providers.push_str(&format!(
-                "  - id: {id}\n    kind: openai-compatible\n    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: {model} }}]\n"
-            ));
-        }
+        let (mut setup, providers) = one_key_each(
+            &m[0],
+            &[
+                ("groq", "", "openai/gpt-oss-120b"),
+                ("cf", "", "\"@cf/openai/gpt-oss-120b\""),
+                ("or", "", "moonshotai/kimi-k2"),
+            ],
+        );
         setup.yaml = format!(
             "{}providers:\n{providers}defaults: {{ fallbacks: [moonshotai/kimi-k2] }}\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\n",
             pool_yaml_header()
@@ -275,7 +282,7 @@ async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_fa
     })
     .await
     .expect("fixture");
-    let groq = pool.env_value("FAM_GROQ");
+    let groq = pool.env_value("SEL_GROQ");
     pool.mocks[0]
         .script(json!([
             script::for_key(&groq, vec![script::status(503, json!({}), None)]),

@@ -92,6 +92,13 @@ pub struct Terms {
     pub keyless: bool,
 }
 
+/// Whether a `blockedRegions` entry is an ISO 3166 alpha-2 code or a group of the table.
+pub fn is_region(code: &str) -> bool {
+    let code = code.trim().to_ascii_uppercase();
+    (code.len() == 2 && code.chars().all(|c| c.is_ascii_alphabetic()))
+        || terms_table().groups.contains_key(&code)
+}
+
 pub fn terms_of(kind: &str, over: Option<&TermsConfig>) -> Terms {
     let table = terms_table();
     let base = table.kinds.get(kind);

@@ -21,8 +21,8 @@ use crate::config::model::{
 use crate::config::secrets::{Env, SecretSource};
 use crate::config::validate::{
     check_concurrency, check_cost, check_family, check_listener_limits, check_policy,
-    check_resilience, check_selection, check_weight, is_label, non_empty_host, refuse_own_listener,
-    refuse_unsupported_settings, AUTH_HEADERS,
+    check_resilience, check_selection, check_terms, check_weight, is_label, non_empty_host,
+    refuse_own_listener, refuse_unsupported_settings, AUTH_HEADERS,
 };
 
 impl FileConfig {
@@ -443,6 +443,7 @@ fn resolve_provider(
     if raw.keys.is_empty() && prefix.is_none() {
         return Err(invalid(format!("{path}: needs keys or keysFromEnv")));
     }
+    check_terms(path, raw.terms.as_ref())?;
     if let Some(prefix) = prefix {
         let alias_base = if kind == ProviderKind::OpenaiCompatible {
             id.as_str()

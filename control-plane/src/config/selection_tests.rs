@@ -87,3 +87,25 @@ fn a_family_is_a_plain_name_and_its_rank_at_least_one() {
     assert!(err("{id: a, familyRank: 0}").contains("familyRank"));
     assert!(err("{id: a, family: house, familyRank: 1}").is_empty());
 }
+
+#[test]
+fn blocked_regions_are_countries_or_groups() {
+    let env = MapEnv::new([("GROQ", "sk-g")]);
+    let with_terms = |terms: &str| {
+        let text = format!(
+            "providers:\n  - kind: groq\n    keys: [{{alias: g, env: GROQ}}]\n    models: [{{id: m}}]\n    terms: {terms}\n"
+        );
+        parse(&text)
+            .and_then(|f| f.resolve(&env, Path::new("/etc")))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert!(with_terms("{ blockedRegions: [EU, us] }").is_empty());
+    let e = with_terms("{ blockedRegions: [Europe] }");
+    assert!(
+        e.contains("providers[0].terms.blockedRegions: 'Europe'"),
+        "{e}"
+    );
+    assert!(with_terms("{ trainsOnPrompts: maybe }").contains("trainsOnPrompts"));
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use ai_router_contract::defaults;
 
 use crate::config::error::{invalid, ConfigError};
-use crate::config::file::{FileConfig, ModelConfig, PolicyConfig, SelectionConfig};
+use crate::config::file::{FileConfig, ModelConfig, PolicyConfig, SelectionConfig, TermsConfig};
 use crate::config::model::{Gateway, ListenerLimits, Provider, ResilienceConfig};
 
 /// Provider headers that would carry a secret.
@@ -367,6 +367,19 @@ pub(super) fn check_family(mpath: &str, model: &ModelConfig) -> Result<(), Confi
         )));
     }
     Ok(())
+}
+
+/// A provider's `terms.blockedRegions` are countries or the table's groups.
+pub(super) fn check_terms(path: &str, terms: Option<&TermsConfig>) -> Result<(), ConfigError> {
+    let regions = terms
+        .and_then(|t| t.blocked_regions.as_deref())
+        .unwrap_or(&[]);
+    match regions.iter().find(|r| !crate::config::catalog::is_region(r)) {
+        Some(bad) => Err(invalid(format!(
+            "{path}.terms.blockedRegions: '{bad}' is neither an ISO 3166 alpha-2 country code nor a group of the terms table (EU)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Settings this version parses but cannot honour. Accepted and ignored would be worse than

@@ -54,50 +54,15 @@ fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, Str
     (setup, yaml)
 }
 
-/// Each key's share of the calls.
-fn shares(served: &[String]) -> BTreeMap<String, f64> {
-    let mut out: BTreeMap<String, f64> = BTreeMap::new();
-    for k in served {
-        *out.entry(k.clone()).or_default() += 1.0 / served.len() as f64;
-    }
-    out
-}
-
-fn reporting(left: u32) -> Value {
-    json!({ "text": "ok", "headers": {
-        "x-ratelimit-remaining-requests": left.to_string(),
-        "x-ratelimit-reset-requests": "120s"
-    } })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn headroom_spreads_a_thousand_calls_in_proportion_to_the_remaining_requests() {
-    let pool = Pool::start("headroom_spread", 1, |m, _| {
-        Ok(three_keys(&m[0], "  strategy: headroom\n"))
-    })
-    .await
-    .expect("fixture");
-    let (a, b, c) = (
-        pool.env_value("SEL_KEY_A"),
-        pool.env_value("SEL_KEY_B"),
-        pool.env_value("SEL_KEY_C"),
-    );
-    pool.mocks[0]
-        .script(json!([
-            script::for_key(&a, vec![reporting(600)]),
-            script::for_key(&b, vec![reporting(300)]),
-            script::for_key(&c, vec![reporting(100)]),
-        ]))
-        .await
-        .unwrap();
-    // Until every key has reported once, unreported lanes weigh the default (10).
-    let body = chat_body("m1", false);
+/// Calls until each of the three keys has answered once (so each has reported its headroom),
+/// then gives the control plane's 200 ms headroom publication time to reach Envoy.
+async fn every_key_reports(pool: &Pool, body: &Value) {
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     poll(
         "every key to report its headroom",
         Duration::from_secs(20),
         || {
-            let (pool, body, seen) = (&pool, &body, &seen);
+            let seen = &seen;
             async move {
                 let (r, keys) = call(pool, body, &[]).await;
                 anyhow::ensure!(r.status == 200, "{r}");
@@ -109,8 +74,54 @@ async fn headroom_spreads_a_thousand_calls_in_proportion_to_the_remaining_reques
     )
     .await
     .unwrap();
-    // Headroom changes reach Envoy in the control plane's next 200 ms publication.
     tokio::time::sleep(Duration::from_millis(600)).await;
+}
+
+/// Each key's share of the calls.
+fn shares(served: &[String]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for k in served {
+        *out.entry(k.clone()).or_default() += 1.0 / served.len() as f64;
+    }
+    out
+}
+
+/// A reply reporting `requests` (and `tokens`) left for the next two minutes.
+fn reporting(requests: u32, tokens: Option<u32>) -> Value {
+    let mut headers = json!({
+        "x-ratelimit-remaining-requests": requests.to_string(),
+        "x-ratelimit-reset-requests": "120s"
+    });
+    if let Some(t) = tokens {
+        headers["x-ratelimit-remaining-tokens"] = json!(t.to_string());
+        headers["x-ratelimit-reset-tokens"] = json!("120s");
+    }
+    json!({ "text": "ok", "headers": headers })
+}
+
+/// [`three_keys`] started, with the secrets of a, b and c.
+async fn start_three_keys(test: &str, selection: &str) -> (Pool, [String; 3]) {
+    let pool = Pool::start(test, 1, |m, _| Ok(three_keys(&m[0], selection)))
+        .await
+        .expect("fixture");
+    let secrets = ["A", "B", "C"].map(|k| pool.env_value(&format!("SEL_KEY_{k}")));
+    (pool, secrets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_spreads_a_thousand_calls_in_proportion_to_the_remaining_requests() {
+    let (pool, [a, b, c]) = start_three_keys("headroom_spread", "  strategy: headroom\n").await;
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&a, vec![reporting(600, None)]),
+            script::for_key(&b, vec![reporting(300, None)]),
+            script::for_key(&c, vec![reporting(100, None)]),
+        ]))
+        .await
+        .unwrap();
+    // Until every key has reported once, unreported lanes weigh the default (10).
+    let body = chat_body("m1", false);
+    every_key_reports(&pool, &body).await;
     let n = 1000;
     let mut served: Vec<String> = Vec::with_capacity(n);
     for i in 0..n {
@@ -310,4 +321,37 @@ async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_fa
         "{served:?}"
     );
     assert!(served.iter().any(|k| k == "cf"), "{served:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
+    let (pool, [a, b, c]) = start_three_keys("score_order", "  strategy: score\n").await;
+    // W = 0.3·R/Rmax + 0.4·T/Tmax + 0.3: a 1.0, b 0.85 (half the requests), c 0.68 (a fifth
+    // of the tokens).
+    let script_with = |a_reply: Value| {
+        json!([
+            script::for_key(&a, vec![a_reply]),
+            script::for_key(&b, vec![reporting(50, Some(10_000))]),
+            script::for_key(&c, vec![reporting(100, Some(2_000))]),
+        ])
+    };
+    pool.mocks[0]
+        .script(script_with(reporting(100, Some(10_000))))
+        .await
+        .unwrap();
+    let body = chat_body("m1", false);
+    every_key_reports(&pool, &body).await;
+    for i in 0..10 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(keys, ["a"], "call {i}: the highest W first");
+    }
+    // a fails: the call cascades to b (0.85), never to c (0.68) while b serves.
+    pool.mocks[0]
+        .script(script_with(script::status(503, json!({}), None)))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &body, &[]).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys, ["a", "b"], "{r}");
 }

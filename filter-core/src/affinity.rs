@@ -10,7 +10,8 @@
 //!   answers re-pins the session.
 //! - Pins live in a fixed table of [`SLOTS`] slots per Envoy process (shared data, seen by
 //!   every worker): the memory is bounded whatever the number of sessions (at most
-//!   `SLOTS` records of under 300 bytes). A session maps to one slot by its digest; a newer
+//!   `SLOTS` records, each the digest, the lane's provider, key and model names and a time:
+//!   under 200 bytes for usual ids, under 1 MB in all). A session maps to one slot by its digest; a newer
 //!   session on the same slot replaces the older one (its next call picks as if unpinned).
 //!   A pin unused for `selection.affinity.idleMs` lapses. Two Envoy processes keep their own
 //!   tables: a session whose calls alternate between them may be pinned differently on each.

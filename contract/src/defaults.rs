@@ -78,3 +78,12 @@ pub const LATENCY_TOLERANCE: f64 = 1.5;
 pub const LATENCY_SLACK_MS: u64 = 50;
 pub const EWMA_ALPHA: f64 = 0.3;
 pub const LOW_HEADROOM: u64 = 1;
+/// `selection.score`: the weights of the rpm, tpm and rpd headroom terms.
+pub const SCORE_ALPHA: f64 = 0.3;
+pub const SCORE_BETA: f64 = 0.4;
+pub const SCORE_GAMMA: f64 = 0.3;
+/// `selection.unreportedWeight`: a lane without reported headroom weighs as if it had this
+/// many requests left.
+pub const UNREPORTED_WEIGHT: f64 = 10.0;
+/// `selection.affinity.idleMs`: a session pin lapses after this long unused.
+pub const AFFINITY_IDLE_MS: u64 = 30 * 60 * 1000;

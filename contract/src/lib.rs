@@ -44,6 +44,9 @@ pub mod headers {
     pub const MODEL: &str = "x-ai-router-model";
     /// Front → client: how many attempts the call made.
     pub const ATTEMPTS: &str = "x-ai-router-attempts";
+    /// Client → front: the session a call belongs to (session affinity); read, then removed
+    /// like every internal header.
+    pub const SESSION: &str = "x-ai-router-session";
     /// Every internal header starts with this.
     pub const PREFIX: &str = "x-ai-router-";
 }
@@ -96,6 +99,12 @@ pub mod shared {
     /// pushed headroom, across the workers.
     pub fn sends(provider: &str) -> String {
         format!("ai-router/sends/{provider}")
+    }
+
+    /// One session-affinity slot (`filter-core/src/affinity.rs`): which lane a session is
+    /// pinned to.
+    pub fn affinity(slot: u64) -> String {
+        format!("ai-router/affinity/{slot}")
     }
 
     /// One virtual key's requests in the current UTC minute, across the workers.

@@ -289,10 +289,17 @@ impl Attempt {
             Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
             None => plan.tiers.clone(),
         };
+        let idle_ms = state.selection().affinity_idle_ms;
+        let pinned = plan
+            .session
+            .as_deref()
+            .and_then(|s| crate::affinity::pinned(host, s, idle_ms, now));
         let request = lanes::Request {
             tried: &tried,
             excluded: &self.excluded,
             tokens: plan.tokens,
+            random: host.random_unit(),
+            pinned: pinned.as_ref(),
         };
         let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
         let chosen = match pick {
@@ -707,6 +714,10 @@ impl Attempt {
         if failure.is_none() {
             if let Some(first) = self.first_byte_ms {
                 host.record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
+            }
+            if let Some(session) = plan.and_then(|p| p.session.as_deref()) {
+                let idle_ms = host.state().map_or(0, |s| s.selection().affinity_idle_ms);
+                crate::affinity::remember(host, session, idle_ms, &lane.id, now);
             }
         }
         host.report_attempt(AttemptOutcome {
@@ -1346,6 +1357,7 @@ mod tests {
             protocol: Protocol::Chat,
             anthropic_version: None,
             anthropic_beta: None,
+            session: None,
         }
     }
 

@@ -48,6 +48,8 @@ pub struct Front {
     key: Option<VirtualKey>,
     /// The state the request was authenticated against; its body is routed by the same one.
     state: Option<Rc<State>>,
+    /// The client's `x-ai-router-session`, read before internal headers are removed.
+    session_header: Option<String>,
 }
 
 impl Front {
@@ -339,6 +341,11 @@ impl Front {
             protocol: self.protocol,
             anthropic_version: self.anthropic_version.clone(),
             anthropic_beta: self.anthropic_beta.clone(),
+            session: (state.selection().affinity_idle_ms > 0)
+                .then(|| {
+                    crate::affinity::session_of(&key.id, self.session_header.as_deref(), &parsed)
+                })
+                .flatten(),
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
@@ -397,6 +404,7 @@ impl Front {
         self.rid = host
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
+        self.session_header = host.header_text(Side::Request, ai_router_contract::headers::SESSION);
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {

@@ -127,6 +127,10 @@ pub trait Host {
     fn random_unit(&mut self) -> f64;
     /// Queues an attempt outcome for the control plane.
     fn report_attempt(&mut self, outcome: AttemptOutcome);
+    /// A session-affinity slot of this process (`affinity`), if written.
+    fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>>;
+    /// Overwrites a session-affinity slot, for every worker of the process.
+    fn set_affinity_slot(&mut self, slot: u64, record: &[u8]);
 
     /// The names of every header of that side.
     fn header_names(&self, side: Side) -> Vec<String> {
@@ -250,6 +254,9 @@ pub mod fake {
         pub lanes: FakeLanes,
         pub rr: RoundRobin,
         pub latencies: Vec<(LaneId, f64)>,
+        pub affinity: HashMap<u64, Vec<u8>>,
+        /// Draws `random_unit` returns in turn (then 0.5).
+        pub draws: std::collections::VecDeque<f64>,
     }
 
     impl FakeHost {
@@ -493,7 +500,13 @@ pub mod fake {
             self.latencies.push((lane.clone(), ms));
         }
         fn random_unit(&mut self) -> f64 {
-            0.5
+            self.draws.pop_front().unwrap_or(0.5)
+        }
+        fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
+            self.affinity.get(&slot).cloned()
+        }
+        fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
+            self.affinity.insert(slot, record.to_vec());
         }
         fn report_attempt(&mut self, outcome: AttemptOutcome) {
             self.attempts.push(outcome);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason};
+use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason, SelectionStrategy};
 
 use crate::classify::Class;
 use crate::local::Allowance;
@@ -214,6 +214,10 @@ pub struct Request<'a> {
     pub excluded: &'a [LaneId],
     /// Estimated tokens of the request, against reported token headroom.
     pub tokens: u64,
+    /// A draw in [0, 1) for the `headroom` and `score` strategies (the host's random source).
+    pub random: f64,
+    /// The lane a session is pinned to: taken first while it is usable and untried.
+    pub pinned: Option<&'a LaneId>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -266,6 +270,8 @@ struct Usable {
     /// The key's share within its candidate.
     key_weight: f64,
     latency: Option<f64>,
+    /// What the `headroom` and `score` strategies read.
+    facts: crate::select::LaneFacts<(bool, usize, bool, bool, bool)>,
 }
 
 /// A breaker's effect on a lane right now.
@@ -486,15 +492,28 @@ pub fn pick(
                 let provider_tried = req.tried.iter().any(|t| t.provider == lane.provider);
                 let candidate_weight =
                     positive(provider.weight) * model_weight * positive(cand.weight);
+                let reported = health
+                    .headroom(&lane.key, &lane.model)
+                    .filter(|h| h.reset_at_ms > now_ms);
+                let rank = (
+                    lane_tried,
+                    tier_index,
+                    key_tried,
+                    provider_tried,
+                    low_headroom,
+                );
+                let in_flight = view.in_flight(&provider.id, &key.alias);
+                let facts = crate::select::LaneFacts {
+                    rank,
+                    remaining_requests: reported.map(|h| h.remaining_requests).filter(|r| *r >= 0),
+                    remaining_tokens: reported.map(|h| h.remaining_tokens).filter(|t| *t >= 0),
+                    in_flight,
+                    half_open: probe.is_some(),
+                };
                 usable.push(Usable {
-                    rank: (
-                        lane_tried,
-                        tier_index,
-                        key_tried,
-                        provider_tried,
-                        low_headroom,
-                    ),
-                    in_flight: view.in_flight(&provider.id, &key.alias),
+                    facts,
+                    rank,
+                    in_flight,
                     latency: view.latency(&lane),
                     candidate_weight,
                     key_weight: positive(key.weight),
@@ -508,6 +527,21 @@ pub fn pick(
                 });
             }
         }
+    }
+    if let Some(i) = req.pinned.and_then(|pin| {
+        usable
+            .iter()
+            .position(|u| &u.chosen.lane == pin && !u.rank.0)
+    }) {
+        return Pick::Lane(usable.swap_remove(i).chosen);
+    }
+    if crate::select::strategy(&selection) != SelectionStrategy::Tiers && !usable.is_empty() {
+        let facts: Vec<_> = usable.iter().map(|u| u.facts).collect();
+        if let Some(i) = crate::select::choose(&selection, &facts, req.random) {
+            return Pick::Lane(usable.swap_remove(i).chosen);
+        }
+        // Every usable lane weighs 0: they are out as if spent.
+        usable.clear();
     }
     let Some(best_rank) = usable.iter().map(|u| u.rank).min() else {
         return match soonest {

@@ -12,12 +12,14 @@
 //!   API: which lanes serve them natively, and the translations to and from chat completions;
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
+pub mod affinity;
 pub mod anthropic;
 pub mod attempt;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;
 pub mod errors;
+pub mod families;
 pub mod front;
 pub mod headers;
 pub mod host;
@@ -30,7 +32,9 @@ pub mod quota;
 pub mod reports;
 pub mod resolve;
 pub mod responses;
+pub mod select;
 pub mod sse;
 pub mod state;
 pub mod stream;
+pub mod terms;
 pub mod util;

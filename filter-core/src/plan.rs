@@ -88,6 +88,9 @@ pub struct Plan {
     /// Estimated prompt tokens plus max_tokens, against reported token headroom.
     #[serde(default)]
     pub tokens: u64,
+    /// The call's session digest (`affinity::session_of`), when it has one and affinity is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// The caller's API.
     #[serde(default, skip_serializing_if = "is_chat")]
     pub protocol: Protocol,

@@ -349,10 +349,24 @@ pub fn resolve(
     // What the Anthropic adapter cannot express (`n: 2`...), worked out once, when a candidate
     // is of kind anthropic: such a lane is no candidate for this request.
     let mut anthropic_refusal: Option<Option<String>> = None;
-    for tier in tiers_by_name {
+    let selection = state.selection();
+    for tier in crate::families::with_siblings(state, tiers_by_name) {
         let mut out: Vec<Candidate> = Vec::new();
         for (name, provider, weight) in tier {
             for c in candidates_for(state, &name, provider.as_deref(), weight, &policy, scope) {
+                let skip = state
+                    .provider(&c.provider)
+                    .and_then(|(_, p)| crate::terms::skipped(&selection, p));
+                if let Some(skip) = skip {
+                    why_not.get_or_insert(format!(
+                        "{} on {} is skipped ({}): {}",
+                        c.model,
+                        c.provider,
+                        skip.reason(),
+                        skip.explain(&selection)
+                    ));
+                    continue;
+                }
                 if let Some(reason) = unfit(state, &c, &needs, policy.max_cost) {
                     why_not.get_or_insert(reason);
                     continue;
@@ -446,6 +460,8 @@ pub fn model_list(state: &State, key: &VirtualKey) -> Vec<String> {
         .collect();
     let mut models: Vec<String> = state
         .names()
+        // Families are callable (`family:<name>`) but not listed: every model is one.
+        .filter(|n| !n.starts_with(crate::families::PREFIX))
         .filter(|n| !state.snapshot.profiles.contains_key(*n) && key_may_call_model(state, key, n))
         .cloned()
         .collect();

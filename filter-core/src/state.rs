@@ -1,5 +1,6 @@
 //! The pushed state, decoded once per version and indexed for per-request lookups.
 
+use ai_router_contract::defaults;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -174,7 +175,12 @@ impl State {
                     provider: pi,
                     model: mi,
                 };
-                for name in std::iter::once(&m.id).chain(m.aliases.iter()) {
+                // A family answers to `family:<name>` (families.rs).
+                let family = (!m.family.is_empty()).then(|| crate::families::name_of(&m.family));
+                for name in std::iter::once(&m.id)
+                    .chain(m.aliases.iter())
+                    .chain(family.as_ref())
+                {
                     let entry = state.names.entry(name.clone()).or_default();
                     if !entry.contains(&r) {
                         entry.push(r);
@@ -250,12 +256,18 @@ impl State {
     }
 
     pub fn selection(&self) -> Selection {
-        let Some(mut s) = self.snapshot.selection else {
+        let Some(mut s) = self.snapshot.selection.clone() else {
             return Selection {
                 latency_tolerance: 1.5,
                 latency_slack_ms: 50,
                 ewma_alpha: 0.3,
                 low_headroom: 1,
+                unreported_weight: defaults::UNREPORTED_WEIGHT,
+                score_alpha: defaults::SCORE_ALPHA,
+                score_beta: defaults::SCORE_BETA,
+                score_gamma: defaults::SCORE_GAMMA,
+                affinity_idle_ms: defaults::AFFINITY_IDLE_MS,
+                ..Selection::default()
             };
         };
         if s.latency_tolerance <= 0.0 {

@@ -160,7 +160,7 @@ impl Tables {
             generated_at_ms: self.generated_at_ms,
             breakers: self.breakers.values().cloned().collect(),
             resilience: self.settings.resilience,
-            selection: self.settings.selection,
+            selection: self.settings.selection.clone(),
             headroom: self.headroom.values().cloned().collect(),
             provider_health: self.provider_health.values().cloned().collect(),
             resets: self.resets.values().cloned().collect(),
@@ -176,7 +176,7 @@ impl Tables {
             limits: self.settings.limits.clone(),
             generated_at_ms: self.generated_at_ms,
             resilience: self.settings.resilience,
-            selection: self.settings.selection,
+            selection: self.settings.selection.clone(),
             ..Snapshot::default()
         }
     }

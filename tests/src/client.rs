@@ -203,8 +203,37 @@ impl Client {
         key: Option<&str>,
         body: Option<String>,
     ) -> Result<Reply> {
+        self.request_with_headers(method, path, key, body, &[])
+            .await
+    }
+
+    /// `POST /v1/chat/completions` with `body` and extra request headers.
+    pub async fn chat_with_headers(
+        &self,
+        body: &Value,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply> {
+        let body = Some(body.to_string());
+        let path = "/v1/chat/completions";
+        self.request_with_headers(reqwest::Method::POST, path, key, body, headers)
+            .await
+    }
+
+    /// Any request with extra headers.
+    pub async fn request_with_headers(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<String>,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.request(method.clone(), &url);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }

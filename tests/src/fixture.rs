@@ -408,6 +408,14 @@ impl Pool {
         self.client.chat_with(body, Some(&self.virtual_key)).await
     }
 
+    /// One of the control plane's variables (a provider secret the setup made), or empty.
+    pub fn env_value(&self, name: &str) -> String {
+        self.cp_env
+            .iter()
+            .find_map(|(k, v)| (k == name).then(|| v.clone()))
+            .unwrap_or_default()
+    }
+
     /// The control plane's variables (what it was started with, `STARCI_AI_KEY` included).
     pub fn control_plane_env(&self) -> &[(String, String)] {
         &self.cp_env

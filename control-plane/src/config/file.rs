@@ -171,6 +171,18 @@ pub struct ProviderConfig {
     /// What the provider allows per window, over the seed table's row for its kind (the quota
     /// ledger, `ledger::limits`).
     pub limits: Option<LimitsConfig>,
+    /// Overrides of what the kind table says of the provider's terms.
+    pub terms: Option<TermsConfig>,
+}
+
+/// A provider's terms, each field overriding the kind table's (`control-plane/data/terms.yaml`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TermsConfig {
+    pub production_allowed: Option<bool>,
+    pub trains_on_prompts: Option<bool>,
+    pub blocked_regions: Option<Vec<String>>,
+    pub keyless: Option<bool>,
 }
 
 /// A provider's limits per window; each one set wins over the bundled seed table.
@@ -280,6 +292,11 @@ pub struct ModelConfig {
     pub weight: Option<f64>,
     pub identity: Option<String>,
     pub dimensions: Option<u32>,
+    /// The canonical family (the bundled table's name or a new one); absent: the table's
+    /// family of this id, else a family of its own.
+    pub family: Option<String>,
+    /// The family's quality rank (1 best), over the table's.
+    pub family_rank: Option<u32>,
 }
 
 impl ModelConfig {
@@ -406,13 +423,28 @@ pub struct ResilienceFileConfig {
     pub quota_blacklist_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct SelectionConfig {
     pub latency_tolerance: f64,
     pub latency_slack_ms: u64,
     pub ewma_alpha: f64,
     pub low_headroom: u64,
+    /// How the usable lanes of the best rank share calls.
+    pub strategy: SelectionStrategy,
+    /// The weights of `score`'s rpm, tpm and rpd terms.
+    pub score: ScoreConfig,
+    /// `headroom`: what a lane without reported remaining requests weighs.
+    pub unreported_weight: f64,
+    /// `production` drops providers whose terms forbid production use.
+    pub mode: SelectionMode,
+    /// An ISO 3166 country code: providers unavailable there are dropped.
+    pub region: Option<String>,
+    /// `false` drops providers whose free tier may train on prompts.
+    pub allow_prompt_logging: bool,
+    /// Keyless providers take part only when this is true.
+    pub keyless_fallback: bool,
+    pub affinity: AffinityConfig,
 }
 
 impl Default for SelectionConfig {
@@ -422,6 +454,68 @@ impl Default for SelectionConfig {
             latency_slack_ms: defaults::LATENCY_SLACK_MS,
             ewma_alpha: defaults::EWMA_ALPHA,
             low_headroom: defaults::LOW_HEADROOM,
+            strategy: SelectionStrategy::default(),
+            score: ScoreConfig::default(),
+            unreported_weight: defaults::UNREPORTED_WEIGHT,
+            mode: SelectionMode::default(),
+            region: None,
+            allow_prompt_logging: true,
+            keyless_fallback: false,
+            affinity: AffinityConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SelectionStrategy {
+    /// The tiers in order, smooth weighted round-robin within a tier.
+    #[default]
+    Tiers,
+    /// Weighted random by remaining requests.
+    Headroom,
+    /// The highest weight W = H·S·(α·rpm + β·tpm + γ·rpd)/(1+C) first.
+    Score,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SelectionMode {
+    #[default]
+    Development,
+    Production,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScoreConfig {
+    pub alpha: f64,
+    pub beta: f64,
+    pub gamma: f64,
+}
+
+impl Default for ScoreConfig {
+    fn default() -> Self {
+        Self {
+            alpha: defaults::SCORE_ALPHA,
+            beta: defaults::SCORE_BETA,
+            gamma: defaults::SCORE_GAMMA,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct AffinityConfig {
+    pub enabled: bool,
+    pub idle_ms: u64,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            idle_ms: defaults::AFFINITY_IDLE_MS,
         }
     }
 }

@@ -13,6 +13,7 @@
 //!
 //! Secrets stay references ([`SecretSource`](secrets::SecretSource)); the engine resolves them.
 
+pub mod catalog;
 mod error;
 mod file;
 mod keys_from_env;
@@ -23,6 +24,8 @@ pub mod secrets;
 mod validate;
 
 #[cfg(test)]
+mod selection_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::ConfigError;
@@ -31,7 +34,8 @@ pub use file::{
     ControlPlaneConfig, CostConfig, DayZone, FileConfig, GatewayConfig, KeyConfig, LimitsConfig,
     ModelConfig, MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind,
     QuotaConfig, RequestsHeader, ResilienceFileConfig, SecretRefConfig, SelectionConfig,
-    StoreConfig, StoreType, TelemetryConfig, TierConfig, DEFAULT_CAPABILITIES,
+    SelectionMode, SelectionStrategy, StoreConfig, StoreType, TelemetryConfig, TermsConfig,
+    TierConfig, DEFAULT_CAPABILITIES,
 };
 pub use keys_from_env::keys_from_env;
 pub use load::{base_dir_of, load, parse, read, resolve_at};

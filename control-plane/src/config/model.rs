@@ -146,6 +146,8 @@ pub struct Provider {
     pub keys: Vec<KeyRef>,
     pub models: Vec<ModelConfig>,
     pub limits: Option<LimitsConfig>,
+    /// Overrides of the kind table's terms (`config::catalog::terms_of`).
+    pub terms: Option<crate::config::file::TermsConfig>,
 }
 
 impl Provider {

@@ -20,9 +20,9 @@ use crate::config::model::{
 };
 use crate::config::secrets::{Env, SecretSource};
 use crate::config::validate::{
-    check_concurrency, check_cost, check_listener_limits, check_policy, check_resilience,
-    check_selection, check_weight, is_label, non_empty_host, refuse_own_listener,
-    refuse_unsupported_settings, AUTH_HEADERS,
+    check_concurrency, check_cost, check_family, check_listener_limits, check_policy,
+    check_resilience, check_selection, check_terms, check_weight, is_label, non_empty_host,
+    refuse_own_listener, refuse_unsupported_settings, AUTH_HEADERS,
 };
 
 impl FileConfig {
@@ -293,7 +293,9 @@ impl FileConfig {
 
     fn resolve_selection(&self) -> Result<SelectionConfig, ConfigError> {
         check_selection(&self.selection)?;
-        Ok(self.selection)
+        let mut selection = self.selection.clone();
+        selection.region = selection.region.map(|r| r.trim().to_ascii_uppercase());
+        Ok(selection)
     }
 }
 
@@ -445,6 +447,7 @@ fn resolve_provider(
     if raw.keys.is_empty() && prefix.is_none() {
         return Err(invalid(format!("{path}: needs keys or keysFromEnv")));
     }
+    check_terms(path, raw.terms.as_ref())?;
     if let Some(prefix) = prefix {
         let alias_base = if kind == ProviderKind::OpenaiCompatible {
             id.as_str()
@@ -510,6 +513,7 @@ fn resolve_provider(
         if model.dimensions == Some(0) {
             return Err(invalid(format!("{mpath}.dimensions: must be at least 1")));
         }
+        check_family(&mpath, model)?;
     }
 
     Ok(Provider {
@@ -528,6 +532,7 @@ fn resolve_provider(
         keys,
         models: raw.models.clone(),
         limits: raw.limits,
+        terms: raw.terms.clone(),
     })
 }
 

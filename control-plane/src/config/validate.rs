@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use ai_router_contract::defaults;
 
 use crate::config::error::{invalid, ConfigError};
-use crate::config::file::{FileConfig, ModelConfig, PolicyConfig, SelectionConfig};
+use crate::config::file::{FileConfig, ModelConfig, PolicyConfig, SelectionConfig, TermsConfig};
 use crate::config::model::{Gateway, ListenerLimits, Provider, ResilienceConfig};
 
 /// Provider headers that would carry a secret.
@@ -317,7 +317,69 @@ pub(super) fn check_selection(s: &SelectionConfig) -> Result<(), ConfigError> {
     if !(s.ewma_alpha > 0.0 && s.ewma_alpha <= 1.0) {
         return Err(invalid("selection.ewmaAlpha: must be in (0, 1]"));
     }
+    let w = s.score;
+    for (name, v) in [("alpha", w.alpha), ("beta", w.beta), ("gamma", w.gamma)] {
+        if !v.is_finite() || v < 0.0 {
+            return Err(invalid(format!(
+                "selection.score.{name}: must be a number of at least 0"
+            )));
+        }
+    }
+    if w.alpha + w.beta + w.gamma <= 0.0 {
+        return Err(invalid(
+            "selection.score: alpha, beta and gamma must not all be 0 (every lane would weigh 0)",
+        ));
+    }
+    if !s.unreported_weight.is_finite() || s.unreported_weight <= 0.0 {
+        return Err(invalid("selection.unreportedWeight: must be above 0"));
+    }
+    if let Some(region) = &s.region {
+        let r = region.trim();
+        let iso = r.len() == 2 && r.chars().all(|c| c.is_ascii_alphabetic());
+        if !iso {
+            return Err(invalid(format!(
+                "selection.region: '{region}' is not an ISO 3166 alpha-2 country code (e.g. DE, US)"
+            )));
+        }
+    }
+    if s.affinity.enabled && s.affinity.idle_ms == 0 {
+        return Err(invalid(
+            "selection.affinity.idleMs: must be at least 1 (set enabled: false to turn affinity off)",
+        ));
+    }
     Ok(())
+}
+
+/// A model's `family:` is a plain name (a request names it as `family:<name>`), its rank 1 or
+/// more.
+pub(super) fn check_family(mpath: &str, model: &ModelConfig) -> Result<(), ConfigError> {
+    if let Some(f) = &model.family {
+        let f = f.trim();
+        if f.is_empty() || f.starts_with("family:") || f.chars().any(char::is_whitespace) {
+            return Err(invalid(format!(
+                "{mpath}.family: must be a family name without spaces or the 'family:' prefix"
+            )));
+        }
+    }
+    if model.family_rank == Some(0) {
+        return Err(invalid(format!(
+            "{mpath}.familyRank: must be at least 1 (1 is the best)"
+        )));
+    }
+    Ok(())
+}
+
+/// A provider's `terms.blockedRegions` are countries or the table's groups.
+pub(super) fn check_terms(path: &str, terms: Option<&TermsConfig>) -> Result<(), ConfigError> {
+    let regions = terms
+        .and_then(|t| t.blocked_regions.as_deref())
+        .unwrap_or(&[]);
+    match regions.iter().find(|r| !crate::config::catalog::is_region(r)) {
+        Some(bad) => Err(invalid(format!(
+            "{path}.terms.blockedRegions: '{bad}' is neither an ISO 3166 alpha-2 country code nor a group of the terms table (EU)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Settings this version parses but cannot honour. Accepted and ignored would be worse than

@@ -33,6 +33,7 @@ use tokio::sync::watch;
 
 use self::events::{Event, EventBus};
 use crate::clock::Clock;
+use crate::config::catalog::{family_of, terms_of};
 use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
 use crate::keys::record::VirtualKeyRecord;
@@ -1335,6 +1336,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             latency_slack_ms: config.selection.latency_slack_ms,
             ewma_alpha: config.selection.ewma_alpha,
             low_headroom: config.selection.low_headroom,
+            ..selection_to_proto(&config.selection)
         }),
         headroom: state
             .durable
@@ -1447,8 +1449,49 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
                 weight: m.weight.unwrap_or(1.0),
                 identity: m.identity().to_owned(),
                 dimensions: m.dimensions.unwrap_or(0),
+                family: family_of(m).name,
+                family_rank: family_of(m).rank,
             })
             .collect(),
+        terms: Some(terms_to_proto(p)),
+    }
+}
+
+/// The selection settings beyond the latency and headroom thresholds: strategy, score
+/// weights, the pool's filters and affinity.
+fn selection_to_proto(s: &crate::config::SelectionConfig) -> pb::Selection {
+    use crate::config::{SelectionMode, SelectionStrategy};
+    let strategy = match s.strategy {
+        SelectionStrategy::Tiers => pb::SelectionStrategy::Tiers,
+        SelectionStrategy::Headroom => pb::SelectionStrategy::Headroom,
+        SelectionStrategy::Score => pb::SelectionStrategy::Score,
+    };
+    pb::Selection {
+        strategy: strategy.into(),
+        score_alpha: s.score.alpha,
+        score_beta: s.score.beta,
+        score_gamma: s.score.gamma,
+        unreported_weight: s.unreported_weight,
+        production: s.mode == SelectionMode::Production,
+        region: s.region.clone().unwrap_or_default(),
+        forbid_prompt_logging: !s.allow_prompt_logging,
+        keyless_fallback: s.keyless_fallback,
+        affinity_idle_ms: if s.affinity.enabled {
+            s.affinity.idle_ms
+        } else {
+            0
+        },
+        ..pb::Selection::default()
+    }
+}
+
+fn terms_to_proto(p: &Provider) -> pb::ProviderTerms {
+    let t = terms_of(p.kind.as_str(), p.terms.as_ref());
+    pb::ProviderTerms {
+        production_forbidden: !t.production_allowed,
+        trains_on_prompts: t.trains_on_prompts,
+        blocked_regions: t.blocked_regions,
+        keyless: t.keyless,
     }
 }
 

@@ -349,6 +349,12 @@ impl Host for WasmHost {
     fn random_unit(&mut self) -> f64 {
         shared::random_unit()
     }
+    fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
+        shared::affinity_slot(slot)
+    }
+    fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
+        shared::set_affinity_slot(slot, record);
+    }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
         shared::report_attempt(outcome);
     }

@@ -269,6 +269,19 @@ pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
 }
 
 /// A number in [0, 1) for jitter (xorshift, seeded per VM).
+/// A session-affinity slot, shared by the workers of this Envoy process.
+pub fn affinity_slot(slot: u64) -> Option<Vec<u8>> {
+    match hostcalls::get_shared_data(&names::affinity(slot)) {
+        Ok((Some(bytes), _)) if !bytes.is_empty() => Some(bytes),
+        _ => None,
+    }
+}
+
+/// Overwrites a session-affinity slot; the last writer wins (a pin is a hint, not a lease).
+pub fn set_affinity_slot(slot: u64, record: &[u8]) {
+    let _ = hostcalls::set_shared_data(&names::affinity(slot), Some(record), None);
+}
+
 pub fn random_unit() -> f64 {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();

@@ -1,0 +1,357 @@
+//! Choosing among lanes through a real Envoy: `selection.strategy: headroom` spreading calls in
+//! proportion to the remaining requests providers report, session affinity holding a
+//! conversation on one key and moving it when that key is refused, and the pool's filters
+//! (production, region, prompt logging) removing exactly their providers.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ai_router_e2e::{chat_body, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
+use serde_json::{json, Value};
+
+async fn call(pool: &Pool, body: &Value, headers: &[(&str, &str)]) -> (Reply, Vec<String>) {
+    pool.clear_calls().await.unwrap();
+    let r = pool
+        .client
+        .chat_with_headers(body, Some(&pool.virtual_key), headers)
+        .await
+        .unwrap();
+    let keys = pool.keys_called().await.unwrap();
+    (r, keys)
+}
+
+/// One provider with keys a, b and c serving m1, and `selection` as given.
+fn three_keys(mock: &str, selection: &str) -> PoolSetup {
+    let mut setup = PoolSetup::default();
+    for k in ["a", "b", "c"] {
+        setup.secret_env(&format!("SEL_KEY_{}", k.to_uppercase()), k);
+    }
+    setup.yaml = format!(
+        "{}providers:\n  - id: p1\n    baseUrl: {mock}/p1/v1\n    keys: [{{ alias: a, env: SEL_KEY_A }}, {{ alias: b, env: SEL_KEY_B }}, {{ alias: c, env: SEL_KEY_C }}]\n    models: [{{ id: m1 }}]\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\nselection:\n{selection}",
+        pool_yaml_header()
+    );
+    setup
+}
+
+/// Providers `(id, extra yaml, model)` on the mock, each with one key `k` (secret named by the
+/// provider's id) serving its model and `m`; `kind: openai-compatible` unless `extra` says.
+fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, String) {
+    let mut setup = PoolSetup::default();
+    let mut yaml = String::new();
+    for (id, extra, model) in providers {
+        let var = format!("SEL_{}", id.to_uppercase());
+        setup.secret_env(&var, id);
+        let kind = if extra.contains("kind:") {
+            ""
+        } else {
+            "    kind: openai-compatible\n"
+        };
+        yaml.push_str(&format!(
+            "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}, {{ id: {model} }}]\n"
+        ));
+    }
+    (setup, yaml)
+}
+
+/// Calls until each of the three keys has answered once (so each has reported its headroom),
+/// then gives the control plane's 200 ms headroom publication time to reach Envoy.
+async fn every_key_reports(pool: &Pool, body: &Value) {
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    poll(
+        "every key to report its headroom",
+        Duration::from_secs(20),
+        || {
+            let seen = &seen;
+            async move {
+                let (r, keys) = call(pool, body, &[]).await;
+                anyhow::ensure!(r.status == 200, "{r}");
+                let mut seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+                seen.extend(keys);
+                Ok((seen.len() == 3).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+}
+
+/// Each key's share of the calls.
+fn shares(served: &[String]) -> BTreeMap<String, f64> {
+    let mut out: BTreeMap<String, f64> = BTreeMap::new();
+    for k in served {
+        *out.entry(k.clone()).or_default() += 1.0 / served.len() as f64;
+    }
+    out
+}
+
+/// A reply reporting `requests` (and `tokens`) left for the next two minutes.
+fn reporting(requests: u32, tokens: Option<u32>) -> Value {
+    let mut headers = json!({
+        "x-ratelimit-remaining-requests": requests.to_string(),
+        "x-ratelimit-reset-requests": "120s"
+    });
+    if let Some(t) = tokens {
+        headers["x-ratelimit-remaining-tokens"] = json!(t.to_string());
+        headers["x-ratelimit-reset-tokens"] = json!("120s");
+    }
+    json!({ "text": "ok", "headers": headers })
+}
+
+/// [`three_keys`] started, with the secrets of a, b and c.
+async fn start_three_keys(test: &str, selection: &str) -> (Pool, [String; 3]) {
+    let pool = Pool::start(test, 1, |m, _| Ok(three_keys(&m[0], selection)))
+        .await
+        .expect("fixture");
+    let secrets = ["A", "B", "C"].map(|k| pool.env_value(&format!("SEL_KEY_{k}")));
+    (pool, secrets)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_spreads_a_thousand_calls_in_proportion_to_the_remaining_requests() {
+    let (pool, [a, b, c]) = start_three_keys("headroom_spread", "  strategy: headroom\n").await;
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&a, vec![reporting(600, None)]),
+            script::for_key(&b, vec![reporting(300, None)]),
+            script::for_key(&c, vec![reporting(100, None)]),
+        ]))
+        .await
+        .unwrap();
+    // Until every key has reported once, unreported lanes weigh the default (10).
+    let body = chat_body("m1", false);
+    every_key_reports(&pool, &body).await;
+    let n = 1000;
+    let mut served: Vec<String> = Vec::with_capacity(n);
+    for i in 0..n {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert!(r.status == 200 && keys.len() == 1, "call {i}: {keys:?} {r}");
+        served.extend(keys);
+    }
+    // 600 : 300 : 100 left. Tolerance: 5 points of the total (3 sigma of a binomial at n = 1,000
+    // is under 4.7 points); smooth round-robin (tiers) would give a third each.
+    let spread = shares(&served);
+    eprintln!("headroom spread over {n} calls: {spread:?}");
+    for (k, want) in [("a", 0.6), ("b", 0.3), ("c", 0.1)] {
+        let got = spread.get(k).copied().unwrap_or(0.0);
+        assert!(
+            (got - want).abs() <= 0.05,
+            "key {k}: {got:.3}, expected {want}: {spread:?}"
+        );
+    }
+    let logs = format!("{}{}", pool.cp.logs(), pool.envoy.logs());
+    for secret in [&a, &b, &c, &pool.virtual_key] {
+        assert!(!logs.contains(secret.as_str()), "a secret is in the logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stays_on_one_key_and_moves_when_that_key_is_refused() {
+    let pool = Pool::start("session_affinity", 1, |m, _| {
+        Ok(three_keys(&m[0], "  affinity: { idleMs: 60000 }\n"))
+    })
+    .await
+    .expect("fixture");
+    let body = chat_body("m1", false);
+    // Without a session, equal keys share calls by round-robin.
+    let mut unpinned = Vec::new();
+    for _ in 0..6 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        unpinned.extend(keys);
+    }
+    unpinned.sort();
+    unpinned.dedup();
+    assert!(unpinned.len() >= 2, "round-robin spreads: {unpinned:?}");
+
+    let session = [("x-ai-router-session", "conversation-123")];
+    let mut pinned = Vec::new();
+    for i in 0..20 {
+        let (r, keys) = call(&pool, &body, &session).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        pinned.extend(keys);
+    }
+    let first = pinned[0].clone();
+    assert!(
+        pinned.iter().all(|k| *k == first),
+        "20 calls of one session on one key: {pinned:?}"
+    );
+
+    // The pinned key is refused (401): the call fails over, and the session re-pins.
+    let refused = pool.env_value(&format!("SEL_KEY_{}", first.to_uppercase()));
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&refused, vec![script::status(401, json!({}), Some(json!({
+                "error": { "message": "Incorrect API key provided", "type": "invalid_request_error", "param": null, "code": "invalid_api_key" }
+            })))]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &body, &session).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys.len(), 2, "the pinned key, then another: {keys:?}");
+    assert_eq!(keys[0], first, "{keys:?}");
+    let second = keys[1].clone();
+    for i in 0..10 {
+        let (r, keys) = call(&pool, &body, &session).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        assert_eq!(
+            keys,
+            std::slice::from_ref(&second),
+            "call {i} after the move"
+        );
+    }
+
+    // The body's `user` is a session too, and another session is pinned on its own.
+    let mut by_user = body.clone();
+    by_user["user"] = json!("user-42");
+    let mut users = Vec::new();
+    for _ in 0..8 {
+        let (r, keys) = call(&pool, &by_user, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        users.extend(keys);
+    }
+    assert!(users.iter().all(|k| *k == users[0]), "{users:?}");
+    assert_ne!(users[0], first, "the refused key serves no one: {users:?}");
+
+    let logs = format!("{}{}", pool.cp.logs(), pool.envoy.logs());
+    assert!(
+        !logs.contains("conversation-123"),
+        "the session id is in the logs"
+    );
+    assert!(!logs.contains(&refused), "a secret is in the logs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pools_filters_remove_exactly_their_providers() {
+    // Five providers serve m: dev-only terms, Gemini (blocked in the EU by the kind table),
+    // one that may train on prompts, one blocked elsewhere only, and one with no caveat.
+    let pool = Pool::start("terms_filters", 1, |m, _| {
+        let (mut setup, providers) = one_key_each(
+            &m[0],
+            &[
+                ("devonly", "    terms: { productionAllowed: false }\n", "m-devonly"),
+                ("gem", "    kind: gemini\n", "m-gem"),
+                ("trains", "    terms: { trainsOnPrompts: true }\n", "m-trains"),
+                ("usblocked", "    terms: { blockedRegions: [US] }\n", "m-usblocked"),
+                ("plain", "", "m-plain"),
+            ],
+        );
+        setup.yaml = format!(
+            "{}providers:\n{providers}selection:\n  mode: production\n  region: DE\n  allowPromptLogging: false\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let body = chat_body("m", false);
+    let mut served: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..20 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "call {i}: {r}");
+        for k in keys {
+            *served.entry(k).or_default() += 1;
+        }
+    }
+    let names: Vec<&str> = served.keys().map(String::as_str).collect();
+    assert_eq!(names, ["plain", "usblocked"], "{served:?}");
+    // A model only a dropped provider serves: the error names the filter.
+    for (model, reason) in [
+        ("m-devonly", "production_forbidden"),
+        ("m-gem", "region_blocked"),
+        ("m-trains", "prompt_logging"),
+    ] {
+        let (r, keys) = call(&pool, &chat_body(model, false), &[]).await;
+        assert!(keys.is_empty(), "{model}: {keys:?}");
+        assert_eq!(r.status, 400, "{model}: {r}");
+        let message = r.json["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(reason), "{model}: {message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_family() {
+    // gpt-oss-120b under Groq's and Cloudflare's ids (one family by the bundled table), and
+    // kimi-k2 (ranked better) as the defaults' fallback.
+    let pool = Pool::start("family_fallback", 1, |m, _| {
+        let (mut setup, providers) = one_key_each(
+            &m[0],
+            &[
+                ("groq", "", "openai/gpt-oss-120b"),
+                ("cf", "", "\"@cf/openai/gpt-oss-120b\""),
+                ("or", "", "moonshotai/kimi-k2"),
+            ],
+        );
+        setup.yaml = format!(
+            "{}providers:\n{providers}defaults: {{ fallbacks: [moonshotai/kimi-k2] }}\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let groq = pool.env_value("SEL_GROQ");
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&groq, vec![script::status(503, json!({}), None)]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &chat_body("openai/gpt-oss-120b", false), &[]).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys, ["groq", "cf"], "the same family before kimi-k2: {r}");
+    assert_eq!(
+        r.header("x-ai-router-model").as_deref(),
+        Some("@cf/openai/gpt-oss-120b"),
+        "{r}"
+    );
+    // A request naming the family reaches its members on both providers, not kimi-k2.
+    let mut served = Vec::new();
+    for _ in 0..6 {
+        let (r, keys) = call(&pool, &chat_body("family:gpt-oss-120b", false), &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        served.extend(keys);
+    }
+    assert!(
+        served.iter().all(|k| k == "groq" || k == "cf"),
+        "{served:?}"
+    );
+    assert!(served.iter().any(|k| k == "cf"), "{served:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
+    let (pool, [a, b, c]) = start_three_keys("score_order", "  strategy: score\n").await;
+    // W = 0.3·R/Rmax + 0.4·T/Tmax + 0.3: a 1.0, b 0.85 (half the requests), c 0.68 (a fifth
+    // of the tokens).
+    let script_with = |a_reply: Value| {
+        json!([
+            script::for_key(&a, vec![a_reply]),
+            script::for_key(&b, vec![reporting(50, Some(10_000))]),
+            script::for_key(&c, vec![reporting(100, Some(2_000))]),
+        ])
+    };
+    pool.mocks[0]
+        .script(script_with(reporting(100, Some(10_000))))
+        .await
+        .unwrap();
+    let body = chat_body("m1", false);
+    every_key_reports(&pool, &body).await;
+    for i in 0..10 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(keys, ["a"], "call {i}: the highest W first");
+    }
+    // a fails: the call cascades to b (0.85), never to c (0.68) while b serves.
+    pool.mocks[0]
+        .script(script_with(script::status(503, json!({}), None)))
+        .await
+        .unwrap();
+    let (r, keys) = call(&pool, &body, &[]).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(keys, ["a", "b"], "{r}");
+}

@@ -44,6 +44,11 @@ pub mod headers {
     pub const MODEL: &str = "x-ai-router-model";
     /// Front → client: how many attempts the call made.
     pub const ATTEMPTS: &str = "x-ai-router-attempts";
+    /// Front → client: the budgets past their `warnAt` or their soft limit in this window,
+    /// `name=warn` or `name=over`, comma-separated.
+    pub const BUDGET_WARNING: &str = "x-ai-router-budget-warning";
+    /// Front → client: `hit` (answered from the response cache) or `miss`.
+    pub const CACHE: &str = "x-ai-router-cache";
     /// Every internal header starts with this.
     pub const PREFIX: &str = "x-ai-router-";
 }

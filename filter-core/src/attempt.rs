@@ -669,6 +669,7 @@ impl Attempt {
             probe: self.probe,
             stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
+            profile: plan.map(|p| p.profile.clone()).unwrap_or_default(),
         });
     }
 
@@ -1231,6 +1232,7 @@ mod tests {
             deadline_ms: 30_000,
             started_ms: NOW,
             tokens: 10,
+            profile: String::new(),
         }
     }
 

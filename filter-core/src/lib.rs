@@ -8,10 +8,12 @@
 //! - `classify`: a provider's answer → error class, hold and window;
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
-//! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
+//! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
+//! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
 pub mod attempt;
+pub mod budget;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;

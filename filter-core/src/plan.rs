@@ -64,6 +64,9 @@ pub struct Plan {
     /// Estimated prompt tokens plus max_tokens, against reported token headroom.
     #[serde(default)]
     pub tokens: u64,
+    /// The profile the call resolved to (empty: a direct model call), for the reports.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub profile: String,
 }
 
 impl Plan {

@@ -19,6 +19,8 @@ pub struct Resolved {
     pub deadline_ms: u64,
     pub stream: bool,
     pub include_usage: bool,
+    /// The profile the request named; `None` for a direct model call.
+    pub profile: Option<String>,
 }
 
 /// A candidate by the name the policy uses: (model name, provider, weight).
@@ -432,6 +434,7 @@ pub fn resolve(
             .unwrap_or(defaults::DEADLINE_MS),
         stream,
         include_usage,
+        profile: profile.map(|_| requested.clone()),
     })
 }
 

@@ -39,6 +39,8 @@ pub struct FileConfig {
     pub store_namespace: Option<String>,
     #[serde(default)]
     pub mounted_keys: Vec<MountedKeyConfig>,
+    #[serde(default)]
+    pub budgets: Vec<crate::config::budgets::BudgetPolicyConfig>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -13,6 +13,7 @@
 //!
 //! Secrets stay references ([`SecretSource`](secrets::SecretSource)); the engine resolves them.
 
+pub mod budgets;
 mod error;
 mod file;
 mod keys_from_env;

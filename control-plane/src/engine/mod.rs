@@ -18,6 +18,7 @@
 //! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is
 //! added): breakers are a health signal, not a ledger.
 
+pub mod budgets;
 pub mod events;
 pub mod stats;
 
@@ -158,6 +159,8 @@ struct State {
     /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
     /// set before then, dropped after [`RESET_MARK`].
     resets: BTreeMap<KeyId, i64>,
+    /// Budget policies' use in their current windows (`budgets`).
+    budgets: budgets::BudgetLedger,
 }
 
 /// What [`Engine::reset`] cleared.
@@ -302,6 +305,7 @@ impl Engine {
             admin_token_sha256: String::new(),
             pending: false,
             resets: BTreeMap::new(),
+            budgets: budgets::BudgetLedger::default(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -532,6 +536,16 @@ impl Engine {
         let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
+        if !self.config.budgets.is_empty() {
+            let mut crossings = Vec::new();
+            for charge in crate::keys::ledger::charges(&self.config, batch) {
+                crossings.extend(state.budgets.charge(&self.config.budgets, &charge, now));
+            }
+            changed |= !crossings.is_empty();
+            for crossing in &crossings {
+                self.events.emit(budgets::event(crossing, now));
+            }
+        }
         for attempt in &batch.attempts {
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
@@ -847,6 +861,7 @@ impl Engine {
         for spend in durable.spend.values_mut() {
             changed |= spend.roll(now);
         }
+        changed |= state.budgets.roll(now);
         self.emit(&events);
         if changed {
             self.publish(&mut state, now);
@@ -1293,6 +1308,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 at_ms: *at,
             })
             .collect(),
+        budgets: state.budgets.to_proto(&config.budgets, now),
     };
     Tables {
         virtual_keys: state.published_keys.clone(),

@@ -459,7 +459,10 @@ impl Attempt {
                 4096
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
-                Ok(v) => v,
+                Ok(mut v) => {
+                    crate::prompt_cache::mark(&mut v, &plan.prompt_cache);
+                    v
+                }
                 Err(e) => {
                     // The request cannot be expressed for this provider: the caller's to fix.
                     let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
@@ -1233,6 +1236,7 @@ mod tests {
             started_ms: NOW,
             tokens: 10,
             profile: String::new(),
+            prompt_cache: String::new(),
         }
     }
 

@@ -288,6 +288,7 @@ impl Front {
             started_ms: self.started_ms,
             tokens: resolved.needs.context_tokens,
             profile: resolved.profile.unwrap_or_default(),
+            prompt_cache: resolved.prompt_cache,
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));

@@ -24,6 +24,7 @@ pub mod host;
 pub mod lanes;
 pub mod local;
 pub mod plan;
+pub mod prompt_cache;
 pub mod quota;
 pub mod reports;
 pub mod resolve;

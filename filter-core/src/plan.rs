@@ -67,6 +67,9 @@ pub struct Plan {
     /// The profile the call resolved to (empty: a direct model call), for the reports.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub profile: String,
+    /// The policy's `promptCache` for anthropic lanes ("5m", "1h"); empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prompt_cache: String,
 }
 
 impl Plan {

@@ -21,6 +21,8 @@ pub struct Resolved {
     pub include_usage: bool,
     /// The profile the request named; `None` for a direct model call.
     pub profile: Option<String>,
+    /// The merged policy's `promptCache` ("5m", "1h"; empty or "off": none).
+    pub prompt_cache: String,
 }
 
 /// A candidate by the name the policy uses: (model name, provider, weight).
@@ -50,6 +52,9 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     }
     if over.deadline_ms.is_some() {
         out.deadline_ms = over.deadline_ms;
+    }
+    if over.prompt_cache.is_some() {
+        out.prompt_cache = over.prompt_cache.clone();
     }
     if over.max_cost.is_some() {
         out.max_cost = over.max_cost;
@@ -435,6 +440,7 @@ pub fn resolve(
         stream,
         include_usage,
         profile: profile.map(|_| requested.clone()),
+        prompt_cache: policy.prompt_cache.clone().unwrap_or_default(),
     })
 }
 

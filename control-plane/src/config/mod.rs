@@ -19,6 +19,7 @@ mod file;
 mod keys_from_env;
 mod load;
 mod model;
+pub mod prompt_cache;
 mod resolve;
 pub mod secrets;
 mod validate;

@@ -250,6 +250,7 @@ mod tests {
             provider: "openai",
             prompt_tokens: tokens,
             completion_tokens: 0,
+            cached_tokens: 0,
             cost,
             at_ms,
         }

@@ -1429,6 +1429,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
             })
             .collect(),
         pinned: p.pinned.unwrap_or(false),
+        prompt_cache: p.prompt_cache.map(|c| c.to_proto()),
     }
 }
 

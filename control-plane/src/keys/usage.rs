@@ -75,6 +75,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         let entry = row(&mut rows, charge.key, charge.at_ms, now_ms);
         entry.prompt_tokens += charge.prompt_tokens;
         entry.completion_tokens += charge.completion_tokens;
+        entry.cached_tokens += charge.cached_tokens;
         entry.cost += charge.cost;
     }
     rows.into_iter().map(|((id, _), row)| (id, row)).collect()

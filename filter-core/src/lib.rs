@@ -9,11 +9,14 @@
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
 //! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
+//! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
+//!   `cache_control` marker;
 //! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
 pub mod attempt;
 pub mod budget;
+pub mod cache;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;

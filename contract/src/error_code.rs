@@ -41,6 +41,9 @@ pub enum ErrorCode {
     TokensPerDayExceeded,
     CostPerDayExceeded,
     CostPerMonthExceeded,
+    /// A hard budget policy (`budgets:`) is spent for its window, or this call's estimate is
+    /// past a per-request budget (429; `Retry-After` until the window ends).
+    BudgetExceeded,
     // The pool.
     /// No lane can serve the call now (or the gateway has no configuration yet).
     PoolUnavailable,
@@ -95,7 +98,7 @@ pub enum GrpcCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [Self; 32] = [
+    pub const ALL: [Self; 33] = [
         Self::InvalidRequest,
         Self::InvalidJson,
         Self::RequestTooLarge,
@@ -111,6 +114,7 @@ impl ErrorCode {
         Self::TokensPerDayExceeded,
         Self::CostPerDayExceeded,
         Self::CostPerMonthExceeded,
+        Self::BudgetExceeded,
         Self::PoolUnavailable,
         Self::PoolRateLimited,
         Self::PoolQuotaExhausted,
@@ -148,6 +152,7 @@ impl ErrorCode {
             Self::TokensPerDayExceeded => "tokens_per_day_exceeded",
             Self::CostPerDayExceeded => "cost_per_day_exceeded",
             Self::CostPerMonthExceeded => "cost_per_month_exceeded",
+            Self::BudgetExceeded => "budget_exceeded",
             Self::PoolUnavailable => "pool_unavailable",
             Self::PoolRateLimited => "pool_rate_limited",
             Self::PoolQuotaExhausted => "pool_quota_exhausted",
@@ -192,7 +197,8 @@ impl ErrorCode {
             Self::RequestsPerMinuteExceeded
             | Self::TokensPerDayExceeded
             | Self::CostPerDayExceeded
-            | Self::CostPerMonthExceeded => 429,
+            | Self::CostPerMonthExceeded
+            | Self::BudgetExceeded => 429,
             Self::HeaderTooLarge => 431,
             Self::Internal | Self::GatewayError => 500,
             Self::UpstreamError | Self::StreamInterrupted => 502,
@@ -237,6 +243,9 @@ impl ErrorCode {
             }
             Self::CostPerMonthExceeded => {
                 "This key's quota of cost per UTC month is spent; it resets when the window ends."
+            }
+            Self::BudgetExceeded => {
+                "A budget of this gateway is spent for its window; it resets when the window ends."
             }
             Self::PoolUnavailable => "No lane of the pool can serve this call right now.",
             Self::PoolRateLimited => "Every key that can serve this call is rate limited.",
@@ -283,7 +292,8 @@ impl ErrorCode {
             Self::RequestsPerMinuteExceeded
             | Self::TokensPerDayExceeded
             | Self::CostPerDayExceeded
-            | Self::CostPerMonthExceeded => GrpcCode::ResourceExhausted,
+            | Self::CostPerMonthExceeded
+            | Self::BudgetExceeded => GrpcCode::ResourceExhausted,
             Self::Internal | Self::GatewayError => GrpcCode::Internal,
             Self::PoolUnavailable
             | Self::PoolRateLimited

@@ -47,6 +47,11 @@ pub mod headers {
     /// Client → front: the session a call belongs to (session affinity); read, then removed
     /// like every internal header.
     pub const SESSION: &str = "x-ai-router-session";
+    /// Front → client: the budgets past their `warnAt` or their soft limit in this window,
+    /// `name=warn` or `name=over`, comma-separated.
+    pub const BUDGET_WARNING: &str = "x-ai-router-budget-warning";
+    /// Front → client: `hit` (answered from the response cache) or `miss`.
+    pub const CACHE: &str = "x-ai-router-cache";
     /// Every internal header starts with this.
     pub const PREFIX: &str = "x-ai-router-";
 }

@@ -520,7 +520,10 @@ impl Attempt {
                 4096
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
-                Ok(v) => v,
+                Ok(mut v) => {
+                    crate::prompt_cache::mark(&mut v, &plan.prompt_cache);
+                    v
+                }
                 Err(e) => return self.refuse(host, e),
             };
         }
@@ -755,6 +758,7 @@ impl Attempt {
             probe: self.probe,
             stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
+            profile: plan.map(|p| p.profile.clone()).unwrap_or_default(),
         });
     }
 
@@ -1358,6 +1362,8 @@ mod tests {
             anthropic_version: None,
             anthropic_beta: None,
             session: None,
+            profile: String::new(),
+            prompt_cache: String::new(),
         }
     }
 

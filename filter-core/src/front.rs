@@ -6,8 +6,9 @@
 use std::rc::Rc;
 
 use ai_router_contract::headers::{
-    ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, FINAL_STATUS as H_FINAL_STATUS,
-    LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
+    FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY,
+    RETRY_AFTER as H_RETRY_AFTER,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -15,6 +16,7 @@ use ai_router_proto::v1::{
 };
 use serde_json::{json, Value};
 
+use crate::budget;
 use crate::classify::Class;
 use crate::errors::{ErrorCode, GatewayError};
 use crate::headers;
@@ -50,6 +52,8 @@ pub struct Front {
     state: Option<Rc<State>>,
     /// The client's `x-ai-router-session`, read before internal headers are removed.
     session_header: Option<String>,
+    /// The budgets' warnings for this call (`x-ai-router-budget-warning`).
+    budget_warnings: Vec<String>,
 }
 
 impl Front {
@@ -323,6 +327,11 @@ impl Front {
                 }
             }
         }
+        let verdict = budget_verdict(&state, &key, &mut resolved, self.started_ms);
+        self.budget_warnings = verdict.warnings;
+        if let Some(err) = verdict.refusal {
+            return self.reply(host, err);
+        }
         let cid = host.new_call(self.started_ms);
         let plan = Plan {
             cid: cid.clone(),
@@ -346,6 +355,8 @@ impl Front {
                     crate::affinity::session_of(&key.id, self.session_header.as_deref(), &parsed)
                 })
                 .flatten(),
+            profile: resolved.profile.unwrap_or_default(),
+            prompt_cache: resolved.prompt_cache,
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
@@ -383,6 +394,36 @@ fn bearer_token(header: &str) -> Option<&str> {
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, t)| t.trim())
+}
+
+/// The budgets' verdict on a resolved call (a spent provider's candidates cut from its tiers).
+fn budget_verdict(
+    state: &State,
+    key: &VirtualKey,
+    resolved: &mut resolve::Resolved,
+    now: i64,
+) -> budget::Verdict {
+    let Some(budgets) = state.snapshot.budgets.as_ref() else {
+        return budget::Verdict::default();
+    };
+    let needs = &resolved.needs;
+    // The cost estimate at the preferred candidate's price.
+    let cost = resolved
+        .tiers
+        .first()
+        .and_then(|t| t.first())
+        .and_then(|c| {
+            let (_, p) = state.provider(&c.provider)?;
+            p.models.iter().find(|m| m.id == c.model)?.cost
+        })
+        .map(|c| (needs.prompt_tokens as f64 * c.input + needs.max_tokens as f64 * c.output) / 1e6);
+    let call = budget::BudgetCall {
+        key_id: &key.id,
+        profile: resolved.profile.as_deref(),
+        tokens: needs.context_tokens,
+        cost,
+    };
+    budget::check(Some(budgets), &call, &mut resolved.tiers, now)
 }
 
 /// The key's quota answer, if any: a block the control plane pushed, else the request past
@@ -624,6 +665,10 @@ impl Front {
             host.set_header(Side::Response, "content-length", None);
             host.set_header(Side::Response, "content-type", Some("application/json"));
         }
+        if !self.budget_warnings.is_empty() {
+            let value = self.budget_warnings.join(", ");
+            host.set_header(Side::Response, H_BUDGET_WARNING, Some(&value));
+        }
         Flow::Continue
     }
 
@@ -705,6 +750,8 @@ impl Front {
                 .unwrap_or_default(),
             usage: None::<ProtoUsage>,
             at_ms: now,
+            budget_warnings: std::mem::take(&mut self.budget_warnings),
+            cache_hit: false,
         });
     }
 }
@@ -1243,5 +1290,84 @@ mod tests {
             ]],
         );
         assert_eq!(cut.map(|t| t[0].len()), Some(1));
+    }
+
+    /// The app's key with budgets pushed: a spent hard one, a soft one past warnAt.
+    fn a_budgeted_call(states: Vec<ai_router_proto::v1::BudgetState>) -> (Front, FakeHost, Flow) {
+        use ai_router_proto::v1::{Budget, BudgetScope, BudgetWindow, Budgets};
+        let mut snap = state().snapshot;
+        let policy = |name: &str, scope: BudgetScope, hard| Budget {
+            name: name.into(),
+            scope: scope.into(),
+            window: BudgetWindow::Day.into(),
+            max_tokens: 100,
+            hard,
+            warn_at: 0.5,
+            ..Default::default()
+        };
+        snap.budgets = Some(Budgets {
+            policies: vec![
+                policy("key-day", BudgetScope::Key, true),
+                policy("pool-day", BudgetScope::Pool, false),
+            ],
+            states,
+        });
+        let auth = bearer(KEY);
+        let mut host = FakeHost::with_state(State::new(1, snap));
+        for (k, v) in [
+            (":method", b"POST".as_slice()),
+            (":path", b"/v1/chat/completions"),
+            ("authorization", &auth),
+        ] {
+            host.add(Side::Request, k, v);
+        }
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+        let flow = send_body(&mut front, &mut host, body);
+        (front, host, flow)
+    }
+
+    #[test]
+    fn budgets_refuse_or_warn_from_the_pushed_states() {
+        use ai_router_proto::v1::{BudgetLevel, BudgetState};
+        let until = 1_700_000_000_000 + 30_000;
+        let st = |name: &str, subject: &str, level: BudgetLevel| BudgetState {
+            name: name.into(),
+            subject: subject.into(),
+            level: level.into(),
+            until_ms: until,
+        };
+        // The key's hard budget is spent: 429 before any plan, with Retry-After.
+        let (mut front, mut host, flow) =
+            a_budgeted_call(vec![st("key-day", "key_app", BudgetLevel::Over)]);
+        assert_eq!(flow, Flow::Pause);
+        assert_eq!(answered_code(&host), (429, "budget_exceeded".to_string()));
+        let answer = host.answered.as_ref().expect("answered");
+        assert_eq!(answer.header("retry-after"), Some("30"));
+        assert!(host.header(Side::Request, PLAN_HEADER).is_none());
+        front.on_log(&mut host);
+        assert_eq!(host.reports[0].outcome_text(), "rejected:budget_exceeded");
+
+        // Another key's spent budget is not this call's; the pool's warning is.
+        let (mut front, mut host, flow) = a_budgeted_call(vec![
+            st("key-day", "key_other", BudgetLevel::Over),
+            st("pool-day", "", BudgetLevel::Warn),
+        ]);
+        assert_eq!(flow, Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.profile, "", "a direct model call has no profile");
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(
+            host.text(Side::Response, H_BUDGET_WARNING).as_deref(),
+            Some("pool-day=warn")
+        );
+        front.on_log(&mut host);
+        assert_eq!(host.reports[0].budget_warnings, ["pool-day=warn"]);
     }
 }

@@ -10,11 +10,16 @@
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
 //! - `ingress`, `messages_ingress`, `responses`: callers that speak the Messages or Responses
 //!   API: which lanes serve them natively, and the translations to and from chat completions;
-//! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
+//! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
+//! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
+//!   `cache_control` marker;
+//! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
 
 pub mod affinity;
 pub mod anthropic;
 pub mod attempt;
+pub mod budget;
+pub mod cache;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;
@@ -28,6 +33,7 @@ pub mod lanes;
 pub mod local;
 pub mod messages_ingress;
 pub mod plan;
+pub mod prompt_cache;
 pub mod quota;
 pub mod reports;
 pub mod resolve;

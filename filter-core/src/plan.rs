@@ -88,6 +88,12 @@ pub struct Plan {
     /// Estimated prompt tokens plus max_tokens, against reported token headroom.
     #[serde(default)]
     pub tokens: u64,
+    /// The profile the call resolved to (empty: a direct model call), for the reports.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub profile: String,
+    /// The policy's `promptCache` for anthropic lanes ("5m", "1h"); empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prompt_cache: String,
     /// The call's session digest (`affinity::session_of`), when it has one and affinity is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,

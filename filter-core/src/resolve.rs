@@ -19,6 +19,10 @@ pub struct Resolved {
     pub deadline_ms: u64,
     pub stream: bool,
     pub include_usage: bool,
+    /// The profile the request named; `None` for a direct model call.
+    pub profile: Option<String>,
+    /// The merged policy's `promptCache` ("5m", "1h"; empty or "off": none).
+    pub prompt_cache: String,
 }
 
 /// A candidate by the name the policy uses: (model name, provider, weight).
@@ -48,6 +52,9 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     }
     if over.deadline_ms.is_some() {
         out.deadline_ms = over.deadline_ms;
+    }
+    if over.prompt_cache.is_some() {
+        out.prompt_cache = over.prompt_cache.clone();
     }
     if over.max_cost.is_some() {
         out.max_cost = over.max_cost;
@@ -446,6 +453,8 @@ pub fn resolve(
             .unwrap_or(defaults::DEADLINE_MS),
         stream,
         include_usage,
+        profile: profile.map(|_| requested.clone()),
+        prompt_cache: policy.prompt_cache.clone().unwrap_or_default(),
     })
 }
 

@@ -5,8 +5,9 @@
 use ai_router_contract::failure::ErrorClass as Class;
 
 use crate::v1::{
-    AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, Capability, ErrorClass,
-    KeyOutReason, ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
+    AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, BudgetLevel, BudgetScope,
+    BudgetWindow, Capability, ErrorClass, KeyOutReason, ProviderKind, ProviderOutReason,
+    RequestOutcome, RequestResult,
 };
 
 impl From<Class> for ErrorClass {
@@ -148,6 +149,43 @@ impl ProviderOutReason {
         match self {
             Self::Unspecified => "",
             Self::Budget => "budget",
+        }
+    }
+}
+
+impl BudgetScope {
+    /// "key", "profile", "provider", "pool"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Key => "key",
+            Self::Profile => "profile",
+            Self::Provider => "provider",
+            Self::Pool => "pool",
+        }
+    }
+}
+
+impl BudgetWindow {
+    /// "request", "hour", "day", "month"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Request => "request",
+            Self::Hour => "hour",
+            Self::Day => "day",
+            Self::Month => "month",
+        }
+    }
+}
+
+impl BudgetLevel {
+    /// "warn", "over"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Warn => "warn",
+            Self::Over => "over",
         }
     }
 }

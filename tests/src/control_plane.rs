@@ -80,6 +80,48 @@ impl ControlPlane {
         &self.config
     }
 
+    /// Reads `GET /admin/events{query}` (server-sent events) into a channel, as
+    /// `(type, json)`, until the stream or the receiver ends.
+    pub async fn events(
+        &self,
+        admin_token: &str,
+        query: &str,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<(String, Value)>> {
+        let mut resp = reqwest::Client::builder()
+            .no_proxy()
+            .build()?
+            .get(format!("http://{}/admin/events{query}", self.http))
+            .bearer_auth(admin_token)
+            .send()
+            .await?;
+        ensure!(
+            resp.status().as_u16() == 200,
+            "GET /admin/events{query}: {}",
+            resp.status()
+        );
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut buf = String::new();
+            let mut name = String::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buf.find('\n') {
+                    let line: String = buf.drain(..=end).collect();
+                    let line = line.trim_end();
+                    if let Some(n) = line.strip_prefix("event:") {
+                        name = n.trim().to_string();
+                    } else if let Some(d) = line.strip_prefix("data:") {
+                        let v = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                        if tx.send((name.clone(), v)).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
     /// Polls `/metrics` until it has a line containing every one of `parts` (what Envoy
     /// reported reaches the control plane within a tick or two); returns that line.
     pub async fn metric_line(&self, parts: &[&str]) -> Result<String> {

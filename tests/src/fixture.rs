@@ -138,6 +138,19 @@ impl Gateway {
         format!("{}/v1", self.envoy.base_url())
     }
 
+    /// Scripts both mocks to answer every call 200 with this usage.
+    pub async fn script_usage(&self, prompt: u64, completion: u64) -> Result<()> {
+        let reply = json!({
+            "text": "ok",
+            "usage": { "prompt_tokens": prompt, "completion_tokens": completion },
+        });
+        for mock in [&self.mock1, &self.mock2] {
+            mock.script(json!([script::always(vec![reply.clone()])]))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// A unary chat completion with the virtual key.
     pub async fn chat(&self, model: &str) -> Result<Reply> {
         self.client.chat(model, Some(&self.virtual_key)).await

@@ -152,46 +152,6 @@ async fn a_reset_brings_a_refused_key_back_at_once() {
     gw.check_no_secrets_in_logs().unwrap();
 }
 
-/// Reads server-sent events from `GET /admin/events` into a channel, as `(type, json)`.
-async fn subscribe(
-    base: &str,
-    token: &str,
-    query: &str,
-) -> tokio::sync::mpsc::UnboundedReceiver<(String, Value)> {
-    let resp = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("{base}/admin/events{query}"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut resp = resp;
-        let mut buf = String::new();
-        let mut name = String::new();
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find('\n') {
-                let line: String = buf.drain(..=end).collect();
-                let line = line.trim_end();
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = n.trim().to_string();
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    let v = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
-                    if tx.send((name.clone(), v)).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    rx
-}
-
 /// The next event of a type in `types`, skipping others; panics after 10 s.
 async fn next_of(
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>,
@@ -261,7 +221,7 @@ async fn an_event_subscriber_sees_every_change_in_order() {
         .await
         .unwrap();
     assert_eq!(bad.status().as_u16(), 400);
-    let mut rx = subscribe(&base, &admin_token, "").await;
+    let mut rx = pool.cp.events(&admin_token, "").await.unwrap();
     let mut seen = Vec::new();
     let script = |steps: Vec<Value>| {
         let mock = &pool.mocks[0];

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ai_router_e2e::{openai_error_problem, poll, script, standard_pool, Gateway, Reply};
+use ai_router_e2e::{openai_error_problem, poll, standard_pool, Gateway, Reply};
 use serde_json::{json, Value};
 
 const PUSH: Duration = Duration::from_secs(15);
@@ -105,19 +105,6 @@ async fn provider_calls(gw: &Gateway) -> usize {
     gw.mock1.calls().await.unwrap().len() + gw.mock2.calls().await.unwrap().len()
 }
 
-/// Every provider answers 200 with `prompt + completion` tokens of usage.
-async fn script_usage(gw: &Gateway, prompt: u64, completion: u64) {
-    let reply = json!({
-        "text": "ok",
-        "usage": { "prompt_tokens": prompt, "completion_tokens": completion },
-    });
-    for mock in [&gw.mock1, &gw.mock2] {
-        mock.script(json!([script::always(vec![reply.clone()])]))
-            .await
-            .unwrap();
-    }
-}
-
 /// Chats with `key` until a call answers 429 (a block pushed after the crossing call's usage
 /// was recorded); every call before it must be a 200.
 async fn wait_blocked(gw: &Gateway, key: &str, what: &str) -> Reply {
@@ -161,7 +148,7 @@ async fn requests_per_minute_of_a_mounted_key() {
     })
     .await
     .expect("fixture");
-    script_usage(&gw, 5, 5).await;
+    gw.script_usage(5, 5).await.unwrap();
     let admin = Admin::new(&gw);
     let (other_id, other) = admin
         .create(json!({ "label": "other", "models": ["*"], "quota": { "requestsPerMinute": 100 } }))
@@ -251,7 +238,7 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
     })
     .await
     .expect("fixture");
-    script_usage(&gw, 30, 30).await;
+    gw.script_usage(30, 30).await.unwrap();
     let admin = Admin::new(&gw);
     let (tokens_id, tokens_key) = admin
         .create(json!({ "label": "tokens", "models": ["*"], "quota": { "tokensPerDay": 100 } }))

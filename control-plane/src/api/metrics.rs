@@ -110,6 +110,8 @@ struct Counters {
     cost: BTreeMap<Lane, f64>,
     /// By code.
     quota_refusals: BTreeMap<String, u64>,
+    /// By budget and level: answers that carried a budget warning.
+    budget_warnings: BTreeMap<(String, String), u64>,
     /// By node: the outcomes its outbox dropped, as it last said.
     dropped: BTreeMap<String, u64>,
 }
@@ -153,6 +155,12 @@ impl ReportObserver for Metrics {
                 .observe(r.latency_ms as f64 / 1000.0);
             if let Some(code) = quota_refusal(&outcome) {
                 *c.quota_refusals.entry(code.into()).or_default() += 1;
+            }
+            for warning in &r.budget_warnings {
+                let (budget, level) = warning.rsplit_once('=').unwrap_or((warning, ""));
+                *c.budget_warnings
+                    .entry((budget.to_owned(), level.to_owned()))
+                    .or_default() += 1;
             }
         }
         for a in &batch.attempts {
@@ -376,6 +384,20 @@ impl Metrics {
             "code",
             c.quota_refusals.iter().map(|(k, n)| (k.as_str(), n)),
         );
+        family(
+            &mut out,
+            "ai_router_budget_warnings_total",
+            "counter",
+            "Answers that carried x-ai-router-budget-warning, by budget and level (warn: past its warnAt, over: past a soft limit).",
+        );
+        for ((budget, level), n) in &c.budget_warnings {
+            let _ = writeln!(
+                out,
+                "ai_router_budget_warnings_total{{budget=\"{}\",level=\"{}\"}} {n}",
+                esc(budget),
+                esc(level)
+            );
+        }
         by_one_label(
             &mut out,
             ("ai_router_report_dropped_total", "counter"),
@@ -406,6 +428,25 @@ impl Metrics {
                 esc(breaker_scope_label(b)),
                 esc(&b.provider),
                 esc(&b.key)
+            );
+        }
+        family(
+            &mut out,
+            "ai_router_budget_state",
+            "gauge",
+            "Budgets past their warnAt (1) or their limit (2) in the current window, by budget and subject (key id, profile, provider; empty for the pool).",
+        );
+        for b in snapshot.budgets.iter().flat_map(|b| b.states.iter()) {
+            let v = if b.level() == pb::BudgetLevel::Over {
+                2
+            } else {
+                1
+            };
+            let _ = writeln!(
+                out,
+                "ai_router_budget_state{{budget=\"{}\",subject=\"{}\"}} {v}",
+                esc(&b.name),
+                esc(&b.subject)
             );
         }
         family(

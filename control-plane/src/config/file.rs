@@ -39,6 +39,8 @@ pub struct FileConfig {
     pub store_namespace: Option<String>,
     #[serde(default)]
     pub mounted_keys: Vec<MountedKeyConfig>,
+    #[serde(default)]
+    pub budgets: Vec<crate::config::budgets::BudgetPolicyConfig>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -318,9 +320,13 @@ impl ModelConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct CostConfig {
     pub input: f64,
     pub output: f64,
+    /// The price of prompt tokens the provider served from its cache (default: `input`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input: Option<f64>,
 }
 
 impl CostConfig {
@@ -330,6 +336,17 @@ impl CostConfig {
         #[allow(clippy::cast_precision_loss)]
         let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
         (prompt * self.input + completion * self.output) / 1e6
+    }
+
+    /// The same with `cached_tokens` of the prompt at `cachedInput` (when set).
+    pub fn of_usage(&self, prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> f64 {
+        let cached = cached_tokens.min(prompt_tokens);
+        let Some(cached_price) = self.cached_input else {
+            return self.of(prompt_tokens, completion_tokens);
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let cached_cost = cached as f64 * cached_price / 1e6;
+        self.of(prompt_tokens - cached, completion_tokens) + cached_cost
     }
 }
 
@@ -347,6 +364,7 @@ pub struct PolicyConfig {
     pub require: Option<Vec<Capability>>,
     pub candidates: Option<Vec<TierConfig>>,
     pub pinned: Option<bool>,
+    pub prompt_cache: Option<crate::config::prompt_cache::PromptCacheConfig>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]

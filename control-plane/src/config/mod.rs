@@ -13,12 +13,14 @@
 //!
 //! Secrets stay references ([`SecretSource`](secrets::SecretSource)); the engine resolves them.
 
+pub mod budgets;
 pub mod catalog;
 mod error;
 mod file;
 mod keys_from_env;
 mod load;
 mod model;
+pub mod prompt_cache;
 mod resolve;
 pub mod secrets;
 mod validate;

@@ -34,6 +34,8 @@ pub struct Config {
     pub selection: SelectionConfig,
     pub state_store: StoreSpec,
     pub mounted_keys: Vec<MountedKey>,
+    /// `budgets:`, checked (`config::budgets`).
+    pub budgets: Vec<crate::config::budgets::BudgetPolicy>,
     /// Every profile and model name the file declares: what a virtual key may be bound to.
     pub names: PoolNames,
     /// What resolution dropped or cut, for the log.

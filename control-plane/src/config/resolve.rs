@@ -127,6 +127,7 @@ impl FileConfig {
             selection: self.resolve_selection()?,
             state_store: store_spec("stateStore", self.state_store.as_ref(), base_dir)?,
             mounted_keys,
+            budgets: crate::config::budgets::resolve_budgets(&self.budgets)?,
             names,
             warnings,
         })

@@ -1,5 +1,5 @@
 //! The operator's events: what each attempt and each call did, breakers changing phase, keys
-//! taken out and brought back. Each one is one JSON line on the log (target
+//! taken out and brought back, budgets past their warnAt or their limit. Each one is one JSON line on the log (target
 //! `ai_router::events`) and goes to every live subscriber (`GET /admin/events`, the gRPC
 //! `Events` stream, `ai-router events`). Keys are named by provider and alias, never by secret;
 //! no prompt or answer is in them.
@@ -14,12 +14,13 @@ use tokio::sync::broadcast;
 pub const BUFFER: usize = 4_096;
 
 /// The event types, as `type` names them and `?types=` filters them.
-pub const TYPES: [&str; 5] = [
+pub const TYPES: [&str; 6] = [
     "attempt",
     "request",
     "breaker",
     "key-disabled",
     "key-restored",
+    "budget",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -92,6 +93,27 @@ pub enum Event {
         was: &'static str,
         reason: &'static str,
     },
+    /// A budget policy went past its `warnAt` (`level: warn`) or its limit (`level: over`) in
+    /// its window: once per level and window.
+    #[serde(rename_all = "camelCase")]
+    Budget {
+        at_ms: i64,
+        budget: String,
+        scope: &'static str,
+        window: &'static str,
+        /// The key id, profile name or provider id; empty for the pool.
+        subject: String,
+        level: &'static str,
+        enforcement: &'static str,
+        tokens: u64,
+        cost: f64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_tokens: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_cost: Option<f64>,
+        /// When the window ends.
+        until_ms: i64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -109,6 +131,7 @@ impl Event {
             Self::Breaker { .. } => "breaker",
             Self::KeyDisabled { .. } => "key-disabled",
             Self::KeyRestored { .. } => "key-restored",
+            Self::Budget { .. } => "budget",
         }
     }
 
@@ -184,7 +207,7 @@ impl EventBus {
             Event::KeyRestored { .. } => {
                 tracing::info!(target: "ai_router::events", "{}", event.to_json());
             }
-            Event::Breaker { .. } | Event::KeyDisabled { .. } => {
+            Event::Breaker { .. } | Event::KeyDisabled { .. } | Event::Budget { .. } => {
                 tracing::warn!(target: "ai_router::events", "{}", event.to_json());
             }
         }
@@ -278,7 +301,7 @@ mod tests {
 
     #[test]
     fn types_filter() {
-        assert_eq!(parse_types(None).map(|t| t.len()), Ok(5));
+        assert_eq!(parse_types(None).map(|t| t.len()), Ok(6));
         assert_eq!(
             parse_types(Some("breaker, key-disabled")),
             Ok(vec!["breaker", "key-disabled"])

@@ -18,6 +18,7 @@
 //! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is
 //! added): breakers are a health signal, not a ledger.
 
+pub mod budgets;
 pub mod events;
 pub mod stats;
 
@@ -159,6 +160,8 @@ struct State {
     /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
     /// set before then, dropped after [`RESET_MARK`].
     resets: BTreeMap<KeyId, i64>,
+    /// Budget policies' use in their current windows (`budgets`).
+    budgets: budgets::BudgetLedger,
     /// When the attempt that reported each lane's headroom began (pushed as `as_of_ms`: the
     /// filter counts its sends since then against it). Not durable: after a restart the
     /// filter counts every recent send, which only errs on the safe side.
@@ -340,6 +343,7 @@ impl Engine {
             resets: BTreeMap::new(),
             headroom_as_of: BTreeMap::new(),
             estimated: Vec::new(),
+            budgets: budgets::BudgetLedger::default(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -580,6 +584,16 @@ impl Engine {
         let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
+        if !self.config.budgets.is_empty() {
+            let mut crossings = Vec::new();
+            for charge in crate::keys::ledger::charges(&self.config, batch) {
+                crossings.extend(state.budgets.charge(&self.config.budgets, &charge, now));
+            }
+            changed |= !crossings.is_empty();
+            for crossing in &crossings {
+                self.events.emit(budgets::event(crossing, now));
+            }
+        }
         for attempt in &batch.attempts {
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
@@ -911,6 +925,7 @@ impl Engine {
         for spend in durable.spend.values_mut() {
             changed |= spend.roll(now);
         }
+        changed |= state.budgets.roll(now);
         self.emit(&events);
         if changed {
             self.publish(&mut state, now);
@@ -1377,6 +1392,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 at_ms: *at,
             })
             .collect(),
+        budgets: state.budgets.to_proto(&config.budgets, now),
     };
     Tables {
         virtual_keys: state.published_keys.clone(),
@@ -1539,6 +1555,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
             })
             .collect(),
         pinned: p.pinned.unwrap_or(false),
+        prompt_cache: p.prompt_cache.map(|c| c.to_proto()),
     }
 }
 

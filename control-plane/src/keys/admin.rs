@@ -701,6 +701,7 @@ mod tests {
             successes: u64::from(outcome == "success"),
             failures: u64::from(outcome != "success"),
             prompt_tokens: 10,
+            cached_tokens: 4,
             completion_tokens: 5,
             cost: 0.25,
             latency_ms: 100,
@@ -724,6 +725,7 @@ mod tests {
         assert_eq!(report.days[1].outcomes["error:upstream"], 1);
         assert_eq!(report.total.requests, 3);
         assert_eq!(report.total.prompt_tokens, 30);
+        assert_eq!(report.total.cached_tokens, 12);
         assert!((report.total.cost - 0.75).abs() < 1e-9);
         let report = admin.usage(&id, Some("2026-02-01"), Some("2026-02-28"))?;
         assert_eq!(report.days.len(), 1);

@@ -3,6 +3,7 @@
 //! operations on keys (`admin`), per-key quotas (`quotas`) and usage accounting (`usage`).
 
 pub mod admin;
+pub mod ledger;
 pub mod mounted;
 pub mod quotas;
 pub mod record;

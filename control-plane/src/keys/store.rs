@@ -93,6 +93,9 @@ pub struct UsageDay {
     pub failures: u64,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+    /// Of the prompt tokens, those the providers served from their cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
     pub cost: f64,
     pub latency_ms: u64,
     /// `success`, `error:<class>`, `rejected:<code>` -> count.
@@ -106,6 +109,7 @@ impl UsageDay {
         self.failures += other.failures;
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
+        self.cached_tokens += other.cached_tokens;
         self.cost += other.cost;
         self.latency_ms += other.latency_ms;
         for (outcome, count) in &other.outcomes {
@@ -371,8 +375,8 @@ impl KeyStore for SqliteKeyStore {
         for (id, row) in rows {
             tx.execute(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-                 prompt_tokens, completion_tokens, cost, latency_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
                  ON CONFLICT (key_id, day) DO UPDATE SET \
                  requests = requests + excluded.requests, \
                  successes = successes + excluded.successes, \
@@ -380,7 +384,8 @@ impl KeyStore for SqliteKeyStore {
                  prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
                  completion_tokens = completion_tokens + excluded.completion_tokens, \
                  cost = cost + excluded.cost, \
-                 latency_ms = latency_ms + excluded.latency_ms",
+                 latency_ms = latency_ms + excluded.latency_ms, \
+                 cached_tokens = cached_tokens + excluded.cached_tokens",
                 params![
                     id,
                     row.day,
@@ -391,6 +396,7 @@ impl KeyStore for SqliteKeyStore {
                     u64_sql(row.completion_tokens),
                     row.cost,
                     u64_sql(row.latency_ms),
+                    u64_sql(row.cached_tokens),
                 ],
             )
             .map_err(storage)?;
@@ -413,7 +419,7 @@ impl KeyStore for SqliteKeyStore {
         let mut stmt = conn
             .prepare(
                 "SELECT day, requests, successes, failures, prompt_tokens, completion_tokens, \
-                 cost, latency_ms FROM key_usage WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
+                 cost, latency_ms, cached_tokens FROM key_usage WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
                  ORDER BY day",
             )
             .map_err(storage)?;
@@ -428,6 +434,7 @@ impl KeyStore for SqliteKeyStore {
                     completion_tokens: sql_u64(row.get(5)?),
                     cost: row.get(6)?,
                     latency_ms: sql_u64(row.get(7)?),
+                    cached_tokens: sql_u64(row.get(8)?),
                     outcomes: BTreeMap::new(),
                 })
             })

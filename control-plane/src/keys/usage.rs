@@ -3,10 +3,10 @@
 //!
 //! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
 //!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
-//! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage (the attempt that
-//!   consumed them, streamed or not): cost = prompt tokens x the model's input cost + completion
-//!   tokens x its output cost, per million tokens (a model without a cost counts 0). A request
-//!   outcome's own usage is not counted again.
+//! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage, as `keys::ledger`
+//!   charges them (the same charges the budget policies count): cost = prompt tokens x the
+//!   model's input cost + completion tokens x its output cost, per million tokens (a model
+//!   without a cost counts 0). A request outcome's own usage is not counted again.
 //!
 //! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
 //! The engine hands each batch to [`UsageRecorder::observe`], which only queues the rows;
@@ -32,17 +32,6 @@ pub enum Queued {
     Rows(Rows),
     /// Answered once everything queued before it is stored (`true`) or failed to be.
     Stored(oneshot::Sender<bool>),
-}
-
-/// The cost of `usage` on `provider`'s `model`, from its cost per million tokens.
-pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) -> f64 {
-    let cost = config
-        .providers
-        .iter()
-        .find(|p| p.id == provider)
-        .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
-        .and_then(|m| m.cost);
-    cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
 }
 
 /// The usage rows of one batch, merged per (key id, day).
@@ -79,18 +68,15 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         };
         *entry.outcomes.entry(outcome).or_insert(0) += 1;
     }
-    for attempt in &batch.attempts {
-        let Some(usage) = attempt.usage.as_ref() else {
-            continue;
-        };
-        if attempt.virtual_key_id.is_empty() || usage.prompt_tokens + usage.completion_tokens == 0 {
+    for charge in crate::keys::ledger::charges(config, batch) {
+        if charge.key.is_empty() {
             continue;
         }
-        let cost = cost_of(config, &attempt.provider, &attempt.model, usage);
-        let entry = row(&mut rows, &attempt.virtual_key_id, attempt.at_ms, now_ms);
-        entry.prompt_tokens += usage.prompt_tokens;
-        entry.completion_tokens += usage.completion_tokens;
-        entry.cost += cost;
+        let entry = row(&mut rows, charge.key, charge.at_ms, now_ms);
+        entry.prompt_tokens += charge.prompt_tokens;
+        entry.completion_tokens += charge.completion_tokens;
+        entry.cached_tokens += charge.cached_tokens;
+        entry.cost += charge.cost;
     }
     rows.into_iter().map(|((id, _), row)| (id, row)).collect()
 }

@@ -47,9 +47,9 @@ pub fn message(turn: &Turn, answer: &Answer) -> Value {
         "stop_reason": stop_reason(answer),
         "stop_sequence": null,
         "usage": {
-            "input_tokens": answer.usage.prompt_tokens,
+            "input_tokens": answer.usage.prompt_tokens.saturating_sub(answer.usage.cached_tokens),
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+            "cache_read_input_tokens": answer.usage.cached_tokens,
             "output_tokens": answer.usage.completion_tokens,
         },
     })
@@ -69,9 +69,9 @@ pub fn message_stream(turn: &Turn, answer: &Answer) -> StreamPlan {
             "stop_reason": null,
             "stop_sequence": null,
             "usage": {
-                "input_tokens": answer.usage.prompt_tokens,
+                "input_tokens": answer.usage.prompt_tokens.saturating_sub(answer.usage.cached_tokens),
                 "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "cache_read_input_tokens": answer.usage.cached_tokens,
                 "output_tokens": 1,
             },
         }}),

@@ -146,6 +146,7 @@ mod tests {
             cost: Some(CostConfig {
                 input: 2.0,
                 output: 10.0,
+                cached_input: None,
             }),
             capabilities: None,
             weight: None,

@@ -108,6 +108,8 @@ const MIGRATIONS: &[&str] = &[
         until_ms INTEGER NOT NULL,
         PRIMARY KEY (scope, provider, key)
     );",
+    // 2 -> 3: cached prompt tokens in the usage rows.
+    "ALTER TABLE key_usage ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

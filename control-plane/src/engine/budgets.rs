@@ -1,0 +1,377 @@
+//! Budget policies (`budgets:`) over hour, day and month windows, counted here from the
+//! ledger's charges (`keys::ledger`, the same ones the usage rows and the per-key quotas
+//! count) and pushed to the filter as [`pb::BudgetState`]s, which it enforces: a hard budget
+//! past its limit answers 429 `budget_exceeded` until the window ends, a soft one and one past
+//! its `warnAt` put `x-ai-router-budget-warning` on the answers. Request windows are the
+//! filter's alone (a cap on each call's estimate).
+//!
+//! Windows are UTC calendar windows (an hour, a day, a month), identified by when they end; a
+//! charge in a newer window starts it over. Counting is after the call, so the call that
+//! crosses a limit is answered and the next one is refused. Each rise of a budget's level in a
+//! window (to `warn`, to `over`) is one [`Crossing`]: one event and one warning per window.
+
+use std::collections::BTreeMap;
+
+use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms, HOUR_MS};
+use ai_router_proto::v1 as pb;
+
+use crate::config::budgets::{BudgetPolicy, BudgetScope, BudgetWindow};
+use crate::engine::events::Event;
+use crate::keys::ledger::Charge;
+
+/// Where a budget stands in its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Level {
+    #[default]
+    Under,
+    Warn,
+    Over,
+}
+
+impl Level {
+    fn to_proto(self) -> pb::BudgetLevel {
+        match self {
+            Self::Under => pb::BudgetLevel::Unspecified,
+            Self::Warn => pb::BudgetLevel::Warn,
+            Self::Over => pb::BudgetLevel::Over,
+        }
+    }
+}
+
+/// One budget's use by one subject in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct WindowUse {
+    /// When the window ends (ms since the epoch).
+    pub until_ms: i64,
+    pub tokens: u64,
+    pub cost: f64,
+    pub level: Level,
+}
+
+/// A budget whose level rose in its window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Crossing {
+    pub budget: String,
+    pub scope: BudgetScope,
+    pub window: BudgetWindow,
+    /// The key id, profile name or provider id; empty for the pool.
+    pub subject: String,
+    pub level: Level,
+    pub hard: bool,
+    pub used: WindowUse,
+    pub max_tokens: Option<u64>,
+    pub max_cost: Option<f64>,
+}
+
+/// When the window of `window` holding `ms` ends; `None` for a request window.
+pub fn window_end(window: BudgetWindow, ms: i64) -> Option<i64> {
+    match window {
+        BudgetWindow::Request => None,
+        BudgetWindow::Hour => Some((ms.div_euclid(HOUR_MS) + 1).saturating_mul(HOUR_MS)),
+        BudgetWindow::Day => Some(next_utc_midnight_ms(ms)),
+        BudgetWindow::Month => Some(first_of_next_month_ms(ms)),
+    }
+}
+
+/// The level of `used` against `policy`'s limits: over at or past a limit, warn at or past
+/// `warnAt` of one.
+pub fn level_of(policy: &BudgetPolicy, tokens: u64, cost: f64) -> Level {
+    let tokens_share = policy.max_tokens.map(|max| tokens as f64 / max as f64);
+    let cost_share = policy.max_cost.map(|max| cost / max);
+    let share = tokens_share
+        .into_iter()
+        .chain(cost_share)
+        .fold(0.0, f64::max);
+    if share >= 1.0 {
+        Level::Over
+    } else if policy.warn_at.is_some_and(|w| share >= w) {
+        Level::Warn
+    } else {
+        Level::Under
+    }
+}
+
+/// The subject `policy` counts `charge` under; `None` when it does not count it.
+fn subject_of<'a>(policy: &BudgetPolicy, charge: &Charge<'a>) -> Option<&'a str> {
+    let subject = match policy.scope {
+        BudgetScope::Key => charge.key,
+        BudgetScope::Profile => charge.profile,
+        BudgetScope::Provider => charge.provider,
+        BudgetScope::Pool => return Some(""),
+    };
+    (!subject.is_empty()).then_some(subject)
+}
+
+/// The operator's event of a crossing.
+pub fn event(c: &Crossing, at_ms: i64) -> Event {
+    Event::Budget {
+        at_ms,
+        budget: c.budget.clone(),
+        scope: pb::BudgetScope::from(c.scope).text(),
+        window: pb::BudgetWindow::from(c.window).text(),
+        subject: c.subject.clone(),
+        level: c.level.to_proto().text(),
+        enforcement: if c.hard { "hard" } else { "soft" },
+        tokens: c.used.tokens,
+        cost: c.used.cost,
+        max_tokens: c.max_tokens,
+        max_cost: c.max_cost,
+        until_ms: c.used.until_ms,
+    }
+}
+
+/// Every budget's use by every subject in its current window.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BudgetLedger {
+    /// (budget name, subject) -> use.
+    windows: BTreeMap<(String, String), WindowUse>,
+}
+
+impl BudgetLedger {
+    /// Counts `charge` in every budget that covers it; returns the levels that rose.
+    pub fn charge(
+        &mut self,
+        policies: &[BudgetPolicy],
+        charge: &Charge<'_>,
+        now: i64,
+    ) -> Vec<Crossing> {
+        let at = if charge.at_ms > 0 { charge.at_ms } else { now };
+        let mut crossings = Vec::new();
+        for policy in policies {
+            let Some(until_ms) = window_end(policy.window, at) else {
+                continue;
+            };
+            let Some(subject) = subject_of(policy, charge) else {
+                continue;
+            };
+            let entry = self
+                .windows
+                .entry((policy.name.clone(), subject.to_owned()))
+                .or_default();
+            if entry.until_ms < until_ms {
+                // A new window: what the last one used is over.
+                *entry = WindowUse {
+                    until_ms,
+                    ..WindowUse::default()
+                };
+            } else if entry.until_ms > until_ms {
+                // A late report of a window already over.
+                continue;
+            }
+            entry.tokens = entry.tokens.saturating_add(charge.tokens());
+            entry.cost += charge.cost;
+            let level = level_of(policy, entry.tokens, entry.cost);
+            if level > entry.level {
+                entry.level = level;
+                crossings.push(Crossing {
+                    budget: policy.name.clone(),
+                    scope: policy.scope,
+                    window: policy.window,
+                    subject: subject.to_owned(),
+                    level,
+                    hard: policy.hard,
+                    used: *entry,
+                    max_tokens: policy.max_tokens,
+                    max_cost: policy.max_cost,
+                });
+            }
+        }
+        crossings
+    }
+
+    /// Drops the windows that ended by `now`; returns whether one of them was pushed (past
+    /// its warnAt or its limit).
+    pub fn roll(&mut self, now: i64) -> bool {
+        let mut pushed_gone = false;
+        self.windows.retain(|_, w| {
+            let keep = w.until_ms > now;
+            pushed_gone |= !keep && w.level != Level::Under;
+            keep
+        });
+        pushed_gone
+    }
+
+    /// What the filter enforces: every budget past its warnAt or its limit in a window that
+    /// has not ended, with the policies themselves.
+    pub fn to_proto(&self, policies: &[BudgetPolicy], now: i64) -> Option<pb::Budgets> {
+        if policies.is_empty() {
+            return None;
+        }
+        let states = self
+            .windows
+            .iter()
+            .filter(|(_, w)| w.level != Level::Under && w.until_ms > now)
+            .map(|((name, subject), w)| pb::BudgetState {
+                name: name.clone(),
+                subject: subject.clone(),
+                level: w.level.to_proto().into(),
+                until_ms: w.until_ms,
+            })
+            .collect();
+        Some(pb::Budgets {
+            policies: policies.iter().map(BudgetPolicy::to_proto).collect(),
+            states,
+        })
+    }
+
+    /// The use of `budget` by `subject` in its current window, if any.
+    pub fn get(&self, budget: &str, subject: &str) -> Option<&WindowUse> {
+        self.windows.get(&(budget.to_owned(), subject.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 2026-03-15T12:30:00Z
+    const AT: i64 = 1_773_577_800_000;
+    const NEXT_HOUR: i64 = 1_773_579_600_000;
+    // 2026-03-16T00:00:00Z, 2026-04-01T00:00:00Z
+    const NEXT_DAY: i64 = 1_773_619_200_000;
+    const NEXT_MONTH: i64 = 1_775_001_600_000;
+
+    fn policy(name: &str, scope: BudgetScope, window: BudgetWindow) -> BudgetPolicy {
+        BudgetPolicy {
+            name: name.into(),
+            scope,
+            window,
+            max_tokens: Some(1_000),
+            max_cost: Some(1.0),
+            hard: true,
+            warn_at: Some(0.5),
+        }
+    }
+
+    fn charge(key: &'static str, tokens: u64, cost: f64, at_ms: i64) -> Charge<'static> {
+        Charge {
+            key,
+            profile: "fast",
+            provider: "openai",
+            prompt_tokens: tokens,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            cost,
+            at_ms,
+        }
+    }
+
+    #[test]
+    fn windows_end_on_the_utc_calendar() {
+        assert_eq!(window_end(BudgetWindow::Hour, AT), Some(NEXT_HOUR));
+        assert_eq!(window_end(BudgetWindow::Day, AT), Some(NEXT_DAY));
+        assert_eq!(window_end(BudgetWindow::Month, AT), Some(NEXT_MONTH));
+        assert_eq!(window_end(BudgetWindow::Request, AT), None);
+        // The last millisecond of an hour is still in it.
+        assert_eq!(
+            window_end(BudgetWindow::Hour, NEXT_HOUR - 1),
+            Some(NEXT_HOUR)
+        );
+    }
+
+    #[test]
+    fn a_level_is_the_larger_share_of_either_limit() {
+        let p = policy("b", BudgetScope::Pool, BudgetWindow::Day);
+        assert_eq!(level_of(&p, 499, 0.1), Level::Under);
+        assert_eq!(level_of(&p, 500, 0.1), Level::Warn);
+        assert_eq!(level_of(&p, 10, 0.6), Level::Warn);
+        assert_eq!(level_of(&p, 10, 1.0), Level::Over);
+        assert_eq!(level_of(&p, 1_000, 0.0), Level::Over);
+        let no_warn = BudgetPolicy {
+            warn_at: None,
+            max_cost: None,
+            ..p
+        };
+        assert_eq!(level_of(&no_warn, 999, 50.0), Level::Under);
+    }
+
+    #[test]
+    fn one_crossing_per_level_and_window() {
+        let policies = [policy("team", BudgetScope::Key, BudgetWindow::Hour)];
+        let mut ledger = BudgetLedger::default();
+        assert!(ledger
+            .charge(&policies, &charge("key_a", 400, 0.0, AT), AT)
+            .is_empty());
+        let warn = ledger.charge(&policies, &charge("key_a", 200, 0.0, AT), AT);
+        assert_eq!(warn.len(), 1);
+        assert_eq!(
+            (warn[0].level, warn[0].subject.as_str()),
+            (Level::Warn, "key_a")
+        );
+        assert_eq!(warn[0].used.tokens, 600);
+        // Still warn: no second warning in the window.
+        assert!(ledger
+            .charge(&policies, &charge("key_a", 100, 0.0, AT), AT)
+            .is_empty());
+        let over = ledger.charge(&policies, &charge("key_a", 300, 0.0, AT), AT);
+        assert_eq!(
+            over.iter().map(|c| c.level).collect::<Vec<_>>(),
+            [Level::Over]
+        );
+        // Another key is another subject.
+        assert!(ledger
+            .charge(&policies, &charge("key_b", 10, 0.0, AT), AT)
+            .is_empty());
+        let pushed = ledger.to_proto(&policies, AT).unwrap_or_default();
+        assert_eq!(pushed.policies.len(), 1);
+        assert_eq!(pushed.states.len(), 1);
+        assert_eq!(
+            (pushed.states[0].level(), pushed.states[0].until_ms),
+            (pb::BudgetLevel::Over, NEXT_HOUR)
+        );
+        // A late report of an ended window counts nowhere; the next window starts over.
+        let next = ledger.charge(&policies, &charge("key_a", 600, 0.0, NEXT_HOUR), NEXT_HOUR);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].level, Level::Warn);
+        assert!(ledger
+            .charge(&policies, &charge("key_a", 900, 0.0, AT), NEXT_HOUR)
+            .is_empty());
+        assert_eq!(ledger.get("team", "key_a").map(|w| w.tokens), Some(600));
+    }
+
+    #[test]
+    fn scopes_pick_their_subject_and_windows_roll() {
+        let policies = [
+            policy("per-profile", BudgetScope::Profile, BudgetWindow::Day),
+            policy("per-provider", BudgetScope::Provider, BudgetWindow::Month),
+            policy("pool", BudgetScope::Pool, BudgetWindow::Day),
+            policy("cap", BudgetScope::Pool, BudgetWindow::Request),
+        ];
+        let mut ledger = BudgetLedger::default();
+        let crossed = ledger.charge(&policies, &charge("key_a", 2_000, 0.0, AT), AT);
+        let subjects: Vec<_> = crossed
+            .iter()
+            .map(|c| (c.budget.as_str(), c.subject.as_str(), c.level))
+            .collect();
+        assert_eq!(
+            subjects,
+            [
+                ("per-profile", "fast", Level::Over),
+                ("per-provider", "openai", Level::Over),
+                ("pool", "", Level::Over),
+            ]
+        );
+        // A direct model call has no profile: the profile's budget does not count it.
+        let direct = Charge {
+            profile: "",
+            ..charge("key_a", 1, 0.0, AT)
+        };
+        ledger.charge(&policies, &direct, AT);
+        assert_eq!(
+            ledger.get("per-profile", "fast").map(|w| w.tokens),
+            Some(2_000)
+        );
+        assert!(!ledger.roll(AT));
+        // The day ends: two pushed states go, the month's stays.
+        assert!(ledger.roll(NEXT_DAY));
+        let left = ledger.to_proto(&policies, NEXT_DAY).unwrap_or_default();
+        assert_eq!(
+            left.states
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>(),
+            ["per-provider"]
+        );
+        assert_eq!(BudgetLedger::default().to_proto(&[], AT), None);
+    }
+}

@@ -1,0 +1,313 @@
+//! Budget policies (`budgets:`) through a real Envoy. Hour, day and month windows are counted
+//! by the control plane after each call and pushed: a hard budget refuses the call after the
+//! crossing one with 429 `budget_exceeded` and `Retry-After`, a soft one lets calls through
+//! with `x-ai-router-budget-warning`, and `warnAt` warns once per window (an event, a metric,
+//! the header). A request window caps each call's estimate in the filter. A provider's spent
+//! hard budget takes its candidates out of the call.
+//!
+//! The mocks report usage only for the calls meant to spend; the polls in between answer with
+//! no usage, so waiting for a push spends nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use ai_router_e2e::{openai_error_problem, poll, standard_pool, Gateway, Reply};
+use serde_json::{json, Value};
+
+const PUSH: Duration = Duration::from_secs(15);
+const WARNING: &str = "x-ai-router-budget-warning";
+
+fn with_budgets(budgets: &'static str) -> impl Fn(&str, &str) -> String {
+    move |p1, p2| format!("{}budgets:\n{budgets}", standard_pool(p1, p2))
+}
+
+/// Chats with `key` (the fixture's when `None`) until `done` holds for an answer; every
+/// answer must be a 200 or a 429.
+async fn chat_until(
+    gw: &Gateway,
+    key: Option<&str>,
+    what: &str,
+    done: impl Fn(&Reply) -> bool,
+) -> Reply {
+    let key = key.unwrap_or(&gw.virtual_key).to_string();
+    poll(what, PUSH, || {
+        let c = gw.client.clone();
+        let key = key.clone();
+        let done = &done;
+        async move {
+            let r = c.chat("chat", Some(&key)).await?;
+            anyhow::ensure!(matches!(r.status, 200 | 429), "expected 200 or 429: {r}");
+            Ok(done(&r).then_some(r))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn warning(r: &Reply) -> Option<String> {
+    r.header(WARNING)
+}
+
+/// Creates a virtual key through the admin API; returns its secret.
+async fn create_key(gw: &Gateway, label: &str) -> String {
+    let resp = ai_router_e2e::http_client()
+        .unwrap()
+        .post(format!("http://{}/admin/keys", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .json(&json!({ "label": label, "models": ["*"] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let body: Value = resp.json().await.unwrap();
+    body["secret"].as_str().expect("secret").to_string()
+}
+
+async fn next_event(rx: &mut tokio::sync::mpsc::UnboundedReceiver<(String, Value)>) -> Value {
+    tokio::time::timeout(PUSH, rx.recv())
+        .await
+        .expect("a budget event in time")
+        .expect("the event stream ended")
+        .1
+}
+
+/// The whole seconds of a 429's `Retry-After`, checked to be in `1..=max`.
+fn retry_after(reply: &Reply, max: u64) -> u64 {
+    let seconds: u64 = reply
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no whole-second Retry-After: {reply}"));
+    assert!((1..=max).contains(&seconds), "Retry-After {seconds}");
+    seconds
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_key_budget_warns_at_warn_at_then_refuses_until_the_window_ends() {
+    let gw = Gateway::start_with(
+        "budget_hard_key",
+        with_budgets(
+            "  - { name: key-day, scope: key, window: day, limits: { maxTokens: 200 }, enforcement: hard, warnAt: 0.5 }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    let mut events = gw
+        .cp
+        .events(&gw.admin_token, "?types=budget")
+        .await
+        .unwrap();
+    let other = create_key(&gw, "other").await;
+
+    // 120 of 200 tokens: past warnAt (0.5), under the limit.
+    gw.script_usage(60, 60).await.unwrap();
+    let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    assert_eq!(warning(&first), None, "nothing spent before it: {first}");
+    gw.script_usage(0, 0).await.unwrap();
+    let warned = chat_until(&gw, None, "the warnAt warning to be pushed", |r| {
+        warning(r).is_some()
+    })
+    .await;
+    assert_eq!(
+        warned.status, 200,
+        "a warning lets the call through: {warned}"
+    );
+    assert_eq!(warning(&warned).as_deref(), Some("key-day=warn"));
+    let event = next_event(&mut events).await;
+    assert_eq!(
+        (
+            event["type"].as_str(),
+            event["budget"].as_str(),
+            event["level"].as_str(),
+            event["scope"].as_str(),
+            event["window"].as_str(),
+            event["enforcement"].as_str(),
+            event["tokens"].as_u64(),
+            event["maxTokens"].as_u64(),
+        ),
+        (
+            Some("budget"),
+            Some("key-day"),
+            Some("warn"),
+            Some("key"),
+            Some("day"),
+            Some("hard"),
+            Some(120),
+            Some(200)
+        ),
+        "{event}"
+    );
+    // Another key has its own window.
+    let r = chat_until(&gw, Some(&other), "the other key to be pushed", |r| {
+        r.status == 200
+    })
+    .await;
+    assert_eq!(warning(&r), None, "another key: {r}");
+
+    // The call that crosses the limit is answered: counting is after the call.
+    gw.script_usage(60, 60).await.unwrap();
+    let crossing = gw.chat("chat").await.unwrap();
+    assert_eq!(crossing.status, 200, "the crossing call: {crossing}");
+    gw.script_usage(0, 0).await.unwrap();
+    let refused = chat_until(&gw, None, "the spent budget to be pushed", |r| {
+        r.status == 429
+    })
+    .await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the hard limit: {problem}");
+    }
+    assert_eq!(refused.json["error"]["type"], "rate_limit_error");
+    retry_after(&refused, 86_400);
+    let over = next_event(&mut events).await;
+    assert_eq!(
+        (over["level"].as_str(), over["tokens"].as_u64()),
+        (Some("over"), Some(240)),
+        "{over}"
+    );
+    // No warning twice in one window: the next event is not another warn.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), events.recv())
+            .await
+            .is_err(),
+        "a second budget event in the window"
+    );
+
+    // A refused call reaches no provider; the other key still calls.
+    gw.clear_calls().await.unwrap();
+    let again = gw.chat("chat").await.unwrap();
+    assert_eq!(again.status, 429, "{again}");
+    assert!(gw.provider_calls().await.unwrap().is_empty());
+    let r = gw.client.chat("chat", Some(&other)).await.unwrap();
+    assert_eq!(r.status, 200, "another key: {r}");
+
+    let line = gw
+        .cp
+        .metric_line(&[
+            "ai_router_budget_warnings_total",
+            "budget=\"key-day\"",
+            "level=\"warn\"",
+        ])
+        .await
+        .unwrap();
+    assert!(!line.ends_with(" 0"), "{line}");
+    gw.cp
+        .metric_line(&["ai_router_budget_state{", "budget=\"key-day\"", "} 2"])
+        .await
+        .unwrap();
+    gw.cp
+        .metric_line(&[
+            "ai_router_requests_total",
+            "outcome=\"rejected:budget_exceeded\"",
+        ])
+        .await
+        .unwrap();
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away() {
+    let gw = Gateway::start_with(
+        "budget_soft_pool",
+        with_budgets(
+            "  - { name: pool-hour, scope: pool, window: hour, limits: { maxTokens: 100 }, enforcement: soft }\n  \
+             - { name: p1-month, scope: provider, window: month, limits: { maxTokens: 100 }, enforcement: hard }\n\
+             profiles:\n  only-p1: { model: m1, fallbacks: [] }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    // `chat` is m1 on p1, falling back to m2 on p2: one call spends 120 tokens on p1.
+    gw.script_usage(60, 60).await.unwrap();
+    let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    assert_eq!(first.header("x-ai-router-model").as_deref(), Some("m1"));
+    gw.script_usage(0, 0).await.unwrap();
+    let warned = chat_until(&gw, None, "the soft budget's warning", |r| {
+        warning(r).is_some()
+    })
+    .await;
+    // Past a soft limit the call goes through, warned; p1 is out, so m2 on p2 answers.
+    assert_eq!(warned.status, 200, "{warned}");
+    assert_eq!(warning(&warned).as_deref(), Some("pool-hour=over"));
+    let moved = chat_until(&gw, None, "p1's spent budget to move calls to p2", |r| {
+        r.header("x-ai-router-model").as_deref() == Some("m2")
+    })
+    .await;
+    assert_eq!(moved.status, 200, "{moved}");
+    gw.clear_calls().await.unwrap();
+    for _ in 0..3 {
+        let r = gw.chat("chat").await.unwrap();
+        assert_eq!(
+            (r.status, r.header("x-ai-router-model")),
+            (200, Some("m2".to_string())),
+            "{r}"
+        );
+        assert_eq!(warning(&r).as_deref(), Some("pool-hour=over"));
+    }
+    assert!(
+        gw.mock1.calls().await.unwrap().is_empty(),
+        "p1's budget is spent: no call may reach it"
+    );
+    // A profile only p1 serves has no candidate left: refused by the budget until the month
+    // ends.
+    let pinned = gw
+        .client
+        .chat("only-p1", Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    if let Some(problem) = openai_error_problem(&pinned, 429, "budget_exceeded") {
+        panic!("every candidate's provider spent: {problem}");
+    }
+    retry_after(&pinned, 31 * 86_400);
+    assert!(gw.mock1.calls().await.unwrap().is_empty());
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_budget_caps_each_call_by_its_estimate() {
+    let gw = Gateway::start_with(
+        "budget_request",
+        with_budgets(
+            "  - { name: per-call, scope: pool, window: request, limits: { maxTokens: 1000 }, enforcement: hard }\n  \
+             - { name: per-call-soft, scope: key, window: request, limits: { maxTokens: 2000 }, enforcement: soft, warnAt: 0.25 }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    gw.script_usage(5, 5).await.unwrap();
+    let body = |max_tokens: u64| {
+        json!({
+            "model": "chat",
+            "max_tokens": max_tokens,
+            "messages": [{ "role": "user", "content": "Say hello." }],
+        })
+    };
+    let small = chat_until(&gw, None, "the gateway to answer", |r| r.status == 200).await;
+    assert_eq!(warning(&small), None, "{small}");
+    gw.clear_calls().await.unwrap();
+    // About 600 tokens of 2000: past the soft cap's warnAt.
+    let warned = gw
+        .client
+        .chat_with(&body(600), Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert_eq!(warned.status, 200, "{warned}");
+    assert_eq!(warning(&warned).as_deref(), Some("per-call-soft=warn"));
+    // Past the hard cap: refused before any provider, with nothing to wait for.
+    let refused = gw
+        .client
+        .chat_with(&body(1_200), Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the per-call cap: {problem}");
+    }
+    assert_eq!(refused.header("retry-after"), None, "{refused}");
+    assert_eq!(gw.provider_calls().await.unwrap().len(), 1);
+    gw.cp
+        .metric_line(&[
+            "ai_router_budget_warnings_total",
+            "budget=\"per-call-soft\"",
+            "level=\"warn\"",
+        ])
+        .await
+        .unwrap();
+}

@@ -17,14 +17,14 @@ use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self, LaneId, Pick};
-use crate::plan::{Operation, Plan, PLAN_HEADER};
+use crate::plan::{Candidate, Operation, Plan, PLAN_HEADER};
 use crate::sse::Parser;
 use crate::state::State;
 use crate::stream::{usage_of, Gate, Step, Usage};
 use crate::util::{redact, redact_bytes};
 use ai_router_contract::headers::{
-    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL,
-    RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
+    LANE_MODEL as H_LANE_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
 };
 
 /// How the answer is being handled.
@@ -271,10 +271,15 @@ impl Attempt {
             Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
             None => plan.tiers.clone(),
         };
+        let last_failure = host
+            .with_call(&plan.cid, |c| c.last_failure.map(|(class, _)| class))
+            .flatten();
         let request = lanes::Request {
             tried: &tried,
             excluded: &self.excluded,
             tokens: plan.tokens,
+            last_failure,
+            reset_interval_ms: plan.reset_ms,
         };
         let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
         let chosen = match pick {
@@ -634,6 +639,17 @@ impl Attempt {
                 host.record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
             }
         }
+        let reset_ms = plan.map_or(0, |p| p.reset_ms);
+        if reset_ms > 0 && !(failure.is_some() && after_first_token) {
+            // Snap-back: a failure parks the lane, an answer unparks it. A stream that broke
+            // off after its first token did answer; it neither parks nor unparks.
+            let class = failure.map(|f| f.class);
+            host.with_lanes(|_, rr| rr.parking.observe(&lane.id, class, now, reset_ms));
+        }
+        // A saving is counted against the first choice when another lane answered.
+        let first_choice = plan.and_then(|p| p.first_choice.as_ref()).filter(|fc| {
+            failure.is_none() && (fc.provider != lane.id.provider || fc.model != lane.id.model)
+        });
         host.report_attempt(AttemptOutcome {
             request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
             attempt: self.attempt,
@@ -669,6 +685,8 @@ impl Attempt {
             probe: self.probe,
             stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
+            first_choice_provider: first_choice.map(|c| c.provider.clone()).unwrap_or_default(),
+            first_choice_model: first_choice.map(|c| c.model.clone()).unwrap_or_default(),
         });
     }
 
@@ -748,6 +766,41 @@ impl Attempt {
         host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
             host.set_header(Side::Response, H_LANE_MODEL, Some(&lane.id.model));
+            let cost = self.answer_cost(host, &lane.id);
+            host.set_header(
+                Side::Response,
+                H_LANE_COST,
+                Some(&crate::cost::header_value(cost)),
+            );
+        }
+    }
+
+    /// The answer's cost on its lane: its usage when the provider reported it (a whole
+    /// answer), else the request's estimate (a stream, whose usage comes at its end); 0 for
+    /// an unpriced model.
+    fn answer_cost(&self, host: &impl Host, lane: &LaneId) -> f64 {
+        let (Some(state), Some(plan)) = (host.state(), self.plan.as_ref()) else {
+            return 0.0;
+        };
+        let Some(price) = crate::cost::price_of(&state, &lane.provider, &lane.model) else {
+            return 0.0;
+        };
+        match self.usage {
+            Some(u) => crate::cost::cost_at(&price, u.prompt_tokens, u.completion_tokens),
+            None => {
+                let needs = crate::resolve::Needs {
+                    prompt_tokens: plan.prompt_tokens,
+                    max_tokens: plan.max_tokens,
+                    ..Default::default()
+                };
+                let candidate = Candidate {
+                    provider: lane.provider.clone(),
+                    model: lane.model.clone(),
+                    weight: 1.0,
+                    when: Vec::new(),
+                };
+                crate::cost::estimate(&state, &candidate, &needs).unwrap_or(0.0)
+            }
         }
     }
 }
@@ -1163,7 +1216,6 @@ mod tests {
     use super::*;
     use crate::host::fake::{Dispatched, FakeHost};
     use crate::lanes::View;
-    use crate::plan::Candidate;
     use ai_router_proto::v1::{BreakerState, LaneCooldown, Model, Provider, ProviderKey, Snapshot};
 
     const NOW: i64 = 1_700_000_000_000;
@@ -1219,11 +1271,13 @@ mod tests {
                     provider: "p1".into(),
                     model: "m1".into(),
                     weight: 1.0,
+                    when: Vec::new(),
                 }],
                 vec![Candidate {
                     provider: "p2".into(),
                     model: "m2".into(),
                     weight: 1.0,
+                    when: Vec::new(),
                 }],
             ],
             max_attempts: 4,
@@ -1231,6 +1285,10 @@ mod tests {
             deadline_ms: 30_000,
             started_ms: NOW,
             tokens: 10,
+            prompt_tokens: 5,
+            max_tokens: 5,
+            reset_ms: 0,
+            first_choice: None,
         }
     }
 

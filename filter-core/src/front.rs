@@ -6,8 +6,9 @@
 use std::rc::Rc;
 
 use ai_router_contract::headers::{
-    ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, FINAL_STATUS as H_FINAL_STATUS,
-    LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, COST as H_COST, FINAL_STATUS as H_FINAL_STATUS,
+    LANE_COST as H_LANE_COST, LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY,
+    RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -22,6 +23,7 @@ use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Plan, PLAN_HEADER};
 use crate::quota;
 use crate::resolve;
+use crate::rules::{self, Metadata};
 use crate::state::State;
 use crate::util::sha256_hex;
 
@@ -40,6 +42,10 @@ pub struct Front {
     key: Option<VirtualKey>,
     /// The state the request was authenticated against; its body is routed by the same one.
     state: Option<Rc<State>>,
+    /// The client's metadata headers, for the `routes:` rules.
+    metadata: Metadata,
+    /// The `routes:` rule that chose the call's profile.
+    route: Option<String>,
 }
 
 impl Front {
@@ -260,7 +266,10 @@ impl Front {
                 }
             }
         }
-        let resolved = match resolve::resolve(&state, &key, &parsed, op) {
+        let rule = rules::route_for(&state, &key, &parsed, &self.metadata);
+        self.route = rule.map(|r| r.name.clone());
+        let routed = rule.map(|r| r.profile.as_str());
+        let resolved = match resolve::resolve_as(&state, &key, &parsed, op, routed) {
             Ok(r) => r,
             Err(e) => return self.reply(host, e),
         };
@@ -278,6 +287,10 @@ impl Front {
             deadline_ms: resolved.deadline_ms,
             started_ms: self.started_ms,
             tokens: resolved.needs.context_tokens,
+            prompt_tokens: resolved.needs.prompt_tokens,
+            max_tokens: resolved.needs.max_tokens,
+            reset_ms: resolved.reset_interval_ms,
+            first_choice: resolved.first_choice,
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
@@ -336,6 +349,8 @@ impl Front {
         self.rid = host
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
+        // The metadata the rules read is the one thing of the prefix a client may send.
+        self.metadata = Metadata::from_headers(host);
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -442,6 +457,8 @@ impl Front {
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
         if self.answered.is_some() {
+            // The stage's own answer: no provider was called.
+            host.set_header(Side::Response, H_COST, Some("0"));
             return Flow::Continue;
         }
         self.status = host
@@ -450,6 +467,7 @@ impl Front {
             .unwrap_or(0);
         let attempt = host.header_text(Side::Response, H_ATTEMPT);
         let model = host.header_text(Side::Response, H_LANE_MODEL);
+        let cost = host.header_text(Side::Response, H_LANE_COST);
         let retry_after = host.header_text(Side::Response, H_RETRY_AFTER);
         let final_status = host
             .header_text(Side::Response, H_FINAL_STATUS)
@@ -505,6 +523,12 @@ impl Front {
         }
         if let Some(m) = model.filter(|_| self.status < 400) {
             host.set_header(Side::Response, H_MODEL, Some(&m));
+        }
+        // Every answer says what it cost: a failed call cost nothing.
+        let cost = cost.filter(|_| self.status < 400);
+        host.set_header(Side::Response, H_COST, Some(cost.as_deref().unwrap_or("0")));
+        if let Some(route) = &self.route {
+            host.set_header(Side::Response, H_ROUTE, Some(route));
         }
         let attempts = attempt.or_else(|| {
             self.cid
@@ -666,6 +690,76 @@ mod tests {
         let a = host.answered.as_ref().expect("a local answer");
         let code = a.json()["error"]["code"].as_str().unwrap_or("").to_string();
         (a.status, code)
+    }
+
+    #[test]
+    fn a_rule_chooses_the_profile_and_the_answer_says_which_and_what_it_cost() {
+        let mut s = state().snapshot.clone();
+        s.profiles.insert(
+            "coding".into(),
+            Policy {
+                model: Some("m1".into()),
+                ..Default::default()
+            },
+        );
+        s.routes.push(ai_router_proto::v1::RouteRule {
+            name: "code-tasks".into(),
+            enabled: true,
+            task_type: Some("code".into()),
+            profile: "coding".into(),
+            ..Default::default()
+        });
+        let auth = bearer(KEY);
+        let mut host = client(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", &auth),
+                (ai_router_contract::headers::TASK_TYPE, b"code"),
+            ],
+        );
+        host.state = Some(Rc::new(State::new(2, s)));
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        // The metadata header is read, then removed like every internal one.
+        assert!(host
+            .header(Side::Request, ai_router_contract::headers::TASK_TYPE)
+            .is_none());
+        let body = r#"{"model":"not-a-profile","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.tiers[0][0].model, "m1");
+
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        host.add(Side::Response, H_LANE_MODEL, b"m1");
+        host.add(Side::Response, H_LANE_COST, b"0.0042");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(host.text(Side::Response, H_COST).as_deref(), Some("0.0042"));
+        assert_eq!(
+            host.text(Side::Response, H_ROUTE).as_deref(),
+            Some("code-tasks")
+        );
+        assert!(host.header(Side::Response, H_LANE_COST).is_none());
+    }
+
+    #[test]
+    fn a_failed_call_costs_nothing() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let body = r#"{"model":"chat","messages":[]}"#;
+        send_body(&mut front, &mut host, body);
+        host.add(Side::Response, ":status", b"502");
+        host.add(Side::Response, H_FINAL_STATUS, b"502");
+        host.add(Side::Response, H_LANE_COST, b"1");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(host.text(Side::Response, H_COST).as_deref(), Some("0"));
+        assert!(host.header(Side::Response, H_ROUTE).is_none());
     }
 
     #[test]

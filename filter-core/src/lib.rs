@@ -8,12 +8,16 @@
 //! - `classify`: a provider's answer → error class, hold and window;
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
+//! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and
+//!   snap-back to a parked cheaper lane (`resetIntervalMs`);
+//! - `rules`, `when`: `routes:` rules on request metadata, conditional candidates;
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
 pub mod attempt;
 pub mod calls;
 pub mod classify;
+pub mod cost;
 pub mod embeddings;
 pub mod errors;
 pub mod front;
@@ -21,11 +25,14 @@ pub mod headers;
 pub mod host;
 pub mod lanes;
 pub mod local;
+pub mod park;
 pub mod plan;
 pub mod quota;
 pub mod reports;
 pub mod resolve;
+pub mod rules;
 pub mod sse;
 pub mod state;
 pub mod stream;
 pub mod util;
+pub mod when;

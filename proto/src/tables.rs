@@ -105,6 +105,7 @@ impl Tables {
                 limits: snapshot.limits,
                 resilience: snapshot.resilience,
                 selection: snapshot.selection,
+                routes: snapshot.routes,
             },
             providers: snapshot.providers,
             virtual_keys: Arc::new(
@@ -164,6 +165,7 @@ impl Tables {
             headroom: self.headroom.values().cloned().collect(),
             provider_health: self.provider_health.values().cloned().collect(),
             resets: self.resets.values().cloned().collect(),
+            routes: self.settings.routes.clone(),
         }
     }
 
@@ -177,6 +179,7 @@ impl Tables {
             generated_at_ms: self.generated_at_ms,
             resilience: self.settings.resilience,
             selection: self.settings.selection,
+            routes: self.settings.routes.clone(),
             ..Snapshot::default()
         }
     }

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod keys;
 pub mod mock;
+pub mod prices;
 pub mod render_envoy;
 pub mod serve;
 pub mod up;
@@ -69,6 +70,8 @@ enum Command {
     Stats(admin::RemoteArgs),
     /// Print the pool's profiles and models as callers see them (--url).
     Catalog(admin::RemoteArgs),
+    /// Print the bundled price table `autoPrice` fills costs from, or one model's row, as JSON.
+    Prices(prices::PricesArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -131,6 +134,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Err(err) => print_answer(Err(err)),
         },
         Command::Keys(args) => print_answer(keys::run(args).await),
+        Command::Prices(args) => prices::run(args),
     }
 }
 

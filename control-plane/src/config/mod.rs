@@ -18,7 +18,9 @@ mod file;
 mod keys_from_env;
 mod load;
 mod model;
+pub mod prices;
 mod resolve;
+mod routes;
 pub mod secrets;
 mod validate;
 
@@ -30,8 +32,9 @@ pub use file::{
     BackoffFileConfig, BreakerFileConfig, BudgetConfig, CandidateConfig, Capability,
     ControlPlaneConfig, CostConfig, FileConfig, GatewayConfig, KeyConfig, ModelConfig,
     MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind, QuotaConfig,
-    ResilienceFileConfig, SecretRefConfig, SelectionConfig, StoreConfig, StoreType,
-    TelemetryConfig, TierConfig, DEFAULT_CAPABILITIES,
+    ResilienceFileConfig, RouteConfig, RouteMatchConfig, RouteTargetConfig, SecretRefConfig,
+    SelectionConfig, StoreConfig, StoreType, TelemetryConfig, TierConfig, TriggerConfig,
+    DEFAULT_CAPABILITIES,
 };
 pub use keys_from_env::keys_from_env;
 pub use load::{base_dir_of, load, parse, read, resolve_at};

@@ -94,6 +94,9 @@ pub struct UsageDay {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub cost: f64,
+    /// What cheaper lanes saved against the calls' configured first choice.
+    #[serde(default)]
+    pub saved: f64,
     pub latency_ms: u64,
     /// `success`, `error:<class>`, `rejected:<code>` -> count.
     pub outcomes: BTreeMap<String, u64>,
@@ -107,6 +110,7 @@ impl UsageDay {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.cost += other.cost;
+        self.saved += other.saved;
         self.latency_ms += other.latency_ms;
         for (outcome, count) in &other.outcomes {
             *self.outcomes.entry(outcome.clone()).or_insert(0) += count;
@@ -371,8 +375,8 @@ impl KeyStore for SqliteKeyStore {
         for (id, row) in rows {
             tx.execute(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-                 prompt_tokens, completion_tokens, cost, latency_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 prompt_tokens, completion_tokens, cost, latency_ms, saved) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
                  ON CONFLICT (key_id, day) DO UPDATE SET \
                  requests = requests + excluded.requests, \
                  successes = successes + excluded.successes, \
@@ -380,7 +384,8 @@ impl KeyStore for SqliteKeyStore {
                  prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
                  completion_tokens = completion_tokens + excluded.completion_tokens, \
                  cost = cost + excluded.cost, \
-                 latency_ms = latency_ms + excluded.latency_ms",
+                 latency_ms = latency_ms + excluded.latency_ms, \
+                 saved = saved + excluded.saved",
                 params![
                     id,
                     row.day,
@@ -391,6 +396,7 @@ impl KeyStore for SqliteKeyStore {
                     u64_sql(row.completion_tokens),
                     row.cost,
                     u64_sql(row.latency_ms),
+                    row.saved,
                 ],
             )
             .map_err(storage)?;
@@ -413,7 +419,7 @@ impl KeyStore for SqliteKeyStore {
         let mut stmt = conn
             .prepare(
                 "SELECT day, requests, successes, failures, prompt_tokens, completion_tokens, \
-                 cost, latency_ms FROM key_usage WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
+                 cost, latency_ms, saved FROM key_usage WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
                  ORDER BY day",
             )
             .map_err(storage)?;
@@ -428,6 +434,7 @@ impl KeyStore for SqliteKeyStore {
                     completion_tokens: sql_u64(row.get(5)?),
                     cost: row.get(6)?,
                     latency_ms: sql_u64(row.get(7)?),
+                    saved: row.get(8)?,
                     outcomes: BTreeMap::new(),
                 })
             })

@@ -45,6 +45,37 @@ pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) 
     cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
 }
 
+/// What an answering attempt saved against its call's configured first choice: the same usage
+/// at the first choice's prices less its cost here (0 when the first choice answered, either
+/// is unpriced, or the first choice was cheaper).
+pub fn saving_of(config: &Config, attempt: &pb::AttemptOutcome) -> f64 {
+    let Some(usage) = attempt.usage.as_ref() else {
+        return 0.0;
+    };
+    if attempt.first_choice_model.is_empty() {
+        return 0.0;
+    }
+    let priced = |provider: &str, model: &str| {
+        config
+            .providers
+            .iter()
+            .find(|p| p.id == provider)
+            .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
+            .and_then(|m| m.cost)
+    };
+    if priced(&attempt.provider, &attempt.model).is_none() {
+        return 0.0;
+    }
+    let first = cost_of(
+        config,
+        &attempt.first_choice_provider,
+        &attempt.first_choice_model,
+        usage,
+    );
+    let here = cost_of(config, &attempt.provider, &attempt.model, usage);
+    (first - here).max(0.0)
+}
+
 /// The usage rows of one batch, merged per (key id, day).
 pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows {
     let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
@@ -91,6 +122,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         entry.prompt_tokens += usage.prompt_tokens;
         entry.completion_tokens += usage.completion_tokens;
         entry.cost += cost;
+        entry.saved += saving_of(config, attempt);
     }
     rows.into_iter().map(|((id, _), row)| (id, row)).collect()
 }

@@ -151,6 +151,7 @@ mod tests {
             weight: None,
             identity: None,
             dimensions: None,
+            discount: None,
         };
         let cost = attempt_cost(Some(&model), 500_000, 100_000);
         assert!((cost - 2.0).abs() < 1e-9);

@@ -108,6 +108,8 @@ const MIGRATIONS: &[&str] = &[
         until_ms INTEGER NOT NULL,
         PRIMARY KEY (scope, provider, key)
     );",
+    // What cheaper lanes saved against the calls' first choice (`autoSort`, fallbacks).
+    "ALTER TABLE key_usage ADD COLUMN saved REAL NOT NULL DEFAULT 0;",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

@@ -129,6 +129,22 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
             "header {cost}, usage x price {want}\n{r}"
         );
     }
+    // A stream's cost is the request's estimate (its usage comes after the headers): the
+    // prompt estimate and the provider's default output at the cheap lane's prices.
+    pool.clear_calls().await.unwrap();
+    let s = pool
+        .client
+        .stream("chat", Some(&pool.virtual_key))
+        .await
+        .unwrap();
+    assert_eq!(s.status, 200, "{}", s.body);
+    assert_eq!(pool.keys_called().await.unwrap(), ["cheap"]);
+    let estimate: f64 = s.header("x-ai-router-cost").unwrap().parse().unwrap();
+    assert!(
+        estimate > 0.0 && estimate < 1.0,
+        "a stream's estimate: {estimate}"
+    );
+
     // Without autoSort the configured order stays.
     let (r, keys) = call(&pool, &chat("ordered")).await;
     assert_eq!(

@@ -52,6 +52,16 @@ pub mod headers {
     pub const BUDGET_WARNING: &str = "x-ai-router-budget-warning";
     /// Front → client: `hit` (answered from the response cache) or `miss`.
     pub const CACHE: &str = "x-ai-router-cache";
+    /// Attempt → front: the answer's estimated cost (its usage when known, else the estimate).
+    pub const LANE_COST: &str = "x-ai-router-lane-cost";
+    /// Front → client: this call's estimated cost, in the unit of the pool's `cost` prices.
+    pub const COST: &str = "x-ai-router-cost";
+    /// Front → client: the `routes:` rule that chose the call's profile.
+    pub const ROUTE: &str = "x-ai-router-route";
+    /// Client → front: request metadata the `routes:` rules match (read, then removed).
+    pub const TASK_TYPE: &str = "x-ai-router-task-type";
+    pub const USER_TIER: &str = "x-ai-router-user-tier";
+    pub const FEATURE: &str = "x-ai-router-feature";
     /// Every internal header starts with this.
     pub const PREFIX: &str = "x-ai-router-";
 }

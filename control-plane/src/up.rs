@@ -133,6 +133,7 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
         default_max_tokens: None,
         budget: None,
         terms: None,
+        discount: None,
         keys: vec![KeyConfig {
             alias: "mock-1".to_owned(),
             env: Some(MOCK_KEY_ENV.to_owned()),

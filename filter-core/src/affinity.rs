@@ -185,6 +185,7 @@ mod tests {
         vec![["p1", "p2"]
             .iter()
             .map(|p| crate::plan::Candidate {
+                when: Vec::new(),
                 provider: p.to_string(),
                 model: "m1".into(),
                 weight: 1.0,

@@ -20,14 +20,14 @@ use crate::ingress::{self, Egress};
 use crate::lanes::{self, LaneId, Pick};
 use crate::local::Send;
 use crate::messages_ingress::Fidelity;
-use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
+use crate::plan::{Candidate, Operation, Plan, Protocol, PLAN_HEADER};
 use crate::sse::Parser;
 use crate::state::State;
 use crate::stream::{usage_of, Gate, Step, Usage};
 use crate::util::{redact, redact_bytes};
 use ai_router_contract::headers::{
-    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL,
-    RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
+    LANE_MODEL as H_LANE_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
 };
 
 /// How the answer is being handled.
@@ -294,12 +294,17 @@ impl Attempt {
             .session
             .as_deref()
             .and_then(|s| crate::affinity::pinned(host, s, idle_ms, now));
+        let last_failure = host
+            .with_call(&plan.cid, |c| c.last_failure.map(|(class, _)| class))
+            .flatten();
         let request = lanes::Request {
             tried: &tried,
             excluded: &self.excluded,
             tokens: plan.tokens,
             random: host.random_unit(),
             pinned: pinned.as_ref(),
+            last_failure,
+            reset_interval_ms: plan.reset_ms,
         };
         let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
         let chosen = match pick {
@@ -723,6 +728,17 @@ impl Attempt {
                 crate::affinity::remember(host, session, idle_ms, &lane.id, now);
             }
         }
+        let reset_ms = plan.map_or(0, |p| p.reset_ms);
+        if reset_ms > 0 && !(failure.is_some() && after_first_token) {
+            // Snap-back: a failure parks the lane, an answer unparks it. A stream that broke
+            // off after its first token did answer; it neither parks nor unparks.
+            let class = failure.map(|f| f.class);
+            host.with_lanes(|_, rr| rr.parking.observe(&lane.id, class, now, reset_ms));
+        }
+        // A saving is counted against the first choice when another lane answered.
+        let first_choice = plan.and_then(|p| p.first_choice.as_ref()).filter(|fc| {
+            failure.is_none() && (fc.provider != lane.id.provider || fc.model != lane.id.model)
+        });
         host.report_attempt(AttemptOutcome {
             request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
             attempt: self.attempt,
@@ -759,6 +775,8 @@ impl Attempt {
             stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
             profile: plan.map(|p| p.profile.clone()).unwrap_or_default(),
+            first_choice_provider: first_choice.map(|c| c.provider.clone()).unwrap_or_default(),
+            first_choice_model: first_choice.map(|c| c.model.clone()).unwrap_or_default(),
         });
     }
 
@@ -838,6 +856,41 @@ impl Attempt {
         host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
             host.set_header(Side::Response, H_LANE_MODEL, Some(&lane.id.model));
+            let cost = self.answer_cost(host, &lane.id);
+            host.set_header(
+                Side::Response,
+                H_LANE_COST,
+                Some(&crate::cost::header_value(cost)),
+            );
+        }
+    }
+
+    /// The answer's cost on its lane: its usage when the provider reported it (a whole
+    /// answer), else the request's estimate (a stream, whose usage comes at its end); 0 for
+    /// an unpriced model.
+    fn answer_cost(&self, host: &impl Host, lane: &LaneId) -> f64 {
+        let (Some(state), Some(plan)) = (host.state(), self.plan.as_ref()) else {
+            return 0.0;
+        };
+        let Some(price) = crate::cost::price_of(&state, &lane.provider, &lane.model) else {
+            return 0.0;
+        };
+        match self.usage {
+            Some(u) => crate::cost::cost_at(&price, u.prompt_tokens, u.completion_tokens),
+            None => {
+                let needs = crate::resolve::Needs {
+                    prompt_tokens: plan.prompt_tokens,
+                    max_tokens: plan.max_tokens,
+                    ..Default::default()
+                };
+                let candidate = Candidate {
+                    provider: lane.provider.clone(),
+                    model: lane.model.clone(),
+                    weight: 1.0,
+                    when: Vec::new(),
+                };
+                crate::cost::estimate(&state, &candidate, &needs).unwrap_or(0.0)
+            }
         }
     }
 }
@@ -1290,7 +1343,6 @@ mod tests {
     use super::*;
     use crate::host::fake::{Dispatched, FakeHost};
     use crate::lanes::View;
-    use crate::plan::Candidate;
     use ai_router_proto::v1::{BreakerState, LaneCooldown, Model, Provider, ProviderKey, Snapshot};
 
     const NOW: i64 = 1_700_000_000_000;
@@ -1346,11 +1398,13 @@ mod tests {
                     provider: "p1".into(),
                     model: "m1".into(),
                     weight: 1.0,
+                    when: Vec::new(),
                 }],
                 vec![Candidate {
                     provider: "p2".into(),
                     model: "m2".into(),
                     weight: 1.0,
+                    when: Vec::new(),
                 }],
             ],
             max_attempts: 4,
@@ -1364,6 +1418,10 @@ mod tests {
             session: None,
             profile: String::new(),
             prompt_cache: String::new(),
+            prompt_tokens: 5,
+            max_tokens: 5,
+            reset_ms: 0,
+            first_choice: None,
         }
     }
 

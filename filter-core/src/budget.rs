@@ -205,6 +205,7 @@ mod tests {
 
     fn cand(provider: &str) -> Candidate {
         Candidate {
+            when: Vec::new(),
             provider: provider.into(),
             model: "m".into(),
             weight: 1.0,

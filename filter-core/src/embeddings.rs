@@ -136,6 +136,7 @@ mod tests {
             provider: p.into(),
             model: m.into(),
             weight: 1.0,
+            when: Vec::new(),
         };
         let tiers = vec![
             vec![c("a", "te3"), c("b", "openai/te3")],

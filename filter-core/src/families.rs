@@ -135,6 +135,7 @@ mod tests {
             Policy {
                 candidates: vec![ai_router_proto::v1::Tier {
                     candidates: vec![ai_router_proto::v1::Candidate {
+                        when: Vec::new(),
                         model: "openai/gpt-oss-120b".into(),
                         provider: "groq".into(),
                         weight: 1.0,

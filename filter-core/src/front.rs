@@ -7,8 +7,9 @@ use std::rc::Rc;
 
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
-    FINAL_STATUS as H_FINAL_STATUS, LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY,
-    RETRY_AFTER as H_RETRY_AFTER,
+    COST as H_COST, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
+    LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    ROUTE as H_ROUTE,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -25,6 +26,7 @@ use crate::messages_ingress::Fidelity;
 use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
 use crate::quota;
 use crate::resolve;
+use crate::rules::{self, Metadata};
 use crate::state::State;
 use crate::util::sha256_hex;
 
@@ -54,6 +56,10 @@ pub struct Front {
     session_header: Option<String>,
     /// The budgets' warnings for this call (`x-ai-router-budget-warning`).
     budget_warnings: Vec<String>,
+    /// The client's metadata headers, for the `routes:` rules.
+    metadata: Metadata,
+    /// The `routes:` rule that chose the call's profile.
+    route: Option<String>,
 }
 
 impl Front {
@@ -302,7 +308,10 @@ impl Front {
                 }
             }
         }
-        let mut resolved = match resolve::resolve(&state, &key, &parsed, op) {
+        let rule = rules::route_for(&state, &key, &parsed, &self.metadata);
+        self.route = rule.map(|r| r.name.clone());
+        let routed = rule.map(|r| r.profile.as_str());
+        let mut resolved = match resolve::resolve_as(&state, &key, &parsed, op, routed) {
             Ok(r) => r,
             Err(e) => return self.reply(host, e),
         };
@@ -357,6 +366,10 @@ impl Front {
                 .flatten(),
             profile: resolved.profile.unwrap_or_default(),
             prompt_cache: resolved.prompt_cache,
+            prompt_tokens: resolved.needs.prompt_tokens,
+            max_tokens: resolved.needs.max_tokens,
+            reset_ms: resolved.reset_interval_ms,
+            first_choice: resolved.first_choice,
         };
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
@@ -446,6 +459,8 @@ impl Front {
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
         self.session_header = host.header_text(Side::Request, ai_router_contract::headers::SESSION);
+        // The metadata the rules read is the one thing of the prefix a client may send.
+        self.metadata = Metadata::from_headers(host);
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -585,6 +600,8 @@ impl Front {
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
         if self.answered.is_some() {
+            // The stage's own answer: no provider was called.
+            host.set_header(Side::Response, H_COST, Some("0"));
             return Flow::Continue;
         }
         self.status = host
@@ -593,6 +610,7 @@ impl Front {
             .unwrap_or(0);
         let attempt = host.header_text(Side::Response, H_ATTEMPT);
         let model = host.header_text(Side::Response, H_LANE_MODEL);
+        let cost = host.header_text(Side::Response, H_LANE_COST);
         let retry_after = host.header_text(Side::Response, H_RETRY_AFTER);
         let final_status = host
             .header_text(Side::Response, H_FINAL_STATUS)
@@ -648,6 +666,12 @@ impl Front {
         }
         if let Some(m) = model.filter(|_| self.status < 400) {
             host.set_header(Side::Response, H_MODEL, Some(&m));
+        }
+        // Every answer says what it cost: a failed call cost nothing.
+        let cost = cost.filter(|_| self.status < 400);
+        host.set_header(Side::Response, H_COST, Some(cost.as_deref().unwrap_or("0")));
+        if let Some(route) = &self.route {
+            host.set_header(Side::Response, H_ROUTE, Some(route));
         }
         let attempts = attempt.or_else(|| {
             self.cid
@@ -830,6 +854,76 @@ mod tests {
         let a = host.answered.as_ref().expect("a local answer");
         let code = a.json()["error"]["code"].as_str().unwrap_or("").to_string();
         (a.status, code)
+    }
+
+    #[test]
+    fn a_rule_chooses_the_profile_and_the_answer_says_which_and_what_it_cost() {
+        let mut s = state().snapshot.clone();
+        s.profiles.insert(
+            "coding".into(),
+            Policy {
+                model: Some("m1".into()),
+                ..Default::default()
+            },
+        );
+        s.routes.push(ai_router_proto::v1::RouteRule {
+            name: "code-tasks".into(),
+            enabled: true,
+            task_type: Some("code".into()),
+            profile: "coding".into(),
+            ..Default::default()
+        });
+        let auth = bearer(KEY);
+        let mut host = client(
+            "POST",
+            "/v1/chat/completions",
+            &[
+                ("authorization", &auth),
+                (ai_router_contract::headers::TASK_TYPE, b"code"),
+            ],
+        );
+        host.state = Some(Rc::new(State::new(2, s)));
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        // The metadata header is read, then removed like every internal one.
+        assert!(host
+            .header(Side::Request, ai_router_contract::headers::TASK_TYPE)
+            .is_none());
+        let body = r#"{"model":"not-a-profile","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.tiers[0][0].model, "m1");
+
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        host.add(Side::Response, H_LANE_MODEL, b"m1");
+        host.add(Side::Response, H_LANE_COST, b"0.0042");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(host.text(Side::Response, H_COST).as_deref(), Some("0.0042"));
+        assert_eq!(
+            host.text(Side::Response, H_ROUTE).as_deref(),
+            Some("code-tasks")
+        );
+        assert!(host.header(Side::Response, H_LANE_COST).is_none());
+    }
+
+    #[test]
+    fn a_failed_call_costs_nothing() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let body = r#"{"model":"chat","messages":[]}"#;
+        send_body(&mut front, &mut host, body);
+        host.add(Side::Response, ":status", b"502");
+        host.add(Side::Response, H_FINAL_STATUS, b"502");
+        host.add(Side::Response, H_LANE_COST, b"1");
+        front.on_response_headers(&mut host, false);
+        assert_eq!(host.text(Side::Response, H_COST).as_deref(), Some("0"));
+        assert!(host.header(Side::Response, H_ROUTE).is_none());
     }
 
     #[test]
@@ -1278,11 +1372,13 @@ mod tests {
             &state,
             &[vec![
                 crate::plan::Candidate {
+                    when: Vec::new(),
                     provider: "p1".into(),
                     model: "m1".into(),
                     weight: 1.0,
                 },
                 crate::plan::Candidate {
+                    when: Vec::new(),
                     provider: "gone".into(),
                     model: "m1".into(),
                     weight: 1.0,

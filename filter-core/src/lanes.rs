@@ -8,6 +8,7 @@ use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason, SelectionStr
 
 use crate::classify::Class;
 use crate::local::Allowance;
+use crate::park::Parking;
 use crate::plan::Candidate;
 use crate::state::{scope_of, LaneHealth, State};
 
@@ -218,6 +219,10 @@ pub struct Request<'a> {
     pub random: f64,
     /// The lane a session is pinned to: taken first while it is usable and untried.
     pub pinned: Option<&'a LaneId>,
+    /// How the call's last attempt failed, for conditional candidates (`when`).
+    pub last_failure: Option<Class>,
+    /// The call's `resetIntervalMs` (0: none): parked lanes come after the others.
+    pub reset_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -230,10 +235,12 @@ pub enum Pick {
     },
 }
 
-/// Smooth weighted round-robin positions, per VM.
+/// The picker's memory in this VM: smooth weighted round-robin positions, and the lanes
+/// parked after a failover (snap-back, [`crate::park`]).
 #[derive(Debug, Default)]
 pub struct RoundRobin {
     current: HashMap<LaneId, f64>,
+    pub parking: Parking,
 }
 
 impl RoundRobin {
@@ -262,8 +269,9 @@ impl RoundRobin {
 
 struct Usable {
     chosen: Chosen,
-    /// The spec's tiers: untried lane, model order, untried key, untried provider, headroom.
-    rank: (bool, usize, bool, bool, bool),
+    /// The spec's tiers: untried lane, not parked (snap-back), model order, untried key,
+    /// untried provider, headroom.
+    rank: (bool, bool, usize, bool, bool, bool),
     in_flight: u32,
     /// The candidate's share of its tier (provider x model x candidate weight).
     candidate_weight: f64,
@@ -271,7 +279,7 @@ struct Usable {
     key_weight: f64,
     latency: Option<f64>,
     /// What the `headroom` and `score` strategies read.
-    facts: crate::select::LaneFacts<(bool, usize, bool, bool, bool)>,
+    facts: crate::select::LaneFacts<(bool, bool, usize, bool, bool, bool)>,
 }
 
 /// A breaker's effect on a lane right now.
@@ -427,6 +435,9 @@ pub fn pick(
     let mut soonest: Option<(Class, Option<i64>)> = None;
     for (tier_index, tier) in tiers.iter().enumerate() {
         for cand in tier {
+            if !crate::when::allows(&cand.when, req.last_failure) {
+                continue;
+            }
             let Some((pi, provider)) = state.provider(&cand.provider) else {
                 continue;
             };
@@ -492,11 +503,13 @@ pub fn pick(
                 let provider_tried = req.tried.iter().any(|t| t.provider == lane.provider);
                 let candidate_weight =
                     positive(provider.weight) * model_weight * positive(cand.weight);
+                let parked = req.reset_interval_ms > 0 && rr.parking.passed_over(&lane, now_ms);
                 let reported = health
-                    .headroom(&lane.key, &lane.model)
+                    .headroom(scope_of(key), &lane.model)
                     .filter(|h| h.reset_at_ms > now_ms);
                 let rank = (
                     lane_tried,
+                    parked,
                     tier_index,
                     key_tried,
                     provider_tried,
@@ -588,7 +601,14 @@ pub fn pick(
         })
         .collect();
     match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
-        Some(u) => Pick::Lane(u.chosen),
+        Some(u) => {
+            if req.reset_interval_ms > 0 && rr.parking.is_parked(&u.chosen.lane) {
+                // This call probes the parked lane; the next probe is an interval away.
+                rr.parking
+                    .probing(&u.chosen.lane, now_ms, req.reset_interval_ms);
+            }
+            Pick::Lane(u.chosen)
+        }
         None => Pick::Unavailable {
             class: None,
             retry_at_ms: None,
@@ -742,11 +762,13 @@ mod tests {
                 provider: "p1".into(),
                 model: "m1".into(),
                 weight: 1.0,
+                when: Vec::new(),
             }],
             vec![Candidate {
                 provider: "p2".into(),
                 model: "m1".into(),
                 weight: 1.0,
+                when: Vec::new(),
             }],
         ]
     }
@@ -949,11 +971,13 @@ mod tests {
                 provider: "p1".into(),
                 model: "m1".into(),
                 weight: 1.0,
+                when: Vec::new(),
             },
             Candidate {
                 provider: "p2".into(),
                 model: "m1".into(),
                 weight: 1.0,
+                when: Vec::new(),
             },
         ]];
         let v = FakeView::default();
@@ -986,6 +1010,7 @@ mod tests {
             provider: "p1".into(),
             model: "m1".into(),
             weight: 1.0,
+            when: Vec::new(),
         }]];
         let keys = |generated_at_ms: i64| {
             let s = state_with_snapshot(|s| {
@@ -1028,6 +1053,7 @@ mod tests {
             provider: "p1".into(),
             model: "m1".into(),
             weight: 1.0,
+            when: Vec::new(),
         }]];
         let usable = |reset: Option<(&str, i64)>| {
             let s = state_with_snapshot(|s| {
@@ -1249,5 +1275,75 @@ mod tests {
         assert_eq!(backoff_ms(&b, 3, 0.0), 200);
         assert_eq!(backoff_ms(&b, 30, 0.0), 2500);
         assert!(backoff_ms(&b, 30, 0.99) < 5000);
+    }
+
+    #[test]
+    fn a_conditional_tier_is_taken_only_after_its_trigger() {
+        let s = state_with(vec![]);
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        let mut t = tiers();
+        t[1][0].when = vec!["rate_limit".into()];
+        let p1 = [LaneId::new("p1", "a", "m1"), LaneId::new("p1", "b", "m1")];
+        let next = |rr: &mut RoundRobin, last: Option<Class>| {
+            pick(
+                &s,
+                &t,
+                Request {
+                    tried: &p1,
+                    last_failure: last,
+                    ..Request::default()
+                },
+                &v,
+                rr,
+                0,
+            )
+        };
+        // After a rate limit the conditional tier (p2) comes before trying p1 again.
+        assert_eq!(chosen(next(&mut rr, Some(Class::RateLimit))).provider, "p2");
+        // After a 5xx it is skipped: only p1's lanes (tried already) are left.
+        assert_eq!(chosen(next(&mut rr, Some(Class::Transient))).provider, "p1");
+        // Never the first attempt.
+        let first = pick(&s, &t, Request::default(), &v, &mut rr, 0);
+        assert_eq!(chosen(first).provider, "p1");
+    }
+
+    #[test]
+    fn a_parked_lane_comes_after_the_others_until_its_probe_is_due() {
+        let s = state_with(vec![]);
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        let interval = 1_000;
+        for k in ["a", "b"] {
+            rr.parking.observe(
+                &LaneId::new("p1", k, "m1"),
+                Some(Class::Transient),
+                0,
+                interval,
+            );
+        }
+        let with_interval = Request {
+            reset_interval_ms: interval,
+            ..Request::default()
+        };
+        // Parked: the next tier carries the calls.
+        assert_eq!(
+            chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 10)).provider,
+            "p2"
+        );
+        // A call without an interval ignores parking.
+        assert_eq!(
+            chosen(pick(&s, &tiers(), Request::default(), &v, &mut rr, 10)).provider,
+            "p1"
+        );
+        // Due: one call probes each parked lane of p1, the next ones stay on p2 for another
+        // interval.
+        let probes: Vec<LaneId> = (0..2)
+            .map(|i| chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 1_000 + i)))
+            .collect();
+        assert!(probes.iter().all(|l| l.provider == "p1"), "{probes:?}");
+        assert_ne!(probes[0].key, probes[1].key);
+        let after = chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 1_002));
+        assert_eq!(after.provider, "p2", "one probe per lane and interval");
     }
 }

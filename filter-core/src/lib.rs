@@ -14,6 +14,10 @@
 //! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
 //!   `cache_control` marker;
 //! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
+//! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and
+//!   snap-back to a parked cheaper lane (`resetIntervalMs`);
+//! - `rules`, `when`: `routes:` rules on request metadata, conditional candidates;
+//! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod affinity;
 pub mod anthropic;
@@ -22,6 +26,7 @@ pub mod budget;
 pub mod cache;
 pub mod calls;
 pub mod classify;
+pub mod cost;
 pub mod embeddings;
 pub mod errors;
 pub mod families;
@@ -32,15 +37,18 @@ pub mod ingress;
 pub mod lanes;
 pub mod local;
 pub mod messages_ingress;
+pub mod park;
 pub mod plan;
 pub mod prompt_cache;
 pub mod quota;
 pub mod reports;
 pub mod resolve;
 pub mod responses;
+pub mod rules;
 pub mod select;
 pub mod sse;
 pub mod state;
 pub mod stream;
 pub mod terms;
 pub mod util;
+pub mod when;

@@ -61,6 +61,9 @@ pub struct Candidate {
     pub model: String,
     #[serde(rename = "w", default = "one")]
     pub weight: f64,
+    /// `when`: the triggers after which this candidate may be tried; empty: unconditional.
+    #[serde(rename = "c", default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<String>,
 }
 
 fn one() -> f64 {
@@ -106,10 +109,25 @@ pub struct Plan {
     pub anthropic_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_beta: Option<String>,
+    /// Estimated prompt tokens and the request's output estimate, for a streamed answer's cost.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub max_tokens: u64,
+    /// `resetIntervalMs` (0: none): parked lanes are probed once per interval.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reset_ms: u64,
+    /// The configured first choice, which a cheaper answer's saving is counted against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_choice: Option<Candidate>,
 }
 
 fn is_chat(p: &Protocol) -> bool {
     *p == Protocol::Chat
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Plan {

@@ -13,6 +13,10 @@ use crate::state::State;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
     pub tiers: Vec<Vec<Candidate>>,
+    /// The configured first choice (before `autoSort`), a saving's baseline.
+    pub first_choice: Option<Candidate>,
+    /// `resetIntervalMs`; 0: none.
+    pub reset_interval_ms: u64,
     pub needs: Needs,
     pub max_attempts: u32,
     pub timeout_ms: u64,
@@ -25,8 +29,24 @@ pub struct Resolved {
     pub prompt_cache: String,
 }
 
-/// A candidate by the name the policy uses: (model name, provider, weight).
-type NamedCandidate = (String, Option<String>, f64);
+/// A candidate by the name the policy uses.
+struct NamedCandidate {
+    name: String,
+    provider: Option<String>,
+    weight: f64,
+    when: Vec<String>,
+}
+
+impl NamedCandidate {
+    fn named(name: String) -> Self {
+        Self {
+            name,
+            provider: None,
+            weight: 1.0,
+            when: Vec::new(),
+        }
+    }
+}
 
 /// Later fields win, field by field.
 pub fn merge(base: &Policy, over: &Policy) -> Policy {
@@ -69,10 +89,16 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
         out.candidates = over.candidates.clone();
     }
     out.pinned = out.pinned || over.pinned;
+    if over.auto_sort.is_some() {
+        out.auto_sort = over.auto_sort;
+    }
+    if over.reset_interval_ms.is_some() {
+        out.reset_interval_ms = over.reset_interval_ms;
+    }
     out
 }
 
-fn allows(list: &[String], name: &str) -> bool {
+pub(crate) fn allows(list: &[String], name: &str) -> bool {
     list.iter()
         .any(|n| n == ai_router_contract::BINDING_WILDCARD || n == name)
 }
@@ -99,12 +125,11 @@ fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
 /// provider restriction and, for a direct model call, within the key's model scope.
 fn candidates_for(
     state: &State,
-    name: &str,
-    provider: Option<&str>,
-    weight: f64,
+    named: &NamedCandidate,
     policy: &Policy,
     scope: Option<&VirtualKey>,
 ) -> Vec<Candidate> {
+    let (name, provider) = (named.name.as_str(), named.provider.as_deref());
     state
         .models_named(name)
         .iter()
@@ -123,7 +148,8 @@ fn candidates_for(
             Some(Candidate {
                 provider: p.id.clone(),
                 model: m.id.clone(),
-                weight,
+                weight: named.weight,
+                when: named.when.clone(),
             })
         })
         .collect()
@@ -270,12 +296,25 @@ pub fn resolve(
     body: &Value,
     op: Operation,
 ) -> Result<Resolved, GatewayError> {
-    let requested = match body.get("model") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
-        Some(Value::String(_)) | None | Some(Value::Null) => {
+    resolve_as(state, key, body, op, None)
+}
+
+/// Decides what a request routes to; `routed`: the profile a `routes:` rule chose for it, in
+/// place of its `model`.
+pub fn resolve_as(
+    state: &State,
+    key: &VirtualKey,
+    body: &Value,
+    op: Operation,
+    routed: Option<&str>,
+) -> Result<Resolved, GatewayError> {
+    let requested = match (routed, body.get("model")) {
+        (Some(profile), _) => profile.to_string(),
+        (None, Some(Value::String(s))) if !s.trim().is_empty() => s.trim().to_string(),
+        (None, Some(Value::String(_)) | None | Some(Value::Null)) => {
             return Err(GatewayError::of(ErrorCode::MissingModel).with_param("model"));
         }
-        Some(_) => {
+        (None, Some(_)) => {
             return Err(
                 GatewayError::new(ErrorCode::InvalidRequest, "model must be a string.")
                     .with_param("model"),
@@ -302,10 +341,11 @@ pub fn resolve(
                 .map(|t| {
                     t.candidates
                         .iter()
-                        .map(|c| {
-                            let provider = (!c.provider.is_empty()).then(|| c.provider.clone());
-                            let weight = if c.weight > 0.0 { c.weight } else { 1.0 };
-                            (c.model.clone(), provider, weight)
+                        .map(|c| NamedCandidate {
+                            name: c.model.clone(),
+                            provider: (!c.provider.is_empty()).then(|| c.provider.clone()),
+                            weight: if c.weight > 0.0 { c.weight } else { 1.0 },
+                            when: c.when().map(|t| t.text().to_string()).collect(),
                         })
                         .collect()
                 })
@@ -315,7 +355,7 @@ pub fn resolve(
             std::iter::once(preferred)
                 .chain(policy.fallbacks.iter().cloned())
                 .filter(|n| !n.is_empty())
-                .map(|n| vec![(n, None, 1.0)])
+                .map(|n| vec![NamedCandidate::named(n)])
                 .collect()
         };
         (policy, tiers)
@@ -335,10 +375,10 @@ pub fn resolve(
             .with_param("model"));
         }
         // A direct model call falls back only through the defaults' fallbacks the key may call.
-        let mut tiers = vec![vec![(requested.clone(), None, 1.0)]];
+        let mut tiers = vec![vec![NamedCandidate::named(requested.clone())]];
         for f in &defaults.fallbacks {
             if f != &requested && key_may_call_model(state, key, f) {
-                tiers.push(vec![(f.clone(), None, 1.0)]);
+                tiers.push(vec![NamedCandidate::named(f.clone())]);
             }
         }
         let mut policy = defaults.clone();
@@ -357,10 +397,41 @@ pub fn resolve(
     // is of kind anthropic: such a lane is no candidate for this request.
     let mut anthropic_refusal: Option<Option<String>> = None;
     let selection = state.selection();
-    for tier in crate::families::with_siblings(state, tiers_by_name) {
+    // Each tier's same-family siblings follow it; a sibling keeps the weight and the `when` of
+    // the candidate that brought it.
+    let whens: Vec<Vec<String>> = tiers_by_name
+        .iter()
+        .flatten()
+        .map(|n| n.when.clone())
+        .collect();
+    let mut index = 0usize;
+    let indexed: Vec<Vec<(String, Option<String>, (f64, usize))>> = tiers_by_name
+        .into_iter()
+        .map(|tier| {
+            tier.into_iter()
+                .map(|n| {
+                    index += 1;
+                    (n.name, n.provider, (n.weight, index - 1))
+                })
+                .collect()
+        })
+        .collect();
+    let named_tiers = crate::families::with_siblings(state, indexed)
+        .into_iter()
+        .map(|tier| {
+            tier.into_iter()
+                .map(|(name, provider, (weight, i))| NamedCandidate {
+                    name,
+                    provider,
+                    weight,
+                    when: whens.get(i).cloned().unwrap_or_default(),
+                })
+                .collect::<Vec<_>>()
+        });
+    for tier in named_tiers {
         let mut out: Vec<Candidate> = Vec::new();
-        for (name, provider, weight) in tier {
-            for c in candidates_for(state, &name, provider.as_deref(), weight, &policy, scope) {
+        for named in tier {
+            for c in candidates_for(state, &named, &policy, scope) {
                 let skip = state
                     .provider(&c.provider)
                     .and_then(|(_, p)| crate::terms::skipped(&selection, p));
@@ -429,6 +500,10 @@ pub fn resolve(
             format!("No provider in the pool can serve '{requested}' for this request."),
         ));
     }
+    let first_choice = tiers.first().and_then(|t| t.first()).cloned();
+    if policy.auto_sort == Some(true) {
+        tiers = crate::cost::cheapest_first(state, tiers, &needs);
+    }
     let stream =
         op == Operation::Chat && body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = body
@@ -438,6 +513,8 @@ pub fn resolve(
         .unwrap_or(false);
     Ok(Resolved {
         tiers,
+        first_choice,
+        reset_interval_ms: policy.reset_interval_ms.unwrap_or(0),
         needs,
         max_attempts: policy
             .max_attempts
@@ -568,6 +645,103 @@ mod tests {
         assert_eq!(r.tiers[0][0].model, "big");
         assert_eq!(r.max_attempts, 2);
         assert!(r.stream);
+    }
+
+    /// `state()` with prices: m1 costs more on p1 than on p2, big is dearer than both.
+    fn priced(auto_sort: bool) -> State {
+        let mut s = state().snapshot.clone();
+        let price = |input: f64, output: f64| Some(ai_router_proto::v1::Cost { input, output });
+        s.providers[0].models[0].cost = price(5.0, 5.0);
+        s.providers[0].models[1].cost = price(50.0, 50.0);
+        s.providers[1].models[0].cost = price(1.0, 1.0);
+        s.defaults = Some(Policy {
+            fallbacks: vec!["smart".into()],
+            auto_sort: Some(auto_sort),
+            ..Default::default()
+        });
+        s.profiles.insert(
+            "priced".into(),
+            Policy {
+                candidates: vec![ai_router_proto::v1::Tier {
+                    candidates: vec![
+                        ai_router_proto::v1::Candidate {
+                            model: "big".into(),
+                            ..Default::default()
+                        },
+                        ai_router_proto::v1::Candidate {
+                            model: "m1".into(),
+                            provider: "p2".into(),
+                            when: vec![ai_router_proto::v1::FallbackTrigger::Timeout.into()],
+                            ..Default::default()
+                        },
+                    ],
+                }],
+                ..Default::default()
+            },
+        );
+        State::new(2, s)
+    }
+
+    fn lanes(r: &Resolved) -> Vec<Vec<String>> {
+        r.tiers
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .map(|c| format!("{}/{}", c.provider, c.model))
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn auto_sort_orders_a_direct_call_cheapest_provider_first() {
+        let body =
+            json!({"model":"chat","messages":[{"role":"user","content":"hi"}],"max_tokens":10});
+        let sorted = resolve(&priced(true), &all_key(), &body, Operation::Chat).unwrap();
+        assert_eq!(lanes(&sorted), [["p2/m1"], ["p1/m1"], ["p1/big"]]);
+        // The saving's baseline is the configured first choice.
+        let first = sorted.first_choice.unwrap();
+        assert_eq!(
+            (first.provider.as_str(), first.model.as_str()),
+            ("p1", "m1")
+        );
+        // Without autoSort the configured order stays.
+        let kept = resolve(&priced(false), &all_key(), &body, Operation::Chat).unwrap();
+        assert_eq!(lanes(&kept), vec![vec!["p1/m1", "p2/m1"], vec!["p1/big"]]);
+    }
+
+    #[test]
+    fn a_profile_is_sorted_and_keeps_its_conditions() {
+        let body = json!({"model":"priced","messages":[]});
+        let r = resolve(&priced(true), &all_key(), &body, Operation::Chat).unwrap();
+        assert_eq!(lanes(&r), [["p2/m1"], ["p1/big"]]);
+        assert_eq!(r.tiers[0][0].when, ["timeout"]);
+        assert!(r.tiers[1][0].when.is_empty());
+    }
+
+    #[test]
+    fn a_routed_call_resolves_as_the_rules_profile() {
+        let body = json!({"model":"chat","messages":[]});
+        let r = resolve_as(&state(), &all_key(), &body, Operation::Chat, Some("strict")).unwrap();
+        assert_eq!(
+            r.tiers,
+            vec![vec![Candidate {
+                provider: "p1".into(),
+                model: "big".into(),
+                weight: 1.0,
+                when: Vec::new(),
+            }]]
+        );
+        assert_eq!(r.max_attempts, 2);
+        // No model at all is fine once a rule chose the profile.
+        assert!(resolve_as(
+            &state(),
+            &all_key(),
+            &json!({}),
+            Operation::Chat,
+            Some("strict")
+        )
+        .is_ok());
     }
 
     #[test]

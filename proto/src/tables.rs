@@ -106,6 +106,7 @@ impl Tables {
                 resilience: snapshot.resilience,
                 selection: snapshot.selection,
                 budgets: snapshot.budgets,
+                routes: snapshot.routes,
             },
             providers: snapshot.providers,
             virtual_keys: Arc::new(
@@ -166,6 +167,7 @@ impl Tables {
             provider_health: self.provider_health.values().cloned().collect(),
             resets: self.resets.values().cloned().collect(),
             budgets: self.settings.budgets.clone(),
+            routes: self.settings.routes.clone(),
         }
     }
 
@@ -180,6 +182,7 @@ impl Tables {
             resilience: self.settings.resilience,
             selection: self.settings.selection.clone(),
             budgets: self.settings.budgets.clone(),
+            routes: self.settings.routes.clone(),
             ..Snapshot::default()
         }
     }

@@ -6,8 +6,8 @@ use ai_router_contract::failure::ErrorClass as Class;
 
 use crate::v1::{
     AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, BudgetLevel, BudgetScope,
-    BudgetWindow, Capability, ErrorClass, KeyOutReason, ProviderKind, ProviderOutReason,
-    RequestOutcome, RequestResult,
+    BudgetWindow, Capability, ErrorClass, FallbackTrigger, KeyOutReason, ProviderKind,
+    ProviderOutReason, RequestOutcome, RequestResult,
 };
 
 impl From<Class> for ErrorClass {
@@ -222,6 +222,52 @@ impl RequestOutcome {
             (result, Some(detail)) => format!("{result}:{detail}"),
             (result, None) => result.to_owned(),
         }
+    }
+}
+
+impl FallbackTrigger {
+    /// Every trigger a `when` list may name.
+    pub const ALL: [FallbackTrigger; 6] = [
+        Self::Timeout,
+        Self::RateLimit,
+        Self::ProviderError,
+        Self::BudgetExceeded,
+        Self::Quota,
+        Self::Auth,
+    ];
+
+    /// The trigger as a `when` list spells it ("rate_limit", ...); empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Timeout => "timeout",
+            Self::RateLimit => "rate_limit",
+            Self::ProviderError => "provider_error",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::Quota => "quota",
+            Self::Auth => "auth",
+        }
+    }
+
+    /// The trigger of that text, if it names one.
+    pub fn from_text(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.text() == text)
+    }
+
+    /// What an attempt that failed with `class` triggers: transient, network and stream
+    /// failures are provider errors; a failure that is the caller's (an invalid request, a
+    /// cancel, the call's deadline, a mismatched answer) triggers nothing.
+    pub fn of_class(class: Class) -> Option<Self> {
+        Some(match class {
+            Class::Timeout => Self::Timeout,
+            Class::RateLimit => Self::RateLimit,
+            Class::Quota => Self::Quota,
+            Class::Auth => Self::Auth,
+            Class::Transient | Class::Network | Class::Stream => Self::ProviderError,
+            Class::InvalidRequest | Class::Cancelled | Class::Deadline | Class::Mismatch => {
+                return None
+            }
+        })
     }
 }
 

@@ -434,6 +434,14 @@ impl Pool {
         &self.cp_env
     }
 
+    /// One of the control plane's variables (a provider secret, the admin token).
+    pub fn control_plane_var(&self, name: &str) -> Option<&str> {
+        self.cp_env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Replaces Envoy with a fresh one (no memory of earlier calls) synced to the control plane.
     pub async fn restart_envoy(&mut self) -> Result<()> {
         let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];

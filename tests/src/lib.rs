@@ -101,6 +101,17 @@ pub mod script {
         })
     }
 
+    /// A provider that is down: 503 with an OpenAI error body.
+    pub fn down() -> Value {
+        status(
+            503,
+            json!({}),
+            Some(
+                json!({"error": {"message": "down", "type": "server_error", "param": null, "code": null}}),
+            ),
+        )
+    }
+
     /// An HTTP status with headers and, if given, a JSON body.
     pub fn status(status: u16, headers: Value, body: Option<Value>) -> Value {
         let mut r = json!({ "status": status, "headers": headers });

@@ -9,7 +9,12 @@ use serde_json::{json, Value};
 
 /// Response headers a client may see from the router; every other `x-ai-router-*` and every
 /// `x-envoy-*` is internal.
-const PUBLIC_ROUTER_HEADERS: &[&str] = &["x-ai-router-model", "x-ai-router-attempts"];
+const PUBLIC_ROUTER_HEADERS: &[&str] = &[
+    "x-ai-router-model",
+    "x-ai-router-attempts",
+    "x-ai-router-cost",
+    "x-ai-router-route",
+];
 
 fn assert_no_internal_headers(headers: &reqwest::header::HeaderMap, what: &str) {
     for name in headers.keys() {

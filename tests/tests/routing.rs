@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ai_router_e2e::script::down;
 use ai_router_e2e::{openai_error_problem, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn call(pool: &Pool, model: &str) -> (Reply, Vec<String>) {
     pool.clear_calls().await.unwrap();
@@ -18,21 +19,7 @@ async fn call(pool: &Pool, model: &str) -> (Reply, Vec<String>) {
 }
 
 fn var(pool: &Pool, name: &str) -> String {
-    pool.control_plane_env()
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.clone())
-        .unwrap()
-}
-
-fn down() -> Value {
-    script::status(
-        503,
-        json!({}),
-        Some(
-            json!({"error": {"message": "down", "type": "server_error", "param": null, "code": null}}),
-        ),
-    )
+    pool.control_plane_var(name).unwrap().to_string()
 }
 
 /// On one mock: `p1` (keys a, b; model m1, alias chat), `p2` (key c; models m2 and, under the

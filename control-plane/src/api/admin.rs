@@ -315,6 +315,7 @@ impl AdminApi {
     /// No key, no secret.
     pub fn catalog(&self) -> Value {
         let tables = self.engine.tables();
+        let config = self.engine.config();
         let settings = &tables.settings;
         let defaults = settings.defaults.clone().unwrap_or_default();
         let policy = |p: &pb::Policy| {
@@ -338,7 +339,10 @@ impl AdminApi {
                     "model": c.model,
                     "provider": (!c.provider.is_empty()).then_some(&c.provider),
                     "weight": c.weight,
+                    "when": c.when().map(|w| w.text()).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                "autoSort": p.auto_sort.or(defaults.auto_sort).unwrap_or(false),
+                "resetIntervalMs": p.reset_interval_ms.or(defaults.reset_interval_ms),
                 "allowFallback": p.allow_fallback.or(defaults.allow_fallback).unwrap_or(true),
                 "maxAttempts": p.max_attempts.or(defaults.max_attempts),
                 "timeoutMs": p.timeout_ms.or(defaults.timeout_ms),
@@ -364,8 +368,17 @@ impl AdminApi {
                         entry.0.push(a);
                     }
                 }
+                // Where the price came from: the pool's own `cost`, the price table
+                // (`autoPrice`), or nowhere ("unpriced").
+                let priced = config
+                    .providers
+                    .iter()
+                    .find(|cp| cp.id == p.id)
+                    .and_then(|cp| cp.price_sources.get(&m.id))
+                    .map_or("unpriced", |s| s.as_str());
                 entry.1.push(json!({
                     "provider": p.id,
+                    "priced": priced,
                     "kind": p.kind().text(),
                     "contextWindow": (m.context_window > 0).then_some(m.context_window),
                     "capabilities": capabilities(m.capabilities()),
@@ -379,7 +392,32 @@ impl AdminApi {
             .into_iter()
             .map(|(id, (aliases, served))| json!({ "id": id, "aliases": aliases, "servedBy": served }))
             .collect();
-        json!({ "defaults": policy(&defaults), "profiles": profiles, "models": models })
+        // The rules in the order they are tried: highest priority first.
+        let mut routes: Vec<&pb::RouteRule> = settings.routes.iter().collect();
+        routes.sort_by_key(|r| std::cmp::Reverse(r.priority));
+        let routes: Vec<Value> = routes
+            .iter()
+            .map(|r| {
+                json!({
+                    "name": r.name,
+                    "priority": r.priority,
+                    "enabled": r.enabled,
+                    "match": {
+                        "taskType": r.task_type,
+                        "userTier": r.user_tier,
+                        "feature": r.feature,
+                    },
+                    "target": { "profile": r.profile },
+                })
+            })
+            .collect();
+        json!({
+            "defaults": policy(&defaults),
+            "profiles": profiles,
+            "models": models,
+            "routes": routes,
+            "autoPrice": config.auto_price,
+        })
     }
 }
 
@@ -749,6 +787,7 @@ fn day_to_proto(d: UsageDay) -> pb::UsageDay {
         cost: d.cost,
         latency_ms: d.latency_ms,
         outcomes: d.outcomes.into_iter().collect(),
+        saved: d.saved,
     }
 }
 

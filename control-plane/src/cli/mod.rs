@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod keys;
 pub mod mock;
+pub mod prices;
 pub mod render_envoy;
 pub mod serve;
 pub mod up;
@@ -72,6 +73,8 @@ enum Command {
     /// Print what each provider budget (billing scope) has left per window, with where each
     /// figure comes from (--url).
     Ledger(admin::RemoteArgs),
+    /// Print the bundled price table `autoPrice` fills costs from, or one model's row, as JSON.
+    Prices(prices::PricesArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -135,6 +138,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Err(err) => print_answer(Err(err)),
         },
         Command::Keys(args) => print_answer(keys::run(args).await),
+        Command::Prices(args) => prices::run(args),
     }
 }
 

@@ -141,6 +141,7 @@ mod tests {
             dimensions: None,
             family: family.map(Into::into),
             family_rank: rank,
+            discount: None,
         }
     }
 

@@ -41,6 +41,39 @@ pub struct FileConfig {
     pub mounted_keys: Vec<MountedKeyConfig>,
     #[serde(default)]
     pub budgets: Vec<crate::config::budgets::BudgetPolicyConfig>,
+    /// Fill the `cost` of every model that has none from the bundled price table.
+    #[serde(default)]
+    pub auto_price: Option<bool>,
+    /// Rules on request metadata that choose a call's profile.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// A `routes:` rule as written.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RouteConfig {
+    pub name: String,
+    pub priority: Option<i32>,
+    pub enabled: Option<bool>,
+    #[serde(default, rename = "match")]
+    pub matches: RouteMatchConfig,
+    pub target: RouteTargetConfig,
+}
+
+/// What a rule matches: every field it sets must equal the request's metadata.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RouteMatchConfig {
+    pub task_type: Option<String>,
+    pub user_tier: Option<String>,
+    pub feature: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteTargetConfig {
+    pub profile: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -165,6 +198,8 @@ pub struct ProviderConfig {
     pub max_concurrency: Option<u32>,
     pub default_max_tokens: Option<u32>,
     pub budget: Option<BudgetConfig>,
+    /// Off the price table's prices for this provider's models (0.2: 20% off), with `autoPrice`.
+    pub discount: Option<f64>,
     #[serde(default)]
     pub keys: Vec<KeyConfig>,
     pub keys_from_env: Option<String>,
@@ -299,6 +334,8 @@ pub struct ModelConfig {
     pub family: Option<String>,
     /// The family's quality rank (1 best), over the table's.
     pub family_rank: Option<u32>,
+    /// Off the price table's price of this model (wins over the provider's), with `autoPrice`.
+    pub discount: Option<f64>,
 }
 
 impl ModelConfig {
@@ -365,6 +402,10 @@ pub struct PolicyConfig {
     pub candidates: Option<Vec<TierConfig>>,
     pub pinned: Option<bool>,
     pub prompt_cache: Option<crate::config::prompt_cache::PromptCacheConfig>,
+    /// Candidates cheapest first by this request's estimated cost.
+    pub auto_sort: Option<bool>,
+    /// After a failover, how often the cheaper lane that failed is tried again.
+    pub reset_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
@@ -379,6 +420,33 @@ pub struct CandidateConfig {
     pub model: String,
     pub provider: Option<String>,
     pub weight: Option<f64>,
+    /// Tried only after an attempt that failed with one of these.
+    pub when: Option<Vec<TriggerConfig>>,
+}
+
+/// A `when` trigger, as `when` lists spell them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerConfig {
+    Timeout,
+    RateLimit,
+    ProviderError,
+    BudgetExceeded,
+    Quota,
+    Auth,
+}
+
+impl From<TriggerConfig> for ai_router_proto::v1::FallbackTrigger {
+    fn from(trigger: TriggerConfig) -> Self {
+        match trigger {
+            TriggerConfig::Timeout => Self::Timeout,
+            TriggerConfig::RateLimit => Self::RateLimit,
+            TriggerConfig::ProviderError => Self::ProviderError,
+            TriggerConfig::BudgetExceeded => Self::BudgetExceeded,
+            TriggerConfig::Quota => Self::Quota,
+            TriggerConfig::Auth => Self::Auth,
+        }
+    }
 }
 
 /// A tier of candidates: one `{ model, provider?, weight? }` or a list sharing the load.

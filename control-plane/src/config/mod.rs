@@ -20,8 +20,10 @@ mod file;
 mod keys_from_env;
 mod load;
 mod model;
+pub mod prices;
 pub mod prompt_cache;
 mod resolve;
+mod routes;
 pub mod secrets;
 mod validate;
 
@@ -35,9 +37,10 @@ pub use file::{
     BackoffFileConfig, BreakerFileConfig, BudgetConfig, CandidateConfig, Capability,
     ControlPlaneConfig, CostConfig, DayZone, FileConfig, GatewayConfig, KeyConfig, LimitsConfig,
     ModelConfig, MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind,
-    QuotaConfig, RequestsHeader, ResilienceFileConfig, SecretRefConfig, SelectionConfig,
-    SelectionMode, SelectionStrategy, StoreConfig, StoreType, TelemetryConfig, TermsConfig,
-    TierConfig, DEFAULT_CAPABILITIES,
+    QuotaConfig, RequestsHeader, ResilienceFileConfig, RouteConfig, RouteMatchConfig,
+    RouteTargetConfig, SecretRefConfig, SelectionConfig, SelectionMode, SelectionStrategy,
+    StoreConfig, StoreType, TelemetryConfig, TermsConfig, TierConfig, TriggerConfig,
+    DEFAULT_CAPABILITIES,
 };
 pub use keys_from_env::keys_from_env;
 pub use load::{base_dir_of, load, parse, read, resolve_at};

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use ai_router_contract::defaults;
 
 use crate::config::file::{
-    BudgetConfig, LimitsConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig,
+    BudgetConfig, LimitsConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig, RouteConfig,
     SelectionConfig,
 };
 use crate::config::secrets::SecretSource;
@@ -40,6 +40,9 @@ pub struct Config {
     pub names: PoolNames,
     /// What resolution dropped or cut, for the log.
     pub warnings: Vec<String>,
+    /// The `routes:` rules whose profile is left in the pool.
+    pub routes: Vec<RouteConfig>,
+    pub auto_price: bool,
 }
 
 /// The profile names and the model ids and aliases the file declares, whatever the environment
@@ -145,11 +148,15 @@ pub struct Provider {
     pub max_concurrency: Option<u32>,
     pub default_max_tokens: u32,
     pub budget: Option<BudgetConfig>,
+    /// `discount` off the price table's prices, with `autoPrice`.
+    pub discount: Option<f64>,
     pub keys: Vec<KeyRef>,
     pub models: Vec<ModelConfig>,
     pub limits: Option<LimitsConfig>,
     /// Overrides of the kind table's terms (`config::catalog::terms_of`).
     pub terms: Option<crate::config::file::TermsConfig>,
+    /// Where each model's `cost` came from, by model id.
+    pub price_sources: BTreeMap<String, crate::config::prices::PriceSource>,
 }
 
 impl Provider {

@@ -18,6 +18,8 @@ use crate::config::model::{
     BackoffConfig, BreakerConfig, Config, ControlPlane, Endpoint, Gateway, KeyRef, ListenerLimits,
     MountedKey, PoolNames, Provider, ResilienceConfig, StoreSpec,
 };
+use crate::config::prices;
+use crate::config::routes::check_discount;
 use crate::config::secrets::{Env, SecretSource};
 use crate::config::validate::{
     check_concurrency, check_cost, check_family, check_listener_limits, check_policy,
@@ -47,6 +49,9 @@ impl FileConfig {
             }
             all.push(provider);
         }
+        // Prices before the policies' checks: a budget needs priced models.
+        apply_prices(&mut all, self.auto_price == Some(true));
+        crate::config::routes::check_routes(&self.routes, &self.profiles)?;
         let all_names: BTreeSet<&str> = all
             .iter()
             .flat_map(|p| p.models.iter())
@@ -116,7 +121,10 @@ impl FileConfig {
         }
 
         refuse_unsupported_settings(self)?;
+        let routes = crate::config::routes::kept_routes(&self.routes, &profiles, &mut warnings);
         Ok(Config {
+            routes,
+            auto_price: self.auto_price == Some(true),
             base_dir: base_dir.to_path_buf(),
             gateway,
             control_plane,
@@ -409,6 +417,7 @@ fn resolve_provider(
     }
 
     let weight = check_weight(&format!("{path}.weight"), raw.weight)?;
+    check_discount(&format!("{path}.discount"), raw.discount)?;
     let max_concurrency =
         check_concurrency(&format!("{path}.maxConcurrency"), raw.max_concurrency)?;
     if raw.default_max_tokens == Some(0) {
@@ -492,6 +501,7 @@ fn resolve_provider(
             )));
         }
         check_weight(&format!("{mpath}.weight"), model.weight)?;
+        check_discount(&format!("{mpath}.discount"), model.discount)?;
         if let Some(cost) = model.cost {
             check_cost(&format!("{mpath}.cost.input"), Some(cost.input))?;
             check_cost(&format!("{mpath}.cost.output"), Some(cost.output))?;
@@ -530,11 +540,37 @@ fn resolve_provider(
             .default_max_tokens
             .unwrap_or(defaults::DEFAULT_MAX_TOKENS),
         budget: raw.budget.clone(),
+        discount: raw.discount,
         keys,
         models: raw.models.clone(),
         limits: raw.limits,
         terms: raw.terms.clone(),
+        price_sources: BTreeMap::new(),
     })
+}
+
+/// Where each model's price of these providers comes from, filling the `cost` of those without
+/// one from the table when `auto_price` is on.
+fn apply_prices(providers: &mut [Provider], auto_price: bool) {
+    for provider in providers {
+        for model in &mut provider.models {
+            let source = match model.cost {
+                Some(_) => prices::PriceSource::Config,
+                None if auto_price => {
+                    let discount = model.discount.or(provider.discount);
+                    match prices::table_cost(&model.id, discount) {
+                        Some(cost) => {
+                            model.cost = Some(cost);
+                            prices::PriceSource::Table
+                        }
+                        None => prices::PriceSource::Unpriced,
+                    }
+                }
+                None => prices::PriceSource::Unpriced,
+            };
+            provider.price_sources.insert(model.id.clone(), source);
+        }
+    }
 }
 
 fn secret_ref(

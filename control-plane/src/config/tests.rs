@@ -650,3 +650,97 @@ fn what_the_file_leaves_out_is_the_contracts_default() -> Result<(), String> {
     assert_eq!(config.max_attempts(), defaults::MAX_ATTEMPTS);
     Ok(())
 }
+
+// Cost-aware routing and rules: `routes`, `autoPrice` with `discount`, `autoSort`,
+// `resetIntervalMs`, `when`.
+
+fn resolve_cost(text: &str) -> Result<Config, String> {
+    resolve(text, &MapEnv::new([("K1", "sk-1"), ("K2", "sk-2")]))
+}
+
+const COST_POOL: &str = "providers:
+  - { id: p1, baseUrl: http://127.0.0.1:9/v1, keys: [{ alias: a, env: K1 }], discount: 0.5,
+  models: [{ id: gpt-4o-mini }, { id: house }, { id: gpt-4o, cost: { input: 1, output: 2 } }, { id: o3, discount: 0.25 }] }
+  - { id: p2, baseUrl: http://127.0.0.1:9/v1, keys: [{ alias: b, env: MISSING }], models: [{ id: gone }] }
+profiles:
+  cheap: { model: gpt-4o-mini, autoSort: true, resetIntervalMs: 5000 }
+  lost: { model: gone }
+";
+
+#[test]
+fn rules_are_checked_and_those_of_a_lost_profile_dropped() {
+    let ok = format!(
+        "{COST_POOL}routes:\n  - {{ name: a, priority: 3, match: {{ taskType: x }}, target: {{ profile: cheap }} }}\n  - {{ name: b, match: {{}}, target: {{ profile: lost }} }}\n"
+    );
+    let config = resolve_cost(&ok).unwrap();
+    let names: Vec<&str> = config.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a"]);
+    assert!(
+        config.warnings.iter().any(|w| w.contains("route b")),
+        "{:?}",
+        config.warnings
+    );
+    assert_eq!(config.profiles["cheap"].auto_sort, Some(true));
+    assert_eq!(config.profiles["cheap"].reset_interval_ms, Some(5000));
+
+    let bad = |routes: &str| resolve_cost(&format!("{COST_POOL}routes:\n{routes}")).unwrap_err();
+    assert!(
+        bad("  - { name: a, target: { profile: nope } }\n").contains("routes[0].target.profile")
+    );
+    assert!(bad("  - { name: '', target: { profile: cheap } }\n").contains("routes[0].name"));
+    assert!(bad("  - { name: a, target: { profile: cheap } }\n  - { name: a, target: { profile: cheap } }\n")
+        .contains("routes[1].name"));
+    assert!(
+        bad("  - { name: a, match: { feature: ' ' }, target: { profile: cheap } }\n")
+            .contains("routes[0].match.feature")
+    );
+    assert!(
+        bad("  - { name: a, match: { colour: red }, target: { profile: cheap } }\n")
+            .contains("colour")
+    );
+}
+
+#[test]
+fn auto_price_fills_missing_costs_less_the_discount() {
+    let on = resolve_cost(&format!("autoPrice: true\n{COST_POOL}")).unwrap();
+    let p1 = &on.providers[0];
+    let cost = |id: &str| p1.models.iter().find(|m| m.id == id).and_then(|m| m.cost);
+    let mini = cost("gpt-4o-mini").unwrap();
+    assert!((mini.input - 0.075).abs() < 1e-12 && (mini.output - 0.3).abs() < 1e-12);
+    let o3 = cost("o3").unwrap();
+    assert!(
+        (o3.input - 1.5).abs() < 1e-12 && (o3.output - 6.0).abs() < 1e-12,
+        "the model's discount wins"
+    );
+    assert_eq!(
+        cost("gpt-4o").map(|c| (c.input, c.output)),
+        Some((1.0, 2.0)),
+        "explicit wins"
+    );
+    assert_eq!(cost("house"), None);
+    assert_eq!(p1.price_sources["gpt-4o-mini"], prices::PriceSource::Table);
+    assert_eq!(p1.price_sources["gpt-4o"], prices::PriceSource::Config);
+    assert_eq!(p1.price_sources["house"], prices::PriceSource::Unpriced);
+
+    let off = resolve_cost(COST_POOL).unwrap();
+    assert_eq!(off.providers[0].models[0].cost, None, "off by default");
+    assert_eq!(
+        off.providers[0].price_sources["gpt-4o-mini"],
+        prices::PriceSource::Unpriced
+    );
+
+    let err = resolve_cost(&COST_POOL.replace("discount: 0.5", "discount: 1.5")).unwrap_err();
+    assert!(err.contains("providers[0].discount"), "{err}");
+}
+
+#[test]
+fn when_lists_name_known_triggers() {
+    let ok = format!("{COST_POOL}  guarded: {{ candidates: [{{ model: gpt-4o }}, {{ model: gpt-4o-mini, when: [rate_limit, provider_error] }}] }}\n");
+    let config = resolve_cost(&ok).unwrap();
+    let tiers = config.profiles["guarded"].candidates.clone().unwrap();
+    assert_eq!(tiers[1].0[0].when.as_ref().map(Vec::len), Some(2));
+    let bad = format!(
+        "{COST_POOL}  guarded: {{ candidates: [{{ model: gpt-4o, when: [sometimes] }}] }}\n"
+    );
+    assert!(resolve_cost(&bad).unwrap_err().contains("sometimes"));
+}

@@ -569,8 +569,11 @@ impl Engine {
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
         self.observe_report(batch);
-        self.stats
-            .observe(batch, |a| attempt_cost(&self.config, a).unwrap_or(0.0));
+        self.stats.observe(
+            batch,
+            |a| attempt_cost(&self.config, a).unwrap_or(0.0),
+            |a| crate::keys::usage::saving_of(&self.config, a),
+        );
         if self.events.wants_calls() {
             for event in call_events(&self.config, batch) {
                 self.events.emit(event);
@@ -1309,6 +1312,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
     let snapshot = pb::Snapshot {
         providers,
         virtual_keys: Vec::new(),
+        routes: config.routes.iter().map(route_to_proto).collect(),
         defaults: config.defaults.as_ref().map(policy_to_proto),
         profiles: config
             .profiles
@@ -1550,12 +1554,32 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
                         model: c.model.clone(),
                         provider: c.provider.clone().unwrap_or_default(),
                         weight: c.weight.unwrap_or(1.0),
+                        when: c
+                            .when
+                            .iter()
+                            .flatten()
+                            .map(|t| pb::FallbackTrigger::from(*t).into())
+                            .collect(),
                     })
                     .collect(),
             })
             .collect(),
         pinned: p.pinned.unwrap_or(false),
         prompt_cache: p.prompt_cache.map(|c| c.to_proto()),
+        auto_sort: p.auto_sort,
+        reset_interval_ms: p.reset_interval_ms,
+    }
+}
+
+pub fn route_to_proto(r: &crate::config::RouteConfig) -> pb::RouteRule {
+    pb::RouteRule {
+        name: r.name.clone(),
+        priority: r.priority.unwrap_or(0),
+        enabled: r.enabled.unwrap_or(true),
+        task_type: r.matches.task_type.clone(),
+        user_tier: r.matches.user_tier.clone(),
+        feature: r.matches.feature.clone(),
+        profile: r.target.profile.clone(),
     }
 }
 

@@ -25,6 +25,9 @@ pub struct LaneStats {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub cost: f64,
+    /// What answers on this lane saved against their calls' configured first choice (a
+    /// cheaper lane under `autoSort`, or a fallback that costs less).
+    pub saved: f64,
     /// Exponentially weighted average of the attempts' latency (to the first byte for streams).
     pub latency_ewma_ms: f64,
 }
@@ -61,7 +64,12 @@ impl Stats {
     }
 
     /// Counts a report batch; `cost` prices an attempt's usage.
-    pub fn observe(&self, batch: &pb::ReportBatch, cost: impl Fn(&pb::AttemptOutcome) -> f64) {
+    pub fn observe(
+        &self,
+        batch: &pb::ReportBatch,
+        cost: impl Fn(&pb::AttemptOutcome) -> f64,
+        saved: impl Fn(&pb::AttemptOutcome) -> f64,
+    ) {
         let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         for r in &batch.requests {
             *s.requests
@@ -98,6 +106,10 @@ impl Stats {
             let c = cost(a);
             if c.is_finite() && c > 0.0 {
                 lane.cost += c;
+            }
+            let s = saved(a);
+            if s.is_finite() && s > 0.0 {
+                lane.saved += s;
             }
             lane.latency_ewma_ms =
                 EWMA_ALPHA * a.latency_ms as f64 + (1.0 - EWMA_ALPHA) * lane.latency_ewma_ms;
@@ -163,6 +175,7 @@ mod tests {
                 ..Default::default()
             },
             |a| if a.usage.is_some() { 0.5 } else { 0.0 },
+            |a| if a.usage.is_some() { 0.25 } else { 0.0 },
         );
         let v = stats.view();
         assert_eq!(v.since_ms, 7);
@@ -172,6 +185,7 @@ mod tests {
         assert_eq!(lane.failures["rate_limit"], 1);
         assert_eq!((lane.prompt_tokens, lane.completion_tokens), (10, 5));
         assert!((lane.cost - 0.5).abs() < 1e-9);
+        assert!((lane.saved - 0.25).abs() < 1e-9);
         assert!(
             (lane.latency_ewma_ms - 130.0).abs() < 1e-9,
             "{}",

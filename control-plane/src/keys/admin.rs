@@ -704,6 +704,7 @@ mod tests {
             cached_tokens: 4,
             completion_tokens: 5,
             cost: 0.25,
+            saved: 0.125,
             latency_ms: 100,
             outcomes: [(outcome.to_owned(), 1)].into_iter().collect(),
         };
@@ -727,6 +728,10 @@ mod tests {
         assert_eq!(report.total.prompt_tokens, 30);
         assert_eq!(report.total.cached_tokens, 12);
         assert!((report.total.cost - 0.75).abs() < 1e-9);
+        assert!(
+            (report.total.saved - 0.375).abs() < 1e-9,
+            "saved is stored and summed"
+        );
         let report = admin.usage(&id, Some("2026-02-01"), Some("2026-02-28"))?;
         assert_eq!(report.days.len(), 1);
         assert!(matches!(

@@ -97,6 +97,9 @@ pub struct UsageDay {
     #[serde(default)]
     pub cached_tokens: u64,
     pub cost: f64,
+    /// What cheaper lanes saved against the calls' configured first choice.
+    #[serde(default)]
+    pub saved: f64,
     pub latency_ms: u64,
     /// `success`, `error:<class>`, `rejected:<code>` -> count.
     pub outcomes: BTreeMap<String, u64>,
@@ -111,6 +114,7 @@ impl UsageDay {
         self.completion_tokens += other.completion_tokens;
         self.cached_tokens += other.cached_tokens;
         self.cost += other.cost;
+        self.saved += other.saved;
         self.latency_ms += other.latency_ms;
         for (outcome, count) in &other.outcomes {
             *self.outcomes.entry(outcome.clone()).or_insert(0) += count;
@@ -375,8 +379,8 @@ impl KeyStore for SqliteKeyStore {
         for (id, row) in rows {
             tx.execute(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-                 prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                 prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
                  ON CONFLICT (key_id, day) DO UPDATE SET \
                  requests = requests + excluded.requests, \
                  successes = successes + excluded.successes, \
@@ -385,7 +389,8 @@ impl KeyStore for SqliteKeyStore {
                  completion_tokens = completion_tokens + excluded.completion_tokens, \
                  cost = cost + excluded.cost, \
                  latency_ms = latency_ms + excluded.latency_ms, \
-                 cached_tokens = cached_tokens + excluded.cached_tokens",
+                 cached_tokens = cached_tokens + excluded.cached_tokens, \
+                 saved = saved + excluded.saved",
                 params![
                     id,
                     row.day,
@@ -397,6 +402,7 @@ impl KeyStore for SqliteKeyStore {
                     row.cost,
                     u64_sql(row.latency_ms),
                     u64_sql(row.cached_tokens),
+                    row.saved,
                 ],
             )
             .map_err(storage)?;
@@ -419,7 +425,8 @@ impl KeyStore for SqliteKeyStore {
         let mut stmt = conn
             .prepare(
                 "SELECT day, requests, successes, failures, prompt_tokens, completion_tokens, \
-                 cost, latency_ms, cached_tokens FROM key_usage WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
+                 cost, latency_ms, cached_tokens, saved FROM key_usage \
+                 WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
                  ORDER BY day",
             )
             .map_err(storage)?;
@@ -435,6 +442,7 @@ impl KeyStore for SqliteKeyStore {
                     cost: row.get(6)?,
                     latency_ms: sql_u64(row.get(7)?),
                     cached_tokens: sql_u64(row.get(8)?),
+                    saved: row.get(9)?,
                     outcomes: BTreeMap::new(),
                 })
             })

@@ -34,6 +34,48 @@ pub enum Queued {
     Stored(oneshot::Sender<bool>),
 }
 
+/// The cost of `usage` on `provider`'s `model`, from its cost per million tokens.
+pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) -> f64 {
+    let cost = config
+        .providers
+        .iter()
+        .find(|p| p.id == provider)
+        .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
+        .and_then(|m| m.cost);
+    cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
+}
+
+/// What an answering attempt saved against its call's configured first choice: the same usage
+/// at the first choice's prices less its cost here (0 when the first choice answered, either
+/// is unpriced, or the first choice was cheaper).
+pub fn saving_of(config: &Config, attempt: &pb::AttemptOutcome) -> f64 {
+    let Some(usage) = attempt.usage.as_ref() else {
+        return 0.0;
+    };
+    if attempt.first_choice_model.is_empty() {
+        return 0.0;
+    }
+    let priced = |provider: &str, model: &str| {
+        config
+            .providers
+            .iter()
+            .find(|p| p.id == provider)
+            .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
+            .and_then(|m| m.cost)
+    };
+    if priced(&attempt.provider, &attempt.model).is_none() {
+        return 0.0;
+    }
+    let first = cost_of(
+        config,
+        &attempt.first_choice_provider,
+        &attempt.first_choice_model,
+        usage,
+    );
+    let here = cost_of(config, &attempt.provider, &attempt.model, usage);
+    (first - here).max(0.0)
+}
+
 /// The usage rows of one batch, merged per (key id, day).
 pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows {
     let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
@@ -77,6 +119,20 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         entry.completion_tokens += charge.completion_tokens;
         entry.cached_tokens += charge.cached_tokens;
         entry.cost += charge.cost;
+    }
+    // What a cheaper lane saved against the call's first choice, on the attempts with usage.
+    for attempt in &batch.attempts {
+        let counted = attempt
+            .usage
+            .as_ref()
+            .is_some_and(|u| u.prompt_tokens + u.completion_tokens > 0);
+        if attempt.virtual_key_id.is_empty() || !counted {
+            continue;
+        }
+        let saved = saving_of(config, attempt);
+        if saved != 0.0 {
+            row(&mut rows, &attempt.virtual_key_id, attempt.at_ms, now_ms).saved += saved;
+        }
     }
     rows.into_iter().map(|((id, _), row)| (id, row)).collect()
 }

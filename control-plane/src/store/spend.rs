@@ -154,6 +154,7 @@ mod tests {
             dimensions: None,
             family: None,
             family_rank: None,
+            discount: None,
         };
         let cost = attempt_cost(Some(&model), 500_000, 100_000);
         assert!((cost - 2.0).abs() < 1e-9);

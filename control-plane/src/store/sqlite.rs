@@ -110,6 +110,8 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 2 -> 3: cached prompt tokens in the usage rows.
     "ALTER TABLE key_usage ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;",
+    // 3 -> 4: what cheaper lanes saved against the calls' first choice (`autoSort`, fallbacks).
+    "ALTER TABLE key_usage ADD COLUMN saved REAL NOT NULL DEFAULT 0;",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

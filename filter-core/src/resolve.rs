@@ -30,6 +30,10 @@ pub struct Resolved {
 }
 
 /// A candidate by the name the policy uses.
+/// A named candidate as `families::with_siblings` takes it: name, provider, (weight, index of
+/// its `when`).
+type FamilyEntry = (String, Option<String>, (f64, usize));
+
 struct NamedCandidate {
     name: String,
     provider: Option<String>,
@@ -405,7 +409,7 @@ pub fn resolve_as(
         .map(|n| n.when.clone())
         .collect();
     let mut index = 0usize;
-    let indexed: Vec<Vec<(String, Option<String>, (f64, usize))>> = tiers_by_name
+    let indexed: Vec<Vec<FamilyEntry>> = tiers_by_name
         .into_iter()
         .map(|tier| {
             tier.into_iter()

@@ -29,11 +29,11 @@ pub struct Resolved {
     pub prompt_cache: String,
 }
 
-/// A candidate by the name the policy uses.
 /// A named candidate as `families::with_siblings` takes it: name, provider, (weight, index of
 /// its `when`).
 type FamilyEntry = (String, Option<String>, (f64, usize));
 
+/// A candidate by the name the policy uses.
 struct NamedCandidate {
     name: String,
     provider: Option<String>,

@@ -1,6 +1,7 @@
 //! The `ai-router` command line: one file per command; `main.rs` only calls [`main`].
 
 pub mod admin;
+pub mod conformance;
 pub mod keys;
 pub mod mock;
 pub mod render_envoy;
@@ -69,6 +70,9 @@ enum Command {
     Stats(admin::RemoteArgs),
     /// Print the pool's profiles and models as callers see them (--url).
     Catalog(admin::RemoteArgs),
+    /// Drive a running gateway (--url) through every provider fault, with a fault mock
+    /// (--mock) as the faulted lanes' provider, and judge what the client saw.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -131,6 +135,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Err(err) => print_answer(Err(err)),
         },
         Command::Keys(args) => print_answer(keys::run(args).await),
+        Command::Conformance(args) => conformance::run(args).await,
     }
 }
 

@@ -8,15 +8,19 @@
 //! - `classify`: a provider's answer → error class, hold and window;
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
+//! - `body_check`: the shape of a chat body (mistyped fields are the client's 400);
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod anthropic;
 pub mod attempt;
+pub mod body_check;
 pub mod calls;
 pub mod classify;
 pub mod embeddings;
 pub mod errors;
 pub mod front;
+#[cfg(test)]
+mod fuzz;
 pub mod headers;
 pub mod host;
 pub mod lanes;

@@ -97,6 +97,8 @@ pub async fn run_conformance(
         .context("running ai-router conformance")?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    scan::observe("the conformance runner's output", out.stdout.as_slice());
+    scan::observe("the conformance runner's stderr", out.stderr.as_slice());
     fs::write(pool.dir.join("conformance.stdout"), &stdout)?;
     fs::write(pool.dir.join("conformance.stderr"), &stderr)?;
     let mut cases = Vec::new();

@@ -53,6 +53,7 @@ mod faults;
 mod fixture;
 mod mock;
 mod process;
+pub mod scan;
 mod tools;
 
 pub use client::*;

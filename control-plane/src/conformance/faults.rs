@@ -61,6 +61,14 @@ const SLOW: [&str; 6] = ["slow", " but", " whole", " and", " in", " order"];
 const HUGE_BYTES: usize = 3 * 1024 * 1024;
 const HUGE_CHUNK: usize = 32 * 1024;
 
+/// [`HUGE_BYTES`] of text starting with the faulted lane's marker.
+fn huge_text(fill: char) -> String {
+    let mut text = String::with_capacity(HUGE_BYTES);
+    text.push_str(FAULTED_MARKER);
+    text.extend(std::iter::repeat_n(fill, HUGE_BYTES - FAULTED_MARKER.len()));
+    text
+}
+
 fn error(status: u16, code: &str) -> Option<Expect> {
     Some(Expect::Error {
         status,
@@ -192,7 +200,7 @@ pub fn catalogue(settings: Settings) -> Vec<Case> {
         );
         unary(
             "huge-body",
-            json!({"text": "x".repeat(HUGE_BYTES)}),
+            json!({"text": huge_text('x')}),
             Expect::WholeOrError { bytes: HUGE_BYTES },
             None,
         );
@@ -272,8 +280,11 @@ pub fn catalogue(settings: Settings) -> Vec<Case> {
             interrupted(),
             None,
         );
-        let huge: Vec<String> = (0..HUGE_BYTES / HUGE_CHUNK)
-            .map(|_| "y".repeat(HUGE_CHUNK))
+        let text = huge_text('y');
+        let huge: Vec<&str> = text
+            .as_bytes()
+            .chunks(HUGE_CHUNK)
+            .filter_map(|chunk| std::str::from_utf8(chunk).ok())
             .collect();
         streamed(
             "huge-body",

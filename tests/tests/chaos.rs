@@ -155,15 +155,19 @@ async fn chaos_under_load_with_a_control_plane_kill_keeps_every_call_right() {
         .iter()
         .filter(|(o, _, _)| matches!(o, Outcome::Ok))
         .count();
-    let errors: Vec<&Outcome> = results
+    let errors: Vec<String> = results
         .iter()
-        .filter(|(o, _, _)| matches!(o, Outcome::Error(..)))
-        .map(|(o, _, _)| o)
+        .filter_map(|(o, _, _)| match o {
+            Outcome::Error(status, code) => Some(format!("{status} {code}")),
+            _ => None,
+        })
         .collect();
-    let wrong: Vec<&Outcome> = results
+    let wrong: Vec<&String> = results
         .iter()
-        .filter(|(o, _, _)| matches!(o, Outcome::Wrong(_)))
-        .map(|(o, _, _)| o)
+        .filter_map(|(o, _, _)| match o {
+            Outcome::Wrong(what) => Some(what),
+            _ => None,
+        })
         .collect();
     let while_down = results.iter().filter(|(_, _, down)| *down).count();
     let failed_while_down = results

@@ -20,6 +20,7 @@ pub mod api;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod conformance;
 pub mod engine;
 pub mod keys;
 pub mod ledger;

@@ -47,12 +47,13 @@ pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
     let get = |name: &str| header(headers, name);
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         if ms >= 0.0 {
-            return Some(now_ms + ms.ceil() as i64);
+            // `as` saturates a huge or infinite value; the sum must too.
+            return Some(now_ms.saturating_add(ms.ceil() as i64));
         }
     }
     if let Some(s) = get("retry-after").and_then(|v| v.parse::<f64>().ok()) {
         if s >= 0.0 {
-            return Some(now_ms + (s * 1000.0).ceil() as i64);
+            return Some(now_ms.saturating_add((s * 1000.0).ceil() as i64));
         }
     }
     None
@@ -872,7 +873,7 @@ pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
     let reset = durations
         .iter()
         .flatten()
-        .map(|d| now_ms + d)
+        .map(|d| now_ms.saturating_add(*d))
         .chain(moments.iter().flatten().copied())
         .min()
         // A lane out of headroom waits for its reset, but no longer than a rate limit's cap.

@@ -287,15 +287,8 @@ impl Front {
         let request = std::mem::replace(&mut parsed, view);
         match op {
             Operation::Chat => {
-                if !parsed.get("messages").is_some_and(Value::is_array) {
-                    return self.reply(
-                        host,
-                        GatewayError::new(
-                            ErrorCode::InvalidRequest,
-                            "messages must be an array of chat messages.",
-                        )
-                        .with_param("messages"),
-                    );
+                if let Err(error) = crate::body_check::check_chat(&parsed) {
+                    return self.reply(host, error);
                 }
             }
             Operation::Embeddings => {

@@ -17,11 +17,13 @@
 //! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and
 //!   snap-back to a parked cheaper lane (`resetIntervalMs`);
 //! - `rules`, `when`: `routes:` rules on request metadata, conditional candidates;
+//! - `body_check`: the shape of a chat body (mistyped fields are the client's 400);
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
 pub mod affinity;
 pub mod anthropic;
 pub mod attempt;
+pub mod body_check;
 pub mod budget;
 pub mod cache;
 pub mod calls;
@@ -31,6 +33,8 @@ pub mod embeddings;
 pub mod errors;
 pub mod families;
 pub mod front;
+#[cfg(test)]
+mod fuzz;
 pub mod headers;
 pub mod host;
 pub mod ingress;

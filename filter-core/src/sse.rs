@@ -16,6 +16,9 @@ pub struct Event {
 #[derive(Debug, Default)]
 pub struct Parser {
     pending: Vec<u8>,
+    /// Where the scan for the end of the pending event resumes: the start of its first line
+    /// not yet complete. An event sent in many small chunks is scanned once, not once a chunk.
+    scanned: usize,
 }
 
 impl Parser {
@@ -30,6 +33,7 @@ impl Parser {
 
     /// Takes the incomplete tail (at the end of a stream).
     pub fn take_pending(&mut self) -> Vec<u8> {
+        self.scanned = 0;
         std::mem::take(&mut self.pending)
     }
 
@@ -37,12 +41,28 @@ impl Parser {
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
-        while let Some(end) = event_end(&self.pending) {
-            let raw: Vec<u8> = self.pending.drain(..end).collect();
-            if let Some(event) = parse_event(raw) {
-                events.push(event);
+        // Events are cut from the front, and the pending bytes moved once per feed (not once
+        // per event: a chunk of many small events stays linear).
+        let mut start = 0;
+        let mut from = self.scanned;
+        loop {
+            let rest = self.pending.get(start..).unwrap_or_default();
+            match event_end(rest, from) {
+                Ok(end) => {
+                    let raw = rest.get(..end).unwrap_or_default().to_vec();
+                    start += end;
+                    from = 0;
+                    if let Some(event) = parse_event(raw) {
+                        events.push(event);
+                    }
+                }
+                Err(resume) => {
+                    self.scanned = resume;
+                    break;
+                }
             }
         }
+        self.pending.drain(..start);
         events
     }
 }
@@ -71,20 +91,22 @@ where
     whole
 }
 
-/// The index just past the blank line that ends the first event, if complete.
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
+/// The index just past the blank line that ends the first event, if complete; else where a
+/// later scan resumes (the start of the first incomplete line). `from` is a line start all of
+/// whose earlier lines are complete and not empty.
+fn event_end(buf: &[u8], from: usize) -> Result<usize, usize> {
+    let mut i = from;
     while i < buf.len() {
         // A line ends at \n, \r\n or a lone \r; an event at an empty line.
         let line_end = match buf[i..].iter().position(|b| *b == b'\n' || *b == b'\r') {
             Some(p) => i + p,
-            None => return None,
+            None => return Err(i),
         };
         let mut next = line_end + 1;
         if buf[line_end] == b'\r' {
             if next >= buf.len() {
                 // "\r" at the very end: wait to see whether "\n" follows.
-                return None;
+                return Err(i);
             }
             if buf[next] == b'\n' {
                 next += 1;
@@ -92,11 +114,11 @@ fn event_end(buf: &[u8]) -> Option<usize> {
         }
         if line_end == i {
             // An empty line: the event ends here.
-            return Some(next);
+            return Ok(next);
         }
         i = next;
     }
-    None
+    Err(i)
 }
 
 fn parse_event(raw: Vec<u8>) -> Option<Event> {

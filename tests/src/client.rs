@@ -250,6 +250,10 @@ impl Client {
             .text()
             .await
             .with_context(|| format!("reading the body of {method} {url}"))?;
+        scan::observe(
+            &format!("the answer to {method} {path}"),
+            &answer_bytes(&headers, text.as_bytes()),
+        );
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
         Ok(Reply {
             status,
@@ -308,6 +312,7 @@ impl Client {
                 }
             }
         }
+        scan::observe("a streamed answer", &answer_bytes(&headers, &bytes));
         let body = String::from_utf8_lossy(&bytes).into_owned();
         Ok(StreamReply {
             status,
@@ -317,4 +322,17 @@ impl Client {
             transport_error,
         })
     }
+}
+
+/// An answer's headers and body as one blob for the secret scan.
+fn answer_bytes(headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body.len() + 512);
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(body);
+    out
 }

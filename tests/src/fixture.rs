@@ -70,7 +70,9 @@ resilience:
 
 /// A fresh virtual key for the `e2e` label.
 pub fn new_virtual_key() -> String {
-    format!("sk-starci-e2e-{}", random_hex(48))
+    let key = format!("sk-starci-e2e-{}", random_hex(48));
+    scan::register("a virtual key", &key);
+    key
 }
 
 impl Gateway {
@@ -85,11 +87,13 @@ impl Gateway {
         let mock1 = Mock::start(&dir, "mock1").await?;
         let mock2 = Mock::start(&dir, "mock2").await?;
         let virtual_key = new_virtual_key();
-        let key_a = format!("sk-p1-a-{}", random_hex(24));
-        let key_b = format!("sk-p1-b-{}", random_hex(24));
-        let key_c = format!("sk-p2-c-{}", random_hex(24));
+        let key_a = scan::provider_secret("p1-a");
+        let key_b = scan::provider_secret("p1-b");
+        let key_c = scan::provider_secret("p2-c");
         let sync_token = format!("sync-{}", random_hex(32));
         let admin_token = format!("admin-{}", random_hex(32));
+        scan::register("AI_ROUTER_SYNC_TOKEN", &sync_token);
+        scan::register("AI_ROUTER_ADMIN_TOKEN", &admin_token);
         let env: Vec<(String, String)> = [
             ("P1_KEY_A", key_a.as_str()),
             ("P1_KEY_B", key_b.as_str()),
@@ -256,7 +260,14 @@ impl Drop for Gateway {
                 "\n===== process logs of the failed test =====\n{}",
                 self.tails()
             );
+            return;
         }
+        scan::observe("the control plane's logs", self.cp.logs().as_bytes());
+        scan::observe("Envoy's logs", self.envoy.logs().as_bytes());
+        for mock in [&self.mock1, &self.mock2] {
+            scan::observe("a mock's logs", mock.process().logs().as_bytes());
+        }
+        scan::assert_no_leaks(&format!("logs in {}", self.dir.path().display()));
     }
 }
 
@@ -283,7 +294,7 @@ pub struct PoolSetup {
 impl PoolSetup {
     /// Adds a provider secret in variable `var`, named `name` in the mock's calls.
     pub fn secret_env(&mut self, var: &str, name: &str) -> String {
-        let secret = format!("sk-{name}-{}", random_hex(24));
+        let secret = scan::provider_secret(name);
         self.env.push((var.to_string(), secret.clone()));
         self.names.push((secret.clone(), name.to_string()));
         secret
@@ -338,6 +349,7 @@ impl Pool {
         let setup = build(&urls, &dir)?;
         let virtual_key = new_virtual_key();
         let sync_token = format!("sync-{}", random_hex(32));
+        scan::register("AI_ROUTER_SYNC_TOKEN", &sync_token);
         let mut cp_env = setup.env.clone();
         cp_env.push(("STARCI_AI_KEY".into(), virtual_key.clone()));
         cp_env.push(("AI_ROUTER_SYNC_TOKEN".into(), sync_token.clone()));
@@ -519,6 +531,17 @@ impl Drop for Pool {
                 "\n===== process logs of the failed test =====\n{}",
                 self.tails()
             );
+            return;
         }
+        scan::observe("the control plane's logs", self.cp.logs().as_bytes());
+        scan::observe("Envoy's logs", self.envoy.logs().as_bytes());
+        for (cp, envoy) in &self.others {
+            scan::observe("another control plane's logs", cp.logs().as_bytes());
+            scan::observe("another Envoy's logs", envoy.logs().as_bytes());
+        }
+        for mock in &self.mocks {
+            scan::observe("a mock's logs", mock.process().logs().as_bytes());
+        }
+        scan::assert_no_leaks(&format!("logs in {}", self.dir.path().display()));
     }
 }

@@ -49,14 +49,17 @@ const SETUP_HINT: &str = "run ./scripts/setup.sh (or the whole check, ./scripts/
 mod client;
 mod control_plane;
 mod envoy;
+mod faults;
 mod fixture;
 mod mock;
 mod process;
+pub mod scan;
 mod tools;
 
 pub use client::*;
 pub use control_plane::*;
 pub use envoy::*;
+pub use faults::*;
 pub use fixture::*;
 pub use mock::*;
 pub use process::*;

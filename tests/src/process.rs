@@ -204,6 +204,11 @@ pub async fn run_cli(args: &[&str], env: &[(&str, &str)]) -> Result<(bool, Value
         .context("running the CLI")?;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    scan::observe(
+        &format!("the output of ai-router {}", args.first().unwrap_or(&"")),
+        &out.stdout,
+    );
+    scan::observe("a CLI's stderr", &out.stderr);
     Ok((
         out.status.success(),
         serde_json::from_str(&stdout).unwrap_or(Value::Null),

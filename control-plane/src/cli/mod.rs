@@ -1,6 +1,7 @@
 //! The `ai-router` command line: one file per command; `main.rs` only calls [`main`].
 
 pub mod admin;
+pub mod conformance;
 pub mod keys;
 pub mod mock;
 pub mod prices;
@@ -75,6 +76,9 @@ enum Command {
     Ledger(admin::RemoteArgs),
     /// Print the bundled price table `autoPrice` fills costs from, or one model's row, as JSON.
     Prices(prices::PricesArgs),
+    /// Drive a running gateway (--url) through every provider fault, with a fault mock
+    /// (--mock) as the faulted lanes' provider, and judge what the client saw.
+    Conformance(conformance::ConformanceArgs),
 }
 
 /// Parses the command line, sets up logging (stderr) and the runtime, and runs the command.
@@ -139,6 +143,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         },
         Command::Keys(args) => print_answer(keys::run(args).await),
         Command::Prices(args) => prices::run(args),
+        Command::Conformance(args) => conformance::run(args).await,
     }
 }
 

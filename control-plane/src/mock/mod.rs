@@ -58,7 +58,8 @@
 //! ```
 //!
 //! The first rule whose `match` fits answers (a field left out matches anything). A rule's
-//! replies are used in order, one per call, and the last one repeats. Unknown fields are
+//! replies are used in order, one per call, and the last one repeats; with `cycle: true` they
+//! go round instead (a fixed mix of faults and successes under load). Unknown fields are
 //! refused, so a typo fails loudly. Reply fields, all optional:
 //!
 //! | field | meaning |
@@ -66,7 +67,9 @@
 //! | `status` | the HTTP status (default 200); a 4xx/5xx without `body` gets a generic error object in the endpoint's shape |
 //! | `headers` | response headers (numbers allowed in YAML); characters U+0080..U+00FF are sent as their single Latin-1 byte, so a script can send raw non-UTF-8 header bytes |
 //! | `latencyMs` | delay before the response headers |
+//! | `trickleMs` | send a unary body in 8 pieces, this many ms apart (a slow trickle) |
 //! | `error: network` | close the TCP connection without any response |
+//! | `error: reset-after-headers` | send the status and headers, then close the connection before the first body byte (unary or stream) |
 //! | `text` | the message text (default `Hello from the ai-router mock.`, none when `toolCalls` is set) |
 //! | `toolCalls` | `[{id?, name, arguments?, argumentChunks?}]`: `message.tool_calls` / Anthropic `tool_use` blocks; streamed as deltas (`argumentChunks` splits them); `arguments` is a JSON string or a JSON value |
 //! | `usage` | `{prompt_tokens, completion_tokens}` in place of the estimate |
@@ -465,14 +468,48 @@ async fn handle(
             .and_then(Value::as_bool)
             == Some(true),
     };
-    Ok(respond(
+    let response = respond(
         endpoint,
         &reply,
         &turn,
         &request_body,
         stream,
         !raw.is_empty(),
-    ))
+    );
+    if reply.error == Some(ReplyError::ResetAfterHeaders) {
+        let (parts, _) = response.into_parts();
+        let abort = sse::body(vec![sse::Step::Abort {
+            delay: Duration::ZERO,
+        }]);
+        return Ok(Response::from_parts(parts, abort));
+    }
+    match reply.trickle_ms {
+        Some(ms) if !stream => Ok(trickled(response, Duration::from_millis(ms)).await),
+        _ => Ok(response),
+    }
+}
+
+/// Pieces a unary answer's body takes when trickled.
+const TRICKLE_PIECES: usize = 8;
+
+/// The same answer with its body sent in [`TRICKLE_PIECES`] pieces, `gap` apart.
+async fn trickled(response: Response<Body>, gap: Duration) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let Ok(collected) = body.collect().await else {
+        return Response::from_parts(parts, full(Bytes::new()));
+    };
+    let bytes = collected.to_bytes();
+    let size = bytes.len().div_ceil(TRICKLE_PIECES).max(1);
+    let steps = (0..bytes.len())
+        .step_by(size)
+        .map(|start| sse::Step::Send {
+            delay: if start == 0 { Duration::ZERO } else { gap },
+            bytes: bytes.slice(start..(start + size).min(bytes.len())),
+        })
+        .collect();
+    let mut parts = parts;
+    parts.headers.remove(hyper::header::CONTENT_LENGTH);
+    Response::from_parts(parts, sse::body(steps))
 }
 
 /// The provider API a path belongs to.

@@ -36,6 +36,10 @@ pub struct Rule {
     #[serde(default, rename = "match")]
     pub matcher: Match,
     pub replies: Vec<Reply>,
+    /// Use the replies round and round instead of repeating the last one (a fixed mix of
+    /// faults and successes under load).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cycle: bool,
 }
 
 /// What a rule matches; an absent field matches anything.
@@ -94,6 +98,9 @@ pub struct Reply {
     /// Delay before the response headers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<u64>,
+    /// A unary body sent in pieces, this long apart (a slow trickle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trickle_ms: Option<u64>,
     /// `network`: close the connection without any response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ReplyError>,
@@ -120,7 +127,10 @@ pub struct Reply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ReplyError {
+    /// Close the connection without any response.
     Network,
+    /// Send the status and headers, then close the connection before any body byte.
+    ResetAfterHeaders,
 }
 
 /// A tool call the reply makes.
@@ -407,7 +417,12 @@ impl Rules {
             .iter_mut()
             .find(|state| state.rule.matcher.matches(facts))?;
         let last = state.rule.replies.len().checked_sub(1)?;
-        let reply = state.rule.replies.get(state.used.min(last))?.clone();
+        let index = if state.rule.cycle {
+            state.used % state.rule.replies.len()
+        } else {
+            state.used.min(last)
+        };
+        let reply = state.rule.replies.get(index)?.clone();
         state.used = state.used.saturating_add(1);
         Some(reply)
     }
@@ -472,6 +487,23 @@ mod tests {
         assert_eq!(rules.next_reply(&a).unwrap().text.as_deref(), Some("two"));
         assert_eq!(rules.next_reply(&a).unwrap().text.as_deref(), Some("two"));
         assert_eq!(rules.next_reply(&b).unwrap().text.as_deref(), Some("any"));
+    }
+
+    #[test]
+    fn a_cycling_rule_goes_round_its_replies() {
+        let script = Script::from_json(
+            r#"{"rules":[{"cycle":true,"replies":[{"status":500},{"text":"a"},{"text":"b"}]}]}"#,
+        )
+        .unwrap();
+        let mut rules = Rules::new(script);
+        let f = facts("/chat/completions", None, None);
+        let seen: Vec<Option<u16>> = (0..7)
+            .map(|_| rules.next_reply(&f).unwrap().status)
+            .collect();
+        assert_eq!(
+            seen,
+            [Some(500), None, None, Some(500), None, None, Some(500)]
+        );
     }
 
     #[test]

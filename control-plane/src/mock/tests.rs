@@ -558,3 +558,60 @@ async fn the_responses_api_unary_and_streamed() {
     let calls = mock.calls();
     assert_eq!(calls[0].path, "/v1/responses");
 }
+
+#[tokio::test]
+async fn reset_after_headers_sends_the_status_then_breaks_the_body() {
+    let mock = mock().await;
+    put_script(
+        &mock,
+        json!({"rules": [{"replies": [{"error": "reset-after-headers"}]}]}),
+    )
+    .await;
+    for stream in [false, true] {
+        let body = json!({"model": "m", "stream": stream, "messages": []}).to_string();
+        let response = send(&mock, "POST", "/v1/chat/completions", &[], &body).await;
+        assert_eq!(response.status(), 200);
+        let mut body = response.into_body();
+        let mut received = Vec::new();
+        let broken = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => received.extend_from_slice(frame.data_ref().unwrap()),
+                Some(Err(_)) => break true,
+                None => break false,
+            }
+        };
+        assert!(broken, "stream {stream}: the body ended cleanly");
+        assert!(received.is_empty(), "stream {stream}: {received:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_trickled_unary_body_arrives_whole_in_timed_pieces() {
+    let mock = mock().await;
+    put_script(
+        &mock,
+        json!({"rules": [{"replies": [{"trickleMs": 40, "text": "slow but whole"}]}]}),
+    )
+    .await;
+    let started = Instant::now();
+    let response = send(
+        &mock,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        r#"{"model":"m","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut frames = 0;
+    let mut received = Vec::new();
+    while let Some(frame) = body.frame().await {
+        received.extend_from_slice(frame.unwrap().data_ref().unwrap());
+        frames += 1;
+    }
+    assert_eq!(frames, 8);
+    assert!(started.elapsed() >= Duration::from_millis(7 * 40));
+    let reply: Value = serde_json::from_slice(&received).unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "slow but whole");
+}

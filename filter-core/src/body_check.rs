@@ -1,0 +1,156 @@
+//! The shape of a chat request's body, checked before it is routed: a field of the wrong type
+//! is the client's 400 `invalid_request` naming the field, not a provider's puzzled answer (or,
+//! worse, one provider accepting what the next refuses mid-failover).
+//!
+//! Only the fields the gateway itself reads or that every provider types the same way are
+//! checked; anything else passes through to the provider untouched.
+
+use ai_router_contract::error_code::ErrorCode;
+use serde_json::Value;
+
+use crate::errors::GatewayError;
+
+/// Checks a chat completion body (already known to be a JSON object).
+pub fn check_chat(body: &Value) -> Result<(), GatewayError> {
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return Err(invalid(
+            "messages must be an array of chat messages.",
+            "messages",
+        ));
+    };
+    for message in messages {
+        let Some(message) = message.as_object() else {
+            return Err(invalid("each message must be an object.", "messages"));
+        };
+        if !message.get("role").is_some_and(Value::is_string) {
+            return Err(invalid("each message needs a string role.", "messages"));
+        }
+        match message.get("content") {
+            None | Some(Value::Null | Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                if !parts.iter().all(Value::is_object) {
+                    return Err(invalid(
+                        "each part of a message's content must be an object.",
+                        "messages",
+                    ));
+                }
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "a message's content must be a string or an array of parts.",
+                    "messages",
+                ))
+            }
+        }
+    }
+    if !body
+        .get("stream")
+        .is_none_or(|v| v.is_boolean() || v.is_null())
+    {
+        return Err(invalid("stream must be true or false.", "stream"));
+    }
+    if !body
+        .get("stream_options")
+        .is_none_or(|v| v.is_object() || v.is_null())
+    {
+        return Err(invalid(
+            "stream_options must be an object.",
+            "stream_options",
+        ));
+    }
+    for (field, message) in [
+        ("max_tokens", "max_tokens must be a positive integer."),
+        (
+            "max_completion_tokens",
+            "max_completion_tokens must be a positive integer.",
+        ),
+    ] {
+        let ok = match body.get(field) {
+            None | Some(Value::Null) => true,
+            Some(value) => value.as_u64().is_some_and(|n| n > 0),
+        };
+        if !ok {
+            return Err(invalid(message, field));
+        }
+    }
+    Ok(())
+}
+
+fn invalid(message: &'static str, param: &'static str) -> GatewayError {
+    GatewayError::new(ErrorCode::InvalidRequest, message).with_param(param)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn param_of(body: Value) -> Option<&'static str> {
+        check_chat(&body).err().map(|error| {
+            assert_eq!(error.code, ErrorCode::InvalidRequest, "{body}");
+            error.param.unwrap_or("?")
+        })
+    }
+
+    #[test]
+    fn well_formed_bodies_pass_whatever_else_they_carry() {
+        for body in [
+            json!({"messages": []}),
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true,
+                   "stream_options": {"include_usage": true}, "max_tokens": 10, "extra": [1]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                                {"role": "assistant", "content": null, "tool_calls": []},
+                                {"role": "tool", "tool_call_id": "c", "content": "x"}],
+                   "stream": null, "max_tokens": null, "max_completion_tokens": 5}),
+        ] {
+            assert_eq!(param_of(body.clone()), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn each_mistyped_field_is_named() {
+        let hi = json!([{"role": "user", "content": "hi"}]);
+        let cases = [
+            (json!({"messages": "hi"}), "messages"),
+            (json!({}), "messages"),
+            (json!({"messages": ["hi"]}), "messages"),
+            (json!({"messages": [{"content": "hi"}]}), "messages"),
+            (
+                json!({"messages": [{"role": 1, "content": "hi"}]}),
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": {"a": 1}}]}),
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": ["hi"]}]}),
+                "messages",
+            ),
+            (json!({"messages": hi, "stream": "yes"}), "stream"),
+            (json!({"messages": hi, "stream": 1}), "stream"),
+            (
+                json!({"messages": hi, "stream_options": true}),
+                "stream_options",
+            ),
+            (json!({"messages": hi, "max_tokens": -1}), "max_tokens"),
+            (json!({"messages": hi, "max_tokens": 0}), "max_tokens"),
+            (json!({"messages": hi, "max_tokens": 1.5}), "max_tokens"),
+            (json!({"messages": hi, "max_tokens": "10"}), "max_tokens"),
+            (
+                json!({"messages": hi, "max_completion_tokens": -3}),
+                "max_completion_tokens",
+            ),
+        ];
+        for (body, param) in cases {
+            assert_eq!(param_of(body.clone()), Some(param), "{body}");
+        }
+    }
+}

@@ -7,7 +7,8 @@ use std::rc::Rc;
 
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, FINAL_STATUS as H_FINAL_STATUS,
-    LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
+    LANE_MODEL as H_LANE_MODEL, LANE_TRAIL as H_LANE_TRAIL, MODEL as H_MODEL, RETRY as H_RETRY,
+    RETRY_AFTER as H_RETRY_AFTER, TRAIL as H_TRAIL,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -40,6 +41,10 @@ pub struct Front {
     key: Option<VirtualKey>,
     /// The state the request was authenticated against; its body is routed by the same one.
     state: Option<Rc<State>>,
+    /// The client asked for the routing trail on a success (`x-ai-router-trail: 1`).
+    wants_trail: bool,
+    /// The final error's body gets the call's routing trail (`error.trail`).
+    add_trail: bool,
 }
 
 impl Front {
@@ -278,7 +283,10 @@ impl Front {
             deadline_ms: resolved.deadline_ms,
             started_ms: self.started_ms,
             tokens: resolved.needs.context_tokens,
+            trail: self.wants_trail,
         };
+        let ruled_out = resolved.trail;
+        host.with_call(&cid, |c| c.trail = ruled_out);
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
@@ -336,6 +344,9 @@ impl Front {
         self.rid = host
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
+        self.wants_trail = host
+            .header_text(Side::Request, H_TRAIL)
+            .is_some_and(|v| matches!(v.trim(), "1" | "true"));
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -460,6 +471,15 @@ impl Front {
             let status = final_status.unwrap_or(502);
             self.status = status;
             host.set_header(Side::Response, ":status", Some(&status.to_string()));
+            if !end_of_stream {
+                // The error object gets the call's trail once its body is in.
+                self.add_trail = true;
+                host.set_header(Side::Response, "content-length", None);
+            }
+        } else if attempt.is_some() && self.status >= 400 && !end_of_stream {
+            // A provider's refusal the call stops at (a 400): a final error, with its trail.
+            self.add_trail = true;
+            host.set_header(Side::Response, "content-length", None);
         } else if attempt.is_none() && self.status >= 500 {
             // The router answered itself: the deadline passed before an answer started (504),
             // or it could not take the call (503: its circuit breakers are full, or no attempt
@@ -492,6 +512,9 @@ impl Front {
                 self.replace_body = Some(err.body());
             }
         }
+        let lane_trail = host
+            .header_text(Side::Response, H_LANE_TRAIL)
+            .filter(|_| self.wants_trail && self.status < 400);
         // Strip everything internal.
         // The attempt stage let a provider's rate-limit headers through only if the operator
         // opted in; its own internal ones end here.
@@ -505,6 +528,9 @@ impl Front {
         }
         if let Some(m) = model.filter(|_| self.status < 400) {
             host.set_header(Side::Response, H_MODEL, Some(&m));
+        }
+        if let Some(trail) = lane_trail {
+            host.set_header(Side::Response, H_TRAIL, Some(&trail));
         }
         let attempts = attempt.or_else(|| {
             self.cid
@@ -526,6 +552,21 @@ impl Front {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
+        if self.add_trail {
+            if !end_of_stream {
+                return Flow::Pause;
+            }
+            let body = host.body(Side::Response, 0, size);
+            let trail = self
+                .cid
+                .as_deref()
+                .and_then(|cid| host.with_call(cid, |c| c.trail.clone()))
+                .unwrap_or_default();
+            if let Some(with_trail) = crate::trail::with_trail(&body, &trail) {
+                host.set_body(Side::Response, 0, size, &with_trail);
+            }
+            return Flow::Continue;
+        }
         let Some(body) = self.replace_body.as_ref() else {
             return Flow::Continue;
         };

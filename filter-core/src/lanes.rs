@@ -129,6 +129,9 @@ pub struct Request<'a> {
     pub excluded: &'a [LaneId],
     /// Estimated tokens of the request, against reported token headroom.
     pub tokens: u64,
+    /// Set after a context-length failure: the failed lane's capacity
+    /// ([`crate::context::lane_capacity`]); only a larger lane may take the call.
+    pub larger_than: Option<Option<u64>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -206,19 +209,18 @@ fn breaker_gate(health: &LaneHealth, scope: BreakerScope, key: &str, now_ms: i64
 /// How often a call waiting for a concurrency slot looks again.
 const SLOT_POLL_MS: i64 = 50;
 
+/// Why a lane is out: its class, until when, and the routing trail's word for it.
+type Out = (Class, Option<i64>, &'static str);
+
 /// Keeps the reason whose lane returns last (the lane is out until every reason passes).
-fn later(
-    worst: Option<(Class, Option<i64>)>,
-    class: Class,
-    until: Option<i64>,
-) -> Option<(Class, Option<i64>)> {
+fn later(worst: Option<Out>, class: Class, until: Option<i64>, why: &'static str) -> Option<Out> {
     Some(match worst {
-        None => (class, until),
-        Some((c, u)) => match (u, until) {
-            (None, _) => (c, u),
-            (_, None) => (class, until),
-            (Some(a), Some(b)) if b > a => (class, until),
-            _ => (c, u),
+        None => (class, until, why),
+        Some((c, u, w)) => match (u, until) {
+            (None, _) => (c, u, w),
+            (_, None) => (class, until, why),
+            (Some(a), Some(b)) if b > a => (class, until, why),
+            _ => (c, u, w),
         },
     })
 }
@@ -235,28 +237,28 @@ fn out_reason(
     lane: &LaneId,
     tokens: u64,
     now_ms: i64,
-) -> Option<(Class, Option<i64>)> {
+) -> Option<Out> {
     let provider = state.provider_at(pi)?;
     let key = provider.keys.get(ki)?;
     if key.secret.is_empty() {
-        return Some((Class::Auth, None));
+        return Some((Class::Auth, None, "missing_secret"));
     }
-    let mut worst: Option<(Class, Option<i64>)> = None;
+    let mut worst: Option<Out> = None;
     if let Some(h) = health.key_health(&key.alias) {
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
-            let class = if h.reason() == KeyOutReason::Quota {
-                Class::Quota
+            let (class, why) = if h.reason() == KeyOutReason::Quota {
+                (Class::Quota, "blacklisted:quota")
             } else {
-                Class::Auth
+                (Class::Auth, "blacklisted:auth")
             };
-            worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms));
+            worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms), why);
         }
     }
     let pushed = health.cooldown_until(&lane.key, &lane.model);
     if pushed > now_ms {
-        worst = later(worst, Class::RateLimit, Some(pushed));
+        worst = later(worst, Class::RateLimit, Some(pushed), "cooldown");
     }
     let reset_at = health.reset_at_ms(&key.alias);
     for hold in view.holds(lane) {
@@ -269,7 +271,7 @@ fn out_reason(
         }
         match hold {
             LocalHold::Cooldown { until_ms, .. } if until_ms > now_ms => {
-                worst = later(worst, Class::RateLimit, Some(until_ms));
+                worst = later(worst, Class::RateLimit, Some(until_ms), "cooldown");
             }
             LocalHold::Blacklist {
                 class,
@@ -279,28 +281,33 @@ fn out_reason(
             } if (fingerprint == 0 || fingerprint == key.fingerprint)
                 && (until_ms == 0 || until_ms > now_ms) =>
             {
-                worst = later(worst, class, (until_ms > 0).then_some(until_ms));
+                let why = if class == Class::Quota {
+                    "blacklisted:quota"
+                } else {
+                    "blacklisted:auth"
+                };
+                worst = later(worst, class, (until_ms > 0).then_some(until_ms), why);
             }
             _ => {}
         }
     }
     let provider_out = health.out_until_ms();
     if provider_out > now_ms {
-        worst = later(worst, Class::Quota, Some(provider_out));
+        worst = later(worst, Class::Quota, Some(provider_out), "provider_out");
     }
     for (scope, key_alias) in [
         (BreakerScope::Provider, ""),
         (BreakerScope::Key, key.alias.as_str()),
     ] {
         if let BreakerGate::Open(until) = breaker_gate(health, scope, key_alias, now_ms) {
-            worst = later(worst, Class::Transient, Some(until));
+            worst = later(worst, Class::Transient, Some(until), "breaker_open");
         }
     }
     if let Some(h) = health.headroom(&lane.key, &lane.model) {
         let no_requests = h.remaining_requests == 0;
         let too_few_tokens = h.remaining_tokens >= 0 && (h.remaining_tokens as u64) < tokens;
         if h.reset_at_ms > now_ms && (no_requests || too_few_tokens) {
-            worst = later(worst, Class::RateLimit, Some(h.reset_at_ms));
+            worst = later(worst, Class::RateLimit, Some(h.reset_at_ms), "headroom");
         }
     }
     let key_full =
@@ -308,12 +315,25 @@ fn out_reason(
     let provider_full = provider.max_concurrency > 0
         && view.provider_in_flight(&provider.id) >= provider.max_concurrency;
     if key_full || provider_full {
-        worst = later(worst, Class::RateLimit, Some(now_ms + SLOT_POLL_MS));
+        worst = later(
+            worst,
+            Class::RateLimit,
+            Some(now_ms + SLOT_POLL_MS),
+            "max_concurrency",
+        );
     }
     worst
 }
 
-/// Chooses the lane for the next attempt of a call.
+/// A lane ruled out for this attempt, and the trail's word for why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skipped {
+    pub lane: LaneId,
+    pub reason: &'static str,
+}
+
+/// Chooses the lane for the next attempt of a call, noting in `skipped` every lane it ruled
+/// out and why.
 pub fn pick(
     state: &State,
     tiers: &[Vec<Candidate>],
@@ -321,6 +341,7 @@ pub fn pick(
     view: &dyn View,
     rr: &mut RoundRobin,
     now_ms: i64,
+    skipped: &mut Vec<Skipped>,
 ) -> Pick {
     let selection = state.selection();
     let synced_at_ms = view
@@ -334,19 +355,32 @@ pub fn pick(
                 continue;
             };
             let health = health_of(state, view, &provider.id);
-            let model_weight = provider
-                .models
-                .iter()
-                .find(|m| m.id == cand.model)
-                .map(|m| positive(m.weight))
-                .unwrap_or(1.0);
+            let model = provider.models.iter().find(|m| m.id == cand.model);
+            let model_weight = model.map(|m| positive(m.weight)).unwrap_or(1.0);
+            // After a context-length failure, only a lane known to take more.
+            let too_small = req.larger_than.is_some_and(|failed| {
+                !model.is_some_and(|m| {
+                    crate::context::larger_than(crate::context::lane_capacity(provider, m), failed)
+                })
+            });
             for (ki, key) in provider.keys.iter().enumerate() {
                 let lane = LaneId::new(&provider.id, &key.alias, &cand.model);
-                if req.excluded.contains(&lane) {
-                    soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
+                if too_small {
+                    skipped.push(Skipped {
+                        lane,
+                        reason: "context_window",
+                    });
                     continue;
                 }
-                if let Some((class, until)) = out_reason(
+                if req.excluded.contains(&lane) {
+                    soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
+                    skipped.push(Skipped {
+                        lane,
+                        reason: "probe_elsewhere",
+                    });
+                    continue;
+                }
+                if let Some((class, until, reason)) = out_reason(
                     state,
                     &health,
                     synced_at_ms,
@@ -358,6 +392,7 @@ pub fn pick(
                     now_ms,
                 ) {
                     soonest = sooner(soonest, class, until);
+                    skipped.push(Skipped { lane, reason });
                     continue;
                 }
                 let probe = [
@@ -642,6 +677,7 @@ mod tests {
             &v,
             &mut rr,
             0,
+            &mut Vec::new(),
         ));
         let second = chosen(pick(
             &s,
@@ -653,6 +689,7 @@ mod tests {
             &v,
             &mut rr,
             0,
+            &mut Vec::new(),
         ));
         assert_ne!(first.key, second.key);
         assert_eq!(first.provider, "p1");
@@ -668,7 +705,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                0
+                0,
+                &mut Vec::new(),
             ))
             .key,
             "b"
@@ -684,7 +722,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                0
+                0,
+                &mut Vec::new(),
             ))
             .provider,
             "p2"
@@ -719,7 +758,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                1000
+                1000,
+                &mut Vec::new(),
             ))
             .provider,
             "p2"
@@ -735,7 +775,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                6000
+                6000,
+                &mut Vec::new(),
             ))
             .key,
             "b"
@@ -760,6 +801,7 @@ mod tests {
                     &FakeView::default(),
                     &mut rr,
                     0,
+                    &mut Vec::new(),
                 ))
                 .key
             })
@@ -791,7 +833,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                1000
+                1000,
+                &mut Vec::new(),
             ),
             Pick::Unavailable {
                 class: Some(Class::RateLimit),
@@ -829,7 +872,16 @@ mod tests {
         let mut rr = RoundRobin::default();
         let mut counts: HashMap<String, usize> = HashMap::new();
         for _ in 0..400 {
-            let key = chosen(pick(&s, &tier, Request::default(), &v, &mut rr, 0)).key;
+            let key = chosen(pick(
+                &s,
+                &tier,
+                Request::default(),
+                &v,
+                &mut rr,
+                0,
+                &mut Vec::new(),
+            ))
+            .key;
             *counts.entry(key).or_default() += 1;
         }
         let n = |k: &str| counts.get(k).copied().unwrap_or(0);
@@ -861,11 +913,7 @@ mod tests {
                 s.generated_at_ms = generated_at_ms;
                 s.providers[0].keys.truncate(1);
             });
-            let mut rr = RoundRobin::default();
-            matches!(
-                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
-                Pick::Lane(_)
-            )
+            picks_a_lane(&s, &only_a, &v, 12_000)
         };
         // A snapshot from before the hold (or within the grace) cannot know of it: the key is out.
         assert!(!keys(9_000));
@@ -912,11 +960,7 @@ mod tests {
                     .into_iter()
                     .collect();
             });
-            let mut rr = RoundRobin::default();
-            matches!(
-                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
-                Pick::Lane(_)
-            )
+            picks_a_lane(&s, &only_a, &v, 12_000)
         };
         assert!(!usable(None));
         // A reset of the key, or of its provider, after both holds: usable at once.
@@ -945,7 +989,8 @@ mod tests {
                     },
                     &v,
                     &mut rr,
-                    0
+                    0,
+                    &mut Vec::new(),
                 ))
                 .key,
                 "b"
@@ -959,8 +1004,22 @@ mod tests {
         State::new(2, s)
     }
 
+    fn picks_a_lane(s: &State, tiers: &[Vec<Candidate>], v: &FakeView, now: i64) -> bool {
+        let mut rr = RoundRobin::default();
+        let pick = pick(
+            s,
+            tiers,
+            Request::default(),
+            v,
+            &mut rr,
+            now,
+            &mut Vec::new(),
+        );
+        matches!(pick, Pick::Lane(_))
+    }
+
     fn pick_now(s: &State, v: &FakeView, rr: &mut RoundRobin, now: i64) -> Pick {
-        pick(s, &tiers(), Request::default(), v, rr, now)
+        pick(s, &tiers(), Request::default(), v, rr, now, &mut Vec::new())
     }
 
     #[test]
@@ -1000,7 +1059,7 @@ mod tests {
             ..Request::default()
         };
         assert_eq!(
-            chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000)).provider,
+            chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000, &mut Vec::new())).provider,
             "p2"
         );
     }
@@ -1059,7 +1118,8 @@ mod tests {
                     },
                     &v,
                     &mut rr,
-                    1000
+                    1000,
+                    &mut Vec::new(),
                 ))
                 .key,
                 "b"
@@ -1097,7 +1157,16 @@ mod tests {
         let mut rr = RoundRobin::default();
         for _ in 0..4 {
             assert_eq!(
-                chosen(pick(&s, &tiers(), Request::default(), &Slow, &mut rr, 0)).key,
+                chosen(pick(
+                    &s,
+                    &tiers(),
+                    Request::default(),
+                    &Slow,
+                    &mut rr,
+                    0,
+                    &mut Vec::new()
+                ))
+                .key,
                 "b"
             );
         }

@@ -203,8 +203,24 @@ impl Client {
         key: Option<&str>,
         body: Option<String>,
     ) -> Result<Reply> {
+        self.request_with_headers(method, path, key, body, &[])
+            .await
+    }
+
+    /// [`Client::request`] with extra request headers.
+    pub async fn request_with_headers(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<String>,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.request(method.clone(), &url);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }

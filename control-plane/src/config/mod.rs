@@ -14,6 +14,7 @@
 //! Secrets stay references ([`SecretSource`](secrets::SecretSource)); the engine resolves them.
 
 mod error;
+pub mod facts;
 mod file;
 mod keys_from_env;
 mod load;
@@ -33,7 +34,7 @@ pub use file::{
     ResilienceFileConfig, SecretRefConfig, SelectionConfig, StoreConfig, StoreType,
     TelemetryConfig, TierConfig, DEFAULT_CAPABILITIES,
 };
-pub use keys_from_env::keys_from_env;
+pub use keys_from_env::{keys_from_env, keys_from_env_prefixes};
 pub use load::{base_dir_of, load, parse, read, resolve_at};
 pub use model::{
     BackoffConfig, BreakerConfig, Config, ControlPlane, Endpoint, Gateway, KeyRef, ListenerLimits,

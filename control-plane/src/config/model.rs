@@ -144,6 +144,8 @@ pub struct Provider {
     pub budget: Option<BudgetConfig>,
     pub keys: Vec<KeyRef>,
     pub models: Vec<ModelConfig>,
+    /// The kind's facts with the config's overrides.
+    pub facts: crate::config::facts::ProviderFacts,
 }
 
 impl Provider {

@@ -1547,6 +1547,68 @@ mod tests {
         }
     }
 
+    /// p1/m1 and p2/m2 with these context windows.
+    fn sized(small: u64, other: u64) -> Snapshot {
+        let mut snap = snapshot();
+        snap.providers[0].models[0].context_window = small;
+        snap.providers[1].models[0].context_window = other;
+        snap
+    }
+
+    /// The first attempt of a call, on p1, answered that the prompt is too long.
+    fn too_long_on_p1(small: u64, other: u64) -> (Plan, FakeHost) {
+        let plan = plan(false);
+        let mut host = host_with(sized(small, other), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let json = [("content-type", "application/json")];
+        answer(&mut stage, &mut host, 400, &json, TOO_LONG);
+        (plan, host)
+    }
+
+    const TOO_LONG: &str = r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+
+    #[test]
+    fn a_context_length_answer_moves_on_only_to_a_larger_lane_and_notes_the_trail() {
+        let (plan, mut host) = too_long_on_p1(8_000, 32_000);
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("503"));
+        assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+        assert_eq!(host.attempts[0].error_class().text(), "context_length");
+        let call = host.calls.get("call-1").cloned().unwrap_or_default();
+        assert_eq!(call.larger_than, Some(Some(8_000)));
+        assert_eq!(call.trail.attempts.len(), 1);
+        assert_eq!(call.trail.attempts[0].class, Some(Class::ContextLength));
+
+        // The next attempt goes to p2 (larger), noting p1 as no larger.
+        let calls = std::mem::take(&mut host.calls);
+        let mut second = host_with(sized(8_000, 32_000), &plan, 2);
+        second.calls = calls;
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut second), Flow::Continue);
+        assert_eq!(
+            second.text(Side::Request, ":authority").as_deref(),
+            Some("p2.test:8000")
+        );
+        let call = second.calls.get("call-1").cloned().unwrap_or_default();
+        assert_eq!(call.trail.skipped.len(), 1);
+        assert_eq!(call.trail.skipped[0].reason, "context_window");
+    }
+
+    #[test]
+    fn a_context_length_answer_with_no_larger_lane_stops_the_call_with_the_providers_400() {
+        for (small, other) in [(8_000, 8_000), (8_000, 4_000), (0, 0)] {
+            let (_, host) = too_long_on_p1(small, other);
+            assert_eq!(
+                host.text(Side::Response, ":status").as_deref(),
+                Some("400"),
+                "{small} then {other}"
+            );
+            assert_eq!(host.text(Side::Response, H_RETRY), None);
+            let call = host.calls.get("call-1").cloned().unwrap_or_default();
+            assert_eq!(call.larger_than, None);
+        }
+    }
+
     #[test]
     fn a_429_cools_the_lane_and_signals_a_retry_then_the_next_attempt_fails_over() {
         let plan = plan(false);

@@ -809,6 +809,71 @@ mod tests {
     }
 
     #[test]
+    fn a_final_error_carries_the_calls_trail_and_a_success_only_when_asked() {
+        let (mut front, mut host) = a_call_sent_on();
+        let cid = front.cid.clone().unwrap_or_default();
+        host.with_call(&cid, |c| {
+            c.trail.skip("p9", "", "m9", "no_capability:tools");
+            c.trail.attempt(crate::trail::AttemptNote {
+                attempt: 1,
+                provider: "p1".into(),
+                key: "a".into(),
+                model: "m1".into(),
+                class: Some(Class::RateLimit),
+                status: 429,
+            });
+        });
+        host.add(Side::Response, ":status", b"503");
+        host.add(Side::Response, H_RETRY, b"1");
+        host.add(Side::Response, H_FINAL_STATUS, b"503");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        let err = GatewayError::of(ErrorCode::PoolRateLimited).body();
+        host.response_body = err.clone();
+        front.on_response_headers(&mut host, false);
+        assert_eq!(
+            front.on_response_body(&mut host, err.len(), false),
+            Flow::Pause
+        );
+        assert_eq!(
+            front.on_response_body(&mut host, err.len(), true),
+            Flow::Continue
+        );
+        let v: Value = serde_json::from_slice(&host.response_body).unwrap_or_default();
+        assert_eq!(v["error"]["code"], "pool_rate_limited");
+        assert_eq!(
+            v["error"]["trail"]["skipped"][0]["reason"],
+            "no_capability:tools"
+        );
+        assert_eq!(v["error"]["trail"]["attempts"][0]["class"], "rate_limit");
+
+        // A success: the attempt stage's trail reaches the client only if it asked.
+        for (asked, shown) in [(false, false), (true, true)] {
+            let auth = bearer(KEY);
+            let mut headers: Vec<(&str, &[u8])> = vec![("authorization", &auth)];
+            if asked {
+                headers.push((H_TRAIL, b"1"));
+            }
+            let mut host = client("POST", "/v1/chat/completions", &headers);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+            send_body(&mut front, &mut host, body);
+            let plan = host.text(Side::Request, PLAN_HEADER).unwrap_or_default();
+            assert_eq!(Plan::decode(&plan).is_some_and(|p| p.trail), asked);
+            host.add(Side::Response, ":status", b"200");
+            host.add(Side::Response, H_ATTEMPT, b"1");
+            host.add(
+                Side::Response,
+                H_LANE_TRAIL,
+                br#"{"skipped":[],"attempts":[]}"#,
+            );
+            front.on_response_headers(&mut host, false);
+            assert_eq!(host.header(Side::Response, H_TRAIL).is_some(), shown);
+            assert!(host.header(Side::Response, H_LANE_TRAIL).is_none());
+        }
+    }
+
+    #[test]
     fn a_stream_that_broke_off_after_its_first_token_is_no_success() {
         for (broken, details, outcome) in [
             (None, "via_upstream", "success"),

@@ -7,7 +7,16 @@
 //! | `rate_limit` | the lane (key and model) cools down | no |
 //! | `quota`, `auth` | the key is blacklisted | no |
 //! | `transient`, `network`, `timeout`, `stream` | the lane, when the provider said when to come back | yes |
-//! | `invalid_request`, `cancelled`, `deadline`, `mismatch` | nothing | no |
+//! | `invalid_request`, `cancelled`, `deadline`, `mismatch`, `context_length` | nothing | no |
+//!
+//! `context_length` (the prompt is past the model's window or the provider's per-request cap)
+//! is the one 400 that may go on: to a lane whose model takes more, never to one no larger
+//! (the attempt stage decides, from the plan's lanes).
+
+/// The provider code of a key whose type the provider refuses outright (Gemini's unrestricted
+/// keys): an auth failure that holds the key until its secret changes, whatever
+/// `authDisableMs` says, since no wait makes such a key work.
+pub const UNSUPPORTED_KEY_TYPE: &str = "unsupported_key_type";
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +34,9 @@ pub enum ErrorClass {
     /// A well-formed answer that is not what the call needs (embeddings of another length):
     /// the call tries another lane, but the lane is not failing, so no breaker counts it.
     Mismatch,
+    /// The prompt is too long for the lane's model (a 413, or a 400 that says so): only a
+    /// lane with a larger window or per-request cap may take the call.
+    ContextLength,
 }
 
 impl ErrorClass {
@@ -41,6 +53,7 @@ impl ErrorClass {
             Self::Cancelled => "cancelled",
             Self::Deadline => "deadline",
             Self::Mismatch => "mismatch",
+            Self::ContextLength => "context_length",
         }
     }
 
@@ -57,15 +70,17 @@ impl ErrorClass {
             "cancelled" => Self::Cancelled,
             "deadline" => Self::Deadline,
             "mismatch" => Self::Mismatch,
+            "context_length" => Self::ContextLength,
             _ => return None,
         })
     }
 
-    /// Whether another attempt may succeed where this one failed.
+    /// Whether another attempt may succeed where this one failed. A context-length failure
+    /// is not, as such: only a larger lane may (the attempt stage looks for one).
     pub fn retryable(self) -> bool {
         !matches!(
             self,
-            Self::InvalidRequest | Self::Cancelled | Self::Deadline
+            Self::InvalidRequest | Self::Cancelled | Self::Deadline | Self::ContextLength
         )
     }
 
@@ -119,7 +134,7 @@ impl Hold {
 mod tests {
     use super::*;
 
-    const ALL: [ErrorClass; 11] = [
+    const ALL: [ErrorClass; 12] = [
         ErrorClass::RateLimit,
         ErrorClass::Quota,
         ErrorClass::Auth,
@@ -131,6 +146,7 @@ mod tests {
         ErrorClass::Cancelled,
         ErrorClass::Deadline,
         ErrorClass::Mismatch,
+        ErrorClass::ContextLength,
     ];
 
     #[test]
@@ -157,6 +173,7 @@ mod tests {
             (Cancelled, Hold::Nothing, Hold::Nothing, false),
             (Deadline, Hold::Nothing, Hold::Nothing, false),
             (Mismatch, Hold::Nothing, Hold::Nothing, false),
+            (ContextLength, Hold::Nothing, Hold::Nothing, false),
         ];
         assert_eq!(table.len(), ALL.len());
         for (class, without_window, with_window, counts) in table {

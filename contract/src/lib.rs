@@ -6,6 +6,7 @@
 //! - `error_code`: the closed set of gateway error codes (status, OpenAI type, message, gRPC);
 //! - `defaults`: the spec's defaults;
 //! - `calendar`: UTC (and Pacific) calendar math;
+//! - `kinds`: per-kind provider facts (daily reset zone, rate-limit windows, request caps);
 //! - here: the headers, clusters and metadata between the processes, the OpenAI error type of
 //!   a status, the probe lease holder, SHA-256 and the secret fingerprint.
 
@@ -15,6 +16,7 @@ pub mod calendar;
 pub mod defaults;
 pub mod error_code;
 pub mod failure;
+pub mod kinds;
 
 /// A virtual key's `profiles` or `models` entry that binds it to every profile or model.
 pub const BINDING_WILDCARD: &str = "*";
@@ -38,6 +40,11 @@ pub mod headers {
     pub const ATTEMPT: &str = "x-ai-router-attempt";
     /// Attempt → front: the pool model that answered.
     pub const LANE_MODEL: &str = "x-ai-router-lane-model";
+    /// Attempt → front: the routing trail of a call that succeeded (compact JSON), when the
+    /// client asked for it.
+    pub const LANE_TRAIL: &str = "x-ai-router-lane-trail";
+    /// Client → front (`1`): the routing trail on a success too; front → client: that trail.
+    pub const TRAIL: &str = "x-ai-router-trail";
     /// Attempt → front: seconds until a lane returns.
     pub const RETRY_AFTER: &str = "x-ai-router-retry-after";
     /// Front → client: the model that answered.

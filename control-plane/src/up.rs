@@ -143,6 +143,10 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
             scope: None,
         }],
         keys_from_env: None,
+        account_id: None,
+        per_request_caps: None,
+        daily_reset_timezone: None,
+        rate_limit_headers: None,
         models,
         limits: None,
     }];

@@ -203,11 +203,18 @@ mod tests {
         });
         let tiers = one_tier();
         let mut rr = RoundRobin::default();
-        let chosen =
-            |req: Request<'_>, rr: &mut RoundRobin| match pick(&s, &tiers, req, &NoView, rr, 0) {
-                Pick::Lane(c) => c.lane,
-                other => panic!("{other:?}"),
-            };
+        let chosen = |req: Request<'_>, rr: &mut RoundRobin| match pick(
+            &s,
+            &tiers,
+            req,
+            &NoView,
+            rr,
+            0,
+            &mut Vec::new(),
+        ) {
+            Pick::Lane(c) => c.lane,
+            other => panic!("{other:?}"),
+        };
         // Unpinned, draws across [0, 1) split 80 : 20 : 10 over a, b, c.
         let lane_at = |r: f64, rr: &mut RoundRobin| {
             chosen(

@@ -11,7 +11,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
-use crate::classify::{classify, Class, Failure, Hold};
+use crate::classify::{classify_in, Class, Failure, Hold};
 use crate::embeddings;
 use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
@@ -85,6 +85,14 @@ struct Lane {
     native: bool,
     secret: String,
     fingerprint: u64,
+    /// The provider's facts its answers are read with.
+    daily_reset: Option<ai_router_contract::kinds::DailyReset>,
+    rate_limit_windows: (
+        ai_router_contract::kinds::RateLimitWindow,
+        ai_router_contract::kinds::RateLimitWindow,
+    ),
+    /// The prompt tokens the lane takes ([`crate::context::lane_capacity`]).
+    capacity: Option<u64>,
 }
 
 #[derive(Default)]
@@ -205,6 +213,13 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
             GatewayError::of(ErrorCode::PoolAuthFailed).with_retry_after(Some(wait.unwrap_or(300)))
         }
         Some(Class::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
+        Some(Class::ContextLength) => GatewayError {
+            status: 400,
+            ..GatewayError::new(
+                ErrorCode::UpstreamInvalidRequest,
+                "The prompt is too long for every lane this call could still use.",
+            )
+        },
         Some(
             class @ (Class::Transient
             | Class::Network
@@ -275,9 +290,14 @@ impl Attempt {
         if now >= deadline {
             return self.give_up(host, Some(Class::Deadline), None);
         }
-        let (tried, identity, backoff_until) = host
+        let (tried, identity, backoff_until, larger_than) = host
             .with_call(&plan.cid, |c| {
-                (c.tried.clone(), c.identity.clone(), c.backoff_until_ms)
+                (
+                    c.tried.clone(),
+                    c.identity.clone(),
+                    c.backoff_until_ms,
+                    c.larger_than,
+                )
             })
             .unwrap_or_default();
         if backoff_until > now {
@@ -305,8 +325,19 @@ impl Attempt {
             pinned: pinned.as_ref(),
             last_failure,
             reset_interval_ms: plan.reset_ms,
+            larger_than,
         };
-        let pick = host.with_lanes(|view, rr| lanes::pick(&state, &tiers, request, view, rr, now));
+        let mut skipped = Vec::new();
+        let pick = host.with_lanes(|view, rr| {
+            lanes::pick(&state, &tiers, request, view, rr, now, &mut skipped)
+        });
+        if !skipped.is_empty() {
+            host.with_call(&plan.cid, |c| {
+                for s in &skipped {
+                    c.trail.skip_lane(&s.lane, s.reason);
+                }
+            });
+        }
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
@@ -594,6 +625,11 @@ impl Attempt {
             host.set_header(Side::Request, "accept", Some("text/event-stream"));
         }
 
+        let capacity = provider
+            .models
+            .iter()
+            .find(|m| m.id == chosen.lane.model)
+            .and_then(|m| crate::context::lane_capacity(provider, m));
         let model_identity =
             embeddings::identity_of(state, &chosen.lane.provider, &chosen.lane.model);
         let dimensions =
@@ -622,6 +658,12 @@ impl Attempt {
             native,
             secret: key.secret.clone(),
             fingerprint: key.fingerprint,
+            daily_reset: ai_router_contract::kinds::DailyReset::parse(&provider.daily_reset_zone),
+            rate_limit_windows: (
+                provider.requests_window().window(),
+                provider.tokens_window().window(),
+            ),
+            capacity,
         });
         // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
         // (bounded by its deadline), not this attempt's.
@@ -656,7 +698,11 @@ impl Attempt {
             }
             Hold::Key => {
                 let until = match failure.class {
-                    Class::Auth if resilience.auth_disable_ms > 0 => {
+                    Class::Auth
+                        if resilience.auth_disable_ms > 0
+                            && failure.provider_code.as_deref()
+                                != Some(crate::classify::UNSUPPORTED_KEY_TYPE) =>
+                    {
                         now + resilience.auth_disable_ms as i64
                     }
                     // Until the secret changes.
@@ -699,6 +745,15 @@ impl Attempt {
         // Drawn before borrowing the call: the call table and the generator share a cell.
         let jitter = host.random_unit();
         let after_first_token = self.after_first_token;
+        let note = crate::trail::AttemptNote {
+            attempt: self.attempt,
+            provider: lane.id.provider.clone(),
+            key: lane.id.key.clone(),
+            model: lane.id.model.clone(),
+            class: failure.map(|f| f.class),
+            status,
+        };
+        host.with_call(self.cid(), |c| c.trail.attempt(note));
         host.with_call(self.cid(), |c| match failure {
             Some(f) if after_first_token => {
                 // The lane answered the client, and its answer broke off.
@@ -791,7 +846,8 @@ impl Attempt {
             (H_ATTEMPT, self.attempt.to_string()),
             ("content-type", "application/json".into()),
         ];
-        let (status, body) = if failure.class.retryable() {
+        let larger = failure.class == Class::ContextLength && self.larger_lane_remains(host);
+        let (status, body) = if failure.class.retryable() || larger {
             let err = final_error(Some(failure.class), failure.retry_at_ms, now);
             headers.push((H_RETRY, "1".into()));
             headers.push((H_FINAL_STATUS, err.status.to_string()));
@@ -809,6 +865,34 @@ impl Attempt {
             headers,
             body,
         }
+    }
+
+    /// After a context-length failure: whether the plan holds a lane larger than this one (the
+    /// call then moves on, and only to such lanes); noted in the call for the next attempt.
+    fn larger_lane_remains(&self, host: &mut impl Host) -> bool {
+        let (Some(plan), Some(lane), Some(state)) = (&self.plan, &self.lane, host.state()) else {
+            return false;
+        };
+        let failed = lane.capacity;
+        let larger = plan.tiers.iter().flatten().any(|c| {
+            state.provider(&c.provider).is_some_and(|(_, p)| {
+                p.models.iter().any(|m| {
+                    m.id == c.model
+                        && crate::context::larger_than(crate::context::lane_capacity(p, m), failed)
+                })
+            })
+        });
+        if larger {
+            host.with_call(&plan.cid, |c| {
+                // A second failure narrows it further: never back to a smaller lane.
+                let floor = match c.larger_than {
+                    Some(Some(before)) => Some(failed.map_or(before, |f| f.max(before))),
+                    _ => failed,
+                };
+                c.larger_than = Some(floor);
+            });
+        }
+        larger
     }
 
     /// Turns the held response into the signal for the outer router, or the client's answer.
@@ -862,6 +946,30 @@ impl Attempt {
                 H_LANE_COST,
                 Some(&crate::cost::header_value(cost)),
             );
+        }
+        if let (Some(plan), Some(lane)) = (&self.plan, &self.lane) {
+            if plan.trail {
+                // The trail so far, and this attempt, which answers.
+                let mut trail = host
+                    .with_call(&plan.cid, |c| c.trail.clone())
+                    .unwrap_or_default();
+                trail.attempt(crate::trail::AttemptNote {
+                    attempt: self.attempt,
+                    provider: lane.id.provider.clone(),
+                    key: lane.id.key.clone(),
+                    model: lane.id.model.clone(),
+                    class: None,
+                    status: host
+                        .header_text(Side::Response, ":status")
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(200),
+                });
+                host.set_header(
+                    Side::Response,
+                    ai_router_contract::headers::LANE_TRAIL,
+                    Some(&trail.header_value()),
+                );
+            }
         }
     }
 
@@ -1007,7 +1115,18 @@ impl Attempt {
                 headers.push((name, text));
             }
         }
-        self.headroom = Some(crate::classify::headroom(&headers, host.now_ms()));
+        let windows = self.lane.as_ref().map_or(
+            (
+                ai_router_contract::kinds::RateLimitWindow::Minute,
+                ai_router_contract::kinds::RateLimitWindow::Minute,
+            ),
+            |l| l.rate_limit_windows,
+        );
+        self.headroom = Some(crate::classify::headroom_in(
+            &headers,
+            windows,
+            host.now_ms(),
+        ));
         let is_sse = headers.iter().any(|(k, v)| {
             k == "content-type" && v.to_ascii_lowercase().contains("text/event-stream")
         });
@@ -1325,7 +1444,14 @@ impl Attempt {
             self.mode = Mode::Through;
             return;
         }
-        let mut failure = classify(lane.kind.text(), status, &headers, body, now);
+        let mut failure = classify_in(
+            lane.kind.text(),
+            lane.daily_reset,
+            status,
+            &headers,
+            body,
+            now,
+        );
         // Envoy's own answers (connection refused, reset before headers) carry no provider body.
         let text = String::from_utf8_lossy(body);
         if status == 503
@@ -1422,6 +1548,7 @@ mod tests {
             max_tokens: 5,
             reset_ms: 0,
             first_choice: None,
+            trail: false,
         }
     }
 
@@ -1671,6 +1798,68 @@ mod tests {
                 "transient",
                 "{body:?}"
             );
+        }
+    }
+
+    /// p1/m1 and p2/m2 with these context windows.
+    fn sized(small: u64, other: u64) -> Snapshot {
+        let mut snap = snapshot();
+        snap.providers[0].models[0].context_window = small;
+        snap.providers[1].models[0].context_window = other;
+        snap
+    }
+
+    /// The first attempt of a call, on p1, answered that the prompt is too long.
+    fn too_long_on_p1(small: u64, other: u64) -> (Plan, FakeHost) {
+        let plan = plan(false);
+        let mut host = host_with(sized(small, other), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let json = [("content-type", "application/json")];
+        answer(&mut stage, &mut host, 400, &json, TOO_LONG);
+        (plan, host)
+    }
+
+    const TOO_LONG: &str = r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+
+    #[test]
+    fn a_context_length_answer_moves_on_only_to_a_larger_lane_and_notes_the_trail() {
+        let (plan, mut host) = too_long_on_p1(8_000, 32_000);
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("503"));
+        assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+        assert_eq!(host.attempts[0].error_class().text(), "context_length");
+        let call = host.calls.get("call-1").cloned().unwrap_or_default();
+        assert_eq!(call.larger_than, Some(Some(8_000)));
+        assert_eq!(call.trail.attempts.len(), 1);
+        assert_eq!(call.trail.attempts[0].class, Some(Class::ContextLength));
+
+        // The next attempt goes to p2 (larger), noting p1 as no larger.
+        let calls = std::mem::take(&mut host.calls);
+        let mut second = host_with(sized(8_000, 32_000), &plan, 2);
+        second.calls = calls;
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut second), Flow::Continue);
+        assert_eq!(
+            second.text(Side::Request, ":authority").as_deref(),
+            Some("p2.test:8000")
+        );
+        let call = second.calls.get("call-1").cloned().unwrap_or_default();
+        assert_eq!(call.trail.skipped.len(), 1);
+        assert_eq!(call.trail.skipped[0].reason, "context_window");
+    }
+
+    #[test]
+    fn a_context_length_answer_with_no_larger_lane_stops_the_call_with_the_providers_400() {
+        for (small, other) in [(8_000, 8_000), (8_000, 4_000), (0, 0)] {
+            let (_, host) = too_long_on_p1(small, other);
+            assert_eq!(
+                host.text(Side::Response, ":status").as_deref(),
+                Some("400"),
+                "{small} then {other}"
+            );
+            assert_eq!(host.text(Side::Response, H_RETRY), None);
+            let call = host.calls.get("call-1").cloned().unwrap_or_default();
+            assert_eq!(call.larger_than, None);
         }
     }
 

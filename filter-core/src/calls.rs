@@ -20,4 +20,8 @@ pub struct Call {
     pub backoff_until_ms: i64,
     /// The answer had started (the client got its first token) when it failed, so: the class.
     pub broken_after_first_token: Option<Class>,
+    /// After a context-length failure: the failed lane's capacity; only larger lanes remain.
+    pub larger_than: Option<Option<u64>>,
+    /// What was ruled out and tried, for the client.
+    pub trail: crate::trail::Trail,
 }

@@ -10,8 +10,9 @@
 //! is capped ([`MAX_RATE_LIMIT_COOLDOWN_MS`], [`MAX_QUOTA_HOLD_MS`]). Every real error answer in
 //! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
 
-use ai_router_contract::calendar::{days_from_civil, next_pacific_midnight_ms};
+use ai_router_contract::calendar::days_from_civil;
 pub use ai_router_contract::failure::{ErrorClass as Class, Hold};
+use ai_router_contract::kinds::{DailyReset, RateLimitWindow};
 use serde_json::Value;
 
 /// A classified failure.
@@ -85,6 +86,11 @@ fn error_fields(body: &Value) -> ErrorFields {
         Value::Array(items) => items.first().unwrap_or(&Value::Null),
         other => other,
     };
+    // Cloudflare's API envelope: `{"errors": [{"code", "message"}], "success": false}`.
+    let body = match body.get("errors").and_then(Value::as_array) {
+        Some(errors) if body.get("error").is_none() => errors.first().unwrap_or(&Value::Null),
+        _ => body,
+    };
     let obj = match body.get("error") {
         Some(e @ Value::Object(_)) => e,
         Some(Value::String(s)) => {
@@ -103,7 +109,11 @@ fn error_fields(body: &Value) -> ErrorFields {
     let mut fields = ErrorFields {
         code: text(obj.get("code")),
         kind: text(obj.get("type")).or_else(|| text(obj.get("status"))),
-        message: text(obj.get("message")).unwrap_or_default(),
+        // RFC 7807 problem details (NVIDIA's gateway) carry `detail` and `title`.
+        message: text(obj.get("message"))
+            .or_else(|| text(obj.get("detail")))
+            .or_else(|| text(obj.get("title")))
+            .unwrap_or_default(),
         ..ErrorFields::default()
     };
     for detail in obj
@@ -186,6 +196,11 @@ const QUOTA_TEXT: &[&str] = &[
     // OpenRouter's per-key credit limit, which its owner raises or which resets.
     "key limit exceeded",
     "free tier of the model has been exhausted",
+    // SiliconFlow's spent balance; Cloudflare's spent neurons; Cohere's trial month.
+    "balance is insufficient",
+    "daily free allocation",
+    "/ month",
+    "per month",
 ];
 /// Refusals of the key itself that some providers send with a 400.
 const AUTH_TEXT: &[&str] = &[
@@ -217,8 +232,33 @@ const RATE_CODES: &[&str] = &[
     "throttling.ratequota",
     "throttling.allocationquota",
 ];
-/// A rate-limit code over a per-day budget (Groq's and OpenAI's TPD/RPD) is a spent quota.
-const PER_DAY_TEXT: &[&str] = &["(tpd)", "(rpd)", "per day"];
+/// A rate limit over a per-day budget (Groq's and OpenAI's TPD/RPD, Cerebras's and SambaNova's
+/// "per day", GitHub's `UserByModelByDay`) is a spent quota.
+const PER_DAY_TEXT: &[&str] = &["(tpd)", "(rpd)", "per day", "byday", "per 86400s", "daily"];
+/// A 429 about the provider's load, not the key's rate (Moonshot's engine_overloaded_error,
+/// Z.ai's 1305): nothing cools down but the breakers count it.
+const OVERLOAD_TEXT: &[&str] = &["overloaded"];
+/// What providers say when the prompt is past the model's window or their per-request cap.
+const CONTEXT_CODES: &[&str] = &["context_length_exceeded", "tokens_limit_reached"];
+const CONTEXT_TEXT: &[&str] = &[
+    "context length",
+    "context_length",
+    "context window",
+    "maximum context",
+    "prompt is too long",
+    "too many tokens",
+    "too large for model",
+    "exceeded model token limit",
+    "reduce the length of the messages",
+    "max_seq_len",
+    "exceeds max length",
+    "request body too large",
+    "input is too long",
+];
+/// Google refuses some key types outright (unrestricted "standard" keys): the key will never
+/// work, whatever is retried.
+const KEY_TYPE_TEXT: &[&str] = &["key type is not allowed", "key type not allowed"];
+pub use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
 const OVERLOAD_CODES: &[&str] = &[
     "overloaded_error",
     "server_error",
@@ -255,10 +295,13 @@ fn class_from_fields(status: u16, fields: &ErrorFields, tokens: &[String; 2]) ->
     if (500..=599).contains(&status) {
         return None;
     }
-    if status == 413 {
-        // The request is too big (Groq also says so over a per-minute token limit): no other key
-        // of the same tier would take it.
-        return Some(Class::InvalidRequest);
+    if status == 413 || (status == 400 && has_code(CONTEXT_CODES)) {
+        // The request is too big for this lane (Groq also says 413 over a per-minute token
+        // limit): no other key of the same model would take it, a larger model might.
+        return Some(Class::ContextLength);
+    }
+    if status == 400 && is_key_type_refusal(fields) {
+        return Some(Class::Auth);
     }
     match quota_period(&fields.quota_ids) {
         Some(QuotaPeriod::Day) => return Some(Class::Quota),
@@ -315,6 +358,8 @@ fn class_from_status_and_text(
                 Class::Auth
             }
         }
+        429 if contains_any(&text, OVERLOAD_TEXT) && !quota => Class::Transient,
+        429 if contains_any(&text, PER_DAY_TEXT) => Class::Quota,
         429 => {
             // Gemini says RESOURCE_EXHAUSTED for rate limits and spent days alike; without a
             // QuotaFailure only the message tells.
@@ -332,6 +377,7 @@ fn class_from_status_and_text(
         }
         408 | 409 | 425 | 498 | 529 => Class::Transient,
         500..=599 => Class::Transient,
+        400 | 422 if contains_any(&text, CONTEXT_TEXT) => Class::ContextLength,
         400..=499 => {
             if quota {
                 Class::Quota
@@ -356,10 +402,40 @@ fn class_from_status_and_text(
     }
 }
 
+/// Gemini's refusal of the key's type (400 INVALID_ARGUMENT, "API key type not allowed").
+fn is_key_type_refusal(fields: &ErrorFields) -> bool {
+    contains_any(&fields.message.to_ascii_lowercase(), KEY_TYPE_TEXT)
+        || fields
+            .reasons
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case("API_KEY_TYPE_NOT_ALLOWED"))
+}
+
 /// Classifies a provider's non-success answer (or a 2xx answer carrying an error object): the
-/// provider's structured fields first, then the status, then the message text.
+/// provider's structured fields first, then the status, then the message text. A spent daily
+/// quota lasts until the kind's own midnight ([`DailyReset::of_kind`]).
 pub fn classify(
     kind: &str,
+    status: u16,
+    headers: &[(String, String)],
+    body: &[u8],
+    now_ms: i64,
+) -> Failure {
+    classify_in(
+        kind,
+        DailyReset::of_kind(kind),
+        status,
+        headers,
+        body,
+        now_ms,
+    )
+}
+
+/// [`classify`] for a provider whose days end in `daily_reset` (the kind's, or the
+/// configuration's `dailyResetTimezone`; `None`: no calendar, the provider's window decides).
+pub fn classify_in(
+    kind: &str,
+    daily_reset: Option<DailyReset>,
     status: u16,
     headers: &[(String, String)],
     body: &[u8],
@@ -371,11 +447,16 @@ pub fn classify(
     let tokens = [lower(&fields.code), lower(&fields.kind)];
     let class = class_from_fields(status, &fields, &tokens)
         .unwrap_or_else(|| class_from_status_and_text(kind, status, &fields, &tokens));
-    let retry_at_ms = window(kind, class, headers, &fields, now_ms);
+    let retry_at_ms = window(daily_reset, class, headers, &fields, now_ms);
+    let key_type = class == Class::Auth && is_key_type_refusal(&fields);
     Failure {
         class,
         retry_at_ms,
-        provider_code: fields.code.or(fields.kind),
+        provider_code: if key_type {
+            Some(UNSUPPORTED_KEY_TYPE.to_owned())
+        } else {
+            fields.code.or(fields.kind)
+        },
         message: fields.message,
         status,
     }
@@ -384,7 +465,7 @@ pub fn classify(
 /// When the provider says the failure ends, capped by the class: a lane cools down at most
 /// [`MAX_RATE_LIMIT_COOLDOWN_MS`], a key's spent quota holds it at most [`MAX_QUOTA_HOLD_MS`].
 fn window(
-    kind: &str,
+    daily_reset: Option<DailyReset>,
     class: Class,
     headers: &[(String, String)],
     fields: &ErrorFields,
@@ -404,9 +485,10 @@ fn window(
             let text = fields.message.to_ascii_lowercase();
             let daily = quota_period(&fields.quota_ids) == Some(QuotaPeriod::Day)
                 || (fields.quota_ids.is_empty() && contains_any(&text, PER_DAY_TEXT));
-            // Gemini's daily quotas reset at midnight Pacific time, whatever retryDelay says.
-            let at = if kind == "gemini" && daily {
-                Some(next_pacific_midnight_ms(now_ms))
+            // A daily quota lasts until the provider's midnight (Gemini's is Pacific time),
+            // whatever retryDelay says.
+            let at = if let Some(zone) = daily_reset.filter(|_| daily) {
+                Some(zone.next_midnight_ms(now_ms))
             } else {
                 from_headers
                     .or_else(reset)
@@ -574,7 +656,7 @@ mod tests {
                 400,
                 r#"{"error":{"message":"context length exceeded","code":"context_length_exceeded"}}"#
             ),
-            Class::InvalidRequest
+            Class::ContextLength
         );
         assert_eq!(c("openai", 404, ""), Class::InvalidRequest);
         assert_eq!(c("openai", 422, ""), Class::InvalidRequest);
@@ -851,6 +933,21 @@ fn parse_reset_duration(v: &str) -> Option<i64> {
 /// The rate-limit headroom a provider reported: remaining requests, remaining tokens (-1 when
 /// absent) and the earliest reset (ms since the epoch, 0 when absent).
 pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
+    headroom_in(
+        headers,
+        (RateLimitWindow::Minute, RateLimitWindow::Minute),
+        now_ms,
+    )
+}
+
+/// [`headroom`] for a provider whose `-requests` and `-tokens` headers count over `windows`
+/// (Groq: requests per day, tokens per minute). A spent day holds the lane until its own reset
+/// (capped at a day): the token minute's reset does not lift it.
+pub fn headroom_in(
+    headers: &[(String, String)],
+    windows: (RateLimitWindow, RateLimitWindow),
+    now_ms: i64,
+) -> (i64, i64, i64) {
     let get = |names: &[&str]| names.iter().find_map(|n| header(headers, n));
     let number = |names: &[&str]| get(names).and_then(|v| v.parse::<i64>().ok()).unwrap_or(-1);
     let requests = number(&[
@@ -870,16 +967,32 @@ pub fn headroom(headers: &[(String, String)], now_ms: i64) -> (i64, i64, i64) {
         get(&["anthropic-ratelimit-requests-reset"]).and_then(|v| parse_rfc3339(&v)),
         get(&["anthropic-ratelimit-tokens-reset"]).and_then(|v| parse_rfc3339(&v)),
     ];
-    let reset = durations
-        .iter()
-        .flatten()
-        .map(|d| now_ms.saturating_add(*d))
-        .chain(moments.iter().flatten().copied())
-        .min()
+    let cap = |window: RateLimitWindow| match window {
+        RateLimitWindow::Minute => MAX_RATE_LIMIT_COOLDOWN_MS,
+        RateLimitWindow::Day => ai_router_contract::calendar::DAY_MS,
+    };
+    let resets: [Option<i64>; 2] = [0, 1].map(|i| {
+        durations[i]
+            .map(|d| now_ms.saturating_add(d))
+            .or(moments[i])
+            .map(|at| {
+                at.min(now_ms.saturating_add(cap(if i == 0 { windows.0 } else { windows.1 })))
+            })
+    });
+    let day = RateLimitWindow::Day;
+    let reset = if requests == 0 && windows.0 == day && resets[0].is_some() {
+        resets[0]
+    } else if tokens == 0 && windows.1 == day && resets[1].is_some() {
+        resets[1]
+    } else {
         // A lane out of headroom waits for its reset, but no longer than a rate limit's cap.
-        .map(|at| at.min(now_ms.saturating_add(MAX_RATE_LIMIT_COOLDOWN_MS)))
-        .unwrap_or(0);
-    (requests, tokens, reset)
+        resets
+            .iter()
+            .flatten()
+            .min()
+            .map(|at| (*at).min(now_ms.saturating_add(MAX_RATE_LIMIT_COOLDOWN_MS)))
+    };
+    (requests, tokens, reset.unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -926,5 +1039,86 @@ mod headroom_tests {
             Some(1_796_083_212_500)
         );
         assert_eq!(parse_rfc3339("2026-12-01T00:00:12+02:00"), None);
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+    use ai_router_contract::kinds::DailyReset;
+
+    #[test]
+    fn a_refused_key_type_is_auth_with_its_own_code() {
+        let body = br#"[{"error":{"code":400,"message":"API key type not allowed. Standard keys can no longer call the Gemini API.","status":"INVALID_ARGUMENT"}}]"#;
+        let f = classify("gemini", 400, &[], body, 0);
+        assert_eq!(f.class, Class::Auth);
+        assert_eq!(f.provider_code.as_deref(), Some(UNSUPPORTED_KEY_TYPE));
+        assert_eq!(f.hold(), Hold::Key);
+        // Any other 400 of Gemini's stays the caller's.
+        let other = br#"[{"error":{"code":400,"message":"Invalid JSON payload received.","status":"INVALID_ARGUMENT"}}]"#;
+        let f = classify("gemini", 400, &[], other, 0);
+        assert_eq!(f.class, Class::InvalidRequest);
+        assert_eq!(f.provider_code.as_deref(), Some("400"));
+    }
+
+    #[test]
+    fn context_length_is_its_own_class_and_other_400s_are_not() {
+        let too_long = br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error"}}"#;
+        assert_eq!(
+            classify("openai", 400, &[], too_long, 0).class,
+            Class::ContextLength
+        );
+        assert_eq!(
+            classify("github", 413, &[], b"", 0).class,
+            Class::ContextLength
+        );
+        let bad = br#"{"error":{"message":"temperature must be between 0 and 2","type":"invalid_request_error"}}"#;
+        assert_eq!(
+            classify("openai", 400, &[], bad, 0).class,
+            Class::InvalidRequest
+        );
+        assert!(!Class::ContextLength.retryable());
+    }
+
+    #[test]
+    fn a_daily_quota_lasts_until_the_zone_the_provider_is_configured_with() {
+        let body = br#"{"message":"Tokens per day limit exceeded - too many tokens processed.","type":"too_many_requests_error","param":"quota","code":"token_quota_exceeded"}"#;
+        // 2026-12-01T14:00:00Z.
+        let now = 1_796_133_600_000;
+        let utc = classify("cerebras", 429, &[], body, now);
+        assert_eq!(utc.class, Class::Quota);
+        assert_eq!(utc.retry_at_ms, Some(1_796_169_600_000));
+        let china = classify_in(
+            "cerebras",
+            Some(DailyReset::Offset(480)),
+            429,
+            &[],
+            body,
+            now,
+        );
+        assert_eq!(china.retry_at_ms, Some(1_796_140_800_000));
+        // No calendar: the provider named no window, so the defaults decide.
+        let rolling = classify_in("cerebras", None, 429, &[], body, now);
+        assert_eq!(rolling.retry_at_ms, None);
+    }
+
+    #[test]
+    fn groq_headroom_holds_a_spent_day_of_requests_past_the_token_minute() {
+        let headers: Vec<(String, String)> = [
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-tokens", "5000"),
+            ("x-ratelimit-reset-requests", "4h30m"),
+            ("x-ratelimit-reset-tokens", "6s"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let day = (RateLimitWindow::Day, RateLimitWindow::Minute);
+        let (requests, tokens, reset) = headroom_in(&headers, day, 0);
+        assert_eq!((requests, tokens), (0, 5000));
+        assert_eq!(reset, 16_200_000);
+        // Read as per-minute windows (OpenAI's), the sooner reset stands: the lane is tried
+        // again after the token minute.
+        let (_, _, minute) = headroom(&headers, 0);
+        assert_eq!(minute, 6_000);
     }
 }

@@ -8,8 +8,8 @@ use std::rc::Rc;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
     COST as H_COST, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
-    LANE_MODEL as H_LANE_MODEL, MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
-    ROUTE as H_ROUTE,
+    LANE_MODEL as H_LANE_MODEL, LANE_TRAIL as H_LANE_TRAIL, MODEL as H_MODEL, RETRY as H_RETRY,
+    RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE, TRAIL as H_TRAIL,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -60,6 +60,10 @@ pub struct Front {
     metadata: Metadata,
     /// The `routes:` rule that chose the call's profile.
     route: Option<String>,
+    /// The client asked for the routing trail on a success (`x-ai-router-trail: 1`).
+    wants_trail: bool,
+    /// The final error's body gets the call's routing trail (`error.trail`).
+    add_trail: bool,
 }
 
 impl Front {
@@ -363,7 +367,10 @@ impl Front {
             max_tokens: resolved.needs.max_tokens,
             reset_ms: resolved.reset_interval_ms,
             first_choice: resolved.first_choice,
+            trail: self.wants_trail,
         };
+        let ruled_out = resolved.trail;
+        host.with_call(&cid, |c| c.trail = ruled_out);
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
@@ -454,6 +461,9 @@ impl Front {
         self.session_header = host.header_text(Side::Request, ai_router_contract::headers::SESSION);
         // The metadata the rules read is the one thing of the prefix a client may send.
         self.metadata = Metadata::from_headers(host);
+        self.wants_trail = host
+            .header_text(Side::Request, H_TRAIL)
+            .is_some_and(|v| matches!(v.trim(), "1" | "true"));
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -614,6 +624,15 @@ impl Front {
             let status = final_status.unwrap_or(502);
             self.status = status;
             host.set_header(Side::Response, ":status", Some(&status.to_string()));
+            if !end_of_stream {
+                // The error object gets the call's trail once its body is in.
+                self.add_trail = true;
+                host.set_header(Side::Response, "content-length", None);
+            }
+        } else if attempt.is_some() && self.status >= 400 && !end_of_stream {
+            // A provider's refusal the call stops at (a 400): a final error, with its trail.
+            self.add_trail = true;
+            host.set_header(Side::Response, "content-length", None);
         } else if attempt.is_none() && self.status >= 500 {
             // The router answered itself: the deadline passed before an answer started (504),
             // or it could not take the call (503: its circuit breakers are full, or no attempt
@@ -646,6 +665,9 @@ impl Front {
                 self.replace_body = Some(err.body());
             }
         }
+        let lane_trail = host
+            .header_text(Side::Response, H_LANE_TRAIL)
+            .filter(|_| self.wants_trail && self.status < 400);
         // Strip everything internal.
         // The attempt stage let a provider's rate-limit headers through only if the operator
         // opted in; its own internal ones end here.
@@ -665,6 +687,9 @@ impl Front {
         host.set_header(Side::Response, H_COST, Some(cost.as_deref().unwrap_or("0")));
         if let Some(route) = &self.route {
             host.set_header(Side::Response, H_ROUTE, Some(route));
+        }
+        if let Some(trail) = lane_trail {
+            host.set_header(Side::Response, H_TRAIL, Some(&trail));
         }
         let attempts = attempt.or_else(|| {
             self.cid
@@ -695,7 +720,7 @@ impl Front {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
-        if self.replace_body.is_none() && !self.redress {
+        if self.replace_body.is_none() && !self.redress && !self.add_trail {
             return Flow::Continue;
         }
         if !end_of_stream {
@@ -705,6 +730,17 @@ impl Front {
             Some(body) => body,
             None => host.body(Side::Response, 0, size),
         };
+        if self.add_trail {
+            // The final error's body gets the call's routing trail.
+            let trail = self
+                .cid
+                .as_deref()
+                .and_then(|cid| host.with_call(cid, |c| c.trail.clone()))
+                .unwrap_or_default();
+            if let Some(with_trail) = crate::trail::with_trail(&body, &trail) {
+                body = with_trail;
+            }
+        }
         if self.redress {
             if let Some(redressed) =
                 crate::ingress::redress_error(self.protocol, self.status, &body)
@@ -1016,6 +1052,71 @@ mod tests {
         assert!(host.header(Side::Response, H_RETRY).is_none());
         front.on_log(&mut host);
         assert!(host.reports[0].outcome_text().starts_with("error:"));
+    }
+
+    #[test]
+    fn a_final_error_carries_the_calls_trail_and_a_success_only_when_asked() {
+        let (mut front, mut host) = a_call_sent_on();
+        let cid = front.cid.clone().unwrap_or_default();
+        host.with_call(&cid, |c| {
+            c.trail.skip("p9", "", "m9", "no_capability:tools");
+            c.trail.attempt(crate::trail::AttemptNote {
+                attempt: 1,
+                provider: "p1".into(),
+                key: "a".into(),
+                model: "m1".into(),
+                class: Some(Class::RateLimit),
+                status: 429,
+            });
+        });
+        host.add(Side::Response, ":status", b"503");
+        host.add(Side::Response, H_RETRY, b"1");
+        host.add(Side::Response, H_FINAL_STATUS, b"503");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        let err = GatewayError::of(ErrorCode::PoolRateLimited).body();
+        host.response_body = err.clone();
+        front.on_response_headers(&mut host, false);
+        assert_eq!(
+            front.on_response_body(&mut host, err.len(), false),
+            Flow::Pause
+        );
+        assert_eq!(
+            front.on_response_body(&mut host, err.len(), true),
+            Flow::Continue
+        );
+        let v: Value = serde_json::from_slice(&host.response_body).unwrap_or_default();
+        assert_eq!(v["error"]["code"], "pool_rate_limited");
+        assert_eq!(
+            v["error"]["trail"]["skipped"][0]["reason"],
+            "no_capability:tools"
+        );
+        assert_eq!(v["error"]["trail"]["attempts"][0]["class"], "rate_limit");
+
+        // A success: the attempt stage's trail reaches the client only if it asked.
+        for (asked, shown) in [(false, false), (true, true)] {
+            let auth = bearer(KEY);
+            let mut headers: Vec<(&str, &[u8])> = vec![("authorization", &auth)];
+            if asked {
+                headers.push((H_TRAIL, b"1"));
+            }
+            let mut host = client("POST", "/v1/chat/completions", &headers);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+            send_body(&mut front, &mut host, body);
+            let plan = host.text(Side::Request, PLAN_HEADER).unwrap_or_default();
+            assert_eq!(Plan::decode(&plan).is_some_and(|p| p.trail), asked);
+            host.add(Side::Response, ":status", b"200");
+            host.add(Side::Response, H_ATTEMPT, b"1");
+            host.add(
+                Side::Response,
+                H_LANE_TRAIL,
+                br#"{"skipped":[],"attempts":[]}"#,
+            );
+            front.on_response_headers(&mut host, false);
+            assert_eq!(host.header(Side::Response, H_TRAIL).is_some(), shown);
+            assert!(host.header(Side::Response, H_LANE_TRAIL).is_none());
+        }
     }
 
     #[test]

@@ -223,6 +223,9 @@ pub struct Request<'a> {
     pub last_failure: Option<Class>,
     /// The call's `resetIntervalMs` (0: none): parked lanes come after the others.
     pub reset_interval_ms: u64,
+    /// Set after a context-length failure: the failed lane's capacity
+    /// ([`crate::context::lane_capacity`]); only a larger lane may take the call.
+    pub larger_than: Option<Option<u64>>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -305,19 +308,18 @@ fn breaker_gate(health: &LaneHealth, scope: BreakerScope, key: &str, now_ms: i64
 /// How often a call waiting for a concurrency slot looks again.
 const SLOT_POLL_MS: i64 = 50;
 
+/// Why a lane is out: its class, until when, and the routing trail's word for it.
+type Out = (Class, Option<i64>, &'static str);
+
 /// Keeps the reason whose lane returns last (the lane is out until every reason passes).
-fn later(
-    worst: Option<(Class, Option<i64>)>,
-    class: Class,
-    until: Option<i64>,
-) -> Option<(Class, Option<i64>)> {
+fn later(worst: Option<Out>, class: Class, until: Option<i64>, why: &'static str) -> Option<Out> {
     Some(match worst {
-        None => (class, until),
-        Some((c, u)) => match (u, until) {
-            (None, _) => (c, u),
-            (_, None) => (class, until),
-            (Some(a), Some(b)) if b > a => (class, until),
-            _ => (c, u),
+        None => (class, until, why),
+        Some((c, u, w)) => match (u, until) {
+            (None, _) => (c, u, w),
+            (_, None) => (class, until, why),
+            (Some(a), Some(b)) if b > a => (class, until, why),
+            _ => (c, u, w),
         },
     })
 }
@@ -334,28 +336,28 @@ fn out_reason(
     lane: &LaneId,
     tokens: u64,
     now_ms: i64,
-) -> Option<(Class, Option<i64>)> {
+) -> Option<Out> {
     let provider = state.provider_at(pi)?;
     let key = provider.keys.get(ki)?;
     if key.secret.is_empty() {
-        return Some((Class::Auth, None));
+        return Some((Class::Auth, None, "missing_secret"));
     }
-    let mut worst: Option<(Class, Option<i64>)> = None;
+    let mut worst: Option<Out> = None;
     if let Some(h) = health.key_health(&key.alias) {
         let same_secret = h.refused_fingerprint == 0 || h.refused_fingerprint == key.fingerprint;
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
-            let class = if h.reason() == KeyOutReason::Quota {
-                Class::Quota
+            let (class, why) = if h.reason() == KeyOutReason::Quota {
+                (Class::Quota, "blacklisted:quota")
             } else {
-                Class::Auth
+                (Class::Auth, "blacklisted:auth")
             };
-            worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms));
+            worst = later(worst, class, (h.until_ms > 0).then_some(h.until_ms), why);
         }
     }
     let pushed = health.cooldown_until(&lane.key, &lane.model);
     if pushed > now_ms {
-        worst = later(worst, Class::RateLimit, Some(pushed));
+        worst = later(worst, Class::RateLimit, Some(pushed), "cooldown");
     }
     let reset_at = health.reset_at_ms(&key.alias);
     for hold in view.holds(lane) {
@@ -368,7 +370,7 @@ fn out_reason(
         }
         match hold {
             LocalHold::Cooldown { until_ms, .. } if until_ms > now_ms => {
-                worst = later(worst, Class::RateLimit, Some(until_ms));
+                worst = later(worst, Class::RateLimit, Some(until_ms), "cooldown");
             }
             LocalHold::Blacklist {
                 class,
@@ -378,21 +380,26 @@ fn out_reason(
             } if (fingerprint == 0 || fingerprint == key.fingerprint)
                 && (until_ms == 0 || until_ms > now_ms) =>
             {
-                worst = later(worst, class, (until_ms > 0).then_some(until_ms));
+                let why = if class == Class::Quota {
+                    "blacklisted:quota"
+                } else {
+                    "blacklisted:auth"
+                };
+                worst = later(worst, class, (until_ms > 0).then_some(until_ms), why);
             }
             _ => {}
         }
     }
     let provider_out = health.out_until_ms();
     if provider_out > now_ms {
-        worst = later(worst, Class::Quota, Some(provider_out));
+        worst = later(worst, Class::Quota, Some(provider_out), "provider_out");
     }
     for (scope, key_alias) in [
         (BreakerScope::Provider, ""),
         (BreakerScope::Key, key.alias.as_str()),
     ] {
         if let BreakerGate::Open(until) = breaker_gate(health, scope, key_alias, now_ms) {
-            worst = later(worst, Class::Transient, Some(until));
+            worst = later(worst, Class::Transient, Some(until), "breaker_open");
         }
     }
     if let Some((requests, tokens_left, reset_at_ms)) = headroom_left(
@@ -405,7 +412,7 @@ fn out_reason(
     ) {
         let too_few_tokens = tokens_left >= 0 && (tokens_left as u64) < tokens;
         if requests == 0 || too_few_tokens {
-            worst = later(worst, Class::RateLimit, Some(reset_at_ms));
+            worst = later(worst, Class::RateLimit, Some(reset_at_ms), "headroom");
         }
     }
     let key_full =
@@ -413,12 +420,25 @@ fn out_reason(
     let provider_full = provider.max_concurrency > 0
         && view.provider_in_flight(&provider.id) >= provider.max_concurrency;
     if key_full || provider_full {
-        worst = later(worst, Class::RateLimit, Some(now_ms + SLOT_POLL_MS));
+        worst = later(
+            worst,
+            Class::RateLimit,
+            Some(now_ms + SLOT_POLL_MS),
+            "max_concurrency",
+        );
     }
     worst
 }
 
-/// Chooses the lane for the next attempt of a call.
+/// A lane ruled out for this attempt, and the trail's word for why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Skipped {
+    pub lane: LaneId,
+    pub reason: &'static str,
+}
+
+/// Chooses the lane for the next attempt of a call, noting in `skipped` every lane it ruled
+/// out and why.
 pub fn pick(
     state: &State,
     tiers: &[Vec<Candidate>],
@@ -426,6 +446,7 @@ pub fn pick(
     view: &dyn View,
     rr: &mut RoundRobin,
     now_ms: i64,
+    skipped: &mut Vec<Skipped>,
 ) -> Pick {
     let selection = state.selection();
     let synced_at_ms = view
@@ -442,19 +463,32 @@ pub fn pick(
                 continue;
             };
             let health = health_of(state, view, &provider.id);
-            let model_weight = provider
-                .models
-                .iter()
-                .find(|m| m.id == cand.model)
-                .map(|m| positive(m.weight))
-                .unwrap_or(1.0);
+            let model = provider.models.iter().find(|m| m.id == cand.model);
+            let model_weight = model.map(|m| positive(m.weight)).unwrap_or(1.0);
+            // After a context-length failure, only a lane known to take more.
+            let too_small = req.larger_than.is_some_and(|failed| {
+                !model.is_some_and(|m| {
+                    crate::context::larger_than(crate::context::lane_capacity(provider, m), failed)
+                })
+            });
             for (ki, key) in provider.keys.iter().enumerate() {
                 let lane = LaneId::new(&provider.id, &key.alias, &cand.model);
-                if req.excluded.contains(&lane) {
-                    soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
+                if too_small {
+                    skipped.push(Skipped {
+                        lane,
+                        reason: "context_window",
+                    });
                     continue;
                 }
-                if let Some((class, until)) = out_reason(
+                if req.excluded.contains(&lane) {
+                    soonest = sooner(soonest, Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
+                    skipped.push(Skipped {
+                        lane,
+                        reason: "probe_elsewhere",
+                    });
+                    continue;
+                }
+                if let Some((class, until, reason)) = out_reason(
                     state,
                     &health,
                     synced_at_ms,
@@ -466,6 +500,7 @@ pub fn pick(
                     now_ms,
                 ) {
                     soonest = sooner(soonest, class, until);
+                    skipped.push(Skipped { lane, reason });
                     continue;
                 }
                 let probe = [
@@ -795,6 +830,7 @@ mod tests {
             &v,
             &mut rr,
             0,
+            &mut Vec::new(),
         ));
         let second = chosen(pick(
             &s,
@@ -806,6 +842,7 @@ mod tests {
             &v,
             &mut rr,
             0,
+            &mut Vec::new(),
         ));
         assert_ne!(first.key, second.key);
         assert_eq!(first.provider, "p1");
@@ -821,7 +858,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                0
+                0,
+                &mut Vec::new(),
             ))
             .key,
             "b"
@@ -837,7 +875,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                0
+                0,
+                &mut Vec::new(),
             ))
             .provider,
             "p2"
@@ -872,7 +911,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                1000
+                1000,
+                &mut Vec::new(),
             ))
             .provider,
             "p2"
@@ -888,7 +928,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                6000
+                6000,
+                &mut Vec::new(),
             ))
             .key,
             "b"
@@ -913,6 +954,7 @@ mod tests {
                     &FakeView::default(),
                     &mut rr,
                     0,
+                    &mut Vec::new(),
                 ))
                 .key
             })
@@ -944,7 +986,8 @@ mod tests {
                 },
                 &v,
                 &mut rr,
-                1000
+                1000,
+                &mut Vec::new(),
             ),
             Pick::Unavailable {
                 class: Some(Class::RateLimit),
@@ -984,7 +1027,16 @@ mod tests {
         let mut rr = RoundRobin::default();
         let mut counts: HashMap<String, usize> = HashMap::new();
         for _ in 0..400 {
-            let key = chosen(pick(&s, &tier, Request::default(), &v, &mut rr, 0)).key;
+            let key = chosen(pick(
+                &s,
+                &tier,
+                Request::default(),
+                &v,
+                &mut rr,
+                0,
+                &mut Vec::new(),
+            ))
+            .key;
             *counts.entry(key).or_default() += 1;
         }
         let n = |k: &str| counts.get(k).copied().unwrap_or(0);
@@ -1017,11 +1069,7 @@ mod tests {
                 s.generated_at_ms = generated_at_ms;
                 s.providers[0].keys.truncate(1);
             });
-            let mut rr = RoundRobin::default();
-            matches!(
-                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
-                Pick::Lane(_)
-            )
+            picks_a_lane(&s, &only_a, &v, 12_000)
         };
         // A snapshot from before the hold (or within the grace) cannot know of it: the key is out.
         assert!(!keys(9_000));
@@ -1069,11 +1117,7 @@ mod tests {
                     .into_iter()
                     .collect();
             });
-            let mut rr = RoundRobin::default();
-            matches!(
-                pick(&s, &only_a, Request::default(), &v, &mut rr, 12_000),
-                Pick::Lane(_)
-            )
+            picks_a_lane(&s, &only_a, &v, 12_000)
         };
         assert!(!usable(None));
         // A reset of the key, or of its provider, after both holds: usable at once.
@@ -1102,7 +1146,8 @@ mod tests {
                     },
                     &v,
                     &mut rr,
-                    0
+                    0,
+                    &mut Vec::new(),
                 ))
                 .key,
                 "b"
@@ -1116,8 +1161,22 @@ mod tests {
         State::new(2, s)
     }
 
+    fn picks_a_lane(s: &State, tiers: &[Vec<Candidate>], v: &FakeView, now: i64) -> bool {
+        let mut rr = RoundRobin::default();
+        let pick = pick(
+            s,
+            tiers,
+            Request::default(),
+            v,
+            &mut rr,
+            now,
+            &mut Vec::new(),
+        );
+        matches!(pick, Pick::Lane(_))
+    }
+
     fn pick_now(s: &State, v: &FakeView, rr: &mut RoundRobin, now: i64) -> Pick {
-        pick(s, &tiers(), Request::default(), v, rr, now)
+        pick(s, &tiers(), Request::default(), v, rr, now, &mut Vec::new())
     }
 
     #[test]
@@ -1157,7 +1216,7 @@ mod tests {
             ..Request::default()
         };
         assert_eq!(
-            chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000)).provider,
+            chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000, &mut Vec::new())).provider,
             "p2"
         );
     }
@@ -1219,7 +1278,8 @@ mod tests {
                     },
                     &v,
                     &mut rr,
-                    1000
+                    1000,
+                    &mut Vec::new(),
                 ))
                 .key,
                 "b"
@@ -1257,7 +1317,16 @@ mod tests {
         let mut rr = RoundRobin::default();
         for _ in 0..4 {
             assert_eq!(
-                chosen(pick(&s, &tiers(), Request::default(), &Slow, &mut rr, 0)).key,
+                chosen(pick(
+                    &s,
+                    &tiers(),
+                    Request::default(),
+                    &Slow,
+                    &mut rr,
+                    0,
+                    &mut Vec::new()
+                ))
+                .key,
                 "b"
             );
         }
@@ -1297,6 +1366,7 @@ mod tests {
                 &v,
                 rr,
                 0,
+                &mut Vec::new(),
             )
         };
         // After a rate limit the conditional tier (p2) comes before trying p1 again.
@@ -1304,7 +1374,7 @@ mod tests {
         // After a 5xx it is skipped: only p1's lanes (tried already) are left.
         assert_eq!(chosen(next(&mut rr, Some(Class::Transient))).provider, "p1");
         // Never the first attempt.
-        let first = pick(&s, &t, Request::default(), &v, &mut rr, 0);
+        let first = pick(&s, &t, Request::default(), &v, &mut rr, 0, &mut Vec::new());
         assert_eq!(chosen(first).provider, "p1");
     }
 
@@ -1328,22 +1398,58 @@ mod tests {
         };
         // Parked: the next tier carries the calls.
         assert_eq!(
-            chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 10)).provider,
+            chosen(pick(
+                &s,
+                &tiers(),
+                with_interval,
+                &v,
+                &mut rr,
+                10,
+                &mut Vec::new()
+            ))
+            .provider,
             "p2"
         );
         // A call without an interval ignores parking.
         assert_eq!(
-            chosen(pick(&s, &tiers(), Request::default(), &v, &mut rr, 10)).provider,
+            chosen(pick(
+                &s,
+                &tiers(),
+                Request::default(),
+                &v,
+                &mut rr,
+                10,
+                &mut Vec::new()
+            ))
+            .provider,
             "p1"
         );
         // Due: one call probes each parked lane of p1, the next ones stay on p2 for another
         // interval.
         let probes: Vec<LaneId> = (0..2)
-            .map(|i| chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 1_000 + i)))
+            .map(|i| {
+                chosen(pick(
+                    &s,
+                    &tiers(),
+                    with_interval,
+                    &v,
+                    &mut rr,
+                    1_000 + i,
+                    &mut Vec::new(),
+                ))
+            })
             .collect();
         assert!(probes.iter().all(|l| l.provider == "p1"), "{probes:?}");
         assert_ne!(probes[0].key, probes[1].key);
-        let after = chosen(pick(&s, &tiers(), with_interval, &v, &mut rr, 1_002));
+        let after = chosen(pick(
+            &s,
+            &tiers(),
+            with_interval,
+            &v,
+            &mut rr,
+            1_002,
+            &mut Vec::new(),
+        ));
         assert_eq!(after.provider, "p2", "one probe per lane and interval");
     }
 }

@@ -91,6 +91,9 @@ pub struct Plan {
     /// Estimated prompt tokens plus max_tokens, against reported token headroom.
     #[serde(default)]
     pub tokens: u64,
+    /// The client asked for the routing trail on a success too (`x-ai-router-trail: 1`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trail: bool,
     /// The profile the call resolved to (empty: a direct model call), for the reports.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub profile: String,

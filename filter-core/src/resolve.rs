@@ -27,6 +27,8 @@ pub struct Resolved {
     pub profile: Option<String>,
     /// The merged policy's `promptCache` ("5m", "1h"; empty or "off": none).
     pub prompt_cache: String,
+    /// The candidates the request's needs or the policy ruled out, for the routing trail.
+    pub trail: crate::trail::Trail,
 }
 
 /// A named candidate as `families::with_siblings` takes it: name, provider, (weight, index of
@@ -132,6 +134,7 @@ fn candidates_for(
     named: &NamedCandidate,
     policy: &Policy,
     scope: Option<&VirtualKey>,
+    trail: &mut crate::trail::Trail,
 ) -> Vec<Candidate> {
     let (name, provider) = (named.name.as_str(), named.provider.as_deref());
     state
@@ -143,10 +146,10 @@ fn candidates_for(
             if provider.is_some_and(|want| want != p.id) {
                 return None;
             }
-            if !policy.providers.is_empty() && !policy.providers.contains(&p.id) {
-                return None;
-            }
-            if scope.is_some_and(|key| !model_in_scope(key, m)) {
+            if (!policy.providers.is_empty() && !policy.providers.contains(&p.id))
+                || scope.is_some_and(|key| !model_in_scope(key, m))
+            {
+                trail.skip(&p.id, "", &m.id, "not_allowed");
                 return None;
             }
             Some(Candidate {
@@ -163,24 +166,23 @@ fn candidates_for(
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Needs {
     pub capabilities: Vec<Capability>,
-    /// Estimated prompt tokens (four characters a token) plus max_tokens.
+    /// Estimated prompt tokens ([`crate::context::estimate_tokens`]) plus max_tokens.
     pub context_tokens: u64,
     pub prompt_tokens: u64,
     pub max_tokens: u64,
 }
 
-/// Estimated tokens of everything the caller sent: four characters a token.
+/// Estimated tokens of everything the caller sent (CJK text by its own density).
 fn estimate_prompt_tokens(body: &Value, op: Operation) -> u64 {
     let field = match op {
         Operation::Chat => body.get("messages"),
         Operation::Embeddings => body.get("input"),
     };
-    let chars = field.map(|v| v.to_string().chars().count()).unwrap_or(0)
-        + body
-            .get("tools")
-            .map(|v| v.to_string().chars().count())
-            .unwrap_or(0);
-    (chars as u64).div_ceil(4)
+    [field, body.get("tools")]
+        .into_iter()
+        .flatten()
+        .map(|v| crate::context::estimate_tokens(&v.to_string()))
+        .sum()
 }
 
 impl Needs {
@@ -258,20 +260,49 @@ fn capabilities_of(m: &ai_router_proto::v1::Model) -> Vec<Capability> {
     caps
 }
 
-/// Why a candidate cannot serve this request, if it cannot.
-fn unfit(state: &State, c: &Candidate, needs: &Needs, max_cost: Option<f64>) -> Option<String> {
+/// Why a candidate cannot serve this request, if it cannot: the trail's word for it and the
+/// message.
+fn unfit(
+    state: &State,
+    c: &Candidate,
+    needs: &Needs,
+    max_cost: Option<f64>,
+) -> Option<(String, String)> {
     let (_, p) = state.provider(&c.provider)?;
     let Some(m) = p.models.iter().find(|m| m.id == c.model) else {
-        return Some(format!("{} is not served by {}", c.model, c.provider));
+        return Some((
+            "not_served".into(),
+            format!("{} is not served by {}", c.model, c.provider),
+        ));
     };
     let caps = capabilities_of(m);
     if let Some(missing) = needs.capabilities.iter().find(|n| !caps.contains(n)) {
-        return Some(format!("{} does not support {}", m.id, missing.text()));
+        return Some((
+            format!("no_capability:{}", missing.text()),
+            format!("{} does not support {}", m.id, missing.text()),
+        ));
     }
     if m.context_window > 0 && needs.context_tokens > m.context_window {
-        return Some(format!(
-            "{} has a context window of {} tokens; this request needs about {}",
-            m.id, m.context_window, needs.context_tokens
+        return Some((
+            "context_window".into(),
+            format!(
+                "{} has a context window of {} tokens; this request needs about {}",
+                m.id, m.context_window, needs.context_tokens
+            ),
+        ));
+    }
+    // The provider's per-request caps (GitHub Models: 8K in, 4K out), whatever the window.
+    let caps = [
+        (p.max_input_tokens, needs.prompt_tokens, "takes", "sends"),
+        (p.max_output_tokens, needs.max_tokens, "answers", "asks for"),
+    ];
+    if let Some((cap, asked, verb, what)) = caps.iter().find(|(cap, n, ..)| *cap > 0 && n > cap) {
+        return Some((
+            "request_cap".into(),
+            format!(
+                "{} {verb} at most {cap} tokens in one request; this one {what} about {asked}",
+                p.id
+            ),
         ));
     }
     if let (Some(limit), Some(cost)) = (max_cost, m.cost.as_ref()) {
@@ -284,9 +315,12 @@ fn unfit(state: &State, c: &Candidate, needs: &Needs, max_cost: Option<f64>) -> 
         let worst =
             (needs.prompt_tokens as f64 * cost.input + output as f64 * cost.output) / 1_000_000.0;
         if worst > limit {
-            return Some(format!(
-                "{} may cost {worst:.4} for this request, above the budget of {limit}",
-                m.id
+            return Some((
+                "budget".into(),
+                format!(
+                    "{} may cost {worst:.4} for this request, above the budget of {limit}",
+                    m.id
+                ),
             ));
         }
     }
@@ -401,6 +435,7 @@ pub fn resolve_as(
     // is of kind anthropic: such a lane is no candidate for this request.
     let mut anthropic_refusal: Option<Option<String>> = None;
     let selection = state.selection();
+    let mut trail = crate::trail::Trail::default();
     // Each tier's same-family siblings follow it; a sibling keeps the weight and the `when` of
     // the candidate that brought it.
     let whens: Vec<Vec<String>> = tiers_by_name
@@ -435,11 +470,12 @@ pub fn resolve_as(
     for tier in named_tiers {
         let mut out: Vec<Candidate> = Vec::new();
         for named in tier {
-            for c in candidates_for(state, &named, &policy, scope) {
+            for c in candidates_for(state, &named, &policy, scope, &mut trail) {
                 let skip = state
                     .provider(&c.provider)
                     .and_then(|(_, p)| crate::terms::skipped(&selection, p));
                 if let Some(skip) = skip {
+                    trail.skip(&c.provider, "", &c.model, skip.reason());
                     why_not.get_or_insert(format!(
                         "{} on {} is skipped ({}): {}",
                         c.model,
@@ -449,7 +485,8 @@ pub fn resolve_as(
                     ));
                     continue;
                 }
-                if let Some(reason) = unfit(state, &c, &needs, policy.max_cost) {
+                if let Some((code, reason)) = unfit(state, &c, &needs, policy.max_cost) {
+                    trail.skip(&c.provider, "", &c.model, &code);
                     why_not.get_or_insert(reason);
                     continue;
                 }
@@ -464,6 +501,7 @@ pub fn resolve_as(
                             .map(|e| e.message)
                     });
                     if let Some(reason) = refusal {
+                        trail.skip(&c.provider, "", &c.model, "adapter");
                         why_not.get_or_insert(format!(
                             "{} on {} (an Anthropic provider) cannot take it: {reason}",
                             c.model, c.provider
@@ -517,6 +555,7 @@ pub fn resolve_as(
         .unwrap_or(false);
     Ok(Resolved {
         tiers,
+        trail,
         first_choice,
         reset_interval_ms: policy.reset_interval_ms.unwrap_or(0),
         needs,

@@ -11,7 +11,7 @@ use ai_router_filter_core::classify::{
 };
 use serde::Deserialize;
 
-const TABLE_FILES: [(&str, &str); 8] = [
+const TABLE_FILES: [(&str, &str); 18] = [
     (
         "openai",
         include_str!("../../testdata/provider-errors/openai.yaml"),
@@ -43,6 +43,46 @@ const TABLE_FILES: [(&str, &str); 8] = [
     (
         "openai-compatible",
         include_str!("../../testdata/provider-errors/openai-compatible.yaml"),
+    ),
+    (
+        "mistral",
+        include_str!("../../testdata/provider-errors/mistral.yaml"),
+    ),
+    (
+        "cerebras",
+        include_str!("../../testdata/provider-errors/cerebras.yaml"),
+    ),
+    (
+        "kimi",
+        include_str!("../../testdata/provider-errors/kimi.yaml"),
+    ),
+    (
+        "github",
+        include_str!("../../testdata/provider-errors/github.yaml"),
+    ),
+    (
+        "nvidia",
+        include_str!("../../testdata/provider-errors/nvidia.yaml"),
+    ),
+    (
+        "sambanova",
+        include_str!("../../testdata/provider-errors/sambanova.yaml"),
+    ),
+    (
+        "cloudflare",
+        include_str!("../../testdata/provider-errors/cloudflare.yaml"),
+    ),
+    (
+        "cohere",
+        include_str!("../../testdata/provider-errors/cohere.yaml"),
+    ),
+    (
+        "siliconflow",
+        include_str!("../../testdata/provider-errors/siliconflow.yaml"),
+    ),
+    (
+        "zai",
+        include_str!("../../testdata/provider-errors/zai.yaml"),
     ),
 ];
 
@@ -91,6 +131,8 @@ struct Moment {
     now_ms: i64,
     next_utc_midnight_ms: i64,
     next_pacific_midnight_ms: i64,
+    /// 00:00 in China (UTC+8, no summer time): 16:00 UTC.
+    next_china_midnight_ms: i64,
     first_of_next_month: &'static str,
     first_of_next_month_ms: i64,
 }
@@ -102,6 +144,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_772_956_740_000,
         next_utc_midnight_ms: 1_773_014_400_000,
         next_pacific_midnight_ms: 1_772_956_800_000,
+        next_china_midnight_ms: 1_773_014_400_000 - 8 * 3_600_000,
         first_of_next_month: "2026-04-01",
         first_of_next_month_ms: 1_775_001_600_000,
     },
@@ -111,6 +154,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_772_963_940_000,
         next_utc_midnight_ms: 1_773_014_400_000,
         next_pacific_midnight_ms: 1_773_039_600_000,
+        next_china_midnight_ms: 1_773_014_400_000 - 8 * 3_600_000,
         first_of_next_month: "2026-04-01",
         first_of_next_month_ms: 1_775_001_600_000,
     },
@@ -120,6 +164,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_772_964_000_000,
         next_utc_midnight_ms: 1_773_014_400_000,
         next_pacific_midnight_ms: 1_773_039_600_000,
+        next_china_midnight_ms: 1_773_014_400_000 - 8 * 3_600_000,
         first_of_next_month: "2026-04-01",
         first_of_next_month_ms: 1_775_001_600_000,
     },
@@ -129,6 +174,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_784_098_799_000,
         next_utc_midnight_ms: 1_784_160_000_000,
         next_pacific_midnight_ms: 1_784_098_800_000,
+        next_china_midnight_ms: 1_784_160_000_000 - 8 * 3_600_000,
         first_of_next_month: "2026-08-01",
         first_of_next_month_ms: 1_785_542_400_000,
     },
@@ -138,6 +184,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_793_516_399_000,
         next_utc_midnight_ms: 1_793_577_600_000,
         next_pacific_midnight_ms: 1_793_516_400_000,
+        next_china_midnight_ms: 1_793_577_600_000 - 8 * 3_600_000,
         first_of_next_month: "2026-12-01",
         first_of_next_month_ms: 1_796_083_200_000,
     },
@@ -147,6 +194,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_793_521_800_000,
         next_utc_midnight_ms: 1_793_577_600_000,
         next_pacific_midnight_ms: 1_793_606_400_000,
+        next_china_midnight_ms: 1_793_577_600_000 - 8 * 3_600_000,
         first_of_next_month: "2026-12-01",
         first_of_next_month_ms: 1_796_083_200_000,
     },
@@ -156,6 +204,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_793_525_400_000,
         next_utc_midnight_ms: 1_793_577_600_000,
         next_pacific_midnight_ms: 1_793_606_400_000,
+        next_china_midnight_ms: 1_793_577_600_000 - 8 * 3_600_000,
         first_of_next_month: "2026-12-01",
         first_of_next_month_ms: 1_796_083_200_000,
     },
@@ -165,6 +214,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_798_759_800_000,
         next_utc_midnight_ms: 1_798_761_600_000,
         next_pacific_midnight_ms: 1_798_790_400_000,
+        next_china_midnight_ms: 1_798_761_600_000 + 16 * 3_600_000,
         first_of_next_month: "2027-01-01",
         first_of_next_month_ms: 1_798_761_600_000,
     },
@@ -174,6 +224,7 @@ const MOMENTS: [Moment; 9] = [
         now_ms: 1_802_692_800_000,
         next_utc_midnight_ms: 1_802_736_000_000,
         next_pacific_midnight_ms: 1_802_764_800_000,
+        next_china_midnight_ms: 1_802_736_000_000 - 8 * 3_600_000,
         first_of_next_month: "2027-03-01",
         first_of_next_month_ms: 1_803_859_200_000,
     },
@@ -189,6 +240,10 @@ impl Moment {
             .replace(
                 "{next_pacific_midnight_ms}",
                 &self.next_pacific_midnight_ms.to_string(),
+            )
+            .replace(
+                "{next_china_midnight_ms}",
+                &self.next_china_midnight_ms.to_string(),
             )
             .replace(
                 "{first_of_next_month_ms}",

@@ -24,6 +24,7 @@ impl From<Class> for ErrorClass {
             Class::Cancelled => Self::Cancelled,
             Class::Deadline => Self::Deadline,
             Class::Mismatch => Self::Mismatch,
+            Class::ContextLength => Self::ContextLength,
         }
     }
 }
@@ -44,6 +45,7 @@ impl ErrorClass {
             Self::Cancelled => Class::Cancelled,
             Self::Deadline => Class::Deadline,
             Self::Mismatch => Class::Mismatch,
+            Self::ContextLength => Class::ContextLength,
         })
     }
 
@@ -90,6 +92,35 @@ impl ProviderKind {
             Self::Gemini => "gemini",
             Self::Groq => "groq",
             Self::OpenaiCompatible => "openai-compatible",
+            Self::Mistral => "mistral",
+            Self::Cerebras => "cerebras",
+            Self::Kimi => "kimi",
+            Self::Github => "github",
+            Self::Nvidia => "nvidia",
+            Self::Sambanova => "sambanova",
+            Self::Cloudflare => "cloudflare",
+            Self::Cohere => "cohere",
+            Self::Siliconflow => "siliconflow",
+            Self::Zai => "zai",
+        }
+    }
+}
+
+impl From<ai_router_contract::kinds::RateLimitWindow> for crate::v1::RateLimitWindow {
+    fn from(window: ai_router_contract::kinds::RateLimitWindow) -> Self {
+        match window {
+            ai_router_contract::kinds::RateLimitWindow::Minute => Self::Minute,
+            ai_router_contract::kinds::RateLimitWindow::Day => Self::Day,
+        }
+    }
+}
+
+impl crate::v1::RateLimitWindow {
+    /// The contract's window; a minute when unspecified (the OpenAI convention).
+    pub fn window(self) -> ai_router_contract::kinds::RateLimitWindow {
+        match self {
+            Self::Day => ai_router_contract::kinds::RateLimitWindow::Day,
+            Self::Unspecified | Self::Minute => ai_router_contract::kinds::RateLimitWindow::Minute,
         }
     }
 }
@@ -264,9 +295,12 @@ impl FallbackTrigger {
             Class::Quota => Self::Quota,
             Class::Auth => Self::Auth,
             Class::Transient | Class::Network | Class::Stream => Self::ProviderError,
-            Class::InvalidRequest | Class::Cancelled | Class::Deadline | Class::Mismatch => {
-                return None
-            }
+            // A prompt too long for the lane moves on by its own rule (a larger lane only).
+            Class::ContextLength
+            | Class::InvalidRequest
+            | Class::Cancelled
+            | Class::Deadline
+            | Class::Mismatch => return None,
         })
     }
 }

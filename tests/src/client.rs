@@ -220,7 +220,7 @@ impl Client {
             .await
     }
 
-    /// Any request with extra headers.
+    /// [`Client::request`] with extra request headers.
     pub async fn request_with_headers(
         &self,
         method: reqwest::Method,

@@ -454,6 +454,15 @@ impl Pool {
             .map(|(_, v)| v.as_str())
     }
 
+    /// The secret the control plane holds in variable `var` (empty when it holds none).
+    pub fn secret_in(&self, var: &str) -> String {
+        self.cp_env
+            .iter()
+            .find(|(k, _)| k == var)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
     /// Replaces Envoy with a fresh one (no memory of earlier calls) synced to the control plane.
     pub async fn restart_envoy(&mut self) -> Result<()> {
         let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];

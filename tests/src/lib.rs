@@ -115,6 +115,11 @@ pub mod script {
         )
     }
 
+    /// One of the mock's real provider error answers, `<kind>.<case>`.
+    pub fn provider_error(name: &str) -> Value {
+        json!({ "providerError": name })
+    }
+
     /// An HTTP status with headers and, if given, a JSON body.
     pub fn status(status: u16, headers: Value, body: Option<Value>) -> Value {
         let mut r = json!({ "status": status, "headers": headers });

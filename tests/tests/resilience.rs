@@ -255,6 +255,82 @@ async fn every_other_kinds_errors_are_classified_per_the_resilience_table() {
     .await;
 }
 
+/// The free-tier kinds: each one's real error bodies, a context-length answer included (with
+/// no larger lane it stops the call like any other 400), and Gemini's refused key type, which
+/// puts the key out for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_free_tier_kinds_errors_are_classified_per_the_resilience_table() {
+    use Expect::*;
+    check_classification(
+        "classify_free_tier_kinds",
+        &[
+            ("mistral", "rate_limited", RetryAtOnce),
+            ("mistral", "quota_exhausted", KeyOut),
+            ("mistral", "invalid_key", KeyOut),
+            ("mistral", "overloaded", Transient),
+            ("mistral", "bad_request", Invalid(400)),
+            ("mistral", "context_length", Invalid(400)),
+            ("cerebras", "rate_limited", RetryAtOnce),
+            ("cerebras", "quota_exhausted", KeyOut),
+            ("cerebras", "invalid_key", KeyOut),
+            ("cerebras", "overloaded", Transient),
+            ("cerebras", "bad_request", Invalid(400)),
+            ("cerebras", "context_length", Invalid(400)),
+            ("kimi", "rate_limited", RetryAtOnce),
+            ("kimi", "quota_exhausted", KeyOut),
+            ("kimi", "invalid_key", KeyOut),
+            ("kimi", "overloaded", Transient),
+            ("kimi", "bad_request", Invalid(400)),
+            ("kimi", "context_length", Invalid(400)),
+            ("github", "rate_limited", RetryAtOnce),
+            ("github", "quota_exhausted", KeyOut),
+            ("github", "invalid_key", KeyOut),
+            ("github", "overloaded", Transient),
+            ("github", "bad_request", Invalid(400)),
+            ("github", "context_length", Invalid(413)),
+            ("nvidia", "rate_limited", RetryAtOnce),
+            ("nvidia", "quota_exhausted", KeyOut),
+            ("nvidia", "invalid_key", KeyOut),
+            ("nvidia", "overloaded", Transient),
+            ("nvidia", "bad_request", Invalid(400)),
+            ("nvidia", "context_length", Invalid(400)),
+            ("sambanova", "rate_limited", RetryAtOnce),
+            ("sambanova", "quota_exhausted", KeyOut),
+            ("sambanova", "invalid_key", KeyOut),
+            ("sambanova", "overloaded", Transient),
+            ("sambanova", "bad_request", Invalid(400)),
+            ("sambanova", "context_length", Invalid(400)),
+            ("cloudflare", "rate_limited", RetryAtOnce),
+            ("cloudflare", "quota_exhausted", KeyOut),
+            ("cloudflare", "invalid_key", KeyOut),
+            ("cloudflare", "overloaded", Transient),
+            ("cloudflare", "bad_request", Invalid(400)),
+            ("cloudflare", "context_length", Invalid(400)),
+            ("cohere", "rate_limited", RetryAtOnce),
+            ("cohere", "quota_exhausted", KeyOut),
+            ("cohere", "invalid_key", KeyOut),
+            ("cohere", "overloaded", Transient),
+            ("cohere", "bad_request", Invalid(400)),
+            ("cohere", "context_length", Invalid(400)),
+            ("siliconflow", "rate_limited", RetryAtOnce),
+            ("siliconflow", "quota_exhausted", KeyOut),
+            ("siliconflow", "invalid_key", KeyOut),
+            ("siliconflow", "overloaded", Transient),
+            ("siliconflow", "bad_request", Invalid(400)),
+            ("siliconflow", "context_length", Invalid(400)),
+            ("zai", "rate_limited", RetryAtOnce),
+            ("zai", "quota_exhausted", KeyOut),
+            ("zai", "invalid_key", KeyOut),
+            ("zai", "overloaded", Transient),
+            ("zai", "bad_request", Invalid(400)),
+            ("zai", "context_length", Invalid(400)),
+            ("gemini", "unsupported_key_type", KeyOut),
+            ("qwen", "free_daily", KeyOut),
+        ],
+    )
+    .await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Single rows, breakers, waits and the final error mapping
 

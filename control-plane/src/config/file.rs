@@ -136,6 +136,16 @@ pub enum ProviderKind {
     Gemini,
     Groq,
     OpenaiCompatible,
+    Mistral,
+    Cerebras,
+    Kimi,
+    Github,
+    Nvidia,
+    Sambanova,
+    Cloudflare,
+    Cohere,
+    Siliconflow,
+    Zai,
 }
 
 impl From<ProviderKind> for ai_router_proto::v1::ProviderKind {
@@ -149,6 +159,16 @@ impl From<ProviderKind> for ai_router_proto::v1::ProviderKind {
             ProviderKind::Gemini => Self::Gemini,
             ProviderKind::Groq => Self::Groq,
             ProviderKind::OpenaiCompatible => Self::OpenaiCompatible,
+            ProviderKind::Mistral => Self::Mistral,
+            ProviderKind::Cerebras => Self::Cerebras,
+            ProviderKind::Kimi => Self::Kimi,
+            ProviderKind::Github => Self::Github,
+            ProviderKind::Nvidia => Self::Nvidia,
+            ProviderKind::Sambanova => Self::Sambanova,
+            ProviderKind::Cloudflare => Self::Cloudflare,
+            ProviderKind::Cohere => Self::Cohere,
+            ProviderKind::Siliconflow => Self::Siliconflow,
+            ProviderKind::Zai => Self::Zai,
         }
     }
 }
@@ -159,6 +179,8 @@ impl ProviderKind {
         ai_router_proto::v1::ProviderKind::from(self).text()
     }
 
+    /// The kind's own endpoint; Cloudflare's hangs from the account
+    /// ([`CLOUDFLARE_BASE_URL`]), openai-compatible has none.
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Self::Openai => Some("https://api.openai.com/v1"),
@@ -168,7 +190,16 @@ impl ProviderKind {
             Self::Deepseek => Some("https://api.deepseek.com/v1"),
             Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
             Self::Groq => Some("https://api.groq.com/openai/v1"),
-            Self::OpenaiCompatible => None,
+            Self::Mistral => Some("https://api.mistral.ai/v1"),
+            Self::Cerebras => Some("https://api.cerebras.ai/v1"),
+            Self::Kimi => Some("https://api.moonshot.ai/v1"),
+            Self::Github => Some("https://models.github.ai/inference"),
+            Self::Nvidia => Some("https://integrate.api.nvidia.com/v1"),
+            Self::Sambanova => Some("https://api.sambanova.ai/v1"),
+            Self::Cohere => Some("https://api.cohere.ai/compatibility/v1"),
+            Self::Siliconflow => Some("https://api.siliconflow.com/v1"),
+            Self::Zai => Some("https://api.z.ai/api/paas/v4"),
+            Self::Cloudflare | Self::OpenaiCompatible => None,
         }
     }
 
@@ -181,9 +212,50 @@ impl ProviderKind {
     }
 
     pub fn supports_embeddings(self) -> bool {
-        !matches!(self, Self::Anthropic | Self::Deepseek | Self::Groq)
+        !matches!(
+            self,
+            Self::Anthropic | Self::Deepseek | Self::Groq | Self::Cerebras | Self::Kimi | Self::Zai
+        )
+    }
+
+    /// The environment prefix the kind's keys go by (`keysFromEnv`): `<PREFIX>_API_KEY`..., or
+    /// for a prefix that names a whole variable (`GITHUB_TOKEN`) that variable and its twins.
+    pub fn env_prefix(self) -> Option<&'static str> {
+        Some(match self {
+            Self::Anthropic => "ANTHROPIC",
+            Self::Openrouter => "OPENROUTER",
+            Self::Qwen => "DASHSCOPE",
+            Self::Deepseek => "DEEPSEEK",
+            Self::Openai => "OPENAI",
+            Self::Gemini => "GEMINI",
+            Self::Groq => "GROQ",
+            Self::Mistral => "MISTRAL",
+            Self::Cerebras => "CEREBRAS",
+            Self::Kimi => "KIMI",
+            Self::Github => "GITHUB_TOKEN",
+            Self::Nvidia => "NVIDIA",
+            Self::Sambanova => "SAMBANOVA",
+            Self::Cloudflare => "CLOUDFLARE",
+            Self::Cohere => "COHERE",
+            Self::Siliconflow => "SILICONFLOW",
+            Self::Zai => "ZAI",
+            Self::OpenaiCompatible => return None,
+        })
+    }
+
+    /// Other prefixes whose keys a provider of this kind also takes under `keysFromEnv`: Qwen's
+    /// keys are as often exported as `QWEN_API_KEY` as under DashScope's name.
+    pub fn env_prefix_aliases(self) -> &'static [&'static str] {
+        match self {
+            Self::Qwen => &["QWEN"],
+            _ => &[],
+        }
     }
 }
+
+/// Cloudflare Workers AI's OpenAI endpoint, under the account (`accountId`).
+pub const CLOUDFLARE_BASE_URL: &str =
+    "https://api.cloudflare.com/client/v4/accounts/{accountId}/ai/v1";
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -210,6 +282,30 @@ pub struct ProviderConfig {
     pub limits: Option<LimitsConfig>,
     /// Overrides of what the kind table says of the provider's terms.
     pub terms: Option<TermsConfig>,
+    /// Cloudflare: the account whose Workers AI endpoint is the base URL.
+    pub account_id: Option<String>,
+    /// Overrides the kind's per-request caps (`config::facts`).
+    pub per_request_caps: Option<PerRequestCapsConfig>,
+    /// Overrides the zone the kind's daily quotas reset in; `rolling` for none.
+    pub daily_reset_timezone: Option<String>,
+    /// Overrides what the kind's rate-limit headers count over.
+    pub rate_limit_headers: Option<RateLimitHeadersConfig>,
+}
+
+/// `providers[].perRequestCaps`: tokens one request may send and ask for; 0 lifts a cap.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PerRequestCapsConfig {
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
+/// `providers[].rateLimitHeaders`: `minute` or `day` for `x-ratelimit-*-requests` and `-tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateLimitHeadersConfig {
+    pub requests: Option<String>,
+    pub tokens: Option<String>,
 }
 
 /// A provider's terms, each field overriding the kind table's (`control-plane/data/terms.yaml`).

@@ -16,6 +16,7 @@
 pub mod budgets;
 pub mod catalog;
 mod error;
+pub mod facts;
 mod file;
 mod keys_from_env;
 mod load;
@@ -42,7 +43,7 @@ pub use file::{
     StoreConfig, StoreType, TelemetryConfig, TermsConfig, TierConfig, TriggerConfig,
     DEFAULT_CAPABILITIES,
 };
-pub use keys_from_env::keys_from_env;
+pub use keys_from_env::{keys_from_env, keys_from_env_prefixes};
 pub use load::{base_dir_of, load, parse, read, resolve_at};
 pub use model::{
     BackoffConfig, BreakerConfig, Config, ControlPlane, Endpoint, Gateway, KeyRef, ListenerLimits,

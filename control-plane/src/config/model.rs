@@ -157,6 +157,8 @@ pub struct Provider {
     pub terms: Option<crate::config::file::TermsConfig>,
     /// Where each model's `cost` came from, by model id.
     pub price_sources: BTreeMap<String, crate::config::prices::PriceSource>,
+    /// The kind's facts with the config's overrides.
+    pub facts: crate::config::facts::ProviderFacts,
 }
 
 impl Provider {

@@ -12,8 +12,9 @@ use crate::config::error::{invalid, ConfigError};
 use crate::config::file::{
     BackoffFileConfig, BreakerFileConfig, Capability, FileConfig, GatewayConfig, PolicyConfig,
     ProviderConfig, ProviderKind, SelectionConfig, StoreConfig, StoreType, TierConfig,
+    CLOUDFLARE_BASE_URL,
 };
-use crate::config::keys_from_env::keys_from_env;
+use crate::config::keys_from_env::keys_from_env_prefixes;
 use crate::config::model::{
     BackoffConfig, BreakerConfig, Config, ControlPlane, Endpoint, Gateway, KeyRef, ListenerLimits,
     MountedKey, PoolNames, Provider, ResilienceConfig, StoreSpec,
@@ -350,6 +351,29 @@ impl BackoffFileConfig {
     }
 }
 
+/// Cloudflare's base URL from its account: `accountId`, else `<PREFIX>_ACCOUNT_ID`.
+fn cloudflare_base_url(
+    path: &str,
+    raw: &ProviderConfig,
+    prefix: Option<&str>,
+    env: &dyn Env,
+) -> Result<Option<String>, ConfigError> {
+    let account = raw.account_id.clone().or_else(|| {
+        prefix
+            .and_then(|p| env.var(&format!("{p}_ACCOUNT_ID")))
+            .filter(|v| !v.trim().is_empty())
+    });
+    let Some(account) = account.map(|a| a.trim().to_owned()) else {
+        return Ok(None);
+    };
+    if account.is_empty() || !account.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(invalid(format!(
+            "{path}.accountId: `{account}` is not a Cloudflare account id (letters and digits)"
+        )));
+    }
+    Ok(Some(CLOUDFLARE_BASE_URL.replace("{accountId}", &account)))
+}
+
 fn resolve_provider(
     path: &str,
     raw: &ProviderConfig,
@@ -382,16 +406,31 @@ fn resolve_provider(
         .map(|p| format!("{p}_BASE_URL"))
         .and_then(|var| Some(var.clone()).zip(env.var(&var)))
         .filter(|(_, v)| !v.trim().is_empty());
-    let (base_url, base_url_from) = match (&raw.base_url, env_base_url, kind.default_base_url()) {
+    let kind_base_url = match kind {
+        ProviderKind::Cloudflare => cloudflare_base_url(path, raw, prefix, env)?,
+        _ => kind.default_base_url().map(str::to_owned),
+    };
+    let (base_url, base_url_from) = match (&raw.base_url, env_base_url, kind_base_url) {
         (Some(url), _, _) => (url.clone(), format!("{path}.baseUrl")),
         (None, Some((var, url)), _) => (url, var),
-        (None, None, Some(url)) => (url.to_owned(), format!("the {} default", kind.as_str())),
+        (None, None, Some(url)) => (url, format!("the {} default", kind.as_str())),
+        (None, None, None) if kind == ProviderKind::Cloudflare => {
+            return Err(invalid(format!(
+                "{path}.accountId: kind cloudflare needs its account (accountId, \
+                 <PREFIX>_ACCOUNT_ID) or a baseUrl"
+            )))
+        }
         (None, None, None) => {
             return Err(invalid(format!(
                 "{path}.baseUrl: required for kind openai-compatible"
             )))
         }
     };
+    if raw.account_id.is_some() && kind != ProviderKind::Cloudflare {
+        return Err(invalid(format!(
+            "{path}.accountId: only kind cloudflare has an account in its URL"
+        )));
+    }
     let endpoint =
         parse_base_url(base_url.trim()).map_err(|e| invalid(format!("{path}.baseUrl: {e}")))?;
 
@@ -464,7 +503,16 @@ fn resolve_provider(
         } else {
             kind.as_str()
         };
-        for key in keys_from_env(prefix, alias_base, env) {
+        // The kind's own prefix brings the other names its keys go by (QWEN for DASHSCOPE).
+        let mut prefixes = vec![prefix];
+        if kind.env_prefix() == Some(prefix) || kind.env_prefix_aliases().contains(&prefix) {
+            prefixes.extend(
+                kind.env_prefix()
+                    .into_iter()
+                    .chain(kind.env_prefix_aliases().iter().copied()),
+            );
+        }
+        for key in keys_from_env_prefixes(&prefixes, alias_base, env) {
             if !keys.iter().any(|k: &KeyRef| k.alias == key.alias) {
                 keys.push(key);
             }
@@ -527,6 +575,7 @@ fn resolve_provider(
         check_family(&mpath, model)?;
     }
 
+    let facts = crate::config::facts::resolve_facts(path, kind, raw)?;
     Ok(Provider {
         id,
         kind,
@@ -546,6 +595,7 @@ fn resolve_provider(
         limits: raw.limits,
         terms: raw.terms.clone(),
         price_sources: BTreeMap::new(),
+        facts,
     })
 }
 

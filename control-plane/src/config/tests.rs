@@ -282,6 +282,20 @@ fn kind_defaults() -> Result<(), String> {
         ),
         ("groq", "api.groq.com", "/openai/v1", "authorization"),
         ("deepseek", "api.deepseek.com", "/v1", "authorization"),
+        ("mistral", "api.mistral.ai", "/v1", "authorization"),
+        ("cerebras", "api.cerebras.ai", "/v1", "authorization"),
+        ("kimi", "api.moonshot.ai", "/v1", "authorization"),
+        ("github", "models.github.ai", "/inference", "authorization"),
+        ("nvidia", "integrate.api.nvidia.com", "/v1", "authorization"),
+        ("sambanova", "api.sambanova.ai", "/v1", "authorization"),
+        (
+            "cohere",
+            "api.cohere.ai",
+            "/compatibility/v1",
+            "authorization",
+        ),
+        ("siliconflow", "api.siliconflow.com", "/v1", "authorization"),
+        ("zai", "api.z.ai", "/api/paas/v4", "authorization"),
     ];
     for (kind, authority, base_path, auth) in cases {
         let text =
@@ -295,13 +309,77 @@ fn kind_defaults() -> Result<(), String> {
         assert_eq!(p.keys[0].alias, format!("{kind}-1"));
     }
     let message = err(
-        "providers:\n  - { kind: mistral, keysFromEnv: A, models: [{ id: m }] }\n",
+        "providers:\n  - { kind: bedrock, keysFromEnv: A, models: [{ id: m }] }\n",
         &env,
     );
     assert!(
-        message.starts_with("providers[0].kind: unknown variant `mistral`"),
+        message.starts_with("providers[0].kind: unknown variant `bedrock`"),
         "{message}"
     );
+    Ok(())
+}
+
+#[test]
+fn cloudflare_builds_its_base_url_from_the_account() -> Result<(), String> {
+    let env = MapEnv::new([
+        ("CLOUDFLARE_API_KEY", "cf-1"),
+        ("CLOUDFLARE_ACCOUNT_ID", "f00d42"),
+    ]);
+    let config = resolve(
+        "providers:\n  - { kind: cloudflare, accountId: abc123, keysFromEnv: CLOUDFLARE, models: [{ id: m }] }\n",
+        &env,
+    )?;
+    let p = &config.providers[0];
+    assert_eq!(p.endpoint.authority, "api.cloudflare.com");
+    assert_eq!(p.endpoint.base_path, "/client/v4/accounts/abc123/ai/v1");
+    // The account from <PREFIX>_ACCOUNT_ID.
+    let config = resolve(
+        "providers:\n  - { kind: cloudflare, keysFromEnv: CLOUDFLARE, models: [{ id: m }] }\n",
+        &env,
+    )?;
+    assert_eq!(
+        config.providers[0].endpoint.base_path,
+        "/client/v4/accounts/f00d42/ai/v1"
+    );
+    let none = MapEnv::new([("CLOUDFLARE_API_KEY", "cf-1")]);
+    for (provider, env, says) in [
+        ("kind: cloudflare", &none, "providers[0].accountId"),
+        ("kind: openai, accountId: abc", &env, "only kind cloudflare"),
+        (
+            "kind: cloudflare, accountId: 'a/b'",
+            &env,
+            "not a Cloudflare account id",
+        ),
+    ] {
+        let text = format!(
+            "providers:\n  - {{ {provider}, keysFromEnv: CLOUDFLARE, models: [{{ id: m }}] }}\n"
+        );
+        let message = err(&text, env);
+        assert!(message.contains(says), "{provider}: {message}");
+    }
+    Ok(())
+}
+
+#[test]
+fn github_reads_github_token_and_qwen_also_qwen_api_key() -> Result<(), String> {
+    let env = MapEnv::new([
+        ("GITHUB_TOKEN", "ghp-1"),
+        ("DASHSCOPE_API_KEY", "sk-d"),
+        ("QWEN_API_KEY", "sk-q"),
+    ]);
+    let config = resolve(
+        "providers:\n  - { kind: github, keysFromEnv: GITHUB_TOKEN, models: [{ id: m }] }\n  - { kind: qwen, keysFromEnv: DASHSCOPE, models: [{ id: m }] }\n",
+        &env,
+    )?;
+    let aliases = |i: usize| -> Vec<String> {
+        config.providers[i]
+            .keys
+            .iter()
+            .map(|k| k.alias.clone())
+            .collect()
+    };
+    assert_eq!(aliases(0), ["github-1"]);
+    assert_eq!(aliases(1), ["qwen-1", "qwen-2"]);
     Ok(())
 }
 

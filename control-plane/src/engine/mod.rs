@@ -676,8 +676,11 @@ impl Engine {
                         continue;
                     }
                     let (reason, until) = if class == ErrorClass::Auth {
+                        let for_good = attempt.provider_code
+                            == ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
                         let until = resilience
                             .auth_disable_ms
+                            .filter(|_| !for_good)
                             .map_or(0, |d| now.saturating_add(ms(d)));
                         (BlacklistReason::Auth, until)
                     } else {
@@ -1432,6 +1435,11 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
         weight: p.weight,
         max_concurrency: p.max_concurrency.unwrap_or(0),
         default_max_tokens: p.default_max_tokens,
+        max_input_tokens: p.facts.max_input_tokens,
+        max_output_tokens: p.facts.max_output_tokens,
+        daily_reset_zone: p.facts.daily_reset.map(|z| z.text()).unwrap_or_default(),
+        requests_window: pb::RateLimitWindow::from(p.facts.requests_window).into(),
+        tokens_window: pb::RateLimitWindow::from(p.facts.tokens_window).into(),
         keys: p
             .keys
             .iter()
@@ -1836,6 +1844,36 @@ profiles:
             .key_health
             .iter()
             .all(|h| h.key != "openai-2"));
+        Ok(())
+    }
+
+    #[test]
+    fn an_unsupported_key_type_is_out_until_its_secret_changes_whatever_auth_disable_ms_says(
+    ) -> Result<(), String> {
+        let f = fixture(&POOL.replace(
+            "rateLimitCooldownMs: 5000",
+            "rateLimitCooldownMs: 5000, authDisableMs: 1000",
+        ))?;
+        let mut refused = attempt("openai", "openai-2", "auth");
+        refused.provider_code = ai_router_contract::failure::UNSUPPORTED_KEY_TYPE.into();
+        let (_, events) = f.engine.apply_report(&batch(vec![refused]));
+        let entry = snapshot(&f.engine)
+            .key_health
+            .into_iter()
+            .find(|h| h.key == "openai-2")
+            .unwrap_or_default();
+        assert_eq!(entry.until_ms, 0);
+        assert_eq!(entry.refused_fingerprint, fingerprint("sk-two"));
+        assert!(
+            events.iter().any(|e| matches!(e, EngineEvent::KeyDisabled { code: Some(c), until_ms: 0, .. } if c == "unsupported_key_type")),
+            "{events:?}"
+        );
+        f.clock.0.store(10_000_000, Ordering::SeqCst);
+        f.engine.expire();
+        assert!(snapshot(&f.engine)
+            .key_health
+            .iter()
+            .any(|h| h.key == "openai-2"));
         Ok(())
     }
 

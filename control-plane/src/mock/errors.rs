@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// The provider kinds of the pool.
-pub const PROVIDER_KINDS: [&str; 8] = [
+pub const PROVIDER_KINDS: [&str; 18] = [
     "openai",
     "anthropic",
     "openrouter",
@@ -29,6 +29,16 @@ pub const PROVIDER_KINDS: [&str; 8] = [
     "gemini",
     "groq",
     "openai-compatible",
+    "mistral",
+    "cerebras",
+    "kimi",
+    "github",
+    "nvidia",
+    "sambanova",
+    "cloudflare",
+    "cohere",
+    "siliconflow",
+    "zai",
 ];
 
 /// The cases every kind answers.
@@ -41,7 +51,7 @@ pub const ERROR_CASES: [&str; 5] = [
 ];
 
 /// The table's files, one per kind, in [`PROVIDER_KINDS`] order.
-const TABLE_FILES: [(&str, &str); 8] = [
+const TABLE_FILES: [(&str, &str); 18] = [
     (
         "openai",
         include_str!("../../../testdata/provider-errors/openai.yaml"),
@@ -73,6 +83,46 @@ const TABLE_FILES: [(&str, &str); 8] = [
     (
         "openai-compatible",
         include_str!("../../../testdata/provider-errors/openai-compatible.yaml"),
+    ),
+    (
+        "mistral",
+        include_str!("../../../testdata/provider-errors/mistral.yaml"),
+    ),
+    (
+        "cerebras",
+        include_str!("../../../testdata/provider-errors/cerebras.yaml"),
+    ),
+    (
+        "kimi",
+        include_str!("../../../testdata/provider-errors/kimi.yaml"),
+    ),
+    (
+        "github",
+        include_str!("../../../testdata/provider-errors/github.yaml"),
+    ),
+    (
+        "nvidia",
+        include_str!("../../../testdata/provider-errors/nvidia.yaml"),
+    ),
+    (
+        "sambanova",
+        include_str!("../../../testdata/provider-errors/sambanova.yaml"),
+    ),
+    (
+        "cloudflare",
+        include_str!("../../../testdata/provider-errors/cloudflare.yaml"),
+    ),
+    (
+        "cohere",
+        include_str!("../../../testdata/provider-errors/cohere.yaml"),
+    ),
+    (
+        "siliconflow",
+        include_str!("../../../testdata/provider-errors/siliconflow.yaml"),
+    ),
+    (
+        "zai",
+        include_str!("../../../testdata/provider-errors/zai.yaml"),
     ),
 ];
 

@@ -1,0 +1,118 @@
+//! How big a request is and how big a lane is: the token estimate the front stage cuts
+//! candidates with (context windows, per-request caps, budgets), and the size a context-length
+//! failure compares lanes by.
+
+use ai_router_proto::v1::{Model, Provider};
+
+/// Estimated tokens of a text, without a tokenizer: about four characters a token for
+/// alphabetic scripts, and one token a character for CJK (Han, kana, Hangul), which tokenizers
+/// split far finer. Over-estimating CJK is the safe side: a lane cut for a prompt that would
+/// have fitted costs a fallback, a prompt sent past a window costs an attempt.
+pub fn estimate_tokens(text: &str) -> u64 {
+    let (mut dense, mut other) = (0u64, 0u64);
+    for c in text.chars() {
+        if is_cjk(c) {
+            dense += 1;
+        } else {
+            other += 1;
+        }
+    }
+    dense + other.div_ceil(4)
+}
+
+fn is_cjk(c: char) -> bool {
+    matches!(c as u32,
+        0x3040..=0x30FF      // hiragana, katakana
+        | 0x3100..=0x312F    // bopomofo
+        | 0x31F0..=0x31FF    // katakana extensions
+        | 0x3400..=0x4DBF    // CJK extension A
+        | 0x4E00..=0x9FFF    // CJK unified ideographs
+        | 0xAC00..=0xD7AF    // Hangul syllables
+        | 0xF900..=0xFAFF    // CJK compatibility ideographs
+        | 0xFF66..=0xFF9F    // half-width katakana
+        | 0x20000..=0x2FA1F  // CJK extensions B-F, compatibility supplement
+    )
+}
+
+/// The prompt tokens a lane takes: its model's `contextWindow` and its provider's per-request
+/// input cap, the smaller of those set; `None` when neither is.
+pub fn lane_capacity(provider: &Provider, model: &Model) -> Option<u64> {
+    [model.context_window, provider.max_input_tokens]
+        .into_iter()
+        .filter(|n| *n > 0)
+        .min()
+}
+
+/// Whether a lane may take a call whose lane of `failed_capacity` answered that the prompt is
+/// too long: only a lane known to take more.
+pub fn larger_than(capacity: Option<u64>, failed_capacity: Option<u64>) -> bool {
+    match (capacity, failed_capacity) {
+        (Some(c), Some(f)) => c > f,
+        // The failed lane declared nothing: any lane with a declared size may be larger; one
+        // that declares nothing either is no better known.
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn english_is_about_four_characters_a_token() {
+        let text = "The quick brown fox jumps over the lazy dog.";
+        assert_eq!(text.chars().count(), 44);
+        assert_eq!(estimate_tokens(text), 11);
+        assert_eq!(estimate_tokens(""), 0);
+        assert_eq!(estimate_tokens("a"), 1);
+    }
+
+    #[test]
+    fn chinese_counts_a_token_a_character() {
+        // 16 Han characters and a full stop (punctuation, not dense).
+        let text = "请用三句话解释一下量子计算的原理。";
+        let han = text.chars().filter(|c| is_cjk(*c)).count() as u64;
+        assert_eq!(han, 16);
+        assert_eq!(estimate_tokens(text), han + 1);
+        // Four times the four-characters-a-token estimate.
+        let naive = (text.chars().count() as u64).div_ceil(4);
+        assert!(estimate_tokens(text) >= 3 * naive, "{naive}");
+    }
+
+    #[test]
+    fn japanese_counts_kana_and_kanji_and_leaves_latin_at_four() {
+        // Kanji, hiragana and katakana are dense; "GPU" and the spaces are not.
+        let text = "東京でGPUを借りたいです";
+        let dense = text.chars().filter(|c| is_cjk(*c)).count() as u64;
+        assert_eq!(dense, 10);
+        assert_eq!(estimate_tokens(text), dense + 1);
+        assert_eq!(estimate_tokens("カタカナ"), 4);
+        assert_eq!(estimate_tokens("한국어"), 3);
+    }
+
+    #[test]
+    fn capacities_compare_only_what_is_known() {
+        let provider = |cap: u64| Provider {
+            max_input_tokens: cap,
+            ..Default::default()
+        };
+        let model = |window: u64| Model {
+            context_window: window,
+            ..Default::default()
+        };
+        assert_eq!(lane_capacity(&provider(0), &model(0)), None);
+        assert_eq!(lane_capacity(&provider(0), &model(128_000)), Some(128_000));
+        // GitHub Models: the 8K cap, whatever the model's window.
+        assert_eq!(
+            lane_capacity(&provider(8_000), &model(128_000)),
+            Some(8_000)
+        );
+        assert!(larger_than(Some(32_000), Some(8_000)));
+        assert!(!larger_than(Some(8_000), Some(8_000)));
+        assert!(!larger_than(Some(4_000), Some(8_000)));
+        assert!(larger_than(Some(4_000), None));
+        assert!(!larger_than(None, Some(8_000)));
+        assert!(!larger_than(None, None));
+    }
+}

@@ -13,6 +13,7 @@
 //!   and the snapshot pushed to every Envoy;
 //! - `api/`: what listens: the Sync service Envoy watches, the admin API (HTTP and gRPC),
 //!   Prometheus metrics and the one error table behind them;
+//! - `reload`: a new pool from the config file (SIGHUP, file change) without a restart;
 //! - `render`: the Envoy bootstrap; `mock`: the scriptable fake provider;
 //! - `serve`, `up`: the servers assembled; `cli/`: one file per command.
 
@@ -23,6 +24,7 @@ pub mod config;
 pub mod engine;
 pub mod keys;
 pub mod mock;
+pub mod reload;
 pub mod render;
 pub mod serve;
 pub mod stdout;

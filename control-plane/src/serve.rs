@@ -41,6 +41,7 @@ use crate::keys::mounted;
 use crate::keys::record::VirtualKeyRecord;
 use crate::keys::store;
 use crate::keys::usage::UsageRecorder;
+use crate::reload::Reloader;
 use crate::store::durable::StateStore;
 use crate::store::memory::MemoryStateStore;
 use crate::store::state::SqliteStateStore;
@@ -72,17 +73,47 @@ pub struct StartOptions {
 }
 
 /// A running control plane. [`Running::shutdown`] stops it; dropping it stops the tasks too.
-#[derive(Debug)]
 pub struct Running {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub engine: Arc<Engine>,
     pub admin: Arc<AdminApi>,
+    /// What a reload replaces besides the engine's pool (see [`crate::reload`]).
+    keys: Arc<KeyAdmin>,
+    usage: Arc<UsageRecorder>,
+    env: Arc<dyn Env>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("http_addr", &self.http_addr)
+            .field("grpc_addr", &self.grpc_addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Running {
+    /// What reloads the pool from `path` (see [`crate::reload`]).
+    pub fn reloader(&self, path: PathBuf) -> Reloader {
+        Reloader {
+            path,
+            env: self.env.clone(),
+            engine: self.engine.clone(),
+            keys: self.keys.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+
+    /// Reloads the pool from `path` on SIGHUP and when the file changes, until shutdown.
+    pub fn watch_config(&mut self, path: PathBuf) {
+        let reloader = self.reloader(path);
+        let stop = self.shutdown.subscribe();
+        self.tasks.push(tokio::spawn(reloader.run(stop)));
+    }
+
     /// Ends the Watch streams, stops accepting, waits (bounded) for the servers to drain.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
@@ -251,7 +282,7 @@ pub async fn start(
     let config = Arc::new(config);
     let engine = Engine::with_store(
         config.clone(),
-        env,
+        env.clone(),
         Arc::new(SystemClock),
         virtual_keys,
         durable,
@@ -271,6 +302,7 @@ pub async fn start(
     ));
     // Usage accounting and keys written by other processes.
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
+    let usage_for_reload = recorder.clone();
     let usage = recorder.clone();
     engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {
         usage.observe(batch);
@@ -288,7 +320,11 @@ pub async fn start(
         usage_written,
         stop.clone(),
     )));
-    let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
+    let admin = Arc::new(AdminApi::new(
+        keys.clone(),
+        admin_token.clone(),
+        engine.clone(),
+    ));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
     let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
     engine.add_report_observer(metrics.clone());
@@ -327,6 +363,9 @@ pub async fn start(
         grpc_addr,
         engine,
         admin,
+        keys,
+        usage: usage_for_reload,
+        env,
         shutdown,
         tasks,
     })
@@ -347,7 +386,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         sync_token: None,
         insecure_trusted_sync: opts.insecure_trusted_sync,
     };
-    let running = start(config, env, start_opts).await?;
+    let mut running = start(config, env, start_opts).await?;
+    running.watch_config(opts.config.clone());
     let line =
         json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() });
     if let Err(err) = crate::stdout::print_line(&line.to_string()) {

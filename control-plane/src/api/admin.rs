@@ -114,7 +114,7 @@ impl std::fmt::Debug for AdminApi {
 }
 
 /// Pushes the key store's keys (and the mounted ones) into the engine's snapshot.
-fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
+pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
     engine.set_virtual_keys(keys.snapshot_keys()?);
     Ok(())
 }

@@ -82,7 +82,12 @@ pub struct Running {
     keys: Arc<KeyAdmin>,
     usage: Arc<UsageRecorder>,
     env: Arc<dyn Env>,
+    /// Flips first: the listeners stop taking work, Watch streams end.
     shutdown: watch::Sender<bool>,
+    /// Flips once the servers drained: the usage writer and the state store finish.
+    finish: watch::Sender<bool>,
+    /// The HTTP and gRPC servers, and the reloader.
+    servers: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -111,26 +116,42 @@ impl Running {
     pub fn watch_config(&mut self, path: PathBuf) {
         let reloader = self.reloader(path);
         let stop = self.shutdown.subscribe();
-        self.tasks.push(tokio::spawn(reloader.run(stop)));
+        self.servers.push(tokio::spawn(reloader.run(stop)));
     }
 
-    /// Ends the Watch streams, stops accepting, waits (bounded) for the servers to drain.
-    pub async fn shutdown(mut self) {
+    /// The drain (see `docs/operations.md`): stops accepting (HTTP, gRPC) and reloading, ends
+    /// the Watch streams (each Envoy keeps serving from the state it holds) and the event
+    /// streams, lets the requests in flight (a `Report`, a `Lease`, an admin call) finish; then
+    /// writes the usage rows of every acknowledged report and exchanges state with the store a
+    /// last time. All of it within [`DRAIN_TIMEOUT`]; returns whether it drained in time.
+    pub async fn shutdown(mut self) -> bool {
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         let _ = self.shutdown.send(true);
         self.engine.events().close();
-        let tasks = std::mem::take(&mut self.tasks);
-        let all = futures::future::join_all(tasks);
-        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
-            tracing::warn!("the control plane did not drain in time");
+        let servers = futures::future::join_all(std::mem::take(&mut self.servers));
+        let served = tokio::time::timeout_at(deadline, servers).await.is_ok();
+        let _ = self.finish.send(true);
+        let tasks = futures::future::join_all(std::mem::take(&mut self.tasks));
+        let finished = tokio::time::timeout_at(deadline, tasks).await.is_ok();
+        if served && finished {
+            tracing::info!("drained");
+        } else {
+            tracing::warn!(
+                servers = served,
+                stores = finished,
+                "the control plane did not drain within {DRAIN_TIMEOUT:?}"
+            );
         }
+        served && finished
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
+        let _ = self.finish.send(true);
         self.engine.events().close();
-        for task in &self.tasks {
+        for task in self.servers.iter().chain(&self.tasks) {
             task.abort();
         }
     }
@@ -288,17 +309,20 @@ pub async fn start(
         durable,
         store.clone(),
     );
+    // Two stages (see `Running::shutdown`): `stop` ends what takes work (the listeners, Watch
+    // streams), `after` what finishes it (usage rows, the state store) once that has drained.
     let (shutdown, stop) = watch::channel(false);
+    let (finish, after) = watch::channel(false);
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
 
     let mut tasks = Vec::new();
     engine.set_admin_token(admin_token.as_ref());
-    tasks.push(tokio::spawn(engine.clone().run_refresh(stop.clone())));
-    tasks.push(tokio::spawn(engine.clone().run_flush(stop.clone())));
+    tasks.push(tokio::spawn(engine.clone().run_refresh(after.clone())));
+    tasks.push(tokio::spawn(engine.clone().run_flush(after.clone())));
     tasks.push(tokio::spawn(
-        engine.clone().run_persist(store, stop.clone()),
+        engine.clone().run_persist(store, after.clone()),
     ));
     // Usage accounting and keys written by other processes.
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
@@ -312,13 +336,13 @@ pub async fn start(
         usage_rows,
         keys.store().clone(),
         usage_written.clone(),
-        stop.clone(),
+        after.clone(),
     )));
     tasks.push(tokio::spawn(crate::api::admin::run_key_sync(
         engine.clone(),
         keys.clone(),
         usage_written,
-        stop.clone(),
+        after.clone(),
     )));
     let admin = Arc::new(AdminApi::new(
         keys.clone(),
@@ -331,7 +355,8 @@ pub async fn start(
     let router =
         http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
     let http_stop = signal(stop.clone());
-    tasks.push(tokio::spawn(async move {
+    let mut servers = Vec::new();
+    servers.push(tokio::spawn(async move {
         if let Err(err) = axum::serve(http, router)
             .with_graceful_shutdown(http_stop)
             .await
@@ -342,7 +367,7 @@ pub async fn start(
     let sync_token = matches!(access, SyncAccess::Token(_));
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     let grpc_stop = signal(stop.clone());
-    tasks.push(tokio::spawn(async move {
+    servers.push(tokio::spawn(async move {
         if let Err(err) =
             crate::api::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
         {
@@ -367,6 +392,8 @@ pub async fn start(
         usage: usage_for_reload,
         env,
         shutdown,
+        finish,
+        servers,
         tasks,
     })
 }
@@ -394,7 +421,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         tracing::warn!(%err, "cannot print the listening line on stdout");
     }
     shutdown_signal().await?;
-    tracing::info!("stopping");
+    tracing::info!("draining: no new connection, Watch streams end (Envoy keeps its last state), work in flight finishes");
+    // Drained or not, the process has done what it can: exit 0 either way.
     running.shutdown().await;
     Ok(())
 }
@@ -489,7 +517,14 @@ mod tests {
         stream.read_to_string(&mut text).await?;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(text.contains("\"status\":\"ok\""), "{text}");
-        running.shutdown().await;
+        let (http, grpc) = (running.http_addr, running.grpc_addr);
+        assert!(running.shutdown().await, "drained within the bound");
+        for addr in [http, grpc] {
+            assert!(
+                tokio::net::TcpStream::connect(addr).await.is_err(),
+                "{addr} still takes connections after the drain"
+            );
+        }
         Ok(())
     }
 

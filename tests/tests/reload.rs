@@ -82,13 +82,7 @@ async fn a_reload_under_load_adds_and_removes_a_provider_without_a_failed_call()
             while !stop.load(Ordering::Relaxed) {
                 let failed = if caller == 3 {
                     match client.stream("chat", Some(&key)).await {
-                        Ok(r)
-                            if r.status == 200
-                                && r.transport_error.is_none()
-                                && r.events.last().map(String::as_str) == Some("[DONE]") =>
-                        {
-                            None
-                        }
+                        Ok(r) if r.is_whole() => None,
                         Ok(r) => Some(format!("stream {}: {}", r.status, r.body)),
                         Err(e) => Some(format!("stream: {e:#}")),
                     }

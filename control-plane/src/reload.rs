@@ -17,7 +17,7 @@
 //!   clusters, so adding one needs no new Envoy cluster;
 //! - bound by the control plane at start (restart `ai-router serve`; the old value stays in
 //!   force): `controlPlane.*` (listen addresses, the sync token), `gateway.adminToken`,
-//!   `gateway.keyStore`, `stateStore`.
+//!   `gateway.keyStore`, `stateStore`, `telemetry.otlp.endpoint`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -78,6 +78,7 @@ pub fn held_fields(old: &Config, new: &Config) -> Vec<HeldField> {
         cp("gateway.adminToken", og.admin_token != ng.admin_token),
         cp("gateway.keyStore", og.key_store != ng.key_store),
         cp("stateStore", old.state_store != new.state_store),
+        cp("telemetry.otlp.endpoint", old.otlp_endpoint != new.otlp_endpoint),
     ]
     .into_iter()
     .flatten()
@@ -91,6 +92,7 @@ fn keep_start_bound(old: &Config, mut new: Config) -> Config {
     new.gateway.admin_token = old.gateway.admin_token.clone();
     new.gateway.key_store = old.gateway.key_store.clone();
     new.state_store = old.state_store.clone();
+    new.otlp_endpoint = old.otlp_endpoint.clone();
     new
 }
 

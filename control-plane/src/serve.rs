@@ -325,6 +325,7 @@ pub async fn start(
         engine.clone().run_persist(store, after.clone()),
     ));
     // Usage accounting and keys written by other processes.
+    let otlp_endpoint = config.otlp_endpoint.clone();
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
     let usage_for_reload = recorder.clone();
     let usage = recorder.clone();
@@ -344,6 +345,11 @@ pub async fn start(
         usage_written,
         after.clone(),
     )));
+    if let Some(endpoint) = &otlp_endpoint {
+        let (traces, exporter) = crate::traces::start(endpoint, after.clone())?;
+        engine.add_report_observer(traces);
+        tasks.push(exporter);
+    }
     let admin = Arc::new(AdminApi::new(
         keys.clone(),
         admin_token.clone(),

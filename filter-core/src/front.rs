@@ -32,6 +32,10 @@ pub struct Front {
     rid: String,
     vk_id: String,
     started_ms: i64,
+    /// The body's `model` (for the call's trace).
+    requested_model: String,
+    /// The client's `traceparent`, when well formed.
+    traceparent: String,
     /// Set when this stage answered itself.
     answered: Option<(u16, &'static str)>,
     /// Replace whatever body comes back with this (a router-level failure).
@@ -237,6 +241,9 @@ impl Front {
                 )
             }
         };
+        if let Some(model) = parsed.get("model").and_then(Value::as_str) {
+            self.requested_model = model.chars().take(256).collect();
+        }
         match op {
             Operation::Chat => {
                 if !parsed.get("messages").is_some_and(Value::is_array) {
@@ -335,6 +342,10 @@ impl Front {
         self.started_ms = host.now_ms();
         self.rid = host
             .header_text(Side::Request, "x-request-id")
+            .unwrap_or_default();
+        self.traceparent = host
+            .header_text(Side::Request, "traceparent")
+            .filter(|t| valid_traceparent(t))
             .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
@@ -588,7 +599,59 @@ impl Front {
                 .unwrap_or_default(),
             usage: None::<ProtoUsage>,
             at_ms: now,
+            requested_model: self.requested_model.clone(),
+            traceparent: self.traceparent.clone(),
         });
+    }
+}
+
+/// A W3C trace context `traceparent`: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
+/// ids not all zero (version 00; a later version may append fields after the flags).
+pub fn valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.trim().split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    match parts.as_slice() {
+        [version, trace, parent, flags, ..] => {
+            hex(version, 2)
+                && *version != "ff"
+                && (*version != "00" || parts.len() == 4)
+                && hex(trace, 32)
+                && nonzero(trace)
+                && hex(parent, 16)
+                && nonzero(parent)
+                && hex(flags, 2)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod traceparent_tests {
+    use super::valid_traceparent;
+
+    #[test]
+    fn traceparent_shapes() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(ok));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+        assert!(valid_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future"
+        ));
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Config {
     pub mounted_keys: Vec<MountedKey>,
     /// Every profile and model name the file declares: what a virtual key may be bound to.
     pub names: PoolNames,
+    /// `telemetry.otlp.endpoint`: where traces go; `None`: no traces.
+    pub otlp_endpoint: Option<String>,
     /// What resolution dropped or cut, for the log.
     pub warnings: Vec<String>,
 }

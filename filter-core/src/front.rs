@@ -741,6 +741,7 @@ mod tests {
                 ("authorization", &auth),
                 ("x-ai-router-plan", b"{\"spoofed\":true}"),
                 ("x-envoy-max-retries", b"99"),
+                ("traceparent", TRACEPARENT.as_bytes()),
             ],
         );
         let mut front = Front::default();
@@ -796,8 +797,13 @@ mod tests {
         assert_eq!(host.reports.len(), 1);
         assert_eq!(host.reports[0].outcome_text(), "success");
         assert_eq!(host.reports[0].virtual_key_id, "key_app");
+        // What the call's trace needs: the model asked for and the client's trace context.
+        assert_eq!(host.reports[0].requested_model, "chat");
+        assert_eq!(host.reports[0].traceparent, TRACEPARENT);
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
     }
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     /// A chat call for `m1` with the app's key, sent on to the router.
     fn a_call_sent_on() -> (Front, FakeHost) {

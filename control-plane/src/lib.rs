@@ -13,6 +13,8 @@
 //!   and the snapshot pushed to every Envoy;
 //! - `api/`: what listens: the Sync service Envoy watches, the admin API (HTTP and gRPC),
 //!   Prometheus metrics and the one error table behind them;
+//! - `reload`: a new pool from the config file (SIGHUP, file change) without a restart;
+//! - `traces`: OpenTelemetry spans of the calls from the reports, exported over OTLP;
 //! - `render`: the Envoy bootstrap; `mock`: the scriptable fake provider;
 //! - `serve`, `up`: the servers assembled; `cli/`: one file per command.
 
@@ -25,8 +27,10 @@ pub mod engine;
 pub mod keys;
 pub mod ledger;
 pub mod mock;
+pub mod reload;
 pub mod render;
 pub mod serve;
 pub mod stdout;
 pub mod store;
+pub mod traces;
 pub mod up;

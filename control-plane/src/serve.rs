@@ -41,6 +41,7 @@ use crate::keys::mounted;
 use crate::keys::record::VirtualKeyRecord;
 use crate::keys::store;
 use crate::keys::usage::UsageRecorder;
+use crate::reload::Reloader;
 use crate::store::durable::StateStore;
 use crate::store::memory::MemoryStateStore;
 use crate::store::state::SqliteStateStore;
@@ -72,34 +73,85 @@ pub struct StartOptions {
 }
 
 /// A running control plane. [`Running::shutdown`] stops it; dropping it stops the tasks too.
-#[derive(Debug)]
 pub struct Running {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub engine: Arc<Engine>,
     pub admin: Arc<AdminApi>,
+    /// What a reload replaces besides the engine's pool (see [`crate::reload`]).
+    keys: Arc<KeyAdmin>,
+    usage: Arc<UsageRecorder>,
+    env: Arc<dyn Env>,
+    /// Flips first: the listeners stop taking work, Watch streams end.
     shutdown: watch::Sender<bool>,
+    /// Flips once the servers drained: the usage writer and the state store finish.
+    finish: watch::Sender<bool>,
+    /// The HTTP and gRPC servers, and the reloader.
+    servers: Vec<JoinHandle<()>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("http_addr", &self.http_addr)
+            .field("grpc_addr", &self.grpc_addr)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Running {
-    /// Ends the Watch streams, stops accepting, waits (bounded) for the servers to drain.
-    pub async fn shutdown(mut self) {
+    /// What reloads the pool from `path` (see [`crate::reload`]).
+    pub fn reloader(&self, path: PathBuf) -> Reloader {
+        Reloader {
+            path,
+            env: self.env.clone(),
+            engine: self.engine.clone(),
+            keys: self.keys.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+
+    /// Reloads the pool from `path` on SIGHUP and when the file changes, until shutdown.
+    pub fn watch_config(&mut self, path: PathBuf) {
+        let reloader = self.reloader(path);
+        let stop = self.shutdown.subscribe();
+        self.servers.push(tokio::spawn(reloader.run(stop)));
+    }
+
+    /// The drain (see `docs/operations.md`): stops accepting (HTTP, gRPC) and reloading, ends
+    /// the Watch streams (each Envoy keeps serving from the state it holds) and the event
+    /// streams, lets the requests in flight (a `Report`, a `Lease`, an admin call) finish; then
+    /// writes the usage rows of every acknowledged report and exchanges state with the store a
+    /// last time. All of it within [`DRAIN_TIMEOUT`]; returns whether it drained in time.
+    pub async fn shutdown(mut self) -> bool {
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         let _ = self.shutdown.send(true);
         self.engine.events().close();
-        let tasks = std::mem::take(&mut self.tasks);
-        let all = futures::future::join_all(tasks);
-        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
-            tracing::warn!("the control plane did not drain in time");
+        let servers = futures::future::join_all(std::mem::take(&mut self.servers));
+        let served = tokio::time::timeout_at(deadline, servers).await.is_ok();
+        let _ = self.finish.send(true);
+        let tasks = futures::future::join_all(std::mem::take(&mut self.tasks));
+        let finished = tokio::time::timeout_at(deadline, tasks).await.is_ok();
+        if served && finished {
+            tracing::info!("drained");
+        } else {
+            tracing::warn!(
+                servers = served,
+                stores = finished,
+                "the control plane did not drain within {DRAIN_TIMEOUT:?}"
+            );
         }
+        served && finished
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.shutdown.send(true);
+        let _ = self.finish.send(true);
         self.engine.events().close();
-        for task in &self.tasks {
+        for task in self.servers.iter().chain(&self.tasks) {
             task.abort();
         }
     }
@@ -251,26 +303,31 @@ pub async fn start(
     let config = Arc::new(config);
     let engine = Engine::with_store(
         config.clone(),
-        env,
+        env.clone(),
         Arc::new(SystemClock),
         virtual_keys,
         durable,
         store.clone(),
     );
+    // Two stages (see `Running::shutdown`): `stop` ends what takes work (the listeners, Watch
+    // streams), `after` what finishes it (usage rows, the state store) once that has drained.
     let (shutdown, stop) = watch::channel(false);
+    let (finish, after) = watch::channel(false);
     let signal = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
 
     let mut tasks = Vec::new();
     engine.set_admin_token(admin_token.as_ref());
-    tasks.push(tokio::spawn(engine.clone().run_refresh(stop.clone())));
-    tasks.push(tokio::spawn(engine.clone().run_flush(stop.clone())));
+    tasks.push(tokio::spawn(engine.clone().run_refresh(after.clone())));
+    tasks.push(tokio::spawn(engine.clone().run_flush(after.clone())));
     tasks.push(tokio::spawn(
-        engine.clone().run_persist(store, stop.clone()),
+        engine.clone().run_persist(store, after.clone()),
     ));
     // Usage accounting and keys written by other processes.
+    let otlp_endpoint = config.otlp_endpoint.clone();
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
+    let usage_for_reload = recorder.clone();
     let usage = recorder.clone();
     engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {
         usage.observe(batch);
@@ -280,22 +337,32 @@ pub async fn start(
         usage_rows,
         keys.store().clone(),
         usage_written.clone(),
-        stop.clone(),
+        after.clone(),
     )));
     tasks.push(tokio::spawn(crate::api::admin::run_key_sync(
         engine.clone(),
         keys.clone(),
         usage_written,
-        stop.clone(),
+        after.clone(),
     )));
-    let admin = Arc::new(AdminApi::new(keys, admin_token.clone(), engine.clone()));
+    if let Some(endpoint) = &otlp_endpoint {
+        let (traces, exporter) = crate::traces::start(endpoint, after.clone())?;
+        engine.add_report_observer(traces);
+        tasks.push(exporter);
+    }
+    let admin = Arc::new(AdminApi::new(
+        keys.clone(),
+        admin_token.clone(),
+        engine.clone(),
+    ));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
     let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
     engine.add_report_observer(metrics.clone());
     let router =
         http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
     let http_stop = signal(stop.clone());
-    tasks.push(tokio::spawn(async move {
+    let mut servers = Vec::new();
+    servers.push(tokio::spawn(async move {
         if let Err(err) = axum::serve(http, router)
             .with_graceful_shutdown(http_stop)
             .await
@@ -306,7 +373,7 @@ pub async fn start(
     let sync_token = matches!(access, SyncAccess::Token(_));
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     let grpc_stop = signal(stop.clone());
-    tasks.push(tokio::spawn(async move {
+    servers.push(tokio::spawn(async move {
         if let Err(err) =
             crate::api::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
         {
@@ -327,7 +394,12 @@ pub async fn start(
         grpc_addr,
         engine,
         admin,
+        keys,
+        usage: usage_for_reload,
+        env,
         shutdown,
+        finish,
+        servers,
         tasks,
     })
 }
@@ -347,14 +419,16 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
         sync_token: None,
         insecure_trusted_sync: opts.insecure_trusted_sync,
     };
-    let running = start(config, env, start_opts).await?;
+    let mut running = start(config, env, start_opts).await?;
+    running.watch_config(opts.config.clone());
     let line =
         json!({ "http": running.http_addr.to_string(), "grpc": running.grpc_addr.to_string() });
     if let Err(err) = crate::stdout::print_line(&line.to_string()) {
         tracing::warn!(%err, "cannot print the listening line on stdout");
     }
     shutdown_signal().await?;
-    tracing::info!("stopping");
+    tracing::info!("draining: no new connection, Watch streams end (Envoy keeps its last state), work in flight finishes");
+    // Drained or not, the process has done what it can: exit 0 either way.
     running.shutdown().await;
     Ok(())
 }
@@ -449,7 +523,14 @@ mod tests {
         stream.read_to_string(&mut text).await?;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
         assert!(text.contains("\"status\":\"ok\""), "{text}");
-        running.shutdown().await;
+        let (http, grpc) = (running.http_addr, running.grpc_addr);
+        assert!(running.shutdown().await, "drained within the bound");
+        for addr in [http, grpc] {
+            assert!(
+                tokio::net::TcpStream::connect(addr).await.is_err(),
+                "{addr} still takes connections after the drain"
+            );
+        }
         Ok(())
     }
 

@@ -44,6 +44,10 @@ pub struct Front {
     rid: String,
     vk_id: String,
     started_ms: i64,
+    /// The body's `model` (for the call's trace).
+    requested_model: String,
+    /// The client's `traceparent`, when well formed.
+    traceparent: String,
     /// Set when this stage answered itself.
     answered: Option<(u16, &'static str)>,
     /// Replace whatever body comes back with this (a router-level failure).
@@ -279,6 +283,9 @@ impl Front {
                 )
             }
         };
+        if let Some(model) = parsed.get("model").and_then(Value::as_str) {
+            self.requested_model = model.chars().take(256).collect();
+        }
         // What the pool routes by: the body as a chat-completions request.
         let view = match crate::ingress::chat_request(self.protocol, &parsed, Fidelity::Lenient) {
             Ok(v) => v,
@@ -464,6 +471,10 @@ impl Front {
         self.wants_trail = host
             .header_text(Side::Request, H_TRAIL)
             .is_some_and(|v| matches!(v.trim(), "1" | "true"));
+        self.traceparent = host
+            .header_text(Side::Request, "traceparent")
+            .filter(|t| valid_traceparent(t))
+            .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -805,7 +816,59 @@ impl Front {
             at_ms: now,
             budget_warnings: std::mem::take(&mut self.budget_warnings),
             cache_hit: false,
+            requested_model: self.requested_model.clone(),
+            traceparent: self.traceparent.clone(),
         });
+    }
+}
+
+/// A W3C trace context `traceparent`: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
+/// ids not all zero (version 00; a later version may append fields after the flags).
+pub fn valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.trim().split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    match parts.as_slice() {
+        [version, trace, parent, flags, ..] => {
+            hex(version, 2)
+                && *version != "ff"
+                && (*version != "00" || parts.len() == 4)
+                && hex(trace, 32)
+                && nonzero(trace)
+                && hex(parent, 16)
+                && nonzero(parent)
+                && hex(flags, 2)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod traceparent_tests {
+    use super::valid_traceparent;
+
+    #[test]
+    fn traceparent_shapes() {
+        let ok = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(ok));
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+        assert!(valid_traceparent(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future"
+        ));
     }
 }
 
@@ -965,6 +1028,7 @@ mod tests {
                 ("authorization", &auth),
                 ("x-ai-router-plan", b"{\"spoofed\":true}"),
                 ("x-envoy-max-retries", b"99"),
+                ("traceparent", TRACEPARENT.as_bytes()),
             ],
         );
         let mut front = Front::default();
@@ -1020,8 +1084,13 @@ mod tests {
         assert_eq!(host.reports.len(), 1);
         assert_eq!(host.reports[0].outcome_text(), "success");
         assert_eq!(host.reports[0].virtual_key_id, "key_app");
+        // What the call's trace needs: the model asked for and the client's trace context.
+        assert_eq!(host.reports[0].requested_model, "chat");
+        assert_eq!(host.reports[0].traceparent, TRACEPARENT);
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
     }
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
     /// A chat call for `m1` with the app's key, sent on to the router.
     fn a_call_sent_on() -> (Front, FakeHost) {

@@ -64,6 +64,13 @@ impl StreamReply {
             .map(str::to_string)
     }
 
+    /// A 200 whose body arrived whole and ended with `[DONE]`.
+    pub fn is_whole(&self) -> bool {
+        self.status == 200
+            && self.transport_error.is_none()
+            && self.events.last().map(String::as_str) == Some("[DONE]")
+    }
+
     /// The events that parse as JSON (everything but `[DONE]`).
     pub fn json_events(&self) -> Vec<Value> {
         self.events

@@ -156,6 +156,19 @@ impl ControlPlane {
         }
     }
 
+    /// Sends SIGTERM and waits (up to `timeout`) for the process to exit on its own: the drain.
+    pub async fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let Some(mut p) = self.process.take() else {
+            anyhow::bail!("the control plane is not running");
+        };
+        let pid = p.pid().context("no pid")?.to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status()?;
+        anyhow::ensure!(sent.success(), "kill -TERM {pid} failed");
+        let status = p.wait_exit(timeout).await;
+        self.stopped.push(p);
+        status
+    }
+
     /// Starts it again on the same gRPC port (Envoy's cluster points there), with `env`
     /// replacing the variables of the same name. The port was just freed; a bind race is retried.
     pub async fn restart(&mut self, env: &[(String, String)]) -> Result<()> {

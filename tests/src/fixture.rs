@@ -137,6 +137,17 @@ impl Gateway {
         })
     }
 
+    /// `GET` an admin page of the control plane with the admin token, as JSON.
+    pub async fn admin_get(&self, path: &str) -> Result<Value> {
+        let resp = http_client()?
+            .get(format!("http://{}{path}", self.cp.http_addr()))
+            .bearer_auth(&self.admin_token)
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "GET {path}: {}", resp.status());
+        Ok(resp.json().await?)
+    }
+
     /// The OpenAI base URL of the gateway: `http://127.0.0.1:<port>/v1`.
     pub fn openai_base_url(&self) -> String {
         format!("{}/v1", self.envoy.base_url())

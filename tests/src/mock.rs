@@ -178,6 +178,12 @@ impl Mock {
         .map(|_| ())
     }
 
+    /// Scripts one reply for every call (`script::text(..)`, `{"latencyMs": .., "text": ..}`...).
+    pub async fn always(&self, reply: Value) -> Result<()> {
+        self.script(json!([crate::script::always(vec![reply])]))
+            .await
+    }
+
     /// Every call received since the last clear, in order.
     pub async fn calls(&self) -> Result<Vec<MockCall>> {
         let v = self

@@ -117,7 +117,7 @@ impl std::fmt::Debug for AdminApi {
 }
 
 /// Pushes the key store's keys (and the mounted ones) into the engine's snapshot.
-fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
+pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
     engine.set_virtual_keys(keys.snapshot_keys()?);
     Ok(())
 }
@@ -126,7 +126,7 @@ impl AdminApi {
     /// Also starts the quota ledger: it observes the engine's reports from now on, and its
     /// estimates are pushed with the engine's headroom.
     pub fn new(keys: Arc<KeyAdmin>, token: Option<Secret>, engine: Arc<Engine>) -> Self {
-        let ledger = Arc::new(Ledger::new(engine.config(), Arc::new(SystemClock)));
+        let ledger = Arc::new(Ledger::new(&engine.config(), Arc::new(SystemClock)));
         engine.add_report_observer(ledger.clone());
         engine.set_headroom_source(ledger.clone());
         Self {

@@ -702,10 +702,19 @@ impl Default for AffinityConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct TelemetryConfig {
     pub include_content: bool,
+    /// OpenTelemetry traces over OTLP/gRPC; off when absent.
+    pub otlp: Option<OtlpConfig>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OtlpConfig {
+    /// The collector's OTLP/gRPC address: `http://host:4317`.
+    pub endpoint: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -38,6 +38,8 @@ pub struct Config {
     pub budgets: Vec<crate::config::budgets::BudgetPolicy>,
     /// Every profile and model name the file declares: what a virtual key may be bound to.
     pub names: PoolNames,
+    /// `telemetry.otlp.endpoint`: where traces go; `None`: no traces.
+    pub otlp_endpoint: Option<String>,
     /// What resolution dropped or cut, for the log.
     pub warnings: Vec<String>,
     /// The `routes:` rules whose profile is left in the pool.

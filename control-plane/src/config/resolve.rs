@@ -138,8 +138,25 @@ impl FileConfig {
             mounted_keys,
             budgets: crate::config::budgets::resolve_budgets(&self.budgets)?,
             names,
+            otlp_endpoint: self.resolve_otlp()?,
             warnings,
         })
+    }
+
+    fn resolve_otlp(&self) -> Result<Option<String>, ConfigError> {
+        let Some(otlp) = &self.telemetry.otlp else {
+            return Ok(None);
+        };
+        let endpoint = otlp.endpoint.trim();
+        let host = endpoint
+            .strip_prefix("http://")
+            .or_else(|| endpoint.strip_prefix("https://"));
+        if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
+            return Err(invalid(format!(
+                "telemetry.otlp.endpoint: {endpoint:?} is not an http:// or https:// URL of an OTLP/gRPC collector (e.g. http://127.0.0.1:4317)"
+            )));
+        }
+        Ok(Some(endpoint.trim_end_matches('/').to_owned()))
     }
 
     fn resolve_gateway(&self, base_dir: &Path) -> Result<Gateway, ConfigError> {

@@ -822,3 +822,24 @@ fn when_lists_name_known_triggers() {
     );
     assert!(resolve_cost(&bad).unwrap_err().contains("sometimes"));
 }
+
+#[test]
+fn the_otlp_endpoint_is_an_http_url_and_traces_are_off_without_it() {
+    let env = MapEnv::new([("K", "sk-k")]);
+    let providers = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m }] }\n";
+    let with = |endpoint: &str| {
+        format!("{providers}telemetry: {{ otlp: {{ endpoint: '{endpoint}' }} }}\n")
+    };
+    assert_eq!(resolve(providers, &env).map(|c| c.otlp_endpoint), Ok(None));
+    assert_eq!(
+        resolve(&with("http://127.0.0.1:4317/"), &env).map(|c| c.otlp_endpoint),
+        Ok(Some("http://127.0.0.1:4317".to_owned()))
+    );
+    for bad in ["127.0.0.1:4317", "grpc://x:4317", "http://"] {
+        let message = err(&with(bad), &env);
+        assert!(
+            message.contains("telemetry.otlp.endpoint"),
+            "{bad}: {message}"
+        );
+    }
+}

@@ -20,10 +20,11 @@
 
 pub mod budgets;
 pub mod events;
+pub mod reload;
 pub mod stats;
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use ai_router_contract::failure::{ErrorClass, Hold};
@@ -217,7 +218,8 @@ pub enum ResetError {
 }
 
 pub struct Engine {
-    config: Arc<Config>,
+    /// Replaced whole by [`Engine::replace_config`] (a reload); read by cloning the `Arc`.
+    config: RwLock<Arc<Config>>,
     env: Arc<dyn Env>,
     clock: Arc<dyn Clock>,
     /// Durable state and the probe leases.
@@ -303,31 +305,11 @@ impl Engine {
                 kept.blacklists.insert(id, entry);
             }
         }
-        let known_key = |p: &String, k: &String| secrets.contains_key(&(p.clone(), k.clone()));
-        let known_provider = |p: &String| config.providers.iter().any(|x| &x.id == p);
-        kept.cooldowns = durable
-            .cooldowns
-            .into_iter()
-            .filter(|((p, k, _), _)| known_key(p, k))
-            .collect();
-        kept.headroom = durable
-            .headroom
-            .into_iter()
-            .filter(|((p, k, _), _)| known_key(p, k))
-            .collect();
-        kept.breakers = durable
-            .breakers
-            .into_iter()
-            .filter(|((scope, p, k), _)| match scope {
-                BreakerScope::Key => known_key(p, k),
-                BreakerScope::Provider => known_provider(p),
-            })
-            .collect();
-        kept.spend = durable
-            .spend
-            .into_iter()
-            .filter(|(p, _)| known_provider(p))
-            .collect();
+        kept.cooldowns = durable.cooldowns;
+        kept.headroom = durable.headroom;
+        kept.breakers = durable.breakers;
+        kept.spend = durable.spend;
+        reload::retain_pool(&mut kept, &secrets, &config);
         // Versions start at the wall clock so they keep increasing across restarts.
         let version = u64::try_from(clock.now_ms()).unwrap_or(0).max(1);
         let published_keys = Arc::new(published_keys(&virtual_keys));
@@ -349,7 +331,7 @@ impl Engine {
         let first = Arc::new(build_tables(&config, &state, now_at_start));
         let (updates, _) = watch::channel(first);
         let engine = Arc::new(Self {
-            config,
+            config: RwLock::new(config),
             env,
             clock,
             store,
@@ -366,8 +348,12 @@ impl Engine {
         engine
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The pool as it is now (a reload replaces it).
+    pub fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(config) => config.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// The operator's events, live.
@@ -422,16 +408,12 @@ impl Engine {
         provider: Option<&str>,
         key: Option<&str>,
     ) -> Result<ResetCounts, ResetError> {
+        let config = self.config();
         let providers: Vec<&str> = match (provider, key) {
             (None, Some(_)) => return Err(ResetError::KeyWithoutProvider),
-            (None, None) => self
-                .config
-                .providers
-                .iter()
-                .map(|p| p.id.as_str())
-                .collect(),
+            (None, None) => config.providers.iter().map(|p| p.id.as_str()).collect(),
             (Some(p), _) => {
-                let Some(found) = self.config.providers.iter().find(|x| x.id == p) else {
+                let Some(found) = config.providers.iter().find(|x| x.id == p) else {
                     return Err(ResetError::UnknownProvider(p.to_owned()));
                 };
                 if let Some(k) = key {
@@ -569,28 +551,29 @@ impl Engine {
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
         self.observe_report(batch);
+        let config = self.config();
         self.stats.observe(
             batch,
-            |a| attempt_cost(&self.config, a).unwrap_or(0.0),
-            |a| crate::keys::usage::saving_of(&self.config, a),
+            |a| attempt_cost(&config, a).unwrap_or(0.0),
+            |a| crate::keys::usage::saving_of(&config, a),
         );
         if self.events.wants_calls() {
-            for event in call_events(&self.config, batch) {
+            for event in call_events(&config, batch) {
                 self.events.emit(event);
             }
         }
         let now = self.clock.now_ms();
-        let resilience = &self.config.resilience;
+        let resilience = &config.resilience;
         let mut state = lock(&self.state);
         let mut events = Vec::new();
         let mut changed = false;
         let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
-        if !self.config.budgets.is_empty() {
+        if !config.budgets.is_empty() {
             let mut crossings = Vec::new();
-            for charge in crate::keys::ledger::charges(&self.config, batch) {
-                crossings.extend(state.budgets.charge(&self.config.budgets, &charge, now));
+            for charge in crate::keys::ledger::charges(&config, batch) {
+                crossings.extend(state.budgets.charge(&config.budgets, &charge, now));
             }
             changed |= !crossings.is_empty();
             for crossing in &crossings {
@@ -617,7 +600,7 @@ impl Engine {
                     }
                     st.headroom_as_of.insert(lane, began);
                 }
-                changed |= note_spend(&self.config, &mut state.durable, attempt, now);
+                changed |= note_spend(&config, &mut state.durable, attempt, now);
                 if attempt.probe {
                     // Only the attempt that holds the lease ends it.
                     let holder = Some(probe_holder(&attempt.request_id, attempt.attempt));
@@ -837,7 +820,8 @@ impl Engine {
     pub fn refresh_secrets(&self) -> Vec<EngineEvent> {
         let now = self.clock.now_ms();
         let mut resolved = Vec::new();
-        for provider in &self.config.providers {
+        let config = self.config();
+        for provider in &config.providers {
             for key in &provider.keys {
                 resolved.push((
                     (provider.id.clone(), key.alias.clone()),
@@ -1004,10 +988,43 @@ impl Engine {
         }
     }
 
+    /// Serves `config` from now on (see [`reload`]: what it keeps and drops) and publishes it; returns what changed.
+    pub fn replace_config(&self, config: Arc<Config>) -> reload::PoolChange {
+        let old = self.config();
+        let kept: BTreeSet<KeyId> = reload::key_ids(&old).collect();
+        // Only the new keys are resolved here (file reads happen outside the state lock);
+        // a kept key whose reference changed is picked up by the next secret refresh.
+        let resolved: Vec<(KeyId, Option<Secret>)> = config
+            .providers
+            .iter()
+            .flat_map(|p| p.keys.iter().map(move |k| (p, k)))
+            .filter(|(p, k)| !kept.contains(&(p.id.clone(), k.alias.clone())))
+            .map(|(p, k)| {
+                (
+                    (p.id.clone(), k.alias.clone()),
+                    k.source.resolve(self.env.as_ref()),
+                )
+            })
+            .collect();
+        let change = reload::pool_change(&old, &config);
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let mut secrets: BTreeMap<KeyId, Option<Secret>> = reload::key_ids(&config)
+            .filter_map(|id| state.secrets.get(&id).map(|s| (id, s.clone())))
+            .collect();
+        secrets.extend(resolved);
+        state.secrets = secrets;
+        let secrets = state.secrets.clone();
+        reload::retain_pool(&mut state.durable, &secrets, &config);
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+        self.publish(&mut state, now);
+        change
+    }
+
     fn publish(&self, state: &mut State, now: i64) {
         state.version += 1;
         state.pending = false;
-        let tables = Arc::new(build_tables(&self.config, state, now));
+        let tables = Arc::new(build_tables(&self.config(), state, now));
         self.updates.send_replace(tables);
     }
 }
@@ -1061,7 +1078,7 @@ impl Engine {
 
     /// The estimated cost of an attempt's usage, when it has usage and its model a price.
     pub fn attempt_cost(&self, a: &pb::AttemptOutcome) -> Option<f64> {
-        attempt_cost(&self.config, a)
+        attempt_cost(&self.config(), a)
     }
 
     /// Adds an observer of every later report batch.
@@ -1961,7 +1978,7 @@ profiles:
         let durable = store.load().map_err(|e| e.to_string())?;
         // Same secrets: the blacklist holds.
         let again = Engine::new(
-            Arc::new(f.engine.config().clone()),
+            f.engine.config(),
             f.env.clone(),
             f.clock.clone(),
             Vec::new(),
@@ -1971,7 +1988,7 @@ profiles:
         // A new secret meanwhile: lifted at start.
         lock(&f.env.0).set("OPENAI_API_KEY", "sk-new");
         let lifted = Engine::new(
-            Arc::new(f.engine.config().clone()),
+            f.engine.config(),
             f.env.clone(),
             f.clock.clone(),
             Vec::new(),
@@ -2757,6 +2774,75 @@ providers:
         assert_eq!(r.auth_disable_ms, 0);
         assert_eq!(r.backoff.map(|b| b.max_ms), Some(5_000));
         assert_eq!(s.selection.map(|x| x.low_headroom), Some(1));
+        Ok(())
+    }
+
+    // A reload (`replace_config`).
+    fn reload_config(
+        text: &str,
+        env: &crate::config::secrets::MapEnv,
+    ) -> Result<Arc<Config>, String> {
+        parse(text)
+            .and_then(|f| f.resolve(env, Path::new(".")))
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    }
+
+    const RELOAD_OLD: &str = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: A }, { alias: b, env: B }], models: [{ id: m }] }\n";
+    const RELOAD_NEW: &str = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: A }], models: [{ id: m }] }\n  - { id: q, baseUrl: 'http://q/v1', keys: [{ alias: x, env: X }], models: [{ id: m }] }\n";
+
+    #[test]
+    fn a_new_pool_keeps_what_it_keeps_and_drops_the_rest() -> Result<(), String> {
+        let env =
+            crate::config::secrets::MapEnv::new([("A", "sk-a"), ("B", "sk-b"), ("X", "sk-x")]);
+        let lane = |k: &str| ("p".to_owned(), k.to_owned(), "m".to_owned());
+        let mut durable = DurableState::default();
+        durable.cooldowns.insert(lane("a"), i64::MAX);
+        durable.cooldowns.insert(lane("b"), i64::MAX);
+        let engine = Engine::new(
+            reload_config(RELOAD_OLD, &env)?,
+            Arc::new(env.clone()),
+            Arc::new(crate::clock::SystemClock),
+            Vec::new(),
+            durable,
+        );
+        let before = engine.version();
+        let change = engine.replace_config(reload_config(RELOAD_NEW, &env)?);
+        assert_eq!(
+            change,
+            reload::PoolChange {
+                providers_added: vec!["q".into()],
+                providers_removed: vec![],
+                keys_added: vec!["q/x".into()],
+                keys_removed: vec!["p/b".into()],
+            }
+        );
+        assert!(engine.version() > before, "published");
+        let cooldowns: Vec<_> = engine.durable().cooldowns.into_keys().collect();
+        assert_eq!(
+            cooldowns,
+            vec![lane("a")],
+            "the dropped key's cooldown went"
+        );
+        let snapshot = engine.current().snapshot.unwrap_or_default();
+        let keys: Vec<(String, String, bool)> = snapshot
+            .providers
+            .iter()
+            .flat_map(|p| {
+                p.keys
+                    .iter()
+                    .map(|k| (p.id.clone(), k.alias.clone(), !k.secret.is_empty()))
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("p".into(), "a".into(), true),
+                ("q".into(), "x".into(), true)
+            ],
+            "the new key is resolved at once"
+        );
+        assert_eq!(engine.config().providers.len(), 2);
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! [`KeyAdmin`] lists but refuses to change. A stored key's secret is handed out once, by
 //! [`KeyAdmin::create`] and [`KeyAdmin::rotate`].
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use ai_router_contract::{defaults, BINDING_WILDCARD};
 use rand::RngCore;
@@ -276,16 +276,17 @@ fn new_key_id() -> String {
 /// The key operations over a store and the mounted keys.
 pub struct KeyAdmin {
     store: Arc<dyn KeyStore>,
-    mounted: Vec<VirtualKeyRecord>,
+    /// Replaced whole by a reload ([`KeyAdmin::replace_pool`]).
+    mounted: RwLock<Arc<Vec<VirtualKeyRecord>>>,
     clock: Arc<dyn Clock>,
     /// The names a key may be bound to; `None` checks nothing (a store opened without its pool).
-    pool: Option<PoolNames>,
+    pool: RwLock<Option<PoolNames>>,
 }
 
 impl std::fmt::Debug for KeyAdmin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyAdmin")
-            .field("mounted", &self.mounted.len())
+            .field("mounted", &self.mounted().len())
             .finish_non_exhaustive()
     }
 }
@@ -298,24 +299,41 @@ impl KeyAdmin {
     ) -> Self {
         Self {
             store,
-            mounted,
+            mounted: RwLock::new(Arc::new(mounted)),
             clock,
-            pool: None,
+            pool: RwLock::new(None),
         }
     }
 
     /// Refuses bindings to profiles and models `pool` does not have.
-    pub fn with_pool(mut self, pool: PoolNames) -> Self {
-        self.pool = Some(pool);
+    pub fn with_pool(self, pool: PoolNames) -> Self {
+        *write(&self.pool) = Some(pool);
         self
+    }
+
+    /// A reloaded pool: its mounted keys (refused, and nothing changed, when one collides with
+    /// a stored key) and the names keys may be bound to from now on.
+    pub fn replace_pool(
+        &self,
+        mounted: Vec<VirtualKeyRecord>,
+        pool: PoolNames,
+    ) -> Result<(), mounted::MountedKeyError> {
+        self.collisions(&mounted)?;
+        *write(&self.mounted) = Arc::new(mounted);
+        *write(&self.pool) = Some(pool);
+        Ok(())
+    }
+
+    fn pool(&self) -> Option<PoolNames> {
+        read(&self.pool).clone()
     }
 
     pub fn store(&self) -> &Arc<dyn KeyStore> {
         &self.store
     }
 
-    pub fn mounted(&self) -> &[VirtualKeyRecord] {
-        &self.mounted
+    pub fn mounted(&self) -> Arc<Vec<VirtualKeyRecord>> {
+        read(&self.mounted).clone()
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -323,7 +341,7 @@ impl KeyAdmin {
     }
 
     fn is_mounted(&self, id: &str) -> bool {
-        self.mounted.iter().any(|k| k.id == id)
+        self.mounted().iter().any(|k| k.id == id)
     }
 
     fn stored(&self, id: &str) -> Result<StoredKey, KeyStoreError> {
@@ -340,7 +358,7 @@ impl KeyAdmin {
         loop {
             let secret = mounted::generate_secret(label);
             let hash = sha256_hex(secret.expose());
-            if !self.mounted.iter().any(|k| k.sha256 == hash) {
+            if !self.mounted().iter().any(|k| k.sha256 == hash) {
                 return (secret, hash);
             }
         }
@@ -353,7 +371,7 @@ impl KeyAdmin {
             ));
         }
         check_bindings(&spec.profiles, &spec.models)?;
-        check_known(self.pool.as_ref(), &spec.profiles, &spec.models)?;
+        check_known(self.pool().as_ref(), &spec.profiles, &spec.models)?;
         let quota = spec.quota.unwrap_or_default();
         check_quota(&quota)?;
         let (secret, sha256) = self.fresh(&spec.label);
@@ -384,13 +402,13 @@ impl KeyAdmin {
 
     /// Mounted keys first, then stored ones (revoked included).
     pub fn list(&self) -> Result<Vec<KeyInfo>, KeyStoreError> {
-        let mut keys: Vec<KeyInfo> = self.mounted.iter().map(KeyInfo::mounted).collect();
+        let mut keys: Vec<KeyInfo> = self.mounted().iter().map(KeyInfo::mounted).collect();
         keys.extend(self.store.list()?.iter().map(KeyInfo::stored));
         Ok(keys)
     }
 
     pub fn get(&self, id: &str) -> Result<KeyInfo, KeyStoreError> {
-        if let Some(key) = self.mounted.iter().find(|k| k.id == id) {
+        if let Some(key) = self.mounted().iter().find(|k| k.id == id) {
             return Ok(KeyInfo::mounted(key));
         }
         self.store
@@ -434,7 +452,7 @@ impl KeyAdmin {
         // Only what this patch names: a key bound before a profile left the pool keeps working
         // until its bindings are changed.
         check_known(
-            self.pool.as_ref(),
+            self.pool().as_ref(),
             patch_profiles.as_deref().unwrap_or_default(),
             patch_models.as_deref().unwrap_or_default(),
         )?;
@@ -507,9 +525,10 @@ impl KeyAdmin {
     /// revoked (a disabled one with `enabled: false`). A stored key that shares a hash with a
     /// mounted one is left out. Each carries the quota block its usage puts on it now.
     pub fn snapshot_keys(&self) -> Result<Vec<VirtualKeyRecord>, KeyStoreError> {
-        let mut keys = self.mounted.clone();
+        let mounted = self.mounted();
+        let mut keys = mounted.to_vec();
         for key in self.store.list()? {
-            if key.revoked || self.mounted.iter().any(|m| m.sha256 == key.sha256) {
+            if key.revoked || mounted.iter().any(|m| m.sha256 == key.sha256) {
                 continue;
             }
             keys.push(key.to_record());
@@ -520,6 +539,10 @@ impl KeyAdmin {
 
     /// A mounted key whose secret or id a stored key also holds: the gateway refuses to start.
     pub fn check_collisions(&self) -> Result<(), mounted::MountedKeyError> {
+        self.collisions(&self.mounted())
+    }
+
+    fn collisions(&self, mounted: &[VirtualKeyRecord]) -> Result<(), mounted::MountedKeyError> {
         let stored = self
             .store
             .list()
@@ -528,7 +551,7 @@ impl KeyAdmin {
                 id: "-".to_owned(),
                 reason: e.to_string(),
             })?;
-        for mounted in &self.mounted {
+        for mounted in mounted {
             if let Some(other) = stored
                 .iter()
                 .find(|k| k.id == mounted.id || k.sha256 == mounted.sha256)
@@ -547,6 +570,14 @@ impl KeyAdmin {
         }
         Ok(())
     }
+}
+
+fn read<T: Clone>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

@@ -139,7 +139,8 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
 
 /// Queues the usage rows of every report batch for [`run_writer`].
 pub struct UsageRecorder {
-    config: Arc<Config>,
+    /// Replaced by a reload ([`UsageRecorder::set_config`]): the models' prices.
+    config: std::sync::RwLock<Arc<Config>>,
     clock: Arc<dyn Clock>,
     queue: mpsc::UnboundedSender<Queued>,
 }
@@ -153,7 +154,7 @@ impl UsageRecorder {
         let (queue, rx) = mpsc::unbounded_channel();
         (
             Arc::new(Self {
-                config,
+                config: std::sync::RwLock::new(config),
                 clock,
                 queue,
             }),
@@ -164,11 +165,21 @@ impl UsageRecorder {
     /// Queues the usage rows of `batch` (the engine calls it with every report batch). Never
     /// blocks.
     pub fn observe(&self, batch: &pb::ReportBatch) {
-        let rows = usage_rows(&self.config, batch, self.clock.now_ms());
+        let config = self
+            .config
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone());
+        let rows = usage_rows(&config, batch, self.clock.now_ms());
         if !rows.is_empty() {
             // The writer is gone only at shutdown.
             let _ = self.queue.send(Queued::Rows(rows));
         }
+    }
+
+    /// Prices usage by `config`'s models from the next batch on.
+    pub fn set_config(&self, config: Arc<Config>) {
+        *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
     }
 
     /// Waits until every row queued so far is in the store; `false` when the write failed or

@@ -52,6 +52,7 @@ mod envoy;
 mod fixture;
 mod mock;
 mod process;
+pub mod servers;
 mod tools;
 
 pub use client::*;

@@ -224,7 +224,7 @@ pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     let names = config.names.clone();
     let command = args.command;
     tokio::task::spawn_blocking(move || {
-        let store = store::open(&spec)?;
+        let store = store::open(&spec, env.as_ref())?;
         let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names);
         local(&keys, command)
     })

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod mounted;
+pub mod postgres;
 pub mod quotas;
 pub mod record;
 pub mod store;

@@ -38,6 +38,9 @@ pub enum KeyStoreError {
     Revoked(String),
     #[error("key store: {0}")]
     Storage(String),
+    /// The store does not answer (a shared database away): try again later.
+    #[error("key store unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub(super) fn storage(err: impl std::fmt::Display) -> KeyStoreError {
@@ -469,14 +472,33 @@ impl KeyStore for SqliteKeyStore {
     }
 }
 
-/// Opens the configured key store (blocking: SQLite opens and migrates the file).
-pub fn open(spec: &crate::config::StoreSpec) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
+/// Opens the configured key store (blocking: SQLite opens and migrates the file, Postgres
+/// connects and migrates). `env` resolves a Postgres URL.
+pub fn open(
+    spec: &crate::config::StoreSpec,
+    env: &dyn crate::config::secrets::Env,
+) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
+    use crate::config::StoreSpec;
     Ok(match spec {
-        crate::config::StoreSpec::Memory => Arc::new(MemoryKeyStore::default()),
-        crate::config::StoreSpec::Sqlite(path) => Arc::new(
+        StoreSpec::Memory => Arc::new(MemoryKeyStore::default()),
+        StoreSpec::Sqlite(path) => Arc::new(
             SqliteKeyStore::open(path)
                 .map_err(|e| KeyStoreError::Storage(format!("keyStore {}: {e}", path.display())))?,
         ),
+        StoreSpec::Postgres { url } => {
+            let url = url.resolve(env).ok_or_else(|| {
+                KeyStoreError::Storage(format!(
+                    "gateway.keyStore.url: {} resolves to nothing",
+                    url.describe()
+                ))
+            })?;
+            Arc::new(crate::keys::postgres::PostgresKeyStore::open(url.expose())?)
+        }
+        StoreSpec::Redis { .. } => {
+            return Err(KeyStoreError::Storage(
+                "gateway.keyStore: redis holds state, not keys".into(),
+            ))
+        }
     })
 }
 

@@ -452,3 +452,53 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
     assert!(c.a.cp.logs().contains("the shared store answers again"));
     c.check_no_secrets_in_logs(&[]);
 }
+
+#[test]
+fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("docker-compose")
+        .args(["--profile", "cluster", "config", "--services"])
+        .current_dir(&root)
+        .env("AI_ROUTER_SYNC_TOKEN", "compose-check")
+        .env("AI_ROUTER_PG_PASSWORD", "compose-check")
+        .output()
+        .expect("docker-compose (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let services = String::from_utf8_lossy(&out.stdout).to_string();
+    for s in [
+        "redis",
+        "postgres",
+        "control-plane-a",
+        "control-plane-b",
+        "envoy-a",
+        "envoy-b",
+    ] {
+        assert!(services.lines().any(|l| l == s), "{s} missing: {services}");
+    }
+    // Each Envoy file is what the renderer writes for its control plane.
+    for site in ["a", "b"] {
+        let out = std::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
+            .args(["render-envoy", "--config", "examples/pool-cluster.yaml"])
+            .args(["--control-plane", &format!("control-plane-{site}:8082")])
+            .args(["--admin", "0.0.0.0:9901"])
+            .current_dir(&root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file =
+            std::fs::read_to_string(root.join(format!("envoy/envoy-cluster-{site}.yaml"))).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            file,
+            "envoy/envoy-cluster-{site}.yaml is stale"
+        );
+    }
+}

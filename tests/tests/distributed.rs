@@ -80,21 +80,23 @@ impl Cluster {
         .collect();
         let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token)];
         let mut dirs = vec![dir];
-        let mut sites = Vec::new();
+        let mut planes = Vec::new();
         for name in ["a", "b"] {
             let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
             let cp = ControlPlane::start(&dir, &pool(&mock.api_base()), &env)
                 .await
                 .unwrap();
-            let envoy = Envoy::start(
-                &dir,
-                cp.config_path(),
-                cp.grpc_addr(),
-                &envoy_env,
-                &virtual_key,
-            )
-            .await
-            .unwrap_or_else(|e| panic!("Envoy {name}: {e:#}\n{}", cp.tail()));
+            planes.push((dir, cp));
+        }
+        // Each Envoy syncs from its own control plane and fails over to the other.
+        let grpc = [planes[0].1.grpc_addr(), planes[1].1.grpc_addr()];
+        let mut sites = Vec::new();
+        for (i, (dir, cp)) in planes.into_iter().enumerate() {
+            let order = [grpc[i], grpc[1 - i]];
+            let envoy =
+                Envoy::start_failover(&dir, cp.config_path(), &order, &envoy_env, &virtual_key)
+                    .await
+                    .unwrap_or_else(|e| panic!("Envoy {i}: {e:#}\n{}", cp.tail()));
             let client = Client::new(&envoy.base_url()).unwrap();
             let http = Client::new(&format!("http://{}", cp.http_addr())).unwrap();
             sites.push(Site {
@@ -201,6 +203,50 @@ impl Drop for Cluster {
             eprintln!("{}", self.tails());
         }
         let _ = &self.dirs;
+    }
+}
+
+/// What one load task saw: each call's status and body.
+type Replies = Vec<anyhow::Result<(u16, String)>>;
+
+/// Calls in a loop through each client until stopped.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Replies>>,
+}
+
+impl Load {
+    fn start(clients: &[&Client], key: &str) -> Load {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = clients
+            .iter()
+            .map(|client| {
+                let (stop, client, key) = (stop.clone(), (*client).clone(), key.to_owned());
+                tokio::spawn(async move {
+                    let mut replies = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let reply = client.chat("chat", Some(&key)).await;
+                        replies.push(reply.map(|r| (r.status, r.text)));
+                    }
+                    replies
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    /// Stops the load; every call answered 200. Returns how many there were.
+    async fn stop_all_ok(self, when: &str) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut total = 0;
+        for task in self.tasks {
+            for reply in task.await.unwrap() {
+                let (status, text) = reply.unwrap();
+                assert_eq!(status, 200, "a call failed {when}: {text}");
+                total += 1;
+            }
+        }
+        total
     }
 }
 
@@ -330,12 +376,14 @@ async fn keys_made_anywhere_work_everywhere_and_usage_adds_up() {
 async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
     let c = Cluster::start("distributed-blacklist").await;
     let started = c.refuse_key_a_through_a().await;
-    c.b.cp
-        .metric_line(&["ai_router_key_out{", "key=\"a\"", "reason=\"auth\""])
-        .await
-        .unwrap();
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_key_out{", "key=\"a\"", "reason=\"auth\""])
+            .await
+            .unwrap();
+    }
     let took = started.elapsed();
-    eprintln!("a 401 seen through A took key a out at control plane B in {took:?}");
+    eprintln!("a 401 seen through A took key a out at both control planes in {took:?}");
     assert!(took < SHARED, "{took:?}");
     // Envoy B has it too (the push is immediate): none of its calls uses key a.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -370,23 +418,7 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
         .unwrap();
 
     // Load over both Envoys while Redis dies and comes back.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut load = Vec::new();
-    for client in [c.a.client.clone(), c.b.client.clone()] {
-        let (stop, key) = (stop.clone(), c.virtual_key.clone());
-        load.push(tokio::spawn(async move {
-            let mut replies = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                replies.push(
-                    client
-                        .chat("chat", Some(&key))
-                        .await
-                        .map(|r| (r.status, r.text)),
-                );
-            }
-            replies
-        }));
-    }
+    let load = Load::start(&[&c.a.client, &c.b.client], &c.virtual_key);
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.redis.kill();
     for site in [&c.a, &c.b] {
@@ -408,15 +440,7 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut total = 0;
-    for task in load {
-        for reply in task.await.unwrap() {
-            let (status, text) = reply.unwrap();
-            assert_eq!(status, 200, "a call failed during the outage: {text}");
-            total += 1;
-        }
-    }
+    let total = load.stop_all_ok("during the Redis outage").await;
     eprintln!("{total} calls over both Envoys across the Redis outage, all 200");
     assert!(total > 20, "{total}");
     // The restarted Redis started empty; the control planes wrote their state back.
@@ -451,6 +475,36 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
     assert!(c.a.cp.logs().contains("the shared store does not answer"));
     assert!(c.a.cp.logs().contains("the shared store answers again"));
     c.check_no_secrets_in_logs(&[]);
+}
+
+#[tokio::test]
+async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
+    let mut c = Cluster::start("distributed-failover").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    let load = Load::start(&[&c.a.client], &c.virtual_key);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.a.cp.stop();
+    // Envoy A now syncs from B: a key made through B works through Envoy A.
+    let r = c
+        .admin(
+            &c.b,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({ "label": "after", "models": ["*"] })),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r}");
+    let secret = r.json["secret"].as_str().unwrap().to_string();
+    let took = until_status(&c.a, &secret, 200, "Envoy A to sync from B").await;
+    eprintln!("with control plane A stopped, Envoy A had B's new key after {took:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = load.stop_all_ok("after control plane A stopped").await;
+    eprintln!("{total} calls through Envoy A across the stop, all 200");
+    assert!(total > 10, "{total}");
+    c.check_no_secrets_in_logs(&[&secret]);
 }
 
 #[test]

@@ -4,7 +4,9 @@
 #
 #   - Debian packages: curl, ca-certificates, pkg-config, build-essential, docker-compose
 #     (only to validate docker-compose.yml; no Docker engine is needed), prometheus (its server
-#     and promtool, which the /metrics tests run), python3-venv if needed
+#     and promtool, which the /metrics tests run), redis-server and postgresql (binaries only:
+#     the shared-store tests start their own servers on free ports in temporary directories;
+#     no system service is used), python3-venv if needed
 #   - Rust with the wasm32-wasip1 target (rustup), else Debian's rustc-web toolchain as the
 #     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
 #     ($CARGO_TARGET_DIR is honoured)
@@ -45,7 +47,7 @@ deb_installed() {
 
 # ---------------------------------------------------------------- Debian packages
 missing=()
-for pkg in ca-certificates curl pkg-config build-essential docker-compose prometheus; do
+for pkg in ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql; do
     deb_installed "$pkg" || missing+=("$pkg")
 done
 if ! command -v python3 >/dev/null 2>&1; then
@@ -54,7 +56,7 @@ fi
 if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 else
-    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose prometheus"
+    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql"
 fi
 
 # ---------------------------------------------------------------- Rust
@@ -172,4 +174,6 @@ log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai
     || die "the npm clients did not import from tests/conformance/node"
 log "npm clients: openai, @anthropic-ai/sdk (node $(node --version))"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
+redis-server --version >/dev/null 2>&1 || die "redis-server does not run"
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || die "no postgres binary under /usr/lib/postgresql/<ver>/bin"
 log "done: export ENVOY_BIN=$VENV/bin/envoy"

@@ -28,6 +28,10 @@ pub struct RenderOptions {
     /// The control plane's gRPC address (a host name or an IP).
     pub control_plane_host: String,
     pub control_plane_port: u16,
+    /// Other control planes on the same shared stores (`--control-plane a:P,b:P`): listed in
+    /// the same cluster, health-checked, so when the filter's sync stream breaks its reconnect
+    /// lands on one that answers (see `failover_endpoints`).
+    pub more_control_planes: Vec<(String, u16)>,
     /// Path of `ai_router_filter.wasm` as Envoy sees it.
     pub wasm_path: String,
     /// `gateway.maxBodyBytes`.
@@ -177,6 +181,7 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let listen_host = q(&o.listen_host);
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
+    let (control_plane_failover, more_control_planes) = failover_endpoints(o);
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
     let request_timeout = seconds(o.limits.request_timeout_ms);
@@ -427,14 +432,43 @@ bootstrap_extensions:
           explicit_http_config:
             http2_protocol_options:
               connection_keepalive: {{ interval: 10s, timeout: 5s }}
-      load_assignment:
+{control_plane_failover}      load_assignment:
         cluster_name: {control_plane_cluster}
         endpoints:
           - lb_endpoints:
               - endpoint:
                   address: {{ socket_address: {{ address: {cp_host}, port_value: {cp_port} }} }}
-"#
+{more_control_planes}"#
     )
+}
+
+/// The other control planes' endpoints, and the health check that takes one that stopped out of the cluster within about a
+/// second (TCP connect every second; one failure ejects, one success
+/// takes it back). Empty with one control plane: that bootstrap stays as it was.
+fn failover_endpoints(o: &RenderOptions) -> (String, String) {
+    if o.more_control_planes.is_empty() {
+        return (String::new(), String::new());
+    }
+    let checks = "      # Several control planes: a reconnect goes to one that answers.
+      health_checks:
+        - timeout: 1s
+          interval: 1s
+          unhealthy_threshold: 1
+          healthy_threshold: 1
+          tcp_health_check: {}
+      common_lb_config: { healthy_panic_threshold: { value: 0 } }
+"
+    .to_owned();
+    // One group: every control plane serves the same shared state, so any healthy one will do
+    // (a priority-1 group for the others never received the stream in the e2e test).
+    let mut endpoints = String::new();
+    for (host, port) in &o.more_control_planes {
+        endpoints.push_str(&format!(
+            "              - endpoint:\n                  address: {{ socket_address: {{ address: {}, port_value: {port} }} }}\n",
+            q(host)
+        ));
+    }
+    (checks, endpoints)
 }
 
 #[cfg(test)]
@@ -449,11 +483,55 @@ mod tests {
             admin_port: 9901,
             control_plane_host: "control-plane".into(),
             control_plane_port: 8082,
+            more_control_planes: Vec::new(),
             wasm_path: "/etc/envoy/wasm/ai_router_filter.wasm".into(),
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
             limits: ListenerLimits::default(),
         }
+    }
+
+    #[test]
+    fn several_control_planes_are_one_health_checked_cluster() {
+        let one = render_envoy(&options());
+        assert!(
+            !one.contains("health_checks"),
+            "one control plane: as before"
+        );
+        let mut o = options();
+        o.more_control_planes = vec![("cp-b".into(), 9082), ("10.0.0.3".into(), 8082)];
+        let yaml = render_envoy(&o);
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        let cp = clusters
+            .iter()
+            .find(|c| c["name"] == clusters::CONTROL_PLANE)
+            .unwrap();
+        let group = |i: usize| -> Vec<(String, u64)> {
+            cp["load_assignment"]["endpoints"][i]["lb_endpoints"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    let a = &e["endpoint"]["address"]["socket_address"];
+                    (
+                        a["address"].as_str().unwrap().to_owned(),
+                        a["port_value"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            group(0),
+            [
+                ("control-plane".to_owned(), 8082),
+                ("cp-b".to_owned(), 9082),
+                ("10.0.0.3".to_owned(), 8082)
+            ]
+        );
+        assert_eq!(cp["health_checks"][0]["interval"], "1s");
+        assert_eq!(cp["health_checks"][0]["unhealthy_threshold"], 1);
+        assert!(cp["health_checks"][0].get("tcp_health_check").is_some());
     }
 
     #[test]

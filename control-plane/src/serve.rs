@@ -39,7 +39,6 @@ use crate::engine::Engine;
 use crate::keys::admin::KeyAdmin;
 use crate::keys::mounted;
 use crate::keys::record::VirtualKeyRecord;
-use crate::keys::store;
 use crate::keys::usage::UsageRecorder;
 use crate::reload::Reloader;
 use crate::store::durable::StateStore;
@@ -219,9 +218,20 @@ pub async fn sync_access(
     Ok(SyncAccess::TrustedLoopback)
 }
 
-/// Opens the configured state store (blocking: SQLite opens and migrates the file).
-pub fn open_state_store(spec: &StoreSpec) -> anyhow::Result<Arc<dyn StateStore>> {
+/// Opens the configured state store (blocking: SQLite opens and migrates the file). `env`
+/// resolves a Redis URL.
+pub fn open_state_store(spec: &StoreSpec, env: &dyn Env) -> anyhow::Result<Arc<dyn StateStore>> {
     Ok(match spec {
+        StoreSpec::Redis { url, namespace } => {
+            let resolved = url.resolve(env).with_context(|| {
+                format!("stateStore.url: {} resolves to nothing", url.describe())
+            })?;
+            Arc::new(crate::store::redis::RedisStateStore::open(
+                resolved.expose(),
+                namespace,
+            )?)
+        }
+        StoreSpec::Postgres { .. } => anyhow::bail!("stateStore: postgres holds keys, not state"),
         StoreSpec::Memory => Arc::new(MemoryStateStore::default()),
         StoreSpec::Sqlite(path) => Arc::new(
             SqliteStateStore::open(path)
@@ -246,11 +256,12 @@ async fn not_found() -> ApiError {
 pub async fn open_keys(
     config: &Config,
     mounted: Vec<VirtualKeyRecord>,
+    env: Arc<dyn Env>,
 ) -> anyhow::Result<(Arc<KeyAdmin>, Vec<VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
     let names = config.names.clone();
     tokio::task::spawn_blocking(move || {
-        let store = store::open(&spec).context("gateway.keyStore")?;
+        let store = crate::keys::open(&spec, env.as_ref()).context("gateway.keyStore")?;
         let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names));
         keys.check_collisions()?;
         let records = keys.snapshot_keys().context("gateway.keyStore")?;
@@ -277,7 +288,7 @@ pub async fn start(
         tracing::warn!("{warning}");
     }
     let mounted = mounted::mounted_keys(&config, env.as_ref())?;
-    let (keys, virtual_keys) = open_keys(&config, mounted).await?;
+    let (keys, virtual_keys) = open_keys(&config, mounted, env.clone()).await?;
     if virtual_keys.is_empty() {
         tracing::warn!(
             "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys) or stored: every call will be refused"
@@ -285,7 +296,9 @@ pub async fn start(
     }
     let admin_token = crate::api::admin::admin_token(&config, env.as_ref());
     let spec = config.state_store.clone();
-    let store = tokio::task::spawn_blocking(move || open_state_store(&spec)).await??;
+    let store_env = env.clone();
+    let store =
+        tokio::task::spawn_blocking(move || open_state_store(&spec, store_env.as_ref())).await??;
     let durable = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.load()).await??

@@ -53,6 +53,8 @@ pub struct UpOptions {
 #[derive(Debug, Clone, Default)]
 pub struct RenderOverrides {
     pub control_plane: Option<(String, u16)>,
+    /// Further control planes the Envoy fails over to.
+    pub more_control_planes: Vec<(String, u16)>,
     pub wasm: Option<String>,
     pub listen: Option<(String, u16)>,
     pub admin: Option<(String, u16)>,
@@ -80,6 +82,7 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
         admin_port,
         control_plane_host,
         control_plane_port,
+        more_control_planes: overrides.more_control_planes,
         wasm_path: overrides
             .wasm
             .unwrap_or_else(|| DEFAULT_WASM_PATH.to_owned()),
@@ -403,6 +406,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         &config,
         RenderOverrides {
             control_plane: Some(("127.0.0.1".to_owned(), running.grpc_addr.port())),
+            more_control_planes: Vec::new(),
             wasm: Some(wasm.display().to_string()),
             listen: Some((listen_host.clone(), config.gateway.port)),
             admin: Some(("127.0.0.1".to_owned(), 0)),

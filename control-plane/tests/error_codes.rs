@@ -18,6 +18,7 @@ fn envoys_replies_are_gateway_codes() -> Result<()> {
         admin_port: 9901,
         control_plane_host: "127.0.0.1".into(),
         control_plane_port: 8082,
+        more_control_planes: Vec::new(),
         wasm_path: "ai_router_filter.wasm".into(),
         max_body_bytes: 1024,
         max_attempts: 4,

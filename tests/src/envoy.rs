@@ -23,6 +23,22 @@ impl Envoy {
         env: &[(String, String)],
         ready_key: &str,
     ) -> Result<Self> {
+        Self::start_failover(dir, config, &[control_plane_grpc], env, ready_key).await
+    }
+
+    /// [`Envoy::start`] with several control planes (the first is the one it starts on; it
+    /// fails over to the others).
+    pub async fn start_failover(
+        dir: &TestDir,
+        config: &Path,
+        control_planes: &[SocketAddr],
+        env: &[(String, String)],
+        ready_key: &str,
+    ) -> Result<Self> {
+        let control_plane_list: Vec<String> = control_planes
+            .iter()
+            .map(|a| format!("127.0.0.1:{}", a.port()))
+            .collect();
         let bin = ai_router_bin()?;
         let envoy = envoy_bin()?;
         let wasm = wasm_path()?;
@@ -32,7 +48,7 @@ impl Envoy {
             "--config".to_string(),
             config.display().to_string(),
             "--control-plane".to_string(),
-            format!("127.0.0.1:{}", control_plane_grpc.port()),
+            control_plane_list.join(","),
             "--wasm".to_string(),
             wasm.display().to_string(),
             "--listen".to_string(),

@@ -54,6 +54,7 @@ mod fixture;
 mod mock;
 mod process;
 pub mod scan;
+pub mod servers;
 mod tools;
 
 pub use client::*;

@@ -73,6 +73,7 @@ impl From<KeyStoreError> for ApiError {
             KeyStoreError::Mounted(_) => ErrorCode::KeyMounted,
             KeyStoreError::Revoked(_) => ErrorCode::Conflict,
             KeyStoreError::Storage(_) => ErrorCode::Internal,
+            KeyStoreError::Unavailable(_) => ErrorCode::Unavailable,
         };
         ApiError::new(code, err.to_string())
     }

@@ -510,6 +510,7 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", load(n));
             }
         }
+        crate::store::health::render(&mut out, family);
         out
     }
 }

@@ -24,7 +24,6 @@ use crate::config::secrets::{Env, ProcessEnv};
 use crate::config::{self, QuotaConfig, StoreSpec};
 use crate::keys::admin::{KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 use crate::keys::mounted;
-use crate::keys::store;
 
 #[derive(Debug, Clone, Args)]
 pub struct KeysArgs {
@@ -224,7 +223,7 @@ pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     let names = config.names.clone();
     let command = args.command;
     tokio::task::spawn_blocking(move || {
-        let store = store::open(&spec)?;
+        let store = crate::keys::open(&spec, env.as_ref())?;
         let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names);
         local(&keys, command)
     })

@@ -12,8 +12,10 @@ use crate::{config, render, stdout, up};
 pub struct RenderEnvoyArgs {
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// The control plane's gRPC address (default: controlPlane.host and grpcPort).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// The control plane's gRPC address (default: controlPlane.host and grpcPort); several,
+    /// comma-separated, for control planes sharing Redis and Postgres: the Envoy syncs from the
+    /// first that answers and fails over to another when its stream breaks.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]")]
     control_plane: Option<String>,
     /// Path of ai_router_filter.wasm as Envoy sees it.
     #[arg(long, value_name = "PATH", default_value = up::DEFAULT_WASM_PATH)]
@@ -32,12 +34,22 @@ pub struct RenderEnvoyArgs {
 pub fn run(args: RenderEnvoyArgs) -> anyhow::Result<()> {
     let env: Arc<dyn Env> = Arc::new(ProcessEnv);
     let config = config::load(&args.config, env.as_ref())?;
+    let mut control_planes = args
+        .control_plane
+        .as_deref()
+        .map(|list| {
+            list.split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(up::parse_host_port)
+                .collect::<anyhow::Result<Vec<_>>>()
+        })
+        .transpose()?
+        .unwrap_or_default()
+        .into_iter();
     let overrides = up::RenderOverrides {
-        control_plane: args
-            .control_plane
-            .as_deref()
-            .map(up::parse_host_port)
-            .transpose()?,
+        control_plane: control_planes.next(),
+        more_control_planes: control_planes.collect(),
         wasm: Some(args.wasm),
         listen: args
             .listen

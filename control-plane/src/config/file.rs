@@ -115,6 +115,10 @@ pub struct SecretRefConfig {
 pub enum StoreType {
     Memory,
     Sqlite,
+    /// The shared state store (`stateStore` only).
+    Redis,
+    /// The shared key store (`gateway.keyStore` only).
+    Postgres,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -123,6 +127,9 @@ pub struct StoreConfig {
     #[serde(rename = "type")]
     pub kind: StoreType,
     pub path: Option<PathBuf>,
+    /// Redis and Postgres: the connection URL, `{ env: NAME }` or `{ file: path }` (it may
+    /// carry a password).
+    pub url: Option<SecretRefConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]

@@ -124,6 +124,15 @@ pub struct ControlPlane {
 pub enum StoreSpec {
     Memory,
     Sqlite(PathBuf),
+    /// `stateStore: { type: redis, url }`: every key under `namespace` (`storeNamespace`).
+    Redis {
+        url: SecretSource,
+        namespace: String,
+    },
+    /// `gateway.keyStore: { type: postgres, url }`.
+    Postgres {
+        url: SecretSource,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

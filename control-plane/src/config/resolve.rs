@@ -11,8 +11,8 @@ use ai_router_contract::defaults;
 use crate::config::error::{invalid, ConfigError};
 use crate::config::file::{
     BackoffFileConfig, BreakerFileConfig, Capability, FileConfig, GatewayConfig, PolicyConfig,
-    ProviderConfig, ProviderKind, SelectionConfig, StoreConfig, StoreType, TierConfig,
-    CLOUDFLARE_BASE_URL,
+    ProviderConfig, ProviderKind, SecretRefConfig, SelectionConfig, StoreConfig, StoreType,
+    TierConfig, CLOUDFLARE_BASE_URL,
 };
 use crate::config::keys_from_env::keys_from_env_prefixes;
 use crate::config::model::{
@@ -134,7 +134,7 @@ impl FileConfig {
             profiles,
             resilience: self.resolve_resilience()?,
             selection: self.resolve_selection()?,
-            state_store: store_spec("stateStore", self.state_store.as_ref(), base_dir)?,
+            state_store: state_store_spec(self, base_dir)?,
             mounted_keys,
             budgets: crate::config::budgets::resolve_budgets(&self.budgets)?,
             names,
@@ -207,7 +207,7 @@ impl FileConfig {
             host_explicit: g.host.is_some(),
             port,
             admin_token,
-            key_store: store_spec("gateway.keyStore", g.key_store.as_ref(), base_dir)?,
+            key_store: key_store_spec(g.key_store.as_ref(), base_dir)?,
             max_body_bytes,
             forward_rate_limit_headers: g
                 .forward_rate_limit_headers
@@ -670,29 +670,93 @@ fn relative_to(base_dir: &Path, path: &Path) -> PathBuf {
     }
 }
 
+/// The prefix of every Redis key when `storeNamespace` is not set.
+pub const DEFAULT_STORE_NAMESPACE: &str = "ai-router";
+
+/// `stateStore`, with `storeNamespace` (only a Redis store is shared that way).
+fn state_store_spec(file: &FileConfig, base_dir: &Path) -> Result<StoreSpec, ConfigError> {
+    let spec = store_spec("stateStore", file.state_store.as_ref(), base_dir)?;
+    match (spec, file.store_namespace.as_deref()) {
+        (StoreSpec::Postgres { .. }, _) => Err(invalid(
+            "stateStore.type: postgres holds keys and usage (gateway.keyStore); the shared state store is redis",
+        )),
+        (StoreSpec::Redis { url, .. }, namespace) => {
+            let namespace = namespace.map(str::trim).unwrap_or(DEFAULT_STORE_NAMESPACE);
+            if namespace.is_empty() || namespace.contains(char::is_whitespace) {
+                return Err(invalid(
+                    "storeNamespace: a non-empty name without spaces (the prefix of every Redis key)",
+                ));
+            }
+            Ok(StoreSpec::Redis {
+                url,
+                namespace: namespace.to_owned(),
+            })
+        }
+        (_, Some(_)) => Err(invalid(
+            "storeNamespace: it names the keys of a store shared between gateways, and only stateStore: { type: redis } is shared that way; remove the field or use a redis state store",
+        )),
+        (spec, None) => Ok(spec),
+    }
+}
+
 fn store_spec(
     path: &str,
     store: Option<&StoreConfig>,
     base_dir: &Path,
 ) -> Result<StoreSpec, ConfigError> {
-    match store {
-        None => Ok(StoreSpec::Memory),
-        Some(StoreConfig {
-            kind: StoreType::Memory,
-            path: None,
-        }) => Ok(StoreSpec::Memory),
-        Some(StoreConfig {
-            kind: StoreType::Memory,
-            path: Some(_),
-        }) => Err(invalid(format!("{path}.path: a memory store has no path"))),
-        Some(StoreConfig {
-            kind: StoreType::Sqlite,
-            path: Some(file),
-        }) if !file.as_os_str().is_empty() => Ok(StoreSpec::Sqlite(relative_to(base_dir, file))),
-        Some(StoreConfig {
-            kind: StoreType::Sqlite,
-            ..
-        }) => Err(invalid(format!("{path}.path: a sqlite store needs a path"))),
+    let Some(store) = store else {
+        return Ok(StoreSpec::Memory);
+    };
+    let remote = matches!(store.kind, StoreType::Redis | StoreType::Postgres);
+    if remote && store.path.is_some() {
+        return Err(invalid(format!(
+            "{path}.path: a {} store has a url, not a path",
+            kind_name(store.kind)
+        )));
+    }
+    if !remote && store.url.is_some() {
+        return Err(invalid(format!(
+            "{path}.url: a {} store has no url",
+            kind_name(store.kind)
+        )));
+    }
+    let url = |r: &SecretRefConfig| {
+        secret_ref(
+            &format!("{path}.url"),
+            r.env.as_ref(),
+            r.file.as_ref(),
+            base_dir,
+        )
+    };
+    match (store.kind, &store.path, &store.url) {
+        (StoreType::Memory, None, _) => Ok(StoreSpec::Memory),
+        (StoreType::Memory, Some(_), _) => {
+            Err(invalid(format!("{path}.path: a memory store has no path")))
+        }
+        (StoreType::Sqlite, Some(file), _) if !file.as_os_str().is_empty() => {
+            Ok(StoreSpec::Sqlite(relative_to(base_dir, file)))
+        }
+        (StoreType::Sqlite, _, _) => {
+            Err(invalid(format!("{path}.path: a sqlite store needs a path")))
+        }
+        (StoreType::Redis, _, Some(r)) => Ok(StoreSpec::Redis {
+            url: url(r)?,
+            namespace: String::new(),
+        }),
+        (StoreType::Postgres, _, Some(r)) => Ok(StoreSpec::Postgres { url: url(r)? }),
+        (kind, _, None) => Err(invalid(format!(
+            "{path}.url: a {} store needs {{ url: {{ env: NAME }} }}",
+            kind_name(kind)
+        ))),
+    }
+}
+
+fn kind_name(kind: StoreType) -> &'static str {
+    match kind {
+        StoreType::Memory => "memory",
+        StoreType::Sqlite => "sqlite",
+        StoreType::Redis => "redis",
+        StoreType::Postgres => "postgres",
     }
 }
 
@@ -795,3 +859,13 @@ fn cut_policy(
 }
 
 const PROFILE_WILDCARD: &str = ai_router_contract::BINDING_WILDCARD;
+
+/// `gateway.keyStore`: memory, sqlite or postgres (Redis holds state, not keys).
+fn key_store_spec(store: Option<&StoreConfig>, base_dir: &Path) -> Result<StoreSpec, ConfigError> {
+    match store_spec("gateway.keyStore", store, base_dir)? {
+        StoreSpec::Redis { .. } => Err(invalid(
+            "gateway.keyStore.type: redis holds the shared state (stateStore); the shared key store is postgres",
+        )),
+        spec => Ok(spec),
+    }
+}

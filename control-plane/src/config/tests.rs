@@ -243,9 +243,71 @@ fn settings_this_version_cannot_honour_are_refused() {
         &env,
     );
     assert!(
-        message.starts_with("storeNamespace: not supported"),
+        message.starts_with("storeNamespace: it names the keys of a store shared"),
         "{message}"
     );
+}
+
+#[test]
+fn shared_stores_take_a_url_and_the_namespace() {
+    let env = MapEnv::new([("A_API_KEY", "k")]);
+    let pool = "providers:\n  - { kind: openai, keysFromEnv: A, models: [{ id: m }] }\n";
+    let ok = |extra: &str| {
+        parse(&format!("{extra}{pool}"))
+            .and_then(|f| f.resolve(&env, Path::new("/etc/ai-router")))
+            .map_err(|e| e.to_string())
+    };
+    let config = ok("stateStore: { type: redis, url: { env: REDIS_URL } }\nstoreNamespace: team-a\ngateway: { keyStore: { type: postgres, url: { file: pg.url } } }\n");
+    let Ok(config) = config else {
+        panic!("{config:?}");
+    };
+    assert_eq!(
+        config.state_store,
+        StoreSpec::Redis {
+            url: SecretSource::Env("REDIS_URL".into()),
+            namespace: "team-a".into()
+        }
+    );
+    assert_eq!(
+        config.gateway.key_store,
+        StoreSpec::Postgres {
+            url: SecretSource::File("/etc/ai-router/pg.url".into())
+        }
+    );
+    let default_ns = ok("stateStore: { type: redis, url: { env: R } }\n");
+    assert!(
+        matches!(&default_ns, Ok(c) if c.state_store == StoreSpec::Redis { url: SecretSource::Env("R".into()), namespace: "ai-router".into() }),
+        "{default_ns:?}"
+    );
+    for (extra, says) in [
+        (
+            "stateStore: { type: redis }\n",
+            "stateStore.url: a redis store needs",
+        ),
+        (
+            "stateStore: { type: redis, path: x, url: { env: R } }\n",
+            "stateStore.path: a redis store has a url",
+        ),
+        (
+            "stateStore: { type: sqlite, path: x, url: { env: R } }\n",
+            "stateStore.url: a sqlite store has no url",
+        ),
+        (
+            "stateStore: { type: postgres, url: { env: R } }\n",
+            "stateStore.type: postgres holds keys",
+        ),
+        (
+            "gateway: { keyStore: { type: redis, url: { env: R } } }\n",
+            "gateway.keyStore.type: redis holds",
+        ),
+        (
+            "stateStore: { type: redis, url: { env: R } }\nstoreNamespace: 'a b'\n",
+            "storeNamespace: a non-empty name",
+        ),
+    ] {
+        let message = ok(extra).err().unwrap_or_default();
+        assert!(message.starts_with(says), "{extra}: {message}");
+    }
 }
 
 #[test]

@@ -390,10 +390,5 @@ pub(super) fn refuse_unsupported_settings(file: &FileConfig) -> Result<(), Confi
             "telemetry.includeContent: true is not supported by this version: the gateway records no prompt or answer anywhere; remove the field or set it to false",
         ));
     }
-    if file.store_namespace.is_some() {
-        return Err(invalid(
-            "storeNamespace: not supported by this version: it names the keys of a store shared between gateways, and the memory and sqlite stores are never shared that way; remove the field",
-        ));
-    }
     Ok(())
 }

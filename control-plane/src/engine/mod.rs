@@ -815,6 +815,13 @@ impl Engine {
         Ok(pulled)
     }
 
+    /// After an outage of the store: the next exchange takes the union of what this process
+    /// and the store hold (ours wins where both have an entry) instead of reading what the
+    /// store lacks as deleted, since a store that restarted empty deleted nothing.
+    pub fn forget_store_base(&self) {
+        lock(&self.state).base = DurableState::default();
+    }
+
     /// Resolves every key reference again; a changed secret is pushed and lifts a blacklist
     /// whose refused fingerprint differs.
     pub fn refresh_secrets(&self) -> Vec<EngineEvent> {
@@ -967,7 +974,15 @@ impl Engine {
             };
             let engine = self.clone();
             let store = store.clone();
-            match tokio::task::spawn_blocking(move || engine.sync_store(store.as_ref())).await {
+            let reconcile = failing;
+            match tokio::task::spawn_blocking(move || {
+                if reconcile {
+                    engine.forget_store_base();
+                }
+                engine.sync_store(store.as_ref())
+            })
+            .await
+            {
                 Ok(Ok(_)) => {
                     if failing {
                         tracing::info!("the state store is reachable again");
@@ -2843,6 +2858,61 @@ providers:
             "the new key is resolved at once"
         );
         assert_eq!(engine.config().providers.len(), 2);
+        Ok(())
+    }
+
+    // ---- a shared Redis store -----------------------------------------------------------------
+
+    #[test]
+    fn two_engines_on_one_redis_share_blacklists_and_one_probe() -> Result<(), String> {
+        let redis = crate::store::servers::RedisServer::start().map_err(|e| e.to_string())?;
+        let open = || -> Result<Arc<dyn StateStore>, String> {
+            Ok(Arc::new(
+                crate::store::redis::RedisStateStore::open(&redis.url(), "engines")
+                    .map_err(|e| e.to_string())?,
+            ))
+        };
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+        let a = engine_on(BREAKERS, test_env(), clock.clone(), open()?)?;
+        let b = engine_on(BREAKERS, test_env(), clock.clone(), open()?)?;
+        a.apply_report(&batch(vec![attempt("openai", "openai-2", "auth")]));
+        a.sync_store(a.store.as_ref()).map_err(|e| e.to_string())?;
+        assert!(b.sync_store(b.store.as_ref()).map_err(|e| e.to_string())?);
+        let out: Vec<String> = snapshot(&b)
+            .key_health
+            .iter()
+            .map(|h| h.key.clone())
+            .collect();
+        assert_eq!(out, ["openai-2"], "b pushes the blacklist a saw");
+        probe_lease_contention(&[a, b], &clock)
+    }
+
+    #[test]
+    fn after_an_outage_the_store_gets_back_what_it_lost() -> Result<(), String> {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::default());
+        let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+        let e = engine_on(BREAKERS, test_env(), clock.clone(), store.clone())?;
+        e.apply_report(&batch(vec![attempt("openai", "openai-2", "auth")]));
+        e.sync_store(store.as_ref()).map_err(|e| e.to_string())?;
+        // The store restarts empty, and someone else writes a cooldown meanwhile.
+        let mut other = DurableState::default();
+        other
+            .cooldowns
+            .insert(("local".into(), "a".into(), "llama".into()), 2_000_000);
+        store.save(&other).map_err(|e| e.to_string())?;
+        e.forget_store_base();
+        e.sync_store(store.as_ref()).map_err(|e| e.to_string())?;
+        let held = store.load().map_err(|e| e.to_string())?;
+        assert_eq!(held.blacklists.len(), 1, "ours is written back");
+        assert_eq!(held.cooldowns.len(), 1, "theirs is kept");
+        let s = snapshot(&e);
+        assert_eq!((s.key_health.len(), s.cooldowns.len()), (1, 1));
+        // Without forgetting the base, the empty store would have read as "deleted".
+        store
+            .save(&DurableState::default())
+            .map_err(|e| e.to_string())?;
+        e.sync_store(store.as_ref()).map_err(|e| e.to_string())?;
+        assert!(snapshot(&e).key_health.is_empty());
         Ok(())
     }
 }

@@ -1,11 +1,47 @@
 //! Virtual keys: the record pushed to the gateway (`record`), the keys mounted from the
 //! environment (`mounted`), the key store (memory or SQLite, hashes only: `store`), the
-//! operations on keys (`admin`), per-key quotas (`quotas`) and usage accounting (`usage`).
+//! operations on keys (`admin`), per-key quotas (`quotas`) and usage accounting (`usage`);
+//! [`open`] opens the configured store (memory, SQLite or Postgres: `postgres`).
 
 pub mod admin;
 pub mod ledger;
 pub mod mounted;
+pub mod postgres;
 pub mod quotas;
 pub mod record;
 pub mod store;
 pub mod usage;
+
+use std::sync::Arc;
+
+use store::{KeyStore, KeyStoreError};
+
+/// Opens the configured key store (blocking: SQLite opens and migrates the file, Postgres
+/// connects and migrates). `env` resolves a Postgres URL.
+pub fn open(
+    spec: &crate::config::StoreSpec,
+    env: &dyn crate::config::secrets::Env,
+) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
+    use crate::config::StoreSpec;
+    Ok(match spec {
+        StoreSpec::Memory => Arc::new(store::MemoryKeyStore::default()),
+        StoreSpec::Sqlite(path) => Arc::new(
+            store::SqliteKeyStore::open(path)
+                .map_err(|e| KeyStoreError::Storage(format!("keyStore {}: {e}", path.display())))?,
+        ),
+        StoreSpec::Postgres { url } => {
+            let url = url.resolve(env).ok_or_else(|| {
+                KeyStoreError::Storage(format!(
+                    "gateway.keyStore.url: {} resolves to nothing",
+                    url.describe()
+                ))
+            })?;
+            Arc::new(postgres::PostgresKeyStore::open(url.expose())?)
+        }
+        StoreSpec::Redis { .. } => {
+            return Err(KeyStoreError::Storage(
+                "gateway.keyStore: redis holds state, not keys".into(),
+            ))
+        }
+    })
+}

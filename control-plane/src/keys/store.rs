@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,9 @@ pub enum KeyStoreError {
     Revoked(String),
     #[error("key store: {0}")]
     Storage(String),
+    /// The store does not answer (a shared database away): try again later.
+    #[error("key store unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub(super) fn storage(err: impl std::fmt::Display) -> KeyStoreError {
@@ -482,17 +485,6 @@ impl KeyStore for SqliteKeyStore {
             .map(sql_u64)
             .map_err(storage)
     }
-}
-
-/// Opens the configured key store (blocking: SQLite opens and migrates the file).
-pub fn open(spec: &crate::config::StoreSpec) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
-    Ok(match spec {
-        crate::config::StoreSpec::Memory => Arc::new(MemoryKeyStore::default()),
-        crate::config::StoreSpec::Sqlite(path) => Arc::new(
-            SqliteKeyStore::open(path)
-                .map_err(|e| KeyStoreError::Storage(format!("keyStore {}: {e}", path.display())))?,
-        ),
-    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -193,7 +193,8 @@ impl UsageRecorder {
     }
 }
 
-fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
+/// Adds `rows` to the rows by (key id, day).
+pub(crate) fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
     for (id, row) in rows {
         into.entry((id, row.day.clone()))
             .or_insert_with(|| UsageDay {

@@ -242,3 +242,52 @@ pub trait StateStore: Send + Sync {
     /// `holder` is the whole holder string (a probe's own outcome).
     fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError>;
 }
+
+/// A state with an entry in every table (the stores' round-trip tests).
+#[cfg(test)]
+pub(crate) fn sample_state() -> DurableState {
+    let mut state = DurableState::default();
+    state.blacklists.insert(
+        ("p".into(), "k".into()),
+        Blacklist {
+            reason: BlacklistReason::Auth,
+            until_ms: 0,
+            refused_fingerprint: u64::MAX - 5,
+            code: Some("invalid_api_key".into()),
+        },
+    );
+    state
+        .cooldowns
+        .insert(("p".into(), "k:1".into(), "m/x".into()), 123);
+    state.breakers.insert(
+        (
+            crate::store::breaker::BreakerScope::Provider,
+            "p".into(),
+            String::new(),
+        ),
+        Breaker {
+            phase: crate::store::breaker::BreakerPhase::Open,
+            failures: 3,
+            open_until_ms: 99,
+            cooldown_ms: 5_000,
+        },
+    );
+    state.headroom.insert(
+        ("p".into(), "k".into(), "m".into()),
+        LaneHeadroom {
+            remaining_requests: 4,
+            remaining_tokens: -1,
+            reset_at_ms: 1_000,
+        },
+    );
+    state.spend.insert(
+        "p".into(),
+        Spend {
+            day: 20_000,
+            day_cost: 1.25,
+            month: 24_000,
+            month_cost: 9.5,
+        },
+    );
+    state
+}

@@ -5,16 +5,27 @@
 //! - `breaker`, `spend`: the two records with rules of their own (the breaker's phases, the
 //!   budget's UTC periods), driven by the engine;
 //! - `memory`, `state`: the stores (in memory, SQLite); `sqlite`: the one SQLite schema the
-//!   state store and the key store share.
+//!   state store and the key store share;
+//! - `redis`: the store several control planes share; `bridge` runs its async client (and the
+//!   Postgres key store's) behind the blocking trait; `health` counts their outages.
 //!
 //! Nothing here knows the engine, the keys or the APIs: they build on it.
 
 pub mod breaker;
+pub mod bridge;
 pub mod durable;
+pub mod health;
 pub mod memory;
+pub mod redis;
 pub mod spend;
 pub mod sqlite;
 pub mod state;
+
+/// Real Redis and Postgres servers for the tests (the e2e harness's own launcher).
+#[cfg(test)]
+#[path = "../../../tests/src/servers.rs"]
+#[allow(dead_code)]
+pub(crate) mod servers;
 
 use std::sync::{Mutex, MutexGuard};
 

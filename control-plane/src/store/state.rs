@@ -311,19 +311,7 @@ mod tests {
     fn round_trips_and_refuses_newer_schemas() -> Result<(), Box<dyn std::error::Error>> {
         let dir = std::env::temp_dir().join(format!("ai-router-state-{}", std::process::id()));
         let path = dir.join("nested").join("state.sqlite");
-        let mut state = DurableState::default();
-        state.blacklists.insert(
-            ("p".into(), "k".into()),
-            Blacklist {
-                reason: BlacklistReason::Auth,
-                until_ms: 0,
-                refused_fingerprint: u64::MAX - 5,
-                code: Some("invalid_api_key".into()),
-            },
-        );
-        state
-            .cooldowns
-            .insert(("p".into(), "k".into(), "m".into()), 123);
+        let state = crate::store::durable::sample_state();
         {
             let store = SqliteStateStore::open(&path)?;
             assert_eq!(store.load()?, DurableState::default());

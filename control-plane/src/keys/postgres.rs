@@ -1,0 +1,768 @@
+//! The shared key store: `gateway.keyStore: { type: postgres, url: { env: NAME } }`.
+//!
+//! Several control planes share one database: the keys, their usage per UTC day and the
+//! outcomes, and the change counter every key write bumps in its own transaction (each control
+//! plane polls it every second and pushes the keys again when it moved, so a key created,
+//! rotated, disabled or revoked through any of them reaches every Envoy within about a second).
+//!
+//! - Schema: the SQLite store's, with BIGINT times and counts, DOUBLE PRECISION cost and JSONB
+//!   lists. Migrations are versioned in the database (`ai_router_schema`), run in one
+//!   transaction under an advisory lock (two control planes starting together migrate once),
+//!   and a database migrated by a newer binary is refused.
+//! - Usage: each batch carries a random id, recorded in `usage_batches` in the same
+//!   transaction as its rows. A batch that fails is kept and sent again (with the next batch or
+//!   the next change-counter poll); one whose commit was lost in flight is recognised by its id
+//!   and not added twice. So usage written by every control plane adds up, exactly.
+//! - Connections: a bounded pool (`deadpool-postgres`, [`POOL_SIZE`]), every call under a
+//!   deadline. Envoys serve from pushed state, so an outage stops administration only: the admin
+//!   API answers `unavailable` with the reason, usage waits in memory, and keys already pushed
+//!   keep working.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use serde_json::Value;
+use tokio_postgres::NoTls;
+
+use crate::config::QuotaConfig;
+use crate::keys::store::{KeyStore, KeyStoreError, StoredKey, UsageDay};
+use crate::store::bridge::Bridge;
+use crate::store::health::{StoreHealth, KEYS};
+use crate::store::lock;
+
+/// Connections per control plane.
+pub const POOL_SIZE: usize = 8;
+const CALL_DEADLINE: Duration = Duration::from_secs(5);
+/// Usage batch ids are kept this long (a lost commit is retried well within it).
+const BATCH_ID_RETENTION_MS: i64 = 7 * 86_400_000;
+/// Batches kept in memory while the database is away; beyond, the oldest are merged into one.
+const MAX_UNSENT_BATCHES: usize = 1_000;
+
+const MIGRATIONS: &[&str] = &[
+    // 0 -> 1
+    "CREATE TABLE virtual_keys (
+        id TEXT PRIMARY KEY,
+        label TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        hint TEXT NOT NULL,
+        owner TEXT,
+        profiles JSONB NOT NULL,
+        models JSONB NOT NULL,
+        allow_fallback BOOLEAN NOT NULL,
+        requests_per_minute BIGINT,
+        tokens_per_day BIGINT,
+        cost_per_day DOUBLE PRECISION,
+        cost_per_month DOUBLE PRECISION,
+        enabled BOOLEAN NOT NULL,
+        revoked BOOLEAN NOT NULL,
+        created_at_ms BIGINT NOT NULL
+    );
+    CREATE TABLE key_usage (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        requests BIGINT NOT NULL DEFAULT 0,
+        successes BIGINT NOT NULL DEFAULT 0,
+        failures BIGINT NOT NULL DEFAULT 0,
+        prompt_tokens BIGINT NOT NULL DEFAULT 0,
+        completion_tokens BIGINT NOT NULL DEFAULT 0,
+        cost DOUBLE PRECISION NOT NULL DEFAULT 0,
+        latency_ms BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day)
+    );
+    CREATE TABLE key_usage_outcomes (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        count BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, outcome)
+    );
+    CREATE TABLE key_changes (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        generation BIGINT NOT NULL
+    );
+    INSERT INTO key_changes (id, generation) VALUES (1, 0);
+    CREATE TABLE usage_batches (
+        id TEXT PRIMARY KEY,
+        at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX usage_batches_at ON usage_batches (at_ms);",
+    // 1 -> 2: cached prompt tokens, and what cheaper lanes saved (as in SQLite).
+    "ALTER TABLE key_usage ADD COLUMN cached_tokens BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE key_usage ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0;",
+];
+
+/// The schema version this binary writes.
+pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// Serialises migrations between control planes (`pg_advisory_xact_lock`).
+const MIGRATION_LOCK: i64 = 0x6169_726f_7574_6572; // "airouter"
+
+const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, allow_fallback, \
+     requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
+     created_at_ms";
+
+type UsageBatch = (String, Vec<(String, UsageDay)>);
+
+pub struct PostgresKeyStore {
+    pool: Pool,
+    bridge: Bridge,
+    /// Usage batches not yet committed, oldest first.
+    unsent: Mutex<Vec<UsageBatch>>,
+    health: &'static StoreHealth,
+}
+
+impl std::fmt::Debug for PostgresKeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresKeyStore").finish_non_exhaustive()
+    }
+}
+
+/// How an outage's messages start (a refused statement's do not).
+const UNREACHABLE: &str = "postgres does not answer";
+
+/// A database error as the admin API may show it: no URL, no password.
+fn pg_error(err: &tokio_postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => format!("postgres: {}", db.message()),
+        None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
+        None => format!("{UNREACHABLE}: no connection"),
+    }
+}
+
+fn pool_error(err: &deadpool_postgres::PoolError) -> String {
+    match err {
+        deadpool_postgres::PoolError::Backend(e) => pg_error(e),
+        deadpool_postgres::PoolError::Timeout(_) => {
+            format!("{UNREACHABLE}: no connection within the deadline")
+        }
+        _ => format!("{UNREACHABLE}: no connection"),
+    }
+}
+
+fn i64_of(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn u64_of(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn key_from_row(row: &tokio_postgres::Row) -> Result<StoredKey, String> {
+    let list = |i: usize| -> Result<Vec<String>, String> {
+        let v: Value = row.try_get(i).map_err(|e| e.to_string())?;
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    };
+    let get_err = |e: tokio_postgres::Error| e.to_string();
+    Ok(StoredKey {
+        id: row.try_get(0).map_err(get_err)?,
+        label: row.try_get(1).map_err(get_err)?,
+        sha256: row.try_get(2).map_err(get_err)?,
+        hint: row.try_get(3).map_err(get_err)?,
+        owner: row.try_get(4).map_err(get_err)?,
+        profiles: list(5)?,
+        models: list(6)?,
+        allow_fallback: row.try_get(7).map_err(get_err)?,
+        quota: QuotaConfig {
+            requests_per_minute: row
+                .try_get::<_, Option<i64>>(8)
+                .map_err(get_err)?
+                .map(u64_of),
+            tokens_per_day: row
+                .try_get::<_, Option<i64>>(9)
+                .map_err(get_err)?
+                .map(u64_of),
+            cost_per_day: row.try_get(10).map_err(get_err)?,
+            cost_per_month: row.try_get(11).map_err(get_err)?,
+        },
+        enabled: row.try_get(12).map_err(get_err)?,
+        revoked: row.try_get(13).map_err(get_err)?,
+        created_at_ms: row.try_get(14).map_err(get_err)?,
+    })
+}
+
+enum Write {
+    Inserted,
+    Replaced,
+    Missing,
+    Duplicate,
+}
+
+fn new_batch_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl PostgresKeyStore {
+    /// Connects, migrates, and keeps a pool of at most [`POOL_SIZE`] connections.
+    pub fn open(url: &str) -> Result<Self, KeyStoreError> {
+        Self::with_health(url, &KEYS)
+    }
+
+    fn with_health(url: &str, health: &'static StoreHealth) -> Result<Self, KeyStoreError> {
+        let config = tokio_postgres::Config::from_str(url).map_err(|_| {
+            KeyStoreError::Storage("gateway.keyStore.url: not a postgres URL".into())
+        })?;
+        let bridge = Bridge::new("ai-router-postgres").map_err(KeyStoreError::Storage)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        // The pool's timers need the runtime it runs on: build it there.
+        let pool = bridge
+            .run(CALL_DEADLINE, async move {
+                Pool::builder(manager)
+                    .max_size(POOL_SIZE)
+                    .runtime(deadpool_postgres::Runtime::Tokio1)
+                    .wait_timeout(Some(Duration::from_secs(2)))
+                    .create_timeout(Some(Duration::from_secs(2)))
+                    .recycle_timeout(Some(Duration::from_secs(2)))
+                    .build()
+                    .map_err(|e| format!("postgres pool: {e}"))
+            })
+            .map_err(KeyStoreError::Storage)?;
+        let store = Self {
+            pool,
+            bridge,
+            unsent: Mutex::new(Vec::new()),
+            health,
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Runs `f` with a pooled connection under the deadline.
+    fn call<T, F, Fut>(&self, f: F) -> Result<T, KeyStoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, String>> + Send,
+    {
+        let pool = self.pool.clone();
+        let answer = self.bridge.run(CALL_DEADLINE, async move {
+            let client = pool.get().await.map_err(|e| pool_error(&e))?;
+            f(client).await
+        });
+        match answer {
+            Ok(v) => {
+                self.health.succeeded();
+                Ok(v)
+            }
+            Err(err) if err.starts_with("postgres: ") => {
+                // The database answered: refused, not away.
+                self.health.succeeded();
+                Err(KeyStoreError::Storage(err))
+            }
+            Err(err) => {
+                let err = if err.starts_with(UNREACHABLE) {
+                    err
+                } else {
+                    format!("{UNREACHABLE}: {err}")
+                };
+                self.health.failed(&err);
+                Err(KeyStoreError::Unavailable(err))
+            }
+        }
+    }
+
+    fn migrate(&self) -> Result<(), KeyStoreError> {
+        self.call(|mut client| async move {
+            let err = |e: tokio_postgres::Error| pg_error(&e);
+            let tx = client.transaction().await.map_err(err)?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+                .await
+                .map_err(err)?;
+            tx.batch_execute(
+                "CREATE TABLE IF NOT EXISTS ai_router_schema (
+                    id INTEGER PRIMARY KEY CHECK (id = 1),
+                    version INTEGER NOT NULL
+                );
+                INSERT INTO ai_router_schema (id, version) VALUES (1, 0) ON CONFLICT DO NOTHING;",
+            )
+            .await
+            .map_err(err)?;
+            let version: i32 = tx
+                .query_one("SELECT version FROM ai_router_schema WHERE id = 1", &[])
+                .await
+                .map_err(err)?
+                .get(0);
+            if version > SCHEMA_VERSION {
+                return Err(format!(
+                    "postgres: the schema version {version} is newer than this binary's ({SCHEMA_VERSION}); upgrade ai-router"
+                ));
+            }
+            let from = usize::try_from(version).unwrap_or(0);
+            for migration in MIGRATIONS.iter().skip(from) {
+                tx.batch_execute(migration).await.map_err(err)?;
+            }
+            tx.execute(
+                "UPDATE ai_router_schema SET version = $1 WHERE id = 1",
+                &[&SCHEMA_VERSION],
+            )
+            .await
+            .map_err(err)?;
+            tx.commit().await.map_err(err)
+        })
+    }
+
+    fn write_key(&self, key: &StoredKey, insert: bool) -> Result<(), KeyStoreError> {
+        let key = key.clone();
+        let id = key.id.clone();
+        let written = self.call(move |mut client| async move {
+            let err = |e: tokio_postgres::Error| pg_error(&e);
+            let profiles = serde_json::to_value(&key.profiles).map_err(|e| e.to_string())?;
+            let models = serde_json::to_value(&key.models).map_err(|e| e.to_string())?;
+            let rpm = key.quota.requests_per_minute.map(i64_of);
+            let tpd = key.quota.tokens_per_day.map(i64_of);
+            let tx = client.transaction().await.map_err(err)?;
+            let values: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+                &key.id,
+                &key.label,
+                &key.sha256,
+                &key.hint,
+                &key.owner,
+                &profiles,
+                &models,
+                &key.allow_fallback,
+                &rpm,
+                &tpd,
+                &key.quota.cost_per_day,
+                &key.quota.cost_per_month,
+                &key.enabled,
+                &key.revoked,
+                &key.created_at_ms,
+            ];
+            let sql = if insert {
+                format!(
+                    "INSERT INTO virtual_keys ({KEY_COLUMNS}) VALUES \
+                     ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                     ON CONFLICT DO NOTHING"
+                )
+            } else {
+                "UPDATE virtual_keys SET label = $2, sha256 = $3, hint = $4, owner = $5, \
+                 profiles = $6, models = $7, allow_fallback = $8, requests_per_minute = $9, \
+                 tokens_per_day = $10, cost_per_day = $11, cost_per_month = $12, enabled = $13, \
+                 revoked = $14, created_at_ms = $15 WHERE id = $1"
+                    .to_owned()
+            };
+            let changed = tx.execute(sql.as_str(), &values).await.map_err(err)?;
+            if changed == 0 {
+                return Ok(if insert {
+                    Write::Duplicate
+                } else {
+                    Write::Missing
+                });
+            }
+            tx.execute(
+                "UPDATE key_changes SET generation = generation + 1 WHERE id = 1",
+                &[],
+            )
+            .await
+            .map_err(err)?;
+            tx.commit().await.map_err(err)?;
+            Ok(if insert {
+                Write::Inserted
+            } else {
+                Write::Replaced
+            })
+        })?;
+        match written {
+            Write::Inserted | Write::Replaced => Ok(()),
+            Write::Missing => Err(KeyStoreError::NotFound(id)),
+            Write::Duplicate => Err(KeyStoreError::Storage(format!("key {id} already exists"))),
+        }
+    }
+
+    /// Sends the unsent usage batches, oldest first; stops at the first failure (kept).
+    fn flush_usage(&self) -> Result<(), KeyStoreError> {
+        loop {
+            let Some(batch) = lock(&self.unsent).first().cloned() else {
+                return Ok(());
+            };
+            self.call(move |client| write_batch(client, batch))?;
+            let mut unsent = lock(&self.unsent);
+            if !unsent.is_empty() {
+                unsent.remove(0);
+            }
+        }
+    }
+}
+
+/// One usage batch in one transaction, once: its id goes in with its rows.
+async fn write_batch(
+    mut client: deadpool_postgres::Object,
+    batch: UsageBatch,
+) -> Result<(), String> {
+    let err = |e: tokio_postgres::Error| pg_error(&e);
+    let (batch_id, rows) = batch;
+    let now = now_ms();
+    let tx = client.transaction().await.map_err(err)?;
+    let fresh = tx
+        .execute(
+            "INSERT INTO usage_batches (id, at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&batch_id, &now],
+        )
+        .await
+        .map_err(err)?;
+    if fresh == 0 {
+        // Committed before, its answer lost on the way.
+        return Ok(());
+    }
+    let usage = tx
+        .prepare(
+            "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
+             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+             ON CONFLICT (key_id, day) DO UPDATE SET \
+             requests = key_usage.requests + excluded.requests, \
+             successes = key_usage.successes + excluded.successes, \
+             failures = key_usage.failures + excluded.failures, \
+             prompt_tokens = key_usage.prompt_tokens + excluded.prompt_tokens, \
+             completion_tokens = key_usage.completion_tokens + excluded.completion_tokens, \
+             cost = key_usage.cost + excluded.cost, \
+             latency_ms = key_usage.latency_ms + excluded.latency_ms, \
+             cached_tokens = key_usage.cached_tokens + excluded.cached_tokens, \
+             saved = key_usage.saved + excluded.saved",
+        )
+        .await
+        .map_err(err)?;
+    let outcomes = tx
+        .prepare(
+            "INSERT INTO key_usage_outcomes (key_id, day, outcome, count) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (key_id, day, outcome) DO UPDATE SET \
+             count = key_usage_outcomes.count + excluded.count",
+        )
+        .await
+        .map_err(err)?;
+    for (id, row) in &rows {
+        tx.execute(
+            &usage,
+            &[
+                id,
+                &row.day,
+                &i64_of(row.requests),
+                &i64_of(row.successes),
+                &i64_of(row.failures),
+                &i64_of(row.prompt_tokens),
+                &i64_of(row.completion_tokens),
+                &row.cost,
+                &i64_of(row.latency_ms),
+                &i64_of(row.cached_tokens),
+                &row.saved,
+            ],
+        )
+        .await
+        .map_err(err)?;
+        for (outcome, count) in &row.outcomes {
+            tx.execute(&outcomes, &[id, &row.day, outcome, &i64_of(*count)])
+                .await
+                .map_err(err)?;
+        }
+    }
+    tx.execute(
+        "DELETE FROM usage_batches WHERE at_ms < $1",
+        &[&now.saturating_sub(BATCH_ID_RETENTION_MS)],
+    )
+    .await
+    .map_err(err)?;
+    tx.commit().await.map_err(err)
+}
+
+/// Folds the oldest batches into one when too many wait (memory stays bounded; the merged
+/// batch gets a new id, which is safe: none of them was committed, or they would be gone).
+fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
+    if unsent.len() <= MAX_UNSENT_BATCHES {
+        return;
+    }
+    // The first one may be in flight (its commit unknown): keep it apart.
+    let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
+    let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
+    for (_, batch) in merged {
+        crate::keys::usage::merge(&mut rows, batch);
+    }
+    let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
+    unsent.insert(1, (new_batch_id(), rows));
+}
+
+impl KeyStore for PostgresKeyStore {
+    fn insert(&self, key: &StoredKey) -> Result<(), KeyStoreError> {
+        self.write_key(key, true)
+    }
+
+    fn replace(&self, key: &StoredKey) -> Result<(), KeyStoreError> {
+        self.write_key(key, false)
+    }
+
+    fn get(&self, id: &str) -> Result<Option<StoredKey>, KeyStoreError> {
+        let id = id.to_owned();
+        self.call(move |client| async move {
+            let row = client
+                .query_opt(
+                    &format!("SELECT {KEY_COLUMNS} FROM virtual_keys WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            row.as_ref().map(key_from_row).transpose()
+        })
+    }
+
+    fn list(&self) -> Result<Vec<StoredKey>, KeyStoreError> {
+        self.call(|client| async move {
+            let rows = client
+                .query(
+                    &format!("SELECT {KEY_COLUMNS} FROM virtual_keys ORDER BY created_at_ms, id"),
+                    &[],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            rows.iter().map(key_from_row).collect()
+        })
+    }
+
+    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
+        if !rows.is_empty() {
+            let mut unsent = lock(&self.unsent);
+            unsent.push((new_batch_id(), rows.to_vec()));
+            bound_unsent(&mut unsent);
+        }
+        self.flush_usage().map_err(|e| match e {
+            KeyStoreError::Unavailable(m) => {
+                KeyStoreError::Unavailable(format!("{m} (the usage is kept and sent again)"))
+            }
+            other => other,
+        })
+    }
+
+    fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let (id, from, to) = (id.to_owned(), from.to_owned(), to.to_owned());
+        self.call(move |client| async move {
+            let err = |e: tokio_postgres::Error| pg_error(&e);
+            let rows = client
+                .query(
+                    "SELECT day, requests, successes, failures, prompt_tokens, \
+                     completion_tokens, cost, latency_ms, cached_tokens, saved FROM key_usage \
+                     WHERE key_id = $1 AND day >= $2 AND day <= $3 ORDER BY day",
+                    &[&id, &from, &to],
+                )
+                .await
+                .map_err(err)?;
+            let mut days: Vec<UsageDay> = rows
+                .iter()
+                .map(|r| UsageDay {
+                    day: r.get(0),
+                    requests: u64_of(r.get(1)),
+                    successes: u64_of(r.get(2)),
+                    failures: u64_of(r.get(3)),
+                    prompt_tokens: u64_of(r.get(4)),
+                    completion_tokens: u64_of(r.get(5)),
+                    cost: r.get(6),
+                    latency_ms: u64_of(r.get(7)),
+                    cached_tokens: u64_of(r.get(8)),
+                    saved: r.get(9),
+                    outcomes: BTreeMap::new(),
+                })
+                .collect();
+            let outcomes = client
+                .query(
+                    "SELECT day, outcome, count FROM key_usage_outcomes \
+                     WHERE key_id = $1 AND day >= $2 AND day <= $3",
+                    &[&id, &from, &to],
+                )
+                .await
+                .map_err(err)?;
+            for r in &outcomes {
+                let day: String = r.get(0);
+                if let Some(row) = days.iter_mut().find(|d| d.day == day) {
+                    row.outcomes.insert(r.get(1), u64_of(r.get(2)));
+                }
+            }
+            Ok(days)
+        })
+    }
+
+    fn generation(&self) -> Result<u64, KeyStoreError> {
+        // Polled every second: also the moment to send usage an outage held back.
+        if !lock(&self.unsent).is_empty() {
+            if let Err(err) = self.flush_usage() {
+                tracing::debug!(%err, "usage still waits for the key store");
+            }
+        }
+        self.call(|client| async move {
+            let row = client
+                .query_one("SELECT generation FROM key_changes WHERE id = 1", &[])
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(u64_of(row.get(0)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::servers;
+
+    static HEALTH: StoreHealth = StoreHealth::new("pg-test");
+
+    fn key(id: &str, sha: &str) -> StoredKey {
+        StoredKey {
+            id: id.into(),
+            label: "team".into(),
+            sha256: sha.into(),
+            hint: "abcd".into(),
+            owner: Some("o".into()),
+            profiles: vec!["default".into()],
+            models: vec!["m1".into(), "m2".into()],
+            allow_fallback: true,
+            quota: QuotaConfig {
+                requests_per_minute: Some(50),
+                tokens_per_day: None,
+                cost_per_day: Some(1.5),
+                cost_per_month: None,
+            },
+            enabled: true,
+            revoked: false,
+            created_at_ms: 1_700_000_000_000,
+        }
+    }
+
+    fn day(day: &str, requests: u64, outcome: &str) -> UsageDay {
+        UsageDay {
+            day: day.into(),
+            requests,
+            successes: requests,
+            cost: 0.25 * requests as f64,
+            outcomes: [(outcome.to_owned(), requests)].into(),
+            ..UsageDay::default()
+        }
+    }
+
+    #[test]
+    fn waiting_usage_stays_bounded_and_adds_up() {
+        let mut unsent: Vec<UsageBatch> = (0..MAX_UNSENT_BATCHES + 1)
+            .map(|_| {
+                (
+                    new_batch_id(),
+                    vec![("vk".to_owned(), day("2026-12-01", 1, "success"))],
+                )
+            })
+            .collect();
+        let first = unsent[0].0.clone();
+        bound_unsent(&mut unsent);
+        assert!(unsent.len() < MAX_UNSENT_BATCHES);
+        assert_eq!(unsent[0].0, first, "the one maybe in flight keeps its id");
+        let total: u64 = unsent
+            .iter()
+            .flat_map(|(_, rows)| rows.iter().map(|(_, r)| r.requests))
+            .sum();
+        assert_eq!(total, MAX_UNSENT_BATCHES as u64 + 1);
+    }
+
+    #[test]
+    fn keys_usage_and_migrations_through_a_real_postgres() -> anyhow::Result<()> {
+        let pg = servers::PostgresServer::start()?;
+        let a = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;
+        // A second control plane on the same database migrates nothing and sees everything.
+        let b = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;
+        let g0 = b.generation()?;
+        a.insert(&key("vk_1", "h1"))?;
+        assert!(a.insert(&key("vk_1", "h2")).is_err(), "ids are unique");
+        assert!(a.insert(&key("vk_2", "h1")).is_err(), "hashes are unique");
+        assert_eq!(b.get("vk_1")?, Some(key("vk_1", "h1")));
+        assert!(b.generation()? > g0);
+        let mut changed = key("vk_1", "h3");
+        changed.enabled = false;
+        changed.quota.requests_per_minute = None;
+        b.replace(&changed)?;
+        assert_eq!(a.list()?, vec![changed]);
+        assert_eq!(
+            a.replace(&key("vk_9", "h9")),
+            Err(KeyStoreError::NotFound("vk_9".into()))
+        );
+
+        // Usage from both adds up.
+        a.record_usage(&[("vk_1".into(), day("2026-12-01", 2, "success"))])?;
+        b.record_usage(&[("vk_1".into(), day("2026-12-01", 3, "success"))])?;
+        b.record_usage(&[("vk_1".into(), day("2026-12-02", 1, "error:auth"))])?;
+        let rows = a.usage("vk_1", "2026-12-01", "2026-12-31")?;
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].requests, 5);
+        assert!((rows[0].cost - 1.25).abs() < 1e-9);
+        assert_eq!(rows[0].outcomes.get("success"), Some(&5));
+        assert_eq!(rows[1].outcomes.get("error:auth"), Some(&1));
+
+        // A batch whose commit went through but whose answer was lost is not counted twice.
+        let batch = (
+            new_batch_id(),
+            vec![("vk_1".to_owned(), day("2026-12-03", 4, "success"))],
+        );
+        a.call({
+            let batch = batch.clone();
+            move |client| write_batch(client, batch)
+        })?;
+        lock(&a.unsent).push(batch);
+        a.flush_usage()?;
+        assert_eq!(a.usage("vk_1", "2026-12-03", "2026-12-03")?[0].requests, 4);
+
+        // The version lives in the database; a newer one is refused.
+        a.call(|client| async move {
+            client
+                .execute("UPDATE ai_router_schema SET version = version + 1", &[])
+                .await
+                .map_err(|e| pg_error(&e))
+        })?;
+        let refused = PostgresKeyStore::with_health(&pg.url(), &HEALTH).map(|_| ());
+        assert!(
+            matches!(&refused, Err(KeyStoreError::Storage(m)) if m.contains("newer")),
+            "{refused:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn an_outage_keeps_usage_and_sends_it_once_back() -> anyhow::Result<()> {
+        static OUTAGE: StoreHealth = StoreHealth::new("pg-outage-test");
+        let pg = servers::PostgresServer::start()?;
+        let url = pg.url();
+        let store = PostgresKeyStore::with_health(&url, &OUTAGE)?;
+        store.record_usage(&[("vk".into(), day("2026-12-01", 1, "success"))])?;
+        // Stop the server, keep its directory: start it again on the same port.
+        let mut pg = pg;
+        pg.stop();
+        let _ = url;
+        let failed = store.record_usage(&[("vk".into(), day("2026-12-01", 2, "success"))]);
+        assert!(
+            matches!(&failed, Err(KeyStoreError::Unavailable(m)) if m.contains("postgres") && m.contains("kept")),
+            "{failed:?}"
+        );
+        assert!(!OUTAGE.is_up());
+        let listed = store.list();
+        assert!(
+            matches!(&listed, Err(KeyStoreError::Unavailable(m)) if !m.contains("127.0.0.1")),
+            "{listed:?}"
+        );
+        assert_eq!(lock(&store.unsent).len(), 1);
+        // Back: the kept batch goes in with the next poll, once.
+        pg.restart()?;
+        store.generation()?;
+        assert!(lock(&store.unsent).is_empty());
+        assert!(OUTAGE.is_up());
+        assert_eq!(
+            store.usage("vk", "2026-12-01", "2026-12-01")?[0].requests,
+            3
+        );
+        Ok(())
+    }
+}

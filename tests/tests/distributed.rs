@@ -1,0 +1,558 @@
+//! Beyond one machine: two control planes and two Envoys on one real Redis (the state store)
+//! and one real Postgres (the key store), both started by the test on free ports.
+//!
+//! - a key created through control plane A authenticates through B's Envoy, and a key revoked
+//!   through B is refused by A's Envoy; usage written by both adds up to the calls served;
+//! - a key refused with a 401 through Envoy A is out of rotation at Envoy B within about a
+//!   second, and B's Envoy stops using it;
+//! - killing Redis under load fails no call, and when Redis comes back the state is in it again.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use ai_router_e2e::servers::{PostgresServer, RedisServer};
+use ai_router_e2e::{
+    new_virtual_key, poll, random_hex, script, standard_pool, Client, ControlPlane, Envoy, Mock,
+    Reply, TestDir,
+};
+use serde_json::{json, Value};
+
+/// "About a second": the poll interval of both stores plus a push, with room for a loaded
+/// machine.
+const SHARED: Duration = Duration::from_secs(3);
+
+fn pool(mock: &str) -> String {
+    let standard = standard_pool(mock, mock).replace(
+        "keyStore: { type: memory }",
+        "keyStore: { type: postgres, url: { env: AI_ROUTER_PG_URL } }",
+    );
+    assert!(standard.contains("type: postgres"));
+    format!(
+        "stateStore: {{ type: redis, url: {{ env: AI_ROUTER_REDIS_URL }} }}\nstoreNamespace: e2e\n{standard}"
+    )
+}
+
+/// One host: a control plane and the Envoy it feeds.
+struct Site {
+    cp: ControlPlane,
+    envoy: Envoy,
+    client: Client,
+    /// The control plane's HTTP side (admin API).
+    http: Client,
+}
+
+struct Cluster {
+    redis: RedisServer,
+    _postgres: PostgresServer,
+    mock: Mock,
+    a: Site,
+    b: Site,
+    key_a: String,
+    key_b: String,
+    virtual_key: String,
+    admin_token: String,
+    dirs: Vec<TestDir>,
+}
+
+impl Cluster {
+    async fn start(test: &str) -> Cluster {
+        let redis = RedisServer::start().expect("redis-server");
+        let postgres = PostgresServer::start().expect("postgres");
+        let dir = TestDir::new(test).unwrap();
+        let mock = Mock::start(&dir, "mock").await.unwrap();
+        let key_a = format!("sk-p1-a-{}", random_hex(24));
+        let key_b = format!("sk-p1-b-{}", random_hex(24));
+        let virtual_key = new_virtual_key();
+        let sync_token = format!("sync-{}", random_hex(32));
+        let admin_token = format!("admin-{}", random_hex(32));
+        let env: Vec<(String, String)> = [
+            ("P1_KEY_A", key_a.as_str()),
+            ("P1_KEY_B", key_b.as_str()),
+            ("P2_KEY_C", "sk-p2-c-unused"),
+            ("STARCI_AI_KEY", virtual_key.as_str()),
+            ("AI_ROUTER_SYNC_TOKEN", sync_token.as_str()),
+            ("AI_ROUTER_ADMIN_TOKEN", admin_token.as_str()),
+            ("AI_ROUTER_REDIS_URL", redis.url().as_str()),
+            ("AI_ROUTER_PG_URL", postgres.url().as_str()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token)];
+        let mut dirs = vec![dir];
+        let mut planes = Vec::new();
+        for name in ["a", "b"] {
+            let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
+            let cp = ControlPlane::start(&dir, &pool(&mock.api_base()), &env)
+                .await
+                .unwrap();
+            planes.push((dir, cp));
+        }
+        // Each Envoy syncs from its own control plane and fails over to the other.
+        let grpc = [planes[0].1.grpc_addr(), planes[1].1.grpc_addr()];
+        let mut sites = Vec::new();
+        for (i, (dir, cp)) in planes.into_iter().enumerate() {
+            let order = [grpc[i], grpc[1 - i]];
+            let envoy =
+                Envoy::start_failover(&dir, cp.config_path(), &order, &envoy_env, &virtual_key)
+                    .await
+                    .unwrap_or_else(|e| panic!("Envoy {i}: {e:#}\n{}", cp.tail()));
+            let client = Client::new(&envoy.base_url()).unwrap();
+            let http = Client::new(&format!("http://{}", cp.http_addr())).unwrap();
+            sites.push(Site {
+                cp,
+                envoy,
+                client,
+                http,
+            });
+            dirs.push(dir);
+        }
+        let b = sites.pop().unwrap();
+        let a = sites.pop().unwrap();
+        Cluster {
+            redis,
+            _postgres: postgres,
+            mock,
+            a,
+            b,
+            key_a,
+            key_b,
+            virtual_key,
+            admin_token,
+            dirs,
+        }
+    }
+
+    async fn admin(
+        &self,
+        site: &Site,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Reply {
+        let body = body.map(|b| b.to_string());
+        site.http
+            .request(method, path, Some(&self.admin_token), body)
+            .await
+            .unwrap()
+    }
+
+    /// Scripts key a to answer 401 (everything else succeeds) and calls through Envoy A until
+    /// key a was tried once (the call itself fails over to key b); returns when that happened.
+    async fn refuse_key_a_through_a(&self) -> Instant {
+        let unauthorized = script::status(
+            401,
+            json!({}),
+            Some(json!({ "error": { "message": "bad key", "code": "invalid_api_key" } })),
+        );
+        self.mock
+            .script(json!([
+                script::for_key(&self.key_a, vec![unauthorized]),
+                script::always(vec![script::text("ok")]),
+            ]))
+            .await
+            .unwrap();
+        poll(
+            "a call through A to try key a",
+            Duration::from_secs(10),
+            || async {
+                let r = self.a.client.chat("chat", Some(&self.virtual_key)).await?;
+                anyhow::ensure!(r.status == 200, "{r}");
+                let calls = self.mock.calls().await?;
+                let tried = calls
+                    .iter()
+                    .any(|m| m.key.as_deref() == Some(self.key_a.as_str()));
+                Ok(tried.then(Instant::now))
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Every log of every process holds none of the test's secrets.
+    fn check_no_secrets_in_logs(&self, extra: &[&str]) {
+        let mut secrets = vec![
+            self.key_a.as_str(),
+            self.key_b.as_str(),
+            self.virtual_key.as_str(),
+            self.admin_token.as_str(),
+        ];
+        secrets.extend_from_slice(extra);
+        for site in [&self.a, &self.b] {
+            let logs = format!("{}{}", site.cp.logs(), site.envoy.logs());
+            for secret in &secrets {
+                assert!(!logs.contains(secret), "a secret is in a log");
+            }
+        }
+    }
+
+    fn tails(&self) -> String {
+        format!(
+            "--- control plane a ---\n{}\n--- control plane b ---\n{}\n--- envoy a ---\n{}\n--- envoy b ---\n{}",
+            self.a.cp.tail(),
+            self.b.cp.tail(),
+            self.a.envoy.tail(),
+            self.b.envoy.tail()
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.tails());
+        }
+        let _ = &self.dirs;
+    }
+}
+
+/// What one load task saw: each call's status and body.
+type Replies = Vec<anyhow::Result<(u16, String)>>;
+
+/// Calls in a loop through each client until stopped.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Replies>>,
+}
+
+impl Load {
+    fn start(clients: &[&Client], key: &str) -> Load {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = clients
+            .iter()
+            .map(|client| {
+                let (stop, client, key) = (stop.clone(), (*client).clone(), key.to_owned());
+                tokio::spawn(async move {
+                    let mut replies = Vec::new();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let reply = client.chat("chat", Some(&key)).await;
+                        replies.push(reply.map(|r| (r.status, r.text)));
+                    }
+                    replies
+                })
+            })
+            .collect();
+        Load { stop, tasks }
+    }
+
+    /// Stops the load; every call answered 200. Returns how many there were.
+    async fn stop_all_ok(self, when: &str) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut total = 0;
+        for task in self.tasks {
+            for reply in task.await.unwrap() {
+                let (status, text) = reply.unwrap();
+                assert_eq!(status, 200, "a call failed {when}: {text}");
+                total += 1;
+            }
+        }
+        total
+    }
+}
+
+/// Waits until a chat through `site` with `key` answers `status`; returns how long it took.
+async fn until_status(site: &Site, key: &str, status: u16, what: &str) -> Duration {
+    let started = Instant::now();
+    poll(what, Duration::from_secs(15), || {
+        let c = site.client.clone();
+        let key = key.to_string();
+        async move { Ok((c.chat("chat", Some(&key)).await?.status == status).then_some(())) }
+    })
+    .await
+    .unwrap();
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn keys_made_anywhere_work_everywhere_and_usage_adds_up() {
+    let c = Cluster::start("distributed-keys").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+
+    let r = c
+        .admin(
+            &c.a,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({ "label": "shared", "models": ["*"] })),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r}");
+    let id = r.json["key"]["id"].as_str().unwrap().to_string();
+    let secret = r.json["secret"].as_str().unwrap().to_string();
+    let took = until_status(
+        &c.b,
+        &secret,
+        200,
+        "B's Envoy to take the key made through A",
+    )
+    .await;
+    eprintln!("a key made through A reached Envoy B in {took:?}");
+    assert!(took < SHARED, "{took:?}");
+
+    // Calls over both Envoys; the usage both control planes write adds up, once each.
+    let mut served = 0u64;
+    for i in 0..20 {
+        let site = if i % 2 == 0 { &c.a } else { &c.b };
+        let r = site.client.chat("chat", Some(&secret)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        served += 1;
+    }
+    // The call that found the key at B counted too.
+    served += 1;
+    let usage = poll(
+        "usage from both control planes",
+        Duration::from_secs(10),
+        || {
+            let c = &c;
+            let id = id.clone();
+            async move {
+                let r = c
+                    .admin(
+                        &c.b,
+                        reqwest::Method::GET,
+                        &format!("/admin/keys/{id}/usage"),
+                        None,
+                    )
+                    .await;
+                let n = r.json["total"]["successes"].as_u64().unwrap_or(0);
+                Ok((n >= served).then_some(r))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Settle: a late double write would show up now.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = c
+        .admin(
+            &c.a,
+            reqwest::Method::GET,
+            &format!("/admin/keys/{id}/usage"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        usage.json["total"]["successes"].as_u64(),
+        Some(served),
+        "{usage}"
+    );
+    assert_eq!(
+        again.json["total"]["successes"].as_u64(),
+        Some(served),
+        "{again}"
+    );
+    assert_eq!(
+        again.json["total"]["requests"].as_u64(),
+        Some(served),
+        "{again}"
+    );
+
+    // Revoked through B: refused by A's Envoy.
+    let r = c
+        .admin(
+            &c.b,
+            reqwest::Method::POST,
+            &format!("/admin/keys/{id}/revoke"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r}");
+    let took = until_status(
+        &c.a,
+        &secret,
+        401,
+        "A's Envoy to refuse the key revoked through B",
+    )
+    .await;
+    eprintln!("a key revoked through B was refused at Envoy A in {took:?}");
+    assert!(took < SHARED, "{took:?}");
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
+#[tokio::test]
+async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
+    let c = Cluster::start("distributed-blacklist").await;
+    let started = c.refuse_key_a_through_a().await;
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_key_out{", "key=\"a\"", "reason=\"auth\""])
+            .await
+            .unwrap();
+    }
+    let took = started.elapsed();
+    eprintln!("a 401 seen through A took key a out at both control planes in {took:?}");
+    assert!(took < SHARED, "{took:?}");
+    // Envoy B has it too (the push is immediate): none of its calls uses key a.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.mock.clear_calls().await.unwrap();
+    for _ in 0..12 {
+        let r = c.b.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    let keys: Vec<Option<String>> = c
+        .mock
+        .calls()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.key)
+        .collect();
+    assert_eq!(keys.len(), 12, "one attempt each, all on key b");
+    assert!(
+        keys.iter().all(|k| k.as_deref() == Some(c.key_b.as_str())),
+        "key a was used through B"
+    );
+    c.check_no_secrets_in_logs(&[]);
+}
+
+#[tokio::test]
+async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
+    let mut c = Cluster::start("distributed-redis-outage").await;
+    c.refuse_key_a_through_a().await;
+    c.b.cp
+        .metric_line(&["ai_router_key_out{", "key=\"a\""])
+        .await
+        .unwrap();
+
+    // Load over both Envoys while Redis dies and comes back.
+    let load = Load::start(&[&c.a.client, &c.b.client], &c.virtual_key);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.redis.kill();
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_shared_store_up{store=\"state\"} 0"])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.redis.restart().unwrap();
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_shared_store_up{store=\"state\"} 1"])
+            .await
+            .unwrap();
+        site.cp
+            .metric_line(&["ai_router_shared_store_recoveries_total{store=\"state\"} 1"])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = load.stop_all_ok("during the Redis outage").await;
+    eprintln!("{total} calls over both Envoys across the Redis outage, all 200");
+    assert!(total > 20, "{total}");
+    // The restarted Redis started empty; the control planes wrote their state back.
+    let held = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &c.redis.port.to_string(),
+            "HKEYS",
+            "e2e:state:blacklists",
+        ])
+        .output()
+        .unwrap();
+    let held = String::from_utf8_lossy(&held.stdout).to_string();
+    assert!(held.contains("[\"p1\",\"a\"]"), "Redis holds: {held}");
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_key_out{", "key=\"a\""])
+            .await
+            .unwrap();
+        for line in site
+            .cp
+            .logs()
+            .lines()
+            .filter(|l| l.contains("shared store"))
+        {
+            assert!(
+                !line.contains(&c.redis.url()) || !line.contains('@'),
+                "{line}"
+            );
+        }
+    }
+    assert!(c.a.cp.logs().contains("the shared store does not answer"));
+    assert!(c.a.cp.logs().contains("the shared store answers again"));
+    c.check_no_secrets_in_logs(&[]);
+}
+
+#[tokio::test]
+async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
+    let mut c = Cluster::start("distributed-failover").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    let load = Load::start(&[&c.a.client], &c.virtual_key);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.a.cp.stop();
+    // Envoy A now syncs from B: a key made through B works through Envoy A.
+    let r = c
+        .admin(
+            &c.b,
+            reqwest::Method::POST,
+            "/admin/keys",
+            Some(json!({ "label": "after", "models": ["*"] })),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r}");
+    let secret = r.json["secret"].as_str().unwrap().to_string();
+    let took = until_status(&c.a, &secret, 200, "Envoy A to sync from B").await;
+    eprintln!("with control plane A stopped, Envoy A had B's new key after {took:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = load.stop_all_ok("after control plane A stopped").await;
+    eprintln!("{total} calls through Envoy A across the stop, all 200");
+    assert!(total > 10, "{total}");
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
+#[test]
+fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("docker-compose")
+        .args(["--profile", "cluster", "config", "--services"])
+        .current_dir(&root)
+        .env("AI_ROUTER_SYNC_TOKEN", "compose-check")
+        .env("AI_ROUTER_PG_PASSWORD", "compose-check")
+        .output()
+        .expect("docker-compose (scripts/setup.sh installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let services = String::from_utf8_lossy(&out.stdout).to_string();
+    for s in [
+        "redis",
+        "postgres",
+        "control-plane-a",
+        "control-plane-b",
+        "envoy-a",
+        "envoy-b",
+    ] {
+        assert!(services.lines().any(|l| l == s), "{s} missing: {services}");
+    }
+    // Each Envoy file is what the renderer writes for its control plane.
+    for site in ["a", "b"] {
+        let out = std::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
+            .args(["render-envoy", "--config", "examples/pool-cluster.yaml"])
+            .args(["--control-plane", &format!("control-plane-{site}:8082")])
+            .args(["--admin", "0.0.0.0:9901"])
+            .current_dir(&root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file =
+            std::fs::read_to_string(root.join(format!("envoy/envoy-cluster-{site}.yaml"))).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            file,
+            "envoy/envoy-cluster-{site}.yaml is stale"
+        );
+    }
+}

@@ -113,6 +113,8 @@ pub struct Reloader {
     pub engine: Arc<Engine>,
     pub keys: Arc<KeyAdmin>,
     pub usage: Arc<UsageRecorder>,
+    /// The quota ledger: its providers, scopes and limits follow the pool.
+    pub ledger: Arc<crate::ledger::Ledger>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -171,6 +173,7 @@ impl Reloader {
         }
         let new = Arc::new(keep_start_bound(&old, new));
         let change = self.engine.replace_config(new.clone());
+        self.ledger.reconfigure(&new);
         self.usage.set_config(new);
         if let Err(err) = crate::api::admin::push_keys(&self.engine, &self.keys) {
             // The pool is in; the virtual keys follow at the next key sync.

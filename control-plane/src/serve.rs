@@ -108,6 +108,7 @@ impl Running {
             engine: self.engine.clone(),
             keys: self.keys.clone(),
             usage: self.usage.clone(),
+            ledger: self.admin.ledger().clone(),
         }
     }
 

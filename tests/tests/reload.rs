@@ -149,6 +149,13 @@ async fn a_reload_under_load_adds_and_removes_a_provider_without_a_failed_call()
         !catalog.to_string().contains("\"p1\""),
         "the refused file did not bring p1 back: {catalog}"
     );
+    // The quota ledger follows the pool: p2 in, p1 out.
+    let ledger = gw.admin_get("/admin/ledger").await.unwrap();
+    let providers: Vec<&str> = ledger["providers"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(|p| p["provider"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(providers, ["p2"], "{ledger}");
     let before = done.load(Ordering::Relaxed);
     poll("ten more calls", Duration::from_secs(20), || async {
         Ok((done.load(Ordering::Relaxed) >= before + 10).then_some(()))

@@ -48,6 +48,49 @@ struct ProviderLedger {
     models: usize,
 }
 
+/// The ledger's providers for `config`, taking the counters of `kept` ((provider, scope) ->
+/// counter) where a scope carries over.
+fn providers_of(
+    config: &Config,
+    kept: &mut BTreeMap<(String, String), Counter>,
+) -> BTreeMap<String, ProviderLedger> {
+    let mut providers = BTreeMap::new();
+    for p in &config.providers {
+        let limits = Limits::resolve(p.kind.as_str(), p.limits.as_ref());
+        let mut scope_of = BTreeMap::new();
+        let mut keys_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for k in &p.keys {
+            let scope = k.scope.clone().unwrap_or_else(|| k.alias.clone());
+            keys_of
+                .entry(scope.clone())
+                .or_default()
+                .push(k.alias.clone());
+            scope_of.insert(k.alias.clone(), scope);
+        }
+        let counters = keys_of
+            .keys()
+            .map(|s| {
+                let counter = kept
+                    .remove(&(p.id.clone(), s.clone()))
+                    .unwrap_or_else(|| Counter::new(limits.day_zone));
+                (s.clone(), counter)
+            })
+            .collect();
+        providers.insert(
+            p.id.clone(),
+            ProviderLedger {
+                kind: p.kind.as_str(),
+                limits,
+                scope_of,
+                keys_of,
+                counters,
+                models: p.models.len(),
+            },
+        );
+    }
+    providers
+}
+
 /// See the module documentation.
 pub struct Ledger {
     clock: Arc<dyn Clock>,
@@ -66,39 +109,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Ledger {
     pub fn new(config: &Config, clock: Arc<dyn Clock>) -> Self {
-        let mut providers = BTreeMap::new();
-        for p in &config.providers {
-            let limits = Limits::resolve(p.kind.as_str(), p.limits.as_ref());
-            let mut scope_of = BTreeMap::new();
-            let mut keys_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
-            for k in &p.keys {
-                let scope = k.scope.clone().unwrap_or_else(|| k.alias.clone());
-                keys_of
-                    .entry(scope.clone())
-                    .or_default()
-                    .push(k.alias.clone());
-                scope_of.insert(k.alias.clone(), scope);
-            }
-            let counters = keys_of
-                .keys()
-                .map(|s| (s.clone(), Counter::new(limits.day_zone)))
-                .collect();
-            providers.insert(
-                p.id.clone(),
-                ProviderLedger {
-                    kind: p.kind.as_str(),
-                    limits,
-                    scope_of,
-                    keys_of,
-                    counters,
-                    models: p.models.len(),
-                },
-            );
-        }
         Self {
             clock,
-            providers: Mutex::new(providers),
+            providers: Mutex::new(providers_of(config, &mut BTreeMap::new())),
         }
+    }
+
+    /// Takes a reloaded pool: its providers, keys, scopes and limits. A budget the new pool
+    /// still has (same provider, same scope) keeps its counts and anchors; the others start
+    /// empty or go.
+    pub fn reconfigure(&self, config: &Config) {
+        let mut providers = lock(&self.providers);
+        let mut kept: BTreeMap<(String, String), Counter> = BTreeMap::new();
+        for (id, p) in std::mem::take(&mut *providers) {
+            for (scope, counter) in p.counters {
+                kept.insert((id.clone(), scope), counter);
+            }
+        }
+        *providers = providers_of(config, &mut kept);
     }
 
     /// Counts one attempt and takes what it says of the provider's limits.

@@ -223,3 +223,42 @@ fn the_estimates_pushed_are_what_the_local_count_leaves_of_known_limits() {
     assert_eq!(local.map(|h| h.remaining_requests), Some(0));
     assert_eq!(local.map(|h| h.reset_at_ms), Some(AT + 60_000));
 }
+
+#[test]
+fn a_reload_keeps_the_counts_of_the_scopes_it_keeps() {
+    let (l, _) = ledger();
+    observe(
+        &l,
+        vec![
+            attempt("groq", "g1", pb::ErrorClass::Unspecified),
+            attempt("local", "l1", pb::ErrorClass::Unspecified),
+        ],
+    );
+    // The new pool drops `local`, keeps groq's org-a and adds a key to it, and lowers its rpm.
+    let reloaded = POOL
+        .replace(
+            "      - { alias: g3, env: G3 }\n",
+            "      - { alias: g3, env: G3, scope: org-a }\n    limits: { rpm: 5 }\n",
+        )
+        .replace(
+            "  - id: local\n    kind: openai-compatible\n    baseUrl: http://127.0.0.1:9/v1\n    limits: { rpm: 5 }\n    keys: [{ alias: l1, env: L1 }]\n    models: [{ id: llama }]\n",
+            "",
+        );
+    let env = MapEnv::new([("G1", "s1"), ("G2", "s2"), ("G3", "s3")]);
+    let config = match parse(&reloaded).and_then(|f| f.resolve(&env, Path::new("."))) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    l.reconfigure(&config);
+    let view = l.view(&pb::Snapshot::default());
+    let org = scope(&view, "groq", "org-a");
+    assert_eq!(org["keys"].as_array().map(Vec::len), Some(3), "{org}");
+    assert_eq!(org["windows"]["rpm"]["used"], 1, "{org}");
+    assert_eq!(org["windows"]["rpm"]["remaining"], 4, "{org}");
+    assert_eq!(org["windows"]["rpm"]["limitSource"], "config", "{org}");
+    assert_eq!(
+        view["providers"].as_array().map(Vec::len),
+        Some(1),
+        "{view}"
+    );
+}

@@ -5,16 +5,16 @@
 //! stood at N". Until it ages out, what is left now is `remaining - (count now - N)`; after,
 //! the local count against the known limit is all there is.
 
-use ai_router_contract::calendar::{
-    first_of_next_month_ms, month_index, next_pacific_midnight_ms, next_utc_midnight_ms,
-};
+use ai_router_contract::calendar::{first_of_next_month_ms, month_index};
+use ai_router_contract::kinds::DailyReset;
 
 use super::limits::{DayZone, Window};
 
 const SECOND_MS: i64 = 1_000;
 const MINUTE_MS: i64 = 60 * SECOND_MS;
 const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
-const CHINA_OFFSET_MS: i64 = 8 * 60 * MINUTE_MS;
+/// China Standard Time: UTC+8, no summer time.
+const CHINA_OFFSET_MINUTES: i32 = 8 * 60;
 
 /// How long a value read from a provider's headers stands for the truth.
 pub const REPORTED_TTL_MS: i64 = 2 * MINUTE_MS;
@@ -42,24 +42,19 @@ impl Source {
     }
 }
 
-/// When the day holding `ms` began and ends, in `zone`.
+/// When the day holding `ms` began and ends, in `zone` (the contract's zone arithmetic,
+/// [`DailyReset`]). The start is the midnight after the same moment a day earlier (a summer-time
+/// day is an hour off at most).
 pub fn day_bounds(zone: DayZone, ms: i64) -> (i64, i64) {
-    match zone {
-        DayZone::Utc => {
-            let end = next_utc_midnight_ms(ms);
-            (end - DAY_MS, end)
-        }
-        DayZone::China => {
-            let start = (ms + CHINA_OFFSET_MS).div_euclid(DAY_MS) * DAY_MS - CHINA_OFFSET_MS;
-            (start, start + DAY_MS)
-        }
-        // The midnight after the same moment a day earlier is today's (a summer-time day
-        // is an hour off at most).
-        DayZone::Pacific => (
-            next_pacific_midnight_ms(ms - DAY_MS),
-            next_pacific_midnight_ms(ms),
-        ),
-    }
+    let reset = match zone {
+        DayZone::Utc => DailyReset::Utc,
+        DayZone::Pacific => DailyReset::Pacific,
+        DayZone::China => DailyReset::Offset(CHINA_OFFSET_MINUTES),
+    };
+    (
+        reset.next_midnight_ms(ms - DAY_MS),
+        reset.next_midnight_ms(ms),
+    )
 }
 
 /// What a provider said is left in one window.

@@ -502,8 +502,7 @@ impl Attempt {
         // (another worker may have taken the last of it meanwhile: then pick again).
         let scope = crate::state::scope_of(key).to_owned();
         let now = host.now_ms();
-        let health = host.with_lanes(|view, _| lanes::health_of(state, view, &provider.id));
-        let allowances: Vec<_> = lanes::allowances(&health, &scope, &chosen.lane.model, now)
+        let allowances: Vec<_> = lanes::allowances(&chosen.health, &scope, &chosen.lane.model, now)
             .into_iter()
             .map(|(a, _)| a)
             .collect();
@@ -1038,7 +1037,13 @@ impl Attempt {
             .flatten()
             .and_then(|b| LeaseReply::decode(b.as_slice()).ok());
         let action = match (reply, host.state()) {
-            (Some(r), Some(state)) if r.granted => self.send_to(host, &state, *chosen),
+            (Some(r), Some(state)) if r.granted => {
+                // The state may have moved on while the lease was asked for: read it again.
+                let mut chosen = *chosen;
+                chosen.health = host
+                    .with_lanes(|view, _| lanes::health_of(&state, view, &chosen.lane.provider));
+                self.send_to(host, &state, chosen)
+            }
             _ => {
                 // Another call probes this breaker (or the control plane is away): other lanes,
                 // or wait for the probe's verdict.
@@ -1635,6 +1640,23 @@ mod tests {
             as_of_ms: NOW - 1_000,
         });
         snap
+    }
+
+    #[test]
+    fn an_attempt_reads_the_lanes_once_and_reserves_from_what_the_pick_read() {
+        let plan = plan(false);
+        let mut host = host_with(scoped_snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        assert_eq!(host.lane_views, 1);
+        // The reservation was checked against the headroom the pick saw.
+        assert_eq!(
+            host.lanes
+                .sends
+                .get("p1")
+                .map(|s| s.since("org", "m1", NOW - 1_000)),
+            Some((1, 10))
+        );
     }
 
     #[test]

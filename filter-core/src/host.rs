@@ -238,6 +238,9 @@ pub mod fake {
         pub answered: Option<LocalAnswer>,
         /// How many times the stage reset the stream.
         pub resets: u32,
+        /// How many times the stage opened the picker's view (each one costs shared-data reads
+        /// in Envoy).
+        pub lane_views: u32,
         pub now: i64,
         pub state: Option<Rc<State>>,
         pub minute_counts: HashMap<(String, i64), u32>,
@@ -443,6 +446,7 @@ pub mod fake {
             self.calls.get_mut(call_id).map(f)
         }
         fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
+            self.lane_views += 1;
             f(&self.lanes, &mut self.rr)
         }
         fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {

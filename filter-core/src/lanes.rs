@@ -205,6 +205,8 @@ pub struct Chosen {
     pub tier: usize,
     /// Set when the lane's key or provider breaker is half-open.
     pub probe: Option<Probe>,
+    /// The provider's lane health the pick read (its headroom bounds the send's reservation).
+    pub health: Rc<LaneHealth>,
 }
 
 /// What the picker needs to know about the call.
@@ -571,6 +573,7 @@ pub fn pick(
                         key_index: ki,
                         tier: tier_index,
                         probe,
+                        health: health.clone(),
                     },
                 });
             }

@@ -170,13 +170,18 @@ impl InFlight {
     }
 }
 
-/// How long a send stays in [`Sends`]: longer than any headroom the control plane pushes is
-/// older than (the coalescing period, the report's trip, the push's).
+/// How long sends are kept at most: longer than any headroom the control plane pushes is
+/// older than (the coalescing period, the report's trip, the push's) while its window lasts.
 pub const SENDS_KEPT_MS: i64 = 120_000;
-/// At most this many sends per provider are kept (the oldest go first): with more than this
-/// in two minutes on one provider the count since a push undercounts, and the overshoot
-/// bound grows by what was dropped.
-pub const SENDS_MAX: usize = 4_096;
+/// Sends are counted in buckets of this width. A count "since" an instant includes the whole
+/// bucket that instant falls in: it may count up to one bucket's sends too many (the
+/// reservation errs on refusing), never too few.
+pub const SEND_BUCKET_MS: i64 = 100;
+/// A scope with no figure to check keeps only its sends of this last stretch: a figure pushed
+/// later is as old as the attempt that reported it, seconds at most.
+pub const UNCHECKED_KEPT_MS: i64 = 10_000;
+/// At most this many buckets per provider (the oldest go first).
+pub const SEND_BUCKETS_MAX: usize = 1_024;
 
 /// One attempt sent to a provider: what it reserved of its billing scope's headroom.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,12 +192,28 @@ pub struct Send {
     pub tokens: u64,
 }
 
+/// The sends of one scope and model in one [`SEND_BUCKET_MS`] stretch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendBucket {
+    pub scope: String,
+    pub model: String,
+    pub start_ms: i64,
+    pub requests: u64,
+    pub tokens: u64,
+}
+
 /// The attempts this Envoy's workers sent to one provider lately, per billing scope and
-/// model: the reservations made against the headroom the control plane pushed. What is left
-/// now is the pushed figure less the sends since the attempt that reported it began.
+/// model, counted per short stretch of time: the reservations made against the headroom the
+/// control plane pushed. What is left now is the pushed figure less the sends since the
+/// attempt that reported it began. Its size follows the scopes and how stale their figures
+/// are, not the request rate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sends {
-    pub sends: Vec<Send>,
+    pub buckets: Vec<SendBucket>,
+}
+
+fn bucket_of(at_ms: i64) -> i64 {
+    at_ms.div_euclid(SEND_BUCKET_MS) * SEND_BUCKET_MS
 }
 
 /// What a reservation checks: the pushed remaining requests and tokens (-1: not reported) of a
@@ -206,20 +227,38 @@ pub struct Allowance {
 }
 
 impl Sends {
-    /// Requests and tokens sent on `scope`/`model` (empty: any model) at or after `since_ms`.
+    /// Requests and tokens sent on `scope`/`model` (empty: any model) at or after `since_ms`
+    /// (the whole bucket `since_ms` falls in counts).
     pub fn since(&self, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
-        self.sends
+        let from = bucket_of(since_ms);
+        self.buckets
             .iter()
-            .filter(|s| {
-                s.at_ms >= since_ms && s.scope == scope && (model.is_empty() || s.model == model)
+            .filter(|b| {
+                b.start_ms >= from && b.scope == scope && (model.is_empty() || b.model == model)
             })
-            .fold((0, 0), |(n, t), s| (n + 1, t + s.tokens))
+            .fold((0, 0), |(n, t), b| (n + b.requests, t + b.tokens))
     }
 
     /// Reserves one request of `tokens` when every allowance leaves room for it (always,
     /// without one); returns whether it did.
     pub fn reserve(&mut self, send: Send, allowances: &[Allowance]) -> bool {
-        self.prune(send.at_ms);
+        // What no figure reads any more goes: past the oldest figure this scope checks (or
+        // the last few seconds when none), and anything past the longest window.
+        let scope_from = allowances
+            .iter()
+            .map(|a| a.since_ms)
+            .min()
+            .unwrap_or(send.at_ms - UNCHECKED_KEPT_MS);
+        let scope_from = bucket_of(scope_from.max(send.at_ms - SENDS_KEPT_MS));
+        let kept_from = bucket_of(send.at_ms - SENDS_KEPT_MS);
+        self.buckets.retain(|b| {
+            b.start_ms
+                >= if b.scope == send.scope {
+                    scope_from
+                } else {
+                    kept_from
+                }
+        });
         for a in allowances {
             let (requests, tokens) = self.since(&send.scope, &a.model, a.since_ms);
             let no_request = a.remaining_requests >= 0 && requests >= a.remaining_requests as u64;
@@ -229,47 +268,78 @@ impl Sends {
                 return false;
             }
         }
-        if self.sends.len() >= SENDS_MAX {
-            self.sends.remove(0);
+        let start_ms = bucket_of(send.at_ms);
+        match self
+            .buckets
+            .iter_mut()
+            .find(|b| b.start_ms == start_ms && b.scope == send.scope && b.model == send.model)
+        {
+            Some(b) => {
+                b.requests += 1;
+                b.tokens = b.tokens.saturating_add(send.tokens);
+            }
+            None => {
+                if self.buckets.len() >= SEND_BUCKETS_MAX {
+                    if let Some(oldest) =
+                        (0..self.buckets.len()).min_by_key(|&i| self.buckets[i].start_ms)
+                    {
+                        self.buckets.swap_remove(oldest);
+                    }
+                }
+                self.buckets.push(SendBucket {
+                    scope: send.scope,
+                    model: send.model,
+                    start_ms,
+                    requests: 1,
+                    tokens: send.tokens,
+                });
+            }
         }
-        self.sends.push(send);
         true
     }
 
     /// Gives a reservation back (the attempt never reached the provider).
     pub fn release(&mut self, send: &Send) {
-        if let Some(i) = self.sends.iter().rposition(|s| s == send) {
-            self.sends.remove(i);
+        let start_ms = bucket_of(send.at_ms);
+        if let Some(i) = self
+            .buckets
+            .iter()
+            .position(|b| b.start_ms == start_ms && b.scope == send.scope && b.model == send.model)
+        {
+            let b = &mut self.buckets[i];
+            b.requests = b.requests.saturating_sub(1);
+            b.tokens = b.tokens.saturating_sub(send.tokens);
+            if b.requests == 0 {
+                self.buckets.swap_remove(i);
+            }
         }
-    }
-
-    fn prune(&mut self, now_ms: i64) {
-        self.sends.retain(|s| s.at_ms + SENDS_KEPT_MS > now_ms);
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for s in &self.sends {
-            put_str(&mut out, &s.scope);
-            put_str(&mut out, &s.model);
-            out.extend(s.at_ms.to_be_bytes());
-            out.extend(s.tokens.to_be_bytes());
+        for b in &self.buckets {
+            put_str(&mut out, &b.scope);
+            put_str(&mut out, &b.model);
+            out.extend(b.start_ms.to_be_bytes());
+            out.extend(b.requests.to_be_bytes());
+            out.extend(b.tokens.to_be_bytes());
         }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = Reader(bytes);
-        let mut sends = Vec::new();
+        let mut buckets = Vec::new();
         while !r.0.is_empty() {
-            sends.push(Send {
+            buckets.push(SendBucket {
                 scope: r.str()?,
                 model: r.str()?,
-                at_ms: r.i64()?,
+                start_ms: r.i64()?,
+                requests: r.u64()?,
                 tokens: r.u64()?,
             });
         }
-        Some(Self { sends })
+        Some(Self { buckets })
     }
 }
 
@@ -368,8 +438,37 @@ mod tests {
         assert!(s.reserve(send("org", 1_006, 1), &[]));
         assert_eq!(Sends::decode(&s.encode()), Some(s.clone()));
         // Two minutes on, the old sends are gone.
-        assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS, 1), &[]));
-        assert_eq!(s.sends.len(), 1);
+        assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS + SEND_BUCKET_MS, 1), &[]));
+        assert_eq!(s.buckets.len(), 1);
+    }
+
+    #[test]
+    fn a_count_since_an_instant_takes_its_whole_bucket_and_the_record_stays_small() {
+        let mut s = Sends::default();
+        for at in [1_010, 1_060, 1_120] {
+            assert!(s.reserve(send("org", at, 1), &[]));
+        }
+        // 1,050 falls in the bucket of 1,000: both of its sends count (never too few).
+        assert_eq!(s.since("org", "m", 1_050), (3, 3));
+        assert_eq!(s.since("org", "m", 1_100), (1, 1));
+
+        // A thousand sends a second for a minute, the figure pushed again every 200 ms: the
+        // record holds the buckets since the newest figure, not the sends.
+        let mut s = Sends::default();
+        let mut biggest = 0;
+        for i in 0..60_000i64 {
+            let at = 10_000 + i;
+            let allowance = [Allowance {
+                model: "m".to_owned(),
+                remaining_requests: 1_000_000,
+                remaining_tokens: -1,
+                since_ms: at - at % 200 - 300,
+            }];
+            assert!(s.reserve(send("org", at, 1), &allowance));
+            biggest = biggest.max(s.encode().len());
+        }
+        assert!(s.buckets.len() <= 6, "{}", s.buckets.len());
+        assert!(biggest < 400, "{biggest} bytes");
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub fn scope_of(key: &ProviderKey) -> &str {
 /// What the pushed state says about one provider's lanes: its keys' blacklists, cooldowns,
 /// breakers that are not closed, headroom, and the provider's own health. A worker reads it
 /// from the provider's shared-data record when it picks among the provider's lanes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct LaneHealth {
     key_health: HashMap<String, KeyHealth>,
     /// key -> (model, cooled until); looked up by `&str`, no allocation per lane.

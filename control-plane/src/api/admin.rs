@@ -64,6 +64,8 @@ pub const ADMIN_TOKEN_ENV: &str = "AI_ROUTER_ADMIN_TOKEN";
 pub const KEY_SYNC_INTERVAL: Duration = Duration::from_millis(500);
 /// Key-sync ticks between two quota recomputations when nothing else asked for one.
 const QUOTA_RECHECK_TICKS: u32 = 10;
+/// The least time between two rechecks of the quota blocks after usage rows were written.
+const QUOTA_RECHECK_MIN_GAP: Duration = Duration::from_millis(250);
 
 impl From<KeyStoreError> for ApiError {
     fn from(err: KeyStoreError) -> Self {
@@ -117,10 +119,15 @@ impl std::fmt::Debug for AdminApi {
     }
 }
 
-/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot.
-pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<(), KeyStoreError> {
-    engine.set_virtual_keys(keys.snapshot_keys()?);
-    Ok(())
+/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot; returns
+/// whether any of them has a usage limit (whose block follows the usage rows).
+pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let records = keys.snapshot_keys()?;
+    let limited = records
+        .iter()
+        .any(|k| k.quota.as_ref().is_some_and(crate::keys::quotas::has_usage_limits));
+    engine.set_virtual_keys(records);
+    Ok(limited)
 }
 
 impl AdminApi {
@@ -438,12 +445,31 @@ pub async fn run_key_sync(
     let mut day = String::new();
     let mut ticks = 0u32;
     let mut failing = false;
+    // Whether a key has a usage limit (unknown until the first push: assume one).
+    let mut limited = true;
+    let mut rechecked: Option<tokio::time::Instant> = None;
     loop {
         let written = tokio::select! {
             _ = tick.tick() => false,
             _ = usage_written.notified() => true,
             _ = shutdown.wait_for(|stopped| *stopped) => break,
         };
+        if written {
+            // Usage rows move no block when no key has a usage limit; and under load rows
+            // are written many times a second: one recheck per gap is enough.
+            if !limited {
+                continue;
+            }
+            let wait = rechecked.map_or(Duration::ZERO, |at| {
+                QUOTA_RECHECK_MIN_GAP.saturating_sub(at.elapsed())
+            });
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.wait_for(|stopped| *stopped) => break,
+                }
+            }
+        }
         ticks += 1;
         let today = utc_day(keys.now_ms());
         let recheck = written || today != day || ticks >= QUOTA_RECHECK_TICKS;
@@ -453,17 +479,25 @@ pub async fn run_key_sync(
         let engine = engine.clone();
         let keys = keys.clone();
         let last = seen;
+        if recheck {
+            rechecked = Some(tokio::time::Instant::now());
+        }
         let result = tokio::task::spawn_blocking(move || {
             let generation = keys.store().generation()?;
-            if recheck || last != Some(generation) {
-                push_keys(&engine, &keys)?;
-            }
-            Ok::<_, KeyStoreError>(generation)
+            let pushed = if recheck || last != Some(generation) {
+                Some(push_keys(&engine, &keys)?)
+            } else {
+                None
+            };
+            Ok::<_, KeyStoreError>((generation, pushed))
         })
         .await;
         match result {
-            Ok(Ok(generation)) => {
+            Ok(Ok((generation, pushed))) => {
                 seen = Some(generation);
+                if let Some(any) = pushed {
+                    limited = any;
+                }
                 day = today;
                 if failing {
                     tracing::info!("the key store is readable again");

@@ -52,6 +52,10 @@ use crate::store::spend::{self as budget, Spend};
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the state store is read for what other control planes wrote.
 pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The least time between two exchanges with the state store: under load the engine changes
+/// with nearly every report, and one exchange (read, compare, write) per report would cost
+/// more than the reports themselves.
+pub const STORE_MIN_GAP: Duration = Duration::from_millis(200);
 /// How long a change that only moves headroom (every answer of a real provider moves it) may
 /// wait to be published with the next ones. The data plane acts on a 429 at once with its own
 /// hold, so headroom this late costs at most a few more 429s, never a wrong answer.
@@ -966,12 +970,22 @@ impl Engine {
         let mut tick = tokio::time::interval(STORE_POLL_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
+        let mut last: Option<tokio::time::Instant> = None;
         loop {
-            let stop = tokio::select! {
+            let mut stop = tokio::select! {
                 changed = updates.changed() => changed.is_err(),
                 _ = tick.tick() => false,
                 _ = shutdown.changed() => true,
             };
+            if let Some(wait) = last.map(|at| STORE_MIN_GAP.saturating_sub(at.elapsed())) {
+                if !stop && !wait.is_zero() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.changed() => stop = true,
+                    }
+                }
+            }
+            last = Some(tokio::time::Instant::now());
             let engine = self.clone();
             let store = store.clone();
             let reconcile = failing;

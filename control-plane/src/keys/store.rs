@@ -380,7 +380,7 @@ impl KeyStore for SqliteKeyStore {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(storage)?;
         for (id, row) in rows {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
                  prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
@@ -394,7 +394,9 @@ impl KeyStore for SqliteKeyStore {
                  latency_ms = latency_ms + excluded.latency_ms, \
                  cached_tokens = cached_tokens + excluded.cached_tokens, \
                  saved = saved + excluded.saved",
-                params![
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
                     id,
                     row.day,
                     u64_sql(row.requests),
@@ -406,17 +408,17 @@ impl KeyStore for SqliteKeyStore {
                     u64_sql(row.latency_ms),
                     u64_sql(row.cached_tokens),
                     row.saved,
-                ],
-            )
+                ])
+            })
             .map_err(storage)?;
             for (outcome, count) in &row.outcomes {
-                tx.execute(
+                tx.prepare_cached(
                     "INSERT INTO key_usage_outcomes (key_id, day, outcome, count) \
                      VALUES (?1, ?2, ?3, ?4) \
                      ON CONFLICT (key_id, day, outcome) DO UPDATE SET \
                      count = count + excluded.count",
-                    params![id, row.day, outcome, u64_sql(*count)],
                 )
+                .and_then(|mut stmt| stmt.execute(params![id, row.day, outcome, u64_sql(*count)]))
                 .map_err(storage)?;
             }
         }

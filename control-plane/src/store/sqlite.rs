@@ -123,6 +123,8 @@ pub fn open(path: &Path) -> Result<Connection, String> {
     let mut conn = Connection::open(path).map_err(|e| err(&e))?;
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| err(&e))?;
+    // Every statement of the hot paths (state exchange, usage rows) stays prepared.
+    conn.set_prepared_statement_cache_capacity(64);
     // WAL cannot be set inside a transaction.
     conn.pragma_update(None, "journal_mode", "WAL")
         .map_err(|e| err(&e))?;

@@ -61,7 +61,7 @@ fn read_all<T>(
     sql: &str,
     map: impl FnMut(&rusqlite::Row<'_>) -> Row<T>,
 ) -> Result<Vec<T>, StoreError> {
-    let mut stmt = conn.prepare(sql).map_err(store_err)?;
+    let mut stmt = conn.prepare_cached(sql).map_err(store_err)?;
     let rows = stmt.query_map([], map).map_err(store_err)?;
     rows.collect::<Result<Vec<_>, _>>().map_err(store_err)
 }
@@ -180,73 +180,69 @@ impl StateStore for SqliteStateStore {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(store_err)?;
         for (provider, key) in &changes.blacklists.delete {
-            tx.execute(
-                "DELETE FROM key_blacklist WHERE provider = ?1 AND key = ?2",
-                params![provider, key],
-            )
-            .map_err(store_err)?;
+            tx.prepare_cached("DELETE FROM key_blacklist WHERE provider = ?1 AND key = ?2")
+                .and_then(|mut stmt| stmt.execute(params![provider, key]))
+                .map_err(store_err)?;
         }
         for ((provider, key), entry) in &changes.blacklists.upsert {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO key_blacklist (provider, key, reason, until_ms, refused_fingerprint, code) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![provider, key, entry.reason.as_str(), entry.until_ms, to_sql(entry.refused_fingerprint), entry.code],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, entry.reason.as_str(), entry.until_ms, to_sql(entry.refused_fingerprint), entry.code]))
             .map_err(store_err)?;
         }
         for (provider, key, model) in &changes.cooldowns.delete {
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM lane_cooldown WHERE provider = ?1 AND key = ?2 AND model = ?3",
-                params![provider, key, model],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, model]))
             .map_err(store_err)?;
         }
         for ((provider, key, model), until) in &changes.cooldowns.upsert {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO lane_cooldown (provider, key, model, until_ms) VALUES (?1, ?2, ?3, ?4)",
-                params![provider, key, model, until],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, model, until]))
             .map_err(store_err)?;
         }
         for (scope, provider, key) in &changes.breakers.delete {
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM breaker WHERE scope = ?1 AND provider = ?2 AND key = ?3",
-                params![scope.as_str(), provider, key],
             )
+            .and_then(|mut stmt| stmt.execute(params![scope.as_str(), provider, key]))
             .map_err(store_err)?;
         }
         for ((scope, provider, key), b) in &changes.breakers.upsert {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO breaker (scope, provider, key, phase, failures, open_until_ms, cooldown_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![scope.as_str(), provider, key, b.phase.as_str(), b.failures, b.open_until_ms, u64_to_sql(b.cooldown_ms)],
             )
+            .and_then(|mut stmt| stmt.execute(params![scope.as_str(), provider, key, b.phase.as_str(), b.failures, b.open_until_ms, u64_to_sql(b.cooldown_ms)]))
             .map_err(store_err)?;
         }
         for (provider, key, model) in &changes.headroom.delete {
-            tx.execute(
+            tx.prepare_cached(
                 "DELETE FROM headroom WHERE provider = ?1 AND key = ?2 AND model = ?3",
-                params![provider, key, model],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, model]))
             .map_err(store_err)?;
         }
         for ((provider, key, model), h) in &changes.headroom.upsert {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO headroom (provider, key, model, remaining_requests, remaining_tokens, reset_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![provider, key, model, h.remaining_requests, h.remaining_tokens, h.reset_at_ms],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, model, h.remaining_requests, h.remaining_tokens, h.reset_at_ms]))
             .map_err(store_err)?;
         }
         for provider in &changes.spend.delete {
-            tx.execute(
-                "DELETE FROM provider_spend WHERE provider = ?1",
-                params![provider],
-            )
-            .map_err(store_err)?;
+            tx.prepare_cached("DELETE FROM provider_spend WHERE provider = ?1")
+                .and_then(|mut stmt| stmt.execute(params![provider]))
+                .map_err(store_err)?;
         }
         for (provider, s) in &changes.spend.upsert {
-            tx.execute(
+            tx.prepare_cached(
                 "INSERT OR REPLACE INTO provider_spend (provider, day, day_cost, month, month_cost) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![provider, s.day, s.day_cost, s.month, s.month_cost],
             )
+            .and_then(|mut stmt| stmt.execute(params![provider, s.day, s.day_cost, s.month, s.month_cost]))
             .map_err(store_err)?;
         }
         tx.commit().map_err(store_err)

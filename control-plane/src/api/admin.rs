@@ -123,9 +123,11 @@ impl std::fmt::Debug for AdminApi {
 /// whether any of them has a usage limit (whose block follows the usage rows).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
     let records = keys.snapshot_keys()?;
-    let limited = records
-        .iter()
-        .any(|k| k.quota.as_ref().is_some_and(crate::keys::quotas::has_usage_limits));
+    let limited = records.iter().any(|k| {
+        k.quota
+            .as_ref()
+            .is_some_and(crate::keys::quotas::has_usage_limits)
+    });
     engine.set_virtual_keys(records);
     Ok(limited)
 }

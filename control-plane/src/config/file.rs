@@ -334,33 +334,6 @@ pub struct LimitsConfig {
     pub tpm: Option<u64>,
     pub tpd: Option<u64>,
     pub tokens_per_month: Option<u64>,
-    /// Which window `x-ratelimit-remaining-requests` speaks of: `minute` (the usual) or `day`.
-    pub requests_header: Option<RequestsHeader>,
-    /// Where the provider's day begins: `utc`, `pacific` or `china`.
-    pub day_resets_in: Option<DayZone>,
-}
-
-/// Where a provider's day begins (its daily limits reset then).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DayZone {
-    #[default]
-    Utc,
-    /// Midnight in America/Los_Angeles (Gemini).
-    Pacific,
-    /// Midnight in China (UTC+8, no summer time: Qwen).
-    China,
-}
-
-/// Which window `x-ratelimit-remaining-requests` speaks of.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RequestsHeader {
-    /// The usual meaning (OpenAI and most others).
-    #[default]
-    Minute,
-    /// Groq's: its request limit header is per day.
-    Day,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]

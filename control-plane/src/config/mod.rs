@@ -36,12 +36,11 @@ mod tests;
 pub use error::ConfigError;
 pub use file::{
     BackoffFileConfig, BreakerFileConfig, BudgetConfig, CandidateConfig, Capability,
-    ControlPlaneConfig, CostConfig, DayZone, FileConfig, GatewayConfig, KeyConfig, LimitsConfig,
+    ControlPlaneConfig, CostConfig, FileConfig, GatewayConfig, KeyConfig, LimitsConfig,
     ModelConfig, MountedKeyConfig, PolicyBudgetConfig, PolicyConfig, ProviderConfig, ProviderKind,
-    QuotaConfig, RequestsHeader, ResilienceFileConfig, RouteConfig, RouteMatchConfig,
-    RouteTargetConfig, SecretRefConfig, SelectionConfig, SelectionMode, SelectionStrategy,
-    StoreConfig, StoreType, TelemetryConfig, TermsConfig, TierConfig, TriggerConfig,
-    DEFAULT_CAPABILITIES,
+    QuotaConfig, ResilienceFileConfig, RouteConfig, RouteMatchConfig, RouteTargetConfig,
+    SecretRefConfig, SelectionConfig, SelectionMode, SelectionStrategy, StoreConfig, StoreType,
+    TelemetryConfig, TermsConfig, TierConfig, TriggerConfig, DEFAULT_CAPABILITIES,
 };
 pub use keys_from_env::{keys_from_env, keys_from_env_prefixes};
 pub use load::{base_dir_of, load, parse, read, resolve_at};

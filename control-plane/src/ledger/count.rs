@@ -8,14 +8,11 @@
 use ai_router_contract::calendar::{first_of_next_month_ms, month_index};
 use ai_router_contract::kinds::DailyReset;
 
-use super::limits::{DayZone, Window};
+use super::limits::Window;
 
 const SECOND_MS: i64 = 1_000;
 const MINUTE_MS: i64 = 60 * SECOND_MS;
 const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
-/// China Standard Time: UTC+8, no summer time.
-const CHINA_OFFSET_MINUTES: i32 = 8 * 60;
-
 /// How long a value read from a provider's headers stands for the truth.
 pub const REPORTED_TTL_MS: i64 = 2 * MINUTE_MS;
 /// How long a value mined from a 429 stands (providers rarely say more in between).
@@ -45,12 +42,7 @@ impl Source {
 /// When the day holding `ms` began and ends, in `zone` (the contract's zone arithmetic,
 /// [`DailyReset`]). The start is the midnight after the same moment a day earlier (a summer-time
 /// day is an hour off at most).
-pub fn day_bounds(zone: DayZone, ms: i64) -> (i64, i64) {
-    let reset = match zone {
-        DayZone::Utc => DailyReset::Utc,
-        DayZone::Pacific => DailyReset::Pacific,
-        DayZone::China => DailyReset::Offset(CHINA_OFFSET_MINUTES),
-    };
+pub fn day_bounds(reset: DailyReset, ms: i64) -> (i64, i64) {
     (
         reset.next_midnight_ms(ms - DAY_MS),
         reset.next_midnight_ms(ms),
@@ -93,7 +85,7 @@ pub struct Headroom {
 /// One budget's counters: the last 60 s by the second, the provider's day, the UTC month.
 #[derive(Debug, Clone)]
 pub struct Counter {
-    zone: DayZone,
+    zone: DailyReset,
     /// (second, requests, tokens), indexed by second mod 60.
     seconds: [(i64, u64, u64); 60],
     day_start_ms: i64,
@@ -104,7 +96,7 @@ pub struct Counter {
 }
 
 impl Counter {
-    pub fn new(zone: DayZone) -> Self {
+    pub fn new(zone: DailyReset) -> Self {
         Self {
             zone,
             seconds: [(i64::MIN, 0, 0); 60],
@@ -243,7 +235,7 @@ mod tests {
 
     #[test]
     fn the_minute_slides_and_the_day_resets_at_its_zone_s_midnight() {
-        let mut c = Counter::new(DayZone::Utc);
+        let mut c = Counter::new(DailyReset::Utc);
         c.add(AT, 1, 100);
         c.add(AT + 30_000, 1, 50);
         assert_eq!(c.count(Window::Rpm, AT + 30_000), 2);
@@ -260,16 +252,22 @@ mod tests {
     #[test]
     fn china_and_pacific_days_begin_at_their_own_midnight() {
         // 2026-03-15T12:00Z is 20:00 in China: its day began at 16:00Z the day before.
-        assert_eq!(day_bounds(DayZone::China, AT).0, AT - 20 * 3_600_000);
-        assert_eq!(day_bounds(DayZone::China, AT).1, AT + 4 * 3_600_000);
+        assert_eq!(
+            day_bounds(DailyReset::Offset(480), AT).0,
+            AT - 20 * 3_600_000
+        );
+        assert_eq!(
+            day_bounds(DailyReset::Offset(480), AT).1,
+            AT + 4 * 3_600_000
+        );
         // ... and 05:00 PDT: the Pacific day began at 07:00Z.
-        assert_eq!(day_bounds(DayZone::Pacific, AT).0, AT - 5 * 3_600_000);
-        assert_eq!(day_bounds(DayZone::Pacific, AT).1, AT + 19 * 3_600_000);
+        assert_eq!(day_bounds(DailyReset::Pacific, AT).0, AT - 5 * 3_600_000);
+        assert_eq!(day_bounds(DailyReset::Pacific, AT).1, AT + 19 * 3_600_000);
     }
 
     #[test]
     fn an_anchor_counts_down_with_local_use_then_ages_back_to_the_estimate() {
-        let mut c = Counter::new(DayZone::Utc);
+        let mut c = Counter::new(DailyReset::Utc);
         c.add(AT, 1, 0);
         c.anchor(Window::Rpd, 10, 0, Source::Reported, AT);
         for i in 1..=3 {
@@ -295,7 +293,7 @@ mod tests {
 
     #[test]
     fn a_mined_zero_stands_until_its_reset_or_five_minutes() {
-        let mut c = Counter::new(DayZone::Utc);
+        let mut c = Counter::new(DailyReset::Utc);
         c.anchor(Window::Rpm, 0, AT + 20_000, Source::Mined, AT);
         let h = c.headroom(Window::Rpm, Some(30), AT + 10_000);
         assert_eq!(

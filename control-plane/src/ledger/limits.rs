@@ -7,7 +7,9 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 
 use crate::config::LimitsConfig;
-pub use crate::config::{DayZone, RequestsHeader};
+use ai_router_contract::kinds::{DailyReset, RateLimitWindow};
+
+use crate::config::facts::ProviderFacts;
 
 /// The windows the ledger counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,10 +56,6 @@ impl Window {
 pub struct Seed {
     /// What one budget covers: `key`, `organization`, `project`, `account` or `user`.
     pub scope: String,
-    #[serde(default)]
-    pub requests_header: RequestsHeader,
-    #[serde(default)]
-    pub day_resets_in: DayZone,
     pub rpm: Option<u64>,
     pub rpd: Option<u64>,
     pub tpm: Option<u64>,
@@ -114,27 +112,34 @@ impl LimitSource {
     }
 }
 
-/// A provider's limits per window, and how to read its headers and days.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// A provider's limits per window, and how to read its headers and days (the provider's
+/// resolved facts: `rateLimitHeaders`, `dailyResetTimezone` and the kind's defaults).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
     pub values: BTreeMap<Window, (u64, LimitSource)>,
     /// The kind's billing scope (`key` when the table does not know the kind).
     pub scope: String,
-    pub requests_header: RequestsHeader,
-    pub day_zone: DayZone,
+    /// The windows `x-ratelimit-remaining-requests` and `-tokens` speak of.
+    pub requests_window: RateLimitWindow,
+    pub tokens_window: RateLimitWindow,
+    /// Where the provider's day begins; UTC when its quotas have no calendar reset (the
+    /// ledger still counts days).
+    pub day_reset: DailyReset,
 }
 
 impl Limits {
-    /// The seed row of `kind`, then every window `overrides` sets.
-    pub fn resolve(kind: &str, overrides: Option<&LimitsConfig>) -> Self {
+    /// The seed row of `kind`, then every window `overrides` sets; headers and days as
+    /// `facts` says.
+    pub fn resolve(kind: &str, overrides: Option<&LimitsConfig>, facts: &ProviderFacts) -> Self {
         let mut limits = Limits {
+            values: BTreeMap::new(),
             scope: "key".to_owned(),
-            ..Limits::default()
+            requests_window: facts.requests_window,
+            tokens_window: facts.tokens_window,
+            day_reset: facts.daily_reset.unwrap_or(DailyReset::Utc),
         };
         if let Some(seed) = seed(kind) {
             limits.scope = seed.scope.clone();
-            limits.requests_header = seed.requests_header;
-            limits.day_zone = seed.day_resets_in;
             let seeded = [
                 seed.rpm,
                 seed.rpd,
@@ -154,12 +159,6 @@ impl Limits {
                 if let Some(v) = value {
                     limits.values.insert(window, (v, LimitSource::Config));
                 }
-            }
-            if let Some(h) = o.requests_header {
-                limits.requests_header = h;
-            }
-            if let Some(z) = o.day_resets_in {
-                limits.day_zone = z;
             }
         }
         limits
@@ -192,23 +191,49 @@ mod tests {
         }
     }
 
+    /// The facts a provider of `kind` has with no override.
+    fn facts(kind: &str) -> ProviderFacts {
+        let (requests_window, tokens_window) = ai_router_contract::kinds::rate_limit_windows(kind);
+        ProviderFacts {
+            max_input_tokens: 0,
+            max_output_tokens: 0,
+            daily_reset: DailyReset::of_kind(kind),
+            requests_window,
+            tokens_window,
+        }
+    }
+
     #[test]
     fn the_config_wins_over_the_seed_and_unknown_kinds_start_empty() {
-        let groq = Limits::resolve("groq", None);
+        let groq = Limits::resolve("groq", None, &facts("groq"));
         assert_eq!(groq.scope, "organization");
-        assert_eq!(groq.requests_header, RequestsHeader::Day);
+        assert_eq!(groq.requests_window, RateLimitWindow::Day);
         assert_eq!(groq.limit(Window::Rpm), Some((30, LimitSource::Seed)));
         let mine = LimitsConfig {
             rpm: Some(5),
             ..LimitsConfig::default()
         };
-        let groq = Limits::resolve("groq", Some(&mine));
+        let groq = Limits::resolve("groq", Some(&mine), &facts("groq"));
         assert_eq!(groq.limit(Window::Rpm), Some((5, LimitSource::Config)));
         assert_eq!(groq.limit(Window::Tpd), Some((200_000, LimitSource::Seed)));
-        let other = Limits::resolve("openai-compatible", None);
+        let other = Limits::resolve("openai-compatible", None, &facts("openai-compatible"));
         assert_eq!(other.scope, "key");
         assert!(other.values.is_empty());
-        assert_eq!(Limits::resolve("gemini", None).day_zone, DayZone::Pacific);
-        assert_eq!(Limits::resolve("qwen", None).day_zone, DayZone::China);
+        assert_eq!(other.day_reset, DailyReset::Utc);
+        let gemini = Limits::resolve("gemini", None, &facts("gemini"));
+        assert_eq!(gemini.day_reset, DailyReset::Pacific);
+        let qwen = Limits::resolve("qwen", None, &facts("qwen"));
+        assert_eq!(qwen.day_reset, DailyReset::Offset(480));
+    }
+
+    #[test]
+    fn headers_and_days_follow_the_provider_s_facts() {
+        // `rateLimitHeaders` and `dailyResetTimezone` on the provider are what the ledger reads.
+        let mut mine = facts("openai-compatible");
+        mine.requests_window = RateLimitWindow::Day;
+        mine.daily_reset = Some(DailyReset::Offset(330));
+        let limits = Limits::resolve("openai-compatible", None, &mine);
+        assert_eq!(limits.requests_window, RateLimitWindow::Day);
+        assert_eq!(limits.day_reset, DailyReset::Offset(330));
     }
 }

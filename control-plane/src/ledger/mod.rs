@@ -32,8 +32,9 @@ use serde_json::{json, Value};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::engine::{HeadroomSource, ReportObserver};
+use ai_router_contract::kinds::RateLimitWindow;
 use count::{Counter, Headroom, Source};
-use limits::{Limits, RequestsHeader, Window};
+use limits::{Limits, Window};
 
 /// One provider's budgets.
 #[derive(Debug)]
@@ -56,7 +57,7 @@ fn providers_of(
 ) -> BTreeMap<String, ProviderLedger> {
     let mut providers = BTreeMap::new();
     for p in &config.providers {
-        let limits = Limits::resolve(p.kind.as_str(), p.limits.as_ref());
+        let limits = Limits::resolve(p.kind.as_str(), p.limits.as_ref(), &p.facts);
         let mut scope_of = BTreeMap::new();
         let mut keys_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for k in &p.keys {
@@ -72,7 +73,7 @@ fn providers_of(
             .map(|s| {
                 let counter = kept
                     .remove(&(p.id.clone(), s.clone()))
-                    .unwrap_or_else(|| Counter::new(limits.day_zone));
+                    .unwrap_or_else(|| Counter::new(limits.day_reset));
                 (s.clone(), counter)
             })
             .collect();
@@ -153,9 +154,13 @@ impl Ledger {
             .as_ref()
             .map_or(0, |u| u.prompt_tokens + u.completion_tokens);
         counter.add(at, 1, tokens);
-        let requests_window = match p.limits.requests_header {
-            RequestsHeader::Minute => Window::Rpm,
-            RequestsHeader::Day => Window::Rpd,
+        let requests_window = match p.limits.requests_window {
+            RateLimitWindow::Minute => Window::Rpm,
+            RateLimitWindow::Day => Window::Rpd,
+        };
+        let tokens_window = match p.limits.tokens_window {
+            RateLimitWindow::Minute => Window::Tpm,
+            RateLimitWindow::Day => Window::Tpd,
         };
         let reset = a.ratelimit_reset_at_ms.max(0);
         if a.remaining_requests >= 0 {
@@ -169,7 +174,7 @@ impl Ledger {
         }
         if a.remaining_tokens >= 0 {
             counter.anchor(
-                Window::Tpm,
+                tokens_window,
                 a.remaining_tokens.unsigned_abs(),
                 reset,
                 Source::Reported,

@@ -594,7 +594,9 @@ impl Attempt {
                 host.set_header(Side::Request, &lower, Some(&h.value));
             }
         }
-        if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
+        if key.secret.is_empty() {
+            // A keyless provider: the client's credentials were removed above, none is added.
+        } else if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
             host.set_header(
                 Side::Request,
                 "authorization",
@@ -1640,6 +1642,40 @@ mod tests {
             as_of_ms: NOW - 1_000,
         });
         snap
+    }
+
+    #[test]
+    fn a_keyless_provider_gets_no_credentials_and_an_empty_secret_elsewhere_is_missing() {
+        let plan = plan(false);
+        let keyless = |terms: bool| {
+            let mut snap = snapshot();
+            snap.providers[0].keys[0].secret.clear();
+            if terms {
+                snap.providers[0].terms = Some(ai_router_proto::v1::ProviderTerms {
+                    keyless: true,
+                    ..Default::default()
+                });
+            }
+            snap
+        };
+        let mut host = host_with(keyless(true), &plan, 1);
+        host.add(Side::Request, "authorization", b"Bearer vk-client");
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p1.test:8000")
+        );
+        assert_eq!(host.text(Side::Request, "authorization"), None);
+        assert_eq!(host.text(Side::Request, "x-api-key"), None);
+        // Without the keyless terms an empty secret is a key that is missing: the next lane.
+        let mut host = host_with(keyless(false), &plan, 1);
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        assert_eq!(
+            host.text(Side::Request, ":authority").as_deref(),
+            Some("p2.test:8000")
+        );
     }
 
     #[test]

@@ -341,7 +341,8 @@ fn out_reason(
 ) -> Option<Out> {
     let provider = state.provider_at(pi)?;
     let key = provider.keys.get(ki)?;
-    if key.secret.is_empty() {
+    let keyless = provider.terms.as_ref().is_some_and(|t| t.keyless);
+    if key.secret.is_empty() && !keyless {
         return Some((Class::Auth, None, "missing_secret"));
     }
     let mut worst: Option<Out> = None;

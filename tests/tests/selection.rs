@@ -355,3 +355,40 @@ async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(keys, ["a", "b"], "{r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_provider_serves_only_with_keyless_fallback_and_gets_no_credentials() {
+    for fallback in [false, true] {
+        let pool = Pool::start(&format!("keyless_{fallback}"), 1, |m, _| {
+            let (mut setup, providers) = one_key_each(&m[0], &[("paid", "", "m-paid")]);
+            setup.yaml = format!(
+                "{}providers:\n{providers}  - id: free\n    kind: openai-compatible\n    baseUrl: {}/free/v1\n    terms: {{ keyless: true }}\n    models: [{{ id: m-free }}]\nselection:\n  keylessFallback: {fallback}\n",
+                pool_yaml_header(),
+                m[0]
+            );
+            Ok(setup)
+        })
+        .await
+        .expect("fixture");
+        pool.clear_calls().await.unwrap();
+        let r = pool.chat("m-free").await.unwrap();
+        let calls = pool.calls().await.unwrap();
+        if !fallback {
+            assert_eq!(r.status, 400, "{r}");
+            let message = r.json["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("keyless"), "{message}");
+            assert!(calls.is_empty(), "{calls:?}");
+            continue;
+        }
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(calls[0].key, "<no key>");
+        assert_eq!(calls[0].call.header("authorization"), None);
+        assert_eq!(calls[0].call.header("x-api-key"), None);
+        // The keyed provider still gets its key.
+        pool.clear_calls().await.unwrap();
+        let r = pool.chat("m-paid").await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(pool.keys_called().await.unwrap(), ["paid"]);
+    }
+}

@@ -28,6 +28,9 @@ use crate::config::validate::{
     refuse_own_listener, refuse_unsupported_settings, AUTH_HEADERS,
 };
 
+/// The alias of a keyless provider's one lane.
+pub const KEYLESS_ALIAS: &str = "keyless";
+
 impl FileConfig {
     /// Validates, expands `keysFromEnv` against `env`, drops providers without a key and cuts
     /// the policies down to what remains. `base_dir` anchors relative paths.
@@ -510,10 +513,23 @@ fn resolve_provider(
             },
         });
     }
-    if raw.keys.is_empty() && prefix.is_none() {
-        return Err(invalid(format!("{path}: needs keys or keysFromEnv")));
-    }
     check_terms(path, raw.terms.as_ref())?;
+    if raw.keys.is_empty() && prefix.is_none() {
+        if !crate::config::catalog::terms_of(kind.as_str(), raw.terms.as_ref()).keyless {
+            return Err(invalid(format!(
+                "{path}: needs keys or keysFromEnv (or terms: {{ keyless: true }} for a provider \
+                 that takes calls without a key)"
+            )));
+        }
+        // One lane without a secret: no auth header is sent.
+        keys.push(KeyRef {
+            alias: KEYLESS_ALIAS.to_owned(),
+            source: SecretSource::Keyless,
+            weight: 1.0,
+            max_concurrency: None,
+            scope: None,
+        });
+    }
     if let Some(prefix) = prefix {
         let alias_base = if kind == ProviderKind::OpenaiCompatible {
             id.as_str()

@@ -150,6 +150,8 @@ pub enum SecretSource {
     EnvOrFileEnv { var: String, file_var: String },
     /// Item `index` of `<PREFIX>_API_KEYS`, split at commas and whitespace.
     EnvListItem { var: String, index: usize },
+    /// A keyless provider's one lane: no secret, no auth header (`terms: { keyless: true }`).
+    Keyless,
 }
 
 impl SecretSource {
@@ -163,6 +165,7 @@ impl SecretSource {
                 env.var(file_var)
                     .and_then(|path| read_first_line(Path::new(path.trim())))
             }),
+            Self::Keyless => Some(Secret::new("")),
             Self::EnvListItem { var, index } => env
                 .var(var)
                 .and_then(|list| split_key_list(&list).into_iter().nth(*index))
@@ -177,6 +180,7 @@ impl SecretSource {
             Self::File(path) => format!("file {}", path.display()),
             Self::EnvOrFileEnv { var, file_var } => format!("env {var} (or {file_var})"),
             Self::EnvListItem { var, index } => format!("env {var} item {}", index + 1),
+            Self::Keyless => "no key (keyless)".to_owned(),
         }
     }
 }

@@ -905,3 +905,27 @@ fn the_otlp_endpoint_is_an_http_url_and_traces_are_off_without_it() {
         );
     }
 }
+
+#[test]
+fn a_keyless_provider_gets_one_lane_without_a_secret_and_others_still_need_keys(
+) -> Result<(), String> {
+    let env = MapEnv::new::<&str, &str>([]);
+    let config = resolve(
+        "providers:\n  - { id: free, baseUrl: 'http://h/v1', terms: { keyless: true }, models: [{ id: m }] }\n",
+        &env,
+    )?;
+    let keys = &config.providers[0].keys;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].alias, "keyless");
+    assert_eq!(keys[0].source, SecretSource::Keyless);
+    assert_eq!(
+        keys[0].source.resolve(&env).map(|s| s.expose().to_owned()),
+        Some(String::new())
+    );
+    let message = err(
+        "providers:\n  - { id: paid, baseUrl: 'http://h/v1', models: [{ id: m }] }\n",
+        &env,
+    );
+    assert!(message.contains("needs keys or keysFromEnv"), "{message}");
+    Ok(())
+}

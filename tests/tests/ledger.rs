@@ -158,6 +158,15 @@ async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
         c["untilMs"].as_i64().unwrap_or(0) > view["atMs"].as_i64().unwrap_or(i64::MAX),
         "{c}"
     );
+    // The family view: m2's one route is out with its only scope, m1's still serves.
+    let family = |name: &str| {
+        view["families"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["family"] == name))
+            .map(|f| (f["routes"].as_u64(), f["live"].as_u64()))
+    };
+    assert_eq!(family("m1"), Some((Some(1), Some(1))), "{}", view["families"]);
+    assert_eq!(family("m2"), Some((Some(1), Some(0))), "{}", view["families"]);
 
     // The CLI prints the same page.
     let url = format!("http://{}", gw.cp.http_addr());

@@ -208,12 +208,48 @@ impl Ledger {
             .iter_mut()
             .map(|(id, p)| provider_view(id, p, snapshot, now))
             .collect();
+        let families = family_view(snapshot, &out);
         json!({
             "atMs": now,
             "seedsChecked": limits::seeds_checked(),
             "providers": out,
+            "families": families,
         })
     }
+}
+
+/// Per model family: the routes (provider x model) serving it and how many of them are live
+/// (a billing scope of the provider still healthy, the provider itself not out).
+fn family_view(snapshot: &pb::Snapshot, providers: &[Value]) -> Vec<Value> {
+    let mut families: BTreeMap<&str, (usize, usize, Vec<&str>)> = BTreeMap::new();
+    for p in &snapshot.providers {
+        let live = providers
+            .iter()
+            .find(|v| v["provider"] == p.id.as_str())
+            .and_then(|v| v["scopes"].as_array())
+            .is_some_and(|scopes| scopes.iter().any(|s| s["state"] == "healthy"));
+        for m in &p.models {
+            let family = if m.family.is_empty() {
+                &m.id
+            } else {
+                &m.family
+            };
+            let entry = families.entry(family).or_default();
+            entry.0 += 1;
+            if live {
+                entry.1 += 1;
+            }
+            if !entry.2.contains(&p.id.as_str()) {
+                entry.2.push(&p.id);
+            }
+        }
+    }
+    families
+        .into_iter()
+        .map(|(family, (routes, live, providers))| {
+            json!({ "family": family, "routes": routes, "live": live, "providers": providers })
+        })
+        .collect()
 }
 
 /// What the ledger pushes to the filter: per billing scope, what its local count leaves of the

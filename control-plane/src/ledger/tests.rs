@@ -262,3 +262,56 @@ fn a_reload_keeps_the_counts_of_the_scopes_it_keeps() {
         "{view}"
     );
 }
+
+#[test]
+fn the_family_view_counts_the_routes_of_each_family_and_the_live_ones() {
+    let (l, _) = ledger();
+    let model = |id: &str, family: &str| pb::Model {
+        id: id.to_owned(),
+        family: family.to_owned(),
+        ..Default::default()
+    };
+    let mut snapshot = pb::Snapshot::default();
+    snapshot.providers.push(pb::Provider {
+        id: "groq".to_owned(),
+        models: vec![
+            model("llama", "llama-3"),
+            model("gpt-oss-120b", "gpt-oss-120b"),
+        ],
+        ..Default::default()
+    });
+    snapshot.providers.push(pb::Provider {
+        id: "local".to_owned(),
+        models: vec![model("llama", "llama-3")],
+        ..Default::default()
+    });
+    // Every key of local is refused: its route is not live.
+    let mut h = pb::KeyHealth {
+        provider: "local".to_owned(),
+        key: "l1".to_owned(),
+        ..Default::default()
+    };
+    h.set_reason(pb::KeyOutReason::Auth);
+    snapshot.key_health.push(h);
+    let view = l.view(&snapshot);
+    let family = |name: &str| {
+        view["families"]
+            .as_array()
+            .and_then(|fs| fs.iter().find(|f| f["family"] == name))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let llama = family("llama-3");
+    assert_eq!(
+        (llama["routes"].as_u64(), llama["live"].as_u64()),
+        (Some(2), Some(1)),
+        "{llama}"
+    );
+    assert_eq!(llama["providers"], json!(["groq", "local"]));
+    let oss = family("gpt-oss-120b");
+    assert_eq!(
+        (oss["routes"].as_u64(), oss["live"].as_u64()),
+        (Some(1), Some(1)),
+        "{oss}"
+    );
+}

@@ -165,8 +165,18 @@ async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
             .and_then(|fs| fs.iter().find(|f| f["family"] == name))
             .map(|f| (f["routes"].as_u64(), f["live"].as_u64()))
     };
-    assert_eq!(family("m1"), Some((Some(1), Some(1))), "{}", view["families"]);
-    assert_eq!(family("m2"), Some((Some(1), Some(0))), "{}", view["families"]);
+    assert_eq!(
+        family("m1"),
+        Some((Some(1), Some(1))),
+        "{}",
+        view["families"]
+    );
+    assert_eq!(
+        family("m2"),
+        Some((Some(1), Some(0))),
+        "{}",
+        view["families"]
+    );
 
     // The CLI prints the same page.
     let url = format!("http://{}", gw.cp.http_addr());

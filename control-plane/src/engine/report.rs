@@ -1,0 +1,384 @@
+//! What the filters report: attempts and calls change breakers, blacklists, cooldowns,
+//! headroom, spend and budgets, and become events.
+
+use ai_router_contract::failure::{ErrorClass, Hold};
+use ai_router_contract::probe_holder;
+use ai_router_proto::v1 as pb;
+
+use super::{budgets, events};
+
+use super::events::Event;
+use super::state::*;
+use crate::config::secrets::Secret;
+use crate::config::Config;
+use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
+use crate::store::durable::{Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom};
+use crate::store::lock;
+use crate::store::spend::{self as budget, Spend};
+
+impl Engine {
+    /// Applies a batch of outcomes; returns the version after it.
+    pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
+        self.observe_report(batch);
+        let config = self.config();
+        self.stats.observe(
+            batch,
+            |a| attempt_cost(&config, a).unwrap_or(0.0),
+            |a| crate::keys::usage::saving_of(&config, a),
+        );
+        if self.events.wants_calls() {
+            for event in call_events(&config, batch) {
+                self.events.emit(event);
+            }
+        }
+        let now = self.clock.now_ms();
+        let resilience = &config.resilience;
+        let mut state = lock(&self.state);
+        let mut events = Vec::new();
+        let mut changed = false;
+        let mut headroom_moved = false;
+        // Probe leases to end once the state lock is released (the store may block).
+        let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
+        if !config.budgets.is_empty() {
+            let mut crossings = Vec::new();
+            for charge in crate::keys::ledger::charges(&config, batch) {
+                crossings.extend(state.budgets.charge(&config.budgets, &charge, now));
+            }
+            changed |= !crossings.is_empty();
+            for crossing in &crossings {
+                self.events.emit(budgets::event(crossing, now));
+            }
+        }
+        for attempt in &batch.attempts {
+            let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
+            if state.secrets.contains_key(&lane_key) {
+                if note_headroom(&mut state.durable, attempt, now) {
+                    headroom_moved = true;
+                    let began = attempt
+                        .at_ms
+                        .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
+                    let lane = (
+                        attempt.provider.clone(),
+                        attempt.key.clone(),
+                        attempt.model.clone(),
+                    );
+                    let st = &mut *state;
+                    if st.headroom_as_of.len() > st.durable.headroom.len() + 64 {
+                        let kept = &st.durable.headroom;
+                        st.headroom_as_of.retain(|l, _| kept.contains_key(l));
+                    }
+                    st.headroom_as_of.insert(lane, began);
+                }
+                changed |= note_spend(&config, &mut state.durable, attempt, now);
+                if attempt.probe {
+                    // Only the attempt that holds the lease ends it.
+                    let holder = Some(probe_holder(&attempt.request_id, attempt.attempt));
+                    for id in breaker_ids(&attempt.provider, &attempt.key) {
+                        releases.push((id, holder.clone()));
+                    }
+                }
+                if attempt.outcome() == pb::AttemptResult::Success {
+                    changed |= update_breakers(
+                        &mut state.durable,
+                        &attempt.provider,
+                        &attempt.key,
+                        |_, b| b.on_success(),
+                        &mut events,
+                        &mut releases,
+                    );
+                }
+            }
+            if attempt.outcome() != pb::AttemptResult::Error {
+                continue;
+            }
+            let id: KeyId = lane_key;
+            let Some(current) = state.secrets.get(&id) else {
+                tracing::debug!(provider = %id.0, key = %id.1, "report for an unknown key");
+                continue;
+            };
+            let current_fp = current.as_ref().map_or(0, Secret::fingerprint);
+            let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
+            // The one failure -> hold rule (the filter applies it too). An unknown class changes
+            // nothing, nor do invalid requests and cancellations.
+            let Some(class) = attempt.class() else {
+                continue;
+            };
+            match class.hold(retry_at.is_some()) {
+                Hold::Lane => {
+                    // A rate limit until its window or the default; a failure of the lane with
+                    // a retry-after until then.
+                    let until = retry_at
+                        .unwrap_or(now.saturating_add(ms(resilience.rate_limit_cooldown_ms)));
+                    let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
+                    let entry = state.durable.cooldowns.entry(lane).or_insert(0);
+                    if until > *entry {
+                        *entry = until;
+                        changed = true;
+                    }
+                }
+                Hold::Key => {
+                    let refused = if attempt.fingerprint != 0 {
+                        attempt.fingerprint
+                    } else {
+                        current_fp
+                    };
+                    if current_fp != 0 && refused != current_fp {
+                        // The secret was replaced after this attempt used it: the refusal is
+                        // about the old one.
+                        continue;
+                    }
+                    let (reason, until) = if class == ErrorClass::Auth {
+                        let for_good = attempt.provider_code
+                            == ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
+                        let until = resilience
+                            .auth_disable_ms
+                            .filter(|_| !for_good)
+                            .map_or(0, |d| now.saturating_add(ms(d)));
+                        (BlacklistReason::Auth, until)
+                    } else {
+                        let until = retry_at
+                            .unwrap_or(now.saturating_add(ms(resilience.quota_blacklist_ms)));
+                        (BlacklistReason::Quota, until)
+                    };
+                    let code =
+                        (!attempt.provider_code.is_empty()).then(|| attempt.provider_code.clone());
+                    let entry = Blacklist {
+                        reason,
+                        until_ms: until,
+                        refused_fingerprint: refused,
+                        code: code.clone(),
+                    };
+                    let same = state.durable.blacklists.get(&id).is_some_and(|old| {
+                        old.reason == reason
+                            && old.refused_fingerprint == refused
+                            && (old.until_ms == 0 || (until != 0 && old.until_ms >= until))
+                    });
+                    if !same {
+                        events.push(EngineEvent::KeyDisabled {
+                            provider: id.0.clone(),
+                            key: id.1.clone(),
+                            reason: reason.as_str(),
+                            until_ms: until,
+                            code,
+                        });
+                        state.durable.blacklists.insert(id, entry);
+                        changed = true;
+                    }
+                    // A key's failure, not the lane's: no breaker counts it.
+                    continue;
+                }
+                Hold::Nothing => {}
+            }
+            if class.counts_for_breakers() {
+                let started = if attempt.at_ms > 0 {
+                    attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
+                } else {
+                    0
+                };
+                changed |= update_breakers(
+                    &mut state.durable,
+                    &id.0,
+                    &id.1,
+                    |scope, b| {
+                        let config = match scope {
+                            BreakerScope::Key => &resilience.key_breaker,
+                            BreakerScope::Provider => &resilience.provider_breaker,
+                        };
+                        b.on_failure(config, now, retry_at, started)
+                    },
+                    &mut events,
+                    &mut releases,
+                );
+            }
+        }
+        self.emit(&events);
+        let coalesce = self
+            .coalesce_headroom
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if changed || (headroom_moved && !coalesce) {
+            self.publish(&mut state, now);
+        } else if headroom_moved {
+            state.pending = true;
+        }
+        let version = state.version;
+        drop(state);
+        self.release_leases(releases);
+        (version, events)
+    }
+
+    pub(super) fn release_leases(&self, releases: Vec<(BreakerId, Option<String>)>) {
+        for (id, holder) in releases {
+            if let Err(err) = self.store.release(&id, holder.as_deref()) {
+                tracing::error!(%err, scope = id.0.as_str(), provider = %id.1, "cannot release a probe lease");
+            }
+        }
+    }
+
+    /// The estimated cost of an attempt's usage, when it has usage and its model a price.
+    pub fn attempt_cost(&self, a: &pb::AttemptOutcome) -> Option<f64> {
+        attempt_cost(&self.config(), a)
+    }
+}
+
+/// Runs `step` on the key's and the provider's breakers; records events and the leases that
+/// end (a breaker that leaves half-open or closes). Returns whether the pushed state changed
+/// (a failure counted while closed is stored, not pushed).
+pub(super) fn update_breakers(
+    durable: &mut DurableState,
+    provider: &str,
+    key: &str,
+    step: impl Fn(BreakerScope, &mut Breaker) -> Option<crate::store::breaker::Transition>,
+    events: &mut Vec<EngineEvent>,
+    releases: &mut Vec<(BreakerId, Option<String>)>,
+) -> bool {
+    let mut visible = false;
+    for id in breaker_ids(provider, key) {
+        let before = durable.breakers.get(&id).copied().unwrap_or_default();
+        let mut breaker = before;
+        if let Some((from, to)) = step(id.0, &mut breaker) {
+            events.push(breaker_event(&id, from, to));
+            if from == BreakerPhase::HalfOpen || to == BreakerPhase::Closed {
+                releases.push((id.clone(), None));
+            }
+        }
+        if breaker == before {
+            continue;
+        }
+        visible |= breaker.phase != before.phase
+            || (breaker.phase != BreakerPhase::Closed
+                && breaker.open_until_ms != before.open_until_ms);
+        if breaker.is_idle() {
+            durable.breakers.remove(&id);
+        } else {
+            durable.breakers.insert(id, breaker);
+        }
+    }
+    visible
+}
+
+/// Keeps the lane's last reported headroom; returns whether it changed. Absent values are -1
+/// (remaining) and 0 (reset); with no reset the entry holds [`HEADROOM_DEFAULT_WINDOW_MS`].
+/// Any outcome counts (a 429 reports headroom too).
+pub(super) fn note_headroom(
+    durable: &mut DurableState,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+) -> bool {
+    if attempt.remaining_requests < 0 && attempt.remaining_tokens < 0 {
+        return false;
+    }
+    // 0/0 with no reset is what a message that never set the fields decodes to.
+    if attempt.remaining_requests == 0
+        && attempt.remaining_tokens == 0
+        && attempt.ratelimit_reset_at_ms <= 0
+    {
+        return false;
+    }
+    let reset_at_ms = if attempt.ratelimit_reset_at_ms > 0 {
+        attempt.ratelimit_reset_at_ms
+    } else {
+        now.saturating_add(HEADROOM_DEFAULT_WINDOW_MS)
+    };
+    if reset_at_ms <= now {
+        return false;
+    }
+    let entry = LaneHeadroom {
+        remaining_requests: attempt.remaining_requests.max(-1),
+        remaining_tokens: attempt.remaining_tokens.max(-1),
+        reset_at_ms,
+    };
+    let lane = (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    );
+    if let Some(old) = durable.headroom.get(&lane) {
+        let same_values = old.remaining_requests == entry.remaining_requests
+            && old.remaining_tokens == entry.remaining_tokens;
+        // Without a reset from the provider, the same values again are no news: keep the
+        // window they were first seen with (a provider sending constant headers would
+        // otherwise publish a version per answer).
+        if same_values && (attempt.ratelimit_reset_at_ms <= 0 || old.reset_at_ms == reset_at_ms) {
+            return false;
+        }
+    }
+    durable.headroom.insert(lane, entry);
+    true
+}
+
+/// The estimated cost of an attempt's usage, when it has usage and its model a price.
+pub(super) fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
+    let usage = a.usage?;
+    let model = config
+        .providers
+        .iter()
+        .find(|p| p.id == a.provider)
+        .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
+    let c = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
+    (c > 0.0 && c.is_finite()).then_some(c)
+}
+
+/// The attempt and request events of a report batch.
+pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
+    let mut out = Vec::with_capacity(batch.attempts.len() + batch.requests.len());
+    for a in &batch.attempts {
+        let cost = attempt_cost(config, a);
+        out.push(Event::Attempt {
+            at_ms: a.at_ms,
+            request_id: a.request_id.clone(),
+            operation: a.operation.clone(),
+            attempt: a.attempt,
+            provider: a.provider.clone(),
+            key: a.key.clone(),
+            model: a.model.clone(),
+            latency_ms: a.latency_ms,
+            outcome: a.outcome().text().to_owned(),
+            error_class: a.class().map(|c| c.as_str().to_owned()),
+            status: a.status,
+            usage: a.usage.map(|u| events::Usage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+            }),
+            cost,
+        });
+    }
+    for r in &batch.requests {
+        let (outcome, class) = r.result_parts();
+        let (outcome, class) = (outcome.to_owned(), class.map(str::to_owned));
+        let answered = outcome == "success";
+        out.push(Event::Request {
+            at_ms: r.at_ms,
+            request_id: r.request_id.clone(),
+            operation: r.operation.clone(),
+            outcome,
+            attempts: r.attempts,
+            latency_ms: r.latency_ms,
+            status: r.status,
+            provider: (answered && !r.provider.is_empty()).then(|| r.provider.clone()),
+            model: (answered && !r.model.is_empty()).then(|| r.model.clone()),
+            error_class: class,
+        });
+    }
+    out
+}
+
+/// Adds the attempt's cost to its provider's spend; returns whether that put the provider out
+/// of (or back in) its budget.
+pub(super) fn note_spend(
+    config: &Config,
+    durable: &mut DurableState,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+) -> bool {
+    let Some(cost) = attempt_cost(config, attempt) else {
+        return false;
+    };
+    let Some(provider) = config.providers.iter().find(|p| p.id == attempt.provider) else {
+        return false;
+    };
+    let spend = durable.spend.entry(provider.id.clone()).or_default();
+    let out = |s: &Spend| provider.budget.as_ref().and_then(|b| s.out_until(b, now));
+    let before = out(spend);
+    spend.add(now, cost);
+    out(spend) != before
+}

@@ -20,6 +20,7 @@
 
 pub mod budgets;
 pub mod events;
+mod minute_calls;
 pub mod reload;
 pub mod stats;
 
@@ -234,6 +235,8 @@ pub struct Engine {
     headroom_source: Mutex<Option<Arc<dyn HeadroomSource>>>,
     events: EventBus,
     stats: stats::Stats,
+    /// This control plane's own minute counts (`store::minute_calls`).
+    minute_calls: crate::store::minute_calls::LocalMinuteCalls,
 }
 
 impl std::fmt::Debug for Engine {
@@ -342,6 +345,7 @@ impl Engine {
             headroom_source: Mutex::default(),
             events: EventBus::default(),
             stats: stats::Stats::new(now_at_start),
+            minute_calls: Default::default(),
         });
         engine.emit(&restored_at_start);
         engine.expire();

@@ -697,6 +697,17 @@ async fn requests_per_minute_hold_across_both_envoys() {
         (LIMIT..=LIMIT + 2 * BLOCK).contains(&admitted),
         "{admitted} admitted"
     );
+    // The two control planes granted the whole minute, from the one count, and no more.
+    let mut granted = 0;
+    for site in [&c.a, &c.b] {
+        let line = site
+            .cp
+            .metric_line(&["ai_router_minute_calls_granted_total{store=\"shared\"}"])
+            .await
+            .unwrap();
+        granted += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+    }
+    assert_eq!(granted, LIMIT);
     // The count is in Redis, under the pool's namespace.
     let keys = std::process::Command::new("redis-cli")
         .args([

@@ -2,20 +2,31 @@
 //! the state store's shared count when it has one (Redis), else from this control plane's own
 //! (`store::minute_calls`).
 
+use std::sync::atomic::Ordering;
+
 use crate::engine::Engine;
+use crate::store::minute_calls::GRANTED;
 
 impl Engine {
     /// Grants up to `calls` of `key_id`'s UTC `minute` under `limit`. Never fails: a store
     /// that cannot count now leaves it to this control plane's memory.
     pub fn take_minute_calls(&self, key_id: &str, minute: i64, calls: u64, limit: u64) -> u64 {
-        match self.store.take_minute_calls(key_id, minute, calls, limit) {
-            Ok(Some(granted)) => granted,
-            Ok(None) => self.minute_calls.take(key_id, minute, calls, limit),
+        let shared = match self.store.take_minute_calls(key_id, minute, calls, limit) {
+            Ok(shared) => shared,
             Err(err) => {
                 tracing::warn!(%err, "minute budget from local counts: the state store refused the count");
-                self.minute_calls.take(key_id, minute, calls, limit)
+                None
             }
-        }
+        };
+        let (granted, counter) = match shared {
+            Some(granted) => (granted, &GRANTED.shared),
+            None => (
+                self.minute_calls.take(key_id, minute, calls, limit),
+                &GRANTED.local,
+            ),
+        };
+        counter.fetch_add(granted, Ordering::Relaxed);
+        granted
     }
 }
 

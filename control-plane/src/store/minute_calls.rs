@@ -10,6 +10,7 @@
 //!   grants up to the limit on its own for the minutes of the outage.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::store::lock;
@@ -42,6 +43,38 @@ impl LocalMinuteCalls {
         let granted = grant(*counted, calls, limit);
         *counted += granted;
         granted
+    }
+}
+
+/// Calls granted to Envoys since start, for `/metrics`: from the shared count (Redis) and from
+/// this control plane's own.
+#[derive(Debug)]
+pub struct Granted {
+    pub shared: AtomicU64,
+    pub local: AtomicU64,
+}
+
+pub static GRANTED: Granted = Granted {
+    shared: AtomicU64::new(0),
+    local: AtomicU64::new(0),
+};
+
+/// The `ai_router_minute_calls_granted_total` family (`family` writes `# HELP` and `# TYPE`).
+pub fn render(out: &mut String, family: fn(&mut String, &str, &str, &str)) {
+    use std::fmt::Write as _;
+    let name = "ai_router_minute_calls_granted_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Calls of virtual keys' requestsPerMinute granted to Envoys in blocks, from the shared store's count (shared) or this control plane's own (local: no shared store, or it does not answer).",
+    );
+    for (store, value) in [("shared", &GRANTED.shared), ("local", &GRANTED.local)] {
+        let _ = writeln!(
+            out,
+            "{name}{{store=\"{store}\"}} {}",
+            value.load(Ordering::Relaxed)
+        );
     }
 }
 

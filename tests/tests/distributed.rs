@@ -724,6 +724,64 @@ async fn requests_per_minute_hold_across_both_envoys() {
     c.check_no_secrets_in_logs(&[&secret]);
 }
 
+#[tokio::test]
+async fn requests_per_minute_are_counted_by_each_control_plane_while_redis_is_away() {
+    const LIMIT: u64 = 20;
+    let mut c = Cluster::start("distributed-rpm-redis-outage").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    let (_, second) = utc_minute();
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+    let (minute, _) = utc_minute();
+    let spec =
+        json!({ "label": "metered_out", "models": ["*"], "quota": { "requestsPerMinute": LIMIT } });
+    let (_, secret) = c.create_key(&c.a, spec).await;
+    until_status(&c.b, &secret, 200, "B's Envoy to take the key").await;
+    until_status(&c.a, &secret, 200, "A's Envoy to take the key").await;
+    c.redis.kill();
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_shared_store_up{store=\"state\"} 0"])
+            .await
+            .unwrap();
+    }
+    let mut admitted = 2;
+    for i in 0..80 {
+        let site = if i % 2 == 0 { &c.a } else { &c.b };
+        let r = site.client.chat("chat", Some(&secret)).await.unwrap();
+        match r.status {
+            200 => admitted += 1,
+            429 => assert_eq!(r.error_code(), Some("requests_per_minute_exceeded"), "{r}"),
+            _ => panic!("a call failed while Redis was away: {r}"),
+        }
+    }
+    assert_eq!(utc_minute().0, minute, "the run crossed a minute");
+    // Each control plane grants from its own count meanwhile: at most the limit each, and no
+    // Envoy more than the limit.
+    eprintln!("requestsPerMinute {LIMIT} with Redis away: {admitted} of 82 calls admitted");
+    assert!((LIMIT..=2 * LIMIT).contains(&admitted), "{admitted}");
+    let mut local = 0;
+    for site in [&c.a, &c.b] {
+        let line = site
+            .cp
+            .metric_line(&["ai_router_minute_calls_granted_total{store=\"local\"}"])
+            .await
+            .unwrap();
+        local += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+    }
+    assert!(local > 0, "no block was granted from local counts");
+    let logs = format!("{}{}", c.a.cp.logs(), c.b.cp.logs());
+    assert!(
+        logs.contains("minute budget from local counts"),
+        "no log line"
+    );
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
 #[test]
 fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

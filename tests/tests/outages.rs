@@ -3,7 +3,8 @@
 //! for every call that succeeded. A report batch leaves the filter's outbox only once the
 //! control plane acknowledged it, and the control plane acknowledges it only once its usage
 //! rows are committed, so what was in flight at the kill is sent again to the new process.
-//! (The Postgres and Redis outages are in `distributed.rs`.)
+//! With the control plane away, a key's `requestsPerMinute` is counted by the Envoy alone, up to
+//! the limit. (The Postgres and Redis outages are in `distributed.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,15 +24,21 @@ async fn successes(gw: &Gateway, id: &str) -> u64 {
     usage["total"]["successes"].as_u64().unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_control_plane_killed_under_load_loses_no_call_and_no_usage() {
-    let mut gw = Gateway::start_with("outage_sigkill", sqlite_pool)
+/// The gateway with the SQLite key store, provider p1 answering every call.
+async fn gateway(test: &str) -> Gateway {
+    let gw = Gateway::start_with(test, sqlite_pool)
         .await
         .expect("fixture");
     gw.mock1
         .script(json!([script::always(vec![script::text("hi")])]))
         .await
         .unwrap();
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_killed_under_load_loses_no_call_and_no_usage() {
+    let mut gw = gateway("outage_sigkill").await;
     let (id, secret) = gw
         .create_key(json!({"label": "kill_app", "models": ["*"]}))
         .await
@@ -122,4 +129,49 @@ async fn a_control_plane_killed_under_load_loses_no_call_and_no_usage() {
     let logs = format!("{}{}", gw.cp.logs(), gw.envoy.logs());
     assert!(!logs.contains(&secret), "a virtual key is in a log");
     assert!(!logs.contains(&gw.key_a), "a provider key is in a log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_control_plane_away_an_envoy_counts_requests_per_minute_alone() {
+    const LIMIT: u64 = 8;
+    let mut gw = gateway("outage_rpm_alone").await;
+    let (_, secret) = gw
+        .create_key(
+            json!({"label": "alone_app", "models": ["*"], "quota": { "requestsPerMinute": LIMIT }}),
+        )
+        .await
+        .unwrap();
+    gw.envoy.wait_ready(&secret).await.unwrap();
+    // Early in a minute, so that every call below counts in one.
+    let second = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 60;
+    if second > 45 {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+    gw.cp.stop();
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        let r = gw.client.chat("chat", Some(&secret)).await.unwrap();
+        if r.status == 429 {
+            assert_eq!(r.error_code(), Some("requests_per_minute_exceeded"), "{r}");
+        }
+        statuses.push(r.status);
+    }
+    // No call failed: the limit passed, then 429s, as one Envoy alone counts.
+    let admitted = statuses.iter().filter(|s| **s == 200).count() as u64;
+    assert_eq!(admitted, LIMIT, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        gw.envoy
+            .logs()
+            .contains("the control plane does not grant minute budgets"),
+        "{}",
+        gw.envoy.tail()
+    );
 }

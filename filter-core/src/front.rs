@@ -447,7 +447,8 @@ fn budget_verdict(
 }
 
 /// The key's quota answer, if any: a block the control plane pushed, else the request past
-/// `requests_per_minute` in this UTC minute (counted here, across the workers).
+/// `requests_per_minute` in this UTC minute (admitted from the blocks of the minute's budget
+/// this Envoy took, `minute_lease`). A call that could not be counted goes through.
 fn quota_refusal(host: &mut impl Host, key: &VirtualKey, now: i64) -> Option<GatewayError> {
     if let Some(err) = quota::blocked(key, now) {
         return Some(err);
@@ -455,8 +456,10 @@ fn quota_refusal(host: &mut impl Host, key: &VirtualKey, now: i64) -> Option<Gat
     if key.requests_per_minute == 0 {
         return None;
     }
-    let count = host.count_minute_request(&key.id, quota::minute_of(now))?;
-    quota::over_minute_limit(key.requests_per_minute, count, now)
+    match host.admit_minute_request(&key.id, key.requests_per_minute, now) {
+        Some(false) => Some(quota::minute_refusal(key.requests_per_minute, now)),
+        _ => None,
+    }
 }
 
 impl Front {
@@ -876,7 +879,9 @@ mod traceparent_tests {
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
+    use crate::minute_lease::{Ask, MinuteLease};
     use ai_router_proto::v1::{Model, Policy, Provider, ProviderKey, Snapshot};
+    use std::collections::HashMap;
 
     const KEY: &str = "sk-starci-app-0123456789abcdef";
 
@@ -1380,15 +1385,94 @@ mod tests {
             Flow::Pause
         );
         assert!(first.answered.is_none());
+        // The first call of the minute passed at once and asked for the minute's block.
+        assert_eq!(first.minute_asks.len(), 1);
+        assert_eq!(first.minute_asks[0].0, "key_slow");
         // The same process, the same minute.
-        let counts = first.minute_counts.clone();
+        let leases = first.minute_leases.clone();
         let mut second = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
-        second.minute_counts = counts;
+        second.minute_leases = leases;
         Front::default().on_request_headers(&mut second, false);
         let a = second.answered.clone().expect("refused");
         assert_eq!(a.status, 429);
         assert_eq!(a.json()["error"]["code"], "requests_per_minute_exceeded");
         assert!(a.header("retry-after").is_some());
+    }
+
+    /// A host whose state has `key_busy` (requestsPerMinute 20: blocks of 5), with `leases` as
+    /// the process's minute records.
+    fn busy_call(leases: &HashMap<String, MinuteLease>) -> FakeHost {
+        let mut s = state().snapshot.clone();
+        s.virtual_keys.push(VirtualKey {
+            id: "key_busy".into(),
+            sha256: sha256_hex(b"sk-starci-busy-1"),
+            models: vec!["*".into()],
+            enabled: true,
+            requests_per_minute: 20,
+            ..Default::default()
+        });
+        let auth = bearer("sk-starci-busy-1");
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        host.state = Some(Rc::new(State::new(2, s)));
+        host.minute_leases = leases.clone();
+        host
+    }
+
+    /// Makes `n` calls of `key_busy`; returns how many were admitted and the asks they made.
+    fn busy_calls(leases: &mut HashMap<String, MinuteLease>, n: u32) -> (u32, Vec<Ask>) {
+        let mut admitted = 0;
+        let mut asks = Vec::new();
+        for _ in 0..n {
+            let mut host = busy_call(leases);
+            Front::default().on_request_headers(&mut host, false);
+            match &host.answered {
+                None => admitted += 1,
+                Some(a) => {
+                    assert_eq!(a.status, 429);
+                    assert_eq!(a.json()["error"]["code"], "requests_per_minute_exceeded");
+                }
+            }
+            asks.extend(host.minute_asks.iter().map(|(_, ask)| *ask));
+            *leases = host.minute_leases;
+        }
+        (admitted, asks)
+    }
+
+    fn answer(leases: &mut HashMap<String, MinuteLease>, ask: Ask, granted: Option<u32>) {
+        let stored = leases.get("key_busy").copied();
+        if let Some(lease) = MinuteLease::answered(stored, ask, granted) {
+            leases.insert("key_busy".into(), lease);
+        }
+    }
+
+    #[test]
+    fn requests_per_minute_are_admitted_from_the_blocks_the_control_plane_grants() {
+        let mut leases = HashMap::new();
+        // No answer yet: one block passes on credit, the rest waits for a grant.
+        let (admitted, asks) = busy_calls(&mut leases, 8);
+        assert_eq!((admitted, asks.len()), (5, 1));
+        answer(&mut leases, asks[0], Some(5));
+        let (admitted, asks) = busy_calls(&mut leases, 8);
+        assert_eq!((admitted, asks.len()), (5, 1));
+        // Other Envoys took most of the minute: 2 calls were left.
+        answer(&mut leases, asks[0], Some(2));
+        let (admitted, asks) = busy_calls(&mut leases, 5);
+        assert_eq!(
+            (admitted, asks.len()),
+            (0, 0),
+            "the credit already covered them"
+        );
+        assert_eq!(leases["key_busy"].used, 10);
+    }
+
+    #[test]
+    fn requests_per_minute_count_alone_when_the_control_plane_does_not_answer() {
+        let mut leases = HashMap::new();
+        let (_, asks) = busy_calls(&mut leases, 1);
+        answer(&mut leases, asks[0], None);
+        let (admitted, asks) = busy_calls(&mut leases, 30);
+        // The limit, 20, as one Envoy alone counts it: 19 more.
+        assert_eq!((admitted, asks.len()), (19, 0));
     }
 
     #[test]

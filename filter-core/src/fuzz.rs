@@ -690,7 +690,7 @@ fn fuzz_the_sync_updates_decode_apply_and_serve() {
             let _ = State::decode(1, bytes);
             let _ = crate::local::ProviderHolds::decode(bytes);
             let _ = crate::local::InFlight::decode(bytes);
-            let _ = crate::quota::MinuteCount::decode(bytes);
+            let _ = crate::minute_lease::MinuteLease::decode(bytes);
             let _ = Plan::decode(&String::from_utf8_lossy(bytes));
         },
     );

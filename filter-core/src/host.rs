@@ -59,9 +59,11 @@ pub trait Host {
     /// A number that moves whenever anything pushed changed (a breaker, a hold, a key), not
     /// only the pool [`State`] carries.
     fn state_sequence(&self) -> u64;
-    /// Counts one request of a virtual key in a UTC minute across the process; the count
-    /// including this one, `None` when it could not be counted.
-    fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32>;
+    /// Admits one request of a virtual key whose `requestsPerMinute` is `limit` by this
+    /// process's record of the key's minute ([`crate::minute_lease::MinuteLease::admit`],
+    /// across the workers), and hands the ask for the next block, if the record took one, to
+    /// the singleton. `None` when it could not be counted.
+    fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool>;
     /// Opens this VM's bookkeeping for a new call; returns its id.
     fn new_call(&mut self, now_ms: i64) -> String;
     /// The attempts the call made so far.
@@ -159,6 +161,7 @@ pub mod fake {
     use crate::classify::Class;
     use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
     use crate::local::{Allowance, Send, Sends};
+    use crate::minute_lease::{Ask, MinuteLease};
     use crate::state::State;
 
     /// A call the stage dispatched.
@@ -243,7 +246,9 @@ pub mod fake {
         pub lane_views: u32,
         pub now: i64,
         pub state: Option<Rc<State>>,
-        pub minute_counts: HashMap<(String, i64), u32>,
+        /// Each key's minute record, and the asks for blocks the stage handed over.
+        pub minute_leases: HashMap<String, MinuteLease>,
+        pub minute_asks: Vec<(String, Ask)>,
         pub calls: HashMap<String, Call>,
         pub next_call: u64,
         pub reports: Vec<RequestOutcome>,
@@ -358,13 +363,15 @@ pub mod fake {
         fn state_sequence(&self) -> u64 {
             self.state.as_ref().map_or(0, |s| s.version)
         }
-        fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
-            let n = self
-                .minute_counts
-                .entry((key_id.to_string(), minute))
-                .or_default();
-            *n += 1;
-            Some(*n)
+        fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
+            let stored = self.minute_leases.get(key_id).copied();
+            let minute = crate::quota::minute_of(now_ms);
+            let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now_ms);
+            self.minute_leases.insert(key_id.to_string(), lease);
+            if let Some(ask) = verdict.ask {
+                self.minute_asks.push((key_id.to_string(), ask));
+            }
+            Some(verdict.admitted)
         }
         fn new_call(&mut self, now_ms: i64) -> String {
             self.next_call += 1;

@@ -11,6 +11,7 @@
 //! - `ingress`, `messages_ingress`, `responses`: callers that speak the Messages or Responses
 //!   API: which lanes serve them natively, and the translations to and from chat completions;
 //! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
+//!   `minute_lease`: `requestsPerMinute` across Envoys, from blocks the control plane grants;
 //! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
 //!   `cache_control` marker;
 //! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
@@ -42,6 +43,7 @@ pub mod ingress;
 pub mod lanes;
 pub mod local;
 pub mod messages_ingress;
+pub mod minute_lease;
 pub mod park;
 pub mod plan;
 pub mod prompt_cache;

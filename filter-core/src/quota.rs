@@ -2,9 +2,10 @@
 //!
 //! - A block the control plane pushed (`VirtualKey.quota_code` until `quota_until_ms`: tokens
 //!   or cost spent for the UTC day or month) answers 429 with that code until it ends.
-//! - `requests_per_minute` is counted here, per key and UTC minute, in Envoy's shared data: one
-//!   entry per key holding (minute, count), which a new minute overwrites (nothing leaks). A
-//!   request past the limit answers 429 `requests_per_minute_exceeded` until the next minute.
+//! - `requests_per_minute` holds across every Envoy: each admits from blocks of the minute's
+//!   budget it takes from the control plane ([`crate::minute_lease`]), in one shared-data
+//!   record per key that a new minute overwrites (nothing leaks). A request past it answers
+//!   429 `requests_per_minute_exceeded` until the next minute.
 //!
 //! Every 429 carries `Retry-After` (whole seconds, at least 1) and is reported as
 //! `rejected:<code>` like any other refusal.
@@ -43,60 +44,14 @@ pub fn minute_of(now_ms: i64) -> i64 {
     now_ms.div_euclid(MINUTE_MS)
 }
 
-/// One key's request count in one UTC minute, as stored in shared data (12 bytes, big endian).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MinuteCount {
-    pub minute: i64,
-    pub count: u32,
-}
-
-impl MinuteCount {
-    pub fn encode(self) -> [u8; 12] {
-        let mut out = [0u8; 12];
-        out[..8].copy_from_slice(&self.minute.to_be_bytes());
-        out[8..].copy_from_slice(&self.count.to_be_bytes());
-        out
-    }
-
-    /// `None` for anything that is not an entry (absent, another length).
-    pub fn decode(bytes: &[u8]) -> Option<Self> {
-        let minute = i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
-        let count = u32::from_be_bytes(bytes.get(8..12)?.try_into().ok()?);
-        (bytes.len() == 12).then_some(Self { minute, count })
-    }
-
-    /// The entry after one more request in `minute`: a count from an older minute starts over.
-    pub fn bump(stored: Option<Self>, minute: i64) -> Self {
-        match stored {
-            Some(s) if s.minute == minute => Self {
-                minute,
-                count: s.count.saturating_add(1),
-            },
-            // An entry from a later minute (another worker's clock ran ahead) keeps counting
-            // there rather than restarting the window.
-            Some(s) if s.minute > minute => Self {
-                minute: s.minute,
-                count: s.count.saturating_add(1),
-            },
-            _ => Self { minute, count: 1 },
-        }
-    }
-}
-
-/// The 429 for the request that made `count` in this minute, when it is past `limit`
-/// (0 = no limit).
-pub fn over_minute_limit(limit: u64, count: u32, now_ms: i64) -> Option<GatewayError> {
-    if limit == 0 || u64::from(count) <= limit {
-        return None;
-    }
+/// The 429 for a request past the key's `limit` requests in this UTC minute.
+pub fn minute_refusal(limit: u64, now_ms: i64) -> GatewayError {
     let next_minute = (minute_of(now_ms) + 1).saturating_mul(MINUTE_MS);
-    Some(
-        GatewayError::new(
-            ErrorCode::RequestsPerMinuteExceeded,
-            format!("This key may make {limit} requests per minute; try again in the next minute."),
-        )
-        .with_retry_after(Some(seconds_until(now_ms, next_minute))),
+    GatewayError::new(
+        ErrorCode::RequestsPerMinuteExceeded,
+        format!("This key may make {limit} requests per minute; try again in the next minute."),
     )
+    .with_retry_after(Some(seconds_until(now_ms, next_minute)))
 }
 
 #[cfg(test)]
@@ -139,54 +94,19 @@ mod tests {
     }
 
     #[test]
-    fn the_minute_counter_starts_over_each_minute() {
-        let m = minute_of(AT);
-        let first = MinuteCount::bump(None, m);
-        assert_eq!(
-            first,
-            MinuteCount {
-                minute: m,
-                count: 1
-            }
-        );
-        let third = MinuteCount::bump(Some(MinuteCount::bump(Some(first), m)), m);
-        assert_eq!(third.count, 3);
-        // The next minute overwrites the old entry.
-        assert_eq!(
-            MinuteCount::bump(Some(third), m + 1),
-            MinuteCount {
-                minute: m + 1,
-                count: 1
-            }
-        );
-        // A worker whose clock lags does not reset a later minute.
-        assert_eq!(
-            MinuteCount::bump(Some(third), m - 1),
-            MinuteCount {
-                minute: m,
-                count: 4
-            }
-        );
-        assert_eq!(MinuteCount::decode(&third.encode()), Some(third));
-        assert_eq!(MinuteCount::decode(&[0; 4]), None);
-        assert_eq!(MinuteCount::decode(&[0; 13]), None);
-        assert_eq!(MinuteCount::decode(&[]), None);
-    }
-
-    #[test]
     fn past_the_limit_until_the_next_minute() {
-        assert_eq!(over_minute_limit(0, 1_000, AT), None);
-        assert_eq!(over_minute_limit(3, 3, AT), None);
-        let e = over_minute_limit(3, 4, AT + 15_200).expect("over");
+        assert_eq!(minute_of(AT + 59_999), minute_of(AT));
+        assert_eq!(minute_of(AT + 60_000), minute_of(AT) + 1);
+        let e = minute_refusal(3, AT + 15_200);
         assert_eq!(
             (e.status, e.code),
             (429, ErrorCode::RequestsPerMinuteExceeded)
         );
         // 44.8 s left in the minute.
         assert_eq!(e.retry_after_s, Some(45));
-        let last = over_minute_limit(3, 9, AT + 59_999).expect("over");
+        let last = minute_refusal(3, AT + 59_999);
         assert_eq!(last.retry_after_s, Some(1));
-        let first = over_minute_limit(3, 9, AT).expect("over");
+        let first = minute_refusal(3, AT);
         assert_eq!(first.retry_after_s, Some(60));
     }
 }

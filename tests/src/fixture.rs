@@ -68,6 +68,14 @@ resilience:
     )
 }
 
+/// [`standard_pool`] with the SQLite key store (`keys.sqlite` in the control plane's directory).
+pub fn sqlite_pool(p1_base: &str, p2_base: &str) -> String {
+    standard_pool(p1_base, p2_base).replace(
+        "keyStore: { type: memory }",
+        "keyStore: { type: sqlite, path: keys.sqlite }",
+    )
+}
+
 /// A fresh virtual key for the `e2e` label.
 pub fn new_virtual_key() -> String {
     let key = format!("sk-starci-e2e-{}", random_hex(48));
@@ -146,6 +154,29 @@ impl Gateway {
             .await?;
         anyhow::ensure!(resp.status().is_success(), "GET {path}: {}", resp.status());
         Ok(resp.json().await?)
+    }
+
+    /// Creates a virtual key from `spec` through the admin API; returns its id and secret (the
+    /// secret registered with the secret scan).
+    pub async fn create_key(&self, spec: Value) -> Result<(String, String)> {
+        let created: Value = http_client()?
+            .post(format!("http://{}/admin/keys", self.cp.http_addr()))
+            .bearer_auth(&self.admin_token)
+            .json(&spec)
+            .send()
+            .await?
+            .json()
+            .await?;
+        let field = |path: &str| {
+            created
+                .pointer(path)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .with_context(|| format!("no {path} in {created}"))
+        };
+        let (id, secret) = (field("/key/id")?, field("/secret")?);
+        scan::register("a virtual key", &secret);
+        Ok((id, secret))
     }
 
     /// The OpenAI base URL of the gateway: `http://127.0.0.1:<port>/v1`.

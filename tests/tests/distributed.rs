@@ -5,7 +5,12 @@
 //!   through B is refused by A's Envoy; usage written by both adds up to the calls served;
 //! - a key refused with a 401 through Envoy A is out of rotation at Envoy B within about a
 //!   second, and B's Envoy stops using it;
-//! - killing Redis under load fails no call, and when Redis comes back the state is in it again.
+//! - killing Redis under load fails no call, and when Redis comes back the state is in it again
+//!   (a blacklist set during the outage included);
+//! - stopping Postgres under load fails no call, key writes answer 503 `unavailable` meanwhile,
+//!   and the usage of every call is there, once, after it comes back;
+//! - 200 calls over both Envoys with `requestsPerMinute: 50` admit 50 to 60 (the stated bound:
+//!   the limit plus one block per Envoy).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -43,7 +48,7 @@ struct Site {
 
 struct Cluster {
     redis: RedisServer,
-    _postgres: PostgresServer,
+    postgres: PostgresServer,
     mock: Mock,
     a: Site,
     b: Site,
@@ -111,7 +116,7 @@ impl Cluster {
         let a = sites.pop().unwrap();
         Cluster {
             redis,
-            _postgres: postgres,
+            postgres,
             mock,
             a,
             b,
@@ -135,6 +140,30 @@ impl Cluster {
             .request(method, path, Some(&self.admin_token), body)
             .await
             .unwrap()
+    }
+
+    /// Creates a virtual key through `site`'s admin API from `spec`; returns its id and secret.
+    async fn create_key(&self, site: &Site, spec: Value) -> (String, String) {
+        let r = self
+            .admin(site, reqwest::Method::POST, "/admin/keys", Some(spec))
+            .await;
+        assert_eq!(r.status, 201, "{r}");
+        let id = r.json["key"]["id"].as_str().unwrap().to_string();
+        let secret = r.json["secret"].as_str().unwrap().to_string();
+        (id, secret)
+    }
+
+    /// The successes the usage of key `id` counts, as `site` reads it.
+    async fn successes(&self, site: &Site, id: &str) -> u64 {
+        let r = self
+            .admin(
+                site,
+                reqwest::Method::GET,
+                &format!("/admin/keys/{id}/usage"),
+                None,
+            )
+            .await;
+        r.json["total"]["successes"].as_u64().unwrap_or(0)
     }
 
     /// Scripts key a to answer 401 (everything else succeeds) and calls through Envoy A until
@@ -271,17 +300,9 @@ async fn keys_made_anywhere_work_everywhere_and_usage_adds_up() {
         .await
         .unwrap();
 
-    let r = c
-        .admin(
-            &c.a,
-            reqwest::Method::POST,
-            "/admin/keys",
-            Some(json!({ "label": "shared", "models": ["*"] })),
-        )
+    let (id, secret) = c
+        .create_key(&c.a, json!({ "label": "shared", "models": ["*"] }))
         .await;
-    assert_eq!(r.status, 201, "{r}");
-    let id = r.json["key"]["id"].as_str().unwrap().to_string();
-    let secret = r.json["secret"].as_str().unwrap().to_string();
     let took = until_status(
         &c.b,
         &secret,
@@ -421,9 +442,8 @@ async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
 #[tokio::test]
 async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
     let mut c = Cluster::start("distributed-redis-outage").await;
-    c.refuse_key_a_through_a().await;
-    c.b.cp
-        .metric_line(&["ai_router_key_out{", "key=\"a\""])
+    c.mock
+        .script(json!([script::always(vec![script::text("ok")])]))
         .await
         .unwrap();
 
@@ -437,8 +457,15 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
             .await
             .unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A key refused while Redis is away: known where it was seen, in no Redis.
+    c.refuse_key_a_through_a().await;
+    c.a.cp
+        .metric_line(&["ai_router_key_out{", "key=\"a\""])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
     c.redis.restart().unwrap();
+    let back = Instant::now();
     for site in [&c.a, &c.b] {
         site.cp
             .metric_line(&["ai_router_shared_store_up{store=\"state\"} 1"])
@@ -449,27 +476,33 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
             .await
             .unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let total = load.stop_all_ok("during the Redis outage").await;
-    eprintln!("{total} calls over both Envoys across the Redis outage, all 200");
-    assert!(total > 20, "{total}");
-    // The restarted Redis started empty; the control planes wrote their state back.
-    let held = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &c.redis.port.to_string(),
-            "HKEYS",
-            "e2e:state:blacklists",
-        ])
-        .output()
-        .unwrap();
-    let held = String::from_utf8_lossy(&held.stdout).to_string();
-    assert!(held.contains("[\"p1\",\"a\"]"), "Redis holds: {held}");
+    // The restarted Redis started empty; the control planes wrote their state back, the
+    // blacklist of the outage included.
+    let redis_port = c.redis.port.to_string();
+    poll("the outage's blacklist in Redis", SHARED, || {
+        let port = redis_port.clone();
+        async move {
+            let held = std::process::Command::new("redis-cli")
+                .args(["-p", &port, "HKEYS", "e2e:state:blacklists"])
+                .output()?;
+            let held = String::from_utf8_lossy(&held.stdout).to_string();
+            Ok(held.contains("[\"p1\",\"a\"]").then_some(()))
+        }
+    })
+    .await
+    .unwrap();
     for site in [&c.a, &c.b] {
         site.cp
             .metric_line(&["ai_router_key_out{", "key=\"a\""])
             .await
             .unwrap();
+    }
+    let reconciled = back.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = load.stop_all_ok("during the Redis outage").await;
+    eprintln!("{total} calls over both Envoys across the Redis outage, all 200; the outage's blacklist in Redis and at both control planes {reconciled:?} after Redis came back");
+    assert!(total > 20, "{total}");
+    for site in [&c.a, &c.b] {
         for line in site
             .cp
             .logs()
@@ -488,6 +521,92 @@ async fn killing_redis_under_load_fails_no_call_and_the_state_comes_back() {
 }
 
 #[tokio::test]
+async fn stopping_postgres_under_load_fails_no_call_and_usage_adds_up_after() {
+    let mut c = Cluster::start("distributed-postgres-outage").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    let (id, secret) = c
+        .create_key(&c.a, json!({ "label": "counted", "models": ["*"] }))
+        .await;
+    until_status(&c.b, &secret, 200, "B's Envoy to take the key").await;
+    until_status(&c.a, &secret, 200, "A's Envoy to take the key").await;
+
+    let load = Load::start(&[&c.a.client, &c.b.client], &secret);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.postgres.stop();
+    let stopped = Instant::now();
+    // Administration answers a clear error at both control planes meanwhile.
+    for site in [&c.a, &c.b] {
+        let refused = poll("a key write refused", Duration::from_secs(15), || {
+            let (c, site) = (&c, site);
+            async move {
+                let r = c
+                    .admin(
+                        site,
+                        reqwest::Method::POST,
+                        "/admin/keys",
+                        Some(json!({ "label": "during", "models": ["*"] })),
+                    )
+                    .await;
+                Ok((r.status == 503).then_some(r))
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(refused.error_code(), Some("unavailable"), "{refused}");
+        let message = refused.json["error"]["message"].as_str().unwrap();
+        assert!(message.contains("postgres"), "{refused}");
+        assert!(!message.contains("127.0.0.1"), "{refused}");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.postgres.restart().unwrap();
+    let down_for = stopped.elapsed();
+    let back = Instant::now();
+    let writes = poll("key writes again", Duration::from_secs(15), || {
+        let c = &c;
+        async move {
+            let r = c
+                .admin(
+                    &c.b,
+                    reqwest::Method::POST,
+                    "/admin/keys",
+                    Some(json!({ "label": "after", "models": ["*"] })),
+                )
+                .await;
+            Ok((r.status == 201).then_some(()))
+        }
+    });
+    writes.await.unwrap();
+    let writable = back.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let total = load.stop_all_ok("while Postgres was away").await as u64;
+    // The two calls that found the key at each Envoy count too.
+    let served = total + 2;
+    poll("usage of every call", Duration::from_secs(15), || {
+        let c = &c;
+        let id = id.clone();
+        async move { Ok((c.successes(&c.a, &id).await >= served).then_some(())) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", c.tails()));
+    let reconciled = back.elapsed();
+    // Settle: a batch written twice would show now.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (at_a, at_b) = (c.successes(&c.a, &id).await, c.successes(&c.b, &id).await);
+    eprintln!(
+        "Postgres away {down_for:?} under load: {total} calls over both Envoys, all 200; key writes again {writable:?} and usage complete {reconciled:?} after it came back ({at_a} successes counted for {served} served)"
+    );
+    assert_eq!(
+        (at_a, at_b),
+        (served, served),
+        "usage lost or counted twice"
+    );
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
+#[tokio::test]
 async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     let mut c = Cluster::start("distributed-failover").await;
     c.mock
@@ -498,22 +617,168 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.a.cp.stop();
     // Envoy A now syncs from B: a key made through B works through Envoy A.
-    let r = c
-        .admin(
-            &c.b,
-            reqwest::Method::POST,
-            "/admin/keys",
-            Some(json!({ "label": "after", "models": ["*"] })),
-        )
+    let (_, secret) = c
+        .create_key(&c.b, json!({ "label": "after", "models": ["*"] }))
         .await;
-    assert_eq!(r.status, 201, "{r}");
-    let secret = r.json["secret"].as_str().unwrap().to_string();
     let took = until_status(&c.a, &secret, 200, "Envoy A to sync from B").await;
     eprintln!("with control plane A stopped, Envoy A had B's new key after {took:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let total = load.stop_all_ok("after control plane A stopped").await;
     eprintln!("{total} calls through Envoy A across the stop, all 200");
     assert!(total > 10, "{total}");
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
+/// The UTC minute now, and the seconds into it.
+fn utc_minute() -> (u64, u64) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    (now / 60, now % 60)
+}
+
+#[tokio::test]
+async fn requests_per_minute_hold_across_both_envoys() {
+    use futures::StreamExt;
+    const LIMIT: u64 = 50;
+    // The filter's blocks for a limit of 50 (`minute_lease::block_size`): the stated bound is
+    // the limit plus one block per Envoy.
+    const BLOCK: u64 = 5;
+    let c = Cluster::start("distributed-rpm").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    // Everything below happens within one UTC minute: start early in one.
+    let (_, second) = utc_minute();
+    if second > 30 {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+    let (minute, _) = utc_minute();
+    let spec =
+        json!({ "label": "metered", "models": ["*"], "quota": { "requestsPerMinute": LIMIT } });
+    let (_, secret) = c.create_key(&c.a, spec).await;
+    // One admitted call at each Envoy once it has the key (the 401s before count nowhere).
+    until_status(&c.b, &secret, 200, "B's Envoy to take the metered key").await;
+    until_status(&c.a, &secret, 200, "A's Envoy to take the metered key").await;
+    let started = Instant::now();
+    let replies: Vec<Reply> = futures::stream::iter(0..200)
+        .map(|i| {
+            let client = if i % 2 == 0 { &c.a.client } else { &c.b.client };
+            let (client, secret) = (client.clone(), secret.clone());
+            async move { client.chat("chat", Some(&secret)).await.unwrap() }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    assert_eq!(
+        utc_minute().0,
+        minute,
+        "the run crossed a minute ({took:?})"
+    );
+    let mut admitted = 2;
+    for r in &replies {
+        match r.status {
+            200 => admitted += 1,
+            429 => {
+                assert_eq!(r.error_code(), Some("requests_per_minute_exceeded"), "{r}");
+                let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
+                assert!((1..=60).contains(&wait), "{r}");
+            }
+            _ => panic!("neither admitted nor refused for the minute: {r}"),
+        }
+    }
+    eprintln!(
+        "requestsPerMinute {LIMIT} over 2 Envoys and 2 control planes: {admitted} of 202 calls admitted in {took:?}"
+    );
+    assert!(
+        (LIMIT..=LIMIT + 2 * BLOCK).contains(&admitted),
+        "{admitted} admitted"
+    );
+    // The two control planes granted the whole minute, from the one count, and no more.
+    let mut granted = 0;
+    for site in [&c.a, &c.b] {
+        let line = site
+            .cp
+            .metric_line(&["ai_router_minute_calls_granted_total{store=\"shared\"}"])
+            .await
+            .unwrap();
+        granted += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+    }
+    assert_eq!(granted, LIMIT);
+    // The count is in Redis, under the pool's namespace.
+    let keys = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &c.redis.port.to_string(),
+            "--scan",
+            "--pattern",
+            "e2e:rpm:*",
+        ])
+        .output()
+        .unwrap();
+    let keys = String::from_utf8_lossy(&keys.stdout).to_string();
+    assert!(keys.contains(&format!(":{minute}")), "Redis holds: {keys}");
+    c.check_no_secrets_in_logs(&[&secret]);
+}
+
+#[tokio::test]
+async fn requests_per_minute_are_counted_by_each_control_plane_while_redis_is_away() {
+    const LIMIT: u64 = 20;
+    let mut c = Cluster::start("distributed-rpm-redis-outage").await;
+    c.mock
+        .script(json!([script::always(vec![script::text("hi")])]))
+        .await
+        .unwrap();
+    let (_, second) = utc_minute();
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(60 - second)).await;
+    }
+    let (minute, _) = utc_minute();
+    let spec =
+        json!({ "label": "metered_out", "models": ["*"], "quota": { "requestsPerMinute": LIMIT } });
+    let (_, secret) = c.create_key(&c.a, spec).await;
+    until_status(&c.b, &secret, 200, "B's Envoy to take the key").await;
+    until_status(&c.a, &secret, 200, "A's Envoy to take the key").await;
+    c.redis.kill();
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_shared_store_up{store=\"state\"} 0"])
+            .await
+            .unwrap();
+    }
+    let mut admitted = 2;
+    for i in 0..80 {
+        let site = if i % 2 == 0 { &c.a } else { &c.b };
+        let r = site.client.chat("chat", Some(&secret)).await.unwrap();
+        match r.status {
+            200 => admitted += 1,
+            429 => assert_eq!(r.error_code(), Some("requests_per_minute_exceeded"), "{r}"),
+            _ => panic!("a call failed while Redis was away: {r}"),
+        }
+    }
+    assert_eq!(utc_minute().0, minute, "the run crossed a minute");
+    // Each control plane grants from its own count meanwhile: at most the limit each, and no
+    // Envoy more than the limit.
+    eprintln!("requestsPerMinute {LIMIT} with Redis away: {admitted} of 82 calls admitted");
+    assert!((LIMIT..=2 * LIMIT).contains(&admitted), "{admitted}");
+    let mut local = 0;
+    for site in [&c.a, &c.b] {
+        let line = site
+            .cp
+            .metric_line(&["ai_router_minute_calls_granted_total{store=\"local\"}"])
+            .await
+            .unwrap();
+        local += line.rsplit(' ').next().unwrap().parse::<u64>().unwrap();
+    }
+    assert!(local > 0, "no block was granted from local counts");
+    let logs = format!("{}{}", c.a.cp.logs(), c.b.cp.logs());
+    assert!(
+        logs.contains("minute budget from local counts"),
+        "no log line"
+    );
     c.check_no_secrets_in_logs(&[&secret]);
 }
 

@@ -511,6 +511,7 @@ impl Metrics {
             }
         }
         crate::store::health::render(&mut out, family);
+        crate::store::minute_calls::render(&mut out, family);
         out
     }
 }

@@ -4,7 +4,8 @@
 //! that watcher last received (a watcher that falls behind gets one delta over what it
 //! missed). `Report` applies outcomes to the
 //! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
-//! state store (shared by control planes on one SQLite file).
+//! state store (shared by control planes on one SQLite file). `TakeMinuteCalls` grants blocks of
+//! a virtual key's `requestsPerMinute` (`engine::minute_calls`).
 //!
 //! The channel carries every provider secret, and `Report` moves breakers, blacklists and usage,
 //! so it is authenticated ([`SyncAccess`]): every call (Watch, Report, Lease) carries the sync
@@ -184,6 +185,22 @@ impl SyncApi for SyncService {
                 Status::unavailable("the state store is unavailable")
             })?;
         Ok(Response::new(reply))
+    }
+
+    async fn take_minute_calls(
+        &self,
+        request: Request<pb::MinuteCallsRequest>,
+    ) -> Result<Response<pb::MinuteCallsReply>, Status> {
+        self.authorize(&request)?;
+        let req = request.into_inner();
+        let engine = self.engine.clone();
+        // Redis, or a mutex: off the executor either way.
+        let granted = tokio::task::spawn_blocking(move || {
+            engine.take_minute_calls(&req.virtual_key_id, req.minute, req.calls, req.limit)
+        })
+        .await
+        .map_err(|err| Status::internal(format!("minute budget task failed: {err}")))?;
+        Ok(Response::new(pb::MinuteCallsReply { granted }))
     }
 }
 

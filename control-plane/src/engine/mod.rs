@@ -21,6 +21,7 @@
 pub mod budgets;
 pub mod events;
 mod leases;
+mod minute_calls;
 mod persist;
 mod refresh;
 pub mod reload;

@@ -120,6 +120,7 @@ impl Engine {
             headroom_source: Mutex::default(),
             events: EventBus::default(),
             stats: stats::Stats::new(now_at_start),
+            minute_calls: Default::default(),
         });
         engine.emit(&restored_at_start);
         engine.expire();

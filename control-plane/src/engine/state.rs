@@ -210,6 +210,8 @@ pub struct Engine {
     pub(super) headroom_source: Mutex<Option<Arc<dyn HeadroomSource>>>,
     pub(super) events: EventBus,
     pub(super) stats: stats::Stats,
+    /// This control plane's own minute counts (`store::minute_calls`).
+    pub(super) minute_calls: crate::store::minute_calls::LocalMinuteCalls,
 }
 
 impl std::fmt::Debug for Engine {

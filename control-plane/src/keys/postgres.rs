@@ -11,8 +11,9 @@
 //!   and a database migrated by a newer binary is refused.
 //! - Usage: each batch carries a random id, recorded in `usage_batches` in the same
 //!   transaction as its rows. A batch that fails is kept and sent again (with the next batch or
-//!   the next change-counter poll); one whose commit was lost in flight is recognised by its id
-//!   and not added twice. So usage written by every control plane adds up, exactly.
+//!   the next change-counter poll) and counts as taken (the report it came from is acknowledged,
+//!   so the filter does not send it again); one whose commit was lost in flight is recognised
+//!   by its id and not added twice. So usage written by every control plane adds up, exactly.
 //! - Connections: a bounded pool (`deadpool-postgres`, [`POOL_SIZE`]), every call under a
 //!   deadline. Envoys serve from pushed state, so an outage stops administration only: the admin
 //!   API answers `unavailable` with the reason, usage waits in memory, and keys already pushed
@@ -389,11 +390,11 @@ impl PostgresKeyStore {
             let Some(batch) = lock(&self.unsent).first().cloned() else {
                 return Ok(());
             };
+            let id = batch.0.clone();
             self.call(move |client| write_batch(client, batch))?;
-            let mut unsent = lock(&self.unsent);
-            if !unsent.is_empty() {
-                unsent.remove(0);
-            }
+            // Another flush (the poll's) may have written it meanwhile, once by its id: remove
+            // it by id, not whatever is first now.
+            lock(&self.unsent).retain(|(kept, _)| *kept != id);
         }
     }
 }
@@ -537,12 +538,17 @@ impl KeyStore for PostgresKeyStore {
             unsent.push((new_batch_id(), rows.to_vec()));
             bound_unsent(&mut unsent);
         }
-        self.flush_usage().map_err(|e| match e {
-            KeyStoreError::Unavailable(m) => {
-                KeyStoreError::Unavailable(format!("{m} (the usage is kept and sent again)"))
-            }
-            other => other,
-        })
+        // From here on the rows are taken whatever happens: kept until a write succeeds (this
+        // one, the next batch's, the next poll's). Answering an error would have the filter
+        // send its report again, and the rows counted twice. While Postgres is known away, the
+        // poll alone tries, so a report is acknowledged at once.
+        if !self.health.is_up() {
+            return Ok(());
+        }
+        if let Err(err) = self.flush_usage() {
+            tracing::warn!(%err, "usage kept until the key store takes it");
+        }
+        Ok(())
     }
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
@@ -742,11 +748,8 @@ mod tests {
         let mut pg = pg;
         pg.stop();
         let _ = url;
-        let failed = store.record_usage(&[("vk".into(), day("2026-12-01", 2, "success"))]);
-        assert!(
-            matches!(&failed, Err(KeyStoreError::Unavailable(m)) if m.contains("postgres") && m.contains("kept")),
-            "{failed:?}"
-        );
+        // Taken (a report is not sent again, so nothing counts twice), and kept.
+        store.record_usage(&[("vk".into(), day("2026-12-01", 2, "success"))])?;
         assert!(!OUTAGE.is_up());
         let listed = store.list();
         assert!(

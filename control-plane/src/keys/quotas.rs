@@ -1,7 +1,8 @@
 //! Per-key quotas: what the control plane decides from usage and pushes with each virtual key.
 //!
 //! - `quota.requestsPerMinute` is pushed as is (`VirtualKey.requests_per_minute`); the filter
-//!   counts requests per UTC minute itself, in Envoy's shared data.
+//!   admits from blocks of each UTC minute's budget it takes with `Sync.TakeMinuteCalls`
+//!   (`engine::minute_calls`, `store::minute_calls`).
 //! - `quota.tokensPerDay`, `costPerDay` and `costPerMonth` are decided here from the key's usage
 //!   rows (per UTC day; a month is the sum of its days). Tokens and cost are counted after a
 //!   call, so a key is blocked from the request after the one that crossed a limit: once its

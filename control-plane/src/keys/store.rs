@@ -134,7 +134,8 @@ pub trait KeyStore: Send + Sync {
     fn get(&self, id: &str) -> Result<Option<StoredKey>, KeyStoreError>;
     /// Every key, revoked ones included, oldest first.
     fn list(&self) -> Result<Vec<StoredKey>, KeyStoreError>;
-    /// Adds `(key id, day row)` deltas to the day rows.
+    /// Adds `(key id, day row)` deltas to the day rows. `Ok` also when the store keeps them to
+    /// write later (Postgres away): the caller must not give them again.
     fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError>;
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;

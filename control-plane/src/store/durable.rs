@@ -241,6 +241,18 @@ pub trait StateStore: Send + Sync {
     /// Ends the lease on `id`: whoever holds it (`None`, the breaker moved on), or only when
     /// `holder` is the whole holder string (a probe's own outcome).
     fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError>;
+    /// Grants up to `calls` of the virtual key `key_id`'s UTC `minute` under `limit` from a
+    /// count every process sharing the store sees (`store::minute_calls`); `None` when this
+    /// store shares no such count (or cannot now): the caller counts in its own memory.
+    fn take_minute_calls(
+        &self,
+        _key_id: &str,
+        _minute: i64,
+        _calls: u64,
+        _limit: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// A state with an entry in every table (the stores' round-trip tests).

@@ -95,7 +95,7 @@ pub fn render(out: &mut String, family: fn(&mut String, &str, &str, &str)) {
         (
             "ai_router_shared_store_local_fallbacks_total",
             "counter",
-            "Probe leases granted from local state during an outage of the shared store.",
+            "Probe leases and blocks of per-minute budgets granted from local state during an outage of the shared store.",
             |h| h.local_fallbacks.load(Ordering::Relaxed),
         ),
     ];

@@ -6,6 +6,7 @@
 //!   budget's UTC periods), driven by the engine;
 //! - `memory`, `state`: the stores (in memory, SQLite); `sqlite`: the one SQLite schema the
 //!   state store and the key store share;
+//! - `minute_calls`: the per-minute counts behind `requestsPerMinute` across Envoys;
 //! - `redis`: the store several control planes share; `bridge` runs its async client (and the
 //!   Postgres key store's) behind the blocking trait; `health` counts their outages.
 //!
@@ -16,6 +17,7 @@ pub mod bridge;
 pub mod durable;
 pub mod health;
 pub mod memory;
+pub mod minute_calls;
 pub mod redis;
 pub mod spend;
 pub mod sqlite;

@@ -7,6 +7,9 @@
 //! - `<ns>:state:blacklists`, `<ns>:state:cooldowns`, `<ns>:state:breakers`,
 //!   `<ns>:state:headroom`, `<ns>:state:spend`: one hash per table, the field the entry's id as
 //!   a JSON array, the value the entry as a JSON array;
+//! - `<ns>:rpm:<virtual key id>:<UTC minute>`: the calls of the key's `requestsPerMinute`
+//!   granted to Envoys in that minute (`store::minute_calls`), by a script; it expires after two
+//!   minutes;
 //! - `<ns>:lease:<scope>:<provider/key as JSON>`: the probe lease, `until|holder`, taken by a
 //!   script (atomic: one round trip that reads the lease, compares its end with the caller's
 //!   clock and sets it with `PX`), released by holder with a compare-and-delete script.
@@ -64,6 +67,21 @@ if v then
 end
 redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[4])
 return {1, 0}
+";
+
+/// Grants up to ARGV[1] calls of a key's minute under the limit ARGV[2] and counts them; the
+/// count expires ARGV[3] ms after its first grant. KEYS[1] the count. Returns the grant.
+const MINUTE_CALLS_SCRIPT: &str = r"
+local counted = tonumber(redis.call('GET', KEYS[1]) or '0')
+local left = tonumber(ARGV[2]) - counted
+if left <= 0 then
+  return 0
+end
+local granted = math.min(left, tonumber(ARGV[1]))
+if redis.call('INCRBY', KEYS[1], granted) == granted then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+end
+return granted
 ";
 
 /// Deletes the lease only when `holder` (ARGV[1]) holds it.
@@ -458,6 +476,36 @@ impl StateStore for RedisStateStore {
         }
     }
 
+    fn take_minute_calls(
+        &self,
+        key_id: &str,
+        minute: i64,
+        calls: u64,
+        limit: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let key = format!("{}:rpm:{key_id}:{minute}", self.namespace);
+        let calls = calls.min(crate::store::minute_calls::MAX_ASK);
+        let answer = self.call(LEASE_DEADLINE, move |mut conn| async move {
+            redis::Script::new(MINUTE_CALLS_SCRIPT)
+                .key(key)
+                .arg(calls)
+                .arg(limit.min(i64::MAX as u64))
+                .arg(crate::store::minute_calls::KEEP_MS)
+                .invoke_async::<u64>(&mut conn)
+                .await
+        });
+        match answer {
+            Ok(granted) => Ok(Some(granted)),
+            Err(Failure::Refused(err)) => Err(StoreError(err)),
+            Err(Failure::Away(err)) => {
+                // Counted by `call`; the caller counts in its own memory meanwhile.
+                tracing::warn!(%err, "minute budget from local counts: the shared store does not answer");
+                self.health.fell_back();
+                Ok(None)
+            }
+        }
+    }
+
     fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError> {
         let _ = self.local.release(id, holder);
         let key = self.lease_key(id);
@@ -553,6 +601,38 @@ mod tests {
         assert_eq!(b.lease(&id, "b#2", 10_100, 100)?, LeaseGrant::Granted);
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(b.lease(&id, "b#3", 0, 100)?, LeaseGrant::Granted);
+        Ok(())
+    }
+
+    #[test]
+    fn minute_calls_come_from_one_count_in_redis() -> anyhow::Result<()> {
+        static HEALTH: StoreHealth = StoreHealth::new("minute-test");
+        let mut redis = servers::RedisServer::start()?;
+        let a = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let b = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let other = RedisStateStore::with_health(&redis.url(), "other", &HEALTH)?;
+        let mut granted = 0;
+        for _ in 0..6 {
+            granted += a.take_minute_calls("key_a", 7, 5, 12)?.unwrap_or(0);
+            granted += b.take_minute_calls("key_a", 7, 5, 12)?.unwrap_or(0);
+        }
+        assert_eq!(granted, 12, "one budget across both control planes");
+        assert_eq!(b.take_minute_calls("key_a", 8, 5, 12)?, Some(5));
+        assert_eq!(other.take_minute_calls("key_a", 7, 5, 12)?, Some(5));
+        let ttl = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port.to_string(), "PTTL", "ns:rpm:key_a:7"])
+            .output()?;
+        let ttl: i64 = String::from_utf8_lossy(&ttl.stdout).trim().parse()?;
+        assert!((1..=120_000).contains(&ttl), "{ttl}");
+        // Away: no count to share, the caller counts locally.
+        redis.kill();
+        assert_eq!(a.take_minute_calls("key_a", 9, 5, 12)?, None);
+        assert!(
+            HEALTH
+                .local_fallbacks
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 1
+        );
         Ok(())
     }
 

@@ -2,21 +2,30 @@
 //! the pushed tables (a snapshot, then each delta applied), writes the records a delta touched
 //! into shared data for the workers (the pool, single virtual keys, single providers' lane
 //! health), re-opens the stream with backoff when it breaks (the workers keep serving from the
-//! last state meanwhile) or when a delta does not follow what it holds, and sends the workers'
-//! reports back in batches.
+//! last state meanwhile) or when a delta does not follow what it holds, sends the workers'
+//! reports back in batches, and asks for the blocks of per-minute budgets the workers need
+//! (`TakeMinuteCalls`, answers written into the keys' minute records).
 
 use ai_router_contract::shared as names;
+use ai_router_filter_core::minute_lease::Ask;
 use ai_router_proto::tables::{Tables, Touched};
-use ai_router_proto::v1::{AttemptOutcome, ReportBatch, RequestOutcome, StateUpdate, WatchRequest};
+use ai_router_proto::v1::{
+    AttemptOutcome, MinuteCallsReply, MinuteCallsRequest, ReportBatch, RequestOutcome, StateUpdate,
+    WatchRequest,
+};
 use prost::Message;
 use proxy_wasm::hostcalls;
 
-use super::shared::{duration_ms, now_ms, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST};
+use super::shared::{
+    duration_ms, minute_answered, now_ms, MINUTE_ASK, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST,
+};
 use super::{log_error, log_info};
 use ai_router_filter_core::reports::{Outbox, MAX_BATCH};
 
 const SERVICE: &str = "airouter.v1.Sync";
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
+/// An ask for a block of a minute budget: short, since its calls pass on credit meanwhile.
+const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;
 
 pub struct Ctrl {
     cluster: String,
@@ -41,6 +50,12 @@ pub struct Ctrl {
     outbox: Outbox,
     /// `outbox.dropped` when it was last logged.
     logged_dropped: u64,
+    /// Asks for minute blocks the workers queued, not sent yet.
+    minute_asks: Vec<MinuteCallsRequest>,
+    /// Asks in flight, by call token.
+    minute_calls: std::collections::HashMap<u32, MinuteCallsRequest>,
+    /// The control plane is known not to answer asks (for logging once per outage).
+    minute_failing: bool,
 }
 
 impl Ctrl {
@@ -64,6 +79,9 @@ impl Ctrl {
             applied: 0,
             outbox: Outbox::new(),
             logged_dropped: 0,
+            minute_asks: Vec::new(),
+            minute_calls: std::collections::HashMap::new(),
+            minute_failing: false,
         }
     }
 
@@ -252,6 +270,69 @@ impl Ctrl {
         self.flush_reports();
     }
 
+    /// The answer to one of this singleton's unary calls: an ask for a minute block, else a
+    /// report batch.
+    pub fn on_call_response(&mut self, token: u32, status: u32, size: usize) {
+        if let Some(ask) = self.minute_calls.remove(&token) {
+            // A grant of 0 is an empty message: no buffer at all.
+            let granted = (status == 0)
+                .then(|| {
+                    hostcalls::get_buffer(proxy_wasm::types::BufferType::GrpcReceiveBuffer, 0, size)
+                        .ok()
+                        .flatten()
+                        .unwrap_or_default()
+                })
+                .and_then(|bytes| MinuteCallsReply::decode(bytes.as_slice()).ok())
+                .map(|reply| u32::try_from(reply.granted).unwrap_or(u32::MAX));
+            self.minute_answer(&ask, granted, status);
+            return;
+        }
+        self.on_report_response(token, status);
+    }
+
+    /// Writes an answer (`None`: none came) into the key's minute record.
+    fn minute_answer(&mut self, ask: &MinuteCallsRequest, granted: Option<u32>, status: u32) {
+        match granted {
+            Some(_) if self.minute_failing => {
+                self.minute_failing = false;
+                log_info("ai-router: the control plane grants minute budgets again");
+            }
+            None if !self.minute_failing => {
+                self.minute_failing = true;
+                log_error(&format!(
+                    "ai-router: the control plane does not grant minute budgets (grpc status {status}): this Envoy counts requestsPerMinute alone until it does"
+                ));
+            }
+            _ => {}
+        }
+        let lease_ask = Ask {
+            minute: ask.minute,
+            calls: u32::try_from(ask.calls).unwrap_or(u32::MAX),
+        };
+        minute_answered(&ask.virtual_key_id, lease_ask, granted);
+    }
+
+    /// Sends the asks the workers queued.
+    fn send_minute_asks(&mut self) {
+        for ask in std::mem::take(&mut self.minute_asks) {
+            let bytes = ask.encode_to_vec();
+            match hostcalls::dispatch_grpc_call(
+                &self.cluster,
+                SERVICE,
+                "TakeMinuteCalls",
+                self.metadata(),
+                Some(&bytes),
+                duration_ms(MINUTE_ASK_TIMEOUT_MS),
+            ) {
+                Ok(token) => {
+                    self.minute_calls.insert(token, ask);
+                }
+                // Logged once per outage by `minute_answer` (14: unavailable).
+                Err(_) => self.minute_answer(&ask, None, 14),
+            }
+        }
+    }
+
     pub fn on_report_response(&mut self, token: u32, status: u32) {
         let ok = status == 0;
         if !self.outbox.answered(token, ok, now_ms()) {
@@ -271,6 +352,7 @@ impl Ctrl {
     /// Moves the workers' reports from the shared queue into the outbox, then sends what may go.
     fn flush_reports(&mut self) {
         self.collect_reports();
+        self.send_minute_asks();
         self.send_reports();
         if self.outbox.dropped > self.logged_dropped {
             log_error(&format!(
@@ -329,6 +411,11 @@ impl Ctrl {
                     REPORT_REQUEST => {
                         if let Ok(r) = RequestOutcome::decode(body) {
                             batch.requests.push(r);
+                        }
+                    }
+                    MINUTE_ASK => {
+                        if let Ok(ask) = MinuteCallsRequest::decode(body) {
+                            self.minute_asks.push(ask);
                         }
                     }
                     _ => {}

@@ -256,8 +256,8 @@ impl Host for WasmHost {
         shared::current_state();
         shared::state_sequence()
     }
-    fn count_minute_request(&mut self, key_id: &str, minute: i64) -> Option<u32> {
-        shared::count_minute_request(key_id, minute)
+    fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
+        shared::admit_minute_request(key_id, limit, now_ms)
     }
     fn new_call(&mut self, now_ms: i64) -> String {
         shared::new_call(now_ms)

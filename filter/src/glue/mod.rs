@@ -63,9 +63,9 @@ impl Context for Root {
         }
     }
 
-    fn on_grpc_call_response(&mut self, token: u32, status: u32, _size: usize) {
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
         if let Role::Ctrl(c) = &mut self.role {
-            c.on_report_response(token, status);
+            c.on_call_response(token, status, size);
         }
     }
 }

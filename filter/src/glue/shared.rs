@@ -11,19 +11,21 @@ use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use ai_router_contract::shared as names;
-use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
+use ai_router_proto::v1::{AttemptOutcome, MinuteCallsRequest, RequestOutcome, VirtualKey};
 use prost::Message;
 use proxy_wasm::hostcalls;
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
 use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
-use ai_router_filter_core::quota::MinuteCount;
+use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
 use ai_router_filter_core::state::{LaneHealth, State};
 
 pub use names::{REPORT_QUEUE, VM_ID};
 pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
+/// An ask for a block of a key's minute budget (`MinuteCallsRequest`), on the report queue.
+pub const MINUTE_ASK: u8 = 3;
 
 pub use ai_router_filter_core::calls::Call;
 
@@ -248,24 +250,56 @@ pub fn release_send(provider: &str, send: &Send) {
     });
 }
 
-/// Counts one request of the virtual key `key_id` in the UTC minute `minute`, across every
-/// worker of this Envoy (one shared-data entry per key, compare-and-swap); returns the count
-/// in that minute including this one, `None` when the entry could not be updated.
-pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
+/// Admits one request of the virtual key `key_id` (`requestsPerMinute` = `limit`) by its
+/// minute record, across every worker of this Envoy (compare-and-swap), and queues the ask for
+/// the next block for the singleton when the record took one; `None` when the record could not
+/// be updated.
+pub fn admit_minute_request(key_id: &str, limit: u64, now: i64) -> Option<bool> {
     let name = names::minute_requests(key_id);
+    let minute = ai_router_filter_core::quota::minute_of(now);
     for _ in 0..16 {
         let (stored, cas) = match hostcalls::get_shared_data(&name) {
-            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteCount::decode), cas),
+            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteLease::decode), cas),
             Err(_) => return None,
         };
-        let next = MinuteCount::bump(stored, minute);
-        match hostcalls::set_shared_data(&name, Some(&next.encode()), cas) {
-            Ok(()) => return Some(next.count),
+        let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now);
+        match hostcalls::set_shared_data(&name, Some(&lease.encode()), cas) {
+            Ok(()) => {
+                if let Some(ask) = verdict.ask {
+                    let request = MinuteCallsRequest {
+                        virtual_key_id: key_id.to_owned(),
+                        minute: ask.minute,
+                        calls: u64::from(ask.calls),
+                        limit,
+                    };
+                    enqueue(MINUTE_ASK, request.encode_to_vec());
+                }
+                return Some(verdict.admitted);
+            }
             Err(proxy_wasm::types::Status::CasMismatch) => continue,
             Err(_) => return None,
         }
     }
     None
+}
+
+/// Writes the control plane's answer to an ask into the key's minute record (`granted`:
+/// `None` when it did not answer).
+pub fn minute_answered(key_id: &str, ask: Ask, granted: Option<u32>) {
+    let name = names::minute_requests(key_id);
+    for _ in 0..16 {
+        let (stored, cas) = match hostcalls::get_shared_data(&name) {
+            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteLease::decode), cas),
+            Err(_) => return,
+        };
+        let Some(lease) = MinuteLease::answered(stored, ask, granted) else {
+            return;
+        };
+        match hostcalls::set_shared_data(&name, Some(&lease.encode()), cas) {
+            Err(proxy_wasm::types::Status::CasMismatch) => continue,
+            _ => return,
+        }
+    }
 }
 
 /// A number in [0, 1) for jitter (xorshift, seeded per VM).

@@ -170,6 +170,15 @@ pub struct Provider {
     pub price_sources: BTreeMap<String, crate::config::prices::PriceSource>,
     /// The kind's facts with the config's overrides.
     pub facts: crate::config::facts::ProviderFacts,
+    /// `discover: true`: each key's catalog is listed (`discovery`); `None`: off.
+    pub discover: Option<Discovery>,
+}
+
+/// A provider's model discovery settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovery {
+    /// `discoveryTtlMs`: a listed catalog is listed again after this long.
+    pub ttl_ms: u64,
 }
 
 impl Provider {

@@ -19,6 +19,7 @@
 //! added): breakers are a health signal, not a ledger.
 
 pub mod budgets;
+pub mod discovery;
 pub mod events;
 pub mod reload;
 pub mod stats;
@@ -35,7 +36,7 @@ use tokio::sync::watch;
 
 use self::events::{Event, EventBus};
 use crate::clock::Clock;
-use crate::config::catalog::{family_of, terms_of};
+use crate::config::catalog::terms_of;
 use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
 use crate::keys::record::VirtualKeyRecord;
@@ -169,6 +170,8 @@ struct State {
     headroom_as_of: BTreeMap<LaneId, i64>,
     /// The [`HeadroomSource`]'s figures as last published.
     estimated: Vec<pb::Headroom>,
+    /// Each discovering key's listed catalog (`discovery`).
+    listings: discovery::Listings,
 }
 
 /// Headroom the engine pushes besides what providers report: the quota ledger's estimates
@@ -326,6 +329,7 @@ impl Engine {
             headroom_as_of: BTreeMap::new(),
             estimated: Vec::new(),
             budgets: budgets::BudgetLedger::default(),
+            listings: discovery::Listings::new(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -581,6 +585,7 @@ impl Engine {
             }
         }
         for attempt in &batch.attempts {
+            discovery::note_attempt(&mut state.listings, attempt, now);
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
                 if note_headroom(&mut state.durable, attempt, now) {
@@ -1031,9 +1036,46 @@ impl Engine {
         state.secrets = secrets;
         let secrets = state.secrets.clone();
         reload::retain_pool(&mut state.durable, &secrets, &config);
+        discovery::retain(&mut state.listings, &config);
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
         self.publish(&mut state, now);
         change
+    }
+
+    /// The keys of `discover: true` providers due for a listing, marked under way (the
+    /// listing task, `crate::discovery`, makes them and calls [`Engine::finish_listing`]).
+    pub fn listings_due(&self) -> Vec<discovery::ListingJob> {
+        let config = self.config();
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let st = &mut *state;
+        let (jobs, changed) = discovery::due(&mut st.listings, &config, &st.secrets, now);
+        if changed {
+            self.publish(&mut state, now);
+        }
+        jobs
+    }
+
+    /// A listing's result (the model ids, or why it failed); publishes when the key's catalog
+    /// changed. Returns whether it did.
+    pub fn finish_listing(
+        &self,
+        job: &discovery::ListingJob,
+        result: Result<Vec<String>, String>,
+    ) -> bool {
+        let config = self.config();
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let changed = discovery::finish(&mut state.listings, &config, job, result, now);
+        if changed {
+            self.publish(&mut state, now);
+        }
+        changed
+    }
+
+    /// Every discovering key's listing as it stands.
+    pub fn listings(&self) -> discovery::Listings {
+        lock(&self.state).listings.clone()
     }
 
     fn publish(&self, state: &mut State, now: i64) {
@@ -1310,7 +1352,9 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
     let providers = config
         .providers
         .iter()
-        .map(|p| provider_to_proto(p, &state.secrets))
+        .map(|p| {
+            discovery::publish_provider(provider_to_proto(p, &state.secrets), p, &state.listings)
+        })
         .collect();
     let mut key_health = Vec::new();
     for ((provider, key), secret) in &state.secrets {
@@ -1487,32 +1531,13 @@ fn provider_to_proto(p: &Provider, secrets: &BTreeMap<KeyId, Option<Secret>>) ->
                     weight: k.weight,
                     max_concurrency: k.max_concurrency.unwrap_or(0),
                     scope: k.scope.clone().unwrap_or_default(),
+                    // Filled in for discovering providers (`discovery::publish_provider`).
+                    listed: false,
+                    models: Vec::new(),
                 }
             })
             .collect(),
-        models: p
-            .models
-            .iter()
-            .map(|m| pb::Model {
-                id: m.id.clone(),
-                aliases: m.aliases.clone(),
-                context_window: m.context_window.unwrap_or(0),
-                cost: m.cost.map(|c| pb::Cost {
-                    input: c.input,
-                    output: c.output,
-                }),
-                capabilities: m
-                    .capabilities()
-                    .iter()
-                    .map(|c| pb::Capability::from(*c).into())
-                    .collect(),
-                weight: m.weight.unwrap_or(1.0),
-                identity: m.identity().to_owned(),
-                dimensions: m.dimensions.unwrap_or(0),
-                family: family_of(m).name,
-                family_rank: family_of(m).rank,
-            })
-            .collect(),
+        models: p.models.iter().map(discovery::model_to_proto).collect(),
         terms: Some(terms_to_proto(p)),
     }
 }

@@ -252,3 +252,83 @@ async fn models_are_routed_through_the_keys_whose_catalog_lists_them() {
     // Key a was not listed again for it.
     assert_eq!(listings(&pool, 0, "a").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_follows_a_reload_on_and_off() {
+    let a = scan::provider_secret("reload-a");
+    let admin = format!("adm-{}", random_hex(32));
+    scan::register(ADMIN_TOKEN_ENV, &admin);
+    let script = json!({ "catalog": { "models": ["m-conf", "m-new"] } });
+    let yaml = |base: &str, discover: bool| {
+        format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: {ADMIN_TOKEN_ENV} }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n\
+             \x20 - id: p1\n    kind: openai-compatible\n    baseUrl: {base}/v1\n{}\
+             \x20   keys: [{{ alias: a, env: K_A }}]\n    models: [{{ id: m-conf }}]\n",
+            if discover { "    discover: true\n" } else { "" }
+        )
+    };
+    let (secret, token) = (a.clone(), admin.clone());
+    let pool = Pool::start_scripted("discovery_reload", &[Some(script)], |m, _| {
+        let mut setup = ai_router_e2e::PoolSetup::default();
+        setup.env.push(("K_A".into(), secret.clone()));
+        setup.name_secret(&secret, "a");
+        setup.env.push((ADMIN_TOKEN_ENV.into(), token));
+        setup.yaml = yaml(&m[0], false);
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let base = pool.mocks[0].url().to_owned();
+    let write = |discover: bool| {
+        let aside = pool
+            .dir
+            .write("pool.yaml.new", &yaml(&base, discover))
+            .unwrap();
+        std::fs::rename(aside, pool.cp.config_path()).unwrap();
+    };
+
+    // Without discovery nothing is listed and only the configured model exists.
+    let r = pool.chat("m-new").await.unwrap();
+    assert_eq!(r.status, 404, "{r}");
+    assert_eq!(listings(&pool, 0, "a").await, 0);
+
+    // A reload that turns it on lists the key and serves what it found.
+    write(true);
+    poll(
+        "m-new after the reload",
+        Duration::from_secs(20),
+        || async {
+            let r = pool.chat("m-new").await?;
+            Ok((r.status == 200).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let found = served(&catalog, "m-new", "p1").unwrap();
+    assert_eq!(
+        (found["source"].as_str(), aliases(found)),
+        (Some("discovered"), vec!["a".to_owned()])
+    );
+    assert_eq!(listings(&pool, 0, "a").await, 1);
+
+    // And one that turns it off drops what was found.
+    write(false);
+    poll(
+        "m-new gone after the reload",
+        Duration::from_secs(20),
+        || async {
+            let r = pool.chat("m-new").await?;
+            Ok((r.status == 404).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let catalog = admin_get(&pool, "/admin/catalog").await;
+    assert!(served(&catalog, "m-new", "p1").is_none(), "{catalog}");
+    assert_eq!(catalog["discovery"], json!([]), "{catalog}");
+    let r = pool.chat("m-conf").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+}

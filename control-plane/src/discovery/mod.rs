@@ -150,3 +150,87 @@ async fn pages(client: &reqwest::Client, job: &ListingJob) -> Result<Vec<String>
     }
     Ok(ids)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::secrets::Secret;
+    use crate::config::{Endpoint, ProviderKind};
+    use crate::mock::{MockOptions, Script};
+
+    fn job(kind: ProviderKind, mock: &crate::mock::MockHandle, secret: &str) -> ListingJob {
+        ListingJob {
+            provider: "p".into(),
+            key: "a".into(),
+            kind,
+            endpoint: Endpoint {
+                scheme: "http".into(),
+                authority: mock.addr().to_string(),
+                base_path: "/v1".into(),
+            },
+            headers: Vec::new(),
+            secret: Secret::new(secret),
+            fingerprint: Secret::new(secret).fingerprint(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paged_anthropic_catalog_is_read_whole_and_a_failure_is_its_status(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let mock = crate::mock::start(MockOptions::default()).await?;
+        let ids: Vec<String> = (0..2_500).map(|i| format!("claude-{i:04}")).collect();
+        let script = serde_json::json!({
+            "catalog": { "shape": "anthropic", "keys": { "sk-big": ids } },
+            "rules": [{ "match": { "path": "/models", "key": "sk-down" }, "replies": [{ "status": 503 }] }],
+        });
+        mock.set_script(Script::from_json(&script.to_string())?)?;
+        let client = reqwest::Client::new();
+        let listed = list(&client, &job(ProviderKind::Anthropic, &mock, "sk-big")).await?;
+        assert_eq!(listed, ids);
+        // Three pages of at most 1000, each with the key and the version.
+        let calls = mock.calls();
+        assert_eq!(calls.len(), 3);
+        assert!(calls.iter().all(|c| c.key.as_deref() == Some("sk-big")
+            && c.headers.get("anthropic-version").map(String::as_str)
+                == Some(listing::ANTHROPIC_VERSION)));
+        let down = list(
+            &client,
+            &job(ProviderKind::OpenaiCompatible, &mock, "sk-down"),
+        )
+        .await;
+        assert!(matches!(down, Err(ListingError::Status(503))), "{down:?}");
+        // The error says what failed and nothing of the key.
+        let text = down.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("503") && !text.contains("sk-down"), "{text}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_catalog_fails_fast() {
+        // A port nothing listens on.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").ok();
+        let port = listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(9, |a| a.port());
+        drop(listener);
+        let job = ListingJob {
+            provider: "p".into(),
+            key: "a".into(),
+            kind: ProviderKind::Openai,
+            endpoint: Endpoint {
+                scheme: "http".into(),
+                authority: format!("127.0.0.1:{port}"),
+                base_path: "/v1".into(),
+            },
+            headers: Vec::new(),
+            secret: Secret::new("sk-x"),
+            fingerprint: 1,
+        };
+        let result = list(&reqwest::Client::new(), &job).await;
+        assert!(
+            matches!(result, Err(ListingError::Unreachable(_))),
+            "{result:?}"
+        );
+    }
+}

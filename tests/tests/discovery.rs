@@ -8,7 +8,8 @@
 //! - an anthropic provider with no configured model is listed in Anthropic's shape and serves
 //!   what it found;
 //! - `/admin/catalog` says which models are configured and which discovered, and which key
-//!   aliases reach each; no secret anywhere.
+//!   aliases reach each; `autoPrice` prices a found model from the table; no secret anywhere;
+//! - a reload turns discovery on (the key is listed) and off (what it found is gone).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -258,11 +259,12 @@ async fn discovery_follows_a_reload_on_and_off() {
     let a = scan::provider_secret("reload-a");
     let admin = format!("adm-{}", random_hex(32));
     scan::register(ADMIN_TOKEN_ENV, &admin);
-    let script = json!({ "catalog": { "models": ["m-conf", "m-new"] } });
+    let script = json!({ "catalog": { "models": ["m-conf", "m-new", "gpt-4o-mini"] } });
     let yaml = |base: &str, discover: bool| {
         format!(
             "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: {ADMIN_TOKEN_ENV} }} }}\n\
              controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             autoPrice: true\n\
              providers:\n\
              \x20 - id: p1\n    kind: openai-compatible\n    baseUrl: {base}/v1\n{}\
              \x20   keys: [{{ alias: a, env: K_A }}]\n    models: [{{ id: m-conf }}]\n",
@@ -313,6 +315,11 @@ async fn discovery_follows_a_reload_on_and_off() {
         (Some("discovered"), vec!["a".to_owned()])
     );
     assert_eq!(listings(&pool, 0, "a").await, 1);
+    // autoPrice prices what the table knows; the rest stays unpriced.
+    let priced = served(&catalog, "gpt-4o-mini", "p1").unwrap();
+    assert_eq!(priced["priced"], "table", "{catalog}");
+    assert_eq!(priced["cost"]["input"], 0.15, "{catalog}");
+    assert_eq!(found["priced"], "unpriced", "{catalog}");
 
     // And one that turns it off drops what was found.
     write(false);

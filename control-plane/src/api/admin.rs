@@ -372,12 +372,21 @@ impl AdminApi {
                 }
                 // Where the price came from: the pool's own `cost`, the price table
                 // (`autoPrice`), or nowhere ("unpriced").
-                let priced = config
-                    .providers
-                    .iter()
-                    .find(|cp| cp.id == p.id)
-                    .and_then(|cp| cp.price_sources.get(&m.id))
-                    .map_or("unpriced", |s| s.as_str());
+                let priced = if m.discovered {
+                    // Only the price table prices a discovered model (`autoPrice`).
+                    let source = match m.cost {
+                        Some(_) => crate::config::prices::PriceSource::Table,
+                        None => crate::config::prices::PriceSource::Unpriced,
+                    };
+                    source.as_str()
+                } else {
+                    config
+                        .providers
+                        .iter()
+                        .find(|cp| cp.id == p.id)
+                        .and_then(|cp| cp.price_sources.get(&m.id))
+                        .map_or("unpriced", |s| s.as_str())
+                };
                 entry.1.push(json!({
                     "provider": p.id,
                     // In the configuration, or found in a key's catalog (`discover: true`).

@@ -250,13 +250,17 @@ pub fn model_to_proto(m: &ModelConfig) -> pb::Model {
     }
 }
 
-/// A model only a catalog names: the defaults of a model configured with its id alone
-/// (unpriced, no context window, the default capabilities, its family from the bundled
-/// table).
-fn discovered_model(id: &str) -> pb::Model {
+/// A model only a catalog names: the defaults of a model configured with its id alone (no
+/// context window, the default capabilities, its family from the bundled table), priced from
+/// the price table with `autoPrice` (`Provider::cost_of`), else unpriced.
+fn discovered_model(provider: &Provider, id: &str, auto_price: bool) -> pb::Model {
+    let config = ModelConfig {
+        cost: provider.cost_of(id, auto_price),
+        ..ModelConfig::with_id(id)
+    };
     pb::Model {
         discovered: true,
-        ..model_to_proto(&ModelConfig::with_id(id))
+        ..model_to_proto(&config)
     }
 }
 
@@ -265,6 +269,7 @@ pub fn publish_provider(
     mut published: pb::Provider,
     provider: &Provider,
     listings: &Listings,
+    auto_price: bool,
 ) -> pb::Provider {
     if provider.discover.is_none() {
         return published;
@@ -285,7 +290,7 @@ pub fn publish_provider(
         found
             .into_iter()
             .filter(|id| !configured.contains(*id))
-            .map(discovered_model),
+            .map(|id| discovered_model(provider, id, auto_price)),
     );
     published
 }
@@ -524,7 +529,7 @@ mod tests {
             models: provider.models.iter().map(model_to_proto).collect(),
             ..Default::default()
         };
-        let out = publish_provider(published, provider, &listings);
+        let out = publish_provider(published.clone(), provider, &listings, false);
         let ids: Vec<(&str, bool)> = out
             .models
             .iter()
@@ -541,6 +546,29 @@ mod tests {
         assert!(!b.listed && b.models.is_empty());
         assert!(a.reaches(found) && !b.reaches(found));
         assert!(a.reaches(&out.models[0]) && b.reaches(&out.models[0]));
+        // With autoPrice, a found model the price table knows is priced from it.
+        // (listed again after the TTL)
+        list_a(
+            &mut listings,
+            &config,
+            &["m-conf", "gpt-4o-mini"],
+            86_400_100,
+        );
+        let priced = publish_provider(published, provider, &listings, true);
+        let found = priced.models.iter().find(|m| m.id == "gpt-4o-mini");
+        let table = crate::config::prices::table_cost("gpt-4o-mini", None);
+        assert!(table.is_some());
+        assert_eq!(
+            found.and_then(|m| m.cost).map(|c| (c.input, c.output)),
+            table.map(|c| (c.input, c.output))
+        );
+        assert_eq!(
+            provider
+                .cost_of("gpt-4o-mini", true)
+                .map(|c| (c.input, c.output)),
+            table.map(|c| (c.input, c.output))
+        );
+        assert!(provider.cost_of("gpt-4o-mini", false).is_none());
         // A reload without discovery drops the listings.
         let plain = resolved(
             "providers:\n  - id: p\n    kind: openai-compatible\n    baseUrl: http://127.0.0.1:9/v1\n    keys: [{ alias: a, env: K_A }]\n    models: [{ id: m-conf }]\n",

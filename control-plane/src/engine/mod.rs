@@ -47,7 +47,7 @@ use crate::store::durable::{
 };
 use crate::store::lock;
 use crate::store::memory::MemoryStateStore;
-use crate::store::spend::{self as budget, Spend};
+use crate::store::spend::Spend;
 
 /// How often secret references are resolved again.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -1274,12 +1274,12 @@ fn key_scope(config: &Config, provider: &str, key: &str) -> String {
 /// The estimated cost of an attempt's usage, when it has usage and its model a price.
 fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
     let usage = a.usage?;
-    let model = config
+    let cost = config
         .providers
         .iter()
         .find(|p| p.id == a.provider)
-        .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
-    let c = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
+        .and_then(|p| p.cost_of(&a.model, config.auto_price));
+    let c = cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens));
     (c > 0.0 && c.is_finite()).then_some(c)
 }
 
@@ -1353,7 +1353,8 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
         .providers
         .iter()
         .map(|p| {
-            discovery::publish_provider(provider_to_proto(p, &state.secrets), p, &state.listings)
+            let published = provider_to_proto(p, &state.secrets);
+            discovery::publish_provider(published, p, &state.listings, config.auto_price)
         })
         .collect();
     let mut key_health = Vec::new();

@@ -87,3 +87,7 @@ pub const SCORE_GAMMA: f64 = 0.3;
 pub const UNREPORTED_WEIGHT: f64 = 10.0;
 /// `selection.affinity.idleMs`: a session pin lapses after this long unused.
 pub const AFFINITY_IDLE_MS: u64 = 30 * 60 * 1000;
+
+/// `discoveryTtlMs`: how long a key's listed catalog (`discover: true`) is trusted before it is
+/// listed again.
+pub const DISCOVERY_TTL_MS: u64 = 24 * 60 * 60 * 1000;

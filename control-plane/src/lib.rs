@@ -13,6 +13,7 @@
 //!   and the snapshot pushed to every Envoy;
 //! - `api/`: what listens: the Sync service Envoy watches, the admin API (HTTP and gRPC),
 //!   Prometheus metrics and the one error table behind them;
+//! - `discovery`: the background task that lists each key's models (`discover: true`);
 //! - `reload`: a new pool from the config file (SIGHUP, file change) without a restart;
 //! - `traces`: OpenTelemetry spans of the calls from the reports, exported over OTLP;
 //! - `render`: the Envoy bootstrap; `mock`: the scriptable fake provider;
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod conformance;
+pub mod discovery;
 pub mod engine;
 pub mod keys;
 pub mod ledger;

@@ -338,6 +338,11 @@ pub async fn start(
     tasks.push(tokio::spawn(
         engine.clone().run_persist(store, after.clone()),
     ));
+    // Model discovery, in the background: nothing waits for it.
+    tasks.push(tokio::spawn(crate::discovery::run(
+        engine.clone(),
+        after.clone(),
+    )));
     // Usage accounting and keys written by other processes.
     let otlp_endpoint = config.otlp_endpoint.clone();
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));

@@ -150,6 +150,8 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
         per_request_caps: None,
         daily_reset_timezone: None,
         rate_limit_headers: None,
+        discover: None,
+        discovery_ttl_ms: None,
         models,
         limits: None,
     }];

@@ -833,6 +833,9 @@ impl Attempt {
             profile: plan.map(|p| p.profile.clone()).unwrap_or_default(),
             first_choice_provider: first_choice.map(|c| c.provider.clone()).unwrap_or_default(),
             first_choice_model: first_choice.map(|c| c.model.clone()).unwrap_or_default(),
+            protocol: plan
+                .map(|p| crate::plan::client_protocol(p.op, p.protocol).to_owned())
+                .unwrap_or_default(),
         });
     }
 

@@ -821,6 +821,7 @@ impl Front {
             cache_hit: false,
             requested_model: self.requested_model.clone(),
             traceparent: self.traceparent.clone(),
+            protocol: crate::plan::client_protocol(op, self.protocol).into(),
         });
     }
 }

@@ -476,6 +476,14 @@ pub fn pick(
             });
             for (ki, key) in provider.keys.iter().enumerate() {
                 let lane = LaneId::new(&provider.id, &key.alias, &cand.model);
+                // A key whose catalog lacks the model (`discover: true`) is no lane for it.
+                if model.is_some_and(|m| !key.reaches(m)) {
+                    skipped.push(Skipped {
+                        lane,
+                        reason: crate::listing::NOT_LISTED,
+                    });
+                    continue;
+                }
                 if too_small {
                     skipped.push(Skipped {
                         lane,

@@ -5,6 +5,7 @@
 //! - `resolve`: the profile or pool model a request names, the key's scope, the merged policy
 //!   and the candidate tiers;
 //! - `lanes`: the lane (provider, key, model) for each attempt, by the spec's tiers;
+//!   `listing`: which keys reach a discovered model (`discover: true`);
 //! - `classify`: a provider's answer → error class, hold and window;
 //! - `stream`, `sse`: the stream gate (held until the first token) and the SSE parser;
 //! - `anthropic`, `embeddings`: the Messages adapter and the embeddings identity rules;
@@ -41,6 +42,7 @@ pub mod headers;
 pub mod host;
 pub mod ingress;
 pub mod lanes;
+pub mod listing;
 pub mod local;
 pub mod messages_ingress;
 pub mod minute_lease;

@@ -52,6 +52,15 @@ impl Protocol {
     }
 }
 
+/// The client protocol a call came in by, as the reports name it: `chat`, `responses`,
+/// `messages` or `embeddings` (an embeddings call is OpenAI's, whatever its path).
+pub fn client_protocol(op: Operation, protocol: Protocol) -> &'static str {
+    match op {
+        Operation::Embeddings => "embeddings",
+        Operation::Chat => protocol.as_str(),
+    }
+}
+
 /// One (provider, model) a call may use, with its share of its tier.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {

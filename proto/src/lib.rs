@@ -6,5 +6,6 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/airouter.v1.rs"));
 }
 
+pub mod listing;
 pub mod tables;
 pub mod text;

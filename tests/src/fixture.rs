@@ -382,10 +382,24 @@ impl Pool {
         mocks: usize,
         build: impl FnOnce(&[String], &TestDir) -> Result<PoolSetup>,
     ) -> Result<Self> {
+        Self::start_scripted(test, &vec![None; mocks], build).await
+    }
+
+    /// [`Pool::start`] with each mock started on its script (`--script`), so what it answers
+    /// is set before the control plane first reaches it (a model catalog listed at start).
+    pub async fn start_scripted(
+        test: &str,
+        scripts: &[Option<Value>],
+        build: impl FnOnce(&[String], &TestDir) -> Result<PoolSetup>,
+    ) -> Result<Self> {
         let dir = TestDir::new(test)?;
         let mut started = Vec::new();
-        for i in 0..mocks {
-            started.push(Mock::start(&dir, &format!("mock{}", i + 1)).await?);
+        for (i, script) in scripts.iter().enumerate() {
+            let name = format!("mock{}", i + 1);
+            started.push(match script {
+                Some(script) => Mock::start_with_script(&dir, &name, script).await?,
+                None => Mock::start(&dir, &name).await?,
+            });
         }
         let urls: Vec<String> = started.iter().map(|m| m.url().to_string()).collect();
         let setup = build(&urls, &dir)?;

@@ -98,8 +98,29 @@ pub struct Mock {
 impl Mock {
     /// Runs `ai-router mock --host 127.0.0.1 --port 0` and reads `{"listening": ...}`.
     pub async fn start(dir: &TestDir, name: &str) -> Result<Self> {
+        Self::start_args(dir, name, Vec::new()).await
+    }
+
+    /// [`Mock::start`] with `--script` (a whole script: `rules`, `catalog`), written to the
+    /// test directory as `<name>-script.json`.
+    pub async fn start_with_script(dir: &TestDir, name: &str, script: &Value) -> Result<Self> {
+        let path = dir.join(&format!("{name}-script.json"));
+        fs::write(&path, script.to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
+        Self::start_args(
+            dir,
+            name,
+            vec!["--script".into(), path.display().to_string()],
+        )
+        .await
+    }
+
+    async fn start_args(dir: &TestDir, name: &str, extra: Vec<String>) -> Result<Self> {
         let bin = ai_router_bin()?;
-        let args = ["mock", "--host", "127.0.0.1", "--port", "0"].map(String::from);
+        let mut args: Vec<String> = ["mock", "--host", "127.0.0.1", "--port", "0"]
+            .map(String::from)
+            .to_vec();
+        args.extend(extra);
         let mut process = Process::spawn(dir, name, &bin, &args, &[])?;
         let line = process.first_json_line(START_TIMEOUT).await?;
         let listening = json_str(&line, "listening")
@@ -176,6 +197,13 @@ impl Mock {
         )
         .await
         .map(|_| ())
+    }
+
+    /// `POST /_mock/rules`: appends one rule, keeping the script (and its catalog).
+    pub async fn push_rule(&self, rule: Value) -> Result<()> {
+        self.control(reqwest::Method::POST, "/_mock/rules", Some(rule))
+            .await
+            .map(|_| ())
     }
 
     /// Scripts one reply for every call (`script::text(..)`, `{"latencyMs": .., "text": ..}`...).

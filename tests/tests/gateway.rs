@@ -472,7 +472,7 @@ async fn the_control_plane_exposes_what_envoy_reported_as_prometheus_metrics_wit
     let text = loop {
         let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
         if text.contains(
-            "ai_router_requests_total{operation=\"chat\",provider=\"p1\",model=\"m1\",outcome=\"success\"} 1",
+            "ai_router_requests_total{operation=\"chat\",protocol=\"chat\",provider=\"p1\",model=\"m1\",outcome=\"success\"} 1",
         )
             && text.contains("outcome=\"success\",class=\"\"} 1")
         {

@@ -321,8 +321,9 @@ impl AdminApi {
     }
 
     /// The pool as callers see it: profiles (their model, fallbacks and candidates after the
-    /// defaults) and models (ids, aliases, which providers serve them, capabilities, cost).
-    /// No key, no secret.
+    /// defaults) and models (ids, aliases, which providers serve them, capabilities, cost,
+    /// whether configured or discovered and which key aliases reach them), and each
+    /// discovering key's listing. No secret.
     pub fn catalog(&self) -> Value {
         let tables = self.engine.tables();
         let config = self.engine.config();
@@ -380,14 +381,28 @@ impl AdminApi {
                 }
                 // Where the price came from: the pool's own `cost`, the price table
                 // (`autoPrice`), or nowhere ("unpriced").
-                let priced = config
-                    .providers
-                    .iter()
-                    .find(|cp| cp.id == p.id)
-                    .and_then(|cp| cp.price_sources.get(&m.id))
-                    .map_or("unpriced", |s| s.as_str());
+                let priced = if m.discovered {
+                    // Only the price table prices a discovered model (`autoPrice`).
+                    let source = match m.cost {
+                        Some(_) => crate::config::prices::PriceSource::Table,
+                        None => crate::config::prices::PriceSource::Unpriced,
+                    };
+                    source.as_str()
+                } else {
+                    config
+                        .providers
+                        .iter()
+                        .find(|cp| cp.id == p.id)
+                        .and_then(|cp| cp.price_sources.get(&m.id))
+                        .map_or("unpriced", |s| s.as_str())
+                };
                 entry.1.push(json!({
                     "provider": p.id,
+                    // In the configuration, or found in a key's catalog (`discover: true`).
+                    "source": if m.discovered { "discovered" } else { "configured" },
+                    // The key aliases that reach it (a discovering provider's listed keys
+                    // reach only what their catalog lists).
+                    "keys": p.keys.iter().filter(|k| k.reaches(m)).map(|k| &k.alias).collect::<Vec<_>>(),
                     "priced": priced,
                     "kind": p.kind().text(),
                     "contextWindow": (m.context_window > 0).then_some(m.context_window),
@@ -400,7 +415,31 @@ impl AdminApi {
         }
         let models: Vec<Value> = models
             .into_iter()
-            .map(|(id, (aliases, served))| json!({ "id": id, "aliases": aliases, "servedBy": served }))
+            .map(|(id, (aliases, served))| {
+                let configured = served.iter().any(|s| s["source"] == "configured");
+                json!({
+                    "id": id,
+                    "aliases": aliases,
+                    "source": if configured { "configured" } else { "discovered" },
+                    "servedBy": served,
+                })
+            })
+            .collect();
+        let discovery: Vec<Value> = self
+            .engine
+            .listings()
+            .into_iter()
+            .map(|((provider, key), l)| {
+                json!({
+                    "provider": provider,
+                    "key": key,
+                    "listed": l.models.is_some(),
+                    "models": l.models.as_ref().map_or(0, Vec::len),
+                    "listedAtMs": (l.listed_at_ms > 0).then_some(l.listed_at_ms),
+                    "nextListingAtMs": l.due_ms,
+                    "error": l.error,
+                })
+            })
             .collect();
         // The rules in the order they are tried: highest priority first.
         let mut routes: Vec<&pb::RouteRule> = settings.routes.iter().collect();
@@ -427,6 +466,7 @@ impl AdminApi {
             "models": models,
             "routes": routes,
             "autoPrice": config.auto_price,
+            "discovery": discovery,
         })
     }
 }

@@ -92,18 +92,31 @@ impl Histogram {
 /// Provider, key alias, model.
 type Lane = (String, String, String);
 
+/// A client call's labels: operation, the client's protocol, final provider and model.
+type Call = (String, String, String, String);
+
+fn call_labels((op, protocol, p, m): &Call) -> String {
+    format!(
+        "operation=\"{}\",protocol=\"{}\",provider=\"{}\",model=\"{}\"",
+        esc(op),
+        esc(protocol),
+        esc(p),
+        esc(m)
+    )
+}
+
 #[derive(Debug, Default)]
 struct Counters {
-    /// By operation, provider, model, outcome.
-    requests: BTreeMap<(String, String, String, String), u64>,
+    /// By operation, protocol, provider, model, outcome.
+    requests: BTreeMap<(Call, String), u64>,
     /// By lane, outcome, class.
     attempts: BTreeMap<(Lane, String, String), u64>,
     /// Successful stream attempts: time to the first token.
     first_token: BTreeMap<Lane, Histogram>,
     /// Every other attempt: time to its answer or failure.
     attempt_duration: BTreeMap<Lane, Histogram>,
-    /// By operation, provider, model: the call's whole duration.
-    request_duration: BTreeMap<(String, String, String), Histogram>,
+    /// By operation, protocol, provider, model: the call's whole duration.
+    request_duration: BTreeMap<Call, Histogram>,
     prompt_tokens: BTreeMap<Lane, u64>,
     completion_tokens: BTreeMap<Lane, u64>,
     cached_tokens: BTreeMap<Lane, u64>,
@@ -140,14 +153,14 @@ impl ReportObserver for Metrics {
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for r in &batch.requests {
             let outcome = request_outcome_label(r);
-            let call = (r.operation.clone(), r.provider.clone(), r.model.clone());
+            let call: Call = (
+                r.operation.clone(),
+                r.protocol.clone(),
+                r.provider.clone(),
+                r.model.clone(),
+            );
             *c.requests
-                .entry((
-                    call.0.clone(),
-                    call.1.clone(),
-                    call.2.clone(),
-                    outcome.clone(),
-                ))
+                .entry((call.clone(), outcome.clone()))
                 .or_default() += 1;
             c.request_duration
                 .entry(call)
@@ -298,15 +311,13 @@ impl Metrics {
             &mut out,
             "ai_router_requests_total",
             "counter",
-            "Client calls by operation, final provider and model, and outcome (success, error:<class> or rejected:<code>).",
+            "Client calls by operation, client protocol (chat, responses, messages, embeddings), final provider and model, and outcome (success, error:<class> or rejected:<code>).",
         );
-        for ((op, p, m, outcome), n) in &c.requests {
+        for ((call, outcome), n) in &c.requests {
             let _ = writeln!(
                 out,
-                "ai_router_requests_total{{operation=\"{}\",provider=\"{}\",model=\"{}\",outcome=\"{}\"}} {n}",
-                esc(op),
-                esc(p),
-                esc(m),
+                "ai_router_requests_total{{{},outcome=\"{}\"}} {n}",
+                call_labels(call),
                 esc(outcome)
             );
         }
@@ -340,18 +351,10 @@ impl Metrics {
         histograms(
             &mut out,
             "ai_router_request_duration_seconds",
-            "Whole duration of client calls, by operation, final provider and model.",
-            c.request_duration.iter().map(|((op, p, m), h)| {
-                (
-                    format!(
-                        "operation=\"{}\",provider=\"{}\",model=\"{}\"",
-                        esc(op),
-                        esc(p),
-                        esc(m)
-                    ),
-                    h,
-                )
-            }),
+            "Whole duration of client calls, by operation, client protocol, final provider and model.",
+            c.request_duration
+                .iter()
+                .map(|(call, h)| (call_labels(call), h)),
         );
         lane_counters(
             &mut out,
@@ -540,6 +543,7 @@ mod tests {
             requests: vec![
                 pb::RequestOutcome {
                     operation: "chat".into(),
+                    protocol: "messages".into(),
                     provider: "p".into(),
                     model: "m".into(),
                     outcome: pb::RequestResult::Success.into(),
@@ -624,14 +628,14 @@ mod tests {
     fn counts_reports_and_renders_prometheus_text() {
         let text = sample();
         for line in [
-            "ai_router_requests_total{operation=\"chat\",provider=\"p\",model=\"m\",outcome=\"success\"} 1",
+            "ai_router_requests_total{operation=\"chat\",protocol=\"messages\",provider=\"p\",model=\"m\",outcome=\"success\"} 1",
             "ai_router_attempts_total{provider=\"p\",key=\"a\",model=\"m\",outcome=\"error\",class=\"rate_limit\"} 1",
             // A successful stream attempt's latency is its time to the first token.
             "ai_router_time_to_first_token_seconds_bucket{provider=\"p\",key=\"b\",model=\"m\",le=\"0.05\"} 0",
             "ai_router_time_to_first_token_seconds_bucket{provider=\"p\",key=\"b\",model=\"m\",le=\"0.1\"} 1",
             "ai_router_time_to_first_token_seconds_sum{provider=\"p\",key=\"b\",model=\"m\"} 0.06",
             "ai_router_attempt_duration_seconds_count{provider=\"p\",key=\"a\",model=\"m\"} 1",
-            "ai_router_request_duration_seconds_bucket{operation=\"chat\",provider=\"p\",model=\"m\",le=\"+Inf\"} 1",
+            "ai_router_request_duration_seconds_bucket{operation=\"chat\",protocol=\"messages\",provider=\"p\",model=\"m\",le=\"+Inf\"} 1",
             "ai_router_prompt_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 10",
             "ai_router_completion_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 4",
             "ai_router_cached_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 2",

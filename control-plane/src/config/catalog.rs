@@ -131,17 +131,9 @@ mod tests {
 
     fn model(id: &str, family: Option<&str>, rank: Option<u32>) -> ModelConfig {
         ModelConfig {
-            id: id.into(),
-            aliases: vec![],
-            context_window: None,
-            cost: None,
-            capabilities: None,
-            weight: None,
-            identity: None,
-            dimensions: None,
             family: family.map(Into::into),
             family_rank: rank,
-            discount: None,
+            ..ModelConfig::with_id(id)
         }
     }
 

@@ -297,6 +297,10 @@ pub struct ProviderConfig {
     pub daily_reset_timezone: Option<String>,
     /// Overrides what the kind's rate-limit headers count over.
     pub rate_limit_headers: Option<RateLimitHeadersConfig>,
+    /// List each key's models from the provider's catalog (`GET {baseUrl}/models`).
+    pub discover: Option<bool>,
+    /// How long a listed catalog is trusted (default 24 h); only with `discover: true`.
+    pub discovery_ttl_ms: Option<u64>,
 }
 
 /// `providers[].perRequestCaps`: tokens one request may send and ask for; 0 lifts a cap.
@@ -415,6 +419,23 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// A model configured by its id alone: every other setting at its default.
+    pub fn with_id(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            aliases: Vec::new(),
+            context_window: None,
+            cost: None,
+            capabilities: None,
+            weight: None,
+            identity: None,
+            dimensions: None,
+            family: None,
+            family_rank: None,
+            discount: None,
+        }
+    }
+
     pub fn capabilities(&self) -> Vec<Capability> {
         self.capabilities
             .clone()

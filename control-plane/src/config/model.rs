@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use ai_router_contract::defaults;
 
 use crate::config::file::{
-    BudgetConfig, LimitsConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig, RouteConfig,
-    SelectionConfig,
+    BudgetConfig, CostConfig, LimitsConfig, ModelConfig, PolicyConfig, ProviderKind, QuotaConfig,
+    RouteConfig, SelectionConfig,
 };
 use crate::config::secrets::SecretSource;
 
@@ -170,11 +170,33 @@ pub struct Provider {
     pub price_sources: BTreeMap<String, crate::config::prices::PriceSource>,
     /// The kind's facts with the config's overrides.
     pub facts: crate::config::facts::ProviderFacts,
+    /// `discover: true`: each key's catalog is listed (`discovery`); `None`: off.
+    pub discover: Option<Discovery>,
+}
+
+/// A provider's model discovery settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovery {
+    /// `discoveryTtlMs`: a listed catalog is listed again after this long.
+    pub ttl_ms: u64,
 }
 
 impl Provider {
     pub fn serves(&self, name: &str) -> bool {
         self.models.iter().any(|m| m.answers_to(name))
+    }
+
+    /// The price of `model` (an id or alias) on this provider: the configured model's `cost`
+    /// (`autoPrice` already filled it), else, for a model only a catalog names (`discover:
+    /// true`) with `auto_price`, the price table's less the provider's `discount`.
+    pub fn cost_of(&self, model: &str, auto_price: bool) -> Option<CostConfig> {
+        match self.models.iter().find(|m| m.answers_to(model)) {
+            Some(configured) => configured.cost,
+            None if auto_price && self.discover.is_some() => {
+                crate::config::prices::table_cost(model, self.discount)
+            }
+            None => None,
+        }
     }
 }
 

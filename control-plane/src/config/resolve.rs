@@ -561,8 +561,11 @@ fn resolve_provider(
         }
     }
 
-    if raw.models.is_empty() {
-        return Err(invalid(format!("{path}.models: needs at least one model")));
+    let discover = discovery_settings(path, raw)?;
+    if raw.models.is_empty() && discover.is_none() {
+        return Err(invalid(format!(
+            "{path}.models: needs at least one model (or discover: true)"
+        )));
     }
     let mut model_ids = BTreeSet::new();
     for (j, model) in raw.models.iter().enumerate() {
@@ -629,7 +632,27 @@ fn resolve_provider(
         terms: raw.terms.clone(),
         price_sources: BTreeMap::new(),
         facts,
+        discover,
     })
+}
+
+/// `discover` and `discoveryTtlMs`: the TTL only with discovery on, and at least a second.
+fn discovery_settings(
+    path: &str,
+    raw: &ProviderConfig,
+) -> Result<Option<crate::config::model::Discovery>, ConfigError> {
+    match (raw.discover.unwrap_or(false), raw.discovery_ttl_ms) {
+        (false, Some(_)) => Err(invalid(format!(
+            "{path}.discoveryTtlMs: only with discover: true"
+        ))),
+        (false, None) => Ok(None),
+        (true, Some(ttl)) if ttl < 1000 => Err(invalid(format!(
+            "{path}.discoveryTtlMs: must be at least 1000"
+        ))),
+        (true, ttl) => Ok(Some(crate::config::model::Discovery {
+            ttl_ms: ttl.unwrap_or(defaults::DISCOVERY_TTL_MS),
+        })),
+    }
 }
 
 /// Where each model's price of these providers comes from, filling the `cost` of those without

@@ -19,6 +19,7 @@
 //! added): breakers are a health signal, not a ledger.
 
 pub mod budgets;
+pub mod discovery;
 pub mod events;
 mod leases;
 mod minute_calls;

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use crate::store::durable::{Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom};
 use crate::store::lock;
-use crate::store::spend::{self as budget, Spend};
+use crate::store::spend::Spend;
 
 impl Engine {
     /// Applies a batch of outcomes; returns the version after it.
@@ -50,6 +50,7 @@ impl Engine {
             }
         }
         for attempt in &batch.attempts {
+            super::discovery::note_attempt(&mut state.listings, attempt, now);
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
                 if note_headroom(&mut state.durable, attempt, now) {
@@ -309,12 +310,12 @@ pub(super) fn note_headroom(
 /// The estimated cost of an attempt's usage, when it has usage and its model a price.
 pub(super) fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
     let usage = a.usage?;
-    let model = config
+    let cost = config
         .providers
         .iter()
         .find(|p| p.id == a.provider)
-        .and_then(|p| p.models.iter().find(|m| m.answers_to(&a.model)));
-    let c = budget::attempt_cost(model, usage.prompt_tokens, usage.completion_tokens);
+        .and_then(|p| p.cost_of(&a.model, config.auto_price));
+    let c = cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens));
     (c > 0.0 && c.is_finite()).then_some(c)
 }
 

@@ -13,7 +13,7 @@ use super::{budgets, reload, stats};
 use super::events::EventBus;
 use super::state::*;
 use crate::clock::Clock;
-use crate::config::catalog::{family_of, terms_of};
+use crate::config::catalog::terms_of;
 use crate::config::secrets::{Env, Secret};
 use crate::config::{Config, PolicyConfig, Provider};
 use crate::keys::record::VirtualKeyRecord;
@@ -104,6 +104,7 @@ impl Engine {
             headroom_as_of: BTreeMap::new(),
             estimated: Vec::new(),
             budgets: budgets::BudgetLedger::default(),
+            listings: super::discovery::Listings::new(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -165,6 +166,42 @@ impl Engine {
         }
         self.coalesce_headroom(false);
         self.flush();
+    }
+
+    /// The keys of `discover: true` providers due for a listing, marked under way (the
+    /// listing task, `crate::discovery`, makes them and calls [`Engine::finish_listing`]).
+    pub fn listings_due(&self) -> Vec<super::discovery::ListingJob> {
+        let config = self.config();
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let st = &mut *state;
+        let (jobs, changed) = super::discovery::due(&mut st.listings, &config, &st.secrets, now);
+        if changed {
+            self.publish(&mut state, now);
+        }
+        jobs
+    }
+
+    /// A listing's result (the model ids, or why it failed); publishes when the key's catalog
+    /// changed. Returns whether it did.
+    pub fn finish_listing(
+        &self,
+        job: &super::discovery::ListingJob,
+        result: Result<Vec<String>, String>,
+    ) -> bool {
+        let config = self.config();
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let changed = super::discovery::finish(&mut state.listings, &config, job, result, now);
+        if changed {
+            self.publish(&mut state, now);
+        }
+        changed
+    }
+
+    /// Every discovering key's listing as it stands.
+    pub fn listings(&self) -> super::discovery::Listings {
+        lock(&self.state).listings.clone()
     }
 
     pub(super) fn publish(&self, state: &mut State, now: i64) {
@@ -229,6 +266,7 @@ impl Engine {
         state.secrets = secrets;
         let secrets = state.secrets.clone();
         reload::retain_pool(&mut state.durable, &secrets, &config);
+        super::discovery::retain(&mut state.listings, &config);
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
         self.publish(&mut state, now);
         change
@@ -250,7 +288,10 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
     let providers = config
         .providers
         .iter()
-        .map(|p| provider_to_proto(p, &state.secrets))
+        .map(|p| {
+            let published = provider_to_proto(p, &state.secrets);
+            super::discovery::publish_provider(published, p, &state.listings, config.auto_price)
+        })
         .collect();
     let mut key_health = Vec::new();
     for ((provider, key), secret) in &state.secrets {
@@ -430,31 +471,16 @@ pub(super) fn provider_to_proto(
                     weight: k.weight,
                     max_concurrency: k.max_concurrency.unwrap_or(0),
                     scope: k.scope.clone().unwrap_or_default(),
+                    // Filled in for discovering providers (`discovery::publish_provider`).
+                    listed: false,
+                    models: Vec::new(),
                 }
             })
             .collect(),
         models: p
             .models
             .iter()
-            .map(|m| pb::Model {
-                id: m.id.clone(),
-                aliases: m.aliases.clone(),
-                context_window: m.context_window.unwrap_or(0),
-                cost: m.cost.map(|c| pb::Cost {
-                    input: c.input,
-                    output: c.output,
-                }),
-                capabilities: m
-                    .capabilities()
-                    .iter()
-                    .map(|c| pb::Capability::from(*c).into())
-                    .collect(),
-                weight: m.weight.unwrap_or(1.0),
-                identity: m.identity().to_owned(),
-                dimensions: m.dimensions.unwrap_or(0),
-                family: family_of(m).name,
-                family_rank: family_of(m).rank,
-            })
+            .map(super::discovery::model_to_proto)
             .collect(),
         terms: Some(terms_to_proto(p)),
     }

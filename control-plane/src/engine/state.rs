@@ -145,6 +145,8 @@ pub(super) struct State {
     pub(super) headroom_as_of: BTreeMap<LaneId, i64>,
     /// The [`HeadroomSource`]'s figures as last published.
     pub(super) estimated: Vec<pb::Headroom>,
+    /// Each discovering key's listed catalog (`discovery`).
+    pub(super) listings: super::discovery::Listings,
 }
 
 /// Headroom the engine pushes besides what providers report: the quota ledger's estimates

@@ -32,13 +32,36 @@ pub struct LaneStats {
     pub latency_ewma_ms: f64,
 }
 
+/// One client protocol's calls and attempts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProtocolStats {
+    /// outcome (success, error:<class>, rejected:<code>) -> calls
+    pub requests: BTreeMap<String, u64>,
+    pub attempts: u64,
+    /// Failed attempts by class.
+    pub attempt_failures: BTreeMap<String, u64>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StatsView {
     pub since_ms: i64,
     /// operation -> outcome (success, error:<class>, rejected:<code>) -> calls
     pub requests: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The client's protocol (`chat`, `responses`, `messages`, `embeddings`) -> its calls and
+    /// attempts.
+    pub protocols: BTreeMap<String, ProtocolStats>,
     pub lanes: Vec<LaneStats>,
+}
+
+/// A report's protocol as counted: `unknown` from a data plane too old to say.
+fn protocol_of(protocol: &str) -> String {
+    if protocol.is_empty() {
+        "unknown".to_owned()
+    } else {
+        protocol.to_owned()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -50,6 +73,7 @@ pub struct Stats {
 struct Inner {
     since_ms: i64,
     requests: BTreeMap<String, BTreeMap<String, u64>>,
+    protocols: BTreeMap<String, ProtocolStats>,
     lanes: BTreeMap<(String, String, String), LaneStats>,
 }
 
@@ -77,8 +101,22 @@ impl Stats {
                 .or_default()
                 .entry(r.outcome_text())
                 .or_default() += 1;
+            *s.protocols
+                .entry(protocol_of(&r.protocol))
+                .or_default()
+                .requests
+                .entry(r.outcome_text())
+                .or_default() += 1;
         }
         for a in &batch.attempts {
+            let protocol = s.protocols.entry(protocol_of(&a.protocol)).or_default();
+            protocol.attempts += 1;
+            if a.outcome() != pb::AttemptResult::Success {
+                *protocol
+                    .attempt_failures
+                    .entry(failure_class(a).to_owned())
+                    .or_default() += 1;
+            }
             let lane = s
                 .lanes
                 .entry((a.provider.clone(), a.key.clone(), a.model.clone()))
@@ -93,11 +131,10 @@ impl Stats {
             if a.outcome() == pb::AttemptResult::Success {
                 lane.successes += 1;
             } else {
-                let class = match a.error_class().text() {
-                    "" => "unknown",
-                    class => class,
-                };
-                *lane.failures.entry(class.to_owned()).or_default() += 1;
+                *lane
+                    .failures
+                    .entry(failure_class(a).to_owned())
+                    .or_default() += 1;
             }
             if let Some(u) = a.usage {
                 lane.prompt_tokens += u.prompt_tokens;
@@ -121,6 +158,7 @@ impl Stats {
         StatsView {
             since_ms: s.since_ms,
             requests: s.requests.clone(),
+            protocols: s.protocols.clone(),
             // A tenth of a millisecond is as fine as an average of latencies means anything.
             lanes: s
                 .lanes
@@ -131,6 +169,14 @@ impl Stats {
                 })
                 .collect(),
         }
+    }
+}
+
+/// A failed attempt's class as counted (`unknown` when it has none).
+fn failure_class(a: &pb::AttemptOutcome) -> &'static str {
+    match a.error_class().text() {
+        "" => "unknown",
+        class => class,
     }
 }
 
@@ -169,6 +215,7 @@ mod tests {
                 ],
                 requests: vec![pb::RequestOutcome {
                     operation: "chat".into(),
+                    protocol: "messages".into(),
                     outcome: pb::RequestResult::Success.into(),
                     ..Default::default()
                 }],
@@ -180,6 +227,14 @@ mod tests {
         let v = stats.view();
         assert_eq!(v.since_ms, 7);
         assert_eq!(v.requests["chat"]["success"], 1);
+        let messages = &v.protocols["messages"];
+        assert_eq!(messages.requests["success"], 1);
+        // These attempts came from a data plane that names no protocol.
+        let unknown = &v.protocols["unknown"];
+        assert_eq!(
+            (unknown.attempts, unknown.attempt_failures["rate_limit"]),
+            (2, 1)
+        );
         let lane = &v.lanes[0];
         assert_eq!((lane.attempts, lane.successes), (2, 1));
         assert_eq!(lane.failures["rate_limit"], 1);

@@ -14,8 +14,7 @@ pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) 
         .providers
         .iter()
         .find(|p| p.id == provider)
-        .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
-        .and_then(|m| m.cost);
+        .and_then(|p| p.cost_of(model, config.auto_price));
     cost.map_or(0.0, |c| {
         c.of_usage(
             usage.prompt_tokens,

@@ -40,8 +40,7 @@ pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) 
         .providers
         .iter()
         .find(|p| p.id == provider)
-        .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
-        .and_then(|m| m.cost);
+        .and_then(|p| p.cost_of(model, config.auto_price));
     cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
 }
 
@@ -60,8 +59,7 @@ pub fn saving_of(config: &Config, attempt: &pb::AttemptOutcome) -> f64 {
             .providers
             .iter()
             .find(|p| p.id == provider)
-            .and_then(|p| p.models.iter().find(|m| m.answers_to(model)))
-            .and_then(|m| m.cost)
+            .and_then(|p| p.cost_of(model, config.auto_price))
     };
     if priced(&attempt.provider, &attempt.model).is_none() {
         return 0.0;

@@ -17,6 +17,7 @@
 //! | `POST` any path ending in `/chat/completions` | OpenAI chat completions, unary or SSE (`stream: true`) |
 //! | `POST` any path ending in `/messages` | the Anthropic Messages API, unary or SSE |
 //! | `POST` any path ending in `/embeddings` | OpenAI embeddings |
+//! | `GET` any path ending in `/models` | the script's `catalog` for the request's key (`mock::catalog`: OpenAI's list shape, or Anthropic's with `shape: anthropic` or an `anthropic-version` header), recorded in `/_mock/calls`; without a catalog, 404 |
 //! | `POST` any path ending in `/responses` | the OpenAI Responses API, unary or SSE (typed events: `response.created`, `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, `response.output_item.done`, `response.completed`; `failWith: error-event` sends `event: error`) |
 //! | anything else outside `/_mock/` | 404, an OpenAI error object |
 //!
@@ -56,6 +57,21 @@
 //!   - match: { path: /embeddings }
 //!     replies: [{ dimensions: 1536 }]
 //! ```
+//!
+//! A script may also hold a `catalog` (`mock::catalog`): what `GET …/models` lists, per key:
+//!
+//! ```yaml
+//! catalog:
+//!   models: [m1]                       # every key, unless `keys` names it
+//!   keys: { sk-test-1: [m1, m-only-1] }
+//!   shape: anthropic                   # optional (else by the request's anthropic-version)
+//! rules:
+//!   - match: { path: /models, key: sk-test-2 }   # only rules with a path answer listings
+//!     replies: [{ status: 503 }]
+//! ```
+//!
+//! Listings are recorded in `/_mock/calls` like any call (path `…/models`, no model), so a
+//! test counts them per key.
 //!
 //! The first rule whose `match` fits answers (a field left out matches anything). A rule's
 //! replies are used in order, one per call, and the last one repeats; with `cycle: true` they
@@ -122,12 +138,14 @@
 
 mod answer;
 mod anthropic;
+mod catalog;
 mod errors;
 mod openai;
 mod responses;
 mod script;
 mod sse;
 
+pub use catalog::{Catalog, Shape as CatalogShape};
 pub use errors::{provider_error, provider_error_names, ERROR_CASES, PROVIDER_KINDS};
 pub use script::{
     FailWith, Match, Reply, ReplyError, Rule, Script, ScriptError, StreamSpec, ToolCall, Usage,
@@ -261,6 +279,7 @@ impl MockHandle {
     pub fn push_rule(&self, rule: Rule) -> Result<(), ScriptError> {
         Script {
             rules: vec![rule.clone()],
+            catalog: None,
         }
         .validate()?;
         self.shared.lock().rules.push(rule);
@@ -390,6 +409,11 @@ async fn handle(
     if path == "/_mock" || path.starts_with("/_mock/") {
         return Ok(control(shared, request).await);
     }
+    if request.method() == Method::GET && catalog::is_listing(&path) {
+        if let Some(response) = listing(shared, &request, &path).await? {
+            return Ok(response);
+        }
+    }
     let endpoint = match Endpoint::of(&path) {
         Some(endpoint) if request.method() == Method::POST => endpoint,
         _ => {
@@ -487,6 +511,81 @@ async fn handle(
         Some(ms) if !stream => Ok(trickled(response, Duration::from_millis(ms)).await),
         _ => Ok(response),
     }
+}
+
+/// A model listing (`GET …/models`) from the script's catalog, recorded as a call; a rule
+/// matching the path answers it instead. `None`: the script has no catalog.
+async fn listing(
+    shared: &Shared,
+    request: &Request<Incoming>,
+    path: &str,
+) -> Result<Option<Response<Body>>, NetworkFailure> {
+    let key = request_key(request.headers());
+    let anthropic_version = request.headers().contains_key("anthropic-version");
+    let query = request.uri().query().unwrap_or_default().to_owned();
+    let (reply, body) = {
+        let mut state = shared.lock();
+        let Some(catalog) = state.rules.catalog().cloned() else {
+            return Ok(None);
+        };
+        state.seq += 1;
+        let seq = state.seq;
+        let headers = request
+            .headers()
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        state.calls.push(Call {
+            seq,
+            path: path.to_owned(),
+            key: key.clone(),
+            model: None,
+            stream: false,
+            headers,
+            body: Value::Null,
+        });
+        let reply = state.rules.next_listing_reply(&RequestFacts {
+            path,
+            key: key.as_deref(),
+            model: None,
+        });
+        let body = catalog.listing(key.as_deref(), anthropic_version, &query);
+        (reply.map(|r| r.resolved()), body)
+    };
+    let Some(reply) = reply else {
+        return Ok(Some(json_response(StatusCode::OK, &body)));
+    };
+    if let Some(ms) = reply.latency_ms {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if reply.error.is_some() {
+        return Err(NetworkFailure);
+    }
+    let status = reply
+        .status
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .unwrap_or(StatusCode::OK);
+    let answer = match (&reply.body, status.is_success()) {
+        (Some(scripted), _) => scripted.clone(),
+        (None, true) => body,
+        (None, false) => {
+            let message = format!(
+                "The ai-router mock answered {} as scripted.",
+                status.as_u16()
+            );
+            if anthropic_version {
+                anthropic::error_body(status.as_u16(), &message)
+            } else {
+                openai::error_body(status.as_u16(), &message)
+            }
+        }
+    };
+    Ok(Some(json_response(status, &answer)))
 }
 
 /// Pieces a unary answer's body takes when trickled.

@@ -27,6 +27,9 @@ pub enum ScriptError {
 pub struct Script {
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// What `GET …/models` lists, per key (`mock::catalog`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<super::catalog::Catalog>,
 }
 
 /// One rule: which requests it answers and the replies it gives, in order, the last repeating.
@@ -385,6 +388,7 @@ pub struct RuleState {
 #[derive(Debug, Clone, Default)]
 pub struct Rules {
     rules: Vec<RuleState>,
+    catalog: Option<super::catalog::Catalog>,
 }
 
 impl Rules {
@@ -395,6 +399,7 @@ impl Rules {
     }
 
     pub fn replace(&mut self, script: Script) {
+        self.catalog = script.catalog;
         self.rules = script
             .rules
             .into_iter()
@@ -410,12 +415,30 @@ impl Rules {
         self.rules.len()
     }
 
+    /// The catalog `GET …/models` lists, if the script has one.
+    pub fn catalog(&self) -> Option<&super::catalog::Catalog> {
+        self.catalog.as_ref()
+    }
+
     /// The reply for a request: the first matching rule's next reply (its last one repeats).
     pub fn next_reply(&mut self, facts: &RequestFacts<'_>) -> Option<Reply> {
+        self.next_reply_of(facts, |_| true)
+    }
+
+    /// The reply for a model listing: only rules that match on `path` answer it.
+    pub fn next_listing_reply(&mut self, facts: &RequestFacts<'_>) -> Option<Reply> {
+        self.next_reply_of(facts, |rule| rule.matcher.path.is_some())
+    }
+
+    fn next_reply_of(
+        &mut self,
+        facts: &RequestFacts<'_>,
+        eligible: impl Fn(&Rule) -> bool,
+    ) -> Option<Reply> {
         let state = self
             .rules
             .iter_mut()
-            .find(|state| state.rule.matcher.matches(facts))?;
+            .find(|state| eligible(&state.rule) && state.rule.matcher.matches(facts))?;
         let last = state.rule.replies.len().checked_sub(1)?;
         let index = if state.rule.cycle {
             state.used % state.rule.replies.len()

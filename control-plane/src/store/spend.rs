@@ -140,21 +140,12 @@ mod tests {
     #[test]
     fn cost_and_rollover() {
         let model = ModelConfig {
-            id: "m".into(),
-            aliases: Vec::new(),
-            context_window: None,
             cost: Some(CostConfig {
                 input: 2.0,
                 output: 10.0,
                 cached_input: None,
             }),
-            capabilities: None,
-            weight: None,
-            identity: None,
-            dimensions: None,
-            family: None,
-            family_rank: None,
-            discount: None,
+            ..ModelConfig::with_id("m")
         };
         let cost = attempt_cost(Some(&model), 500_000, 100_000);
         assert!((cost - 2.0).abs() < 1e-9);

@@ -87,3 +87,10 @@ pub const SCORE_GAMMA: f64 = 0.3;
 pub const UNREPORTED_WEIGHT: f64 = 10.0;
 /// `selection.affinity.idleMs`: a session pin lapses after this long unused.
 pub const AFFINITY_IDLE_MS: u64 = 30 * 60 * 1000;
+
+// `telemetry:`.
+/// `telemetry.includeContent`: attempt events carry no request or answer unless it is set.
+pub const INCLUDE_CONTENT: bool = false;
+/// With `telemetry.includeContent`, each side of an attempt's content (the request body, the
+/// provider's answer) is cut to this many bytes, on a UTF-8 boundary, and marked truncated.
+pub const CONTENT_MAX_BYTES: usize = 16 * 1024;

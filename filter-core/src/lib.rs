@@ -17,6 +17,7 @@
 //! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and
 //!   snap-back to a parked cheaper lane (`resetIntervalMs`);
 //! - `rules`, `when`: `routes:` rules on request metadata, conditional candidates;
+//! - `content`: what an attempt carried, for its report (`telemetry.includeContent`);
 //! - `body_check`: the shape of a chat body (mistyped fields are the client's 400);
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
@@ -28,6 +29,7 @@ pub mod budget;
 pub mod cache;
 pub mod calls;
 pub mod classify;
+pub mod content;
 pub mod context;
 pub mod cost;
 pub mod embeddings;
@@ -36,6 +38,8 @@ pub mod families;
 pub mod front;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod fuzz_ingress;
 pub mod headers;
 pub mod host;
 pub mod ingress;
@@ -44,6 +48,7 @@ pub mod local;
 pub mod messages_ingress;
 pub mod park;
 pub mod plan;
+pub mod plugin;
 pub mod prompt_cache;
 pub mod quota;
 pub mod reports;
@@ -55,6 +60,7 @@ pub mod sse;
 pub mod state;
 pub mod stream;
 pub mod terms;
+pub mod trace_state;
 pub mod trail;
 pub mod util;
 pub mod when;

@@ -1263,6 +1263,13 @@ fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event> {
                 completion_tokens: u.completion_tokens,
             }),
             cost,
+            // Only while the pool says so: a report queued before includeContent was turned
+            // off keeps its content out of the events.
+            content: a
+                .content
+                .as_ref()
+                .filter(|_| config.include_content)
+                .map(events::Content::from_report),
         });
     }
     for r in &batch.requests {
@@ -1360,6 +1367,7 @@ fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             max_body_bytes: config.gateway.max_body_bytes,
             forward_rate_limit_headers: config.gateway.forward_rate_limit_headers,
             admin_token_sha256: state.admin_token_sha256.clone(),
+            include_content: config.include_content,
         }),
         generated_at_ms: now,
         breakers: state

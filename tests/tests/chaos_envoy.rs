@@ -190,6 +190,13 @@ async fn envoy_restarted_under_load_shows_clients_connection_errors_only() {
             _ => None,
         })
         .collect();
+    // Calls that reached the new Envoy before its state and were held until it came.
+    let held = results
+        .iter()
+        .filter(|(t, d, o)| {
+            *t + *d > listening_at && *t < ready_at && matches!(o, Outcome::Ok) && *t > killed_at
+        })
+        .count();
     let first_ok_after = results
         .iter()
         .filter(|(t, d, o)| *t + *d > killed_at && matches!(o, Outcome::Ok) && *t >= killed_at)
@@ -207,7 +214,7 @@ async fn envoy_restarted_under_load_shows_clients_connection_errors_only() {
         "envoy restart: {} calls at c{CONCURRENCY} (half streams): {} ok, {} connection errors, {} wrong; \
          kill -> old process reaped {:?}, -> new listener {:?}, -> ready {:?}, -> first answer {:?}; \
          the control plane saw the old stream end {:?} after the kill and the new one {:?} after the new listener; \
-         ok p50 {:?} p99 {:?}",
+         {held} answered calls began before the new Envoy served; ok p50 {:?} p99 {:?}",
         results.len(),
         latencies.len(),
         connection.len(),

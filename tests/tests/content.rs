@@ -1,5 +1,5 @@
 //! `telemetry.includeContent` through a real Envoy: with it on, a subscriber to `/admin/events`
-//! sees the request and the provider's answer in each attempt event (unary and streamed,
+//! (and to the gRPC `Events` stream) sees the request and the provider's answer in each attempt event (unary and streamed,
 //! bounded, the key's secret never), and so does the event log line; with it off (the
 //! default) no event carries content and no prompt is on the operator side (the whole-run scan
 //! checks the control plane's and Envoy's logs and the event stream for it).
@@ -8,8 +8,11 @@
 use std::time::Duration;
 
 use ai_router_e2e::{pool_yaml_header, scan, script, Pool, PoolSetup};
+use ai_router_proto::v1 as pb;
+use ai_router_proto::v1::admin_client::AdminClient;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
+use tonic::transport::Channel;
 
 const PROMPT: &str = "Describe the lighthouse at Quillwick Point.";
 const ANSWER: &str = "It is a tall striped tower of Quillwick granite.";
@@ -101,9 +104,31 @@ async fn with_include_content_an_attempt_event_carries_the_request_and_the_answe
     )
     .await;
     let mut rx = pool.cp.events(&admin, "?types=attempt").await.unwrap();
+    // The same events over gRPC (airouter.v1.Admin/Events).
+    let mut grpc = AdminClient::<Channel>::connect(format!("http://{}", pool.cp.grpc_addr()))
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(pb::EventsRequest {
+        types: vec!["attempt".into()],
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {admin}").parse().unwrap());
+    let mut grpc_events = grpc.events(request).await.unwrap().into_inner();
 
     // Unary: the caller's body and the provider's JSON answer.
     let (_, e) = answered(&pool, &mut rx, PROMPT).await;
+    let over_grpc = tokio::time::timeout(Duration::from_secs(10), grpc_events.message())
+        .await
+        .expect("a gRPC event within 10 s")
+        .unwrap()
+        .expect("the gRPC stream ended");
+    scan::observe_operator("the gRPC event stream", over_grpc.json.as_bytes());
+    let g: Value = serde_json::from_str(&over_grpc.json).unwrap();
+    assert_eq!(
+        g["content"], e["content"],
+        "the gRPC stream carries the same content"
+    );
     let content = &e["content"];
     assert!(
         content["request"]

@@ -704,3 +704,28 @@ fn fuzz_the_sync_updates_decode_apply_and_serve() {
         },
     );
 }
+
+/// The plugin configuration Envoy hands each root (`render-envoy` writes one per role): any
+/// bytes are a role or a refusal with its reason, never a panic, and a ctrl tick stays in range.
+#[test]
+fn fuzz_the_plugin_configuration() {
+    let corpus: Vec<Vec<u8>> = [
+        json!({"role": "front"}),
+        json!({"role": "attempt"}),
+        json!({"role": "ctrl", "grpc_cluster": "ai_router_control_plane", "node": "envoy", "tick_ms": 500}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect();
+    run(
+        "plugin",
+        |rng| input(rng, &corpus),
+        |bytes| match crate::plugin::parse(Some(bytes)) {
+            Ok(crate::plugin::Role::Ctrl { tick_ms, .. }) => {
+                assert!(crate::plugin::TICK_MS.contains(&tick_ms), "tick {tick_ms}");
+            }
+            Ok(_) => {}
+            Err(message) => assert!(message.starts_with("ai-router: "), "{message}"),
+        },
+    );
+}

@@ -162,3 +162,54 @@ async fn up_reloads_on_a_file_change_and_on_sighup_while_envoy_keeps_serving() {
     scan::observe_operator("up's stderr", stderr.lock().unwrap().join("\n").as_bytes());
     scan::assert_no_leaks("up_reload");
 }
+
+/// With no provider key, `up` serves its pool from its own mock; a reload moves the new file
+/// onto the same mock, so a model the new file adds answers (without that, its provider has
+/// no key and the model would not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_on_its_mock_reloads_a_new_model_onto_the_same_mock() {
+    let dir = TestDir::new("up_reload_mock").unwrap();
+    let pool = |models: &str| {
+        format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n  - id: openai\n    kind: openai\n    keysFromEnv: NOT_SET_ANYWHERE\n    models: [{models}]\n"
+        )
+    };
+    let config = dir.write("pool.yaml", &pool("{ id: m1 }")).unwrap();
+    let mut up = Up::start(
+        &config,
+        &[("RUST_LOG", "info")],
+        std::process::Stdio::null(),
+    )
+    .await
+    .unwrap();
+    let key = up.key.clone();
+    let client = Client::new(&up.base).unwrap();
+    let r = client.chat("m1", Some(&key)).await.unwrap();
+    assert_eq!(r.status, 200, "the mock serves m1: {r}");
+    let r = client.chat("m2", Some(&key)).await.unwrap();
+    assert_eq!(r.status, 404, "m2 is not in the pool yet: {r}");
+
+    replace(&dir, &config, &pool("{ id: m1 }, { id: m2 }"));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = client.chat("m2", Some(&key)).await.unwrap();
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "m2 never answered from the mock after the reload: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = client.chat("m1", Some(&key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    signal(up.child.id().unwrap(), "-TERM");
+    let status = tokio::time::timeout(Duration::from_secs(40), up.child.wait())
+        .await
+        .expect("up exits")
+        .unwrap();
+    assert!(status.success(), "up exited with {status}");
+}

@@ -91,3 +91,10 @@ pub const AFFINITY_IDLE_MS: u64 = 30 * 60 * 1000;
 /// `discoveryTtlMs`: how long a key's listed catalog (`discover: true`) is trusted before it is
 /// listed again.
 pub const DISCOVERY_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+
+// `telemetry:`.
+/// `telemetry.includeContent`: attempt events carry no request or answer unless it is set.
+pub const INCLUDE_CONTENT: bool = false;
+/// With `telemetry.includeContent`, each side of an attempt's content (the request body, the
+/// provider's answer) is cut to this many bytes, on a UTF-8 boundary, and marked truncated.
+pub const CONTENT_MAX_BYTES: usize = 16 * 1024;

@@ -17,7 +17,8 @@
 //! - `reload`: a new pool from the config file (SIGHUP, file change) without a restart;
 //! - `traces`: OpenTelemetry spans of the calls from the reports, exported over OTLP;
 //! - `render`: the Envoy bootstrap; `mock`: the scriptable fake provider;
-//! - `serve`, `up`: the servers assembled; `cli/`: one file per command.
+//! - `serve`, `up`: the servers assembled; `cli/`: one file per command;
+//! - `fuzz` (tests only): property runs over the pool config, from the file to the bootstrap.
 
 pub mod api;
 pub mod cli;
@@ -26,6 +27,8 @@ pub mod config;
 pub mod conformance;
 pub mod discovery;
 pub mod engine;
+#[cfg(test)]
+mod fuzz;
 pub mod keys;
 pub mod ledger;
 pub mod mock;

@@ -18,6 +18,9 @@
 //! - bound by the control plane at start (restart `ai-router serve`; the old value stays in
 //!   force): `controlPlane.*` (listen addresses, the sync token), `gateway.adminToken`,
 //!   `gateway.keyStore`, `stateStore`, `telemetry.otlp.endpoint`.
+//!
+//! `ai-router up` reloads the same way; it edits each file it reads as it edited the first one
+//! (with no provider key, the pool moves onto its in-process mock: [`Reloader::edit`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::config::secrets::Env;
-use crate::config::{self, Config};
+use crate::config::{self, Config, FileConfig};
 use crate::engine::Engine;
 use crate::keys::admin::KeyAdmin;
 use crate::keys::mounted;
@@ -105,10 +108,15 @@ pub enum Outcome {
     Refused(String),
 }
 
+/// An edit of the file as read, before it is resolved (`up`'s move onto its mock).
+pub type EditFile = Arc<dyn Fn(&mut FileConfig) + Send + Sync>;
+
 /// Everything a reload replaces, and where the file is.
 #[derive(Clone)]
 pub struct Reloader {
     pub path: PathBuf,
+    /// Applied to every file read, as to the one the process started with.
+    pub edit: Option<EditFile>,
     pub env: Arc<dyn Env>,
     pub engine: Arc<Engine>,
     pub keys: Arc<KeyAdmin>,
@@ -144,7 +152,14 @@ impl Reloader {
     }
 
     fn reload_blocking(&self, trigger: &str) -> Outcome {
-        let new = match config::load(&self.path, self.env.as_ref()) {
+        let loaded = match &self.edit {
+            None => config::load(&self.path, self.env.as_ref()),
+            Some(edit) => config::read(&self.path).and_then(|mut file| {
+                edit(&mut file);
+                config::resolve_at(&file, self.env.as_ref(), &self.path)
+            }),
+        };
+        let new = match loaded {
             Ok(new) => new,
             Err(err) => return Outcome::Refused(format!("{err:#}")),
         };

@@ -104,6 +104,7 @@ impl Running {
     pub fn reloader(&self, path: PathBuf) -> Reloader {
         Reloader {
             path,
+            edit: None,
             env: self.env.clone(),
             engine: self.engine.clone(),
             keys: self.keys.clone(),
@@ -114,7 +115,13 @@ impl Running {
 
     /// Reloads the pool from `path` on SIGHUP and when the file changes, until shutdown.
     pub fn watch_config(&mut self, path: PathBuf) {
-        let reloader = self.reloader(path);
+        self.watch_config_edited(path, None);
+    }
+
+    /// [`Running::watch_config`], every file read edited by `edit` first (`ai-router up`).
+    pub fn watch_config_edited(&mut self, path: PathBuf, edit: Option<crate::reload::EditFile>) {
+        let mut reloader = self.reloader(path);
+        reloader.edit = edit;
         let stop = self.shutdown.subscribe();
         self.servers.push(tokio::spawn(reloader.run(stop)));
     }

@@ -218,6 +218,13 @@ pub fn call_spans(request: &pb::RequestOutcome, attempts: &[pb::AttemptOutcome])
         Some((trace, parent)) => (trace.to_vec(), parent.to_vec()),
         None => (digest(&format!("trace:{rid}"), 16), Vec::new()),
     };
+    // The client's vendor entries go with its trace (the front stage passes a tracestate only
+    // with a valid traceparent); the gateway adds none.
+    let trace_state = if parent.is_empty() {
+        String::new()
+    } else {
+        request.tracestate.clone()
+    };
     let call_id = digest(&format!("call:{rid}"), 8);
     let op = request.operation.as_str();
     let (input, output) = attempts
@@ -251,6 +258,7 @@ pub fn call_spans(request: &pb::RequestOutcome, attempts: &[pb::AttemptOutcome])
         trace_id: trace_id.clone(),
         span_id: call_id.clone(),
         parent_span_id: parent,
+        trace_state: trace_state.clone(),
         name: span_name(op, &request.requested_model),
         kind: SpanKind::Server as i32,
         start_time_unix_nano: start_ns(request.at_ms, request.latency_ms),
@@ -286,6 +294,7 @@ pub fn call_spans(request: &pb::RequestOutcome, attempts: &[pb::AttemptOutcome])
             trace_id: trace_id.clone(),
             span_id: digest(&format!("attempt:{rid}#{}", a.attempt), 8),
             parent_span_id: call_id.clone(),
+            trace_state: trace_state.clone(),
             name: span_name(op, &a.model),
             kind: SpanKind::Client as i32,
             start_time_unix_nano: start_ns(a.at_ms, a.latency_ms),
@@ -394,6 +403,7 @@ mod tests {
             at_ms: 10_000,
             requested_model: "chat".into(),
             traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE".into(),
             ..Default::default()
         };
         let failed = pb::AttemptOutcome {
@@ -460,7 +470,12 @@ mod tests {
         );
         assert_eq!(attr(call, "ai_router.outcome").cloned(), s("success"));
         assert!(attr(call, "error.type").is_none());
+        assert_eq!(call.trace_state, "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE");
         for child in &spans[1..] {
+            assert_eq!(
+                child.trace_state, call.trace_state,
+                "the client's tracestate"
+            );
             assert_eq!(child.trace_id, call.trace_id);
             assert_eq!(child.parent_span_id, call.span_id);
             assert_eq!(child.kind, SpanKind::Client as i32);
@@ -483,6 +498,10 @@ mod tests {
         request.error_class = pb::ErrorClass::Transient.into();
         let spans = call_spans(&request, &attempts);
         assert!(spans[0].parent_span_id.is_empty());
+        assert!(
+            spans.iter().all(|s| s.trace_state.is_empty()),
+            "no tracestate without the client's trace"
+        );
         assert_eq!(spans[0].trace_id, call_spans(&request, &[])[0].trace_id);
         assert_eq!(attr(&spans[0], "error.type").cloned(), s("transient"));
         assert_eq!(

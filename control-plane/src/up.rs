@@ -8,7 +8,9 @@
 //! it. Renders the Envoy bootstrap into a temp dir and runs Envoy (`ENVOY_BIN`, else `envoy` on
 //! PATH) with a generated sync token; waits until Envoy's public listener answers; prints
 //! `{"baseUrl":"http://HOST:PORT/v1","apiKey":"sk-starci-...","adminUrl":"http://127.0.0.1:8081"}`;
-//! stops everything on SIGINT/SIGTERM (or when Envoy exits).
+//! reloads the pool on SIGHUP and when the config file changes, as `serve` does (Envoy keeps
+//! running; on the mock, each new file moves onto the same mock); stops everything on
+//! SIGINT/SIGTERM (or when Envoy exits).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -344,6 +346,8 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let envoy_bin = find_envoy(process_env.as_ref())?;
     let wasm = find_wasm(opts.wasm.as_deref(), process_env.as_ref())?;
     let mut mock_handle = None;
+    // What a reload does to each file it reads, as to this one.
+    let mut edit: Option<crate::reload::EditFile> = None;
     if !has_keys {
         let handle = mock::start(MockOptions {
             host: "127.0.0.1".to_owned(),
@@ -354,6 +358,9 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
         let base_url = format!("http://{}/v1", handle.addr());
         tracing::info!(url = %base_url, "no provider key in the environment: serving the pool from the mock");
         pool_on_mock(&mut file, &base_url);
+        edit = Some(Arc::new(move |file: &mut FileConfig| {
+            pool_on_mock(file, &base_url)
+        }));
         overlay.set(MOCK_KEY_ENV, format!("sk-mock-{}", random_hex(16)));
         mock_handle = Some(handle);
     }
@@ -365,7 +372,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // (8081 by default; 0 picks one). gRPC stays internal to this run.
     let admin_port = config.control_plane.http_port;
     let admin_enabled = crate::api::admin::admin_token(&config, env.as_ref()).is_some();
-    let running = serve::start(
+    let mut running = serve::start(
         config.clone(),
         env,
         StartOptions {
@@ -392,6 +399,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             err
         }
     })?;
+    running.watch_config_edited(config_path.clone(), edit);
     let admin_url = format!("http://{}", running.http_addr);
     if !admin_enabled {
         eprintln!(

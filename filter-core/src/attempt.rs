@@ -126,6 +126,9 @@ pub struct Attempt {
     headers_only: bool,
     /// `gateway.forwardRateLimitHeaders` of the state the attempt was sent with.
     forward_rate_limits: bool,
+    /// With `telemetry.includeContent` (of the state the attempt was sent with): the request
+    /// and the answer so far, for the report.
+    content: Option<crate::content::Content>,
     /// The attempt's own bound (the policy's `timeoutMs`, from the moment the request went to
     /// the provider, so no wait before it counts): the first token (a unary answer: the whole
     /// answer) is due by then; after the first token, the next chunk is. The host checks it
@@ -187,7 +190,7 @@ pub const BOUND_TICK_MS: u64 = 100;
 /// Asks the timer listener for an answer at `at`, or in [`TIMER_SLICE_MS`] if that is sooner
 /// (its fault filter delays it by `x-envoy-fault-delay-request` ms); the answer comes back
 /// with the returned token, and the wait is decided again.
-fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
+pub(crate) fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::Refused> {
     let ms = (at - host.now_ms()).clamp(1, TIMER_SLICE_MS);
     let delay = ms.to_string();
     let headers = vec![
@@ -650,6 +653,9 @@ impl Attempt {
             .map(|d| d as usize);
         self.dimensions = requested.or(dimensions);
         self.forward_rate_limits = state.forward_rate_limit_headers();
+        self.content = state
+            .include_content()
+            .then(|| crate::content::Content::of_request(body, key.secret.len()));
         self.probe = chosen.probe.is_some();
         self.started_ms = host.now_ms();
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
@@ -836,6 +842,7 @@ impl Attempt {
             protocol: plan
                 .map(|p| crate::plan::client_protocol(p.op, p.protocol).to_owned())
                 .unwrap_or_default(),
+            content: self.content.as_ref().map(|c| c.to_proto(&lane.secret)),
         });
     }
 
@@ -1204,6 +1211,9 @@ impl Attempt {
                     return Flow::Pause;
                 }
                 let body = host.body(Side::Response, 0, size);
+                if let Some(content) = self.content.as_mut() {
+                    content.answer(&body);
+                }
                 self.judge_whole(host, &body, size);
                 Flow::Continue
             }
@@ -1226,6 +1236,9 @@ impl Attempt {
                 } else {
                     host.body(Side::Response, 0, size)
                 };
+                if let Some(content) = self.content.as_mut() {
+                    content.answer(&new);
+                }
                 let (new, upstream_failure) = match upstream.as_mut() {
                     None => (new, None),
                     Some(t) => t.feed(&new, now),
@@ -2771,5 +2784,79 @@ mod tests {
         );
         assert_eq!(host.attempts[0].outcome().text(), "success");
         assert_eq!(host.attempts[0].usage.map(|u| u.prompt_tokens), Some(3));
+    }
+
+    fn with_content(mut snap: Snapshot) -> Snapshot {
+        snap.limits = Some(ai_router_proto::v1::Limits {
+            include_content: true,
+            ..Default::default()
+        });
+        snap
+    }
+
+    #[test]
+    fn without_include_content_a_report_carries_no_content() {
+        let plan = plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let ok = r#"{"choices":[{"message":{"content":"the answer"}}]}"#;
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            ok,
+        );
+        assert_eq!(host.attempts[0].content, None);
+    }
+
+    #[test]
+    fn with_include_content_a_report_carries_the_request_and_the_answer_key_redacted() {
+        let plan = plan(false);
+        let mut host = host_with(with_content(snapshot()), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let refused = r#"{"error":{"message":"Incorrect API key provided: sk-p1-a-secret","type":"invalid_request_error","code":"invalid_api_key"}}"#;
+        answer(
+            &mut stage,
+            &mut host,
+            401,
+            &[("content-type", "application/json")],
+            refused,
+        );
+        let content = host.attempts[0].content.clone().unwrap();
+        assert_eq!(
+            content.request, r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#,
+            "the caller's body, as it sent it"
+        );
+        assert!(content
+            .response
+            .contains("Incorrect API key provided: [redacted]"));
+        assert!(!content.response.contains("sk-p1-a-secret"));
+        assert!(!content.request_truncated && !content.response_truncated);
+    }
+
+    #[test]
+    fn with_include_content_a_streams_report_carries_its_events() {
+        let plan = plan(true);
+        let mut host = host_with(with_content(snapshot()), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, "content-type", b"text/event-stream");
+        assert_eq!(stage.on_response_headers(&mut host, false), Flow::Pause);
+        let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        host.response_body = token.as_bytes().to_vec();
+        assert_eq!(
+            stage.on_response_body(&mut host, token.len(), false),
+            Flow::Continue
+        );
+        let done = "data: [DONE]\n\n";
+        host.response_body = done.as_bytes().to_vec();
+        stage.on_response_body(&mut host, done.len(), true);
+        let content = host.attempts[0].content.clone().unwrap();
+        assert_eq!(content.response, format!("{token}{done}"));
+        assert!(content.request.contains("\"stream\":true"));
     }
 }

@@ -48,6 +48,8 @@ pub struct Front {
     requested_model: String,
     /// The client's `traceparent`, when well formed.
     traceparent: String,
+    /// The client's `tracestate`, when well formed and with a well-formed `traceparent`.
+    tracestate: String,
     /// Set when this stage answered itself.
     answered: Option<(u16, &'static str)>,
     /// Replace whatever body comes back with this (a router-level failure).
@@ -68,6 +70,32 @@ pub struct Front {
     wants_trail: bool,
     /// The final error's body gets the call's routing trail (`error.trail`).
     add_trail: bool,
+    /// The gateway has no state yet (a fresh Envoy): the call waits for it.
+    state_wait: Option<StateWait>,
+}
+
+/// How long a call waits for the first state of a gateway that has none yet (an Envoy that
+/// just started and whose singleton is still fetching it): it is answered once the state is in,
+/// and only past this with `pool_unavailable`.
+pub const STATE_WAIT_MS: i64 = 3_000;
+/// How often a waiting call looks again.
+const STATE_POLL_MS: i64 = 25;
+
+/// What a call waiting for the state does once it is in.
+#[derive(Debug, Clone)]
+enum AfterState {
+    Models(String),
+    Call { end_of_stream: bool },
+}
+
+#[derive(Debug)]
+struct StateWait {
+    /// The timer's call.
+    token: u32,
+    since_ms: i64,
+    then: AfterState,
+    /// The whole body, when it arrived during the wait.
+    body: Option<Vec<u8>>,
 }
 
 impl Front {
@@ -91,7 +119,7 @@ impl Front {
 
     fn models(&mut self, host: &mut impl Host, path: &str) -> Flow {
         let Some(state) = host.state() else {
-            return self.reply(host, GatewayError::not_ready());
+            return self.wait_for_state(host, AfterState::Models(path.to_owned()));
         };
         // Anthropic clients (they send `anthropic-version`, or their key as `x-api-key`) get
         // the list in the Messages API's shape.
@@ -478,6 +506,11 @@ impl Front {
             .header_text(Side::Request, "traceparent")
             .filter(|t| valid_traceparent(t))
             .unwrap_or_default();
+        self.tracestate = host
+            .header_text(Side::Request, "tracestate")
+            .filter(|t| !self.traceparent.is_empty() && crate::trace_state::valid(t))
+            .map(|t| t.trim().to_owned())
+            .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
         for name in host.header_names(Side::Request) {
             if headers::is_internal(&name) {
@@ -531,6 +564,14 @@ impl Front {
             _ => return self.reply(host, GatewayError::not_found(&path)),
         };
         self.op = Some(op);
+        if host.state().is_none() {
+            return self.wait_for_state(host, AfterState::Call { end_of_stream });
+        }
+        self.with_state(host, end_of_stream)
+    }
+
+    /// The request phase past routing, once the gateway has its state.
+    fn with_state(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
         let Some(state) = host.state() else {
             return self.reply(host, GatewayError::not_ready());
         };
@@ -591,28 +632,111 @@ impl Front {
         if self.answered.is_some() {
             return Flow::Pause;
         }
-        let Some(op) = self.op else {
+        if let Some(wait) = self.state_wait.as_mut() {
+            // Kept for when the state is in.
+            if end_of_stream {
+                wait.body = Some(host.body(Side::Request, 0, size));
+            }
+            return Flow::Pause;
+        }
+        if self.op.is_none() {
             return Flow::Continue;
-        };
+        }
+        if !end_of_stream {
+            return self.body_so_far(host, size);
+        }
+        let body = host.body(Side::Request, 0, size);
+        self.take_body(host, &body)
+    }
+
+    /// A part of the body: refused when it is already past the limit, else buffered.
+    fn body_so_far(&mut self, host: &mut impl Host, size: usize) -> Flow {
+        match self.over_limit(size) {
+            Some(err) => self.reply(host, err),
+            None => Flow::Pause,
+        }
+    }
+
+    fn over_limit(&self, size: usize) -> Option<GatewayError> {
         let limit = self
             .state
             .as_ref()
             .map(|s| s.max_body_bytes())
             .unwrap_or(4 * 1024 * 1024);
-        if size as u64 > limit {
-            return self.reply(
-                host,
-                GatewayError::new(
-                    ErrorCode::RequestTooLarge,
-                    format!("The body is larger than {limit} bytes."),
-                ),
-            );
+        (size as u64 > limit).then(|| {
+            GatewayError::new(
+                ErrorCode::RequestTooLarge,
+                format!("The body is larger than {limit} bytes."),
+            )
+        })
+    }
+
+    /// The whole body.
+    fn take_body(&mut self, host: &mut impl Host, body: &[u8]) -> Flow {
+        let Some(op) = self.op else {
+            return Flow::Continue;
+        };
+        if let Some(err) = self.over_limit(body.len()) {
+            return self.reply(host, err);
         }
-        if !end_of_stream {
-            return Flow::Pause;
+        self.on_body(host, body, op)
+    }
+
+    /// Waits for the state (see [`STATE_WAIT_MS`]): a timer, then [`Front::on_http_call_response`]
+    /// looks again.
+    fn wait_for_state(&mut self, host: &mut impl Host, then: AfterState) -> Flow {
+        let now = host.now_ms();
+        let (since_ms, body) = match self.state_wait.take() {
+            Some(w) => (w.since_ms, w.body),
+            None => (now, None),
+        };
+        if now.saturating_sub(since_ms) >= STATE_WAIT_MS {
+            return self.reply(host, GatewayError::not_ready());
         }
-        let body = host.body(Side::Request, 0, size);
-        self.on_body(host, &body, op)
+        match crate::attempt::timer(host, now + STATE_POLL_MS) {
+            Ok(token) => {
+                self.state_wait = Some(StateWait {
+                    token,
+                    since_ms,
+                    then,
+                    body,
+                });
+                Flow::Pause
+            }
+            Err(_) => self.reply(host, GatewayError::not_ready()),
+        }
+    }
+
+    /// The answer to an HTTP call this stage dispatched: the timer of a wait for the state.
+    pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
+        let Some(then) = self
+            .state_wait
+            .as_ref()
+            .filter(|w| w.token == token)
+            .map(|w| w.then.clone())
+        else {
+            return;
+        };
+        if host.state().is_none() {
+            // Armed again, or answered once the wait is over.
+            let _ = self.wait_for_state(host, then);
+            return;
+        }
+        let body = self.state_wait.take().and_then(|w| w.body);
+        let flow = match then {
+            AfterState::Models(path) => self.models(host, &path),
+            AfterState::Call { end_of_stream } => {
+                match (self.with_state(host, end_of_stream), body) {
+                    (Flow::Pause, Some(body)) if self.answered.is_none() => {
+                        self.take_body(host, &body)
+                    }
+                    (flow, _) => flow,
+                }
+            }
+        };
+        if flow == Flow::Continue {
+            host.resume_request();
+        }
     }
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
@@ -822,6 +946,7 @@ impl Front {
             requested_model: self.requested_model.clone(),
             traceparent: self.traceparent.clone(),
             protocol: crate::plan::client_protocol(op, self.protocol).into(),
+            tracestate: self.tracestate.clone(),
         });
     }
 }
@@ -1035,6 +1160,7 @@ mod tests {
                 ("x-ai-router-plan", b"{\"spoofed\":true}"),
                 ("x-envoy-max-retries", b"99"),
                 ("traceparent", TRACEPARENT.as_bytes()),
+                ("tracestate", TRACESTATE.as_bytes()),
             ],
         );
         let mut front = Front::default();
@@ -1093,7 +1219,101 @@ mod tests {
         // What the call's trace needs: the model asked for and the client's trace context.
         assert_eq!(host.reports[0].requested_model, "chat");
         assert_eq!(host.reports[0].traceparent, TRACEPARENT);
+        assert_eq!(host.reports[0].tracestate, TRACESTATE);
         assert!(host.calls.is_empty(), "the call's bookkeeping is freed");
+    }
+
+    const TRACESTATE: &str = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
+
+    /// The token of the last timer the stage dispatched.
+    fn last_timer(host: &FakeHost) -> u32 {
+        host.next_token
+    }
+
+    #[test]
+    fn a_call_to_a_gateway_without_state_waits_for_it_and_is_served() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let state = host.state.take();
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+        assert!(
+            host.answered.is_none(),
+            "no 503 from a gateway still starting"
+        );
+        assert_eq!(host.dispatched.len(), 1, "a timer");
+        // The body arrives while it waits; it is kept.
+        let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Pause);
+        // No state at the first look: armed again.
+        host.now += 25;
+        let token = last_timer(&host);
+        front.on_http_call_response(&mut host, token);
+        assert_eq!(host.dispatched.len(), 2);
+        assert!(host.answered.is_none());
+        // The state is in: the call goes on with its plan, resumed.
+        host.state = state;
+        host.now += 25;
+        let token = last_timer(&host);
+        front.on_http_call_response(&mut host, token);
+        assert!(host.answered.is_none(), "{:?}", host.answered);
+        assert_eq!(host.resumed, 1);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        assert_eq!(plan.tiers[0][0].model, "m1");
+        assert!(host.header(Side::Request, "authorization").is_none());
+    }
+
+    #[test]
+    fn a_call_waits_for_the_state_at_most_its_bound() {
+        let auth = bearer(KEY);
+        let mut host = client("GET", "/v1/models", &[("authorization", &auth)]);
+        host.state = None;
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, true), Flow::Pause);
+        assert!(host.answered.is_none());
+        host.now += STATE_WAIT_MS;
+        let token = last_timer(&host);
+        front.on_http_call_response(&mut host, token);
+        assert_eq!(answered_code(&host), (503, "pool_unavailable".to_string()));
+        // A timer that is not this call's changes nothing.
+        let mut other = Front::default();
+        other.on_http_call_response(&mut host, 999);
+    }
+
+    #[test]
+    fn a_tracestate_is_reported_only_with_a_valid_traceparent_and_well_formed() {
+        let auth = bearer(KEY);
+        for (traceparent, tracestate, reported) in [
+            (TRACEPARENT, TRACESTATE, TRACESTATE),
+            ("garbage", TRACESTATE, ""),
+            (TRACEPARENT, "Not A List", ""),
+        ] {
+            let mut host = client(
+                "POST",
+                "/v1/chat/completions",
+                &[
+                    ("authorization", &auth),
+                    ("traceparent", traceparent.as_bytes()),
+                    ("tracestate", tracestate.as_bytes()),
+                ],
+            );
+            let mut front = Front::default();
+            assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+            let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+            assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+            host.add(Side::Response, ":status", b"200");
+            host.add(Side::Response, H_ATTEMPT, b"1");
+            host.add(Side::Response, H_LANE_MODEL, b"m1");
+            front.on_response_headers(&mut host, false);
+            front.on_log(&mut host);
+            assert_eq!(
+                host.reports[0].tracestate, reported,
+                "{traceparent} {tracestate}"
+            );
+        }
     }
 
     const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

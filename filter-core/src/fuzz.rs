@@ -58,7 +58,11 @@ fn seed() -> u64 {
 
 /// Runs `check` on `cases()` inputs made by `make`; a panic or a slow input fails with the seed,
 /// the case number and the input.
-fn run(target: &str, mut make: impl FnMut(&mut StdRng) -> Vec<u8>, check: impl Fn(&[u8])) {
+pub(crate) fn run(
+    target: &str,
+    mut make: impl FnMut(&mut StdRng) -> Vec<u8>,
+    check: impl Fn(&[u8]),
+) {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed ^ hash(target));
     let mut slowest = Duration::ZERO;
@@ -200,7 +204,7 @@ fn mutate(rng: &mut StdRng, base: &[u8], corpus: &[Vec<u8>]) -> Vec<u8> {
 }
 
 /// A seed, mutated most of the time, raw random bytes now and then.
-fn input(rng: &mut StdRng, corpus: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn input(rng: &mut StdRng, corpus: &[Vec<u8>]) -> Vec<u8> {
     if rng.random_bool(0.05) {
         let len = rng.random_range(0..512);
         return (0..len).map(|_| rng.random()).collect();
@@ -228,14 +232,14 @@ const PROVIDER_ERRORS: [&str; 8] = [
 ];
 
 /// One answer of the provider error table.
-struct TableCase {
+pub(crate) struct TableCase {
     kind: String,
-    status: u16,
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
-    body: Vec<u8>,
+    pub(crate) body: Vec<u8>,
 }
 
-fn table_cases() -> Vec<TableCase> {
+pub(crate) fn table_cases() -> Vec<TableCase> {
     let mut out = Vec::new();
     for text in PROVIDER_ERRORS {
         let file: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).unwrap();
@@ -294,7 +298,7 @@ fn chat_bodies() -> Vec<Vec<u8>> {
     .collect()
 }
 
-fn openai_stream() -> Vec<u8> {
+pub(crate) fn openai_stream() -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(b": keep-alive\n\n");
     for chunk in [
@@ -310,7 +314,7 @@ fn openai_stream() -> Vec<u8> {
     out
 }
 
-fn anthropic_stream() -> Vec<u8> {
+pub(crate) fn anthropic_stream() -> Vec<u8> {
     let events = [
         (
             "message_start",
@@ -383,7 +387,7 @@ fn anthropic_responses() -> Vec<Vec<u8>> {
 // The state a request is checked against, and the sync updates
 // ---------------------------------------------------------------------------------------------
 
-fn snapshot() -> Snapshot {
+pub(crate) fn snapshot() -> Snapshot {
     let mut snap = Snapshot::default();
     for (id, kind, model, alias) in [
         ("p1", ProviderKind::Openai, "m1", "chat"),
@@ -425,7 +429,7 @@ fn snapshot() -> Snapshot {
 
 /// Runs the front stage's request phase over `body` on `path`; a refused request must be an
 /// error object, an accepted one must carry a plan.
-fn front_request(state: State, path: &str, body: &[u8]) {
+pub(crate) fn front_request(state: State, path: &str, body: &[u8]) {
     let mut host = FakeHost::with_state(state);
     host.add(Side::Request, ":method", b"POST");
     host.add(Side::Request, ":path", path.as_bytes());
@@ -459,10 +463,15 @@ fn front_request(state: State, path: &str, body: &[u8]) {
                     answer.status
                 );
                 let error = answer.json();
-                assert!(
-                    error["error"]["code"].is_string() && error["error"]["message"].is_string(),
-                    "not an error object: {error}"
-                );
+                // A Messages caller's errors are Anthropic's shape; everyone else's OpenAI's.
+                let shaped = if path == "/v1/messages" {
+                    error["type"] == "error"
+                        && error["error"]["type"].is_string()
+                        && error["error"]["message"].is_string()
+                } else {
+                    error["error"]["code"].is_string() && error["error"]["message"].is_string()
+                };
+                assert!(shaped, "not an error object: {error}");
             }
         }
     }
@@ -692,6 +701,31 @@ fn fuzz_the_sync_updates_decode_apply_and_serve() {
             let _ = crate::local::InFlight::decode(bytes);
             let _ = crate::minute_lease::MinuteLease::decode(bytes);
             let _ = Plan::decode(&String::from_utf8_lossy(bytes));
+        },
+    );
+}
+
+/// The plugin configuration Envoy hands each root (`render-envoy` writes one per role): any
+/// bytes are a role or a refusal with its reason, never a panic, and a ctrl tick stays in range.
+#[test]
+fn fuzz_the_plugin_configuration() {
+    let corpus: Vec<Vec<u8>> = [
+        json!({"role": "front"}),
+        json!({"role": "attempt"}),
+        json!({"role": "ctrl", "grpc_cluster": "ai_router_control_plane", "node": "envoy", "tick_ms": 500}),
+    ]
+    .iter()
+    .map(|v| v.to_string().into_bytes())
+    .collect();
+    run(
+        "plugin",
+        |rng| input(rng, &corpus),
+        |bytes| match crate::plugin::parse(Some(bytes)) {
+            Ok(crate::plugin::Role::Ctrl { tick_ms, .. }) => {
+                assert!(crate::plugin::TICK_MS.contains(&tick_ms), "tick {tick_ms}");
+            }
+            Ok(_) => {}
+            Err(message) => assert!(message.starts_with("ai-router: "), "{message}"),
         },
     );
 }

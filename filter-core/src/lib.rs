@@ -19,6 +19,7 @@
 //! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and
 //!   snap-back to a parked cheaper lane (`resetIntervalMs`);
 //! - `rules`, `when`: `routes:` rules on request metadata, conditional candidates;
+//! - `content`: what an attempt carried, for its report (`telemetry.includeContent`);
 //! - `body_check`: the shape of a chat body (mistyped fields are the client's 400);
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
 
@@ -30,6 +31,7 @@ pub mod budget;
 pub mod cache;
 pub mod calls;
 pub mod classify;
+pub mod content;
 pub mod context;
 pub mod cost;
 pub mod embeddings;
@@ -38,6 +40,8 @@ pub mod families;
 pub mod front;
 #[cfg(test)]
 mod fuzz;
+#[cfg(test)]
+mod fuzz_ingress;
 pub mod headers;
 pub mod host;
 pub mod ingress;
@@ -48,6 +52,7 @@ pub mod messages_ingress;
 pub mod minute_lease;
 pub mod park;
 pub mod plan;
+pub mod plugin;
 pub mod prompt_cache;
 pub mod quota;
 pub mod reports;
@@ -59,6 +64,7 @@ pub mod sse;
 pub mod state;
 pub mod stream;
 pub mod terms;
+pub mod trace_state;
 pub mod trail;
 pub mod util;
 pub mod when;

@@ -2,6 +2,13 @@
 //! so one that could not be sent waits here until the control plane takes it: a batch leaves
 //! only when the control plane acknowledged it. The outbox is bounded; past the bound the
 //! oldest outcomes are dropped, and counted.
+//!
+//! With `telemetry.includeContent` an attempt also carries up to twice
+//! [`CONTENT_MAX_BYTES`](crate::content::CONTENT_MAX_BYTES) of content: a batch stops growing at
+//! [`MAX_BATCH_CONTENT_BYTES`] of it (a `Report` stays far below gRPC's 4 MiB message limit),
+//! and the outbox holds at most [`MAX_BUFFERED_CONTENT_BYTES`]; past that a new batch goes
+//! without its content (the outcomes themselves are kept: they are the usage), and the
+//! attempts that lost it are counted.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -11,6 +18,10 @@ use ai_router_proto::v1::ReportBatch;
 pub const MAX_BUFFERED_OUTCOMES: usize = 20_000;
 /// Outcomes per `Report` call.
 pub const MAX_BATCH: usize = 256;
+/// Content bytes per `Report` call (the batch closes once it holds this much).
+pub const MAX_BATCH_CONTENT_BYTES: usize = 1024 * 1024;
+/// Content bytes kept while the control plane is away or slow.
+pub const MAX_BUFFERED_CONTENT_BYTES: usize = 8 * 1024 * 1024;
 /// `Report` calls in flight at once.
 pub const MAX_IN_FLIGHT: usize = 4;
 /// The wait after a refused or failed batch before the next try, doubling up to the cap.
@@ -25,6 +36,10 @@ pub struct Outbox {
     held: usize,
     /// Outcomes dropped because the outbox was full, since the start.
     pub dropped: u64,
+    /// Content bytes in `waiting` and `in_flight`.
+    content_held: usize,
+    /// Attempts whose content was left out because the outbox held too much, since the start.
+    pub content_dropped: u64,
     retry_at_ms: i64,
     retry_ms: i64,
     /// The control plane is known to be failing reports (for logging once per outage).
@@ -33,6 +48,15 @@ pub struct Outbox {
 
 fn size(batch: &ReportBatch) -> usize {
     batch.attempts.len() + batch.requests.len()
+}
+
+/// The content bytes a batch carries.
+pub fn content_size(batch: &ReportBatch) -> usize {
+    batch
+        .attempts
+        .iter()
+        .map(|a| crate::content::size_of(a.content.as_ref()))
+        .sum()
 }
 
 impl Outbox {
@@ -46,10 +70,19 @@ impl Outbox {
     }
 
     /// Adds a batch to send; drops the oldest waiting outcomes past the bound.
-    pub fn push(&mut self, batch: ReportBatch) {
+    pub fn push(&mut self, mut batch: ReportBatch) {
         if size(&batch) == 0 {
             return;
         }
+        let content = content_size(&batch);
+        if content > 0 && self.content_held + content > MAX_BUFFERED_CONTENT_BYTES {
+            for a in &mut batch.attempts {
+                if a.content.take().is_some() {
+                    self.content_dropped += 1;
+                }
+            }
+        }
+        self.content_held += content_size(&batch);
         self.held += size(&batch);
         self.waiting.push_back(batch);
         while self.held > MAX_BUFFERED_OUTCOMES {
@@ -57,8 +90,14 @@ impl Outbox {
                 break;
             };
             self.held -= size(&oldest);
+            self.content_held -= content_size(&oldest);
             self.dropped += size(&oldest) as u64;
         }
+    }
+
+    /// Content bytes waiting or in flight.
+    pub fn content_held(&self) -> usize {
+        self.content_held
     }
 
     /// The next batch to send now, if one may go (not too many in flight, not backing off).
@@ -90,6 +129,7 @@ impl Outbox {
         };
         if ok {
             self.held -= size(&batch);
+            self.content_held -= content_size(&batch);
             self.retry_ms = 0;
             self.retry_at_ms = 0;
             self.failing = false;
@@ -170,6 +210,41 @@ mod tests {
         assert!(o.next(0).is_none());
         o.answered(0, true, 0);
         assert!(o.next(0).is_some());
+    }
+
+    fn with_content(n: usize, bytes: usize) -> ReportBatch {
+        let mut b = batch(n, "c");
+        for a in &mut b.attempts {
+            a.content = Some(ai_router_proto::v1::AttemptContent {
+                request: "r".repeat(bytes),
+                ..Default::default()
+            });
+        }
+        b
+    }
+
+    #[test]
+    fn content_past_its_bound_is_left_out_and_the_outcomes_kept() {
+        let mut o = Outbox::new();
+        let per = 32 * 1024;
+        let fits = MAX_BUFFERED_CONTENT_BYTES / per;
+        for _ in 0..fits {
+            o.push(with_content(1, per));
+        }
+        assert_eq!(o.content_held(), fits * per);
+        assert_eq!(o.content_dropped, 0);
+        // One more: kept, without its content.
+        o.push(with_content(2, per));
+        assert_eq!(o.held(), fits + 2);
+        assert_eq!(o.content_held(), fits * per);
+        assert_eq!(o.content_dropped, 2);
+        // Acknowledged batches give their room back.
+        let b = o.next(0).unwrap();
+        o.sent(1, b);
+        assert!(o.answered(1, true, 0));
+        assert_eq!(o.content_held(), (fits - 1) * per);
+        o.push(with_content(1, per));
+        assert_eq!(o.content_dropped, 2, "room again");
     }
 
     #[test]

@@ -327,6 +327,14 @@ impl State {
             .is_some_and(|l| l.forward_rate_limit_headers)
     }
 
+    /// Whether attempt reports carry the request and the answer (`telemetry.includeContent`).
+    pub fn include_content(&self) -> bool {
+        self.snapshot
+            .limits
+            .as_ref()
+            .is_some_and(|l| l.include_content)
+    }
+
     /// Every name a caller may use: profiles, model ids and aliases.
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.snapshot.profiles.keys().chain(self.names.keys())

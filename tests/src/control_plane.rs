@@ -104,6 +104,8 @@ impl ControlPlane {
             let mut buf = String::new();
             let mut name = String::new();
             while let Ok(Some(chunk)) = resp.chunk().await {
+                // What the admin event stream showed is part of the whole-run scan.
+                scan::observe_operator("the admin event stream (/admin/events)", &chunk);
                 buf.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(end) = buf.find('\n') {
                     let line: String = buf.drain(..=end).collect();

@@ -10,6 +10,10 @@ pub struct Envoy {
     admin: String,
     listen: SocketAddr,
     bootstrap: PathBuf,
+    /// When its public listener was seen bound.
+    listening_at: Instant,
+    /// Earlier generations (before [`Envoy::restart_on_same_port`]), for their logs.
+    previous: Vec<(Process, Process)>,
 }
 
 impl Envoy {
@@ -35,6 +39,72 @@ impl Envoy {
         env: &[(String, String)],
         ready_key: &str,
     ) -> Result<Self> {
+        Self::launch(
+            dir,
+            config,
+            control_planes,
+            env,
+            ready_key,
+            "127.0.0.1:0",
+            "envoy",
+        )
+        .await
+    }
+
+    /// Kills this Envoy (SIGKILL) and starts a new one from the same config on the same
+    /// listener port, as an operator's restart would; returns once it serves. The old one's
+    /// logs stay in [`Envoy::logs`].
+    pub async fn restart_on_same_port(
+        &mut self,
+        dir: &TestDir,
+        config: &Path,
+        control_planes: &[SocketAddr],
+        env: &[(String, String)],
+        ready_key: &str,
+    ) -> Result<Restarted> {
+        let listen = self.listen.to_string();
+        let generation = self.previous.len() + 2;
+        self.process.kill();
+        let reaped_at = Instant::now();
+        let name = format!("envoy-{generation}");
+        let deadline = Instant::now() + START_TIMEOUT;
+        let (mut tries, mut last_error) = (0, String::new());
+        let new = loop {
+            match Self::launch(dir, config, control_planes, env, ready_key, &listen, &name).await {
+                Ok(new) => break new,
+                // The port was just freed: a bind race is tried again.
+                Err(e) if Instant::now() < deadline => {
+                    tries += 1;
+                    last_error = format!("{e:#}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e.context(format!("restarting Envoy on {listen}"))),
+            }
+        };
+        let old = std::mem::replace(self, new);
+        self.previous = old.previous;
+        self.previous.push((old.render, old.process));
+        Ok(Restarted {
+            reaped_at,
+            failed_starts: tries,
+            last_error,
+        })
+    }
+
+    /// When the public listener of the running generation was seen bound.
+    pub fn listening_at(&self) -> Instant {
+        self.listening_at
+    }
+
+    async fn launch(
+        dir: &TestDir,
+        config: &Path,
+        control_planes: &[SocketAddr],
+        env: &[(String, String)],
+        ready_key: &str,
+        listen: &str,
+        name: &str,
+    ) -> Result<Self> {
         let control_plane_list: Vec<String> = control_planes
             .iter()
             .map(|a| format!("127.0.0.1:{}", a.port()))
@@ -42,7 +112,7 @@ impl Envoy {
         let bin = ai_router_bin()?;
         let envoy = envoy_bin()?;
         let wasm = wasm_path()?;
-        let bootstrap = dir.join("envoy.yaml");
+        let bootstrap = dir.join(&format!("{name}.yaml"));
         let args = vec![
             "render-envoy".to_string(),
             "--config".to_string(),
@@ -52,13 +122,13 @@ impl Envoy {
             "--wasm".to_string(),
             wasm.display().to_string(),
             "--listen".to_string(),
-            "127.0.0.1:0".to_string(),
+            listen.to_string(),
             "--admin".to_string(),
             "127.0.0.1:0".to_string(),
             "--out".to_string(),
             bootstrap.display().to_string(),
         ];
-        let mut render = Process::spawn(dir, "render-envoy", &bin, &args, env)?;
+        let mut render = Process::spawn(dir, &format!("render-{name}"), &bin, &args, env)?;
         let st = render.wait_exit(START_TIMEOUT).await?;
         if !st.success() || !bootstrap.is_file() {
             bail!(
@@ -69,7 +139,7 @@ impl Envoy {
             );
         }
 
-        let admin_path = dir.join("envoy-admin.txt");
+        let admin_path = dir.join(&format!("{name}-admin.txt"));
         let envoy_args = vec![
             "-c".to_string(),
             bootstrap.display().to_string(),
@@ -82,7 +152,7 @@ impl Envoy {
             // Several Envoys run at once: no shared memory between them.
             "--disable-hot-restart".to_string(),
         ];
-        let mut process = Process::spawn(dir, "envoy", &envoy, &envoy_args, env)?;
+        let mut process = Process::spawn(dir, name, &envoy, &envoy_args, env)?;
 
         let admin = {
             let admin_path = admin_path.clone();
@@ -126,6 +196,8 @@ impl Envoy {
             admin,
             listen,
             bootstrap,
+            listening_at: Instant::now(),
+            previous: Vec::new(),
         };
         envoy.wait_ready(ready_key).await?;
         Ok(envoy)
@@ -206,12 +278,28 @@ impl Envoy {
     }
 
     pub fn logs(&self) -> String {
-        format!("{}\n{}", self.render.logs(), self.process.logs())
+        let mut out = String::new();
+        for (render, process) in &self.previous {
+            out.push_str(&format!("{}\n{}\n", render.logs(), process.logs()));
+        }
+        out.push_str(&format!("{}\n{}", self.render.logs(), self.process.logs()));
+        out
     }
 
     pub fn tail(&self) -> String {
         self.process.tail()
     }
+}
+
+/// When the steps of [`Envoy::restart_on_same_port`] happened (the new listener's moment is
+/// [`Envoy::listening_at`]).
+#[derive(Debug, Clone)]
+pub struct Restarted {
+    /// The old process was killed and reaped.
+    pub reaped_at: Instant,
+    /// Starts that failed before one bound the port (a bind race), and the last one's error.
+    pub failed_starts: u32,
+    pub last_error: String,
 }
 
 /// The bound address of the one listener on a socket (the internal listener has none); a

@@ -304,8 +304,8 @@ impl Drop for Gateway {
             );
             return;
         }
-        scan::observe("the control plane's logs", self.cp.logs().as_bytes());
-        scan::observe("Envoy's logs", self.envoy.logs().as_bytes());
+        scan::observe_operator("the control plane's logs", self.cp.logs().as_bytes());
+        scan::observe_operator("Envoy's logs", self.envoy.logs().as_bytes());
         for mock in [&self.mock1, &self.mock2] {
             scan::observe("a mock's logs", mock.process().logs().as_bytes());
         }
@@ -598,11 +598,11 @@ impl Drop for Pool {
             );
             return;
         }
-        scan::observe("the control plane's logs", self.cp.logs().as_bytes());
-        scan::observe("Envoy's logs", self.envoy.logs().as_bytes());
+        scan::observe_operator("the control plane's logs", self.cp.logs().as_bytes());
+        scan::observe_operator("Envoy's logs", self.envoy.logs().as_bytes());
         for (cp, envoy) in &self.others {
-            scan::observe("another control plane's logs", cp.logs().as_bytes());
-            scan::observe("another Envoy's logs", envoy.logs().as_bytes());
+            scan::observe_operator("another control plane's logs", cp.logs().as_bytes());
+            scan::observe_operator("another Envoy's logs", envoy.logs().as_bytes());
         }
         for mock in &self.mocks {
             scan::observe("a mock's logs", mock.process().logs().as_bytes());

@@ -56,6 +56,7 @@ mod process;
 pub mod scan;
 pub mod servers;
 mod tools;
+mod up;
 
 pub use client::*;
 pub use control_plane::*;
@@ -65,6 +66,7 @@ pub use fixture::*;
 pub use mock::*;
 pub use process::*;
 pub use tools::*;
+pub use up::*;
 
 /// Mock script building blocks (`PUT /_mock/script`).
 pub mod script {

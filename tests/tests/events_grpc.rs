@@ -46,6 +46,7 @@ async fn next_events(
             .unwrap_or_else(|_| panic!("{} of {n} events within 10 s: {out:?}", out.len()))
             .unwrap()
             .expect("the stream ended");
+        ai_router_e2e::scan::observe_operator("the gRPC event stream", event.json.as_bytes());
         out.push((event.r#type, serde_json::from_str(&event.json).unwrap()));
     }
     out

@@ -460,38 +460,18 @@ async fn sigterm_to_up_lets_a_stream_in_flight_finish_and_takes_no_new_call() {
             ),
         )
         .unwrap();
-    let mut up = tokio::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
-        .arg("up")
-        .arg("--config")
-        .arg(&config)
-        .arg("--wasm")
-        .arg(ai_router_e2e::wasm_path().unwrap())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("ENVOY_BIN", ai_router_e2e::envoy_bin().unwrap())
-        .env(
-            "DRAIN_KEY",
-            format!("sk-drain-{}", ai_router_e2e::random_hex(16)),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(up.stdout.take().unwrap()).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("up is ready")
-        .unwrap()
-        .expect("the ready line");
-    let ready: Value = serde_json::from_str(&ready).unwrap();
-    let base = ready["baseUrl"]
-        .as_str()
-        .unwrap()
-        .trim_end_matches("/v1")
-        .to_string();
-    let key = ready["apiKey"].as_str().unwrap().to_string();
-
+    let drain_key = format!("sk-drain-{}", ai_router_e2e::random_hex(16));
+    let ai_router_e2e::Up {
+        child: mut up,
+        base,
+        key,
+    } = ai_router_e2e::Up::start(
+        &config,
+        &[("DRAIN_KEY", &drain_key)],
+        std::process::Stdio::null(),
+    )
+    .await
+    .unwrap();
     let client = ai_router_e2e::Client::new(&base).unwrap();
     let stream = {
         let (client, key) = (client.clone(), key.clone());

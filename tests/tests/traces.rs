@@ -1,7 +1,8 @@
 //! OpenTelemetry traces through a real Envoy, received by a real OTLP/gRPC receiver the test
 //! runs (the `TraceService` of OpenTelemetry's official protobuf definitions, crate
 //! `opentelemetry-proto`, served by tonic): one span per call after the GenAI semantic
-//! conventions with a child per attempt, under the client's `traceparent`.
+//! conventions with a child per attempt, under the client's `traceparent`, carrying its
+//! `tracestate`; both headers reach every provider the call tries.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::{Arc, Mutex};
@@ -111,11 +112,13 @@ async fn a_call_is_a_span_with_a_child_per_attempt_under_the_clients_traceparent
 
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
+    let tracestate = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE";
     let resp = ai_router_e2e::http_client()
         .unwrap()
         .post(format!("{}/v1/chat/completions", gw.envoy.base_url()))
         .bearer_auth(&gw.virtual_key)
         .header("traceparent", format!("00-{trace_id}-{parent}-01"))
+        .header("tracestate", tracestate)
         .json(&ai_router_e2e::chat_body("chat", false))
         .send()
         .await
@@ -162,6 +165,7 @@ async fn a_call_is_a_span_with_a_child_per_attempt_under_the_clients_traceparent
     // The call: a child of the client's span, in its trace.
     assert_eq!(hex(&call.trace_id), trace_id);
     assert_eq!(hex(&call.parent_span_id), parent);
+    assert_eq!(call.trace_state, tracestate, "the client's tracestate");
     assert_eq!(call.name, "chat chat");
     assert_eq!(text(&call, "gen_ai.operation.name"), "chat");
     assert_eq!(text(&call, "gen_ai.request.model"), "chat");
@@ -188,7 +192,33 @@ async fn a_call_is_a_span_with_a_child_per_attempt_under_the_clients_traceparent
     assert!(attempts.len() >= 2, "a failover: {attempts:?}");
     for a in &attempts {
         assert_eq!(a.trace_id, call.trace_id);
+        assert_eq!(a.trace_state, tracestate);
         assert!(int(a, "ai_router.latency_ms") >= 0);
+    }
+
+    // Both trace headers went on to every provider the call tried, as the client sent them.
+    let mut tried = Vec::new();
+    for mock in [&gw.mock1, &gw.mock2] {
+        let traceparent = format!("00-{trace_id}-{parent}-01");
+        tried.extend(mock.calls().await.unwrap().into_iter().filter(|c| {
+            c.header_pairs()
+                .iter()
+                .any(|(k, v)| k == "traceparent" && *v == traceparent)
+        }));
+    }
+    assert_eq!(
+        tried.len(),
+        attempts.len(),
+        "every attempt carried the traceparent"
+    );
+    for c in &tried {
+        let pairs = c.header_pairs();
+        assert!(
+            pairs
+                .iter()
+                .any(|(k, v)| k == "tracestate" && v == tracestate),
+            "{pairs:?}"
+        );
     }
 
     // The call without a traceparent has a trace of its own, with no parent.
@@ -199,7 +229,11 @@ async fn a_call_is_a_span_with_a_child_per_attempt_under_the_clients_traceparent
             let spans = receiver.spans.lock().unwrap().clone();
             Ok(spans
                 .iter()
-                .any(|(_, s)| s.parent_span_id.is_empty() && s.trace_id != call.trace_id)
+                .any(|(_, s)| {
+                    s.parent_span_id.is_empty()
+                        && s.trace_id != call.trace_id
+                        && s.trace_state.is_empty()
+                })
                 .then_some(()))
         },
     )

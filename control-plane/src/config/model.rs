@@ -40,6 +40,8 @@ pub struct Config {
     pub names: PoolNames,
     /// `telemetry.otlp.endpoint`: where traces go; `None`: no traces.
     pub otlp_endpoint: Option<String>,
+    /// `telemetry.includeContent`: attempt events carry the request and the answer.
+    pub include_content: bool,
     /// What resolution dropped or cut, for the log.
     pub warnings: Vec<String>,
     /// The `routes:` rules whose profile is left in the pool.

@@ -25,7 +25,7 @@ use crate::config::secrets::{Env, SecretSource};
 use crate::config::validate::{
     check_concurrency, check_cost, check_family, check_listener_limits, check_policy,
     check_resilience, check_selection, check_terms, check_weight, is_label, non_empty_host,
-    refuse_own_listener, refuse_unsupported_settings, AUTH_HEADERS,
+    refuse_own_listener, AUTH_HEADERS,
 };
 
 /// The alias of a keyless provider's one lane.
@@ -124,7 +124,6 @@ impl FileConfig {
             }
         }
 
-        refuse_unsupported_settings(self)?;
         let routes = crate::config::routes::kept_routes(&self.routes, &profiles, &mut warnings);
         Ok(Config {
             routes,
@@ -142,6 +141,7 @@ impl FileConfig {
             budgets: crate::config::budgets::resolve_budgets(&self.budgets)?,
             names,
             otlp_endpoint: self.resolve_otlp()?,
+            include_content: self.telemetry.include_content,
             warnings,
         })
     }

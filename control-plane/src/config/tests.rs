@@ -229,15 +229,6 @@ fn a_budget_needs_a_bound_on_the_output() {
 fn settings_this_version_cannot_honour_are_refused() {
     let env = MapEnv::default();
     let message = err(
-        "telemetry: { includeContent: true }
-",
-        &env,
-    );
-    assert!(
-        message.starts_with("telemetry.includeContent: true is not supported"),
-        "{message}"
-    );
-    let message = err(
         "storeNamespace: team-a
 ",
         &env,
@@ -928,4 +919,19 @@ fn a_keyless_provider_gets_one_lane_without_a_secret_and_others_still_need_keys(
     );
     assert!(message.contains("needs keys or keysFromEnv"), "{message}");
     Ok(())
+}
+
+#[test]
+fn include_content_is_off_unless_set() {
+    let env = MapEnv::new([("A_API_KEY", "k")]);
+    let pool = "providers:\n  - { kind: openai, keysFromEnv: A, models: [{ id: m }] }\n";
+    let load = |extra: &str| {
+        parse(&format!("{extra}{pool}"))
+            .and_then(|f| f.resolve(&env, Path::new(".")))
+            .map(|c| c.include_content)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(load(""), Ok(false));
+    assert_eq!(load("telemetry: { includeContent: false }\n"), Ok(false));
+    assert_eq!(load("telemetry: { includeContent: true }\n"), Ok(true));
 }

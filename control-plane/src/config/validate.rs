@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use ai_router_contract::defaults;
 
 use crate::config::error::{invalid, ConfigError};
-use crate::config::file::{FileConfig, ModelConfig, PolicyConfig, SelectionConfig, TermsConfig};
+use crate::config::file::{ModelConfig, PolicyConfig, SelectionConfig, TermsConfig};
 use crate::config::model::{Gateway, ListenerLimits, Provider, ResilienceConfig};
 
 /// Provider headers that would carry a secret.
@@ -380,15 +380,4 @@ pub(super) fn check_terms(path: &str, terms: Option<&TermsConfig>) -> Result<(),
         ))),
         None => Ok(()),
     }
-}
-
-/// Settings this version parses but cannot honour. Accepted and ignored would be worse than
-/// refused: an operator who sets these expects them to act.
-pub(super) fn refuse_unsupported_settings(file: &FileConfig) -> Result<(), ConfigError> {
-    if file.telemetry.include_content {
-        return Err(invalid(
-            "telemetry.includeContent: true is not supported by this version: the gateway records no prompt or answer anywhere; remove the field or set it to false",
-        ));
-    }
-    Ok(())
 }

@@ -92,17 +92,17 @@ fn before_first_token(fail_with: &str) -> Value {
     json!({"stream": {"chunks": faulted_chunks(), "failAfter": 0, "failWith": fail_with}})
 }
 
-/// A Cloudflare-style origin error page: HTML, not the provider's JSON.
-fn cloudflare_page(status: u16) -> Value {
-    json!({
-        "status": status,
-        "headers": {"content-type": "text/html; charset=UTF-8", "server": "cloudflare"},
-        "body": format!(
-            "<!DOCTYPE html>\n<html><head><title>api.example.com | {status}: Connection timed out</title></head>\
-             <body><h1>Error {status}</h1><p>Ray ID: 8c0ffee000000000</p></body></html>\n"
-        ),
-    })
-}
+/// Cloudflare's 52x pages (HTML): `openai-compatible.cloudflare_<status>` in the mock's table.
+const CLOUDFLARE_PAGES: [(u16, &str); 8] = [
+    (520, "cloudflare-520-html"),
+    (521, "cloudflare-521-html"),
+    (522, "cloudflare-522-html"),
+    (523, "cloudflare-523-html"),
+    (524, "cloudflare-524-html"),
+    (525, "cloudflare-525-html"),
+    (526, "cloudflare-526-html"),
+    (527, "cloudflare-527-html"),
+];
 
 /// A unary body cut in the middle of its JSON.
 fn truncated_json(kind: Kind) -> Value {
@@ -163,15 +163,13 @@ pub fn catalogue(settings: Settings) -> Vec<Case> {
                 upstream_error(),
             );
         }
-        for status in [520u16, 522] {
-            let fault = if status == 520 {
-                "cloudflare-520-html"
-            } else {
-                "cloudflare-522-html"
-            };
+        // Cloudflare's own pages in front of a failing provider, as the mock's table holds them.
+        for (status, fault) in CLOUDFLARE_PAGES {
             both(
                 fault,
-                Making::Reply(cloudflare_page(status)),
+                Making::Reply(json!({
+                    "providerError": format!("openai-compatible.cloudflare_{status}")
+                })),
                 upstream_error(),
             );
         }
@@ -417,7 +415,14 @@ mod tests {
             "status-502",
             "status-503",
             "status-529",
+            "cloudflare-520-html",
+            "cloudflare-521-html",
             "cloudflare-522-html",
+            "cloudflare-523-html",
+            "cloudflare-524-html",
+            "cloudflare-525-html",
+            "cloudflare-526-html",
+            "cloudflare-527-html",
             "body-truncated-mid-json",
             "huge-body",
             "slow-trickle",

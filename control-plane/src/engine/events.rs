@@ -2,7 +2,9 @@
 //! taken out and brought back, budgets past their warnAt or their limit. Each one is one JSON line on the log (target
 //! `ai_router::events`) and goes to every live subscriber (`GET /admin/events`, the gRPC
 //! `Events` stream, `ai-router events`). Keys are named by provider and alias, never by secret;
-//! no prompt or answer is in them.
+//! no prompt or answer is in them, unless `telemetry.includeContent` adds an attempt's
+//! `content` (the request body and the provider's answer, each cut to
+//! `contract::defaults::CONTENT_MAX_BYTES` by the filter, the key's secret redacted).
 //!
 //! Subscribers read from a bounded broadcast channel: one that falls behind loses the oldest
 //! events and is told how many, and never slows the report path.
@@ -44,6 +46,9 @@ pub enum Event {
         usage: Option<Usage>,
         #[serde(skip_serializing_if = "Option::is_none")]
         cost: Option<f64>,
+        /// With `telemetry.includeContent` only.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<Content>,
     },
     #[serde(rename_all = "camelCase")]
     Request {
@@ -121,6 +126,46 @@ pub enum Event {
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
+}
+
+/// What an attempt carried (`telemetry.includeContent`), as the filter bounded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Content {
+    /// The request body as the caller sent it.
+    pub request: String,
+    pub request_truncated: bool,
+    /// The provider's answer as it came (a stream: its events); empty when none came.
+    pub response: String,
+    pub response_truncated: bool,
+}
+
+impl Content {
+    /// The report's content, bounded again here: a report is trusted for its numbers, and
+    /// an event stays small whatever a filter sent.
+    pub fn from_report(c: &ai_router_proto::v1::AttemptContent) -> Self {
+        let (request, request_cut) = bounded(&c.request);
+        let (response, response_cut) = bounded(&c.response);
+        Self {
+            request,
+            request_truncated: c.request_truncated || request_cut,
+            response,
+            response_truncated: c.response_truncated || response_cut,
+        }
+    }
+}
+
+/// `text` cut to `CONTENT_MAX_BYTES` on a char boundary; whether it was cut.
+fn bounded(text: &str) -> (String, bool) {
+    let max = ai_router_contract::defaults::CONTENT_MAX_BYTES;
+    if text.len() <= max {
+        return (text.to_owned(), false);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    (text[..end].to_owned(), true)
 }
 
 impl Event {
@@ -275,6 +320,42 @@ mod tests {
             r#"{"type":"key-disabled","atMs":5,"provider":"p","key":"a","reason":"quota","untilMs":9}"#
         );
         assert_eq!(e.type_name(), "key-disabled");
+    }
+
+    #[test]
+    fn content_is_in_an_attempt_event_only_when_given_and_stays_bounded() {
+        let attempt = |content| Event::Attempt {
+            at_ms: 1,
+            request_id: "r".into(),
+            operation: "chat".into(),
+            attempt: 1,
+            provider: "p".into(),
+            key: "a".into(),
+            model: "m".into(),
+            latency_ms: 2,
+            outcome: "success".into(),
+            error_class: None,
+            status: 200,
+            usage: None,
+            cost: None,
+            content,
+        };
+        assert!(!attempt(None).to_json().contains("content"));
+        let max = ai_router_contract::defaults::CONTENT_MAX_BYTES;
+        let report = ai_router_proto::v1::AttemptContent {
+            request: "{\"messages\":[]}".into(),
+            request_truncated: false,
+            response: "é".repeat(max),
+            response_truncated: false,
+        };
+        let content = Content::from_report(&report);
+        assert_eq!(content.request, "{\"messages\":[]}");
+        assert!(content.response.len() <= max && content.response_truncated);
+        let json: serde_json::Value =
+            serde_json::from_str(&attempt(Some(content)).to_json()).unwrap_or_default();
+        assert_eq!(json["content"]["request"], "{\"messages\":[]}");
+        assert_eq!(json["content"]["requestTruncated"], false);
+        assert_eq!(json["content"]["responseTruncated"], true);
     }
 
     #[tokio::test]

@@ -341,6 +341,13 @@ pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event
                 completion_tokens: u.completion_tokens,
             }),
             cost,
+            // Only while the pool says so: a report queued before includeContent was turned
+            // off keeps its content out of the events.
+            content: a
+                .content
+                .as_ref()
+                .filter(|_| config.include_content)
+                .map(events::Content::from_report),
         });
     }
     for r in &batch.requests {

@@ -341,6 +341,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             max_body_bytes: config.gateway.max_body_bytes,
             forward_rate_limit_headers: config.gateway.forward_rate_limit_headers,
             admin_token_sha256: state.admin_token_sha256.clone(),
+            include_content: config.include_content,
         }),
         generated_at_ms: now,
         breakers: state

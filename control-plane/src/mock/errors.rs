@@ -297,7 +297,10 @@ fn fill_answer(answer: &Answer, now_secs: i64) -> ErrorAnswer {
         .iter()
         .map(|(name, value)| (name.clone(), fill_placeholders(value, now_secs)))
         .collect();
-    headers.insert("content-type".to_owned(), "application/json".to_owned());
+    // JSON unless the case says otherwise (Cloudflare's HTML pages).
+    headers
+        .entry("content-type".to_owned())
+        .or_insert_with(|| "application/json".to_owned());
     let text = fill_placeholders(&answer.body, now_secs);
     // JSON is sent as the provider's JSON; anything else as is.
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -449,6 +452,31 @@ mod tests {
                 "{alias}"
             );
         }
+    }
+
+    #[test]
+    fn cloudflare_pages_520_to_527_are_html_with_their_status() {
+        for status in 520u16..=527 {
+            let name = format!("openai-compatible.cloudflare_{status}");
+            let reply = provider_error_by_name(&name).unwrap();
+            assert_eq!(reply.status, status);
+            assert_eq!(
+                reply.headers.get("content-type").map(String::as_str),
+                Some("text/html; charset=UTF-8"),
+                "{name}"
+            );
+            let Value::String(page) = &reply.body else {
+                panic!("{name}: not sent as text: {:?}", reply.body);
+            };
+            assert!(page.starts_with("<!DOCTYPE html>"), "{name}");
+            assert!(page.contains(&format!("Error code {status}")), "{name}");
+        }
+        // A JSON case keeps its content type.
+        let json = provider_error_by_name("openai.overloaded").unwrap();
+        assert_eq!(
+            json.headers.get("content-type").map(String::as_str),
+            Some("application/json")
+        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::shared::{
     duration_ms, minute_answered, now_ms, MINUTE_ASK, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST,
 };
 use super::{log_error, log_info};
-use ai_router_filter_core::reports::{Outbox, MAX_BATCH};
+use ai_router_filter_core::reports::{Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
 
 const SERVICE: &str = "airouter.v1.Sync";
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
@@ -56,6 +56,8 @@ pub struct Ctrl {
     minute_calls: std::collections::HashMap<u32, MinuteCallsRequest>,
     /// The control plane is known not to answer asks (for logging once per outage).
     minute_failing: bool,
+    /// `outbox.content_dropped` when it was last logged.
+    logged_content_dropped: u64,
 }
 
 impl Ctrl {
@@ -82,6 +84,7 @@ impl Ctrl {
             minute_asks: Vec::new(),
             minute_calls: std::collections::HashMap::new(),
             minute_failing: false,
+            logged_content_dropped: 0,
         }
     }
 
@@ -361,6 +364,13 @@ impl Ctrl {
             ));
             self.logged_dropped = self.outbox.dropped;
         }
+        if self.outbox.content_dropped > self.logged_content_dropped {
+            log_error(&format!(
+                "ai-router: the report outbox holds its most content (telemetry.includeContent): {} attempts reported without it so far",
+                self.outbox.content_dropped
+            ));
+            self.logged_content_dropped = self.outbox.content_dropped;
+        }
     }
 
     fn send_reports(&mut self) {
@@ -395,7 +405,11 @@ impl Ctrl {
                 node: self.node.clone(),
                 ..ReportBatch::default()
             };
-            while batch.attempts.len() + batch.requests.len() < MAX_BATCH {
+            // With telemetry.includeContent, attempts are large: bytes close a batch too.
+            let mut content = 0;
+            while batch.attempts.len() + batch.requests.len() < MAX_BATCH
+                && content < MAX_BATCH_CONTENT_BYTES
+            {
                 let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) else {
                     break;
                 };
@@ -405,6 +419,7 @@ impl Ctrl {
                 match *kind {
                     REPORT_ATTEMPT => {
                         if let Ok(a) = AttemptOutcome::decode(body) {
+                            content += ai_router_filter_core::content::size_of(a.content.as_ref());
                             batch.attempts.push(a);
                         }
                     }

@@ -12,7 +12,18 @@ pub struct Front {
     stage: front::Front,
 }
 
-impl Context for Front {}
+impl Context for Front {
+    /// The timer of a call waiting for the gateway's first state.
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        _body: usize,
+        _trailers: usize,
+    ) {
+        self.stage.on_http_call_response(&mut WasmHost, token);
+    }
+}
 
 impl HttpContext for Front {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {

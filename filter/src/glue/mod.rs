@@ -6,24 +6,9 @@ mod front;
 mod host;
 mod shared;
 
+use ai_router_filter_core::plugin;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
-use serde::Deserialize;
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PluginConfig {
-    role: String,
-    /// ctrl: the gRPC cluster of the control plane.
-    #[serde(default)]
-    grpc_cluster: Option<String>,
-    /// ctrl: how this Envoy names itself to the control plane.
-    #[serde(default)]
-    node: Option<String>,
-    /// ctrl: tick period.
-    #[serde(default)]
-    tick_ms: Option<u64>,
-}
 
 pub fn register() {
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -77,22 +62,16 @@ impl RootContext for Root {
         } else {
             host::plugin_configuration()
         };
-        let config: PluginConfig = match raw.as_deref().map(serde_json::from_slice) {
-            Some(Ok(c)) => c,
-            Some(Err(e)) => {
-                log_error(&format!("ai-router: bad plugin configuration: {e}"));
-                return false;
-            }
-            None => {
-                log_error(
-                    "ai-router: the plugin configuration is missing (expected {\"role\":...})",
-                );
+        let role = match plugin::parse(raw.as_deref()) {
+            Ok(role) => role,
+            Err(message) => {
+                log_error(&message);
                 return false;
             }
         };
-        self.role = match config.role.as_str() {
-            "front" => Role::Front,
-            "attempt" => {
+        self.role = match role {
+            plugin::Role::Front => Role::Front,
+            plugin::Role::Attempt => {
                 // The attempts' own timeouts are checked on this root's tick.
                 let tick =
                     std::time::Duration::from_millis(ai_router_filter_core::attempt::BOUND_TICK_MS);
@@ -102,21 +81,14 @@ impl RootContext for Root {
                 }
                 Role::Attempt
             }
-            "ctrl" => {
-                let mut c = ctrl::Ctrl::new(
-                    config
-                        .grpc_cluster
-                        .unwrap_or_else(|| "ai_router_control_plane".into()),
-                    config.node.unwrap_or_else(|| "envoy".into()),
-                );
-                c.start(config.tick_ms.unwrap_or(500));
+            plugin::Role::Ctrl {
+                grpc_cluster,
+                node,
+                tick_ms,
+            } => {
+                let mut c = ctrl::Ctrl::new(grpc_cluster, node);
+                c.start(tick_ms);
                 Role::Ctrl(Box::new(c))
-            }
-            other => {
-                log_error(&format!(
-                    "ai-router: unknown role '{other}' (front, attempt or ctrl)"
-                ));
-                return false;
             }
         };
         true

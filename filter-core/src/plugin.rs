@@ -1,0 +1,123 @@
+//! The plugin configuration Envoy hands each root context (`{"role": ...}` in the rendered
+//! bootstrap): which stage this root runs, and for the ctrl singleton how it reaches the control
+//! plane. Parsed once in `on_configure`; a bad one makes the root refuse its configuration.
+
+use serde::Deserialize;
+
+/// The ctrl singleton's tick when the configuration names none.
+pub const DEFAULT_TICK_MS: u64 = 500;
+/// The tick periods taken: a zero period would stop the ticks (and the reports) altogether.
+pub const TICK_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+
+/// What a root context runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Front,
+    Attempt,
+    /// The singleton that holds the control-plane stream.
+    Ctrl {
+        grpc_cluster: String,
+        node: String,
+        tick_ms: u64,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    role: String,
+    /// ctrl: the gRPC cluster of the control plane.
+    #[serde(default)]
+    grpc_cluster: Option<String>,
+    /// ctrl: how this Envoy names itself to the control plane.
+    #[serde(default)]
+    node: Option<String>,
+    /// ctrl: tick period.
+    #[serde(default)]
+    tick_ms: Option<u64>,
+}
+
+/// The role `raw` (the plugin configuration's bytes, `None` when Envoy gave none) configures;
+/// the error is the log line.
+pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Err(
+            "ai-router: the plugin configuration is missing (expected {\"role\":...})".into(),
+        );
+    };
+    let config: Raw = serde_json::from_slice(raw)
+        .map_err(|e| format!("ai-router: bad plugin configuration: {e}"))?;
+    match config.role.as_str() {
+        "front" => Ok(Role::Front),
+        "attempt" => Ok(Role::Attempt),
+        "ctrl" => {
+            let tick_ms = config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
+            if !TICK_MS.contains(&tick_ms) {
+                return Err(format!(
+                    "ai-router: bad plugin configuration: tick_ms {tick_ms} is not from {} to {}",
+                    TICK_MS.start(),
+                    TICK_MS.end()
+                ));
+            }
+            Ok(Role::Ctrl {
+                grpc_cluster: config
+                    .grpc_cluster
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| ai_router_contract::clusters::CONTROL_PLANE.into()),
+                node: config
+                    .node
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| "envoy".into()),
+                tick_ms,
+            })
+        }
+        other => Err(format!(
+            "ai-router: unknown role '{other}' (front, attempt or ctrl)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_role_and_the_ctrl_defaults() {
+        assert_eq!(parse(Some(br#"{"role":"front"}"#)), Ok(Role::Front));
+        assert_eq!(parse(Some(br#"{"role":"attempt"}"#)), Ok(Role::Attempt));
+        assert_eq!(
+            parse(Some(br#"{"role":"ctrl"}"#)),
+            Ok(Role::Ctrl {
+                grpc_cluster: ai_router_contract::clusters::CONTROL_PLANE.into(),
+                node: "envoy".into(),
+                tick_ms: DEFAULT_TICK_MS,
+            })
+        );
+        assert_eq!(
+            parse(Some(
+                br#"{"role":"ctrl","grpc_cluster":"cp","node":"edge-1","tick_ms":250}"#
+            )),
+            Ok(Role::Ctrl {
+                grpc_cluster: "cp".into(),
+                node: "edge-1".into(),
+                tick_ms: 250,
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_configuration_is_refused_with_its_reason() {
+        for (raw, says) in [
+            (None, "missing"),
+            (Some(&b""[..]), "missing"),
+            (Some(&b"{"[..]), "bad plugin configuration"),
+            (Some(&br#"{"role":"front","extra":1}"#[..]), "unknown field"),
+            (Some(&br#"{"role":"proxy"}"#[..]), "unknown role 'proxy'"),
+            (Some(&br#"{"role":"ctrl","tick_ms":0}"#[..]), "tick_ms 0"),
+            (Some(&br#"{"role":7}"#[..]), "bad plugin configuration"),
+        ] {
+            let err = parse(raw).unwrap_err();
+            assert!(err.contains(says), "{raw:?}: {err}");
+        }
+    }
+}

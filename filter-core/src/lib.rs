@@ -11,7 +11,7 @@
 //! - `ingress`, `messages_ingress`, `responses`: callers that speak the Messages or Responses
 //!   API: which lanes serve them natively, and the translations to and from chat completions;
 //! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
-//! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
+//! - `cache`, `prompt_cache`: the response cache (lookup, store, replay) and Anthropic's
 //!   `cache_control` marker;
 //! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
 //! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and

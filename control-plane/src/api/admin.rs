@@ -344,6 +344,8 @@ impl AdminApi {
                 })).collect::<Vec<_>>()).collect::<Vec<_>>(),
                 "autoSort": p.auto_sort.or(defaults.auto_sort).unwrap_or(false),
                 "resetIntervalMs": p.reset_interval_ms.or(defaults.reset_interval_ms),
+                // The response cache for the policy's calls (with the pool's `cache`).
+                "cache": config.cache.is_some() && p.cache.or(defaults.cache).unwrap_or(true),
                 "allowFallback": p.allow_fallback.or(defaults.allow_fallback).unwrap_or(true),
                 "maxAttempts": p.max_attempts.or(defaults.max_attempts),
                 "timeoutMs": p.timeout_ms.or(defaults.timeout_ms),
@@ -418,6 +420,9 @@ impl AdminApi {
             "models": models,
             "routes": routes,
             "autoPrice": config.auto_price,
+            "cache": config.cache.map(|c| json!({
+                "ttlMs": c.ttl_ms, "maxEntries": c.max_entries, "maxBytes": c.max_bytes,
+            })),
         })
     }
 }
@@ -1007,6 +1012,7 @@ pub(crate) mod tests {
             quota: None,
             mounted: true,
             quota_block: None,
+            cache: None,
         };
         let engine = Engine::new(
             Arc::new(config),

@@ -622,6 +622,7 @@ mod tests {
             quota: None,
             mounted: true,
             quota_block: None,
+            cache: None,
         }
     }
 

@@ -81,6 +81,7 @@ impl StoredKey {
             quota: Some(self.quota),
             mounted: false,
             quota_block: None,
+            cache: None,
         }
     }
 }

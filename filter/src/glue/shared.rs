@@ -268,7 +268,6 @@ pub fn count_minute_request(key_id: &str, minute: i64) -> Option<u32> {
     None
 }
 
-/// A number in [0, 1) for jitter (xorshift, seeded per VM).
 /// A session-affinity slot, shared by the workers of this Envoy process.
 pub fn affinity_slot(slot: u64) -> Option<Vec<u8>> {
     match hostcalls::get_shared_data(&names::affinity(slot)) {
@@ -282,6 +281,20 @@ pub fn set_affinity_slot(slot: u64, record: &[u8]) {
     let _ = hostcalls::set_shared_data(&names::affinity(slot), Some(record), None);
 }
 
+/// A response-cache slot of this Envoy process and its CAS token.
+pub fn cache_slot(slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+    match hostcalls::get_shared_data(&names::cache(slot)) {
+        Ok((bytes, cas)) => (bytes.filter(|b| !b.is_empty()), cas),
+        Err(_) => (None, None),
+    }
+}
+
+/// Writes a response-cache slot if it is still the version `cas` read.
+pub fn set_cache_slot(slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+    hostcalls::set_shared_data(&names::cache(slot), Some(entry), cas).is_ok()
+}
+
+/// A number in [0, 1) for jitter (xorshift, seeded per VM).
 pub fn random_unit() -> f64 {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();

@@ -57,17 +57,41 @@ async fn chat(gw: &Gateway, body: &Value, headers: &[(&str, &str)]) -> Reply {
 
 /// Sends `body` until an answer satisfies `done`.
 async fn chat_until(gw: &Gateway, what: &str, body: &Value, done: fn(&Reply) -> bool) -> Reply {
+    chat_as(gw, &gw.virtual_key, what, body, done).await
+}
+
+/// Sends `body` with the virtual key `secret` until an answer satisfies `done`.
+async fn chat_as(
+    gw: &Gateway,
+    secret: &str,
+    what: &str,
+    body: &Value,
+    done: fn(&Reply) -> bool,
+) -> Reply {
     poll(what, Duration::from_secs(15), || {
         let c = gw.client.clone();
-        let key = gw.virtual_key.clone();
-        let body = body.clone();
+        let (secret, body) = (secret.to_string(), body.clone());
         async move {
-            let r = c.chat_with(&body, Some(&key)).await?;
+            let r = c.chat_with(&body, Some(&secret)).await?;
             Ok(done(&r).then_some(r))
         }
     })
     .await
     .unwrap()
+}
+
+/// An admin API call with the admin token; the answer's JSON.
+async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Value) -> Value {
+    let resp = ai_router_e2e::http_client()
+        .unwrap()
+        .request(method, format!("http://{}{path}", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.json().await.unwrap()
 }
 
 /// The first answer of a fresh gateway (the state may take a moment to arrive).
@@ -257,6 +281,44 @@ async fn a_profile_or_a_key_with_cache_false_never_hits() {
         2,
         "every call reaches the provider"
     );
+
+    // A stored key created with `cache: false` never hits; `cache: null` leaves it to the
+    // policy again (on).
+    let created = admin(
+        &gw,
+        reqwest::Method::POST,
+        "/admin/keys",
+        json!({ "label": "nocache", "models": ["*"], "cache": false }),
+    )
+    .await;
+    assert_eq!(created["key"]["cache"], json!(false), "{created}");
+    let secret = created["secret"].as_str().unwrap().to_string();
+    ai_router_e2e::scan::register("a stored virtual key", &secret);
+    let id = created["key"]["id"].as_str().unwrap().to_string();
+    let request = body("chat", "Count to five.", 0.0);
+    gw.clear_calls().await.unwrap();
+    for _ in 0..2 {
+        let r = chat_as(&gw, &secret, "the new key", &request, |r| r.status == 200).await;
+        assert_eq!(r.header(CACHE), None, "{r}");
+    }
+    assert_eq!(
+        provider_calls(&gw).await,
+        2,
+        "the key's calls skip the cache"
+    );
+    let patched = admin(
+        &gw,
+        reqwest::Method::PATCH,
+        &format!("/admin/keys/{id}"),
+        json!({ "cache": null }),
+    )
+    .await;
+    assert_eq!(patched.get("cache"), None, "{patched}");
+    let hit = chat_as(&gw, &secret, "the key's change", &request, |r| {
+        r.header(CACHE).as_deref() == Some("hit")
+    })
+    .await;
+    assert_eq!(hit.content(), Some("uncached"));
     drop(gw);
 
     // The key's own `cache: false` wins over the pool's cache.

@@ -9,10 +9,10 @@
 //!
 //! | route | does |
 //! |---|---|
-//! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); 201 `{ key, secret }` |
+//! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`, `cache`); 201 `{ key, secret }` |
 //! | `GET /admin/keys` | `{ keys: [...] }`: mounted keys (`mounted: true`) then stored ones |
 //! | `GET /admin/keys/{id}` | one key |
-//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all) |
+//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`, `cache`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all); `cache: null` leaves the response cache to the policy |
 //! | `POST /admin/keys/{id}/revoke` | revoke for good |
 //! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
 //! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
@@ -779,6 +779,7 @@ fn key_to_proto(k: KeyInfo) -> pb::KeyInfo {
         mounted: k.mounted,
         hint: k.hint,
         created_at_ms: k.created_at_ms,
+        cache: k.cache,
     }
 }
 
@@ -841,6 +842,7 @@ impl pb::admin_server::Admin for AdminGrpc {
             allow_fallback: r.allow_fallback,
             quota: r.quota.as_ref().map(quota_from_proto),
             enabled: None,
+            cache: r.cache,
         };
         let created = self.api.create(spec).await?;
         tracing::info!(id = %created.key.id, "virtual key created");
@@ -882,6 +884,7 @@ impl pb::admin_server::Admin for AdminGrpc {
                 .as_ref()
                 .map(|q| Some(QuotaPatch::setting(&quota_from_proto(q)))),
             enabled: r.enabled,
+            cache: r.cache.map(Some),
         };
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");

@@ -23,7 +23,7 @@ pub struct VirtualKeyRecord {
     pub mounted: bool,
     /// A quota spent according to usage (`keys::quotas`).
     pub quota_block: Option<QuotaBlock>,
-    /// The response cache for the key's calls, when the key says (mounted keys only, so far).
+    /// The response cache for the key's calls, when the key says (else the policy's).
     pub cache: Option<bool>,
 }
 

@@ -10,9 +10,10 @@
 //!   rule: a new answer replaces whatever its slot holds (direct-mapped); an entry past its
 //!   TTL is a miss. An answer larger than `maxBytes / maxEntries` is not stored, so the cache
 //!   never holds more than `maxBytes` of answers.
-//! - Only complete unary answers are stored ([`storable`]): a 200 with choices, none cut at
-//!   `length`, none empty. A streamed answer is never stored (its client got it as it came; a
-//!   later call, unary or streamed, fills the slot).
+//! - Only complete answers are stored ([`storable`]): a 200 with choices, none cut at
+//!   `length`, none empty. A streamed answer is stored as the chat completion its events
+//!   assemble to ([`assemble_stream`]) only when the stream ended cleanly: `[DONE]` after
+//!   every choice's finish and no error event; a stream that broke off stores nothing.
 //! - Whether a call uses the cache ([`applies`]): the key's `cache` when set, else the merged
 //!   policy's, else on (with the pool's `cache:`). `Cache-Control: no-cache` or `no-store` from
 //!   the client skips the lookup and the store ([`bypassed`]).
@@ -26,6 +27,9 @@ use crate::util::sha256_hex;
 
 /// Writes a store tries before it gives the slot up to the workers racing for it.
 const STORE_TRIES: usize = 4;
+
+/// How many bytes of SSE a stream may take per byte of its slot while it is collected.
+const STREAM_BYTES_PER_SLOT_BYTE: u64 = 8;
 
 /// The body fields that make two requests the same request.
 const KEYED_FIELDS: &[&str] = &[
@@ -305,6 +309,8 @@ pub struct CallCache {
     /// The provider and model that answered.
     lane: (String, String),
     status: u16,
+    /// The answer is an SSE stream (stored as the completion it assembles to).
+    stream: bool,
     stored: Option<CacheStore>,
 }
 
@@ -361,9 +367,9 @@ impl CallCache {
         if let Lookup::Miss(_) = self.lookup {
             self.status = status;
             self.lane = lane;
-            if stream {
-                self.stored = Some(CacheStore::Stream);
-            } else if status != 200 || end_of_stream {
+            self.stream = stream;
+            if status != 200 || end_of_stream {
+                // An answer without a body (or a failure) has nothing to store.
                 self.stored = Some(CacheStore::Unstorable);
             } else {
                 self.answer = Some(Vec::new());
@@ -389,14 +395,36 @@ impl CallCache {
             return;
         };
         answer.extend_from_slice(chunk);
-        if answer.len() as u64 > miss.slot_bytes {
+        // A stream's events take several times the bytes of the completion they assemble to.
+        let bound = if self.stream {
+            miss.slot_bytes.saturating_mul(STREAM_BYTES_PER_SLOT_BYTE)
+        } else {
+            miss.slot_bytes
+        };
+        if answer.len() as u64 > bound {
             self.answer = None;
             self.stored = Some(CacheStore::TooLarge);
             return;
         }
         if end_of_stream {
             let lane = (self.lane.0.as_str(), self.lane.1.as_str());
-            self.stored = Some(store(host, miss, self.status, answer, lane, now_ms));
+            let assembled;
+            let body: &[u8] = if self.stream {
+                match assemble_stream(answer) {
+                    Some(completion) => {
+                        assembled = completion.to_string().into_bytes();
+                        &assembled
+                    }
+                    None => {
+                        self.stored = Some(CacheStore::Unstorable);
+                        self.answer = None;
+                        return;
+                    }
+                }
+            } else {
+                answer
+            };
+            self.stored = Some(store(host, miss, self.status, body, lane, now_ms));
             self.answer = None;
         }
     }
@@ -428,6 +456,119 @@ impl CallCache {
                     completion_tokens: u.completion_tokens,
                     cached_tokens: u.cached_tokens,
                 });
+        }
+    }
+}
+
+/// The chat completion a chat-completions SSE stream assembles to, when the stream ended
+/// cleanly: `data: [DONE]` last, no error event, every choice finished. Content and tool-call
+/// arguments are the concatenation of their deltas; usage is the usage chunk's.
+pub fn assemble_stream(sse: &[u8]) -> Option<Value> {
+    let mut parser = crate::sse::Parser::new();
+    let mut events = parser.feed(sse);
+    // A last event without its blank line still counts.
+    events.extend(parser.feed(b"\n\n"));
+    events.retain(|e| !e.data.trim().is_empty());
+    let (done, chunks) = events.split_last()?;
+    if done.data.trim() != "[DONE]" {
+        return None;
+    }
+    let mut head: Option<Value> = None;
+    let mut usage = None;
+    let mut choices: std::collections::BTreeMap<u64, Value> = std::collections::BTreeMap::new();
+    for event in chunks {
+        let chunk: Value = serde_json::from_str(&event.data).ok()?;
+        if chunk.get("error").is_some() || event.data.trim() == "[DONE]" {
+            return None;
+        }
+        if head.is_none() {
+            head = Some(chunk.clone());
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let choice = choices.entry(index).or_insert_with(|| {
+                json!({ "index": index, "finish_reason": null,
+                        "message": { "role": "assistant", "content": null } })
+            });
+            merge_delta(choice, c);
+        }
+    }
+    let head = head?;
+    let all_finished = !choices.is_empty()
+        && choices
+            .values()
+            .all(|c| c.get("finish_reason").is_some_and(Value::is_string));
+    if !all_finished {
+        return None;
+    }
+    let mut completion = json!({
+        "id": head.get("id").cloned().unwrap_or(Value::Null),
+        "object": "chat.completion",
+        "created": head.get("created").cloned().unwrap_or(json!(0)),
+        "model": head.get("model").cloned().unwrap_or(Value::Null),
+        "choices": choices.into_values().collect::<Vec<_>>(),
+    });
+    if let Some(u) = usage {
+        completion["usage"] = u;
+    }
+    Some(completion)
+}
+
+/// Folds one chunk's choice (its `delta` and `finish_reason`) into the assembled choice.
+fn merge_delta(choice: &mut Value, chunk: &Value) {
+    if let Some(finish) = chunk.get("finish_reason").filter(|f| f.is_string()) {
+        choice["finish_reason"] = finish.clone();
+    }
+    let Some(delta) = chunk.get("delta") else {
+        return;
+    };
+    let message = &mut choice["message"];
+    if let Some(text) = delta.get("content").and_then(Value::as_str) {
+        let joined = format!("{}{text}", message["content"].as_str().unwrap_or(""));
+        message["content"] = json!(joined);
+    }
+    for call in delta
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let n = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+        if !message["tool_calls"].is_array() {
+            message["tool_calls"] = json!([]);
+        }
+        let Some(calls) = message["tool_calls"].as_array_mut() else {
+            return;
+        };
+        let at = usize::try_from(n).unwrap_or(usize::MAX);
+        while calls.len() <= at && calls.len() < 128 {
+            calls.push(json!({ "id": null, "type": "function",
+                               "function": { "name": "", "arguments": "" } }));
+        }
+        let Some(slot) = calls.get_mut(at) else {
+            return;
+        };
+        for field in ["id", "type"] {
+            if let Some(v) = call.get(field).filter(|v| v.is_string()) {
+                slot[field] = v.clone();
+            }
+        }
+        for field in ["name", "arguments"] {
+            if let Some(part) = call
+                .pointer(&format!("/function/{field}"))
+                .and_then(Value::as_str)
+            {
+                let joined = format!("{}{part}", slot["function"][field].as_str().unwrap_or(""));
+                slot["function"][field] = json!(joined);
+            }
         }
     }
 }
@@ -613,5 +754,40 @@ mod tests {
         assert!(events
             .iter()
             .all(|e| e["object"] == "chat.completion.chunk" && e["id"] == "chatcmpl-1"));
+    }
+
+    #[test]
+    fn a_clean_stream_assembles_at_every_cut_and_a_broken_one_does_not() {
+        let sse = concat!(
+            "data: {\"id\":\"c1\",\"created\":9,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"a\"}}]}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let whole = assemble_stream(sse.as_bytes()).expect("assembled");
+        assert_eq!(whole["id"], "c1");
+        let call = &whole["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_1");
+        assert_eq!(call["function"]["name"], "get");
+        assert_eq!(call["function"]["arguments"], "{\"a\":1}");
+        assert!(storable(200, &whole), "{whole}");
+        // The parser is fed at once here; the front feeds it the collected bytes whatever
+        // their cuts, so every cut of the bytes gives the same completion.
+        for cut in 1..sse.len() {
+            let (a, b) = sse.as_bytes().split_at(cut);
+            let joined = [a, b].concat();
+            assert_eq!(assemble_stream(&joined).as_ref(), Some(&whole));
+        }
+        // No [DONE], an error event, an unfinished choice: nothing.
+        let no_done = sse.replace("data: [DONE]\n\n", "");
+        assert_eq!(assemble_stream(no_done.as_bytes()), None);
+        let error = sse.replace(
+            "data: [DONE]",
+            "data: {\"error\":{\"code\":\"x\"}}\n\ndata: [DONE]",
+        );
+        assert_eq!(assemble_stream(error.as_bytes()), None);
+        let unfinished = sse.replace(",\"finish_reason\":\"tool_calls\"", "");
+        assert_eq!(assemble_stream(unfinished.as_bytes()), None);
+        assert_eq!(assemble_stream(b""), None);
     }
 }

@@ -196,15 +196,43 @@ fn another_request_misses_and_a_stream_is_not_stored() {
         c.answer(200, ANSWER);
         assert_eq!(c.cache_header().as_deref(), Some("miss"), "{other}");
     }
-    // A streamed miss goes through untouched and stores nothing.
+    // A stream that breaks off (no [DONE]) stores nothing.
     let streamed = BODY
         .replace("\"hi\"", "\"new\"")
         .replace("\"temperature\":0", "\"stream\":true");
     let mut c = call(&snap, &slots, &streamed);
-    c.answer(200, "data: {}\n\ndata: [DONE]\n\n");
+    c.answer(200, &STREAM.replace("data: [DONE]\n\n", ""));
     let (host, report) = c.finish();
-    assert_eq!(report.cache_store(), CacheStore::Stream);
+    assert_eq!(report.cache_store(), CacheStore::Unstorable);
     assert_eq!(host.cache, slots.cache);
+}
+
+const STREAM: &str = "data: {\"id\":\"chatcmpl-s\",\"object\":\"chat.completion.chunk\",\"created\":3,\"model\":\"m1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n\
+data: {\"id\":\"chatcmpl-s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"streamed \"}}]}\n\n\
+data: {\"id\":\"chatcmpl-s\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"words\"},\"finish_reason\":\"stop\"}]}\n\n\
+data: {\"id\":\"chatcmpl-s\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n\
+data: [DONE]\n\n";
+
+#[test]
+fn a_stream_that_ended_cleanly_is_stored_as_the_completion_it_assembles_to() {
+    let snap = snapshot(Some(pool_cache()));
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    let streamed = BODY.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true");
+    let mut c = call(&snap, &empty, &streamed);
+    c.answer(200, STREAM);
+    assert_eq!(c.cache_header().as_deref(), Some("miss"));
+    let (slots, report) = c.finish();
+    assert_eq!(report.cache_store(), CacheStore::Stored);
+    // A unary client of the same request gets the assembled completion.
+    let hit = call(&snap, &slots, BODY);
+    let a = hit.host.answered.clone().expect("a hit");
+    let v = a.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], "streamed words");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["total_tokens"], 7);
+    let (_, report) = hit.finish();
+    assert_eq!(report.usage.map(|u| u.prompt_tokens), Some(5));
 }
 
 #[test]

@@ -234,14 +234,13 @@ impl CacheLookup {
 }
 
 impl CacheStore {
-    /// "stored", "unstorable", "too_large", "stream"; empty for unspecified.
+    /// "stored", "unstorable", "too_large"; empty for unspecified.
     pub fn text(self) -> &'static str {
         match self {
             Self::Unspecified => "",
             Self::Stored => "stored",
             Self::Unstorable => "unstorable",
             Self::TooLarge => "too_large",
-            Self::Stream => "stream",
         }
     }
 }

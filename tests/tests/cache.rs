@@ -2,7 +2,8 @@
 //! answered by the gateway without any provider call (unary, and replayed as SSE to a
 //! streaming client), costs 0 and its saving reaches the key's usage; `Cache-Control:
 //! no-cache` reaches the provider; another temperature or model misses; a failed answer is
-//! not stored; an entry past its TTL misses; a profile or a key with `cache: false` never hits.
+//! not stored, a cleanly ended stream is; an entry past its TTL misses; a profile or a key
+//! with `cache: false` never hits.
 //! Every answer the tests capture is scanned for the fixture's secrets (the harness does).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -99,6 +100,19 @@ async fn first_answer(gw: &Gateway, body: &Value) -> Reply {
     chat_until(gw, "the gateway to answer", body, |r| r.status == 200).await
 }
 
+/// `body` asked as a stream; its answer must be valid SSE ending in `[DONE]`.
+async fn stream(gw: &Gateway, body: &Value) -> ai_router_e2e::StreamReply {
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let sse = gw
+        .client
+        .stream_with(&streamed, Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert!(sse.is_whole(), "valid SSE ending in [DONE]: {sse}");
+    sse
+}
+
 /// A gateway for `pool` whose providers answer `text`.
 async fn start(test: &str, pool: impl Fn(&str, &str) -> String, text: &str) -> Gateway {
     let gw = Gateway::start_with(test, pool).await.expect("fixture");
@@ -128,14 +142,7 @@ async fn a_second_identical_call_is_answered_from_the_cache_without_a_provider()
     assert_eq!(provider_calls(&gw).await, 0, "a hit calls no provider");
 
     // A streaming client gets the same answer as SSE; `stream` does not split the key.
-    let mut streamed = request.clone();
-    streamed["stream"] = json!(true);
-    let sse = gw
-        .client
-        .stream_with(&streamed, Some(&gw.virtual_key))
-        .await
-        .unwrap();
-    assert!(sse.is_whole(), "valid SSE ending in [DONE]: {sse}");
+    let sse = stream(&gw, &request).await;
     assert_eq!(sse.header(CACHE).as_deref(), Some("hit"), "{sse}");
     assert!(
         sse.header("content-type")
@@ -212,9 +219,22 @@ async fn a_second_identical_call_is_answered_from_the_cache_without_a_provider()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_answers_are_not_stored_and_an_entry_expires_with_its_ttl() {
+async fn failed_answers_are_not_stored_a_clean_stream_is_and_an_entry_expires_with_its_ttl() {
     let gw = start("cache_expiry", pool, "warm up").await;
     first_answer(&gw, &body("chat", "warm up", 0.0)).await;
+
+    // A stream that ends cleanly is stored as the completion it assembles to: a unary client
+    // of the same request then hits it, without a provider.
+    answer_with(&gw, "streamed and stored").await;
+    let asked = body("chat", "Stream this, please.", 0.0);
+    let sse = stream(&gw, &asked).await;
+    assert_eq!(sse.header(CACHE).as_deref(), Some("miss"), "{sse}");
+    gw.clear_calls().await.unwrap();
+    let hit = chat(&gw, &asked, &[]).await;
+    assert_eq!(hit.header(CACHE).as_deref(), Some("hit"), "{hit}");
+    assert_eq!(hit.content(), Some(sse.text().as_str()), "{hit}");
+    assert_eq!(hit.json["object"], "chat.completion");
+    assert_eq!(provider_calls(&gw).await, 0);
 
     // Every provider down: the error answer is a miss and is not stored.
     for mock in [&gw.mock1, &gw.mock2] {

@@ -417,7 +417,7 @@ impl Metrics {
         by_one_label(
             &mut out,
             ("ai_router_cache_stores_total", "counter"),
-            "What became of the answers of cache misses, by outcome (stored, unstorable: failed, empty or truncated, too_large, stream: streamed answers are not stored).",
+            "What became of the answers of cache misses, by outcome (stored, unstorable: failed, empty, truncated or a stream that broke off, too_large).",
             "outcome",
             c.cache_stores.iter().map(|(k, n)| (*k, n)),
         );

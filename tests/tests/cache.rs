@@ -207,6 +207,19 @@ async fn a_second_identical_call_is_answered_from_the_cache_without_a_provider()
         (usage["total"]["saved"].as_f64().unwrap() - 3.0 * 0.000_4).abs() < 1e-9,
         "three hits of 0.0004 each: {usage}"
     );
+    // ... and the stats' cache counters.
+    let stats = gw.admin_get("/admin/stats").await.unwrap();
+    let cache = &stats["cache"];
+    assert_eq!(
+        (cache["hits"].as_u64(), cache["bypassed"].as_u64()),
+        (Some(3), Some(1)),
+        "{stats}"
+    );
+    assert!(cache["misses"].as_u64() >= Some(3), "{stats}");
+    assert!(
+        (cache["saved"].as_f64().unwrap_or(0.0) - 3.0 * 0.000_4).abs() < 1e-9,
+        "{stats}"
+    );
     gw.cp
         .metric_line(&["ai_router_cache_lookups_total{result=\"hit\"} 3"])
         .await

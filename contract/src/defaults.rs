@@ -15,6 +15,12 @@ pub const ALLOW_FALLBACK: bool = true;
 /// `pinned`: a profile's candidates may be any model identity.
 pub const PINNED: bool = false;
 
+// The response cache (`cache:` of the pool).
+/// `cache.maxEntries`: slots per Envoy process.
+pub const CACHE_MAX_ENTRIES: u32 = 1_024;
+/// `cache.maxBytes`: the answers' bytes per Envoy process (a slot takes maxBytes / maxEntries).
+pub const CACHE_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
 // Virtual keys.
 /// `enabled` of a mounted or a stored key.
 pub const KEY_ENABLED: bool = true;

@@ -57,8 +57,12 @@ pub mod headers {
     /// Front → client: the budgets past their `warnAt` or their soft limit in this window,
     /// `name=warn` or `name=over`, comma-separated.
     pub const BUDGET_WARNING: &str = "x-ai-router-budget-warning";
-    /// Front → client: `hit` (answered from the response cache) or `miss`.
+    /// Front → client: `hit` (answered from the response cache), `miss`, or `bypass` (the
+    /// client's `Cache-Control: no-cache` / `no-store`).
     pub const CACHE: &str = "x-ai-router-cache";
+    /// Attempt → front: the provider that answered (what a cached copy of the answer saves
+    /// is priced at its model there).
+    pub const LANE_PROVIDER: &str = "x-ai-router-lane-provider";
     /// Attempt → front: the answer's estimated cost (its usage when known, else the estimate).
     pub const LANE_COST: &str = "x-ai-router-lane-cost";
     /// Front → client: this call's estimated cost, in the unit of the pool's `cost` prices.
@@ -127,6 +131,11 @@ pub mod shared {
     /// pinned to.
     pub fn affinity(slot: u64) -> String {
         format!("ai-router/affinity/{slot}")
+    }
+
+    /// One response-cache slot (`filter-core/src/cache.rs`): a stored answer, or nothing.
+    pub fn cache(slot: u32) -> String {
+        format!("ai-router/cache/{slot}")
     }
 
     /// One virtual key's requests in the current UTC minute, across the workers.

@@ -951,6 +951,11 @@ impl Attempt {
         host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
             host.set_header(Side::Response, H_LANE_MODEL, Some(&lane.id.model));
+            host.set_header(
+                Side::Response,
+                ai_router_contract::headers::LANE_PROVIDER,
+                Some(&lane.id.provider),
+            );
             let cost = self.answer_cost(host, &lane.id);
             host.set_header(
                 Side::Response,

@@ -8,6 +8,14 @@
 //! - A request window is a cap on each call: this call's estimate (prompt estimate plus
 //!   `max_tokens`; the cost at the preferred candidate's price) against the limit, here.
 //!
+//! - A spent hard budget is the `budget_exceeded` trigger of the call's conditional steps
+//!   ([`take_budget_steps`]): the candidates it rules out (a provider's, or every candidate
+//!   for the call's key, profile or the pool) count as failed with `budget_exceeded` before the
+//!   first attempt, so the call's `when: [budget_exceeded]` candidates become unconditional
+//!   for it and the call goes on with them (and, for a provider's budget, with the other
+//!   providers' candidates) instead of the 429. A request window's cap is no trigger: the same
+//!   estimate would be past it on any model.
+//!
 //! A state past its `until_ms` is over even before the next push. The warnings become
 //! `x-ai-router-budget-warning` (`name=warn`, `name=over`, comma-separated) and go back in
 //! the call's report.
@@ -36,6 +44,8 @@ pub struct Verdict {
     pub refusal: Option<GatewayError>,
     /// `name=warn` / `name=over`, one per budget, in the pushed order.
     pub warnings: Vec<String>,
+    /// The candidates a spent hard budget ruled out (trigger `budget_exceeded`).
+    pub ruled_out: Vec<Candidate>,
 }
 
 impl Verdict {
@@ -85,8 +95,43 @@ fn covers(policy: &Budget, state: &BudgetState, call: &BudgetCall) -> bool {
     }
 }
 
-/// Checks the call against every budget; cuts from `tiers` the candidates of providers whose
-/// hard budget is spent (an emptied tier goes).
+/// The `when` trigger a spent hard budget fires.
+pub const TRIGGER: &str = "budget_exceeded";
+
+/// Whether a candidate is a step for a spent budget: its `when` names `budget_exceeded`.
+fn is_budget_step(c: &Candidate) -> bool {
+    c.when.iter().any(|w| w == TRIGGER)
+}
+
+/// A spent hard budget rules candidates out: every one that is no budget step when the call's
+/// own budget (`call_over`: its key's, its profile's, the pool's) is spent, and those of the
+/// providers in `providers_out`. When it ruled any out, the budget steps left become
+/// unconditional for this call. Returns the candidates ruled out; an emptied tier goes.
+pub fn take_budget_steps(
+    tiers: &mut Vec<Vec<Candidate>>,
+    call_over: bool,
+    providers_out: &[&str],
+) -> Vec<Candidate> {
+    let mut ruled_out = Vec::new();
+    for tier in tiers.iter_mut() {
+        let (out, kept): (Vec<Candidate>, Vec<Candidate>) =
+            std::mem::take(tier).into_iter().partition(|c| {
+                providers_out.contains(&c.provider.as_str()) || (call_over && !is_budget_step(c))
+            });
+        ruled_out.extend(out);
+        *tier = kept;
+    }
+    if !ruled_out.is_empty() {
+        for c in tiers.iter_mut().flatten().filter(|c| is_budget_step(c)) {
+            c.when.clear();
+        }
+    }
+    tiers.retain(|t| !t.is_empty());
+    ruled_out
+}
+
+/// Checks the call against every budget; rules out of `tiers` what a spent hard budget rules
+/// out ([`take_budget_steps`]; an emptied tier goes).
 pub fn check(
     budgets: Option<&Budgets>,
     call: &BudgetCall,
@@ -119,6 +164,9 @@ pub fn check(
             warn(&mut verdict.warnings, &policy.name, BudgetLevel::Warn);
         }
     }
+    // The call's own spent hard budget (its key's, its profile's, the pool's): the 429 unless
+    // a budget step takes the call.
+    let mut call_over: Option<GatewayError> = None;
     // A provider's spent hard budget: until when its candidates are out.
     let mut provider_out: Vec<(&str, &str, i64)> = Vec::new();
     for state in budgets.states.iter().filter(|s| s.until_ms > now_ms) {
@@ -142,7 +190,7 @@ pub fn check(
             continue;
         }
         if policy.hard && level == BudgetLevel::Over {
-            verdict.refusal.get_or_insert_with(|| {
+            call_over.get_or_insert_with(|| {
                 refusal(
                     &state.name,
                     "is spent for this window; it resets when the window ends.",
@@ -153,12 +201,12 @@ pub fn check(
             warn(&mut verdict.warnings, &state.name, level);
         }
     }
-    if !provider_out.is_empty() && verdict.refusal.is_none() {
-        for tier in tiers.iter_mut() {
-            tier.retain(|c| !provider_out.iter().any(|(p, _, _)| *p == c.provider));
-        }
-        tiers.retain(|t| !t.is_empty());
-        if tiers.is_empty() {
+    if (call_over.is_some() || !provider_out.is_empty()) && verdict.refusal.is_none() {
+        let out: Vec<&str> = provider_out.iter().map(|(p, _, _)| *p).collect();
+        verdict.ruled_out = take_budget_steps(tiers, call_over.is_some(), &out);
+        if tiers.is_empty() && call_over.is_some() {
+            verdict.refusal = call_over;
+        } else if tiers.is_empty() {
             // Every candidate's provider is out: back when the first of them returns.
             let (_, name, until) = provider_out
                 .iter()
@@ -342,5 +390,85 @@ mod tests {
             (e.code, e.retry_after_s),
             (ErrorCode::BudgetExceeded, Some(5))
         );
+    }
+
+    fn step(provider: &str, model: &str, when: &[&str]) -> Candidate {
+        Candidate {
+            when: when.iter().map(|w| (*w).to_owned()).collect(),
+            model: model.into(),
+            ..cand(provider)
+        }
+    }
+
+    #[test]
+    fn a_spent_call_budget_takes_the_budget_step_instead_of_the_429() {
+        let budgets = Budgets {
+            policies: vec![policy("team", BudgetScope::Key, BudgetWindow::Day, true)],
+            states: vec![state("team", "key_a", BudgetLevel::Over, AT + 5_000)],
+        };
+        let mut tiers = vec![
+            vec![cand("openai")],
+            vec![step("groq", "big", &["rate_limit"])],
+            vec![step("groq", "mini", &["budget_exceeded", "timeout"])],
+        ];
+        let v = check(Some(&budgets), &call(10), &mut tiers, AT);
+        assert_eq!(v.refusal, None);
+        // Only the step is left, unconditional now: its trigger fired before the first attempt.
+        assert_eq!(tiers, vec![vec![step("groq", "mini", &[])]]);
+        assert_eq!(
+            v.ruled_out,
+            vec![cand("openai"), step("groq", "big", &["rate_limit"])]
+        );
+        // Without a step the 429 stays.
+        let mut plain = vec![
+            vec![cand("openai")],
+            vec![step("groq", "big", &["timeout"])],
+        ];
+        let v = check(Some(&budgets), &call(10), &mut plain, AT);
+        let e = v.refusal.expect("refused");
+        assert_eq!(
+            (e.code, e.retry_after_s),
+            (ErrorCode::BudgetExceeded, Some(5))
+        );
+    }
+
+    #[test]
+    fn a_spent_provider_budget_enables_the_steps_of_other_providers() {
+        let budgets = Budgets {
+            policies: vec![policy(
+                "openai-day",
+                BudgetScope::Provider,
+                BudgetWindow::Day,
+                true,
+            )],
+            states: vec![state("openai-day", "openai", BudgetLevel::Over, AT + 5_000)],
+        };
+        let mut tiers = vec![
+            vec![cand("openai")],
+            vec![step("openai", "mini", &["budget_exceeded"])],
+            vec![step("groq", "mini", &["budget_exceeded"])],
+        ];
+        let v = check(Some(&budgets), &call(10), &mut tiers, AT);
+        assert_eq!(v.refusal, None);
+        // The step on the spent provider is out too.
+        assert_eq!(tiers, vec![vec![step("groq", "mini", &[])]]);
+        assert_eq!(v.ruled_out.len(), 2);
+        // A step no budget fired stays conditional.
+        let mut calm = vec![
+            vec![cand("groq")],
+            vec![step("groq", "mini", &["budget_exceeded"])],
+        ];
+        let v = check(Some(&budgets), &call(10), &mut calm, AT);
+        assert_eq!((v.refusal, v.ruled_out), (None, vec![]));
+        assert_eq!(calm[1][0].when, ["budget_exceeded"]);
+        // Only steps on spent providers: refused.
+        let mut spent = vec![
+            vec![cand("openai")],
+            vec![step("openai", "mini", &["budget_exceeded"])],
+        ];
+        let e = check(Some(&budgets), &call(10), &mut spent, AT)
+            .refusal
+            .expect("refused");
+        assert_eq!(e.code, ErrorCode::BudgetExceeded);
     }
 }

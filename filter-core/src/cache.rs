@@ -1,7 +1,8 @@
-//! The response cache's decisions (pool `cache: { ttlMs, maxEntries, maxBytes }`): not yet
-//! wired into the front stage. Kept pure so the stage only moves bytes.
+//! The response cache (pool `cache: { ttlMs, maxEntries, maxBytes }`): the front stage looks a
+//! resolved request up before it plans any attempt, answers a hit itself, and stores a missed
+//! call's answer as it passes back. Decisions here; the stage only moves bytes.
 //!
-//! - The key is the resolved request: the models the call resolves to and the body's
+//! - The key is the resolved request: the candidates the call resolves to and the body's
 //!   messages, tools and sampling parameters; `stream` and `stream_options` do not split it
 //!   (a stored answer replays as SSE to a streaming client, [`replay_sse`]).
 //! - Storage is bounded per Envoy process: shared data cannot drop a key, so entries live in
@@ -10,12 +11,25 @@
 //!   TTL is a miss. An answer larger than `maxBytes / maxEntries` is not stored, so the cache
 //!   never holds more than `maxBytes` of answers.
 //! - Only complete answers are stored ([`storable`]): a 200 with choices, none cut at
-//!   `length`, none empty.
+//!   `length`, none empty. A streamed answer is stored as the chat completion its events
+//!   assemble to ([`assemble_stream`]) only when the stream ended cleanly: `[DONE]` after
+//!   every choice's finish and no error event; a stream that broke off stores nothing.
+//! - Whether a call uses the cache ([`applies`]): the key's `cache` when set, else the merged
+//!   policy's, else on (with the pool's `cache:`). `Cache-Control: no-cache` or `no-store` from
+//!   the client skips the lookup and the store ([`bypassed`]).
 
+use ai_router_proto::v1::{CacheSettings, CacheStore};
 use serde_json::{json, Value};
 
+use crate::host::Host;
 use crate::plan::Operation;
 use crate::util::sha256_hex;
+
+/// Writes a store tries before it gives the slot up to the workers racing for it.
+const STORE_TRIES: usize = 4;
+
+/// How many bytes of SSE a stream may take per byte of its slot while it is collected.
+const STREAM_BYTES_PER_SLOT_BYTE: u64 = 8;
 
 /// The body fields that make two requests the same request.
 const KEYED_FIELDS: &[&str] = &[
@@ -101,20 +115,42 @@ pub fn storable(status: u16, body: &Value) -> bool {
 }
 
 /// A stored answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Entry {
     pub key: String,
     pub expires_at_ms: i64,
+    /// The provider and pool model that answered: what a hit saves is priced there.
+    pub provider: String,
+    pub model: String,
     /// The answer's body, as the client got it.
     pub body: Vec<u8>,
 }
 
+/// A short name, prefixed by its length (one byte; longer names are cut).
+fn put_name(out: &mut Vec<u8>, name: &str) {
+    let bytes = name.as_bytes();
+    let len = bytes.len().min(255);
+    out.push(u8::try_from(len).unwrap_or(u8::MAX));
+    out.extend_from_slice(bytes.get(..len).unwrap_or_default());
+}
+
+fn take_name(bytes: &[u8], at: &mut usize) -> Option<String> {
+    let len = usize::from(*bytes.get(*at)?);
+    let name = std::str::from_utf8(bytes.get(*at + 1..*at + 1 + len)?).ok()?;
+    *at += 1 + len;
+    Some(name.to_owned())
+}
+
 impl Entry {
-    /// `key (64 hex) | expires (8, big endian) | body`.
+    /// `key (64 hex) | expires (8, big endian) | provider | model | body`, each name prefixed
+    /// by its length (one byte).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(72 + self.body.len());
+        let mut out =
+            Vec::with_capacity(74 + self.provider.len() + self.model.len() + self.body.len());
         out.extend_from_slice(self.key.as_bytes());
         out.extend_from_slice(&self.expires_at_ms.to_be_bytes());
+        put_name(&mut out, &self.provider);
+        put_name(&mut out, &self.model);
         out.extend_from_slice(&self.body);
         out
     }
@@ -122,10 +158,15 @@ impl Entry {
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let key = std::str::from_utf8(bytes.get(..64)?).ok()?.to_owned();
         let expires_at_ms = i64::from_be_bytes(bytes.get(64..72)?.try_into().ok()?);
+        let mut at = 72;
+        let provider = take_name(bytes, &mut at)?;
+        let model = take_name(bytes, &mut at)?;
         Some(Self {
             key,
             expires_at_ms,
-            body: bytes.get(72..)?.to_vec(),
+            provider,
+            model,
+            body: bytes.get(at..)?.to_vec(),
         })
     }
 }
@@ -138,6 +179,413 @@ pub fn lookup(slot: Option<&[u8]>, key: &str, now_ms: i64) -> Option<Entry> {
 /// The largest answer a slot takes: `max_bytes / max_entries`.
 pub fn slot_bytes(max_bytes: u64, max_entries: u32) -> u64 {
     max_bytes / u64::from(max_entries.max(1))
+}
+
+/// The pool's cache when this call uses it: the key's `cache` when set, else the merged
+/// policy's, else on.
+pub fn applies(
+    pool: Option<&CacheSettings>,
+    policy: Option<bool>,
+    key: Option<bool>,
+) -> Option<CacheSettings> {
+    let pool = pool.filter(|c| c.ttl_ms > 0 && c.max_entries > 0)?;
+    key.or(policy).unwrap_or(true).then_some(*pool)
+}
+
+/// Where a missed call's answer goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Miss {
+    pub key: String,
+    pub slot: u32,
+    pub ttl_ms: u64,
+    /// The largest entry the slot takes.
+    pub slot_bytes: u64,
+}
+
+/// What the cache did for a call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Lookup {
+    /// The cache is not on for this call.
+    #[default]
+    Off,
+    /// The client asked not to be served from a cache.
+    Bypass,
+    Hit(Entry),
+    Miss(Miss),
+}
+
+impl Lookup {
+    /// The `x-ai-router-cache` value.
+    pub fn header(&self) -> Option<&'static str> {
+        match self {
+            Lookup::Off => None,
+            Lookup::Bypass => Some("bypass"),
+            Lookup::Hit(_) => Some("hit"),
+            Lookup::Miss(_) => Some("miss"),
+        }
+    }
+
+    pub fn to_proto(&self) -> ai_router_proto::v1::CacheLookup {
+        use ai_router_proto::v1::CacheLookup as L;
+        match self {
+            Lookup::Off => L::Unspecified,
+            Lookup::Bypass => L::Bypass,
+            Lookup::Hit(_) => L::Hit,
+            Lookup::Miss(_) => L::Miss,
+        }
+    }
+}
+
+/// Looks the call whose key is `key` up in this process's slots.
+pub fn look(
+    host: &impl Host,
+    cache: &CacheSettings,
+    key: String,
+    cache_control: Option<&str>,
+    now_ms: i64,
+) -> Lookup {
+    if bypassed(cache_control) {
+        return Lookup::Bypass;
+    }
+    let slot = slot_of(&key, cache.max_entries);
+    let (held, _) = host.cache_slot(slot);
+    match lookup(held.as_deref(), &key, now_ms) {
+        Some(entry) => Lookup::Hit(entry),
+        None => Lookup::Miss(Miss {
+            key,
+            slot,
+            ttl_ms: cache.ttl_ms,
+            slot_bytes: slot_bytes(cache.max_bytes, cache.max_entries),
+        }),
+    }
+}
+
+/// Stores a missed call's unary answer (`status`, `body`) from `provider`'s `model`, when it is
+/// complete and fits its slot; says what became of it.
+pub fn store(
+    host: &mut impl Host,
+    miss: &Miss,
+    status: u16,
+    body: &[u8],
+    lane: (&str, &str),
+    now_ms: i64,
+) -> CacheStore {
+    let complete = serde_json::from_slice::<Value>(body).is_ok_and(|v| storable(status, &v));
+    if !complete {
+        return CacheStore::Unstorable;
+    }
+    let entry = Entry {
+        key: miss.key.clone(),
+        expires_at_ms: now_ms.saturating_add(i64::try_from(miss.ttl_ms).unwrap_or(i64::MAX)),
+        provider: lane.0.to_owned(),
+        model: lane.1.to_owned(),
+        body: body.to_vec(),
+    };
+    let bytes = entry.encode();
+    if bytes.len() as u64 > miss.slot_bytes {
+        return CacheStore::TooLarge;
+    }
+    for _ in 0..STORE_TRIES {
+        let (held, cas) = host.cache_slot(miss.slot);
+        if lookup(held.as_deref(), &miss.key, now_ms).is_some() {
+            // Another worker stored the same request meanwhile: the slot has it.
+            return CacheStore::Stored;
+        }
+        if host.set_cache_slot(miss.slot, &bytes, cas) {
+            return CacheStore::Stored;
+        }
+    }
+    // The slot keeps changing under this worker: its last writer keeps it.
+    CacheStore::Unstorable
+}
+
+/// The cache's part in one call at the front stage: the lookup, then for a miss the answer
+/// collected as it passes back and what became of it.
+#[derive(Debug, Default)]
+pub struct CallCache {
+    pub lookup: Lookup,
+    /// A missed call's unary answer so far, while it may still be stored.
+    answer: Option<Vec<u8>>,
+    /// The provider and model that answered.
+    lane: (String, String),
+    status: u16,
+    /// The answer is an SSE stream (stored as the completion it assembles to).
+    stream: bool,
+    stored: Option<CacheStore>,
+}
+
+impl CallCache {
+    /// Looks a resolved call up, when the cache applies to it: the pool has a cache, the
+    /// key's or the policy's `cache` leaves it on, and the caller speaks chat completions or
+    /// embeddings (a Messages or Responses caller is never cached).
+    #[allow(clippy::too_many_arguments)]
+    pub fn begin(
+        host: &impl Host,
+        state: &crate::state::State,
+        key_cache: Option<bool>,
+        policy_cache: Option<bool>,
+        protocol: crate::plan::Protocol,
+        op: Operation,
+        tiers: &[Vec<crate::plan::Candidate>],
+        body: &Value,
+        now_ms: i64,
+    ) -> Self {
+        let Some(cache) = applies(state.snapshot.cache.as_ref(), policy_cache, key_cache)
+            .filter(|_| protocol == crate::plan::Protocol::Chat)
+        else {
+            return Self::default();
+        };
+        let lanes: Vec<String> = tiers
+            .iter()
+            .flatten()
+            .map(|c| format!("{}/{}", c.provider, c.model))
+            .collect();
+        let names: Vec<&str> = lanes.iter().map(String::as_str).collect();
+        let cache_control = host.header_text(crate::host::Side::Request, "cache-control");
+        Self {
+            lookup: look(
+                host,
+                &cache,
+                key_of(op, &names, body),
+                cache_control.as_deref(),
+                now_ms,
+            ),
+            ..Self::default()
+        }
+    }
+
+    /// The answer's headers arrived (`status` as the client gets it): a miss collects a
+    /// complete unary answer from here; anything else is decided now. The header value for
+    /// the client, if the cache is on for the call.
+    pub fn on_answer_headers(
+        &mut self,
+        status: u16,
+        stream: bool,
+        end_of_stream: bool,
+        lane: (String, String),
+    ) -> Option<&'static str> {
+        if let Lookup::Miss(_) = self.lookup {
+            self.status = status;
+            self.lane = lane;
+            self.stream = stream;
+            if status != 200 || end_of_stream {
+                // An answer without a body (or a failure) has nothing to store.
+                self.stored = Some(CacheStore::Unstorable);
+            } else {
+                self.answer = Some(Vec::new());
+            }
+        }
+        self.lookup.header()
+    }
+
+    /// Whether the answer's body is being collected.
+    pub fn collecting(&self) -> bool {
+        self.answer.is_some()
+    }
+
+    /// A chunk of a missed call's answer; at its end the answer is stored when it may be.
+    pub fn on_answer_body(
+        &mut self,
+        host: &mut impl Host,
+        chunk: &[u8],
+        end_of_stream: bool,
+        now_ms: i64,
+    ) {
+        let (Lookup::Miss(miss), Some(answer)) = (&self.lookup, self.answer.as_mut()) else {
+            return;
+        };
+        answer.extend_from_slice(chunk);
+        // A stream's events take several times the bytes of the completion they assemble to.
+        let bound = if self.stream {
+            miss.slot_bytes.saturating_mul(STREAM_BYTES_PER_SLOT_BYTE)
+        } else {
+            miss.slot_bytes
+        };
+        if answer.len() as u64 > bound {
+            self.answer = None;
+            self.stored = Some(CacheStore::TooLarge);
+            return;
+        }
+        if end_of_stream {
+            let lane = (self.lane.0.as_str(), self.lane.1.as_str());
+            let assembled;
+            let body: &[u8] = if self.stream {
+                match assemble_stream(answer) {
+                    Some(completion) => {
+                        assembled = completion.to_string().into_bytes();
+                        &assembled
+                    }
+                    None => {
+                        self.stored = Some(CacheStore::Unstorable);
+                        self.answer = None;
+                        return;
+                    }
+                }
+            } else {
+                answer
+            };
+            self.stored = Some(store(host, miss, self.status, body, lane, now_ms));
+            self.answer = None;
+        }
+    }
+
+    /// The client went away (or the stream ended) before the answer's end: nothing stored.
+    pub fn finish(&mut self) {
+        if self.answer.take().is_some() {
+            self.stored = Some(CacheStore::Unstorable);
+        }
+    }
+
+    /// The cache's part of the call's report: a hit is a success whose usage, provider and
+    /// model are the stored answer's (what it saved); a miss says what became of its answer.
+    pub fn report(&mut self, outcome: &mut ai_router_proto::v1::RequestOutcome) {
+        self.finish();
+        outcome.cache_lookup = self.lookup.to_proto().into();
+        if let Some(stored) = self.stored {
+            outcome.cache_store = stored.into();
+        }
+        if let Lookup::Hit(entry) = &self.lookup {
+            outcome.cache_hit = true;
+            outcome.provider.clone_from(&entry.provider);
+            outcome.model.clone_from(&entry.model);
+            outcome.usage = serde_json::from_slice::<Value>(&entry.body)
+                .ok()
+                .and_then(|v| crate::stream::usage_of(&v))
+                .map(|u| ai_router_proto::v1::Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                    cached_tokens: u.cached_tokens,
+                });
+        }
+    }
+}
+
+/// The chat completion a chat-completions SSE stream assembles to, when the stream ended
+/// cleanly: `data: [DONE]` last, no error event, every choice finished. Content and tool-call
+/// arguments are the concatenation of their deltas; usage is the usage chunk's.
+pub fn assemble_stream(sse: &[u8]) -> Option<Value> {
+    let mut parser = crate::sse::Parser::new();
+    let mut events = parser.feed(sse);
+    // A last event without its blank line still counts.
+    events.extend(parser.feed(b"\n\n"));
+    events.retain(|e| !e.data.trim().is_empty());
+    let (done, chunks) = events.split_last()?;
+    if done.data.trim() != "[DONE]" {
+        return None;
+    }
+    let mut head: Option<Value> = None;
+    let mut usage = None;
+    let mut choices: std::collections::BTreeMap<u64, Value> = std::collections::BTreeMap::new();
+    for event in chunks {
+        let chunk: Value = serde_json::from_str(&event.data).ok()?;
+        if chunk.get("error").is_some() || event.data.trim() == "[DONE]" {
+            return None;
+        }
+        if head.is_none() {
+            head = Some(chunk.clone());
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let index = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let choice = choices.entry(index).or_insert_with(|| {
+                json!({ "index": index, "finish_reason": null,
+                        "message": { "role": "assistant", "content": null } })
+            });
+            merge_delta(choice, c);
+        }
+    }
+    let head = head?;
+    let all_finished = !choices.is_empty()
+        && choices
+            .values()
+            .all(|c| c.get("finish_reason").is_some_and(Value::is_string));
+    if !all_finished {
+        return None;
+    }
+    let mut completion = json!({
+        "id": head.get("id").cloned().unwrap_or(Value::Null),
+        "object": "chat.completion",
+        "created": head.get("created").cloned().unwrap_or(json!(0)),
+        "model": head.get("model").cloned().unwrap_or(Value::Null),
+        "choices": choices.into_values().collect::<Vec<_>>(),
+    });
+    if let Some(u) = usage {
+        completion["usage"] = u;
+    }
+    Some(completion)
+}
+
+/// Folds one chunk's choice (its `delta` and `finish_reason`) into the assembled choice.
+fn merge_delta(choice: &mut Value, chunk: &Value) {
+    if let Some(finish) = chunk.get("finish_reason").filter(|f| f.is_string()) {
+        choice["finish_reason"] = finish.clone();
+    }
+    let Some(delta) = chunk.get("delta") else {
+        return;
+    };
+    let message = &mut choice["message"];
+    if let Some(text) = delta.get("content").and_then(Value::as_str) {
+        let joined = format!("{}{text}", message["content"].as_str().unwrap_or(""));
+        message["content"] = json!(joined);
+    }
+    for call in delta
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let n = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+        if !message["tool_calls"].is_array() {
+            message["tool_calls"] = json!([]);
+        }
+        let Some(calls) = message["tool_calls"].as_array_mut() else {
+            return;
+        };
+        let at = usize::try_from(n).unwrap_or(usize::MAX);
+        while calls.len() <= at && calls.len() < 128 {
+            calls.push(json!({ "id": null, "type": "function",
+                               "function": { "name": "", "arguments": "" } }));
+        }
+        let Some(slot) = calls.get_mut(at) else {
+            return;
+        };
+        for field in ["id", "type"] {
+            if let Some(v) = call.get(field).filter(|v| v.is_string()) {
+                slot[field] = v.clone();
+            }
+        }
+        for field in ["name", "arguments"] {
+            if let Some(part) = call
+                .pointer(&format!("/function/{field}"))
+                .and_then(Value::as_str)
+            {
+                let joined = format!("{}{part}", slot["function"][field].as_str().unwrap_or(""));
+                slot["function"][field] = json!(joined);
+            }
+        }
+    }
+}
+
+/// A hit's answer for the client: the stored body, or its SSE replay for a streaming client
+/// (with the usage chunk only when the client asked for it). `(content type, body)`.
+pub fn hit_answer(entry: &Entry, stream: bool, include_usage: bool) -> (&'static str, Vec<u8>) {
+    if !stream {
+        return ("application/json", entry.body.clone());
+    }
+    let mut answer: Value = serde_json::from_slice(&entry.body).unwrap_or(Value::Null);
+    if !include_usage {
+        if let Some(map) = answer.as_object_mut() {
+            map.remove("usage");
+        }
+    }
+    ("text/event-stream", replay_sse(&answer))
 }
 
 /// A stored unary chat answer as the SSE a streaming client expects: a role chunk, one content
@@ -265,6 +713,8 @@ mod tests {
         let entry = Entry {
             key: key.clone(),
             expires_at_ms: 2_000,
+            provider: "p1".into(),
+            model: "m1".into(),
             body: b"{}".to_vec(),
         };
         let bytes = entry.encode();
@@ -304,5 +754,40 @@ mod tests {
         assert!(events
             .iter()
             .all(|e| e["object"] == "chat.completion.chunk" && e["id"] == "chatcmpl-1"));
+    }
+
+    #[test]
+    fn a_clean_stream_assembles_at_every_cut_and_a_broken_one_does_not() {
+        let sse = concat!(
+            "data: {\"id\":\"c1\",\"created\":9,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":\"{\\\"a\"}}]}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\":1}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let whole = assemble_stream(sse.as_bytes()).expect("assembled");
+        assert_eq!(whole["id"], "c1");
+        let call = &whole["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_1");
+        assert_eq!(call["function"]["name"], "get");
+        assert_eq!(call["function"]["arguments"], "{\"a\":1}");
+        assert!(storable(200, &whole), "{whole}");
+        // The parser is fed at once here; the front feeds it the collected bytes whatever
+        // their cuts, so every cut of the bytes gives the same completion.
+        for cut in 1..sse.len() {
+            let (a, b) = sse.as_bytes().split_at(cut);
+            let joined = [a, b].concat();
+            assert_eq!(assemble_stream(&joined).as_ref(), Some(&whole));
+        }
+        // No [DONE], an error event, an unfinished choice: nothing.
+        let no_done = sse.replace("data: [DONE]\n\n", "");
+        assert_eq!(assemble_stream(no_done.as_bytes()), None);
+        let error = sse.replace(
+            "data: [DONE]",
+            "data: {\"error\":{\"code\":\"x\"}}\n\ndata: [DONE]",
+        );
+        assert_eq!(assemble_stream(error.as_bytes()), None);
+        let unfinished = sse.replace(",\"finish_reason\":\"tool_calls\"", "");
+        assert_eq!(assemble_stream(unfinished.as_bytes()), None);
+        assert_eq!(assemble_stream(b""), None);
     }
 }

@@ -7,9 +7,10 @@ use std::rc::Rc;
 
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
-    COST as H_COST, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
-    LANE_MODEL as H_LANE_MODEL, LANE_TRAIL as H_LANE_TRAIL, MODEL as H_MODEL, RETRY as H_RETRY,
-    RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE, TRAIL as H_TRAIL,
+    CACHE as H_CACHE, COST as H_COST, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
+    LANE_MODEL as H_LANE_MODEL, LANE_PROVIDER as H_LANE_PROVIDER, LANE_TRAIL as H_LANE_TRAIL,
+    MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE,
+    TRAIL as H_TRAIL,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -70,6 +71,10 @@ pub struct Front {
     wants_trail: bool,
     /// The final error's body gets the call's routing trail (`error.trail`).
     add_trail: bool,
+    /// The response cache's part in the call.
+    cache: crate::cache::CallCache,
+    /// The client asked for a stream.
+    stream: bool,
     /// The gateway has no state yet (a fresh Envoy): the call waits for it.
     state_wait: Option<StateWait>,
 }
@@ -114,6 +119,31 @@ impl Front {
             &headers,
             &crate::ingress::error_body(self.protocol, &err),
         );
+        Flow::Pause
+    }
+
+    /// A cache hit: the stored answer, no provider called.
+    fn answer_from_cache(
+        &mut self,
+        host: &mut impl Host,
+        content_type: &str,
+        model: &str,
+        body: &[u8],
+    ) -> Flow {
+        self.answered = Some((200, "cache"));
+        let warnings = self.budget_warnings.join(", ");
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("content-type", content_type),
+            ("x-request-id", &self.rid),
+            (H_CACHE, "hit"),
+            (H_MODEL, model),
+            (H_COST, "0"),
+            (H_ATTEMPTS, "0"),
+        ];
+        if !warnings.is_empty() {
+            headers.push((H_BUDGET_WARNING, &warnings));
+        }
+        host.send_response(200, &headers, body);
         Flow::Pause
     }
 
@@ -369,9 +399,32 @@ impl Front {
             }
         }
         let verdict = budget_verdict(&state, &key, &mut resolved, self.started_ms);
+        for c in &verdict.ruled_out {
+            resolved
+                .trail
+                .skip(&c.provider, "", &c.model, budget::TRIGGER);
+        }
         self.budget_warnings = verdict.warnings;
         if let Some(err) = verdict.refusal {
             return self.reply(host, err);
+        }
+        self.stream = resolved.stream;
+        self.cache = crate::cache::CallCache::begin(
+            host,
+            &state,
+            key.cache,
+            resolved.cache,
+            self.protocol,
+            op,
+            &resolved.tiers,
+            &parsed,
+            self.started_ms,
+        );
+        if let crate::cache::Lookup::Hit(entry) = &self.cache.lookup {
+            let (content_type, body) =
+                crate::cache::hit_answer(entry, resolved.stream, resolved.include_usage);
+            let model = entry.model.clone();
+            return self.answer_from_cache(host, content_type, &model, &body);
         }
         let cid = host.new_call(self.started_ms);
         let plan = Plan {
@@ -751,6 +804,11 @@ impl Front {
             .unwrap_or(0);
         let attempt = host.header_text(Side::Response, H_ATTEMPT);
         let model = host.header_text(Side::Response, H_LANE_MODEL);
+        let lane = (
+            host.header_text(Side::Response, H_LANE_PROVIDER)
+                .unwrap_or_default(),
+            model.clone().unwrap_or_default(),
+        );
         let cost = host.header_text(Side::Response, H_LANE_COST);
         let retry_after = host.header_text(Side::Response, H_RETRY_AFTER);
         let final_status = host
@@ -849,6 +907,13 @@ impl Front {
             let value = self.budget_warnings.join(", ");
             host.set_header(Side::Response, H_BUDGET_WARNING, Some(&value));
         }
+        let status = self.status;
+        if let Some(v) = self
+            .cache
+            .on_answer_headers(status, self.stream, end_of_stream, lane)
+        {
+            host.set_header(Side::Response, H_CACHE, Some(v));
+        }
         Flow::Continue
     }
 
@@ -858,6 +923,11 @@ impl Front {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
+        if self.cache.collecting() {
+            let chunk = host.body(Side::Response, 0, size);
+            let now = host.now_ms();
+            self.cache.on_answer_body(host, &chunk, end_of_stream, now);
+        }
         if self.replace_body.is_none() && !self.redress && !self.add_trail {
             return Flow::Continue;
         }
@@ -919,7 +989,7 @@ impl Front {
             }
         };
         let answered = call.as_ref().and_then(|c| c.answered.clone());
-        host.report_request(RequestOutcome {
+        let mut report = RequestOutcome {
             request_id: self.rid.clone(),
             virtual_key_id: self.vk_id.clone(),
             operation: op.as_str().into(),
@@ -947,7 +1017,10 @@ impl Front {
             traceparent: self.traceparent.clone(),
             protocol: crate::plan::client_protocol(op, self.protocol).into(),
             tracestate: self.tracestate.clone(),
-        });
+            ..RequestOutcome::default()
+        };
+        self.cache.report(&mut report);
+        host.report_request(report);
     }
 }
 
@@ -975,6 +1048,14 @@ pub fn valid_traceparent(value: &str) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+#[path = "front_cache_tests.rs"]
+mod cache_tests;
+
+#[cfg(test)]
+#[path = "front_budget_tests.rs"]
+mod budget_step_tests;
 
 #[cfg(test)]
 mod traceparent_tests {

@@ -133,6 +133,13 @@ pub trait Host {
     fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>>;
     /// Overwrites a session-affinity slot, for every worker of the process.
     fn set_affinity_slot(&mut self, slot: u64, record: &[u8]);
+    /// A response-cache slot of this process (`cache`): what it holds (`None`: nothing) and
+    /// the compare-and-swap token of that version.
+    fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes a response-cache slot for every worker of the process, when it is still the
+    /// version `cas` read (`None`: whatever it holds); `false` when another worker wrote it
+    /// first or the host refused.
+    fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool;
 
     /// The names of every header of that side.
     fn header_names(&self, side: Side) -> Vec<String> {
@@ -263,6 +270,10 @@ pub mod fake {
         pub rr: RoundRobin,
         pub latencies: Vec<(LaneId, f64)>,
         pub affinity: HashMap<u64, Vec<u8>>,
+        /// Response-cache slots: what each holds and its version (the CAS token).
+        pub cache: HashMap<u32, (Vec<u8>, u32)>,
+        /// Writes `set_cache_slot` loses to another worker before it wins (a race).
+        pub cache_races: u32,
         /// Draws `random_unit` returns in turn (then 0.5).
         pub draws: std::collections::VecDeque<f64>,
     }
@@ -519,8 +530,70 @@ pub mod fake {
         fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
             self.affinity.insert(slot, record.to_vec());
         }
+        fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+            match self.cache.get(&slot) {
+                Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+                None => (None, None),
+            }
+        }
+        fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+            let version = self.cache.get(&slot).map(|(_, v)| *v);
+            if self.cache_races > 0 {
+                // Another worker writes the slot between this one's read and write.
+                self.cache_races -= 1;
+                let next = version.unwrap_or(0) + 1;
+                self.cache.insert(slot, (b"another".to_vec(), next));
+                return false;
+            }
+            if cas.is_some() && cas != version {
+                return false;
+            }
+            let next = version.unwrap_or(0) + 1;
+            self.cache.insert(slot, (entry.to_vec(), next));
+            true
+        }
         fn report_attempt(&mut self, outcome: AttemptOutcome) {
             self.attempts.push(outcome);
+        }
+    }
+
+    /// A provider of the tests' pools: one key `a` with `secret`, these models.
+    pub fn provider(
+        id: &str,
+        secret: &str,
+        models: Vec<ai_router_proto::v1::Model>,
+    ) -> ai_router_proto::v1::Provider {
+        ai_router_proto::v1::Provider {
+            id: id.into(),
+            keys: vec![ai_router_proto::v1::ProviderKey {
+                alias: "a".into(),
+                secret: secret.into(),
+                ..Default::default()
+            }],
+            models,
+            ..Default::default()
+        }
+    }
+
+    /// A model of the tests' pools, with its aliases.
+    pub fn model(id: &str, aliases: &[&str]) -> ai_router_proto::v1::Model {
+        ai_router_proto::v1::Model {
+            id: id.into(),
+            aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// An enabled virtual key bound to every profile and model, whose secret is `secret`.
+    pub fn open_key(id: &str, secret: &str) -> ai_router_proto::v1::VirtualKey {
+        ai_router_proto::v1::VirtualKey {
+            id: id.into(),
+            sha256: crate::util::sha256_hex(secret.as_bytes()),
+            profiles: vec!["*".into()],
+            models: vec!["*".into()],
+            allow_fallback: true,
+            enabled: true,
+            ..Default::default()
         }
     }
 

@@ -13,7 +13,7 @@
 //!   API: which lanes serve them natively, and the translations to and from chat completions;
 //! - `quota`, `budget`: the per-key quotas and the budget policies the front stage enforces;
 //!   `minute_lease`: `requestsPerMinute` across Envoys, from blocks the control plane grants;
-//! - `cache`, `prompt_cache`: the response cache's decisions (not wired yet) and Anthropic's
+//! - `cache`, `prompt_cache`: the response cache (lookup, store, replay) and Anthropic's
 //!   `cache_control` marker;
 //! - `headers`: what crosses the gateway; `reports`, `errors`, `plan`, `state`.
 //! - `cost`, `park`: cheapest-first ordering (`autoSort`), an answer's cost and saving, and

@@ -29,6 +29,8 @@ pub struct Resolved {
     pub prompt_cache: String,
     /// The candidates the request's needs or the policy ruled out, for the routing trail.
     pub trail: crate::trail::Trail,
+    /// The merged policy's `cache` (unset: the pool's cache, when it has one, applies).
+    pub cache: Option<bool>,
 }
 
 /// A named candidate as `families::with_siblings` takes it: name, provider, (weight, index of
@@ -100,6 +102,9 @@ pub fn merge(base: &Policy, over: &Policy) -> Policy {
     }
     if over.reset_interval_ms.is_some() {
         out.reset_interval_ms = over.reset_interval_ms;
+    }
+    if over.cache.is_some() {
+        out.cache = over.cache;
     }
     out
 }
@@ -575,6 +580,7 @@ pub fn resolve_as(
         include_usage,
         profile: profile.map(|_| requested.clone()),
         prompt_cache: policy.prompt_cache.clone().unwrap_or_default(),
+        cache: policy.cache,
     })
 }
 

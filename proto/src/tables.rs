@@ -107,6 +107,7 @@ impl Tables {
                 selection: snapshot.selection,
                 budgets: snapshot.budgets,
                 routes: snapshot.routes,
+                cache: snapshot.cache,
             },
             providers: snapshot.providers,
             virtual_keys: Arc::new(
@@ -168,6 +169,7 @@ impl Tables {
             resets: self.resets.values().cloned().collect(),
             budgets: self.settings.budgets.clone(),
             routes: self.settings.routes.clone(),
+            cache: self.settings.cache,
         }
     }
 
@@ -183,6 +185,7 @@ impl Tables {
             selection: self.settings.selection.clone(),
             budgets: self.settings.budgets.clone(),
             routes: self.settings.routes.clone(),
+            cache: self.settings.cache,
             ..Snapshot::default()
         }
     }

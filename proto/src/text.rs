@@ -6,8 +6,8 @@ use ai_router_contract::failure::ErrorClass as Class;
 
 use crate::v1::{
     AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, BudgetLevel, BudgetScope,
-    BudgetWindow, Capability, ErrorClass, FallbackTrigger, KeyOutReason, ProviderKind,
-    ProviderOutReason, RequestOutcome, RequestResult,
+    BudgetWindow, CacheLookup, CacheStore, Capability, ErrorClass, FallbackTrigger, KeyOutReason,
+    ProviderKind, ProviderOutReason, RequestOutcome, RequestResult,
 };
 
 impl From<Class> for ErrorClass {
@@ -217,6 +217,30 @@ impl BudgetLevel {
             Self::Unspecified => "",
             Self::Warn => "warn",
             Self::Over => "over",
+        }
+    }
+}
+
+impl CacheLookup {
+    /// "hit", "miss", "bypass"; empty for unspecified (the cache was off for the call).
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Hit => "hit",
+            Self::Miss => "miss",
+            Self::Bypass => "bypass",
+        }
+    }
+}
+
+impl CacheStore {
+    /// "stored", "unstorable", "too_large"; empty for unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Stored => "stored",
+            Self::Unstorable => "unstorable",
+            Self::TooLarge => "too_large",
         }
     }
 }

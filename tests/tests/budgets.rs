@@ -44,6 +44,19 @@ async fn chat_until(
     .unwrap()
 }
 
+/// One call that spends 120 tokens (answered: counting is after the call), then calls that
+/// spend nothing until the spent budget is pushed and a call is refused; returns the refusal.
+async fn cross_the_limit(gw: &Gateway) -> Reply {
+    gw.script_usage(60, 60).await.unwrap();
+    let crossing = gw.chat("chat").await.unwrap();
+    assert_eq!(crossing.status, 200, "the crossing call: {crossing}");
+    gw.script_usage(0, 0).await.unwrap();
+    chat_until(gw, None, "the spent budget to be pushed", |r| {
+        r.status == 429
+    })
+    .await
+}
+
 fn warning(r: &Reply) -> Option<String> {
     r.header(WARNING)
 }
@@ -144,14 +157,7 @@ async fn a_hard_key_budget_warns_at_warn_at_then_refuses_until_the_window_ends()
     assert_eq!(warning(&r), None, "another key: {r}");
 
     // The call that crosses the limit is answered: counting is after the call.
-    gw.script_usage(60, 60).await.unwrap();
-    let crossing = gw.chat("chat").await.unwrap();
-    assert_eq!(crossing.status, 200, "the crossing call: {crossing}");
-    gw.script_usage(0, 0).await.unwrap();
-    let refused = chat_until(&gw, None, "the spent budget to be pushed", |r| {
-        r.status == 429
-    })
-    .await;
+    let refused = cross_the_limit(&gw).await;
     if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
         panic!("past the hard limit: {problem}");
     }
@@ -310,4 +316,62 @@ async fn a_request_budget_caps_each_call_by_its_estimate() {
         ])
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_hard_budget_takes_a_when_budget_exceeded_step_instead_of_the_429() {
+    let gw = Gateway::start_with(
+        "budget_step",
+        with_budgets(
+            "  - { name: key-day, scope: key, window: day, limits: { maxTokens: 100 }, enforcement: hard }\n\
+             profiles:\n  smart: { candidates: [{ model: m1 }, { model: m2, when: [budget_exceeded] }] }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    // Before the budget is spent the step is never taken: m1 answers.
+    gw.script_usage(0, 0).await.unwrap();
+    chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    let calm = gw.chat("smart").await.unwrap();
+    assert_eq!(
+        calm.header("x-ai-router-model").as_deref(),
+        Some("m1"),
+        "{calm}"
+    );
+    // One call spends 120 of the key's 100 tokens.
+    // The direct call has no budget step: 429 once the spent budget is pushed.
+    let refused = cross_the_limit(&gw).await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("no step: {problem}");
+    }
+    retry_after(&refused, 86_400);
+    // The profile's step takes the call instead, on m2, and p1 is not called.
+    gw.clear_calls().await.unwrap();
+    for _ in 0..2 {
+        let r = gw
+            .client
+            .chat_with_headers(
+                &ai_router_e2e::chat_body("smart", false),
+                Some(&gw.virtual_key),
+                &[("x-ai-router-trail", "1")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.status, r.header("x-ai-router-model").as_deref()),
+            (200, Some("m2")),
+            "{r}"
+        );
+        let trail = r.header("x-ai-router-trail").unwrap_or_default();
+        assert!(
+            trail.contains("budget_exceeded"),
+            "the trail names the budget: {trail}"
+        );
+    }
+    assert!(
+        gw.mock1.calls().await.unwrap().is_empty(),
+        "m1 is out for the key"
+    );
+    assert_eq!(gw.mock2.calls().await.unwrap().len(), 2);
+    gw.check_no_secrets_in_logs().unwrap();
 }

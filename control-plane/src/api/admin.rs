@@ -9,10 +9,10 @@
 //!
 //! | route | does |
 //! |---|---|
-//! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); 201 `{ key, secret }` |
+//! | `POST /admin/keys` | create from a key spec (`label`, `owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`, `cache`); 201 `{ key, secret }` |
 //! | `GET /admin/keys` | `{ keys: [...] }`: mounted keys (`mounted: true`) then stored ones |
 //! | `GET /admin/keys/{id}` | one key |
-//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all) |
+//! | `PATCH /admin/keys/{id}` | change bindings (`owner`, `profiles`, `models`, `allowFallback`, `quota`, `enabled`, `cache`); `quota` merges limit by limit, `null` removes a limit (`quota: null`, all); `cache: null` leaves the response cache to the policy |
 //! | `POST /admin/keys/{id}/revoke` | revoke for good |
 //! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
 //! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
@@ -354,6 +354,8 @@ impl AdminApi {
                 })).collect::<Vec<_>>()).collect::<Vec<_>>(),
                 "autoSort": p.auto_sort.or(defaults.auto_sort).unwrap_or(false),
                 "resetIntervalMs": p.reset_interval_ms.or(defaults.reset_interval_ms),
+                // The response cache for the policy's calls (with the pool's `cache`).
+                "cache": config.cache.is_some() && p.cache.or(defaults.cache).unwrap_or(true),
                 "allowFallback": p.allow_fallback.or(defaults.allow_fallback).unwrap_or(true),
                 "maxAttempts": p.max_attempts.or(defaults.max_attempts),
                 "timeoutMs": p.timeout_ms.or(defaults.timeout_ms),
@@ -467,6 +469,9 @@ impl AdminApi {
             "routes": routes,
             "autoPrice": config.auto_price,
             "discovery": discovery,
+            "cache": config.cache.map(|c| json!({
+                "ttlMs": c.ttl_ms, "maxEntries": c.max_entries, "maxBytes": c.max_bytes,
+            })),
         })
     }
 }
@@ -850,6 +855,7 @@ fn key_to_proto(k: KeyInfo) -> pb::KeyInfo {
         mounted: k.mounted,
         hint: k.hint,
         created_at_ms: k.created_at_ms,
+        cache: k.cache,
     }
 }
 
@@ -912,6 +918,7 @@ impl pb::admin_server::Admin for AdminGrpc {
             allow_fallback: r.allow_fallback,
             quota: r.quota.as_ref().map(quota_from_proto),
             enabled: None,
+            cache: r.cache,
         };
         let created = self.api.create(spec).await?;
         tracing::info!(id = %created.key.id, "virtual key created");
@@ -953,6 +960,7 @@ impl pb::admin_server::Admin for AdminGrpc {
                 .as_ref()
                 .map(|q| Some(QuotaPatch::setting(&quota_from_proto(q)))),
             enabled: r.enabled,
+            cache: r.cache.map(Some),
         };
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
@@ -1083,6 +1091,7 @@ pub(crate) mod tests {
             quota: None,
             mounted: true,
             quota_block: None,
+            cache: None,
         };
         let engine = Engine::new(
             Arc::new(config),

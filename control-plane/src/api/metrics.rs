@@ -127,6 +127,9 @@ struct Counters {
     budget_warnings: BTreeMap<(String, String), u64>,
     /// By node: the outcomes its outbox dropped, as it last said.
     dropped: BTreeMap<String, u64>,
+    /// The response cache: lookups by result (hit, miss, bypass), stores by outcome.
+    cache_lookups: BTreeMap<&'static str, u64>,
+    cache_stores: BTreeMap<&'static str, u64>,
 }
 
 /// The counters, fed by every `Sync.Report` batch.
@@ -168,6 +171,12 @@ impl ReportObserver for Metrics {
                 .observe(r.latency_ms as f64 / 1000.0);
             if let Some(code) = quota_refusal(&outcome) {
                 *c.quota_refusals.entry(code.into()).or_default() += 1;
+            }
+            if r.cache_lookup() != pb::CacheLookup::Unspecified {
+                *c.cache_lookups.entry(r.cache_lookup().text()).or_default() += 1;
+            }
+            if r.cache_store() != pb::CacheStore::Unspecified {
+                *c.cache_stores.entry(r.cache_store().text()).or_default() += 1;
             }
             for warning in &r.budget_warnings {
                 let (budget, level) = warning.rsplit_once('=').unwrap_or((warning, ""));
@@ -403,6 +412,20 @@ impl Metrics {
         }
         by_one_label(
             &mut out,
+            ("ai_router_cache_lookups_total", "counter"),
+            "Calls the response cache was on for, by result (hit: answered from the cache, miss, bypass: the client's Cache-Control).",
+            "result",
+            c.cache_lookups.iter().map(|(k, n)| (*k, n)),
+        );
+        by_one_label(
+            &mut out,
+            ("ai_router_cache_stores_total", "counter"),
+            "What became of the answers of cache misses, by outcome (stored, unstorable: failed, empty, truncated or a stream that broke off, too_large).",
+            "outcome",
+            c.cache_stores.iter().map(|(k, n)| (*k, n)),
+        );
+        by_one_label(
+            &mut out,
             ("ai_router_report_dropped_total", "counter"),
             "Outcomes an Envoy's report outbox dropped (full), the most it reported, by node.",
             "node",
@@ -548,6 +571,8 @@ mod tests {
                     model: "m".into(),
                     outcome: pb::RequestResult::Success.into(),
                     latency_ms: 120,
+                    cache_lookup: pb::CacheLookup::Miss.into(),
+                    cache_store: pb::CacheStore::Stored.into(),
                     ..Default::default()
                 },
                 pb::RequestOutcome {
@@ -641,6 +666,8 @@ mod tests {
             "ai_router_cached_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 2",
             "ai_router_quota_refusals_total{code=\"tokens_per_day_exceeded\"} 1",
             "ai_router_report_dropped_total{node=\"envoy-1\"} 3",
+            "ai_router_cache_lookups_total{result=\"miss\"} 1",
+            "ai_router_cache_stores_total{outcome=\"stored\"} 1",
             "ai_router_state_version 7",
             "ai_router_breaker_open{scope=\"key\",provider=\"p\",key=\"a\\\"x\"} 1",
             "ai_router_sync_connections{node=\"envoy-2\"} 1",

@@ -117,6 +117,9 @@ pub struct Bindings {
     /// A disabled key answers 401 until enabled.
     #[arg(long)]
     pub disabled: bool,
+    /// The response cache for the key's calls, over the policy's `cache`.
+    #[arg(long, value_name = "true|false")]
+    pub cache: Option<bool>,
 }
 
 impl Bindings {
@@ -175,6 +178,7 @@ impl Bindings {
             allow_fallback: self.allow_fallback(),
             quota: self.has_quota().then(|| self.quota()),
             enabled: self.enabled(),
+            cache: self.cache,
         }
     }
 
@@ -190,6 +194,7 @@ impl Bindings {
                 .has_quota()
                 .then(|| Some(QuotaPatch::setting(&self.quota()))),
             enabled: self.enabled(),
+            cache: self.cache.map(Some),
         }
     }
 }
@@ -545,7 +550,17 @@ mod tests {
 
     #[test]
     fn update_patches_only_what_is_given() -> Result<(), Box<dyn std::error::Error>> {
-        let args = parse(&["update", "k", "--rpm", "5", "--enabled", "--profiles", ""])?;
+        let args = parse(&[
+            "update",
+            "k",
+            "--rpm",
+            "5",
+            "--enabled",
+            "--profiles",
+            "",
+            "--cache",
+            "false",
+        ])?;
         let KeysCommand::Update { bindings, .. } = args.command else {
             panic!("not update");
         };
@@ -567,6 +582,7 @@ mod tests {
             hint: "abcd".into(),
             created_at_ms: 0,
             created: None,
+            cache: None,
         };
         let patch = bindings.patch();
         assert_eq!(patch.enabled, Some(true));
@@ -583,6 +599,7 @@ mod tests {
         // On the wire: only the limit the flag names.
         let wire = serde_json::to_value(&patch)?;
         assert_eq!(wire["quota"], json!({ "requestsPerMinute": 5 }));
+        assert_eq!(wire["cache"], json!(false));
         Ok(())
     }
 }

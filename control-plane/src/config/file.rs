@@ -47,6 +47,9 @@ pub struct FileConfig {
     /// Rules on request metadata that choose a call's profile.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// The exact-match response cache of each Envoy process.
+    #[serde(default)]
+    pub cache: Option<crate::config::cache::CacheConfig>,
 }
 
 /// A `routes:` rule as written.
@@ -503,6 +506,8 @@ pub struct PolicyConfig {
     pub auto_sort: Option<bool>,
     /// After a failover, how often the cheaper lane that failed is tried again.
     pub reset_interval_ms: Option<u64>,
+    /// The response cache for this policy's calls (with the pool's `cache:`).
+    pub cache: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
@@ -732,6 +737,8 @@ pub struct MountedKeyConfig {
     pub allow_fallback: Option<bool>,
     pub quota: Option<QuotaConfig>,
     pub enabled: Option<bool>,
+    /// The response cache for this key's calls; set, it wins over the policy's `cache`.
+    pub cache: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]

@@ -14,6 +14,7 @@
 //! Secrets stay references ([`SecretSource`](secrets::SecretSource)); the engine resolves them.
 
 pub mod budgets;
+pub mod cache;
 pub mod catalog;
 mod error;
 pub mod facts;

@@ -47,6 +47,8 @@ pub struct Config {
     /// The `routes:` rules whose profile is left in the pool.
     pub routes: Vec<RouteConfig>,
     pub auto_price: bool,
+    /// `cache:`, checked; `None`: no response cache.
+    pub cache: Option<crate::config::cache::ResponseCache>,
 }
 
 /// The profile names and the model ids and aliases the file declares, whatever the environment
@@ -222,6 +224,8 @@ pub struct MountedKey {
     pub allow_fallback: bool,
     pub quota: Option<QuotaConfig>,
     pub enabled: bool,
+    /// `cache`: the response cache for this key's calls (unset: the policy decides).
+    pub cache: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -124,10 +124,22 @@ impl FileConfig {
             }
         }
 
+        crate::config::cache::refuse_cache_without_pool_cache(
+            self.cache.is_some(),
+            self.defaults
+                .iter()
+                .map(|d| ("defaults".to_owned(), d.cache))
+                .chain(
+                    self.profiles
+                        .iter()
+                        .map(|(name, p)| (format!("profiles.{name}"), p.cache)),
+                ),
+        )?;
         let routes = crate::config::routes::kept_routes(&self.routes, &profiles, &mut warnings);
         Ok(Config {
             routes,
             auto_price: self.auto_price == Some(true),
+            cache: crate::config::cache::resolve_cache(self.cache.as_ref())?,
             base_dir: base_dir.to_path_buf(),
             gateway,
             control_plane,
@@ -291,6 +303,7 @@ impl FileConfig {
                 allow_fallback: raw.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK),
                 quota: raw.quota,
                 enabled: raw.enabled.unwrap_or(defaults::KEY_ENABLED),
+                cache: raw.cache,
             });
         }
         Ok(keys)

@@ -26,6 +26,11 @@ impl Engine {
             |a| attempt_cost(&config, a).unwrap_or(0.0),
             |a| crate::keys::usage::saving_of(&config, a),
         );
+        self.stats.observe_cache(batch, |r| {
+            r.usage.as_ref().map_or(0.0, |u| {
+                crate::keys::usage::cost_of(&config, &r.provider, &r.model, u)
+            })
+        });
         if self.events.wants_calls() {
             for event in call_events(&config, batch) {
                 self.events.emit(event);

@@ -329,6 +329,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
         providers,
         virtual_keys: Vec::new(),
         routes: config.routes.iter().map(route_to_proto).collect(),
+        cache: config.cache.map(|c| c.to_proto()),
         defaults: config.defaults.as_ref().map(policy_to_proto),
         profiles: config
             .profiles
@@ -578,6 +579,7 @@ pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {
         prompt_cache: p.prompt_cache.map(|c| c.to_proto()),
         auto_sort: p.auto_sort,
         reset_interval_ms: p.reset_interval_ms,
+        cache: p.cache,
     }
 }
 

@@ -53,6 +53,19 @@ pub struct StatsView {
     /// attempts.
     pub protocols: BTreeMap<String, ProtocolStats>,
     pub lanes: Vec<LaneStats>,
+    /// The response cache's calls, and what its hits saved.
+    pub cache: CacheStats,
+}
+
+/// The calls the response cache was on for, by result, and what the hits saved: each hit's
+/// stored answer at its model's price.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub bypassed: u64,
+    pub saved: f64,
 }
 
 /// A report's protocol as counted: `unknown` from a data plane too old to say.
@@ -75,6 +88,7 @@ struct Inner {
     requests: BTreeMap<String, BTreeMap<String, u64>>,
     protocols: BTreeMap<String, ProtocolStats>,
     lanes: BTreeMap<(String, String, String), LaneStats>,
+    cache: CacheStats,
 }
 
 impl Stats {
@@ -153,9 +167,33 @@ impl Stats {
         }
     }
 
+    /// Counts the response cache's part of a batch's calls; `saved` prices a hit.
+    pub fn observe_cache(
+        &self,
+        batch: &pb::ReportBatch,
+        saved: impl Fn(&pb::RequestOutcome) -> f64,
+    ) {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &batch.requests {
+            match r.cache_lookup() {
+                pb::CacheLookup::Hit => {
+                    s.cache.hits += 1;
+                    let v = saved(r);
+                    if v.is_finite() && v > 0.0 {
+                        s.cache.saved += v;
+                    }
+                }
+                pb::CacheLookup::Miss => s.cache.misses += 1,
+                pb::CacheLookup::Bypass => s.cache.bypassed += 1,
+                pb::CacheLookup::Unspecified => {}
+            }
+        }
+    }
+
     pub fn view(&self) -> StatsView {
         let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         StatsView {
+            cache: s.cache,
             since_ms: s.since_ms,
             requests: s.requests.clone(),
             protocols: s.protocols.clone(),
@@ -246,5 +284,29 @@ mod tests {
             "{}",
             lane.latency_ewma_ms
         );
+    }
+
+    #[test]
+    fn cache_hits_misses_and_what_the_hits_saved() {
+        let stats = Stats::new(0);
+        let call = |lookup: pb::CacheLookup| pb::RequestOutcome {
+            cache_lookup: lookup.into(),
+            cache_hit: lookup == pb::CacheLookup::Hit,
+            ..Default::default()
+        };
+        let batch = pb::ReportBatch {
+            requests: vec![
+                call(pb::CacheLookup::Hit),
+                call(pb::CacheLookup::Hit),
+                call(pb::CacheLookup::Miss),
+                call(pb::CacheLookup::Bypass),
+                call(pb::CacheLookup::Unspecified),
+            ],
+            ..Default::default()
+        };
+        stats.observe_cache(&batch, |r| if r.cache_hit { 0.5 } else { 9.0 });
+        let c = stats.view().cache;
+        assert_eq!((c.hits, c.misses, c.bypassed), (2, 1, 1));
+        assert!((c.saved - 1.0).abs() < 1e-9, "{}", c.saved);
     }
 }

@@ -35,6 +35,9 @@ pub struct KeySpec {
     pub quota: Option<QuotaConfig>,
     #[serde(default)]
     pub enabled: Option<bool>,
+    /// The response cache for the key's calls (unset: the policy decides).
+    #[serde(default)]
+    pub cache: Option<bool>,
 }
 
 /// A patch field that can be cleared: absent keeps the value, `null` clears it, a value sets it.
@@ -121,6 +124,13 @@ pub struct KeyPatch {
     pub quota: Option<Option<QuotaPatch>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
+    /// `true`/`false` sets the key's response-cache choice, `null` leaves it to the policy.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache: Option<Option<bool>>,
 }
 
 /// A key as the admin surfaces show it: never a secret or a hash.
@@ -142,6 +152,9 @@ pub struct KeyInfo {
     /// 0 for a mounted key.
     pub created_at_ms: i64,
     pub created: Option<String>,
+    /// The key's response-cache choice; absent: the policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<bool>,
 }
 
 impl KeyInfo {
@@ -160,6 +173,7 @@ impl KeyInfo {
             hint: key.hint.clone(),
             created_at_ms: key.created_at_ms,
             created: Some(utc_timestamp(key.created_at_ms)),
+            cache: key.cache,
         }
     }
 
@@ -178,6 +192,7 @@ impl KeyInfo {
             hint: key.hint.clone(),
             created_at_ms: 0,
             created: None,
+            cache: key.cache,
         }
     }
 }
@@ -392,6 +407,7 @@ impl KeyAdmin {
             enabled: spec.enabled.unwrap_or(defaults::KEY_ENABLED),
             revoked: false,
             created_at_ms: self.clock.now_ms(),
+            cache: spec.cache,
         };
         self.store.insert(&key)?;
         Ok(KeyWithSecret {
@@ -447,6 +463,9 @@ impl KeyAdmin {
         }
         if let Some(enabled) = patch.enabled {
             key.enabled = enabled;
+        }
+        if let Some(cache) = patch.cache {
+            key.cache = cache;
         }
         check_bindings(&key.profiles, &key.models)?;
         // Only what this patch names: a key bound before a profile left the pool keeps working
@@ -622,6 +641,7 @@ mod tests {
             quota: None,
             mounted: true,
             quota_block: None,
+            cache: None,
         }
     }
 
@@ -676,6 +696,14 @@ mod tests {
         assert_eq!(updated.profiles, ["work"]);
         let records = admin.snapshot_keys()?;
         assert!(!records[1].enabled);
+        // The key's response-cache choice: set, stored, pushed, then left to the policy again.
+        let patch: KeyPatch = serde_json::from_str(r#"{"cache": false}"#).map_err(storage)?;
+        assert_eq!(admin.update(&id, patch)?.cache, Some(false));
+        assert_eq!(store.get(&id)?.and_then(|k| k.cache), Some(false));
+        assert_eq!(admin.snapshot_keys()?[1].to_proto().cache, Some(false));
+        let patch: KeyPatch = serde_json::from_str(r#"{"cache": null}"#).map_err(storage)?;
+        assert_eq!(admin.update(&id, patch)?.cache, None);
+        assert_eq!(store.get(&id)?.and_then(|k| k.cache), None);
         assert!(matches!(
             admin.update(
                 &id,
@@ -842,6 +870,7 @@ mod tests {
             enabled: true,
             revoked: false,
             created_at_ms: 0,
+            cache: None,
         })?;
         let admin = KeyAdmin::new(store, vec![mounted], Arc::new(SystemClock));
         let err = admin.check_collisions().map_err(|e| e.to_string());

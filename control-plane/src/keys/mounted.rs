@@ -172,6 +172,7 @@ fn mount(mounted: &MountedKey, env: &dyn Env) -> Result<VirtualKeyRecord, Mounte
         quota: mounted.quota,
         mounted: true,
         quota_block: None,
+        cache: mounted.cache,
     })
 }
 
@@ -200,6 +201,7 @@ fn starci_ai_key(env: &dyn Env) -> Result<Option<VirtualKeyRecord>, MountedKeyEr
         allow_fallback: defaults::ALLOW_FALLBACK,
         quota: None,
         enabled: defaults::KEY_ENABLED,
+        cache: None,
     };
     mount(&mounted, env).map(Some)
 }

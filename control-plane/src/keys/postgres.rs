@@ -93,6 +93,8 @@ const MIGRATIONS: &[&str] = &[
     // 1 -> 2: cached prompt tokens, and what cheaper lanes saved (as in SQLite).
     "ALTER TABLE key_usage ADD COLUMN cached_tokens BIGINT NOT NULL DEFAULT 0;
     ALTER TABLE key_usage ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0;",
+    // 2 -> 3: a key's own response-cache choice (NULL: the policy's).
+    "ALTER TABLE virtual_keys ADD COLUMN cache BOOLEAN;",
 ];
 
 /// The schema version this binary writes.
@@ -103,7 +105,7 @@ const MIGRATION_LOCK: i64 = 0x6169_726f_7574_6572; // "airouter"
 
 const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, allow_fallback, \
      requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
-     created_at_ms";
+     created_at_ms, cache";
 
 type UsageBatch = (String, Vec<(String, UsageDay)>);
 
@@ -181,6 +183,7 @@ fn key_from_row(row: &tokio_postgres::Row) -> Result<StoredKey, String> {
         enabled: row.try_get(12).map_err(get_err)?,
         revoked: row.try_get(13).map_err(get_err)?,
         created_at_ms: row.try_get(14).map_err(get_err)?,
+        cache: row.try_get(15).map_err(get_err)?,
     })
 }
 
@@ -326,7 +329,7 @@ impl PostgresKeyStore {
             let rpm = key.quota.requests_per_minute.map(i64_of);
             let tpd = key.quota.tokens_per_day.map(i64_of);
             let tx = client.transaction().await.map_err(err)?;
-            let values: [&(dyn tokio_postgres::types::ToSql + Sync); 15] = [
+            let values: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [
                 &key.id,
                 &key.label,
                 &key.sha256,
@@ -342,18 +345,19 @@ impl PostgresKeyStore {
                 &key.enabled,
                 &key.revoked,
                 &key.created_at_ms,
+                &key.cache,
             ];
             let sql = if insert {
                 format!(
                     "INSERT INTO virtual_keys ({KEY_COLUMNS}) VALUES \
-                     ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                     ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
                      ON CONFLICT DO NOTHING"
                 )
             } else {
                 "UPDATE virtual_keys SET label = $2, sha256 = $3, hint = $4, owner = $5, \
                  profiles = $6, models = $7, allow_fallback = $8, requests_per_minute = $9, \
                  tokens_per_day = $10, cost_per_day = $11, cost_per_month = $12, enabled = $13, \
-                 revoked = $14, created_at_ms = $15 WHERE id = $1"
+                 revoked = $14, created_at_ms = $15, cache = $16 WHERE id = $1"
                     .to_owned()
             };
             let changed = tx.execute(sql.as_str(), &values).await.map_err(err)?;
@@ -641,6 +645,7 @@ mod tests {
             enabled: true,
             revoked: false,
             created_at_ms: 1_700_000_000_000,
+            cache: None,
         }
     }
 

@@ -191,6 +191,7 @@ mod tests {
             quota: q,
             mounted: false,
             quota_block: None,
+            cache: None,
         };
         let mut keys = vec![
             record(Some(quota(Some(100), None, None))),

@@ -23,6 +23,8 @@ pub struct VirtualKeyRecord {
     pub mounted: bool,
     /// A quota spent according to usage (`keys::quotas`).
     pub quota_block: Option<QuotaBlock>,
+    /// The response cache for the key's calls, when the key says (else the policy's).
+    pub cache: Option<bool>,
 }
 
 impl VirtualKeyRecord {
@@ -42,6 +44,7 @@ impl VirtualKeyRecord {
                 .map(|b| b.code.as_str().to_owned())
                 .unwrap_or_default(),
             quota_until_ms: self.quota_block.as_ref().map_or(0, |b| b.until_ms),
+            cache: self.cache,
         }
     }
 }

@@ -63,6 +63,8 @@ pub struct StoredKey {
     pub enabled: bool,
     pub revoked: bool,
     pub created_at_ms: i64,
+    /// The response cache for the key's calls, when the key says (else the policy's).
+    pub cache: Option<bool>,
 }
 
 impl StoredKey {
@@ -81,6 +83,7 @@ impl StoredKey {
             quota: Some(self.quota),
             mounted: false,
             quota_block: None,
+            cache: self.cache,
         }
     }
 }
@@ -247,7 +250,7 @@ fn sql_u64(value: i64) -> u64 {
 
 const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, allow_fallback, \
      requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
-     created_at_ms";
+     created_at_ms, cache";
 
 fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredKey> {
     let list = |index: usize| -> rusqlite::Result<Vec<String>> {
@@ -274,6 +277,7 @@ fn key_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<StoredKey> {
         enabled: row.get(12)?,
         revoked: row.get(13)?,
         created_at_ms: row.get(14)?,
+        cache: row.get(15)?,
     })
 }
 
@@ -314,12 +318,13 @@ impl SqliteKeyStore {
             key.enabled,
             key.revoked,
             key.created_at_ms,
+            key.cache,
         ];
         let changed = if insert {
             tx.execute(
                 &format!(
                     "INSERT INTO virtual_keys ({KEY_COLUMNS}) VALUES \
-                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+                     (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
                 ),
                 values,
             )
@@ -329,7 +334,7 @@ impl SqliteKeyStore {
                 "UPDATE virtual_keys SET label = ?2, sha256 = ?3, hint = ?4, owner = ?5, \
                  profiles = ?6, models = ?7, allow_fallback = ?8, requests_per_minute = ?9, \
                  tokens_per_day = ?10, cost_per_day = ?11, cost_per_month = ?12, enabled = ?13, \
-                 revoked = ?14, created_at_ms = ?15 WHERE id = ?1",
+                 revoked = ?14, created_at_ms = ?15, cache = ?16 WHERE id = ?1",
                 values,
             )
             .map_err(storage)?

@@ -107,6 +107,12 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
             text => text,
         };
         *entry.outcomes.entry(outcome).or_insert(0) += 1;
+        // A cache hit called no provider: the stored answer's cost at its model is saved.
+        if request.cache_hit {
+            if let Some(usage) = &request.usage {
+                entry.saved += cost_of(config, &request.provider, &request.model, usage);
+            }
+        }
     }
     for charge in crate::keys::ledger::charges(config, batch) {
         if charge.key.is_empty() {
@@ -409,5 +415,42 @@ mod tests {
         assert_eq!(days[1].requests, 4);
         assert_eq!(days[1].prompt_tokens, 2_020);
         Ok(())
+    }
+
+    #[test]
+    fn a_cache_hit_saves_the_stored_answers_cost_and_spends_nothing() {
+        let config = config().unwrap();
+        let hit = pb::RequestOutcome {
+            virtual_key_id: "key_a".into(),
+            outcome: pb::RequestResult::Success.into(),
+            cache_hit: true,
+            provider: "p".into(),
+            model: "fast".into(),
+            usage: Some(pb::Usage {
+                prompt_tokens: 1_000,
+                completion_tokens: 100,
+                ..Default::default()
+            }),
+            at_ms: AT,
+            ..Default::default()
+        };
+        let batch = pb::ReportBatch {
+            requests: vec![hit.clone()],
+            ..Default::default()
+        };
+        let rows = usage_rows(&config, &batch, AT);
+        let row = &rows[0].1;
+        // 1000 x 2.0 + 100 x 10.0 per million.
+        assert!((row.saved - 0.003).abs() < 1e-12, "{}", row.saved);
+        assert_eq!((row.cost, row.prompt_tokens, row.successes), (0.0, 0, 1));
+        // The same outcome that is no hit saves nothing.
+        let miss = pb::ReportBatch {
+            requests: vec![pb::RequestOutcome {
+                cache_hit: false,
+                ..hit
+            }],
+            ..Default::default()
+        };
+        assert_eq!(usage_rows(&config, &miss, AT)[0].1.saved, 0.0);
     }
 }

@@ -112,6 +112,8 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE key_usage ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0;",
     // 3 -> 4: what cheaper lanes saved against the calls' first choice (`autoSort`, fallbacks).
     "ALTER TABLE key_usage ADD COLUMN saved REAL NOT NULL DEFAULT 0;",
+    // 4 -> 5: a key's own response-cache choice (NULL: the policy's).
+    "ALTER TABLE virtual_keys ADD COLUMN cache INTEGER;",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

@@ -355,6 +355,12 @@ impl Host for WasmHost {
     fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
         shared::set_affinity_slot(slot, record);
     }
+    fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+        shared::cache_slot(slot)
+    }
+    fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+        shared::set_cache_slot(slot, entry, cas)
+    }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
         shared::report_attempt(outcome);
     }

@@ -302,7 +302,6 @@ pub fn minute_answered(key_id: &str, ask: Ask, granted: Option<u32>) {
     }
 }
 
-/// A number in [0, 1) for jitter (xorshift, seeded per VM).
 /// A session-affinity slot, shared by the workers of this Envoy process.
 pub fn affinity_slot(slot: u64) -> Option<Vec<u8>> {
     match hostcalls::get_shared_data(&names::affinity(slot)) {
@@ -316,6 +315,20 @@ pub fn set_affinity_slot(slot: u64, record: &[u8]) {
     let _ = hostcalls::set_shared_data(&names::affinity(slot), Some(record), None);
 }
 
+/// A response-cache slot of this Envoy process and its CAS token.
+pub fn cache_slot(slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+    match hostcalls::get_shared_data(&names::cache(slot)) {
+        Ok((bytes, cas)) => (bytes.filter(|b| !b.is_empty()), cas),
+        Err(_) => (None, None),
+    }
+}
+
+/// Writes a response-cache slot if it is still the version `cas` read.
+pub fn set_cache_slot(slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+    hostcalls::set_shared_data(&names::cache(slot), Some(entry), cas).is_ok()
+}
+
+/// A number in [0, 1) for jitter (xorshift, seeded per VM).
 pub fn random_unit() -> f64 {
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();

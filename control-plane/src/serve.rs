@@ -353,6 +353,7 @@ pub async fn start(
     // Usage accounting and keys written by other processes.
     let otlp_endpoint = config.otlp_endpoint.clone();
     let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
+    recorder.set_store(keys.store().clone());
     let usage_for_reload = recorder.clone();
     let usage = recorder.clone();
     engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {

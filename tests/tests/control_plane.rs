@@ -416,6 +416,7 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
     let report = pb::ReportBatch {
         node: "intruder".into(),
         dropped: 0,
+        batch_id: String::new(),
         attempts: vec![pb::AttemptOutcome {
             request_id: "r1".into(),
             provider: "p1".into(),

@@ -563,6 +563,7 @@ mod tests {
         m.observe(&pb::ReportBatch {
             node: "envoy-1".into(),
             dropped: 3,
+            batch_id: String::new(),
             requests: vec![
                 pb::RequestOutcome {
                     operation: "chat".into(),

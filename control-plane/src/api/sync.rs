@@ -146,14 +146,31 @@ impl SyncApi for SyncService {
     ) -> Result<Response<pb::ReportAck>, Status> {
         self.authorize(&request)?;
         let batch = request.into_inner();
+        let id = batch.batch_id.clone();
+        if let Some(usage) = self.usage.as_ref().filter(|_| !id.is_empty()) {
+            // Sent again after an acknowledgement was lost: already counted.
+            if !usage.first_sight(&id).await {
+                return Ok(Response::new(pb::ReportAck {
+                    version: self.engine.version(),
+                }));
+            }
+        }
         // Ending a probe lease writes to the store: off the executor.
         let engine = self.engine.clone();
-        let (version, _) = tokio::task::spawn_blocking(move || engine.apply_report(&batch))
-            .await
-            .map_err(|err| Status::internal(format!("report task failed: {err}")))?;
+        let (version, _) =
+            match tokio::task::spawn_blocking(move || engine.apply_report(&batch)).await {
+                Ok(applied) => applied,
+                Err(err) => {
+                    if let Some(usage) = &self.usage {
+                        usage.forget(&id);
+                    }
+                    return Err(Status::internal(format!("report task failed: {err}")));
+                }
+            };
         if let Some(usage) = &self.usage {
             // Not acknowledged, the filter sends the batch again.
             if !usage.stored().await {
+                usage.forget(&id);
                 return Err(Status::unavailable(
                     "the usage of this batch could not be stored",
                 ));

@@ -128,6 +128,10 @@ impl UsageDay {
     }
 }
 
+/// How long a counted report batch's id is kept: a batch is sent again within seconds of its
+/// lost acknowledgement (or after the control plane's restart).
+pub const REPORT_BATCH_RETENTION_MS: i64 = 86_400_000;
+
 /// Where virtual keys and their usage live. Calls block.
 pub trait KeyStore: Send + Sync {
     /// Adds a new key (its id and hash are unique).
@@ -140,6 +144,22 @@ pub trait KeyStore: Send + Sync {
     /// Adds `(key id, day row)` deltas to the day rows. `Ok` also when the store keeps them to
     /// write later (Postgres away): the caller must not give them again.
     fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError>;
+    /// [`KeyStore::record_usage`], and the report batches `batches` marked counted in the same
+    /// transaction where the store can ([`KeyStore::counted_batch`]).
+    fn record_report_usage(
+        &self,
+        rows: &[(String, UsageDay)],
+        batches: &[String],
+    ) -> Result<(), KeyStoreError> {
+        let _ = batches;
+        self.record_usage(rows)
+    }
+    /// Whether the usage of report batch `id` is already counted (a store that does not mark
+    /// batches never knows).
+    fn counted_batch(&self, id: &str) -> Result<bool, KeyStoreError> {
+        let _ = id;
+        Ok(false)
+    }
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// A counter every key change bumps, whichever process made it.
@@ -383,8 +403,31 @@ impl KeyStore for SqliteKeyStore {
     }
 
     fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
+        self.record_report_usage(rows, &[])
+    }
+
+    fn record_report_usage(
+        &self,
+        rows: &[(String, UsageDay)],
+        batches: &[String],
+    ) -> Result<(), KeyStoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(storage)?;
+        if !batches.is_empty() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            for id in batches {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO report_batches (id, at_ms) VALUES (?1, ?2)",
+                )
+                .and_then(|mut stmt| stmt.execute(params![id, now]))
+                .map_err(storage)?;
+            }
+            tx.prepare_cached("DELETE FROM report_batches WHERE at_ms < ?1")
+                .and_then(|mut stmt| stmt.execute(params![now - REPORT_BATCH_RETENTION_MS]))
+                .map_err(storage)?;
+        }
         for (id, row) in rows {
             tx.prepare_cached(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
@@ -429,6 +472,13 @@ impl KeyStore for SqliteKeyStore {
             }
         }
         tx.commit().map_err(storage)
+    }
+
+    fn counted_batch(&self, id: &str) -> Result<bool, KeyStoreError> {
+        self.conn()
+            .prepare_cached("SELECT 1 FROM report_batches WHERE id = ?1")
+            .and_then(|mut stmt| stmt.exists(params![id]))
+            .map_err(storage)
     }
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {

@@ -16,7 +16,7 @@
 //! no call.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ai_router_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -29,7 +29,8 @@ type Rows = Vec<(String, UsageDay)>;
 
 /// What the writer receives, in order.
 pub enum Queued {
-    Rows(Rows),
+    /// A report batch's rows and its id (empty: none).
+    Rows(Rows, String),
     /// Answered once everything queued before it is stored (`true`) or failed to be.
     Stored(oneshot::Sender<bool>),
 }
@@ -147,7 +148,21 @@ pub struct UsageRecorder {
     config: std::sync::RwLock<Arc<Config>>,
     clock: Arc<dyn Clock>,
     queue: mpsc::UnboundedSender<Queued>,
+    /// The report batches seen lately, for [`UsageRecorder::first_sight`].
+    seen: Mutex<SeenBatches>,
+    /// Where counted batches are marked across restarts (the key store).
+    store: Mutex<Option<Arc<dyn KeyStore>>>,
 }
+
+/// Report batch ids this process took, the oldest first (bounded).
+#[derive(Default)]
+struct SeenBatches {
+    ids: std::collections::HashSet<String>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// How many report batch ids a process remembers itself (the key store remembers longer).
+const SEEN_BATCHES: usize = 16_384;
 
 impl UsageRecorder {
     /// The recorder and the receiving end [`run_writer`] drains.
@@ -161,6 +176,8 @@ impl UsageRecorder {
                 config: std::sync::RwLock::new(config),
                 clock,
                 queue,
+                seen: Mutex::default(),
+                store: Mutex::default(),
             }),
             rx,
         )
@@ -175,15 +192,53 @@ impl UsageRecorder {
             .map(|c| c.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
         let rows = usage_rows(&config, batch, self.clock.now_ms());
-        if !rows.is_empty() {
+        if !rows.is_empty() || !batch.batch_id.is_empty() {
             // The writer is gone only at shutdown.
-            let _ = self.queue.send(Queued::Rows(rows));
+            let _ = self.queue.send(Queued::Rows(rows, batch.batch_id.clone()));
         }
     }
 
     /// Prices usage by `config`'s models from the next batch on.
     pub fn set_config(&self, config: Arc<Config>) {
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// Marks counted batches in `store` too, so a batch sent again after a restart is known.
+    pub fn set_store(&self, store: Arc<dyn KeyStore>) {
+        *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store);
+    }
+
+    /// Whether report batch `id` is new: not taken by this process already, nor counted in the
+    /// key store before a restart. A new one is remembered from now on.
+    pub async fn first_sight(&self, id: &str) -> bool {
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            if !seen.ids.insert(id.to_owned()) {
+                return false;
+            }
+            seen.order.push_back(id.to_owned());
+            while seen.order.len() > SEEN_BATCHES {
+                if let Some(old) = seen.order.pop_front() {
+                    seen.ids.remove(&old);
+                }
+            }
+        }
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(store) = store else { return true };
+        let id = id.to_owned();
+        // A store that cannot answer: counted once more rather than lost.
+        !matches!(
+            tokio::task::spawn_blocking(move || store.counted_batch(&id)).await,
+            Ok(Ok(true))
+        )
+    }
+
+    /// Forgets batch `id` (its usage could not be stored: it will come again).
+    pub fn forget(&self, id: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.ids.remove(id) {
+            seen.order.retain(|kept| kept != id);
+        }
     }
 
     /// Waits until every row queued so far is in the store; `false` when the write failed or
@@ -224,12 +279,14 @@ pub async fn run_writer(
         };
         let Some(first) = first else { break };
         let mut pending = BTreeMap::new();
+        let mut batches = Vec::new();
         let mut waiting = Vec::new();
-        take(first, &mut pending, &mut waiting);
+        take(first, &mut pending, &mut batches, &mut waiting);
         while let Ok(more) = rx.try_recv() {
-            take(more, &mut pending, &mut waiting);
+            take(more, &mut pending, &mut batches, &mut waiting);
         }
-        let stored = pending.is_empty() || write(&store, pending).await;
+        let stored =
+            (pending.is_empty() && batches.is_empty()) || write(&store, pending, batches).await;
         if stored {
             written.notify_one();
         }
@@ -238,11 +295,13 @@ pub async fn run_writer(
         }
     }
     let mut pending = BTreeMap::new();
+    let mut batches = Vec::new();
     let mut waiting = Vec::new();
     while let Ok(more) = rx.try_recv() {
-        take(more, &mut pending, &mut waiting);
+        take(more, &mut pending, &mut batches, &mut waiting);
     }
-    let stored = pending.is_empty() || write(&store, pending).await;
+    let stored =
+        (pending.is_empty() && batches.is_empty()) || write(&store, pending, batches).await;
     for waiter in waiting {
         let _ = waiter.send(stored);
     }
@@ -251,22 +310,32 @@ pub async fn run_writer(
 fn take(
     queued: Queued,
     pending: &mut BTreeMap<(String, String), UsageDay>,
+    batches: &mut Vec<String>,
     waiting: &mut Vec<oneshot::Sender<bool>>,
 ) {
     match queued {
-        Queued::Rows(rows) => merge(pending, rows),
+        Queued::Rows(rows, batch) => {
+            merge(pending, rows);
+            if !batch.is_empty() {
+                batches.push(batch);
+            }
+        }
         Queued::Stored(waiter) => waiting.push(waiter),
     }
 }
 
 /// Whether the rows were stored.
-async fn write(store: &Arc<dyn KeyStore>, pending: BTreeMap<(String, String), UsageDay>) -> bool {
+async fn write(
+    store: &Arc<dyn KeyStore>,
+    pending: BTreeMap<(String, String), UsageDay>,
+    batches: Vec<String>,
+) -> bool {
     let rows: Rows = pending
         .into_iter()
         .map(|((id, _), row)| (id, row))
         .collect();
     let store = store.clone();
-    match tokio::task::spawn_blocking(move || store.record_usage(&rows)).await {
+    match tokio::task::spawn_blocking(move || store.record_report_usage(&rows, &batches)).await {
         Ok(Ok(())) => true,
         Ok(Err(err)) => {
             tracing::error!(%err, "cannot record usage");
@@ -368,6 +437,7 @@ mod tests {
                 },
             ],
             dropped: 0,
+            batch_id: String::new(),
         }
     }
 
@@ -414,6 +484,46 @@ mod tests {
         assert_eq!(days.len(), 2);
         assert_eq!(days[1].requests, 4);
         assert_eq!(days[1].prompt_tokens, 2_020);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_batch_sent_again_is_counted_once_even_after_a_restart(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let path = std::env::temp_dir()
+            .join(format!("ai-router-batches-{}", std::process::id()))
+            .join("keys.sqlite");
+        let _ = std::fs::remove_file(&path);
+        let store: Arc<dyn KeyStore> = Arc::new(crate::keys::store::SqliteKeyStore::open(&path)?);
+        let run = |store: Arc<dyn KeyStore>| -> Result<_, Box<dyn std::error::Error>> {
+            let (recorder, rx) =
+                UsageRecorder::new(Arc::new(config()?), Arc::new(crate::clock::SystemClock));
+            recorder.set_store(store.clone());
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let writer = tokio::spawn(run_writer(rx, store, Arc::new(Notify::new()), stop_rx));
+            Ok((recorder, stop_tx, writer))
+        };
+        let mut sent = batch();
+        sent.batch_id = "envoy-1-b1".into();
+        let (recorder, stop_tx, writer) = run(store.clone())?;
+        assert!(recorder.first_sight("envoy-1-b1").await);
+        recorder.observe(&sent);
+        assert!(recorder.stored().await);
+        // The same batch again in this process: known.
+        assert!(!recorder.first_sight("envoy-1-b1").await);
+        stop_tx.send(true)?;
+        writer.await?;
+        // A new process on the same file knows it from the store; another batch is new.
+        let (recorder, stop_tx, writer) = run(store.clone())?;
+        assert!(!recorder.first_sight("envoy-1-b1").await);
+        assert!(recorder.first_sight("envoy-1-b2").await);
+        // One whose usage could not be stored is forgotten: it counts when it comes again.
+        recorder.forget("envoy-1-b2");
+        assert!(recorder.first_sight("envoy-1-b2").await);
+        stop_tx.send(true)?;
+        writer.await?;
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31")?;
+        assert_eq!(days[1].requests, 2, "{days:?}");
         Ok(())
     }
 

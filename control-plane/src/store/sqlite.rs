@@ -114,6 +114,10 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE key_usage ADD COLUMN saved REAL NOT NULL DEFAULT 0;",
     // 4 -> 5: a key's own response-cache choice (NULL: the policy's).
     "ALTER TABLE virtual_keys ADD COLUMN cache INTEGER;",
+    // 5 -> 6: the report batches whose usage is counted (a batch sent again after a lost
+    // acknowledgement is not counted twice).
+    "CREATE TABLE report_batches (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
+    CREATE INDEX report_batches_at ON report_batches (at_ms);",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

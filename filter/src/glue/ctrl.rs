@@ -403,6 +403,8 @@ impl Ctrl {
         loop {
             let mut batch = ReportBatch {
                 node: self.node.clone(),
+                // The same on every send of this batch: the control plane counts it once.
+                batch_id: format!("{}-{}", self.node, super::shared::new_call(now_ms())),
                 ..ReportBatch::default()
             };
             // With telemetry.includeContent, attempts are large: bytes close a batch too.

@@ -123,6 +123,8 @@ pub struct Reloader {
     pub usage: Arc<UsageRecorder>,
     /// The quota ledger: its providers, scopes and limits follow the pool.
     pub ledger: Arc<crate::ledger::Ledger>,
+    /// Serving under `ai-router up` (which starts Envoy itself): what a restart means changes.
+    pub under_up: bool,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -173,6 +175,14 @@ impl Reloader {
         let old = self.engine.config();
         for held in held_fields(&old, &new) {
             match held.restart {
+                Restart::Envoy if self.under_up => tracing::warn!(
+                    field = held.field,
+                    "config reload: this field is part of Envoy's bootstrap; restart ai-router up (it renders and starts Envoy) for the change to take effect"
+                ),
+                Restart::ControlPlane if self.under_up => tracing::warn!(
+                    field = held.field,
+                    "config reload: this field is bound at start; the old value stays in force until ai-router up restarts"
+                ),
                 Restart::Envoy => tracing::warn!(
                     field = held.field,
                     "config reload: this field is part of Envoy's bootstrap; re-render it (ai-router render-envoy) and restart Envoy for the change to take effect"

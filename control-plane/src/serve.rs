@@ -110,6 +110,7 @@ impl Running {
             keys: self.keys.clone(),
             usage: self.usage.clone(),
             ledger: self.admin.ledger().clone(),
+            under_up: false,
         }
     }
 
@@ -122,6 +123,7 @@ impl Running {
     pub fn watch_config_edited(&mut self, path: PathBuf, edit: Option<crate::reload::EditFile>) {
         let mut reloader = self.reloader(path);
         reloader.edit = edit;
+        reloader.under_up = true;
         let stop = self.shutdown.subscribe();
         self.servers.push(tokio::spawn(reloader.run(stop)));
     }

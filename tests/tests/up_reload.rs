@@ -138,6 +138,22 @@ async fn up_reloads_on_a_file_change_and_on_sighup_while_envoy_keeps_serving() {
         assert_eq!(r.status, 200, "{r}");
         assert!(r.text.contains(text), "{r}");
     }
+    // A field of Envoy's bootstrap changes: applied at the next start of `up`, and the log says
+    // so in `up`'s own words.
+    replace(
+        &dir,
+        &config,
+        &pool(&[&mock1, &mock2]).replace(
+            "port: 0, keyStore",
+            "port: 0, maxBodyBytes: 2000000, keyStore",
+        ),
+    );
+    logged(
+        &stderr,
+        &["restart ai-router up", "gateway.maxBodyBytes"],
+        Duration::from_secs(10),
+    )
+    .await;
     // An invalid file is refused, and the pool before keeps serving.
     replace(
         &dir,

@@ -30,6 +30,9 @@ const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;
 pub struct Ctrl {
     cluster: String,
     node: String,
+    /// Report batch ids: when this VM started, and how many batches it made.
+    batch_epoch_ms: i64,
+    batches_made: u64,
     token: Option<String>,
     stream: Option<u32>,
     next_connect_ms: i64,
@@ -68,6 +71,8 @@ impl Ctrl {
         Self {
             cluster,
             node,
+            batch_epoch_ms: now_ms(),
+            batches_made: 0,
             token,
             stream: None,
             next_connect_ms: 0,
@@ -398,13 +403,22 @@ impl Ctrl {
         }
     }
 
+    /// An id no other batch of this Envoy, before or after a restart, has.
+    fn next_batch_id(&mut self) -> String {
+        self.batches_made += 1;
+        format!(
+            "{}-{}-{}",
+            self.node, self.batch_epoch_ms, self.batches_made
+        )
+    }
+
     fn collect_reports(&mut self) {
         let Some(queue) = self.queue else { return };
         loop {
             let mut batch = ReportBatch {
                 node: self.node.clone(),
                 // The same on every send of this batch: the control plane counts it once.
-                batch_id: format!("{}-{}", self.node, super::shared::new_call(now_ms())),
+                batch_id: self.next_batch_id(),
                 ..ReportBatch::default()
             };
             // With telemetry.includeContent, attempts are large: bytes close a batch too.

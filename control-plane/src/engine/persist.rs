@@ -37,6 +37,14 @@ impl Engine {
         Ok(pulled)
     }
 
+    /// Whether blacklists, cooldowns or breakers changed since the last exchange wrote them.
+    pub(super) fn holds_unwritten(&self) -> bool {
+        let state = lock(&self.state);
+        state.durable.blacklists != state.base.blacklists
+            || state.durable.breakers != state.base.breakers
+            || state.durable.cooldowns != state.base.cooldowns
+    }
+
     /// After an outage of the store: the next exchange takes the union of what this process
     /// and the store hold (ours wins where both have an entry) instead of reading what the
     /// store lacks as deleted, since a store that restarted empty deleted nothing.
@@ -64,7 +72,9 @@ impl Engine {
                 _ = shutdown.changed() => true,
             };
             if let Some(wait) = last.map(|at| STORE_MIN_GAP.saturating_sub(at.elapsed())) {
-                if !stop && !wait.is_zero() {
+                // A key taken out, a breaker moved: written at once (a process killed now must
+                // not forget it); only headroom and spend wait for the gap.
+                if !stop && !wait.is_zero() && !self.holds_unwritten() {
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = shutdown.changed() => stop = true,

@@ -26,7 +26,7 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 pub const STORE_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// The least time between two exchanges with the state store: under load the engine changes
 /// with nearly every report, and one exchange (read, compare, write) per report would cost
-/// more than the reports themselves.
+/// more than the reports themselves. Blacklists, cooldowns and breakers do not wait for it.
 pub const STORE_MIN_GAP: Duration = Duration::from_millis(200);
 /// How long a change that only moves headroom (every answer of a real provider moves it) may
 /// wait to be published with the next ones. The data plane acts on a 429 at once with its own

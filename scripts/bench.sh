@@ -49,7 +49,7 @@ while [ "$#" -gt 0 ]; do
     shift
 done
 if [ -z "$SYSTEMS" ]; then
-    if [ "$SMOKE" = 1 ]; then SYSTEMS="direct,envoy,ai-router"; else SYSTEMS="direct,envoy,ai-router,litellm,portkey"; fi
+    if [ "$SMOKE" = 1 ]; then SYSTEMS="direct,envoy,ai-router"; else SYSTEMS="direct,envoy,envoy-internal,ai-router,litellm,portkey"; fi
 fi
 wants() { case ",$SYSTEMS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 

@@ -30,9 +30,18 @@ use crate::load::{chat_body, Target};
 use crate::procs::ProcSet;
 use crate::report::{Added, Machine, Meta, Probes, Report, ScaleResult, SystemResult};
 use crate::run::{check, run_phase, warm_up, Phase, Plan, ALL_PHASES};
-use crate::upstream::{fake_upstream_yaml, plain_envoy_yaml, BenchEnvoy, Headers};
+use crate::upstream::{
+    fake_upstream_yaml, internal_hop_envoy_yaml, plain_envoy_yaml, BenchEnvoy, Headers,
+};
 
-const ALL_SYSTEMS: [&str; 5] = ["direct", "envoy", "ai-router", "litellm", "portkey"];
+const ALL_SYSTEMS: [&str; 6] = [
+    "direct",
+    "envoy",
+    "envoy-internal",
+    "ai-router",
+    "litellm",
+    "portkey",
+];
 const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
 /// Envoy workers of every Envoy under test (the harness runs ai-router's with 2).
 const ENVOY_WORKERS: u32 = 2;
@@ -51,7 +60,8 @@ struct Args {
     /// the ai-router run instead of the scale table: proves the harness works.
     #[arg(long)]
     smoke: bool,
-    /// Systems to run, comma-separated: direct, envoy, ai-router, litellm, portkey.
+    /// Systems to run, comma-separated: direct, envoy, envoy-internal, ai-router, litellm,
+    /// portkey.
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Where to write results.json, results.md (default target/bench/<unix time>).
@@ -392,15 +402,20 @@ async fn run_system(
             )
             .await
         }
-        "envoy" => {
-            let envoy = BenchEnvoy::start(
-                dir,
-                &envoy_bin()?,
-                "plain-envoy",
-                &plain_envoy_yaml(upstream.port),
-                ENVOY_WORKERS,
-            )
-            .await?;
+        "envoy" | "envoy-internal" => {
+            let (bootstrap, what) = if name == "envoy" {
+                (
+                    plain_envoy_yaml(upstream.port),
+                    "plain Envoy 1.40: one listener, one route, one static cluster (the cost of one hop)",
+                )
+            } else {
+                (
+                    internal_hop_envoy_yaml(upstream.port),
+                    "Envoy 1.40, two passes and no filter: a listener routing to an internal listener whose router proxies to the upstream (ai-router's shape without its filter)",
+                )
+            };
+            let envoy =
+                BenchEnvoy::start(dir, &envoy_bin()?, name, &bootstrap, ENVOY_WORKERS).await?;
             let mut target = direct_target(envoy.port, headers)?;
             target.url = format!(
                 "http://127.0.0.1:{}/{}/v1/chat/completions",
@@ -410,16 +425,7 @@ async fn run_system(
             .parse()?;
             let mut procs = ProcSet::new();
             procs.add("envoy", envoy.process.pid());
-            measure_system(
-                name,
-                "plain Envoy 1.40: one listener, one route, one static cluster (the cost of one hop)",
-                &target,
-                &procs,
-                up_procs,
-                plan,
-                t0,
-            )
-            .await
+            measure_system(name, what, &target, &procs, up_procs, plan, t0).await
         }
         "ai-router" => {
             let shape = Shape {

@@ -225,6 +225,8 @@ pub fn ratios(systems: &[SystemResult]) -> Vec<Ratio> {
     let mut out = Vec::new();
     let pairs = [
         ("ai-router", "envoy"),
+        ("ai-router", "envoy-internal"),
+        ("envoy-internal", "envoy"),
         ("ai-router", "litellm"),
         ("ai-router", "portkey"),
         ("litellm", "envoy"),

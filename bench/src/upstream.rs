@@ -232,11 +232,10 @@ pub fn fake_upstream_yaml() -> String {
     )
 }
 
-/// One Envoy proxying everything to `upstream` (`127.0.0.1:port`): the cost of one hop.
-pub fn plain_envoy_yaml(upstream_port: u16) -> String {
-    let cluster = format!(
-        r#"  clusters:
-    - name: upstream
+/// The static cluster `upstream` (`127.0.0.1:port`), as a `clusters:` list item.
+fn upstream_cluster(upstream_port: u16) -> String {
+    format!(
+        r#"    - name: upstream
       type: STATIC
       connect_timeout: 5s
       circuit_breakers:
@@ -248,7 +247,12 @@ pub fn plain_envoy_yaml(upstream_port: u16) -> String {
           - lb_endpoints:
               - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}
 "#
-    );
+    )
+}
+
+/// One Envoy proxying everything to `upstream` (`127.0.0.1:port`): the cost of one hop.
+pub fn plain_envoy_yaml(upstream_port: u16) -> String {
+    let cluster = format!("  clusters:\n{}", upstream_cluster(upstream_port));
     one_listener(
         "plain",
         "# The benchmark's plain Envoy hop: one listener, one route, one static cluster.\n",
@@ -257,6 +261,61 @@ pub fn plain_envoy_yaml(upstream_port: u16) -> String {
          \x20                         route: { cluster: upstream, timeout: 30s }\n",
         "",
         &cluster,
+    )
+}
+
+/// Two Envoy passes and no filter: the public listener routes to an internal listener, whose
+/// router proxies to `upstream`, as ai-router's front and attempt stages do. Against
+/// [`plain_envoy_yaml`] it is the cost of the second pass alone (what a design with one pass
+/// fewer would save before any filter work).
+pub fn internal_hop_envoy_yaml(upstream_port: u16) -> String {
+    let tail = String::from(
+        r#"    - name: second_pass
+      internal_listener: {}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: second_pass
+                route_config:
+                  virtual_hosts:
+                    - name: second_pass
+                      domains: ["*"]
+                      routes:
+                        - match: { prefix: / }
+                          route: { cluster: upstream, timeout: 30s }
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: second_pass
+      connect_timeout: 1s
+      circuit_breakers:
+        thresholds:
+          - { max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }
+      load_assignment:
+        cluster_name: second_pass
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    envoy_internal_address: { server_listener_name: second_pass }
+"#,
+    ) + &upstream_cluster(upstream_port);
+    one_listener(
+        "internal_hop",
+        "# The benchmark's two-pass Envoy: a listener, an internal listener, one static cluster.\n\
+         bootstrap_extensions:\n\
+         \x20 - name: envoy.bootstrap.internal_listener\n\
+         \x20   typed_config:\n\
+         \x20     \"@type\": type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener\n",
+        "",
+        "                        - match: { prefix: / }\n\
+         \x20                         route: { cluster: second_pass, timeout: 30s }\n",
+        "",
+        &tail,
     )
 }
 

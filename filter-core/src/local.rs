@@ -193,23 +193,30 @@ pub struct Send {
 }
 
 /// The sends of one scope and model in one [`SEND_BUCKET_MS`] stretch.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendBucket {
+    pub start_ms: i64,
+    pub requests: u32,
+    pub tokens: u64,
+}
+
+/// The buckets of one scope and model, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendSeries {
     pub scope: String,
     pub model: String,
-    pub start_ms: i64,
-    pub requests: u64,
-    pub tokens: u64,
+    pub buckets: Vec<SendBucket>,
 }
 
 /// The attempts this Envoy's workers sent to one provider lately, per billing scope and
 /// model, counted per short stretch of time: the reservations made against the headroom the
 /// control plane pushed. What is left now is the pushed figure less the sends since the
 /// attempt that reported it began. Its size follows the scopes and how stale their figures
-/// are, not the request rate.
+/// are, not the request rate; each scope and model is named once in it, whatever its number of
+/// buckets (the record is decoded and encoded on every reservation).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sends {
-    pub buckets: Vec<SendBucket>,
+    pub series: Vec<SendSeries>,
 }
 
 fn bucket_of(at_ms: i64) -> i64 {
@@ -231,12 +238,18 @@ impl Sends {
     /// (the whole bucket `since_ms` falls in counts).
     pub fn since(&self, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
         let from = bucket_of(since_ms);
-        self.buckets
+        self.series
             .iter()
-            .filter(|b| {
-                b.start_ms >= from && b.scope == scope && (model.is_empty() || b.model == model)
+            .filter(|s| s.scope == scope && (model.is_empty() || s.model == model))
+            .flat_map(|s| s.buckets.iter().rev().take_while(|b| b.start_ms >= from))
+            .fold((0, 0), |(n, t), b| {
+                (n + u64::from(b.requests), t + b.tokens)
             })
-            .fold((0, 0), |(n, t), b| (n + b.requests, t + b.tokens))
+    }
+
+    /// How many buckets the record holds.
+    pub fn bucket_count(&self) -> usize {
+        self.series.iter().map(|s| s.buckets.len()).sum()
     }
 
     /// Reserves one request of `tokens` when every allowance leaves room for it (always,
@@ -251,14 +264,16 @@ impl Sends {
             .unwrap_or(send.at_ms - UNCHECKED_KEPT_MS);
         let scope_from = bucket_of(scope_from.max(send.at_ms - SENDS_KEPT_MS));
         let kept_from = bucket_of(send.at_ms - SENDS_KEPT_MS);
-        self.buckets.retain(|b| {
-            b.start_ms
-                >= if b.scope == send.scope {
-                    scope_from
-                } else {
-                    kept_from
-                }
-        });
+        for series in &mut self.series {
+            let from = if series.scope == send.scope {
+                scope_from
+            } else {
+                kept_from
+            };
+            let old = series.buckets.partition_point(|b| b.start_ms < from);
+            series.buckets.drain(..old);
+        }
+        self.series.retain(|s| !s.buckets.is_empty());
         for a in allowances {
             let (requests, tokens) = self.since(&send.scope, &a.model, a.since_ms);
             let no_request = a.remaining_requests >= 0 && requests >= a.remaining_requests as u64;
@@ -269,77 +284,123 @@ impl Sends {
             }
         }
         let start_ms = bucket_of(send.at_ms);
-        match self
-            .buckets
-            .iter_mut()
-            .find(|b| b.start_ms == start_ms && b.scope == send.scope && b.model == send.model)
+        if self.bucket_count() >= SEND_BUCKETS_MAX {
+            self.drop_oldest();
+        }
+        let series = match self
+            .series
+            .iter()
+            .position(|s| s.scope == send.scope && s.model == send.model)
         {
-            Some(b) => {
-                b.requests += 1;
-                b.tokens = b.tokens.saturating_add(send.tokens);
-            }
+            Some(i) => &mut self.series[i],
             None => {
-                if self.buckets.len() >= SEND_BUCKETS_MAX {
-                    if let Some(oldest) =
-                        (0..self.buckets.len()).min_by_key(|&i| self.buckets[i].start_ms)
-                    {
-                        self.buckets.swap_remove(oldest);
-                    }
-                }
-                self.buckets.push(SendBucket {
+                self.series.push(SendSeries {
                     scope: send.scope,
                     model: send.model,
+                    buckets: Vec::new(),
+                });
+                let last = self.series.len() - 1;
+                &mut self.series[last]
+            }
+        };
+        // Workers' clocks agree to the millisecond: a send lands in the last bucket or near it.
+        let at = series.buckets.partition_point(|b| b.start_ms < start_ms);
+        match series.buckets.get_mut(at) {
+            Some(b) if b.start_ms == start_ms => {
+                b.requests = b.requests.saturating_add(1);
+                b.tokens = b.tokens.saturating_add(send.tokens);
+            }
+            _ => series.buckets.insert(
+                at,
+                SendBucket {
                     start_ms,
                     requests: 1,
                     tokens: send.tokens,
-                });
-            }
+                },
+            ),
         }
         true
+    }
+
+    /// Drops the oldest bucket of the record.
+    fn drop_oldest(&mut self) {
+        let oldest = self
+            .series
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.buckets.first().map(|b| (b.start_ms, i)))
+            .min();
+        if let Some((_, i)) = oldest {
+            self.series[i].buckets.remove(0);
+            if self.series[i].buckets.is_empty() {
+                self.series.swap_remove(i);
+            }
+        }
     }
 
     /// Gives a reservation back (the attempt never reached the provider).
     pub fn release(&mut self, send: &Send) {
         let start_ms = bucket_of(send.at_ms);
-        if let Some(i) = self
-            .buckets
+        let Some(i) = self
+            .series
             .iter()
-            .position(|b| b.start_ms == start_ms && b.scope == send.scope && b.model == send.model)
-        {
-            let b = &mut self.buckets[i];
+            .position(|s| s.scope == send.scope && s.model == send.model)
+        else {
+            return;
+        };
+        let series = &mut self.series[i];
+        if let Some(j) = series.buckets.iter().position(|b| b.start_ms == start_ms) {
+            let b = &mut series.buckets[j];
             b.requests = b.requests.saturating_sub(1);
             b.tokens = b.tokens.saturating_sub(send.tokens);
             if b.requests == 0 {
-                self.buckets.swap_remove(i);
+                series.buckets.remove(j);
             }
+        }
+        if series.buckets.is_empty() {
+            self.series.swap_remove(i);
         }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for b in &self.buckets {
-            put_str(&mut out, &b.scope);
-            put_str(&mut out, &b.model);
-            out.extend(b.start_ms.to_be_bytes());
-            out.extend(b.requests.to_be_bytes());
-            out.extend(b.tokens.to_be_bytes());
+        let mut out =
+            Vec::with_capacity(self.series.len() * 40 + self.bucket_count() * (8 + 4 + 8));
+        for s in &self.series {
+            put_str(&mut out, &s.scope);
+            put_str(&mut out, &s.model);
+            let n = s.buckets.len().min(usize::from(u16::MAX));
+            out.extend((n as u16).to_be_bytes());
+            for b in &s.buckets[..n] {
+                out.extend(b.start_ms.to_be_bytes());
+                out.extend(b.requests.to_be_bytes());
+                out.extend(b.tokens.to_be_bytes());
+            }
         }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let mut r = Reader(bytes);
-        let mut buckets = Vec::new();
+        let mut series = Vec::new();
         while !r.0.is_empty() {
-            buckets.push(SendBucket {
-                scope: r.str()?,
-                model: r.str()?,
-                start_ms: r.i64()?,
-                requests: r.u64()?,
-                tokens: r.u64()?,
+            let scope = r.str()?;
+            let model = r.str()?;
+            let n = u16::from_be_bytes(r.take::<2>()?);
+            let mut buckets = Vec::with_capacity(usize::from(n));
+            for _ in 0..n {
+                buckets.push(SendBucket {
+                    start_ms: r.i64()?,
+                    requests: u32::from_be_bytes(r.take::<4>()?),
+                    tokens: r.u64()?,
+                });
+            }
+            series.push(SendSeries {
+                scope,
+                model,
+                buckets,
             });
         }
-        Some(Self { buckets })
+        Some(Self { series })
     }
 }
 
@@ -439,7 +500,7 @@ mod tests {
         assert_eq!(Sends::decode(&s.encode()), Some(s.clone()));
         // Two minutes on, the old sends are gone.
         assert!(s.reserve(send("org", 1_006 + SENDS_KEPT_MS + SEND_BUCKET_MS, 1), &[]));
-        assert_eq!(s.buckets.len(), 1);
+        assert_eq!(s.bucket_count(), 1);
     }
 
     #[test]
@@ -467,8 +528,39 @@ mod tests {
             assert!(s.reserve(send("org", at, 1), &allowance));
             biggest = biggest.max(s.encode().len());
         }
-        assert!(s.buckets.len() <= 6, "{}", s.buckets.len());
-        assert!(biggest < 400, "{biggest} bytes");
+        assert!(s.bucket_count() <= 6, "{}", s.bucket_count());
+        assert!(biggest < 200, "{biggest} bytes");
+    }
+
+    #[test]
+    fn a_late_send_lands_in_its_own_bucket_and_every_scope_is_named_once() {
+        let mut s = Sends::default();
+        assert!(s.reserve(send("org", 1_250, 1), &[]));
+        // Another worker's send of a moment earlier, written after.
+        assert!(s.reserve(send("org", 1_150, 1), &[]));
+        assert!(s.reserve(send("org", 1_260, 1), &[]));
+        let starts: Vec<i64> = s.series[0].buckets.iter().map(|b| b.start_ms).collect();
+        assert_eq!(starts, [1_100, 1_200]);
+        assert_eq!(s.since("org", "m", 1_200), (2, 2));
+        assert_eq!(s.since("org", "m", 0), (3, 3));
+        s.release(&send("org", 1_150, 1));
+        assert_eq!(s.since("org", "m", 0), (2, 2));
+
+        // Eight scopes with no figure, 150 sends a second each for a minute: the record keeps
+        // ten seconds of buckets, and names each scope once.
+        let mut s = Sends::default();
+        let mut biggest = 0;
+        for i in 0..9_000i64 {
+            let scope = format!("key-{}", i % 8);
+            assert!(s.reserve(send(&scope, 10_000 + i * 60 / 9, 1), &[]));
+            if i % 97 == 0 {
+                biggest = biggest.max(s.encode().len());
+            }
+        }
+        assert_eq!(s.series.len(), 8);
+        assert!(s.bucket_count() <= 8 * 101, "{}", s.bucket_count());
+        assert!(biggest < 8 * (101 * 20 + 20), "{biggest} bytes");
+        assert_eq!(Sends::decode(&s.encode()), Some(s.clone()));
     }
 
     #[test]

@@ -146,6 +146,35 @@ impl Outbox {
     }
 }
 
+/// Appends one outcome to a bundle of several (one queue message from a worker to the
+/// singleton): its kind byte, its length as 4 big-endian bytes, its bytes.
+pub fn bundle_push(bundle: &mut Vec<u8>, kind: u8, body: &[u8]) {
+    let Ok(len) = u32::try_from(body.len()) else {
+        return;
+    };
+    bundle.push(kind);
+    bundle.extend(len.to_be_bytes());
+    bundle.extend_from_slice(body);
+}
+
+/// The `(kind, body)` outcomes of a bundle [`bundle_push`] made; a truncated tail is dropped.
+pub fn bundled(mut bytes: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut out = Vec::new();
+    while let Some((&kind, rest)) = bytes.split_first() {
+        let Some((len, rest)) = rest.split_first_chunk::<4>() else {
+            break;
+        };
+        let len = u32::from_be_bytes(*len) as usize;
+        if rest.len() < len {
+            break;
+        }
+        let (body, tail) = rest.split_at(len);
+        out.push((kind, body));
+        bytes = tail;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,5 +289,23 @@ mod tests {
         // The newest are the ones kept.
         let first = o.next(0).unwrap();
         assert_ne!(first.attempts[0].request_id, "0-0");
+    }
+
+    #[test]
+    fn a_bundle_gives_back_its_outcomes_in_order_and_drops_a_cut_tail() {
+        let mut bundle = Vec::new();
+        bundle_push(&mut bundle, 1, b"first");
+        bundle_push(&mut bundle, 2, b"");
+        bundle_push(&mut bundle, 1, &[0xff; 300]);
+        let out = bundled(&bundle);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[0], (1, &b"first"[..]));
+        assert_eq!(out[1], (2, &b""[..]));
+        assert_eq!(out[2].1.len(), 300);
+        // A message cut anywhere keeps the whole outcomes before the cut.
+        for cut in 0..bundle.len() {
+            let kept = bundled(&bundle[..cut]);
+            assert!(kept.len() <= 3 && kept.iter().zip(&out).all(|(a, b)| a == b));
+        }
     }
 }

@@ -85,16 +85,22 @@ impl Admin {
     }
 
     /// Waits until the key's usage counts `outcome` at least once; returns the report.
-    async fn wait_outcome(&self, id: &str, outcome: &str) -> Value {
-        poll(&format!("usage of {id} to count {outcome}"), PUSH, || {
-            let path = format!("/admin/keys/{id}/usage");
-            async move {
-                let r = self.call(reqwest::Method::GET, &path, None).await;
-                anyhow::ensure!(r.status == 200, "usage: {r}");
-                let n = r.json["total"]["outcomes"][outcome].as_u64().unwrap_or(0);
-                Ok((n > 0).then_some(r.json))
-            }
-        })
+    /// Waits until the usage of `id` counts `outcome` at least `least` times (workers send
+    /// their outcomes on their own, a few tens of ms apart).
+    async fn wait_outcome(&self, id: &str, outcome: &str, least: u64) -> Value {
+        poll(
+            &format!("usage of {id} to count {outcome} {least} times"),
+            PUSH,
+            || {
+                let path = format!("/admin/keys/{id}/usage");
+                async move {
+                    let r = self.call(reqwest::Method::GET, &path, None).await;
+                    anyhow::ensure!(r.status == 200, "usage: {r}");
+                    let n = r.json["total"]["outcomes"][outcome].as_u64().unwrap_or(0);
+                    Ok((n >= least).then_some(r.json))
+                }
+            },
+        )
         .await
         .unwrap()
     }
@@ -203,7 +209,7 @@ async fn requests_per_minute_of_a_mounted_key() {
     }
 
     let usage = admin
-        .wait_outcome(&mounted_id, "rejected:requests_per_minute_exceeded")
+        .wait_outcome(&mounted_id, "rejected:requests_per_minute_exceeded", 2)
         .await;
     assert!(
         usage["total"]["outcomes"]["rejected:requests_per_minute_exceeded"]
@@ -292,10 +298,10 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
     }
 
     admin
-        .wait_outcome(&tokens_id, "rejected:tokens_per_day_exceeded")
+        .wait_outcome(&tokens_id, "rejected:tokens_per_day_exceeded", 1)
         .await;
     admin
-        .wait_outcome(&cost_id, "rejected:cost_per_day_exceeded")
+        .wait_outcome(&cost_id, "rejected:cost_per_day_exceeded", 1)
         .await;
 
     // Raising the limit lifts the block with the next push.

@@ -19,7 +19,7 @@
 //!   API answers `unavailable` with the reason, usage waits in memory, and keys already pushed
 //!   keep working.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -29,7 +29,7 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use crate::config::QuotaConfig;
-use crate::keys::store::{KeyStore, KeyStoreError, StoredKey, UsageDay};
+use crate::keys::store::{KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay};
 use crate::store::bridge::Bridge;
 use crate::store::health::{StoreHealth, KEYS};
 use crate::store::lock;
@@ -95,6 +95,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE key_usage ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0;",
     // 2 -> 3: a key's own response-cache choice (NULL: the policy's).
     "ALTER TABLE virtual_keys ADD COLUMN cache BOOLEAN;",
+    // 3 -> 4: the quota recheck reads one month of every key's rows at once.
+    "CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
 /// The schema version this binary writes.
@@ -602,6 +604,41 @@ impl KeyStore for PostgresKeyStore {
         })
     }
 
+    fn quota_usage(
+        &self,
+        first: &str,
+        today: &str,
+    ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
+        let (first, today) = (first.to_owned(), today.to_owned());
+        self.call(move |client| async move {
+            let rows = client
+                .query(
+                    "SELECT key_id, \
+                     COALESCE(SUM(CASE WHEN day = $2 THEN prompt_tokens + completion_tokens \
+                     ELSE 0 END), 0)::BIGINT, \
+                     COALESCE(SUM(CASE WHEN day = $2 THEN cost ELSE 0 END), 0)::DOUBLE PRECISION, \
+                     COALESCE(SUM(cost), 0)::DOUBLE PRECISION \
+                     FROM key_usage WHERE day >= $1 AND day <= $2 GROUP BY key_id",
+                    &[&first, &today],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    (
+                        r.get::<_, String>(0),
+                        QuotaUsage {
+                            day_tokens: u64_of(r.get(1)),
+                            day_cost: r.get(2),
+                            month_cost: r.get(3),
+                        },
+                    )
+                })
+                .collect())
+        })
+    }
+
     fn generation(&self) -> Result<u64, KeyStoreError> {
         // Polled every second: also the moment to send usage an outage held back.
         if !lock(&self.unsent).is_empty() {
@@ -713,6 +750,23 @@ mod tests {
         assert!((rows[0].cost - 1.25).abs() < 1e-9);
         assert_eq!(rows[0].outcomes.get("success"), Some(&5));
         assert_eq!(rows[1].outcomes.get("error:auth"), Some(&1));
+        // The quota recheck's one read: the day's and the month's figures of every key.
+        b.record_usage(&[(
+            "vk_2".into(),
+            UsageDay {
+                prompt_tokens: 7,
+                completion_tokens: 3,
+                ..day("2026-11-30", 1, "success")
+            },
+        )])?;
+        let quota = a.quota_usage("2026-12-01", "2026-12-02")?;
+        assert_eq!(quota.len(), 1, "November is another month: {quota:?}");
+        assert!((quota["vk_1"].day_cost - 0.25).abs() < 1e-9);
+        assert!((quota["vk_1"].month_cost - 1.5).abs() < 1e-9);
+        assert_eq!(
+            a.quota_usage("2026-11-01", "2026-11-30")?["vk_2"].day_tokens,
+            10
+        );
 
         // A batch whose commit went through but whose answer was lost is not counted twice.
         let batch = (

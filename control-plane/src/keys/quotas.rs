@@ -18,34 +18,34 @@ use ai_router_contract::error_code::ErrorCode;
 
 use crate::config::QuotaConfig;
 use crate::keys::record::{QuotaBlock, VirtualKeyRecord};
-use crate::keys::store::{utc_day, KeyStore, KeyStoreError, UsageDay};
+use crate::keys::store::{utc_day, KeyStore, KeyStoreError, QuotaUsage};
 
 /// Whether `quota` has a limit decided from usage (the others are the filter's).
 pub fn has_usage_limits(quota: &QuotaConfig) -> bool {
     quota.tokens_per_day.is_some() || quota.cost_per_day.is_some() || quota.cost_per_month.is_some()
 }
 
-/// The block `quota` puts on a key that used `today` this UTC day and `month` this UTC month;
-/// the month's block wins when both are spent (it lasts longer).
-pub fn block(
-    quota: &QuotaConfig,
-    today: &UsageDay,
-    month: &UsageDay,
-    now_ms: i64,
-) -> Option<QuotaBlock> {
+/// The block `quota` puts on a key that used `used` this UTC day and month; the month's block
+/// wins when both are spent (it lasts longer).
+pub fn block(quota: &QuotaConfig, used: &QuotaUsage, now_ms: i64) -> Option<QuotaBlock> {
     if quota
         .cost_per_month
-        .is_some_and(|limit| month.cost >= limit)
+        .is_some_and(|limit| used.month_cost >= limit)
     {
         return Some(QuotaBlock {
             code: ErrorCode::CostPerMonthExceeded,
             until_ms: first_of_next_month_ms(now_ms),
         });
     }
-    let tokens = today.prompt_tokens.saturating_add(today.completion_tokens);
-    let code = if quota.tokens_per_day.is_some_and(|limit| tokens >= limit) {
+    let code = if quota
+        .tokens_per_day
+        .is_some_and(|limit| used.day_tokens >= limit)
+    {
         ErrorCode::TokensPerDayExceeded
-    } else if quota.cost_per_day.is_some_and(|limit| today.cost >= limit) {
+    } else if quota
+        .cost_per_day
+        .is_some_and(|limit| used.day_cost >= limit)
+    {
         ErrorCode::CostPerDayExceeded
     } else {
         return None;
@@ -56,38 +56,32 @@ pub fn block(
     })
 }
 
-/// This UTC day's and this UTC month's usage of the key `id`.
-pub fn usage_now(
-    store: &dyn KeyStore,
-    id: &str,
-    now_ms: i64,
-) -> Result<(UsageDay, UsageDay), KeyStoreError> {
-    let today = utc_day(now_ms);
-    let first = format!("{}-01", &today[..7]);
-    let mut day = UsageDay::default();
-    let mut month = UsageDay::default();
-    for row in store.usage(id, &first, &today)? {
-        if row.day == today {
-            day.add(&row);
-        }
-        month.add(&row);
-    }
-    Ok((day, month))
-}
-
 /// Sets the block of every key whose quota has a usage limit (stored and mounted alike: usage
-/// rows are per key id).
+/// rows are per key id), from one read of the month's usage, whatever the number of keys.
 pub fn with_blocks(
     store: &dyn KeyStore,
     keys: &mut [VirtualKeyRecord],
     now_ms: i64,
 ) -> Result<(), KeyStoreError> {
+    if !keys
+        .iter()
+        .any(|k| k.quota.as_ref().is_some_and(has_usage_limits))
+    {
+        for key in keys {
+            key.quota_block = None;
+        }
+        return Ok(());
+    }
+    let today = utc_day(now_ms);
+    let first = format!("{}-01", &today[..7]);
+    let usage = store.quota_usage(&first, &today)?;
     for key in keys {
         key.quota_block = match key.quota.filter(has_usage_limits) {
-            Some(quota) => {
-                let (today, month) = usage_now(store, &key.id, now_ms)?;
-                block(&quota, &today, &month, now_ms)
-            }
+            Some(quota) => block(
+                &quota,
+                usage.get(&key.id).unwrap_or(&QuotaUsage::default()),
+                now_ms,
+            ),
             None => None,
         };
     }
@@ -98,7 +92,7 @@ pub fn with_blocks(
 mod tests {
     use super::*;
 
-    use crate::keys::store::MemoryKeyStore;
+    use crate::keys::store::{MemoryKeyStore, SqliteKeyStore, UsageDay};
 
     // 2026-03-15T12:00:00Z
     const AT: i64 = 1_773_576_000_000;
@@ -115,6 +109,15 @@ mod tests {
         }
     }
 
+    /// `tokens` and `day_cost` today, `month_cost` this month.
+    fn usage(tokens: u64, day_cost: f64, month_cost: f64) -> QuotaUsage {
+        QuotaUsage {
+            day_tokens: tokens,
+            day_cost,
+            month_cost,
+        }
+    }
+
     fn quota(tokens: Option<u64>, day: Option<f64>, month: Option<f64>) -> QuotaConfig {
         QuotaConfig {
             requests_per_minute: None,
@@ -127,8 +130,8 @@ mod tests {
     #[test]
     fn a_limit_blocks_once_reached_until_the_next_window() {
         let q = quota(Some(100), Some(1.0), Some(5.0));
-        assert_eq!(block(&q, &used(99, 0.5), &used(99, 4.0), AT), None);
-        let tokens = block(&q, &used(100, 0.5), &used(100, 4.0), AT);
+        assert_eq!(block(&q, &usage(99, 0.5, 4.0), AT), None);
+        let tokens = block(&q, &usage(100, 0.5, 4.0), AT);
         assert_eq!(
             tokens,
             Some(QuotaBlock {
@@ -136,10 +139,10 @@ mod tests {
                 until_ms: NEXT_DAY
             })
         );
-        let cost = block(&q, &used(10, 1.0), &used(10, 4.0), AT);
+        let cost = block(&q, &usage(10, 1.0, 4.0), AT);
         assert_eq!(cost.map(|b| b.code), Some(ErrorCode::CostPerDayExceeded));
         // The month's block lasts longer, so it is the one pushed.
-        let month = block(&q, &used(500, 2.0), &used(500, 5.5), AT);
+        let month = block(&q, &usage(500, 2.0, 5.5), AT);
         assert_eq!(
             month,
             Some(QuotaBlock {
@@ -148,12 +151,7 @@ mod tests {
             })
         );
         assert_eq!(
-            block(
-                &QuotaConfig::default(),
-                &used(1 << 40, 1e9),
-                &used(1 << 40, 1e9),
-                AT
-            ),
+            block(&QuotaConfig::default(), &usage(1 << 40, 1e9, 1e9), AT),
             None
         );
     }
@@ -175,9 +173,12 @@ mod tests {
             row("2026-03-01", 0, 3.0),
             row("2026-03-15", 150, 0.5),
         ])?;
-        let (today, month) = usage_now(&store, "key_a", AT)?;
-        assert_eq!(today.prompt_tokens + today.completion_tokens, 150);
-        assert!((month.cost - 3.5).abs() < 1e-9);
+        let read = store.quota_usage("2026-03-01", "2026-03-15")?;
+        let used = read.get("key_a").copied().unwrap_or_default();
+        assert_eq!(used.day_tokens, 150);
+        assert!((used.day_cost - 0.5).abs() < 1e-9);
+        assert!((used.month_cost - 3.5).abs() < 1e-9);
+        assert_eq!(read.len(), 1, "{read:?}");
         let record = |q: Option<QuotaConfig>| VirtualKeyRecord {
             id: "key_a".into(),
             label: "a".into(),
@@ -223,6 +224,51 @@ mod tests {
             codes,
             [None, Some(ErrorCode::CostPerMonthExceeded), None, None]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_sqlite_store_reads_every_keys_month_in_one_query_as_the_memory_store_does(
+    ) -> Result<(), KeyStoreError> {
+        let dir = std::env::temp_dir().join(format!(
+            "ai-router-quota-usage-{}-{}",
+            std::process::id(),
+            AT
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sqlite = SqliteKeyStore::open(&dir.join("keys.db"))?;
+        let memory = MemoryKeyStore::default();
+        let row = |key: &str, day: &str, tokens: u64, cost: f64| {
+            (
+                key.to_owned(),
+                UsageDay {
+                    day: day.to_owned(),
+                    requests: 1,
+                    ..used(tokens, cost)
+                },
+            )
+        };
+        let rows = [
+            row("key_a", "2026-02-28", 10_000, 100.0),
+            row("key_a", "2026-03-01", 7, 3.0),
+            row("key_a", "2026-03-15", 150, 0.5),
+            row("key_a", "2026-03-15", 50, 0.25),
+            row("key_b", "2026-03-02", 9, 1.0),
+            row("key_c", "2026-03-16", 1, 9.0),
+        ];
+        for store in [&sqlite as &dyn KeyStore, &memory] {
+            store.record_usage(&rows)?;
+            let read = store.quota_usage("2026-03-01", "2026-03-15")?;
+            assert_eq!(read.len(), 2, "{read:?}");
+            let a = read["key_a"];
+            assert_eq!(a.day_tokens, 200);
+            assert!((a.day_cost - 0.75).abs() < 1e-9, "{a:?}");
+            assert!((a.month_cost - 3.75).abs() < 1e-9, "{a:?}");
+            let b = read["key_b"];
+            assert_eq!(b.day_tokens, 0);
+            assert!((b.month_cost - 1.0).abs() < 1e-9, "{b:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
         Ok(())
     }
 }

@@ -15,7 +15,7 @@
 //! Every call blocks; async callers run them with `spawn_blocking`. The operations on keys
 //! (create, rotate, ...) are in `keys::admin`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -128,6 +128,28 @@ impl UsageDay {
     }
 }
 
+/// What a key used this UTC day and this UTC month: all its quota block needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QuotaUsage {
+    /// Prompt and completion tokens of the day.
+    pub day_tokens: u64,
+    pub day_cost: f64,
+    pub month_cost: f64,
+}
+
+impl QuotaUsage {
+    fn add(&mut self, row: &UsageDay, today: &str) {
+        if row.day == today {
+            self.day_tokens = self
+                .day_tokens
+                .saturating_add(row.prompt_tokens)
+                .saturating_add(row.completion_tokens);
+            self.day_cost += row.cost;
+        }
+        self.month_cost += row.cost;
+    }
+}
+
 /// How long a counted report batch's id is kept: a batch is sent again within seconds of its
 /// lost acknowledgement (or after the control plane's restart).
 pub const REPORT_BATCH_RETENTION_MS: i64 = 86_400_000;
@@ -162,6 +184,13 @@ pub trait KeyStore: Send + Sync {
     }
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
+    /// Every key's [`QuotaUsage`] over the days from `first` (the month's first) to `today`,
+    /// in one read whatever the number of keys; a key with no row is absent.
+    fn quota_usage(
+        &self,
+        first: &str,
+        today: &str,
+    ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError>;
     /// A counter every key change bumps, whichever process made it.
     fn generation(&self) -> Result<u64, KeyStoreError>;
 }
@@ -243,6 +272,21 @@ impl KeyStore for MemoryKeyStore {
             .range((id.to_owned(), from.to_owned())..=(id.to_owned(), to.to_owned()))
             .map(|(_, row)| row.clone())
             .collect())
+    }
+
+    fn quota_usage(
+        &self,
+        first: &str,
+        today: &str,
+    ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
+        let inner = lock(&self.inner);
+        let mut out: HashMap<String, QuotaUsage> = HashMap::new();
+        for ((id, day), row) in &inner.usage {
+            if day.as_str() >= first && day.as_str() <= today {
+                out.entry(id.clone()).or_default().add(row, today);
+            }
+        }
+        Ok(out)
     }
 
     fn generation(&self) -> Result<u64, KeyStoreError> {
@@ -531,6 +575,35 @@ impl KeyStore for SqliteKeyStore {
             }
         }
         Ok(days)
+    }
+
+    fn quota_usage(
+        &self,
+        first: &str,
+        today: &str,
+    ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT key_id, \
+                 SUM(CASE WHEN day = ?2 THEN prompt_tokens + completion_tokens ELSE 0 END), \
+                 SUM(CASE WHEN day = ?2 THEN cost ELSE 0 END), SUM(cost) \
+                 FROM key_usage WHERE day >= ?1 AND day <= ?2 GROUP BY key_id",
+            )
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map(params![first, today], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    QuotaUsage {
+                        day_tokens: sql_u64(row.get(1)?),
+                        day_cost: row.get(2)?,
+                        month_cost: row.get(3)?,
+                    },
+                ))
+            })
+            .map_err(storage)?;
+        rows.collect::<Result<HashMap<_, _>, _>>().map_err(storage)
     }
 
     fn generation(&self) -> Result<u64, KeyStoreError> {

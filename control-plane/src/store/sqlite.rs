@@ -118,6 +118,8 @@ const MIGRATIONS: &[&str] = &[
     // acknowledgement is not counted twice).
     "CREATE TABLE report_batches (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
     CREATE INDEX report_batches_at ON report_batches (at_ms);",
+    // 6 -> 7: the quota recheck reads one month of every key's rows at once.
+    "CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

@@ -1,7 +1,8 @@
 //! The attempt stage's glue: Envoy's callbacks, forwarded to the stage in
 //! `ai_router_filter_core::attempt` over the wasm host, and the tick that checks the bounds of
 //! this worker's attempts in flight (their `timeoutMs`): a root context's tick, acting on each
-//! attempt due through `proxy_set_effective_context`, instead of a timer per attempt.
+//! attempt due through `proxy_set_effective_context`, instead of a timer per attempt. The same
+//! tick queues the worker's held outcomes for the singleton (`shared::REPORT_HOLD_MS`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -49,6 +50,10 @@ impl Drop for Attempt {
 /// its own context (its local answer, its reset).
 pub fn on_tick() {
     let now = WasmHost.now_ms();
+    // This worker's outcomes waiting for the singleton go on the same tick.
+    if super::shared::held_reports_due(now) {
+        super::shared::flush_held_reports();
+    }
     let due: Vec<(u32, Stage)> = IN_FLIGHT.with(|m| {
         m.borrow()
             .iter()
@@ -73,36 +78,50 @@ impl Context for Attempt {
         _body: usize,
         _trailers: usize,
     ) {
-        self.with(|s| s.on_http_call_response(&mut WasmHost, token));
+        super::prof::time("attempt.call_response", || {
+            self.with(|s| s.on_http_call_response(&mut WasmHost, token));
+        })
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
-        self.with(|s| s.on_grpc_call_response(&mut WasmHost, token, status, size));
+        super::prof::time("attempt.grpc_call_response", || {
+            self.with(|s| s.on_grpc_call_response(&mut WasmHost, token, status, size));
+        })
     }
 }
 
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        let flow = self.with(|s| s.on_request_headers(&mut WasmHost, end_of_stream));
-        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        super::prof::time("attempt.request_headers", || {
+            let flow = self.with(|s| s.on_request_headers(&mut WasmHost, end_of_stream));
+            action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        })
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let flow = self.with(|s| s.on_request_body(&mut WasmHost, size, end_of_stream));
-        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        super::prof::time("attempt.request_body", || {
+            let flow = self.with(|s| s.on_request_body(&mut WasmHost, size, end_of_stream));
+            action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        })
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        let flow = self.with(|s| s.on_response_headers(&mut WasmHost, end_of_stream));
-        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        super::prof::time("attempt.response_headers", || {
+            let flow = self.with(|s| s.on_response_headers(&mut WasmHost, end_of_stream));
+            action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        })
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let flow = self.with(|s| s.on_response_body(&mut WasmHost, size, end_of_stream));
-        action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        super::prof::time("attempt.response_body", || {
+            let flow = self.with(|s| s.on_response_body(&mut WasmHost, size, end_of_stream));
+            action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
+        })
     }
 
     fn on_log(&mut self) {
-        self.with(|s| s.on_log(&mut WasmHost));
+        super::prof::time("attempt.log", || {
+            self.with(|s| s.on_log(&mut WasmHost));
+        })
     }
 }

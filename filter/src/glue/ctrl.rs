@@ -17,10 +17,11 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 
 use super::shared::{
-    duration_ms, minute_answered, now_ms, MINUTE_ASK, REPORT_ATTEMPT, REPORT_QUEUE, REPORT_REQUEST,
+    duration_ms, minute_answered, now_ms, MINUTE_ASK, REPORT_ATTEMPT, REPORT_BUNDLE, REPORT_QUEUE,
+    REPORT_REQUEST,
 };
 use super::{log_error, log_info};
-use ai_router_filter_core::reports::{Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
+use ai_router_filter_core::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
 
 const SERVICE: &str = "airouter.v1.Sync";
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
@@ -429,27 +430,35 @@ impl Ctrl {
                 let Ok(Some(msg)) = hostcalls::dequeue_shared_queue(queue) else {
                     break;
                 };
-                let Some((kind, body)) = msg.split_first() else {
+                let Some((&kind, body)) = msg.split_first() else {
                     continue;
                 };
-                match *kind {
-                    REPORT_ATTEMPT => {
-                        if let Ok(a) = AttemptOutcome::decode(body) {
-                            content += ai_router_filter_core::content::size_of(a.content.as_ref());
-                            batch.attempts.push(a);
+                let outcomes = if kind == REPORT_BUNDLE {
+                    bundled(body)
+                } else {
+                    vec![(kind, body)]
+                };
+                for (kind, body) in outcomes {
+                    match kind {
+                        REPORT_ATTEMPT => {
+                            if let Ok(a) = AttemptOutcome::decode(body) {
+                                content +=
+                                    ai_router_filter_core::content::size_of(a.content.as_ref());
+                                batch.attempts.push(a);
+                            }
                         }
-                    }
-                    REPORT_REQUEST => {
-                        if let Ok(r) = RequestOutcome::decode(body) {
-                            batch.requests.push(r);
+                        REPORT_REQUEST => {
+                            if let Ok(r) = RequestOutcome::decode(body) {
+                                batch.requests.push(r);
+                            }
                         }
-                    }
-                    MINUTE_ASK => {
-                        if let Ok(ask) = MinuteCallsRequest::decode(body) {
-                            self.minute_asks.push(ask);
+                        MINUTE_ASK => {
+                            if let Ok(ask) = MinuteCallsRequest::decode(body) {
+                                self.minute_asks.push(ask);
+                            }
                         }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
             if batch.attempts.is_empty() && batch.requests.is_empty() {

@@ -21,34 +21,46 @@ impl Context for Front {
         _body: usize,
         _trailers: usize,
     ) {
-        self.stage.on_http_call_response(&mut WasmHost, token);
+        super::prof::time("front.call_response", || {
+            self.stage.on_http_call_response(&mut WasmHost, token);
+        })
     }
 }
 
 impl HttpContext for Front {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        action(self.stage.on_request_headers(&mut WasmHost, end_of_stream))
+        super::prof::time("front.request_headers", || {
+            action(self.stage.on_request_headers(&mut WasmHost, end_of_stream))
+        })
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        action(
-            self.stage
-                .on_request_body(&mut WasmHost, size, end_of_stream),
-        )
+        super::prof::time("front.request_body", || {
+            action(
+                self.stage
+                    .on_request_body(&mut WasmHost, size, end_of_stream),
+            )
+        })
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        action(self.stage.on_response_headers(&mut WasmHost, end_of_stream))
+        super::prof::time("front.response_headers", || {
+            action(self.stage.on_response_headers(&mut WasmHost, end_of_stream))
+        })
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        action(
-            self.stage
-                .on_response_body(&mut WasmHost, size, end_of_stream),
-        )
+        super::prof::time("front.response_body", || {
+            action(
+                self.stage
+                    .on_response_body(&mut WasmHost, size, end_of_stream),
+            )
+        })
     }
 
     fn on_log(&mut self) {
-        self.stage.on_log(&mut WasmHost);
+        super::prof::time("front.log", || {
+            self.stage.on_log(&mut WasmHost);
+        })
     }
 }

@@ -220,56 +220,74 @@ fn body_of(side: Side) -> Body {
 
 impl Host for WasmHost {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
-        headers_of(side).get_bytes(name)
+        super::prof::time("host.header", || headers_of(side).get_bytes(name))
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        headers_of(side).all()
+        super::prof::time("host.headers", || headers_of(side).all())
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
-        headers_of(side).set(name, value);
+        super::prof::time("host.set_header", || {
+            headers_of(side).set(name, value);
+        })
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
-        headers_of(side).set_bytes(name, value);
+        super::prof::time("host.set_header_bytes", || {
+            headers_of(side).set_bytes(name, value);
+        })
     }
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
-        body_of(side).get(start, size)
+        super::prof::time("host.body", || body_of(side).get(start, size))
     }
     fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]) {
-        body_of(side).set(start, size, bytes);
+        super::prof::time("host.set_body", || {
+            body_of(side).set(start, size, bytes);
+        })
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-        send_response(status, headers, body);
+        super::prof::time("host.send_response", || {
+            send_response(status, headers, body);
+        })
     }
     fn reset_stream(&mut self) {
-        reset_stream();
+        super::prof::time("host.reset_stream", || {
+            reset_stream();
+        })
     }
     fn now_ms(&self) -> i64 {
-        shared::now_ms()
+        super::prof::time("host.now_ms", shared::now_ms)
     }
     fn state(&self) -> Option<Rc<State>> {
-        shared::current_state()
+        super::prof::time("host.state", shared::current_state)
     }
     fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
-        shared::virtual_key(sha256_hex)
+        super::prof::time("host.virtual_key", || shared::virtual_key(sha256_hex))
     }
     fn state_sequence(&self) -> u64 {
-        shared::current_state();
-        shared::state_sequence()
+        super::prof::time("host.state_sequence", || {
+            shared::current_state();
+            shared::state_sequence()
+        })
     }
     fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
-        shared::admit_minute_request(key_id, limit, now_ms)
+        super::prof::time("host.admit_minute_request", || {
+            shared::admit_minute_request(key_id, limit, now_ms)
+        })
     }
     fn new_call(&mut self, now_ms: i64) -> String {
-        shared::new_call(now_ms)
+        super::prof::time("host.new_call", || shared::new_call(now_ms))
     }
     fn call_attempts(&self, call_id: &str) -> Option<u32> {
-        shared::with_call(call_id, |c| c.attempts)
+        super::prof::time("host.call_attempts", || {
+            shared::with_call(call_id, |c| c.attempts)
+        })
     }
     fn end_call(&mut self, call_id: &str) -> Option<Call> {
-        shared::end_call(call_id)
+        super::prof::time("host.end_call", || shared::end_call(call_id))
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
-        shared::report_request(outcome);
+        super::prof::time("host.report_request", || {
+            shared::report_request(outcome);
+        })
     }
     fn dispatch_http_call(
         &mut self,
@@ -277,12 +295,14 @@ impl Host for WasmHost {
         headers: &[(&str, &str)],
         timeout_ms: u64,
     ) -> Result<u32, Refused> {
-        logged(dispatch_http_call(
-            cluster,
-            headers,
-            shared::duration_ms(timeout_ms),
-        ))
-        .ok_or(Refused)
+        super::prof::time("host.dispatch_http_call", || {
+            logged(dispatch_http_call(
+                cluster,
+                headers,
+                shared::duration_ms(timeout_ms),
+            ))
+            .ok_or(Refused)
+        })
     }
     fn dispatch_grpc_call(
         &mut self,
@@ -293,45 +313,61 @@ impl Host for WasmHost {
         message: &[u8],
         timeout_ms: u64,
     ) -> Result<u32, Refused> {
-        logged(dispatch_grpc_call(
-            cluster,
-            service,
-            method,
-            metadata,
-            message,
-            shared::duration_ms(timeout_ms),
-        ))
-        .ok_or(Refused)
+        super::prof::time("host.dispatch_grpc_call", || {
+            logged(dispatch_grpc_call(
+                cluster,
+                service,
+                method,
+                metadata,
+                message,
+                shared::duration_ms(timeout_ms),
+            ))
+            .ok_or(Refused)
+        })
     }
     fn grpc_call_response_body(&self, size: usize) -> Option<Vec<u8>> {
-        grpc_call_response_body(size)
+        super::prof::time("host.grpc_call_response_body", || {
+            grpc_call_response_body(size)
+        })
     }
     fn resume_request(&mut self) {
-        resume_request();
+        super::prof::time("host.resume_request", || {
+            resume_request();
+        })
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        property(path)
+        super::prof::time("host.property", || property(path))
     }
     fn sync_token(&self) -> Option<String> {
-        shared::sync_token()
+        super::prof::time("host.sync_token", shared::sync_token)
     }
     fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
-        shared::with_call(call_id, f)
+        super::prof::time("host.with_call", || shared::with_call(call_id, f))
     }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
-        shared::with_round_robin(|rr| f(&shared::SharedView::default(), rr))
+        super::prof::time("host.with_lanes", || {
+            shared::with_round_robin(|rr| f(&shared::SharedView::default(), rr))
+        })
     }
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
-        shared::add_in_flight(provider, key, delta);
+        super::prof::time("host.add_in_flight", || {
+            shared::add_in_flight(provider, key, delta);
+        })
     }
     fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
-        shared::reserve_send(provider, send, allowances)
+        super::prof::time("host.reserve_send", || {
+            shared::reserve_send(provider, send, allowances)
+        })
     }
     fn release_send(&mut self, provider: &str, send: &Send) {
-        shared::release_send(provider, send);
+        super::prof::time("host.release_send", || {
+            shared::release_send(provider, send);
+        })
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
-        shared::hold_cooldown(lane, until_ms);
+        super::prof::time("host.hold_cooldown", || {
+            shared::hold_cooldown(lane, until_ms);
+        })
     }
     fn hold_blacklist(
         &mut self,
@@ -341,28 +377,38 @@ impl Host for WasmHost {
         until_ms: i64,
         fingerprint: u64,
     ) {
-        shared::hold_blacklist(provider, key, class, until_ms, fingerprint);
+        super::prof::time("host.hold_blacklist", || {
+            shared::hold_blacklist(provider, key, class, until_ms, fingerprint);
+        })
     }
     fn record_latency(&mut self, lane: &LaneId, ms: f64) {
-        shared::record_latency(lane, ms);
+        super::prof::time("host.record_latency", || {
+            shared::record_latency(lane, ms);
+        })
     }
     fn random_unit(&mut self) -> f64 {
-        shared::random_unit()
+        super::prof::time("host.random_unit", shared::random_unit)
     }
     fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
-        shared::affinity_slot(slot)
+        super::prof::time("host.affinity_slot", || shared::affinity_slot(slot))
     }
     fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
-        shared::set_affinity_slot(slot, record);
+        super::prof::time("host.set_affinity_slot", || {
+            shared::set_affinity_slot(slot, record);
+        })
     }
     fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
-        shared::cache_slot(slot)
+        super::prof::time("host.cache_slot", || shared::cache_slot(slot))
     }
     fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
-        shared::set_cache_slot(slot, entry, cas)
+        super::prof::time("host.set_cache_slot", || {
+            shared::set_cache_slot(slot, entry, cas)
+        })
     }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
-        shared::report_attempt(outcome);
+        super::prof::time("host.report_attempt", || {
+            shared::report_attempt(outcome);
+        })
     }
 }
 

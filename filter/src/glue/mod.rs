@@ -4,6 +4,7 @@ mod attempt;
 mod ctrl;
 mod front;
 mod host;
+mod prof;
 mod shared;
 
 use ai_router_filter_core::plugin;
@@ -38,7 +39,7 @@ enum Role {
 impl Context for Root {
     fn on_grpc_stream_message(&mut self, token: u32, size: usize) {
         if let Role::Ctrl(c) = &mut self.role {
-            c.on_stream_message(token, size);
+            prof::time("ctrl.stream_message", || c.on_stream_message(token, size));
         }
     }
 
@@ -50,7 +51,9 @@ impl Context for Root {
 
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
         if let Role::Ctrl(c) = &mut self.role {
-            c.on_call_response(token, status, size);
+            prof::time("ctrl.call_response", || {
+                c.on_call_response(token, status, size)
+            });
         }
     }
 }
@@ -96,15 +99,15 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         match &mut self.role {
-            Role::Ctrl(c) => c.on_tick(),
-            Role::Attempt => attempt::on_tick(),
+            Role::Ctrl(c) => prof::time("ctrl.tick", || c.on_tick()),
+            Role::Attempt => prof::time("attempt.tick", attempt::on_tick),
             _ => {}
         }
     }
 
     fn on_queue_ready(&mut self, queue_id: u32) {
         if let Role::Ctrl(c) = &mut self.role {
-            c.on_queue_ready(queue_id);
+            prof::time("ctrl.queue_ready", || c.on_queue_ready(queue_id));
         }
     }
 

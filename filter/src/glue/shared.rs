@@ -26,6 +26,20 @@ pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 /// An ask for a block of a key's minute budget (`MinuteCallsRequest`), on the report queue.
 pub const MINUTE_ASK: u8 = 3;
+/// Several outcomes of one worker in one queue message: each a kind byte, a 4-byte big-endian
+/// length and the encoded outcome.
+pub const REPORT_BUNDLE: u8 = 4;
+
+/// A worker holds its outcomes at most this long before it queues them for the singleton (on
+/// the attempt root's tick or the next report): one queue message, so one wake-up of the main
+/// thread and one report call, per worker and stretch instead of two per request. A failed
+/// attempt is queued at once, with what waits before it: what it says about a key (a
+/// blacklist, a cooldown) is the news the other Envoys wait for.
+pub const REPORT_HOLD_MS: i64 = 50;
+/// ...or until this many outcomes wait...
+const REPORT_HOLD_COUNT: usize = 64;
+/// ...or this many bytes (`telemetry.includeContent` makes attempts large).
+const REPORT_HOLD_BYTES: usize = 256 * 1024;
 
 pub use ai_router_filter_core::calls::Call;
 
@@ -46,6 +60,10 @@ struct Local {
     /// Latency EWMA per lane, in ms.
     latency: HashMap<LaneId, f64>,
     rng: u64,
+    /// Outcomes waiting to be queued as one [`REPORT_BUNDLE`], and since when the first waits.
+    held: Vec<u8>,
+    held_count: usize,
+    held_since_ms: i64,
 }
 
 thread_local! {
@@ -509,11 +527,59 @@ fn enqueue(kind: u8, body: Vec<u8>) {
 }
 
 pub fn report_attempt(outcome: AttemptOutcome) {
-    enqueue(REPORT_ATTEMPT, outcome.encode_to_vec());
+    let urgent = outcome.outcome != ai_router_proto::v1::AttemptResult::Success as i32;
+    hold_report(REPORT_ATTEMPT, &outcome.encode_to_vec(), urgent);
 }
 
 pub fn report_request(outcome: RequestOutcome) {
-    enqueue(REPORT_REQUEST, outcome.encode_to_vec());
+    hold_report(REPORT_REQUEST, &outcome.encode_to_vec(), false);
+}
+
+/// Adds one outcome to this worker's bundle; queues the bundle when it is due (see
+/// [`REPORT_HOLD_MS`]) or `urgent`.
+fn hold_report(kind: u8, body: &[u8], urgent: bool) {
+    let now = now_ms();
+    let due = LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        if l.held_count == 0 {
+            l.held_since_ms = now;
+            l.held.push(REPORT_BUNDLE);
+        }
+        ai_router_filter_core::reports::bundle_push(&mut l.held, kind, body);
+        l.held_count += 1;
+        urgent
+            || l.held_count >= REPORT_HOLD_COUNT
+            || l.held.len() >= REPORT_HOLD_BYTES
+            || now - l.held_since_ms >= REPORT_HOLD_MS
+    });
+    if due {
+        flush_held_reports();
+    }
+}
+
+/// Queues what this worker holds for the singleton (the attempt root's tick calls it too).
+pub fn flush_held_reports() {
+    let held = LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        l.held_count = 0;
+        std::mem::take(&mut l.held)
+    });
+    if held.is_empty() {
+        return;
+    }
+    let Some(q) = report_queue() else { return };
+    if hostcalls::enqueue_shared_queue(q, Some(&held)).is_err() {
+        // The singleton may have restarted: resolve again next time.
+        LOCAL.with(|l| l.borrow_mut().queue = None);
+    }
+}
+
+/// Whether this worker's held outcomes are due at `now`.
+pub fn held_reports_due(now: i64) -> bool {
+    LOCAL.with(|l| {
+        let l = l.borrow();
+        l.held_count > 0 && now - l.held_since_ms >= REPORT_HOLD_MS
+    })
 }
 
 pub fn duration_ms(ms: u64) -> Duration {

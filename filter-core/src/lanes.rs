@@ -246,9 +246,33 @@ pub enum Pick {
 pub struct RoundRobin {
     current: HashMap<LaneId, f64>,
     pub parking: Parking,
+    /// Where the next pick of a provider and model with many keys starts looking
+    /// ([`KEY_WINDOW`]).
+    windows: HashMap<String, usize>,
 }
 
+/// With the default `tiers` strategy, a candidate with more than twice this many keys is looked
+/// at through a window of this many usable keys per pick, each pick's window starting where the
+/// last one of that provider and model ended: the work of a pick follows the window, not the
+/// key count (a pool of 1,000 keys of one model would otherwise check every one of them per
+/// attempt), and over successive picks every key takes its turn. Keys ruled out do not count
+/// against the window, so a pick still finds a usable key when most are out, and a session's
+/// pinned key is always looked at first.
+pub const KEY_WINDOW: usize = 16;
+
 impl RoundRobin {
+    /// The first key index the next pick of `provider`/`model` (`keys` keys) looks at; moves the
+    /// window on.
+    fn window_start(&mut self, provider: &str, model: &str, keys: usize) -> usize {
+        let slot = self
+            .windows
+            .entry(format!("{provider}\u{0}{model}"))
+            .or_insert(0);
+        let start = *slot % keys.max(1);
+        *slot = (start + KEY_WINDOW) % keys.max(1);
+        start
+    }
+
     /// Picks among `options` (lane, weight) and advances the positions.
     pub fn choose(&mut self, options: &[(&LaneId, f64)]) -> Option<usize> {
         let total: f64 = options.iter().map(|(_, w)| *w).sum();
@@ -457,6 +481,8 @@ pub fn pick(
         .unwrap_or(state.snapshot.generated_at_ms);
     let mut usable: Vec<Usable> = Vec::new();
     let mut soonest: Option<(Class, Option<i64>)> = None;
+    // The `headroom` and `score` strategies weigh every usable lane against the others.
+    let tiers_only = crate::select::strategy(&selection) == SelectionStrategy::Tiers;
     for (tier_index, tier) in tiers.iter().enumerate() {
         for cand in tier {
             if !crate::when::allows(&cand.when, req.last_failure) {
@@ -474,7 +500,28 @@ pub fn pick(
                     crate::context::larger_than(crate::context::lane_capacity(provider, m), failed)
                 })
             });
-            for (ki, key) in provider.keys.iter().enumerate() {
+            let n = provider.keys.len();
+            let windowed = tiers_only && n > 2 * KEY_WINDOW;
+            let start = if windowed {
+                rr.window_start(&provider.id, &cand.model, n)
+            } else {
+                0
+            };
+            let pinned_key = req
+                .pinned
+                .filter(|p| p.provider == provider.id && p.model == cand.model)
+                .and_then(|p| provider.keys.iter().position(|k| k.alias == p.key));
+            let order = pinned_key.into_iter().chain(
+                (0..n)
+                    .map(|i| (start + i) % n)
+                    .filter(move |ki| Some(*ki) != pinned_key),
+            );
+            let mut looked_at = 0;
+            for ki in order {
+                if windowed && looked_at >= KEY_WINDOW {
+                    break;
+                }
+                let key = &provider.keys[ki];
                 let lane = LaneId::new(&provider.id, &key.alias, &cand.model);
                 // A key whose catalog lacks the model (`discover: true`) is no lane for it.
                 if model.is_some_and(|m| !key.reaches(m)) {
@@ -561,6 +608,7 @@ pub fn pick(
                     provider_tried,
                     low_headroom,
                 );
+                looked_at += 1;
                 let in_flight = view.in_flight(&provider.id, &key.alias);
                 let facts = crate::select::LaneFacts {
                     rank,
@@ -1055,6 +1103,74 @@ mod tests {
         assert_eq!(n("c"), 200, "{counts:?}");
         assert_eq!(n("a") + n("b"), 200, "{counts:?}");
         assert_eq!(n("a"), 100, "{counts:?}");
+    }
+
+    #[test]
+    fn a_candidate_with_many_keys_is_looked_at_through_a_moving_window() {
+        let mut snap = state_with(vec![]).snapshot.clone();
+        snap.providers[0].keys = (0..1_000).map(|i| key(&format!("k{i}"))).collect();
+        // Half the keys are blacklisted: the window counts only usable ones.
+        snap.key_health = (0..1_000)
+            .filter(|i| i % 2 == 1)
+            .map(|i| KeyHealth {
+                provider: "p1".into(),
+                key: format!("k{i}"),
+                reason: KeyOutReason::Quota.into(),
+                until_ms: 10_000,
+                refused_fingerprint: crate::util::fingerprint(&format!("sk-k{i}")),
+            })
+            .collect();
+        let s = State::new(1, snap);
+        let tier = vec![vec![Candidate {
+            provider: "p1".into(),
+            model: "m1".into(),
+            weight: 1.0,
+            when: Vec::new(),
+        }]];
+        let v = FakeView::default();
+        let mut rr = RoundRobin::default();
+        let mut chosen_keys = std::collections::BTreeSet::new();
+        let mut most_skipped = 0;
+        for _ in 0..1_000 / KEY_WINDOW * 2 + 2 {
+            let mut skipped = Vec::new();
+            let lane = chosen(pick(
+                &s,
+                &tier,
+                Request::default(),
+                &v,
+                &mut rr,
+                0,
+                &mut skipped,
+            ));
+            assert!(!skipped.iter().any(|k| k.lane == lane));
+            most_skipped = most_skipped.max(skipped.len());
+            chosen_keys.insert(lane.key);
+        }
+        // Each pick looked at about 2 x KEY_WINDOW keys (16 usable, 16 out), not 1,000...
+        assert!(most_skipped <= KEY_WINDOW + 1, "{most_skipped}");
+        // ...and over the picks the window went round every usable key.
+        assert!(
+            chosen_keys.len() >= 500 / KEY_WINDOW,
+            "{}",
+            chosen_keys.len()
+        );
+        let usable_seen = chosen_keys
+            .iter()
+            .all(|k| k[1..].parse::<usize>().is_ok_and(|i| i % 2 == 0));
+        assert!(usable_seen, "{chosen_keys:?}");
+
+        // A pinned key is looked at first, wherever the window is.
+        let pin = LaneId::new("p1", "k998", "m1");
+        for _ in 0..5 {
+            let req = Request {
+                pinned: Some(&pin),
+                ..Request::default()
+            };
+            assert_eq!(
+                chosen(pick(&s, &tier, req, &v, &mut rr, 0, &mut Vec::new())),
+                pin
+            );
+        }
     }
 
     #[test]

@@ -606,6 +606,31 @@ async fn stopping_postgres_under_load_fails_no_call_and_usage_adds_up_after() {
     c.check_no_secrets_in_logs(&[&secret]);
 }
 
+/// The sync streams open at `site`'s control plane (every Envoy node together).
+async fn sync_streams(site: &Site) -> anyhow::Result<u64> {
+    let text = ai_router_e2e::get_text(&format!("http://{}/metrics", site.cp.http_addr())).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("ai_router_sync_connections{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+/// Waits until control planes a and b hold `(a, b)` sync streams.
+async fn until_streams(c: &Cluster, want: (u64, u64), what: &str) {
+    poll(what, Duration::from_secs(15), || async {
+        let at_b = sync_streams(&c.b).await?;
+        let at_a = if want.0 == 0 {
+            0
+        } else {
+            sync_streams(&c.a).await?
+        };
+        Ok(((at_a, at_b) == want).then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     let mut c = Cluster::start("distributed-failover").await;
@@ -613,9 +638,23 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
         .script(json!([script::always(vec![script::text("hi")])]))
         .await
         .unwrap();
+    // Each Envoy holds its stream with the first control plane it lists (its own), not any.
+    until_streams(
+        &c,
+        (1, 1),
+        "each Envoy to sync from its first control plane",
+    )
+    .await;
     let load = Load::start(&[&c.a.client], &c.virtual_key);
     tokio::time::sleep(Duration::from_millis(500)).await;
     c.a.cp.stop();
+    // Envoy A fails over to the next one it lists.
+    let stopped = Instant::now();
+    until_streams(&c, (0, 2), "Envoy A's stream to move to control plane B").await;
+    eprintln!(
+        "Envoy A's sync stream was at control plane B {:?} after A stopped",
+        stopped.elapsed()
+    );
     // Envoy A now syncs from B: a key made through B works through Envoy A.
     let (_, secret) = c
         .create_key(&c.b, json!({ "label": "after", "models": ["*"] }))
@@ -808,11 +847,15 @@ fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
     ] {
         assert!(services.lines().any(|l| l == s), "{s} missing: {services}");
     }
-    // Each Envoy file is what the renderer writes for its control plane.
-    for site in ["a", "b"] {
+    // Each Envoy file is what the renderer writes for its own control plane first, then the
+    // other to fail over to.
+    for (site, other) in [("a", "b"), ("b", "a")] {
         let out = std::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
             .args(["render-envoy", "--config", "examples/pool-cluster.yaml"])
-            .args(["--control-plane", &format!("control-plane-{site}:8082")])
+            .args([
+                "--control-plane",
+                &format!("control-plane-{site}:8082,control-plane-{other}:8082"),
+            ])
             .args(["--admin", "0.0.0.0:9901"])
             .current_dir(&root)
             .output()

@@ -9,6 +9,8 @@
 //!   (a blacklist set during the outage included);
 //! - stopping Postgres under load fails no call, key writes answer 503 `unavailable` meanwhile,
 //!   and the usage of every call is there, once, after it comes back;
+//! - stopping (SIGKILL) control plane A under load fails no call through its Envoy, whose stream
+//!   was at A (its first listed) and moves to B; the usage of every call is counted once;
 //! - a half-open provider breaker lets exactly one probe through, counted at the provider,
 //!   while calls arrive through both Envoys at once; the others answer from the fallback;
 //! - 200 calls over both Envoys with `requestsPerMinute: 50` admit 50 to 60 (the stated bound:
@@ -655,8 +657,14 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
         "each Envoy to sync from its first control plane",
     )
     .await;
-    let load = Load::start(&[&c.a.client], &c.virtual_key);
+    // The load's key is in Postgres, so its usage is read back from either control plane.
+    let (loaded, load_secret) = c
+        .create_key(&c.a, json!({ "label": "load", "models": ["*"] }))
+        .await;
+    until_status(&c.a, &load_secret, 200, "the load's key at Envoy A").await;
+    let load = Load::start(&[&c.a.client], &load_secret);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // SIGKILL: the report batches A took but did not acknowledge go to B again.
     c.a.cp.stop();
     // Envoy A fails over to the next one it lists.
     let stopped = Instant::now();
@@ -675,7 +683,26 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     let total = load.stop_all_ok("after control plane A stopped").await;
     eprintln!("{total} calls through Envoy A across the stop, all 200");
     assert!(total > 10, "{total}");
-    c.check_no_secrets_in_logs(&[&secret]);
+    // Every success counted once in Postgres (the load's and the one that found the key),
+    // whichever control plane took its report; a re-sent batch A had counted is known to B.
+    let want = total as u64 + 1;
+    poll("the usage of every call", SHARED * 5, || async {
+        let counted = c.successes(&c.b, &loaded).await;
+        anyhow::ensure!(
+            counted <= want,
+            "{counted} successes counted for {want} calls"
+        );
+        Ok((counted == want).then_some(()))
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        c.successes(&c.b, &loaded).await,
+        want,
+        "usage counted twice across the kill"
+    );
+    c.check_no_secrets_in_logs(&[&secret, &load_secret]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

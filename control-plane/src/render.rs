@@ -442,9 +442,10 @@ bootstrap_extensions:
     )
 }
 
-/// The other control planes' endpoints, and the health check that takes one that stopped out of the cluster within about a
-/// second (TCP connect every second; one failure ejects, one success
-/// takes it back). Empty with one control plane: that bootstrap stays as it was.
+/// The other control planes' endpoints, one priority each after the first's, and the health
+/// check that takes one that stopped out within about a second (TCP connect every second; one
+/// failure ejects, one success takes it back). Empty with one control plane: that bootstrap
+/// stays as it was.
 fn failover_endpoints(o: &RenderOptions) -> (String, String) {
     if o.more_control_planes.is_empty() {
         return (String::new(), String::new());
@@ -453,18 +454,22 @@ fn failover_endpoints(o: &RenderOptions) -> (String, String) {
       health_checks:
         - timeout: 1s
           interval: 1s
+          # Envoy checks a cluster it counts as idle once a minute otherwise (the sync stream's
+          # reconnects may not count as traffic), so a stopped control plane would stay in.
+          no_traffic_interval: 1s
+          no_traffic_healthy_interval: 1s
           unhealthy_threshold: 1
           healthy_threshold: 1
           tcp_health_check: {}
       common_lb_config: { healthy_panic_threshold: { value: 0 } }
 "
     .to_owned();
-    // One group: every control plane serves the same shared state, so any healthy one will do
-    // (a priority-1 group for the others never received the stream in the e2e test).
+    // One priority per control plane, in the order given: the stream goes to the first that
+    // passes its health check, to the next one only while those before it are out.
     let mut endpoints = String::new();
-    for (host, port) in &o.more_control_planes {
+    for (priority, (host, port)) in (1..).zip(&o.more_control_planes) {
         endpoints.push_str(&format!(
-            "              - endpoint:\n                  address: {{ socket_address: {{ address: {}, port_value: {port} }} }}\n",
+            "          - priority: {priority}\n            lb_endpoints:\n              - endpoint:\n                  address: {{ socket_address: {{ address: {}, port_value: {port} }} }}\n",
             q(host)
         ));
     }
@@ -492,7 +497,7 @@ mod tests {
     }
 
     #[test]
-    fn several_control_planes_are_one_health_checked_cluster() {
+    fn several_control_planes_are_one_health_checked_cluster_in_priority_order() {
         let one = render_envoy(&options());
         assert!(
             !one.contains("health_checks"),
@@ -521,15 +526,18 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(
-            group(0),
-            [
-                ("control-plane".to_owned(), 8082),
-                ("cp-b".to_owned(), 9082),
-                ("10.0.0.3".to_owned(), 8082)
-            ]
-        );
+        // One priority each, in the order given: the first that answers holds the stream.
+        assert_eq!(group(0), [("control-plane".to_owned(), 8082)]);
+        assert_eq!(group(1), [("cp-b".to_owned(), 9082)]);
+        assert_eq!(group(2), [("10.0.0.3".to_owned(), 8082)]);
+        for (i, priority) in [(0, None), (1, Some(1)), (2, Some(2))] {
+            assert_eq!(
+                cp["load_assignment"]["endpoints"][i]["priority"].as_u64(),
+                priority
+            );
+        }
         assert_eq!(cp["health_checks"][0]["interval"], "1s");
+        assert_eq!(cp["health_checks"][0]["no_traffic_interval"], "1s");
         assert_eq!(cp["health_checks"][0]["unhealthy_threshold"], 1);
         assert!(cp["health_checks"][0].get("tcp_health_check").is_some());
     }

@@ -9,6 +9,10 @@
 //!   (a blacklist set during the outage included);
 //! - stopping Postgres under load fails no call, key writes answer 503 `unavailable` meanwhile,
 //!   and the usage of every call is there, once, after it comes back;
+//! - stopping (SIGKILL) control plane A under load fails no call through its Envoy, whose stream
+//!   was at A (its first listed) and moves to B; the usage of every call is counted once;
+//! - a half-open provider breaker lets exactly one probe through, counted at the provider,
+//!   while calls arrive through both Envoys at once; the others answer from the fallback;
 //! - 200 calls over both Envoys with `requestsPerMinute: 50` admit 50 to 60 (the stated bound:
 //!   the limit plus one block per Envoy).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -26,8 +30,11 @@ use serde_json::{json, Value};
 /// machine.
 const SHARED: Duration = Duration::from_secs(3);
 
-fn pool(mock: &str) -> String {
-    let standard = standard_pool(mock, mock).replace(
+/// The pool both control planes load, with `resilience` lines (two-space indented) added.
+fn pool_with(mock: &str, resilience: &str) -> String {
+    let standard =
+        standard_pool(mock, mock).replace("resilience:\n", &format!("resilience:\n{resilience}"));
+    let standard = standard.replace(
         "keyStore: { type: memory }",
         "keyStore: { type: postgres, url: { env: AI_ROUTER_PG_URL } }",
     );
@@ -61,6 +68,11 @@ struct Cluster {
 
 impl Cluster {
     async fn start(test: &str) -> Cluster {
+        Self::start_with(test, "").await
+    }
+
+    /// [`Cluster::start`] with `resilience` lines added to the pool.
+    async fn start_with(test: &str, resilience: &str) -> Cluster {
         let redis = RedisServer::start().expect("redis-server");
         let postgres = PostgresServer::start().expect("postgres");
         let dir = TestDir::new(test).unwrap();
@@ -88,7 +100,7 @@ impl Cluster {
         let mut planes = Vec::new();
         for name in ["a", "b"] {
             let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
-            let cp = ControlPlane::start(&dir, &pool(&mock.api_base()), &env)
+            let cp = ControlPlane::start(&dir, &pool_with(&mock.api_base(), resilience), &env)
                 .await
                 .unwrap();
             planes.push((dir, cp));
@@ -606,6 +618,31 @@ async fn stopping_postgres_under_load_fails_no_call_and_usage_adds_up_after() {
     c.check_no_secrets_in_logs(&[&secret]);
 }
 
+/// The sync streams open at `site`'s control plane (every Envoy node together).
+async fn sync_streams(site: &Site) -> anyhow::Result<u64> {
+    let text = ai_router_e2e::get_text(&format!("http://{}/metrics", site.cp.http_addr())).await?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("ai_router_sync_connections{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+/// Waits until control planes a and b hold `(a, b)` sync streams.
+async fn until_streams(c: &Cluster, want: (u64, u64), what: &str) {
+    poll(what, Duration::from_secs(15), || async {
+        let at_b = sync_streams(&c.b).await?;
+        let at_a = if want.0 == 0 {
+            0
+        } else {
+            sync_streams(&c.a).await?
+        };
+        Ok(((at_a, at_b) == want).then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     let mut c = Cluster::start("distributed-failover").await;
@@ -613,9 +650,29 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
         .script(json!([script::always(vec![script::text("hi")])]))
         .await
         .unwrap();
-    let load = Load::start(&[&c.a.client], &c.virtual_key);
+    // Each Envoy holds its stream with the first control plane it lists (its own), not any.
+    until_streams(
+        &c,
+        (1, 1),
+        "each Envoy to sync from its first control plane",
+    )
+    .await;
+    // The load's key is in Postgres, so its usage is read back from either control plane.
+    let (loaded, load_secret) = c
+        .create_key(&c.a, json!({ "label": "load", "models": ["*"] }))
+        .await;
+    until_status(&c.a, &load_secret, 200, "the load's key at Envoy A").await;
+    let load = Load::start(&[&c.a.client], &load_secret);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // SIGKILL: the report batches A took but did not acknowledge go to B again.
     c.a.cp.stop();
+    // Envoy A fails over to the next one it lists.
+    let stopped = Instant::now();
+    until_streams(&c, (0, 2), "Envoy A's stream to move to control plane B").await;
+    eprintln!(
+        "Envoy A's sync stream was at control plane B {:?} after A stopped",
+        stopped.elapsed()
+    );
     // Envoy A now syncs from B: a key made through B works through Envoy A.
     let (_, secret) = c
         .create_key(&c.b, json!({ "label": "after", "models": ["*"] }))
@@ -626,7 +683,143 @@ async fn stopping_control_plane_a_fails_no_call_through_its_envoy() {
     let total = load.stop_all_ok("after control plane A stopped").await;
     eprintln!("{total} calls through Envoy A across the stop, all 200");
     assert!(total > 10, "{total}");
-    c.check_no_secrets_in_logs(&[&secret]);
+    // Every success counted once in Postgres (the load's and the one that found the key),
+    // whichever control plane took its report; a re-sent batch A had counted is known to B.
+    let want = total as u64 + 1;
+    poll("the usage of every call", SHARED * 5, || async {
+        let counted = c.successes(&c.b, &loaded).await;
+        anyhow::ensure!(
+            counted <= want,
+            "{counted} successes counted for {want} calls"
+        );
+        Ok((counted == want).then_some(()))
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        c.successes(&c.b, &loaded).await,
+        want,
+        "usage counted twice across the kill"
+    );
+    c.check_no_secrets_in_logs(&[&secret, &load_secret]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_provider_breaker_lets_exactly_one_probe_through_both_envoys() {
+    // Provider p1 (keys a and b) opens after 2 failures in a row for 3 s; its keys' own
+    // breakers stay closed, so what opens and half-opens is the provider's.
+    let c = Cluster::start_with(
+        "distributed-probe",
+        "  providerBreaker: { failureThreshold: 2, cooldownMs: 3000, maxCooldownMs: 10000 }\n  keyBreaker: { failureThreshold: 100 }\n",
+    )
+    .await;
+    let p1_keys = [c.key_a.clone(), c.key_b.clone()];
+    let at_p1 = |calls: &[ai_router_e2e::MockCall]| {
+        calls
+            .iter()
+            .filter(|m| {
+                m.key
+                    .as_deref()
+                    .is_some_and(|k| p1_keys.iter().any(|p| p == k))
+            })
+            .count()
+    };
+    let down = script::status(
+        503,
+        json!({}),
+        Some(json!({ "error": { "message": "down", "type": "server_error" } })),
+    );
+    c.mock
+        .script(json!([
+            script::for_key(&c.key_a, vec![down.clone()]),
+            script::for_key(&c.key_b, vec![down]),
+            script::always(vec![script::text("from p2")]),
+        ]))
+        .await
+        .unwrap();
+    // Through A until p1's breaker opens (each call fails over to p2 and answers 200).
+    for _ in 0..4 {
+        let r = c.a.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+    }
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&[
+                "ai_router_breaker_open{",
+                "scope=\"provider\"",
+                "provider=\"p1\"",
+            ])
+            .await
+            .unwrap();
+    }
+    // p1 recovers, slowly: the probe is still in flight while the other calls arrive.
+    c.mock
+        .script(json!([
+            script::for_key(
+                &c.key_a,
+                vec![json!({ "text": "from p1", "latencyMs": 1500 })]
+            ),
+            script::for_key(
+                &c.key_b,
+                vec![json!({ "text": "from p1", "latencyMs": 1500 })]
+            ),
+            script::always(vec![script::text("from p2")]),
+        ]))
+        .await
+        .unwrap();
+    // Batches of 20 concurrent calls through each Envoy at once until one reaches p1: that
+    // batch sends exactly one request there, the probe; every other call answers from p2.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (batches, replies) = loop {
+        c.mock.clear_calls().await.unwrap();
+        let replies = futures::future::join_all((0..40).map(|i| {
+            let client = if i % 2 == 0 { &c.a.client } else { &c.b.client }.clone();
+            let key = c.virtual_key.clone();
+            async move { client.chat("chat", Some(&key)).await.unwrap() }
+        }))
+        .await;
+        let calls = c.mock.calls().await.unwrap();
+        let probes = at_p1(&calls);
+        if probes > 0 {
+            assert_eq!(
+                probes,
+                1,
+                "a half-open breaker lets exactly one probe through across both Envoys; 40 calls sent {probes} requests to p1"
+            );
+            break (calls, replies);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no probe reached p1 within 20 s\n{}",
+            c.tails()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let from_p1 = replies
+        .iter()
+        .filter(|r| r.content() == Some("from p1"))
+        .count();
+    for r in &replies {
+        assert_eq!(r.status, 200, "a call of the probe's batch failed: {r}");
+    }
+    assert_eq!(from_p1, 1, "the probe's answer is the only one from p1");
+    assert_eq!(
+        batches.len(),
+        40,
+        "one request per call: the others went to p2 at once"
+    );
+    // The probe succeeded: the breaker closed everywhere, both Envoys use p1 again.
+    for site in [&c.a, &c.b] {
+        poll("p1 to serve again", Duration::from_secs(10), || async {
+            let r = site.client.chat("chat", Some(&c.virtual_key)).await?;
+            anyhow::ensure!(r.status == 200, "{r}");
+            Ok((r.content() == Some("from p1")).then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+    c.check_no_secrets_in_logs(&[]);
 }
 
 /// The UTC minute now, and the seconds into it.
@@ -808,11 +1001,15 @@ fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
     ] {
         assert!(services.lines().any(|l| l == s), "{s} missing: {services}");
     }
-    // Each Envoy file is what the renderer writes for its control plane.
-    for site in ["a", "b"] {
+    // Each Envoy file is what the renderer writes for its own control plane first, then the
+    // other to fail over to.
+    for (site, other) in [("a", "b"), ("b", "a")] {
         let out = std::process::Command::new(ai_router_e2e::ai_router_bin().unwrap())
             .args(["render-envoy", "--config", "examples/pool-cluster.yaml"])
-            .args(["--control-plane", &format!("control-plane-{site}:8082")])
+            .args([
+                "--control-plane",
+                &format!("control-plane-{site}:8082,control-plane-{other}:8082"),
+            ])
             .args(["--admin", "0.0.0.0:9901"])
             .current_dir(&root)
             .output()

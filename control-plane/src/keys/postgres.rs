@@ -13,7 +13,10 @@
 //!   transaction as its rows. A batch that fails is kept and sent again (with the next batch or
 //!   the next change-counter poll) and counts as taken (the report it came from is acknowledged,
 //!   so the filter does not send it again); one whose commit was lost in flight is recognised
-//!   by its id and not added twice. So usage written by every control plane adds up, exactly.
+//!   by its id and not added twice. The filter's report batch ids go into `report_batches` in
+//!   that transaction too: a report sent again after its acknowledgement was lost (a control
+//!   plane killed, the singleton failed over) is known to every control plane and not counted
+//!   again. So usage written by every control plane adds up, exactly.
 //! - Connections: a bounded pool (`deadpool-postgres`, [`POOL_SIZE`]), every call under a
 //!   deadline. Envoys serve from pushed state, so an outage stops administration only: the admin
 //!   API answers `unavailable` with the reason, usage waits in memory, and keys already pushed
@@ -29,7 +32,9 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use crate::config::QuotaConfig;
-use crate::keys::store::{KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay};
+use crate::keys::store::{
+    KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay, REPORT_BATCH_RETENTION_MS,
+};
 use crate::store::bridge::Bridge;
 use crate::store::health::{StoreHealth, KEYS};
 use crate::store::lock;
@@ -95,7 +100,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE key_usage ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0;",
     // 2 -> 3: a key's own response-cache choice (NULL: the policy's).
     "ALTER TABLE virtual_keys ADD COLUMN cache BOOLEAN;",
-    // 3 -> 4: the quota recheck reads one month of every key's rows at once.
+    // 3 -> 4: the filter's report batches whose usage is counted (as SQLite's 5 -> 6), so one
+    // sent again to another or a restarted control plane is not added twice.
+    "CREATE TABLE report_batches (
+        id TEXT PRIMARY KEY,
+        at_ms BIGINT NOT NULL
+    );
+    CREATE INDEX report_batches_at ON report_batches (at_ms);",
+    // 4 -> 5: the quota recheck reads one month of every key's rows at once.
     "CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
@@ -109,7 +121,15 @@ const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, all
      requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
      created_at_ms, cache";
 
-type UsageBatch = (String, Vec<(String, UsageDay)>);
+/// Usage rows written in one transaction, once.
+#[derive(Clone, Debug)]
+struct UsageBatch {
+    /// This store's own id for the write (a lost commit retried is recognised by it).
+    id: String,
+    rows: Vec<(String, UsageDay)>,
+    /// The filter's report batches these rows came from, marked counted with them.
+    reports: Vec<String>,
+}
 
 pub struct PostgresKeyStore {
     pool: Pool,
@@ -396,11 +416,11 @@ impl PostgresKeyStore {
             let Some(batch) = lock(&self.unsent).first().cloned() else {
                 return Ok(());
             };
-            let id = batch.0.clone();
+            let id = batch.id.clone();
             self.call(move |client| write_batch(client, batch))?;
             // Another flush (the poll's) may have written it meanwhile, once by its id: remove
             // it by id, not whatever is first now.
-            lock(&self.unsent).retain(|(kept, _)| *kept != id);
+            lock(&self.unsent).retain(|kept| kept.id != id);
         }
     }
 }
@@ -411,7 +431,11 @@ async fn write_batch(
     batch: UsageBatch,
 ) -> Result<(), String> {
     let err = |e: tokio_postgres::Error| pg_error(&e);
-    let (batch_id, rows) = batch;
+    let UsageBatch {
+        id: batch_id,
+        rows,
+        reports,
+    } = batch;
     let now = now_ms();
     let tx = client.transaction().await.map_err(err)?;
     let fresh = tx
@@ -424,6 +448,22 @@ async fn write_batch(
     if fresh == 0 {
         // Committed before, its answer lost on the way.
         return Ok(());
+    }
+    for report in &reports {
+        tx.execute(
+            "INSERT INTO report_batches (id, at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[report, &now],
+        )
+        .await
+        .map_err(err)?;
+    }
+    if !reports.is_empty() {
+        tx.execute(
+            "DELETE FROM report_batches WHERE at_ms < $1",
+            &[&now.saturating_sub(REPORT_BATCH_RETENTION_MS)],
+        )
+        .await
+        .map_err(err)?;
     }
     let usage = tx
         .prepare(
@@ -495,11 +535,20 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     // The first one may be in flight (its commit unknown): keep it apart.
     let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
     let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
-    for (_, batch) in merged {
-        crate::keys::usage::merge(&mut rows, batch);
+    let mut reports = Vec::new();
+    for batch in merged {
+        crate::keys::usage::merge(&mut rows, batch.rows);
+        reports.extend(batch.reports);
     }
     let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
-    unsent.insert(1, (new_batch_id(), rows));
+    unsent.insert(
+        1,
+        UsageBatch {
+            id: new_batch_id(),
+            rows,
+            reports,
+        },
+    );
 }
 
 impl KeyStore for PostgresKeyStore {
@@ -538,10 +587,18 @@ impl KeyStore for PostgresKeyStore {
         })
     }
 
-    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
-        if !rows.is_empty() {
+    fn record_report_usage(
+        &self,
+        rows: &[(String, UsageDay)],
+        batches: &[String],
+    ) -> Result<(), KeyStoreError> {
+        if !rows.is_empty() || !batches.is_empty() {
             let mut unsent = lock(&self.unsent);
-            unsent.push((new_batch_id(), rows.to_vec()));
+            unsent.push(UsageBatch {
+                id: new_batch_id(),
+                rows: rows.to_vec(),
+                reports: batches.to_vec(),
+            });
             bound_unsent(&mut unsent);
         }
         // From here on the rows are taken whatever happens: kept until a write succeeds (this
@@ -555,6 +612,24 @@ impl KeyStore for PostgresKeyStore {
             tracing::warn!(%err, "usage kept until the key store takes it");
         }
         Ok(())
+    }
+
+    fn counted_batch(&self, id: &str) -> Result<bool, KeyStoreError> {
+        // Taken and waiting for the database counts as counted: it goes in with its rows.
+        if lock(&self.unsent)
+            .iter()
+            .any(|batch| batch.reports.iter().any(|report| report == id))
+        {
+            return Ok(true);
+        }
+        let id = id.to_owned();
+        self.call(move |client| async move {
+            let row = client
+                .query_opt("SELECT 1 FROM report_batches WHERE id = $1", &[&id])
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(row.is_some())
+        })
     }
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
@@ -700,22 +775,23 @@ mod tests {
     #[test]
     fn waiting_usage_stays_bounded_and_adds_up() {
         let mut unsent: Vec<UsageBatch> = (0..MAX_UNSENT_BATCHES + 1)
-            .map(|_| {
-                (
-                    new_batch_id(),
-                    vec![("vk".to_owned(), day("2026-12-01", 1, "success"))],
-                )
+            .map(|n| UsageBatch {
+                id: new_batch_id(),
+                rows: vec![("vk".to_owned(), day("2026-12-01", 1, "success"))],
+                reports: vec![format!("report-{n}")],
             })
             .collect();
-        let first = unsent[0].0.clone();
+        let first = unsent[0].id.clone();
         bound_unsent(&mut unsent);
         assert!(unsent.len() < MAX_UNSENT_BATCHES);
-        assert_eq!(unsent[0].0, first, "the one maybe in flight keeps its id");
+        assert_eq!(unsent[0].id, first, "the one maybe in flight keeps its id");
         let total: u64 = unsent
             .iter()
-            .flat_map(|(_, rows)| rows.iter().map(|(_, r)| r.requests))
+            .flat_map(|batch| batch.rows.iter().map(|(_, r)| r.requests))
             .sum();
         assert_eq!(total, MAX_UNSENT_BATCHES as u64 + 1);
+        let reports: usize = unsent.iter().map(|batch| batch.reports.len()).sum();
+        assert_eq!(reports, MAX_UNSENT_BATCHES + 1, "no report id is lost");
     }
 
     #[test]
@@ -769,10 +845,11 @@ mod tests {
         );
 
         // A batch whose commit went through but whose answer was lost is not counted twice.
-        let batch = (
-            new_batch_id(),
-            vec![("vk_1".to_owned(), day("2026-12-03", 4, "success"))],
-        );
+        let batch = UsageBatch {
+            id: new_batch_id(),
+            rows: vec![("vk_1".to_owned(), day("2026-12-03", 4, "success"))],
+            reports: Vec::new(),
+        };
         a.call({
             let batch = batch.clone();
             move |client| write_batch(client, batch)
@@ -793,6 +870,43 @@ mod tests {
             matches!(&refused, Err(KeyStoreError::Storage(m)) if m.contains("newer")),
             "{refused:?}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_report_batch_counted_through_one_control_plane_is_known_to_all() -> anyhow::Result<()> {
+        static REPORTS: StoreHealth = StoreHealth::new("pg-report-test");
+        let pg = servers::PostgresServer::start()?;
+        let a = PostgresKeyStore::with_health(&pg.url(), &REPORTS)?;
+        assert!(!a.counted_batch("vm1-7")?);
+        a.record_report_usage(
+            &[("vk".into(), day("2026-12-01", 2, "success"))],
+            &["vm1-7".to_owned(), "vm2-3".to_owned()],
+        )?;
+        assert!(a.counted_batch("vm1-7")?);
+        // Another control plane, or this one restarted: the ids are in the database.
+        drop(a);
+        let b = PostgresKeyStore::with_health(&pg.url(), &REPORTS)?;
+        assert!(b.counted_batch("vm1-7")?);
+        assert!(b.counted_batch("vm2-3")?);
+        assert!(!b.counted_batch("vm1-8")?);
+        assert_eq!(b.usage("vk", "2026-12-01", "2026-12-01")?[0].requests, 2);
+
+        // While the database is away a taken batch is known from memory, then goes in with its
+        // rows.
+        let mut pg = pg;
+        pg.stop();
+        b.record_report_usage(
+            &[("vk".into(), day("2026-12-01", 1, "success"))],
+            &["vm1-8".to_owned()],
+        )?;
+        assert!(b.counted_batch("vm1-8")?);
+        pg.restart()?;
+        b.generation()?;
+        assert!(lock(&b.unsent).is_empty());
+        let c = PostgresKeyStore::with_health(&pg.url(), &REPORTS)?;
+        assert!(c.counted_batch("vm1-8")?);
+        assert_eq!(c.usage("vk", "2026-12-01", "2026-12-01")?[0].requests, 3);
         Ok(())
     }
 

@@ -165,17 +165,16 @@ pub trait KeyStore: Send + Sync {
     fn list(&self) -> Result<Vec<StoredKey>, KeyStoreError>;
     /// Adds `(key id, day row)` deltas to the day rows. `Ok` also when the store keeps them to
     /// write later (Postgres away): the caller must not give them again.
-    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError>;
+    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
+        self.record_report_usage(rows, &[])
+    }
     /// [`KeyStore::record_usage`], and the report batches `batches` marked counted in the same
     /// transaction where the store can ([`KeyStore::counted_batch`]).
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],
         batches: &[String],
-    ) -> Result<(), KeyStoreError> {
-        let _ = batches;
-        self.record_usage(rows)
-    }
+    ) -> Result<(), KeyStoreError>;
     /// Whether the usage of report batch `id` is already counted (a store that does not mark
     /// batches never knows).
     fn counted_batch(&self, id: &str) -> Result<bool, KeyStoreError> {
@@ -250,7 +249,12 @@ impl KeyStore for MemoryKeyStore {
         Ok(lock(&self.inner).keys.clone())
     }
 
-    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
+    fn record_report_usage(
+        &self,
+        rows: &[(String, UsageDay)],
+        _batches: &[String],
+    ) -> Result<(), KeyStoreError> {
+        // Memory does not outlive the process, nor does the usage router's own list of ids.
         let mut inner = lock(&self.inner);
         for (id, row) in rows {
             let entry = inner
@@ -444,10 +448,6 @@ impl KeyStore for SqliteKeyStore {
             .map_err(storage)?;
         let rows = stmt.query_map([], key_from_row).map_err(storage)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(storage)
-    }
-
-    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
-        self.record_report_usage(rows, &[])
     }
 
     fn record_report_usage(

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{poll, script, Gateway};
+use ai_router_e2e::{poll, random_hex, scan, script, Gateway, Pool, PoolSetup};
 use serde_json::{json, Value};
 
 /// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
@@ -312,4 +312,94 @@ async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
     let org = scope(&view, "p1", "org-1");
     assert_eq!(org["windows"]["rpm"]["remaining"], 0, "{org}");
     assert_eq!(org["state"], "exhausted", "{org}");
+}
+
+const OR_ADMIN_TOKEN_ENV: &str = "LEDGER_OR_ADMIN_TOKEN";
+
+async fn pool_ledger(pool: &Pool) -> Value {
+    pool.admin_get("/admin/ledger", OR_ADMIN_TOKEN_ENV)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openrouter_s_key_endpoint_reports_the_credit_and_a_spent_key_is_not_chosen() {
+    let a = scan::provider_secret("or-a");
+    let b = scan::provider_secret("or-b");
+    let admin = format!("adm-{}", random_hex(32));
+    scan::register(OR_ADMIN_TOKEN_ENV, &admin);
+    // Key a has $6 of its $10 left; key b spent its $5.
+    let script = json!({
+        "keyInfo": {
+            "keys": {
+                a.clone(): { "limit": 10, "usage": 4 },
+                b.clone(): { "limit": 5, "usage": 5, "isFreeTier": true },
+            }
+        }
+    });
+    let pool = Pool::start_scripted("ledger_openrouter_credit", &[Some(script)], |m, _| {
+        let mut setup = PoolSetup::default();
+        for (var, secret, name) in [("OR_A", &a, "a"), ("OR_B", &b, "b")] {
+            setup.env.push((var.into(), secret.clone()));
+            setup.name_secret(secret, name);
+        }
+        setup.env.push((OR_ADMIN_TOKEN_ENV.into(), admin.clone()));
+        setup.yaml = format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: {OR_ADMIN_TOKEN_ENV} }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n\
+             \x20 - id: or\n    kind: openrouter\n    baseUrl: {}/api/v1\n\
+             \x20   keys: [{{ alias: a, env: OR_A }}, {{ alias: b, env: OR_B }}]\n    models: [{{ id: m-or, aliases: [chat] }}]\n",
+            m[0]
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+
+    // Both keys are asked at start, each with its own bearer token, on `{baseUrl}/key`.
+    let view = poll("both keys' credit", Duration::from_secs(10), || async {
+        let view = pool_ledger(&pool).await;
+        let both = ["a", "b"]
+            .iter()
+            .all(|k| scope(&view, "or", k)["credit"]["source"] == "reported");
+        Ok(both.then_some(view))
+    })
+    .await
+    .unwrap();
+    let polls: Vec<String> = pool
+        .calls()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.call.path == "/api/v1/key")
+        .map(|c| c.key)
+        .collect();
+    assert!(
+        polls.contains(&"a".to_owned()) && polls.contains(&"b".to_owned()),
+        "{polls:?}"
+    );
+    let sa = scope(&view, "or", "a");
+    assert_eq!(sa["state"], "healthy", "{sa}");
+    assert_eq!(sa["credit"]["remaining"], 6.0, "{sa}");
+    assert!(sa["credit"]["ageMs"].as_i64().is_some(), "{sa}");
+    let sb = scope(&view, "or", "b");
+    assert_eq!(
+        (sb["state"].as_str(), sb["reason"].as_str()),
+        (Some("exhausted"), Some("no_credit")),
+        "{sb}"
+    );
+    assert_eq!(sb["credit"]["remaining"], 0.0, "{sb}");
+    assert_eq!(sb["credit"]["freeTier"], true, "{sb}");
+
+    // Envoy holds the figure once pushed (the next flush): every call goes through key a.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    pool.clear_calls().await.unwrap();
+    for i in 0..10 {
+        let r = pool.chat("chat").await.unwrap();
+        assert_eq!(r.status, 200, "call {i}: {r}");
+    }
+    let chat_keys = pool.chat_keys().await.unwrap();
+    assert_eq!(chat_keys.len(), 10, "{chat_keys:?}");
+    assert!(chat_keys.iter().all(|k| k == "a"), "{chat_keys:?}");
 }

@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{poll, random_hex, scan, script, Gateway, Pool, PoolSetup};
+use ai_router_e2e::{
+    poll, random_hex, scan, script, Client, Envoy, Gateway, Pool, PoolSetup, TestDir,
+};
 use serde_json::{json, Value};
 
 /// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
@@ -218,14 +220,11 @@ fn scarce_pool(p1: &str, p2: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parallel_calls_never_send_more_than_the_scope_has_left() {
-    let gw = Gateway::start_with("ledger_reservations", scarce_pool)
-        .await
-        .expect("fixture");
-    // The first answer says 10 are left; each later one, a second later (so that all 50 are
-    // in flight before any answer comes back), says one less, as a provider would; at 0 it
-    // refuses.
+/// Scripts p1 for the reservation tests: the first answer says 10 are left; each later one, a
+/// second later (so that all 50 are in flight before any answer comes back), says one less, as
+/// a provider would; at 0 it refuses. Makes the first call and waits until Envoy holds its
+/// figure.
+async fn ten_left(gw: &Gateway) {
     let mut replies: Vec<Value> = (0..=10)
         .rev()
         .map(|left| {
@@ -251,19 +250,27 @@ async fn parallel_calls_never_send_more_than_the_scope_has_left() {
     let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
     assert_eq!(r.status, 200, "{r}");
     // Envoy has the figure once the control plane shows it (pushed in the same update).
-    ledger_when(&gw, "the reported headroom", |v| {
+    ledger_when(gw, "the reported headroom", |v| {
         scope(v, "p1", "org-1")["windows"]["rpm"]["source"] == "reported"
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     gw.mock1.clear_calls().await.unwrap();
+}
 
-    let calls = (0..50).map(|_| {
-        let c = gw.client.clone();
+/// 50 calls at once, `clients` taking turns.
+async fn fifty_at_once(gw: &Gateway, clients: &[&Client]) -> Vec<ai_router_e2e::Reply> {
+    let calls = (0..50).map(|i| {
+        let c = clients[i % clients.len()].clone();
         let key = gw.virtual_key.clone();
         async move { c.chat("chat", Some(&key)).await.unwrap() }
     });
-    let replies = futures::future::join_all(calls).await;
+    futures::future::join_all(calls).await
+}
+
+/// What [`ten_left`] promises of 50 calls: at most 10 reached p1, each of them answered, most
+/// of the 10 used, and every other call told at once that the pool is rate limited.
+async fn at_most_ten_sent(gw: &Gateway, replies: &[ai_router_e2e::Reply]) {
     let sent = gw.mock1.calls().await.unwrap().len();
     let ok = replies.iter().filter(|r| r.status == 200).count();
     assert!(
@@ -278,6 +285,55 @@ async fn parallel_calls_never_send_more_than_the_scope_has_left() {
             "a call past the headroom is told the pool is rate limited: {r}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_calls_never_send_more_than_the_scope_has_left() {
+    let gw = Gateway::start_with("ledger_reservations", scarce_pool)
+        .await
+        .expect("fixture");
+    ten_left(&gw).await;
+    let replies = fifty_at_once(&gw, &[&gw.client]).await;
+    at_most_ten_sent(&gw, &replies).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_together_never_send_more_than_the_scope_has_left() {
+    let gw = Gateway::start_with("ledger_reservations_two", scarce_pool)
+        .await
+        .expect("fixture");
+    // A second Envoy on the same control plane.
+    let dir2 = TestDir::new("ledger_reservations_two-envoy2").unwrap();
+    let envoy2 = Envoy::start(
+        &dir2,
+        gw.cp.config_path(),
+        gw.cp.grpc_addr(),
+        &[("AI_ROUTER_SYNC_TOKEN".to_string(), gw.sync_token.clone())],
+        &gw.virtual_key,
+    )
+    .await
+    .expect("the second Envoy");
+    let client2 = Client::new(&envoy2.base_url()).unwrap();
+    ten_left(&gw).await;
+    // 25 calls through each Envoy, all at once. Both hold the same figure (10 left), each its
+    // share (5): together they send 10 at most (api::shares: no overshoot while the figure
+    // does not change, and no answer comes back before every call is decided).
+    let replies = fifty_at_once(&gw, &[&gw.client, &client2]).await;
+    at_most_ten_sent(&gw, &replies).await;
+    // Both Envoys sent their part.
+    let through = |i: usize| {
+        replies
+            .iter()
+            .enumerate()
+            .filter(|(n, r)| n % 2 == i && r.status == 200)
+            .count()
+    };
+    assert!(
+        through(0) >= 4 && through(1) >= 4,
+        "{} + {}",
+        through(0),
+        through(1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

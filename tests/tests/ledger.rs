@@ -336,10 +336,10 @@ async fn two_envoys_together_never_send_more_than_the_scope_has_left() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
-    // p1 allows 3 requests a minute (its `limits:`); it never says so in its headers.
-    let gw = Gateway::start_with("ledger_estimates", |p1, p2| {
+/// [`scarce_pool`] where p1's scope allows 3 requests a minute (its `limits:`; it never says so
+/// in its headers), once Envoy holds the ledger's figure.
+async fn three_a_minute(test: &str) -> Gateway {
+    let gw = Gateway::start_with(test, |p1, p2| {
         scarce_pool(p1, p2).replace("limits: { rpm: 10, tpd: 100000 }", "limits: { rpm: 3 }")
     })
     .await
@@ -350,6 +350,12 @@ async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
+    let gw = three_a_minute("ledger_estimates").await;
     for _ in 0..3 {
         let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
         assert_eq!(r.status, 200, "{r}");
@@ -458,4 +464,83 @@ async fn openrouter_s_key_endpoint_reports_the_credit_and_a_spent_key_is_not_cho
     let chat_keys = pool.chat_keys().await.unwrap();
     assert_eq!(chat_keys.len(), 10, "{chat_keys:?}");
     assert!(chat_keys.iter().all(|k| k == "a"), "{chat_keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
+    let gw = three_a_minute("ledger_rollback").await;
+    // Two attempts never reach the provider (the connection closes), then it refuses one as
+    // invalid (that spent its counter), then it answers.
+    let bad_request = script::status(
+        400,
+        json!({}),
+        Some(
+            json!({ "error": { "message": "Invalid request", "type": "invalid_request_error", "code": null } }),
+        ),
+    );
+    gw.mock1
+        .script(json!([script::always(vec![
+            json!({ "error": "network" }),
+            json!({ "error": "network" }),
+            bad_request,
+            script::text("ok"),
+        ])]))
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+        statuses.push(r.status);
+    }
+    // The network failures gave their reservations back, the 400 kept its own: of the 3
+    // requests of the minute, the 400 and two answers. Without the rollback none would be left
+    // for an answer; with a rollback of the 400 a third would pass.
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert_eq!(ok, 2, "{statuses:?}");
+    assert!(statuses.contains(&400), "{statuses:?}");
+    let reached = gw.mock1.calls().await.unwrap().len();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert!(
+        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
+        "the scope is spent: {r}"
+    );
+    assert_eq!(
+        gw.mock1.calls().await.unwrap().len(),
+        reached,
+        "no call reached p1 past the minute's 3"
+    );
+    let view = ledger(&gw).await;
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_named_only_in_a_429_body_is_mined_until_then() {
+    // p2 is Gemini: its 429 says how long to wait in the body alone (RetryInfo retryDelay 21s,
+    // no retry-after header).
+    let gw = Gateway::start_with("ledger_mined_body", |p1, p2| {
+        pool(p1, p2).replace(
+            &format!("kind: openai-compatible\n    baseUrl: {p2}\n"),
+            &format!("kind: gemini\n    baseUrl: {p2}\n"),
+        )
+    })
+    .await
+    .expect("fixture");
+    let r = call_p2(&gw, script::provider_error("gemini.rate_limited")).await;
+    assert!(r.status >= 400, "{r}");
+    let view = ledger_when(&gw, "p2's mined refusal", |v| {
+        scope(v, "p2", "c")["windows"]["rpm"]["source"] == "mined"
+    })
+    .await;
+    let c = scope(&view, "p2", "c");
+    let at = view["atMs"].as_i64().unwrap_or(0);
+    let until = c["windows"]["rpm"]["resetsAtMs"].as_i64().unwrap_or(0);
+    assert_eq!(c["windows"]["rpm"]["remaining"], 0, "{c}");
+    assert_eq!(c["state"], "exhausted", "{c}");
+    // The body's 21 s, not the minute a refusal without a wait stands for.
+    assert!(
+        (at + 10_000..=at + 25_000).contains(&until),
+        "mined until {} ms from now: {c}",
+        until - at
+    );
 }

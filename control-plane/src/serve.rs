@@ -384,6 +384,12 @@ pub async fn start(
         admin_token.clone(),
         engine.clone(),
     ));
+    // OpenRouter keys' credit, in the background: nothing waits for it.
+    tasks.push(tokio::spawn(crate::ledger::key_poll::run(
+        engine.clone(),
+        admin.ledger().clone(),
+        after.clone(),
+    )));
     let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
     let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
     engine.add_report_observer(metrics.clone());

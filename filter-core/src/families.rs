@@ -7,11 +7,13 @@
 //!   virtual key may call, on every provider (the state indexes `family:<name>` as a name).
 //! - Fallback keeps the family: after each tier of the plan comes a tier of the same
 //!   families' other members (other ids, other providers), before the next tier's model. A
-//!   tier that spans several families lists their siblings best rank first. Fallback to
-//!   another family follows the operator's order (profiles, `defaults.fallbacks`), whatever
-//!   the families' ranks. A profile candidate that names its provider (`{provider, model}`)
-//!   is an exact lane and brings no siblings; `allowFallback: false` keeps the first tier
-//!   only, siblings included.
+//!   tier that spans several families lists their siblings best rank first.
+//! - Fallback to other families, once the requested model's family has no route left: for a
+//!   direct model call (`defaults.fallbacks`) the better-ranked family first (rank 1 best),
+//!   the operator's order among families of one rank; a profile's tiers are the operator's
+//!   explicit order and are kept as written. A profile candidate that names its provider
+//!   (`{provider, model}`) is an exact lane and brings no siblings; `allowFallback: false`
+//!   keeps the first tier only, siblings included.
 
 use crate::state::State;
 
@@ -46,14 +48,32 @@ fn families_serving(state: &State, name: &str) -> Vec<(String, u32)> {
     out
 }
 
-/// The plan's tiers by name with, after each, a tier of its families' other members.
+/// The best (lowest) rank of the families serving a tier's names; unranked: last.
+fn best_rank<W, P>(state: &State, tier: &[(String, P, W)]) -> u32 {
+    tier.iter()
+        .flat_map(|(name, _, _)| families_serving(state, name))
+        .map(|(_, rank)| if rank == 0 { u32::MAX } else { rank })
+        .min()
+        .unwrap_or(u32::MAX)
+}
+
+/// The plan's tiers by name with, after each, a tier of its families' other members. With
+/// `rank_fallbacks`, the tiers after the first (each with its siblings) go better-ranked family
+/// first, keeping their order within a rank.
 pub fn with_siblings<W: Copy, P>(
     state: &State,
-    tiers: Vec<Vec<(String, P, W)>>,
+    mut tiers: Vec<Vec<(String, P, W)>>,
+    rank_fallbacks: bool,
 ) -> Vec<Vec<(String, Option<String>, W)>>
 where
     P: Into<Option<String>>,
 {
+    if rank_fallbacks && tiers.len() > 2 {
+        let mut fallbacks = tiers.split_off(1);
+        // A stable sort: the operator's order among equals.
+        fallbacks.sort_by_cached_key(|tier| best_rank(state, tier));
+        tiers.extend(fallbacks);
+    }
     let mut out = Vec::new();
     for tier in tiers {
         let mut siblings: Vec<(String, Option<String>, W)> = Vec::new();
@@ -103,6 +123,10 @@ mod tests {
     /// gpt-oss-120b on groq and on cloudflare under another id, a better-ranked kimi-k2 on
     /// openrouter (the defaults' fallback), and a model of its own.
     fn state(selection: Selection) -> State {
+        state_falling_back(selection, &["moonshotai/kimi-k2"])
+    }
+
+    fn state_falling_back(selection: Selection, fallbacks: &[&str]) -> State {
         let mut snap = Snapshot::default();
         snap.providers.push(Provider {
             id: "groq".into(),
@@ -127,7 +151,7 @@ mod tests {
             ..Provider::default()
         });
         snap.defaults = Some(Policy {
-            fallbacks: vec!["moonshotai/kimi-k2".into()],
+            fallbacks: fallbacks.iter().map(|f| f.to_string()).collect(),
             ..Policy::default()
         });
         snap.profiles.insert(
@@ -196,6 +220,26 @@ mod tests {
         assert_eq!(
             call(&s, &exact, "exact"),
             Ok(vec![vec!["groq/openai/gpt-oss-120b".to_string()]])
+        );
+    }
+
+    #[test]
+    fn fallback_to_other_families_goes_better_ranked_first() {
+        // house-model (rank 3) listed before kimi-k2 (rank 1) among the defaults' fallbacks.
+        let s = state_falling_back(Selection::default(), &["house-model", "moonshotai/kimi-k2"]);
+        assert_eq!(
+            call(&s, &key(&["*"]), "openai/gpt-oss-120b"),
+            Ok(vec![
+                vec!["groq/openai/gpt-oss-120b".to_string()],
+                vec!["cloudflare/@cf/openai/gpt-oss-120b".to_string()],
+                vec!["openrouter/moonshotai/kimi-k2".to_string()],
+                vec!["cloudflare/house-model".to_string()],
+            ])
+        );
+        // The requested model comes first even when it ranks worst.
+        assert_eq!(
+            call(&s, &key(&["*"]), "house-model").map(|t| t[0].clone()),
+            Ok(vec!["cloudflare/house-model".to_string()])
         );
     }
 

@@ -460,7 +460,8 @@ pub fn resolve_as(
                 .collect()
         })
         .collect();
-    let named_tiers = crate::families::with_siblings(state, indexed)
+    // A direct call's fallbacks follow the families' ranks; a profile's tiers, its order.
+    let named_tiers = crate::families::with_siblings(state, indexed, profile.is_none())
         .into_iter()
         .map(|tier| {
             tier.into_iter()

@@ -471,6 +471,37 @@ impl Pool {
         Ok(self.calls().await?.into_iter().map(|c| c.key).collect())
     }
 
+    /// `GET {path}` of the control plane's admin API with the admin token held in the control
+    /// plane's variable `token_var`; the body is scanned for secrets. Fails on any status but
+    /// 200.
+    pub async fn admin_get(&self, path: &str, token_var: &str) -> Result<Value> {
+        let token = self
+            .control_plane_var(token_var)
+            .with_context(|| format!("no variable {token_var} for the control plane"))?;
+        let resp = http_client()?
+            .get(format!("http://{}{path}", self.cp.http_addr()))
+            .bearer_auth(token)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        anyhow::ensure!(status == 200, "GET {path}: {status} {text}");
+        scan::observe(&format!("GET {path}"), text.as_bytes());
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The names of the keys of the chat completions the mocks received, in order (not the
+    /// listings, credit asks or other calls).
+    pub async fn chat_keys(&self) -> Result<Vec<String>> {
+        Ok(self
+            .calls()
+            .await?
+            .into_iter()
+            .filter(|c| c.call.path.ends_with("/chat/completions"))
+            .map(|c| c.key)
+            .collect())
+    }
+
     /// Clears every mock's call log.
     pub async fn clear_calls(&self) -> Result<()> {
         for m in &self.mocks {

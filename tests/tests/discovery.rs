@@ -20,17 +20,7 @@ use serde_json::{json, Value};
 const ADMIN_TOKEN_ENV: &str = "DISCOVERY_ADMIN_TOKEN";
 
 async fn admin_get(pool: &Pool, path: &str) -> Value {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("http://{}{path}", pool.cp.http_addr()))
-        .bearer_auth(pool.control_plane_var(ADMIN_TOKEN_ENV).unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "GET {path}");
-    let text = resp.text().await.unwrap();
-    scan::observe(&format!("GET {path}"), text.as_bytes());
-    serde_json::from_str(&text).unwrap()
+    pool.admin_get(path, ADMIN_TOKEN_ENV).await.unwrap()
 }
 
 /// The catalog's entry of one model on one provider.
@@ -165,6 +155,39 @@ async fn models_are_routed_through_the_keys_whose_catalog_lists_them() {
         .unwrap();
     assert_eq!(top["source"], "discovered");
 
+    // The ledger says per key how many models its listing named, and when; per provider the
+    // distinct ones (p2's listing failed: none).
+    let ledger = admin_get(&pool, "/admin/ledger").await;
+    let provider = |id: &str| {
+        ledger["providers"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["provider"] == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {id} in {ledger}"))
+    };
+    let key = |p: &Value, alias: &str| {
+        p["scopes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["keys"].as_array().into_iter().flatten())
+            .find(|k| k["alias"] == alias)
+            .cloned()
+            .unwrap_or_else(|| panic!("no key {alias} in {p}"))
+    };
+    let p1 = provider("p1");
+    assert_eq!(p1["discoveredModels"], 2, "{p1}");
+    assert_eq!(key(&p1, "a")["discoveredModels"], 2, "{p1}");
+    assert_eq!(key(&p1, "b")["discoveredModels"], 1, "{p1}");
+    assert!(
+        key(&p1, "a")["listedAtMs"].as_i64().unwrap_or(0) > 0,
+        "{p1}"
+    );
+    let p2 = provider("p2");
+    assert_eq!(p2["discoveredModels"], Value::Null, "{p2}");
+    assert_eq!(key(&p2, "c")["discoveredModels"], Value::Null, "{p2}");
+    assert_eq!(provider("p3")["discoveredModels"], 1, "{ledger}");
+
     // The anthropic listing went out in its own shape.
     let p3_listing = pool
         .calls()
@@ -193,14 +216,7 @@ async fn models_are_routed_through_the_keys_whose_catalog_lists_them() {
         let r = pool.chat("m-only-a").await.unwrap();
         assert_eq!(r.status, 200, "call {i}: {r}");
     }
-    let chat_keys: Vec<String> = pool
-        .calls()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|c| c.call.path.ends_with("/chat/completions"))
-        .map(|c| c.key)
-        .collect();
+    let chat_keys = pool.chat_keys().await.unwrap();
     assert!(chat_keys.len() >= 6, "{chat_keys:?}");
     assert!(
         chat_keys.iter().all(|k| k == "a"),

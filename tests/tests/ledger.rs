@@ -5,7 +5,9 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{poll, script, Gateway};
+use ai_router_e2e::{
+    poll, random_hex, scan, script, Client, Envoy, Gateway, Pool, PoolSetup, TestDir,
+};
 use serde_json::{json, Value};
 
 /// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
@@ -218,14 +220,11 @@ fn scarce_pool(p1: &str, p2: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parallel_calls_never_send_more_than_the_scope_has_left() {
-    let gw = Gateway::start_with("ledger_reservations", scarce_pool)
-        .await
-        .expect("fixture");
-    // The first answer says 10 are left; each later one, a second later (so that all 50 are
-    // in flight before any answer comes back), says one less, as a provider would; at 0 it
-    // refuses.
+/// Scripts p1 for the reservation tests: the first answer says 10 are left; each later one, a
+/// second later (so that all 50 are in flight before any answer comes back), says one less, as
+/// a provider would; at 0 it refuses. Makes the first call and waits until Envoy holds its
+/// figure.
+async fn ten_left(gw: &Gateway) {
     let mut replies: Vec<Value> = (0..=10)
         .rev()
         .map(|left| {
@@ -251,19 +250,27 @@ async fn parallel_calls_never_send_more_than_the_scope_has_left() {
     let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
     assert_eq!(r.status, 200, "{r}");
     // Envoy has the figure once the control plane shows it (pushed in the same update).
-    ledger_when(&gw, "the reported headroom", |v| {
+    ledger_when(gw, "the reported headroom", |v| {
         scope(v, "p1", "org-1")["windows"]["rpm"]["source"] == "reported"
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     gw.mock1.clear_calls().await.unwrap();
+}
 
-    let calls = (0..50).map(|_| {
-        let c = gw.client.clone();
+/// 50 calls at once, `clients` taking turns.
+async fn fifty_at_once(gw: &Gateway, clients: &[&Client]) -> Vec<ai_router_e2e::Reply> {
+    let calls = (0..50).map(|i| {
+        let c = clients[i % clients.len()].clone();
         let key = gw.virtual_key.clone();
         async move { c.chat("chat", Some(&key)).await.unwrap() }
     });
-    let replies = futures::future::join_all(calls).await;
+    futures::future::join_all(calls).await
+}
+
+/// What [`ten_left`] promises of 50 calls: at most 10 reached p1, each of them answered, most
+/// of the 10 used, and every other call told at once that the pool is rate limited.
+async fn at_most_ten_sent(gw: &Gateway, replies: &[ai_router_e2e::Reply]) {
     let sent = gw.mock1.calls().await.unwrap().len();
     let ok = replies.iter().filter(|r| r.status == 200).count();
     assert!(
@@ -281,9 +288,58 @@ async fn parallel_calls_never_send_more_than_the_scope_has_left() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
-    // p1 allows 3 requests a minute (its `limits:`); it never says so in its headers.
-    let gw = Gateway::start_with("ledger_estimates", |p1, p2| {
+async fn parallel_calls_never_send_more_than_the_scope_has_left() {
+    let gw = Gateway::start_with("ledger_reservations", scarce_pool)
+        .await
+        .expect("fixture");
+    ten_left(&gw).await;
+    let replies = fifty_at_once(&gw, &[&gw.client]).await;
+    at_most_ten_sent(&gw, &replies).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_together_never_send_more_than_the_scope_has_left() {
+    let gw = Gateway::start_with("ledger_reservations_two", scarce_pool)
+        .await
+        .expect("fixture");
+    // A second Envoy on the same control plane.
+    let dir2 = TestDir::new("ledger_reservations_two-envoy2").unwrap();
+    let envoy2 = Envoy::start(
+        &dir2,
+        gw.cp.config_path(),
+        gw.cp.grpc_addr(),
+        &[("AI_ROUTER_SYNC_TOKEN".to_string(), gw.sync_token.clone())],
+        &gw.virtual_key,
+    )
+    .await
+    .expect("the second Envoy");
+    let client2 = Client::new(&envoy2.base_url()).unwrap();
+    ten_left(&gw).await;
+    // 25 calls through each Envoy, all at once. Both hold the same figure (10 left), each its
+    // share (5): together they send 10 at most (api::shares: no overshoot while the figure
+    // does not change, and no answer comes back before every call is decided).
+    let replies = fifty_at_once(&gw, &[&gw.client, &client2]).await;
+    at_most_ten_sent(&gw, &replies).await;
+    // Both Envoys sent their part.
+    let through = |i: usize| {
+        replies
+            .iter()
+            .enumerate()
+            .filter(|(n, r)| n % 2 == i && r.status == 200)
+            .count()
+    };
+    assert!(
+        through(0) >= 4 && through(1) >= 4,
+        "{} + {}",
+        through(0),
+        through(1)
+    );
+}
+
+/// [`scarce_pool`] where p1's scope allows 3 requests a minute (its `limits:`; it never says so
+/// in its headers), once Envoy holds the ledger's figure.
+async fn three_a_minute(test: &str) -> Gateway {
+    let gw = Gateway::start_with(test, |p1, p2| {
         scarce_pool(p1, p2).replace("limits: { rpm: 10, tpd: 100000 }", "limits: { rpm: 3 }")
     })
     .await
@@ -294,6 +350,12 @@ async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
+    let gw = three_a_minute("ledger_estimates").await;
     for _ in 0..3 {
         let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
         assert_eq!(r.status, 200, "{r}");
@@ -316,4 +378,181 @@ async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
     .await;
     let org = scope(&view, "p1", "org-1");
     assert_eq!(org["state"], "exhausted", "{org}");
+}
+
+const OR_ADMIN_TOKEN_ENV: &str = "LEDGER_OR_ADMIN_TOKEN";
+
+async fn pool_ledger(pool: &Pool) -> Value {
+    pool.admin_get("/admin/ledger", OR_ADMIN_TOKEN_ENV)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openrouter_s_key_endpoint_reports_the_credit_and_a_spent_key_is_not_chosen() {
+    let a = scan::provider_secret("or-a");
+    let b = scan::provider_secret("or-b");
+    let admin = format!("adm-{}", random_hex(32));
+    scan::register(OR_ADMIN_TOKEN_ENV, &admin);
+    // Key a has $6 of its $10 left; key b spent its $5.
+    let script = json!({
+        "keyInfo": {
+            "keys": {
+                a.clone(): { "limit": 10, "usage": 4 },
+                b.clone(): { "limit": 5, "usage": 5, "isFreeTier": true },
+            }
+        }
+    });
+    let pool = Pool::start_scripted("ledger_openrouter_credit", &[Some(script)], |m, _| {
+        let mut setup = PoolSetup::default();
+        for (var, secret, name) in [("OR_A", &a, "a"), ("OR_B", &b, "b")] {
+            setup.env.push((var.into(), secret.clone()));
+            setup.name_secret(secret, name);
+        }
+        setup.env.push((OR_ADMIN_TOKEN_ENV.into(), admin.clone()));
+        setup.yaml = format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: {OR_ADMIN_TOKEN_ENV} }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n\
+             \x20 - id: or\n    kind: openrouter\n    baseUrl: {}/api/v1\n\
+             \x20   keys: [{{ alias: a, env: OR_A }}, {{ alias: b, env: OR_B }}]\n    models: [{{ id: m-or, aliases: [chat] }}]\n",
+            m[0]
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+
+    // Both keys are asked at start, each with its own bearer token, on `{baseUrl}/key`.
+    let view = poll("both keys' credit", Duration::from_secs(10), || async {
+        let view = pool_ledger(&pool).await;
+        let both = ["a", "b"]
+            .iter()
+            .all(|k| scope(&view, "or", k)["credit"]["source"] == "reported");
+        Ok(both.then_some(view))
+    })
+    .await
+    .unwrap();
+    let polls: Vec<String> = pool
+        .calls()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.call.path == "/api/v1/key")
+        .map(|c| c.key)
+        .collect();
+    assert!(
+        polls.contains(&"a".to_owned()) && polls.contains(&"b".to_owned()),
+        "{polls:?}"
+    );
+    let sa = scope(&view, "or", "a");
+    assert_eq!(sa["state"], "healthy", "{sa}");
+    assert_eq!(sa["credit"]["remaining"], 6.0, "{sa}");
+    assert!(sa["credit"]["ageMs"].as_i64().is_some(), "{sa}");
+    let sb = scope(&view, "or", "b");
+    assert_eq!(
+        (sb["state"].as_str(), sb["reason"].as_str()),
+        (Some("exhausted"), Some("no_credit")),
+        "{sb}"
+    );
+    assert_eq!(sb["credit"]["remaining"], 0.0, "{sb}");
+    assert_eq!(sb["credit"]["freeTier"], true, "{sb}");
+
+    // Envoy holds the figure once pushed (the next flush): every call goes through key a.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    pool.clear_calls().await.unwrap();
+    for i in 0..10 {
+        let r = pool.chat("chat").await.unwrap();
+        assert_eq!(r.status, 200, "call {i}: {r}");
+    }
+    let chat_keys = pool.chat_keys().await.unwrap();
+    assert_eq!(chat_keys.len(), 10, "{chat_keys:?}");
+    assert!(chat_keys.iter().all(|k| k == "a"), "{chat_keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
+    let gw = three_a_minute("ledger_rollback").await;
+    // Two attempts never reach the provider (the connection closes), then it refuses one as
+    // invalid (that spent its counter), then it answers.
+    let bad_request = script::status(
+        400,
+        json!({}),
+        Some(
+            json!({ "error": { "message": "Invalid request", "type": "invalid_request_error", "code": null } }),
+        ),
+    );
+    gw.mock1
+        .script(json!([script::always(vec![
+            json!({ "error": "network" }),
+            json!({ "error": "network" }),
+            bad_request,
+            script::text("ok"),
+        ])]))
+        .await
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+        statuses.push(r.status);
+        // The next call starts once the ledger counted this one (its report is batched): the
+        // figure the ledger pushes then counts it, as a figure pushed while the report is on
+        // its way would not (the estimate's own lag, not what this test is about).
+        let counted = statuses.iter().filter(|s| **s == 200 || **s == 400).count();
+        ledger_when(&gw, "the call counted", |v| {
+            scope(v, "p1", "org-1")["windows"]["rpm"]["used"] == counted
+        })
+        .await;
+    }
+    // The network failures gave their reservations back, the 400 kept its own: of the 3
+    // requests of the minute, the 400 and two answers. Without the rollback none would be left
+    // for an answer; with a rollback of the 400 a third would pass.
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    assert_eq!(ok, 2, "{statuses:?}");
+    assert!(statuses.contains(&400), "{statuses:?}");
+    let reached = gw.mock1.calls().await.unwrap().len();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert!(
+        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
+        "the scope is spent: {r}"
+    );
+    assert_eq!(
+        gw.mock1.calls().await.unwrap().len(),
+        reached,
+        "no call reached p1 past the minute's 3"
+    );
+    let view = ledger(&gw).await;
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_named_only_in_a_429_body_is_mined_until_then() {
+    // p2 is Gemini: its 429 says how long to wait in the body alone (RetryInfo retryDelay 21s,
+    // no retry-after header).
+    let gw = Gateway::start_with("ledger_mined_body", |p1, p2| {
+        pool(p1, p2).replace(
+            &format!("kind: openai-compatible\n    baseUrl: {p2}\n"),
+            &format!("kind: gemini\n    baseUrl: {p2}\n"),
+        )
+    })
+    .await
+    .expect("fixture");
+    let r = call_p2(&gw, script::provider_error("gemini.rate_limited")).await;
+    assert!(r.status >= 400, "{r}");
+    let view = ledger_when(&gw, "p2's mined refusal", |v| {
+        scope(v, "p2", "c")["windows"]["rpm"]["source"] == "mined"
+    })
+    .await;
+    let c = scope(&view, "p2", "c");
+    let at = view["atMs"].as_i64().unwrap_or(0);
+    let until = c["windows"]["rpm"]["resetsAtMs"].as_i64().unwrap_or(0);
+    assert_eq!(c["windows"]["rpm"]["remaining"], 0, "{c}");
+    assert_eq!(c["state"], "exhausted", "{c}");
+    // The body's 21 s, not the minute a refusal without a wait stands for.
+    assert!(
+        (at + 10_000..=at + 25_000).contains(&until),
+        "mined until {} ms from now: {c}",
+        until - at
+    );
 }

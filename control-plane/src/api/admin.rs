@@ -700,7 +700,10 @@ async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer
 async fn ledger(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
     authorize(&api, &headers)?;
     let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
-    ok(StatusCode::OK, api.ledger.view(&snapshot))
+    ok(
+        StatusCode::OK,
+        api.ledger.view(&snapshot, &api.engine.listings()),
+    )
 }
 
 /// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.

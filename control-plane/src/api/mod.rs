@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod error;
 pub mod metrics;
+pub mod shares;
 pub mod sync;
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //!
 //! `Watch` sends the current snapshot at once, then for every new version the delta from what
 //! that watcher last received (a watcher that falls behind gets one delta over what it
-//! missed). `Report` applies outcomes to the
+//! missed). Each watcher is sent its share of every headroom figure (`api::shares`), so the
+//! Envoys of one control plane never spend the same last requests of a scope together. `Report` applies outcomes to the
 //! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
 //! state store (shared by control planes on one SQLite file). `TakeMinuteCalls` grants blocks of
 //! a virtual key's `requestsPerMinute` (`engine::minute_calls`).
@@ -31,6 +32,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::api::error::{ApiError, ErrorCode};
+use crate::api::shares::{share_of, Members};
 use crate::config::secrets::{constant_time_eq, Secret};
 use crate::engine::Engine;
 use crate::store::breaker::BreakerScope;
@@ -65,6 +67,8 @@ pub struct SyncService {
     shutdown: watch::Receiver<bool>,
     /// When set, a `Report` is acknowledged only once its usage rows are stored.
     usage: Option<Arc<crate::keys::usage::UsageRecorder>>,
+    /// The open `Watch` streams, which share the headroom.
+    members: Arc<Members>,
 }
 
 impl std::fmt::Debug for SyncService {
@@ -82,6 +86,7 @@ impl SyncService {
             access,
             shutdown,
             usage: None,
+            members: Arc::new(Members::default()),
         }
     }
 
@@ -126,12 +131,16 @@ impl SyncApi for SyncService {
         tracing::info!(node = %node, "sync watcher connected");
         let updates = self.engine.subscribe();
         let shutdown = self.shutdown.clone();
+        let id = NEXT_WATCHER.fetch_add(1, Ordering::Relaxed);
+        self.members.join(id);
         let watcher = Watcher {
             updates,
             shutdown,
             node,
             sent: None,
-            id: NEXT_WATCHER.fetch_add(1, Ordering::Relaxed),
+            id,
+            membership: self.members.subscribe(),
+            members: self.members.clone(),
         };
         let stream = futures::stream::unfold(watcher, |mut watcher| async move {
             let update = watcher.next().await?;
@@ -258,6 +267,12 @@ pub fn watching() -> Vec<Watching> {
     open.values().cloned().collect()
 }
 
+/// `tables` with stream `id`'s share of the headroom.
+fn mine(members: &Members, id: u64, tables: Arc<Tables>) -> Arc<Tables> {
+    let (index, count) = members.place(id);
+    share_of(&tables, index, count)
+}
+
 /// One `Watch` stream: the current snapshot first, then per new version the delta from what
 /// this watcher last received (versions that changed nothing it holds are skipped; a watcher
 /// that falls behind gets one delta over every version it missed).
@@ -266,14 +281,19 @@ struct Watcher {
     shutdown: watch::Receiver<bool>,
     node: String,
     sent: Option<Arc<Tables>>,
-    /// Its entry in [`WATCHING`].
+    /// Its entry in [`WATCHING`] and in `members`.
     id: u64,
+    /// The streams sharing the headroom, and their changes.
+    members: Arc<Members>,
+    membership: watch::Receiver<u64>,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
         let mut open = WATCHING.lock().unwrap_or_else(|p| p.into_inner());
         open.remove(&self.id);
+        drop(open);
+        self.members.leave(self.id);
     }
 }
 
@@ -299,12 +319,19 @@ impl Watcher {
             if let Some(sent) = &self.sent {
                 tokio::select! {
                     changed = self.updates.changed() => changed.ok()?,
+                    // Another Envoy came or went: this one's share of the headroom changed.
+                    changed = self.membership.changed() => changed.ok()?,
                     _ = self.shutdown.changed() => {
                         tracing::debug!(node = %self.node, "closing a sync watcher for shutdown");
                         return None;
                     }
                 }
-                let now = self.updates.borrow_and_update().clone();
+                self.membership.mark_unchanged();
+                let now = mine(
+                    &self.members,
+                    self.id,
+                    self.updates.borrow_and_update().clone(),
+                );
                 match sent.diff(&now) {
                     Some(delta) if tables::is_empty(&delta) => {
                         self.holds(now.version);
@@ -329,7 +356,12 @@ impl Watcher {
             }
             // The first message is the whole current state, whatever version the caller
             // holds: it may have been written by another control plane.
-            let now = self.updates.borrow_and_update().clone();
+            let now = mine(
+                &self.members,
+                self.id,
+                self.updates.borrow_and_update().clone(),
+            );
+            self.membership.mark_unchanged();
             return Some(self.snapshot(now));
         }
     }

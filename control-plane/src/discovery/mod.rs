@@ -45,18 +45,26 @@ pub enum ListingError {
     Shape(String),
 }
 
-/// Lists every due key until `shutdown` flips.
-pub async fn run(engine: Arc<Engine>, mut shutdown: watch::Receiver<bool>) {
-    let client = match reqwest::Client::builder()
-        .connect_timeout(LISTING_TIMEOUT)
+/// The HTTP client the control plane asks providers with (listings, credit): connects within
+/// `connect_timeout`, follows no redirect. `None` (logged: `what` is off) when none can be made.
+pub fn provider_client(connect_timeout: Duration, what: &str) -> Option<reqwest::Client> {
+    match reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
         .redirect(reqwest::redirect::Policy::none())
         .build()
     {
-        Ok(client) => client,
+        Ok(client) => Some(client),
         Err(err) => {
-            tracing::error!(%err, "model discovery is off: no HTTP client");
-            return;
+            tracing::error!(%err, "{what} is off: no HTTP client");
+            None
         }
+    }
+}
+
+/// Lists every due key until `shutdown` flips.
+pub async fn run(engine: Arc<Engine>, mut shutdown: watch::Receiver<bool>) {
+    let Some(client) = provider_client(LISTING_TIMEOUT, "model discovery") else {
+        return;
     };
     let slots = Arc::new(Semaphore::new(CONCURRENT_LISTINGS));
     let mut tick = tokio::time::interval(TICK);

@@ -182,6 +182,28 @@ impl Engine {
         jobs
     }
 
+    /// Where and with what to reach one key of the pool (its provider's endpoint and headers,
+    /// its current secret): what the ledger's credit poll asks with. `None`: no such key, or
+    /// no secret for it.
+    pub fn key_access(&self, provider: &str, alias: &str) -> Option<super::discovery::ListingJob> {
+        let config = self.config();
+        let p = config.providers.iter().find(|p| p.id == provider)?;
+        let state = lock(&self.state);
+        let secret = state
+            .secrets
+            .get(&(provider.to_owned(), alias.to_owned()))?
+            .clone()?;
+        Some(super::discovery::ListingJob {
+            provider: p.id.clone(),
+            key: alias.to_owned(),
+            kind: p.kind,
+            endpoint: p.endpoint.clone(),
+            headers: p.headers.clone(),
+            fingerprint: secret.fingerprint(),
+            secret,
+        })
+    }
+
     /// A listing's result (the model ids, or why it failed); publishes when the key's catalog
     /// changed. Returns whether it did.
     pub fn finish_listing(

@@ -7,7 +7,10 @@
 //!
 //! Three sources are composed per window (rpm, rpd, tpm, tpd, tokens per month):
 //! - **reported**: `x-ratelimit-remaining-*` of the provider's answers, as the filter reports
-//!   them with each attempt; it stands for 2 minutes (or until the provider's reset);
+//!   them with each attempt; it stands for 2 minutes (or until the provider's reset). For
+//!   OpenRouter keys also the credit `GET {baseUrl}/key` reports ([`key_poll`], every minute
+//!   and soon after a 402 or 429): a scope whose credit is spent is exhausted, and pushed to
+//!   the filter as having no request left, until an answer says otherwise;
 //! - **mined**: a 429 or quota refusal says nothing is left until the time it named (its
 //!   `retry-after`, the body's retry delay, or the end of the window); it stands 5 minutes;
 //! - **estimated**: the ledger's own count of the attempts the control plane was told of,
@@ -18,9 +21,12 @@
 //! failures, timeouts) are not counted.
 //!
 //! The ledger is built from the reports the control plane already receives (a
-//! [`ReportObserver`]); `GET /admin/ledger` and `ai-router ledger` show it.
+//! [`ReportObserver`]); `GET /admin/ledger` and `ai-router ledger` show it, with what the
+//! discovery of `discover: true` providers found per key (how many models, listed when).
 
 pub mod count;
+pub mod credit;
+pub mod key_poll;
 pub mod limits;
 
 use std::collections::BTreeMap;
@@ -31,9 +37,11 @@ use serde_json::{json, Value};
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::engine::discovery::Listings;
 use crate::engine::{HeadroomSource, ReportObserver};
 use ai_router_contract::kinds::RateLimitWindow;
-use count::{Counter, Headroom, Source};
+use count::{Counter, Headroom, Source, REPORTED_TTL_MS};
+use credit::{KeyCredit, KeyPoll};
 use limits::{Limits, Window};
 
 /// One provider's budgets.
@@ -47,6 +55,30 @@ struct ProviderLedger {
     keys_of: BTreeMap<String, Vec<String>>,
     counters: BTreeMap<String, Counter>,
     models: usize,
+    /// Per scope: the credit its provider last reported, and when.
+    credits: BTreeMap<String, (KeyCredit, i64)>,
+    /// Keys whose credit is asked for (OpenRouter's), by alias.
+    polls: BTreeMap<String, KeyPoll>,
+}
+
+impl ProviderLedger {
+    /// The credit of `scope` while it is fresh.
+    fn credit(&self, scope: &str, now_ms: i64) -> Option<(&KeyCredit, i64)> {
+        self.credits
+            .get(scope)
+            .filter(|(_, at)| now_ms < at + REPORTED_TTL_MS)
+            .map(|(c, at)| (c, *at))
+    }
+
+    /// When a spent credit is asked about again: the earliest next ask of the scope's keys.
+    fn next_poll(&self, scope: &str) -> Option<i64> {
+        self.keys_of
+            .get(scope)?
+            .iter()
+            .filter_map(|k| self.polls.get(k))
+            .map(|p| p.due_ms)
+            .min()
+    }
 }
 
 /// The ledger's providers for `config`, taking the counters of `kept` ((provider, scope) ->
@@ -77,6 +109,14 @@ fn providers_of(
                 (s.clone(), counter)
             })
             .collect();
+        let polls = if p.kind == crate::config::ProviderKind::Openrouter {
+            p.keys
+                .iter()
+                .map(|k| (k.alias.clone(), KeyPoll::default()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         providers.insert(
             p.id.clone(),
             ProviderLedger {
@@ -86,6 +126,8 @@ fn providers_of(
                 keys_of,
                 counters,
                 models: p.models.len(),
+                credits: BTreeMap::new(),
+                polls,
             },
         );
     }
@@ -130,6 +172,37 @@ impl Ledger {
         *providers = providers_of(config, &mut kept);
     }
 
+    /// The keys whose credit is due to be asked for, as (provider, key alias), marked asked.
+    pub fn key_polls_due(&self) -> Vec<(String, String)> {
+        let now = self.clock.now_ms();
+        let mut providers = lock(&self.providers);
+        let mut due = Vec::new();
+        for (id, p) in providers.iter_mut() {
+            for (alias, poll) in &mut p.polls {
+                if poll.take(now) {
+                    due.push((id.clone(), alias.clone()));
+                }
+            }
+        }
+        due
+    }
+
+    /// What asking `provider`/`alias` for its credit gave (`None`: the ask failed, the last
+    /// figure ages out).
+    pub fn key_polled(&self, provider: &str, alias: &str, credit: Option<KeyCredit>) {
+        let now = self.clock.now_ms();
+        let mut providers = lock(&self.providers);
+        let Some(p) = providers.get_mut(provider) else {
+            return;
+        };
+        if let Some(poll) = p.polls.get_mut(alias) {
+            poll.done(now);
+        }
+        if let (Some(credit), Some(scope)) = (credit, p.scope_of.get(alias).cloned()) {
+            p.credits.insert(scope, (credit, now));
+        }
+    }
+
     /// Counts one attempt and takes what it says of the provider's limits.
     fn record(&self, a: &pb::AttemptOutcome) {
         let class = a.error_class();
@@ -143,6 +216,12 @@ impl Ledger {
         let Some(p) = providers.get_mut(&a.provider) else {
             return;
         };
+        // A refusal may mean the credit ran out: ask the provider soon.
+        if matches!(class, pb::ErrorClass::RateLimit | pb::ErrorClass::Quota) {
+            if let Some(poll) = p.polls.get_mut(&a.key) {
+                poll.soon(now);
+            }
+        }
         let Some(scope) = p.scope_of.get(&a.key) else {
             return;
         };
@@ -200,13 +279,14 @@ impl Ledger {
         }
     }
 
-    /// The ledger as `GET /admin/ledger` shows it; `snapshot` says which keys are out.
-    pub fn view(&self, snapshot: &pb::Snapshot) -> Value {
+    /// The ledger as `GET /admin/ledger` shows it; `snapshot` says which keys are out,
+    /// `listings` what discovery found per key.
+    pub fn view(&self, snapshot: &pb::Snapshot, listings: &Listings) -> Value {
         let now = self.clock.now_ms();
         let mut providers = lock(&self.providers);
         let out: Vec<Value> = providers
             .iter_mut()
-            .map(|(id, p)| provider_view(id, p, snapshot, now))
+            .map(|(id, p)| provider_view(id, p, snapshot, listings, now))
             .collect();
         let families = family_view(snapshot, &out);
         json!({
@@ -286,6 +366,11 @@ impl HeadroomSource for Ledger {
                         *slot = Some((h.remaining, h.resets_at_ms));
                     }
                 }
+                // A spent credit: no request until an answer says otherwise.
+                if p.credit(scope, now_ms).is_some_and(|(c, _)| c.spent()) {
+                    let until = p.next_poll(scope).unwrap_or(now_ms) + credit::POLL_INTERVAL_MS;
+                    requests = Some((0, until));
+                }
                 if requests.is_none() && tokens.is_none() {
                     continue;
                 }
@@ -339,7 +424,24 @@ fn headroom_json(h: Option<Headroom>) -> Value {
     }
 }
 
-fn provider_view(id: &str, p: &mut ProviderLedger, snapshot: &pb::Snapshot, now: i64) -> Value {
+/// What discovery found for one key: `null` figures when the provider does not discover or
+/// the key was never listed.
+fn discovered_json(listings: &Listings, provider: &str, alias: &str) -> (Value, Value) {
+    let listing = listings.get(&(provider.to_owned(), alias.to_owned()));
+    let count = listing.and_then(|l| l.models.as_ref()).map(Vec::len);
+    let at = listing
+        .map(|l| l.listed_at_ms)
+        .filter(|at| *at > 0 && count.is_some());
+    (json!(count), json!(at))
+}
+
+fn provider_view(
+    id: &str,
+    p: &mut ProviderLedger,
+    snapshot: &pb::Snapshot,
+    listings: &Listings,
+    now: i64,
+) -> Value {
     let provider_out = snapshot
         .provider_health
         .iter()
@@ -376,10 +478,13 @@ fn provider_view(id: &str, p: &mut ProviderLedger, snapshot: &pb::Snapshot, now:
             .iter()
             .map(|alias| {
                 let h = out.iter().find(|h| h.key == *alias);
+                let (discovered, listed_at) = discovered_json(listings, id, alias);
                 json!({
                     "alias": alias,
                     "state": h.map_or("ok", |h| h.reason().text()),
                     "untilMs": h.map(|h| h.until_ms),
+                    "discoveredModels": discovered,
+                    "listedAtMs": listed_at,
                 })
             })
             .collect();
@@ -398,11 +503,23 @@ fn provider_view(id: &str, p: &mut ProviderLedger, snapshot: &pb::Snapshot, now:
                     .map(|h| h.reason().text());
                 ("disabled", until.filter(|u| *u > 0), reason)
             }
+        } else if let Some((_, _)) = p.credit(scope, now).filter(|(c, _)| c.spent()) {
+            ("exhausted", p.next_poll(scope), Some("no_credit"))
         } else if let Some(u) = spent_until {
             ("exhausted", Some(u), Some("no_headroom"))
         } else {
             ("healthy", None, None)
         };
+        let credit = p.credit(scope, now).map(|(c, at)| {
+            json!({
+                "limit": c.limit,
+                "usage": c.usage,
+                "remaining": c.remaining,
+                "freeTier": c.free_tier,
+                "source": Source::Reported.name(),
+                "ageMs": now - at,
+            })
+        });
         scopes.push(json!({
             "scope": scope,
             "keys": key_states,
@@ -410,13 +527,27 @@ fn provider_view(id: &str, p: &mut ProviderLedger, snapshot: &pb::Snapshot, now:
             "untilMs": until,
             "reason": reason,
             "windows": windows,
+            "credit": credit,
         }));
+    }
+    // The distinct models the provider's keys listed (`null`: none was listed).
+    let mut found: Option<std::collections::BTreeSet<&str>> = None;
+    for ((provider, _), l) in listings.range((id.to_owned(), String::new())..) {
+        if provider != id {
+            break;
+        }
+        if let Some(models) = &l.models {
+            found
+                .get_or_insert_with(Default::default)
+                .extend(models.iter().map(String::as_str));
+        }
     }
     json!({
         "provider": id,
         "kind": p.kind,
         "billingScope": p.limits.scope,
         "models": p.models,
+        "discoveredModels": found.map(|f| f.len()),
         "scopes": scopes,
     })
 }

@@ -82,7 +82,7 @@ fn keys_of_one_scope_share_one_budget() {
             attempt("groq", "g3", pb::ErrorClass::Unspecified),
         ],
     );
-    let view = l.view(&pb::Snapshot::default());
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
     let org = scope(&view, "groq", "org-a");
     assert_eq!(org["keys"].as_array().map(Vec::len), Some(2));
     // 30 a minute from the seed table, two spent by the two keys together.
@@ -107,7 +107,7 @@ fn reported_headroom_anchors_then_counts_down_and_ages_out() {
     let mut b = attempt("groq", "g2", pb::ErrorClass::Unspecified);
     b.at_ms = AT + 10_000;
     observe(&l, vec![b]);
-    let view = l.view(&pb::Snapshot::default());
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
     let rpd = &scope(&view, "groq", "org-a")["windows"]["rpd"];
     assert_eq!(rpd["remaining"], 99);
     assert_eq!(rpd["source"], "reported");
@@ -119,7 +119,7 @@ fn reported_headroom_anchors_then_counts_down_and_ages_out() {
     clock
         .0
         .store(AT + count::REPORTED_TTL_MS + 1, Ordering::SeqCst);
-    let view = l.view(&pb::Snapshot::default());
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
     let rpd = &scope(&view, "groq", "org-a")["windows"]["rpd"];
     assert_eq!(rpd["source"], "estimated");
     assert_eq!(rpd["remaining"], 998);
@@ -138,7 +138,7 @@ fn a_429_is_mined_as_nothing_left_and_network_failures_are_not_counted() {
             limited,
         ],
     );
-    let view = l.view(&pb::Snapshot::default());
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
     let s = scope(&view, "local", "l1");
     assert_eq!(s["windows"]["rpm"]["used"], 1);
     assert_eq!(s["windows"]["rpm"]["remaining"], 0);
@@ -166,7 +166,7 @@ fn a_scope_whose_keys_are_all_refused_is_disabled_and_one_spent_is_exhausted() {
         h.set_reason(reason);
         snapshot.key_health.push(h);
     }
-    let view = l.view(&snapshot);
+    let view = l.view(&snapshot, &Listings::new());
     let org = scope(&view, "groq", "org-a");
     assert_eq!(org["state"], "disabled");
     assert_eq!(org["reason"], "auth");
@@ -250,7 +250,7 @@ fn a_reload_keeps_the_counts_of_the_scopes_it_keeps() {
         Err(e) => panic!("{e}"),
     };
     l.reconfigure(&config);
-    let view = l.view(&pb::Snapshot::default());
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
     let org = scope(&view, "groq", "org-a");
     assert_eq!(org["keys"].as_array().map(Vec::len), Some(3), "{org}");
     assert_eq!(org["windows"]["rpm"]["used"], 1, "{org}");
@@ -293,7 +293,7 @@ fn the_family_view_counts_the_routes_of_each_family_and_the_live_ones() {
     };
     h.set_reason(pb::KeyOutReason::Auth);
     snapshot.key_health.push(h);
-    let view = l.view(&snapshot);
+    let view = l.view(&snapshot, &Listings::new());
     let family = |name: &str| {
         view["families"]
             .as_array()
@@ -314,4 +314,112 @@ fn the_family_view_counts_the_routes_of_each_family_and_the_live_ones() {
         (Some(1), Some(1)),
         "{oss}"
     );
+}
+
+#[test]
+fn each_key_shows_how_many_models_discovery_found_and_when() {
+    let (l, _) = ledger();
+    let listing = |models: Option<&[&str]>, listed_at_ms| crate::engine::discovery::KeyListing {
+        models: models.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
+        fingerprint: 1,
+        listed_at_ms,
+        tried_at_ms: listed_at_ms,
+        due_ms: AT + 60_000,
+        in_flight: false,
+        error: None,
+    };
+    let mut listings = Listings::new();
+    listings.insert(
+        ("groq".to_owned(), "g1".to_owned()),
+        listing(Some(&["llama", "qwen", "gemma"]), AT - 5_000),
+    );
+    listings.insert(
+        ("groq".to_owned(), "g2".to_owned()),
+        listing(Some(&["llama", "mixtral"]), AT - 4_000),
+    );
+    // Tried and failed: no figure, no time.
+    listings.insert(("groq".to_owned(), "g3".to_owned()), listing(None, 0));
+    let view = l.view(&pb::Snapshot::default(), &listings);
+    let org = scope(&view, "groq", "org-a");
+    assert_eq!(org["keys"][0]["discoveredModels"], 3, "{org}");
+    assert_eq!(org["keys"][0]["listedAtMs"], AT - 5_000, "{org}");
+    assert_eq!(org["keys"][1]["discoveredModels"], 2, "{org}");
+    let own = scope(&view, "groq", "g3");
+    assert_eq!(own["keys"][0]["discoveredModels"], Value::Null, "{own}");
+    assert_eq!(own["keys"][0]["listedAtMs"], Value::Null, "{own}");
+    // The provider: the distinct models its keys listed; none for a provider not listed.
+    assert_eq!(view["providers"][0]["discoveredModels"], 4, "{view}");
+    assert_eq!(view["providers"][1]["provider"], "local");
+    assert_eq!(view["providers"][1]["discoveredModels"], Value::Null);
+}
+
+#[test]
+fn openrouter_credit_is_reported_per_key_and_a_spent_one_has_no_request_left() {
+    let pool = "providers:\n  - id: or\n    kind: openrouter\n    keys: [{ alias: o1, env: O1 }, { alias: o2, env: O2 }]\n    models: [{ id: m }]\n  - id: local\n    kind: openai-compatible\n    baseUrl: http://127.0.0.1:9/v1\n    keys: [{ alias: l1, env: L1 }]\n    models: [{ id: m }]\n";
+    let env = MapEnv::new([("O1", "s1"), ("O2", "s2"), ("L1", "s3")]);
+    let config = match parse(pool).and_then(|f| f.resolve(&env, Path::new("."))) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    let clock = Arc::new(TestClock(AtomicI64::new(AT)));
+    let l = Ledger::new(&config, clock.clone());
+    // Only OpenRouter's keys are asked, all at start, once.
+    assert_eq!(
+        l.key_polls_due(),
+        [
+            ("or".to_owned(), "o1".to_owned()),
+            ("or".to_owned(), "o2".to_owned())
+        ]
+    );
+    assert!(l.key_polls_due().is_empty());
+    let credit = |limit: f64, usage: f64| credit::KeyCredit {
+        limit: Some(limit),
+        usage,
+        remaining: Some(limit - usage),
+        free_tier: false,
+    };
+    l.key_polled("or", "o1", Some(credit(10.0, 4.0)));
+    l.key_polled("or", "o2", Some(credit(5.0, 5.0)));
+    clock.0.store(AT + 3_000, Ordering::SeqCst);
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
+    let o1 = scope(&view, "or", "o1");
+    assert_eq!(o1["state"], "healthy", "{o1}");
+    assert_eq!(o1["credit"]["remaining"], 6.0, "{o1}");
+    assert_eq!(o1["credit"]["source"], "reported", "{o1}");
+    assert_eq!(o1["credit"]["ageMs"], 3_000, "{o1}");
+    let o2 = scope(&view, "or", "o2");
+    assert_eq!(
+        (&o2["state"], &o2["reason"]),
+        (&json!("exhausted"), &json!("no_credit")),
+        "{o2}"
+    );
+    assert_eq!(o2["untilMs"], AT + credit::POLL_INTERVAL_MS, "{o2}");
+    assert_eq!(scope(&view, "local", "l1")["credit"], Value::Null);
+    // Pushed: o2 has no request left; o1 what its seeded minute leaves.
+    let pushed = l.headroom(AT + 3_000);
+    let left = |pushed: &[pb::Headroom], key: &str| {
+        pushed
+            .iter()
+            .find(|h| h.provider == "or" && h.key == key)
+            .map(|h| h.remaining_requests)
+    };
+    assert_eq!(left(&pushed, "o2"), Some(0), "{pushed:?}");
+    assert!(left(&pushed, "o1") > Some(0), "{pushed:?}");
+    // A 429 through o1 asks again soon (5 s after the last ask), not at once in a burst.
+    let mut refused = attempt("or", "o1", pb::ErrorClass::RateLimit);
+    refused.model = "m".into();
+    observe(&l, vec![refused.clone(), refused]);
+    assert!(l.key_polls_due().is_empty());
+    clock
+        .0
+        .store(AT + credit::POLL_AFTER_REFUSAL_MS, Ordering::SeqCst);
+    assert_eq!(l.key_polls_due(), [("or".to_owned(), "o1".to_owned())]);
+    // The credit came back: o2 serves again; a figure not renewed ages out.
+    l.key_polled("or", "o2", Some(credit(5.0, 1.0)));
+    let pushed = l.headroom(AT + credit::POLL_AFTER_REFUSAL_MS);
+    assert!(left(&pushed, "o2") > Some(0), "{pushed:?}");
+    let later = AT + credit::POLL_AFTER_REFUSAL_MS + count::REPORTED_TTL_MS;
+    clock.0.store(later, Ordering::SeqCst);
+    let view = l.view(&pb::Snapshot::default(), &Listings::new());
+    assert_eq!(scope(&view, "or", "o1")["credit"], Value::Null);
 }

@@ -18,6 +18,7 @@
 //! | `POST` any path ending in `/messages` | the Anthropic Messages API, unary or SSE |
 //! | `POST` any path ending in `/embeddings` | OpenAI embeddings |
 //! | `GET` any path ending in `/models` | the script's `catalog` for the request's key (`mock::catalog`: OpenAI's list shape, or Anthropic's with `shape: anthropic` or an `anthropic-version` header), recorded in `/_mock/calls`; without a catalog, 404 |
+//! | `GET` any path ending in `/key` | OpenRouter's current-key answer from the script's `keyInfo` (`mock::key_info`: the key's credit limit, usage and what is left), recorded in `/_mock/calls`; without `keyInfo`, 404 |
 //! | `POST` any path ending in `/responses` | the OpenAI Responses API, unary or SSE (typed events: `response.created`, `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, `response.output_item.done`, `response.completed`; `failWith: error-event` sends `event: error`) |
 //! | anything else outside `/_mock/` | 404, an OpenAI error object |
 //!
@@ -140,6 +141,7 @@ mod answer;
 mod anthropic;
 mod catalog;
 mod errors;
+mod key_info;
 mod openai;
 mod responses;
 mod script;
@@ -147,6 +149,7 @@ mod sse;
 
 pub use catalog::{Catalog, Shape as CatalogShape};
 pub use errors::{provider_error, provider_error_names, ERROR_CASES, PROVIDER_KINDS};
+pub use key_info::{KeyCredit, KeyInfo};
 pub use script::{
     FailWith, Match, Reply, ReplyError, Rule, Script, ScriptError, StreamSpec, ToolCall, Usage,
 };
@@ -279,7 +282,7 @@ impl MockHandle {
     pub fn push_rule(&self, rule: Rule) -> Result<(), ScriptError> {
         Script {
             rules: vec![rule.clone()],
-            catalog: None,
+            ..Script::default()
         }
         .validate()?;
         self.shared.lock().rules.push(rule);
@@ -414,6 +417,11 @@ async fn handle(
             return Ok(response);
         }
     }
+    if request.method() == Method::GET && key_info::is_key_info(&path) {
+        if let Some(response) = listing(shared, &request, &path).await? {
+            return Ok(response);
+        }
+    }
     let endpoint = match Endpoint::of(&path) {
         Some(endpoint) if request.method() == Method::POST => endpoint,
         _ => {
@@ -513,8 +521,9 @@ async fn handle(
     }
 }
 
-/// A model listing (`GET …/models`) from the script's catalog, recorded as a call; a rule
-/// matching the path answers it instead. `None`: the script has no catalog.
+/// A model listing (`GET …/models`) from the script's catalog, or a key's credit (`GET …/key`)
+/// from its `keyInfo`, recorded as a call; a rule matching the path answers it instead.
+/// `None`: the script has neither for the path.
 async fn listing(
     shared: &Shared,
     request: &Request<Incoming>,
@@ -525,8 +534,16 @@ async fn listing(
     let query = request.uri().query().unwrap_or_default().to_owned();
     let (reply, body) = {
         let mut state = shared.lock();
-        let Some(catalog) = state.rules.catalog().cloned() else {
-            return Ok(None);
+        let body = if key_info::is_key_info(path) {
+            let Some(info) = state.rules.key_info() else {
+                return Ok(None);
+            };
+            info.answer(key.as_deref())
+        } else {
+            let Some(catalog) = state.rules.catalog() else {
+                return Ok(None);
+            };
+            catalog.listing(key.as_deref(), anthropic_version, &query)
         };
         state.seq += 1;
         let seq = state.seq;
@@ -554,7 +571,6 @@ async fn listing(
             key: key.as_deref(),
             model: None,
         });
-        let body = catalog.listing(key.as_deref(), anthropic_version, &query);
         (reply.map(|r| r.resolved()), body)
     };
     let Some(reply) = reply else {

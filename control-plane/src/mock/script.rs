@@ -30,6 +30,9 @@ pub struct Script {
     /// What `GET …/models` lists, per key (`mock::catalog`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catalog: Option<super::catalog::Catalog>,
+    /// What `GET …/key` says of each key's credit (`mock::key_info`).
+    #[serde(default, rename = "keyInfo", skip_serializing_if = "Option::is_none")]
+    pub key_info: Option<super::key_info::KeyInfo>,
 }
 
 /// One rule: which requests it answers and the replies it gives, in order, the last repeating.
@@ -389,6 +392,7 @@ pub struct RuleState {
 pub struct Rules {
     rules: Vec<RuleState>,
     catalog: Option<super::catalog::Catalog>,
+    key_info: Option<super::key_info::KeyInfo>,
 }
 
 impl Rules {
@@ -400,6 +404,7 @@ impl Rules {
 
     pub fn replace(&mut self, script: Script) {
         self.catalog = script.catalog;
+        self.key_info = script.key_info;
         self.rules = script
             .rules
             .into_iter()
@@ -418,6 +423,11 @@ impl Rules {
     /// The catalog `GET …/models` lists, if the script has one.
     pub fn catalog(&self) -> Option<&super::catalog::Catalog> {
         self.catalog.as_ref()
+    }
+
+    /// What `GET …/key` answers, if the script says.
+    pub fn key_info(&self) -> Option<&super::key_info::KeyInfo> {
+        self.key_info.as_ref()
     }
 
     /// The reply for a request: the first matching rule's next reply (its last one repeats).

@@ -10,6 +10,7 @@ use std::rc::{Rc, Weak};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::gauges::{self, Gauge};
 use super::host::{self, action, WasmHost};
 use ai_router_filter_core::attempt;
 use ai_router_filter_core::host::Host;
@@ -30,7 +31,10 @@ pub struct Attempt {
 impl Attempt {
     pub fn new(id: u32) -> Self {
         let stage: Stage = Rc::default();
-        IN_FLIGHT.with(|m| m.borrow_mut().insert(id, Rc::downgrade(&stage)));
+        let fresh = IN_FLIGHT.with(|m| m.borrow_mut().insert(id, Rc::downgrade(&stage)).is_none());
+        if fresh {
+            gauges::add(Gauge::Attempts, 1);
+        }
         Self { id, stage }
     }
 
@@ -41,13 +45,16 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id));
+        if IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id).is_some()) {
+            gauges::add(Gauge::Attempts, -1);
+        }
     }
 }
 
 /// Every [`attempt::BOUND_TICK_MS`]: the attempts whose bound passed time out, each acting as
 /// its own context (its local answer, its reset).
 pub fn on_tick() {
+    gauges::track_memory();
     let now = WasmHost.now_ms();
     let due: Vec<(u32, Stage)> = IN_FLIGHT.with(|m| {
         m.borrow()

@@ -3,6 +3,7 @@
 mod attempt;
 mod ctrl;
 mod front;
+mod gauges;
 mod host;
 mod shared;
 
@@ -96,7 +97,10 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         match &mut self.role {
-            Role::Ctrl(c) => c.on_tick(),
+            Role::Ctrl(c) => {
+                gauges::track_memory();
+                c.on_tick();
+            }
             Role::Attempt => attempt::on_tick(),
             _ => {}
         }

@@ -808,7 +808,15 @@ async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() 
         match client.watch(pb::WatchRequest::default()).await {
             Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
             Err(_) => {}
-            Ok(_) => panic!("port {port} served a Watch without the sync token"),
+            Ok(reply) => match reply.into_inner().message().await {
+                Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
+                Err(_) => {}
+                Ok(None) => {}
+                Ok(Some(update)) => panic!(
+                    "port {port} served a Watch without the sync token: {} providers",
+                    update.snapshot.map_or(0, |s| s.providers.len())
+                ),
+            },
         }
     }
     assert_eq!(

@@ -201,3 +201,224 @@ fn fuzz_the_pool_config_loader() {
     }
     eprintln!("config: {} cases, slowest {slowest:?}", cases());
 }
+
+/// Strings a report may carry: the pool's own names, and what no filter of ours would send.
+const NAMES: &[&str] = &[
+    "",
+    "openai",
+    "openrouter",
+    "gpt-4o-mini",
+    "no-such-provider",
+    "openai-1",
+    "é\u{0}\u{202e}",
+    "a/b:c|d",
+    "chat",
+    "embeddings",
+    "messages",
+    "responses",
+    "vk_fuzz",
+];
+
+/// Numbers a report may carry, at the edges of their types.
+const NUMBERS: &[i64] = &[
+    0,
+    1,
+    -1,
+    429,
+    60_000,
+    1_700_000_000_000,
+    i64::MAX,
+    i64::MIN,
+    i64::MAX / 2,
+];
+
+fn pick_name(rng: &mut StdRng, pool: &[String]) -> String {
+    if !pool.is_empty() && rng.random_bool(0.6) {
+        return pool[rng.random_range(0..pool.len())].clone();
+    }
+    NAMES[rng.random_range(0..NAMES.len())].to_owned()
+}
+
+fn pick_number(rng: &mut StdRng) -> i64 {
+    if rng.random_bool(0.3) {
+        return rng.random();
+    }
+    NUMBERS[rng.random_range(0..NUMBERS.len())]
+}
+
+fn usage(rng: &mut StdRng) -> Option<ai_router_proto::v1::Usage> {
+    rng.random_bool(0.6).then(|| ai_router_proto::v1::Usage {
+        prompt_tokens: pick_number(rng) as u64,
+        completion_tokens: pick_number(rng) as u64,
+        cached_tokens: pick_number(rng) as u64,
+    })
+}
+
+/// A batch of outcomes as a filter, or anything holding the sync token, could send.
+fn report_batch(rng: &mut StdRng, names: &[String]) -> ai_router_proto::v1::ReportBatch {
+    use ai_router_proto::v1 as pb;
+    let attempts = (0..rng.random_range(0..6))
+        .map(|_| pb::AttemptOutcome {
+            request_id: pick_name(rng, names),
+            attempt: pick_number(rng) as u32,
+            provider: pick_name(rng, names),
+            key: pick_name(rng, names),
+            model: pick_name(rng, names),
+            outcome: rng.random_range(-1..5),
+            error_class: rng.random_range(-1..16),
+            status: pick_number(rng) as u32,
+            latency_ms: pick_number(rng) as u64,
+            retry_at_ms: pick_number(rng),
+            fingerprint: rng.random(),
+            provider_code: pick_name(rng, names),
+            usage: usage(rng),
+            virtual_key_id: pick_name(rng, names),
+            at_ms: pick_number(rng),
+            after_first_token: rng.random(),
+            operation: pick_name(rng, names),
+            remaining_requests: pick_number(rng),
+            remaining_tokens: pick_number(rng),
+            ratelimit_reset_at_ms: pick_number(rng),
+            probe: rng.random(),
+            stream: rng.random(),
+            profile: pick_name(rng, names),
+            first_choice_provider: pick_name(rng, names),
+            first_choice_model: pick_name(rng, names),
+            protocol: pick_name(rng, names),
+            content: rng.random_bool(0.2).then(|| pb::AttemptContent {
+                request: pick_name(rng, names),
+                request_truncated: rng.random(),
+                response: pick_name(rng, names),
+                ..Default::default()
+            }),
+        })
+        .collect();
+    let requests = (0..rng.random_range(0..4))
+        .map(|_| pb::RequestOutcome {
+            request_id: pick_name(rng, names),
+            virtual_key_id: pick_name(rng, names),
+            operation: pick_name(rng, names),
+            outcome: rng.random_range(-1..6),
+            error_class: rng.random_range(-1..16),
+            rejected_code: pick_name(rng, names),
+            status: pick_number(rng) as u32,
+            attempts: pick_number(rng) as u32,
+            latency_ms: pick_number(rng) as u64,
+            provider: pick_name(rng, names),
+            model: pick_name(rng, names),
+            usage: usage(rng),
+            at_ms: pick_number(rng),
+            budget_warnings: vec![pick_name(rng, names)],
+            cache_hit: rng.random(),
+            requested_model: pick_name(rng, names),
+            cache_lookup: rng.random_range(-1..4),
+            cache_store: rng.random_range(-1..4),
+            ..Default::default()
+        })
+        .collect();
+    pb::ReportBatch {
+        node: pick_name(rng, names),
+        attempts,
+        requests,
+        dropped: pick_number(rng) as u64,
+        batch_id: pick_name(rng, names),
+    }
+}
+
+/// Flips, drops or inserts a few bytes of an encoded batch (a decoding failure is refused by
+/// tonic before the engine sees it; what decodes is applied).
+fn mutate_bytes(rng: &mut StdRng, bytes: &mut Vec<u8>) {
+    for _ in 0..rng.random_range(1..6) {
+        if bytes.is_empty() {
+            bytes.push(rng.random());
+            continue;
+        }
+        let at = rng.random_range(0..bytes.len());
+        match rng.random_range(0..3) {
+            0 => bytes[at] ^= 1 << rng.random_range(0..8),
+            1 => {
+                bytes.remove(at);
+            }
+            _ => bytes.insert(at, rng.random()),
+        }
+    }
+}
+
+/// The control plane's side of the sync channel: any `Sync.Report` batch is applied to the
+/// engine (breakers, holds, headroom, spend, events) and turned into usage rows, with no panic
+/// and in bounded time, and the engine still answers a snapshot after it.
+#[test]
+fn fuzz_the_report_batches_a_control_plane_applies() {
+    use prost::Message as _;
+    use std::sync::Arc;
+
+    let env = MapEnv::new([
+        ("OPENAI_API_KEY", "sk-fuzz-openai"),
+        ("OPENROUTER_API_KEYS", "sk-fuzz-or-1,sk-fuzz-or-2"),
+    ]);
+    let config = parse(EXAMPLES[0])
+        .and_then(|file| file.resolve(&env, Path::new("/nonexistent")))
+        .unwrap();
+    let config = Arc::new(config);
+    let clock = Arc::new(crate::clock::TestClock(std::sync::atomic::AtomicI64::new(
+        1_700_000_000_000,
+    )));
+    let engine = crate::engine::Engine::new(
+        config.clone(),
+        Arc::new(env),
+        clock.clone(),
+        Vec::new(),
+        crate::store::durable::DurableState::default(),
+    );
+    let snapshot = engine.current().snapshot.unwrap_or_default();
+    let mut names: Vec<String> = Vec::new();
+    for p in &snapshot.providers {
+        names.push(p.id.clone());
+        names.extend(p.keys.iter().map(|k| k.alias.clone()));
+        names.extend(p.models.iter().map(|m| m.id.clone()));
+    }
+    assert!(!names.is_empty(), "the example pool has providers");
+
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut slowest = Duration::ZERO;
+    let mut decoded = 0usize;
+    for case in 0..cases() {
+        let mut batch = report_batch(&mut rng, &names);
+        if rng.random_bool(0.5) {
+            let mut bytes = batch.encode_to_vec();
+            mutate_bytes(&mut rng, &mut bytes);
+            match ai_router_proto::v1::ReportBatch::decode(bytes.as_slice()) {
+                Ok(b) => batch = b,
+                Err(_) => continue,
+            }
+        }
+        decoded += 1;
+        let started = Instant::now();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.apply_report(&batch);
+            let now = clock.0.load(std::sync::atomic::Ordering::SeqCst);
+            crate::keys::usage::usage_rows(&config, &batch, now);
+            // Time moves on, so holds and leases expire as they would.
+            clock.0.fetch_add(
+                rng.random_range(0..120_000),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+            assert!(engine.current().snapshot.is_some() || engine.version() > 0);
+        }));
+        let took = started.elapsed();
+        slowest = slowest.max(took);
+        assert!(
+            outcome.is_ok(),
+            "report case {case} (AI_ROUTER_FUZZ_SEED={seed}) panicked on:\n{batch:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "report case {case} (AI_ROUTER_FUZZ_SEED={seed}) took {took:?} on:\n{batch:?}"
+        );
+    }
+    eprintln!(
+        "reports: {} cases ({decoded} applied), slowest {slowest:?}",
+        cases()
+    );
+}

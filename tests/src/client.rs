@@ -291,9 +291,13 @@ impl Client {
         self.stream_with(&chat_body(model, true), key).await
     }
 
-    /// `POST /v1/chat/completions` with `body` (which should say `stream: true`), reading the
-    /// body to its end or to the connection's failure.
-    pub async fn stream_with(&self, body: &Value, key: Option<&str>) -> Result<StreamReply> {
+    /// Sends `POST /v1/chat/completions` with `body` asking for server-sent events; returns once
+    /// the response headers came.
+    async fn send_stream_request(
+        &self,
+        body: &Value,
+        key: Option<&str>,
+    ) -> Result<reqwest::Response> {
         let url = format!("{}/v1/chat/completions", self.base);
         let mut req = self
             .http
@@ -304,7 +308,13 @@ impl Client {
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
-        let resp = req.send().await.with_context(|| format!("POST {url}"))?;
+        req.send().await.with_context(|| format!("POST {url}"))
+    }
+
+    /// `POST /v1/chat/completions` with `body` (which should say `stream: true`), reading the
+    /// body to its end or to the connection's failure.
+    pub async fn stream_with(&self, body: &Value, key: Option<&str>) -> Result<StreamReply> {
+        let resp = self.send_stream_request(body, key).await?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let mut bytes = Vec::new();
@@ -328,6 +338,34 @@ impl Client {
             body,
             transport_error,
         })
+    }
+}
+
+impl Client {
+    /// A streamed call the client gives up on: it reads the answer until `after` bytes of
+    /// the body came, then drops the connection mid-stream (an abort, as a closed browser tab
+    /// does). Returns the status and the bytes read (the answer may have ended before).
+    pub async fn stream_abandoned(
+        &self,
+        body: &Value,
+        key: Option<&str>,
+        after: usize,
+    ) -> Result<(u16, Vec<u8>)> {
+        let resp = self.send_stream_request(body, key).await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let mut bytes = Vec::new();
+        let mut stream = resp.bytes_stream();
+        while bytes.len() < after {
+            match stream.next().await {
+                Some(Ok(b)) => bytes.extend_from_slice(&b),
+                Some(Err(_)) | None => break,
+            }
+        }
+        // Dropping the unread body closes the connection: it never goes back to the pool.
+        drop(stream);
+        scan::observe("an abandoned stream", &answer_bytes(&headers, &bytes));
+        Ok((status, bytes))
     }
 }
 

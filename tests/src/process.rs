@@ -241,3 +241,18 @@ pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr> {
     s.parse()
         .with_context(|| format!("not a socket address: {s:?}"))
 }
+
+/// A process's resident set size in bytes (`VmRSS` in `/proc/<pid>/status`), `None` once it
+/// is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}

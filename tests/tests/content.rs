@@ -213,3 +213,59 @@ async fn without_include_content_no_event_carries_the_request_or_the_answer() {
     on_the_log(&pool, &rid, "event line of the call").await;
     assert!(!pool.cp.logs().contains(ANSWER));
 }
+
+/// A report made while `telemetry.includeContent` was on, still queued in the filter's outbox
+/// when the pool is reloaded with it off, reaches the control plane without its content: the
+/// control plane goes away, a call is made (its attempt report, content included, waits in
+/// Envoy), the control plane comes back on the pool without `includeContent`, and the event of
+/// that attempt (on its log) carries neither the prompt nor the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_queued_before_include_content_is_turned_off_loses_its_content() {
+    const QUEUED_PROMPT: &str = "Describe the ferry that crosses to Quillwick Point.";
+    // The scan fails the test if the prompt shows on the operator side (the logs, the events).
+    scan::register_prompt(QUEUED_PROMPT);
+    let admin = format!("admin-{}", ai_router_e2e::random_hex(32));
+    let on = "telemetry: { includeContent: true }\n";
+    let mut pool = pool("content_turned_off", on, &admin).await;
+    pool.mocks[0]
+        .script(json!([script::always(vec![script::text(ANSWER)])]))
+        .await
+        .unwrap();
+
+    pool.cp.stop();
+    let r = pool.chat_with(&chat(QUEUED_PROMPT, false)).await.unwrap();
+    assert_eq!(r.status, 200, "Envoy serves from its last state: {r}");
+    assert!(r.text.contains(ANSWER), "{r}");
+    let rid = r.header("x-request-id").unwrap_or_default();
+    assert!(!rid.is_empty());
+
+    let path = pool.cp.config_path().to_path_buf();
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    assert!(yaml.contains(on), "{yaml}");
+    std::fs::write(&path, yaml.replace(on, "")).unwrap();
+    pool.cp.restart(&[]).await.unwrap();
+
+    // The queued report arrives: its attempt's event line names the call.
+    let attempt_line = |logs: &str| {
+        logs.lines()
+            .find(|l| l.contains(&rid) && l.contains(r#"\"type\":\"attempt\""#))
+            .map(str::to_owned)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let line = loop {
+        if let Some(line) = attempt_line(&pool.cp.logs()) {
+            break line;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queued attempt report never reached the restarted control plane"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!line.contains("content"), "{line}");
+    let logs = pool.cp.logs();
+    assert!(
+        !logs.contains(QUEUED_PROMPT) && !logs.contains(ANSWER),
+        "the queued report's content reached the control plane's log"
+    );
+}

@@ -705,3 +705,122 @@ async fn serve_refuses_a_budget_it_cannot_bound() {
     )
     .await;
 }
+
+/// The compose file will not start a control plane or an Envoy without a sync token: with
+/// `AI_ROUTER_SYNC_TOKEN` unset, `docker-compose config` fails and names it (with it set, the
+/// same command succeeds, so the failure is the token's).
+#[test]
+fn the_compose_file_requires_a_sync_token() {
+    let compose = |token: Option<&str>| {
+        let mut cmd = std::process::Command::new("docker-compose");
+        cmd.args(["config", "--services"])
+            .current_dir(workspace_root())
+            .env_remove("AI_ROUTER_SYNC_TOKEN");
+        if let Some(token) = token {
+            cmd.env("AI_ROUTER_SYNC_TOKEN", token);
+        }
+        cmd.output()
+            .expect("docker-compose (scripts/setup.sh installs it)")
+    };
+    let without = compose(None);
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    assert!(!without.status.success(), "compose accepted no sync token");
+    assert!(stderr.contains("AI_ROUTER_SYNC_TOKEN"), "{stderr}");
+    let with = compose(Some("compose-check"));
+    assert!(
+        with.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with.stderr)
+    );
+}
+
+/// The TCP ports process `pid` listens on, with whether each is bound to loopback only (from
+/// its socket descriptors and `/proc/net/tcp{,6}`).
+fn listening_ports(pid: u32) -> Vec<(u16, bool)> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address, st (0A: LISTEN), inode.
+            if cols.len() < 10 || cols[3] != "0A" || !inodes.iter().any(|i| i == cols[9]) {
+                continue;
+            }
+            let (addr, port) = cols[1].split_once(':').unwrap();
+            let port = u16::from_str_radix(port, 16).unwrap();
+            let loopback = addr == "0100007F" || addr == "00000000000000000000000001000000";
+            out.push((port, loopback));
+        }
+    }
+    out
+}
+
+/// `ai-router up` with no sync token in its environment makes one: its control plane's ports
+/// are all on loopback, and its gRPC port refuses a `Watch` without the token (no local
+/// process can read the provider secrets from it), while Envoy, given the token, is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() {
+    let dir = TestDir::new("up_sync_token").unwrap();
+    let mock = ai_router_e2e::Mock::start(&dir, "mock1").await.unwrap();
+    let config = dir
+        .write(
+            "pool.yaml",
+            &format!(
+                "gateway: {{ port: 0, keyStore: {{ type: memory }} }}\n\
+                 controlPlane: {{ httpPort: 0 }}\n\
+                 providers:\n  - id: p1\n    kind: openai-compatible\n    baseUrl: {}\n    keys: [{{ alias: a, env: UP_KEY }}]\n    models: [{{ id: m1 }}]\n",
+                mock.url()
+            ),
+        )
+        .unwrap();
+    let provider_key = ai_router_e2e::scan::provider_secret("up-a");
+    let up = ai_router_e2e::Up::start(
+        &config,
+        &[("UP_KEY", &provider_key)],
+        std::process::Stdio::null(),
+    )
+    .await
+    .unwrap();
+    // Envoy has the generated token: a call is served.
+    let client = ai_router_e2e::Client::new(&up.base).unwrap();
+    let r = client.chat("m1", Some(&up.key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+
+    let ports = listening_ports(up.child.id().unwrap());
+    assert!(ports.len() >= 2, "the admin API and gRPC: {ports:?}");
+    assert!(
+        ports.iter().all(|(_, loopback)| *loopback),
+        "a control-plane port off loopback: {ports:?}"
+    );
+    let mut refused = 0;
+    for (port, _) in &ports {
+        let Ok(mut client) = SyncClient::connect(format!("http://127.0.0.1:{port}")).await else {
+            continue;
+        };
+        match client.watch(pb::WatchRequest::default()).await {
+            Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
+            Err(_) => {}
+            Ok(reply) => match reply.into_inner().message().await {
+                Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
+                Err(_) => {}
+                Ok(None) => {}
+                Ok(Some(update)) => panic!(
+                    "port {port} served a Watch without the sync token: {} providers",
+                    update.snapshot.map_or(0, |s| s.providers.len())
+                ),
+            },
+        }
+    }
+    assert_eq!(
+        refused, 1,
+        "the gRPC port refuses a Watch without the token: {ports:?}"
+    );
+}

@@ -207,9 +207,12 @@ impl ReportObserver for Metrics {
                     .observe(seconds);
             }
             if let Some(u) = a.usage {
-                *c.prompt_tokens.entry(lane.clone()).or_default() += u.prompt_tokens;
-                *c.completion_tokens.entry(lane.clone()).or_default() += u.completion_tokens;
-                *c.cached_tokens.entry(lane.clone()).or_default() += u.cached_tokens;
+                let n = c.prompt_tokens.entry(lane.clone()).or_default();
+                *n = n.saturating_add(u.prompt_tokens);
+                let n = c.completion_tokens.entry(lane.clone()).or_default();
+                *n = n.saturating_add(u.completion_tokens);
+                let n = c.cached_tokens.entry(lane.clone()).or_default();
+                *n = n.saturating_add(u.cached_tokens);
             }
             if let Some(cost) = engine.as_ref().and_then(|e| e.attempt_cost(a)) {
                 *c.cost.entry(lane).or_default() += cost;

@@ -151,8 +151,8 @@ impl Stats {
                     .or_default() += 1;
             }
             if let Some(u) = a.usage {
-                lane.prompt_tokens += u.prompt_tokens;
-                lane.completion_tokens += u.completion_tokens;
+                lane.prompt_tokens = lane.prompt_tokens.saturating_add(u.prompt_tokens);
+                lane.completion_tokens = lane.completion_tokens.saturating_add(u.completion_tokens);
             }
             let c = cost(a);
             if c.is_finite() && c > 0.0 {

@@ -113,15 +113,17 @@ pub struct UsageDay {
 
 impl UsageDay {
     pub fn add(&mut self, other: &UsageDay) {
-        self.requests += other.requests;
-        self.successes += other.successes;
-        self.failures += other.failures;
-        self.prompt_tokens += other.prompt_tokens;
-        self.completion_tokens += other.completion_tokens;
-        self.cached_tokens += other.cached_tokens;
+        self.requests = self.requests.saturating_add(other.requests);
+        self.successes = self.successes.saturating_add(other.successes);
+        self.failures = self.failures.saturating_add(other.failures);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self
+            .completion_tokens
+            .saturating_add(other.completion_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
         self.cost += other.cost;
         self.saved += other.saved;
-        self.latency_ms += other.latency_ms;
+        self.latency_ms = self.latency_ms.saturating_add(other.latency_ms);
         for (outcome, count) in &other.outcomes {
             *self.outcomes.entry(outcome.clone()).or_insert(0) += count;
         }

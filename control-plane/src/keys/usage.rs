@@ -102,7 +102,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         } else {
             entry.failures += 1;
         }
-        entry.latency_ms += request.latency_ms;
+        entry.latency_ms = entry.latency_ms.saturating_add(request.latency_ms);
         let outcome = match request.outcome_text() {
             text if text.is_empty() => "unknown".to_owned(),
             text => text,
@@ -120,9 +120,11 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
             continue;
         }
         let entry = row(&mut rows, charge.key, charge.at_ms, now_ms);
-        entry.prompt_tokens += charge.prompt_tokens;
-        entry.completion_tokens += charge.completion_tokens;
-        entry.cached_tokens += charge.cached_tokens;
+        entry.prompt_tokens = entry.prompt_tokens.saturating_add(charge.prompt_tokens);
+        entry.completion_tokens = entry
+            .completion_tokens
+            .saturating_add(charge.completion_tokens);
+        entry.cached_tokens = entry.cached_tokens.saturating_add(charge.cached_tokens);
         entry.cost += charge.cost;
     }
     // What a cheaper lane saved against the call's first choice, on the attempts with usage.
@@ -130,7 +132,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         let counted = attempt
             .usage
             .as_ref()
-            .is_some_and(|u| u.prompt_tokens + u.completion_tokens > 0);
+            .is_some_and(|u| u.prompt_tokens.saturating_add(u.completion_tokens) > 0);
         if attempt.virtual_key_id.is_empty() || !counted {
             continue;
         }

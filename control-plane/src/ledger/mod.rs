@@ -231,7 +231,7 @@ impl Ledger {
         let tokens = a
             .usage
             .as_ref()
-            .map_or(0, |u| u.prompt_tokens + u.completion_tokens);
+            .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
         counter.add(at, 1, tokens);
         let requests_window = match p.limits.requests_window {
             RateLimitWindow::Minute => Window::Rpm,

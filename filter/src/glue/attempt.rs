@@ -11,6 +11,7 @@ use std::rc::{Rc, Weak};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::gauges::{self, Gauge};
 use super::host::{self, action, WasmHost};
 use ai_router_filter_core::attempt;
 use ai_router_filter_core::host::Host;
@@ -31,7 +32,10 @@ pub struct Attempt {
 impl Attempt {
     pub fn new(id: u32) -> Self {
         let stage: Stage = Rc::default();
-        IN_FLIGHT.with(|m| m.borrow_mut().insert(id, Rc::downgrade(&stage)));
+        let fresh = IN_FLIGHT.with(|m| m.borrow_mut().insert(id, Rc::downgrade(&stage)).is_none());
+        if fresh {
+            gauges::add(Gauge::Attempts, 1);
+        }
         Self { id, stage }
     }
 
@@ -42,13 +46,16 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
-        IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id));
+        if IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id).is_some()) {
+            gauges::add(Gauge::Attempts, -1);
+        }
     }
 }
 
 /// Every [`attempt::BOUND_TICK_MS`]: the attempts whose bound passed time out, each acting as
 /// its own context (its local answer, its reset).
 pub fn on_tick() {
+    gauges::track_memory();
     let now = WasmHost.now_ms();
     // This worker's outcomes waiting for the singleton go on the same tick.
     if super::shared::held_reports_due(now) {

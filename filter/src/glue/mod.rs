@@ -3,6 +3,7 @@
 mod attempt;
 mod ctrl;
 mod front;
+mod gauges;
 mod host;
 mod prof;
 mod shared;
@@ -99,7 +100,10 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         match &mut self.role {
-            Role::Ctrl(c) => prof::time("ctrl.tick", || c.on_tick()),
+            Role::Ctrl(c) => prof::time("ctrl.tick", || {
+                gauges::track_memory();
+                c.on_tick();
+            }),
             Role::Attempt => prof::time("attempt.tick", attempt::on_tick),
             _ => {}
         }

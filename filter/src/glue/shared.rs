@@ -21,6 +21,8 @@ use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sen
 use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
 use ai_router_filter_core::state::{LaneHealth, State};
 
+use super::gauges::{self, Gauge};
+
 pub use names::{REPORT_QUEUE, VM_ID};
 pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
@@ -180,9 +182,11 @@ pub fn new_call(now: i64) -> String {
             },
         );
         // Calls whose front context never said goodbye are dropped after ten minutes.
-        if l.calls.len() > 1024 {
+        let before = l.calls.len();
+        if before > 1024 {
             l.calls.retain(|_, c| now - c.created_ms < 600_000);
         }
+        gauges::add(Gauge::Calls, 1 - (before - l.calls.len()) as i64);
         cid
     })
 }
@@ -193,29 +197,36 @@ pub fn with_call<R>(cid: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
 }
 
 pub fn end_call(cid: &str) -> Option<Call> {
-    LOCAL.with(|l| l.borrow_mut().calls.remove(cid))
+    let call = LOCAL.with(|l| l.borrow_mut().calls.remove(cid));
+    if call.is_some() {
+        gauges::add(Gauge::Calls, -1);
+    }
+    gauges::track_memory();
+    call
 }
 
 /// Read-modify-writes the shared-data record `name` with compare-and-swap (another worker may
-/// write it meanwhile); a record that does not decode is started again.
+/// write it meanwhile); a record that does not decode is started again. `false` when the change
+/// could not be written.
 fn update_record<T: Default>(
     name: &str,
     decode: impl Fn(&[u8]) -> Option<T>,
     encode: impl Fn(&T) -> Vec<u8>,
     change: impl Fn(&mut T),
-) {
+) -> bool {
     for _ in 0..16 {
         let (mut value, cas) = match hostcalls::get_shared_data(name) {
             Ok((bytes, cas)) => (bytes.as_deref().and_then(&decode).unwrap_or_default(), cas),
-            Err(_) => return,
+            Err(_) => return false,
         };
         change(&mut value);
         match hostcalls::set_shared_data(name, Some(&encode(&value)), cas) {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(proxy_wasm::types::Status::CasMismatch) => continue,
-            Err(_) => return,
+            Err(_) => return false,
         }
     }
+    false
 }
 
 fn read_record<T: Default>(name: &str, decode: impl Fn(&[u8]) -> Option<T>) -> T {
@@ -228,12 +239,21 @@ fn read_record<T: Default>(name: &str, decode: impl Fn(&[u8]) -> Option<T>) -> T
 /// In-flight attempts per key, counted across every worker of this Envoy (one record per
 /// provider, updated with compare-and-swap).
 pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
-    update_record(
+    let moved = std::cell::Cell::new(0i64);
+    let written = update_record(
         &names::in_flight(provider),
         InFlight::decode,
         InFlight::encode,
-        |f| f.add(key, delta),
+        |f| {
+            let before = i64::from(f.total());
+            f.add(key, delta);
+            moved.set(i64::from(f.total()) - before);
+        },
     );
+    // The last change computed is the one written.
+    if written {
+        gauges::add(Gauge::LaneInFlight, moved.get());
+    }
 }
 
 /// Reserves one send on a provider's billing scope when its allowances leave room, with

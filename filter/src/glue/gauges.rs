@@ -1,0 +1,96 @@
+//! Envoy gauges of the filter's per-call bookkeeping, so that a soak (and an operator) can see it
+//! freed on every end: the calls in this process's call tables, the attempt contexts alive, the
+//! attempts counted in flight on the lanes, and the linear memory of the VMs. Each VM adds its own
+//! changes to the process-wide gauge of the same name (`wasmcustom.<name>` in `/stats`), so a
+//! gauge is the sum over the workers' VMs (and the singleton's, for the memory).
+
+use std::cell::RefCell;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
+
+#[derive(Clone, Copy)]
+pub enum Gauge {
+    /// Entries in the call tables (`Local::calls`): a call from its front stage to its end.
+    Calls,
+    /// Attempt contexts alive (the attempt stage's `IN_FLIGHT` table).
+    Attempts,
+    /// The attempts counted in flight on the lanes (the shared `inflight` records).
+    LaneInFlight,
+    /// The VMs' linear memory, in bytes (it grows and never shrinks: its bound is the soak's).
+    VmMemory,
+}
+
+impl Gauge {
+    const ALL: [Gauge; 4] = [
+        Gauge::Calls,
+        Gauge::Attempts,
+        Gauge::LaneInFlight,
+        Gauge::VmMemory,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Gauge::Calls => "ai_router.calls_in_progress",
+            Gauge::Attempts => "ai_router.attempts_in_progress",
+            Gauge::LaneInFlight => "ai_router.lane_attempts_in_flight",
+            Gauge::VmMemory => "ai_router.vm_memory_bytes",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Defined {
+    /// The metric ids, by [`Gauge::ALL`] order; `None` until defined (or when Envoy refused).
+    ids: Option<[Option<u32>; 4]>,
+    /// This VM's memory as last added to [`Gauge::VmMemory`].
+    memory_added: u64,
+}
+
+thread_local! {
+    static DEFINED: RefCell<Defined> = RefCell::new(Defined::default());
+}
+
+/// Adds `delta` to `gauge` (a gauge Envoy refused is left alone: it is only a view).
+pub fn add(gauge: Gauge, delta: i64) {
+    if delta == 0 {
+        return;
+    }
+    let Some(id) = id_of(gauge) else { return };
+    let _ = hostcalls::increment_metric(id, delta);
+}
+
+/// Brings [`Gauge::VmMemory`] up to this VM's linear memory.
+pub fn track_memory() {
+    let now = linear_memory_bytes();
+    let before = DEFINED.with(|d| {
+        d.try_borrow_mut()
+            .map(|mut d| std::mem::replace(&mut d.memory_added, now))
+            .unwrap_or(now)
+    });
+    add(
+        Gauge::VmMemory,
+        i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(before).unwrap_or(i64::MAX),
+    );
+}
+
+fn id_of(gauge: Gauge) -> Option<u32> {
+    DEFINED.with(|d| {
+        let mut d = d.try_borrow_mut().ok()?;
+        let ids = d.ids.get_or_insert_with(|| {
+            Gauge::ALL.map(|g| hostcalls::define_metric(MetricType::Gauge, g.name()).ok())
+        });
+        ids[gauge as usize]
+    })
+}
+
+#[cfg(target_arch = "wasm32")]
+fn linear_memory_bytes() -> u64 {
+    (core::arch::wasm32::memory_size(0) as u64).saturating_mul(65_536)
+}
+
+/// Off wasm (the host build of the glue) there is no linear memory to report.
+#[cfg(not(target_arch = "wasm32"))]
+fn linear_memory_bytes() -> u64 {
+    0
+}

@@ -119,8 +119,9 @@ impl std::fmt::Debug for AdminApi {
     }
 }
 
-/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot; returns
-/// whether any of them has a usage limit (whose block follows the usage rows).
+/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot, and the
+/// budgets' use the store counted; returns whether the usage rows move anything pushed (a key
+/// with a usage limit, whose block follows them, or a budget policy).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
     let records = keys.snapshot_keys()?;
     let limited = records.iter().any(|k| {
@@ -129,7 +130,11 @@ pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError
             .is_some_and(crate::keys::quotas::has_usage_limits)
     });
     engine.set_virtual_keys(records);
-    Ok(limited)
+    let budgets = !engine.config().budgets.is_empty();
+    if budgets {
+        engine.absorb_budget_use(&keys.store().budget_use(keys.now_ms())?);
+    }
+    Ok(limited || budgets)
 }
 
 impl AdminApi {

@@ -29,7 +29,9 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use crate::config::QuotaConfig;
-use crate::keys::store::{KeyStore, KeyStoreError, StoredKey, UsageDay};
+use crate::keys::store::{
+    merge_budget_use, BudgetUse, KeyStore, KeyStoreError, StoredKey, UsageDay,
+};
 use crate::store::bridge::Bridge;
 use crate::store::health::{StoreHealth, KEYS};
 use crate::store::lock;
@@ -95,6 +97,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE key_usage ADD COLUMN saved DOUBLE PRECISION NOT NULL DEFAULT 0;",
     // 2 -> 3: a key's own response-cache choice (NULL: the policy's).
     "ALTER TABLE virtual_keys ADD COLUMN cache BOOLEAN;",
+    // 3 -> 4: the budget policies' use per subject and calendar window, counted with the usage
+    // rows (every control plane on the database enforces the same budgets).
+    "CREATE TABLE budget_usage (
+        budget TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        until_ms BIGINT NOT NULL,
+        tokens BIGINT NOT NULL DEFAULT 0,
+        cost DOUBLE PRECISION NOT NULL DEFAULT 0,
+        PRIMARY KEY (budget, subject, until_ms)
+    );",
 ];
 
 /// The schema version this binary writes.
@@ -107,7 +119,8 @@ const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, all
      requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
      created_at_ms, cache";
 
-type UsageBatch = (String, Vec<(String, UsageDay)>);
+/// A batch's id, its usage rows and its budgets' use.
+type UsageBatch = (String, Vec<(String, UsageDay)>, Vec<BudgetUse>);
 
 pub struct PostgresKeyStore {
     pool: Pool,
@@ -398,7 +411,7 @@ impl PostgresKeyStore {
             self.call(move |client| write_batch(client, batch))?;
             // Another flush (the poll's) may have written it meanwhile, once by its id: remove
             // it by id, not whatever is first now.
-            lock(&self.unsent).retain(|(kept, _)| *kept != id);
+            lock(&self.unsent).retain(|(kept, _, _)| *kept != id);
         }
     }
 }
@@ -409,7 +422,7 @@ async fn write_batch(
     batch: UsageBatch,
 ) -> Result<(), String> {
     let err = |e: tokio_postgres::Error| pg_error(&e);
-    let (batch_id, rows) = batch;
+    let (batch_id, rows, budgets) = batch;
     let now = now_ms();
     let tx = client.transaction().await.map_err(err)?;
     let fresh = tx
@@ -475,6 +488,35 @@ async fn write_batch(
                 .map_err(err)?;
         }
     }
+    if !budgets.is_empty() {
+        let budget = tx
+            .prepare(
+                "INSERT INTO budget_usage (budget, subject, until_ms, tokens, cost) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (budget, subject, until_ms) DO UPDATE SET \
+                 tokens = budget_usage.tokens + excluded.tokens, \
+                 cost = budget_usage.cost + excluded.cost",
+            )
+            .await
+            .map_err(err)?;
+        for row in &budgets {
+            tx.execute(
+                &budget,
+                &[
+                    &row.budget,
+                    &row.subject,
+                    &row.until_ms,
+                    &i64_of(row.tokens),
+                    &row.cost,
+                ],
+            )
+            .await
+            .map_err(err)?;
+        }
+        tx.execute("DELETE FROM budget_usage WHERE until_ms <= $1", &[&now])
+            .await
+            .map_err(err)?;
+    }
     tx.execute(
         "DELETE FROM usage_batches WHERE at_ms < $1",
         &[&now.saturating_sub(BATCH_ID_RETENTION_MS)],
@@ -493,11 +535,13 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     // The first one may be in flight (its commit unknown): keep it apart.
     let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
     let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
-    for (_, batch) in merged {
+    let mut budgets = BTreeMap::new();
+    for (_, batch, budget_rows) in merged {
         crate::keys::usage::merge(&mut rows, batch);
+        merge_budget_use(&mut budgets, &budget_rows);
     }
     let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
-    unsent.insert(1, (new_batch_id(), rows));
+    unsent.insert(1, (new_batch_id(), rows, budgets.into_values().collect()));
 }
 
 impl KeyStore for PostgresKeyStore {
@@ -536,10 +580,17 @@ impl KeyStore for PostgresKeyStore {
         })
     }
 
-    fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
-        if !rows.is_empty() {
+    /// The report batch ids are not kept here: each write has its own id (`usage_batches`),
+    /// and the rows wait in memory while the database is away.
+    fn record_report_usage(
+        &self,
+        rows: &[(String, UsageDay)],
+        budgets: &[BudgetUse],
+        _batches: &[String],
+    ) -> Result<(), KeyStoreError> {
+        if !rows.is_empty() || !budgets.is_empty() {
             let mut unsent = lock(&self.unsent);
-            unsent.push((new_batch_id(), rows.to_vec()));
+            unsent.push((new_batch_id(), rows.to_vec(), budgets.to_vec()));
             bound_unsent(&mut unsent);
         }
         // From here on the rows are taken whatever happens: kept until a write succeeds (this
@@ -599,6 +650,29 @@ impl KeyStore for PostgresKeyStore {
                 }
             }
             Ok(days)
+        })
+    }
+
+    fn budget_use(&self, now_ms: i64) -> Result<Vec<BudgetUse>, KeyStoreError> {
+        self.call(move |client| async move {
+            let rows = client
+                .query(
+                    "SELECT budget, subject, until_ms, tokens, cost FROM budget_usage \
+                     WHERE until_ms > $1 ORDER BY budget, subject, until_ms",
+                    &[&now_ms],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(rows
+                .iter()
+                .map(|r| BudgetUse {
+                    budget: r.get(0),
+                    subject: r.get(1),
+                    until_ms: r.get(2),
+                    tokens: u64_of(r.get(3)),
+                    cost: r.get(4),
+                })
+                .collect())
         })
     }
 
@@ -667,6 +741,12 @@ mod tests {
                 (
                     new_batch_id(),
                     vec![("vk".to_owned(), day("2026-12-01", 1, "success"))],
+                    vec![BudgetUse {
+                        budget: "b".to_owned(),
+                        until_ms: 1,
+                        tokens: 2,
+                        ..BudgetUse::default()
+                    }],
                 )
             })
             .collect();
@@ -676,9 +756,14 @@ mod tests {
         assert_eq!(unsent[0].0, first, "the one maybe in flight keeps its id");
         let total: u64 = unsent
             .iter()
-            .flat_map(|(_, rows)| rows.iter().map(|(_, r)| r.requests))
+            .flat_map(|(_, rows, _)| rows.iter().map(|(_, r)| r.requests))
             .sum();
         assert_eq!(total, MAX_UNSENT_BATCHES as u64 + 1);
+        let tokens: u64 = unsent
+            .iter()
+            .flat_map(|(_, _, budgets)| budgets.iter().map(|b| b.tokens))
+            .sum();
+        assert_eq!(tokens, 2 * (MAX_UNSENT_BATCHES as u64 + 1));
     }
 
     #[test]
@@ -714,10 +799,27 @@ mod tests {
         assert_eq!(rows[0].outcomes.get("success"), Some(&5));
         assert_eq!(rows[1].outcomes.get("error:auth"), Some(&1));
 
+        // Budgets' use from both adds up too; an ended window is not read.
+        let budget = |until_ms, tokens| BudgetUse {
+            budget: "team".to_owned(),
+            subject: "vk_1".to_owned(),
+            until_ms,
+            tokens,
+            cost: 0.5,
+        };
+        let (soon, ended) = (now_ms() + 3_600_000, now_ms() - 1);
+        a.record_report_usage(&[], &[budget(soon, 100), budget(ended, 7)], &[])?;
+        b.record_report_usage(&[], &[budget(soon, 50)], &[])?;
+        let used = a.budget_use(now_ms())?;
+        assert_eq!(used.len(), 1, "{used:?}");
+        assert_eq!((used[0].until_ms, used[0].tokens), (soon, 150));
+        assert!((used[0].cost - 1.0).abs() < 1e-9);
+
         // A batch whose commit went through but whose answer was lost is not counted twice.
         let batch = (
             new_batch_id(),
             vec![("vk_1".to_owned(), day("2026-12-03", 4, "success"))],
+            vec![budget(soon, 10)],
         );
         a.call({
             let batch = batch.clone();
@@ -726,6 +828,7 @@ mod tests {
         lock(&a.unsent).push(batch);
         a.flush_usage()?;
         assert_eq!(a.usage("vk_1", "2026-12-03", "2026-12-03")?[0].requests, 4);
+        assert_eq!(b.budget_use(now_ms())?[0].tokens, 160);
 
         // The version lives in the database; a newer one is refused.
         a.call(|client| async move {

@@ -953,6 +953,15 @@ impl pb::admin_server::Admin for AdminGrpc {
     ) -> Result<Response<pb::KeyInfo>, Status> {
         self.authorize(&request)?;
         let r = request.into_inner();
+        let cache = match (r.clear_cache, r.cache) {
+            (true, Some(_)) => {
+                return Err(Status::invalid_argument(
+                    "set cache or clear_cache, not both",
+                ))
+            }
+            (true, None) => Some(None),
+            (false, set) => set.map(Some),
+        };
         let patch = KeyPatch {
             owner: r.owner,
             profiles: r.set_profiles.then_some(r.profiles),
@@ -965,7 +974,7 @@ impl pb::admin_server::Admin for AdminGrpc {
                 .as_ref()
                 .map(|q| Some(QuotaPatch::setting(&quota_from_proto(q)))),
             enabled: r.enabled,
-            cache: r.cache.map(Some),
+            cache,
         };
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");

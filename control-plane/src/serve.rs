@@ -340,6 +340,18 @@ pub async fn start(
         let _ = rx.wait_for(|stopped| *stopped).await;
     };
 
+    // The budgets' use counted before this start (or by other control planes on the store):
+    // a spent budget is enforced from the first snapshot on.
+    if !config.budgets.is_empty() {
+        let store = keys.store().clone();
+        let now = keys.now_ms();
+        match tokio::task::spawn_blocking(move || store.budget_use(now)).await? {
+            Ok(rows) => {
+                engine.absorb_budget_use(&rows);
+            }
+            Err(err) => tracing::error!(%err, "cannot read the budgets' use from the key store"),
+        }
+    }
     let mut tasks = Vec::new();
     engine.set_admin_token(admin_token.as_ref());
     tasks.push(tokio::spawn(engine.clone().run_refresh(after.clone())));

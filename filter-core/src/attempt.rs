@@ -761,6 +761,7 @@ impl Attempt {
             status,
         };
         host.with_call(self.cid(), |c| c.trail.attempt(note));
+        let usage = self.usage;
         host.with_call(self.cid(), |c| match failure {
             Some(f) if after_first_token => {
                 // The lane answered the client, and its answer broke off.
@@ -779,7 +780,10 @@ impl Attempt {
                     c.backoff_until_ms = now + wait as i64;
                 }
             }
-            None => c.answered = Some(lane.id.clone()),
+            None => {
+                c.answered = Some(lane.id.clone());
+                c.answered_usage = usage;
+            }
         });
         if failure.is_none() {
             if let Some(first) = self.first_byte_ms {
@@ -2476,6 +2480,29 @@ mod tests {
         run_ticks(&mut stage, &mut host, later, |_| false);
         assert_eq!(host.resets, 0);
         assert!(host.attempts.is_empty());
+    }
+
+    #[test]
+    fn a_streams_usage_is_noted_on_the_call_even_when_the_client_did_not_ask() {
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
+        assert!(!plan.include_usage);
+        host.response_body = b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":4,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\n\
+data: [DONE]\n\n"
+            .to_vec();
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        assert!(!out.contains("usage"), "the client did not ask: {out}");
+        let call = host.calls.get(&plan.cid).cloned().unwrap_or_default();
+        assert_eq!(
+            call.answered_usage,
+            Some(Usage {
+                prompt_tokens: 9,
+                completion_tokens: 4,
+                cached_tokens: 2
+            })
+        );
     }
 
     #[test]

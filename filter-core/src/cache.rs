@@ -389,6 +389,7 @@ impl CallCache {
         host: &mut impl Host,
         chunk: &[u8],
         end_of_stream: bool,
+        usage: Option<crate::stream::Usage>,
         now_ms: i64,
     ) {
         let (Lookup::Miss(miss), Some(answer)) = (&self.lookup, self.answer.as_mut()) else {
@@ -411,7 +412,12 @@ impl CallCache {
             let assembled;
             let body: &[u8] = if self.stream {
                 match assemble_stream(answer) {
-                    Some(completion) => {
+                    Some(mut completion) => {
+                        if completion.get("usage").is_none() {
+                            if let Some(u) = usage {
+                                completion["usage"] = openai_usage(&u);
+                            }
+                        }
                         assembled = completion.to_string().into_bytes();
                         &assembled
                     }
@@ -520,6 +526,19 @@ pub fn assemble_stream(sse: &[u8]) -> Option<Value> {
         completion["usage"] = u;
     }
     Some(completion)
+}
+
+/// `usage` in the chat completion's shape (a hit's replay drops it unless the client asked).
+fn openai_usage(u: &crate::stream::Usage) -> Value {
+    let mut usage = json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
+    });
+    if u.cached_tokens > 0 {
+        usage["prompt_tokens_details"] = json!({ "cached_tokens": u.cached_tokens });
+    }
+    usage
 }
 
 /// Folds one chunk's choice (its `delta` and `finish_reason`) into the assembled choice.

@@ -11,6 +11,9 @@ pub struct Call {
     pub attempts: u32,
     pub last_failure: Option<(Class, Option<i64>)>,
     pub answered: Option<LaneId>,
+    /// The answering attempt's usage as the provider reported it (a stream's even when the
+    /// client did not ask for its usage chunk): what the response cache stores with it.
+    pub answered_usage: Option<crate::stream::Usage>,
     pub created_ms: i64,
     /// Embeddings: the model identity of the first lane, which every later attempt keeps.
     pub identity: Option<String>,

@@ -926,7 +926,15 @@ impl Front {
         if self.cache.collecting() {
             let chunk = host.body(Side::Response, 0, size);
             let now = host.now_ms();
-            self.cache.on_answer_body(host, &chunk, end_of_stream, now);
+            // The answering attempt's usage (reported before its last bytes reach here): a
+            // stream whose client did not ask for the usage chunk is stored with it anyway.
+            let usage = end_of_stream
+                .then_some(self.cid.as_deref())
+                .flatten()
+                .and_then(|cid| host.with_call(cid, |c| c.answered_usage))
+                .flatten();
+            self.cache
+                .on_answer_body(host, &chunk, end_of_stream, usage, now);
         }
         if self.replace_body.is_none() && !self.redress && !self.add_trail {
             return Flow::Continue;

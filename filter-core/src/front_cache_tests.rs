@@ -5,6 +5,7 @@
 use super::*;
 use crate::cache::{Entry, Lookup};
 use crate::host::fake::{model, open_key, provider, FakeHost};
+use crate::stream::Usage;
 use ai_router_proto::v1::{CacheLookup, CacheSettings, CacheStore, Policy, Snapshot};
 
 const KEY: &str = "sk-starci-app-0123456789abcdef";
@@ -233,6 +234,54 @@ fn a_stream_that_ended_cleanly_is_stored_as_the_completion_it_assembles_to() {
     assert_eq!(v["usage"]["total_tokens"], 7);
     let (_, report) = hit.finish();
     assert_eq!(report.usage.map(|u| u.prompt_tokens), Some(5));
+}
+
+#[test]
+fn a_stream_stored_without_its_usage_chunk_keeps_the_attempts_usage_and_saves_it() {
+    let snap = snapshot(Some(pool_cache()));
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    let streamed = BODY.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true");
+    let mut c = call(&snap, &empty, &streamed);
+    // The client did not ask for usage: its stream has no usage chunk, but the attempt stage
+    // asked the provider for it and noted it on the call.
+    let usage = Usage {
+        prompt_tokens: 5,
+        completion_tokens: 2,
+        cached_tokens: 3,
+    };
+    for call in c.host.calls.values_mut() {
+        call.answered_usage = Some(usage);
+    }
+    let unasked = STREAM.replace(
+        "data: {\"id\":\"chatcmpl-s\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n",
+        "",
+    );
+    assert!(!unasked.contains("usage"));
+    c.answer(200, &unasked);
+    let (slots, report) = c.finish();
+    assert_eq!(report.cache_store(), CacheStore::Stored);
+    // A hit reports the stored usage (its saving), and a client that did not ask still gets
+    // no usage chunk.
+    let hit = call(&snap, &slots, &streamed);
+    let a = hit.host.answered.clone().expect("a hit");
+    let text = String::from_utf8(a.body).unwrap_or_default();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(!text.contains("usage"), "no usage chunk unasked: {text}");
+    let (_, report) = hit.finish();
+    assert!(report.cache_hit);
+    let saved = report.usage.expect("the stored answer's usage");
+    assert_eq!(
+        (
+            saved.prompt_tokens,
+            saved.completion_tokens,
+            saved.cached_tokens
+        ),
+        (5, 2, 3)
+    );
+    let unary = call(&snap, &slots, BODY);
+    let v = unary.host.answered.clone().expect("a hit").json();
+    assert_eq!(v["usage"]["total_tokens"], 7);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
 }
 
 #[test]

@@ -375,3 +375,54 @@ async fn a_spent_hard_budget_takes_a_when_budget_exceeded_step_instead_of_the_42
     assert_eq!(gw.mock2.calls().await.unwrap().len(), 2);
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_hard_budget_stays_spent_across_a_control_plane_restart() {
+    let mut gw = Gateway::start_with("budget_restart", |p1, p2| {
+        format!(
+            "{}budgets:\n  - {{ name: key-day, scope: key, window: day, limits: {{ maxTokens: 100 }}, enforcement: hard }}\n",
+            ai_router_e2e::sqlite_pool(p1, p2)
+        )
+    })
+    .await
+    .expect("fixture");
+    let refused = cross_the_limit(&gw).await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the hard limit: {problem}");
+    }
+
+    // SIGKILL: the budget's count is in the key store with the usage rows, not in memory.
+    gw.cp.restart(&[]).await.unwrap();
+    // A key made on the restarted control plane reaches Envoy only through its own snapshot:
+    // once it answers, Envoy enforces what the new process pushed.
+    let (_, fresh) = gw
+        .create_key(json!({ "label": "after_restart", "models": ["*"] }))
+        .await
+        .unwrap();
+    poll("the restarted control plane's keys", PUSH, || {
+        let (c, fresh) = (gw.client.clone(), fresh.clone());
+        async move {
+            let r = c.chat("chat", Some(&fresh)).await?;
+            anyhow::ensure!(
+                matches!(r.status, 200 | 401),
+                "a key of its own window: {r}"
+            );
+            Ok((r.status == 200).then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    gw.clear_calls().await.unwrap();
+    for _ in 0..3 {
+        let still = gw.chat("chat").await.unwrap();
+        if let Some(problem) = openai_error_problem(&still, 429, "budget_exceeded") {
+            panic!("after the restart: {problem}\n{}", gw.cp.tail());
+        }
+        retry_after(&still, 86_400);
+    }
+    assert!(
+        gw.provider_calls().await.unwrap().is_empty(),
+        "a refused call reached a provider"
+    );
+    gw.check_no_secrets_in_logs().unwrap();
+}

@@ -95,6 +95,25 @@ async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Value) -
     resp.json().await.unwrap()
 }
 
+/// The fixture key's usage report once its `saved` reached `at_least`.
+async fn usage_saving(gw: &Gateway, at_least: f64) -> Value {
+    let keys = gw.admin_get("/admin/keys").await.unwrap();
+    let id = keys["keys"][0]["id"].as_str().unwrap().to_string();
+    poll(
+        "the hits' saving in the usage row",
+        Duration::from_secs(10),
+        || {
+            let path = format!("/admin/keys/{id}/usage");
+            async move {
+                let usage = gw.admin_get(&path).await?;
+                Ok((usage["total"]["saved"].as_f64().unwrap_or(0.0) >= at_least).then_some(usage))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
 /// The first answer of a fresh gateway (the state may take a moment to arrive).
 async fn first_answer(gw: &Gateway, body: &Value) -> Reply {
     chat_until(gw, "the gateway to answer", body, |r| r.status == 200).await
@@ -184,31 +203,25 @@ async fn a_second_identical_call_is_answered_from_the_cache_without_a_provider()
     assert_eq!(provider_calls(&gw).await, 3);
 
     // The hits' saving (100 x 2 + 20 x 10 per million, each) reaches the key's usage row.
-    let keys = gw.admin_get("/admin/keys").await.unwrap();
-    let id = keys["keys"][0]["id"].as_str().unwrap().to_string();
-    let usage = poll(
-        "the hits' saving in the usage row",
-        Duration::from_secs(10),
+    let usage = usage_saving(&gw, 3.0 * 0.000_4 - 1e-9).await;
+    assert!(
+        (usage["total"]["saved"].as_f64().unwrap() - 3.0 * 0.000_4).abs() < 1e-9,
+        "three hits of 0.0004 each: {usage}"
+    );
+    // ... and the stats' cache counters (each worker's reports arrive on their own).
+    let stats = poll(
+        "the stats to count the three misses",
+        Duration::from_secs(5),
         || {
-            let path = format!("/admin/keys/{id}/usage");
             let gw = &gw;
             async move {
-                let usage = gw.admin_get(&path).await?;
-                Ok(
-                    (usage["total"]["saved"].as_f64().unwrap_or(0.0) >= 3.0 * 0.000_4 - 1e-9)
-                        .then_some(usage),
-                )
+                let stats = gw.admin_get("/admin/stats").await?;
+                Ok((stats["cache"]["misses"].as_u64() >= Some(3)).then_some(stats))
             }
         },
     )
     .await
     .unwrap();
-    assert!(
-        (usage["total"]["saved"].as_f64().unwrap() - 3.0 * 0.000_4).abs() < 1e-9,
-        "three hits of 0.0004 each: {usage}"
-    );
-    // ... and the stats' cache counters.
-    let stats = gw.admin_get("/admin/stats").await.unwrap();
     let cache = &stats["cache"];
     assert_eq!(
         (cache["hits"].as_u64(), cache["bypassed"].as_u64()),
@@ -370,4 +383,39 @@ async fn a_profile_or_a_key_with_cache_false_never_hits() {
         assert_eq!((r.status, r.header(CACHE)), (200, None), "{r}");
     }
     assert_eq!(provider_calls(&gw).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_stored_without_its_usage_chunk_saves_its_real_usage_on_a_hit() {
+    let gw = start("cache_stream_saving", pool, "streamed once").await;
+    first_answer(&gw, &body("chat", "warm up", 0.0)).await;
+    // The client asks for no usage chunk: the attempt asked the provider for it all the same,
+    // and the stored answer keeps it.
+    let asked = body("chat", "Stream this without usage.", 0.0);
+    let missed = stream(&gw, &asked).await;
+    assert_eq!(missed.header(CACHE).as_deref(), Some("miss"), "{missed}");
+    assert!(
+        missed
+            .json_events()
+            .iter()
+            .all(|e| e.get("usage").is_none_or(Value::is_null)),
+        "no usage chunk unasked: {missed}"
+    );
+    gw.clear_calls().await.unwrap();
+    let hit = stream(&gw, &asked).await;
+    assert_eq!(hit.header(CACHE).as_deref(), Some("hit"), "{hit}");
+    assert!(
+        hit.json_events()
+            .iter()
+            .all(|e| e.get("usage").is_none_or(Value::is_null)),
+        "the hit's replay has no usage chunk unasked either: {hit}"
+    );
+    assert_eq!(provider_calls(&gw).await, 0);
+
+    // One hit saved 100 x 2 + 20 x 10 per million at m1's price.
+    let usage = usage_saving(&gw, 1e-12).await;
+    assert!(
+        (usage["total"]["saved"].as_f64().unwrap() - 0.000_4).abs() < 1e-9,
+        "one hit of 0.0004: {usage}"
+    );
 }

@@ -119,8 +119,9 @@ impl std::fmt::Debug for AdminApi {
     }
 }
 
-/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot; returns
-/// whether any of them has a usage limit (whose block follows the usage rows).
+/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot, and the
+/// budgets' use the store counted; returns whether the usage rows move anything pushed (a key
+/// with a usage limit, whose block follows them, or a budget policy).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
     let records = keys.snapshot_keys()?;
     let limited = records.iter().any(|k| {
@@ -129,7 +130,11 @@ pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError
             .is_some_and(crate::keys::quotas::has_usage_limits)
     });
     engine.set_virtual_keys(records);
-    Ok(limited)
+    let budgets = !engine.config().budgets.is_empty();
+    if budgets {
+        engine.absorb_budget_use(&keys.store().budget_use(keys.now_ms())?);
+    }
+    Ok(limited || budgets)
 }
 
 impl AdminApi {
@@ -951,6 +956,15 @@ impl pb::admin_server::Admin for AdminGrpc {
     ) -> Result<Response<pb::KeyInfo>, Status> {
         self.authorize(&request)?;
         let r = request.into_inner();
+        let cache = match (r.clear_cache, r.cache) {
+            (true, Some(_)) => {
+                return Err(Status::invalid_argument(
+                    "set cache or clear_cache, not both",
+                ))
+            }
+            (true, None) => Some(None),
+            (false, set) => set.map(Some),
+        };
         let patch = KeyPatch {
             owner: r.owner,
             profiles: r.set_profiles.then_some(r.profiles),
@@ -963,7 +977,7 @@ impl pb::admin_server::Admin for AdminGrpc {
                 .as_ref()
                 .map(|q| Some(QuotaPatch::setting(&quota_from_proto(q)))),
             enabled: r.enabled,
-            cache: r.cache.map(Some),
+            cache,
         };
         let key = self.api.update(r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");

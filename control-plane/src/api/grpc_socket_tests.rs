@@ -98,6 +98,38 @@ async fn grpc_admin_over_a_socket() -> Result<()> {
         .await?
         .into_inner();
     assert!(!updated.enabled);
+    // A key's cache choice is set, then cleared back to the policy's.
+    let opted_out = client
+        .update_key(authed(pb::UpdateKeyRequest {
+            id: id.clone(),
+            cache: Some(false),
+            ..Default::default()
+        }))
+        .await?
+        .into_inner();
+    assert_eq!(opted_out.cache, Some(false));
+    let both = client
+        .update_key(authed(pb::UpdateKeyRequest {
+            id: id.clone(),
+            cache: Some(true),
+            clear_cache: true,
+            ..Default::default()
+        }))
+        .await;
+    assert_eq!(
+        both.err().map(|s| s.code()),
+        Some(tonic::Code::InvalidArgument)
+    );
+    let cleared = client
+        .update_key(authed(pb::UpdateKeyRequest {
+            id: id.clone(),
+            clear_cache: true,
+            ..Default::default()
+        }))
+        .await?
+        .into_inner();
+    assert_eq!(cleared.cache, None, "{cleared:?}");
+    assert!(!cleared.enabled, "the other fields are kept");
     let mounted = client
         .revoke_key(authed(pb::KeyRef {
             id: crate::keys::mounted::mounted_id("app"),

@@ -12,12 +12,14 @@
 
 use std::collections::BTreeMap;
 
-use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms, HOUR_MS};
 use ai_router_proto::v1 as pb;
 
 use crate::config::budgets::{BudgetPolicy, BudgetScope, BudgetWindow};
 use crate::engine::events::Event;
+pub use crate::keys::budget_use::use_of;
+use crate::keys::budget_use::{window_end, windows_of};
 use crate::keys::ledger::Charge;
+use crate::keys::store::BudgetUse;
 
 /// Where a budget stands in its window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -63,16 +65,6 @@ pub struct Crossing {
     pub max_cost: Option<f64>,
 }
 
-/// When the window of `window` holding `ms` ends; `None` for a request window.
-pub fn window_end(window: BudgetWindow, ms: i64) -> Option<i64> {
-    match window {
-        BudgetWindow::Request => None,
-        BudgetWindow::Hour => Some((ms.div_euclid(HOUR_MS) + 1).saturating_mul(HOUR_MS)),
-        BudgetWindow::Day => Some(next_utc_midnight_ms(ms)),
-        BudgetWindow::Month => Some(first_of_next_month_ms(ms)),
-    }
-}
-
 /// The level of `used` against `policy`'s limits: over at or past a limit, warn at or past
 /// `warnAt` of one.
 pub fn level_of(policy: &BudgetPolicy, tokens: u64, cost: f64) -> Level {
@@ -89,17 +81,6 @@ pub fn level_of(policy: &BudgetPolicy, tokens: u64, cost: f64) -> Level {
     } else {
         Level::Under
     }
-}
-
-/// The subject `policy` counts `charge` under; `None` when it does not count it.
-fn subject_of<'a>(policy: &BudgetPolicy, charge: &Charge<'a>) -> Option<&'a str> {
-    let subject = match policy.scope {
-        BudgetScope::Key => charge.key,
-        BudgetScope::Profile => charge.profile,
-        BudgetScope::Provider => charge.provider,
-        BudgetScope::Pool => return Some(""),
-    };
-    (!subject.is_empty()).then_some(subject)
 }
 
 /// The operator's event of a crossing.
@@ -135,15 +116,8 @@ impl BudgetLedger {
         charge: &Charge<'_>,
         now: i64,
     ) -> Vec<Crossing> {
-        let at = if charge.at_ms > 0 { charge.at_ms } else { now };
         let mut crossings = Vec::new();
-        for policy in policies {
-            let Some(until_ms) = window_end(policy.window, at) else {
-                continue;
-            };
-            let Some(subject) = subject_of(policy, charge) else {
-                continue;
-            };
+        for (policy, subject, until_ms) in windows_of(policies, charge, now) {
             let entry = self
                 .windows
                 .entry((policy.name.clone(), subject.to_owned()))
@@ -177,6 +151,45 @@ impl BudgetLedger {
             }
         }
         crossings
+    }
+
+    /// Takes the use the key store counted (`rows`, every control plane's charges that are
+    /// stored) into the windows: a window takes the larger of its own count and the store's
+    /// (its own may hold charges not yet written), and its level follows. A level raised so
+    /// emits nothing: the control plane that counted the charge did. Returns whether what is
+    /// pushed changed.
+    pub fn absorb(&mut self, policies: &[BudgetPolicy], rows: &[BudgetUse], now: i64) -> bool {
+        let mut changed = false;
+        for row in rows.iter().filter(|r| r.until_ms > now) {
+            let Some(policy) = policies.iter().find(|p| p.name == row.budget) else {
+                continue;
+            };
+            if window_end(policy.window, now) != Some(row.until_ms) {
+                // A window of another length (the policy changed) or not yet begun.
+                continue;
+            }
+            let entry = self
+                .windows
+                .entry((row.budget.clone(), row.subject.clone()))
+                .or_default();
+            if entry.until_ms > row.until_ms {
+                continue;
+            }
+            if entry.until_ms < row.until_ms {
+                *entry = WindowUse {
+                    until_ms: row.until_ms,
+                    ..WindowUse::default()
+                };
+            }
+            entry.tokens = entry.tokens.max(row.tokens);
+            entry.cost = entry.cost.max(row.cost);
+            let level = level_of(policy, entry.tokens, entry.cost);
+            if level > entry.level {
+                changed |= true;
+                entry.level = level;
+            }
+        }
+        changed
     }
 
     /// Drops the windows that ended by `now`; returns whether one of them was pushed (past
@@ -373,5 +386,62 @@ mod tests {
             ["per-provider"]
         );
         assert_eq!(BudgetLedger::default().to_proto(&[], AT), None);
+    }
+
+    #[test]
+    fn the_stored_use_counts_the_same_windows_and_restores_the_levels() {
+        let policies = [
+            policy("team", BudgetScope::Key, BudgetWindow::Hour),
+            policy("pool", BudgetScope::Pool, BudgetWindow::Month),
+            policy("cap", BudgetScope::Pool, BudgetWindow::Request),
+        ];
+        let rows = use_of(
+            &policies,
+            [
+                charge("key_a", 700, 0.1, AT),
+                charge("key_a", 400, 0.2, AT),
+                charge("key_b", 10, 0.0, AT),
+            ],
+            AT,
+        );
+        let summary: Vec<_> = rows
+            .iter()
+            .map(|r| (r.budget.as_str(), r.subject.as_str(), r.until_ms, r.tokens))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("pool", "", NEXT_MONTH, 1_110),
+                ("team", "key_a", NEXT_HOUR, 1_100),
+                ("team", "key_b", NEXT_HOUR, 10),
+            ]
+        );
+        // A control plane that starts (or shares the store) takes the stored use: the key's
+        // hour and the pool's month are over again, with nothing charged here.
+        let mut restarted = BudgetLedger::default();
+        assert!(restarted.absorb(&policies, &rows, AT));
+        let pushed = restarted.to_proto(&policies, AT).unwrap_or_default();
+        let states: Vec<_> = pushed
+            .states
+            .iter()
+            .map(|s| (s.name.as_str(), s.subject.as_str(), s.level(), s.until_ms))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("pool", "", pb::BudgetLevel::Over, NEXT_MONTH),
+                ("team", "key_a", pb::BudgetLevel::Over, NEXT_HOUR),
+            ]
+        );
+        // Taking it again changes nothing; the larger count wins (charges not yet stored).
+        assert!(!restarted.absorb(&policies, &rows, AT));
+        restarted.charge(&policies, &charge("key_b", 600, 0.0, AT), AT);
+        assert!(!restarted.absorb(&policies, &rows, AT));
+        assert_eq!(restarted.get("team", "key_b").map(|w| w.tokens), Some(610));
+        // A row of an ended window, or of a budget no longer configured, is not taken.
+        let mut later = BudgetLedger::default();
+        assert!(!later.absorb(&policies, &rows[1..], NEXT_HOUR));
+        assert!(!later.absorb(&policies[1..], &rows[1..], AT));
+        assert_eq!(later.get("team", "key_a"), None);
     }
 }

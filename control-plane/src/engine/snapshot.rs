@@ -260,6 +260,23 @@ impl Engine {
         true
     }
 
+    /// Takes the budgets' use the key store counted, by this control plane before a restart or
+    /// by another sharing the store ([`budgets::BudgetLedger::absorb`]); publishes when a
+    /// budget's level rose. Returns whether it did.
+    pub fn absorb_budget_use(&self, rows: &[crate::keys::store::BudgetUse]) -> bool {
+        let config = self.config();
+        if config.budgets.is_empty() {
+            return false;
+        }
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let changed = state.budgets.absorb(&config.budgets, rows, now);
+        if changed {
+            self.publish(&mut state, now);
+        }
+        changed
+    }
+
     /// Serves `config` from now on (see [`reload`]: what it keeps and drops) and publishes it; returns what changed.
     pub fn replace_config(&self, config: Arc<Config>) -> reload::PoolChange {
         let old = self.config();

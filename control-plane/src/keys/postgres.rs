@@ -33,7 +33,8 @@ use tokio_postgres::NoTls;
 
 use crate::config::QuotaConfig;
 use crate::keys::store::{
-    KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay, REPORT_BATCH_RETENTION_MS,
+    merge_budget_use, BudgetUse, KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay,
+    REPORT_BATCH_RETENTION_MS,
 };
 use crate::store::bridge::Bridge;
 use crate::store::health::{StoreHealth, KEYS};
@@ -109,6 +110,16 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX report_batches_at ON report_batches (at_ms);",
     // 4 -> 5: the quota recheck reads one month of every key's rows at once.
     "CREATE INDEX key_usage_day ON key_usage (day);",
+    // 5 -> 6: the budget policies' use per subject and calendar window, counted with the usage
+    // rows (every control plane on the database enforces the same budgets).
+    "CREATE TABLE budget_usage (
+        budget TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        until_ms BIGINT NOT NULL,
+        tokens BIGINT NOT NULL DEFAULT 0,
+        cost DOUBLE PRECISION NOT NULL DEFAULT 0,
+        PRIMARY KEY (budget, subject, until_ms)
+    );",
 ];
 
 /// The schema version this binary writes.
@@ -121,12 +132,14 @@ const KEY_COLUMNS: &str = "id, label, sha256, hint, owner, profiles, models, all
      requests_per_minute, tokens_per_day, cost_per_day, cost_per_month, enabled, revoked, \
      created_at_ms, cache";
 
-/// Usage rows written in one transaction, once.
+/// Usage rows and their budgets' use, written in one transaction, once.
 #[derive(Clone, Debug)]
 struct UsageBatch {
     /// This store's own id for the write (a lost commit retried is recognised by it).
     id: String,
     rows: Vec<(String, UsageDay)>,
+    /// The budgets' use of the same charges.
+    budgets: Vec<BudgetUse>,
     /// The filter's report batches these rows came from, marked counted with them.
     reports: Vec<String>,
 }
@@ -434,6 +447,7 @@ async fn write_batch(
     let UsageBatch {
         id: batch_id,
         rows,
+        budgets,
         reports,
     } = batch;
     let now = now_ms();
@@ -517,6 +531,35 @@ async fn write_batch(
                 .map_err(err)?;
         }
     }
+    if !budgets.is_empty() {
+        let budget = tx
+            .prepare(
+                "INSERT INTO budget_usage (budget, subject, until_ms, tokens, cost) \
+                 VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (budget, subject, until_ms) DO UPDATE SET \
+                 tokens = budget_usage.tokens + excluded.tokens, \
+                 cost = budget_usage.cost + excluded.cost",
+            )
+            .await
+            .map_err(err)?;
+        for row in &budgets {
+            tx.execute(
+                &budget,
+                &[
+                    &row.budget,
+                    &row.subject,
+                    &row.until_ms,
+                    &i64_of(row.tokens),
+                    &row.cost,
+                ],
+            )
+            .await
+            .map_err(err)?;
+        }
+        tx.execute("DELETE FROM budget_usage WHERE until_ms <= $1", &[&now])
+            .await
+            .map_err(err)?;
+    }
     tx.execute(
         "DELETE FROM usage_batches WHERE at_ms < $1",
         &[&now.saturating_sub(BATCH_ID_RETENTION_MS)],
@@ -536,8 +579,10 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
     let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
     let mut reports = Vec::new();
+    let mut budgets = BTreeMap::new();
     for batch in merged {
         crate::keys::usage::merge(&mut rows, batch.rows);
+        merge_budget_use(&mut budgets, &batch.budgets);
         reports.extend(batch.reports);
     }
     let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
@@ -546,6 +591,7 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
         UsageBatch {
             id: new_batch_id(),
             rows,
+            budgets: budgets.into_values().collect(),
             reports,
         },
     );
@@ -590,13 +636,15 @@ impl KeyStore for PostgresKeyStore {
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],
+        budgets: &[BudgetUse],
         batches: &[String],
     ) -> Result<(), KeyStoreError> {
-        if !rows.is_empty() || !batches.is_empty() {
+        if !rows.is_empty() || !budgets.is_empty() || !batches.is_empty() {
             let mut unsent = lock(&self.unsent);
             unsent.push(UsageBatch {
                 id: new_batch_id(),
                 rows: rows.to_vec(),
+                budgets: budgets.to_vec(),
                 reports: batches.to_vec(),
             });
             bound_unsent(&mut unsent);
@@ -714,6 +762,29 @@ impl KeyStore for PostgresKeyStore {
         })
     }
 
+    fn budget_use(&self, now_ms: i64) -> Result<Vec<BudgetUse>, KeyStoreError> {
+        self.call(move |client| async move {
+            let rows = client
+                .query(
+                    "SELECT budget, subject, until_ms, tokens, cost FROM budget_usage \
+                     WHERE until_ms > $1 ORDER BY budget, subject, until_ms",
+                    &[&now_ms],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(rows
+                .iter()
+                .map(|r| BudgetUse {
+                    budget: r.get(0),
+                    subject: r.get(1),
+                    until_ms: r.get(2),
+                    tokens: u64_of(r.get(3)),
+                    cost: r.get(4),
+                })
+                .collect())
+        })
+    }
+
     fn generation(&self) -> Result<u64, KeyStoreError> {
         // Polled every second: also the moment to send usage an outage held back.
         if !lock(&self.unsent).is_empty() {
@@ -778,6 +849,12 @@ mod tests {
             .map(|n| UsageBatch {
                 id: new_batch_id(),
                 rows: vec![("vk".to_owned(), day("2026-12-01", 1, "success"))],
+                budgets: vec![BudgetUse {
+                    budget: "b".to_owned(),
+                    until_ms: 1,
+                    tokens: 2,
+                    ..BudgetUse::default()
+                }],
                 reports: vec![format!("report-{n}")],
             })
             .collect();
@@ -792,6 +869,11 @@ mod tests {
         assert_eq!(total, MAX_UNSENT_BATCHES as u64 + 1);
         let reports: usize = unsent.iter().map(|batch| batch.reports.len()).sum();
         assert_eq!(reports, MAX_UNSENT_BATCHES + 1, "no report id is lost");
+        let tokens: u64 = unsent
+            .iter()
+            .flat_map(|batch| batch.budgets.iter().map(|b| b.tokens))
+            .sum();
+        assert_eq!(tokens, 2 * (MAX_UNSENT_BATCHES as u64 + 1));
     }
 
     #[test]
@@ -844,10 +926,27 @@ mod tests {
             10
         );
 
+        // Budgets' use from both adds up too; an ended window is not read.
+        let budget = |until_ms, tokens| BudgetUse {
+            budget: "team".to_owned(),
+            subject: "vk_1".to_owned(),
+            until_ms,
+            tokens,
+            cost: 0.5,
+        };
+        let (soon, ended) = (now_ms() + 3_600_000, now_ms() - 1);
+        a.record_report_usage(&[], &[budget(soon, 100), budget(ended, 7)], &[])?;
+        b.record_report_usage(&[], &[budget(soon, 50)], &[])?;
+        let used = a.budget_use(now_ms())?;
+        assert_eq!(used.len(), 1, "{used:?}");
+        assert_eq!((used[0].until_ms, used[0].tokens), (soon, 150));
+        assert!((used[0].cost - 1.0).abs() < 1e-9);
+
         // A batch whose commit went through but whose answer was lost is not counted twice.
         let batch = UsageBatch {
             id: new_batch_id(),
             rows: vec![("vk_1".to_owned(), day("2026-12-03", 4, "success"))],
+            budgets: vec![budget(soon, 10)],
             reports: Vec::new(),
         };
         a.call({
@@ -857,6 +956,7 @@ mod tests {
         lock(&a.unsent).push(batch);
         a.flush_usage()?;
         assert_eq!(a.usage("vk_1", "2026-12-03", "2026-12-03")?[0].requests, 4);
+        assert_eq!(b.budget_use(now_ms())?[0].tokens, 160);
 
         // The version lives in the database; a newer one is refused.
         a.call(|client| async move {
@@ -881,6 +981,7 @@ mod tests {
         assert!(!a.counted_batch("vm1-7")?);
         a.record_report_usage(
             &[("vk".into(), day("2026-12-01", 2, "success"))],
+            &[],
             &["vm1-7".to_owned(), "vm2-3".to_owned()],
         )?;
         assert!(a.counted_batch("vm1-7")?);
@@ -898,6 +999,7 @@ mod tests {
         pg.stop();
         b.record_report_usage(
             &[("vk".into(), day("2026-12-01", 1, "success"))],
+            &[],
             &["vm1-8".to_owned()],
         )?;
         assert!(b.counted_batch("vm1-8")?);

@@ -152,6 +152,42 @@ impl QuotaUsage {
     }
 }
 
+/// One budget policy's use by one subject in one calendar window (`budgets:`), counted in the
+/// key store from the same charges as the usage rows (`keys::ledger`), in the same transaction:
+/// what a control plane enforces after a restart, and what control planes sharing the store
+/// agree on. A row of a window that has ended is of no use and is dropped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BudgetUse {
+    /// The policy's name.
+    pub budget: String,
+    /// The key id, profile name or provider id; empty for the pool.
+    pub subject: String,
+    /// When the window ends (ms since the epoch): it names the window.
+    pub until_ms: i64,
+    pub tokens: u64,
+    pub cost: f64,
+}
+
+impl BudgetUse {
+    /// The row's identity: budget, subject and window.
+    pub fn id(&self) -> (String, String, i64) {
+        (self.budget.clone(), self.subject.clone(), self.until_ms)
+    }
+}
+
+/// Adds `rows` to the rows by (budget, subject, window).
+pub fn merge_budget_use(into: &mut BTreeMap<(String, String, i64), BudgetUse>, rows: &[BudgetUse]) {
+    for row in rows {
+        let entry = into.entry(row.id()).or_insert_with(|| BudgetUse {
+            tokens: 0,
+            cost: 0.0,
+            ..row.clone()
+        });
+        entry.tokens = entry.tokens.saturating_add(row.tokens);
+        entry.cost += row.cost;
+    }
+}
+
 /// How long a counted report batch's id is kept: a batch is sent again within seconds of its
 /// lost acknowledgement (or after the control plane's restart).
 pub const REPORT_BATCH_RETENTION_MS: i64 = 86_400_000;
@@ -168,15 +204,19 @@ pub trait KeyStore: Send + Sync {
     /// Adds `(key id, day row)` deltas to the day rows. `Ok` also when the store keeps them to
     /// write later (Postgres away): the caller must not give them again.
     fn record_usage(&self, rows: &[(String, UsageDay)]) -> Result<(), KeyStoreError> {
-        self.record_report_usage(rows, &[])
+        self.record_report_usage(rows, &[], &[])
     }
-    /// [`KeyStore::record_usage`], and the report batches `batches` marked counted in the same
-    /// transaction where the store can ([`KeyStore::counted_batch`]).
+    /// [`KeyStore::record_usage`] with the budgets' use of the same charges (`budgets`), and
+    /// the report batches `batches` marked counted, all in one transaction where the store can
+    /// ([`KeyStore::counted_batch`]).
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],
+        budgets: &[BudgetUse],
         batches: &[String],
     ) -> Result<(), KeyStoreError>;
+    /// Every budget's use in the windows that have not ended by `now_ms`.
+    fn budget_use(&self, now_ms: i64) -> Result<Vec<BudgetUse>, KeyStoreError>;
     /// Whether the usage of report batch `id` is already counted (a store that does not mark
     /// batches never knows).
     fn counted_batch(&self, id: &str) -> Result<bool, KeyStoreError> {
@@ -204,6 +244,7 @@ pub trait KeyStore: Send + Sync {
 struct MemoryInner {
     keys: Vec<StoredKey>,
     usage: BTreeMap<(String, String), UsageDay>,
+    budgets: BTreeMap<(String, String, i64), BudgetUse>,
     generation: u64,
 }
 
@@ -254,10 +295,12 @@ impl KeyStore for MemoryKeyStore {
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],
+        budgets: &[BudgetUse],
         _batches: &[String],
     ) -> Result<(), KeyStoreError> {
         // Memory does not outlive the process, nor does the usage router's own list of ids.
         let mut inner = lock(&self.inner);
+        merge_budget_use(&mut inner.budgets, budgets);
         for (id, row) in rows {
             let entry = inner
                 .usage
@@ -269,6 +312,12 @@ impl KeyStore for MemoryKeyStore {
             entry.add(row);
         }
         Ok(())
+    }
+
+    fn budget_use(&self, now_ms: i64) -> Result<Vec<BudgetUse>, KeyStoreError> {
+        let mut inner = lock(&self.inner);
+        inner.budgets.retain(|_, row| row.until_ms > now_ms);
+        Ok(inner.budgets.values().cloned().collect())
     }
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
@@ -455,14 +504,38 @@ impl KeyStore for SqliteKeyStore {
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],
+        budgets: &[BudgetUse],
         batches: &[String],
     ) -> Result<(), KeyStoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction().map_err(storage)?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        if !budgets.is_empty() {
+            for row in budgets {
+                tx.prepare_cached(
+                    "INSERT INTO budget_usage (budget, subject, until_ms, tokens, cost) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) \
+                     ON CONFLICT (budget, subject, until_ms) DO UPDATE SET \
+                     tokens = tokens + excluded.tokens, cost = cost + excluded.cost",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        row.budget,
+                        row.subject,
+                        row.until_ms,
+                        u64_sql(row.tokens),
+                        row.cost
+                    ])
+                })
+                .map_err(storage)?;
+            }
+            tx.prepare_cached("DELETE FROM budget_usage WHERE until_ms <= ?1")
+                .and_then(|mut stmt| stmt.execute(params![now]))
+                .map_err(storage)?;
+        }
         if !batches.is_empty() {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
             for id in batches {
                 tx.prepare_cached(
                     "INSERT OR IGNORE INTO report_batches (id, at_ms) VALUES (?1, ?2)",
@@ -525,6 +598,28 @@ impl KeyStore for SqliteKeyStore {
             .prepare_cached("SELECT 1 FROM report_batches WHERE id = ?1")
             .and_then(|mut stmt| stmt.exists(params![id]))
             .map_err(storage)
+    }
+
+    fn budget_use(&self, now_ms: i64) -> Result<Vec<BudgetUse>, KeyStoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT budget, subject, until_ms, tokens, cost FROM budget_usage \
+                 WHERE until_ms > ?1 ORDER BY budget, subject, until_ms",
+            )
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map(params![now_ms], |row| {
+                Ok(BudgetUse {
+                    budget: row.get(0)?,
+                    subject: row.get(1)?,
+                    until_ms: row.get(2)?,
+                    tokens: sql_u64(row.get(3)?),
+                    cost: row.get(4)?,
+                })
+            })
+            .map_err(storage)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(storage)
     }
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
@@ -700,6 +795,58 @@ mod tests {
             )
             .unwrap();
         assert!(tables >= 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn budget_use_outlives_the_process_and_adds_up_across_writers() {
+        let dir = std::env::temp_dir().join(format!("ai-router-budget-use-{}", std::process::id()));
+        let path = dir.join("keys.sqlite");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let row = |subject: &str, until_ms: i64, tokens: u64| BudgetUse {
+            budget: "team".into(),
+            subject: subject.into(),
+            until_ms,
+            tokens,
+            cost: 0.25,
+        };
+        let hour = now + 3_600_000;
+        {
+            let a = SqliteKeyStore::open(&path).unwrap();
+            let b = SqliteKeyStore::open(&path).unwrap();
+            a.record_report_usage(
+                &[],
+                &[row("key_a", hour, 100), row("key_a", now - 1, 9)],
+                &[],
+            )
+            .unwrap();
+            b.record_report_usage(
+                &[],
+                &[row("key_a", hour, 50), row("key_b", hour, 1)],
+                &["batch-1".into()],
+            )
+            .unwrap();
+            assert!(a.counted_batch("batch-1").unwrap());
+        }
+        // Another process, later: the same use, the ended window gone.
+        let again = SqliteKeyStore::open(&path).unwrap();
+        let used = again.budget_use(now).unwrap();
+        assert_eq!(
+            used.iter()
+                .map(|r| (r.subject.as_str(), r.tokens))
+                .collect::<Vec<_>>(),
+            [("key_a", 150), ("key_b", 1)]
+        );
+        assert!((used[0].cost - 0.5).abs() < 1e-9);
+        assert!(again.budget_use(hour).unwrap().is_empty());
+        let memory = MemoryKeyStore::default();
+        memory
+            .record_report_usage(&[], &[row("key_a", hour, 3), row("key_a", hour, 4)], &[])
+            .unwrap();
+        assert_eq!(memory.budget_use(now).unwrap()[0].tokens, 7);
+        drop(again);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -23,14 +23,14 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::keys::store::{utc_day, KeyStore, UsageDay};
+use crate::keys::store::{merge_budget_use, utc_day, BudgetUse, KeyStore, UsageDay};
 
 type Rows = Vec<(String, UsageDay)>;
 
 /// What the writer receives, in order.
 pub enum Queued {
-    /// A report batch's rows and its id (empty: none).
-    Rows(Rows, String),
+    /// A report batch's rows, its budgets' use and its id (empty: none).
+    Rows(Rows, Vec<BudgetUse>, String),
     /// Answered once everything queued before it is stored (`true`) or failed to be.
     Stored(oneshot::Sender<bool>),
 }
@@ -193,10 +193,19 @@ impl UsageRecorder {
             .read()
             .map(|c| c.clone())
             .unwrap_or_else(|p| p.into_inner().clone());
-        let rows = usage_rows(&config, batch, self.clock.now_ms());
-        if !rows.is_empty() || !batch.batch_id.is_empty() {
+        let now = self.clock.now_ms();
+        let rows = usage_rows(&config, batch, now);
+        // The budgets count the same charges, in the same write (`keys::budget_use`).
+        let budgets = crate::keys::budget_use::use_of(
+            &config.budgets,
+            crate::keys::ledger::charges(&config, batch),
+            now,
+        );
+        if !rows.is_empty() || !budgets.is_empty() || !batch.batch_id.is_empty() {
             // The writer is gone only at shutdown.
-            let _ = self.queue.send(Queued::Rows(rows, batch.batch_id.clone()));
+            let _ = self
+                .queue
+                .send(Queued::Rows(rows, budgets, batch.batch_id.clone()));
         }
     }
 
@@ -280,15 +289,13 @@ pub async fn run_writer(
             _ = shutdown.wait_for(|stopped| *stopped) => None,
         };
         let Some(first) = first else { break };
-        let mut pending = BTreeMap::new();
-        let mut batches = Vec::new();
+        let mut pending = Pending::default();
         let mut waiting = Vec::new();
-        take(first, &mut pending, &mut batches, &mut waiting);
+        take(first, &mut pending, &mut waiting);
         while let Ok(more) = rx.try_recv() {
-            take(more, &mut pending, &mut batches, &mut waiting);
+            take(more, &mut pending, &mut waiting);
         }
-        let stored =
-            (pending.is_empty() && batches.is_empty()) || write(&store, pending, batches).await;
+        let stored = pending.is_empty() || write(&store, pending).await;
         if stored {
             written.notify_one();
         }
@@ -296,30 +303,38 @@ pub async fn run_writer(
             let _ = waiter.send(stored);
         }
     }
-    let mut pending = BTreeMap::new();
-    let mut batches = Vec::new();
+    let mut pending = Pending::default();
     let mut waiting = Vec::new();
     while let Ok(more) = rx.try_recv() {
-        take(more, &mut pending, &mut batches, &mut waiting);
+        take(more, &mut pending, &mut waiting);
     }
-    let stored =
-        (pending.is_empty() && batches.is_empty()) || write(&store, pending, batches).await;
+    let stored = pending.is_empty() || write(&store, pending).await;
     for waiter in waiting {
         let _ = waiter.send(stored);
     }
 }
 
-fn take(
-    queued: Queued,
-    pending: &mut BTreeMap<(String, String), UsageDay>,
-    batches: &mut Vec<String>,
-    waiting: &mut Vec<oneshot::Sender<bool>>,
-) {
+/// What the writer merged from the queue for one write.
+#[derive(Default)]
+struct Pending {
+    rows: BTreeMap<(String, String), UsageDay>,
+    budgets: BTreeMap<(String, String, i64), BudgetUse>,
+    batches: Vec<String>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.budgets.is_empty() && self.batches.is_empty()
+    }
+}
+
+fn take(queued: Queued, pending: &mut Pending, waiting: &mut Vec<oneshot::Sender<bool>>) {
     match queued {
-        Queued::Rows(rows, batch) => {
-            merge(pending, rows);
+        Queued::Rows(rows, budgets, batch) => {
+            merge(&mut pending.rows, rows);
+            merge_budget_use(&mut pending.budgets, &budgets);
             if !batch.is_empty() {
-                batches.push(batch);
+                pending.batches.push(batch);
             }
         }
         Queued::Stored(waiter) => waiting.push(waiter),
@@ -327,17 +342,18 @@ fn take(
 }
 
 /// Whether the rows were stored.
-async fn write(
-    store: &Arc<dyn KeyStore>,
-    pending: BTreeMap<(String, String), UsageDay>,
-    batches: Vec<String>,
-) -> bool {
+async fn write(store: &Arc<dyn KeyStore>, pending: Pending) -> bool {
     let rows: Rows = pending
+        .rows
         .into_iter()
         .map(|((id, _), row)| (id, row))
         .collect();
+    let budgets: Vec<BudgetUse> = pending.budgets.into_values().collect();
+    let batches = pending.batches;
     let store = store.clone();
-    match tokio::task::spawn_blocking(move || store.record_report_usage(&rows, &batches)).await {
+    match tokio::task::spawn_blocking(move || store.record_report_usage(&rows, &budgets, &batches))
+        .await
+    {
         Ok(Ok(())) => true,
         Ok(Err(err)) => {
             tracing::error!(%err, "cannot record usage");

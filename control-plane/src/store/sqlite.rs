@@ -118,7 +118,17 @@ const MIGRATIONS: &[&str] = &[
     // acknowledgement is not counted twice).
     "CREATE TABLE report_batches (id TEXT PRIMARY KEY, at_ms INTEGER NOT NULL);
     CREATE INDEX report_batches_at ON report_batches (at_ms);",
-    // 6 -> 7: the quota recheck reads one month of every key's rows at once.
+    // 6 -> 7: the budget policies' use per subject and calendar window, counted with the usage
+    // rows (a control plane restarted, or another sharing the file, enforces the same budgets).
+    "CREATE TABLE budget_usage (
+        budget TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        until_ms INTEGER NOT NULL,
+        tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (budget, subject, until_ms)
+    );",
+    // 7 -> 8: the quota recheck reads one month of every key's rows at once.
     "CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 

@@ -46,6 +46,11 @@ impl Attempt {
 
 impl Drop for Attempt {
     fn drop(&mut self) {
+        // An attempt Envoy ended without its log callback reaching the stage (the stage was
+        // busy with the tick's bound when Envoy logged, or the stream went before its log):
+        // its verdict, its in-flight slot and its reservation are settled now (`on_log` does
+        // nothing for an attempt already reported).
+        self.with(|s| s.on_log(&mut WasmHost));
         if IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id).is_some()) {
             gauges::add(Gauge::Attempts, -1);
         }

@@ -38,6 +38,12 @@ pub const REPORT_BUNDLE: u8 = 4;
 /// attempt is queued at once, with what waits before it: what it says about a key (a
 /// blacklist, a cooldown) is the news the other Envoys wait for.
 pub const REPORT_HOLD_MS: i64 = 50;
+/// A reservation against a figure of at most this many requests left makes the worker queue
+/// its outcomes at once for [`SCARCE_HOLD_MS`]: near a scope's end the control plane's count
+/// (and the figure it pushes back) must not lag behind the sends, or a figure pushed before a
+/// held report arrives would let one send too many through.
+const SCARCE_REQUESTS: i64 = 64;
+const SCARCE_HOLD_MS: i64 = 2_000;
 /// ...or until this many outcomes wait...
 const REPORT_HOLD_COUNT: usize = 64;
 /// ...or this many bytes (`telemetry.includeContent` makes attempts large).
@@ -66,6 +72,9 @@ struct Local {
     held: Vec<u8>,
     held_count: usize,
     held_since_ms: i64,
+    /// Until when this worker queues every outcome at once: a reservation met a scope close to
+    /// its end ([`SCARCE_REQUESTS`]).
+    scarce_until_ms: i64,
 }
 
 thread_local! {
@@ -260,6 +269,13 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
 /// compare-and-swap across the workers; `false` when it does not (or the record cannot be
 /// written: then the send goes, unreserved, rather than fail the call).
 pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> bool {
+    if allowances
+        .iter()
+        .any(|a| a.remaining_requests >= 0 && a.remaining_requests <= SCARCE_REQUESTS)
+    {
+        let until = send.at_ms + SCARCE_HOLD_MS;
+        LOCAL.with(|l| l.borrow_mut().scarce_until_ms = until);
+    }
     let name = names::sends(provider);
     for _ in 0..16 {
         let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
@@ -568,6 +584,7 @@ fn hold_report(kind: u8, body: &[u8], urgent: bool) {
         ai_router_filter_core::reports::bundle_push(&mut l.held, kind, body);
         l.held_count += 1;
         urgent
+            || now < l.scarce_until_ms
             || l.held_count >= REPORT_HOLD_COUNT
             || l.held.len() >= REPORT_HOLD_BYTES
             || now - l.held_since_ms >= REPORT_HOLD_MS

@@ -128,6 +128,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_tier_is_on_only_with_a_shared_store() {
+        let cache = read("{ ttlMs: 1000, sharedLookupMs: 40 }").ok().flatten();
+        let shared = cache.map(|c| c.to_proto(true).shared_lookup_ms);
+        let local = cache.map(|c| c.to_proto(false).shared_lookup_ms);
+        assert_eq!((shared, local), (Some(40), Some(0)));
+    }
+
+    #[test]
     fn defaults_apply_and_bad_values_are_refused() {
         assert_eq!(
             read("{ ttlMs: 60000 }"),

@@ -200,6 +200,8 @@ pub struct Miss {
     pub ttl_ms: u64,
     /// The largest entry the slot takes.
     pub slot_bytes: u64,
+    /// The shared tier's wait (a Redis state store); 0: no shared tier.
+    pub shared_ms: u64,
 }
 
 /// What the cache did for a call.
@@ -256,6 +258,7 @@ pub fn look(
             slot,
             ttl_ms: cache.ttl_ms,
             slot_bytes: slot_bytes(cache.max_bytes, cache.max_entries),
+            shared_ms: cache.shared_lookup_ms,
         }),
     }
 }
@@ -292,11 +295,45 @@ pub fn store(
             return CacheStore::Stored;
         }
         if host.set_cache_slot(miss.slot, &bytes, cas) {
+            share(host, miss, bytes);
             return CacheStore::Stored;
         }
     }
     // The slot keeps changing under this worker: its last writer keeps it.
     CacheStore::Unstorable
+}
+
+/// How long the control plane may take to take a stored entry for the shared tier (the call
+/// does not wait for it: its answer is ignored).
+const SHARED_PUT_MS: u64 = 2_000;
+
+fn sync_metadata(token: Option<&String>) -> Vec<(&str, &[u8])> {
+    match token {
+        Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+        None => Vec::new(),
+    }
+}
+
+/// Sends an entry this process just stored up to the shared tier, when there is one; a
+/// refusal leaves it local.
+fn share(host: &mut impl Host, miss: &Miss, entry: Vec<u8>) {
+    if miss.shared_ms == 0 {
+        return;
+    }
+    let request = ai_router_proto::v1::SharedCachePutRequest {
+        key: miss.key.clone(),
+        entry,
+        ttl_ms: miss.ttl_ms,
+    };
+    let token = host.sync_token();
+    let _ = host.dispatch_grpc_call(
+        ai_router_contract::clusters::CONTROL_PLANE,
+        "airouter.v1.Sync",
+        "SharedCachePut",
+        &sync_metadata(token.as_ref()),
+        &prost::Message::encode_to_vec(&request),
+        SHARED_PUT_MS,
+    );
 }
 
 /// The cache's part in one call at the front stage: the lookup, then for a miss the answer
@@ -352,6 +389,54 @@ impl CallCache {
             ),
             ..Self::default()
         }
+    }
+
+    /// A local miss with a shared tier: asks the control plane for the entry (bounded by
+    /// `sharedLookupMs`); the token of that call, `None` when there is nothing to ask or the
+    /// call cannot go out (a miss then).
+    pub fn ask_shared(&self, host: &mut impl Host) -> Option<u32> {
+        let Lookup::Miss(miss) = &self.lookup else {
+            return None;
+        };
+        if miss.shared_ms == 0 {
+            return None;
+        }
+        let request = ai_router_proto::v1::SharedCacheGetRequest {
+            key: miss.key.clone(),
+        };
+        let token = host.sync_token();
+        host.dispatch_grpc_call(
+            ai_router_contract::clusters::CONTROL_PLANE,
+            "airouter.v1.Sync",
+            "SharedCacheGet",
+            &sync_metadata(token.as_ref()),
+            &prost::Message::encode_to_vec(&request),
+            miss.shared_ms,
+        )
+        .ok()
+    }
+
+    /// The shared tier's answer (`None`: an error, a timeout, nothing stored): a live entry of
+    /// this call's key becomes a hit and goes into this process's slot; whether it is a hit.
+    pub fn shared_answer(
+        &mut self,
+        host: &mut impl Host,
+        entry: Option<&[u8]>,
+        now_ms: i64,
+    ) -> bool {
+        let Lookup::Miss(miss) = &self.lookup else {
+            return false;
+        };
+        let Some(found) = lookup(entry, &miss.key, now_ms) else {
+            return false;
+        };
+        if let Some(bytes) = entry.filter(|b| b.len() as u64 <= miss.slot_bytes) {
+            // One try: a worker racing for the slot keeps it, the hit is answered anyway.
+            let (_, cas) = host.cache_slot(miss.slot);
+            let _ = host.set_cache_slot(miss.slot, bytes, cas);
+        }
+        self.lookup = Lookup::Hit(found);
+        true
     }
 
     /// The answer's headers arrived (`status` as the client gets it): a miss collects a

@@ -77,6 +77,20 @@ pub struct Front {
     stream: bool,
     /// The gateway has no state yet (a fresh Envoy): the call waits for it.
     state_wait: Option<StateWait>,
+    /// A local cache miss waiting for the shared tier's answer.
+    shared_wait: Option<Box<SharedWait>>,
+}
+
+/// What a call paused for the shared cache tier goes on with.
+#[derive(Debug)]
+struct SharedWait {
+    /// The gRPC call's.
+    token: u32,
+    state: Rc<State>,
+    key: VirtualKey,
+    resolved: resolve::Resolved,
+    parsed: Value,
+    op: Operation,
 }
 
 /// How long a call waits for the first state of a gateway that has none yet (an Envoy that
@@ -426,6 +440,84 @@ impl Front {
             let model = entry.model.clone();
             return self.answer_from_cache(host, content_type, &model, &body);
         }
+        if let Some(token) = self.cache.ask_shared(host) {
+            // Paused until the shared tier answers (or its bound passes: a miss).
+            self.shared_wait = Some(Box::new(SharedWait {
+                token,
+                state,
+                key,
+                resolved,
+                parsed,
+                op,
+            }));
+            return Flow::Pause;
+        }
+        self.plan_call(host, &state, &key, resolved, &parsed, op)
+    }
+
+    /// The shared tier's answer to a missed call: a hit is answered as a local one, anything
+    /// else (an error, the bound passed, nothing stored) goes to the providers.
+    pub fn on_grpc_call_response(
+        &mut self,
+        host: &mut impl Host,
+        token: u32,
+        status: u32,
+        size: usize,
+    ) {
+        if self.shared_wait.as_ref().is_none_or(|w| w.token != token) {
+            return;
+        }
+        let Some(wait) = self.shared_wait.take() else {
+            return;
+        };
+        let entry = (status == 0)
+            .then(|| host.grpc_call_response_body(size))
+            .flatten()
+            .and_then(|b| {
+                <ai_router_proto::v1::SharedCacheGetReply as prost::Message>::decode(b.as_slice())
+                    .ok()
+            })
+            .map(|r| r.entry);
+        let now = host.now_ms();
+        let flow = if self.cache.shared_answer(host, entry.as_deref(), now) {
+            match &self.cache.lookup {
+                crate::cache::Lookup::Hit(found) => {
+                    let (content_type, body) = crate::cache::hit_answer(
+                        found,
+                        wait.resolved.stream,
+                        wait.resolved.include_usage,
+                    );
+                    let model = found.model.clone();
+                    self.answer_from_cache(host, content_type, &model, &body)
+                }
+                _ => Flow::Pause,
+            }
+        } else {
+            let SharedWait {
+                state,
+                key,
+                resolved,
+                parsed,
+                op,
+                ..
+            } = *wait;
+            self.plan_call(host, &state, &key, resolved, &parsed, op)
+        };
+        if flow == Flow::Continue {
+            host.resume_request();
+        }
+    }
+
+    /// Plans a resolved call the cache did not answer: the attempts' plan on the request.
+    fn plan_call(
+        &mut self,
+        host: &mut impl Host,
+        state: &State,
+        key: &VirtualKey,
+        resolved: resolve::Resolved,
+        parsed: &Value,
+        op: Operation,
+    ) -> Flow {
         let cid = host.new_call(self.started_ms);
         let plan = Plan {
             cid: cid.clone(),
@@ -446,7 +538,7 @@ impl Front {
             anthropic_beta: self.anthropic_beta.clone(),
             session: (state.selection().affinity_idle_ms > 0)
                 .then(|| {
-                    crate::affinity::session_of(&key.id, self.session_header.as_deref(), &parsed)
+                    crate::affinity::session_of(&key.id, self.session_header.as_deref(), parsed)
                 })
                 .flatten(),
             profile: resolved.profile.unwrap_or_default(),

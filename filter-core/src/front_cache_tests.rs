@@ -42,6 +42,7 @@ fn pool_cache() -> CacheSettings {
         ttl_ms: 60_000,
         max_entries: 16,
         max_bytes: 16 * 4096,
+        shared_lookup_ms: 0,
     }
 }
 
@@ -399,4 +400,102 @@ fn a_store_that_races_another_worker_tries_again() {
     let (slot, _) = host.cache.iter().next().expect("a slot");
     let entry = Entry::decode(&host.cache[slot].0).expect("the answer, not the other write");
     assert_eq!(entry.body, ANSWER.as_bytes());
+}
+
+/// The gRPC calls a stage made, by method, with their messages.
+fn grpc_calls(host: &FakeHost, wanted: &str) -> Vec<Vec<u8>> {
+    host.dispatched
+        .iter()
+        .filter_map(|d| match d {
+            crate::host::fake::Dispatched::Grpc {
+                method, message, ..
+            } if method == wanted => Some(message.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn without_a_shared_tier_a_miss_asks_nobody() {
+    let snap = snapshot(Some(pool_cache()));
+    let slots = filled(&snap, BODY);
+    let miss = call(
+        &snap,
+        &slots,
+        r#"{"model":"chat","messages":[{"role":"user","content":"other"}]}"#,
+    );
+    assert_eq!(miss.flow, Flow::Continue);
+    assert!(grpc_calls(&miss.host, "SharedCacheGet").is_empty());
+    assert!(grpc_calls(&slots, "SharedCachePut").is_empty());
+}
+
+#[test]
+fn a_shared_tier_miss_goes_on_and_its_stored_answer_is_a_hit_at_another_envoy() {
+    use ai_router_proto::v1::{SharedCacheGetReply, SharedCacheGetRequest, SharedCachePutRequest};
+    use prost::Message;
+    let snap = snapshot(Some(CacheSettings {
+        shared_lookup_ms: 25,
+        ..pool_cache()
+    }));
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    // Envoy A: a local miss asks the shared tier and waits.
+    let mut a = call(&snap, &empty, BODY);
+    assert_eq!(a.flow, Flow::Pause);
+    assert!(a.host.header(Side::Request, PLAN_HEADER).is_none());
+    let asked = grpc_calls(&a.host, "SharedCacheGet");
+    assert_eq!(asked.len(), 1);
+    let key = SharedCacheGetRequest::decode(asked[0].as_slice())
+        .map(|r| r.key)
+        .unwrap_or_default();
+    assert_eq!(key.len(), 64);
+    // The shared tier fails (unavailable): a miss, the call goes on to the providers.
+    a.front.on_grpc_call_response(&mut a.host, 1, 14, 0);
+    assert_eq!(a.host.resumed, 1);
+    assert!(a.host.header(Side::Request, PLAN_HEADER).is_some());
+    a.answer(200, ANSWER);
+    assert_eq!(a.cache_header().as_deref(), Some("miss"));
+    let puts = grpc_calls(&a.host, "SharedCachePut");
+    assert_eq!(puts.len(), 1, "the stored entry goes up");
+    let put = SharedCachePutRequest::decode(puts[0].as_slice()).unwrap_or_default();
+    assert_eq!((put.key.as_str(), put.ttl_ms), (key.as_str(), 60_000));
+    let (_, report) = a.finish();
+    assert_eq!(report.cache_store(), CacheStore::Stored);
+
+    // Envoy B (its own empty slots): the shared tier has it.
+    let mut b = call(&snap, &empty, BODY);
+    assert_eq!(b.flow, Flow::Pause);
+    // An answer to another call is not the shared tier's.
+    b.front.on_grpc_call_response(&mut b.host, 99, 0, 0);
+    assert!(b.host.answered.is_none());
+    b.host.grpc_body = Some(
+        SharedCacheGetReply {
+            entry: put.entry.clone(),
+        }
+        .encode_to_vec(),
+    );
+    b.front.on_grpc_call_response(&mut b.host, 1, 0, 1);
+    let answered = b
+        .host
+        .answered
+        .clone()
+        .expect("a hit answered by the stage");
+    assert_eq!(answered.status, 200);
+    assert_eq!(answered.body, ANSWER.as_bytes());
+    assert_eq!(answered.header(H_CACHE), Some("hit"));
+    assert!(b.host.header(Side::Request, PLAN_HEADER).is_none());
+    assert_eq!(b.host.resumed, 0);
+    assert_eq!(b.host.cache.len(), 1, "the hit is in B's slots now");
+    let (_, report) = b.finish();
+    assert!(report.cache_hit);
+
+    // An expired or foreign entry is a miss.
+    let mut c = call(
+        &snap,
+        &empty,
+        r#"{"model":"chat","messages":[{"role":"user","content":"else"}]}"#,
+    );
+    c.host.grpc_body = Some(SharedCacheGetReply { entry: put.entry }.encode_to_vec());
+    c.front.on_grpc_call_response(&mut c.host, 1, 0, 1);
+    assert!(c.host.answered.is_none());
+    assert_eq!(c.host.resumed, 1);
 }

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 const SHARED: Duration = Duration::from_secs(3);
 
 /// The pool both control planes load, with `resilience` lines (two-space indented) added.
-fn pool_with(mock: &str, resilience: &str) -> String {
+fn pool_with(mock: &str, resilience: &str, top: &str) -> String {
     let standard =
         standard_pool(mock, mock).replace("resilience:\n", &format!("resilience:\n{resilience}"));
     let standard = standard.replace(
@@ -40,7 +40,7 @@ fn pool_with(mock: &str, resilience: &str) -> String {
     );
     assert!(standard.contains("type: postgres"));
     format!(
-        "stateStore: {{ type: redis, url: {{ env: AI_ROUTER_REDIS_URL }} }}\nstoreNamespace: e2e\n{standard}"
+        "stateStore: {{ type: redis, url: {{ env: AI_ROUTER_REDIS_URL }} }}\nstoreNamespace: e2e\n{top}{standard}"
     )
 }
 
@@ -73,6 +73,11 @@ impl Cluster {
 
     /// [`Cluster::start`] with `resilience` lines added to the pool.
     async fn start_with(test: &str, resilience: &str) -> Cluster {
+        Self::start_full(test, resilience, "").await
+    }
+
+    /// [`Cluster::start_with`] with `top` (whole top-level lines) added to the pool too.
+    async fn start_full(test: &str, resilience: &str, top: &str) -> Cluster {
         let redis = RedisServer::start().expect("redis-server");
         let postgres = PostgresServer::start().expect("postgres");
         let dir = TestDir::new(test).unwrap();
@@ -100,7 +105,7 @@ impl Cluster {
         let mut planes = Vec::new();
         for name in ["a", "b"] {
             let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
-            let cp = ControlPlane::start(&dir, &pool_with(&mock.api_base(), resilience), &env)
+            let cp = ControlPlane::start(&dir, &pool_with(&mock.api_base(), resilience, top), &env)
                 .await
                 .unwrap();
             planes.push((dir, cp));
@@ -447,6 +452,111 @@ async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
     assert!(
         keys.iter().all(|k| k.as_deref() == Some(c.key_b.as_str())),
         "key a was used through B"
+    );
+    c.check_no_secrets_in_logs(&[]);
+}
+
+/// The response cache's entries under the pool's namespace in Redis, with their PTTL.
+fn redis_cache_entries(redis: &RedisServer) -> Vec<(String, i64)> {
+    let port = redis.port.to_string();
+    let cli = |args: &[&str]| {
+        std::process::Command::new("redis-cli")
+            .args(["-p", &port])
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    cli(&["--scan", "--pattern", "e2e:cache:*"])
+        .lines()
+        .map(|key| {
+            let ttl = cli(&["PTTL", key]).parse().unwrap_or(-3);
+            (key.to_owned(), ttl)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_answer_stored_through_envoy_a_is_a_hit_through_envoy_b_and_redis_away_is_a_miss() {
+    const TTL_MS: i64 = 120_000;
+    let mut c = Cluster::start_full(
+        "distributed-cache",
+        "",
+        // A generous bound for a loaded machine; the default is 25 ms.
+        &format!("cache: {{ ttlMs: {TTL_MS}, sharedLookupMs: 500 }}\n"),
+    )
+    .await;
+    c.mock
+        .script(json!([script::always(vec![script::text("shared words")])]))
+        .await
+        .unwrap();
+    let key = c.virtual_key.clone();
+    let first = c.a.client.chat("chat", Some(&key)).await.unwrap();
+    assert_eq!(first.status, 200, "{first}");
+    assert_eq!(first.header("x-ai-router-cache").as_deref(), Some("miss"));
+    assert_eq!(first.content(), Some("shared words"));
+    // The stored entry goes up to Redis under the namespace, with the entry's TTL.
+    let started = Instant::now();
+    let entries = poll("the entry in Redis", SHARED, || async {
+        let found = redis_cache_entries(&c.redis);
+        Ok((!found.is_empty()).then_some(found))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", c.tails()));
+    eprintln!(
+        "the entry stored through A was in Redis in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let (name, ttl) = &entries[0];
+    assert_eq!(name.len(), "e2e:cache:".len() + 64, "{name}");
+    assert!((1..=TTL_MS).contains(ttl), "{ttl}");
+
+    // Envoy B never saw the call: a hit from the shared tier, no provider called.
+    c.mock.clear_calls().await.unwrap();
+    let started = Instant::now();
+    let hit = c.b.client.chat("chat", Some(&key)).await.unwrap();
+    eprintln!(
+        "a hit through B from the shared tier took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(hit.status, 200, "{hit}");
+    assert_eq!(hit.header("x-ai-router-cache").as_deref(), Some("hit"));
+    assert_eq!(hit.header("x-ai-router-cost").as_deref(), Some("0"));
+    assert_eq!(hit.json, first.json, "the answer stored through A");
+    // Streamed, it replays as SSE.
+    let streamed = c.b.client.stream("chat", Some(&key)).await.unwrap();
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.header("x-ai-router-cache").as_deref(), Some("hit"));
+    assert_eq!(streamed.text(), "shared words");
+    assert!(
+        c.mock.calls().await.unwrap().is_empty(),
+        "a provider was called"
+    );
+
+    // Redis away: B still answers what its own slots hold, and a new request is a miss that
+    // goes to the provider, never a failed call.
+    c.redis.kill();
+    let local = c.b.client.chat("chat", Some(&key)).await.unwrap();
+    assert_eq!(local.status, 200, "{local}");
+    assert_eq!(local.header("x-ai-router-cache").as_deref(), Some("hit"));
+    for i in 0..3 {
+        let mut body = ai_router_e2e::chat_body("chat", false);
+        body["messages"][0]["content"] = json!(format!("Something new {i}."));
+        let started = Instant::now();
+        let r = c.b.client.chat_with(&body, Some(&key)).await.unwrap();
+        eprintln!(
+            "a miss through B with Redis away took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(r.header("x-ai-router-cache").as_deref(), Some("miss"));
+        assert_eq!(r.content(), Some("shared words"));
+    }
+    assert_eq!(
+        c.mock.calls().await.unwrap().len(),
+        3,
+        "each miss called the provider"
     );
     c.check_no_secrets_in_logs(&[]);
 }

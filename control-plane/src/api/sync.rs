@@ -228,6 +228,38 @@ impl SyncApi for SyncService {
         .map_err(|err| Status::internal(format!("minute budget task failed: {err}")))?;
         Ok(Response::new(pb::MinuteCallsReply { granted }))
     }
+
+    async fn shared_cache_get(
+        &self,
+        request: Request<pb::SharedCacheGetRequest>,
+    ) -> Result<Response<pb::SharedCacheGetReply>, Status> {
+        self.authorize(&request)?;
+        let req = request.into_inner();
+        let engine = self.engine.clone();
+        // A miss whatever goes wrong: the filter then calls a provider.
+        let entry = tokio::task::spawn_blocking(move || engine.shared_cache_get(&req.key))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        Ok(Response::new(pb::SharedCacheGetReply { entry }))
+    }
+
+    async fn shared_cache_put(
+        &self,
+        request: Request<pb::SharedCachePutRequest>,
+    ) -> Result<Response<pb::SharedCachePutReply>, Status> {
+        self.authorize(&request)?;
+        let req = request.into_inner();
+        let engine = self.engine.clone();
+        // The write goes on even when the Envoy stops waiting (its call ended with the answer).
+        let stored = tokio::task::spawn_blocking(move || {
+            engine.shared_cache_put(&req.key, req.entry, req.ttl_ms)
+        })
+        .await
+        .unwrap_or(false);
+        Ok(Response::new(pb::SharedCachePutReply { stored }))
+    }
 }
 
 /// What the sync channel carried since start, for `/metrics`.

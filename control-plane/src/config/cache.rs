@@ -22,6 +22,8 @@ pub struct CacheConfig {
     pub ttl_ms: u64,
     pub max_entries: Option<u32>,
     pub max_bytes: Option<u64>,
+    /// With a Redis state store: how long a local miss waits for the shared tier.
+    pub shared_lookup_ms: Option<u64>,
 }
 
 /// The checked cache, defaults applied.
@@ -30,14 +32,23 @@ pub struct ResponseCache {
     pub ttl_ms: u64,
     pub max_entries: u32,
     pub max_bytes: u64,
+    pub shared_lookup_ms: u64,
 }
 
+/// The shared tier's wait when `sharedLookupMs` is not set.
+pub const SHARED_LOOKUP_MS: u64 = 25;
+/// A longer wait would hold every miss for it.
+const MAX_SHARED_LOOKUP_MS: u64 = 1_000;
+
 impl ResponseCache {
-    pub fn to_proto(self) -> pb::CacheSettings {
+    /// The settings the Envoys get; `shared`: the state store is Redis, so the shared tier is
+    /// on (else `shared_lookup_ms` is 0 and a miss asks nobody).
+    pub fn to_proto(self, shared: bool) -> pb::CacheSettings {
         pb::CacheSettings {
             ttl_ms: self.ttl_ms,
             max_entries: self.max_entries,
             max_bytes: self.max_bytes,
+            shared_lookup_ms: if shared { self.shared_lookup_ms } else { 0 },
         }
     }
 
@@ -68,10 +79,17 @@ pub fn resolve_cache(raw: Option<&CacheConfig>) -> Result<Option<ResponseCache>,
             "cache.maxBytes: {max_bytes} is more than {MAX_BYTES} (1 GiB)"
         )));
     }
+    let shared_lookup_ms = raw.shared_lookup_ms.unwrap_or(SHARED_LOOKUP_MS);
+    if shared_lookup_ms == 0 || shared_lookup_ms > MAX_SHARED_LOOKUP_MS {
+        return Err(invalid(format!(
+            "cache.sharedLookupMs: {shared_lookup_ms} is not in 1..={MAX_SHARED_LOOKUP_MS}"
+        )));
+    }
     let cache = ResponseCache {
         ttl_ms: raw.ttl_ms,
         max_entries,
         max_bytes,
+        shared_lookup_ms,
     };
     if cache.slot_bytes() < MIN_SLOT_BYTES {
         return Err(invalid(format!(
@@ -110,6 +128,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_tier_is_on_only_with_a_shared_store() {
+        let cache = read("{ ttlMs: 1000, sharedLookupMs: 40 }").ok().flatten();
+        let shared = cache.map(|c| c.to_proto(true).shared_lookup_ms);
+        let local = cache.map(|c| c.to_proto(false).shared_lookup_ms);
+        assert_eq!((shared, local), (Some(40), Some(0)));
+    }
+
+    #[test]
     fn defaults_apply_and_bad_values_are_refused() {
         assert_eq!(
             read("{ ttlMs: 60000 }"),
@@ -117,6 +143,7 @@ mod tests {
                 ttl_ms: 60_000,
                 max_entries: defaults::CACHE_MAX_ENTRIES,
                 max_bytes: defaults::CACHE_MAX_BYTES,
+                shared_lookup_ms: SHARED_LOOKUP_MS,
             }))
         );
         assert_eq!(
@@ -127,6 +154,8 @@ mod tests {
         for (yaml, field) in [
             ("{ ttlMs: 0 }", "cache.ttlMs"),
             ("{ ttlMs: 1, maxEntries: 0 }", "cache.maxEntries"),
+            ("{ ttlMs: 1, sharedLookupMs: 0 }", "cache.sharedLookupMs"),
+            ("{ ttlMs: 1, sharedLookupMs: 5000 }", "cache.sharedLookupMs"),
             (
                 "{ ttlMs: 1, maxEntries: 100, maxBytes: 1000 }",
                 "cache.maxBytes",

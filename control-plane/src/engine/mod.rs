@@ -28,6 +28,7 @@ mod refresh;
 pub mod reload;
 mod report;
 mod reset;
+mod shared_cache;
 mod snapshot;
 mod state;
 pub mod stats;

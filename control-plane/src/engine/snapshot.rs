@@ -368,7 +368,12 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
         providers,
         virtual_keys: Vec::new(),
         routes: config.routes.iter().map(route_to_proto).collect(),
-        cache: config.cache.map(|c| c.to_proto()),
+        cache: config.cache.map(|c| {
+            c.to_proto(matches!(
+                config.state_store,
+                crate::config::StoreSpec::Redis { .. }
+            ))
+        }),
         defaults: config.defaults.as_ref().map(policy_to_proto),
         profiles: config
             .profiles

@@ -1297,3 +1297,74 @@ fn after_an_outage_the_store_gets_back_what_it_lost() -> Result<(), String> {
     assert!(snapshot(&e).key_health.is_empty());
     Ok(())
 }
+
+/// A store that shares a cache: what it was asked to keep.
+#[derive(Default)]
+struct CacheRecorder {
+    inner: MemoryStateStore,
+    puts: Mutex<Vec<(String, usize, u64)>>,
+}
+
+impl StateStore for CacheRecorder {
+    fn load(&self) -> Result<DurableState, crate::store::durable::StoreError> {
+        self.inner.load()
+    }
+    fn apply(
+        &self,
+        changes: &crate::store::durable::DurableChanges,
+    ) -> Result<(), crate::store::durable::StoreError> {
+        self.inner.apply(changes)
+    }
+    fn lease(
+        &self,
+        id: &BreakerId,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<LeaseGrant, crate::store::durable::StoreError> {
+        self.inner.lease(id, holder, now_ms, ttl_ms)
+    }
+    fn release(
+        &self,
+        id: &BreakerId,
+        holder: Option<&str>,
+    ) -> Result<(), crate::store::durable::StoreError> {
+        self.inner.release(id, holder)
+    }
+    fn cache_put(&self, key: &str, entry: Vec<u8>, ttl_ms: u64) -> bool {
+        if let Ok(mut puts) = self.puts.lock() {
+            puts.push((key.to_owned(), entry.len(), ttl_ms));
+        }
+        true
+    }
+}
+
+#[test]
+fn shared_cache_entries_are_bounded_by_a_slot_and_the_pools_ttl() -> Result<(), String> {
+    let recorder = Arc::new(CacheRecorder::default());
+    let store: Arc<dyn StateStore> = recorder.clone();
+    let clock = Arc::new(TestClock(AtomicI64::new(1_000_000)));
+    let text = format!("cache: {{ ttlMs: 5000, maxEntries: 2, maxBytes: 4096 }}\n{BREAKERS}");
+    let e = engine_on(&text, test_env(), clock.clone(), store)?;
+    assert!(e.shared_cache_put("k1", vec![0; 2048], 60_000));
+    assert!(
+        !e.shared_cache_put("k2", vec![0; 2049], 1_000),
+        "larger than a slot"
+    );
+    let puts = recorder.puts.lock().map(|p| p.clone()).unwrap_or_default();
+    assert_eq!(
+        puts,
+        vec![("k1".to_owned(), 2048, 5_000)],
+        "the TTL at most ttlMs"
+    );
+    // A pool without a cache shares nothing.
+    let none = engine_on(
+        BREAKERS,
+        test_env(),
+        clock,
+        Arc::new(CacheRecorder::default()),
+    )?;
+    assert!(!none.shared_cache_put("k1", vec![0; 10], 1_000));
+    assert_eq!(none.shared_cache_get("k1"), None);
+    Ok(())
+}

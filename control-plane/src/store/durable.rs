@@ -253,6 +253,16 @@ pub trait StateStore: Send + Sync {
     ) -> Result<Option<u64>, StoreError> {
         Ok(None)
     }
+    /// The shared tier of the response cache: the entry stored under `key` (the hex SHA-256 of
+    /// a resolved request), `None` when there is none, the store shares no cache, or it does
+    /// not answer now (a miss either way).
+    fn cache_get(&self, _key: &str) -> Option<Vec<u8>> {
+        None
+    }
+    /// Stores `entry` under `key` for `ttl_ms`; whether it was written.
+    fn cache_put(&self, _key: &str, _entry: Vec<u8>, _ttl_ms: u64) -> bool {
+        false
+    }
 }
 
 /// A state with an entry in every table (the stores' round-trip tests).

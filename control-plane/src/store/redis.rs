@@ -49,6 +49,8 @@ use crate::store::spend::Spend;
 const CALL_DEADLINE: Duration = Duration::from_secs(2);
 /// A lease is on a request's way: short, then the local table answers.
 const LEASE_DEADLINE: Duration = Duration::from_millis(300);
+/// A shared-cache look-up waits on a call's way (the filter bounds it tighter still).
+const CACHE_DEADLINE: Duration = Duration::from_millis(100);
 
 const TABLES: [&str; 5] = ["blacklists", "cooldowns", "breakers", "headroom", "spend"];
 
@@ -95,6 +97,12 @@ if v then
 end
 return 0
 ";
+
+/// A response-cache key as the filter makes it: lowercase hex SHA-256 (nothing else becomes a
+/// Redis key).
+fn is_cache_key(key: &str) -> bool {
+    key.len() == 64 && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
 
 struct Shared {
     client: redis::Client,
@@ -176,6 +184,11 @@ impl RedisStateStore {
 
     fn table(&self, name: &str) -> String {
         format!("{}:state:{name}", self.namespace)
+    }
+
+    /// Where the shared tier of the response cache keeps the entry of `key`.
+    fn cache_key(&self, key: &str) -> String {
+        format!("{}:cache:{key}", self.namespace)
     }
 
     fn lease_key(&self, id: &BreakerId) -> String {
@@ -476,6 +489,47 @@ impl StateStore for RedisStateStore {
         }
     }
 
+    fn cache_get(&self, key: &str) -> Option<Vec<u8>> {
+        if !is_cache_key(key) {
+            return None;
+        }
+        let key = self.cache_key(key);
+        match self.call(CACHE_DEADLINE, move |mut conn| async move {
+            redis::cmd("GET")
+                .arg(key)
+                .query_async::<Option<Vec<u8>>>(&mut conn)
+                .await
+        }) {
+            Ok(entry) => entry,
+            Err(Failure::Refused(err) | Failure::Away(err)) => {
+                tracing::warn!(%err, "shared cache look-up: a miss, the shared store does not answer");
+                None
+            }
+        }
+    }
+
+    fn cache_put(&self, key: &str, entry: Vec<u8>, ttl_ms: u64) -> bool {
+        if !is_cache_key(key) || ttl_ms == 0 || entry.is_empty() {
+            return false;
+        }
+        let key = self.cache_key(key);
+        match self.call(CALL_DEADLINE, move |mut conn| async move {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(entry)
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<()>(&mut conn)
+                .await
+        }) {
+            Ok(()) => true,
+            Err(Failure::Refused(err) | Failure::Away(err)) => {
+                tracing::warn!(%err, "shared cache: an entry not stored, the shared store does not answer");
+                false
+            }
+        }
+    }
+
     fn take_minute_calls(
         &self,
         key_id: &str,
@@ -633,6 +687,45 @@ mod tests {
                 .load(std::sync::atomic::Ordering::Relaxed)
                 >= 1
         );
+        Ok(())
+    }
+
+    #[test]
+    fn cache_entries_are_shared_with_their_ttl_and_an_outage_is_a_miss() -> anyhow::Result<()> {
+        static HEALTH: StoreHealth = StoreHealth::new("cache-test");
+        let mut redis = servers::RedisServer::start()?;
+        let a = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let b = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let other = RedisStateStore::with_health(&redis.url(), "other", &HEALTH)?;
+        let key = "ab".repeat(32);
+        assert_eq!(b.cache_get(&key), None);
+        assert!(a.cache_put(&key, b"entry".to_vec(), 60_000));
+        assert_eq!(b.cache_get(&key), Some(b"entry".to_vec()));
+        assert_eq!(other.cache_get(&key), None, "namespaces are apart");
+        let ttl = std::process::Command::new("redis-cli")
+            .args([
+                "-p",
+                &redis.port.to_string(),
+                "PTTL",
+                &format!("ns:cache:{key}"),
+            ])
+            .output()?;
+        let ttl: i64 = String::from_utf8_lossy(&ttl.stdout).trim().parse()?;
+        assert!((1..=60_000).contains(&ttl), "{ttl}");
+        // Only a hex SHA-256 names an entry; no lifetime, no entry.
+        assert!(!a.cache_put("ns:state:x", b"entry".to_vec(), 60_000));
+        assert!(!a.cache_put(&"cd".repeat(32), b"entry".to_vec(), 0));
+        assert_eq!(a.cache_get(&"cd".repeat(32)), None);
+        // An entry ends with its TTL.
+        assert!(a.cache_put(&"ef".repeat(32), b"short".to_vec(), 50));
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(b.cache_get(&"ef".repeat(32)), None);
+        // Away: a miss, fast, and a put that says it did not store.
+        redis.kill();
+        let started = std::time::Instant::now();
+        assert_eq!(b.cache_get(&key), None);
+        assert!(!a.cache_put(&key, b"entry".to_vec(), 60_000));
+        assert!(started.elapsed() < Duration::from_secs(5));
         Ok(())
     }
 

@@ -25,6 +25,12 @@ impl Context for Front {
             self.stage.on_http_call_response(&mut WasmHost, token);
         })
     }
+
+    /// The shared cache tier's answer to a missed call.
+    fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
+        self.stage
+            .on_grpc_call_response(&mut WasmHost, token, status, size);
+    }
 }
 
 impl HttpContext for Front {

@@ -552,11 +552,16 @@ fn report_queue() -> Option<u32> {
 }
 
 fn enqueue(kind: u8, body: Vec<u8>) {
-    let Some(q) = report_queue() else { return };
     let mut msg = Vec::with_capacity(body.len() + 1);
     msg.push(kind);
     msg.extend(body);
-    if hostcalls::enqueue_shared_queue(q, Some(&msg)).is_err() {
+    queue_message(&msg);
+}
+
+/// Puts one message (its kind byte first) on the singleton's report queue.
+fn queue_message(msg: &[u8]) {
+    let Some(q) = report_queue() else { return };
+    if hostcalls::enqueue_shared_queue(q, Some(msg)).is_err() {
         // The singleton may have restarted: resolve again next time.
         LOCAL.with(|l| l.borrow_mut().queue = None);
     }
@@ -601,13 +606,8 @@ pub fn flush_held_reports() {
         l.held_count = 0;
         std::mem::take(&mut l.held)
     });
-    if held.is_empty() {
-        return;
-    }
-    let Some(q) = report_queue() else { return };
-    if hostcalls::enqueue_shared_queue(q, Some(&held)).is_err() {
-        // The singleton may have restarted: resolve again next time.
-        LOCAL.with(|l| l.borrow_mut().queue = None);
+    if !held.is_empty() {
+        queue_message(&held);
     }
 }
 

@@ -116,6 +116,12 @@ pub mod shared {
         format!("ai-router/holds/{provider}")
     }
 
+    /// A provider's lanes parked after a failover (snap-back, `filter-core/src/park.rs`),
+    /// across the workers.
+    pub fn parked(provider: &str) -> String {
+        format!("ai-router/parked/{provider}")
+    }
+
     /// Attempts in flight on a provider's keys, across the workers.
     pub fn in_flight(provider: &str) -> String {
         format!("ai-router/inflight/{provider}")

@@ -172,6 +172,10 @@ enum Pending {
     Lease(u32, Box<lanes::Chosen>, lanes::Probe),
 }
 
+/// Picks an attempt makes at most after losing the claim of a parked lane's probe to another
+/// call (each loss means one more lane is passed over, so more are rare).
+const SNAP_CLAIM_PICKS: usize = 4;
+
 const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;
 /// The header the attempt route picks the provider cluster by (removed by the route).
 const CLUSTER_HEADER: &str = ai_router_contract::headers::CLUSTER;
@@ -331,9 +335,22 @@ impl Attempt {
             larger_than,
         };
         let mut skipped = Vec::new();
-        let pick = host.with_lanes(|view, rr| {
+        let mut pick = host.with_lanes(|view, rr| {
             lanes::pick(&state, &tiers, request, view, rr, now, &mut skipped)
         });
+        // Snap-back: a parked lane whose probe is due goes to the one call (of every worker)
+        // that claims the probe; a call that loses the claim chooses again, passing over it.
+        for _ in 0..SNAP_CLAIM_PICKS {
+            let lost = matches!(&pick, Pick::Lane(c) if c.snap_probe
+                && !crate::park::claim_probe(host, &c.lane, now, plan.reset_ms));
+            if !lost {
+                break;
+            }
+            skipped.clear();
+            pick = host.with_lanes(|view, rr| {
+                lanes::pick(&state, &tiers, request, view, rr, now, &mut skipped)
+            });
+        }
         if !skipped.is_empty() {
             host.with_call(&plan.cid, |c| {
                 for s in &skipped {
@@ -799,7 +816,7 @@ impl Attempt {
             // Snap-back: a failure parks the lane, an answer unparks it. A stream that broke
             // off after its first token did answer; it neither parks nor unparks.
             let class = failure.map(|f| f.class);
-            host.with_lanes(|_, rr| rr.parking.observe(&lane.id, class, now, reset_ms));
+            crate::park::observe(host, &lane.id, class, now, reset_ms);
         }
         // A saving is counted against the first choice when another lane answered.
         let first_choice = plan.and_then(|p| p.first_choice.as_ref()).filter(|fc| {
@@ -2001,6 +2018,96 @@ mod tests {
             Some("p2.test:8000")
         );
         assert_eq!(second.text(Side::Request, H_ATTEMPT), None);
+    }
+
+    /// One call's first attempt on a worker of an Envoy whose workers share `parked`.
+    fn worker_call(
+        parked: &crate::host::fake::SharedStore,
+        plan: &Plan,
+        now: i64,
+    ) -> (FakeHost, Attempt) {
+        let mut host = host_with(snapshot(), plan, 1);
+        host.lanes.parked = parked.clone();
+        host.now = now;
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        (host, stage)
+    }
+
+    fn sent_to(host: &FakeHost) -> String {
+        host.text(Side::Request, ":authority").unwrap_or_default()
+    }
+
+    const OK_BODY: &str = r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+
+    #[test]
+    fn two_workers_probe_a_parked_lane_once_per_interval_in_all_and_snap_back_together() {
+        const INTERVAL: i64 = 1_000;
+        let mut plan = plan(false);
+        plan.reset_ms = INTERVAL as u64;
+        let parked = crate::host::fake::SharedStore::default();
+        let json = [("content-type", "application/json")];
+
+        // Worker A's call fails on the first lane (p1): p1 is parked for both workers.
+        let (mut a, mut failed) = worker_call(&parked, &plan, NOW);
+        assert_eq!(sent_to(&a), "p1.test:8000");
+        answer(
+            &mut failed,
+            &mut a,
+            503,
+            &json,
+            r#"{"error":{"message":"overloaded"}}"#,
+        );
+        assert_eq!(a.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+
+        // Until the probe is due, both workers' calls go to p2.
+        for i in 0..10 {
+            let (host, _) = worker_call(&parked, &plan, NOW + 10 + i * 90);
+            assert_eq!(sent_to(&host), "p2.test:8000", "call {i}");
+        }
+
+        // The probe is due: of many calls on both workers at once, exactly one probes p1.
+        let due = NOW + INTERVAL;
+        let mut calls: Vec<(FakeHost, Attempt)> =
+            (0..10).map(|_| worker_call(&parked, &plan, due)).collect();
+        let probes: Vec<usize> = (0..calls.len())
+            .filter(|i| sent_to(&calls[*i].0) == "p1.test:8000")
+            .collect();
+        assert_eq!(probes.len(), 1, "one probe per interval in all");
+        // Later in the same interval, still none.
+        for t in [due + 1, due + INTERVAL - 1] {
+            let (host, _) = worker_call(&parked, &plan, t);
+            assert_eq!(sent_to(&host), "p2.test:8000", "at +{}", t - due);
+        }
+
+        // The probe answers: both workers' next calls snap back to p1.
+        let (mut host, mut stage) = calls.swap_remove(probes[0]);
+        host.now = due + 50;
+        answer(&mut stage, &mut host, 200, &json, OK_BODY);
+        for i in 0..4 {
+            let (host, _) = worker_call(&parked, &plan, due + 60 + i);
+            assert_eq!(sent_to(&host), "p1.test:8000", "call {i} after the probe");
+        }
+    }
+
+    #[test]
+    fn a_failed_probe_parks_the_lane_for_another_interval() {
+        const INTERVAL: i64 = 1_000;
+        let mut plan = plan(false);
+        plan.reset_ms = INTERVAL as u64;
+        let parked = crate::host::fake::SharedStore::default();
+        let json = [("content-type", "application/json")];
+        let (mut host, mut stage) = worker_call(&parked, &plan, NOW);
+        answer(&mut stage, &mut host, 503, &json, "{}");
+        let (mut host, mut probe) = worker_call(&parked, &plan, NOW + INTERVAL);
+        assert_eq!(sent_to(&host), "p1.test:8000");
+        host.now = NOW + INTERVAL + 200;
+        answer(&mut probe, &mut host, 503, &json, "{}");
+        // Parked again from the probe's failure, a whole interval on.
+        let (host, _) = worker_call(&parked, &plan, NOW + 2 * INTERVAL + 100);
+        assert_eq!(sent_to(&host), "p2.test:8000");
+        let (host, _) = worker_call(&parked, &plan, NOW + 2 * INTERVAL + 200);
+        assert_eq!(sent_to(&host), "p1.test:8000");
     }
 
     #[test]

@@ -140,6 +140,12 @@ pub trait Host {
     /// version `cas` read (`None`: whatever it holds); `false` when another worker wrote it
     /// first or the host refused.
     fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool;
+    /// A provider's parked lanes (snap-back, [`crate::park`]), shared by the workers of the
+    /// process: the record (`None`: never written) and its compare-and-swap token.
+    fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes a provider's parked lanes when the record is still the version `cas` read;
+    /// `false` when another worker wrote it first or the host refused.
+    fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool;
 
     /// The names of every header of that side.
     fn header_names(&self, side: Side) -> Vec<String> {
@@ -186,6 +192,10 @@ pub mod fake {
         },
     }
 
+    /// Records the workers of one process share, each with its version (the CAS token): two
+    /// fake hosts given clones of one store are two workers of one Envoy.
+    pub type SharedStore = Rc<std::cell::RefCell<HashMap<String, (Vec<u8>, u32)>>>;
+
     /// The picker's view in a test: holds and in-flight counts set by the test or the stage.
     #[derive(Debug, Default)]
     pub struct FakeLanes {
@@ -193,6 +203,8 @@ pub mod fake {
         pub in_flight: HashMap<(String, String), i64>,
         /// Per provider.
         pub sends: HashMap<String, Sends>,
+        /// The parked lanes per provider (snap-back).
+        pub parked: SharedStore,
     }
 
     impl View for FakeLanes {
@@ -217,6 +229,11 @@ pub mod fake {
             self.sends
                 .get(provider)
                 .map_or((0, 0), |s| s.since(scope, model, since))
+        }
+        fn parked(&self, lane: &LaneId) -> Option<i64> {
+            let store = self.parked.borrow();
+            let (bytes, _) = store.get(&lane.provider)?;
+            crate::park::ParkedLanes::decode(bytes)?.probe_at(&lane.key, &lane.model)
         }
     }
 
@@ -554,6 +571,22 @@ pub mod fake {
         }
         fn report_attempt(&mut self, outcome: AttemptOutcome) {
             self.attempts.push(outcome);
+        }
+        fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            match self.lanes.parked.borrow().get(provider) {
+                Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+                None => (None, None),
+            }
+        }
+        fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool {
+            let mut store = self.lanes.parked.borrow_mut();
+            let version = store.get(provider).map(|(_, v)| *v);
+            if cas.is_some() && cas != version {
+                return false;
+            }
+            let next = version.unwrap_or(0) + 1;
+            store.insert(provider.to_string(), (record.to_vec(), next));
+            true
         }
     }
 

@@ -8,7 +8,6 @@ use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason, SelectionStr
 
 use crate::classify::Class;
 use crate::local::Allowance;
-use crate::park::Parking;
 use crate::plan::Candidate;
 use crate::state::{scope_of, LaneHealth, State};
 
@@ -91,6 +90,10 @@ pub trait View {
         _since_ms: i64,
     ) -> (u64, u64) {
         (0, 0)
+    }
+    /// When a parked lane is next probed (snap-back, [`crate::park`]); `None`: not parked.
+    fn parked(&self, _lane: &LaneId) -> Option<i64> {
+        None
     }
 }
 
@@ -207,6 +210,9 @@ pub struct Chosen {
     pub probe: Option<Probe>,
     /// The provider's lane health the pick read (its headroom bounds the send's reservation).
     pub health: Rc<LaneHealth>,
+    /// The lane is parked (snap-back) and its probe was due: the call must claim the probe
+    /// ([`crate::park::claim_probe`]) before it goes.
+    pub snap_probe: bool,
 }
 
 /// What the picker needs to know about the call.
@@ -240,12 +246,10 @@ pub enum Pick {
     },
 }
 
-/// The picker's memory in this VM: smooth weighted round-robin positions, and the lanes
-/// parked after a failover (snap-back, [`crate::park`]).
+/// The picker's memory in this VM: smooth weighted round-robin positions.
 #[derive(Debug, Default)]
 pub struct RoundRobin {
     current: HashMap<LaneId, f64>,
-    pub parking: Parking,
     /// Where the next pick of a provider and model with many keys starts looking
     /// ([`KEY_WINDOW`]).
     windows: HashMap<String, usize>,
@@ -596,7 +600,12 @@ pub fn pick(
                 let provider_tried = req.tried.iter().any(|t| t.provider == lane.provider);
                 let candidate_weight =
                     positive(provider.weight) * model_weight * positive(cand.weight);
-                let parked = req.reset_interval_ms > 0 && rr.parking.passed_over(&lane, now_ms);
+                let parked_until = if req.reset_interval_ms > 0 {
+                    view.parked(&lane)
+                } else {
+                    None
+                };
+                let parked = crate::park::passed_over(parked_until, now_ms);
                 let reported = health
                     .headroom(scope_of(key), &lane.model)
                     .filter(|h| h.reset_at_ms > now_ms);
@@ -631,6 +640,7 @@ pub fn pick(
                         tier: tier_index,
                         probe,
                         health: health.clone(),
+                        snap_probe: parked_until.is_some() && !parked,
                     },
                 });
             }
@@ -696,14 +706,7 @@ pub fn pick(
         })
         .collect();
     match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
-        Some(u) => {
-            if req.reset_interval_ms > 0 && rr.parking.is_parked(&u.chosen.lane) {
-                // This call probes the parked lane; the next probe is an interval away.
-                rr.parking
-                    .probing(&u.chosen.lane, now_ms, req.reset_interval_ms);
-            }
-            Pick::Lane(u.chosen)
-        }
+        Some(u) => Pick::Lane(u.chosen),
         None => Pick::Unavailable {
             class: None,
             retry_at_ms: None,
@@ -770,6 +773,7 @@ mod tests {
     struct FakeView {
         holds: RefCell<HashMap<LaneId, Vec<LocalHold>>>,
         in_flight: HashMap<(String, String), u32>,
+        parked: HashMap<LaneId, i64>,
     }
 
     impl View for FakeView {
@@ -788,6 +792,9 @@ mod tests {
                 .filter(|((pp, _), _)| pp == p)
                 .map(|(_, n)| *n)
                 .sum()
+        }
+        fn parked(&self, lane: &LaneId) -> Option<i64> {
+            self.parked.get(lane).copied()
         }
     }
 
@@ -1509,75 +1516,68 @@ mod tests {
     #[test]
     fn a_parked_lane_comes_after_the_others_until_its_probe_is_due() {
         let s = state_with(vec![]);
-        let v = FakeView::default();
+        let mut v = FakeView::default();
         let mut rr = RoundRobin::default();
         let interval = 1_000;
         for k in ["a", "b"] {
-            rr.parking.observe(
-                &LaneId::new("p1", k, "m1"),
-                Some(Class::Transient),
-                0,
-                interval,
-            );
+            v.parked.insert(LaneId::new("p1", k, "m1"), interval as i64);
         }
         let with_interval = Request {
             reset_interval_ms: interval,
             ..Request::default()
         };
-        // Parked: the next tier carries the calls.
-        assert_eq!(
-            chosen(pick(
-                &s,
-                &tiers(),
-                with_interval,
-                &v,
-                &mut rr,
-                10,
-                &mut Vec::new()
-            ))
-            .provider,
-            "p2"
-        );
-        // A call without an interval ignores parking.
-        assert_eq!(
-            chosen(pick(
-                &s,
-                &tiers(),
-                Request::default(),
-                &v,
-                &mut rr,
-                10,
-                &mut Vec::new()
-            ))
-            .provider,
-            "p1"
-        );
-        // Due: one call probes each parked lane of p1, the next ones stay on p2 for another
-        // interval.
-        let probes: Vec<LaneId> = (0..2)
-            .map(|i| {
-                chosen(pick(
-                    &s,
-                    &tiers(),
-                    with_interval,
-                    &v,
-                    &mut rr,
-                    1_000 + i,
-                    &mut Vec::new(),
-                ))
-            })
-            .collect();
-        assert!(probes.iter().all(|l| l.provider == "p1"), "{probes:?}");
-        assert_ne!(probes[0].key, probes[1].key);
-        let after = chosen(pick(
+        let at = |rr: &mut RoundRobin, req: Request<'_>, now: i64| match pick(
             &s,
             &tiers(),
-            with_interval,
+            req,
             &v,
-            &mut rr,
-            1_002,
+            rr,
+            now,
             &mut Vec::new(),
-        ));
-        assert_eq!(after.provider, "p2", "one probe per lane and interval");
+        ) {
+            Pick::Lane(c) => c,
+            other => panic!("no lane: {other:?}"),
+        };
+        // Parked: the next tier carries the calls, and no probe is to claim.
+        let parked = at(&mut rr, with_interval, 10);
+        assert_eq!(parked.lane.provider, "p2");
+        assert!(!parked.snap_probe);
+        // A call without an interval ignores parking.
+        let plain = at(&mut rr, Request::default(), 10);
+        assert_eq!(plain.lane.provider, "p1");
+        assert!(!plain.snap_probe);
+        // Due: the parked lane is chosen again, as a probe the call must claim.
+        let due = at(&mut rr, with_interval, 1_000);
+        assert_eq!(due.lane.provider, "p1");
+        assert!(due.snap_probe);
+    }
+
+    #[test]
+    fn a_parked_lane_is_still_tried_when_nothing_else_is_left() {
+        let s = state_with(vec![]);
+        let mut v = FakeView::default();
+        for k in ["a", "b"] {
+            v.parked.insert(LaneId::new("p1", k, "m1"), 1_000);
+        }
+        let only_p1 = vec![tiers().remove(0)];
+        let got = pick(
+            &s,
+            &only_p1,
+            Request {
+                reset_interval_ms: 1_000,
+                ..Request::default()
+            },
+            &v,
+            &mut RoundRobin::default(),
+            10,
+            &mut Vec::new(),
+        );
+        match got {
+            Pick::Lane(c) => {
+                assert_eq!(c.lane.provider, "p1");
+                assert!(!c.snap_probe, "a last resort is no probe to claim");
+            }
+            other => panic!("no lane: {other:?}"),
+        }
     }
 }

@@ -228,21 +228,29 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_failover_the_cheapest_lane_is_probed_once_per_interval_and_snaps_back() {
-    const INTERVAL_MS: u64 = 1000;
-    let pool = Pool::start("cost_snapback", 1, |m, _| {
+/// The priced pool with a profile `lcr` (cheapest first, snap-back every `interval_ms`), its
+/// cheap lane down.
+async fn snap_back_pool(name: &str, interval_ms: u64) -> Pool {
+    let pool = Pool::start(name, 1, |m, _| {
         Ok(priced_pool(
             &m[0],
-            &format!("profiles:\n  lcr: {{ candidates: [{{ provider: dear, model: m }}, {{ provider: cheap, model: m }}], autoSort: true, resetIntervalMs: {INTERVAL_MS}, maxAttempts: 3 }}\n"),
+            &format!("profiles:\n  lcr: {{ candidates: [{{ provider: dear, model: m }}, {{ provider: cheap, model: m }}], autoSort: true, resetIntervalMs: {interval_ms}, maxAttempts: 3 }}\n"),
         ))
     })
     .await
     .expect("fixture");
     fail_key(&pool, "CR_CHEAP", down()).await;
+    pool
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_cheapest_lane_is_probed_once_per_interval_and_snaps_back() {
+    const INTERVAL_MS: u64 = 1000;
+    let pool = snap_back_pool("cost_snapback", INTERVAL_MS).await;
 
     // A steady load while the cheap lane is down: calls are served by dear, and the cheap lane
-    // is tried about once per interval per Envoy worker (2), not on every call.
+    // is tried once when it fails, then once per interval for the whole Envoy (its two workers
+    // share the parking), not on every call.
     let started = Instant::now();
     let (mut calls, mut cheap_tries) = (0u32, 0u32);
     while started.elapsed() < Duration::from_millis(2 * INTERVAL_MS + 500) {
@@ -255,7 +263,7 @@ async fn after_a_failover_the_cheapest_lane_is_probed_once_per_interval_and_snap
     }
     assert!(calls >= 20, "only {calls} calls in the load phase");
     assert!(
-        cheap_tries <= 8,
+        cheap_tries <= 4,
         "{cheap_tries} of {calls} calls tried the parked cheap lane: more than once per interval"
     );
     assert!(cheap_tries >= 1, "the cheap lane was never probed");
@@ -280,6 +288,93 @@ async fn after_a_failover_the_cheapest_lane_is_probed_once_per_interval_and_snap
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// What one call of a concurrent load saw: when it started (since the load began), whether
+/// the cheap lane answered it.
+struct Served {
+    started: Duration,
+    cheap: bool,
+}
+
+/// `clients` concurrent callers, each opening a new connection per call (so the calls spread
+/// over Envoy's workers), until `run` has passed.
+async fn concurrent_load(pool: &Pool, clients: usize, run: Duration) -> Vec<Served> {
+    let base = pool.envoy.base_url();
+    let began = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (base, key) = (base.clone(), pool.virtual_key.clone());
+        tasks.spawn(async move {
+            let mut seen = Vec::new();
+            while began.elapsed() < run {
+                let started = began.elapsed();
+                let client = ai_router_e2e::Client::new(&base).unwrap();
+                let r = client.chat_with(&chat("lcr"), Some(&key)).await.unwrap();
+                assert_eq!(r.status, 200, "{r}");
+                // The cheap lane costs a tenth of the dear one for the same usage.
+                let cheap = cost_header(&r) < cost_of(&r, 5.0, 15.0);
+                seen.push(Served { started, cheap });
+            }
+            seen
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        all.extend(done.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_concurrent_load_on_two_workers_the_parked_lane_is_probed_once_per_interval_in_all() {
+    const INTERVAL_MS: u64 = 500;
+    const LOAD_MS: u64 = 4_000;
+    let pool = snap_back_pool("cost_snapback_shared", INTERVAL_MS).await;
+
+    // Park the cheap lane (on every worker that has a call on it), then count at the mock what
+    // reaches it while a concurrent load runs on Envoy's two workers.
+    let _ = concurrent_load(&pool, 4, Duration::from_millis(INTERVAL_MS / 2)).await;
+    pool.clear_calls().await.unwrap();
+    let load = concurrent_load(&pool, 6, Duration::from_millis(LOAD_MS)).await;
+    let keys = pool.keys_called().await.unwrap();
+    let probes = keys.iter().filter(|k| *k == "cheap").count() as u64;
+    let calls = load.len() as u64;
+    eprintln!("{probes} probes of the parked lane in {LOAD_MS} ms ({INTERVAL_MS} ms interval) over {calls} calls");
+    assert!(calls >= 40, "only {calls} calls in the load phase");
+    assert!(load.iter().all(|s| !s.cheap), "the cheap lane is down");
+    // One probe per interval for the whole Envoy (each worker probing on its own would make
+    // about twice as many).
+    let most = LOAD_MS / INTERVAL_MS + 1;
+    assert!(
+        probes <= most,
+        "{probes} probes of the parked cheap lane in {LOAD_MS} ms of {calls} calls: more than one per {INTERVAL_MS} ms interval"
+    );
+    assert!(
+        probes >= 2,
+        "the parked lane was probed only {probes} times"
+    );
+
+    // The cheap lane recovers: the next probe (at most an interval away) answers, and the calls
+    // that start after it, on both workers, snap back.
+    pool.mocks[0].script(json!([])).await.unwrap();
+    let load = concurrent_load(&pool, 6, Duration::from_millis(3 * INTERVAL_MS + 1_000)).await;
+    let settled = Duration::from_millis(INTERVAL_MS + 500);
+    let late: Vec<_> = load.iter().filter(|s| s.started >= settled).collect();
+    assert!(
+        late.len() >= 10,
+        "only {} calls after {settled:?}",
+        late.len()
+    );
+    let dear = late.iter().filter(|s| !s.cheap).count();
+    let first_cheap = load.iter().filter(|s| s.cheap).map(|s| s.started).min();
+    eprintln!("after the recovery: first call on the cheap lane started at {first_cheap:?}");
+    assert_eq!(
+        dear,
+        0,
+        "{dear} of {} calls started {settled:?} after the recovery still went to the dear lane",
+        late.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

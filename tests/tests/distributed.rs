@@ -14,7 +14,9 @@
 //! - a half-open provider breaker lets exactly one probe through, counted at the provider,
 //!   while calls arrive through both Envoys at once; the others answer from the fallback;
 //! - 200 calls over both Envoys with `requestsPerMinute: 50` admit 50 to 60 (the stated bound:
-//!   the limit plus one block per Envoy).
+//!   the limit plus one block per Envoy);
+//! - a hard budget spent through control plane A's Envoy is enforced (429 `budget_exceeded`
+//!   with `Retry-After`) through control plane B's Envoy within [`BUDGET_SHARED`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -929,6 +931,90 @@ async fn a_half_open_provider_breaker_lets_exactly_one_probe_through_both_envoys
         .await
         .unwrap();
     }
+    c.check_no_secrets_in_logs(&[]);
+}
+
+/// How soon a budget spent through one control plane is enforced through the other: its
+/// read of the key store's budget counts every `KEY_SYNC_INTERVAL` (500 ms), then a push, with
+/// room for a loaded machine.
+const BUDGET_SHARED: Duration = Duration::from_secs(2);
+
+/// Scripts the mock to report `tokens` of usage (half prompt, half completion) on every call.
+async fn script_usage(c: &Cluster, tokens: u64) {
+    let reply = json!({
+        "text": "ok",
+        "usage": { "prompt_tokens": tokens / 2, "completion_tokens": tokens - tokens / 2 },
+    });
+    c.mock
+        .script(json!([script::always(vec![reply])]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_budget_spent_through_control_plane_a_is_enforced_through_control_plane_b() {
+    let c = Cluster::start_full(
+        "distributed-budget",
+        "",
+        "budgets:\n  - { name: key-day, scope: key, window: day, limits: { maxTokens: 100 }, enforcement: hard }\n",
+    )
+    .await;
+    // Each Envoy syncs from its own control plane: what B's Envoy enforces, B's pushed.
+    until_streams(&c, (1, 1), "each Envoy to sync from its own control plane").await;
+    // Nothing spent yet: B's Envoy answers.
+    script_usage(&c, 0).await;
+    until_status(&c.b, &c.virtual_key, 200, "B's Envoy to answer").await;
+    until_status(&c.a, &c.virtual_key, 200, "A's Envoy to answer").await;
+
+    // One call through A spends 120 of the 100 tokens (counting is after the call).
+    script_usage(&c, 120).await;
+    let crossing = c.a.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
+    assert_eq!(crossing.status, 200, "the crossing call: {crossing}");
+    let spent = Instant::now();
+    script_usage(&c, 0).await;
+
+    // B's control plane reads the count A's wrote to Postgres and pushes it: once the stated
+    // delay has passed, the first call through B (B served nothing meanwhile, so nothing of
+    // its own made it look) is refused.
+    let seen = poll(
+        "B's control plane to count the budget spent",
+        BUDGET_SHARED,
+        || async {
+            let text =
+                ai_router_e2e::get_text(&format!("http://{}/metrics", c.b.cp.http_addr())).await?;
+            Ok(text
+                .lines()
+                .any(|l| l.starts_with("ai_router_budget_state{") && l.ends_with(" 2"))
+                .then(|| spent.elapsed()))
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!("control plane B counted the budget spent through A after {seen:?}");
+    tokio::time::sleep(BUDGET_SHARED.saturating_sub(spent.elapsed())).await;
+    let refused = c.b.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
+    if let Some(problem) = ai_router_e2e::openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("through B {BUDGET_SHARED:?} after the budget was spent through A: {problem}");
+    }
+    let wait: u64 = refused
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no whole-second Retry-After: {refused}"));
+    assert!((1..=86_400).contains(&wait), "Retry-After {wait}");
+    // Refused calls reach no provider, through either Envoy.
+    c.mock.clear_calls().await.unwrap();
+    for site in [&c.a, &c.b] {
+        let r = site
+            .client
+            .chat("chat", Some(&c.virtual_key))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 429, "{r}");
+    }
+    assert!(
+        c.mock.calls().await.unwrap().is_empty(),
+        "a refused call reached the mock"
+    );
     c.check_no_secrets_in_logs(&[]);
 }
 

@@ -1,6 +1,6 @@
 //! `promptCache` through a real Envoy: a profile with it sends its anthropic provider one
-//! `cache_control` marker (on the last system block), none when the client placed its own,
-//! none without it; the cached prompt tokens the provider reports come back in the OpenAI
+//! `cache_control` marker (on the last system block, and one on the last tool), none when the
+//! client placed its own, none without it, never a second one on a failed-over attempt; the cached prompt tokens the provider reports come back in the OpenAI
 //! usage shape and reach the key's usage rows, priced at `cost.cachedInput`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -145,5 +145,57 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
     assert_eq!(total["promptTokens"], 300, "{total}");
     let cost = total["cost"].as_f64().unwrap_or(0.0);
     assert!((cost - 3.0 * 380e-6).abs() < 1e-9, "cost {cost}: {total}");
+
+    // With tools, and a failover between two anthropic keys: every attempt's body carries one
+    // marker on the last system block and one on the last tool, never a second one added on
+    // the retried body.
+    gw.mock1
+        .script(json!([
+            script::for_key(&gw.key_a, vec![script::down()]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    gw.mock1.clear_calls().await.unwrap();
+    let tool = |name: &str| {
+        json!({ "type": "function", "function": {
+            "name": name, "parameters": { "type": "object", "properties": {} } } })
+    };
+    let with_tools = json!({ "model": "cached", "messages": messages,
+        "tools": [tool("first"), tool("last")] });
+    let mut attempts = Vec::new();
+    for _ in 0..4 {
+        let r = gw
+            .client
+            .chat_with(&with_tools, Some(&gw.virtual_key))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        attempts = gw.mock1.calls().await.unwrap();
+        if attempts
+            .iter()
+            .any(|c| c.key.as_deref() == Some(gw.key_a.as_str()))
+        {
+            break;
+        }
+    }
+    assert!(
+        attempts.len() >= 2,
+        "no call failed over from key a: {} attempts",
+        attempts.len()
+    );
+    for call in &attempts {
+        let sent = &call.body;
+        assert_eq!(
+            markers(sent),
+            2,
+            "one on the system block, one on the tools: {sent}"
+        );
+        assert!(sent["system"][0]["cache_control"].is_object(), "{sent}");
+        let tools = sent["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 2, "{sent}");
+        assert!(tools[0].get("cache_control").is_none(), "{sent}");
+        assert!(tools[1]["cache_control"].is_object(), "{sent}");
+    }
     gw.check_no_secrets_in_logs().unwrap();
 }

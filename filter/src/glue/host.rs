@@ -405,6 +405,14 @@ impl Host for WasmHost {
             shared::set_cache_slot(slot, entry, cas)
         })
     }
+    fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        super::prof::time("host.parked_lanes", || shared::parked_lanes(provider))
+    }
+    fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool {
+        super::prof::time("host.set_parked_lanes", || {
+            shared::set_parked_lanes(provider, record, cas)
+        })
+    }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
         super::prof::time("host.report_attempt", || {
             shared::report_attempt(outcome);

@@ -1,9 +1,9 @@
 //! What the workers share: the pushed state as records the ctrl singleton writes to shared data
 //! (the pool, decoded once per pool version per VM; one virtual key and one provider's lane
 //! health, read when a request needs them), holds one worker puts on lanes for all (shared
-//! data), this VM's calls in progress, in-flight counts and round-robin positions
-//! (thread-local: the front and attempt stages of one call run on the same worker), and the
-//! report queue.
+//! data), the lanes parked for snap-back (shared data), this VM's calls in progress, in-flight
+//! counts and round-robin positions (thread-local: the front and attempt stages of one call
+//! run on the same worker), and the report queue.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -19,6 +19,7 @@ use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
 use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
+use ai_router_filter_core::park::ParkedLanes;
 use ai_router_filter_core::state::{LaneHealth, State};
 
 use super::gauges::{self, Gauge};
@@ -377,6 +378,19 @@ pub fn cache_slot(slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
     }
 }
 
+/// A provider's parked lanes (snap-back) and the record's version.
+pub fn parked_lanes(provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    match hostcalls::get_shared_data(&names::parked(provider)) {
+        Ok((bytes, cas)) => (bytes.filter(|b| !b.is_empty()), cas),
+        Err(_) => (None, None),
+    }
+}
+
+/// Writes a provider's parked lanes if the record is still the version `cas` read.
+pub fn set_parked_lanes(provider: &str, record: &[u8], cas: Option<u32>) -> bool {
+    hostcalls::set_shared_data(&names::parked(provider), Some(record), cas).is_ok()
+}
+
 /// Writes a response-cache slot if it is still the version `cas` read.
 pub fn set_cache_slot(slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
     hostcalls::set_shared_data(&names::cache(slot), Some(entry), cas).is_ok()
@@ -476,6 +490,7 @@ pub struct SharedView {
     providers: RefCell<HashMap<String, Rc<ProviderLocal>>>,
     sends: RefCell<HashMap<String, Sends>>,
     health: RefCell<HashMap<String, Option<Rc<LaneHealth>>>>,
+    parked: RefCell<HashMap<String, ParkedLanes>>,
 }
 
 impl SharedView {
@@ -537,6 +552,22 @@ impl View for SharedView {
 
     fn synced_at_ms(&self) -> Option<i64> {
         Some(LOCAL.with(|l| l.borrow().synced_at_ms))
+    }
+
+    fn parked(&self, lane: &LaneId) -> Option<i64> {
+        // Read only for calls with an interval, once per provider and pick.
+        if let Some(hit) = self.parked.borrow().get(&lane.provider) {
+            return hit.probe_at(&lane.key, &lane.model);
+        }
+        let parked = parked_lanes(&lane.provider)
+            .0
+            .and_then(|b| ParkedLanes::decode(&b))
+            .unwrap_or_default();
+        let out = parked.probe_at(&lane.key, &lane.model);
+        self.parked
+            .borrow_mut()
+            .insert(lane.provider.clone(), parked);
+        out
     }
 }
 

@@ -343,9 +343,10 @@ async fn under_concurrent_load_on_two_workers_the_parked_lane_is_probed_once_per
     eprintln!("{probes} probes of the parked lane in {LOAD_MS} ms ({INTERVAL_MS} ms interval) over {calls} calls");
     assert!(calls >= 40, "only {calls} calls in the load phase");
     assert!(load.iter().all(|s| !s.cheap), "the cheap lane is down");
-    // One probe per interval for the whole Envoy (each worker probing on its own would make
-    // about twice as many).
-    let most = LOAD_MS / INTERVAL_MS + 1;
+    // One probe per interval for the whole Envoy (each worker probing on its own makes about
+    // twice as many: 16 here), plus one claimed just before the count began and still on its
+    // way to the mock.
+    let most = LOAD_MS / INTERVAL_MS + 2;
     assert!(
         probes <= most,
         "{probes} probes of the parked cheap lane in {LOAD_MS} ms of {calls} calls: more than one per {INTERVAL_MS} ms interval"

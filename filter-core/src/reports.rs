@@ -146,6 +146,82 @@ impl Outbox {
     }
 }
 
+/// The kind byte of a queue message that bundles several outcomes (see [`bundle_push`]).
+pub const REPORT_BUNDLE: u8 = 4;
+/// A worker holds its outcomes at most this long before it queues them for the singleton (on
+/// the attempt root's tick or the next report): one queue message, so one wake-up of the main
+/// thread and one report call, per worker and stretch instead of two per request. A failed
+/// attempt is queued at once, with what waits before it: what it says about a key (a
+/// blacklist, a cooldown) is the news the other Envoys wait for.
+pub const REPORT_HOLD_MS: i64 = 50;
+/// ...or until this many outcomes wait...
+pub const REPORT_HOLD_COUNT: usize = 64;
+/// ...or this many bytes (`telemetry.includeContent` makes attempts large).
+pub const REPORT_HOLD_BYTES: usize = 256 * 1024;
+/// A reservation against a figure of at most this many requests left makes the worker queue
+/// its outcomes at once for [`SCARCE_HOLD_MS`]: near a scope's end the control plane's count
+/// (and the figure it pushes back) must not lag behind the sends, or a figure pushed before a
+/// held report arrives would let one send too many through.
+pub const SCARCE_REQUESTS: i64 = 64;
+pub const SCARCE_HOLD_MS: i64 = 2_000;
+
+/// The outcomes one worker holds before it queues them as one [`REPORT_BUNDLE`] message, and
+/// the rule for when they are due.
+#[derive(Debug, Default)]
+pub struct Held {
+    bundle: Vec<u8>,
+    count: usize,
+    /// When the first outcome held now was added.
+    since_ms: i64,
+    /// Until when every outcome is queued at once (a reservation met a scarce figure).
+    scarce_until_ms: i64,
+}
+
+impl Held {
+    /// Holds one outcome; `true` when what is held is due now (queue it with [`Held::take`]):
+    /// the outcome is `urgent` (a failed attempt), a scarce figure was met lately, or the
+    /// bundle is full or old enough.
+    pub fn push(&mut self, kind: u8, body: &[u8], urgent: bool, now_ms: i64) -> bool {
+        if self.count == 0 {
+            self.since_ms = now_ms;
+            self.bundle.clear();
+            self.bundle.push(REPORT_BUNDLE);
+        }
+        bundle_push(&mut self.bundle, kind, body);
+        self.count += 1;
+        urgent
+            || now_ms < self.scarce_until_ms
+            || self.count >= REPORT_HOLD_COUNT
+            || self.bundle.len() >= REPORT_HOLD_BYTES
+            || self.due(now_ms)
+    }
+
+    /// Whether outcomes are held and the first has waited [`REPORT_HOLD_MS`] (the tick's test).
+    pub fn due(&self, now_ms: i64) -> bool {
+        self.count > 0 && now_ms - self.since_ms >= REPORT_HOLD_MS
+    }
+
+    /// A reservation was made at `at_ms` against these figures of requests left: one at
+    /// [`SCARCE_REQUESTS`] or fewer makes every outcome due at once for [`SCARCE_HOLD_MS`].
+    pub fn reserving(&mut self, remaining_requests: impl IntoIterator<Item = i64>, at_ms: i64) {
+        if remaining_requests
+            .into_iter()
+            .any(|r| (0..=SCARCE_REQUESTS).contains(&r))
+        {
+            self.scarce_until_ms = self.scarce_until_ms.max(at_ms + SCARCE_HOLD_MS);
+        }
+    }
+
+    /// The bundle to queue (empty when nothing is held); holding starts afresh.
+    pub fn take(&mut self) -> Vec<u8> {
+        if self.count == 0 {
+            return Vec::new();
+        }
+        self.count = 0;
+        std::mem::take(&mut self.bundle)
+    }
+}
+
 /// Appends one outcome to a bundle of several (one queue message from a worker to the
 /// singleton): its kind byte, its length as 4 big-endian bytes, its bytes.
 pub fn bundle_push(bundle: &mut Vec<u8>, kind: u8, body: &[u8]) {
@@ -190,6 +266,63 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn held_outcomes_are_due_after_the_hold_or_at_once_when_urgent() {
+        let mut h = Held::default();
+        assert!(h.take().is_empty(), "nothing held, nothing to queue");
+        assert!(!h.push(1, b"a", false, 1_000));
+        assert!(!h.push(2, b"bb", false, 1_000 + REPORT_HOLD_MS - 1));
+        assert!(!h.due(1_000 + REPORT_HOLD_MS - 1));
+        assert!(
+            h.due(1_000 + REPORT_HOLD_MS),
+            "the first has waited the hold"
+        );
+        let bundle = h.take();
+        assert_eq!(bundle[0], REPORT_BUNDLE);
+        assert_eq!(bundled(&bundle[1..]), vec![(1, &b"a"[..]), (2, &b"bb"[..])]);
+        assert!(!h.due(10_000), "taken: nothing held");
+        // A failed attempt goes at once, with what waited before it.
+        assert!(!h.push(1, b"ok", false, 2_000));
+        assert!(h.push(1, b"failed", true, 2_001));
+        assert_eq!(bundled(&h.take()[1..]).len(), 2);
+        // The hold runs from the first outcome held after a take, not from the old one.
+        assert!(!h.push(1, b"c", false, 5_000));
+        assert!(!h.due(5_000 + REPORT_HOLD_MS - 1));
+    }
+
+    #[test]
+    fn a_full_bundle_is_due_before_its_hold() {
+        let mut h = Held::default();
+        for i in 1..REPORT_HOLD_COUNT {
+            assert!(!h.push(1, b"x", false, 0), "outcome {i} held");
+        }
+        assert!(h.push(1, b"x", false, 0), "the 64th fills the bundle");
+        assert_eq!(bundled(&h.take()[1..]).len(), REPORT_HOLD_COUNT);
+        let big = vec![0u8; REPORT_HOLD_BYTES];
+        assert!(h.push(1, &big, false, 0), "a bundle of 256 KiB is due");
+    }
+
+    #[test]
+    fn a_scarce_figure_makes_outcomes_due_at_once_for_a_while() {
+        let mut h = Held::default();
+        h.reserving([-1, 10_000], 0);
+        assert!(!h.push(1, b"a", false, 0), "no limit and plenty left: held");
+        h.take();
+        h.reserving([-1, SCARCE_REQUESTS], 1_000);
+        assert!(h.push(1, b"a", false, 1_000));
+        assert!(h.push(1, b"b", false, 1_000 + SCARCE_HOLD_MS - 1));
+        h.take();
+        assert!(
+            !h.push(1, b"c", false, 1_000 + SCARCE_HOLD_MS),
+            "the scarce stretch is over"
+        );
+        // An older reservation does not shorten a later one's stretch.
+        h.reserving([0], 5_000);
+        h.reserving([1], 4_000);
+        h.take();
+        assert!(h.push(1, b"d", false, 5_000 + SCARCE_HOLD_MS - 1));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `ai_router_filter_core::attempt` over the wasm host, and the tick that checks the bounds of
 //! this worker's attempts in flight (their `timeoutMs`): a root context's tick, acting on each
 //! attempt due through `proxy_set_effective_context`, instead of a timer per attempt. The same
-//! tick queues the worker's held outcomes for the singleton (`shared::REPORT_HOLD_MS`).
+//! tick queues the worker's held outcomes for the singleton (filter-core's
+//! `reports::REPORT_HOLD_MS`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;

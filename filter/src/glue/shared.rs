@@ -20,6 +20,7 @@ use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
 use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
 use ai_router_filter_core::park::ParkedLanes;
+use ai_router_filter_core::reports::Held;
 use ai_router_filter_core::state::{LaneHealth, State};
 
 use super::gauges::{self, Gauge};
@@ -29,26 +30,7 @@ pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 /// An ask for a block of a key's minute budget (`MinuteCallsRequest`), on the report queue.
 pub const MINUTE_ASK: u8 = 3;
-/// Several outcomes of one worker in one queue message: each a kind byte, a 4-byte big-endian
-/// length and the encoded outcome.
-pub const REPORT_BUNDLE: u8 = 4;
-
-/// A worker holds its outcomes at most this long before it queues them for the singleton (on
-/// the attempt root's tick or the next report): one queue message, so one wake-up of the main
-/// thread and one report call, per worker and stretch instead of two per request. A failed
-/// attempt is queued at once, with what waits before it: what it says about a key (a
-/// blacklist, a cooldown) is the news the other Envoys wait for.
-pub const REPORT_HOLD_MS: i64 = 50;
-/// A reservation against a figure of at most this many requests left makes the worker queue
-/// its outcomes at once for [`SCARCE_HOLD_MS`]: near a scope's end the control plane's count
-/// (and the figure it pushes back) must not lag behind the sends, or a figure pushed before a
-/// held report arrives would let one send too many through.
-const SCARCE_REQUESTS: i64 = 64;
-const SCARCE_HOLD_MS: i64 = 2_000;
-/// ...or until this many outcomes wait...
-const REPORT_HOLD_COUNT: usize = 64;
-/// ...or this many bytes (`telemetry.includeContent` makes attempts large).
-const REPORT_HOLD_BYTES: usize = 256 * 1024;
+pub use ai_router_filter_core::reports::REPORT_BUNDLE;
 
 pub use ai_router_filter_core::calls::Call;
 
@@ -69,13 +51,8 @@ struct Local {
     /// Latency EWMA per lane, in ms.
     latency: HashMap<LaneId, f64>,
     rng: u64,
-    /// Outcomes waiting to be queued as one [`REPORT_BUNDLE`], and since when the first waits.
-    held: Vec<u8>,
-    held_count: usize,
-    held_since_ms: i64,
-    /// Until when this worker queues every outcome at once: a reservation met a scope close to
-    /// its end ([`SCARCE_REQUESTS`]).
-    scarce_until_ms: i64,
+    /// Outcomes waiting to be queued as one bundle.
+    held: Held,
 }
 
 thread_local! {
@@ -270,13 +247,11 @@ pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
 /// compare-and-swap across the workers; `false` when it does not (or the record cannot be
 /// written: then the send goes, unreserved, rather than fail the call).
 pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> bool {
-    if allowances
-        .iter()
-        .any(|a| a.remaining_requests >= 0 && a.remaining_requests <= SCARCE_REQUESTS)
-    {
-        let until = send.at_ms + SCARCE_HOLD_MS;
-        LOCAL.with(|l| l.borrow_mut().scarce_until_ms = until);
-    }
+    LOCAL.with(|l| {
+        l.borrow_mut()
+            .held
+            .reserving(allowances.iter().map(|a| a.remaining_requests), send.at_ms)
+    });
     let name = names::sends(provider);
     for _ in 0..16 {
         let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
@@ -607,24 +582,11 @@ pub fn report_request(outcome: RequestOutcome) {
     hold_report(REPORT_REQUEST, &outcome.encode_to_vec(), false);
 }
 
-/// Adds one outcome to this worker's bundle; queues the bundle when it is due (see
-/// [`REPORT_HOLD_MS`]) or `urgent`.
+/// Adds one outcome to this worker's bundle; queues the bundle when it is due (the rule is
+/// [`Held::push`]'s).
 fn hold_report(kind: u8, body: &[u8], urgent: bool) {
     let now = now_ms();
-    let due = LOCAL.with(|l| {
-        let mut l = l.borrow_mut();
-        if l.held_count == 0 {
-            l.held_since_ms = now;
-            l.held.push(REPORT_BUNDLE);
-        }
-        ai_router_filter_core::reports::bundle_push(&mut l.held, kind, body);
-        l.held_count += 1;
-        urgent
-            || now < l.scarce_until_ms
-            || l.held_count >= REPORT_HOLD_COUNT
-            || l.held.len() >= REPORT_HOLD_BYTES
-            || now - l.held_since_ms >= REPORT_HOLD_MS
-    });
+    let due = LOCAL.with(|l| l.borrow_mut().held.push(kind, body, urgent, now));
     if due {
         flush_held_reports();
     }
@@ -632,11 +594,7 @@ fn hold_report(kind: u8, body: &[u8], urgent: bool) {
 
 /// Queues what this worker holds for the singleton (the attempt root's tick calls it too).
 pub fn flush_held_reports() {
-    let held = LOCAL.with(|l| {
-        let mut l = l.borrow_mut();
-        l.held_count = 0;
-        std::mem::take(&mut l.held)
-    });
+    let held = LOCAL.with(|l| l.borrow_mut().held.take());
     if !held.is_empty() {
         queue_message(&held);
     }
@@ -644,10 +602,7 @@ pub fn flush_held_reports() {
 
 /// Whether this worker's held outcomes are due at `now`.
 pub fn held_reports_due(now: i64) -> bool {
-    LOCAL.with(|l| {
-        let l = l.borrow();
-        l.held_count > 0 && now - l.held_since_ms >= REPORT_HOLD_MS
-    })
+    LOCAL.with(|l| l.borrow().held.due(now))
 }
 
 pub fn duration_ms(ms: u64) -> Duration {

@@ -17,6 +17,10 @@
 //! - Whether a call uses the cache ([`applies`]): the key's `cache` when set, else the merged
 //!   policy's, else on (with the pool's `cache:`). `Cache-Control: no-cache` or `no-store` from
 //!   the client skips the lookup and the store ([`bypassed`]).
+//! - Every caller protocol is cached, each in its own key space ([`key_for`]): a chat caller's
+//!   entries hold chat completions, a Messages caller's Messages `message`s, a Responses
+//!   caller's `response`s (their shapes in [`crate::cache_shapes`]). A stateful Responses call
+//!   (`previous_response_id`, `store: true`) is never cached: its answer is the provider's state.
 
 use ai_router_proto::v1::{CacheSettings, CacheStore};
 use serde_json::{json, Value};
@@ -57,7 +61,7 @@ const KEYED_FIELDS: &[&str] = &[
     "encoding_format",
 ];
 
-/// The cache key (hex SHA-256) of a request resolved to `models`.
+/// The cache key (hex SHA-256) of a chat-completions or embeddings request resolved to `models`.
 pub fn key_of(op: Operation, models: &[&str], body: &Value) -> String {
     let mut keyed = serde_json::Map::new();
     for field in KEYED_FIELDS {
@@ -67,6 +71,30 @@ pub fn key_of(op: Operation, models: &[&str], body: &Value) -> String {
     }
     // serde_json's map is ordered by key: the same fields give the same text.
     let text = json!({ "op": op.as_str(), "models": models, "body": keyed }).to_string();
+    sha256_hex(text.as_bytes())
+}
+
+/// The cache key of a caller's request (`body` as the caller sent it) resolved to `models`: a
+/// chat caller's is [`key_of`]; a Messages or Responses caller's is in a space of its own
+/// protocol, over its body less what does not change the answer, and for Messages the
+/// `anthropic-version` and `anthropic-beta` it sent (a beta can change the answer's shape).
+pub fn key_for(
+    protocol: crate::plan::Protocol,
+    op: Operation,
+    models: &[&str],
+    body: &Value,
+    anthropic: (Option<&str>, Option<&str>),
+) -> String {
+    if protocol == crate::plan::Protocol::Chat {
+        return key_of(op, models, body);
+    }
+    let text = json!({
+        "protocol": protocol.as_str(),
+        "models": models,
+        "body": crate::cache_shapes::keyed_body(protocol, body),
+        "anthropic": [anthropic.0, anthropic.1],
+    })
+    .to_string();
     sha256_hex(text.as_bytes())
 }
 
@@ -84,6 +112,14 @@ pub fn bypassed(cache_control: Option<&str>) -> bool {
 pub fn slot_of(key: &str, max_entries: u32) -> u32 {
     let head = u64::from_str_radix(key.get(..16).unwrap_or("0"), 16).unwrap_or(0);
     u32::try_from(head % u64::from(max_entries.max(1))).unwrap_or(0)
+}
+
+/// Whether a unary answer to a caller of `protocol` may be stored.
+pub fn storable_for(protocol: crate::plan::Protocol, status: u16, body: &Value) -> bool {
+    match protocol {
+        crate::plan::Protocol::Chat => storable(status, body),
+        _ => crate::cache_shapes::storable(protocol, status, body),
+    }
 }
 
 /// Whether a unary chat answer may be stored: a 200 whose every choice is complete.
@@ -202,6 +238,8 @@ pub struct Miss {
     pub slot_bytes: u64,
     /// The shared tier's wait (a Redis state store); 0: no shared tier.
     pub shared_ms: u64,
+    /// The caller's protocol: the shape of the answer stored.
+    pub protocol: crate::plan::Protocol,
 }
 
 /// What the cache did for a call.
@@ -243,6 +281,7 @@ pub fn look(
     host: &impl Host,
     cache: &CacheSettings,
     key: String,
+    protocol: crate::plan::Protocol,
     cache_control: Option<&str>,
     now_ms: i64,
 ) -> Lookup {
@@ -259,6 +298,7 @@ pub fn look(
             ttl_ms: cache.ttl_ms,
             slot_bytes: slot_bytes(cache.max_bytes, cache.max_entries),
             shared_ms: cache.shared_lookup_ms,
+            protocol,
         }),
     }
 }
@@ -273,7 +313,8 @@ pub fn store(
     lane: (&str, &str),
     now_ms: i64,
 ) -> CacheStore {
-    let complete = serde_json::from_slice::<Value>(body).is_ok_and(|v| storable(status, &v));
+    let complete = serde_json::from_slice::<Value>(body)
+        .is_ok_and(|v| storable_for(miss.protocol, status, &v));
     if !complete {
         return CacheStore::Unstorable;
     }
@@ -349,27 +390,43 @@ pub struct CallCache {
     /// The answer is an SSE stream (stored as the completion it assembles to).
     stream: bool,
     stored: Option<CacheStore>,
+    /// The caller's protocol: the shape of what is stored and replayed.
+    protocol: crate::plan::Protocol,
+    /// A Responses caller's `metadata`, echoed in a hit's answer.
+    metadata: Option<Value>,
+}
+
+/// What decides whether and how a call is cached, besides its resolution and body.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheCall<'a> {
+    /// The virtual key's `cache` and the merged policy's.
+    pub key_cache: Option<bool>,
+    pub policy_cache: Option<bool>,
+    pub protocol: crate::plan::Protocol,
+    pub op: Operation,
+    /// Messages: the caller's `anthropic-version` and `anthropic-beta`.
+    pub anthropic: (Option<&'a str>, Option<&'a str>),
 }
 
 impl CallCache {
     /// Looks a resolved call up, when the cache applies to it: the pool has a cache, the
-    /// key's or the policy's `cache` leaves it on, and the caller speaks chat completions or
-    /// embeddings (a Messages or Responses caller is never cached).
-    #[allow(clippy::too_many_arguments)]
+    /// key's or the policy's `cache` leaves it on, and the call keeps no provider state (a
+    /// stateful Responses call is never cached). `body` is the caller's, in its protocol.
     pub fn begin(
         host: &impl Host,
         state: &crate::state::State,
-        key_cache: Option<bool>,
-        policy_cache: Option<bool>,
-        protocol: crate::plan::Protocol,
-        op: Operation,
+        call: &CacheCall<'_>,
         tiers: &[Vec<crate::plan::Candidate>],
         body: &Value,
         now_ms: i64,
     ) -> Self {
-        let Some(cache) = applies(state.snapshot.cache.as_ref(), policy_cache, key_cache)
-            .filter(|_| protocol == crate::plan::Protocol::Chat)
-        else {
+        let protocol = call.protocol;
+        let Some(cache) = applies(
+            state.snapshot.cache.as_ref(),
+            call.policy_cache,
+            call.key_cache,
+        )
+        .filter(|_| crate::ingress::stateful(protocol, body).is_none()) else {
             return Self::default();
         };
         let lanes: Vec<String> = tiers
@@ -383,12 +440,34 @@ impl CallCache {
             lookup: look(
                 host,
                 &cache,
-                key_of(op, &names, body),
+                key_for(protocol, call.op, &names, body, call.anthropic),
+                protocol,
                 cache_control.as_deref(),
                 now_ms,
             ),
+            protocol,
+            metadata: body.get("metadata").cloned(),
             ..Self::default()
         }
+    }
+
+    /// A hit's answer for this call's caller: `(content type, body, the model that answered)`.
+    pub fn hit_answer(
+        &self,
+        stream: bool,
+        include_usage: bool,
+    ) -> Option<(&'static str, Vec<u8>, String)> {
+        let Lookup::Hit(entry) = &self.lookup else {
+            return None;
+        };
+        let (content_type, body) = hit_answer(
+            entry,
+            self.protocol,
+            self.metadata.as_ref(),
+            stream,
+            include_usage,
+        );
+        Some((content_type, body, entry.model.clone()))
     }
 
     /// A local miss with a shared tier: asks the control plane for the entry (bounded by
@@ -496,9 +575,16 @@ impl CallCache {
             let lane = (self.lane.0.as_str(), self.lane.1.as_str());
             let assembled;
             let body: &[u8] = if self.stream {
-                match assemble_stream(answer) {
+                let whole = match self.protocol {
+                    crate::plan::Protocol::Chat => assemble_stream(answer),
+                    p => crate::cache_shapes::assemble_stream(p, answer),
+                };
+                match whole {
                     Some(mut completion) => {
-                        if completion.get("usage").is_none() {
+                        // Only a chat stream may leave its usage out (the client did not ask).
+                        if completion.get("usage").is_none()
+                            && self.protocol == crate::plan::Protocol::Chat
+                        {
                             if let Some(u) = usage {
                                 completion["usage"] = openai_usage(&u);
                             }
@@ -539,9 +625,13 @@ impl CallCache {
             outcome.cache_hit = true;
             outcome.provider.clone_from(&entry.provider);
             outcome.model.clone_from(&entry.model);
+            let protocol = self.protocol;
             outcome.usage = serde_json::from_slice::<Value>(&entry.body)
                 .ok()
-                .and_then(|v| crate::stream::usage_of(&v))
+                .and_then(|v| match protocol {
+                    crate::plan::Protocol::Chat => crate::stream::usage_of(&v),
+                    p => crate::ingress::native_usage(p, v.get("usage")),
+                })
                 .map(|u| ai_router_proto::v1::Usage {
                     prompt_tokens: u.prompt_tokens,
                     completion_tokens: u.completion_tokens,
@@ -677,9 +767,33 @@ fn merge_delta(choice: &mut Value, chunk: &Value) {
     }
 }
 
-/// A hit's answer for the client: the stored body, or its SSE replay for a streaming client
-/// (with the usage chunk only when the client asked for it). `(content type, body)`.
-pub fn hit_answer(entry: &Entry, stream: bool, include_usage: bool) -> (&'static str, Vec<u8>) {
+/// A hit's answer for a caller of `protocol`: the stored body, or its SSE replay for a
+/// streaming caller (chat: with the usage chunk only when the client asked for it). A
+/// Responses answer echoes this caller's `metadata`, not the first caller's.
+/// `(content type, body)`.
+pub fn hit_answer(
+    entry: &Entry,
+    protocol: crate::plan::Protocol,
+    metadata: Option<&Value>,
+    stream: bool,
+    include_usage: bool,
+) -> (&'static str, Vec<u8>) {
+    if protocol != crate::plan::Protocol::Chat {
+        let mut answer: Value = serde_json::from_slice(&entry.body).unwrap_or(Value::Null);
+        if protocol == crate::plan::Protocol::Responses && answer.is_object() {
+            answer["metadata"] = metadata.cloned().unwrap_or_else(|| json!({}));
+        }
+        return if stream {
+            (
+                "text/event-stream",
+                crate::cache_shapes::replay_sse(protocol, &answer),
+            )
+        } else if protocol == crate::plan::Protocol::Responses {
+            ("application/json", answer.to_string().into_bytes())
+        } else {
+            ("application/json", entry.body.clone())
+        };
+    }
     if !stream {
         return ("application/json", entry.body.clone());
     }

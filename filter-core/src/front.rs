@@ -423,21 +423,28 @@ impl Front {
             return self.reply(host, err);
         }
         self.stream = resolved.stream;
+        let cache_call = crate::cache::CacheCall {
+            key_cache: key.cache,
+            policy_cache: resolved.cache,
+            protocol: self.protocol,
+            op,
+            anthropic: (
+                self.anthropic_version.as_deref(),
+                self.anthropic_beta.as_deref(),
+            ),
+        };
         self.cache = crate::cache::CallCache::begin(
             host,
             &state,
-            key.cache,
-            resolved.cache,
-            self.protocol,
-            op,
+            &cache_call,
             &resolved.tiers,
-            &parsed,
+            &request,
             self.started_ms,
         );
-        if let crate::cache::Lookup::Hit(entry) = &self.cache.lookup {
-            let (content_type, body) =
-                crate::cache::hit_answer(entry, resolved.stream, resolved.include_usage);
-            let model = entry.model.clone();
+        if let Some((content_type, body, model)) = self
+            .cache
+            .hit_answer(resolved.stream, resolved.include_usage)
+        {
             return self.answer_from_cache(host, content_type, &model, &body);
         }
         if let Some(token) = self.cache.ask_shared(host) {
@@ -480,17 +487,14 @@ impl Front {
             .map(|r| r.entry);
         let now = host.now_ms();
         let flow = if self.cache.shared_answer(host, entry.as_deref(), now) {
-            match &self.cache.lookup {
-                crate::cache::Lookup::Hit(found) => {
-                    let (content_type, body) = crate::cache::hit_answer(
-                        found,
-                        wait.resolved.stream,
-                        wait.resolved.include_usage,
-                    );
-                    let model = found.model.clone();
+            match self
+                .cache
+                .hit_answer(wait.resolved.stream, wait.resolved.include_usage)
+            {
+                Some((content_type, body, model)) => {
                     self.answer_from_cache(host, content_type, &model, &body)
                 }
-                _ => Flow::Pause,
+                None => Flow::Pause,
             }
         } else {
             let SharedWait {

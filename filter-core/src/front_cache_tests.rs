@@ -377,14 +377,193 @@ fn a_key_or_a_policy_with_cache_false_never_uses_it_and_a_key_wins() {
     assert_eq!(call(&snapshot(None), &slots, BODY).flow, Flow::Continue);
 }
 
+const MESSAGES_BODY: &str = r#"{"model":"chat","max_tokens":50,"messages":[{"role":"user","content":"hi"}],"temperature":0}"#;
+const MESSAGE: &str = r#"{"id":"msg_9","type":"message","role":"assistant","model":"m1","content":[{"type":"text","text":"cached words"}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":3,"output_tokens":4}}"#;
+const RESPONSES_BODY: &str =
+    r#"{"model":"chat","input":"hi","temperature":0,"metadata":{"run":"1"}}"#;
+const RESPONSE: &str = r#"{"id":"resp_9","object":"response","created_at":7,"status":"completed","error":null,"model":"m1","output":[{"type":"message","id":"msg_resp_9","status":"completed","role":"assistant","content":[{"type":"output_text","text":"cached words","annotations":[]}]}],"metadata":{"run":"1"},"usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":0},"output_tokens":4,"total_tokens":15}}"#;
+
+/// A call of `path` (`/v1/messages` or `/v1/responses`) with `body`.
+fn protocol_call(snap: &Snapshot, slots: &FakeHost, path: &str, body: &str) -> Call {
+    call_with(snap, slots, KEY, body, &[], path)
+}
+
+/// Fills the cache with `answer` to a `path` call of `body`; the host holding the slots.
+fn filled_by(snap: &Snapshot, path: &str, body: &str, answer: &str) -> FakeHost {
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    let mut first = protocol_call(snap, &empty, path, body);
+    assert_eq!(first.flow, Flow::Continue, "a miss goes to the providers");
+    first.answer(200, answer);
+    assert_eq!(first.cache_header().as_deref(), Some("miss"));
+    let (host, report) = first.finish();
+    assert_eq!(report.cache_store(), CacheStore::Stored, "{path}");
+    host
+}
+
+/// The SSE events of an answer, as (type, data).
+fn typed_events(body: &[u8]) -> Vec<(String, Value)> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter_map(|e| {
+            let data = e.lines().find_map(|l| l.strip_prefix("data: "))?;
+            let data: Value = serde_json::from_str(data).ok()?;
+            Some((data["type"].as_str().unwrap_or("").to_owned(), data))
+        })
+        .collect()
+}
+
 #[test]
-fn other_protocols_are_not_cached() {
+fn a_messages_call_is_answered_from_its_own_key_space_unary_and_streamed() {
     let snap = snapshot(Some(pool_cache()));
-    let slots = filled(&snap, BODY);
-    let body = r#"{"model":"chat","input":"hi","temperature":0}"#;
-    let c = call_with(&snap, &slots, KEY, body, &[], "/v1/responses");
-    assert_eq!(c.flow, Flow::Continue);
-    assert_eq!(c.front.cache.lookup, Lookup::Off);
+    let slots = filled_by(&snap, "/v1/messages", MESSAGES_BODY, MESSAGE);
+    let hit = protocol_call(&snap, &slots, "/v1/messages", MESSAGES_BODY);
+    assert_eq!(hit.flow, Flow::Pause);
+    assert!(hit.host.header(Side::Request, PLAN_HEADER).is_none());
+    let a = hit.host.answered.clone().expect("answered by the stage");
+    assert_eq!(a.body, MESSAGE.as_bytes(), "the message as first answered");
+    assert_eq!(a.header(H_CACHE), Some("hit"));
+    assert_eq!(a.header(H_COST), Some("0"));
+    let (_, report) = hit.finish();
+    assert!(report.cache_hit);
+    let usage = report.usage.expect("what the hit saved");
+    // Messages usage read as such: the cache-read tokens are part of the prompt.
+    assert_eq!(
+        (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens
+        ),
+        (11, 4, 3)
+    );
+
+    let streamed = MESSAGES_BODY.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true");
+    let hit = protocol_call(&snap, &slots, "/v1/messages", &streamed);
+    let a = hit.host.answered.clone().expect("answered");
+    assert_eq!(a.header("content-type"), Some("text/event-stream"));
+    assert_eq!(a.header(H_CACHE), Some("hit"));
+    let events = typed_events(&a.body);
+    let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    assert_eq!(events[2].1["delta"]["text"], "cached words");
+
+    // The same conversation from a chat or a Responses caller is another key: a miss.
+    let chat = protocol_call(&snap, &slots, "/v1/chat/completions", MESSAGES_BODY);
+    assert_eq!(chat.flow, Flow::Continue);
+    assert!(matches!(chat.front.cache.lookup, Lookup::Miss(_)));
+    // Another system prompt: a miss.
+    let other = MESSAGES_BODY.replace("\"temperature\":0", "\"temperature\":0,\"system\":\"x\"");
+    let miss = protocol_call(&snap, &slots, "/v1/messages", &other);
+    assert!(matches!(miss.front.cache.lookup, Lookup::Miss(_)));
+    // no-cache: to the providers.
+    let fresh = call_with(
+        &snap,
+        &slots,
+        KEY,
+        MESSAGES_BODY,
+        &[("cache-control", "no-cache")],
+        "/v1/messages",
+    );
+    assert_eq!(fresh.flow, Flow::Continue);
+    assert_eq!(fresh.front.cache.lookup, Lookup::Bypass);
+}
+
+#[test]
+fn a_streamed_messages_miss_is_stored_as_its_message_and_a_cut_one_is_not() {
+    let snap = snapshot(Some(pool_cache()));
+    let streamed = MESSAGES_BODY.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true");
+    let sse = crate::cache_shapes::replay_sse(
+        Protocol::Messages,
+        &serde_json::from_str(MESSAGE).unwrap_or_default(),
+    );
+    let sse = String::from_utf8_lossy(&sse).into_owned();
+    // Cut before message_stop: nothing stored.
+    let cut_at = sse.find("event: message_stop").unwrap_or(0);
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    let mut cut = protocol_call(&snap, &empty, "/v1/messages", &streamed);
+    cut.answer(200, &sse[..cut_at]);
+    let (host, report) = cut.finish();
+    assert_eq!(report.cache_store(), CacheStore::Unstorable);
+    assert!(host.cache.is_empty());
+    // Whole: stored, then a unary caller gets the message it assembles to.
+    let mut whole = protocol_call(&snap, &empty, "/v1/messages", &streamed);
+    whole.answer(200, &sse);
+    let (slots, report) = whole.finish();
+    assert_eq!(report.cache_store(), CacheStore::Stored);
+    let hit = protocol_call(&snap, &slots, "/v1/messages", MESSAGES_BODY);
+    let a = hit.host.answered.clone().expect("answered");
+    let got: Value = serde_json::from_slice(&a.body).unwrap_or_default();
+    assert_eq!(
+        got,
+        serde_json::from_str::<Value>(MESSAGE).unwrap_or_default()
+    );
+}
+
+#[test]
+fn a_responses_call_is_answered_from_its_own_key_space_unary_and_streamed() {
+    let snap = snapshot(Some(pool_cache()));
+    let slots = filled_by(&snap, "/v1/responses", RESPONSES_BODY, RESPONSE);
+    // Another caller's metadata does not split the key; the answer echoes this caller's.
+    let body = RESPONSES_BODY.replace("\"run\":\"1\"", "\"run\":\"2\"");
+    let hit = protocol_call(&snap, &slots, "/v1/responses", &body);
+    let a = hit.host.answered.clone().expect("answered by the stage");
+    assert_eq!(a.header(H_CACHE), Some("hit"));
+    let got: Value = serde_json::from_slice(&a.body).unwrap_or_default();
+    assert_eq!(got["id"], "resp_9");
+    assert_eq!(got["metadata"], json!({ "run": "2" }));
+    assert_eq!(got["output"][0]["content"][0]["text"], "cached words");
+    let (_, report) = hit.finish();
+    let usage = report.usage.expect("what the hit saved");
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (11, 4));
+
+    let streamed = RESPONSES_BODY.replace("\"temperature\":0", "\"temperature\":0,\"stream\":true");
+    let hit = protocol_call(&snap, &slots, "/v1/responses", &streamed);
+    let a = hit.host.answered.clone().expect("answered");
+    assert_eq!(a.header("content-type"), Some("text/event-stream"));
+    let events = typed_events(&a.body);
+    assert_eq!(
+        events.first().map(|(k, _)| k.as_str()),
+        Some("response.created")
+    );
+    assert_eq!(
+        events.last().map(|(k, _)| k.as_str()),
+        Some("response.completed")
+    );
+    assert!(events
+        .iter()
+        .any(|(k, d)| k == "response.output_text.delta" && d["delta"] == "cached words"));
+
+    // The chat caller of the same conversation: another key space.
+    let chat = call(
+        &snap,
+        &slots,
+        r#"{"model":"chat","messages":[{"role":"user","content":"hi"}],"temperature":0}"#,
+    );
+    assert!(matches!(chat.front.cache.lookup, Lookup::Miss(_)));
+    // A stateful call is not cached at all.
+    let stored = RESPONSES_BODY.replace("\"temperature\":0", "\"temperature\":0,\"store\":true");
+    let stateful = protocol_call(&snap, &slots, "/v1/responses", &stored);
+    assert_eq!(stateful.front.cache.lookup, Lookup::Off);
+}
+
+#[test]
+fn an_incomplete_response_is_not_stored() {
+    let snap = snapshot(Some(pool_cache()));
+    let empty = FakeHost::with_state(State::new(1, snap.clone()));
+    let mut c = protocol_call(&snap, &empty, "/v1/responses", RESPONSES_BODY);
+    c.answer(200, &RESPONSE.replace("\"completed\"", "\"incomplete\""));
+    let (host, report) = c.finish();
+    assert_eq!(report.cache_store(), CacheStore::Unstorable);
+    assert!(host.cache.is_empty());
 }
 
 #[test]

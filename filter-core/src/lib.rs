@@ -29,6 +29,7 @@ pub mod attempt;
 pub mod body_check;
 pub mod budget;
 pub mod cache;
+pub mod cache_shapes;
 pub mod calls;
 pub mod classify;
 pub mod content;

@@ -1,7 +1,8 @@
 """The official clients read answers the gateway's response cache replays: the `anthropic` SDK
 on `POST /v1/messages` and the `openai` SDK's `client.responses` on `POST /v1/responses`, each
 asked once (a miss, answered by the provider), then the same request again unary and streamed
-(hits, answered by the gateway in the caller's protocol).
+(hits, answered by the gateway in the caller's protocol); and a streamed miss whose unary
+repeat is a hit.
 
 Run by tests/tests/cache_protocols.rs, which counts the provider calls. Environment:
   AI_ROUTER_BASE_URL   the gateway's OpenAI base URL (http://127.0.0.1:<port>/v1)
@@ -132,6 +133,29 @@ def _():
             pass
         final = stream.get_final_response()
     expect(final.output_text == EXPECT and final.status == "completed", final)
+
+
+@check("messages: a streamed miss is stored, its unary repeat is a hit")
+def _():
+    asked = [{"role": "user", "content": "Stream me first, Claude."}]
+    with claude.messages.stream(model=MODEL, max_tokens=64, messages=asked) as stream:
+        expect(stream.response.headers.get(CACHE) == "miss", dict(stream.response.headers))
+        streamed = stream.get_final_message()
+    raw = claude.messages.with_raw_response.create(model=MODEL, max_tokens=64, messages=asked)
+    expect(raw.headers.get(CACHE) == "hit", dict(raw.headers))
+    m = raw.parse()
+    expect(m.id == streamed.id and m.content[0].text == EXPECT, m)
+
+
+@check("responses: a streamed miss is stored, its unary repeat is a hit")
+def _():
+    asked = "Stream me first, GPT."
+    events = list(gpt.responses.create(model=MODEL, input=asked, stream=True))
+    expect(events[-1].type == "response.completed", [e.type for e in events])
+    raw = gpt.responses.with_raw_response.create(model=MODEL, input=asked)
+    expect(raw.headers.get(CACHE) == "hit", dict(raw.headers))
+    r = raw.parse()
+    expect(r.id == events[-1].response.id and r.output_text == EXPECT, r)
 
 
 sys.exit(1 if failures else 0)

@@ -4,7 +4,8 @@
 //! provider call; a streamed miss is stored and answers a unary caller; each protocol keys its
 //! own space (a chat caller of the same conversation misses); `Cache-Control: no-cache`
 //! reaches the provider; and the official `anthropic` and `openai` Python SDKs read the
-//! replayed answers, streams included (tests/conformance/cache_clients.py).
+//! replayed answers, streams included (tests/conformance/cache_clients.py), with an
+//! OpenAI-compatible provider and with a native Anthropic one.
 //! Every answer the tests capture is scanned for the fixture's secrets (the harness does).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -239,11 +240,15 @@ async fn messages_and_responses_hits_are_answered_in_their_protocol_without_a_pr
     gw.check_no_secrets_in_logs().unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_anthropic_and_openai_sdks_read_replayed_answers() {
-    let gw = Gateway::start_with("cache_protocols_sdks", pool)
-        .await
-        .expect("fixture");
+/// Runs tests/conformance/cache_clients.py against a gateway whose first provider is of
+/// `kind`: an anthropic one serves the Messages caller natively (its own answers and SSE are
+/// what is stored), any other through chat completions.
+async fn sdk_clients(test: &str, kind: &str) {
+    let gw = Gateway::start_with(test, |p1, p2| {
+        pool(p1, p2).replacen("kind: openai-compatible", &format!("kind: {kind}"), 1)
+    })
+    .await
+    .expect("fixture");
     answer_with(&gw, "Hello from the cache").await;
     // The state may take a moment to arrive: the script's first calls must find it.
     first_answer(
@@ -287,7 +292,26 @@ async fn the_anthropic_and_openai_sdks_read_replayed_answers() {
         "cache_clients.py exited {}\n{stdout}\n{stderr}",
         out.status
     );
-    // One miss per protocol reached a provider; every other call was a hit.
-    assert_eq!(provider_calls(&gw).await, 2, "{stdout}");
+    // Two misses per protocol (one unary, one streamed) reached a provider; every other call
+    // was a hit.
+    let calls = gw.provider_calls().await.unwrap();
+    assert_eq!(calls.len(), 4, "{stdout}");
+    if kind == "anthropic" {
+        let native = calls
+            .iter()
+            .filter(|(_, c)| c.path.ends_with("/v1/messages"))
+            .count();
+        assert_eq!(native, 4, "every call reached the Messages API");
+    }
     gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anthropic_and_openai_sdks_read_replayed_answers() {
+    sdk_clients("cache_protocols_sdks", "openai-compatible").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_read_replayed_answers_of_a_native_anthropic_provider() {
+    sdk_clients("cache_protocols_sdks_anthropic", "anthropic").await;
 }

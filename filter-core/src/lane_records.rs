@@ -385,7 +385,6 @@ mod tests {
             key: alias(11),
             state: BreakerPhase::Open.into(),
             open_until_ms: 99,
-            ..BreakerState::default()
         });
         l.breakers.push(BreakerState {
             scope: BreakerScope::Provider.into(),

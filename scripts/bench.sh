@@ -10,7 +10,7 @@
 #   scripts/bench.sh --systems envoy,ai-router --scale targets --out DIR
 #
 # Options: --smoke, --systems LIST, --out DIR, and any other ai-router-bench option
-# (--scale full|targets|none, --duration S, --warmup S, --rate R, --headers static|constant|changing,
+# (--scale full|targets|keys|none, --duration S, --warmup S, --rate R, --headers static|constant|changing,
 # --upstream-workers N, --streak N, --many-virtual-keys N, --many-provider-keys N; see
 # `ai-router-bench --help`).
 #

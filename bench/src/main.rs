@@ -67,7 +67,8 @@ struct Args {
     /// Where to write results.json, results.md (default target/bench/<unix time>).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// The scale table: full (every row), targets (the rows the targets need), none.
+    /// The scale table: full (every row), targets (the rows the targets need), keys (the small
+    /// pool and 10,000 VK with 1,000 PK all serving, changing headers), none.
     #[arg(long)]
     scale: Option<String>,
     /// Seconds per phase (default 10, smoke 0.5).
@@ -323,6 +324,11 @@ fn scale_shapes(scale: &str, many_vk: usize, many_pk: usize) -> Result<Vec<Shape
             shape(many_vk, many_pk, 0, Headers::Changing),
             shape(many_vk, few, many_pk.saturating_sub(few), Headers::Changing),
         ],
+        // The two rows the many-keys target compares (lane health with every key serving).
+        "keys" => vec![
+            shape(FEW_VIRTUAL_KEYS, few, 0, Headers::Changing),
+            shape(many_vk, many_pk, 0, Headers::Changing),
+        ],
         "full" => {
             let mut v = Vec::new();
             for headers in [Headers::Static, Headers::Changing] {
@@ -337,7 +343,7 @@ fn scale_shapes(scale: &str, many_vk: usize, many_pk: usize) -> Result<Vec<Shape
             v.insert(1, shape(FEW_VIRTUAL_KEYS, few, 0, Headers::Constant));
             v
         }
-        other => bail!("unknown --scale {other:?} (full, targets, none)"),
+        other => bail!("unknown --scale {other:?} (full, targets, keys, none)"),
     })
 }
 

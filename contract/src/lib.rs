@@ -106,9 +106,16 @@ pub mod shared {
         format!("ai-router/vk/{sha256_hex}")
     }
 
-    /// A provider's lane health (a `ProviderLanes`).
+    /// A provider's lane health: the whole of it, or with many keys what concerns the
+    /// provider as a whole and how many buckets of keys hold the rest
+    /// (`filter-core/src/lane_records.rs`).
     pub fn lanes(provider: &str) -> String {
         format!("ai-router/lanes/{provider}")
+    }
+
+    /// One bucket of a provider's keys' lane health.
+    pub fn lane_bucket(provider: &str, bucket: u32) -> String {
+        format!("ai-router/lane-bucket/{provider}/{bucket}")
     }
 
     /// The holds the workers put on a provider's keys and lanes.

@@ -46,6 +46,7 @@ mod fuzz_ingress;
 pub mod headers;
 pub mod host;
 pub mod ingress;
+pub mod lane_records;
 pub mod lanes;
 pub mod listing;
 pub mod local;

@@ -27,11 +27,12 @@ pub fn scope_of(key: &ProviderKey) -> &str {
     }
 }
 
-/// What the pushed state says about one provider's lanes: its keys' blacklists, cooldowns,
-/// breakers that are not closed, headroom, and the provider's own health. A worker reads it
-/// from the provider's shared-data record when it picks among the provider's lanes.
+/// What the pushed state says about some of one provider's lanes: its keys' blacklists,
+/// cooldowns, breakers that are not closed, headroom, and the provider's own health. A
+/// provider's lane health is one of these, or (a provider with many keys, in Envoy) one for the
+/// provider as a whole and one per bucket of its keys ([`crate::lane_records`]).
 #[derive(Debug, Default, PartialEq)]
-pub struct LaneHealth {
+pub struct LaneParts {
     key_health: HashMap<String, KeyHealth>,
     /// key -> (model, cooled until); looked up by `&str`, no allocation per lane.
     cooldowns: HashMap<String, Vec<(String, i64)>>,
@@ -47,9 +48,9 @@ pub struct LaneHealth {
     resets: HashMap<String, i64>,
 }
 
-impl LaneHealth {
+impl LaneParts {
     pub fn new(record: ProviderLanes) -> Self {
-        let mut h = LaneHealth::default();
+        let mut h = LaneParts::default();
         for k in record.key_health {
             h.key_health.insert(k.key.clone(), k);
         }
@@ -91,13 +92,100 @@ impl LaneHealth {
             .ok()
             .map(Self::new)
     }
+}
+
+/// Loads one bucket of a provider's lane health (Envoy: from its shared-data record).
+pub type LoadBucket = Rc<dyn Fn(u32) -> Rc<LaneParts>>;
+
+/// What the pushed state says about one provider's lanes: its keys' blacklists, cooldowns,
+/// breakers that are not closed, headroom, and the provider's own health. A worker reads it
+/// from the provider's shared-data records when it picks among the provider's lanes; with many
+/// keys it loads a bucket of keys only when a lookup names one of them, once per value.
+#[derive(Default)]
+pub struct LaneHealth {
+    /// Everything (no buckets), or what concerns the provider as a whole.
+    top: Rc<LaneParts>,
+    /// The buckets of keys, each loaded on its first lookup; empty: `top` holds everything.
+    buckets: Vec<std::cell::OnceCell<Rc<LaneParts>>>,
+    load: Option<LoadBucket>,
+}
+
+impl std::fmt::Debug for LaneHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaneHealth")
+            .field("top", &self.top)
+            .field("buckets", &self.buckets.len())
+            .finish()
+    }
+}
+
+/// Equal when laid out alike and their parts are equal (every bucket loaded).
+impl PartialEq for LaneHealth {
+    fn eq(&self, other: &Self) -> bool {
+        self.top == other.top && self.buckets.len() == other.buckets.len() && {
+            (0..self.buckets.len()).all(|b| self.bucket(b) == other.bucket(b))
+        }
+    }
+}
+
+impl LaneHealth {
+    pub fn new(record: ProviderLanes) -> Self {
+        Self::whole(Rc::new(LaneParts::new(record)))
+    }
+
+    /// One record says everything.
+    pub fn whole(parts: Rc<LaneParts>) -> Self {
+        LaneHealth {
+            top: parts,
+            ..LaneHealth::default()
+        }
+    }
+
+    /// What concerns the provider as a whole, and `count` buckets of keys `load` reads on
+    /// first use ([`crate::lane_records::bucket_of`] says which bucket holds a name).
+    pub fn bucketed(top: Rc<LaneParts>, count: u32, load: LoadBucket) -> Self {
+        LaneHealth {
+            top,
+            buckets: (0..count).map(|_| std::cell::OnceCell::new()).collect(),
+            load: Some(load),
+        }
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        LaneParts::decode(bytes).map(|p| Self::whole(Rc::new(p)))
+    }
+
+    fn bucket(&self, b: usize) -> &LaneParts {
+        match self.buckets.get(b) {
+            Some(cell) => cell.get_or_init(|| match &self.load {
+                Some(load) => load(b as u32),
+                None => Rc::default(),
+            }),
+            None => &self.top,
+        }
+    }
+
+    /// The part that holds what is said of a key or a billing scope.
+    fn part(&self, name: &str) -> &LaneParts {
+        if self.buckets.is_empty() {
+            return &self.top;
+        }
+        let count = self.buckets.len() as u32;
+        self.bucket(crate::lane_records::bucket_of(name, count) as usize)
+    }
+
+    /// Every part, each bucket loaded (the operator's view, not a request's).
+    fn parts(&self) -> impl Iterator<Item = &LaneParts> {
+        std::iter::once(&*self.top).chain((0..self.buckets.len()).map(|b| self.bucket(b)))
+    }
 
     pub fn key_health(&self, key: &str) -> Option<&KeyHealth> {
-        self.key_health.get(key)
+        self.part(key).key_health.get(key)
     }
 
     pub fn cooldown_until(&self, key: &str, model: &str) -> i64 {
-        self.cooldowns
+        self.part(key)
+            .cooldowns
             .get(key)
             .and_then(|lanes| lanes.iter().find(|(m, _)| m == model))
             .map_or(0, |(_, until)| *until)
@@ -106,14 +194,15 @@ impl LaneHealth {
     /// The key's breaker or the provider's (`key` empty), when it is not closed.
     pub fn breaker(&self, scope: BreakerScope, key: &str) -> Option<&BreakerState> {
         match scope {
-            BreakerScope::Provider => self.provider_breaker.as_ref(),
-            _ => self.key_breakers.get(key),
+            BreakerScope::Provider => self.top.provider_breaker.as_ref(),
+            _ => self.part(key).key_breakers.get(key),
         }
     }
 
     /// The headroom of a billing scope (a key's [`scope_of`]) on a model.
     pub fn headroom(&self, scope: &str, model: &str) -> Option<&Headroom> {
-        self.headroom
+        self.part(scope)
+            .headroom
             .get(scope)
             .and_then(|lanes| lanes.iter().find(|(m, _)| m == model))
             .map(|(_, h)| h)
@@ -121,26 +210,27 @@ impl LaneHealth {
 
     /// When the provider, out of rotation as a whole (a spent budget), returns.
     pub fn out_until_ms(&self) -> i64 {
-        self.out_until_ms
+        self.top.out_until_ms
     }
 
     /// When an operator last reset this key or its whole provider (0: not lately): holds
     /// Envoy's workers put on it before then are void.
     pub fn reset_at_ms(&self, key: &str) -> i64 {
-        let of = |k: &str| self.resets.get(k).copied().unwrap_or(0);
-        of(key).max(of(""))
+        let of = |p: &LaneParts, k: &str| p.resets.get(k).copied().unwrap_or(0);
+        of(self.part(key), key).max(of(&self.top, ""))
     }
 
     /// Every breaker of the provider and its keys that is not closed.
     pub fn breakers(&self) -> impl Iterator<Item = &BreakerState> {
-        self.provider_breaker
+        self.top
+            .provider_breaker
             .iter()
-            .chain(self.key_breakers.values())
+            .chain(self.parts().flat_map(|p| p.key_breakers.values()))
     }
 
     /// Every key of the provider that is out (blacklisted or missing).
     pub fn keys_out(&self) -> impl Iterator<Item = &KeyHealth> {
-        self.key_health.values()
+        self.parts().flat_map(|p| p.key_health.values())
     }
 }
 

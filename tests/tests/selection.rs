@@ -392,3 +392,85 @@ async fn a_keyless_provider_serves_only_with_keyless_fallback_and_gets_no_creden
         assert_eq!(pool.keys_called().await.unwrap(), ["paid"]);
     }
 }
+
+/// With more keys than one lane-health record holds (`filter-core/src/lane_records.rs`: over 8,
+/// spread over buckets of about 4), what the control plane pushes about one key reaches the
+/// picker through that key's bucket: a key refused with a 401 stays out once Envoy's own hold
+/// gives way to the pushed blacklist (5 s after the push), and a key that reported no requests
+/// left is out as soon as its figure is pushed. The picker looks at 16 of the 40 keys per call,
+/// moving on each time, so every key is looked at many times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_forty_keys_a_refused_key_and_a_spent_key_stay_out_through_their_buckets() {
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let pool = Pool::start("forty_keys", 1, |m, _| {
+        let mut setup = PoolSetup::default();
+        let mut list = Vec::new();
+        for k in &keys {
+            let var = format!("SEL_FORTY_{}", k.to_uppercase());
+            setup.secret_env(&var, k);
+            list.push(format!("{{ alias: {k}, env: {var} }}"));
+        }
+        setup.yaml = format!(
+            "{}providers:\n  - id: p1\n    baseUrl: {}/p1/v1\n    keys: [{}]\n    models: [{{ id: m1 }}]\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\n",
+            pool_yaml_header(),
+            m[0],
+            list.join(", ")
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let refused = pool.env_value("SEL_FORTY_K7");
+    let spent = pool.env_value("SEL_FORTY_K20");
+    let unauthorized = script::status(
+        401,
+        json!({}),
+        Some(json!({ "error": { "message": "bad key", "code": "invalid_api_key" } })),
+    );
+    pool.mocks[0]
+        .script(json!([
+            script::for_key(&refused, vec![unauthorized]),
+            script::for_key(&spent, vec![reporting(0, None)]),
+            script::always(vec![script::text("ok")]),
+        ]))
+        .await
+        .unwrap();
+    let body = chat_body("m1", false);
+    // Until both keys were tried once.
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !(seen.contains("k7") && seen.contains("k20")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "k7 and k20 not tried within 30 s: {seen:?}"
+        );
+        let (r, called) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        seen.extend(called);
+    }
+    // Calls for 9 s: past the 5 s after which Envoy's own hold on k7 gives way to the pushed
+    // blacklist. k20's figure may take a push to arrive (200 ms; 3 s allowed on a loaded
+    // machine).
+    let started = std::time::Instant::now();
+    let mut calls = 0;
+    let mut late_spent = 0;
+    while started.elapsed() < Duration::from_secs(9) {
+        let (r, called) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert!(
+            !called.iter().any(|k| k == "k7"),
+            "the refused key k7 was called again after {:?}: {called:?}",
+            started.elapsed()
+        );
+        if started.elapsed() > Duration::from_secs(3) && called.iter().any(|k| k == "k20") {
+            late_spent += 1;
+        }
+        calls += 1;
+    }
+    eprintln!("{calls} calls over 9 s with k7 refused and k20 spent");
+    assert!(calls >= 40, "too few calls to look at every key: {calls}");
+    assert_eq!(
+        late_spent, 0,
+        "the spent key k20 was called {late_spent} times"
+    );
+}

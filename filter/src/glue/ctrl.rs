@@ -7,6 +7,7 @@
 //! (`TakeMinuteCalls`, answers written into the keys' minute records).
 
 use ai_router_contract::shared as names;
+use ai_router_filter_core::lane_records::{LaneWriter, Record};
 use ai_router_filter_core::minute_lease::Ask;
 use ai_router_proto::tables::{Tables, Touched};
 use ai_router_proto::v1::{
@@ -50,6 +51,8 @@ pub struct Ctrl {
     pool_version: u64,
     /// Updates applied since start.
     applied: u64,
+    /// The providers' lane-health records as last written.
+    lanes: LaneWriter,
     /// Reports not yet acknowledged by the control plane.
     outbox: Outbox,
     /// `outbox.dropped` when it was last logged.
@@ -85,6 +88,8 @@ impl Ctrl {
             tables: None,
             pool_version: 0,
             applied: 0,
+            // Above what a previous singleton of this process wrote: µs since the epoch.
+            lanes: LaneWriter::new(u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1_000)),
             outbox: Outbox::new(),
             logged_dropped: 0,
             minute_asks: Vec::new(),
@@ -242,10 +247,30 @@ impl Ctrl {
                 log_error("ai-router: cannot publish a virtual key");
             }
         }
-        for provider in &touched.providers {
-            let bytes = tables.provider_lanes(provider).encode_to_vec();
-            if hostcalls::set_shared_data(&names::lanes(provider), Some(&bytes), None).is_err() {
-                log_error("ai-router: cannot publish a provider's lane health");
+        // A new pool may move a provider's keys between buckets (their count changed).
+        let mut providers: Vec<&String> = touched.providers.iter().collect();
+        if touched.pool {
+            providers.extend(tables.providers.iter().map(|p| &p.id));
+            providers.sort();
+            providers.dedup();
+        }
+        for provider in providers {
+            let keys = tables
+                .providers
+                .iter()
+                .find(|p| p.id == *provider)
+                .map_or(0, |p| p.keys.len());
+            for (record, bytes) in
+                self.lanes
+                    .update(provider, tables.provider_lanes(provider), keys)
+            {
+                let name = match record {
+                    Record::Provider => names::lanes(provider),
+                    Record::Bucket(b) => names::lane_bucket(provider, b),
+                };
+                if hostcalls::set_shared_data(&name, Some(&bytes), None).is_err() {
+                    log_error("ai-router: cannot publish a provider's lane health");
+                }
             }
         }
         self.applied += 1;

@@ -16,6 +16,7 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 
 use ai_router_filter_core::classify::Class;
+use ai_router_filter_core::lane_records::LaneReader;
 use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
 use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
@@ -41,8 +42,6 @@ struct Local {
     synced_at_ms: i64,
     /// How many updates the singleton had applied at the last look.
     sequence: u64,
-    /// Each provider's lane-health record as last read, and what it decodes to.
-    lanes: HashMap<String, (Vec<u8>, Rc<LaneHealth>)>,
     calls: HashMap<String, Call>,
     rr: RoundRobin,
     queue: Option<u32>,
@@ -57,6 +56,9 @@ struct Local {
 
 thread_local! {
     static LOCAL: RefCell<Local> = RefCell::new(Local::default());
+    /// Each provider's lane-health records as last read, decoded (apart from `LOCAL`: a
+    /// bucket is loaded in the middle of a pick).
+    static LANES: RefCell<LaneReader> = RefCell::new(LaneReader::default());
 }
 
 pub fn now_ms() -> i64 {
@@ -124,28 +126,38 @@ pub fn virtual_key(sha256_hex: &str) -> Option<VirtualKey> {
     }
 }
 
-/// A provider's lane health from its record, decoded again only when the record changed.
+/// A provider's lane health from its records: the provider record per call, a bucket of keys
+/// only when a lookup names one of its keys (`lane_records`), each decoded again only when it
+/// changed.
 fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
     let bytes = match hostcalls::get_shared_data(&names::lanes(provider)) {
         Ok((Some(bytes), _)) if !bytes.is_empty() => bytes,
         _ => return None,
     };
-    if let Some(hit) = LOCAL.with(|l| {
-        l.borrow()
-            .lanes
-            .get(provider)
-            .filter(|(seen, _)| *seen == bytes)
-            .map(|(_, h)| h.clone())
-    }) {
-        return Some(hit);
+    let record = LANES.with(|r| r.borrow_mut().provider(provider, &bytes))?;
+    if record.count == 0 {
+        return Some(Rc::new(LaneHealth::whole(record.parts)));
     }
-    let health = Rc::new(LaneHealth::decode(&bytes)?);
-    LOCAL.with(|l| {
-        l.borrow_mut()
-            .lanes
-            .insert(provider.to_string(), (bytes, health.clone()))
-    });
-    Some(health)
+    let provider = provider.to_owned();
+    let generation = record.generation;
+    let load = move |b: u32| {
+        LANES.with(|r| {
+            r.borrow_mut().bucket(
+                &provider,
+                b,
+                generation,
+                || match hostcalls::get_shared_data(&names::lane_bucket(&provider, b)) {
+                    Ok((bytes, _)) => bytes,
+                    Err(_) => None,
+                },
+            )
+        })
+    };
+    Some(Rc::new(LaneHealth::bucketed(
+        record.parts,
+        record.count,
+        Rc::new(load),
+    )))
 }
 
 /// A new call id, unique within this Envoy process.

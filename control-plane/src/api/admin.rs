@@ -124,17 +124,38 @@ impl std::fmt::Debug for AdminApi {
 /// with a usage limit, whose block follows them, or a budget policy).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
     let records = keys.snapshot_keys()?;
-    let limited = records.iter().any(|k| {
-        k.quota
-            .as_ref()
-            .is_some_and(crate::keys::quotas::has_usage_limits)
-    });
+    let limited = records.iter().any(crate::keys::quotas::has_usage_limit);
     engine.set_virtual_keys(records);
+    Ok(absorb_budget_use(engine, keys)? || limited)
+}
+
+/// [`push_keys`] when the store's keys have not changed since the last push (its generation
+/// has not moved): the engine's own records take the blocks the month's usage puts on them
+/// now, from one grouped read of the usage rows, without listing and decoding every stored
+/// key again. Same answer as [`push_keys`].
+pub fn recheck_quotas(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let now = keys.now_ms();
+    let limited = engine.has_usage_limited_keys();
+    let usage = if limited {
+        Some(crate::keys::quotas::month_usage(
+            keys.store().as_ref(),
+            now,
+        )?)
+    } else {
+        None
+    };
+    engine.recheck_quota_blocks(usage.as_ref(), now);
+    Ok(absorb_budget_use(engine, keys)? || limited)
+}
+
+/// Gives the engine the budgets' use the key store counted; returns whether the pool has a
+/// budget policy (usage rows then move what is pushed).
+fn absorb_budget_use(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
     let budgets = !engine.config().budgets.is_empty();
     if budgets {
         engine.absorb_budget_use(&keys.store().budget_use(keys.now_ms())?);
     }
-    Ok(limited || budgets)
+    Ok(budgets)
 }
 
 impl AdminApi {
@@ -243,8 +264,8 @@ impl AdminApi {
     /// `/health` for an operator: the pool as the data plane sees it, keys by alias only.
     pub fn pool_health(&self) -> Value {
         let health = self.engine.health();
-        let update = self.engine.current();
-        let snapshot = update.snapshot.clone().unwrap_or_default();
+        let update = self.engine.current_without_keys();
+        let snapshot = update.snapshot.unwrap_or_default();
         let durable = self.engine.durable();
         let key_state = |provider: &str, alias: &str| {
             snapshot
@@ -321,7 +342,7 @@ impl AdminApi {
                 "provider": l.provider, "key": l.key, "model": l.model,
                 "latencyEwmaMs": l.latency_ewma_ms.round(),
             })).collect::<Vec<_>>(),
-            "virtualKeys": snapshot.virtual_keys.len(),
+            "virtualKeys": self.engine.tables().virtual_keys.len(),
         })
     }
 
@@ -482,9 +503,11 @@ impl AdminApi {
 }
 
 /// Polls the key store's change counter and pushes its keys into the snapshot when another
-/// process changed them, until `shutdown` flips. Also pushes the keys again, with their quota
-/// blocks recomputed, when `usage_written` fires (the usage of the call that crossed a limit is
-/// then in the store), when the UTC day changes (blocks end) and every few seconds.
+/// process changed them, until `shutdown` flips. Also recomputes the quota blocks when
+/// `usage_written` fires (the usage of the call that crossed a limit is then in the store),
+/// when the UTC day changes (blocks end) and every few seconds: on the engine's records
+/// ([`recheck_quotas`]) while the counter has not moved, so a recheck costs one usage read,
+/// not a listing of every stored key.
 pub async fn run_key_sync(
     engine: Arc<Engine>,
     keys: Arc<KeyAdmin>,
@@ -536,8 +559,10 @@ pub async fn run_key_sync(
         }
         let result = tokio::task::spawn_blocking(move || {
             let generation = keys.store().generation()?;
-            let pushed = if recheck || last != Some(generation) {
+            let pushed = if last != Some(generation) {
                 Some(push_keys(&engine, &keys)?)
+            } else if recheck {
+                Some(recheck_quotas(&engine, &keys)?)
             } else {
                 None
             };
@@ -704,7 +729,11 @@ async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer
 /// `GET /admin/ledger`: what each provider budget has left, per window, with sources.
 async fn ledger(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
     authorize(&api, &headers)?;
-    let snapshot = api.engine.current().snapshot.clone().unwrap_or_default();
+    let snapshot = api
+        .engine
+        .current_without_keys()
+        .snapshot
+        .unwrap_or_default();
     ok(
         StatusCode::OK,
         api.ledger.view(&snapshot, &api.engine.listings()),

@@ -553,7 +553,7 @@ pub fn routes(engine: Arc<Engine>, metrics: Arc<Metrics>) -> Router {
 }
 
 async fn render(State((engine, metrics)): State<(Arc<Engine>, Arc<Metrics>)>) -> impl IntoResponse {
-    let text = metrics.render(&engine.current());
+    let text = metrics.render(&engine.current_without_keys());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 

@@ -6,7 +6,7 @@
 //! A resolved value is a [`Secret`], whose `Debug` is redacted and which has no `Display`, so it
 //! cannot end up in a log line, an error or a `{:?}` by accident.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -168,8 +168,7 @@ impl SecretSource {
             Self::Keyless => Some(Secret::new("")),
             Self::EnvListItem { var, index } => env
                 .var(var)
-                .and_then(|list| split_key_list(&list).into_iter().nth(*index))
-                .map(Secret::new),
+                .and_then(|list| key_list_items(&list).nth(*index).map(Secret::new)),
         }
     }
 
@@ -187,10 +186,48 @@ impl SecretSource {
 
 /// Splits `<PREFIX>_API_KEYS` at commas and whitespace.
 pub fn split_key_list(list: &str) -> Vec<String> {
+    key_list_items(list).map(str::to_owned).collect()
+}
+
+fn key_list_items(list: &str) -> impl Iterator<Item = &str> {
     list.split(|c: char| c == ',' || c.is_whitespace())
         .filter(|item| !item.is_empty())
-        .map(str::to_owned)
-        .collect()
+}
+
+/// Resolves many references in one pass (every key of the pool, each second): each
+/// `<PREFIX>_API_KEYS` list is read and split once, not once per item, which with 1,000 listed
+/// keys was a million strings made and dropped per pass.
+pub struct Resolver<'a> {
+    env: &'a dyn Env,
+    lists: HashMap<String, Vec<String>>,
+}
+
+impl<'a> Resolver<'a> {
+    pub fn new(env: &'a dyn Env) -> Self {
+        Self {
+            env,
+            lists: HashMap::new(),
+        }
+    }
+
+    /// [`SecretSource::resolve`], the lists read once per resolver.
+    pub fn resolve(&mut self, source: &SecretSource) -> Option<Secret> {
+        let SecretSource::EnvListItem { var, index } = source else {
+            return source.resolve(self.env);
+        };
+        if !self.lists.contains_key(var) {
+            let items = self
+                .env
+                .var(var)
+                .map(|list| split_key_list(&list))
+                .unwrap_or_default();
+            self.lists.insert(var.clone(), items);
+        }
+        self.lists
+            .get(var)
+            .and_then(|items| items.get(*index))
+            .map(|item| Secret::new(item.as_str()))
+    }
 }
 
 fn non_empty(value: Option<String>) -> Option<Secret> {
@@ -224,6 +261,61 @@ mod tests {
         assert!(!shown.contains("very-secret"), "{shown}");
         let env = MapEnv::new([("OPENAI_API_KEY", "sk-very-secret")]);
         assert!(!format!("{env:?}").contains("very-secret"));
+    }
+
+    #[test]
+    fn a_resolver_reads_each_list_once_and_answers_as_resolve_does() {
+        struct Counting(MapEnv, std::sync::atomic::AtomicUsize);
+        impl Env for Counting {
+            fn var(&self, name: &str) -> Option<String> {
+                self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.0.var(name)
+            }
+            fn names(&self) -> Vec<String> {
+                self.0.names()
+            }
+        }
+        let env = Counting(
+            MapEnv::new([("LIST", "k1, k2\nk3"), ("ONE", " sk-one ")]),
+            Default::default(),
+        );
+        let item = |index| SecretSource::EnvListItem {
+            var: "LIST".into(),
+            index,
+        };
+        let sources = [
+            item(0),
+            item(1),
+            item(2),
+            item(3),
+            SecretSource::Env("ONE".into()),
+            SecretSource::EnvListItem {
+                var: "UNSET".into(),
+                index: 0,
+            },
+        ];
+        let each: Vec<_> = sources.iter().map(|s| s.resolve(&env)).collect();
+        let reads_each = env.1.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let mut resolver = Resolver::new(&env);
+        let once: Vec<_> = sources.iter().map(|s| resolver.resolve(s)).collect();
+        assert_eq!(once, each);
+        assert_eq!(
+            once.iter()
+                .map(|s| s.as_ref().map(|v| v.expose().to_owned()))
+                .collect::<Vec<_>>(),
+            [
+                Some("k1"),
+                Some("k2"),
+                Some("k3"),
+                None,
+                Some("sk-one"),
+                None
+            ]
+            .map(|v| v.map(str::to_owned))
+        );
+        assert_eq!(reads_each, 6);
+        // LIST once, ONE once, UNSET once.
+        assert_eq!(env.1.load(std::sync::atomic::Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -15,11 +15,12 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut resolved = Vec::new();
         let config = self.config();
+        let mut resolver = crate::config::secrets::Resolver::new(self.env.as_ref());
         for provider in &config.providers {
             for key in &provider.keys {
                 resolved.push((
                     (provider.id.clone(), key.alias.clone()),
-                    key.source.resolve(self.env.as_ref()),
+                    resolver.resolve(&key.source),
                 ));
             }
         }

@@ -54,11 +54,12 @@ impl Engine {
         store: Arc<dyn StateStore>,
     ) -> Arc<Self> {
         let mut secrets = BTreeMap::new();
+        let mut resolver = crate::config::secrets::Resolver::new(env.as_ref());
         for provider in &config.providers {
             for key in &provider.keys {
                 secrets.insert(
                     (provider.id.clone(), key.alias.clone()),
-                    key.source.resolve(env.as_ref()),
+                    resolver.resolve(&key.source),
                 );
             }
         }
@@ -260,6 +261,34 @@ impl Engine {
         true
     }
 
+    /// Whether a pushed virtual key has a quota limit decided from usage (its block follows
+    /// the usage rows).
+    pub fn has_usage_limited_keys(&self) -> bool {
+        lock(&self.state)
+            .virtual_keys
+            .iter()
+            .any(crate::keys::quotas::has_usage_limit)
+    }
+
+    /// Recomputes the pushed virtual keys' quota blocks from `usage` (every key's use this
+    /// month, `None` when no key has a usage limit) without listing the key store again: what
+    /// the key sync does while the store's keys have not changed. Publishes when a block
+    /// appeared or ended; returns whether one did.
+    pub fn recheck_quota_blocks(
+        &self,
+        usage: Option<&std::collections::HashMap<String, crate::keys::store::QuotaUsage>>,
+        now_ms: i64,
+    ) -> bool {
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        if !crate::keys::quotas::set_blocks(&mut state.virtual_keys, usage, now_ms) {
+            return false;
+        }
+        state.published_keys = Arc::new(published_keys(&state.virtual_keys));
+        self.publish(&mut state, now);
+        true
+    }
+
     /// Takes the budgets' use the key store counted, by this control plane before a restart or
     /// by another sharing the store ([`budgets::BudgetLedger::absorb`]); publishes when a
     /// budget's level rose. Returns whether it did.
@@ -283,17 +312,13 @@ impl Engine {
         let kept: BTreeSet<KeyId> = reload::key_ids(&old).collect();
         // Only the new keys are resolved here (file reads happen outside the state lock);
         // a kept key whose reference changed is picked up by the next secret refresh.
+        let mut resolver = crate::config::secrets::Resolver::new(self.env.as_ref());
         let resolved: Vec<(KeyId, Option<Secret>)> = config
             .providers
             .iter()
             .flat_map(|p| p.keys.iter().map(move |k| (p, k)))
             .filter(|(p, k)| !kept.contains(&(p.id.clone(), k.alias.clone())))
-            .map(|(p, k)| {
-                (
-                    (p.id.clone(), k.alias.clone()),
-                    k.source.resolve(self.env.as_ref()),
-                )
-            })
+            .map(|(p, k)| ((p.id.clone(), k.alias.clone()), resolver.resolve(&k.source)))
             .collect();
         let change = reload::pool_change(&old, &config);
         let now = self.clock.now_ms();

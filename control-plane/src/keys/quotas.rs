@@ -13,6 +13,8 @@
 //! recomputes them after every usage write and when the UTC day rolls over, and the engine
 //! publishes a new snapshot when a block appears or ends.
 
+use std::collections::HashMap;
+
 use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms};
 use ai_router_contract::error_code::ErrorCode;
 
@@ -63,29 +65,53 @@ pub fn with_blocks(
     keys: &mut [VirtualKeyRecord],
     now_ms: i64,
 ) -> Result<(), KeyStoreError> {
-    if !keys
-        .iter()
-        .any(|k| k.quota.as_ref().is_some_and(has_usage_limits))
-    {
-        for key in keys {
-            key.quota_block = None;
-        }
-        return Ok(());
-    }
+    let usage = if keys.iter().any(has_usage_limit) {
+        Some(month_usage(store, now_ms)?)
+    } else {
+        None
+    };
+    set_blocks(keys, usage.as_ref(), now_ms);
+    Ok(())
+}
+
+/// Whether the key's quota has a limit decided from usage.
+pub fn has_usage_limit(key: &VirtualKeyRecord) -> bool {
+    key.quota.as_ref().is_some_and(has_usage_limits)
+}
+
+/// Every key's use this UTC month and day, in one read of the store.
+pub fn month_usage(
+    store: &dyn KeyStore,
+    now_ms: i64,
+) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
     let today = utc_day(now_ms);
     let first = format!("{}-01", &today[..7]);
-    let usage = store.quota_usage(&first, &today)?;
+    store.quota_usage(&first, &today)
+}
+
+/// Sets each key's block from `usage` (`None`: no key has a usage limit, so none is blocked);
+/// returns whether a block changed.
+pub fn set_blocks(
+    keys: &mut [VirtualKeyRecord],
+    usage: Option<&HashMap<String, QuotaUsage>>,
+    now_ms: i64,
+) -> bool {
+    let mut changed = false;
     for key in keys {
-        key.quota_block = match key.quota.filter(has_usage_limits) {
-            Some(quota) => block(
+        let block = match (key.quota.filter(has_usage_limits), usage) {
+            (Some(quota), Some(usage)) => block(
                 &quota,
                 usage.get(&key.id).unwrap_or(&QuotaUsage::default()),
                 now_ms,
             ),
-            None => None,
+            _ => None,
         };
+        if key.quota_block != block {
+            key.quota_block = block;
+            changed = true;
+        }
     }
-    Ok(())
+    changed
 }
 
 #[cfg(test)]

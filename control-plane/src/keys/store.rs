@@ -68,18 +68,20 @@ pub struct StoredKey {
 }
 
 impl StoredKey {
-    /// What the snapshot carries for it (the caller leaves revoked keys out).
-    pub fn to_record(&self) -> VirtualKeyRecord {
+    /// What the snapshot carries for it (the caller leaves revoked keys out). Takes the key:
+    /// the snapshot is made from a fresh listing, and moving its strings instead of copying
+    /// them halves what a push of 10,000 keys holds at once.
+    pub fn into_record(self) -> VirtualKeyRecord {
         VirtualKeyRecord {
-            id: self.id.clone(),
-            label: self.label.clone(),
-            sha256: self.sha256.clone(),
-            hint: self.hint.clone(),
-            profiles: self.profiles.clone(),
-            models: self.models.clone(),
-            owner: self.owner.clone(),
-            allow_fallback: self.allow_fallback,
             enabled: self.enabled && !self.revoked,
+            id: self.id,
+            label: self.label,
+            sha256: self.sha256,
+            hint: self.hint,
+            profiles: self.profiles,
+            models: self.models,
+            owner: self.owner,
+            allow_fallback: self.allow_fallback,
             quota: Some(self.quota),
             mounted: false,
             quota_block: None,

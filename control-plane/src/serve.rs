@@ -419,6 +419,7 @@ pub async fn start(
     }));
     let sync_token = matches!(access, SyncAccess::Token(_));
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
+    tasks.push(tokio::spawn(service.share_headroom()));
     let grpc_stop = signal(stop.clone());
     servers.push(tokio::spawn(async move {
         if let Err(err) =

@@ -131,6 +131,31 @@ pub mod script {
         }
         r
     }
+
+    /// Replies of a scope with `left` requests left, as a provider counts it down: the first
+    /// says `left` at once; each later one, a second later (so that calls racing for the scope
+    /// are all decided before any answer comes back), says one less; at 0 they refuse (429).
+    pub fn counting_down(left: u32) -> Vec<Value> {
+        let mut replies: Vec<Value> = (0..=left)
+            .rev()
+            .map(|n| {
+                json!({
+                    "text": "ok",
+                    "latencyMs": if n == left { 0 } else { 1_000 },
+                    "headers": {
+                        "x-ratelimit-remaining-requests": n.to_string(),
+                        "x-ratelimit-reset-requests": "60s"
+                    }
+                })
+            })
+            .collect();
+        replies.push(status(
+            429,
+            json!({ "retry-after": "60" }),
+            Some(json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } })),
+        ));
+        replies
+    }
 }
 
 /// Checks the OpenAI error shape `{"error": {"message", "type", "param", "code"}}` with `code`

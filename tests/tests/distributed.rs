@@ -16,7 +16,9 @@
 //! - 200 calls over both Envoys with `requestsPerMinute: 50` admit 50 to 60 (the stated bound:
 //!   the limit plus one block per Envoy);
 //! - a hard budget spent through control plane A's Envoy is enforced (429 `budget_exceeded`
-//!   with `Retry-After`) through control plane B's Envoy within [`BUDGET_SHARED`].
+//!   with `Retry-After`) through control plane B's Envoy within [`BUDGET_SHARED`];
+//! - 50 calls at once through both Envoys (one per control plane) against a scope with 10
+//!   requests left send 10 at most: both control planes split the figure among both Envoys.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
@@ -80,6 +82,16 @@ impl Cluster {
 
     /// [`Cluster::start_with`] with `top` (whole top-level lines) added to the pool too.
     async fn start_full(test: &str, resilience: &str, top: &str) -> Cluster {
+        Self::start_edited(test, resilience, top, |pool| pool).await
+    }
+
+    /// [`Cluster::start_full`] with the pool passed through `edit` last.
+    async fn start_edited(
+        test: &str,
+        resilience: &str,
+        top: &str,
+        edit: fn(String) -> String,
+    ) -> Cluster {
         let redis = RedisServer::start().expect("redis-server");
         let postgres = PostgresServer::start().expect("postgres");
         let dir = TestDir::new(test).unwrap();
@@ -107,9 +119,8 @@ impl Cluster {
         let mut planes = Vec::new();
         for name in ["a", "b"] {
             let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
-            let cp = ControlPlane::start(&dir, &pool_with(&mock.api_base(), resilience, top), &env)
-                .await
-                .unwrap();
+            let pool = edit(pool_with(&mock.api_base(), resilience, top));
+            let cp = ControlPlane::start(&dir, &pool, &env).await.unwrap();
             planes.push((dir, cp));
         }
         // Each Envoy syncs from its own control plane and fails over to the other.
@@ -1221,6 +1232,96 @@ fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
             String::from_utf8_lossy(&out.stdout),
             file,
             "envoy/envoy-cluster-{site}.yaml is stale"
+        );
+    }
+}
+
+/// What `site`'s control plane says it splits every headroom figure among.
+async fn sharers(site: &Site) -> anyhow::Result<u64> {
+    let text = ai_router_e2e::get_text(&format!("http://{}/metrics", site.cp.http_addr())).await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("ai_router_headroom_sharers "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no ai_router_headroom_sharers in /metrics"))
+}
+
+/// p1 with key a alone and no fallback: one scope, whose figure both Envoys hold.
+fn one_scope(pool: String) -> String {
+    let pool = pool
+        .replace("      - { alias: b, env: P1_KEY_B }\n", "")
+        .replace("  fallbacks: [m2]\n", "  allowFallback: false\n");
+    assert!(pool.contains("allowFallback: false") && !pool.contains("P1_KEY_B"));
+    pool
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_of_two_control_planes_together_never_send_more_than_the_scope_has_left() {
+    let c = Cluster::start_edited("distributed-headroom", "", "", one_scope).await;
+    // Each control plane counts both Envoys (its own and the other's, through Redis).
+    poll(
+        "both control planes to split among both Envoys",
+        Duration::from_secs(15),
+        || async { Ok((sharers(&c.a).await? == 2 && sharers(&c.b).await? == 2).then_some(())) },
+    )
+    .await
+    .unwrap();
+    // 10 left, counted down by the provider a second per answer.
+    let replies = script::counting_down(10);
+    c.mock
+        .script(json!([script::always(replies)]))
+        .await
+        .unwrap();
+    let r = c.a.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    // B's control plane has A's figure from Redis (and pushes it to B's Envoy with it).
+    for site in [&c.a, &c.b] {
+        poll("the figure at both control planes", SHARED, || async {
+            let r = c
+                .admin(site, reqwest::Method::GET, "/admin/health", None)
+                .await;
+            let held = r.json["headroom"].as_array().is_some_and(|hs| {
+                hs.iter()
+                    .any(|h| h["provider"] == "p1" && h["remainingRequests"] == 10)
+            });
+            Ok(held.then_some(()))
+        })
+        .await
+        .unwrap();
+    }
+    // Envoy has it a push after its control plane.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.mock.clear_calls().await.unwrap();
+    let clients = [&c.a.client, &c.b.client];
+    let calls = (0..50).map(|i| {
+        let (client, key) = (clients[i % 2].clone(), c.virtual_key.clone());
+        async move { client.chat("chat", Some(&key)).await.unwrap() }
+    });
+    let replies = futures::future::join_all(calls).await;
+    let sent = c.mock.calls().await.unwrap().len();
+    let ok = |through: usize| {
+        replies
+            .iter()
+            .enumerate()
+            .filter(|(n, r)| n % 2 == through && r.status == 200)
+            .count()
+    };
+    // Each Envoy holds half the figure (api::shares: no overshoot while the membership and the
+    // figure stand, and no answer comes back before every call is decided).
+    assert!(
+        sent <= 10,
+        "{sent} calls reached a scope with 10 requests left"
+    );
+    assert_eq!(ok(0) + ok(1), sent, "every call sent succeeded");
+    assert!(
+        ok(0) >= 4 && ok(1) >= 4,
+        "each Envoy sent its part: {} + {}",
+        ok(0),
+        ok(1)
+    );
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert!(
+            ai_router_e2e::openai_error_problem(r, 503, "pool_rate_limited").is_none(),
+            "a call past the headroom is told the pool is rate limited: {r}"
         );
     }
 }

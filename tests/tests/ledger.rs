@@ -1,6 +1,7 @@
 //! The quota ledger through a real Envoy: `GET /admin/ledger` and `ai-router ledger` show what
 //! each billing scope has left, estimated from the calls, anchored by the provider's headers
-//! and mined from its 429s, with keys of one scope sharing one budget.
+//! and mined from its 429s, with keys of one scope sharing one budget; a provider's figure
+//! ages back to the estimate after the pool's `ledger:` lifetimes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
@@ -225,24 +226,7 @@ fn scarce_pool(p1: &str, p2: &str) -> String {
 /// a provider would; at 0 it refuses. Makes the first call and waits until Envoy holds its
 /// figure.
 async fn ten_left(gw: &Gateway) {
-    let mut replies: Vec<Value> = (0..=10)
-        .rev()
-        .map(|left| {
-            json!({
-                "text": "ok",
-                "latencyMs": if left == 10 { 0 } else { 1_000 },
-                "headers": {
-                    "x-ratelimit-remaining-requests": left.to_string(),
-                    "x-ratelimit-reset-requests": "60s"
-                }
-            })
-        })
-        .collect();
-    replies.push(script::status(
-        429,
-        json!({ "retry-after": "60" }),
-        Some(json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } })),
-    ));
+    let replies = script::counting_down(10);
     gw.mock1
         .script(json!([script::always(replies)]))
         .await
@@ -555,4 +539,155 @@ async fn a_wait_named_only_in_a_429_body_is_mined_until_then() {
         "mined until {} ms from now: {c}",
         until - at
     );
+}
+
+/// p2 knows its limits (20 a minute, 100 a day), and the pool holds a reported figure 3 s and
+/// a mined one 4 s.
+fn short_lived_pool(p1: &str, p2: &str) -> String {
+    let pool = pool(p1, p2).replace("limits: { rpd: 100 }", "limits: { rpm: 20, rpd: 100 }");
+    format!("ledger: {{ reportedTtlMs: 3000, minedTtlMs: 4000 }}\n{pool}")
+}
+
+/// Waits until p2's rpm window shows `source`; returns it and the view's instant.
+async fn p2_rpm_when(gw: &Gateway, source: &str, within: Duration) -> (Value, i64) {
+    let view = poll(&format!("p2's rpm figure {source}"), within, || {
+        let view = ledger(gw);
+        async move {
+            let view = view.await;
+            let ready = scope(&view, "p2", "c")["windows"]["rpm"]["source"] == source;
+            Ok(ready.then_some(view))
+        }
+    })
+    .await
+    .unwrap();
+    let at = view["atMs"].as_i64().unwrap_or(0);
+    (scope(&view, "p2", "c")["windows"]["rpm"].clone(), at)
+}
+
+/// Waits until p2's rpm figure is of `source` with `remaining` left and younger than
+/// `lifetime_ms`, then until it is `estimated` again, no sooner than `lifetime_ms` after it
+/// was anchored (and well before its 30 s reset); returns the estimate.
+async fn stands_then_ages(gw: &Gateway, source: &str, remaining: u64, lifetime_ms: i64) -> Value {
+    let (rpm, at) = p2_rpm_when(gw, source, Duration::from_secs(5)).await;
+    assert_eq!(rpm["remaining"].as_u64(), Some(remaining), "{rpm}");
+    let age = rpm["ageMs"].as_i64().unwrap_or(-1);
+    assert!(
+        (0..lifetime_ms).contains(&age),
+        "a {source} figure {age} ms old: {rpm}"
+    );
+    let anchored_at = at - age;
+    let (rpm, at) = p2_rpm_when(gw, "estimated", Duration::from_secs(15)).await;
+    let stood = at - anchored_at;
+    assert!(
+        (lifetime_ms..30_000).contains(&stood),
+        "the {source} figure stood {stood} ms, its lifetime is {lifetime_ms}"
+    );
+    rpm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reported_and_mined_figures_age_back_to_the_estimate_after_their_lifetimes() {
+    let gw = Gateway::start_with("ledger_ageing", short_lived_pool)
+        .await
+        .expect("fixture");
+    // Anchored from the headers: reported, with its age, within its lifetime.
+    let r = call_p2(
+        &gw,
+        json!({ "text": "from c", "headers": { "x-ratelimit-remaining-requests": "7" } }),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{r}");
+    let rpm = stands_then_ages(&gw, "reported", 7, 3_000).await;
+    // 20 a minute less the one call, by local count.
+    assert_eq!(
+        (rpm["remaining"].as_u64(), rpm["ageMs"].as_i64()),
+        (Some(19), Some(0)),
+        "{rpm}"
+    );
+
+    // Mined from a 429 (retry-after 30 s): nothing left, and it stands its 4 s, not the 30.
+    let r = call_p2(
+        &gw,
+        script::status(
+            429,
+            json!({ "retry-after": "30" }),
+            Some(json!({ "error": { "message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded" } })),
+        ),
+    )
+    .await;
+    assert!(r.status >= 400, "{r}");
+    let rpm = stands_then_ages(&gw, "mined", 0, 4_000).await;
+    // The refused call counted too (it reached the provider).
+    assert_eq!(rpm["remaining"].as_u64(), Some(18), "{rpm}");
+}
+
+/// An OpenRouter pool whose only key answers 402 and whose credit endpoint says `usage` of
+/// its $10 is spent: every call answers at once with the quota error.
+async fn only_key_refused(test: &str, usage: u32) {
+    let only = scan::provider_secret("or-only");
+    let admin = format!("adm-{}", random_hex(32));
+    scan::register(OR_ADMIN_TOKEN_ENV, &admin);
+    let script =
+        json!({ "keyInfo": { "keys": { only.clone(): { "limit": 10, "usage": usage } } } });
+    let pool = Pool::start_scripted(test, &[Some(script)], |m, _| {
+        let mut setup = PoolSetup::default();
+        setup.env.push(("OR_ONLY".into(), only.clone()));
+        setup.name_secret(&only, "only");
+        setup.env.push((OR_ADMIN_TOKEN_ENV.into(), admin.clone()));
+        setup.yaml = format!(
+            "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }}, adminToken: {{ env: {OR_ADMIN_TOKEN_ENV} }} }}\n\
+             controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+             providers:\n\
+             \x20 - id: or\n    kind: openrouter\n    baseUrl: {}/api/v1\n\
+             \x20   keys: [{{ alias: only, env: OR_ONLY }}]\n    models: [{{ id: m-or, aliases: [chat] }}]\n\
+             defaults: {{ deadlineMs: 20000 }}\n",
+            m[0]
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    pool.mocks[0]
+        .script(json!([script::always(vec![script::provider_error(
+            "openrouter.quota_exhausted"
+        )])]))
+        .await
+        .unwrap();
+    // The refusal itself, then calls with no lane left: each answers at once, with the quota
+    // error and when to come back, and never reaches the provider again.
+    let mut took = Vec::new();
+    for i in 0..4 {
+        let started = std::time::Instant::now();
+        let r = pool.chat("chat").await.unwrap();
+        took.push(started.elapsed());
+        if let Some(problem) = ai_router_e2e::openai_error_problem(&r, 503, "pool_quota_exhausted")
+        {
+            panic!("call {i}: {problem}");
+        }
+        let retry_after = r.header("retry-after").and_then(|v| v.parse::<u64>().ok());
+        assert!(
+            retry_after.is_some_and(|s| s >= 1),
+            "call {i}: no Retry-After: {r}"
+        );
+        if i == 1 {
+            // The ledger asks the key's credit again soon after a 402: a call while that is
+            // pending fails as fast.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+    }
+    assert!(
+        took.iter().all(|t| *t < Duration::from_secs(3)),
+        "a call waited instead of failing fast: {took:?}"
+    );
+    let chats = pool.chat_keys().await.unwrap();
+    assert!(
+        chats.len() <= 1,
+        "one attempt at most reached the provider: {chats:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_402_on_the_only_key_the_next_calls_fail_fast_with_the_quota_error() {
+    // The credit endpoint says there is credit: the 402 alone puts the key out.
+    only_key_refused("ledger_after_402", 4).await;
 }

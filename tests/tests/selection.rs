@@ -258,6 +258,31 @@ async fn the_pools_filters_remove_exactly_their_providers() {
     }
     let names: Vec<&str> = served.keys().map(String::as_str).collect();
     assert_eq!(names, ["plain", "usblocked"], "{served:?}");
+    // The trail names the filter that ruled out each dropped provider, and nothing else.
+    let (r, _) = call(&pool, &body, &[("x-ai-router-trail", "1")]).await;
+    assert_eq!(r.status, 200, "{r}");
+    let trail: Value = r
+        .header("x-ai-router-trail")
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| panic!("no trail: {r}"));
+    let mut skipped: Vec<(String, String)> = trail["skipped"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            let text = |f: &str| s[f].as_str().unwrap_or_default().to_owned();
+            (text("provider"), text("reason"))
+        })
+        .collect();
+    skipped.sort();
+    skipped.dedup();
+    let want = [
+        ("devonly", "production_forbidden"),
+        ("gem", "region_blocked"),
+        ("trains", "prompt_logging"),
+    ]
+    .map(|(p, r)| (p.to_owned(), r.to_owned()));
+    assert_eq!(skipped, want, "{trail}");
     // A model only a dropped provider serves: the error names the filter.
     for (model, reason) in [
         ("m-devonly", "production_forbidden"),

@@ -541,6 +541,7 @@ impl Metrics {
         }
         crate::store::health::render(&mut out, family);
         crate::store::minute_calls::render(&mut out, family);
+        crate::api::shares::render(&mut out, family);
         out
     }
 }

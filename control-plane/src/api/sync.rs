@@ -2,9 +2,9 @@
 //!
 //! `Watch` sends the current snapshot at once, then for every new version the delta from what
 //! that watcher last received (a watcher that falls behind gets one delta over what it
-//! missed). Each watcher is sent its share of every headroom figure (`api::shares`), so the
-//! Envoys of one control plane never spend the same last requests of a scope together. `Report` applies outcomes to the
-//! engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
+//! missed). Each watcher is sent its share of every headroom figure (`api::shares`), split
+//! among the Envoys of every control plane on the shared state store, so they never spend the
+//! same last requests of a scope together. `Report` applies outcomes to the engine. `Lease` hands out the half-open probe lease through the engine, which keeps it in the
 //! state store (shared by control planes on one SQLite file). `TakeMinuteCalls` grants blocks of
 //! a virtual key's `requestsPerMinute` (`engine::minute_calls`).
 //!
@@ -88,6 +88,16 @@ impl SyncService {
             usage: None,
             members: Arc::new(Members::default()),
         }
+    }
+
+    /// The task that registers this control plane's streams in the state store and re-splits
+    /// the headroom when the membership moves (`api::shares`); run it alongside the server.
+    pub fn share_headroom(&self) -> impl Future<Output = ()> + Send + 'static {
+        crate::api::shares::heartbeat(
+            self.members.clone(),
+            self.engine.clone(),
+            self.shutdown.clone(),
+        )
     }
 
     /// Acknowledges a `Report` only once `recorder` has stored its usage rows.

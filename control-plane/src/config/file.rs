@@ -50,6 +50,9 @@ pub struct FileConfig {
     /// The exact-match response cache of each Envoy process.
     #[serde(default)]
     pub cache: Option<crate::config::cache::CacheConfig>,
+    /// How long the quota ledger holds a figure a provider gave.
+    #[serde(default)]
+    pub ledger: Option<crate::config::ledger::LedgerConfig>,
 }
 
 /// A `routes:` rule as written.

@@ -20,6 +20,7 @@ mod error;
 pub mod facts;
 mod file;
 mod keys_from_env;
+pub mod ledger;
 mod load;
 mod model;
 pub mod prices;

@@ -49,6 +49,8 @@ pub struct Config {
     pub auto_price: bool,
     /// `cache:`, checked; `None`: no response cache.
     pub cache: Option<crate::config::cache::ResponseCache>,
+    /// `ledger:`, checked: how long providers' figures stand in the quota ledger.
+    pub ledger: crate::config::ledger::AnchorLifetimes,
 }
 
 /// The profile names and the model ids and aliases the file declares, whatever the environment

@@ -140,6 +140,7 @@ impl FileConfig {
             routes,
             auto_price: self.auto_price == Some(true),
             cache: crate::config::cache::resolve_cache(self.cache.as_ref())?,
+            ledger: crate::config::ledger::resolve_ledger(self.ledger.as_ref())?,
             base_dir: base_dir.to_path_buf(),
             gateway,
             control_plane,

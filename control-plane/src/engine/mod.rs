@@ -32,6 +32,7 @@ mod shared_cache;
 mod snapshot;
 mod state;
 pub mod stats;
+mod watchers;
 
 pub use snapshot::{policy_to_proto, route_to_proto};
 pub use state::*;

@@ -3,20 +3,23 @@
 //!
 //! An anchor does not overwrite the count: it says "this many were left when the local count
 //! stood at N". Until it ages out, what is left now is `remaining - (count now - N)`; after,
-//! the local count against the known limit is all there is.
+//! the local count against the known limit is all there is. How long an anchor stands is the
+//! pool's `ledger:` ([`AnchorLifetimes`]: 2 minutes for reported, 5 for mined by default).
 
 use ai_router_contract::calendar::{first_of_next_month_ms, month_index};
 use ai_router_contract::kinds::DailyReset;
+
+pub use crate::config::ledger::AnchorLifetimes;
 
 use super::limits::Window;
 
 const SECOND_MS: i64 = 1_000;
 const MINUTE_MS: i64 = 60 * SECOND_MS;
 const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
-/// How long a value read from a provider's headers stands for the truth.
-pub const REPORTED_TTL_MS: i64 = 2 * MINUTE_MS;
-/// How long a value mined from a 429 stands (providers rarely say more in between).
-pub const MINED_TTL_MS: i64 = 5 * MINUTE_MS;
+/// How long a value read from a provider's headers stands for the truth, by default.
+pub const REPORTED_TTL_MS: i64 = crate::config::ledger::REPORTED_TTL_MS;
+/// How long a value mined from a 429 stands by default (providers rarely say more in between).
+pub const MINED_TTL_MS: i64 = crate::config::ledger::MINED_TTL_MS;
 
 /// Where a figure comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +65,10 @@ pub struct Anchor {
 }
 
 impl Anchor {
-    fn live(&self, now_ms: i64) -> bool {
+    fn live(&self, lifetimes: AnchorLifetimes, now_ms: i64) -> bool {
         let ttl = match self.source {
-            Source::Mined => MINED_TTL_MS,
-            _ => REPORTED_TTL_MS,
+            Source::Mined => lifetimes.mined_ms,
+            _ => lifetimes.reported_ms,
         };
         now_ms < self.at_ms + ttl && (self.reset_at_ms == 0 || now_ms < self.reset_at_ms)
     }
@@ -93,11 +96,13 @@ pub struct Counter {
     month: i64,
     month_tokens: u64,
     anchors: Vec<(Window, Anchor)>,
+    lifetimes: AnchorLifetimes,
 }
 
 impl Counter {
-    pub fn new(zone: DailyReset) -> Self {
+    pub fn new(zone: DailyReset, lifetimes: AnchorLifetimes) -> Self {
         Self {
+            lifetimes,
             zone,
             seconds: [(i64::MIN, 0, 0); 60],
             day_start_ms: i64::MIN,
@@ -106,6 +111,11 @@ impl Counter {
             month_tokens: 0,
             anchors: Vec::new(),
         }
+    }
+
+    /// Takes a reloaded pool's lifetimes (the anchors held so far age by them).
+    pub fn set_lifetimes(&mut self, lifetimes: AnchorLifetimes) {
+        self.lifetimes = lifetimes;
     }
 
     fn roll(&mut self, now_ms: i64) {
@@ -168,7 +178,9 @@ impl Counter {
         now_ms: i64,
     ) {
         let at_count = self.count(window, now_ms);
-        self.anchors.retain(|(w, a)| *w != window && a.live(now_ms));
+        let lifetimes = self.lifetimes;
+        self.anchors
+            .retain(|(w, a)| *w != window && a.live(lifetimes, now_ms));
         self.anchors.push((
             window,
             Anchor {
@@ -200,10 +212,11 @@ impl Counter {
         now_ms: i64,
     ) -> Option<Headroom> {
         let count = self.count(window, now_ms);
+        let lifetimes = self.lifetimes;
         let anchor = self
             .anchors
             .iter()
-            .find(|(w, a)| *w == window && a.live(now_ms))
+            .find(|(w, a)| *w == window && a.live(lifetimes, now_ms))
             .map(|(_, a)| *a);
         if let Some(a) = anchor {
             return Some(Headroom {
@@ -235,7 +248,7 @@ mod tests {
 
     #[test]
     fn the_minute_slides_and_the_day_resets_at_its_zone_s_midnight() {
-        let mut c = Counter::new(DailyReset::Utc);
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
         c.add(AT, 1, 100);
         c.add(AT + 30_000, 1, 50);
         assert_eq!(c.count(Window::Rpm, AT + 30_000), 2);
@@ -267,7 +280,7 @@ mod tests {
 
     #[test]
     fn an_anchor_counts_down_with_local_use_then_ages_back_to_the_estimate() {
-        let mut c = Counter::new(DailyReset::Utc);
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
         c.add(AT, 1, 0);
         c.anchor(Window::Rpd, 10, 0, Source::Reported, AT);
         for i in 1..=3 {
@@ -293,7 +306,7 @@ mod tests {
 
     #[test]
     fn a_mined_zero_stands_until_its_reset_or_five_minutes() {
-        let mut c = Counter::new(DailyReset::Utc);
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
         c.anchor(Window::Rpm, 0, AT + 20_000, Source::Mined, AT);
         let h = c.headroom(Window::Rpm, Some(30), AT + 10_000);
         assert_eq!(
@@ -312,5 +325,29 @@ mod tests {
             Some(Source::Mined)
         );
         assert_eq!(c.headroom(Window::Rpd, None, AT + MINED_TTL_MS), None);
+    }
+
+    #[test]
+    fn the_pool_s_lifetimes_decide_when_an_anchor_ages_out() {
+        let short = AnchorLifetimes {
+            reported_ms: 3_000,
+            mined_ms: 4_000,
+        };
+        let mut c = Counter::new(DailyReset::Utc, short);
+        c.anchor(Window::Rpd, 10, 0, Source::Reported, AT);
+        c.anchor(Window::Rpm, 0, 0, Source::Mined, AT);
+        let source = |c: &mut Counter, w, at| c.headroom(w, Some(30), at).map(|h| h.source);
+        assert_eq!(
+            source(&mut c, Window::Rpd, AT + 2_999),
+            Some(Source::Reported)
+        );
+        assert_eq!(
+            source(&mut c, Window::Rpd, AT + 3_000),
+            Some(Source::Estimated)
+        );
+        assert_eq!(source(&mut c, Window::Rpm, AT + 3_999), Some(Source::Mined));
+        // A reload with longer lifetimes: the mined zero stands on.
+        c.set_lifetimes(AnchorLifetimes::default());
+        assert_eq!(source(&mut c, Window::Rpm, AT + 4_000), Some(Source::Mined));
     }
 }

@@ -7,12 +7,14 @@
 //!
 //! Three sources are composed per window (rpm, rpd, tpm, tpd, tokens per month):
 //! - **reported**: `x-ratelimit-remaining-*` of the provider's answers, as the filter reports
-//!   them with each attempt; it stands for 2 minutes (or until the provider's reset). For
+//!   them with each attempt; it stands for 2 minutes (the pool's `ledger.reportedTtlMs`), or
+//!   until the provider's reset. For
 //!   OpenRouter keys also the credit `GET {baseUrl}/key` reports ([`key_poll`], every minute
 //!   and soon after a 402 or 429): a scope whose credit is spent is exhausted, and pushed to
 //!   the filter as having no request left, until an answer says otherwise;
 //! - **mined**: a 429 or quota refusal says nothing is left until the time it named (its
-//!   `retry-after`, the body's retry delay, or the end of the window); it stands 5 minutes;
+//!   `retry-after`, the body's retry delay, or the end of the window); it stands 5 minutes
+//!   (`ledger.minedTtlMs`);
 //! - **estimated**: the ledger's own count of the attempts the control plane was told of,
 //!   against the limit of the provider's `limits:` or of the bundled seed table.
 //!
@@ -40,7 +42,7 @@ use crate::config::Config;
 use crate::engine::discovery::Listings;
 use crate::engine::{HeadroomSource, ReportObserver};
 use ai_router_contract::kinds::RateLimitWindow;
-use count::{Counter, Headroom, Source, REPORTED_TTL_MS};
+use count::{AnchorLifetimes, Counter, Headroom, Source};
 use credit::{KeyCredit, KeyPoll};
 use limits::{Limits, Window};
 
@@ -59,6 +61,8 @@ struct ProviderLedger {
     credits: BTreeMap<String, (KeyCredit, i64)>,
     /// Keys whose credit is asked for (OpenRouter's), by alias.
     polls: BTreeMap<String, KeyPoll>,
+    /// The pool's `ledger:`: how long reported and mined figures stand.
+    lifetimes: AnchorLifetimes,
 }
 
 impl ProviderLedger {
@@ -66,7 +70,7 @@ impl ProviderLedger {
     fn credit(&self, scope: &str, now_ms: i64) -> Option<(&KeyCredit, i64)> {
         self.credits
             .get(scope)
-            .filter(|(_, at)| now_ms < at + REPORTED_TTL_MS)
+            .filter(|(_, at)| now_ms < at + self.lifetimes.reported_ms)
             .map(|(c, at)| (c, *at))
     }
 
@@ -103,9 +107,10 @@ fn providers_of(
         let counters = keys_of
             .keys()
             .map(|s| {
-                let counter = kept
+                let mut counter = kept
                     .remove(&(p.id.clone(), s.clone()))
-                    .unwrap_or_else(|| Counter::new(limits.day_reset));
+                    .unwrap_or_else(|| Counter::new(limits.day_reset, config.ledger));
+                counter.set_lifetimes(config.ledger);
                 (s.clone(), counter)
             })
             .collect();
@@ -128,6 +133,7 @@ fn providers_of(
                 models: p.models.len(),
                 credits: BTreeMap::new(),
                 polls,
+                lifetimes: config.ledger,
             },
         );
     }

@@ -263,6 +263,19 @@ pub trait StateStore: Send + Sync {
     fn cache_put(&self, _key: &str, _entry: Vec<u8>, _ttl_ms: u64) -> bool {
         false
     }
+    /// Registers the open `Watch` streams of control plane `plane` (`mine`, each already
+    /// prefixed with `plane`), standing until `now_ms + ttl_ms` unless registered again, and
+    /// answers every control plane's registered streams (`api::shares`). `None` when this store
+    /// shares no membership (each control plane splits among its own).
+    fn watchers(
+        &self,
+        _plane: &str,
+        _mine: &[String],
+        _now_ms: i64,
+        _ttl_ms: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// A state with an entry in every table (the stores' round-trip tests).

@@ -10,6 +10,9 @@
 //! - `<ns>:rpm:<virtual key id>:<UTC minute>`: the calls of the key's `requestsPerMinute`
 //!   granted to Envoys in that minute (`store::minute_calls`), by a script; it expires after two
 //!   minutes;
+//! - `<ns>:watchers`: every control plane's open `Watch` streams, which split the headroom
+//!   (`api::shares`): a sorted set of `<plane>/<stream>`, scored by when each registration
+//!   lapses (renewed every second), replaced per plane by a script;
 //! - `<ns>:lease:<scope>:<provider/key as JSON>`: the probe lease, `until|holder`, taken by a
 //!   script (atomic: one round trip that reads the lease, compares its end with the caller's
 //!   clock and sets it with `PX`), released by holder with a compare-and-delete script.
@@ -96,6 +99,26 @@ if v then
   end
 end
 return 0
+";
+
+/// Replaces control plane ARGV[3]'s registered `Watch` streams with ARGV[5..], standing until
+/// ARGV[2] (ms, the callers' clocks), drops every registration past ARGV[1] (now) and answers
+/// all that stand; the set goes ARGV[4] ms after its last registration.
+/// KEYS[1] the sorted set (score: until when a registration stands).
+const WATCHERS_SCRIPT: &str = r"
+local key = KEYS[1]
+local prefix = ARGV[3]
+redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
+for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
+  if string.sub(m, 1, #prefix) == prefix then
+    redis.call('ZREM', key, m)
+  end
+end
+for i = 5, #ARGV do
+  redis.call('ZADD', key, ARGV[2], ARGV[i])
+end
+redis.call('PEXPIRE', key, ARGV[4])
+return redis.call('ZRANGE', key, 0, -1)
 ";
 
 /// A response-cache key as the filter makes it: lowercase hex SHA-256 (nothing else becomes a
@@ -560,6 +583,31 @@ impl StateStore for RedisStateStore {
         }
     }
 
+    fn watchers(
+        &self,
+        plane: &str,
+        mine: &[String],
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let key = format!("{}:watchers", self.namespace);
+        let prefix = format!("{plane}/");
+        let mine = mine.to_vec();
+        let ttl_ms = ttl_ms.max(1);
+        let until = now_ms.saturating_add(ttl_ms);
+        self.call(CALL_DEADLINE, move |mut conn| async move {
+            let script = redis::Script::new(WATCHERS_SCRIPT);
+            let mut call = script.key(key);
+            call.arg(now_ms).arg(until).arg(prefix).arg(ttl_ms);
+            for m in &mine {
+                call.arg(m);
+            }
+            call.invoke_async::<Vec<String>>(&mut conn).await
+        })
+        .map(Some)
+        .map_err(StoreError::from)
+    }
+
     fn release(&self, id: &BreakerId, holder: Option<&str>) -> Result<(), StoreError> {
         let _ = self.local.release(id, holder);
         let key = self.lease_key(id);
@@ -655,6 +703,37 @@ mod tests {
         assert_eq!(b.lease(&id, "b#2", 10_100, 100)?, LeaseGrant::Granted);
         std::thread::sleep(Duration::from_millis(150));
         assert_eq!(b.lease(&id, "b#3", 0, 100)?, LeaseGrant::Granted);
+        Ok(())
+    }
+
+    #[test]
+    fn every_control_plane_s_watchers_are_one_membership_and_a_silent_one_drops_out(
+    ) -> anyhow::Result<()> {
+        static HEALTH: StoreHealth = StoreHealth::new("watchers-test");
+        let redis = servers::RedisServer::start()?;
+        let a = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let b = RedisStateStore::with_health(&redis.url(), "ns", &HEALTH)?;
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            a.watchers("a", &names(&["a/1", "a/2"]), 1_000, 5_000)?,
+            Some(names(&["a/1", "a/2"]))
+        );
+        let mut all = b
+            .watchers("b", &names(&["b/1"]), 2_000, 5_000)?
+            .unwrap_or_default();
+        all.sort();
+        assert_eq!(all, names(&["a/1", "a/2", "b/1"]));
+        // A registration replaces the plane's earlier one.
+        let mut all = a
+            .watchers("a", &names(&["a/2"]), 3_000, 5_000)?
+            .unwrap_or_default();
+        all.sort();
+        assert_eq!(all, names(&["a/2", "b/1"]));
+        // a stops renewing: past its TTL its streams are gone from b's answer.
+        assert_eq!(
+            b.watchers("b", &names(&["b/1"]), 8_001, 5_000)?,
+            Some(names(&["b/1"]))
+        );
         Ok(())
     }
 

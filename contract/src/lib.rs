@@ -134,11 +134,10 @@ pub mod shared {
         format!("ai-router/inflight/{provider}")
     }
 
-    /// The attempts sent lately on one billing scope of a provider: the reservations against
-    /// its pushed headroom, across the workers. One record per scope, so a reservation reads
-    /// and writes its own scope's sends only, however many scopes the provider has.
-    pub fn sends(provider: &str, scope: &str) -> String {
-        format!("ai-router/sends/{provider}/{scope}")
+    /// The attempts sent to a provider lately, per billing scope: the reservations against its
+    /// pushed headroom, across the workers.
+    pub fn sends(provider: &str) -> String {
+        format!("ai-router/sends/{provider}")
     }
 
     /// One session-affinity slot (`filter-core/src/affinity.rs`): which lane a session is

@@ -2,7 +2,8 @@
 //! by the control plane after each call and pushed: a hard budget refuses the call after the
 //! crossing one with 429 `budget_exceeded` and `Retry-After`, a soft one lets calls through
 //! with `x-ai-router-budget-warning`, and `warnAt` warns once per window (an event, a metric,
-//! the header). A request window caps each call's estimate in the filter. A provider's spent
+//! the header); `maxCost` counts the usage at the models' `cost`. A request window caps each
+//! call's estimate in the filter. A provider's spent
 //! hard budget takes its candidates out of the call.
 //!
 //! The mocks report usage only for the calls meant to spend; the polls in between answer with
@@ -460,5 +461,62 @@ async fn a_spent_hard_budget_stays_spent_across_a_control_plane_restart() {
         gw.provider_calls().await.unwrap().is_empty(),
         "a refused call reached a provider"
     );
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hard_cost_budget_warns_then_refuses_by_the_priced_usage() {
+    // m1 at 1,000 per million tokens either way: a call of 60 + 60 tokens costs 0.12.
+    let gw = Gateway::start_with("budget_hard_cost", |p1, p2| {
+        with_budgets(
+            "  - { name: key-cost, scope: key, window: day, limits: { maxCost: 0.2 }, enforcement: hard, warnAt: 0.5 }\n",
+        )(p1, p2)
+        .replace(
+            "- { id: m1, aliases: [chat] }",
+            "- { id: m1, aliases: [chat], cost: { input: 1000, output: 1000 } }",
+        )
+    })
+    .await
+    .expect("fixture");
+    let mut events = gw
+        .cp
+        .events(&gw.admin_token, "?types=budget")
+        .await
+        .unwrap();
+
+    // 0.12 of 0.2: past warnAt (0.1), under the limit; the tokens alone would never count.
+    gw.script_usage(60, 60).await.unwrap();
+    let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    assert_eq!(warning(&first), None, "nothing spent before it: {first}");
+    gw.script_usage(0, 0).await.unwrap();
+    let warned = chat_until(&gw, None, "the cost warning to be pushed", |r| {
+        warning(r).is_some()
+    })
+    .await;
+    assert_eq!(warned.status, 200, "{warned}");
+    assert_eq!(warning(&warned).as_deref(), Some("key-cost=warn"));
+    let event = next_event(&mut events).await;
+    assert_eq!(
+        (event["budget"].as_str(), event["level"].as_str()),
+        (Some("key-cost"), Some("warn")),
+        "{event}"
+    );
+
+    // The second priced call crosses 0.2 (0.24): answered, then the key is refused.
+    let refused = cross_the_limit(&gw).await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the hard cost limit: {problem}");
+    }
+    retry_after(&refused, 86_400);
+    let over = next_event(&mut events).await;
+    assert_eq!(
+        (over["budget"].as_str(), over["level"].as_str()),
+        (Some("key-cost"), Some("over")),
+        "{over}"
+    );
+    gw.clear_calls().await.unwrap();
+    let again = gw.chat("chat").await.unwrap();
+    assert_eq!(again.status, 429, "{again}");
+    assert!(gw.provider_calls().await.unwrap().is_empty());
     gw.check_no_secrets_in_logs().unwrap();
 }

@@ -3,8 +3,8 @@
 //! crossing one with 429 `budget_exceeded` and `Retry-After`, a soft one lets calls through
 //! with `x-ai-router-budget-warning`, and `warnAt` warns once per window (an event, a metric,
 //! the header); `maxCost` counts the usage at the models' `cost`. A request window caps each
-//! call's estimate in the filter. A provider's spent
-//! hard budget takes its candidates out of the call.
+//! call's estimate in the filter. A provider's spent hard budget takes its candidates out of
+//! the call.
 //!
 //! The mocks report usage only for the calls meant to spend; the polls in between answer with
 //! no usage, so waiting for a push spends nothing.

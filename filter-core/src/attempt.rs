@@ -1682,6 +1682,7 @@ mod tests {
             reset_at_ms: NOW + 60_000,
             scope: "org".into(),
             as_of_ms: NOW - 1_000,
+            spent: false,
         });
         snap
     }

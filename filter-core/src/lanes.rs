@@ -442,7 +442,16 @@ fn out_reason(
         now_ms,
     ) {
         let too_few_tokens = tokens_left >= 0 && (tokens_left as u64) < tokens;
-        if requests == 0 || too_few_tokens {
+        // A figure the control plane marks spent (a credit, not a rate window) is a quota
+        // with no known end: a top-up, not time, brings it back, so a call does not wait for it.
+        let spent = [lane.model.as_str(), ""].into_iter().any(|m| {
+            health
+                .headroom(scope_of(key), m)
+                .is_some_and(|h| h.spent && h.remaining_requests == 0 && h.reset_at_ms > now_ms)
+        });
+        if spent && requests == 0 {
+            worst = later(worst, Class::Quota, None, "no_credit");
+        } else if requests == 0 || too_few_tokens {
             worst = later(worst, Class::RateLimit, Some(reset_at_ms), "headroom");
         }
     }
@@ -1354,6 +1363,71 @@ mod tests {
             chosen(pick(&s, &tiers(), req, &v, &mut rr, 6000, &mut Vec::new())).provider,
             "p2"
         );
+    }
+
+    #[test]
+    fn a_figure_marked_spent_is_a_quota_and_a_plain_zero_a_rate_limit() {
+        use ai_router_proto::v1::Headroom;
+        let only_p1 = vec![vec![Candidate {
+            provider: "p1".into(),
+            model: "m1".into(),
+            weight: 1.0,
+            when: Vec::new(),
+        }]];
+        let at = |spent: bool| {
+            state_with_snapshot(|snap| {
+                for key in ["a", "b"] {
+                    snap.headroom.push(Headroom {
+                        provider: "p1".into(),
+                        key: key.into(),
+                        remaining_requests: 0,
+                        remaining_tokens: -1,
+                        reset_at_ms: 9_000,
+                        spent,
+                        ..Default::default()
+                    });
+                }
+            })
+        };
+        let v = FakeView::default();
+        // A rate window returns at its reset (a call may wait for it); a spent credit has no
+        // known return.
+        for (spent, class, retry_at_ms) in [
+            (true, Class::Quota, None),
+            (false, Class::RateLimit, Some(9_000)),
+        ] {
+            let mut rr = RoundRobin::default();
+            assert_eq!(
+                pick(
+                    &at(spent),
+                    &only_p1,
+                    Request::default(),
+                    &v,
+                    &mut rr,
+                    1_000,
+                    &mut Vec::new()
+                ),
+                Pick::Unavailable {
+                    class: Some(class),
+                    retry_at_ms
+                },
+                "spent: {spent}"
+            );
+        }
+        // Past its window the mark is gone with the figure.
+        let mut rr = RoundRobin::default();
+        assert!(matches!(
+            pick(
+                &at(true),
+                &only_p1,
+                Request::default(),
+                &v,
+                &mut rr,
+                9_500,
+                &mut Vec::new()
+            ),
+            Pick::Lane(_)
+        ));
     }
 
     #[test]

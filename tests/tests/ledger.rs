@@ -455,6 +455,36 @@ async fn openrouter_s_key_endpoint_reports_the_credit_and_a_spent_key_is_not_cho
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_credit_is_known_spent_fails_the_call_fast_as_a_spent_quota() {
+    let pool = one_openrouter_key("ledger_openrouter_spent", 10, "").await;
+    poll("the spent credit", Duration::from_secs(10), || async {
+        let view = pool_ledger(&pool).await;
+        Ok((scope(&view, "or", "only")["reason"] == "no_credit").then_some(()))
+    })
+    .await
+    .unwrap();
+    // Once the figure is pushed, the call is refused at once as a spent quota (not as a rate
+    // limit), and no call reaches the provider.
+    poll(
+        "the spent figure in Envoy",
+        Duration::from_secs(10),
+        || async {
+            let r = pool.chat("chat").await?;
+            anyhow::ensure!(r.status != 200, "the spent key served: {r}");
+            Ok(
+                ai_router_e2e::openai_error_problem(&r, 503, "pool_quota_exhausted")
+                    .is_none()
+                    .then_some(r),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    let chats = pool.chat_keys().await.unwrap();
+    assert!(chats.is_empty(), "a call reached the spent key: {chats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     let gw = three_a_minute("ledger_rollback").await;
     // Two attempts never reach the provider (the connection closes), then it refuses one as
@@ -621,15 +651,15 @@ async fn reported_and_mined_figures_age_back_to_the_estimate_after_their_lifetim
     assert_eq!(rpm["remaining"].as_u64(), Some(18), "{rpm}");
 }
 
-/// An OpenRouter pool whose only key answers 402 and whose credit endpoint says `usage` of
-/// its $10 is spent: every call answers at once with the quota error.
-async fn only_key_refused(test: &str, usage: u32) {
+/// An OpenRouter pool of one key, `only`, whose credit endpoint says `usage` of its $10 is
+/// spent; `extra` is appended to the pool's YAML.
+async fn one_openrouter_key(test: &str, usage: u32, extra: &str) -> Pool {
     let only = scan::provider_secret("or-only");
     let admin = format!("adm-{}", random_hex(32));
     scan::register(OR_ADMIN_TOKEN_ENV, &admin);
     let script =
         json!({ "keyInfo": { "keys": { only.clone(): { "limit": 10, "usage": usage } } } });
-    let pool = Pool::start_scripted(test, &[Some(script)], |m, _| {
+    Pool::start_scripted(test, &[Some(script)], |m, _| {
         let mut setup = PoolSetup::default();
         setup.env.push(("OR_ONLY".into(), only.clone()));
         setup.name_secret(&only, "only");
@@ -639,14 +669,19 @@ async fn only_key_refused(test: &str, usage: u32) {
              controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
              providers:\n\
              \x20 - id: or\n    kind: openrouter\n    baseUrl: {}/api/v1\n\
-             \x20   keys: [{{ alias: only, env: OR_ONLY }}]\n    models: [{{ id: m-or, aliases: [chat] }}]\n\
-             defaults: {{ deadlineMs: 20000 }}\n",
+             \x20   keys: [{{ alias: only, env: OR_ONLY }}]\n    models: [{{ id: m-or, aliases: [chat] }}]\n{extra}",
             m[0]
         );
         Ok(setup)
     })
     .await
-    .expect("fixture");
+    .expect("fixture")
+}
+
+/// An OpenRouter pool whose only key answers 402 and whose credit endpoint says `usage` of
+/// its $10 is spent: every call answers at once with the quota error.
+async fn only_key_refused(test: &str, usage: u32) {
+    let pool = one_openrouter_key(test, usage, "defaults: { deadlineMs: 20000 }\n").await;
     pool.mocks[0]
         .script(json!([script::always(vec![script::provider_error(
             "openrouter.quota_exhausted"

@@ -458,6 +458,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 reset_at_ms: h.reset_at_ms,
                 scope: key_scope(config, &lane.0, &lane.1),
                 as_of_ms: state.headroom_as_of.get(lane).copied().unwrap_or(0),
+                spent: false,
             })
             .chain(state.estimated.iter().cloned())
             .collect(),

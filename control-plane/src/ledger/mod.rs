@@ -373,7 +373,8 @@ impl HeadroomSource for Ledger {
                     }
                 }
                 // A spent credit: no request until an answer says otherwise.
-                if p.credit(scope, now_ms).is_some_and(|(c, _)| c.spent()) {
+                let spent = p.credit(scope, now_ms).is_some_and(|(c, _)| c.spent());
+                if spent {
                     let until = p.next_poll(scope).unwrap_or(now_ms) + credit::POLL_INTERVAL_MS;
                     requests = Some((0, until));
                 }
@@ -403,6 +404,7 @@ impl HeadroomSource for Ledger {
                     reset_at_ms,
                     scope: if shared { scope.clone() } else { String::new() },
                     as_of_ms: now_ms,
+                    spent,
                 });
             }
         }

@@ -222,11 +222,6 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
     )
     .await
     .expect("fixture");
-    let mut events = gw
-        .cp
-        .events(&gw.admin_token, "?types=budget")
-        .await
-        .unwrap();
     // `chat` is m1 on p1, falling back to m2 on p2: one call spends 120 tokens on p1.
     gw.script_usage(60, 60).await.unwrap();
     let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
@@ -239,18 +234,6 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
     // Past a soft limit the call goes through, warned; p1 is out, so m2 on p2 answers.
     assert_eq!(warned.status, 200, "{warned}");
     assert_eq!(warning(&warned).as_deref(), Some("pool-hour=over"));
-    // Past the soft limit: an event for the window (the provider budget's may come too).
-    let soft = loop {
-        let event = next_event(&mut events).await;
-        if event["budget"] == "pool-hour" {
-            break event;
-        }
-    };
-    assert_eq!(
-        (soft["level"].as_str(), soft["enforcement"].as_str()),
-        (Some("over"), Some("soft")),
-        "{soft}"
-    );
     let moved = chat_until(&gw, None, "p1's spent budget to move calls to p2", |r| {
         r.header("x-ai-router-model").as_deref() == Some("m2")
     })
@@ -292,15 +275,6 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
         .await
         .unwrap();
     assert!(!line.ends_with(" 0"), "{line}");
-    // No second event in the window for the soft budget.
-    while let Ok(Some((_, event))) =
-        tokio::time::timeout(Duration::from_millis(500), events.recv()).await
-    {
-        assert_ne!(
-            event["budget"], "pool-hour",
-            "a second event in the window: {event}"
-        );
-    }
     gw.check_no_secrets_in_logs().unwrap();
 }
 

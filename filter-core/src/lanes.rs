@@ -444,12 +444,15 @@ fn out_reason(
         let too_few_tokens = tokens_left >= 0 && (tokens_left as u64) < tokens;
         // A figure the control plane marks spent (a credit, not a rate window) is a quota
         // with no known end: a top-up, not time, brings it back, so a call does not wait for it.
-        let spent = [lane.model.as_str(), ""].into_iter().any(|m| {
-            health
-                .headroom(scope_of(key), m)
-                .is_some_and(|h| h.spent && h.remaining_requests == 0 && h.reset_at_ms > now_ms)
-        });
-        if spent && requests == 0 {
+        // Looked up only for a lane with no request left, not on every pick.
+        let spent = || {
+            [lane.model.as_str(), ""].into_iter().any(|m| {
+                health
+                    .headroom(scope_of(key), m)
+                    .is_some_and(|h| h.spent && h.remaining_requests == 0 && h.reset_at_ms > now_ms)
+            })
+        };
+        if requests == 0 && spent() {
             worst = later(worst, Class::Quota, None, "no_credit");
         } else if requests == 0 || too_few_tokens {
             worst = later(worst, Class::RateLimit, Some(reset_at_ms), "headroom");

@@ -222,6 +222,11 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
     )
     .await
     .expect("fixture");
+    let mut events = gw
+        .cp
+        .events(&gw.admin_token, "?types=budget")
+        .await
+        .unwrap();
     // `chat` is m1 on p1, falling back to m2 on p2: one call spends 120 tokens on p1.
     gw.script_usage(60, 60).await.unwrap();
     let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
@@ -234,6 +239,28 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
     // Past a soft limit the call goes through, warned; p1 is out, so m2 on p2 answers.
     assert_eq!(warned.status, 200, "{warned}");
     assert_eq!(warning(&warned).as_deref(), Some("pool-hour=over"));
+    // The one call crossed both: an event for each window, in the policies' order.
+    let (soft, hard) = (next_event(&mut events).await, next_event(&mut events).await);
+    assert_eq!(
+        (
+            soft["budget"].as_str(),
+            soft["level"].as_str(),
+            soft["enforcement"].as_str(),
+            soft["tokens"].as_u64()
+        ),
+        (Some("pool-hour"), Some("over"), Some("soft"), Some(120)),
+        "{soft}"
+    );
+    assert_eq!(
+        (
+            hard["budget"].as_str(),
+            hard["subject"].as_str(),
+            hard["level"].as_str(),
+            hard["enforcement"].as_str()
+        ),
+        (Some("p1-month"), Some("p1"), Some("over"), Some("hard")),
+        "{hard}"
+    );
     let moved = chat_until(&gw, None, "p1's spent budget to move calls to p2", |r| {
         r.header("x-ai-router-model").as_deref() == Some("m2")
     })
@@ -275,6 +302,13 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
         .await
         .unwrap();
     assert!(!line.ends_with(" 0"), "{line}");
+    // No second event in the window for either budget.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), events.recv())
+            .await
+            .is_err(),
+        "a second budget event in the window"
+    );
     gw.check_no_secrets_in_logs().unwrap();
 }
 

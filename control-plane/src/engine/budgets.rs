@@ -156,8 +156,9 @@ impl BudgetLedger {
     /// Takes the use the key store counted (`rows`, every control plane's charges that are
     /// stored) into the windows: a window takes the larger of its own count and the store's
     /// (its own may hold charges not yet written), and its level follows. A level raised so
-    /// emits nothing: the control plane that counted the charge did. Returns whether what is
-    /// pushed changed.
+    /// emits nothing: the control plane that counted the charge did (each one counts a batch
+    /// before its usage rows can be written, see `Engine::apply_report`). Returns whether what
+    /// is pushed changed.
     pub fn absorb(&mut self, policies: &[BudgetPolicy], rows: &[BudgetUse], now: i64) -> bool {
         let mut changed = false;
         for row in rows.iter().filter(|r| r.until_ms > now) {

@@ -17,10 +17,32 @@ use crate::store::lock;
 use crate::store::spend::Spend;
 
 impl Engine {
+    /// Counts `batch`'s charges in the budgets and emits an event for each level that rose;
+    /// returns whether one rose (what is pushed changed).
+    fn charge_budgets(&self, config: &Config, batch: &pb::ReportBatch) -> bool {
+        if config.budgets.is_empty() {
+            return false;
+        }
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let mut crossings = Vec::new();
+        for charge in crate::keys::ledger::charges(config, batch) {
+            crossings.extend(state.budgets.charge(&config.budgets, &charge, now));
+        }
+        for crossing in &crossings {
+            self.events.emit(budgets::event(crossing, now));
+        }
+        !crossings.is_empty()
+    }
+
     /// Applies a batch of outcomes; returns the version after it.
     pub fn apply_report(&self, batch: &pb::ReportBatch) -> (u64, Vec<EngineEvent>) {
-        self.observe_report(batch);
         let config = self.config();
+        // The budgets count the batch before the usage recorder sees it: the key sync takes
+        // the stored rows in silently (`BudgetLedger::absorb`), so a row written before its
+        // charge was counted here would raise the level with no event.
+        let budgets_moved = self.charge_budgets(&config, batch);
+        self.observe_report(batch);
         self.stats.observe(
             batch,
             |a| attempt_cost(&config, a).unwrap_or(0.0),
@@ -40,20 +62,10 @@ impl Engine {
         let resilience = &config.resilience;
         let mut state = lock(&self.state);
         let mut events = Vec::new();
-        let mut changed = false;
+        let mut changed = budgets_moved;
         let mut headroom_moved = false;
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
-        if !config.budgets.is_empty() {
-            let mut crossings = Vec::new();
-            for charge in crate::keys::ledger::charges(&config, batch) {
-                crossings.extend(state.budgets.charge(&config.budgets, &charge, now));
-            }
-            changed |= !crossings.is_empty();
-            for crossing in &crossings {
-                self.events.emit(budgets::event(crossing, now));
-            }
-        }
         for attempt in &batch.attempts {
             super::discovery::note_attempt(&mut state.listings, attempt, now);
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());

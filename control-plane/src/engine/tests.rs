@@ -1016,6 +1016,66 @@ fn budgets_roll_over_by_utc_day_and_month() -> Result<(), String> {
     Ok(())
 }
 
+async fn next_event(
+    sub: &mut crate::engine::events::Subscription,
+) -> Option<crate::engine::events::Next> {
+    tokio::time::timeout(std::time::Duration::from_millis(200), sub.next())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The usage recorder writes a batch's budget rows, and the key sync takes them in, as soon as
+/// the report path hands the batch over; the engine must have counted the batch (and seen the
+/// crossing) by then, or the stored rows raise the level silently and no event is ever sent.
+#[tokio::test]
+async fn a_budget_crossing_is_an_event_even_when_the_stored_rows_are_taken_in_at_once(
+) -> Result<(), String> {
+    let f = fixture(&format!(
+        "{BREAKERS}budgets:\n  - {{ name: day, scope: pool, window: day, limits: {{ maxTokens: 100 }}, enforcement: hard, warnAt: 0.5 }}\n"
+    ))?;
+    let e = f.engine.clone();
+    let mut budget_events = e.events().watch(vec!["budget"]);
+    // What the usage writer and the key sync do, at the earliest they can: the rows of the
+    // batch, stored and absorbed while the report is still being applied.
+    let weak = Arc::downgrade(&e);
+    e.add_report_observer(Arc::new(move |batch: &pb::ReportBatch| {
+        let Some(engine) = weak.upgrade() else {
+            return;
+        };
+        let config = engine.config();
+        let charges = crate::keys::ledger::charges(&config, batch);
+        let rows = super::budgets::use_of(&config.budgets, charges, 1_000_000);
+        engine.absorb_budget_use(&rows);
+    }));
+    e.apply_report(&batch(vec![with_usage(40, 20)]));
+    let warn = next_event(&mut budget_events)
+        .await
+        .ok_or("no warn event")?;
+    let crate::engine::events::Next::Event(warn) = warn else {
+        return Err(format!("{warn:?}"));
+    };
+    assert!(
+        matches!(&*warn, crate::engine::events::Event::Budget { level, tokens: 60, .. } if *level == "warn"),
+        "{warn:?}"
+    );
+    e.apply_report(&batch(vec![with_usage(30, 20)]));
+    let over = next_event(&mut budget_events)
+        .await
+        .ok_or("no over event")?;
+    let crate::engine::events::Next::Event(over) = over else {
+        return Err(format!("{over:?}"));
+    };
+    assert!(
+        matches!(&*over, crate::engine::events::Event::Budget { level, tokens: 110, .. } if *level == "over"),
+        "{over:?}"
+    );
+    // Once per level and window.
+    e.apply_report(&batch(vec![with_usage(30, 20)]));
+    assert_eq!(next_event(&mut budget_events).await, None);
+    Ok(())
+}
+
 #[test]
 fn state_survives_a_restart_with_sqlite() -> Result<(), String> {
     let path = temp_db("restart")?;

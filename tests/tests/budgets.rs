@@ -313,6 +313,88 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_hour_budget_warns_at_warn_at_then_past_its_limit_and_never_refuses() {
+    let gw = Gateway::start_with(
+        "budget_soft_hour",
+        with_budgets(
+            "  - { name: key-hour, scope: key, window: hour, limits: { maxTokens: 200 }, enforcement: soft, warnAt: 0.5 }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    let mut events = gw
+        .cp
+        .events(&gw.admin_token, "?types=budget")
+        .await
+        .unwrap();
+    // 120 of 200 tokens: past warnAt.
+    gw.script_usage(60, 60).await.unwrap();
+    chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    gw.script_usage(0, 0).await.unwrap();
+    let warned = chat_until(&gw, None, "the warnAt warning to be pushed", |r| {
+        warning(r).is_some()
+    })
+    .await;
+    assert_eq!(
+        (warned.status, warning(&warned).as_deref()),
+        (200, Some("key-hour=warn")),
+        "{warned}"
+    );
+    let warn = next_event(&mut events).await;
+    assert_eq!(
+        (
+            warn["budget"].as_str(),
+            warn["level"].as_str(),
+            warn["window"].as_str(),
+            warn["enforcement"].as_str(),
+            warn["tokens"].as_u64()
+        ),
+        (
+            Some("key-hour"),
+            Some("warn"),
+            Some("hour"),
+            Some("soft"),
+            Some(120)
+        ),
+        "{warn}"
+    );
+    // 240 of 200: past the soft limit, the calls still go through, warned `over`.
+    gw.script_usage(60, 60).await.unwrap();
+    let crossing = gw.chat("chat").await.unwrap();
+    assert_eq!(crossing.status, 200, "{crossing}");
+    gw.script_usage(0, 0).await.unwrap();
+    let over = chat_until(&gw, None, "the soft limit to be pushed", |r| {
+        warning(r).as_deref() == Some("key-hour=over")
+    })
+    .await;
+    assert_eq!(over.status, 200, "past a soft limit: {over}");
+    let event = next_event(&mut events).await;
+    assert_eq!(
+        (event["level"].as_str(), event["tokens"].as_u64()),
+        (Some("over"), Some(240)),
+        "{event}"
+    );
+    // A soft budget never refuses: every call reaches a provider.
+    gw.clear_calls().await.unwrap();
+    for _ in 0..3 {
+        let r = gw.chat("chat").await.unwrap();
+        assert_eq!(
+            (r.status, warning(&r).as_deref()),
+            (200, Some("key-hour=over")),
+            "{r}"
+        );
+    }
+    assert_eq!(gw.provider_calls().await.unwrap().len(), 3);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), events.recv())
+            .await
+            .is_err(),
+        "a third budget event in the window"
+    );
+    gw.check_no_secrets_in_logs().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_budget_caps_each_call_by_its_estimate() {
     let gw = Gateway::start_with(
         "budget_request",

@@ -530,9 +530,9 @@ async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     for _ in 0..6 {
         let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
         statuses.push(r.status);
-        // The next call starts once the ledger counted this one (its report is batched): the
-        // figure the ledger pushes then counts it, as a figure pushed while the report is on
-        // its way would not (the estimate's own lag, not what this test is about).
+        // The next call starts once the ledger counted this one (its report is batched), so
+        // the control plane's count is checked call by call; what Envoy decides rests on its
+        // own sends record, whenever the ledger's figure arrives.
         let counted = statuses.iter().filter(|s| **s == 200 || **s == 400).count();
         ledger_when(&gw, "the call counted", |v| {
             scope(v, "p1", "org-1")["windows"]["rpm"]["used"] == counted

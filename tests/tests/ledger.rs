@@ -563,9 +563,9 @@ async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_attempt_gives_its_reservation_back() {
-    // Each attempt has 500 ms (`defaults.timeoutMs`); the first two answers come after 3 s.
-    let gw = three_a_minute_with("ledger_rollback_timeout", "  timeoutMs: 500\n").await;
-    let late = json!({ "text": "too late", "latencyMs": 3_000 });
+    // Each attempt has 1 s (`defaults.timeoutMs`); the first two answers come after 5 s.
+    let gw = three_a_minute_with("ledger_rollback_timeout", "  timeoutMs: 1000\n").await;
+    let late = json!({ "text": "too late", "latencyMs": 5_000 });
     gw.mock1
         .script(json!([script::always(vec![
             late.clone(),

@@ -157,6 +157,27 @@ pub mod shared {
     }
 }
 
+/// How the filter's record of its sends and the quota ledger's pushed estimate split a scope's
+/// count between them, so that each attempt is counted once: the ledger's figure is as of an
+/// instant on a [`SEND_BUCKET_MS`](ledger::SEND_BUCKET_MS) boundary and counts the attempts sent
+/// before it; the filter counts its own sends from it on. An attempt is sent at its
+/// reservation, which its report names as `at_ms - latency_ms`.
+pub mod ledger {
+    /// The filter counts its sends in stretches of this width (a count since an instant takes
+    /// the whole stretch that instant falls in).
+    pub const SEND_BUCKET_MS: i64 = 100;
+    /// The ledger's figure leaves the attempts sent in this last stretch to the filters' own
+    /// records, since their reports may still be on their way (the attempt's own length, the
+    /// singleton's batching). An attempt whose report comes later than this after it was sent
+    /// is counted by neither until it arrives: the only overshoot within one Envoy.
+    pub const ESTIMATE_LAG_MS: i64 = 5_000;
+
+    /// The instant the ledger's figure is as of, computed at `now_ms`.
+    pub fn estimate_as_of(now_ms: i64) -> i64 {
+        (now_ms - ESTIMATE_LAG_MS).div_euclid(SEND_BUCKET_MS) * SEND_BUCKET_MS
+    }
+}
+
 /// The OpenAI error `type` of a gateway answer, by its HTTP status: one mapping for the filter,
 /// the control plane's APIs and Envoy's own replies.
 pub fn openai_error_type(status: u16) -> &'static str {

@@ -674,7 +674,9 @@ impl Attempt {
             .include_content()
             .then(|| crate::content::Content::of_request(body, key.secret.len()));
         self.probe = chosen.probe.is_some();
-        self.started_ms = host.now_ms();
+        // The reservation's instant: the report's `at_ms - latency_ms` is then the send the
+        // sends record holds, which the quota ledger counts its estimate by.
+        self.started_ms = now;
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,

@@ -15,6 +15,9 @@ pub struct GatewayError {
     pub param: Option<&'static str>,
     /// Seconds for `Retry-After`, when the gateway knows when to come back.
     pub retry_after_s: Option<u64>,
+    /// The routing trail of a refusal the front stage decides (what ruled out each candidate),
+    /// sent in `error.trail` like a final error's.
+    pub trail: Option<crate::trail::Trail>,
 }
 
 impl GatewayError {
@@ -25,6 +28,7 @@ impl GatewayError {
             message: message.into(),
             param: None,
             retry_after_s: None,
+            trail: None,
         }
     }
 
@@ -40,6 +44,12 @@ impl GatewayError {
 
     pub fn with_retry_after(mut self, seconds: Option<u64>) -> Self {
         self.retry_after_s = seconds;
+        self
+    }
+
+    /// The refusal names what ruled out each candidate; an empty trail adds nothing.
+    pub fn with_trail(mut self, trail: crate::trail::Trail) -> Self {
+        self.trail = (trail != crate::trail::Trail::default()).then_some(trail);
         self
     }
 

@@ -290,5 +290,21 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains("region_blocked"), "{err}");
         assert!(!err.contains("sk-"), "{err}");
+        // The refusal's trail names the provider the filter removed, with its reason.
+        let body = json!({"model": "house-model", "messages": [{"role": "user", "content": "hi"}]});
+        let trail = resolve(&germany, &key(&["house-model"]), &body, Operation::Chat)
+            .err()
+            .and_then(|e| e.trail)
+            .map(|t| t.skipped)
+            .unwrap_or_default();
+        assert_eq!(
+            trail,
+            [crate::trail::Skip {
+                provider: "cloudflare".into(),
+                key: String::new(),
+                model: "house-model".into(),
+                reason: "region_blocked".into(),
+            }]
+        );
     }
 }

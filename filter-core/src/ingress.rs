@@ -142,13 +142,18 @@ pub fn model_list(protocol: Protocol, entries: Vec<Value>) -> Value {
 
 /// The gateway's error object for a caller of `protocol` (Responses errors are OpenAI's).
 pub fn error_body(protocol: Protocol, err: &GatewayError) -> Vec<u8> {
-    match protocol {
+    let body = match protocol {
         Protocol::Messages => {
             messages_ingress::error_body(err.status, err.code.as_str(), &err.message)
                 .to_string()
                 .into_bytes()
         }
         _ => err.body(),
+    };
+    // A refusal that ruled out candidates names them, as a final error does.
+    match &err.trail {
+        Some(trail) => crate::trail::with_trail(&body, trail).unwrap_or(body),
+        None => body,
     }
 }
 
@@ -417,6 +422,17 @@ mod tests {
         assert_eq!(v["error"]["code"], "requests_per_minute_exceeded");
         assert_eq!(error_body(Protocol::Responses, &err), err.body());
         assert_eq!(error_body(Protocol::Chat, &err), err.body());
+        // A refusal's trail goes in `error.trail` in either shape.
+        let mut trail = crate::trail::Trail::default();
+        trail.skip("gem", "", "m", "region_blocked");
+        let refused = GatewayError::of(ErrorCode::ModelNotSupported).with_trail(trail);
+        for protocol in [Protocol::Chat, Protocol::Messages] {
+            let v: Value = serde_json::from_slice(&error_body(protocol, &refused)).unwrap();
+            assert_eq!(
+                v["error"]["trail"]["skipped"][0]["reason"], "region_blocked",
+                "{v}"
+            );
+        }
         let redressed = redress_error(
             Protocol::Messages,
             503,

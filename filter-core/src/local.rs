@@ -175,8 +175,9 @@ impl InFlight {
 pub const SENDS_KEPT_MS: i64 = 120_000;
 /// Sends are counted in buckets of this width. A count "since" an instant includes the whole
 /// bucket that instant falls in: it may count up to one bucket's sends too many (the
-/// reservation errs on refusing), never too few.
-pub const SEND_BUCKET_MS: i64 = 100;
+/// reservation errs on refusing), never too few. The quota ledger's estimates are as of a
+/// bucket's start, and count only what was sent before it (`ai_router_contract::ledger`).
+pub const SEND_BUCKET_MS: i64 = ai_router_contract::ledger::SEND_BUCKET_MS;
 /// A scope with no figure to check keeps only its sends of this last stretch: a figure pushed
 /// later is as old as the attempt that reported it, seconds at most.
 pub const UNCHECKED_KEPT_MS: i64 = 10_000;

@@ -535,18 +535,21 @@ pub fn resolve_as(
         }
     }
     if tiers.is_empty() {
+        // The refusal names what ruled out each candidate (a filter, a need, the policy).
         if let Some(reason) = why_not {
             // Nothing in the pool fits what the request needs: no candidate.
             return Err(GatewayError::new(
                 ErrorCode::ModelNotSupported,
                 format!("No model '{requested}' can serve this request: {reason}."),
             )
-            .with_param("model"));
+            .with_param("model")
+            .with_trail(trail));
         }
         return Err(GatewayError::new(
             ErrorCode::PoolUnavailable,
             format!("No provider in the pool can serve '{requested}' for this request."),
-        ));
+        )
+        .with_trail(trail));
     }
     let first_choice = tiers.first().and_then(|t| t.first()).cloned();
     if policy.auto_sort == Some(true) {

@@ -78,15 +78,17 @@ async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
         .await
         .expect("fixture");
 
-    // Four calls on p1: both keys serve them, one budget counts them all.
+    // Four calls on p1: both keys serve them (the mock names the key each came with), one
+    // budget counts them all.
     for _ in 0..4 {
         let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
         assert_eq!(r.status, 200, "{r}");
     }
     let keys = gw.keys_called().await.unwrap();
+    let served = |k: &str| keys.iter().filter(|c| *c == k).count();
     assert!(
-        keys.contains(&"a".to_owned()) && keys.contains(&"b".to_owned()),
-        "{keys:?}"
+        keys.len() == 4 && served("a") >= 1 && served("b") >= 1 && served("a") + served("b") == 4,
+        "both keys of org-1 served the four calls: {keys:?}"
     );
     let view = poll(
         "the four calls in the ledger",
@@ -102,7 +104,19 @@ async fn the_ledger_counts_per_billing_scope_and_names_every_figure_s_source() {
     .await
     .unwrap();
     let org = scope(&view, "p1", "org-1");
-    assert_eq!(org["keys"].as_array().map(Vec::len), Some(2), "{org}");
+    let aliases: Vec<&Value> = org["keys"]
+        .as_array()
+        .map(|ks| ks.iter().map(|k| &k["alias"]).collect())
+        .unwrap_or_default();
+    assert_eq!(aliases, [&json!("a"), &json!("b")], "{org}");
+    // One budget: the two keys have none of their own.
+    let p1_scopes: Vec<&Value> = view["providers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["provider"] == "p1"))
+        .and_then(|p| p["scopes"].as_array())
+        .map(|ss| ss.iter().map(|s| &s["scope"]).collect())
+        .unwrap_or_default();
+    assert_eq!(p1_scopes, [&json!("org-1")], "{view}");
     assert_eq!(org["state"], "healthy", "{org}");
     let rpm = &org["windows"]["rpm"];
     assert_eq!(
@@ -323,8 +337,15 @@ async fn two_envoys_together_never_send_more_than_the_scope_has_left() {
 /// [`scarce_pool`] where p1's scope allows 3 requests a minute (its `limits:`; it never says so
 /// in its headers), once Envoy holds the ledger's figure.
 async fn three_a_minute(test: &str) -> Gateway {
+    three_a_minute_with(test, "").await
+}
+
+/// [`three_a_minute`] with `defaults` lines added to the pool.
+async fn three_a_minute_with(test: &str, defaults: &str) -> Gateway {
     let gw = Gateway::start_with(test, |p1, p2| {
-        scarce_pool(p1, p2).replace("limits: { rpm: 10, tpd: 100000 }", "limits: { rpm: 3 }")
+        scarce_pool(p1, p2)
+            .replace("limits: { rpm: 10, tpd: 100000 }", "limits: { rpm: 3 }")
+            .replace("defaults:\n", &format!("defaults:\n{defaults}"))
     })
     .await
     .expect("fixture");
@@ -509,9 +530,9 @@ async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     for _ in 0..6 {
         let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
         statuses.push(r.status);
-        // The next call starts once the ledger counted this one (its report is batched): the
-        // figure the ledger pushes then counts it, as a figure pushed while the report is on
-        // its way would not (the estimate's own lag, not what this test is about).
+        // The next call starts once the ledger counted this one (its report is batched), so
+        // the control plane's count is checked call by call; what Envoy decides rests on its
+        // own sends record, whenever the ledger's figure arrives.
         let counted = statuses.iter().filter(|s| **s == 200 || **s == 400).count();
         ledger_when(&gw, "the call counted", |v| {
             scope(v, "p1", "org-1")["windows"]["rpm"]["used"] == counted
@@ -525,6 +546,61 @@ async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     assert_eq!(ok, 2, "{statuses:?}");
     assert!(statuses.contains(&400), "{statuses:?}");
     let reached = gw.mock1.calls().await.unwrap().len();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert!(
+        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
+        "the scope is spent: {r}"
+    );
+    assert_eq!(
+        gw.mock1.calls().await.unwrap().len(),
+        reached,
+        "no call reached p1 past the minute's 3"
+    );
+    let view = ledger(&gw).await;
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_attempt_gives_its_reservation_back() {
+    // Each attempt has 1 s (`defaults.timeoutMs`); the first two answers come after 5 s.
+    let gw = three_a_minute_with("ledger_rollback_timeout", "  timeoutMs: 1000\n").await;
+    let late = json!({ "text": "too late", "latencyMs": 5_000 });
+    gw.mock1
+        .script(json!([script::always(vec![
+            late.clone(),
+            late,
+            script::text("ok")
+        ])]))
+        .await
+        .unwrap();
+    // The first call times out twice, then its third attempt answers.
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(
+        gw.mock1.calls().await.unwrap().len(),
+        3,
+        "two attempts timed out, the third answered"
+    );
+    let mut statuses = vec![r.status];
+    ledger_when(&gw, "the first call counted", |v| {
+        scope(v, "p1", "org-1")["windows"]["rpm"]["used"] == 1
+    })
+    .await;
+    for n in 2..=3 {
+        let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+        statuses.push(r.status);
+        // As in the network case: the next call starts once the ledger counted this one.
+        ledger_when(&gw, "the call counted", |v| {
+            scope(v, "p1", "org-1")["windows"]["rpm"]["used"] == n
+        })
+        .await;
+    }
+    // The timed-out attempts gave their reservations back: of the 3 requests of the minute,
+    // three answers. Without the rollback the first call alone would have spent all three.
+    assert_eq!(statuses, [200, 200, 200]);
+    let reached = gw.mock1.calls().await.unwrap().len();
+    assert_eq!(reached, 5, "two timed out, three answered");
     let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
     assert!(
         ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),

@@ -34,12 +34,13 @@ fn three_keys(mock: &str, selection: &str) -> PoolSetup {
     setup
 }
 
-/// Providers `(id, extra yaml, model)` on the mock, each with one key `k` (secret named by the
-/// provider's id) serving its model and `m`; `kind: openai-compatible` unless `extra` says.
+/// Providers `(id, extra yaml, models)` on the mock, each with one key `k` (secret named by the
+/// provider's id) serving `m` and its models (ids separated by spaces); `kind:
+/// openai-compatible` unless `extra` says.
 fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, String) {
     let mut setup = PoolSetup::default();
     let mut yaml = String::new();
-    for (id, extra, model) in providers {
+    for (id, extra, models) in providers {
         let var = format!("SEL_{}", id.to_uppercase());
         setup.secret_env(&var, id);
         let kind = if extra.contains("kind:") {
@@ -47,8 +48,12 @@ fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, Str
         } else {
             "    kind: openai-compatible\n"
         };
+        let models: String = models
+            .split_whitespace()
+            .map(|m| format!(", {{ id: {m} }}"))
+            .collect();
         yaml.push_str(&format!(
-            "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}, {{ id: {model} }}]\n"
+            "  - id: {id}\n{kind}{extra}    baseUrl: {mock}/{id}/v1\n    keys: [{{ alias: k, env: {var} }}]\n    models: [{{ id: m }}{models}]\n"
         ));
     }
     (setup, yaml)
@@ -232,9 +237,17 @@ async fn the_pools_filters_remove_exactly_their_providers() {
         let (mut setup, providers) = one_key_each(
             &m[0],
             &[
-                ("devonly", "    terms: { productionAllowed: false }\n", "m-devonly"),
+                (
+                    "devonly",
+                    "    terms: { productionAllowed: false }\n",
+                    "m-devonly m-dropped",
+                ),
                 ("gem", "    kind: gemini\n", "m-gem"),
-                ("trains", "    terms: { trainsOnPrompts: true }\n", "m-trains"),
+                (
+                    "trains",
+                    "    terms: { trainsOnPrompts: true }\n",
+                    "m-trains m-dropped",
+                ),
                 ("usblocked", "    terms: { blockedRegions: [US] }\n", "m-usblocked"),
                 ("plain", "", "m-plain"),
             ],
@@ -283,17 +296,36 @@ async fn the_pools_filters_remove_exactly_their_providers() {
     ]
     .map(|(p, r)| (p.to_owned(), r.to_owned()));
     assert_eq!(skipped, want, "{trail}");
-    // A model only a dropped provider serves: the error names the filter.
-    for (model, reason) in [
-        ("m-devonly", "production_forbidden"),
-        ("m-gem", "region_blocked"),
-        ("m-trains", "prompt_logging"),
+    // A model only dropped providers serve: the refusal names the filter in its message, and
+    // its trail names each provider with the filter that removed it.
+    for (model, removed) in [
+        ("m-devonly", &[("devonly", "production_forbidden")][..]),
+        ("m-gem", &[("gem", "region_blocked")]),
+        ("m-trains", &[("trains", "prompt_logging")]),
+        (
+            "m-dropped",
+            &[
+                ("devonly", "production_forbidden"),
+                ("trains", "prompt_logging"),
+            ],
+        ),
     ] {
         let (r, keys) = call(&pool, &chat_body(model, false), &[]).await;
         assert!(keys.is_empty(), "{model}: {keys:?}");
-        assert_eq!(r.status, 400, "{model}: {r}");
+        if let Some(problem) = ai_router_e2e::openai_error_problem(&r, 400, "model_not_supported") {
+            panic!("{model}: {problem}");
+        }
         let message = r.json["error"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains(reason), "{model}: {message}");
+        assert!(message.contains(removed[0].1), "{model}: {message}");
+        let trail = &r.json["error"]["trail"];
+        let mut skipped: Vec<Value> = trail["skipped"].as_array().cloned().unwrap_or_default();
+        skipped.sort_by_key(|s| s["provider"].to_string());
+        let want: Vec<Value> = removed
+            .iter()
+            .map(|(p, reason)| json!({ "provider": p, "model": model, "reason": reason }))
+            .collect();
+        assert_eq!(skipped, want, "{model}: {trail}");
+        assert_eq!(trail["attempts"], json!([]), "{model}: {trail}");
     }
 }
 
@@ -379,6 +411,98 @@ async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
     let (r, keys) = call(&pool, &body, &[]).await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(keys, ["a", "b"], "{r}");
+}
+
+/// Scripts a, b and c of [`start_three_keys`] to answer with `replies` (in that order), each
+/// key's first.
+async fn script_keys(pool: &Pool, secrets: &[String; 3], replies: [Value; 3]) {
+    let rules: Vec<Value> = secrets
+        .iter()
+        .zip(replies)
+        .map(|(secret, reply)| script::for_key(secret, vec![reply]))
+        .collect();
+    pool.mocks[0].script(Value::Array(rules)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_weights_from_the_config_reverse_the_order_the_defaults_give() {
+    // The same figures under two weightings: a 100 requests and 2,000 tokens left, b 70 and
+    // 6,000, c 40 and 10,000. W = α·R/Rmax + β·T/Tmax + γ:
+    // - the defaults (0.3, 0.4, 0.3): a 0.68, b 0.75, c 0.82, so c first;
+    // - α 0.8, β 0.1, γ 0.1: a 0.92, b 0.72, c 0.52, so a first.
+    let figures = [
+        reporting(100, Some(2_000)),
+        reporting(70, Some(6_000)),
+        reporting(40, Some(10_000)),
+    ];
+    for (name, selection, order) in [
+        ("score_defaults", "  strategy: score\n", ["c", "b", "a"]),
+        (
+            "score_weights",
+            "  strategy: score\n  score: { alpha: 0.8, beta: 0.1, gamma: 0.1 }\n",
+            ["a", "b", "c"],
+        ),
+    ] {
+        let (pool, secrets) = start_three_keys(name, selection).await;
+        script_keys(&pool, &secrets, figures.clone()).await;
+        let body = chat_body("m1", false);
+        every_key_reports(&pool, &body).await;
+        for i in 0..5 {
+            let (r, keys) = call(&pool, &body, &[]).await;
+            assert_eq!(r.status, 200, "{name}: {r}");
+            assert_eq!(keys, order[..1], "{name}, call {i}: the highest W first");
+        }
+        // The best fails, then the two best: each call cascades down the order.
+        let key_index = |k: &str| ["a", "b", "c"].iter().position(|x| *x == k).unwrap();
+        for failing in 1..=2 {
+            let mut replies = figures.clone();
+            for k in &order[..failing] {
+                replies[key_index(k)] = script::status(503, json!({}), None);
+            }
+            script_keys(&pool, &secrets, replies).await;
+            let (r, keys) = call(&pool, &body, &[]).await;
+            assert_eq!(r.status, 200, "{name}: {r}");
+            assert_eq!(keys, order[..=failing], "{name}: {r}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn score_never_tries_a_lane_weighing_zero_even_when_the_others_fail() {
+    let (pool, secrets) = start_three_keys("score_zero", "  strategy: score\n").await;
+    // c has no request left: H = 0, so W = 0 however full its token window.
+    let figures = [
+        reporting(100, Some(10_000)),
+        reporting(50, Some(10_000)),
+        reporting(0, Some(10_000)),
+    ];
+    script_keys(&pool, &secrets, figures.clone()).await;
+    let body = chat_body("m1", false);
+    every_key_reports(&pool, &body).await;
+    for i in 0..5 {
+        let (r, keys) = call(&pool, &body, &[]).await;
+        assert_eq!(r.status, 200, "{r}");
+        assert_eq!(keys, ["a"], "call {i}");
+    }
+    // a and b fail: the call fails with their upstream error, and c is not sent to.
+    let down = script::status(503, json!({}), None);
+    script_keys(&pool, &secrets, [down.clone(), down, figures[2].clone()]).await;
+    let (r, keys) = call(&pool, &body, &[]).await;
+    if let Some(problem) = ai_router_e2e::openai_error_problem(&r, 502, "upstream_error") {
+        panic!("every lane with a weight failed: {problem}");
+    }
+    assert!(
+        !keys.iter().any(|k| k == "c"),
+        "the lane of W = 0 was tried: {keys:?}"
+    );
+    assert_eq!(keys[..2], ["a", "b"], "{keys:?}");
+    let trail = &r.json["error"]["trail"];
+    let c_out = trail["skipped"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|s| s["key"] == "c" && s["reason"] == "headroom");
+    assert!(c_out, "the trail names c's spent headroom: {trail}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

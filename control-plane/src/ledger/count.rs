@@ -15,6 +15,10 @@ use super::limits::Window;
 
 const SECOND_MS: i64 = 1_000;
 const MINUTE_MS: i64 = 60 * SECOND_MS;
+/// The minute is counted in stretches as wide as the filter's send buckets, so that the
+/// estimate pushed as of a bucket's start counts exactly the sends before it.
+const SLOT_MS: i64 = ai_router_contract::ledger::SEND_BUCKET_MS;
+const SLOTS: usize = (MINUTE_MS / SLOT_MS) as usize;
 const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
 /// How long a value read from a provider's headers stands for the truth, by default.
 pub const REPORTED_TTL_MS: i64 = crate::config::ledger::REPORTED_TTL_MS;
@@ -85,12 +89,13 @@ pub struct Headroom {
     pub resets_at_ms: i64,
 }
 
-/// One budget's counters: the last 60 s by the second, the provider's day, the UTC month.
+/// One budget's counters: the last 60 s by [`SLOT_MS`], the provider's day, the UTC month. An
+/// attempt counts at the instant it was sent.
 #[derive(Debug, Clone)]
 pub struct Counter {
     zone: DailyReset,
-    /// (second, requests, tokens), indexed by second mod 60.
-    seconds: [(i64, u64, u64); 60],
+    /// (slot, requests, tokens), indexed by slot mod [`SLOTS`]; a slot is `at_ms / SLOT_MS`.
+    slots: Vec<(i64, u64, u64)>,
     day_start_ms: i64,
     day: (u64, u64),
     month: i64,
@@ -104,7 +109,7 @@ impl Counter {
         Self {
             lifetimes,
             zone,
-            seconds: [(i64::MIN, 0, 0); 60],
+            slots: vec![(i64::MIN, 0, 0); SLOTS],
             day_start_ms: i64::MIN,
             day: (0, 0),
             month: i64::MIN,
@@ -134,13 +139,16 @@ impl Counter {
     /// Counts what an attempt sent at `at_ms`.
     pub fn add(&mut self, at_ms: i64, requests: u64, tokens: u64) {
         self.roll(at_ms);
-        let second = at_ms.div_euclid(SECOND_MS);
-        let slot = &mut self.seconds[second.rem_euclid(60) as usize];
-        if slot.0 != second {
-            *slot = (second, 0, 0);
+        let slot = at_ms.div_euclid(SLOT_MS);
+        let entry = &mut self.slots[slot.rem_euclid(SLOTS as i64) as usize];
+        // An attempt reported after its minute passed counts for the day and month only.
+        if entry.0 <= slot {
+            if entry.0 != slot {
+                *entry = (slot, 0, 0);
+            }
+            entry.1 += requests;
+            entry.2 += tokens;
         }
-        slot.1 += requests;
-        slot.2 += tokens;
         if at_ms >= self.day_start_ms {
             self.day.0 += requests;
             self.day.1 += tokens;
@@ -152,19 +160,40 @@ impl Counter {
 
     /// The local count of a window at `now_ms`.
     pub fn count(&mut self, window: Window, now_ms: i64) -> u64 {
+        self.count_before(window, i64::MAX, now_ms)
+    }
+
+    /// The local count of a window at `now_ms` of the attempts sent before `before_ms` (a
+    /// [`SLOT_MS`] boundary within the last minute; later ones are the filter's to count).
+    pub fn count_before(&mut self, window: Window, before_ms: i64, now_ms: i64) -> u64 {
         self.roll(now_ms);
-        let now_second = now_ms.div_euclid(SECOND_MS);
-        let minute = || {
-            self.seconds
-                .iter()
-                .filter(|(s, _, _)| *s > now_second - 60 && *s <= now_second)
-        };
+        let now_slot = now_ms.div_euclid(SLOT_MS);
+        let before_slot = before_ms.div_euclid(SLOT_MS);
+        let oldest = now_slot - SLOTS as i64;
+        let in_minute = |s: i64| s > oldest && s <= now_slot;
+        // The minute before `before_ms`; what the day and the month hold from it on.
+        let (mut minute, mut later_today, mut later_tokens_this_month) = ((0, 0), (0, 0), 0);
+        for &(s, requests, tokens) in self.slots.iter().filter(|(s, ..)| in_minute(*s)) {
+            let at_ms = s * SLOT_MS;
+            if s < before_slot {
+                minute.0 += requests;
+                minute.1 += tokens;
+                continue;
+            }
+            if at_ms >= self.day_start_ms {
+                later_today.0 += requests;
+                later_today.1 += tokens;
+            }
+            if month_index(at_ms) == self.month {
+                later_tokens_this_month += tokens;
+            }
+        }
         match window {
-            Window::Rpm => minute().map(|s| s.1).sum(),
-            Window::Tpm => minute().map(|s| s.2).sum(),
-            Window::Rpd => self.day.0,
-            Window::Tpd => self.day.1,
-            Window::TokensPerMonth => self.month_tokens,
+            Window::Rpm => minute.0,
+            Window::Tpm => minute.1,
+            Window::Rpd => self.day.0.saturating_sub(later_today.0),
+            Window::Tpd => self.day.1.saturating_sub(later_today.1),
+            Window::TokensPerMonth => self.month_tokens.saturating_sub(later_tokens_this_month),
         }
     }
 
@@ -260,6 +289,29 @@ mod tests {
         // 12 hours later it is another UTC day.
         assert_eq!(c.count(Window::Rpd, AT + 12 * 3_600_000), 0);
         assert_eq!(c.count(Window::TokensPerMonth, AT + 12 * 3_600_000), 150);
+    }
+
+    #[test]
+    fn a_count_before_an_instant_leaves_the_later_sends_out_of_every_window() {
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
+        c.add(AT + 1_000, 1, 10);
+        c.add(AT + 1_950, 1, 20);
+        c.add(AT + 2_000, 1, 40);
+        let now = AT + 2_500;
+        let before = |c: &mut Counter, w, at| c.count_before(w, at, now);
+        // A bucket boundary splits the sends exactly: 1,950 ms is before 2,000, 2,000 is not.
+        assert_eq!(before(&mut c, Window::Rpm, AT + 2_000), 2);
+        assert_eq!(before(&mut c, Window::Tpm, AT + 2_000), 30);
+        assert_eq!(before(&mut c, Window::Rpd, AT + 2_000), 2);
+        assert_eq!(before(&mut c, Window::Tpd, AT + 2_000), 30);
+        assert_eq!(before(&mut c, Window::TokensPerMonth, AT + 2_000), 30);
+        assert_eq!(before(&mut c, Window::Rpm, AT + 1_900), 1);
+        assert_eq!(c.count(Window::Rpm, now), 3);
+        // A send reported after its minute passed counts for the day only, and leaves the
+        // newer slot it maps to alone.
+        c.add(AT + 2_000 - 60_000, 1, 5);
+        assert_eq!(c.count(Window::Rpm, now), 3);
+        assert_eq!(c.count(Window::Rpd, now), 4);
     }
 
     #[test]

@@ -217,7 +217,13 @@ impl Ledger {
             return;
         }
         let now = self.clock.now_ms();
-        let at = if a.at_ms > 0 { a.at_ms.min(now) } else { now };
+        // Counted when it was sent (its reservation in the filter), as the filter counts it.
+        let latency = i64::try_from(a.latency_ms).unwrap_or(0);
+        let at = if a.at_ms > 0 {
+            a.at_ms.min(now).saturating_sub(latency)
+        } else {
+            now
+        };
         let mut providers = lock(&self.providers);
         let Some(p) = providers.get_mut(&a.provider) else {
             return;
@@ -342,8 +348,14 @@ fn family_view(snapshot: &pb::Snapshot, providers: &[Value]) -> Vec<Value> {
 /// known limits (the `estimated` source only: providers' own figures are pushed per model by
 /// the engine, 429s act as cooldowns). Model empty: the whole scope; the filter's reservations
 /// count every send of the scope against it.
+///
+/// A figure is as of [`ai_router_contract::ledger::estimate_as_of`] and counts the attempts
+/// sent before that instant; the filter counts its own sends from it on. So an attempt is
+/// counted once: not twice when its report arrived in the same moment as the next figure, and
+/// not never when the figure was computed while its report was on its way.
 impl HeadroomSource for Ledger {
     fn headroom(&self, now_ms: i64) -> Vec<pb::Headroom> {
+        let as_of_ms = ai_router_contract::ledger::estimate_as_of(now_ms);
         let mut out = Vec::new();
         let mut providers = lock(&self.providers);
         for (id, p) in providers.iter_mut() {
@@ -363,13 +375,15 @@ impl HeadroomSource for Ledger {
                     if h.source != Source::Estimated {
                         continue;
                     }
+                    let remaining =
+                        limit.saturating_sub(counter.count_before(window, as_of_ms, now_ms));
                     let slot = if window.counts_tokens() {
                         &mut tokens
                     } else {
                         &mut requests
                     };
-                    if slot.is_none_or(|(r, _)| h.remaining < r) {
-                        *slot = Some((h.remaining, h.resets_at_ms));
+                    if slot.is_none_or(|(r, _)| remaining < r) {
+                        *slot = Some((remaining, h.resets_at_ms));
                     }
                 }
                 // A spent credit: no request until an answer says otherwise.
@@ -403,7 +417,7 @@ impl HeadroomSource for Ledger {
                     remaining_tokens: figure(tokens),
                     reset_at_ms,
                     scope: if shared { scope.clone() } else { String::new() },
-                    as_of_ms: now_ms,
+                    as_of_ms,
                     spent,
                 });
             }

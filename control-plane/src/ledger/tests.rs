@@ -188,8 +188,21 @@ fn the_estimates_pushed_are_what_the_local_count_leaves_of_known_limits() {
             attempt("groq", "g1", pb::ErrorClass::Unspecified),
         ],
     );
+    // At once, the figure leaves the three to the filter's own count of its sends: it is as of
+    // a moment before they were sent.
+    let lag = ai_router_contract::ledger::ESTIMATE_LAG_MS;
     let pushed = l.headroom(AT);
     let local = pushed.iter().find(|h| h.provider == "local");
+    assert_eq!(
+        local.map(|h| (h.remaining_requests, h.as_of_ms)),
+        Some((5, AT - lag)),
+        "{pushed:?}"
+    );
+    // Once their reports had time to arrive, it counts them, as of an instant after them.
+    let later = AT + lag + 100;
+    let pushed = l.headroom(later);
+    let local = pushed.iter().find(|h| h.provider == "local");
+    assert_eq!(local.map(|h| h.as_of_ms), Some(AT + 100), "{pushed:?}");
     assert_eq!(
         local.map(|h| (
             h.key.as_str(),
@@ -218,10 +231,32 @@ fn the_estimates_pushed_are_what_the_local_count_leaves_of_known_limits() {
             .map(|_| attempt("local", "l1", pb::ErrorClass::Unspecified))
             .collect(),
     );
-    let pushed = l.headroom(AT);
+    let pushed = l.headroom(later);
     let local = pushed.iter().find(|h| h.provider == "local");
     assert_eq!(local.map(|h| h.remaining_requests), Some(0));
-    assert_eq!(local.map(|h| h.reset_at_ms), Some(AT + 60_000));
+    assert_eq!(local.map(|h| h.reset_at_ms), Some(later + 60_000));
+}
+
+#[test]
+fn an_attempt_counts_when_it_was_sent_not_when_its_report_came() {
+    let (l, clock) = ledger();
+    // Sent at AT + 50 (its reservation), answered 1,950 ms later.
+    clock.0.store(AT + 2_000, Ordering::SeqCst);
+    let mut slow = attempt("local", "l1", pb::ErrorClass::Unspecified);
+    slow.at_ms = AT + 2_000;
+    slow.latency_ms = 1_950;
+    observe(&l, vec![slow]);
+    let lag = ai_router_contract::ledger::ESTIMATE_LAG_MS;
+    let as_of = |at: i64| {
+        l.headroom(at)
+            .into_iter()
+            .find(|h| h.provider == "local")
+            .map(|h| (h.remaining_requests, h.as_of_ms))
+    };
+    // A figure as of AT + 100 counts it; one as of AT leaves it to the filter, whose sends
+    // record holds it from AT on.
+    assert_eq!(as_of(AT + lag + 100), Some((4, AT + 100)));
+    assert_eq!(as_of(AT + lag + 99), Some((5, AT)));
 }
 
 #[test]

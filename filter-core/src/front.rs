@@ -420,7 +420,8 @@ impl Front {
         }
         self.budget_warnings = verdict.warnings;
         if let Some(err) = verdict.refusal {
-            return self.reply(host, err);
+            // Like the other refusals, it names what ruled out each candidate.
+            return self.reply(host, err.with_trail(resolved.trail));
         }
         self.stream = resolved.stream;
         let cache_call = crate::cache::CacheCall {

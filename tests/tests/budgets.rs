@@ -291,6 +291,14 @@ async fn a_soft_pool_budget_warns_and_a_spent_provider_budget_moves_calls_away()
         panic!("every candidate's provider spent: {problem}");
     }
     retry_after(&pinned, 31 * 86_400);
+    // Its trail names the candidate the budget ruled out.
+    let skipped: Vec<(Option<&str>, Option<&str>)> = pinned.json["error"]["trail"]["skipped"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| (s["provider"].as_str(), s["reason"].as_str()))
+        .collect();
+    assert_eq!(skipped, [(Some("p1"), Some("budget_exceeded"))], "{pinned}");
     assert!(gw.mock1.calls().await.unwrap().is_empty());
     let line = gw
         .cp

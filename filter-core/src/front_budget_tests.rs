@@ -122,6 +122,13 @@ fn without_a_budget_step_the_429_stays() {
     assert_eq!(a.status, 429);
     assert_eq!(a.json()["error"]["code"], "budget_exceeded");
     assert!(a.header("retry-after").is_some());
+    // The refusal names the candidate the budget ruled out, as the other refusals do.
+    assert_eq!(
+        a.json()["error"]["trail"]["skipped"],
+        serde_json::json!([{ "provider": "dear", "model": "big", "reason": "budget_exceeded" }]),
+        "{}",
+        a.json()
+    );
     // No budget spent: the step stays conditional, never the first attempt.
     let mut calm = snapshot(BudgetScope::Provider, "dear", true);
     calm.budgets = None;

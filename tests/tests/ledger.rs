@@ -505,6 +505,25 @@ async fn a_key_whose_credit_is_known_spent_fails_the_call_fast_as_a_spent_quota(
     assert!(chats.is_empty(), "a call reached the spent key: {chats:?}");
 }
 
+/// With [`three_a_minute`]'s 3 requests spent: the next call is refused as rate limited
+/// before p1, and the ledger counts the 3.
+async fn minute_spent(gw: &Gateway) {
+    let reached = gw.mock1.calls().await.unwrap().len();
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert!(
+        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
+        "the scope is spent: {r}"
+    );
+    assert_eq!(
+        gw.mock1.calls().await.unwrap().len(),
+        reached,
+        "no call reached p1 past the minute's 3"
+    );
+    let view = ledger(gw).await;
+    let org = scope(&view, "p1", "org-1");
+    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     let gw = three_a_minute("ledger_rollback").await;
@@ -545,20 +564,7 @@ async fn a_network_failure_gives_its_reservation_back_and_a_refusal_does_not() {
     let ok = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(ok, 2, "{statuses:?}");
     assert!(statuses.contains(&400), "{statuses:?}");
-    let reached = gw.mock1.calls().await.unwrap().len();
-    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
-    assert!(
-        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
-        "the scope is spent: {r}"
-    );
-    assert_eq!(
-        gw.mock1.calls().await.unwrap().len(),
-        reached,
-        "no call reached p1 past the minute's 3"
-    );
-    let view = ledger(&gw).await;
-    let org = scope(&view, "p1", "org-1");
-    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+    minute_spent(&gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,21 +605,12 @@ async fn a_timed_out_attempt_gives_its_reservation_back() {
     // The timed-out attempts gave their reservations back: of the 3 requests of the minute,
     // three answers. Without the rollback the first call alone would have spent all three.
     assert_eq!(statuses, [200, 200, 200]);
-    let reached = gw.mock1.calls().await.unwrap().len();
-    assert_eq!(reached, 5, "two timed out, three answered");
-    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
-    assert!(
-        ai_router_e2e::openai_error_problem(&r, 503, "pool_rate_limited").is_none(),
-        "the scope is spent: {r}"
-    );
     assert_eq!(
         gw.mock1.calls().await.unwrap().len(),
-        reached,
-        "no call reached p1 past the minute's 3"
+        5,
+        "two timed out, three answered"
     );
-    let view = ledger(&gw).await;
-    let org = scope(&view, "p1", "org-1");
-    assert_eq!(org["windows"]["rpm"]["used"], 3, "{org}");
+    minute_spent(&gw).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,20 +382,17 @@ async fn fallback_keeps_the_family_on_another_provider_before_a_better_ranked_fa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
-    let (pool, [a, b, c]) = start_three_keys("score_order", "  strategy: score\n").await;
+    let (pool, secrets) = start_three_keys("score_order", "  strategy: score\n").await;
     // W = 0.3·R/Rmax + 0.4·T/Tmax + 0.3: a 1.0, b 0.85 (half the requests), c 0.68 (a fifth
     // of the tokens).
-    let script_with = |a_reply: Value| {
-        json!([
-            script::for_key(&a, vec![a_reply]),
-            script::for_key(&b, vec![reporting(50, Some(10_000))]),
-            script::for_key(&c, vec![reporting(100, Some(2_000))]),
-        ])
+    let with_a = |a_reply: Value| {
+        [
+            a_reply,
+            reporting(50, Some(10_000)),
+            reporting(100, Some(2_000)),
+        ]
     };
-    pool.mocks[0]
-        .script(script_with(reporting(100, Some(10_000))))
-        .await
-        .unwrap();
+    script_keys(&pool, &secrets, with_a(reporting(100, Some(10_000)))).await;
     let body = chat_body("m1", false);
     every_key_reports(&pool, &body).await;
     for i in 0..10 {
@@ -404,10 +401,12 @@ async fn score_takes_the_best_weight_first_and_cascades_to_the_next() {
         assert_eq!(keys, ["a"], "call {i}: the highest W first");
     }
     // a fails: the call cascades to b (0.85), never to c (0.68) while b serves.
-    pool.mocks[0]
-        .script(script_with(script::status(503, json!({}), None)))
-        .await
-        .unwrap();
+    script_keys(
+        &pool,
+        &secrets,
+        with_a(script::status(503, json!({}), None)),
+    )
+    .await;
     let (r, keys) = call(&pool, &body, &[]).await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(keys, ["a", "b"], "{r}");

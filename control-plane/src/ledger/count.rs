@@ -170,31 +170,66 @@ impl Counter {
         let now_slot = now_ms.div_euclid(SLOT_MS);
         let before_slot = before_ms.div_euclid(SLOT_MS);
         let oldest = now_slot - SLOTS as i64;
-        let in_minute = |s: i64| s > oldest && s <= now_slot;
-        // The minute before `before_ms`; what the day and the month hold from it on.
-        let (mut minute, mut later_today, mut later_tokens_this_month) = ((0, 0), (0, 0), 0);
-        for &(s, requests, tokens) in self.slots.iter().filter(|(s, ..)| in_minute(*s)) {
-            let at_ms = s * SLOT_MS;
-            if s < before_slot {
-                minute.0 += requests;
-                minute.1 += tokens;
-                continue;
-            }
-            if at_ms >= self.day_start_ms {
-                later_today.0 += requests;
-                later_today.1 += tokens;
-            }
-            if month_index(at_ms) == self.month {
-                later_tokens_this_month += tokens;
-            }
-        }
         match window {
-            Window::Rpm => minute.0,
-            Window::Tpm => minute.1,
-            Window::Rpd => self.day.0.saturating_sub(later_today.0),
-            Window::Tpd => self.day.1.saturating_sub(later_today.1),
-            Window::TokensPerMonth => self.month_tokens.saturating_sub(later_tokens_this_month),
+            Window::Rpm | Window::Tpm => self
+                .slots
+                .iter()
+                .filter(|(s, ..)| *s > oldest && *s <= now_slot && *s < before_slot)
+                .map(|&(_, requests, tokens)| {
+                    if window == Window::Rpm {
+                        requests
+                    } else {
+                        tokens
+                    }
+                })
+                .sum(),
+            Window::Rpd | Window::Tpd | Window::TokensPerMonth => {
+                // The day's and the month's totals, less what was sent from `before_ms` on:
+                // the few slots of the estimate's lag, walked one by one.
+                let (mut today, mut this_month) = ((0, 0), 0);
+                for slot in before_slot.max(oldest + 1)..=now_slot {
+                    let (s, requests, tokens) = self.slots[slot.rem_euclid(SLOTS as i64) as usize];
+                    if s != slot {
+                        continue;
+                    }
+                    let at_ms = s * SLOT_MS;
+                    if at_ms >= self.day_start_ms {
+                        today.0 += requests;
+                        today.1 += tokens;
+                    }
+                    if month_index(at_ms) == self.month {
+                        this_month += tokens;
+                    }
+                }
+                match window {
+                    Window::Rpd => self.day.0.saturating_sub(today.0),
+                    Window::Tpd => self.day.1.saturating_sub(today.1),
+                    _ => self.month_tokens.saturating_sub(this_month),
+                }
+            }
         }
+    }
+
+    /// What the ledger's own estimate leaves of `limit` in `window`, counting the attempts sent
+    /// before `before_ms`, with when the window ends; `None` while a figure a provider gave (a
+    /// live anchor) stands for the window instead.
+    pub fn estimate(
+        &mut self,
+        window: Window,
+        limit: u64,
+        before_ms: i64,
+        now_ms: i64,
+    ) -> Option<(u64, i64)> {
+        let lifetimes = self.lifetimes;
+        if self
+            .anchors
+            .iter()
+            .any(|(w, a)| *w == window && a.live(lifetimes, now_ms))
+        {
+            return None;
+        }
+        let count = self.count_before(window, before_ms, now_ms);
+        Some((limit.saturating_sub(count), self.window_end(window, now_ms)))
     }
 
     /// Records what a provider said is left in `window` (replacing what it said before).

@@ -369,21 +369,18 @@ impl HeadroomSource for Ledger {
                     let Some((limit, _)) = p.limits.limit(window) else {
                         continue;
                     };
-                    let Some(h) = counter.headroom(window, Some(limit), now_ms) else {
+                    let Some((remaining, resets_at_ms)) =
+                        counter.estimate(window, limit, as_of_ms, now_ms)
+                    else {
                         continue;
                     };
-                    if h.source != Source::Estimated {
-                        continue;
-                    }
-                    let remaining =
-                        limit.saturating_sub(counter.count_before(window, as_of_ms, now_ms));
                     let slot = if window.counts_tokens() {
                         &mut tokens
                     } else {
                         &mut requests
                     };
                     if slot.is_none_or(|(r, _)| remaining < r) {
-                        *slot = Some((remaining, h.resets_at_ms));
+                        *slot = Some((remaining, resets_at_ms));
                     }
                 }
                 // A spent credit: no request until an answer says otherwise.

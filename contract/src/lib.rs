@@ -134,10 +134,11 @@ pub mod shared {
         format!("ai-router/inflight/{provider}")
     }
 
-    /// The attempts sent to a provider lately, per billing scope: the reservations against its
-    /// pushed headroom, across the workers.
-    pub fn sends(provider: &str) -> String {
-        format!("ai-router/sends/{provider}")
+    /// The attempts sent on one billing scope of a provider lately: the reservations against
+    /// its pushed headroom, across the workers. One record per scope, so a reservation reads
+    /// and writes its own scope's sends, however many scopes (keys) the provider has.
+    pub fn sends(provider: &str, scope: &str) -> String {
+        format!("ai-router/sends/{provider}/{scope}")
     }
 
     /// One session-affinity slot (`filter-core/src/affinity.rs`): which lane a session is

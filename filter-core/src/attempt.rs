@@ -698,7 +698,11 @@ impl Attempt {
     }
 
     /// The request cannot be expressed for this lane's provider: the caller's to fix (400).
+    /// Nothing was sent, so the reservation goes back to the scope.
     fn refuse(&mut self, host: &mut impl Host, e: anthropic::AdapterError) -> Flow {
+        if let Some((provider, send)) = self.reserved.take() {
+            host.release_send(&provider, &send);
+        }
         let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
         err.param = e.param;
         let attempts = self.attempt.to_string();
@@ -1732,11 +1736,8 @@ mod tests {
         assert_eq!(host.lane_views, 1);
         // The reservation was checked against the headroom the pick saw.
         assert_eq!(
-            host.lanes
-                .sends
-                .get("p1")
-                .map(|s| s.since("org", "m1", NOW - 1_000)),
-            Some((1, 10))
+            host.lanes.sent_since("p1", "org", "m1", NOW - 1_000),
+            (1, 10)
         );
     }
 
@@ -1760,8 +1761,15 @@ mod tests {
             "{sends:?}"
         );
         assert_eq!(
-            sends.get("p1").map(|s| s.since("org", "m1", NOW - 1_000)),
+            sends
+                .get(&("p1".to_owned(), "org".to_owned()))
+                .map(|s| s.since("org", "m1", NOW - 1_000)),
             Some((2, 20))
+        );
+        // Each scope has its own record: the third call's reservation is in p2's.
+        assert!(
+            sends.keys().all(|(p, _)| p == "p1" || p == "p2") && sends.len() == 2,
+            "{sends:?}"
         );
 
         // An attempt that never reached the provider gives its reservation back.
@@ -1780,6 +1788,28 @@ mod tests {
             Some("network")
         );
         assert_eq!(host.lanes.sent_since("p1", "a", "m1", NOW), (0, 0));
+    }
+
+    #[test]
+    fn a_request_the_provider_cannot_be_sent_is_refused_and_gives_its_reservation_back() {
+        let plan = plan(false);
+        let mut snap = scoped_snapshot();
+        snap.providers[0] = provider("p1", ProviderKind::Anthropic, &["a", "b"], "m1");
+        for k in &mut snap.providers[0].keys {
+            k.scope = "org".into();
+        }
+        let mut host = host_with(snap, &plan, 1);
+        // Anthropic answers one choice per request: `n: 2` cannot be sent there.
+        host.request_body =
+            br#"{"model":"chat","n":2,"messages":[{"role":"user","content":"hi"}]}"#.to_vec();
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+        assert_eq!(host.answered.as_ref().map(|a| a.status), Some(400));
+        assert_eq!(
+            host.lanes.sent_since("p1", "org", "m1", NOW - 1_000),
+            (0, 0),
+            "nothing was sent, so nothing stays reserved"
+        );
     }
 
     #[test]

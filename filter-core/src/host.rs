@@ -201,8 +201,8 @@ pub mod fake {
     pub struct FakeLanes {
         pub holds: HashMap<LaneId, Vec<LocalHold>>,
         pub in_flight: HashMap<(String, String), i64>,
-        /// Per provider.
-        pub sends: HashMap<String, Sends>,
+        /// Per provider and billing scope, one record each as in Envoy's shared data.
+        pub sends: HashMap<(String, String), Sends>,
         /// The parked lanes per provider (snap-back).
         pub parked: SharedStore,
     }
@@ -227,7 +227,7 @@ pub mod fake {
         }
         fn sent_since(&self, provider: &str, scope: &str, model: &str, since: i64) -> (u64, u64) {
             self.sends
-                .get(provider)
+                .get(&(provider.to_string(), scope.to_string()))
                 .map_or((0, 0), |s| s.since(scope, model, since))
         }
         fn parked(&self, lane: &LaneId) -> Option<i64> {
@@ -494,12 +494,13 @@ pub mod fake {
         fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
             self.lanes
                 .sends
-                .entry(provider.to_string())
+                .entry((provider.to_string(), send.scope.clone()))
                 .or_default()
                 .reserve(send, allowances)
         }
         fn release_send(&mut self, provider: &str, send: &Send) {
-            if let Some(s) = self.lanes.sends.get_mut(provider) {
+            let record = (provider.to_string(), send.scope.clone());
+            if let Some(s) = self.lanes.sends.get_mut(&record) {
                 s.release(send);
             }
         }

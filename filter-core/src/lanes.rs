@@ -135,7 +135,7 @@ fn headroom_left(
     scope: &str,
     model: &str,
     now_ms: i64,
-) -> Option<(i64, i64, i64)> {
+) -> Option<Left> {
     let left = |figure: i64, used: u64| {
         if figure < 0 {
             -1
@@ -354,7 +354,12 @@ fn later(worst: Option<Out>, class: Class, until: Option<i64>, why: &'static str
     })
 }
 
-/// Why a lane is out right now, and until when (None: until something changes).
+/// What a scope's headroom leaves now: requests and tokens (-1: not reported) and when its
+/// window resets ([`headroom_left`]).
+type Left = (i64, i64, i64);
+
+/// Why a lane is out right now, and until when (None: until something changes). `left` is its
+/// scope's headroom, read once per lane by the caller.
 #[allow(clippy::too_many_arguments)]
 fn out_reason(
     state: &State,
@@ -364,6 +369,7 @@ fn out_reason(
     pi: usize,
     ki: usize,
     lane: &LaneId,
+    left: Option<Left>,
     tokens: u64,
     now_ms: i64,
 ) -> Option<Out> {
@@ -433,14 +439,7 @@ fn out_reason(
             worst = later(worst, Class::Transient, Some(until), "breaker_open");
         }
     }
-    if let Some((requests, tokens_left, reset_at_ms)) = headroom_left(
-        health,
-        view,
-        &provider.id,
-        scope_of(key),
-        &lane.model,
-        now_ms,
-    ) {
+    if let Some((requests, tokens_left, reset_at_ms)) = left {
         let too_few_tokens = tokens_left >= 0 && (tokens_left as u64) < tokens;
         // A figure the control plane marks spent (a credit, not a rate window) is a quota
         // with no known end: a top-up, not time, brings it back, so a call does not wait for it.
@@ -562,6 +561,14 @@ pub fn pick(
                     });
                     continue;
                 }
+                let left = headroom_left(
+                    &health,
+                    view,
+                    &provider.id,
+                    scope_of(key),
+                    &lane.model,
+                    now_ms,
+                );
                 if let Some((class, until, reason)) = out_reason(
                     state,
                     &health,
@@ -570,6 +577,7 @@ pub fn pick(
                     pi,
                     ki,
                     &lane,
+                    left,
                     req.tokens,
                     now_ms,
                 ) {
@@ -593,15 +601,7 @@ pub fn pick(
                         key: k.to_string(),
                     })
                 });
-                let low_headroom = headroom_left(
-                    &health,
-                    view,
-                    &provider.id,
-                    scope_of(key),
-                    &lane.model,
-                    now_ms,
-                )
-                .is_some_and(|(requests, _, _)| {
+                let low_headroom = left.is_some_and(|(requests, _, _)| {
                     requests >= 0 && (requests as u64) <= selection.low_headroom
                 });
                 let lane_tried = req.tried.contains(&lane);

@@ -1,7 +1,9 @@
-//! The records the workers of one Envoy write for each other, one per provider: the holds they
-//! put on its keys and lanes before the control plane's push arrives, and the attempts in
-//! flight on its keys. One record per provider (not per key or lane) keeps a lane choice at a
-//! few reads per candidate provider, however many keys it has.
+//! The records the workers of one Envoy write for each other: per provider, the holds they
+//! put on its keys and lanes before the control plane's push arrives and the attempts in
+//! flight on its keys (one record per provider, not per key or lane, keeps a lane choice at a
+//! few reads per candidate provider, however many keys it has); per billing scope, the sends
+//! reserved against its headroom (a reservation is on every attempt, so it reads and writes
+//! its own scope only, however many scopes the provider has).
 //!
 //! Both are small binary encodings, read-modify-written by the workers with compare-and-swap.
 
@@ -181,7 +183,7 @@ pub const SEND_BUCKET_MS: i64 = ai_router_contract::ledger::SEND_BUCKET_MS;
 /// A scope with no figure to check keeps only its sends of this last stretch: a figure pushed
 /// later is as old as the attempt that reported it, seconds at most.
 pub const UNCHECKED_KEPT_MS: i64 = 10_000;
-/// At most this many buckets per provider (the oldest go first).
+/// At most this many buckets per record (the oldest go first).
 pub const SEND_BUCKETS_MAX: usize = 1_024;
 
 /// One attempt sent to a provider: what it reserved of its billing scope's headroom.
@@ -209,12 +211,14 @@ pub struct SendSeries {
     pub buckets: Vec<SendBucket>,
 }
 
-/// The attempts this Envoy's workers sent to one provider lately, per billing scope and
-/// model, counted per short stretch of time: the reservations made against the headroom the
-/// control plane pushed. What is left now is the pushed figure less the sends since the
-/// attempt that reported it began. Its size follows the scopes and how stale their figures
-/// are, not the request rate; each scope and model is named once in it, whatever its number of
-/// buckets (the record is decoded and encoded on every reservation).
+/// The attempts this Envoy's workers sent on a billing scope lately, per model, counted per
+/// short stretch of time: the reservations made against the headroom the control plane
+/// pushed. What is left now is the pushed figure less the sends since the attempt that
+/// reported it began. Envoy keeps one record per provider and scope
+/// (`ai_router_contract::shared::sends`); the type holds any number of scopes. Its size follows
+/// the models and how stale their figures are, not the request rate; each scope and model is
+/// named once in it, whatever its number of buckets (the record is decoded and encoded on every
+/// reservation).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sends {
     pub series: Vec<SendSeries>,

@@ -4,7 +4,7 @@
 //! that no secret reaches a log or a client.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ai_router_e2e::{openai_error_problem, script, Gateway, Reply};
+use ai_router_e2e::{openai_error_problem, script, standard_pool, Gateway, Reply};
 use serde_json::{json, Value};
 
 /// Response headers a client may see from the router; every other `x-ai-router-*` and every
@@ -72,7 +72,16 @@ fn assert_clean_provider_call(gw: &Gateway, call: &ai_router_e2e::MockCall, alia
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unary_chat_through_envoy_reaches_the_pool_model_with_the_providers_key() {
-    let gw = Gateway::start("unary_chat").await.expect("fixture");
+    // Latency decides between equal keys only past the slack: a slow answer from a loaded
+    // machine must not take a key out of the alternation this test checks.
+    let gw = Gateway::start_with("unary_chat", |p1, p2| {
+        format!(
+            "{}selection:\n  latencySlackMs: 60000\n",
+            standard_pool(p1, p2)
+        )
+    })
+    .await
+    .expect("fixture");
     gw.mock1
         .script(json!([script::always(vec![script::text("Hello from p1")])]))
         .await

@@ -264,7 +264,7 @@ pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> boo
             .held
             .reserving(allowances.iter().map(|a| a.remaining_requests), send.at_ms)
     });
-    let name = names::sends(provider);
+    let name = names::sends(provider, &send.scope);
     for _ in 0..16 {
         let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
             Ok((bytes, cas)) => (
@@ -287,9 +287,12 @@ pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> boo
 
 /// Gives a reservation back.
 pub fn release_send(provider: &str, send: &Send) {
-    update_record(&names::sends(provider), Sends::decode, Sends::encode, |s| {
-        s.release(send)
-    });
+    update_record(
+        &names::sends(provider, &send.scope),
+        Sends::decode,
+        Sends::encode,
+        |s| s.release(send),
+    );
 }
 
 /// Admits one request of the virtual key `key_id` (`requestsPerMinute` = `limit`) by its
@@ -475,7 +478,8 @@ struct ProviderLocal {
 #[derive(Default)]
 pub struct SharedView {
     providers: RefCell<HashMap<String, Rc<ProviderLocal>>>,
-    sends: RefCell<HashMap<String, Sends>>,
+    /// Per provider and billing scope.
+    sends: RefCell<HashMap<(String, String), Sends>>,
     health: RefCell<HashMap<String, Option<Rc<LaneHealth>>>>,
     parked: RefCell<HashMap<String, ParkedLanes>>,
 }
@@ -512,13 +516,14 @@ impl View for SharedView {
     }
 
     fn sent_since(&self, provider: &str, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
-        // Read only when a lane has headroom to check, once per provider and pick.
-        if let Some(hit) = self.sends.borrow().get(provider) {
+        // Read only when a lane has headroom to check, once per scope and pick.
+        let id = (provider.to_string(), scope.to_string());
+        if let Some(hit) = self.sends.borrow().get(&id) {
             return hit.since(scope, model, since_ms);
         }
-        let sends = read_record(&names::sends(provider), Sends::decode);
+        let sends = read_record(&names::sends(provider, scope), Sends::decode);
         let out = sends.since(scope, model, since_ms);
-        self.sends.borrow_mut().insert(provider.to_string(), sends);
+        self.sends.borrow_mut().insert(id, sends);
         out
     }
 

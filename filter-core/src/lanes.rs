@@ -264,7 +264,7 @@ pub struct RoundRobin {
 /// pinned key is always looked at first. Four is what a small pool's candidate has, so a pick
 /// among 1,000 keys costs what a pick among 4 costs; successive windows do not overlap, so the
 /// load still spreads over every key (`docs/benchmarks.md`: 16 held a 1,000-key pool to 69% of
-/// a small pool's throughput, 4 to 94%).
+/// a small pool's throughput, 4 to 83-94%).
 pub const KEY_WINDOW: usize = 4;
 
 impl RoundRobin {

@@ -478,8 +478,8 @@ struct ProviderLocal {
 #[derive(Default)]
 pub struct SharedView {
     providers: RefCell<HashMap<String, Rc<ProviderLocal>>>,
-    /// Per provider and billing scope.
-    sends: RefCell<HashMap<(String, String), Sends>>,
+    /// Per provider, then per billing scope (looked up without allocating).
+    sends: RefCell<HashMap<String, HashMap<String, Sends>>>,
     health: RefCell<HashMap<String, Option<Rc<LaneHealth>>>>,
     parked: RefCell<HashMap<String, ParkedLanes>>,
 }
@@ -517,13 +517,16 @@ impl View for SharedView {
 
     fn sent_since(&self, provider: &str, scope: &str, model: &str, since_ms: i64) -> (u64, u64) {
         // Read only when a lane has headroom to check, once per scope and pick.
-        let id = (provider.to_string(), scope.to_string());
-        if let Some(hit) = self.sends.borrow().get(&id) {
+        if let Some(hit) = self.sends.borrow().get(provider).and_then(|p| p.get(scope)) {
             return hit.since(scope, model, since_ms);
         }
         let sends = read_record(&names::sends(provider, scope), Sends::decode);
         let out = sends.since(scope, model, since_ms);
-        self.sends.borrow_mut().insert(id, sends);
+        self.sends
+            .borrow_mut()
+            .entry(provider.to_string())
+            .or_default()
+            .insert(scope.to_string(), sends);
         out
     }
 

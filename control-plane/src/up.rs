@@ -173,8 +173,8 @@ pub fn pool_on_mock(file: &mut FileConfig, base_url: &str) {
     }
 }
 
-/// The variables `up` hides from the pool: any but `STARCI_AI_KEY` holding a gateway virtual
-/// key (`sk-starci-...`). Names only.
+/// The variables holding a gateway virtual key (`sk-starci-...`), other than `STARCI_AI_KEY`:
+/// `up` never reads them as provider keys. Names only.
 fn ignored_virtual_keys(env: &dyn Env) -> Vec<String> {
     env.names()
         .into_iter()
@@ -183,22 +183,21 @@ fn ignored_virtual_keys(env: &dyn Env) -> Vec<String> {
         .collect()
 }
 
-/// An environment without the variables [`ignored_virtual_keys`] names.
-struct WithoutVirtualKeys(Arc<dyn Env>);
+/// The environment, with gateway virtual keys refused as provider keys only: `mountedKeys`
+/// (`{ env: VAR }`) and `STARCI_AI_KEY` still read them.
+struct VirtualKeysNotProviderKeys(Arc<dyn Env>);
 
-impl Env for WithoutVirtualKeys {
+impl Env for VirtualKeysNotProviderKeys {
     fn var(&self, name: &str) -> Option<String> {
-        self.0
-            .var(name)
-            .filter(|v| name == STARCI_AI_KEY || !mounted::is_virtual_key(v))
+        self.0.var(name)
     }
 
     fn names(&self) -> Vec<String> {
-        self.0
-            .names()
-            .into_iter()
-            .filter(|name| self.var(name).is_some())
-            .collect()
+        self.0.names()
+    }
+
+    fn refuses_as_provider_key(&self, value: &str) -> bool {
+        mounted::is_virtual_key(value) || self.0.refuses_as_provider_key(value)
     }
 }
 
@@ -307,10 +306,10 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     // exported for the app, the pool would otherwise send the gateway's own key to itself.
     for name in ignored_virtual_keys(process_env.as_ref()) {
         eprintln!(
-            "ai-router up: ignoring {name}: it holds a gateway virtual key (sk-starci-...), not a provider key (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
+            "ai-router up: not reading {name} as a provider key: it holds a gateway virtual key (sk-starci-...); mountedKeys may still name it (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
         );
     }
-    let process_env: Arc<dyn Env> = Arc::new(WithoutVirtualKeys(process_env));
+    let process_env: Arc<dyn Env> = Arc::new(VirtualKeysNotProviderKeys(process_env));
     let mut overlay = MapEnv::default();
     // The app's key: STARCI_AI_KEY (or the file STARCI_AI_KEY_FILE names), else a fresh local
     // one. Either way the control plane mounts it from the environment ([`mounted::mounted_keys`]).
@@ -740,12 +739,35 @@ mod tests {
             "{raw:?}"
         );
         assert_eq!(ignored_virtual_keys(exported.as_ref()), ["OPENAI_API_KEY"]);
-        let env = WithoutVirtualKeys(exported);
-        assert_eq!(env.var("OPENAI_API_KEY"), None);
+        let env = VirtualKeysNotProviderKeys(exported);
+        // Still readable (mountedKeys may name it), never as a provider key.
+        assert_eq!(env.var("OPENAI_API_KEY").as_deref(), Some(app_key.expose()));
         assert_eq!(env.var(STARCI_AI_KEY).as_deref(), Some(app_key.expose()));
-        assert!(!env.names().iter().any(|n| n == "OPENAI_API_KEY"));
         // No provider key left: up serves the pool from the mock.
         assert!(file.resolve(&env, Path::new("."))?.providers.is_empty());
+        Ok(())
+    }
+
+    #[test]
+    fn mounted_keys_read_virtual_keys_that_up_refuses_as_provider_keys(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let team = mounted::generate_secret("team");
+        let listed = mounted::generate_secret("listed");
+        let exported = Arc::new(MapEnv::new([
+            ("TEAM_KEY", team.expose()),
+            ("OPENAI_API_KEY", team.expose()),
+            ("OPENAI_API_KEYS", listed.expose()),
+        ]));
+        let env = VirtualKeysNotProviderKeys(exported);
+        let pool = format!(
+            "{POOL}\nmountedKeys:\n  - {{ label: team, env: TEAM_KEY, profiles: [\"*\"] }}\n"
+        );
+        let config = parse(&pool)?.resolve(&env, Path::new("."))?;
+        // Neither the single variable nor the list makes a provider key.
+        assert!(config.providers.is_empty());
+        let keys = mounted::mounted_keys(&config, &env)?;
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].label, "team");
         Ok(())
     }
 

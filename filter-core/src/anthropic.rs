@@ -794,13 +794,11 @@ impl StreamTranslator {
                 return Err(classify_stream_error("anthropic", &wrapped, now_ms));
             }
             Err(_) => {
-                return Err(Failure {
-                    class: Class::Stream,
-                    retry_at_ms: None,
-                    provider_code: None,
-                    message: "the provider sent malformed stream data".into(),
-                    status: 200,
-                })
+                return Err(Failure::local(
+                    Class::Stream,
+                    200,
+                    "the provider sent malformed stream data",
+                ))
             }
         };
         let kind = value

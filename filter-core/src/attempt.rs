@@ -412,13 +412,11 @@ impl Attempt {
         } else {
             "the answer"
         };
-        let failure = Failure {
-            class: Class::Timeout,
-            retry_at_ms: None,
-            provider_code: None,
-            message: format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
-            status: 0,
-        };
+        let failure = Failure::local(
+            Class::Timeout,
+            0,
+            format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
+        );
         if self.after_first_token {
             // The stream is the client's: no callback is left in which to add an error event
             // (the provider is silent), so it is cut; the client sees it break off.
@@ -510,8 +508,8 @@ impl Attempt {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(host, None, None);
         };
-        let body = std::mem::take(&mut self.body);
-        let body = body.as_slice();
+        let client_body = std::mem::take(&mut self.body);
+        let body = client_body.as_slice();
         // By identity, not by position: after a lease reply `state` may be a newer snapshot
         // than the one the lane was picked from. A lane that is gone is picked again.
         let Some((provider, key)) = lanes::lane_in(state, &chosen.lane) else {
@@ -694,6 +692,9 @@ impl Attempt {
         // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
         // (bounded by its deadline), not this attempt's.
         self.bound_ms = Some(self.started_ms.saturating_add(plan.timeout_ms as i64));
+        // Kept until the answer is judged: a verdict resting on words the client sent is not
+        // trusted ([`Failure::unless_echoed`]).
+        self.body = client_body;
         Flow::Continue
     }
 
@@ -935,6 +936,7 @@ impl Attempt {
 
     /// Turns the held response into the signal for the outer router, or the client's answer.
     fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
+        let failure = failure.unless_echoed(&self.body);
         let verdict = self.verdict(host, &failure);
         self.mode = Mode::Drained;
         if self.headers_only {
@@ -1299,6 +1301,7 @@ impl Attempt {
                     }
                 }
                 if let Some(failure) = gate.failed_after_first_token().cloned() {
+                    let failure = failure.unless_echoed(&self.body);
                     // The client got the error event in `out`; the attempt failed.
                     let bytes = to_caller(out.unwrap_or_default());
                     host.set_body(Side::Response, 0, size, &bytes);
@@ -1312,6 +1315,7 @@ impl Attempt {
                         self.fail(host, failure, size);
                         return Flow::Continue;
                     }
+                    let failure = failure.unless_echoed(&self.body);
                     // After the first token: what arrived, then the error ends the stream.
                     let mut bytes = out.unwrap_or_default();
                     bytes.extend(crate::stream::error_event(
@@ -1350,12 +1354,12 @@ impl Attempt {
                         bytes.extend(self.scrub(tail));
                         host.set_body(Side::Response, 0, size, &to_caller(bytes));
                         self.usage = gate.usage;
-                        let failure = (!gate.completed()).then(|| Failure {
-                            class: Class::Stream,
-                            retry_at_ms: None,
-                            provider_code: None,
-                            message: "the stream broke off after the first token".into(),
-                            status: 200,
+                        let failure = (!gate.completed()).then(|| {
+                            Failure::local(
+                                Class::Stream,
+                                200,
+                                "the stream broke off after the first token",
+                            )
                         });
                         self.report(host, failure.as_ref(), 200);
                     }
@@ -1395,13 +1399,7 @@ impl Attempt {
             self.report(host, None, 200);
             return;
         }
-        let failure = Failure {
-            class,
-            retry_at_ms: None,
-            provider_code: None,
-            message: String::new(),
-            status: 0,
-        };
+        let failure = Failure::local(class, 0, String::new());
         self.report(host, Some(&failure), 0);
     }
 }
@@ -1426,13 +1424,7 @@ impl Attempt {
                 } else {
                     "the provider answered 2xx with a body that is not a JSON object"
                 };
-                let failure = Failure {
-                    class: Class::Transient,
-                    retry_at_ms: None,
-                    provider_code: None,
-                    message: message.into(),
-                    status,
-                };
+                let failure = Failure::local(Class::Transient, status, message);
                 self.fail(host, failure, size);
                 return;
             }
@@ -1474,13 +1466,7 @@ impl Attempt {
                     .is_some_and(|p| p.op == Operation::Embeddings)
             }) {
                 if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
-                    let failure = Failure {
-                        class: Class::Mismatch,
-                        retry_at_ms: None,
-                        provider_code: None,
-                        message,
-                        status,
-                    };
+                    let failure = Failure::local(Class::Mismatch, status, message);
                     self.fail(host, failure, size);
                     return;
                 }

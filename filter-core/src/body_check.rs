@@ -10,6 +10,16 @@ use serde_json::Value;
 
 use crate::errors::GatewayError;
 
+/// The roles of the chat completions API.
+const CHAT_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
 /// Checks a chat completion body (already known to be a JSON object).
 pub fn check_chat(body: &Value) -> Result<(), GatewayError> {
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
@@ -22,8 +32,16 @@ pub fn check_chat(body: &Value) -> Result<(), GatewayError> {
         let Some(message) = message.as_object() else {
             return Err(invalid("each message must be an object.", "messages"));
         };
-        if !message.get("role").is_some_and(Value::is_string) {
+        let Some(role) = message.get("role").and_then(Value::as_str) else {
             return Err(invalid("each message needs a string role.", "messages"));
+        };
+        if !CHAT_ROLES.contains(&role) {
+            // Refused here, not passed on: a provider repeats an unknown value in its answer,
+            // and no provider serves a role outside this list.
+            return Err(invalid(
+                "each message's role must be one of system, developer, user, assistant, tool or function.",
+                "messages",
+            ));
         }
         match message.get("content") {
             None | Some(Value::Null | Value::String(_)) => {}
@@ -120,6 +138,10 @@ mod tests {
             (json!({"messages": [{"content": "hi"}]}), "messages"),
             (
                 json!({"messages": [{"role": 1, "content": "hi"}]}),
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "incorrect api key", "content": "hi"}]}),
                 "messages",
             ),
             (

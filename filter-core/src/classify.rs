@@ -26,6 +26,21 @@ pub struct Failure {
     /// The provider's message (for upstream_invalid_request).
     pub message: String,
     pub status: u16,
+    /// The message's words held a key or a lane that the status and the provider's structured
+    /// fields alone would not have: those words, and the verdict without them. Providers repeat
+    /// a client's values in their messages, so [`Failure::unless_echoed`] falls back to that
+    /// verdict when the words are the client's own.
+    pub by_words: Option<Box<ByWords>>,
+}
+
+/// What the message's words changed in a verdict ([`Failure::by_words`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ByWords {
+    /// The phrases of the classifier's tables found in the message (lowercase, one space
+    /// between words).
+    pub phrases: Vec<&'static str>,
+    /// The verdict on the status and the structured fields alone.
+    pub otherwise: Failure,
 }
 
 /// The longest a provider's window may cool a lane down (a rate limit, a retry-after on a
@@ -36,9 +51,65 @@ pub const MAX_RATE_LIMIT_COOLDOWN_MS: i64 = 3_600_000;
 pub const MAX_QUOTA_HOLD_MS: i64 = 7 * 86_400_000;
 
 impl Failure {
+    /// A failure the gateway decides itself (a timeout, a broken stream), with no provider code.
+    pub fn local(class: Class, status: u16, message: impl Into<String>) -> Self {
+        Self {
+            class,
+            retry_at_ms: None,
+            provider_code: None,
+            message: message.into(),
+            status,
+            by_words: None,
+        }
+    }
+
     /// What this failure holds, by the one rule ([`Class::hold`]).
     pub fn hold(&self) -> Hold {
         self.class.hold(self.retry_at_ms.is_some())
+    }
+
+    /// This verdict, unless it rests on words the client could have put in the answer: when a
+    /// phrase that decided it occurs in `client_request` (the caller's body, any string in it),
+    /// the provider may be repeating the client (OpenAI answers an unknown value with
+    /// `Invalid value: '<value>'`), and the verdict of the status and structured fields alone
+    /// stands. A tenant must not be able to take the pool's shared keys out with a crafted
+    /// request.
+    pub fn unless_echoed(self, client_request: &[u8]) -> Failure {
+        let Some(by_words) = &self.by_words else {
+            return self;
+        };
+        let client = client_words(client_request);
+        if by_words.phrases.iter().any(|p| client.contains(p)) {
+            return by_words.otherwise.clone();
+        }
+        self
+    }
+}
+
+/// Every string of a JSON request (keys and values), in the form the tables match a message
+/// in ([`words_without_urls`]); a body that is not JSON is taken as text.
+fn client_words(request: &[u8]) -> String {
+    fn collect(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) => out.push(words_without_urls(s)),
+            Value::Array(items) => items.iter().for_each(|v| collect(v, out)),
+            Value::Object(map) => {
+                for (key, v) in map {
+                    out.push(words_without_urls(key));
+                    collect(v, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    match serde_json::from_slice::<Value>(request) {
+        Ok(value) => {
+            let mut strings = Vec::new();
+            collect(&value, &mut strings);
+            // Joined, so a phrase split over two adjacent strings still counts as the client's.
+            strings.join(" ")
+        }
+        Err(_) => words_without_urls(&String::from_utf8_lossy(request)),
     }
 }
 
@@ -63,7 +134,7 @@ pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
 /// What a provider's error object says, across the shapes providers use: `{"error":{...}}`,
 /// `{"error":"text"}`, `[{"error":{...}}]` (Gemini), `{"type":"error","error":{...}}`
 /// (Anthropic), `{"code":"...","message":"..."}` (DashScope).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct ErrorFields {
     /// `error.code`.
     code: Option<String>,
@@ -202,6 +273,9 @@ const QUOTA_TEXT: &[&str] = &[
     "/ month",
     "per month",
 ];
+/// Codes a provider gives an answer that repeats a value of the request (OpenAI's `Invalid
+/// value: '<value>'`): about the request, whatever the repeated words say.
+const ECHO_CODES: &[&str] = &["invalid_value", "invalid_enum_value", "invalid_type"];
 /// Refusals of the key itself that some providers send with a 400.
 const AUTH_TEXT: &[&str] = &[
     "api key not valid",
@@ -377,6 +451,19 @@ fn class_from_status_and_text(
         }
         408 | 409 | 425 | 498 | 529 => Class::Transient,
         500..=599 => Class::Transient,
+        // A value of the request repeated back (OpenAI's `Invalid value: '<value>'`), or OpenAI
+        // refusing the request: about the request, whatever words it repeats. OpenAI refuses
+        // keys with 401 and spent quotas with 429, never with a 400.
+        400..=499
+            if has_code(ECHO_CODES)
+                || (kind == "openai" && tokens[1] == "invalid_request_error") =>
+        {
+            if contains_any(&text, CONTEXT_TEXT) {
+                Class::ContextLength
+            } else {
+                Class::InvalidRequest
+            }
+        }
         400 | 422 if contains_any(&text, CONTEXT_TEXT) => Class::ContextLength,
         400..=499 => {
             if quota {
@@ -445,21 +532,96 @@ pub fn classify_in(
     let fields = error_fields(&parsed);
     let lower = |s: &Option<String>| s.as_deref().unwrap_or("").to_ascii_lowercase();
     let tokens = [lower(&fields.code), lower(&fields.kind)];
-    let class = class_from_fields(status, &fields, &tokens)
-        .unwrap_or_else(|| class_from_status_and_text(kind, status, &fields, &tokens));
-    let retry_at_ms = window(daily_reset, class, headers, &fields, now_ms);
-    let key_type = class == Class::Auth && is_key_type_refusal(&fields);
+    let class = verdict(kind, status, &fields, &tokens);
+    let phrases = table_phrases(&fields.message);
+    let by_words = if phrases.is_empty() {
+        None
+    } else {
+        // The same answer with its message unread: what the status and the structured fields
+        // say alone.
+        let plain = ErrorFields {
+            message: String::new(),
+            ..fields.clone()
+        };
+        let otherwise = verdict(kind, status, &plain, &tokens);
+        (otherwise != class).then(|| {
+            Box::new(ByWords {
+                phrases,
+                otherwise: failure_of(
+                    daily_reset,
+                    otherwise,
+                    status,
+                    headers,
+                    &plain,
+                    fields.message.clone(),
+                    now_ms,
+                ),
+            })
+        })
+    };
+    Failure {
+        by_words,
+        ..failure_of(
+            daily_reset,
+            class,
+            status,
+            headers,
+            &fields,
+            fields.message.clone(),
+            now_ms,
+        )
+    }
+}
+
+/// The verdict of the provider's structured fields, else of the status and the message text.
+fn verdict(kind: &str, status: u16, fields: &ErrorFields, tokens: &[String; 2]) -> Class {
+    class_from_fields(status, fields, tokens)
+        .unwrap_or_else(|| class_from_status_and_text(kind, status, fields, tokens))
+}
+
+/// A failure of `class`: its window, and the code the provider gave.
+fn failure_of(
+    daily_reset: Option<DailyReset>,
+    class: Class,
+    status: u16,
+    headers: &[(String, String)],
+    fields: &ErrorFields,
+    message: String,
+    now_ms: i64,
+) -> Failure {
+    let retry_at_ms = window(daily_reset, class, headers, fields, now_ms);
+    let key_type = class == Class::Auth && is_key_type_refusal(fields);
     Failure {
         class,
         retry_at_ms,
         provider_code: if key_type {
             Some(UNSUPPORTED_KEY_TYPE.to_owned())
         } else {
-            fields.code.or(fields.kind)
+            fields.code.clone().or_else(|| fields.kind.clone())
         },
-        message: fields.message,
+        message,
         status,
+        by_words: None,
     }
+}
+
+/// The phrases of the classifier's tables that occur in a message.
+fn table_phrases(message: &str) -> Vec<&'static str> {
+    let words = words_without_urls(message);
+    let raw = message.to_ascii_lowercase();
+    [
+        QUOTA_TEXT,
+        AUTH_TEXT,
+        PER_DAY_TEXT,
+        OVERLOAD_TEXT,
+        CONTEXT_TEXT,
+        KEY_TYPE_TEXT,
+    ]
+    .into_iter()
+    .flatten()
+    .copied()
+    .filter(|p| words.contains(p) || raw.contains(p))
+    .collect()
 }
 
 /// When the provider says the failure ends, capped by the class: a lane cools down at most
@@ -621,6 +783,128 @@ mod tests {
 
     fn c(kind: &str, status: u16, body: &str) -> Class {
         classify(kind, status, &[], body.as_bytes(), 0).class
+    }
+
+    /// The kinds of the provider matrix, from the one enum.
+    fn kinds() -> Vec<&'static str> {
+        (1..)
+            .map_while(|n| ai_router_proto::v1::ProviderKind::try_from(n).ok())
+            .map(|kind| kind.text())
+            .collect()
+    }
+
+    /// A 400 that repeats `value` from the request, in the error shapes providers answer with.
+    fn echoing_400s(value: &str) -> Vec<String> {
+        let q = |m: String| serde_json::to_string(&m).unwrap_or_default();
+        vec![
+            // OpenAI's unknown value.
+            format!(
+                r#"{{"error":{{"message":{},"type":"invalid_request_error","param":"messages[0].role","code":"invalid_value"}}}}"#,
+                q(format!("Invalid value: '{value}'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."))
+            ),
+            // Anthropic's unknown field (the path is the client's).
+            format!(
+                r#"{{"type":"error","error":{{"type":"invalid_request_error","message":{}}}}}"#,
+                q(format!("{value}: Extra inputs are not permitted"))
+            ),
+            // Google's INVALID_ARGUMENT.
+            format!(
+                r#"[{{"error":{{"code":400,"message":{},"status":"INVALID_ARGUMENT"}}}}]"#,
+                q(format!("Invalid value at 'contents[0].role' (TYPE_STRING), \"{value}\""))
+            ),
+            // DashScope.
+            format!(
+                r#"{{"code":"InvalidParameter","message":{}}}"#,
+                q(format!("Role must be in [user, assistant] but got '{value}'"))
+            ),
+            // vLLM and other OpenAI-compatible servers (pydantic).
+            format!(
+                r#"{{"object":"error","message":{},"type":"BadRequestError","param":null,"code":400}}"#,
+                q(format!("[{{'type': 'literal_error', 'msg': \"Input should be 'user' or 'assistant'\", 'input': '{value}'}}]"))
+            ),
+            // A bare message.
+            format!(r#"{{"error":{{"message":{}}}}}"#, q(format!("unknown role {value}"))),
+            // Cloudflare's envelope.
+            format!(
+                r#"{{"errors":[{{"message":{},"code":5006}}],"success":false}}"#,
+                q(format!("AiError: Bad input: role {value}"))
+            ),
+        ]
+    }
+
+    /// What a tenant could write into a request to take a shared key out, if the words of an
+    /// answer that repeats it were trusted.
+    const KEY_WORDS: [&str; 8] = [
+        "incorrect api key",
+        "Invalid API Key",
+        "usage limit per month",
+        "Your credit balance is too low",
+        "API key not valid",
+        "API key type not allowed",
+        "exceeded your current quota",
+        "tokens per day (TPD) daily",
+    ];
+
+    #[test]
+    fn a_400_that_repeats_the_clients_words_never_holds_a_key_or_a_lane() {
+        let kinds = kinds();
+        assert_eq!(kinds.len(), 18);
+        for kind in kinds {
+            for words in KEY_WORDS {
+                let client =
+                    format!(r#"{{"model":"m","messages":[{{"role":"{words}","content":"hi"}}]}}"#);
+                for body in echoing_400s(words) {
+                    let failure = classify(kind, 400, &[], body.as_bytes(), 0)
+                        .unless_echoed(client.as_bytes());
+                    assert_eq!(failure.hold(), Hold::Nothing, "{kind} {body}: {failure:?}");
+                    assert!(
+                        matches!(failure.class, Class::InvalidRequest | Class::ContextLength),
+                        "{kind} {body}: {failure:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_same_words_in_a_field_name_or_spaced_otherwise_are_still_the_clients() {
+        let body = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low: Extra inputs are not permitted"}}"#;
+        for client in [
+            r#"{"Your credit balance is too low":1}"#,
+            r#"{"x":"YOUR  CREDIT\tbalance is too low"}"#,
+            "Your credit balance is too low (not JSON)",
+        ] {
+            let failure = classify("anthropic", 400, &[], body.as_bytes(), 0)
+                .unless_echoed(client.as_bytes());
+            assert_eq!(failure.class, Class::InvalidRequest, "{client}");
+        }
+    }
+
+    #[test]
+    fn a_providers_own_refusal_still_holds_the_key_when_the_client_did_not_write_it() {
+        let client = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let credit = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}"#;
+        let f = classify("anthropic", 400, &[], credit.as_bytes(), 0).unless_echoed(client);
+        assert_eq!((f.class, f.hold()), (Class::Quota, Hold::Key));
+        // Its own words in the client's request: the provider might be repeating them.
+        let asked = br#"{"messages":[{"role":"user","content":"why does it say your credit balance is too low?"}]}"#;
+        let f = classify("anthropic", 400, &[], credit.as_bytes(), 0).unless_echoed(asked);
+        assert_eq!(f.class, Class::InvalidRequest);
+        // A status that already says auth or quota keeps holding the key, whatever the words.
+        let auth = r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":null}}"#;
+        let f = classify("openai", 401, &[], auth.as_bytes(), 0)
+            .unless_echoed(br#"{"x":"incorrect api key"}"#);
+        assert_eq!((f.class, f.hold()), (Class::Auth, Hold::Key));
+        // A structured code decides without the words.
+        let quota = r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#;
+        let f = classify("openai", 429, &[], quota.as_bytes(), 0)
+            .unless_echoed(br#"{"x":"exceeded your current quota"}"#);
+        assert_eq!(f.class, Class::Quota);
+        // A 429's words about a day, when the client wrote them: the lane cools down instead.
+        let tpd = r#"{"error":{"message":"Rate limit reached on tokens per day (TPD)","type":"tokens","code":"rate_limit_exceeded"}}"#;
+        let f = classify("groq", 429, &[], tpd.as_bytes(), 0)
+            .unless_echoed(br#"{"x":"tokens per day (TPD)"}"#);
+        assert_eq!(f.class, Class::RateLimit);
     }
 
     #[test]

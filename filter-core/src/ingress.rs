@@ -251,13 +251,11 @@ pub struct NativeStream {
 }
 
 fn malformed() -> Failure {
-    Failure {
-        class: Class::Stream,
-        retry_at_ms: None,
-        provider_code: None,
-        message: "the provider sent malformed stream data".into(),
-        status: 200,
-    }
+    Failure::local(
+        Class::Stream,
+        200,
+        "the provider sent malformed stream data",
+    )
 }
 
 impl NativeStream {

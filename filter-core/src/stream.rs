@@ -190,13 +190,11 @@ impl Gate {
                 out.extend_from_slice(&tail);
                 return Ok(out);
             }
-            return Err(Failure {
-                class: Class::Stream,
-                retry_at_ms: None,
-                provider_code: None,
-                message: "the stream ended before the first token".into(),
-                status: 200,
-            });
+            return Err(Failure::local(
+                Class::Stream,
+                200,
+                "the stream ended before the first token",
+            ));
         }
         let mut out = tail;
         if !self.done && !self.errored {
@@ -228,13 +226,11 @@ impl Gate {
             return Judged::Keep { token: false };
         }
         let Ok(value) = serde_json::from_str::<Value>(data) else {
-            return Judged::Error(Failure {
-                class: Class::Stream,
-                retry_at_ms: None,
-                provider_code: None,
-                message: "the provider sent malformed stream data".into(),
-                status: 200,
-            });
+            return Judged::Error(Failure::local(
+                Class::Stream,
+                200,
+                "the provider sent malformed stream data",
+            ));
         };
         if value.get("error").is_some() || event.name.as_deref() == Some("error") {
             return Judged::Error(classify_stream_error(&self.kind, &value, now_ms));

@@ -561,3 +561,119 @@ async fn rate_limit_headers_reach_the_client_only_when_the_operator_opts_in() {
     assert!(reply.header("set-cookie").is_none(), "{reply}");
     assert!(reply.header("x-ai-router-retry").is_none(), "{reply}");
 }
+
+/// A tenant cannot take the pool's shared keys out with words a provider repeats: OpenAI
+/// answers an unknown value with `Invalid value: '<value>'`, Anthropic an unknown tag with
+/// `Input tag '<tag>'` ([`anthropic_pool`]: one key per provider, nothing to fail over to). Each echoed 400 is the client's own 400; the keys stay in use for
+/// every tenant, in this Envoy and in the control plane's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
+    let gw = Gateway::start_with("echoed_400", anthropic_pool)
+        .await
+        .expect("fixture");
+    let words = [
+        "incorrect api key",
+        "usage limit per month",
+        "Your credit balance is too low",
+        "exceeded your current quota",
+        "API key not valid",
+    ];
+    let mut sent = 0;
+    for word in words {
+        let mut body = chat_body("m2", false);
+        body["reasoning_effort"] = json!(word);
+        let r = gw
+            .client
+            .chat_with(&body, Some(&gw.virtual_key))
+            .await
+            .unwrap();
+        assert_error(&r, 400, "upstream_invalid_request", word);
+        assert!(
+            r.text.contains(word),
+            "the provider's words reach the client: {r}"
+        );
+        let messages = json!({
+            "model": "claude-m", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tool_choice": {"type": word},
+            "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+        });
+        let r = gw
+            .client
+            .request(
+                reqwest::Method::POST,
+                "/v1/messages",
+                Some(&gw.virtual_key),
+                Some(messages.to_string()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{word}: {r}");
+        assert_eq!(r.json["type"], "error", "the Anthropic shape: {r}");
+        sent += 2;
+    }
+    // An unknown role is refused by the gateway itself: no provider repeats it.
+    let calls_before = gw.provider_calls().await.unwrap().len();
+    let body =
+        json!({"model": "gpt-m", "messages": [{"role": "incorrect api key", "content": "hi"}]});
+    let r = gw
+        .client
+        .chat_with(&body, Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert_error(&r, 400, "invalid_request", "an unknown role");
+    assert_eq!(r.json["error"]["param"], "messages", "{r}");
+    assert_eq!(gw.provider_calls().await.unwrap().len(), calls_before);
+
+    // Every echoed 400 reached the control plane as what it is, the request's fault.
+    poll(
+        "the control plane to count every attempt",
+        Duration::from_secs(15),
+        || async {
+            let stats = gw.admin_get("/admin/stats").await?;
+            let attempts: u64 = stats["lanes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|l| l["attempts"].as_u64())
+                .sum();
+            Ok((attempts >= sent).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let health = gw.admin_get("/admin/health").await.unwrap();
+    let keys: Vec<&Value> = health["providers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["keys"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(keys.len(), 2, "{health}");
+    assert!(
+        keys.iter().all(|k| k["state"] == "ok"),
+        "a key was taken out: {health}"
+    );
+    assert_eq!(
+        health["cooldowns"],
+        json!([]),
+        "no lane cools down: {health}"
+    );
+    let public = gw
+        .client
+        .request_with_headers(
+            reqwest::Method::GET,
+            "/health",
+            Some(&gw.admin_token),
+            None,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(public.json["keys"], json!([]), "no key is out: {public}");
+    // Both keys still serve every tenant.
+    let r = gw.chat("m2").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let r = gw.chat("claude-m").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+}

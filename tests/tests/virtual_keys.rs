@@ -610,3 +610,116 @@ async fn a_revoke_among_thousands_of_keys_reaches_envoy_as_a_small_delta() {
     let r = gw.client.chat("chat", Some(&other)).await.unwrap();
     assert_eq!(r.status, 200, "another key still works: {r}");
 }
+
+/// A pool on `mock` whose virtual keys are mounted in every documented form: `{ env: VAR }`,
+/// `{ file: PATH }` (relative to the config), `env: OPENAI_API_KEY` (the quick start's export),
+/// and `STARCI_AI_KEY_FILE` beside them. With `read_openai`, a second provider takes its keys
+/// from `OPENAI` (`keysFromEnv`), as the example pool does.
+fn mounted_pool(mock: &str, read_openai: bool) -> String {
+    let openai = if read_openai {
+        format!(
+            "  - id: oa\n    kind: openai-compatible\n    baseUrl: {mock}\n    keysFromEnv: OPENAI\n    models: [{{ id: m1 }}]\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "gateway: {{ host: 127.0.0.1, port: 0, keyStore: {{ type: memory }} }}\n\
+         controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
+         providers:\n  - id: p1\n    kind: openai-compatible\n    baseUrl: {mock}\n    keys: [{{ alias: a, env: PROVIDER_KEY }}]\n    models: [{{ id: m1 }}]\n{openai}\
+         mountedKeys:\n  - {{ label: byenv, env: TEAM_KEY, profiles: ['*'], models: ['*'] }}\n\
+         \x20 - {{ label: byfile, file: team.key, models: ['*'] }}\n\
+         \x20 - {{ label: quick, env: OPENAI_API_KEY, models: [m1] }}\n"
+    )
+}
+
+fn mounted_secret(label: &str) -> String {
+    let key = format!("sk-starci-{label}-{}", ai_router_e2e::random_hex(48));
+    ai_router_e2e::scan::register("a mounted virtual key", &key);
+    key
+}
+
+/// Every documented form of `mountedKeys` serves calls under `ai-router up` and under
+/// `ai-router serve`. `up` refuses gateway keys as provider keys (the quick start exports the
+/// app's key as `OPENAI_API_KEY`), and only there: `mountedKeys` still reads them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounted_keys_in_every_documented_form_serve_under_up_and_under_serve() {
+    let dir = TestDir::new("mounted_forms").unwrap();
+    let mock = ai_router_e2e::Mock::start(&dir, "mock1").await.unwrap();
+    let provider_key = ai_router_e2e::scan::provider_secret("mounted-p1");
+    let by_env = mounted_secret("byenv");
+    let by_file = mounted_secret("byfile");
+    let quick = mounted_secret("quick");
+    let app = mounted_secret("app");
+    dir.write("team.key", &format!("{by_file}\n")).unwrap();
+    let app_file = dir.write("app.key", &format!("{app}\n")).unwrap();
+    let app_file = app_file.to_string_lossy().into_owned();
+    let env = [
+        ("PROVIDER_KEY", provider_key.as_str()),
+        ("TEAM_KEY", by_env.as_str()),
+        ("OPENAI_API_KEY", quick.as_str()),
+        ("STARCI_AI_KEY_FILE", app_file.as_str()),
+    ];
+    let keys = [&by_env, &by_file, &quick, &app];
+
+    // `up`, with a provider that reads OPENAI_* as the example pool's does.
+    let config = dir
+        .write("up.yaml", &mounted_pool(mock.url(), true))
+        .unwrap();
+    let stderr = dir.join("up.stderr");
+    let up = ai_router_e2e::Up::start(
+        &config,
+        &env,
+        std::process::Stdio::from(std::fs::File::create(&stderr).unwrap()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(up.key, app, "up serves STARCI_AI_KEY_FILE's key");
+    let client = ai_router_e2e::Client::new(&up.base).unwrap();
+    for key in keys {
+        let r = client.chat("m1", Some(key)).await.unwrap();
+        assert_eq!(r.status, 200, "under up: {r}");
+    }
+    let said = std::fs::read_to_string(&stderr).unwrap();
+    assert!(
+        said.contains("not reading OPENAI_API_KEY as a provider key"),
+        "up says which variable it skipped: {said}"
+    );
+    // No gateway key ever went to a provider.
+    let calls = mock.calls().await.unwrap();
+    assert_eq!(calls.len(), keys.len());
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.key.as_deref() == Some(provider_key.as_str())),
+        "{calls:?}"
+    );
+    drop(up);
+    mock.clear_calls().await.unwrap();
+
+    // `serve` + Envoy, on the same forms.
+    let sync_token = format!("sync-{}", ai_router_e2e::random_hex(32));
+    ai_router_e2e::scan::register("AI_ROUTER_SYNC_TOKEN", &sync_token);
+    let mut serve_env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    serve_env.push(("AI_ROUTER_SYNC_TOKEN".into(), sync_token.clone()));
+    let cp = ControlPlane::start(&dir, &mounted_pool(mock.url(), false), &serve_env)
+        .await
+        .unwrap();
+    let envoy = ai_router_e2e::Envoy::start(
+        &dir,
+        cp.config_path(),
+        cp.grpc_addr(),
+        &[("AI_ROUTER_SYNC_TOKEN".into(), sync_token)],
+        &app,
+    )
+    .await
+    .unwrap();
+    let client = ai_router_e2e::Client::new(&envoy.base_url()).unwrap();
+    for key in keys {
+        let r = client.chat("m1", Some(key)).await.unwrap();
+        assert_eq!(r.status, 200, "under serve: {r}");
+    }
+}

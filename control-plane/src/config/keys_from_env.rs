@@ -12,7 +12,10 @@ use crate::config::secrets::{split_key_list, Env, SecretSource};
 /// (non-empty) make a key. A prefix that is a whole variable name (ends in `_TOKEN` or `_KEY`,
 /// as GitHub's `GITHUB_TOKEN`) stands for `<PREFIX>`, `<PREFIX>_<n>`, ... and `<PREFIX>S`.
 pub fn keys_from_env(prefix: &str, alias_base: &str, env: &dyn Env) -> Vec<KeyRef> {
-    let set = |name: &str| env.var(name).is_some_and(|v| !v.trim().is_empty());
+    let set = |name: &str| {
+        env.var(name)
+            .is_some_and(|v| !v.trim().is_empty() && !env.refuses_as_provider_key(&v))
+    };
     let single = if prefix.ends_with("_TOKEN") || prefix.ends_with("_KEY") {
         prefix.to_owned()
     } else {

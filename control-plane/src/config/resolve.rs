@@ -85,7 +85,7 @@ impl FileConfig {
             if provider
                 .keys
                 .iter()
-                .any(|k| k.source.resolve(env).is_some())
+                .any(|k| k.source.resolve_provider_key(env).is_some())
             {
                 providers.push(provider);
             } else {

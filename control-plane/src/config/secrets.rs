@@ -59,6 +59,12 @@ pub trait Env: Send + Sync {
     fn var(&self, name: &str) -> Option<String>;
     /// Every variable name (for `keysFromEnv`'s `_API_KEY_<n>` discovery).
     fn names(&self) -> Vec<String>;
+    /// Whether a value may not be read as a provider key, though it stays readable for every
+    /// other reference (`mountedKeys`, the admin token). `up` refuses gateway virtual keys
+    /// there: the quick start exports the app's key as `OPENAI_API_KEY`.
+    fn refuses_as_provider_key(&self, _value: &str) -> bool {
+        false
+    }
 }
 
 /// The process environment.
@@ -137,6 +143,12 @@ impl Env for MapEnv {
         }
         names
     }
+
+    fn refuses_as_provider_key(&self, value: &str) -> bool {
+        self.base
+            .as_ref()
+            .is_some_and(|base| base.refuses_as_provider_key(value))
+    }
 }
 
 /// Where a secret lives. Holds names and paths, never values.
@@ -172,6 +184,13 @@ impl SecretSource {
         }
     }
 
+    /// [`SecretSource::resolve`] for a provider key: a value the environment refuses as one
+    /// ([`Env::refuses_as_provider_key`]) resolves to nothing.
+    pub fn resolve_provider_key(&self, env: &dyn Env) -> Option<Secret> {
+        self.resolve(env)
+            .filter(|secret| !env.refuses_as_provider_key(secret.expose()))
+    }
+
     /// Where the secret comes from, for messages (a name or a path, never a value).
     pub fn describe(&self) -> String {
         match self {
@@ -194,7 +213,7 @@ fn key_list_items(list: &str) -> impl Iterator<Item = &str> {
         .filter(|item| !item.is_empty())
 }
 
-/// Resolves many references in one pass (every key of the pool, each second): each
+/// Resolves many provider keys in one pass (every key of the pool, each second): each
 /// `<PREFIX>_API_KEYS` list is read and split once, not once per item, which with 1,000 listed
 /// keys was a million strings made and dropped per pass.
 pub struct Resolver<'a> {
@@ -210,10 +229,10 @@ impl<'a> Resolver<'a> {
         }
     }
 
-    /// [`SecretSource::resolve`], the lists read once per resolver.
+    /// [`SecretSource::resolve_provider_key`], the lists read once per resolver.
     pub fn resolve(&mut self, source: &SecretSource) -> Option<Secret> {
         let SecretSource::EnvListItem { var, index } = source else {
-            return source.resolve(self.env);
+            return source.resolve_provider_key(self.env);
         };
         if !self.lists.contains_key(var) {
             let items = self
@@ -226,6 +245,7 @@ impl<'a> Resolver<'a> {
         self.lists
             .get(var)
             .and_then(|items| items.get(*index))
+            .filter(|item| !self.env.refuses_as_provider_key(item))
             .map(|item| Secret::new(item.as_str()))
     }
 }

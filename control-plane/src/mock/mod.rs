@@ -146,6 +146,7 @@ mod openai;
 mod responses;
 mod script;
 mod sse;
+mod validate;
 
 pub use catalog::{Catalog, Shape as CatalogShape};
 pub use errors::{provider_error, provider_error_names, ERROR_CASES, PROVIDER_KINDS};
@@ -491,6 +492,14 @@ async fn handle(
         return Err(NetworkFailure);
     }
     let request_body = parsed.unwrap_or(Value::Null);
+    let refusal = match endpoint {
+        Endpoint::Chat => validate::chat_refusal(&request_body),
+        Endpoint::Messages => validate::messages_refusal(&request_body),
+        Endpoint::Responses | Endpoint::Embeddings => None,
+    };
+    if let Some(body) = refusal {
+        return Ok(json_response(StatusCode::BAD_REQUEST, &body));
+    }
     let turn = Turn {
         seq,
         model: model.unwrap_or_default(),

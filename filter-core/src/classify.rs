@@ -46,6 +46,8 @@ pub struct ByWords {
 /// The longest a provider's window may cool a lane down (a rate limit, a retry-after on a
 /// transient failure): a retry-after of days must not park a lane for good.
 pub const MAX_RATE_LIMIT_COOLDOWN_MS: i64 = 3_600_000;
+/// The longest a per-day rate limit (a model's TPD or RPD on a key) may cool its lane down.
+pub const MAX_DAILY_LIMIT_COOLDOWN_MS: i64 = ai_router_contract::calendar::DAY_MS;
 /// The longest a provider's window may blacklist a key for a spent quota (a monthly cap named
 /// further out is checked again after a week).
 pub const MAX_QUOTA_HOLD_MS: i64 = 7 * 86_400_000;
@@ -113,8 +115,9 @@ fn client_words(request: &[u8]) -> String {
     }
 }
 
-/// `retry-after-ms`, else `retry-after` (seconds or an HTTP date is not parsed: seconds only),
-/// else the OpenAI-style reset headers are left to headroom logic.
+/// `retry-after-ms`, else `retry-after` (seconds, or an HTTP date: RFC 9110's IMF-fixdate and
+/// its two obsolete forms), else the OpenAI-style reset headers are left to headroom logic. A
+/// date in the past is now.
 pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
     let get = |name: &str| header(headers, name);
     if let Some(ms) = get("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
@@ -123,12 +126,54 @@ pub fn retry_at(headers: &[(String, String)], now_ms: i64) -> Option<i64> {
             return Some(now_ms.saturating_add(ms.ceil() as i64));
         }
     }
-    if let Some(s) = get("retry-after").and_then(|v| v.parse::<f64>().ok()) {
-        if s >= 0.0 {
-            return Some(now_ms.saturating_add((s * 1000.0).ceil() as i64));
-        }
+    let value = get("retry-after")?;
+    if let Ok(s) = value.parse::<f64>() {
+        return (s >= 0.0).then(|| now_ms.saturating_add((s * 1000.0).ceil() as i64));
     }
-    None
+    http_date_ms(&value).map(|at| at.max(now_ms))
+}
+
+/// An HTTP date as ms since the epoch: `Sun, 06 Nov 1994 08:49:37 GMT` (IMF-fixdate),
+/// `Sunday, 06-Nov-94 08:49:37 GMT` (RFC 850, two-digit years read as 19xx/20xx by RFC 9110's
+/// 50-year rule) or `Sun Nov  6 08:49:37 1994` (asctime).
+fn http_date_ms(value: &str) -> Option<i64> {
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    let month_of = |m: &str| {
+        MONTHS
+            .iter()
+            .position(|name| m.eq_ignore_ascii_case(name))
+            .map(|i| i as i64 + 1)
+    };
+    let words: Vec<&str> = value.split_whitespace().collect();
+    let (day, month, year, time) = match words.as_slice() {
+        // IMF-fixdate: day-name, DD Mon YYYY HH:MM:SS GMT
+        [_, d, m, y, t, "GMT"] => (d.parse().ok()?, month_of(m)?, y.parse::<i64>().ok()?, *t),
+        // RFC 850: day-name, DD-Mon-YY HH:MM:SS GMT
+        [_, dmy, t, "GMT"] => {
+            let mut parts = dmy.split('-');
+            let (d, m, y) = (parts.next()?, parts.next()?, parts.next()?);
+            let y: i64 = y.parse().ok()?;
+            let year = if y >= 100 {
+                y
+            } else if y >= 70 {
+                1900 + y
+            } else {
+                2000 + y
+            };
+            (d.parse().ok()?, month_of(m)?, year, *t)
+        }
+        // asctime: day-name Mon D HH:MM:SS YYYY
+        [_, m, d, t, y] => (d.parse().ok()?, month_of(m)?, y.parse::<i64>().ok()?, *t),
+        _ => return None,
+    };
+    let mut hms = time.split(':').map(|n| n.parse::<i64>().ok());
+    let (h, mi, sec) = (hms.next()??, hms.next()??, hms.next()??);
+    if !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..61).contains(&sec) {
+        return None;
+    }
+    Some((days_of(year, month, day)? * 86_400 + h * 3_600 + mi * 60 + sec) * 1000)
 }
 
 /// What a provider's error object says, across the shapes providers use: `{"error":{...}}`,
@@ -306,8 +351,9 @@ const RATE_CODES: &[&str] = &[
     "throttling.ratequota",
     "throttling.allocationquota",
 ];
-/// A rate limit over a per-day budget (Groq's and OpenAI's TPD/RPD, Cerebras's and SambaNova's
-/// "per day", GitHub's `UserByModelByDay`) is a spent quota.
+/// A limit over a per-day budget (Groq's and OpenAI's TPD/RPD, Cerebras's and SambaNova's
+/// "per day", GitHub's `UserByModelByDay`). Under a rate-limit code it holds the lane until the
+/// window ends, at most [`MAX_DAILY_LIMIT_COOLDOWN_MS`]; without one, it is a spent quota.
 const PER_DAY_TEXT: &[&str] = &["(tpd)", "(rpd)", "per day", "byday", "per 86400s", "daily"];
 /// A 429 about the provider's load, not the key's rate (Moonshot's engine_overloaded_error,
 /// Z.ai's 1305): nothing cools down but the breakers count it.
@@ -331,7 +377,23 @@ const CONTEXT_TEXT: &[&str] = &[
 ];
 /// Google refuses some key types outright (unrestricted "standard" keys): the key will never
 /// work, whatever is retried.
-const KEY_TYPE_TEXT: &[&str] = &["key type is not allowed", "key type not allowed"];
+const KEY_TYPE_TEXT: &[&str] = &[
+    "key type is not allowed",
+    "key type not allowed",
+    "key type is not supported",
+    "key type not supported",
+    "keys of this type are not",
+    "unrestricted api keys can no longer",
+    "unrestricted) api keys can no longer",
+    "standard api keys can no longer",
+];
+/// Google's ErrorInfo reasons for a key the API refuses whatever is retried: its type, or the
+/// key being blocked from this API.
+const KEY_TYPE_REASONS: &[&str] = &[
+    "api_key_type_not_allowed",
+    "api_key_type_not_supported",
+    "api_key_service_blocked",
+];
 pub use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
 const OVERLOAD_CODES: &[&str] = &[
     "overloaded_error",
@@ -374,7 +436,7 @@ fn class_from_fields(status: u16, fields: &ErrorFields, tokens: &[String; 2]) ->
         // limit): no other key of the same model would take it, a larger model might.
         return Some(Class::ContextLength);
     }
-    if status == 400 && is_key_type_refusal(fields) {
+    if matches!(status, 400 | 403) && is_key_type_refusal(fields) {
         return Some(Class::Auth);
     }
     match quota_period(&fields.quota_ids) {
@@ -393,12 +455,10 @@ fn class_from_fields(status: u16, fields: &ErrorFields, tokens: &[String; 2]) ->
         return Some(Class::Quota);
     }
     if has_code(RATE_CODES) {
-        let message = fields.message.to_ascii_lowercase();
-        return Some(if contains_any(&message, PER_DAY_TEXT) {
-            Class::Quota
-        } else {
-            Class::RateLimit
-        });
+        // Per minute or per day (OpenAI's and Groq's TPD/RPD), a rate limit is the model's on
+        // that key: the lane cools down until the window ends ([`daily_rate_limit`]); the key's
+        // other models go on serving.
+        return Some(Class::RateLimit);
     }
     if has_code(AUTH_CODES) {
         return Some(Class::Auth);
@@ -489,13 +549,19 @@ fn class_from_status_and_text(
     }
 }
 
-/// Gemini's refusal of the key's type (400 INVALID_ARGUMENT, "API key type not allowed").
+/// A rate limit over a day's budget: its message names a per-day window.
+fn daily_rate_limit(fields: &ErrorFields) -> bool {
+    contains_any(&fields.message.to_ascii_lowercase(), PER_DAY_TEXT)
+}
+
+/// Gemini's refusal of the key's type (400 INVALID_ARGUMENT or 403 PERMISSION_DENIED): the
+/// ErrorInfo reason first, else the wordings Google has used.
 fn is_key_type_refusal(fields: &ErrorFields) -> bool {
-    contains_any(&fields.message.to_ascii_lowercase(), KEY_TYPE_TEXT)
-        || fields
-            .reasons
-            .iter()
-            .any(|r| r.eq_ignore_ascii_case("API_KEY_TYPE_NOT_ALLOWED"))
+    fields
+        .reasons
+        .iter()
+        .any(|r| KEY_TYPE_REASONS.contains(&r.to_ascii_lowercase().as_str()))
+        || contains_any(&words_without_urls(&fields.message), KEY_TYPE_TEXT)
 }
 
 /// Classifies a provider's non-success answer (or a 2xx answer carrying an error object): the
@@ -659,13 +725,21 @@ fn window(
             };
             (at, MAX_QUOTA_HOLD_MS)
         }
-        Class::RateLimit => (
-            from_headers
+        Class::RateLimit => {
+            let named = from_headers
                 .or(fields.retry_delay_ms.map(|ms| now_ms + ms))
                 .or_else(reset)
-                .or_else(try_again),
-            MAX_RATE_LIMIT_COOLDOWN_MS,
-        ),
+                .or_else(try_again);
+            if daily_rate_limit(fields) {
+                // A day's budget with no window named lasts until the provider's midnight.
+                let midnight = daily_reset
+                    .unwrap_or(DailyReset::Utc)
+                    .next_midnight_ms(now_ms);
+                (named.or(Some(midnight)), MAX_DAILY_LIMIT_COOLDOWN_MS)
+            } else {
+                (named, MAX_RATE_LIMIT_COOLDOWN_MS)
+            }
+        }
         _ => (from_headers, MAX_RATE_LIMIT_COOLDOWN_MS),
     };
     at.map(|at| at.clamp(now_ms, now_ms.saturating_add(cap)))
@@ -905,6 +979,109 @@ mod tests {
         let f = classify("groq", 429, &[], tpd.as_bytes(), 0)
             .unless_echoed(br#"{"x":"tokens per day (TPD)"}"#);
         assert_eq!(f.class, Class::RateLimit);
+    }
+
+    #[test]
+    fn retry_after_as_seconds_or_an_http_date_in_each_form() {
+        let h = |v: &str| vec![("Retry-After".to_owned(), v.to_owned())];
+        // 1994-11-06T08:49:37Z
+        let at = 784_111_777_000;
+        let before = at - 90_000;
+        assert_eq!(retry_at(&h("90"), before), Some(at));
+        for date in [
+            "Sun, 06 Nov 1994 08:49:37 GMT",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+        ] {
+            assert_eq!(retry_at(&h(date), before), Some(at), "{date}");
+        }
+        // A date already past is now; nonsense is no window.
+        assert_eq!(
+            retry_at(&h("Sun, 06 Nov 1994 08:49:37 GMT"), at + 5),
+            Some(at + 5)
+        );
+        for junk in [
+            "soon",
+            "Sun, 06 Foo 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 25:00:00 GMT",
+            "-3",
+        ] {
+            assert_eq!(retry_at(&h(junk), before), None, "{junk}");
+        }
+        // Through the classifier, bounded as a rate limit's window is.
+        let body = br#"{"error":{"code":"rate_limit_exceeded","message":"slow down"}}"#;
+        let f = classify(
+            "openai",
+            429,
+            &h("Sun, 06 Nov 1994 08:49:37 GMT"),
+            body,
+            before,
+        );
+        assert_eq!((f.class, f.retry_at_ms), (Class::RateLimit, Some(at)));
+        let f = classify(
+            "openai",
+            429,
+            &h("Sun, 06 Nov 1994 08:49:37 GMT"),
+            body,
+            at - 86_400_000,
+        );
+        assert_eq!(
+            f.retry_at_ms,
+            Some(at - 86_400_000 + MAX_RATE_LIMIT_COOLDOWN_MS)
+        );
+    }
+
+    #[test]
+    fn geminis_refused_key_types_by_reason_or_by_any_wording() {
+        let google = |status: u16, code: &str, message: &str, reason: Option<&str>| {
+            let details = reason.map_or_else(
+                || "[]".to_owned(),
+                |r| format!(r#"[{{"@type":"type.googleapis.com/google.rpc.ErrorInfo","reason":"{r}","domain":"googleapis.com"}}]"#),
+            );
+            format!(
+                r#"[{{"error":{{"code":{status},"message":"{message}","status":"{code}","details":{details}}}}}]"#
+            )
+        };
+        let refused = [
+            google(400, "INVALID_ARGUMENT", "API key type not allowed. Standard (unrestricted) API keys can no longer call the Gemini API.", Some("API_KEY_TYPE_NOT_ALLOWED")),
+            google(400, "INVALID_ARGUMENT", "Request refused.", Some("API_KEY_TYPE_NOT_ALLOWED")),
+            google(403, "PERMISSION_DENIED", "Requests to this API are blocked.", Some("API_KEY_SERVICE_BLOCKED")),
+            google(400, "INVALID_ARGUMENT", "API key type is not allowed for this API.", None),
+            google(400, "INVALID_ARGUMENT", "This API key type is not supported by the Gemini API.", None),
+            google(400, "INVALID_ARGUMENT", "API keys of this type are not accepted; create a restricted key.", None),
+            google(403, "PERMISSION_DENIED", "Unrestricted API keys can no longer call the Gemini API.", None),
+        ];
+        for body in &refused {
+            let f = classify("gemini", 400, &[], body.as_bytes(), 0);
+            assert_eq!(f.class, Class::Auth, "{body}");
+            assert_eq!(
+                f.provider_code.as_deref(),
+                Some(UNSUPPORTED_KEY_TYPE),
+                "{body}"
+            );
+        }
+        // Other refusals of a key are auth without that code; other 400s are the request's.
+        let invalid = google(
+            400,
+            "INVALID_ARGUMENT",
+            "API Key not found. Please pass a valid API key.",
+            Some("API_KEY_INVALID"),
+        );
+        let f = classify("gemini", 400, &[], invalid.as_bytes(), 0);
+        assert_eq!(
+            (f.class, f.provider_code.as_deref()),
+            (Class::Auth, Some("400"))
+        );
+        let bad = google(
+            400,
+            "INVALID_ARGUMENT",
+            "Invalid JSON payload received.",
+            None,
+        );
+        assert_eq!(
+            classify("gemini", 400, &[], bad.as_bytes(), 0).class,
+            Class::InvalidRequest
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use ai_router_filter_core::classify::{
-    classify, Class, Hold, MAX_QUOTA_HOLD_MS, MAX_RATE_LIMIT_COOLDOWN_MS,
+    classify, Class, Hold, MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS,
 };
 use serde::Deserialize;
 
@@ -324,9 +324,10 @@ fn check(row: &Row<'_>, moment: &Moment) -> Result<(), String> {
 
     let want_class = Class::parse(&row.expect.class)
         .ok_or_else(|| format!("unknown class {:?}", row.expect.class))?;
+    // The widest cap of the class: a case states a narrower one's window as capped.
     let cap = match want_class {
         Class::Quota => MAX_QUOTA_HOLD_MS,
-        _ => MAX_RATE_LIMIT_COOLDOWN_MS,
+        _ => MAX_DAILY_LIMIT_COOLDOWN_MS,
     };
     let want_until = match (&row.expect.retry_after_s, &row.expect.until_ms) {
         (Some(secs), None) => Some(now + (secs * 1000.0).round() as i64),

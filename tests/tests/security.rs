@@ -677,3 +677,85 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
     let r = gw.chat("claude-m").await.unwrap();
     assert_eq!(r.status, 200, "{r}");
 }
+
+/// Provider `oa` (kind openai, mock 1, one key) serving two models.
+fn two_model_pool(p1: &str, _p2: &str) -> String {
+    format!(
+        r#"gateway:
+  host: 127.0.0.1
+  port: 0
+  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
+  keyStore: {{ type: memory }}
+controlPlane:
+  host: 127.0.0.1
+  httpPort: 0
+  grpcPort: 0
+providers:
+  - id: oa
+    kind: openai
+    baseUrl: {p1}
+    keys:
+      - {{ alias: a, env: P1_KEY_A }}
+    models:
+      - {{ id: gpt-day }}
+      - {{ id: gpt-other }}
+"#
+    )
+}
+
+/// OpenAI's tokens-per-day limit is the model's on that key: the lane (key and model) cools
+/// down for the wait the message names (3h12m36s), and the key's other model goes on serving;
+/// the key is never blacklisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_daily_limit_holds_its_lane_not_the_key() {
+    let gw = Gateway::start_with("daily_limit_lane", two_model_pool)
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([
+            script::rule(
+                json!({"model": "gpt-day"}),
+                vec![script::provider_error("openai.tokens_per_day")]
+            ),
+            script::always(vec![script::text("other")]),
+        ]))
+        .await
+        .unwrap();
+    let r = gw.chat("gpt-day").await.unwrap();
+    assert_ne!(r.status, 200, "{r}");
+    let called = gw.provider_calls().await.unwrap().len();
+    // The lane is out in this Envoy at once; the other model on the same key serves.
+    let r = gw.chat("gpt-day").await.unwrap();
+    assert_ne!(r.status, 200, "{r}");
+    assert_eq!(
+        gw.provider_calls().await.unwrap().len(),
+        called,
+        "gpt-day was tried again"
+    );
+    let r = gw.chat("gpt-other").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    // The control plane holds the lane for the window, not the key.
+    let sent = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let health = poll("the lane's cooldown", Duration::from_secs(15), || async {
+        let h = gw.admin_get("/admin/health").await?;
+        Ok((h["cooldowns"].as_array().is_some_and(|c| !c.is_empty())).then_some(h))
+    })
+    .await
+    .unwrap();
+    let cooldown = &health["cooldowns"][0];
+    assert_eq!(
+        (&cooldown["key"], &cooldown["model"]),
+        (&json!("a"), &json!("gpt-day")),
+        "{health}"
+    );
+    let until = cooldown["untilMs"].as_i64().unwrap_or(0);
+    let window = 11_556_000;
+    assert!(
+        (until - sent - window).abs() < 60_000,
+        "the window the message names: {until} vs {sent} + {window}: {health}"
+    );
+    assert_eq!(health["providers"][0]["keys"][0]["state"], "ok", "{health}");
+}

@@ -321,6 +321,14 @@ pub fn pool_yaml_header() -> String {
         .to_string()
 }
 
+/// [`pool_yaml_header`] with the admin API on (`adminToken` from `AI_ROUTER_ADMIN_TOKEN`, which
+/// [`Gateway`] sets), for pools given to [`Gateway::start_with`].
+pub fn admin_pool_yaml_header() -> String {
+    "gateway: { host: 127.0.0.1, port: 0, adminToken: { env: AI_ROUTER_ADMIN_TOKEN }, keyStore: { type: memory } }\n\
+     controlPlane: { host: 127.0.0.1, httpPort: 0, grpcPort: 0 }\n"
+        .to_string()
+}
+
 /// What a custom pool's builder returns.
 #[derive(Debug, Clone, Default)]
 pub struct PoolSetup {

@@ -681,25 +681,8 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
 /// Provider `oa` (kind openai, mock 1, one key) serving two models.
 fn two_model_pool(p1: &str, _p2: &str) -> String {
     format!(
-        r#"gateway:
-  host: 127.0.0.1
-  port: 0
-  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
-  keyStore: {{ type: memory }}
-controlPlane:
-  host: 127.0.0.1
-  httpPort: 0
-  grpcPort: 0
-providers:
-  - id: oa
-    kind: openai
-    baseUrl: {p1}
-    keys:
-      - {{ alias: a, env: P1_KEY_A }}
-    models:
-      - {{ id: gpt-day }}
-      - {{ id: gpt-other }}
-"#
+        "{}providers:\n  - id: oa\n    kind: openai\n    baseUrl: {p1}\n    keys: [{{ alias: a, env: P1_KEY_A }}]\n    models: [{{ id: gpt-day }}, {{ id: gpt-other }}]\n",
+        ai_router_e2e::admin_pool_yaml_header()
     )
 }
 

@@ -130,6 +130,78 @@ impl Hold {
     }
 }
 
+/// The windows a hold lasts when the provider names none (`resilience:` of the pool). Each is
+/// above 0: the control plane refuses a 0 at load (a window of 0 would take nothing out while
+/// health called the key out, or, pushed, read as "unset"), so a 0 pushed to the filter means
+/// "not set" and reads as the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HoldWindows {
+    /// `rateLimitCooldownMs`: a rate-limited lane cools down this long.
+    pub rate_limit_cooldown_ms: u64,
+    /// `quotaBlacklistMs`: a key with a spent quota is out this long.
+    pub quota_blacklist_ms: u64,
+    /// `authDisableMs`: a key whose secret was refused is out this long; `None`: until its
+    /// secret changes.
+    pub auth_disable_ms: Option<u64>,
+}
+
+impl Default for HoldWindows {
+    fn default() -> Self {
+        Self {
+            rate_limit_cooldown_ms: crate::defaults::RATE_LIMIT_COOLDOWN_MS,
+            quota_blacklist_ms: crate::defaults::QUOTA_BLACKLIST_MS,
+            auth_disable_ms: None,
+        }
+    }
+}
+
+impl HoldWindows {
+    /// The windows as the sync protocol carries them, where 0 is "not set": the default, and
+    /// for `authDisableMs` "until the secret changes".
+    pub fn from_pushed(
+        rate_limit_cooldown_ms: u64,
+        quota_blacklist_ms: u64,
+        auth_disable_ms: u64,
+    ) -> Self {
+        let or = |v: u64, default: u64| if v > 0 { v } else { default };
+        Self {
+            rate_limit_cooldown_ms: or(
+                rate_limit_cooldown_ms,
+                crate::defaults::RATE_LIMIT_COOLDOWN_MS,
+            ),
+            quota_blacklist_ms: or(quota_blacklist_ms, crate::defaults::QUOTA_BLACKLIST_MS),
+            auth_disable_ms: (auth_disable_ms > 0).then_some(auth_disable_ms),
+        }
+    }
+
+    /// Until when a failure of `class` holds its lane or key, decided at `now_ms`: the
+    /// provider's window (`retry_at_ms`) where it named one (an auth failure names none), else
+    /// these windows; `0`: until the key's secret changes (an auth failure with no
+    /// `authDisableMs`, or a key type the provider refuses outright). `None`: the failure holds
+    /// nothing ([`ErrorClass::hold`]). The one rule: the filter applies it to its own view at
+    /// once, the control plane to the state it pushes.
+    pub fn held_until(
+        &self,
+        class: ErrorClass,
+        retry_at_ms: Option<i64>,
+        provider_code: Option<&str>,
+        now_ms: i64,
+    ) -> Option<(Hold, i64)> {
+        let after = |ms: u64| now_ms.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX));
+        let hold = class.hold(retry_at_ms.is_some());
+        let until = match (hold, class) {
+            (Hold::Nothing, _) => return None,
+            (Hold::Key, ErrorClass::Auth) => match self.auth_disable_ms {
+                Some(ms) if provider_code != Some(UNSUPPORTED_KEY_TYPE) => after(ms),
+                _ => 0,
+            },
+            (Hold::Key, _) => retry_at_ms.unwrap_or_else(|| after(self.quota_blacklist_ms)),
+            (Hold::Lane, _) => retry_at_ms.unwrap_or_else(|| after(self.rate_limit_cooldown_ms)),
+        };
+        Some((hold, until))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +257,59 @@ mod tests {
             );
             assert_eq!(class.counts_for_breakers(), counts, "{class:?}");
         }
+    }
+
+    #[test]
+    fn held_until_uses_the_providers_window_else_the_configured_one() {
+        use ErrorClass::*;
+        let w = HoldWindows {
+            rate_limit_cooldown_ms: 7,
+            quota_blacklist_ms: 11,
+            auth_disable_ms: Some(13),
+        };
+        let now = 1_000;
+        assert_eq!(
+            w.held_until(RateLimit, None, None, now),
+            Some((Hold::Lane, 1_007))
+        );
+        assert_eq!(
+            w.held_until(RateLimit, Some(5_000), None, now),
+            Some((Hold::Lane, 5_000))
+        );
+        assert_eq!(
+            w.held_until(Quota, None, None, now),
+            Some((Hold::Key, 1_011))
+        );
+        assert_eq!(
+            w.held_until(Quota, Some(9_000), None, now),
+            Some((Hold::Key, 9_000))
+        );
+        assert_eq!(
+            w.held_until(Auth, None, None, now),
+            Some((Hold::Key, 1_013))
+        );
+        assert_eq!(
+            w.held_until(Auth, None, Some(UNSUPPORTED_KEY_TYPE), now),
+            Some((Hold::Key, 0))
+        );
+        assert_eq!(w.held_until(Transient, None, None, now), None);
+        assert_eq!(
+            w.held_until(Transient, Some(2_000), None, now),
+            Some((Hold::Lane, 2_000))
+        );
+        assert_eq!(w.held_until(InvalidRequest, Some(2_000), None, now), None);
+        // No authDisableMs: until the secret changes.
+        let until_changed = HoldWindows {
+            auth_disable_ms: None,
+            ..w
+        };
+        assert_eq!(
+            until_changed.held_until(Auth, None, None, now),
+            Some((Hold::Key, 0))
+        );
+        // Pushed zeros are "not set".
+        assert_eq!(HoldWindows::from_pushed(0, 0, 0), HoldWindows::default());
+        assert_eq!(HoldWindows::from_pushed(7, 11, 13), w);
     }
 
     /// The classes the control plane's breakers count, by the names reports carry.

@@ -719,38 +719,22 @@ impl Attempt {
     /// by the one hold rule ([`Failure::hold`]).
     fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) {
         let Some(lane) = &self.lane else { return };
-        let resilience = State::resilience_or_defaults(host.state().as_deref());
-        match failure.hold() {
-            Hold::Lane => {
-                let until = failure
-                    .retry_at_ms
-                    .unwrap_or(now + resilience.rate_limit_cooldown_ms as i64);
-                host.hold_cooldown(&lane.id, until);
-            }
-            Hold::Key => {
-                let until = match failure.class {
-                    Class::Auth
-                        if resilience.auth_disable_ms > 0
-                            && failure.provider_code.as_deref()
-                                != Some(crate::classify::UNSUPPORTED_KEY_TYPE) =>
-                    {
-                        now + resilience.auth_disable_ms as i64
-                    }
-                    // Until the secret changes.
-                    Class::Auth => 0,
-                    _ => failure
-                        .retry_at_ms
-                        .unwrap_or(now + resilience.quota_blacklist_ms as i64),
-                };
-                host.hold_blacklist(
-                    &lane.id.provider,
-                    &lane.id.key,
-                    failure.class,
-                    until,
-                    lane.fingerprint,
-                );
-            }
-            Hold::Nothing => {}
+        let windows = State::hold_windows(host.state().as_deref());
+        match windows.held_until(
+            failure.class,
+            failure.retry_at_ms,
+            failure.provider_code.as_deref(),
+            now,
+        ) {
+            Some((Hold::Lane, until)) => host.hold_cooldown(&lane.id, until),
+            Some((Hold::Key, until)) => host.hold_blacklist(
+                &lane.id.provider,
+                &lane.id.key,
+                failure.class,
+                until,
+                lane.fingerprint,
+            ),
+            Some((Hold::Nothing, _)) | None => {}
         }
     }
 

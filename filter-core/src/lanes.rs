@@ -249,7 +249,10 @@ pub enum Pick {
 /// The picker's memory in this VM: smooth weighted round-robin positions.
 #[derive(Debug, Default)]
 pub struct RoundRobin {
+    /// Per lane: the share of a key within its candidate.
     current: HashMap<LaneId, f64>,
+    /// Per candidate (a lane with no key): the share of a candidate within its tier.
+    candidates: HashMap<LaneId, f64>,
     /// Where the next pick of a provider and model with many keys starts looking
     /// ([`KEY_WINDOW`]).
     windows: HashMap<String, usize>,
@@ -282,25 +285,67 @@ impl RoundRobin {
 
     /// Picks among `options` (lane, weight) and advances the positions.
     pub fn choose(&mut self, options: &[(&LaneId, f64)]) -> Option<usize> {
-        let total: f64 = options.iter().map(|(_, w)| *w).sum();
-        let mut best: Option<(usize, f64)> = None;
-        for (i, (lane, weight)) in options.iter().enumerate() {
-            // A lane's position is created once; later picks only look it up.
-            let cw = match self.current.get_mut(*lane) {
-                Some(cw) => cw,
-                None => self.current.entry((*lane).clone()).or_insert(0.0),
-            };
-            *cw += *weight;
-            if best.is_none_or(|(_, b)| *cw > b) {
-                best = Some((i, *cw));
-            }
-        }
-        let (i, _) = best?;
-        if let Some(cw) = self.current.get_mut(options[i].0) {
-            *cw -= total;
-        }
-        Some(i)
+        smooth_weighted(&mut self.current, options)
     }
+}
+
+/// Smooth weighted round-robin over `options` (id, weight) with the positions in `current`:
+/// over any run of picks each option's share follows its weight, and equal weights alternate.
+fn smooth_weighted(
+    current: &mut HashMap<LaneId, f64>,
+    options: &[(&LaneId, f64)],
+) -> Option<usize> {
+    let total: f64 = options.iter().map(|(_, w)| *w).sum();
+    let mut best: Option<(usize, f64)> = None;
+    for (i, (lane, weight)) in options.iter().enumerate() {
+        // A position is created once; later picks only look it up.
+        let cw = match current.get_mut(*lane) {
+            Some(cw) => cw,
+            None => current.entry((*lane).clone()).or_insert(0.0),
+        };
+        *cw += *weight;
+        if best.is_none_or(|(_, b)| *cw > b) {
+            best = Some((i, *cw));
+        }
+    }
+    let (i, _) = best?;
+    if let Some(cw) = current.get_mut(options[i].0) {
+        *cw -= total;
+    }
+    Some(i)
+}
+
+/// The `tiers` choice among the usable lanes of the best rank: the candidate (provider and
+/// model) by smooth weighted round-robin on its weight, then, within it, the key with the fewest
+/// calls in flight, ties by round-robin on key weight. Calls in flight only choose among the
+/// keys of one candidate: weighed across candidates they would turn a candidate's share into
+/// its key count (a candidate with two keys has more keys at the fewest in flight) or, counted
+/// per candidate against its weight, into a function of the concurrency (two calls in flight
+/// between weights 3 and 1 settle at one each, a 1:1 split) and of each provider's latency.
+/// The shares follow the weights at any concurrency and whatever the key counts.
+fn choose_tiers(rr: &mut RoundRobin, mut usable: Vec<Usable>) -> Option<Chosen> {
+    let same_candidate = |a: &LaneId, b: &LaneId| a.provider == b.provider && a.model == b.model;
+    let mut candidates: Vec<(LaneId, f64)> = Vec::new();
+    for u in &usable {
+        let lane = &u.chosen.lane;
+        if !candidates.iter().any(|(c, _)| same_candidate(c, lane)) {
+            candidates.push((
+                LaneId::new(&lane.provider, "", &lane.model),
+                u.candidate_weight,
+            ));
+        }
+    }
+    let options: Vec<(&LaneId, f64)> = candidates.iter().map(|(c, w)| (c, *w)).collect();
+    let (candidate, _) = candidates.get(smooth_weighted(&mut rr.candidates, &options)?)?;
+    usable.retain(|u| same_candidate(&u.chosen.lane, candidate));
+    let fewest = usable.iter().map(|u| u.in_flight).min()?;
+    usable.retain(|u| u.in_flight == fewest);
+    let keys: Vec<(&LaneId, f64)> = usable
+        .iter()
+        .map(|u| (&u.chosen.lane, u.key_weight))
+        .collect();
+    let i = rr.choose(&keys)?;
+    usable.into_iter().nth(i).map(|u| u.chosen)
 }
 
 struct Usable {
@@ -689,39 +734,13 @@ pub fn pick(
         };
     };
     usable.retain(|u| u.rank == best_rank);
-    let fewest = usable.iter().map(|u| u.in_flight).min().unwrap_or(0);
-    usable.retain(|u| u.in_flight == fewest);
     // Lanes within the latency tolerance of the best measured one tie; unmeasured ones stay in.
     if let Some(best) = usable.iter().filter_map(|u| u.latency).reduce(f64::min) {
         let limit = best * selection.latency_tolerance + selection.latency_slack_ms as f64;
         usable.retain(|u| u.latency.is_none_or(|l| l <= limit));
     }
-    // A tier shares its load between candidates by their weights, and a candidate's share
-    // between its keys by key weight: a candidate's share does not grow with its key count.
-    let mut key_totals: HashMap<(&str, &str), f64> = HashMap::new();
-    for u in &usable {
-        *key_totals
-            .entry((
-                u.chosen.lane.provider.as_str(),
-                u.chosen.lane.model.as_str(),
-            ))
-            .or_default() += u.key_weight;
-    }
-    let options: Vec<(&LaneId, f64)> = usable
-        .iter()
-        .map(|u| {
-            let total = key_totals
-                .get(&(
-                    u.chosen.lane.provider.as_str(),
-                    u.chosen.lane.model.as_str(),
-                ))
-                .copied()
-                .unwrap_or(u.key_weight);
-            (&u.chosen.lane, u.candidate_weight * u.key_weight / total)
-        })
-        .collect();
-    match rr.choose(&options).and_then(|i| usable.into_iter().nth(i)) {
-        Some(u) => Pick::Lane(u.chosen),
+    match choose_tiers(rr, usable) {
+        Some(chosen) => Pick::Lane(chosen),
         None => Pick::Unavailable {
             class: None,
             retry_at_ms: None,
@@ -895,6 +914,24 @@ mod tests {
             Pick::Lane(c) => c.lane,
             other => panic!("no lane: {other:?}"),
         }
+    }
+
+    /// The lane a first attempt with nothing tried gets at time 0.
+    fn pick_plain(
+        s: &State,
+        tiers: &[Vec<Candidate>],
+        v: &FakeView,
+        rr: &mut RoundRobin,
+    ) -> LaneId {
+        chosen(pick(
+            s,
+            tiers,
+            Request::default(),
+            v,
+            rr,
+            0,
+            &mut Vec::new(),
+        ))
     }
 
     #[test]
@@ -1109,22 +1146,77 @@ mod tests {
         let mut rr = RoundRobin::default();
         let mut counts: HashMap<String, usize> = HashMap::new();
         for _ in 0..400 {
-            let key = chosen(pick(
-                &s,
-                &tier,
-                Request::default(),
-                &v,
-                &mut rr,
-                0,
-                &mut Vec::new(),
-            ))
-            .key;
+            let key = pick_plain(&s, &tier, &v, &mut rr).key;
             *counts.entry(key).or_default() += 1;
         }
         let n = |k: &str| counts.get(k).copied().unwrap_or(0);
         assert_eq!(n("c"), 200, "{counts:?}");
         assert_eq!(n("a") + n("b"), 200, "{counts:?}");
         assert_eq!(n("a"), 100, "{counts:?}");
+    }
+
+    #[test]
+    fn candidate_shares_follow_the_weights_at_any_concurrency() {
+        // The tier: w1 (one key) weighs 3, w2 (two keys) weighs 1. Clients keep
+        // `concurrency` calls in flight (counted per key, as the VM does), a random one of them
+        // ending before each new pick; 4,000 picks at each concurrency.
+        let mut snap = Snapshot::default();
+        let model = Model {
+            id: "m".into(),
+            ..Default::default()
+        };
+        for (id, keys) in [("w1", vec![key("a")]), ("w2", vec![key("b"), key("c")])] {
+            snap.providers.push(Provider {
+                id: id.into(),
+                keys,
+                models: vec![model.clone()],
+                ..Default::default()
+            });
+        }
+        let s = State::new(1, snap);
+        let candidate = |provider: &str, weight: f64| Candidate {
+            provider: provider.into(),
+            model: "m".into(),
+            weight,
+            when: Vec::new(),
+        };
+        let tier = vec![vec![candidate("w1", 3.0), candidate("w2", 1.0)]];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for concurrency in [1, 2, 3, 8, 32] {
+            let mut v = FakeView::default();
+            let mut rr = RoundRobin::default();
+            let mut running: Vec<LaneId> = Vec::new();
+            let mut counts: HashMap<String, usize> = HashMap::new();
+            let picks = 4_000;
+            for _ in 0..picks {
+                if running.len() == concurrency {
+                    let done = running.swap_remove(random(concurrency));
+                    if let Some(n) = v.in_flight.get_mut(&(done.provider, done.key)) {
+                        *n -= 1;
+                    }
+                }
+                let lane = pick_plain(&s, &tier, &v, &mut rr);
+                *v.in_flight
+                    .entry((lane.provider.clone(), lane.key.clone()))
+                    .or_default() += 1;
+                *counts.entry(lane.key.clone()).or_default() += 1;
+                running.push(lane);
+            }
+            let share = |k: &str| counts.get(k).copied().unwrap_or(0) as f64 / picks as f64;
+            for (k, want) in [("a", 0.75), ("b", 0.125), ("c", 0.125)] {
+                assert!(
+                    (share(k) - want).abs() <= 0.05,
+                    "concurrency {concurrency}: key {k} {:.3}, expected {want}: {counts:?}",
+                    share(k)
+                );
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The pushed state, decoded once per version and indexed for per-request lookups.
 
 use ai_router_contract::defaults;
+use ai_router_contract::failure::HoldWindows;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -323,26 +324,35 @@ impl State {
         self.snapshot.resilience.unwrap_or_default()
     }
 
-    /// The pushed resilience settings, with the spec's defaults where unset.
+    /// The pushed resilience settings, with the spec's defaults where unset (0: the control
+    /// plane refuses a configured 0, so a pushed one is a field it did not send).
     pub fn resilience_or_defaults(state: Option<&State>) -> Resilience {
         let mut r = state.map(State::resilience).unwrap_or_default();
-        if r.rate_limit_cooldown_ms == 0 {
-            r.rate_limit_cooldown_ms = 10_000;
-        }
-        if r.quota_blacklist_ms == 0 {
-            r.quota_blacklist_ms = 21_600_000;
-        }
+        let windows = Self::hold_windows(state);
+        r.rate_limit_cooldown_ms = windows.rate_limit_cooldown_ms;
+        r.quota_blacklist_ms = windows.quota_blacklist_ms;
         let b = r.backoff.get_or_insert_with(Default::default);
         if b.base_ms == 0 {
-            b.base_ms = 100;
+            b.base_ms = defaults::BACKOFF_BASE_MS;
         }
         if b.factor <= 0.0 {
-            b.factor = 2.0;
+            b.factor = defaults::BACKOFF_FACTOR;
         }
         if b.max_ms == 0 {
-            b.max_ms = 5_000;
+            b.max_ms = defaults::BACKOFF_MAX_MS;
         }
         r
+    }
+
+    /// How long the failures' holds last, as the control plane computes them
+    /// ([`HoldWindows::held_until`]).
+    pub fn hold_windows(state: Option<&State>) -> HoldWindows {
+        let r = state.map(State::resilience).unwrap_or_default();
+        HoldWindows::from_pushed(
+            r.rate_limit_cooldown_ms,
+            r.quota_blacklist_ms,
+            r.auth_disable_ms,
+        )
     }
 
     pub fn selection(&self) -> Selection {

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ai_router_e2e::{chat_body, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
+use futures::StreamExt;
 use serde_json::{json, Value};
 
 async fn call(pool: &Pool, body: &Value, headers: &[(&str, &str)]) -> (Reply, Vec<String>) {
@@ -621,4 +622,61 @@ async fn with_forty_keys_a_refused_key_and_a_spent_key_stay_out_through_their_bu
         late_spent, 0,
         "the spent key k20 was called {late_spent} times"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidate_weights_hold_at_concurrency_one_eight_and_thirty_two() {
+    // The tier [[{w1, weight 3}, {w2, weight 1}]], w1 with one key and w2 with two: w1 answers
+    // 75% of the calls whether they come one at a time or 8 or 32 at once (calls in flight
+    // only choose among a candidate's own keys). Each key answers its provider's name after
+    // 10 ms, so the calls of a batch are in flight together.
+    let pool = Pool::start("weights_concurrency", 1, |m, _| {
+        let mut setup = PoolSetup::default();
+        for (var, name) in [("WC_A", "a"), ("WC_B", "b"), ("WC_C", "c")] {
+            setup.secret_env(var, name);
+        }
+        let mock = &m[0];
+        setup.yaml = format!(
+            "{}providers:\n  - id: w1\n    kind: openai-compatible\n    baseUrl: {mock}/w1/v1\n    keys: [{{ alias: a, env: WC_A }}]\n    models: [{{ id: m }}]\n  - id: w2\n    kind: openai-compatible\n    baseUrl: {mock}/w2/v1\n    keys: [{{ alias: b, env: WC_B }}, {{ alias: c, env: WC_C }}]\n    models: [{{ id: m }}]\nprofiles:\n  weighted: {{ candidates: [[{{ provider: w1, model: m, weight: 3 }}, {{ provider: w2, model: m, weight: 1 }}]] }}\n",
+            pool_yaml_header()
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    let replies: Vec<Value> = ["WC_A", "WC_B", "WC_C"]
+        .iter()
+        .zip(["w1", "w2", "w2"])
+        .map(|(var, provider)| {
+            script::for_key(
+                &pool.env_value(var),
+                vec![json!({ "text": provider, "latencyMs": 10 })],
+            )
+        })
+        .collect();
+    pool.mocks[0].script(json!(replies)).await.unwrap();
+    let n = 400;
+    for concurrency in [1, 8, 32] {
+        let answered: Vec<String> = futures::stream::iter(0..n)
+            .map(|_| async {
+                let r = pool.chat("weighted").await.unwrap();
+                assert_eq!(r.status, 200, "{r}");
+                r.json["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let spread = shares(&answered);
+        eprintln!("concurrency {concurrency}: {spread:?}");
+        for (provider, want) in [("w1", 0.75), ("w2", 0.25)] {
+            let got = spread.get(provider).copied().unwrap_or(0.0);
+            assert!(
+                (got - want).abs() <= 0.05,
+                "concurrency {concurrency}: {provider} answered {got:.3}, expected {want}: {spread:?}"
+            );
+        }
+    }
 }

@@ -256,6 +256,17 @@ pub struct ResilienceConfig {
     pub quota_blacklist_ms: u64,
 }
 
+impl ResilienceConfig {
+    /// The windows of the failures' holds, as the filter reads them from the snapshot.
+    pub fn hold_windows(&self) -> ai_router_contract::failure::HoldWindows {
+        ai_router_contract::failure::HoldWindows {
+            rate_limit_cooldown_ms: self.rate_limit_cooldown_ms,
+            quota_blacklist_ms: self.quota_blacklist_ms,
+            auth_disable_ms: self.auth_disable_ms,
+        }
+    }
+}
+
 impl Default for ResilienceConfig {
     fn default() -> Self {
         Self {

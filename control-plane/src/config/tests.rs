@@ -540,6 +540,62 @@ fn partial_resilience_objects_take_the_defaults_per_field() -> Result<(), String
 }
 
 #[test]
+fn a_window_of_zero_is_refused_with_its_field() {
+    let env = MapEnv::new([("A", "k")]);
+    let base = "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: k, env: A }], models: [{ id: m }] }\n";
+    for (field, yaml, want) in [
+        (
+            "rateLimitCooldownMs",
+            "rateLimitCooldownMs: 0",
+            "resilience.rateLimitCooldownMs: must be at least 1 (milliseconds)",
+        ),
+        (
+            "quotaBlacklistMs",
+            "quotaBlacklistMs: 0",
+            "resilience.quotaBlacklistMs: must be at least 1 (milliseconds)",
+        ),
+        (
+            "authDisableMs",
+            "authDisableMs: 0",
+            "resilience.authDisableMs: must be at least 1 (milliseconds) (leave it out: out until the secret changes)",
+        ),
+        (
+            "backoff.baseMs",
+            "backoff: { baseMs: 0 }",
+            "resilience.backoff.baseMs: must be at least 1 (milliseconds)",
+        ),
+        (
+            "backoff.maxMs",
+            "backoff: { baseMs: 0, maxMs: 0 }",
+            "resilience.backoff.baseMs: must be at least 1 (milliseconds)",
+        ),
+        (
+            "backoff.maxMs",
+            "backoff: { maxMs: 0 }",
+            "resilience.backoff.maxMs: must be at least 1 (milliseconds)",
+        ),
+        (
+            "backoff.maxMs",
+            "backoff: { baseMs: 500, maxMs: 100 }",
+            "resilience.backoff.maxMs: must be at least baseMs",
+        ),
+        (
+            "backoff.maxMs",
+            "backoff: { baseMs: 6000 }",
+            "resilience.backoff.maxMs: must be at least baseMs",
+        ),
+    ] {
+        let text = format!("{base}resilience: {{ {yaml} }}\n");
+        assert_eq!(err(&text, &env), want, "{field}");
+    }
+    // 1 ms is a window; an equal base and cap is a constant backoff.
+    let ok = format!(
+        "{base}resilience: {{ rateLimitCooldownMs: 1, quotaBlacklistMs: 1, authDisableMs: 1, backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }} }}\n"
+    );
+    assert!(resolve(&ok, &env).is_ok());
+}
+
+#[test]
 fn a_provider_on_the_gateways_own_listener_is_refused() -> Result<(), String> {
     let openai =
         "providers:\n  - { id: openai, kind: openai, keysFromEnv: OPENAI, models: [{ id: m }] }\n";

@@ -307,6 +307,30 @@ pub(super) fn check_resilience(r: &ResilienceConfig) -> Result<(), ConfigError> 
     if !r.backoff.factor.is_finite() || r.backoff.factor < 1.0 {
         return Err(invalid("resilience.backoff.factor: must be at least 1"));
     }
+    // A window of 0 means nothing the filter could apply (the sync protocol reads 0 as "not
+    // set"), and would leave health calling a key out while it gets no traffic: refused.
+    // `authDisableMs` left out is "until the secret changes".
+    for (name, ms) in [
+        ("backoff.baseMs", Some(r.backoff.base_ms)),
+        ("backoff.maxMs", Some(r.backoff.max_ms)),
+        ("rateLimitCooldownMs", Some(r.rate_limit_cooldown_ms)),
+        ("quotaBlacklistMs", Some(r.quota_blacklist_ms)),
+        ("authDisableMs", r.auth_disable_ms),
+    ] {
+        if ms == Some(0) {
+            let hint = if name == "authDisableMs" {
+                " (leave it out: out until the secret changes)"
+            } else {
+                ""
+            };
+            return Err(invalid(format!(
+                "resilience.{name}: must be at least 1 (milliseconds){hint}"
+            )));
+        }
+    }
+    if r.backoff.max_ms < r.backoff.base_ms {
+        return Err(invalid("resilience.backoff.maxMs: must be at least baseMs"));
+    }
     Ok(())
 }
 

@@ -121,12 +121,15 @@ impl Engine {
             let Some(class) = attempt.class() else {
                 continue;
             };
-            match class.hold(retry_at.is_some()) {
-                Hold::Lane => {
+            let provider_code =
+                (!attempt.provider_code.is_empty()).then_some(attempt.provider_code.as_str());
+            match resilience
+                .hold_windows()
+                .held_until(class, retry_at, provider_code, now)
+            {
+                Some((Hold::Lane, until)) => {
                     // A rate limit until its window or the default; a failure of the lane with
                     // a retry-after until then.
-                    let until = retry_at
-                        .unwrap_or(now.saturating_add(ms(resilience.rate_limit_cooldown_ms)));
                     let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
                     let entry = state.durable.cooldowns.entry(lane).or_insert(0);
                     if until > *entry {
@@ -134,7 +137,7 @@ impl Engine {
                         changed = true;
                     }
                 }
-                Hold::Key => {
+                Some((Hold::Key, until)) => {
                     let refused = if attempt.fingerprint != 0 {
                         attempt.fingerprint
                     } else {
@@ -145,18 +148,10 @@ impl Engine {
                         // about the old one.
                         continue;
                     }
-                    let (reason, until) = if class == ErrorClass::Auth {
-                        let for_good = attempt.provider_code
-                            == ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
-                        let until = resilience
-                            .auth_disable_ms
-                            .filter(|_| !for_good)
-                            .map_or(0, |d| now.saturating_add(ms(d)));
-                        (BlacklistReason::Auth, until)
+                    let reason = if class == ErrorClass::Auth {
+                        BlacklistReason::Auth
                     } else {
-                        let until = retry_at
-                            .unwrap_or(now.saturating_add(ms(resilience.quota_blacklist_ms)));
-                        (BlacklistReason::Quota, until)
+                        BlacklistReason::Quota
                     };
                     let code =
                         (!attempt.provider_code.is_empty()).then(|| attempt.provider_code.clone());
@@ -185,7 +180,7 @@ impl Engine {
                     // A key's failure, not the lane's: no breaker counts it.
                     continue;
                 }
-                Hold::Nothing => {}
+                Some((Hold::Nothing, _)) | None => {}
             }
             if class.counts_for_breakers() {
                 let started = if attempt.at_ms > 0 {

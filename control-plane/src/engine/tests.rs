@@ -267,6 +267,67 @@ fn auth_disable_ms_bounds_the_blacklist() -> Result<(), String> {
     Ok(())
 }
 
+/// A failure's hold as the control plane pushes it and as the filter computes it from the
+/// same pool's snapshot at the same instant: equal, for every window configured or left out.
+#[test]
+fn the_filter_and_the_control_plane_hold_a_failure_equally_long() -> Result<(), String> {
+    let cases = [
+        "resilience: { rateLimitCooldownMs: 5000, quotaBlacklistMs: 60000 }",
+        "resilience: { rateLimitCooldownMs: 1, quotaBlacklistMs: 2, authDisableMs: 3 }",
+        "",
+    ];
+    for resilience in cases {
+        let pool = POOL.replace(
+            "resilience: { rateLimitCooldownMs: 5000, quotaBlacklistMs: 60000 }",
+            resilience,
+        );
+        for (class, code, retry_at) in [
+            ("rate_limit", "", 0),
+            ("rate_limit", "", 1_500_000),
+            ("quota", "", 0),
+            ("quota", "", 2_000_000),
+            ("auth", "", 0),
+            ("auth", ai_router_contract::failure::UNSUPPORTED_KEY_TYPE, 0),
+            ("transient", "", 1_200_000),
+        ] {
+            let f = fixture(&pool)?;
+            let now = f.clock.0.load(Ordering::SeqCst);
+            let mut failed = attempt("openai", "openai-2", class);
+            failed.provider_code = code.into();
+            failed.retry_at_ms = retry_at;
+            f.engine.apply_report(&batch(vec![failed]));
+            let s = snapshot(&f.engine);
+            let pushed = s
+                .key_health
+                .iter()
+                .find(|h| h.key == "openai-2")
+                .map(|h| h.until_ms)
+                .or_else(|| {
+                    s.cooldowns
+                        .iter()
+                        .find(|c| c.key == "openai-2")
+                        .map(|c| c.until_ms)
+                });
+            let filter = ai_router_filter_core::state::State::new(1, s);
+            let class =
+                ai_router_contract::failure::ErrorClass::parse(class).ok_or("unknown class")?;
+            let computed = ai_router_filter_core::state::State::hold_windows(Some(&filter))
+                .held_until(
+                    class,
+                    (retry_at > now).then_some(retry_at),
+                    (!code.is_empty()).then_some(code),
+                    now,
+                )
+                .map(|(_, until)| until);
+            assert_eq!(
+                pushed, computed,
+                "{class:?} {code} retry at {retry_at} under `{resilience}`"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn an_unsupported_key_type_is_out_until_its_secret_changes_whatever_auth_disable_ms_says(
 ) -> Result<(), String> {

@@ -261,7 +261,7 @@ impl Front {
                 .iter()
                 .map(|k| {
                     json!({"provider": k.provider, "key": k.key, "reason": k.reason().text(),
-                           "until_ms": (k.until_ms > 0).then_some(k.until_ms)})
+                           "until_ms": k.until()})
                 })
                 .collect();
         }
@@ -1093,7 +1093,11 @@ impl Front {
                 ((RequestResult::Error, class, ""), self.status)
             }
         };
-        let answered = call.as_ref().and_then(|c| c.answered.clone());
+        // The lane that answered, else the last attempt's: a failed call names where it ended
+        // (none when no attempt was sent).
+        let answered = call
+            .as_ref()
+            .and_then(|c| c.answered.clone().or_else(|| c.tried.last().cloned()));
         let mut report = RequestOutcome {
             request_id: self.rid.clone(),
             virtual_key_id: self.vk_id.clone(),

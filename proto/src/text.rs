@@ -174,6 +174,14 @@ impl KeyOutReason {
     }
 }
 
+impl crate::v1::KeyHealth {
+    /// When the key comes back (ms since the epoch); `None` ("no end"): when its secret
+    /// changes or an operator resets it. What every surface shows for `until_ms` (0 on the wire).
+    pub fn until(&self) -> Option<i64> {
+        (self.until_ms > 0).then_some(self.until_ms)
+    }
+}
+
 impl ProviderOutReason {
     /// "budget"; empty for unspecified.
     pub fn text(self) -> &'static str {

@@ -168,6 +168,12 @@ async fn prometheus_scrapes_counts_matching_the_calls() {
     .await;
     prom.until("sum(ai_router_requests_total{outcome=~\"error:.*\"})", 1.0)
         .await;
+    // The failed call carries its last attempt's provider and model.
+    prom.until(
+        "sum(ai_router_requests_total{outcome=~\"error:.*\",provider=\"p2\",model=\"m2\"})",
+        1.0,
+    )
+    .await;
     prom.until(
         "sum(ai_router_requests_total{outcome=\"rejected:requests_per_minute_exceeded\"})",
         1.0,

@@ -253,6 +253,12 @@ async fn an_event_subscriber_sees_every_change_in_order() {
     assert_eq!(request["outcome"], "error", "{request}");
     assert_eq!(request["errorClass"], "rate_limit", "{request}");
     assert_eq!(request["requestId"], attempt["requestId"]);
+    // A failed call names its last attempt's lane.
+    assert_eq!(
+        (request["provider"].as_str(), request["model"].as_str()),
+        (Some("p1"), Some("m1")),
+        "{request}"
+    );
 
     // A 503 after the cooldown (its retry-after: 1): the key's breaker opens, turns
     // half-open, and the probe's success closes it.
@@ -420,6 +426,18 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
 
     let health = admin_get(&gw, "/admin/health").await;
     assert_eq!(health["status"], "ok", "{health}");
+    // Words, not enum numbers; null for "no end"; the budgets section is there.
+    for provider in health["providers"].as_array().unwrap() {
+        assert!(provider["kind"].is_string(), "{health}");
+        for key in provider["keys"].as_array().unwrap() {
+            assert_eq!(
+                (&key["state"], &key["untilMs"]),
+                (&json!("ok"), &Value::Null),
+                "{health}"
+            );
+        }
+    }
+    assert_eq!(health["budgets"], json!([]), "{health}");
     assert_eq!(
         health["lanes"].as_array().map(Vec::len),
         Some(lanes.len()),

@@ -16,7 +16,11 @@
 //! | `POST /admin/keys/{id}/revoke` | revoke for good |
 //! | `POST /admin/keys/{id}/rotate` | new secret, same id, bindings and usage; 200 `{ key, secret }` |
 //! | `GET /admin/keys/{id}/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` | `{ id, from, to, days, total }` (default: this month) |
-//! | `GET /health` (no token needed) | with the admin token, adds the pool: providers, key aliases and states, cooldowns, breakers |
+//! | `GET /health` (no token needed) | with the admin token, adds the pool (what `GET /admin/health` answers) |
+//! | `GET /admin/health` | providers, key aliases and states, breakers, cooldowns, headroom, budgets (spent, limits, window, enforcement), lane latencies: words, `null` for no end |
+//! | `GET /admin/stats`, `/admin/catalog`, `/admin/ledger` | this process's counters; profiles and models; each provider's quota windows |
+//! | `GET /admin/events?types=` | the operator's events, live (server-sent events) |
+//! | `POST /admin/reset` | closes breakers, lifts blacklists and cooldowns |
 //!
 //! A key is `{ id, label, owner, profiles, models, allowFallback, quota, enabled, revoked,
 //! mounted, hint, createdAtMs, created }`: never its secret or hash. `profiles` and `models`
@@ -262,6 +266,8 @@ impl AdminApi {
     }
 
     /// `/health` for an operator: the pool as the data plane sees it, keys by alias only.
+    /// Every state, scope and reason is a word; a time with no end (a key out until its secret
+    /// changes, a figure with no known reset) is `null`.
     pub fn pool_health(&self) -> Value {
         let health = self.engine.health();
         let update = self.engine.current_without_keys();
@@ -273,13 +279,13 @@ impl AdminApi {
                 .iter()
                 .find(|h| h.provider == provider && h.key == alias)
                 .map_or_else(
-                    || json!({ "state": "ok" }),
+                    || json!({ "state": "ok", "untilMs": null, "code": null }),
                     |h| {
                         let code = durable
                             .blacklists
                             .get(&(provider.to_owned(), alias.to_owned()))
                             .and_then(|b| b.code.clone());
-                        json!({ "state": h.reason, "untilMs": h.until_ms, "code": code })
+                        json!({ "state": h.reason().text(), "untilMs": h.until(), "code": code })
                     },
                 )
         };
@@ -305,11 +311,11 @@ impl AdminApi {
             .iter()
             .map(|b| {
                 json!({
-                    "scope": b.scope,
+                    "scope": b.scope().text(),
                     "provider": b.provider,
                     "key": b.key,
-                    "state": b.state,
-                    "openUntilMs": b.open_until_ms,
+                    "state": b.state().text(),
+                    "openUntilMs": (b.open_until_ms > 0).then_some(b.open_until_ms),
                 })
             })
             .collect();
@@ -323,7 +329,13 @@ impl AdminApi {
         let provider_health: Vec<Value> = snapshot
             .provider_health
             .iter()
-            .map(|h| json!({ "provider": h.provider, "reason": h.reason, "untilMs": h.until_ms }))
+            .map(|h| {
+                json!({
+                    "provider": h.provider,
+                    "reason": h.reason().text(),
+                    "untilMs": (h.until_ms > 0).then_some(h.until_ms),
+                })
+            })
             .collect();
         json!({
             "status": health.status,
@@ -336,14 +348,52 @@ impl AdminApi {
                 "provider": h.provider, "key": h.key, "model": h.model,
                 "remainingRequests": (h.remaining_requests >= 0).then_some(h.remaining_requests),
                 "remainingTokens": (h.remaining_tokens >= 0).then_some(h.remaining_tokens),
-                "resetAtMs": h.reset_at_ms,
+                "resetAtMs": (h.reset_at_ms > 0).then_some(h.reset_at_ms),
             })).collect::<Vec<_>>(),
+            "budgets": self.budgets_health(),
             "lanes": self.engine.stats().lanes.iter().map(|l| json!({
                 "provider": l.provider, "key": l.key, "model": l.model,
                 "latencyEwmaMs": l.latency_ewma_ms.round(),
             })).collect::<Vec<_>>(),
             "virtualKeys": self.engine.tables().virtual_keys.len(),
         })
+    }
+
+    /// Every budget policy with what each subject spent in its current window: `{ name,
+    /// scope, window, enforcement, warnAt, limits: { maxTokens, maxCost }, spent: [{ subject,
+    /// tokens, cost, level, untilMs }] }` (`subject` null for the pool; a `request` budget caps
+    /// each call and spends nothing).
+    fn budgets_health(&self) -> Vec<Value> {
+        let windows = self.engine.budget_windows();
+        self.engine
+            .config()
+            .budgets
+            .iter()
+            .map(|b| {
+                let spent: Vec<Value> = windows
+                    .iter()
+                    .filter(|(name, _, _)| *name == b.name)
+                    .map(|(_, subject, used)| {
+                        json!({
+                            "subject": (!subject.is_empty()).then_some(subject),
+                            "tokens": used.tokens,
+                            "cost": used.cost,
+                            "level": used.level.text(),
+                            "untilMs": used.until_ms,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": b.name,
+                    "scope": pb::BudgetScope::from(b.scope).text(),
+                    "window": pb::BudgetWindow::from(b.window).text(),
+                    "enforcement": crate::config::budgets::Enforcement::of(b.hard).text(),
+                    "warnAt": b.warn_at,
+                    "limits": { "maxTokens": b.max_tokens, "maxCost": b.max_cost },
+                    "spent": spent,
+                })
+            })
+            .collect()
     }
 
     /// The pool as callers see it: profiles (their model, fallbacks and candidates after the
@@ -1117,12 +1167,18 @@ pub(crate) mod tests {
 
     /// An admin API over a one-provider pool, a memory key store and a mounted key `app`.
     pub(crate) fn api(token: Option<&str>) -> Result<Arc<AdminApi>, String> {
-        let env = Arc::new(MapEnv::new([("K", "sk-upstream")]));
-        let config = parse(
+        api_on(
             "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }], models: [{ id: m, aliases: [fast] }] }\nprofiles:\n  work: { model: m }\n",
+            token,
         )
-        .and_then(|f| f.resolve(env.as_ref(), std::path::Path::new(".")))
-        .map_err(|e| e.to_string())?;
+    }
+
+    /// [`api`] over the pool `yaml` (its keys read `K` and `K2`).
+    pub(crate) fn api_on(yaml: &str, token: Option<&str>) -> Result<Arc<AdminApi>, String> {
+        let env = Arc::new(MapEnv::new([("K", "sk-upstream"), ("K2", "sk-upstream-2")]));
+        let config = parse(yaml)
+            .and_then(|f| f.resolve(env.as_ref(), std::path::Path::new(".")))
+            .map_err(|e| e.to_string())?;
         let names = config.names.clone();
         let mounted = VirtualKeyRecord {
             id: crate::keys::mounted::mounted_id("app"),
@@ -1456,6 +1512,134 @@ pub(crate) mod tests {
         }
         let (status, _) = send(&api, "GET", "/admin/keys/key_nope/usage", t, None).await?;
         assert_eq!(status, StatusCode::NOT_FOUND);
+        Ok(())
+    }
+
+    /// Every field that names a state, scope, reason, level, window or enforcement in `value`
+    /// is a word, never a protobuf enum number.
+    fn assert_words(value: &Value, path: &str) {
+        match value {
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let named = [
+                        "state",
+                        "scope",
+                        "reason",
+                        "level",
+                        "window",
+                        "enforcement",
+                        "kind",
+                    ];
+                    if named.contains(&k.as_str()) {
+                        assert!(v.is_string() || v.is_null(), "{path}.{k} = {v}");
+                    }
+                    assert_words(v, &format!("{path}.{k}"));
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    assert_words(v, &format!("{path}[{i}]"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[tokio::test]
+    async fn health_speaks_words_says_null_for_no_end_and_shows_budgets(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let api = api_on(
+            "providers:\n  - { id: p, baseUrl: 'http://h/v1', keys: [{ alias: a, env: K }, { alias: b, env: K2 }], models: [{ id: m, cost: { input: 1, output: 1 } }] }\n\
+             resilience: { keyBreaker: { failureThreshold: 1, cooldownMs: 60000, maxCooldownMs: 60000 } }\n\
+             budgets:\n  - { name: daily, scope: pool, window: day, limits: { maxTokens: 100 }, enforcement: hard, warnAt: 0.5 }\n",
+            Some(TOKEN),
+        )?;
+        let lane = |key: &str, ok: bool, class: pb::ErrorClass| pb::AttemptOutcome {
+            provider: "p".into(),
+            key: key.into(),
+            model: "m".into(),
+            outcome: if ok {
+                pb::AttemptResult::Success
+            } else {
+                pb::AttemptResult::Error
+            }
+            .into(),
+            error_class: class.into(),
+            usage: ok.then_some(pb::Usage {
+                prompt_tokens: 40,
+                completion_tokens: 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        api.engine.apply_report(&pb::ReportBatch {
+            attempts: vec![
+                lane("a", true, pb::ErrorClass::Unspecified),
+                lane("a", false, pb::ErrorClass::Transient),
+                lane("b", false, pb::ErrorClass::Auth),
+            ],
+            ..Default::default()
+        });
+        let (status, health) = send(&api, "GET", "/admin/health", Some(TOKEN), None).await?;
+        assert_eq!(status, StatusCode::OK, "{health}");
+        assert_words(&health, "health");
+        let breaker = &health["breakers"][0];
+        assert_eq!(
+            (&breaker["scope"], &breaker["state"], &breaker["key"]),
+            (&json!("key"), &json!("open"), &json!("a")),
+            "{health}"
+        );
+        assert!(breaker["openUntilMs"].as_i64() > Some(0), "{health}");
+        let keys = &health["providers"][0]["keys"];
+        assert_eq!(keys[0]["state"], "ok", "{health}");
+        // Out until its secret changes: no end, null (as the gateway's /health says).
+        assert_eq!(
+            (&keys[1]["alias"], &keys[1]["state"], &keys[1]["untilMs"]),
+            (&json!("b"), &json!("auth"), &Value::Null),
+            "{health}"
+        );
+        let budget = &health["budgets"][0];
+        assert_eq!(
+            (
+                &budget["name"],
+                &budget["scope"],
+                &budget["window"],
+                &budget["enforcement"]
+            ),
+            (
+                &json!("daily"),
+                &json!("pool"),
+                &json!("day"),
+                &json!("hard")
+            ),
+            "{health}"
+        );
+        assert_eq!(budget["limits"]["maxTokens"], 100, "{health}");
+        assert_eq!(budget["limits"]["maxCost"], Value::Null, "{health}");
+        let spent = &budget["spent"][0];
+        assert_eq!(
+            (&spent["subject"], &spent["tokens"], &spent["level"]),
+            (&Value::Null, &json!(60), &json!("warn")),
+            "{health}"
+        );
+        assert!(spent["untilMs"].as_i64() > Some(0), "{health}");
+        // The same pool with the token on /health, and the ledger: words and null too.
+        let (_, full) = send(&api, "GET", "/health", Some(TOKEN), None).await?;
+        assert_eq!(full["providers"], health["providers"]);
+        let (status, ledger) = send(&api, "GET", "/admin/ledger", Some(TOKEN), None).await?;
+        assert_eq!(status, StatusCode::OK, "{ledger}");
+        assert_words(&ledger, "ledger");
+        let b = &ledger["providers"][0]["scopes"][1]["keys"][0];
+        assert_eq!(
+            (&b["state"], &b["untilMs"]),
+            (&json!("auth"), &Value::Null),
+            "{ledger}"
+        );
+        for page in ["/admin/stats", "/admin/catalog", "/admin/keys"] {
+            let (status, body) = send(&api, "GET", page, Some(TOKEN), None).await?;
+            assert_eq!(status, StatusCode::OK, "{page}: {body}");
+            assert_words(&body, page);
+        }
         Ok(())
     }
 

@@ -34,6 +34,25 @@ pub enum Enforcement {
     Soft,
 }
 
+impl Enforcement {
+    /// A policy's enforcement from [`BudgetPolicy::hard`].
+    pub fn of(hard: bool) -> Self {
+        if hard {
+            Self::Hard
+        } else {
+            Self::Soft
+        }
+    }
+
+    /// "hard" or "soft", as the configuration spells it.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Hard => "hard",
+            Self::Soft => "soft",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BudgetLimitsConfig {

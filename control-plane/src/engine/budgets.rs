@@ -31,6 +31,15 @@ pub enum Level {
 }
 
 impl Level {
+    /// "under", "warn" or "over" (`GET /admin/health`).
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Under => "under",
+            Self::Warn => "warn",
+            Self::Over => "over",
+        }
+    }
+
     fn to_proto(self) -> pb::BudgetLevel {
         match self {
             Self::Under => pb::BudgetLevel::Unspecified,
@@ -92,7 +101,7 @@ pub fn event(c: &Crossing, at_ms: i64) -> Event {
         window: pb::BudgetWindow::from(c.window).text(),
         subject: c.subject.clone(),
         level: c.level.to_proto().text(),
-        enforcement: if c.hard { "hard" } else { "soft" },
+        enforcement: crate::config::budgets::Enforcement::of(c.hard).text(),
         tokens: c.used.tokens,
         cost: c.used.cost,
         max_tokens: c.max_tokens,
@@ -226,6 +235,14 @@ impl BudgetLedger {
             policies: policies.iter().map(BudgetPolicy::to_proto).collect(),
             states,
         })
+    }
+
+    /// Every (budget, subject) use in a window that has not ended by `now`.
+    pub fn windows(&self, now: i64) -> impl Iterator<Item = (&str, &str, &WindowUse)> {
+        self.windows
+            .iter()
+            .filter(move |(_, w)| w.until_ms > now)
+            .map(|((name, subject), w)| (name.as_str(), subject.as_str(), w))
     }
 
     /// The use of `budget` by `subject` in its current window, if any.

@@ -60,7 +60,8 @@ pub enum Event {
         attempts: u32,
         latency_ms: u64,
         status: u32,
-        /// The answering lane, on success.
+        /// The answering lane on success, else the last attempt's; absent when no attempt was
+        /// sent (refused, answered from the cache with no provider named).
         #[serde(skip_serializing_if = "Option::is_none")]
         provider: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]

@@ -23,12 +23,23 @@ impl Engine {
             BreakerScope::Provider => (id.0, id.1.clone(), String::new()),
             BreakerScope::Key => id.clone(),
         };
-        let open_until = lock(&self.state)
-            .durable
-            .breakers
-            .get(&id)
-            .filter(|b| b.phase == BreakerPhase::Open && b.open_until_ms > now)
-            .map(|b| b.open_until_ms);
+        let mut state = lock(&self.state);
+        let (open_until, turned) = match state.durable.breakers.get_mut(&id) {
+            Some(b) if b.phase == BreakerPhase::Open && b.open_until_ms > now => {
+                (Some(b.open_until_ms), None)
+            }
+            // Past its cooldown: half-open now, before the probe this lease lets through can
+            // answer (the expiry tick may not have run yet), so its event comes first.
+            Some(b) => (None, b.tick(now)),
+            None => (None, None),
+        };
+        if let Some((from, to)) = turned {
+            // Emitted under the state lock, as every breaker event is: a report's transition
+            // of the same breaker cannot overtake it.
+            self.emit(&[breaker_event(&id, from, to)]);
+            self.publish(&mut state, now);
+        }
+        drop(state);
         if let Some(until) = open_until {
             return Ok(pb::LeaseReply {
                 granted: false,

@@ -100,7 +100,7 @@ impl Engine {
                         &mut state.durable,
                         &attempt.provider,
                         &attempt.key,
-                        |_, b| b.on_success(),
+                        |_, b| b.on_success(now),
                         &mut events,
                         &mut releases,
                     );
@@ -240,7 +240,7 @@ pub(super) fn update_breakers(
     durable: &mut DurableState,
     provider: &str,
     key: &str,
-    step: impl Fn(BreakerScope, &mut Breaker) -> Option<crate::store::breaker::Transition>,
+    step: impl Fn(BreakerScope, &mut Breaker) -> crate::store::breaker::Transitions,
     events: &mut Vec<EngineEvent>,
     releases: &mut Vec<(BreakerId, Option<String>)>,
 ) -> bool {
@@ -248,11 +248,15 @@ pub(super) fn update_breakers(
     for id in breaker_ids(provider, key) {
         let before = durable.breakers.get(&id).copied().unwrap_or_default();
         let mut breaker = before;
-        if let Some((from, to)) = step(id.0, &mut breaker) {
+        let steps = step(id.0, &mut breaker);
+        for &(from, to) in &steps {
             events.push(breaker_event(&id, from, to));
-            if from == BreakerPhase::HalfOpen || to == BreakerPhase::Closed {
-                releases.push((id.clone(), None));
-            }
+        }
+        if steps
+            .iter()
+            .any(|&(from, to)| from == BreakerPhase::HalfOpen || to == BreakerPhase::Closed)
+        {
+            releases.push((id.clone(), None));
         }
         if breaker == before {
             continue;
@@ -365,7 +369,6 @@ pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event
     for r in &batch.requests {
         let (outcome, class) = r.result_parts();
         let (outcome, class) = (outcome.to_owned(), class.map(str::to_owned));
-        let answered = outcome == "success";
         out.push(Event::Request {
             at_ms: r.at_ms,
             request_id: r.request_id.clone(),
@@ -374,8 +377,8 @@ pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event
             attempts: r.attempts,
             latency_ms: r.latency_ms,
             status: r.status,
-            provider: (answered && !r.provider.is_empty()).then(|| r.provider.clone()),
-            model: (answered && !r.model.is_empty()).then(|| r.model.clone()),
+            provider: (!r.provider.is_empty()).then(|| r.provider.clone()),
+            model: (!r.model.is_empty()).then(|| r.model.clone()),
             error_class: class,
         });
     }

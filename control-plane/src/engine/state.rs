@@ -298,6 +298,16 @@ impl Engine {
         lock(&self.state).durable.clone()
     }
 
+    /// Every budget's use by every subject in its current window: (budget, subject, use).
+    pub fn budget_windows(&self) -> Vec<(String, String, super::budgets::WindowUse)> {
+        let now = self.clock.now_ms();
+        lock(&self.state)
+            .budgets
+            .windows(now)
+            .map(|(name, subject, used)| (name.to_owned(), subject.to_owned(), *used))
+            .collect()
+    }
+
     /// `ok` while some provider has a key with a secret that is not blacklisted.
     pub fn health(&self) -> Health {
         let state = lock(&self.state);

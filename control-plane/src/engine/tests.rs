@@ -647,6 +647,132 @@ fn key_breaker_opens_half_opens_doubles_and_closes() -> Result<(), String> {
     Ok(())
 }
 
+fn key_breaker(from: BreakerPhase, to: BreakerPhase) -> EngineEvent {
+    EngineEvent::Breaker {
+        scope: BreakerScope::Key,
+        provider: "openai".into(),
+        key: "openai-1".into(),
+        from,
+        to,
+    }
+}
+
+/// Opens openai-1's breaker (2 failures; cooldown to 1_001_000) and returns the breaker
+/// events a subscriber sees from then on.
+fn open_key_breaker(e: &Engine) -> crate::engine::events::Subscription {
+    e.apply_report(&batch(vec![
+        attempt("openai", "openai-1", "transient"),
+        attempt("openai", "openai-1", "transient"),
+    ]));
+    e.events().watch(vec!["breaker"])
+}
+
+/// The key breaker events a subscriber got, as (from, to), until none comes for a moment.
+async fn breaker_steps(sub: &mut crate::engine::events::Subscription) -> Vec<(String, String)> {
+    let mut steps = Vec::new();
+    while let Some(crate::engine::events::Next::Event(e)) = next_event(sub).await {
+        if let crate::engine::events::Event::Breaker {
+            scope: "key",
+            from,
+            to,
+            ..
+        } = &*e
+        {
+            steps.push(((*from).to_owned(), (*to).to_owned()));
+        }
+    }
+    steps
+}
+
+fn steps(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(f, t)| ((*f).to_owned(), (*t).to_owned()))
+        .collect()
+}
+
+/// The probe answers before the expiry tick turned the breaker half-open (it runs once a
+/// second): the events still name every transition, in order.
+#[tokio::test]
+async fn a_probe_that_answers_before_the_expiry_tick_still_goes_through_half_open(
+) -> Result<(), String> {
+    let f = fixture(BREAKERS)?;
+    let e = &f.engine;
+    let mut sub = open_key_breaker(e);
+    f.clock.0.store(1_001_000, Ordering::SeqCst);
+    let mut probe = success("openai", "openai-1");
+    probe.probe = true;
+    let (_, events) = e.apply_report(&batch(vec![probe]));
+    assert_eq!(
+        events,
+        vec![
+            key_breaker(BreakerPhase::Open, BreakerPhase::HalfOpen),
+            key_breaker(BreakerPhase::HalfOpen, BreakerPhase::Closed),
+        ]
+    );
+    assert_eq!(
+        breaker_steps(&mut sub).await,
+        steps(&[("open", "half_open"), ("half_open", "closed")])
+    );
+    assert!(snapshot(e).breakers.is_empty());
+    Ok(())
+}
+
+/// The lease that lets the probe through turns the breaker half-open at once (event and
+/// push), so the probe's verdict always follows it; a failed probe reopens it.
+#[tokio::test]
+async fn the_probe_lease_turns_the_breaker_half_open_first() -> Result<(), String> {
+    let f = fixture(BREAKERS)?;
+    let e = &f.engine;
+    let mut sub = open_key_breaker(e);
+    let id: BreakerId = (BreakerScope::Key, "openai".into(), "openai-1".into());
+    f.clock.0.store(1_001_000, Ordering::SeqCst);
+    let version = e.version();
+    let reply = e
+        .lease(&id, "probe", 5_000)
+        .map_err(|err| err.to_string())?;
+    assert!(reply.granted);
+    assert!(e.version() > version, "the half-open breaker is pushed");
+    assert_eq!(
+        breaker_of(e, "key", "openai-1"),
+        Some(("half_open".into(), 1_001_000))
+    );
+    let mut probe = attempt("openai", "openai-1", "transient");
+    probe.probe = true;
+    probe.at_ms = 1_001_050;
+    probe.latency_ms = 10;
+    f.clock.0.store(1_001_050, Ordering::SeqCst);
+    e.apply_report(&batch(vec![probe]));
+    assert_eq!(
+        breaker_steps(&mut sub).await,
+        steps(&[("open", "half_open"), ("half_open", "open")])
+    );
+    // Nothing ticked it in between: a late expiry changes nothing more.
+    e.expire();
+    assert_eq!(
+        breaker_steps(&mut sub).await,
+        Vec::<(String, String)>::new()
+    );
+    Ok(())
+}
+
+/// A success of an attempt in flight when the breaker opened closes it through half-open:
+/// there is no open -> closed event.
+#[test]
+fn a_success_while_open_passes_through_half_open() -> Result<(), String> {
+    let f = fixture(BREAKERS)?;
+    let e = &f.engine;
+    open_key_breaker(e);
+    let (_, events) = e.apply_report(&batch(vec![success("openai", "openai-1")]));
+    assert_eq!(
+        events,
+        vec![
+            key_breaker(BreakerPhase::Open, BreakerPhase::HalfOpen),
+            key_breaker(BreakerPhase::HalfOpen, BreakerPhase::Closed),
+        ]
+    );
+    Ok(())
+}
+
 #[test]
 fn provider_breaker_is_fed_by_all_its_keys() -> Result<(), String> {
     let f = fixture(BREAKERS)?;

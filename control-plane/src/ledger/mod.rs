@@ -501,7 +501,7 @@ fn provider_view(
                 json!({
                     "alias": alias,
                     "state": h.map_or("ok", |h| h.reason().text()),
-                    "untilMs": h.map(|h| h.until_ms),
+                    "untilMs": h.and_then(|h| h.until()),
                     "discoveredModels": discovered,
                     "listedAtMs": listed_at,
                 })

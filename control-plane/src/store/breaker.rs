@@ -5,6 +5,12 @@
 //! `cooldownMs` or until a retry-after, whichever is later. Past that it is half-open: one probe
 //! goes through (the lease, see `Engine::lease`). A success closes it; a failure while
 //! half-open reopens it with the cooldown doubled, up to `maxCooldownMs`.
+//!
+//! Every step returns each transition it made, in order, so every one is an event: a breaker
+//! whose cooldown ended is half-open before anything else happens to it (`open` ->
+//! `half_open` -> `closed` when the probe's success arrives before the engine's expiry tick),
+//! and a success while still open (an attempt in flight when it opened) passes through
+//! half-open too: there is no `open` -> `closed`.
 
 use ai_router_proto::v1 as pb;
 
@@ -92,6 +98,10 @@ impl From<BreakerPhase> for pb::BreakerPhase {
 /// A change of phase, for the breaker event.
 pub type Transition = (BreakerPhase, BreakerPhase);
 
+/// The transitions of one step, in order (at most two: the turn to half-open, then the
+/// probe's verdict).
+pub type Transitions = Vec<Transition>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Breaker {
     pub phase: BreakerPhase,
@@ -142,19 +152,18 @@ impl Breaker {
         now: i64,
         retry_at: Option<i64>,
         started_ms: i64,
-    ) -> Option<Transition> {
-        self.tick(now);
+    ) -> Transitions {
+        let mut steps: Transitions = self.tick(now).into_iter().collect();
         match self.phase {
             BreakerPhase::Closed => {
                 self.failures = self.failures.saturating_add(1);
-                if self.failures < config.failure_threshold {
-                    return None;
+                if self.failures >= config.failure_threshold {
+                    self.failures = 0;
+                    self.cooldown_ms = config.cooldown_ms;
+                    self.open_until_ms = after(now, self.cooldown_ms).max(retry_at.unwrap_or(0));
+                    self.phase = BreakerPhase::Open;
+                    steps.push((BreakerPhase::Closed, BreakerPhase::Open));
                 }
-                self.failures = 0;
-                self.cooldown_ms = config.cooldown_ms;
-                self.open_until_ms = after(now, self.cooldown_ms).max(retry_at.unwrap_or(0));
-                self.phase = BreakerPhase::Open;
-                Some((BreakerPhase::Closed, BreakerPhase::Open))
             }
             BreakerPhase::Open => {
                 // An attempt that was already in flight when it opened: only a later
@@ -162,11 +171,10 @@ impl Breaker {
                 if let Some(at) = retry_at {
                     self.open_until_ms = self.open_until_ms.max(at);
                 }
-                None
             }
             BreakerPhase::HalfOpen => {
                 if started_ms > 0 && started_ms < self.open_until_ms {
-                    return None;
+                    return steps;
                 }
                 let base = if self.cooldown_ms == 0 {
                     config.cooldown_ms
@@ -176,16 +184,25 @@ impl Breaker {
                 self.cooldown_ms = base.saturating_mul(2).min(config.max_cooldown_ms);
                 self.open_until_ms = after(now, self.cooldown_ms).max(retry_at.unwrap_or(0));
                 self.phase = BreakerPhase::Open;
-                Some((BreakerPhase::HalfOpen, BreakerPhase::Open))
+                steps.push((BreakerPhase::HalfOpen, BreakerPhase::Open));
             }
         }
+        steps
     }
 
-    /// A success (the probe's or any other): closed with the count reset.
-    pub fn on_success(&mut self) -> Option<Transition> {
-        let from = self.phase;
+    /// A success at `now` (the probe's or any other): closed with the count reset. An open
+    /// breaker passes through half-open first (its cooldown ended, or the success of an attempt
+    /// in flight when it opened stands for the probe).
+    pub fn on_success(&mut self, now: i64) -> Transitions {
+        let mut steps: Transitions = self.tick(now).into_iter().collect();
+        if self.phase == BreakerPhase::Open {
+            steps.push((BreakerPhase::Open, BreakerPhase::HalfOpen));
+        }
+        if self.phase != BreakerPhase::Closed {
+            steps.push((BreakerPhase::HalfOpen, BreakerPhase::Closed));
+        }
         *self = Self::default();
-        (from != BreakerPhase::Closed).then_some((from, BreakerPhase::Closed))
+        steps
     }
 }
 
@@ -202,16 +219,16 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_only() {
         let mut b = Breaker::default();
-        assert_eq!(b.on_failure(&CONFIG, 0, None, 0), None);
-        assert_eq!(b.on_failure(&CONFIG, 0, None, 0), None);
+        assert_eq!(b.on_failure(&CONFIG, 0, None, 0), []);
+        assert_eq!(b.on_failure(&CONFIG, 0, None, 0), []);
         // A success resets the count.
-        assert_eq!(b.on_success(), None);
+        assert_eq!(b.on_success(0), []);
         assert!(b.is_idle());
-        assert_eq!(b.on_failure(&CONFIG, 10, None, 0), None);
-        assert_eq!(b.on_failure(&CONFIG, 10, None, 0), None);
+        assert_eq!(b.on_failure(&CONFIG, 10, None, 0), []);
+        assert_eq!(b.on_failure(&CONFIG, 10, None, 0), []);
         assert_eq!(
             b.on_failure(&CONFIG, 10, None, 0),
-            Some((BreakerPhase::Closed, BreakerPhase::Open))
+            [(BreakerPhase::Closed, BreakerPhase::Open)]
         );
         assert_eq!(b.open_until_ms, 1_010);
         assert_eq!(b.cooldown_ms, 1_000);
@@ -226,7 +243,7 @@ mod tests {
         assert_eq!(b.phase, BreakerPhase::Open);
         assert_eq!(b.open_until_ms, 5_000);
         // In-flight failures while open only extend by a retry-after.
-        assert_eq!(b.on_failure(&CONFIG, 100, None, 0), None);
+        assert_eq!(b.on_failure(&CONFIG, 100, None, 0), []);
         assert_eq!(b.open_until_ms, 5_000);
         b.on_failure(&CONFIG, 100, Some(6_000), 0);
         assert_eq!(b.open_until_ms, 6_000);
@@ -245,12 +262,12 @@ mod tests {
         );
         assert_eq!(b.open_until_ms, 1_000);
         // A failure that began before it turned half-open is not the probe.
-        assert_eq!(b.on_failure(&CONFIG, 1_500, None, 900), None);
+        assert_eq!(b.on_failure(&CONFIG, 1_500, None, 900), []);
         assert_eq!(b.phase, BreakerPhase::HalfOpen);
         // The probe fails: reopened for twice the cooldown.
         assert_eq!(
             b.on_failure(&CONFIG, 1_500, None, 1_200),
-            Some((BreakerPhase::HalfOpen, BreakerPhase::Open))
+            [(BreakerPhase::HalfOpen, BreakerPhase::Open)]
         );
         assert_eq!((b.cooldown_ms, b.open_until_ms), (2_000, 3_500));
         // Again: capped at the max.
@@ -260,16 +277,55 @@ mod tests {
         b.tick(6_500);
         b.on_failure(&CONFIG, 6_500, None, 0);
         assert_eq!((b.cooldown_ms, b.open_until_ms), (3_000, 9_500));
-        // A failure past the end turns it half-open first, so it reopens at once.
+        // A failure past the end turns it half-open first, so it reopens at once: both
+        // transitions, in order.
         assert_eq!(
             b.on_failure(&CONFIG, 9_600, None, 0),
-            Some((BreakerPhase::HalfOpen, BreakerPhase::Open))
+            [
+                (BreakerPhase::Open, BreakerPhase::HalfOpen),
+                (BreakerPhase::HalfOpen, BreakerPhase::Open)
+            ]
         );
-        // A success closes it and forgets the cooldown.
+        // A success closes it and forgets the cooldown, through half-open.
         assert_eq!(
-            b.on_success(),
-            Some((BreakerPhase::Open, BreakerPhase::Closed))
+            b.on_success(9_700),
+            [
+                (BreakerPhase::Open, BreakerPhase::HalfOpen),
+                (BreakerPhase::HalfOpen, BreakerPhase::Closed)
+            ]
         );
         assert_eq!(b, Breaker::default());
+    }
+
+    /// The probe answers before anything ticked the breaker past its cooldown (the expiry
+    /// runs once a second): the event stream still reads open, half_open, closed.
+    #[test]
+    fn a_fast_probe_is_seen_half_open_before_closed() {
+        let mut b = Breaker::default();
+        for _ in 0..3 {
+            b.on_failure(&CONFIG, 0, None, 0);
+        }
+        assert_eq!(b.phase, BreakerPhase::Open);
+        assert_eq!(
+            b.on_success(1_001),
+            [
+                (BreakerPhase::Open, BreakerPhase::HalfOpen),
+                (BreakerPhase::HalfOpen, BreakerPhase::Closed)
+            ]
+        );
+        // Already half-open (ticked): only the close.
+        for _ in 0..3 {
+            b.on_failure(&CONFIG, 2_000, None, 0);
+        }
+        assert_eq!(
+            b.tick(3_000),
+            Some((BreakerPhase::Open, BreakerPhase::HalfOpen))
+        );
+        assert_eq!(
+            b.on_success(3_001),
+            [(BreakerPhase::HalfOpen, BreakerPhase::Closed)]
+        );
+        // A closed breaker's success is no transition.
+        assert_eq!(b.on_success(3_002), []);
     }
 }

@@ -897,7 +897,12 @@ impl Attempt {
     /// The answer that carries a failed attempt's verdict: for a retryable failure the signal
     /// for the outer router (and the final error, should retries run out), else the
     /// provider's refusal for the client. Holds and reports the failure.
-    fn verdict(&mut self, host: &mut impl Host, failure: &Failure) -> Verdict {
+    fn verdict(
+        &mut self,
+        host: &mut impl Host,
+        failure: &Failure,
+        param: Option<String>,
+    ) -> Verdict {
         let now = host.now_ms();
         // The answer states the window the hold applies (a quota with no window named is out
         // for `quotaBlacklistMs`, not the default Retry-After).
@@ -928,7 +933,8 @@ impl Attempt {
         } else {
             let secret = self.lane.as_ref().map(|l| l.secret.as_str()).unwrap_or("");
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
-            (failure.status, err.body())
+            let param = param.map(|p| redact(&p, secret));
+            (failure.status, err.body_naming(param.as_deref()))
         };
         Verdict {
             status,
@@ -967,7 +973,11 @@ impl Attempt {
 
     /// Turns the held response into the signal for the outer router, or the client's answer.
     fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
-        let verdict = self.verdict(host, &failure);
+        // The field the provider refused, for a refusal the client gets.
+        let param = (!self.headers_only && !failure.class.retryable())
+            .then(|| crate::errors::provider_param(&host.body(Side::Response, 0, body_size)))
+            .flatten();
+        let verdict = self.verdict(host, &failure, param);
         self.mode = Mode::Drained;
         if self.headers_only {
             // The provider's answer has no body to replace (the host refuses to write one):
@@ -988,7 +998,7 @@ impl Attempt {
     /// still sends (nothing of it has reached the client: its headers are held until the first
     /// token).
     fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
-        let verdict = self.verdict(host, &failure);
+        let verdict = self.verdict(host, &failure, None);
         self.answered_locally = true;
         self.mode = Mode::Through;
         host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);

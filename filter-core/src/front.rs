@@ -305,12 +305,13 @@ impl Front {
                 }
             },
         };
-        let api_key = match self.protocol {
-            // Anthropic clients send the key as `x-api-key`.
-            Protocol::Messages if header.is_empty() => host
+        // Anthropic clients, and some OpenAI-compatible ones, send the key as `x-api-key`:
+        // taken on every route when there is no `Authorization`.
+        let api_key = match header.is_empty() {
+            true => host
                 .header_text(Side::Request, "x-api-key")
                 .unwrap_or_default(),
-            _ => String::new(),
+            false => String::new(),
         };
         let token = bearer_token(&header).unwrap_or(api_key.trim());
         if token.is_empty() {
@@ -1922,6 +1923,27 @@ mod tests {
         let (admitted, asks) = busy_calls(&mut leases, 30);
         // The limit, 20, as one Envoy alone counts it: 19 more.
         assert_eq!((admitted, asks.len()), (19, 0));
+    }
+
+    #[test]
+    fn chat_takes_the_key_as_x_api_key_too_and_a_missing_key_names_both_headers() {
+        let key = KEY.as_bytes().to_vec();
+        let mut host = client("POST", "/v1/chat/completions", &[("x-api-key", &key)]);
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+        assert!(host.answered.is_none(), "{:?}", host.answered);
+        assert!(host.header(Side::Request, "x-api-key").is_none());
+        for path in ["/v1/chat/completions", "/v1/messages"] {
+            let mut host = client("POST", path, &[]);
+            Front::default().on_request_headers(&mut host, false);
+            let answer = host.answered.as_ref().expect("a local answer");
+            assert_eq!(answer.status, 401);
+            let text = String::from_utf8_lossy(&answer.body).to_string();
+            assert!(
+                text.contains("x-api-key") && text.contains("Authorization: Bearer"),
+                "{path}: {text}"
+            );
+        }
     }
 
     #[test]

@@ -257,6 +257,10 @@ async fn a_providers_400_is_returned_once_and_not_retried() {
         "the provider's message is passed on: {r}"
     );
     assert_eq!(
+        r.json["error"]["param"], "messages",
+        "and the field it refused: {r}"
+    );
+    assert_eq!(
         r.header("x-ai-router-attempts").as_deref(),
         Some("1"),
         "{r}"

@@ -2,7 +2,7 @@
 # Runs the gateway locally in one command: installs what is missing (scripts/setup.sh), builds
 # the wasm filter and the release control plane, then execs `ai-router up` on the example pool
 # with the project's Envoy 1.40. `ai-router up` prints one JSON line on stdout,
-#   {"baseUrl":"http://127.0.0.1:8080/v1","apiKey":"sk-starci-..."}
+#   {"adminUrl":"http://127.0.0.1:8081","apiKey":"sk-starci-...","baseUrl":"http://127.0.0.1:8080/v1"}
 # and logs to stderr. With no provider key in the environment it serves the pool from the
 # built-in mock provider. Stop it with Ctrl-C.
 #

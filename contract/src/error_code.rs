@@ -229,7 +229,7 @@ impl ErrorCode {
             Self::NotFound => "Not found.",
             Self::MethodNotAllowed => "The method is not allowed on this route.",
             Self::MissingApiKey => {
-                "No API key provided. Send your virtual key as 'Authorization: Bearer sk-starci-...'."
+                "No API key provided. Send your virtual key as 'Authorization: Bearer sk-starci-...' or as 'x-api-key: sk-starci-...'."
             }
             Self::InvalidApiKey => "The API key is unknown, revoked or disabled.",
             Self::RequestsPerMinuteExceeded => {

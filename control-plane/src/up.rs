@@ -696,7 +696,7 @@ mod tests {
         let env = MapEnv::new([("OPENAI_API_KEY", "k")]);
         let config = parse(POOL)?.resolve(&env, Path::new("."))?;
         let o = render_options(&config, RenderOverrides::default());
-        assert_eq!((o.listen_host.as_str(), o.listen_port), ("0.0.0.0", 8080));
+        assert_eq!((o.listen_host.as_str(), o.listen_port), ("127.0.0.1", 8080));
         assert_eq!(
             (o.control_plane_host.as_str(), o.control_plane_port),
             ("control-plane", 8082)

@@ -253,6 +253,12 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
     }
 }
 
+/// With no attempt sent, none failed upstream: lanes out for their breakers (class transient)
+/// make the error table's "no lane can serve it", `pool_unavailable`, not `upstream_error`.
+fn unsent_as_unavailable(class: Option<Class>, sent: u32) -> Option<Class> {
+    class.filter(|c| sent > 0 || final_error(Some(*c), None, 0).code != ErrorCode::UpstreamError)
+}
+
 impl Attempt {
     fn cid(&self) -> &str {
         self.plan.as_ref().map(|p| p.cid.as_str()).unwrap_or("")
@@ -265,8 +271,14 @@ impl Attempt {
         class: Option<Class>,
         retry_at_ms: Option<i64>,
     ) -> Flow {
-        let err = final_error(class, retry_at_ms, host.now_ms());
-        let attempts = self.attempt.to_string();
+        // The attempts the call sent to a provider; this one, giving up, sent none.
+        let sent = host.call_attempts(self.cid()).unwrap_or(0);
+        let err = final_error(
+            unsent_as_unavailable(class, sent),
+            retry_at_ms,
+            host.now_ms(),
+        );
+        let attempts = sent.to_string();
         let final_status = err.status.to_string();
         let retry_after = err.retry_after_s.map(|s| s.to_string());
         let mut headers: Vec<(&str, &str)> = vec![
@@ -638,7 +650,13 @@ impl Attempt {
         }
         if !plan.rid.is_empty() {
             host.set_header(Side::Request, "x-request-id", Some(&plan.rid));
-            host.set_header(Side::Request, "idempotency-key", Some(&plan.rid));
+        }
+        if !plan.idempotency_key.is_empty() {
+            host.set_header(
+                Side::Request,
+                "idempotency-key",
+                Some(&plan.idempotency_key),
+            );
         }
         if plan.stream {
             host.set_header(Side::Request, "accept", Some("text/event-stream"));
@@ -706,7 +724,7 @@ impl Attempt {
         }
         let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
         err.param = e.param;
-        let attempts = self.attempt.to_string();
+        let attempts = host.call_attempts(self.cid()).unwrap_or(0).to_string();
         host.send_response(
             400,
             &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
@@ -716,9 +734,10 @@ impl Attempt {
     }
 
     /// Effects of a failure on this process's view at once (the control plane's push follows),
-    /// by the one hold rule ([`Failure::hold`]).
-    fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) {
-        let Some(lane) = &self.lane else { return };
+    /// by the one hold rule ([`Failure::hold`]). Returns when the held lane or key returns
+    /// (`None`: nothing held, or until its secret changes), the window the answer states.
+    fn hold(&self, host: &mut impl Host, failure: &Failure, now: i64) -> Option<i64> {
+        let lane = self.lane.as_ref()?;
         let windows = State::hold_windows(host.state().as_deref());
         match windows.held_until(
             failure.class,
@@ -726,15 +745,21 @@ impl Attempt {
             failure.provider_code.as_deref(),
             now,
         ) {
-            Some((Hold::Lane, until)) => host.hold_cooldown(&lane.id, until),
-            Some((Hold::Key, until)) => host.hold_blacklist(
-                &lane.id.provider,
-                &lane.id.key,
-                failure.class,
-                until,
-                lane.fingerprint,
-            ),
-            Some((Hold::Nothing, _)) | None => {}
+            Some((Hold::Lane, until)) => {
+                host.hold_cooldown(&lane.id, until);
+                Some(until)
+            }
+            Some((Hold::Key, until)) => {
+                host.hold_blacklist(
+                    &lane.id.provider,
+                    &lane.id.key,
+                    failure.class,
+                    until,
+                    lane.fingerprint,
+                );
+                (until > 0).then_some(until)
+            }
+            Some((Hold::Nothing, _)) | None => None,
         }
     }
 
@@ -861,17 +886,33 @@ impl Attempt {
     /// The answer that carries a failed attempt's verdict: for a retryable failure the signal
     /// for the outer router (and the final error, should retries run out), else the
     /// provider's refusal for the client. Holds and reports the failure.
-    fn verdict(&mut self, host: &mut impl Host, failure: &Failure) -> Verdict {
+    fn verdict(
+        &mut self,
+        host: &mut impl Host,
+        failure: &Failure,
+        param: Option<String>,
+    ) -> Verdict {
         let now = host.now_ms();
-        self.hold(host, failure, now);
+        // The answer states the window the hold applies (a quota with no window named is out
+        // for `quotaBlacklistMs`, not the default Retry-After).
+        let held_until = self.hold(host, failure, now);
         self.report(host, Some(failure), failure.status);
+        let window = failure.retry_at_ms.or(held_until);
+        if failure.retry_at_ms.is_none() && window.is_some() {
+            // A later attempt that finds no lane answers with this failure's window too.
+            host.with_call(self.cid(), |c| {
+                if let Some((_, retry_at @ None)) = &mut c.last_failure {
+                    *retry_at = window;
+                }
+            });
+        }
         let mut headers: Vec<(&'static str, String)> = vec![
             (H_ATTEMPT, self.attempt.to_string()),
             ("content-type", "application/json".into()),
         ];
         let larger = failure.class == Class::ContextLength && self.larger_lane_remains(host);
         let (status, body) = if failure.class.retryable() || larger {
-            let err = final_error(Some(failure.class), failure.retry_at_ms, now);
+            let err = final_error(Some(failure.class), window, now);
             headers.push((H_RETRY, "1".into()));
             headers.push((H_FINAL_STATUS, err.status.to_string()));
             if let Some(s) = err.retry_after_s {
@@ -881,7 +922,8 @@ impl Attempt {
         } else {
             let secret = self.lane.as_ref().map(|l| l.secret.as_str()).unwrap_or("");
             let err = upstream_invalid_request(failure.status, &redact(&failure.message, secret));
-            (failure.status, err.body())
+            let param = param.map(|p| redact(&p, secret));
+            (failure.status, err.body_naming(param.as_deref()))
         };
         Verdict {
             status,
@@ -921,7 +963,11 @@ impl Attempt {
     /// Turns the held response into the signal for the outer router, or the client's answer.
     fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
         let failure = failure.unless_echoed(&self.body);
-        let verdict = self.verdict(host, &failure);
+        // The field the provider refused, for a refusal the client gets.
+        let param = (!self.headers_only && !failure.class.retryable())
+            .then(|| crate::errors::provider_param(&host.body(Side::Response, 0, body_size)))
+            .flatten();
+        let verdict = self.verdict(host, &failure, param);
         self.mode = Mode::Drained;
         if self.headers_only {
             // The provider's answer has no body to replace (the host refuses to write one):
@@ -942,7 +988,7 @@ impl Attempt {
     /// still sends (nothing of it has reached the client: its headers are held until the first
     /// token).
     fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
-        let verdict = self.verdict(host, &failure);
+        let verdict = self.verdict(host, &failure, None);
         self.answered_locally = true;
         self.mode = Mode::Through;
         host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
@@ -1540,6 +1586,7 @@ mod tests {
         Plan {
             cid: "call-1".into(),
             rid: "rid-1".into(),
+            idempotency_key: "idem-1".into(),
             vk: "key_app".into(),
             op: Operation::Chat,
             stream,
@@ -2348,6 +2395,71 @@ mod tests {
         assert_eq!(answer.header(H_FINAL_STATUS), Some("503"));
         assert_eq!(answer.json()["error"]["code"], "pool_rate_limited");
         assert!(answer.header(H_RETRY_AFTER).is_some());
+        assert_eq!(answer.header(H_ATTEMPT), Some("0"), "nothing was sent");
+    }
+
+    #[test]
+    fn open_breakers_with_nothing_sent_are_pool_unavailable_after_zero_attempts() {
+        let mut plan = plan(false);
+        plan.tiers.truncate(1);
+        let mut snap = snapshot();
+        snap.breakers.push(BreakerState {
+            scope: ai_router_proto::v1::BreakerScope::Provider.into(),
+            provider: "p1".into(),
+            key: String::new(),
+            state: ai_router_proto::v1::BreakerPhase::Open.into(),
+            open_until_ms: NOW + 3_600_000,
+        });
+        // The second attempt of a call whose first was sent and failed: that one did fail
+        // upstream.
+        for (sent, code, attempts) in [(0, "pool_unavailable", "0"), (1, "upstream_error", "1")] {
+            let mut host = host_with(snap.clone(), &plan, sent + 1);
+            if sent > 0 {
+                host.calls.insert(
+                    plan.cid.clone(),
+                    crate::calls::Call {
+                        attempts: sent,
+                        last_failure: Some((Class::Transient, None)),
+                        ..Default::default()
+                    },
+                );
+            }
+            let mut stage = Attempt::default();
+            assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+            let answer = host.answered.clone().expect("a local answer");
+            assert_eq!(answer.json()["error"]["code"], code, "{sent} sent");
+            assert_eq!(answer.header(H_ATTEMPT), Some(attempts));
+            if sent == 0 {
+                assert_eq!(answer.header(H_FINAL_STATUS), Some("503"));
+                // Until the breaker lets a probe through.
+                assert_eq!(answer.header(H_RETRY_AFTER), Some("3600"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_failure_states_the_window_its_hold_applies() {
+        const SPENT: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        let json = [("content-type", "application/json")];
+        // A quota with no window named: out for quotaBlacklistMs (6 h), and the answer says so.
+        // A 429 with no retry-after: cooled for rateLimitCooldownMs (10 s).
+        for (status, body, seconds) in [(429, SPENT, "21600"), (429, "{}", "10")] {
+            let plan = plan(false);
+            let mut host = host_with(snapshot(), &plan, 1);
+            let mut stage = Attempt::default();
+            send(&mut stage, &mut host);
+            answer(&mut stage, &mut host, status, &json, body);
+            assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+            assert_eq!(
+                host.text(Side::Response, H_RETRY_AFTER).as_deref(),
+                Some(seconds),
+                "{body}"
+            );
+            // A later attempt that finds no lane left states the same window.
+            let last = host.calls.get("call-1").and_then(|c| c.last_failure);
+            let at = NOW + 5 + seconds.parse::<i64>().unwrap_or_default() * 1000;
+            assert_eq!(last.and_then(|(_, r)| r), Some(at), "{body}");
+        }
     }
 
     #[test]

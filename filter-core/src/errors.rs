@@ -80,17 +80,31 @@ impl GatewayError {
 
     /// `{"error":{"message","type","param","code"}}`
     pub fn body(&self) -> Vec<u8> {
+        self.body_naming(self.param)
+    }
+
+    /// [`GatewayError::body`] naming `param` as the field at fault (a provider's own, passed on
+    /// with its refusal).
+    pub fn body_naming(&self, param: Option<&str>) -> Vec<u8> {
         json!({
             "error": {
                 "message": self.message,
                 "type": self.error_type(),
-                "param": self.param,
+                "param": param,
                 "code": self.code.as_str(),
             }
         })
         .to_string()
         .into_bytes()
     }
+}
+
+/// The `param` of a provider's OpenAI-shaped error body (`{"error":{"param":"messages"}}`):
+/// the field it refused, which the client's answer keeps.
+pub fn provider_param(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let param = value.get("error")?.get("param")?.as_str()?;
+    (!param.is_empty()).then(|| param.to_owned())
 }
 
 /// An error object for a provider's refusal that is passed to the client (not retried): the
@@ -119,6 +133,24 @@ mod tests {
         assert_eq!(v["error"]["type"], "authentication_error");
         assert!(v["error"]["param"].is_null());
         assert!(v["error"]["message"].as_str().unwrap().contains("revoked"));
+    }
+
+    #[test]
+    fn a_providers_param_is_read_from_its_error_body_and_passed_on() {
+        let body = br#"{"error":{"message":"bad","type":"invalid_request_error","param":"messages[0].role","code":null}}"#;
+        let param = provider_param(body);
+        assert_eq!(param.as_deref(), Some("messages[0].role"));
+        let answer = upstream_invalid_request(400, "bad").body_naming(param.as_deref());
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(v["error"]["param"], "messages[0].role");
+        assert_eq!(v["error"]["code"], "upstream_invalid_request");
+        for none in [
+            &br#"{"error":{"message":"bad","param":null}}"#[..],
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"bad"}}"#,
+            b"data: {}",
+        ] {
+            assert_eq!(provider_param(none), None);
+        }
     }
 
     #[test]

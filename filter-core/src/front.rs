@@ -43,6 +43,8 @@ pub struct Front {
     redress: bool,
     cid: Option<String>,
     rid: String,
+    /// The client's own `Idempotency-Key`, when it sent one.
+    idempotency_key: Option<String>,
     vk_id: String,
     started_ms: i64,
     /// The body's `model` (for the call's trace).
@@ -303,12 +305,13 @@ impl Front {
                 }
             },
         };
-        let api_key = match self.protocol {
-            // Anthropic clients send the key as `x-api-key`.
-            Protocol::Messages if header.is_empty() => host
+        // Anthropic clients, and some OpenAI-compatible ones, send the key as `x-api-key`:
+        // taken on every route when there is no `Authorization`.
+        let api_key = match header.is_empty() {
+            true => host
                 .header_text(Side::Request, "x-api-key")
                 .unwrap_or_default(),
-            _ => String::new(),
+            false => String::new(),
         };
         let token = bearer_token(&header).unwrap_or(api_key.trim());
         if token.is_empty() {
@@ -527,6 +530,14 @@ impl Front {
         let plan = Plan {
             cid: cid.clone(),
             rid: self.rid.clone(),
+            idempotency_key: headers::upstream_idempotency_key(
+                &key.id,
+                self.idempotency_key
+                    .as_deref()
+                    .filter(|v| !v.trim().is_empty())
+                    .unwrap_or(&self.rid),
+            )
+            .unwrap_or_default(),
             vk: key.id.clone(),
             op,
             stream: resolved.stream,
@@ -646,6 +657,7 @@ impl Front {
         self.rid = host
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
+        self.idempotency_key = host.header_text(Side::Request, "idempotency-key");
         self.session_header = host.header_text(Side::Request, ai_router_contract::headers::SESSION);
         // The metadata the rules read is the one thing of the prefix a client may send.
         self.metadata = Metadata::from_headers(host);
@@ -956,6 +968,8 @@ impl Front {
                 // No body to replace; the status and headers still tell the story.
             } else {
                 self.replace_body = Some(err.body());
+                // A final error like any other: with the call's trail.
+                self.add_trail = self.cid.is_some();
             }
         }
         let lane_trail = host
@@ -1337,6 +1351,35 @@ mod tests {
         front.on_response_headers(&mut host, false);
         assert_eq!(host.text(Side::Response, H_COST).as_deref(), Some("0"));
         assert!(host.header(Side::Response, H_ROUTE).is_none());
+    }
+
+    #[test]
+    fn the_plan_carries_a_per_tenant_digest_of_the_clients_idempotency_key() {
+        let plan_for = |extra: &[(&str, &[u8])]| {
+            let auth = bearer(KEY);
+            let mut headers: Vec<(&str, &[u8])> = vec![("authorization", &auth)];
+            headers.extend_from_slice(extra);
+            let mut host = client("POST", "/v1/chat/completions", &headers);
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
+            send_body(&mut front, &mut host, body);
+            host.text(Side::Request, PLAN_HEADER)
+                .and_then(|p| Plan::decode(&p))
+                .expect("a plan")
+        };
+        // The client's own key, not the request id, and never as the client wrote it.
+        let plan = plan_for(&[("idempotency-key", b"order-42")]);
+        assert_eq!(
+            Some(plan.idempotency_key),
+            headers::upstream_idempotency_key("key_app", "order-42")
+        );
+        // Without one, the request id stands in, again digested.
+        let plan = plan_for(&[]);
+        assert_eq!(
+            Some(plan.idempotency_key),
+            headers::upstream_idempotency_key("key_app", "rid-1")
+        );
     }
 
     #[test]
@@ -1884,6 +1927,27 @@ mod tests {
         let (admitted, asks) = busy_calls(&mut leases, 30);
         // The limit, 20, as one Envoy alone counts it: 19 more.
         assert_eq!((admitted, asks.len()), (19, 0));
+    }
+
+    #[test]
+    fn chat_takes_the_key_as_x_api_key_too_and_a_missing_key_names_both_headers() {
+        let key = KEY.as_bytes().to_vec();
+        let mut host = client("POST", "/v1/chat/completions", &[("x-api-key", &key)]);
+        let mut front = Front::default();
+        assert_eq!(front.on_request_headers(&mut host, false), Flow::Pause);
+        assert!(host.answered.is_none(), "{:?}", host.answered);
+        assert!(host.header(Side::Request, "x-api-key").is_none());
+        for path in ["/v1/chat/completions", "/v1/messages"] {
+            let mut host = client("POST", path, &[]);
+            Front::default().on_request_headers(&mut host, false);
+            let answer = host.answered.as_ref().expect("a local answer");
+            assert_eq!(answer.status, 401);
+            let text = String::from_utf8_lossy(&answer.body).to_string();
+            assert!(
+                text.contains("x-api-key") && text.contains("Authorization: Bearer"),
+                "{path}: {text}"
+            );
+        }
     }
 
     #[test]

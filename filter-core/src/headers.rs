@@ -8,8 +8,8 @@ pub const INTERNAL_PREFIX: &str = ai_router_contract::headers::PREFIX;
 
 /// Headers a client sends that reach the provider unchanged. Everything else is dropped:
 /// the gateway sets the provider's credentials, `:authority`, `:path`, `content-length`,
-/// `accept` on streams, `x-request-id` and `idempotency-key` itself, and the provider's
-/// configured `headers` are added after. `accept-encoding` is not forwarded so that answers
+/// `accept` on streams, `x-request-id` and `idempotency-key` itself (the latter derived by
+/// [`upstream_idempotency_key`]), and the provider's configured `headers` are added after. `accept-encoding` is not forwarded so that answers
 /// come back as plain bytes the attempt stage can read.
 pub const FORWARDED_TO_PROVIDER: &[&str] = &[
     "content-type",
@@ -53,6 +53,25 @@ pub fn is_rate_limit(name: &str) -> bool {
         || name == "retry-after-ms"
 }
 
+/// The `idempotency-key` a provider receives for a call: a digest of the virtual key's id and
+/// the client's value (its `Idempotency-Key`, else its `x-request-id`). Every tenant shares
+/// the pool's provider keys, so a value a client chooses never reaches a provider as is: two
+/// tenants sending the same value get different keys upstream (neither can replay the other's
+/// answer), while every attempt of a call, and a client's retry with the same value, get the
+/// same one. `None` when the client's value is empty.
+pub fn upstream_idempotency_key(virtual_key_id: &str, client_value: &str) -> Option<String> {
+    let value = client_value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    // Length-prefixed, so no (id, value) pair spells another's input.
+    let input = format!(
+        "ai-router idempotency v1\n{}:{virtual_key_id}\n{value}",
+        virtual_key_id.len()
+    );
+    Some(crate::util::sha256_hex(input.as_bytes()))
+}
+
 /// Whether a header is one the stages use between themselves, or one that steers Envoy.
 pub fn is_internal(name: &str) -> bool {
     name.starts_with(INTERNAL_PREFIX) || name.starts_with("x-envoy-")
@@ -61,6 +80,30 @@ pub fn is_internal(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_upstream_idempotency_key_is_per_tenant_and_stable() {
+        let a = upstream_idempotency_key("vk-a", "order-42").unwrap();
+        assert_eq!(
+            upstream_idempotency_key("vk-a", "order-42").as_deref(),
+            Some(a.as_str())
+        );
+        assert_ne!(
+            upstream_idempotency_key("vk-b", "order-42").as_deref(),
+            Some(a.as_str())
+        );
+        assert_ne!(
+            upstream_idempotency_key("vk-a", "order-43").as_deref(),
+            Some(a.as_str())
+        );
+        assert!(!a.contains("order-42"));
+        // The split between id and value is part of the input.
+        assert_ne!(
+            upstream_idempotency_key("vk-a\n1", "x"),
+            upstream_idempotency_key("vk-a", "1\nx")
+        );
+        assert_eq!(upstream_idempotency_key("vk-a", "  "), None);
+    }
 
     #[test]
     fn credentials_and_billing_selectors_never_reach_a_provider() {

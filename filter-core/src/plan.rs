@@ -85,6 +85,10 @@ pub struct Plan {
     pub cid: String,
     /// x-request-id.
     pub rid: String,
+    /// The `idempotency-key` every attempt sends (`headers::upstream_idempotency_key`); empty:
+    /// none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub idempotency_key: String,
     /// The virtual key's id.
     pub vk: String,
     pub op: Operation,

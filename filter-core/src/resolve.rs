@@ -121,9 +121,15 @@ fn model_in_scope(key: &VirtualKey, model: &ai_router_proto::v1::Model) -> bool 
     allows(&key.models, &model.id) || model.aliases.iter().any(|a| allows(&key.models, a))
 }
 
-/// Whether the key may call a pool model directly by this name: some model by that name is
-/// within its scope.
+/// Whether the key may call a pool model directly by this name: the key lists the name itself
+/// (or `*`). A name it does not list is refused, never remapped, even when it is an alias of a
+/// model the key does list (a key listing `gpt-4o-mini` may not call `fast`). A family
+/// (`family:<name>`) is a selector over its members, not a model: the key may call it when it
+/// may call a member, and reaches only those (`docs/selection.md`).
 fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
+    if !name.starts_with(crate::families::PREFIX) {
+        return allows(&key.models, name);
+    }
     state.models_named(name).iter().any(|r| {
         state
             .provider_at(r.provider)
@@ -840,12 +846,19 @@ mod tests {
                 .as_str(),
             "model_not_allowed"
         );
-        // An alias of an allowed model id is allowed.
-        assert!(resolve(&s, &narrow, &json!({"model":"smart"}), Operation::Chat).is_ok());
+        // An alias of an allowed model id is another name: refused, never remapped.
+        assert_eq!(
+            resolve(&s, &narrow, &json!({"model":"smart"}), Operation::Chat)
+                .unwrap_err()
+                .code
+                .as_str(),
+            "model_not_allowed"
+        );
+        assert!(resolve(&s, &narrow, &json!({"model":"big"}), Operation::Chat).is_ok());
     }
 
     #[test]
-    fn a_shared_alias_never_widens_the_key_scope() {
+    fn a_key_calls_only_the_names_it_lists() {
         let mut snap = Snapshot::default();
         for (provider, id) in [
             ("openai", "gpt-4o-mini"),
@@ -879,17 +892,22 @@ mod tests {
                 })
                 .unwrap_or_default()
         };
+        // Nor is `fast` a fallback of the name it does call (the defaults fall back to `fast`).
         let only = vec![("openai".to_string(), "gpt-4o-mini".to_string())];
-        assert_eq!(lanes("fast"), only);
         assert_eq!(lanes("gpt-4o-mini"), only);
-        assert_eq!(
-            resolve(&s, &narrow, &json!({"model":"llama3"}), Operation::Chat)
-                .map(|_| ())
-                .unwrap_err()
-                .code
-                .as_str(),
-            "model_not_allowed"
-        );
+        // `fast` is an alias of the model the key lists, and of others: a name the key does not
+        // list is refused, never remapped to the one it does.
+        for name in ["fast", "llama3"] {
+            assert_eq!(
+                resolve(&s, &narrow, &json!({"model": name}), Operation::Chat)
+                    .map(|_| ())
+                    .unwrap_err()
+                    .code
+                    .as_str(),
+                "model_not_allowed",
+                "{name}"
+            );
+        }
         // A key that names the alias gets every model carrying it.
         let by_alias = VirtualKey {
             models: vec!["fast".into()],
@@ -1018,10 +1036,8 @@ mod tests {
             profiles: vec![],
             ..all_key()
         };
-        assert_eq!(
-            model_list(&s, &narrow),
-            vec!["chat".to_string(), "m1".to_string()]
-        );
+        // Only the names it lists: `chat`, m1's alias, is another name.
+        assert_eq!(model_list(&s, &narrow), vec!["m1".to_string()]);
         assert!(model_list(&s, &all_key()).contains(&"strict".to_string()));
     }
 

@@ -10,6 +10,8 @@ pub struct Up {
     pub base: String,
     /// Its `apiKey`, registered for the secret scan.
     pub key: String,
+    /// The ready line, whole.
+    pub ready: Value,
 }
 
 impl Up {
@@ -47,6 +49,11 @@ impl Up {
             .to_string();
         let key = json_str(&ready, "apiKey")?.to_string();
         scan::register("up's virtual key", &key);
-        Ok(Self { child, base, key })
+        Ok(Self {
+            child,
+            base,
+            key,
+            ready,
+        })
     }
 }

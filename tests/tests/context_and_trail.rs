@@ -303,6 +303,11 @@ async fn a_failed_calls_trail_names_every_skipped_lane_and_every_attempt() {
     let r = pool.chat_with(&body).await.unwrap();
     assert!(r.status >= 400, "{}", r.text);
     assert!(pool.keys_called().await.unwrap().is_empty());
+    assert_eq!(
+        r.header("x-ai-router-attempts").as_deref(),
+        Some("0"),
+        "no attempt was sent: {r}"
+    );
     let trail = &r.json["error"]["trail"];
     assert_eq!(attempts(trail), []);
     assert_eq!(skipped(trail).len(), 4, "{}", r.text);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ai_router_e2e::{ai_router_bin, script, workspace_root, Gateway, Process, TestDir};
 use ai_router_proto::v1 as pb;
 use ai_router_proto::v1::sync_client::SyncClient;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_keep_succeeding_while_the_control_plane_is_down_and_the_filter_reconnects() {
@@ -213,11 +213,19 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
     let checked_in = root.join("envoy/envoy.yaml");
     let regenerate =
         "regenerate it with: cargo run -q -p ai-router-control-plane --bin ai-router -- \
-                      render-envoy --config examples/pool.yaml > envoy/envoy.yaml";
+                      render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080 > envoy/envoy.yaml";
     let expected = std::fs::read_to_string(&checked_in)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}; {regenerate}", checked_in.display()));
     let out = std::process::Command::new(ai_router_bin().unwrap())
-        .args(["render-envoy", "--config", "examples/pool.yaml"])
+        // Compose publishes the listener from its container: all interfaces there, while the
+        // example pool itself binds loopback for `ai-router up` (docs/deploy.md).
+        .args([
+            "render-envoy",
+            "--config",
+            "examples/pool.yaml",
+            "--listen",
+            "0.0.0.0:8080",
+        ])
         .current_dir(&root)
         .env_remove("AI_ROUTER_SYNC_TOKEN")
         .output()
@@ -244,7 +252,7 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
                 )
             });
         panic!(
-            "`ai-router render-envoy --config examples/pool.yaml` differs from envoy/envoy.yaml at {first_diff}\n{regenerate}"
+            "`ai-router render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080` differs from envoy/envoy.yaml at {first_diff}\n{regenerate}"
         );
     }
 }
@@ -795,6 +803,24 @@ async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() 
     )
     .await
     .unwrap();
+    // scripts/run-gateway.sh shows the ready line: the same fields.
+    let script = std::fs::read_to_string(workspace_root().join("scripts/run-gateway.sh")).unwrap();
+    let shown: Value = script
+        .lines()
+        .find_map(|l| {
+            l.trim_start_matches('#')
+                .trim()
+                .strip_prefix('{')
+                .map(|r| format!("{{{r}"))
+        })
+        .and_then(|l| serde_json::from_str(&l).ok())
+        .expect("a JSON line in run-gateway.sh's header");
+    let fields = |v: &Value| v.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        fields(&shown),
+        fields(&up.ready),
+        "run-gateway.sh shows {shown}"
+    );
     // Envoy has the generated token: a call is served.
     let client = ai_router_e2e::Client::new(&up.base).unwrap();
     let r = client.chat("m1", Some(&up.key)).await.unwrap();

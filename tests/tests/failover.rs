@@ -257,6 +257,10 @@ async fn a_providers_400_is_returned_once_and_not_retried() {
         "the provider's message is passed on: {r}"
     );
     assert_eq!(
+        r.json["error"]["param"], "messages",
+        "and the field it refused: {r}"
+    );
+    assert_eq!(
         r.header("x-ai-router-attempts").as_deref(),
         Some("1"),
         "{r}"
@@ -372,4 +376,160 @@ async fn a_2xx_answer_that_is_not_what_it_claims_fails_over() {
     assert_eq!(s.status, 200, "{s}");
     assert_eq!(s.contents().concat(), "from p2", "{s}");
     assert!(!s.body.contains("<html>"), "{s}");
+}
+
+/// The `idempotency-key` every provider call of `calls` carried; fails when one carried none.
+fn idempotency_keys(calls: &[(String, ai_router_e2e::MockCall)]) -> Vec<String> {
+    calls
+        .iter()
+        .map(|(alias, c)| {
+            c.header("idempotency-key")
+                .unwrap_or_else(|| panic!("no idempotency-key on the call to {alias}: {c:?}"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_idempotency_key_reaches_providers_only_as_a_per_tenant_digest() {
+    let gw = Gateway::start("idempotency_key").await.expect("fixture");
+    let other = gw
+        .create_key(json!({ "label": "other_tenant", "models": ["*"] }))
+        .await
+        .unwrap()
+        .1;
+    let body = ai_router_e2e::chat_body("chat", false);
+    let send = |key: String| {
+        let (c, body) = (gw.client.clone(), body.clone());
+        async move {
+            c.chat_with_headers(&body, Some(&key), &[("idempotency-key", "order-42")])
+                .await
+        }
+    };
+    // The other tenant's key answers once the control plane has pushed it.
+    ai_router_e2e::poll(
+        "the new key to reach Envoy",
+        Duration::from_secs(10),
+        || {
+            let send = send(other.clone());
+            async move { Ok((send.await?.status == 200).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The first call fails on both of p1's keys, so it makes three attempts (a, b, then c).
+    let overloaded = json!([script::always(vec![script::status(
+        503,
+        json!({}),
+        Some(json!({ "error": { "message": "overloaded", "type": "server_error" } })),
+    )])]);
+    gw.mock1.script(overloaded).await.unwrap();
+    let mut per_call = Vec::new();
+    for (i, key) in [&gw.virtual_key, &gw.virtual_key, &other]
+        .into_iter()
+        .enumerate()
+    {
+        gw.clear_calls().await.unwrap();
+        let r = send(key.clone()).await.unwrap();
+        assert_eq!(r.status, 200, "{r}");
+        let calls = gw.provider_calls().await.unwrap();
+        if i == 0 {
+            assert_eq!(calls.len(), 3, "a, b, then c: {calls:?}");
+            gw.mock1.reset().await.unwrap();
+        }
+        let keys = idempotency_keys(&calls);
+        assert!(
+            keys.windows(2).all(|w| w[0] == w[1]),
+            "every attempt of one call carries the same key: {keys:?}"
+        );
+        assert!(
+            !keys[0].contains("order-42"),
+            "the client's value went upstream as is: {keys:?}"
+        );
+        per_call.push(keys[0].clone());
+    }
+    assert_eq!(
+        per_call[0], per_call[1],
+        "a retry of the same client value by the same tenant is the same key upstream"
+    );
+    assert_ne!(
+        per_call[0], per_call[2],
+        "two tenants sending the same Idempotency-Key must differ upstream"
+    );
+
+    // Without an Idempotency-Key, the request id stands in: per call, never as the client sent it.
+    gw.clear_calls().await.unwrap();
+    let r = gw
+        .client
+        .chat_with_headers(&body, Some(&gw.virtual_key), &[("x-request-id", "rid-7")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let calls = gw.provider_calls().await.unwrap();
+    let keys = idempotency_keys(&calls);
+    assert!(
+        keys.iter().all(|k| k != "rid-7" && *k == keys[0]),
+        "{keys:?}"
+    );
+    assert_ne!(keys[0], per_call[0]);
+    assert!(
+        calls
+            .iter()
+            .all(|(_, c)| c.header("x-request-id").as_deref() == Some("rid-7")),
+        "the client's request id still goes upstream as x-request-id: {calls:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_breaker_open_a_call_sends_nothing_and_says_so() {
+    let gw = Gateway::start_with("breakers_open_unsent", |p1, p2| {
+        ai_router_e2e::standard_pool(p1, p2).replace(
+            "resilience:\n",
+            "resilience:\n  keyBreaker: { failureThreshold: 1, cooldownMs: 600000, maxCooldownMs: 600000 }\n",
+        )
+    })
+    .await
+    .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![script::status(
+            500,
+            json!({}),
+            Some(json!({ "error": { "message": "boom", "type": "server_error" } })),
+        )])]))
+        .await
+        .unwrap();
+    }
+    let r = gw.chat("chat").await.unwrap();
+    if let Some(p) = openai_error_problem(&r, 502, "upstream_error") {
+        panic!("every lane failed upstream: {p}");
+    }
+    // Once the control plane has pushed the open breakers, a call finds no lane to send to.
+    let gw = &gw;
+    let r = ai_router_e2e::poll(
+        "a call that sends nothing",
+        Duration::from_secs(10),
+        move || async move {
+            gw.clear_calls().await?;
+            let r = gw.chat("chat").await?;
+            Ok(gw.provider_calls().await?.is_empty().then_some(r))
+        },
+    )
+    .await
+    .unwrap();
+    if let Some(p) = openai_error_problem(&r, 503, "pool_unavailable") {
+        panic!("no lane can serve it, and none failed upstream: {p}");
+    }
+    assert_eq!(
+        r.header("x-ai-router-attempts").as_deref(),
+        Some("0"),
+        "{r}"
+    );
+    let retry_after: u64 = r
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {r}"));
+    assert!(
+        (500..=600).contains(&retry_after),
+        "Retry-After {retry_after}: until the breakers let a probe through"
+    );
 }

@@ -224,6 +224,34 @@ async fn client_errors_are_openai_error_objects_and_reach_no_provider() {
 
     let r = c.chat("chat", None).await.unwrap();
     assert_error(&r, 401, "missing_api_key", "no key");
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("Authorization: Bearer") && message.contains("x-api-key"),
+        "a missing key names both headers it may come in: {r}"
+    );
+    // A known route with another method: 405, in the documented code set.
+    let r = c
+        .request(reqwest::Method::GET, chat_path, key, None)
+        .await
+        .unwrap();
+    assert_error(&r, 405, "method_not_allowed", "GET on the chat route");
+    // An Anthropic client without a key gets the Anthropic shape, naming its own header too.
+    let r = c
+        .request(
+            post.clone(),
+            "/v1/messages",
+            None,
+            Some(json!({ "model": "chat", "max_tokens": 5, "messages": [{ "role": "user", "content": "hi" }] }).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.json["type"].as_str()),
+        (401, Some("error")),
+        "{r}"
+    );
+    let message = r.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("x-api-key"), "{r}");
 
     let wrong = ai_router_e2e::new_virtual_key();
     let r = c.chat("chat", Some(&wrong)).await.unwrap();
@@ -278,6 +306,16 @@ async fn client_errors_are_openai_error_objects_and_reach_no_provider() {
         calls.is_empty(),
         "refused requests reach no provider: {calls:?}"
     );
+    // The key as `x-api-key` on the chat route is the key.
+    let r = c
+        .chat_with_headers(
+            &ai_router_e2e::chat_body("chat", false),
+            None,
+            &[("x-api-key", &gw.virtual_key)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "a key sent as x-api-key is accepted: {r}");
 
     // /v1/models answers locally with what the key may call.
     let r = c

@@ -499,6 +499,7 @@ async fn sigterm_to_up_lets_a_stream_in_flight_finish_and_takes_no_new_call() {
         child: mut up,
         base,
         key,
+        ..
     } = ai_router_e2e::Up::start(
         &config,
         &[("DRAIN_KEY", &drain_key)],

@@ -580,7 +580,7 @@ async fn a_call_waits_for_a_retry_after_shorter_than_its_deadline_and_one_with_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures() {
     // One provider per case, two keys each, so blacklists of one case do not touch another.
-    let cases = ["r429", "a401", "q402", "t5xx", "slow"];
+    let cases = ["r429", "a401", "q402", "q2", "t5xx", "slow"];
     let pool = Pool::start("final_errors", 1, move |m, _| {
         let mut setup = PoolSetup::default();
         let mut yaml = format!("{}providers:\n", pool_yaml_header());
@@ -593,7 +593,7 @@ async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures(
                 m[0]
             ));
         }
-        yaml.push_str("defaults: { deadlineMs: 4000 }\nprofiles:\n  slow: { model: m-slow, deadlineMs: 700 }\nresilience:\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n  keyBreaker: { failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }\n  providerBreaker: { failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }\n");
+        yaml.push_str("defaults: { deadlineMs: 4000 }\nprofiles:\n  slow: { model: m-slow, deadlineMs: 700 }\n  spent: { model: m-q2, maxAttempts: 2 }\nresilience:\n  backoff: { baseMs: 10, factor: 1, maxMs: 10 }\n  keyBreaker: { failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }\n  providerBreaker: { failureThreshold: 50, cooldownMs: 1000, maxCooldownMs: 2000 }\n");
         setup.yaml = yaml;
         Ok(setup)
     })
@@ -614,6 +614,10 @@ async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures(
                 vec![provider_error("openrouter.quota_exhausted")]
             ),
             script::rule(
+                json!({ "model": "m-q2" }),
+                vec![provider_error("openrouter.quota_exhausted")]
+            ),
+            script::rule(
                 json!({ "model": "m-t5xx" }),
                 vec![provider_error("openai.overloaded")]
             ),
@@ -625,11 +629,15 @@ async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures(
         .await
         .unwrap();
 
+    // A spent key with no window named is out for quotaBlacklistMs (6 h): every answer says
+    // so, the one whose last attempt met the quota as much as one that found no lane left.
+    let six_hours = Some(21_500..=21_600);
     let mut problems = Vec::new();
     for (model, status, code, retry_after) in [
         ("m-r429", 503, "pool_rate_limited", Some(25..=30)),
         ("m-a401", 503, "pool_auth_failed", Some(1..=300)),
-        ("m-q402", 503, "pool_quota_exhausted", Some(1..=21600)),
+        ("m-q402", 503, "pool_quota_exhausted", six_hours.clone()),
+        ("spent", 503, "pool_quota_exhausted", six_hours),
         ("m-t5xx", 502, "upstream_error", None),
         ("slow", 504, "pool_timeout", None),
     ] {
@@ -648,6 +656,12 @@ async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures(
                 )),
             }
         }
+        if !r.json["error"]["trail"].is_object() {
+            problems.push(format!(
+                "{model}: a final error without its trail: {}",
+                r.text
+            ));
+        }
         if model == "slow" {
             if took > Duration::from_millis(2500) {
                 problems.push(format!("slow: a 700 ms deadline answered after {took:?}"));
@@ -656,7 +670,11 @@ async fn when_every_key_fails_the_final_error_follows_the_class_of_the_failures(
             let mut distinct = keys.clone();
             distinct.sort();
             distinct.dedup();
-            let c = model.trim_start_matches("m-");
+            let c = if model == "spent" {
+                "q2"
+            } else {
+                model.trim_start_matches("m-")
+            };
             if distinct != [format!("{c}-1"), format!("{c}-2")] {
                 problems.push(format!(
                     "{model}: both keys are tried before the final error; keys {keys:?}"

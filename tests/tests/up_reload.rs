@@ -77,6 +77,7 @@ async fn up_reloads_on_a_file_change_and_on_sighup_while_envoy_keeps_serving() {
         child: mut up,
         base,
         key,
+        ..
     } = Up::start(
         &config,
         &[("UP_KEY", &secret), ("RUST_LOG", "info")],

@@ -39,7 +39,8 @@ fn example_pool_with_openai_and_deepseek_keys() -> Result<(), String> {
     let deepseek = &config.providers[1];
     let aliases: Vec<&str> = deepseek.keys.iter().map(|k| k.alias.as_str()).collect();
     assert_eq!(aliases, ["deepseek-1", "deepseek-2"]);
-    assert_eq!(config.gateway.host, "0.0.0.0");
+    // The local quick start binds loopback; compose renders its own listener.
+    assert_eq!(config.gateway.host, "127.0.0.1");
     assert_eq!(config.gateway.port, 8080);
     assert_eq!(config.control_plane.host, "control-plane");
     assert_eq!(config.control_plane.grpc_port, 8082);

@@ -21,6 +21,7 @@ use crate::lanes::{self, LaneId, Pick};
 use crate::local::Send;
 use crate::messages_ingress::Fidelity;
 use crate::plan::{Candidate, Operation, Plan, Protocol, PLAN_HEADER};
+use crate::redact::StreamRedactor;
 use crate::sse::Parser;
 use crate::state::State;
 use crate::stream::{usage_of, Gate, Step, Usage};
@@ -48,6 +49,8 @@ enum Mode {
         upstream: Option<Box<Translate>>,
         /// Chat chunks to the caller's protocol (Messages, Responses), after the gate.
         egress: Option<Box<Egress>>,
+        /// The lane's key redacted from the gate's events, across the deltas a client joins.
+        redactor: Box<StreamRedactor>,
         seen: usize,
     },
     /// Passed through untouched (after the verdict, at the end of the answer).
@@ -1189,6 +1192,7 @@ impl Attempt {
                     gate: Box::new(Gate::native(lane.kind.text(), protocol)),
                     upstream: None,
                     egress: None,
+                    redactor: Box::new(StreamRedactor::new(&lane.secret, protocol)),
                     seen: 0,
                 }
             } else {
@@ -1202,6 +1206,7 @@ impl Attempt {
                     gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
                     upstream,
                     egress: Egress::new(protocol, &self.request, now_s).map(Box::new),
+                    redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),
                     seen: 0,
                 }
             };
@@ -1253,6 +1258,7 @@ impl Attempt {
                 mut gate,
                 mut upstream,
                 mut egress,
+                mut redactor,
                 seen,
             } => {
                 // Every byte for the client passes here: chat chunks become the caller's events.
@@ -1290,9 +1296,9 @@ impl Attempt {
                     Step::Release(bytes) => {
                         self.after_first_token = true;
                         self.succeed_headers(host);
-                        out = Some(self.scrub(bytes));
+                        out = Some(redactor.feed(&bytes));
                     }
-                    Step::Forward(bytes) => out = Some(self.scrub(bytes)),
+                    Step::Forward(bytes) => out = Some(redactor.feed(&bytes)),
                     Step::Fail(failure) => {
                         self.fail(host, failure, size);
                         return Flow::Continue;
@@ -1300,7 +1306,9 @@ impl Attempt {
                 }
                 if let Some(failure) = gate.failed_after_first_token().cloned() {
                     // The client got the error event in `out`; the attempt failed.
-                    let bytes = to_caller(out.unwrap_or_default());
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(redactor.finish());
+                    let bytes = to_caller(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.usage = gate.usage;
                     self.report(host, Some(&failure), 200);
@@ -1313,15 +1321,17 @@ impl Attempt {
                         return Flow::Continue;
                     }
                     // After the first token: what arrived, then the error ends the stream.
-                    let mut bytes = out.unwrap_or_default();
-                    bytes.extend(crate::stream::error_event(
+                    let end = crate::stream::error_event(
                         &format!(
                             "The provider's stream failed after the answer had started: {}",
                             failure.message
                         ),
                         ErrorCode::StreamInterrupted,
-                    ));
-                    let bytes = to_caller(self.scrub(bytes));
+                    );
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(redactor.feed(&end));
+                    bytes.extend(redactor.finish());
+                    let bytes = to_caller(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.report(host, Some(&failure), 200);
                     self.mode = Mode::Drained;
@@ -1336,6 +1346,7 @@ impl Attempt {
                         gate,
                         upstream,
                         egress,
+                        redactor,
                         seen: size,
                     };
                     return if held { Flow::Pause } else { Flow::Continue };
@@ -1347,7 +1358,8 @@ impl Attempt {
                             self.succeed_headers(host);
                         }
                         let mut bytes = out.unwrap_or_default();
-                        bytes.extend(self.scrub(tail));
+                        bytes.extend(redactor.feed(&tail));
+                        bytes.extend(redactor.finish());
                         host.set_body(Side::Response, 0, size, &to_caller(bytes));
                         self.usage = gate.usage;
                         let failure = (!gate.completed()).then(|| Failure {

@@ -579,7 +579,7 @@ impl Attempt {
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
                 Ok(mut v) => {
-                    crate::prompt_cache::mark(&mut v, &plan.prompt_cache);
+                    crate::prompt_cache::mark_translated(&value, &mut v, &plan.prompt_cache);
                     v
                 }
                 Err(e) => return self.refuse(host, e),

@@ -965,6 +965,33 @@ impl Attempt {
         host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
     }
 
+    /// A whole answer (in the caller's protocol) to a call that asked for a stream: the client
+    /// gets the stream it asked for, the answer's events in its protocol (chat: the usage
+    /// chunk only when asked for), and the attempt succeeded with the answer's usage.
+    fn answer_as_stream(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        protocol: Protocol,
+        mut answer: Value,
+        status: u16,
+    ) {
+        let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
+        if protocol == Protocol::Chat && !include_usage {
+            if let Some(map) = answer.as_object_mut() {
+                map.remove("usage");
+            }
+        }
+        let bytes = self.scrub(crate::cache_shapes::replay_sse(protocol, &answer));
+        host.set_body(Side::Response, 0, size, &bytes);
+        host.set_header(Side::Response, "content-length", None);
+        host.set_header(Side::Response, "content-type", Some("text/event-stream"));
+        self.after_first_token = true;
+        self.succeed_headers(host);
+        self.report(host, None, status);
+        self.mode = Mode::Through;
+    }
+
     /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
     /// passes through here (providers echo keys in error messages).
     fn scrub(&self, bytes: Vec<u8>) -> Vec<u8> {
@@ -1430,9 +1457,10 @@ impl Attempt {
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
         if (200..300).contains(&status) && !has_error_object {
             // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
-            // cut body are not), and a stream when a stream was asked for.
+            // cut body are not). A JSON answer to a stream request (a server that ignores
+            // `stream`) is served as the stream the client asked for.
             let stream_wanted = self.plan.as_ref().is_some_and(|p| p.stream);
-            if !parsed.is_object() || stream_wanted {
+            if !parsed.is_object() {
                 let message = if stream_wanted {
                     "the provider answered a stream request without a stream"
                 } else {
@@ -1452,6 +1480,10 @@ impl Attempt {
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
                 self.usage = ingress::native_usage(protocol, parsed.get("usage"));
+                if stream_wanted {
+                    self.answer_as_stream(host, size, protocol, parsed, status);
+                    return;
+                }
                 if let Some(clean) = redact_bytes(body, &lane.secret) {
                     host.set_body(Side::Response, 0, size, &clean);
                     host.set_header(Side::Response, "content-length", None);
@@ -1471,6 +1503,10 @@ impl Attempt {
                 };
                 self.usage = usage_of(&chat);
                 let translated = ingress::unary(protocol, &chat, &self.request, now / 1000);
+                if stream_wanted {
+                    self.answer_as_stream(host, size, protocol, translated, status);
+                    return;
+                }
                 let bytes = self.scrub(translated.to_string().into_bytes());
                 host.set_body(Side::Response, 0, size, &bytes);
                 host.set_header(Side::Response, "content-length", None);
@@ -1498,6 +1534,10 @@ impl Attempt {
                 }
             }
             self.usage = usage_of(&parsed);
+            if stream_wanted {
+                self.answer_as_stream(host, size, protocol, parsed, status);
+                return;
+            }
             if let Some(clean) = self
                 .lane
                 .as_ref()
@@ -1904,8 +1944,8 @@ mod tests {
             (false, "application/json", "{\"choices\":[{\"message\""),
             (
                 true,
-                "application/json",
-                r#"{"choices":[{"message":{"content":"hi"}}]}"#,
+                "text/html",
+                "<html><body>502 Bad Gateway</body></html>",
             ),
         ] {
             let plan = plan(stream);
@@ -1944,6 +1984,44 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_json_answer_to_a_stream_request_is_served_as_the_stream_with_its_usage() {
+        let plan = plan(true);
+        assert!(!plan.include_usage);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"id":"c1","model":"m1","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hi sk-p1-a-secret"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        );
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("200"));
+        assert_eq!(
+            host.text(Side::Response, "content-type").as_deref(),
+            Some("text/event-stream")
+        );
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        let events = crate::sse::Parser::new().feed(out.as_bytes());
+        let text: String = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")?
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        assert_eq!(text, "hi [redacted]", "{out}");
+        assert!(out.ends_with("data: [DONE]\n\n"), "{out}");
+        assert!(!out.contains("usage"), "the client did not ask: {out}");
+        let report = &host.attempts[0];
+        assert_eq!(report.outcome().text(), "success");
+        assert_eq!(report.usage.map(|u| u.completion_tokens), Some(2));
     }
 
     /// p1/m1 and p2/m2 with these context windows.

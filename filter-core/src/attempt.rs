@@ -77,7 +77,8 @@ impl Translate {
                 Err(failure) => return (out, Some(failure)),
             }
         }
-        (out, None)
+        let overflow = self.parser.overflowed().then(crate::stream::overlong_event);
+        (out, overflow)
     }
 }
 

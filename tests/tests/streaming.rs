@@ -269,3 +269,60 @@ async fn a_json_answer_to_a_stream_request_is_served_as_a_stream() {
     assert_eq!(calls.len(), 2, "{calls:?}");
     assert!(calls.iter().all(|(key, _)| key != "c"), "{calls:?}");
 }
+
+/// A stream sent as is by the mock (`body` with an SSE content type).
+fn raw_stream(events: &str) -> Value {
+    json!({ "body": events, "headers": { "content-type": "text/event-stream" } })
+}
+
+fn chunk(choice: Value) -> String {
+    let c = json!({ "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+        "choices": [choice] });
+    format!("data: {c}\n\n")
+}
+
+/// An answer whose stream ends without `[DONE]` but whole (a finish reason, then the usage):
+/// the client's stream ends cleanly, with no error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_without_done_ends_cleanly() {
+    let gw = Gateway::start("stream_no_done").await.expect("fixture");
+    let usage = json!({ "id": "c1", "object": "chat.completion.chunk", "created": 1,
+        "model": "m1", "choices": [],
+        "usage": { "prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7 } });
+    let events = format!(
+        "{}{}{}data: {usage}\n\n",
+        chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "" } })),
+        chunk(json!({ "index": 0, "delta": { "content": "whole" } })),
+        chunk(json!({ "index": 0, "delta": {}, "finish_reason": "stop" })),
+    );
+    gw.mock1.always(raw_stream(&events)).await.unwrap();
+    let s = gw.stream("m1").await.unwrap();
+    assert_clean_stream(&s, &["whole"], "");
+}
+
+/// One endless line from a provider after the first token: the stream ends with one error
+/// event, nothing of the line reaches the client (what a VM holds for it is bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_line_after_the_first_token_ends_the_stream_with_an_error_event() {
+    let gw = Gateway::start("stream_long_line").await.expect("fixture");
+    let events = format!(
+        "{}data: {}",
+        chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "Hi" } })),
+        "x".repeat(3 << 20)
+    );
+    gw.mock1.always(raw_stream(&events)).await.unwrap();
+    let s = gw.stream("m1").await.unwrap();
+    assert_eq!(
+        s.status,
+        200,
+        "{}",
+        s.transport_error.as_deref().unwrap_or("")
+    );
+    assert!(
+        s.body.len() < 64 * 1024,
+        "{} bytes reached the client",
+        s.body.len()
+    );
+    assert_eq!(s.contents(), vec!["Hi"], "{s}");
+    assert_ends_with_error_event(&s);
+}

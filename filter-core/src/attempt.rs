@@ -21,6 +21,7 @@ use crate::lanes::{self, LaneId, Pick};
 use crate::local::Send;
 use crate::messages_ingress::Fidelity;
 use crate::plan::{Candidate, Operation, Plan, Protocol, PLAN_HEADER};
+use crate::redact::StreamRedactor;
 use crate::sse::Parser;
 use crate::state::State;
 use crate::stream::{usage_of, Gate, Step, Usage};
@@ -48,6 +49,8 @@ enum Mode {
         upstream: Option<Box<Translate>>,
         /// Chat chunks to the caller's protocol (Messages, Responses), after the gate.
         egress: Option<Box<Egress>>,
+        /// The lane's key redacted from the gate's events, across the deltas a client joins.
+        redactor: Box<StreamRedactor>,
         seen: usize,
     },
     /// Passed through untouched (after the verdict, at the end of the answer).
@@ -74,7 +77,8 @@ impl Translate {
                 Err(failure) => return (out, Some(failure)),
             }
         }
-        (out, None)
+        let overflow = self.parser.overflowed().then(crate::stream::overlong_event);
+        (out, overflow)
     }
 }
 
@@ -586,7 +590,7 @@ impl Attempt {
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
                 Ok(mut v) => {
-                    crate::prompt_cache::mark(&mut v, &plan.prompt_cache);
+                    crate::prompt_cache::mark_translated(&value, &mut v, &plan.prompt_cache);
                     v
                 }
                 Err(e) => return self.refuse(host, e),
@@ -994,6 +998,33 @@ impl Attempt {
         host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
     }
 
+    /// A whole answer (in the caller's protocol) to a call that asked for a stream: the client
+    /// gets the stream it asked for, the answer's events in its protocol (chat: the usage
+    /// chunk only when asked for), and the attempt succeeded with the answer's usage.
+    fn answer_as_stream(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        protocol: Protocol,
+        mut answer: Value,
+        status: u16,
+    ) {
+        let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
+        if protocol == Protocol::Chat && !include_usage {
+            if let Some(map) = answer.as_object_mut() {
+                map.remove("usage");
+            }
+        }
+        let bytes = self.scrub(crate::cache_shapes::replay_sse(protocol, &answer));
+        host.set_body(Side::Response, 0, size, &bytes);
+        host.set_header(Side::Response, "content-length", None);
+        host.set_header(Side::Response, "content-type", Some("text/event-stream"));
+        self.after_first_token = true;
+        self.succeed_headers(host);
+        self.report(host, None, status);
+        self.mode = Mode::Through;
+    }
+
     /// `bytes` with the lane's secret redacted: every byte a client receives from a provider
     /// passes through here (providers echo keys in error messages).
     fn scrub(&self, bytes: Vec<u8>) -> Vec<u8> {
@@ -1221,6 +1252,7 @@ impl Attempt {
                     gate: Box::new(Gate::native(lane.kind.text(), protocol)),
                     upstream: None,
                     egress: None,
+                    redactor: Box::new(StreamRedactor::new(&lane.secret, protocol)),
                     seen: 0,
                 }
             } else {
@@ -1234,6 +1266,7 @@ impl Attempt {
                     gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
                     upstream,
                     egress: Egress::new(protocol, &self.request, now_s).map(Box::new),
+                    redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),
                     seen: 0,
                 }
             };
@@ -1285,6 +1318,7 @@ impl Attempt {
                 mut gate,
                 mut upstream,
                 mut egress,
+                mut redactor,
                 seen,
             } => {
                 // Every byte for the client passes here: chat chunks become the caller's events.
@@ -1322,9 +1356,9 @@ impl Attempt {
                     Step::Release(bytes) => {
                         self.after_first_token = true;
                         self.succeed_headers(host);
-                        out = Some(self.scrub(bytes));
+                        out = Some(redactor.feed(&bytes));
                     }
-                    Step::Forward(bytes) => out = Some(self.scrub(bytes)),
+                    Step::Forward(bytes) => out = Some(redactor.feed(&bytes)),
                     Step::Fail(failure) => {
                         self.fail(host, failure, size);
                         return Flow::Continue;
@@ -1333,7 +1367,9 @@ impl Attempt {
                 if let Some(failure) = gate.failed_after_first_token().cloned() {
                     let failure = failure.unless_echoed(&self.body);
                     // The client got the error event in `out`; the attempt failed.
-                    let bytes = to_caller(out.unwrap_or_default());
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(redactor.finish());
+                    let bytes = to_caller(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.usage = gate.usage;
                     self.report(host, Some(&failure), 200);
@@ -1347,15 +1383,17 @@ impl Attempt {
                     }
                     let failure = failure.unless_echoed(&self.body);
                     // After the first token: what arrived, then the error ends the stream.
-                    let mut bytes = out.unwrap_or_default();
-                    bytes.extend(crate::stream::error_event(
+                    let end = crate::stream::error_event(
                         &format!(
                             "The provider's stream failed after the answer had started: {}",
                             failure.message
                         ),
                         ErrorCode::StreamInterrupted,
-                    ));
-                    let bytes = to_caller(self.scrub(bytes));
+                    );
+                    let mut bytes = out.unwrap_or_default();
+                    bytes.extend(redactor.feed(&end));
+                    bytes.extend(redactor.finish());
+                    let bytes = to_caller(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.report(host, Some(&failure), 200);
                     self.mode = Mode::Drained;
@@ -1370,6 +1408,7 @@ impl Attempt {
                         gate,
                         upstream,
                         egress,
+                        redactor,
                         seen: size,
                     };
                     return if held { Flow::Pause } else { Flow::Continue };
@@ -1381,7 +1420,8 @@ impl Attempt {
                             self.succeed_headers(host);
                         }
                         let mut bytes = out.unwrap_or_default();
-                        bytes.extend(self.scrub(tail));
+                        bytes.extend(redactor.feed(&tail));
+                        bytes.extend(redactor.finish());
                         host.set_body(Side::Response, 0, size, &to_caller(bytes));
                         self.usage = gate.usage;
                         let failure = (!gate.completed()).then(|| {
@@ -1446,9 +1486,10 @@ impl Attempt {
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
         if (200..300).contains(&status) && !has_error_object {
             // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
-            // cut body are not), and a stream when a stream was asked for.
+            // cut body are not). A JSON answer to a stream request (a server that ignores
+            // `stream`) is served as the stream the client asked for.
             let stream_wanted = self.plan.as_ref().is_some_and(|p| p.stream);
-            if !parsed.is_object() || stream_wanted {
+            if !parsed.is_object() {
                 let message = if stream_wanted {
                     "the provider answered a stream request without a stream"
                 } else {
@@ -1462,6 +1503,10 @@ impl Attempt {
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
                 self.usage = ingress::native_usage(protocol, parsed.get("usage"));
+                if stream_wanted {
+                    self.answer_as_stream(host, size, protocol, parsed, status);
+                    return;
+                }
                 if let Some(clean) = redact_bytes(body, &lane.secret) {
                     host.set_body(Side::Response, 0, size, &clean);
                     host.set_header(Side::Response, "content-length", None);
@@ -1481,6 +1526,10 @@ impl Attempt {
                 };
                 self.usage = usage_of(&chat);
                 let translated = ingress::unary(protocol, &chat, &self.request, now / 1000);
+                if stream_wanted {
+                    self.answer_as_stream(host, size, protocol, translated, status);
+                    return;
+                }
                 let bytes = self.scrub(translated.to_string().into_bytes());
                 host.set_body(Side::Response, 0, size, &bytes);
                 host.set_header(Side::Response, "content-length", None);
@@ -1502,6 +1551,10 @@ impl Attempt {
                 }
             }
             self.usage = usage_of(&parsed);
+            if stream_wanted {
+                self.answer_as_stream(host, size, protocol, parsed, status);
+                return;
+            }
             if let Some(clean) = self
                 .lane
                 .as_ref()
@@ -1909,8 +1962,8 @@ mod tests {
             (false, "application/json", "{\"choices\":[{\"message\""),
             (
                 true,
-                "application/json",
-                r#"{"choices":[{"message":{"content":"hi"}}]}"#,
+                "text/html",
+                "<html><body>502 Bad Gateway</body></html>",
             ),
         ] {
             let plan = plan(stream);
@@ -1949,6 +2002,44 @@ mod tests {
                 "{body:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_json_answer_to_a_stream_request_is_served_as_the_stream_with_its_usage() {
+        let plan = plan(true);
+        assert!(!plan.include_usage);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"id":"c1","model":"m1","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"hi sk-p1-a-secret"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        );
+        assert_eq!(host.text(Side::Response, ":status").as_deref(), Some("200"));
+        assert_eq!(
+            host.text(Side::Response, "content-type").as_deref(),
+            Some("text/event-stream")
+        );
+        let out = String::from_utf8_lossy(&host.response_body).to_string();
+        let events = crate::sse::Parser::new().feed(out.as_bytes());
+        let text: String = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .filter_map(|v| {
+                v.pointer("/choices/0/delta/content")?
+                    .as_str()
+                    .map(String::from)
+            })
+            .collect();
+        assert_eq!(text, "hi [redacted]", "{out}");
+        assert!(out.ends_with("data: [DONE]\n\n"), "{out}");
+        assert!(!out.contains("usage"), "the client did not ask: {out}");
+        let report = &host.attempts[0];
+        assert_eq!(report.outcome().text(), "success");
+        assert_eq!(report.usage.map(|u| u.completion_tokens), Some(2));
     }
 
     /// p1/m1 and p2/m2 with these context windows.

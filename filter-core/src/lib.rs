@@ -57,6 +57,7 @@ pub mod plan;
 pub mod plugin;
 pub mod prompt_cache;
 pub mod quota;
+pub mod redact;
 pub mod reports;
 pub mod resolve;
 pub mod responses;

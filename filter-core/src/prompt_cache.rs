@@ -33,6 +33,18 @@ fn mark_last(list: &mut [Value], marker: &Value) -> bool {
     }
 }
 
+/// Marks `request`, the Messages body translated from the client's `client` body, for
+/// `setting`; returns how many markers it placed. Nothing when the client placed a
+/// `cache_control` anywhere in its own body (system, a message's blocks, a tool): the
+/// translation may not carry every one of them, and Anthropic refuses more than four
+/// breakpoints, so the client's choice stands alone.
+pub fn mark_translated(client: &Value, request: &mut Value, setting: &str) -> usize {
+    if has_cache_control(client) {
+        return 0;
+    }
+    mark(request, setting)
+}
+
 /// Marks `request` (an Anthropic Messages body) for `setting`; returns how many markers it
 /// placed.
 pub fn mark(request: &mut Value, setting: &str) -> usize {
@@ -115,6 +127,26 @@ mod tests {
         for off in ["off", "", "2h"] {
             assert_eq!(mark(&mut plain, off), 0);
         }
+        // A marker the translation does not carry (a tool's, a system part's) still counts as
+        // the client's own.
+        for client in [
+            json!({ "messages": [{ "role": "system", "content": [
+                { "type": "text", "text": "s", "cache_control": { "type": "ephemeral" } }
+            ] }] }),
+            json!({ "messages": [], "tools": [{ "type": "function",
+                "function": { "name": "a" }, "cache_control": { "type": "ephemeral" } }] }),
+        ] {
+            let mut translated =
+                json!({ "system": "s", "messages": [], "tools": [{ "name": "a" }] });
+            let before = translated.clone();
+            assert_eq!(mark_translated(&client, &mut translated, "5m"), 0);
+            assert_eq!(translated, before);
+        }
+        let mut translated = json!({ "system": "s", "messages": [] });
+        assert_eq!(
+            mark_translated(&json!({ "messages": [] }), &mut translated, "5m"),
+            1
+        );
         // No system and no tools: nothing to mark.
         let mut bare = json!({ "messages": [{ "role": "user", "content": "hi" }] });
         assert_eq!(mark(&mut bare, "5m"), 0);

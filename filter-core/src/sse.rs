@@ -12,6 +12,13 @@ pub struct Event {
     pub data: String,
 }
 
+/// The most an event may hold (its bytes, up to its blank line). A provider's events are
+/// deltas, a few hundred bytes; the largest real one (a Responses stream's last event, which
+/// repeats the whole answer) stays far below this. Past it the parser drops what it holds and
+/// reads nothing more ([`Parser::overflowed`]): a wasm VM's memory only grows, so one endless
+/// line must not grow it for good.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// Holds the bytes of an incomplete event between feeds.
 #[derive(Debug, Default)]
 pub struct Parser {
@@ -19,6 +26,8 @@ pub struct Parser {
     /// Where the scan for the end of the pending event resumes: the start of its first line
     /// not yet complete. An event sent in many small chunks is scanned once, not once a chunk.
     scanned: usize,
+    /// An event passed [`MAX_EVENT_BYTES`]: the stream is no longer read.
+    overflowed: bool,
 }
 
 impl Parser {
@@ -37,8 +46,25 @@ impl Parser {
         std::mem::take(&mut self.pending)
     }
 
+    /// Whether an event passed [`MAX_EVENT_BYTES`] (nothing after it is read).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
     /// Adds bytes and returns every event they complete.
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<Event> {
+        if self.overflowed {
+            return Vec::new();
+        }
+        let room = MAX_EVENT_BYTES + 1 - self.pending.len().min(MAX_EVENT_BYTES);
+        // Only as much as could still end an event is copied at once: the rest waits for the
+        // events this part completes to leave.
+        if bytes.len() > room {
+            let (head, tail) = bytes.split_at(room);
+            let mut events = self.feed(head);
+            events.extend(self.feed(tail));
+            return events;
+        }
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         // Events are cut from the front, and the pending bytes moved once per feed (not once
@@ -63,6 +89,11 @@ impl Parser {
             }
         }
         self.pending.drain(..start);
+        if self.pending.len() > MAX_EVENT_BYTES {
+            self.pending = Vec::new();
+            self.scanned = 0;
+            self.overflowed = true;
+        }
         events
     }
 }
@@ -200,6 +231,24 @@ mod tests {
         assert_eq!(datas(&got), vec!["one\ntwo", "three"]);
         let raw: Vec<u8> = got.iter().flat_map(|e| e.raw.clone()).collect();
         assert_eq!(raw, s.as_bytes());
+    }
+
+    #[test]
+    fn an_event_past_the_bound_stops_the_parser_and_frees_what_it_held() {
+        let mut p = Parser::new();
+        let mut got = p.feed(b"data: a\n\ndata: ");
+        for _ in 0..40 {
+            got.extend(p.feed(&vec![b'x'; 64 * 1024]));
+        }
+        assert!(p.overflowed());
+        assert_eq!(datas(&got), vec!["a"]);
+        assert!(p.pending().is_empty() && p.pending.capacity() == 0);
+        assert!(p.feed(b"\n\ndata: b\n\n").is_empty());
+        // One large feed of many events, each under the bound, is read whole.
+        let many = "data: 0123456789\n\n".repeat(MAX_EVENT_BYTES / 8);
+        let mut p = Parser::new();
+        assert_eq!(p.feed(many.as_bytes()).len(), MAX_EVENT_BYTES / 8);
+        assert!(!p.overflowed());
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct Gate {
     /// Events with data seen so far (comments and keep-alives are not chunks).
     chunks: u64,
     done: bool,
+    /// A chat chunk carried a finish reason.
+    finished: bool,
     errored: bool,
     /// What ended the stream after the first token (an error event, malformed data).
     failed: Option<Failure>,
@@ -80,6 +82,7 @@ impl Gate {
             held: Vec::new(),
             chunks: 0,
             done: false,
+            finished: false,
             errored: false,
             failed: None,
             usage: None,
@@ -116,7 +119,13 @@ impl Gate {
 
     /// Whether the provider ended the stream properly (`[DONE]`).
     pub fn completed(&self) -> bool {
-        self.done && self.failed.is_none()
+        self.answer_complete() && self.failed.is_none()
+    }
+
+    /// `[DONE]` (or the native stream's end) came, or a chat stream's answer is whole without
+    /// it: a finish reason, then the usage chunk (some servers never send `[DONE]`).
+    fn answer_complete(&self) -> bool {
+        self.done || (self.native.is_none() && self.finished && self.usage.is_some())
     }
 
     /// The failure that ended the stream after its first token, if one did: the client got one
@@ -165,6 +174,18 @@ impl Gate {
                 }
             }
         }
+        if self.parser.overflowed() && self.failed.is_none() {
+            let failure = overlong_event();
+            if !self.released {
+                return Step::Fail(failure);
+            }
+            self.errored = true;
+            out.extend(self.end_event(&format!(
+                "The provider's stream failed after the answer had started: {}",
+                failure.message
+            )));
+            self.failed = Some(failure);
+        }
         if released_now {
             Step::Release(out)
         } else if self.released {
@@ -197,8 +218,12 @@ impl Gate {
             ));
         }
         let mut out = tail;
-        if !self.done && !self.errored {
+        if self.errored {
+        } else if !self.answer_complete() {
             out.extend(self.end_event(ErrorCode::StreamInterrupted.message()));
+        } else if !self.done {
+            // Whole without `[DONE]`: the client's stream ends as a chat stream does.
+            out.extend_from_slice(b"data: [DONE]\n\n");
         }
         Ok(out)
     }
@@ -251,6 +276,13 @@ impl Gate {
                 return Judged::Drop;
             }
         }
+        self.finished |= value
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.get("finish_reason").is_some_and(|f| !f.is_null()))
+            });
         Judged::Keep {
             token: has_token(&value),
         }
@@ -314,6 +346,21 @@ pub trait FromChatStream {
             }
         }
         out
+    }
+}
+
+/// A provider's stream event past [`crate::sse::MAX_EVENT_BYTES`]: the stream is not read
+/// further.
+pub fn overlong_event() -> Failure {
+    Failure {
+        class: Class::Stream,
+        retry_at_ms: None,
+        provider_code: None,
+        message: format!(
+            "the provider sent a stream event longer than {} bytes",
+            crate::sse::MAX_EVENT_BYTES
+        ),
+        status: 200,
     }
 }
 
@@ -393,6 +440,55 @@ mod tests {
             );
             assert!(g.completed());
         }
+    }
+
+    #[test]
+    fn a_whole_answer_without_done_ends_cleanly_and_a_cut_one_with_an_error_event() {
+        let finish = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let usage = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n";
+        let head = chunk(r#"{"content":"Hello"}"#);
+        let (out, g) = run(&format!("{head}{finish}{usage}"), 0, true);
+        let out = String::from_utf8(out).unwrap();
+        assert!(g.completed(), "{out}");
+        assert!(!out.contains("error"), "{out}");
+        assert!(out.ends_with("data: [DONE]\n\n"), "{out}");
+        // Without the usage chunk, or without the finish reason, the answer may be cut.
+        for cut in [format!("{head}{finish}"), format!("{head}{usage}")] {
+            let (out, g) = run(&cut, 0, true);
+            assert!(!g.completed());
+            assert!(String::from_utf8(out).unwrap().contains("\"error\""));
+        }
+    }
+
+    #[test]
+    fn an_endless_line_fails_over_before_the_first_token_and_ends_the_stream_after_it() {
+        let line = vec![b'x'; crate::sse::MAX_EVENT_BYTES / 4];
+        let mut g = Gate::new("openai", true);
+        assert_eq!(g.feed(b"data: ", 0), Step::Hold);
+        let mut step = Step::Hold;
+        for _ in 0..5 {
+            step = g.feed(&line, 0);
+        }
+        assert!(matches!(step, Step::Fail(f) if f.class == Class::Stream));
+        let mut g = Gate::new("openai", true);
+        assert!(matches!(
+            g.feed(chunk(r#"{"content":"Hi"}"#).as_bytes(), 0),
+            Step::Release(_)
+        ));
+        let mut out = Vec::new();
+        g.feed(b"data: ", 0);
+        for _ in 0..5 {
+            if let Step::Forward(b) = g.feed(&line, 0) {
+                out.extend(b);
+            }
+        }
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("stream_interrupted") && out.contains("longer than"),
+            "{out}"
+        );
+        assert!(g.failed_after_first_token().is_some());
+        assert!(out.len() < 1_000, "nothing of the line reaches the client");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   through B is refused by A's Envoy; usage written by both adds up to the calls served;
 //! - a key refused with a 401 through Envoy A is out of rotation at Envoy B within about a
 //!   second, and B's Envoy stops using it;
+//! - a reset received by control plane B voids Envoy A's own holds on a key within about a
+//!   second (the reset's mark is shared through the store);
 //! - killing Redis under load fails no call, and when Redis comes back the state is in it again
 //!   (a blacklist set during the outage included);
 //! - stopping Postgres under load fails no call, key writes answer 503 `unavailable` meanwhile,
@@ -465,6 +467,48 @@ async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
     assert!(
         keys.iter().all(|k| k.as_deref() == Some(c.key_b.as_str())),
         "key a was used through B"
+    );
+    c.check_no_secrets_in_logs(&[]);
+}
+
+/// A reset received by control plane B voids the holds Envoy A's workers put on a key (an
+/// auth hold lasts until the secret changes): Envoy A uses the key again within about a second.
+#[tokio::test]
+async fn a_reset_through_control_plane_b_voids_envoy_a_s_own_holds() {
+    let c = Cluster::start("distributed-reset").await;
+    c.refuse_key_a_through_a().await;
+    // Both control planes hold key a out (B's reset is to clear it there too).
+    for site in [&c.a, &c.b] {
+        site.cp
+            .metric_line(&["ai_router_key_out{", "key=\"a\"", "reason=\"auth\""])
+            .await
+            .unwrap();
+    }
+    // The provider takes key a again (the operator fixed it there).
+    c.mock
+        .script(json!([script::always(vec![script::text("ok")])]))
+        .await
+        .unwrap();
+    let r = c
+        .admin(&c.b, reqwest::Method::POST, "/admin/reset", Some(json!({})))
+        .await;
+    assert_eq!(r.status, 200, "{r}");
+    let reset_at = Instant::now();
+    c.mock.clear_calls().await.unwrap();
+    poll("Envoy A to use key a again", SHARED, || async {
+        let r = c.a.client.chat("chat", Some(&c.virtual_key)).await?;
+        anyhow::ensure!(r.status == 200, "{r}");
+        let calls = c.mock.calls().await?;
+        Ok(calls
+            .iter()
+            .any(|m| m.key.as_deref() == Some(c.key_a.as_str()))
+            .then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", c.tails()));
+    eprintln!(
+        "a reset through B reached Envoy A's holds in {:?}",
+        reset_at.elapsed()
     );
     c.check_no_secrets_in_logs(&[]);
 }

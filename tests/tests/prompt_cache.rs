@@ -1,6 +1,6 @@
 //! `promptCache` through a real Envoy: a profile with it sends its anthropic provider one
 //! `cache_control` marker (on the last system block, and one on the last tool), none when the
-//! client placed its own, none without it, never a second one on a failed-over attempt; the cached prompt tokens the provider reports come back in the OpenAI
+//! client placed its own anywhere (even where the translation drops it), none without it, never a second one on a failed-over attempt; the cached prompt tokens the provider reports come back in the OpenAI
 //! usage shape and reach the key's usage rows, priced at `cost.cachedInput`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -146,6 +146,28 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
     let cost = total["cost"].as_f64().unwrap_or(0.0);
     assert!((cost - 3.0 * 380e-6).abs() < 1e-9, "cost {cost}: {total}");
 
+    // The client's markers where the translation does not keep them (a system part, a tool):
+    // still the client's choice, the gateway adds none (its own is the 1h one).
+    let tool_marked = json!({ "model": "cached",
+        "messages": [
+            { "role": "system", "content": [
+                { "type": "text", "text": "You answer in one word.", "cache_control": { "type": "ephemeral" } }
+            ] },
+            { "role": "user", "content": "Say hello." },
+        ],
+        "tools": [{ "type": "function", "cache_control": { "type": "ephemeral" },
+            "function": { "name": "t", "parameters": { "type": "object", "properties": {} } } }] });
+    let r = gw
+        .client
+        .chat_with(&tool_marked, Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    let sent = last_call(&gw).await;
+    assert!(
+        !sent.to_string().contains("\"ttl\":\"1h\""),
+        "the gateway added its marker next to the client's: {sent}"
+    );
     // With tools, and a failover between two anthropic keys: every attempt's body carries one
     // marker on the last system block and one on the last tool, never a second one added on
     // the retried body.

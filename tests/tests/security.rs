@@ -750,3 +750,73 @@ async fn a_models_daily_limit_holds_its_lane_not_the_key() {
     );
     assert_eq!(health["providers"][0]["keys"][0]["state"], "ok", "{health}");
 }
+
+/// The text a client's SDK joins from a stream's deltas, in the caller's protocol.
+fn joined_deltas(path: &str, body: &str) -> String {
+    let mut text = String::new();
+    for data in ai_router_e2e::parse_sse(body) {
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        let piece = match path {
+            "/v1/chat/completions" => v.pointer("/choices/0/delta/content"),
+            "/v1/messages" => v.pointer("/delta/text"),
+            _ => (v.get("type").and_then(Value::as_str) == Some("response.output_text.delta"))
+                .then(|| v.get("delta"))
+                .flatten(),
+        };
+        text.push_str(piece.and_then(Value::as_str).unwrap_or(""));
+    }
+    text
+}
+
+/// A key split across two deltas (every SDK joins them), and a key echoed truncated
+/// (`sk-…abcd`: its start, a mask, its last four characters), reach no caller protocol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_split_across_two_deltas_or_truncated_never_reaches_the_client() {
+    let gw = Gateway::start("key_split").await.expect("fixture");
+    let key = gw.key_a.clone();
+    let tail = &key[key.len() - 4..];
+    let cut = key.len() / 2;
+    gw.mock1
+        .script(json!([
+            script::rule(json!({"key": gw.key_b}), vec![json!({"status": 503})]),
+            script::always(vec![json!({"stream": {
+                "chunks": ["Your key is ", format!("x{}", &key[..cut]), format!("{} and sk-…{tail} end", &key[cut..])],
+            }})]),
+        ]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![json!({"status": 503})])]))
+        .await
+        .unwrap();
+    let messages = json!({"model": "m1", "max_tokens": 64, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let responses = json!({"model": "m1", "stream": true, "input": "hi"});
+    for (path, body) in [
+        ("/v1/chat/completions", chat_body("m1", true)),
+        ("/v1/messages", messages),
+        ("/v1/responses", responses),
+    ] {
+        let reply = gw
+            .client
+            .request_with_headers(
+                reqwest::Method::POST,
+                path,
+                Some(&gw.virtual_key),
+                Some(body.to_string()),
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.status, 200, "{path}: {reply}");
+        let joined = joined_deltas(path, &reply.text);
+        assert_eq!(
+            joined, "Your key is x[redacted] and [redacted] end",
+            "{path}: {}",
+            reply.text
+        );
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}

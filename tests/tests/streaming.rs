@@ -214,3 +214,115 @@ async fn a_connection_dropped_after_the_first_token_breaks_the_clients_stream() 
         .await
         .unwrap();
 }
+
+/// A server that ignores `stream` and answers JSON: the client still gets the stream it asked
+/// for, in its protocol's events, with the answer's usage, and the lane served it (no
+/// failover, nothing against the breaker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_answer_to_a_stream_request_is_served_as_a_stream() {
+    let gw = Gateway::start("json_to_stream").await.expect("fixture");
+    let completion = json!({
+        "id": "chatcmpl-json", "object": "chat.completion", "created": 1, "model": "m1",
+        "choices": [{ "index": 0, "finish_reason": "stop",
+            "message": { "role": "assistant", "content": "plain json" } }],
+        "usage": { "prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10 },
+    });
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![json!({ "body": completion })])]))
+            .await
+            .unwrap();
+    }
+    let mut body = ai_router_e2e::chat_body("m1", true);
+    body["stream_options"] = json!({ "include_usage": true });
+    let s = gw
+        .client
+        .stream_with(&body, Some(&gw.virtual_key))
+        .await
+        .unwrap();
+    assert_clean_stream(&s, &["plain json"], "");
+    let usage = s
+        .json_events()
+        .into_iter()
+        .find_map(|e| e.get("usage").filter(|u| u.is_object()).cloned());
+    assert_eq!(
+        usage.map(|u| u["completion_tokens"].clone()),
+        Some(json!(3)),
+        "{s}"
+    );
+    let messages = json!({ "model": "m1", "max_tokens": 16, "stream": true,
+        "messages": [{ "role": "user", "content": "hi" }] });
+    let r = gw
+        .client
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages",
+            Some(&gw.virtual_key),
+            Some(messages.to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    assert!(r.text.contains("event: message_stop"), "{r}");
+    assert!(r.text.contains("\"text\":\"plain json\""), "{r}");
+    // Every call went to the first lane once: none was taken for a failure.
+    let calls = gw.provider_calls().await.unwrap();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert!(calls.iter().all(|(key, _)| key != "c"), "{calls:?}");
+}
+
+/// A stream sent as is by the mock (`body` with an SSE content type).
+fn raw_stream(events: &str) -> Value {
+    json!({ "body": events, "headers": { "content-type": "text/event-stream" } })
+}
+
+fn chunk(choice: Value) -> String {
+    let c = json!({ "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m1",
+        "choices": [choice] });
+    format!("data: {c}\n\n")
+}
+
+/// An answer whose stream ends without `[DONE]` but whole (a finish reason, then the usage):
+/// the client's stream ends cleanly, with no error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_without_done_ends_cleanly() {
+    let gw = Gateway::start("stream_no_done").await.expect("fixture");
+    let usage = json!({ "id": "c1", "object": "chat.completion.chunk", "created": 1,
+        "model": "m1", "choices": [],
+        "usage": { "prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7 } });
+    let events = format!(
+        "{}{}{}data: {usage}\n\n",
+        chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "" } })),
+        chunk(json!({ "index": 0, "delta": { "content": "whole" } })),
+        chunk(json!({ "index": 0, "delta": {}, "finish_reason": "stop" })),
+    );
+    gw.mock1.always(raw_stream(&events)).await.unwrap();
+    let s = gw.stream("m1").await.unwrap();
+    assert_clean_stream(&s, &["whole"], "");
+}
+
+/// One endless line from a provider after the first token: the stream ends with one error
+/// event, nothing of the line reaches the client (what a VM holds for it is bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_line_after_the_first_token_ends_the_stream_with_an_error_event() {
+    let gw = Gateway::start("stream_long_line").await.expect("fixture");
+    let events = format!(
+        "{}data: {}",
+        chunk(json!({ "index": 0, "delta": { "role": "assistant", "content": "Hi" } })),
+        "x".repeat(3 << 20)
+    );
+    gw.mock1.always(raw_stream(&events)).await.unwrap();
+    let s = gw.stream("m1").await.unwrap();
+    assert_eq!(
+        s.status,
+        200,
+        "{}",
+        s.transport_error.as_deref().unwrap_or("")
+    );
+    assert!(
+        s.body.len() < 64 * 1024,
+        "{} bytes reached the client",
+        s.body.len()
+    );
+    assert_eq!(s.contents(), vec!["Hi"], "{s}");
+    assert_ends_with_error_event(&s);
+}

@@ -78,7 +78,15 @@ impl From<KeyStoreError> for ApiError {
             KeyStoreError::NotFound(_) => ErrorCode::NotFound,
             KeyStoreError::Mounted(_) => ErrorCode::KeyMounted,
             KeyStoreError::Revoked(_) => ErrorCode::Conflict,
-            KeyStoreError::Storage(_) => ErrorCode::Internal,
+            KeyStoreError::Storage(detail) => {
+                // The store's own text (a driver's message, a table, a constraint) is for the
+                // operator's log, never for an answer.
+                tracing::error!(error = %detail, "the key store failed");
+                return ApiError::new(
+                    ErrorCode::Internal,
+                    "The key store failed; the control plane's log has the details.",
+                );
+            }
             KeyStoreError::Unavailable(_) => ErrorCode::Unavailable,
         };
         ApiError::new(code, err.to_string())

@@ -64,6 +64,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_key_store_failure_answers_without_the_stores_own_text() {
+        let driver = "postgres: relation \"virtual_keys\" does not exist";
+        let err = ApiError::from(crate::keys::store::KeyStoreError::Storage(driver.into()));
+        assert_eq!(
+            err.http_status(),
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let body = err.openai_body().to_string();
+        assert!(
+            !body.contains("postgres") && !body.contains("relation"),
+            "{body}"
+        );
+        assert!(body.contains("The key store failed"), "{body}");
+    }
+
+    #[test]
     fn one_code_maps_to_every_surface() {
         let err = ApiError::new(ErrorCode::InvalidApiKey, "bad sync token");
         assert_eq!(err.http_status(), StatusCode::UNAUTHORIZED);

@@ -37,12 +37,13 @@ impl Engine {
         Ok(pulled)
     }
 
-    /// Whether blacklists, cooldowns or breakers changed since the last exchange wrote them.
+    /// Whether blacklists, cooldowns, breakers or resets changed since the last exchange wrote them.
     pub(super) fn holds_unwritten(&self) -> bool {
         let state = lock(&self.state);
         state.durable.blacklists != state.base.blacklists
             || state.durable.breakers != state.base.breakers
             || state.durable.cooldowns != state.base.cooldowns
+            || state.durable.resets != state.base.resets
     }
 
     /// After an outage of the store: the next exchange takes the union of what this process

@@ -94,11 +94,12 @@ impl Engine {
                 durable.cooldowns.len(),
                 durable.headroom.len(),
             );
-        let marks = state.resets.len();
+        let marks = state.durable.resets.len();
         state
+            .durable
             .resets
             .retain(|_, at| now.saturating_sub(*at) < ms(RESET_MARK.as_millis() as u64));
-        changed |= marks != state.resets.len();
+        changed |= marks != state.durable.resets.len();
         let durable = &mut state.durable;
         let mut events = Vec::new();
         for (id, breaker) in &mut durable.breakers {

@@ -74,8 +74,12 @@ impl Engine {
             }
             !out
         });
+        // (provider, key or "") -> when an operator reset it: shared through the store, so
+        // every control plane pushes it and every Envoy voids the holds its workers set before
+        // then; dropped after [`RESET_MARK`].
         for p in &providers {
             state
+                .durable
                 .resets
                 .insert(((*p).to_owned(), key.unwrap_or("").to_owned()), now);
         }

@@ -88,6 +88,7 @@ impl Engine {
         kept.headroom = durable.headroom;
         kept.breakers = durable.breakers;
         kept.spend = durable.spend;
+        kept.resets = durable.resets;
         reload::retain_pool(&mut kept, &secrets, &config);
         // Versions start at the wall clock so they keep increasing across restarts.
         let version = u64::try_from(clock.now_ms()).unwrap_or(0).max(1);
@@ -101,7 +102,6 @@ impl Engine {
             published_keys,
             admin_token_sha256: String::new(),
             pending: false,
-            resets: BTreeMap::new(),
             headroom_as_of: BTreeMap::new(),
             estimated: Vec::new(),
             budgets: budgets::BudgetLedger::default(),
@@ -476,6 +476,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
             })
             .collect(),
         resets: state
+            .durable
             .resets
             .iter()
             .map(|((provider, key), at)| pb::HoldReset {

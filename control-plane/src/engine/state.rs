@@ -134,9 +134,6 @@ pub(super) struct State {
     pub(super) admin_token_sha256: String,
     /// A change waits for the next [`Engine::flush`] (headroom only).
     pub(super) pending: bool,
-    /// (provider, key or "") -> when an operator reset it; pushed so Envoy voids its own holds
-    /// set before then, dropped after [`RESET_MARK`].
-    pub(super) resets: BTreeMap<KeyId, i64>,
     /// Budget policies' use in their current windows (`budgets`).
     pub(super) budgets: budgets::BudgetLedger,
     /// When the attempt that reported each lane's headroom began (pushed as `as_of_ms`: the

@@ -78,6 +78,10 @@ pub struct DurableState {
     pub headroom: BTreeMap<LaneId, LaneHeadroom>,
     /// Provider id -> spend this UTC day and month.
     pub spend: BTreeMap<String, Spend>,
+    /// An operator's recent resets of a provider (key empty) or a key: when each was (ms since
+    /// the epoch). Shared, so every control plane pushes it to its Envoys, whose workers drop
+    /// the holds they put on before it, whichever control plane received the reset.
+    pub resets: BTreeMap<KeyId, i64>,
 }
 
 /// The entries to write and to delete to turn one map into another.
@@ -133,6 +137,7 @@ pub struct DurableChanges {
     pub breakers: MapChanges<BreakerId, Breaker>,
     pub headroom: MapChanges<LaneId, LaneHeadroom>,
     pub spend: MapChanges<String, Spend>,
+    pub resets: MapChanges<KeyId, i64>,
 }
 
 impl DurableChanges {
@@ -143,6 +148,7 @@ impl DurableChanges {
             breakers: MapChanges::between(&from.breakers, &to.breakers),
             headroom: MapChanges::between(&from.headroom, &to.headroom),
             spend: MapChanges::between(&from.spend, &to.spend),
+            resets: MapChanges::between(&from.resets, &to.resets),
         }
     }
 
@@ -152,6 +158,7 @@ impl DurableChanges {
             && self.breakers.is_empty()
             && self.headroom.is_empty()
             && self.spend.is_empty()
+            && self.resets.is_empty()
     }
 
     pub fn apply(&self, state: &mut DurableState) {
@@ -160,6 +167,7 @@ impl DurableChanges {
         self.breakers.apply(&mut state.breakers);
         self.headroom.apply(&mut state.headroom);
         self.spend.apply(&mut state.spend);
+        self.resets.apply(&mut state.resets);
     }
 }
 
@@ -193,6 +201,7 @@ pub fn merge_durable(local: &mut DurableState, base: &DurableState, remote: &Dur
     changed |= merge_map(&mut local.cooldowns, &base.cooldowns, &remote.cooldowns);
     changed |= merge_map(&mut local.breakers, &base.breakers, &remote.breakers);
     changed |= merge_map(&mut local.headroom, &base.headroom, &remote.headroom);
+    changed |= merge_map(&mut local.resets, &base.resets, &remote.resets);
     for (provider, theirs) in &remote.spend {
         let old = base.spend.get(provider).copied().unwrap_or_default();
         if old == *theirs {
@@ -324,5 +333,6 @@ pub(crate) fn sample_state() -> DurableState {
             month_cost: 9.5,
         },
     );
+    state.resets.insert(("p".into(), String::new()), 4_000);
     state
 }

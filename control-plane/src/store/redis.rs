@@ -5,7 +5,8 @@
 //! Keys, all under the pool's `storeNamespace` (`<ns>` below):
 //!
 //! - `<ns>:state:blacklists`, `<ns>:state:cooldowns`, `<ns>:state:breakers`,
-//!   `<ns>:state:headroom`, `<ns>:state:spend`: one hash per table, the field the entry's id as
+//!   `<ns>:state:headroom`, `<ns>:state:spend`, `<ns>:state:resets` (an operator's recent
+//!   resets, which every control plane pushes to its Envoys): one hash per table, the field the entry's id as
 //!   a JSON array, the value the entry as a JSON array;
 //! - `<ns>:rpm:<virtual key id>:<UTC minute>`: the calls of the key's `requestsPerMinute`
 //!   granted to Envoys in that minute (`store::minute_calls`), by a script; it expires after two
@@ -55,7 +56,14 @@ const LEASE_DEADLINE: Duration = Duration::from_millis(300);
 /// A shared-cache look-up waits on a call's way (the filter bounds it tighter still).
 const CACHE_DEADLINE: Duration = Duration::from_millis(100);
 
-const TABLES: [&str; 5] = ["blacklists", "cooldowns", "breakers", "headroom", "spend"];
+const TABLES: [&str; 6] = [
+    "blacklists",
+    "cooldowns",
+    "breakers",
+    "headroom",
+    "spend",
+    "resets",
+];
 
 /// Takes the lease unless a holder's lease runs past `now` (the callers' clocks decide, as with
 /// the SQLite store: hosts keep time): `{1, 0}` granted, `{0, until}` held. The value is
@@ -369,7 +377,7 @@ fn decode_spend(text: &str) -> Option<Spend> {
     })
 }
 
-/// The five hashes as a state; an entry that does not parse (written by another version) is
+/// The six hashes as a state; an entry that does not parse (written by another version) is
 /// left out.
 fn decode_state(tables: &[HashMap<String, String>]) -> DurableState {
     let mut state = DurableState::default();
@@ -400,6 +408,11 @@ fn decode_state(tables: &[HashMap<String, String>]) -> DurableState {
     for (provider, v) in table(4) {
         if let Some(s) = decode_spend(v) {
             state.spend.insert(provider.clone(), s);
+        }
+    }
+    for (f, v) in table(5) {
+        if let (Some([p, k]), Ok(at)) = (parse_field::<2>(f), v.parse::<i64>()) {
+            state.resets.insert((p, k), at);
         }
     }
     state
@@ -437,6 +450,12 @@ fn encode_changes(changes: &DurableChanges) -> Vec<(usize, String, Option<String
     }
     for (p, s) in &changes.spend.upsert {
         out.push((4, p.clone(), Some(encode_spend(s))));
+    }
+    for (p, k) in &changes.resets.delete {
+        out.push((5, field(&[p, k]), None));
+    }
+    for ((p, k), at) in &changes.resets.upsert {
+        out.push((5, field(&[p, k]), Some(at.to_string())));
     }
     out
 }
@@ -647,7 +666,7 @@ mod tests {
     fn entries_round_trip_through_json() {
         let state = sample();
         let writes = encode_changes(&DurableChanges::between(&DurableState::default(), &state));
-        let mut tables = vec![HashMap::new(); 5];
+        let mut tables = vec![HashMap::new(); TABLES.len()];
         for (t, f, v) in writes {
             if let Some(v) = v {
                 tables[t].insert(f, v);

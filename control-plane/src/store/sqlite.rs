@@ -130,6 +130,13 @@ const MIGRATIONS: &[&str] = &[
     );",
     // 7 -> 8: the quota recheck reads one month of every key's rows at once.
     "CREATE INDEX key_usage_day ON key_usage (day);",
+    // 8 -> 9: an operator's recent resets, shared by the control planes on the file.
+    "CREATE TABLE hold_reset (
+        provider TEXT NOT NULL,
+        key TEXT NOT NULL,
+        at_ms INTEGER NOT NULL,
+        PRIMARY KEY (provider, key)
+    );",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

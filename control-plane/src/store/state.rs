@@ -173,6 +173,13 @@ impl StateStore for SqliteStateStore {
         )?
         .into_iter()
         .collect();
+        state.resets = read_all(
+            &conn,
+            "SELECT provider, key, at_ms FROM hold_reset",
+            |row| Ok(((row.get(0)?, row.get(1)?), row.get(2)?)),
+        )?
+        .into_iter()
+        .collect();
         Ok(state)
     }
 
@@ -243,6 +250,18 @@ impl StateStore for SqliteStateStore {
                 "INSERT OR REPLACE INTO provider_spend (provider, day, day_cost, month, month_cost) VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .and_then(|mut stmt| stmt.execute(params![provider, s.day, s.day_cost, s.month, s.month_cost]))
+            .map_err(store_err)?;
+        }
+        for (provider, key) in &changes.resets.delete {
+            tx.prepare_cached("DELETE FROM hold_reset WHERE provider = ?1 AND key = ?2")
+                .and_then(|mut stmt| stmt.execute(params![provider, key]))
+                .map_err(store_err)?;
+        }
+        for ((provider, key), at) in &changes.resets.upsert {
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO hold_reset (provider, key, at_ms) VALUES (?1, ?2, ?3)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![provider, key, at]))
             .map_err(store_err)?;
         }
         tx.commit().map_err(store_err)

@@ -37,9 +37,26 @@ pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
     }
 }
 
-/// Whether a lane of `kind` can take the caller's `request`: a native lane always; a
-/// translated one when every step of its translation expresses it (else the refusal, naming
-/// the field).
+/// The body a lane of `kind` is sent for the caller's `request`, before the attempt's own
+/// additions (the lane's model id, `stream_options`, prompt-cache marks): the request itself
+/// on a native lane, its translation on the others (or the refusal, naming the field).
+pub fn lane_request(
+    protocol: Protocol,
+    kind: ProviderKind,
+    request: &Value,
+) -> Result<Value, AdapterError> {
+    if protocol == Protocol::Chat || native(protocol, kind) {
+        return Ok(request.clone());
+    }
+    let chat = chat_request(protocol, request, Fidelity::Strict)?;
+    if kind == ProviderKind::Anthropic {
+        let model = chat.get("model").and_then(Value::as_str).unwrap_or("");
+        return crate::anthropic::to_messages_request(&chat, model, 4096);
+    }
+    Ok(chat)
+}
+
+/// Whether a lane of `kind` can take the caller's `request` ([`lane_request`] succeeds).
 pub fn lane_takes(
     protocol: Protocol,
     kind: ProviderKind,
@@ -49,11 +66,7 @@ pub fn lane_takes(
         // Chat callers' anthropic lanes are judged by the resolution (`resolve`).
         return Ok(());
     }
-    let chat = chat_request(protocol, request, Fidelity::Strict)?;
-    if kind == ProviderKind::Anthropic {
-        crate::anthropic::to_messages_request(&chat, "", 4096)?;
-    }
-    Ok(())
+    lane_request(protocol, kind, request).map(drop)
 }
 
 /// The tiers without the lanes that cannot take `request` (each noted in the trail with

@@ -334,3 +334,72 @@ async fn codex_answers_through_a_native_and_a_translated_lane() {
         "{names:?}"
     );
 }
+
+/// A WebSocket handshake on `/v1/responses` (what Codex's built-in OpenAI provider tries
+/// first), sent raw: the status line of the answer.
+async fn websocket_handshake(gw: &Gateway) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = gw
+        .envoy
+        .base_url()
+        .trim_start_matches("http://")
+        .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let request = format!(
+        "GET /v1/responses HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        gw.virtual_key
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .expect("an answer to the handshake")
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n]).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_with_its_built_in_provider_is_told_at_once_to_use_https() {
+    let gw = Gateway::start_with("agents_codex_websocket", agents_pool)
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " there"
+        ])])]))
+        .await
+        .unwrap();
+    let answer = websocket_handshake(&gw).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 426"),
+        "the upgrade refused with 426, which Codex reads as 'use HTTPS':\n{answer}"
+    );
+
+    // Its built-in provider pointed at the gateway: one handshake refused, then HTTPS.
+    let home = dir_in(&gw, "codex-builtin-home");
+    std::fs::write(
+        home.join("config.toml"),
+        format!("openai_base_url = \"{}\"\n", gw.openai_base_url()),
+    )
+    .unwrap();
+    let work = dir_in(&gw, "codex-builtin-work");
+    let env = [
+        ("CODEX_HOME", home.display().to_string()),
+        ("HOME", home.display().to_string()),
+        ("CODEX_API_KEY", gw.virtual_key.clone()),
+    ];
+    let args = ["exec", "--skip-git-repo-check", "-m", "gpt-m", "Say hi"];
+    let run = run_agent(
+        &gw,
+        "codex-builtin",
+        &agent_bin("codex"),
+        &args,
+        &work,
+        &env,
+    )
+    .await;
+    assert_eq!(codex_answer(&run), "Hi there");
+    println!("codex exec with its built-in provider took {:?}", run.took);
+}

@@ -403,3 +403,76 @@ async fn codex_with_its_built_in_provider_is_told_at_once_to_use_https() {
     assert_eq!(codex_answer(&run), "Hi there");
     println!("codex exec with its built-in provider took {:?}", run.took);
 }
+
+/// A file in the agent's working directory whose content only a tool call can read.
+const NOTE: &str = "NOTE-CONTENT-42";
+
+/// The mock's script for a tool round trip: a call of `tool` with `arguments`, then (once the
+/// result is sent back) the final answer.
+fn tool_round_trip(tool: &str, arguments: Value) -> Value {
+    json!([script::always(vec![
+        json!({ "toolCalls": [{ "id": "call_note", "name": tool, "arguments": arguments }] }),
+        script::stream(&["The note", " was read."]),
+    ])])
+}
+
+/// The tool's result (the note, under the call's id) reached the model: it is in a request
+/// the mock saw after the first.
+async fn assert_result_sent_back(mock: &ai_router_e2e::Mock, name: &str) {
+    let calls = mock.calls().await.unwrap();
+    let later: Vec<String> = calls.iter().skip(1).map(|c| c.body.to_string()).collect();
+    assert!(
+        later
+            .iter()
+            .any(|b| b.contains(NOTE) && b.contains("call_note")),
+        "{name}: the tool's result went back to the model:\n{later:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
+    let gw = Gateway::start_with("agents_claude_tools", agents_pool)
+        .await
+        .expect("fixture");
+    for (name, model, mock) in [
+        ("claude-tool-native", "claude-m", &gw.mock1),
+        ("claude-tool-translated", "m2", &gw.mock2),
+    ] {
+        let home = dir_in(&gw, &format!("{name}-home"));
+        let note = home.join("note.txt");
+        std::fs::write(&note, NOTE).unwrap();
+        mock.script(tool_round_trip(
+            "Read",
+            json!({ "file_path": note.display().to_string() }),
+        ))
+        .await
+        .unwrap();
+        let run = claude(&gw, name, model).await;
+        assert_eq!(claude_answer(&run), "The note was read.");
+        assert_result_sent_back(mock, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
+    let gw = Gateway::start_with("agents_codex_tools", agents_pool)
+        .await
+        .expect("fixture");
+    for (name, model, mock) in [
+        ("codex-tool-native", "gpt-m", &gw.mock1),
+        ("codex-tool-translated", "m2", &gw.mock2),
+    ] {
+        let home = codex_home(&gw, name, "web_search = \"disabled\"");
+        let work = dir_in(&gw, &format!("{name}-work"));
+        std::fs::write(work.join("note.txt"), NOTE).unwrap();
+        mock.script(tool_round_trip(
+            "exec_command",
+            json!({ "cmd": "cat note.txt" }),
+        ))
+        .await
+        .unwrap();
+        let run = codex(&gw, name, model, &home).await;
+        assert_eq!(codex_answer(&run), "The note was read.");
+        assert_result_sent_back(mock, name).await;
+    }
+}

@@ -96,6 +96,17 @@ fn local_reply_config(indent: usize) -> String {
         )
     };
     let mut out = format!("{pad}local_reply_config:\n{pad}  mappers:\n");
+    // A WebSocket upgrade (Codex's built-in OpenAI provider tries one on /v1/responses before
+    // HTTPS): Envoy refuses it (403, `upgrade_failed`); 426 is what Codex reads as "use
+    // HTTPS" at once, where a 403 costs its session seven handshakes (~7 s).
+    out.push_str(&format!(
+        "{pad}  - filter:\n{pad}      extension_filter:\n{pad}        name: envoy.access_loggers.extension_filters.cel\n{pad}        typed_config:\n{pad}          \"@type\": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter\n{pad}          expression: \"response.code_details == 'upgrade_failed'\"\n{pad}    status_code: 426\n"
+    ));
+    out.push_str(&body(
+        "upgrade_required",
+        ai_router_contract::openai_error_type(426),
+        "The gateway serves no WebSocket: send the request over HTTPS (POST).",
+    ));
     for (status, code, message) in LOCAL_REPLIES {
         let kind = ai_router_contract::openai_error_type(*status);
         out.push_str(&format!(
@@ -584,10 +595,17 @@ mod tests {
             hcm["http2_protocol_options"]["max_concurrent_streams"],
             MAX_CONCURRENT_STREAMS
         );
-        // Every status in the table, then a catch-all; each only for Envoy's own answers.
+        // A refused WebSocket upgrade first (426: "use HTTPS"), then every status in the
+        // table, then a catch-all; each only for Envoy's own answers.
         let mappers = hcm["local_reply_config"]["mappers"].as_sequence().unwrap();
-        assert_eq!(mappers.len(), LOCAL_REPLIES.len() + 1);
-        for (mapper, (status, code, _)) in mappers.iter().zip(LOCAL_REPLIES) {
+        assert_eq!(mappers.len(), LOCAL_REPLIES.len() + 2);
+        let upgrade = &mappers[0];
+        assert_eq!(
+            upgrade["filter"]["extension_filter"]["typed_config"]["expression"],
+            "response.code_details == 'upgrade_failed'"
+        );
+        assert_eq!(upgrade["status_code"], 426);
+        for (mapper, (status, code, _)) in mappers[1..].iter().zip(LOCAL_REPLIES) {
             let filters = &mapper["filter"]["and_filter"]["filters"];
             assert_eq!(
                 filters[0]["status_code_filter"]["comparison"]["value"]["default_value"],

@@ -559,8 +559,7 @@ impl Attempt {
 
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let stateful = ingress::stateful(plan.protocol, &value).is_some();
-        let native = ingress::native(plan.protocol, provider.kind(), stateful);
+        let native = ingress::native(plan.protocol, provider.kind());
         if plan.protocol == Protocol::Responses {
             self.request = value.clone();
         }
@@ -3073,7 +3072,7 @@ data: [DONE]\n\n"
     #[test]
     fn a_messages_block_an_openai_lane_cannot_take_is_the_callers_400() {
         let body = serde_json::json!({ "model": "claude", "max_tokens": 8, "messages": [{ "role": "user",
-            "content": [{ "type": "document", "source": { "type": "text", "media_type": "text/plain", "data": "x" } }] }] });
+            "content": [{ "type": "document", "source": { "type": "base64", "media_type": "application/pdf", "data": "JVBERi0=" } }] }] });
         let mut snap = snapshot();
         snap.providers.truncate(1);
         let mut plan = plan(false);

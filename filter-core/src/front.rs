@@ -39,6 +39,8 @@ pub struct Front {
     /// Messages: the `anthropic-version` and `anthropic-beta` the caller sent.
     anthropic_version: Option<String>,
     anthropic_beta: Option<String>,
+    /// `POST /v1/messages/count_tokens`: answered with the gateway's own count.
+    count_tokens: bool,
     /// The final answer is an error to re-dress in the caller's shape (buffered whole).
     redress: bool,
     cid: Option<String>,
@@ -134,6 +136,31 @@ impl Front {
             err.status,
             &headers,
             &crate::ingress::error_body(self.protocol, &err),
+        );
+        Flow::Pause
+    }
+
+    /// `POST /v1/messages/count_tokens`: the gateway's own estimate, in Anthropic's shape.
+    fn answer_count_tokens(&mut self, host: &mut impl Host, body: &Value) -> Flow {
+        if body.get("messages").and_then(Value::as_array).is_none() {
+            return self.reply(
+                host,
+                GatewayError::new(
+                    ErrorCode::InvalidRequest,
+                    "messages must be an array of turns.",
+                )
+                .with_param("messages"),
+            );
+        }
+        self.answered = Some((200, "count_tokens"));
+        let answer = crate::messages_ingress::count_tokens(body).to_string();
+        host.send_response(
+            200,
+            &[
+                ("content-type", "application/json"),
+                ("x-request-id", &self.rid),
+            ],
+            answer.as_bytes(),
         );
         Flow::Pause
     }
@@ -361,6 +388,9 @@ impl Front {
         if let Some(model) = parsed.get("model").and_then(Value::as_str) {
             self.requested_model = model.chars().take(256).collect();
         }
+        if self.count_tokens {
+            return self.answer_count_tokens(host, &parsed);
+        }
         // What the pool routes by: the body as a chat-completions request.
         let view = match crate::ingress::chat_request(self.protocol, &parsed, Fidelity::Lenient) {
             Ok(v) => v,
@@ -414,6 +444,19 @@ impl Front {
                     )
                 }
             }
+        }
+        // A lane that cannot take the request in its own protocol is no candidate; when none
+        // is left, the refusal names the field (in the caller's shape).
+        if let Some(e) = crate::ingress::cut_untranslatable(
+            &state,
+            self.protocol,
+            &request,
+            &mut resolved.tiers,
+            &mut resolved.trail,
+        ) {
+            let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+            err.param = e.param;
+            return self.reply(host, err.with_trail(resolved.trail));
         }
         let verdict = budget_verdict(&state, &key, &mut resolved, self.started_ms);
         for c in &verdict.ruled_out {
@@ -696,6 +739,11 @@ impl Front {
                 self.protocol = Protocol::Messages;
                 Operation::Chat
             }
+            ("POST", "/v1/messages/count_tokens") => {
+                self.protocol = Protocol::Messages;
+                self.count_tokens = true;
+                Operation::Chat
+            }
             ("POST", "/v1/responses") => {
                 self.protocol = Protocol::Responses;
                 Operation::Chat
@@ -704,7 +752,7 @@ impl Front {
                 return self.models(host, &path)
             }
             ("GET", "/health") => return self.health(host),
-            (_, "/v1/messages") => {
+            (_, "/v1/messages" | "/v1/messages/count_tokens") => {
                 self.protocol = Protocol::Messages;
                 return self.reply(
                     host,
@@ -723,7 +771,13 @@ impl Front {
                     ),
                 );
             }
-            _ => return self.reply(host, GatewayError::not_found(&path)),
+            _ => {
+                // Every answer under /v1/messages is in Anthropic's shape, a 404 too.
+                if path.starts_with("/v1/messages/") {
+                    self.protocol = Protocol::Messages;
+                }
+                return self.reply(host, GatewayError::not_found(&path));
+            }
         };
         self.op = Some(op);
         if host.state().is_none() {
@@ -2029,6 +2083,125 @@ mod tests {
             );
             assert_eq!(a.json()["type"], "error");
         }
+    }
+
+    /// Claude Code's first request, cut down: `?beta=true`, a system turn inside `messages`,
+    /// the fields it sends that chat completions has no counterpart for.
+    const CLAUDE_CODE_BODY: &str = r#"{"model":"m1","max_tokens":32000,"stream":true,
+        "system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+        "messages":[{"role":"user","content":[{"type":"text","text":"Say hi"}]},
+                    {"role":"system","content":[{"type":"text","text":"Environment: linux"}]}],
+        "tools":[{"name":"Bash","input_schema":{"type":"object"}},{"name":"Later","defer_loading":true,"input_schema":{"type":"object"}}],
+        "thinking":{"type":"adaptive"},"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]},
+        "output_config":{"effort":"high"},"metadata":{"user_id":"u"},"temperature":null}"#;
+
+    fn messages_call(state: State, path: &str, body: &str) -> (FakeHost, Flow) {
+        let key = KEY.as_bytes().to_vec();
+        let mut host = FakeHost::with_state(state);
+        host.add(Side::Request, ":method", b"POST");
+        host.add(Side::Request, ":path", path.as_bytes());
+        host.add(Side::Request, "x-api-key", &key);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let flow = send_body(&mut front, &mut host, body);
+        (host, flow)
+    }
+
+    fn with_kinds(kinds: &[ai_router_proto::v1::ProviderKind]) -> State {
+        let mut snap = state().snapshot;
+        let first = snap.providers[0].clone();
+        snap.providers.clear();
+        for (i, kind) in kinds.iter().enumerate() {
+            let mut p = first.clone();
+            p.id = format!("p{}", i + 1);
+            p.kind = (*kind).into();
+            snap.providers.push(p);
+        }
+        State::new(1, snap)
+    }
+
+    #[test]
+    fn claude_codes_request_goes_to_either_lane_kind() {
+        use ai_router_proto::v1::ProviderKind::{Anthropic, OpenaiCompatible};
+        for kind in [Anthropic, OpenaiCompatible] {
+            let (host, flow) = messages_call(
+                with_kinds(&[kind]),
+                "/v1/messages?beta=true",
+                CLAUDE_CODE_BODY,
+            );
+            assert_eq!(flow, Flow::Continue, "{kind:?}: {:?}", host.answered);
+        }
+    }
+
+    #[test]
+    fn a_request_a_translated_lane_cannot_take_goes_to_the_native_one_or_is_refused_naming_the_field(
+    ) {
+        use ai_router_proto::v1::ProviderKind::{Anthropic, OpenaiCompatible};
+        let body = CLAUDE_CODE_BODY.replace(
+            r#""temperature":null"#,
+            r#""mcp_servers":[{"type":"url","url":"https://mcp.test","name":"x"}]"#,
+        );
+        let (host, flow) = messages_call(
+            with_kinds(&[OpenaiCompatible, Anthropic]),
+            "/v1/messages",
+            &body,
+        );
+        assert_eq!(flow, Flow::Continue, "{:?}", host.answered);
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        let lanes: Vec<&str> = plan
+            .tiers
+            .iter()
+            .flatten()
+            .map(|c| c.provider.as_str())
+            .collect();
+        assert_eq!(lanes, ["p2"]);
+
+        let (host, flow) = messages_call(with_kinds(&[OpenaiCompatible]), "/v1/messages", &body);
+        assert_eq!(flow, Flow::Pause);
+        let a = host.answered.clone().expect("answered");
+        let v = a.json();
+        assert_eq!((a.status, v["type"].clone()), (400, json!("error")), "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("mcp_servers"),
+            "{v}"
+        );
+        assert_eq!(
+            v["error"]["trail"]["skipped"][0]["reason"], "adapter",
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn count_tokens_is_answered_by_the_gateway_and_unknown_messages_paths_in_anthropic_shape() {
+        let (host, flow) = messages_call(
+            state(),
+            "/v1/messages/count_tokens?beta=true",
+            r#"{"model":"m1","system":"Be brief.","messages":[{"role":"user","content":"Hello there, how are you?"}]}"#,
+        );
+        assert_eq!(flow, Flow::Pause);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!(a.status, 200);
+        let n = a.json()["input_tokens"].as_u64().unwrap_or(0);
+        assert!(n > 5, "{:?}", a.json());
+
+        let mut host = client("POST", "/v1/messages/batches", &[]);
+        Front::default().on_request_headers(&mut host, false);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!(
+            (a.status, a.json()["error"]["type"].clone()),
+            (404, json!("not_found_error"))
+        );
+        let mut host = client("GET", "/v1/messages/count_tokens", &[]);
+        Front::default().on_request_headers(&mut host, true);
+        let a = host.answered.clone().expect("answered");
+        assert_eq!((a.status, a.json()["type"].clone()), (405, json!("error")));
     }
 
     #[test]

@@ -8,8 +8,12 @@
 //! |-----------|-----------------------|--------------------------------------------------|
 //! | Messages  | anthropic             | natively (`/messages`)                           |
 //! | Messages  | any other             | Messages → chat → (answer) chat → Messages       |
-//! | Responses | openai, when stateful | natively (`/responses`)                          |
-//! | Responses | any (stateless)       | Responses → chat (→ Messages for anthropic) → …  |
+//! | Responses | openai                | natively (`/responses`)                          |
+//! | Responses | any other (stateless) | Responses → chat (→ Messages for anthropic) → …  |
+//!
+//! A native lane takes the request whole: unknown fields, roles, blocks and tool types go as
+//! they came. A translated lane takes what its translation expresses; a request it cannot
+//! express rules that lane out ([`cut_untranslatable`], trail reason `adapter`).
 
 use ai_router_proto::v1::ProviderKind;
 use serde_json::{json, Value};
@@ -25,11 +29,89 @@ use crate::state::State;
 use crate::stream::{FromChatStream, Usage};
 
 /// Whether a lane of `kind` serves a call of `protocol` in the caller's own API.
-pub fn native(protocol: Protocol, kind: ProviderKind, stateful: bool) -> bool {
+pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
     match protocol {
         Protocol::Chat => false,
         Protocol::Messages => kind == ProviderKind::Anthropic,
-        Protocol::Responses => stateful && kind == ProviderKind::Openai,
+        Protocol::Responses => kind == ProviderKind::Openai,
+    }
+}
+
+/// The body a lane of `kind` is sent for the caller's `request`, before the attempt's own
+/// additions (the lane's model id, `stream_options`, prompt-cache marks): the request itself
+/// on a native lane, its translation on the others (or the refusal, naming the field).
+pub fn lane_request(
+    protocol: Protocol,
+    kind: ProviderKind,
+    request: &Value,
+) -> Result<Value, AdapterError> {
+    if protocol == Protocol::Chat || native(protocol, kind) {
+        return Ok(request.clone());
+    }
+    let chat = chat_request(protocol, request, Fidelity::Strict)?;
+    if kind == ProviderKind::Anthropic {
+        let model = chat.get("model").and_then(Value::as_str).unwrap_or("");
+        return crate::anthropic::to_messages_request(&chat, model, 4096);
+    }
+    Ok(chat)
+}
+
+/// Whether a lane of `kind` can take the caller's `request` ([`lane_request`] succeeds).
+pub fn lane_takes(
+    protocol: Protocol,
+    kind: ProviderKind,
+    request: &Value,
+) -> Result<(), AdapterError> {
+    if protocol == Protocol::Chat || native(protocol, kind) {
+        // Chat callers' anthropic lanes are judged by the resolution (`resolve`).
+        return Ok(());
+    }
+    lane_request(protocol, kind, request).map(drop)
+}
+
+/// The tiers without the lanes that cannot take `request` (each noted in the trail with
+/// reason `adapter`); the first refusal when no lane is left.
+pub fn cut_untranslatable(
+    state: &State,
+    protocol: Protocol,
+    request: &Value,
+    tiers: &mut Vec<Vec<Candidate>>,
+    trail: &mut crate::trail::Trail,
+) -> Option<AdapterError> {
+    if protocol == Protocol::Chat {
+        return None;
+    }
+    // Judged once per provider kind.
+    let mut judged: Vec<(ProviderKind, Option<AdapterError>)> = Vec::new();
+    let mut first_refusal = None;
+    for tier in tiers.iter_mut() {
+        tier.retain(|c| {
+            let Some(kind) = state.provider(&c.provider).map(|(_, p)| p.kind()) else {
+                return true;
+            };
+            let refusal = match judged.iter().find(|(k, _)| *k == kind) {
+                Some((_, r)) => r.clone(),
+                None => {
+                    let r = lane_takes(protocol, kind, request).err();
+                    judged.push((kind, r.clone()));
+                    r
+                }
+            };
+            match refusal {
+                None => true,
+                Some(e) => {
+                    trail.skip(&c.provider, "", &c.model, "adapter");
+                    first_refusal.get_or_insert(e);
+                    false
+                }
+            }
+        });
+    }
+    tiers.retain(|t| !t.is_empty());
+    if tiers.is_empty() {
+        first_refusal
+    } else {
+        None
     }
 }
 
@@ -394,12 +476,11 @@ mod tests {
     #[test]
     fn which_lanes_serve_natively() {
         use ProviderKind::*;
-        assert!(native(Protocol::Messages, Anthropic, false));
-        assert!(!native(Protocol::Messages, Openai, false));
-        assert!(!native(Protocol::Responses, Openai, false));
-        assert!(native(Protocol::Responses, Openai, true));
-        assert!(!native(Protocol::Responses, OpenaiCompatible, true));
-        assert!(!native(Protocol::Chat, Anthropic, false));
+        assert!(native(Protocol::Messages, Anthropic));
+        assert!(!native(Protocol::Messages, Openai));
+        assert!(native(Protocol::Responses, Openai));
+        assert!(!native(Protocol::Responses, OpenaiCompatible));
+        assert!(!native(Protocol::Chat, Anthropic));
         assert_eq!(native_path(Protocol::Responses), "/responses");
     }
 

@@ -43,6 +43,8 @@ pub mod front;
 mod fuzz;
 #[cfg(test)]
 mod fuzz_ingress;
+#[cfg(test)]
+mod golden_tests;
 pub mod headers;
 pub mod host;
 pub mod ingress;

@@ -9,7 +9,13 @@
 //! - [`error_body`]: the Anthropic error object for a gateway error.
 //!
 //! A call served by a provider of kind `anthropic` takes none of these: its body goes as it
-//! came, with only `model` rewritten.
+//! came, with only `model` rewritten (unknown fields, roles, blocks and tool types included).
+//!
+//! What the translation does with each part of a Messages request (docs/protocols.md lists the
+//! same, per field): what has a chat-completions counterpart is translated; what has none is
+//! dropped ([`DROPPED_FIELDS`], and any top-level field this module does not know yet) or
+//! refused ([`REFUSED_FIELDS`], blocks and tool types chat cannot carry), naming the field.
+//! A refusal rules the lane out (trail reason `adapter`); a native lane may still serve.
 
 use std::collections::BTreeMap;
 
@@ -31,11 +37,47 @@ pub enum Fidelity {
 // Request
 // ---------------------------------------------------------------------------------------------
 
+/// Top-level fields with no chat-completions counterpart, left out for a translated lane: the
+/// lane answers with its own defaults for them.
+pub const DROPPED_FIELDS: [&str; 8] = [
+    // Extended thinking: a chat provider reasons (or not) by its own defaults.
+    "thinking",
+    // Server-side context edits (clearing old thinking or tool results): the gateway sends the
+    // whole conversation as it came.
+    "context_management",
+    // `effort`; `output_config.format` is translated (to `response_format`).
+    "output_config",
+    "top_k",
+    "service_tier",
+    "container",
+    // Only `metadata.user_id` has a counterpart (`user`).
+    "metadata",
+    "inference_geo",
+];
+
+/// Top-level fields a translated lane cannot honour and the caller relies on: refused.
+pub const REFUSED_FIELDS: [&str; 1] = [
+    // MCP servers the model calls at Anthropic.
+    "mcp_servers",
+];
+
 /// Messages request -> chat-completions request (the model name kept as the caller wrote it).
 pub fn to_chat_request(body: &Value, fidelity: Fidelity) -> Result<Value, AdapterError> {
     let Some(req) = body.as_object() else {
         return Err(AdapterError::not_an_object());
     };
+    if fidelity == Fidelity::Strict {
+        if let Some(field) = REFUSED_FIELDS
+            .iter()
+            .copied()
+            .find(|f| req.get(*f).is_some_and(|v| !v.is_null()))
+        {
+            return Err(AdapterError::new(
+                field,
+                format!("'{field}' runs only at Anthropic; this model's provider (OpenAI-compatible) cannot take it."),
+            ));
+        }
+    }
     let mut out = Map::new();
     if let Some(model) = req.get("model") {
         out.insert("model".into(), model.clone());
@@ -52,9 +94,7 @@ pub fn to_chat_request(body: &Value, fidelity: Fidelity) -> Result<Value, Adapte
         }
     }
     let mut messages = Vec::new();
-    if let Some(system) = system_text(req.get("system"))? {
-        messages.push(json!({ "role": "system", "content": system }));
-    }
+    let mut system: Vec<String> = system_text(req.get("system"))?.into_iter().collect();
     let Some(turns) = req.get("messages").and_then(Value::as_array) else {
         return Err(AdapterError::new(
             "messages",
@@ -62,7 +102,23 @@ pub fn to_chat_request(body: &Value, fidelity: Fidelity) -> Result<Value, Adapte
         ));
     };
     for (i, turn) in turns.iter().enumerate() {
+        if str_of(turn, "role") == "system" {
+            // A system turn inside `messages` joins the system prompt, in its order.
+            system.extend(system_text(turn.get("content")).map_err(|_| {
+                AdapterError::new(
+                    "messages",
+                    format!("messages[{i}].content must be a string or text blocks."),
+                )
+            })?);
+            continue;
+        }
         turn_to_chat(turn, i, fidelity, &mut messages)?;
+    }
+    if !system.is_empty() {
+        messages.insert(
+            0,
+            json!({ "role": "system", "content": system.join("\n\n") }),
+        );
     }
     out.insert("messages".into(), Value::Array(messages));
     for (from, to) in [
@@ -89,7 +145,19 @@ pub fn to_chat_request(body: &Value, fidelity: Fidelity) -> Result<Value, Adapte
     if let Some(user) = body.pointer("/metadata/user_id").and_then(Value::as_str) {
         out.insert("user".into(), Value::String(user.to_string()));
     }
-    // `thinking` has no chat-completions form: an OpenAI-shaped provider answers without it.
+    // Structured output: `output_config.format` (and the older `output_format`).
+    let format = body
+        .pointer("/output_config/format")
+        .or_else(|| req.get("output_format"))
+        .filter(|f| str_of(f, "type") == "json_schema");
+    if let Some(format) = format {
+        out.insert(
+            "response_format".into(),
+            json!({ "type": "json_schema", "json_schema": {
+                "name": "output", "schema": format.get("schema").cloned().unwrap_or_else(|| json!({})) } }),
+        );
+    }
+    // The fields of DROPPED_FIELDS, and any other this module does not know, are left out.
     tools_to_chat(req, fidelity, &mut out)?;
     Ok(Value::Object(out))
 }
@@ -125,7 +193,7 @@ fn turn_to_chat(
     if role != "user" && role != "assistant" {
         return Err(AdapterError::new(
             "messages",
-            format!("messages[{index}].role must be user or assistant."),
+            format!("messages[{index}].role must be user, assistant or system."),
         ));
     }
     let blocks = match turn.get("content") {
@@ -147,6 +215,11 @@ fn turn_to_chat(
         match str_of(block, "type") {
             "text" => parts.push(json!({ "type": "text", "text": str_of(block, "text") })),
             "image" => parts.push(image_part(block, index)?),
+            // A plain-text document is text; a PDF or a file id has no chat form.
+            "document" if str_of(block.get("source").unwrap_or(&Value::Null), "type") == "text" => {
+                let data = block.pointer("/source/data").and_then(Value::as_str);
+                parts.push(json!({ "type": "text", "text": data.unwrap_or("") }));
+            }
             "tool_use" => {
                 let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
                 tool_calls.push(json!({
@@ -284,6 +357,10 @@ fn tools_to_chat(
             if let Some(d) = tool.get("description").filter(|d| d.is_string()) {
                 function.insert("description".into(), d.clone());
             }
+            if let Some(strict) = tool.get("strict").filter(|s| s.is_boolean()) {
+                function.insert("strict".into(), strict.clone());
+            }
+            // `cache_control` and `defer_loading` have no chat form: left out.
             function.insert(
                 "parameters".into(),
                 tool.get("input_schema")
@@ -313,6 +390,21 @@ fn tools_to_chat(
         }
     }
     Ok(())
+}
+
+/// The gateway's own answer to `POST /v1/messages/count_tokens` for a model with no
+/// anthropic lane: `{"input_tokens": N}`, N estimated over the system prompt, the turns and
+/// the tools (the estimate routing uses, [`crate::context::estimate_tokens`]).
+pub fn count_tokens(body: &Value) -> Value {
+    let n: u64 = ["system", "messages", "tools"]
+        .iter()
+        .filter_map(|f| body.get(*f).filter(|v| !v.is_null()))
+        .map(|v| match v {
+            Value::String(s) => crate::context::estimate_tokens(s),
+            other => crate::context::estimate_tokens(&other.to_string()),
+        })
+        .sum();
+    json!({ "input_tokens": n })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -655,11 +747,11 @@ mod tests {
         let e = to_chat_request(&json!({ "max_tokens": 5 }), Fidelity::Lenient).unwrap_err();
         assert_eq!(e.param, Some("messages"));
         let e = to_chat_request(
-            &json!({ "max_tokens": 5, "messages": [{ "role": "system", "content": "x" }] }),
+            &json!({ "max_tokens": 5, "messages": [{ "role": "tool", "content": "x" }] }),
             Fidelity::Lenient,
         )
         .unwrap_err();
-        assert!(e.message.contains("user or assistant"));
+        assert!(e.message.contains("user, assistant or system"));
     }
 
     #[test]
@@ -731,13 +823,61 @@ mod tests {
     #[test]
     fn what_only_anthropic_runs_is_refused_strictly_and_left_out_leniently() {
         let body = json!({ "max_tokens": 9, "messages": [{ "role": "user", "content": [
-                { "type": "document", "source": { "type": "text", "data": "x" } } ] }],
+                { "type": "document", "source": { "type": "base64", "media_type": "application/pdf", "data": "JVBERi0=" } } ] }],
             "tools": [{ "type": "web_search_20250305", "name": "web_search" }] });
         let e = to_chat_request(&body, Fidelity::Strict).unwrap_err();
         assert!(e.message.contains("'document'"), "{e}");
         let out = to_chat_request(&body, Fidelity::Lenient).unwrap();
         assert!(out.get("tools").is_none());
         assert_eq!(out["messages"], json!([]));
+    }
+
+    #[test]
+    fn system_turns_fold_into_the_system_prompt_and_unmodelled_fields_follow_the_documented_rule() {
+        let out = strict(json!({ "model": "c", "max_tokens": 9, "system": "A",
+            "messages": [
+                { "role": "user", "content": "hi" },
+                { "role": "system", "content": [{ "type": "text", "text": "B" }] },
+                { "role": "user", "content": [{ "type": "document",
+                    "source": { "type": "text", "media_type": "text/plain", "data": "doc" } }] },
+            ],
+            "thinking": { "type": "adaptive" }, "context_management": { "edits": [] },
+            "output_config": { "effort": "high", "format": { "type": "json_schema", "schema": { "type": "object" } } },
+            "top_k": 5, "some_field_of_next_year": 1, "temperature": null,
+            "tools": [{ "name": "Later", "defer_loading": true, "strict": true,
+                        "cache_control": { "type": "ephemeral" }, "input_schema": { "type": "object" } }] }));
+        assert_eq!(
+            out,
+            json!({ "model": "c", "max_tokens": 9, "messages": [
+                { "role": "system", "content": "A\n\nB" },
+                { "role": "user", "content": "hi" },
+                { "role": "user", "content": "doc" },
+            ],
+            "response_format": { "type": "json_schema", "json_schema": { "name": "output", "schema": { "type": "object" } } },
+            "tools": [{ "type": "function", "function": { "name": "Later", "strict": true, "parameters": { "type": "object" } } }] })
+        );
+        for field in DROPPED_FIELDS {
+            let mut body = json!({ "max_tokens": 9, "messages": [] });
+            body[field] = json!({ "x": 1 });
+            assert!(to_chat_request(&body, Fidelity::Strict).is_ok(), "{field}");
+        }
+        for field in REFUSED_FIELDS {
+            let mut body = json!({ "max_tokens": 9, "messages": [] });
+            body[field] = json!([{}]);
+            let e = to_chat_request(&body, Fidelity::Strict).unwrap_err();
+            assert_eq!(e.param, Some(field));
+            assert!(to_chat_request(&body, Fidelity::Lenient).is_ok(), "{field}");
+        }
+    }
+
+    #[test]
+    fn count_tokens_estimates_system_turns_and_tools() {
+        let bare = count_tokens(&json!({ "messages": [{ "role": "user", "content": "hello" }] }));
+        let more = count_tokens(&json!({ "system": "Be brief and exact.",
+            "messages": [{ "role": "user", "content": "hello" }],
+            "tools": [{ "name": "Bash", "input_schema": { "type": "object" } }] }));
+        assert!(bare["input_tokens"].as_u64().unwrap() > 0);
+        assert!(more["input_tokens"].as_u64() > bare["input_tokens"].as_u64());
     }
 
     #[test]

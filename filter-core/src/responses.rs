@@ -54,6 +54,7 @@ const PARTS: [&str; 5] = [
 pub fn routing_view(body: &Value) -> Value {
     let mut view = body.clone();
     if let Some(Value::Array(tools)) = view.get_mut("tools") {
+        *tools = flat_tools(tools);
         tools.retain(|t| str_of(t, "type") == "function");
     }
     if let Some(Value::Array(items)) = view.get_mut("input") {
@@ -189,10 +190,15 @@ fn item_to_chat(item: &Value, index: usize, out: &mut Vec<Value>) -> Result<(), 
             out.push(json!({ "role": role, "content": content }));
         }
         "function_call" => {
+            // A namespace's tool goes by its flattened name, as the lane was offered it.
+            let name = match str_of(item, "namespace") {
+                "" => str_of(item, "name").to_string(),
+                ns => format!("{ns}{NAMESPACE_SEPARATOR}{}", str_of(item, "name")),
+            };
             let call = json!({
                 "id": str_of(item, "call_id"),
                 "type": "function",
-                "function": { "name": str_of(item, "name"), "arguments": str_of(item, "arguments") },
+                "function": { "name": name, "arguments": str_of(item, "arguments") },
             });
             let joins_last = out.last().is_some_and(|m| {
                 str_of(m, "role") == "assistant" && m.get("tool_calls").is_some()
@@ -250,13 +256,44 @@ fn part_to_chat(part: &Value, index: usize) -> Result<Value, AdapterError> {
     }
 }
 
+/// Between a namespace's name and its tool's in the function name a translated lane sees
+/// (`multi_agent_v1__spawn_agent`); chat function names take `[A-Za-z0-9_-]` only.
+pub const NAMESPACE_SEPARATOR: &str = "__";
+
+/// The request's function tools, a namespace's tools flattened into function tools named
+/// `<namespace>__<tool>`; hosted tools (web search, file search, …) as they are.
+fn flat_tools(tools: &[Value]) -> Vec<Value> {
+    let mut flat = Vec::new();
+    for tool in tools {
+        if str_of(tool, "type") != "namespace" {
+            flat.push(tool.clone());
+            continue;
+        }
+        let namespace = str_of(tool, "name");
+        for inner in tool
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let mut inner = inner.clone();
+            if str_of(&inner, "type") == "function" {
+                let name = format!("{namespace}{NAMESPACE_SEPARATOR}{}", str_of(&inner, "name"));
+                inner["name"] = json!(name);
+            }
+            flat.push(inner);
+        }
+    }
+    flat
+}
+
 fn tools_to_chat(
     req: &Map<String, Value>,
     out: &mut Map<String, Value>,
 ) -> Result<(), AdapterError> {
     if let Some(tools) = req.get("tools").and_then(Value::as_array) {
         let mut chat_tools = Vec::new();
-        for tool in tools {
+        for tool in &flat_tools(tools) {
             if str_of(tool, "type") != "function" {
                 return Err(AdapterError::new(
                     "tools",
@@ -331,9 +368,35 @@ fn message_item(id: &str, text: &str, status: &str) -> Value {
             "content": [{ "type": "output_text", "text": text, "annotations": [] }] })
 }
 
-fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({ "type": "function_call", "id": id, "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status })
+/// A `function_call` item; a call of a namespace's tool (flattened on the way in, see
+/// [`NAMESPACE_SEPARATOR`]) gets its own name back and its `namespace`.
+fn call_item(
+    request: &Value,
+    id: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+    status: &str,
+) -> Value {
+    let mut item = json!({ "type": "function_call", "id": id, "call_id": call_id, "name": name,
+                           "arguments": arguments, "status": status });
+    if let Some((namespace, tool)) = namespaced(request, name) {
+        item["name"] = json!(tool);
+        item["namespace"] = json!(namespace);
+    }
+    item
+}
+
+/// `(namespace, tool)` when `flat` is the flattened name of a tool of a namespace the request
+/// declared.
+fn namespaced<'a>(request: &Value, flat: &'a str) -> Option<(&'a str, &'a str)> {
+    let (namespace, tool) = flat.split_once(NAMESPACE_SEPARATOR)?;
+    let declared = request
+        .get("tools")
+        .and_then(Value::as_array)?
+        .iter()
+        .any(|t| str_of(t, "type") == "namespace" && str_of(t, "name") == namespace);
+    declared.then_some((namespace, tool))
 }
 
 /// The `response` object around `output`, echoing what the request asked for.
@@ -402,6 +465,7 @@ pub fn from_chat_response(chat: &Value, request: &Value, created_s: i64) -> Valu
         .enumerate()
     {
         output.push(call_item(
+            request,
             &format!("fc_{id}_{i}"),
             str_of(call, "id"),
             call.pointer("/function/name")
@@ -552,7 +616,7 @@ impl StreamEncoder {
             self.push(
                 out,
                 json!({ "type": "response.output_item.added", "output_index": index,
-                "item": call_item(&id, &call_id, &name, "", "in_progress") }),
+                "item": call_item(&self.request, &id, &call_id, &name, "", "in_progress") }),
             );
             self.open = Some(Item::Call {
                 id,
@@ -613,7 +677,7 @@ impl StreamEncoder {
                     json!({ "type": "response.function_call_arguments.done",
                     "item_id": id, "output_index": index, "arguments": arguments }),
                 );
-                call_item(&id, &call_id, &name, &arguments, "completed")
+                call_item(&self.request, &id, &call_id, &name, &arguments, "completed")
             }
         };
         self.push(
@@ -792,6 +856,53 @@ mod tests {
         let e = to_chat_request(&json!({ "input": [{ "type": "item_reference", "id": "x" }] }))
             .unwrap_err();
         assert!(e.message.contains("natively"));
+    }
+
+    #[test]
+    fn namespace_tools_are_flattened_for_chat_and_their_calls_named_back() {
+        let request = json!({ "model": "m", "input": [
+                { "type": "function_call", "call_id": "c0", "namespace": "agents",
+                  "name": "spawn", "arguments": "{}" },
+                { "type": "function_call_output", "call_id": "c0", "output": "ok" }],
+            "tools": [{ "type": "function", "name": "exec_command", "parameters": {} },
+                      { "type": "namespace", "name": "agents", "description": "Sub-agents.",
+                        "tools": [{ "type": "function", "name": "spawn", "parameters": {} },
+                                  { "type": "function", "name": "close", "parameters": {} }] }] });
+        let out = chat(request.clone());
+        let names: Vec<&str> = out["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["exec_command", "agents__spawn", "agents__close"]);
+        assert_eq!(
+            out["messages"][0]["tool_calls"][0]["function"]["name"],
+            "agents__spawn"
+        );
+        let answer = json!({ "id": "chatcmpl-1", "model": "m", "choices": [{ "index": 0,
+            "message": { "role": "assistant", "content": null, "tool_calls": [
+                { "id": "c1", "type": "function", "function": { "name": "agents__close", "arguments": "{}" } },
+                { "id": "c2", "type": "function", "function": { "name": "exec_command", "arguments": "{}" } },
+                { "id": "c3", "type": "function", "function": { "name": "other__x", "arguments": "{}" } }] },
+            "finish_reason": "tool_calls" }] });
+        let r = from_chat_response(&answer, &request, 0);
+        assert_eq!(
+            (
+                r["output"][0]["name"].clone(),
+                r["output"][0]["namespace"].clone()
+            ),
+            (json!("close"), json!("agents"))
+        );
+        assert_eq!(r["output"][1]["name"], "exec_command");
+        assert!(r["output"][1].get("namespace").is_none());
+        // Not a declared namespace: the name as it came.
+        assert_eq!(r["output"][2]["name"], "other__x");
+        // A hosted tool is refused, its type named.
+        let e = to_chat_request(&json!({ "input": "x", "tools": [
+            { "type": "namespace", "name": "n", "tools": [] }, { "type": "web_search" }] }))
+        .unwrap_err();
+        assert!(e.message.contains("'web_search'"), "{e}");
     }
 
     #[test]

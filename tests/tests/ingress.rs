@@ -1,7 +1,7 @@
-//! The Responses API served natively: a stateful call (`previous_response_id`, `store: true`)
-//! goes only to lanes of kind openai, its body and answer passed through (`/v1/responses` at
-//! the provider), its stream held and cut by the same rules as every other; a model with no
-//! such lane answers 400. (The stateless Responses API and the Messages API, through the
+//! The Responses API served natively: every call to a lane of kind openai has its body and
+//! answer passed through (`/v1/responses` at the provider), its stream held and cut by the
+//! same rules as every other; a stateful call (`previous_response_id`, `store: true`) goes only
+//! to such lanes, and a model with none answers 400. (The stateless Responses API and the Messages API, through the
 //! official SDKs: tests/tests/conformance.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -81,12 +81,13 @@ async fn a_stateful_response_is_served_natively_by_an_openai_lane() {
     );
     assert_eq!(call.model.as_deref(), Some("m1"));
 
-    // The same model, stateless: through chat completions.
+    // The same model, stateless: natively too (an openai lane takes every Responses call as
+    // it came).
     let reply = responses(&gw, json!({ "model": "chat", "input": "Hi" })).await;
     assert_eq!(reply.status, 200);
     assert_eq!(reply.json["object"], "response");
     let calls = gw.mock1.calls().await.unwrap();
-    assert!(calls.last().unwrap().path.ends_with("/chat/completions"));
+    assert!(calls.last().unwrap().path.ends_with("/responses"));
 
     // Streamed natively: the provider's typed events as they came.
     let reply = responses(

@@ -1,0 +1,478 @@
+//! The coding agents users run, pinned in tests/conformance/node/package.json and installed by
+//! scripts/setup.sh, pointed at the gateway exactly as the README's "Use it with…" section
+//! says, with mock providers behind it: Claude Code (`claude -p`) on a lane of its own
+//! protocol (kind anthropic, `/v1/messages` passed natively) and on a translated one
+//! (openai-compatible); Codex (`codex exec`) on an openai lane (`/v1/responses` natively) and
+//! on a translated one. Each must exit 0 with the mock's answer as its own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use ai_router_e2e::{script, workspace_root, Gateway};
+use serde_json::{json, Value};
+
+/// An agent run may take a while on a loaded machine (Claude Code starts a Node runtime of
+/// ~200 MB); it talks only to the gateway.
+const AGENT_LIMIT: Duration = Duration::from_secs(180);
+
+/// `claude` (kind anthropic, mock 1, key a) serving `claude-m`; `gpt` (kind openai, mock 1,
+/// key b) serving `gpt-m`; `p2` (openai-compatible, mock 2, key c) serving `m2`. No fallbacks:
+/// each model is served by the lane the test names.
+fn agents_pool(p1: &str, p2: &str) -> String {
+    format!(
+        r#"gateway:
+  host: 127.0.0.1
+  port: 0
+  adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}
+  keyStore: {{ type: memory }}
+controlPlane:
+  host: 127.0.0.1
+  httpPort: 0
+  grpcPort: 0
+providers:
+  - id: claude
+    kind: anthropic
+    baseUrl: {p1}
+    keys:
+      - {{ alias: a, env: P1_KEY_A }}
+    models:
+      - {{ id: claude-m }}
+  - id: gpt
+    kind: openai
+    baseUrl: {p1}
+    keys:
+      - {{ alias: b, env: P1_KEY_B }}
+    models:
+      - {{ id: gpt-m }}
+  - id: p2
+    kind: openai-compatible
+    baseUrl: {p2}
+    keys:
+      - {{ alias: c, env: P2_KEY_C }}
+    models:
+      - {{ id: m2 }}
+defaults:
+  deadlineMs: 60000
+"#
+    )
+}
+
+/// The agent's executable in tests/conformance/node/node_modules/.bin.
+fn agent_bin(name: &str) -> PathBuf {
+    let bin = workspace_root()
+        .join("tests/conformance/node/node_modules/.bin")
+        .join(name);
+    assert!(
+        bin.exists(),
+        "{} is not installed: run scripts/setup.sh (npm ci in tests/conformance/node)",
+        bin.display()
+    );
+    bin
+}
+
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+    /// How long the agent ran (the WebSocket refusal is measured by it).
+    took: Duration,
+}
+
+/// Runs `program args` in `cwd` with only `env` (plus PATH) set, saving its outputs as
+/// `<name>.stdout` / `.stderr` in the test directory.
+async fn run_agent(
+    gw: &Gateway,
+    name: &str,
+    program: &Path,
+    args: &[&str],
+    cwd: &Path,
+    env: &[(&str, String)],
+) -> Run {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("NO_PROXY", "*")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let started = Instant::now();
+    let child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
+    let out = tokio::time::timeout(AGENT_LIMIT, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("{name} finishes within {AGENT_LIMIT:?}"))
+        .unwrap();
+    let run = Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        took: started.elapsed(),
+    };
+    std::fs::write(gw.dir.join(&format!("{name}.stdout")), &run.stdout).unwrap();
+    std::fs::write(gw.dir.join(&format!("{name}.stderr")), &run.stderr).unwrap();
+    run
+}
+
+fn dir_in(gw: &Gateway, name: &str) -> PathBuf {
+    let dir = gw.dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `claude -p "Say hi" --model MODEL --output-format json` with the README's settings.
+async fn claude(gw: &Gateway, name: &str, model: &str) -> Run {
+    let home = dir_in(gw, &format!("{name}-home"));
+    let env = [
+        ("ANTHROPIC_BASE_URL", gw.envoy.base_url()),
+        ("ANTHROPIC_API_KEY", gw.virtual_key.clone()),
+        ("DISABLE_TELEMETRY", "1".to_string()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+        ("HOME", home.display().to_string()),
+    ];
+    let args = ["-p", "Say hi", "--model", model, "--output-format", "json"];
+    run_agent(gw, name, &agent_bin("claude"), &args, &home, &env).await
+}
+
+/// Claude Code's `--output-format json` result: exit 0, no error, the answer in `result`.
+fn claude_answer(run: &Run) -> String {
+    let line = run
+        .stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .unwrap_or("");
+    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+    assert!(
+        run.ok && v["is_error"] == false,
+        "claude failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout,
+        run.stderr
+    );
+    v["result"].as_str().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_answers_through_a_native_and_a_translated_lane() {
+    let gw = Gateway::start_with("agents_claude_code", agents_pool)
+        .await
+        .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    }
+
+    // Its own protocol: the request goes to the anthropic lane as Claude Code wrote it.
+    let run = claude(&gw, "claude-native", "claude-m").await;
+    assert_eq!(claude_answer(&run), "Hi from the pool");
+    let calls = gw.mock1.calls().await.unwrap();
+    let call = calls
+        .iter()
+        .find(|c| c.path.ends_with("/messages"))
+        .unwrap_or_else(|| panic!("an anthropic call in {calls:?}"));
+    for field in [
+        "context_management",
+        "thinking",
+        "output_config",
+        "metadata",
+        "system",
+        "tools",
+    ] {
+        assert!(
+            call.body.get(field).is_some(),
+            "{field} kept: {}",
+            call.body
+        );
+    }
+    assert!(
+        call.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "system"),
+        "the system turn inside messages, as sent"
+    );
+    assert!(call
+        .header("anthropic-beta")
+        .is_some_and(|b| b.contains("claude-code")));
+    assert_eq!(
+        call.header("anthropic-version").as_deref(),
+        Some("2023-06-01")
+    );
+    assert_eq!(call.key.as_deref(), Some(gw.key_a.as_str()));
+
+    // A translated lane: the system turn folded into the system prompt.
+    let run = claude(&gw, "claude-translated", "m2").await;
+    assert_eq!(claude_answer(&run), "Hi from the pool");
+    let calls = gw.mock2.calls().await.unwrap();
+    let call = calls
+        .iter()
+        .find(|c| c.path.ends_with("/chat/completions"))
+        .unwrap_or_else(|| panic!("a chat call in {calls:?}"));
+    let roles: Vec<&str> = call.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["role"].as_str())
+        .collect();
+    assert_eq!(roles[0], "system");
+    assert_eq!(
+        roles.iter().filter(|r| **r == "system").count(),
+        1,
+        "{roles:?}"
+    );
+    for field in ["context_management", "thinking", "output_config"] {
+        assert!(
+            call.body.get(field).is_none(),
+            "{field} dropped: {}",
+            call.body
+        );
+    }
+}
+
+/// `$CODEX_HOME/config.toml` pointing Codex at the gateway (the README's settings), plus `extra`.
+fn codex_home(gw: &Gateway, name: &str, extra: &str) -> PathBuf {
+    let home = dir_in(gw, &format!("{name}-home"));
+    let config = format!(
+        "model_provider = \"gw\"\n{extra}\n[model_providers.gw]\nname = \"ai-router\"\nbase_url = \"{}\"\nenv_key = \"AI_ROUTER_API_KEY\"\nwire_api = \"responses\"\n",
+        gw.openai_base_url()
+    );
+    std::fs::write(home.join("config.toml"), config).unwrap();
+    home
+}
+
+async fn codex(gw: &Gateway, name: &str, model: &str, home: &Path) -> Run {
+    let work = dir_in(gw, &format!("{name}-work"));
+    let env = [
+        ("CODEX_HOME", home.display().to_string()),
+        ("HOME", home.display().to_string()),
+        ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
+    ];
+    let args = ["exec", "--skip-git-repo-check", "-m", model, "Say hi"];
+    run_agent(gw, name, &agent_bin("codex"), &args, &work, &env).await
+}
+
+fn codex_answer(run: &Run) -> String {
+    assert!(
+        run.ok,
+        "codex failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout, run.stderr
+    );
+    run.stdout.trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_answers_through_a_native_and_a_translated_lane() {
+    let gw = Gateway::start_with("agents_codex", agents_pool)
+        .await
+        .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    }
+
+    // An openai lane: the request as Codex wrote it, namespace and hosted tools included.
+    let home = codex_home(&gw, "codex-native", "");
+    let run = codex(&gw, "codex-native", "gpt-m", &home).await;
+    assert_eq!(codex_answer(&run), "Hi from the pool");
+    let calls = gw.mock1.calls().await.unwrap();
+    let call = calls
+        .iter()
+        .find(|c| c.path.ends_with("/responses"))
+        .unwrap_or_else(|| panic!("a responses call in {calls:?}"));
+    let types: Vec<&str> = call.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["type"].as_str())
+        .collect();
+    assert!(
+        types.contains(&"namespace") && types.contains(&"web_search"),
+        "{types:?}"
+    );
+
+    // A translated lane refuses its hosted web search, naming it, as Codex shows it.
+    let run = codex(&gw, "codex-refused", "m2", &home).await;
+    assert!(!run.ok, "{}", run.stdout);
+    assert!(
+        run.stderr.contains("web_search") || run.stdout.contains("web_search"),
+        "the refusal names the tool type\n{}",
+        run.stderr
+    );
+    // With web search off, the namespace's tools flattened to function tools.
+    let home = codex_home(&gw, "codex-translated", "web_search = \"disabled\"");
+    let run = codex(&gw, "codex-translated", "m2", &home).await;
+    assert_eq!(codex_answer(&run), "Hi from the pool");
+    let calls = gw.mock2.calls().await.unwrap();
+    let call = calls
+        .iter()
+        .find(|c| c.path.ends_with("/chat/completions"))
+        .unwrap_or_else(|| panic!("a chat call in {calls:?}"));
+    let names: Vec<&str> = call.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("multi_agent_v1__")),
+        "{names:?}"
+    );
+}
+
+/// A WebSocket handshake on `/v1/responses` (what Codex's built-in OpenAI provider tries
+/// first), sent raw: the status line of the answer.
+async fn websocket_handshake(gw: &Gateway) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = gw
+        .envoy
+        .base_url()
+        .trim_start_matches("http://")
+        .to_string();
+    let mut stream = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let request = format!(
+        "GET /v1/responses HTTP/1.1\r\nHost: {authority}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        gw.virtual_key
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer))
+        .await
+        .expect("an answer to the handshake")
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n]).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_with_its_built_in_provider_is_told_at_once_to_use_https() {
+    let gw = Gateway::start_with("agents_codex_websocket", agents_pool)
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " there"
+        ])])]))
+        .await
+        .unwrap();
+    let answer = websocket_handshake(&gw).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 426"),
+        "the upgrade refused with 426, which Codex reads as 'use HTTPS':\n{answer}"
+    );
+
+    // Its built-in provider pointed at the gateway: one handshake refused, then HTTPS.
+    let home = dir_in(&gw, "codex-builtin-home");
+    std::fs::write(
+        home.join("config.toml"),
+        format!("openai_base_url = \"{}\"\n", gw.openai_base_url()),
+    )
+    .unwrap();
+    let work = dir_in(&gw, "codex-builtin-work");
+    let env = [
+        ("CODEX_HOME", home.display().to_string()),
+        ("HOME", home.display().to_string()),
+        ("CODEX_API_KEY", gw.virtual_key.clone()),
+    ];
+    let args = ["exec", "--skip-git-repo-check", "-m", "gpt-m", "Say hi"];
+    let run = run_agent(
+        &gw,
+        "codex-builtin",
+        &agent_bin("codex"),
+        &args,
+        &work,
+        &env,
+    )
+    .await;
+    assert_eq!(codex_answer(&run), "Hi there");
+    println!("codex exec with its built-in provider took {:?}", run.took);
+}
+
+/// A file in the agent's working directory whose content only a tool call can read.
+const NOTE: &str = "NOTE-CONTENT-42";
+
+/// The mock's script for a tool round trip: a call of `tool` with `arguments`, then (once the
+/// result is sent back) the final answer.
+fn tool_round_trip(tool: &str, arguments: Value) -> Value {
+    json!([script::always(vec![
+        json!({ "toolCalls": [{ "id": "call_note", "name": tool, "arguments": arguments }] }),
+        script::stream(&["The note", " was read."]),
+    ])])
+}
+
+/// The tool's result (the note, under the call's id) reached the model: it is in a request
+/// the mock saw after the first.
+async fn assert_result_sent_back(mock: &ai_router_e2e::Mock, name: &str) {
+    let calls = mock.calls().await.unwrap();
+    let later: Vec<String> = calls.iter().skip(1).map(|c| c.body.to_string()).collect();
+    assert!(
+        later
+            .iter()
+            .any(|b| b.contains(NOTE) && b.contains("call_note")),
+        "{name}: the tool's result went back to the model:\n{later:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
+    let gw = Gateway::start_with("agents_claude_tools", agents_pool)
+        .await
+        .expect("fixture");
+    for (name, model, mock) in [
+        ("claude-tool-native", "claude-m", &gw.mock1),
+        ("claude-tool-translated", "m2", &gw.mock2),
+    ] {
+        let home = dir_in(&gw, &format!("{name}-home"));
+        let note = home.join("note.txt");
+        std::fs::write(&note, NOTE).unwrap();
+        mock.script(tool_round_trip(
+            "Read",
+            json!({ "file_path": note.display().to_string() }),
+        ))
+        .await
+        .unwrap();
+        let run = claude(&gw, name, model).await;
+        assert_eq!(claude_answer(&run), "The note was read.");
+        assert_result_sent_back(mock, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
+    let gw = Gateway::start_with("agents_codex_tools", agents_pool)
+        .await
+        .expect("fixture");
+    for (name, model, mock) in [
+        ("codex-tool-native", "gpt-m", &gw.mock1),
+        ("codex-tool-translated", "m2", &gw.mock2),
+    ] {
+        let home = codex_home(&gw, name, "web_search = \"disabled\"");
+        let work = dir_in(&gw, &format!("{name}-work"));
+        std::fs::write(work.join("note.txt"), NOTE).unwrap();
+        mock.script(tool_round_trip(
+            "exec_command",
+            json!({ "cmd": "cat note.txt" }),
+        ))
+        .await
+        .unwrap();
+        let run = codex(&gw, name, model, &home).await;
+        assert_eq!(codex_answer(&run), "The note was read.");
+        assert_result_sent_back(mock, name).await;
+    }
+}

@@ -352,16 +352,14 @@ pub trait FromChatStream {
 /// A provider's stream event past [`crate::sse::MAX_EVENT_BYTES`]: the stream is not read
 /// further.
 pub fn overlong_event() -> Failure {
-    Failure {
-        class: Class::Stream,
-        retry_at_ms: None,
-        provider_code: None,
-        message: format!(
+    Failure::local(
+        Class::Stream,
+        200,
+        format!(
             "the provider sent a stream event longer than {} bytes",
             crate::sse::MAX_EVENT_BYTES
         ),
-        status: 200,
-    }
+    )
 }
 
 /// An OpenAI-style error event for a stream that cannot go on.

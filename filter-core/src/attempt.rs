@@ -1011,7 +1011,12 @@ impl Attempt {
             return 0.0;
         };
         match self.usage {
-            Some(u) => crate::cost::cost_at(&price, u.prompt_tokens, u.completion_tokens),
+            Some(u) => crate::cost::cost_at(
+                &price,
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+            ),
             None => {
                 let needs = crate::resolve::Needs {
                     prompt_tokens: plan.prompt_tokens,

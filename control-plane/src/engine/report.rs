@@ -348,6 +348,10 @@ pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
             }),
+            usage_source: a.usage.map(|u| match u.source() {
+                pb::UsageSource::Estimated => "estimated",
+                pb::UsageSource::Reported | pb::UsageSource::Unspecified => "reported",
+            }),
             cost,
             // Only while the pool says so: a report queued before includeContent was turned
             // off keeps its content out of the events.

@@ -7,6 +7,7 @@
 //! - `defaults`: the spec's defaults;
 //! - `calendar`: UTC (and Pacific) calendar math;
 //! - `kinds`: per-kind provider facts (daily reset zone, rate-limit windows, request caps);
+//! - `price`: what tokens cost at a model's prices (cached prompt tokens included);
 //! - here: the headers, clusters and metadata between the processes, the OpenAI error type of
 //!   a status, the probe lease holder, SHA-256 and the secret fingerprint.
 
@@ -17,6 +18,7 @@ pub mod defaults;
 pub mod error_code;
 pub mod failure;
 pub mod kinds;
+pub mod price;
 
 /// A virtual key's `profiles` or `models` entry that binds it to every profile or model.
 pub const BINDING_WILDCARD: &str = "*";

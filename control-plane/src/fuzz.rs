@@ -251,6 +251,7 @@ fn usage(rng: &mut StdRng) -> Option<ai_router_proto::v1::Usage> {
         prompt_tokens: pick_number(rng) as u64,
         completion_tokens: pick_number(rng) as u64,
         cached_tokens: pick_number(rng) as u64,
+        ..Default::default()
     })
 }
 

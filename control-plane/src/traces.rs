@@ -433,6 +433,7 @@ mod tests {
                 prompt_tokens: 11,
                 completion_tokens: 7,
                 cached_tokens: 0,
+                ..Default::default()
             }),
             ..failed.clone()
         };

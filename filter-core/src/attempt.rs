@@ -5,7 +5,7 @@
 
 use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
-    ProviderKind, Usage as ProtoUsage,
+    ProviderKind, Usage as ProtoUsage, UsageSource,
 };
 use prost::Message;
 use serde_json::Value;
@@ -109,6 +109,8 @@ pub struct Attempt {
     reported: bool,
     after_first_token: bool,
     usage: Option<Usage>,
+    /// Estimated tokens of the answer's generated text: counted when no usage comes.
+    answer_tokens: u64,
     /// Embeddings: the vector length the lane's model declares.
     dimensions: Option<usize>,
     /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
@@ -438,6 +440,7 @@ impl Attempt {
             // (the provider is silent), so it is cut; the client sees it break off.
             if let Mode::Stream { gate, .. } = &self.mode {
                 self.usage = gate.usage;
+                self.answer_tokens = gate.answer_tokens;
             }
             self.report(host, Some(&failure), 200);
             self.mode = Mode::Drained;
@@ -862,11 +865,7 @@ impl Attempt {
             provider_code: failure
                 .and_then(|f| f.provider_code.clone())
                 .unwrap_or_default(),
-            usage: self.usage.map(|u| ProtoUsage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-                cached_tokens: u.cached_tokens,
-            }),
+            usage: self.usage_to_report(failure.is_none()),
             virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
             at_ms: now,
             after_first_token: self.after_first_token,
@@ -884,6 +883,27 @@ impl Attempt {
                 .unwrap_or_default(),
             content: self.content.as_ref().map(|c| c.to_proto(&lane.secret)),
         });
+    }
+
+    /// The usage an attempt is counted for: the provider's; else, for an answer (a success, or
+    /// a stream that broke off after its first token), an estimate: the request's prompt
+    /// estimate and the answer's generated text, marked as such. A budget or token quota is
+    /// then never passed by a provider that reports nothing.
+    fn usage_to_report(&self, answered: bool) -> Option<ProtoUsage> {
+        if let Some(u) = self.usage {
+            return Some(ProtoUsage {
+                prompt_tokens: u.prompt_tokens,
+                completion_tokens: u.completion_tokens,
+                cached_tokens: u.cached_tokens,
+                source: UsageSource::Reported.into(),
+            });
+        }
+        (answered || self.after_first_token).then(|| ProtoUsage {
+            prompt_tokens: self.plan.as_ref().map_or(0, |p| p.prompt_tokens),
+            completion_tokens: self.answer_tokens,
+            cached_tokens: 0,
+            source: UsageSource::Estimated.into(),
+        })
     }
 
     /// The answer that carries a failed attempt's verdict: for a retryable failure the signal
@@ -1089,7 +1109,12 @@ impl Attempt {
             return 0.0;
         };
         match self.usage {
-            Some(u) => crate::cost::cost_at(&price, u.prompt_tokens, u.completion_tokens),
+            Some(u) => crate::cost::cost_at(
+                &price,
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+            ),
             None => {
                 let needs = crate::resolve::Needs {
                     prompt_tokens: plan.prompt_tokens,
@@ -1371,6 +1396,7 @@ impl Attempt {
                     let bytes = to_caller(bytes);
                     host.set_body(Side::Response, 0, size, &bytes);
                     self.usage = gate.usage;
+                    self.answer_tokens = gate.answer_tokens;
                     self.report(host, Some(&failure), 200);
                     self.mode = Mode::Drained;
                     return Flow::Continue;
@@ -1423,6 +1449,7 @@ impl Attempt {
                         bytes.extend(redactor.finish());
                         host.set_body(Side::Response, 0, size, &to_caller(bytes));
                         self.usage = gate.usage;
+                        self.answer_tokens = gate.answer_tokens;
                         let failure = (!gate.completed()).then(|| {
                             Failure::local(
                                 Class::Stream,
@@ -1483,6 +1510,7 @@ impl Attempt {
         let now = host.now_ms();
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
+        self.answer_tokens = crate::context::estimate_answer_tokens(&parsed);
         if (200..300).contains(&status) && !has_error_object {
             // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
             // cut body are not). A JSON answer to a stream request (a server that ignores
@@ -2815,6 +2843,68 @@ data: [DONE]\n\n"
                 cached_tokens: 2
             })
         );
+    }
+
+    #[test]
+    fn an_answer_without_usage_is_reported_at_the_estimate_and_says_so() {
+        use ai_router_proto::v1::UsageSource;
+        // Unary: the request's prompt estimate and the answer's text, 4 characters a token.
+        let mut plan = plan(false);
+        plan.prompt_tokens = 12;
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        let text = "word ".repeat(40);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            &serde_json::json!({ "choices": [{ "message": { "role": "assistant", "content": text } }] })
+                .to_string(),
+        );
+        let usage = host.attempts[0].usage.unwrap_or_default();
+        assert_eq!(
+            (usage.prompt_tokens, usage.completion_tokens, usage.source()),
+            (12, 50, UsageSource::Estimated)
+        );
+        // The provider's figures when it reports them.
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(
+            &mut stage,
+            &mut host,
+            200,
+            &[("content-type", "application/json")],
+            r#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        );
+        let usage = host.attempts[0].usage.unwrap_or_default();
+        assert_eq!(
+            (usage.prompt_tokens, usage.completion_tokens, usage.source()),
+            (3, 2, UsageSource::Reported)
+        );
+        // A stream that ends without its usage chunk: the deltas' text.
+        let (plan, mut host, mut stage) = a_stream_past_its_first_token();
+        host.response_body =
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"abcdefgh\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+data: [DONE]\n\n"
+                .to_vec();
+        let size = host.response_body.len();
+        stage.on_response_body(&mut host, size, true);
+        let usage = host.attempts[0].usage.unwrap_or_default();
+        assert_eq!(usage.source(), UsageSource::Estimated);
+        assert_eq!(usage.prompt_tokens, plan.prompt_tokens);
+        // "Hi" (1 token) released the stream, "abcdefgh" (2) came after it.
+        assert_eq!(usage.completion_tokens, 3, "{usage:?}");
+        // A failure before any answer used nothing.
+        let plan = self::plan(false);
+        let mut host = host_with(snapshot(), &plan, 1);
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(&mut stage, &mut host, 503, &[], "{}");
+        assert_eq!(host.attempts[0].usage, None);
     }
 
     #[test]

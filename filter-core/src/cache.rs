@@ -636,6 +636,7 @@ impl CallCache {
                     prompt_tokens: u.prompt_tokens,
                     completion_tokens: u.completion_tokens,
                     cached_tokens: u.cached_tokens,
+                    source: ai_router_proto::v1::UsageSource::Reported.into(),
                 });
         }
     }

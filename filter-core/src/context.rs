@@ -20,6 +20,40 @@ pub fn estimate_tokens(text: &str) -> u64 {
     dense + other.div_ceil(4)
 }
 
+/// The fields of an answer (any protocol, unary or one stream event) whose text the model
+/// generated: message and delta `content`, Anthropic's `text` and `partial_json`, Responses'
+/// `delta`, tool-call `arguments`, refusals and reasoning.
+const ANSWER_TEXT_FIELDS: [&str; 8] = [
+    "content",
+    "text",
+    "partial_json",
+    "delta",
+    "arguments",
+    "refusal",
+    "reasoning",
+    "reasoning_content",
+];
+
+/// Estimated tokens of what a model generated in `answer` (a whole answer or one stream
+/// event), by [`estimate_tokens`] over its generated text: what an answer is counted as when
+/// its provider reports no usage.
+pub fn estimate_answer_tokens(answer: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    match answer {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(name, value)| match value {
+                Value::String(text) if ANSWER_TEXT_FIELDS.contains(&name.as_str()) => {
+                    estimate_tokens(text)
+                }
+                other => estimate_answer_tokens(other),
+            })
+            .sum(),
+        Value::Array(items) => items.iter().map(estimate_answer_tokens).sum(),
+        _ => 0,
+    }
+}
+
 fn is_cjk(c: char) -> bool {
     matches!(c as u32,
         0x3040..=0x30FF      // hiragana, katakana

@@ -5,6 +5,7 @@
 //! with `autoPrice`); a model without one is unpriced: it sorts after every priced one and its
 //! answers cost 0, as in the usage rows.
 
+use ai_router_contract::price::Price;
 use ai_router_proto::v1::Cost;
 
 use crate::plan::Candidate;
@@ -17,12 +18,21 @@ pub fn price_of(state: &State, provider: &str, model: &str) -> Option<Cost> {
     p.models.iter().find(|m| m.id == model)?.cost
 }
 
-/// The cost of a number of tokens at a price per million tokens.
-pub fn cost_at(price: &Cost, prompt_tokens: u64, completion_tokens: u64) -> f64 {
-    // Token counts fit f64 exactly far beyond any real request.
-    #[allow(clippy::cast_precision_loss)]
-    let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
-    (prompt * price.input + completion * price.output) / 1_000_000.0
+/// The cost of a number of tokens at a pushed price, `cached_tokens` of the prompt served from
+/// the provider's cache: the one price rule ([`ai_router_contract::price::Price::cost`]) the
+/// control plane prices the same usage by.
+pub fn cost_at(
+    price: &Cost,
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    cached_tokens: u64,
+) -> f64 {
+    Price {
+        input: price.input,
+        output: price.output,
+        cached_input: price.cached_input,
+    }
+    .cost(prompt_tokens, completion_tokens, cached_tokens)
 }
 
 /// The output a request may produce: its `max_tokens`, else the provider's `defaultMaxTokens`.
@@ -43,6 +53,7 @@ pub fn estimate(state: &State, c: &Candidate, needs: &Needs) -> Option<f64> {
         &price,
         needs.prompt_tokens,
         output_estimate(state, &c.provider, needs),
+        0,
     ))
 }
 
@@ -95,8 +106,8 @@ pub fn saving(
     ) else {
         return 0.0;
     };
-    let saved = cost_at(&first, prompt_tokens, completion_tokens)
-        - cost_at(&answered, prompt_tokens, completion_tokens);
+    let saved = cost_at(&first, prompt_tokens, completion_tokens, 0)
+        - cost_at(&answered, prompt_tokens, completion_tokens, 0);
     saved.max(0.0)
 }
 
@@ -108,7 +119,11 @@ mod tests {
     fn model(id: &str, cost: Option<(f64, f64)>) -> Model {
         Model {
             id: id.into(),
-            cost: cost.map(|(input, output)| Cost { input, output }),
+            cost: cost.map(|(input, output)| Cost {
+                input,
+                output,
+                cached_input: None,
+            }),
             ..Default::default()
         }
     }

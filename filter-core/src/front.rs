@@ -668,7 +668,7 @@ fn budget_verdict(
             let (_, p) = state.provider(&c.provider)?;
             p.models.iter().find(|m| m.id == c.model)?.cost
         })
-        .map(|c| (needs.prompt_tokens as f64 * c.input + needs.max_tokens as f64 * c.output) / 1e6);
+        .map(|c| crate::cost::cost_at(&c, needs.prompt_tokens, needs.max_tokens, 0));
     let call = budget::BudgetCall {
         key_id: &key.id,
         profile: resolved.profile.as_deref(),

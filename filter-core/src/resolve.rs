@@ -323,8 +323,7 @@ fn unfit(
         } else {
             m.context_window.saturating_sub(needs.prompt_tokens)
         };
-        let worst =
-            (needs.prompt_tokens as f64 * cost.input + output as f64 * cost.output) / 1_000_000.0;
+        let worst = crate::cost::cost_at(cost, needs.prompt_tokens, output, 0);
         if worst > limit {
             return Some((
                 "budget".into(),
@@ -709,7 +708,13 @@ mod tests {
     /// `state()` with prices: m1 costs more on p1 than on p2, big is dearer than both.
     fn priced(auto_sort: bool) -> State {
         let mut s = state().snapshot.clone();
-        let price = |input: f64, output: f64| Some(ai_router_proto::v1::Cost { input, output });
+        let price = |input: f64, output: f64| {
+            Some(ai_router_proto::v1::Cost {
+                input,
+                output,
+                cached_input: None,
+            })
+        };
         s.providers[0].models[0].cost = price(5.0, 5.0);
         s.providers[0].models[1].cost = price(50.0, 50.0);
         s.providers[1].models[0].cost = price(1.0, 1.0);
@@ -1059,6 +1064,7 @@ mod tests {
             cost: Some(ai_router_proto::v1::Cost {
                 input: 1000.0,
                 output: 1000.0,
+                cached_input: None,
             }),
             ..Default::default()
         };

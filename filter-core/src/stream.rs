@@ -67,6 +67,9 @@ pub struct Gate {
     /// What ended the stream after the first token (an error event, malformed data).
     failed: Option<Failure>,
     pub usage: Option<Usage>,
+    /// Estimated tokens of the text generated so far: what the stream counts as when the
+    /// provider sends no usage.
+    pub answer_tokens: u64,
     pub model: Option<String>,
     /// A stream in the caller's own protocol (Messages, Responses), read by its own rules.
     native: Option<NativeStream>,
@@ -86,6 +89,7 @@ impl Gate {
             errored: false,
             failed: None,
             usage: None,
+            answer_tokens: 0,
             model: None,
             native: None,
         }
@@ -238,6 +242,12 @@ impl Gate {
         if let Some(native) = self.native.as_mut() {
             let judged = native.judge(event, now_ms);
             self.usage = native.usage().or(self.usage);
+            if self.usage.is_none() {
+                // Read only while no usage has come (a native stream reports it early).
+                if let Ok(value) = serde_json::from_str::<Value>(data) {
+                    self.answer_tokens += crate::context::estimate_answer_tokens(&value);
+                }
+            }
             if let Some(failure) = judged.error {
                 return Judged::Error(failure);
             }
@@ -265,6 +275,9 @@ impl Gate {
                 .get("model")
                 .and_then(Value::as_str)
                 .map(str::to_string);
+        }
+        if let Some(choices) = value.get("choices") {
+            self.answer_tokens += crate::context::estimate_answer_tokens(choices);
         }
         let choices_empty = value
             .get("choices")

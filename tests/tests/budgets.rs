@@ -618,3 +618,94 @@ async fn a_hard_cost_budget_warns_then_refuses_by_the_priced_usage() {
     assert!(gw.provider_calls().await.unwrap().is_empty());
     gw.check_no_secrets_in_logs().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_reports_no_usage_is_counted_at_the_estimate_against_a_hard_budget() {
+    // 40 tokens a day per key; the providers answer about 150 tokens of text and report no
+    // usage at all (no `usage` object, no usage chunk in a stream), as some OpenAI-compatible
+    // servers do. Each such answer counts at the gateway's estimate, marked `estimated`; the
+    // polls in between report a usage of 0, so only the estimate can spend the budget.
+    let gw = Gateway::start_with(
+        "budget_no_usage",
+        with_budgets(
+            "  - { name: key-day, scope: key, window: day, limits: { maxTokens: 40 }, enforcement: hard }\n",
+        ),
+    )
+    .await
+    .expect("fixture");
+    let mut events = gw
+        .cp
+        .events(&gw.admin_token, "?types=attempt")
+        .await
+        .unwrap();
+    let other = create_key(&gw, "other").await;
+    let no_usage = || async {
+        let reply = json!({ "text": "word ".repeat(120).trim_end(), "noUsage": true });
+        for mock in [&gw.mock1, &gw.mock2] {
+            mock.script(json!([ai_router_e2e::script::always(vec![reply.clone()])]))
+                .await
+                .unwrap();
+        }
+    };
+
+    // Unary: the answer carries no usage; once its estimate is pushed the key is refused.
+    no_usage().await;
+    let first = chat_until(&gw, None, "the first call", |r| r.status == 200).await;
+    assert!(
+        first.json.get("usage").is_none_or(Value::is_null),
+        "{first}"
+    );
+    gw.script_usage(0, 0).await.unwrap();
+    let refused = chat_until(&gw, None, "the estimate to spend the budget", |r| {
+        r.status == 429
+    })
+    .await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the hard limit by estimate: {problem}");
+    }
+    let counted = tokio::time::timeout(PUSH, async {
+        loop {
+            let (_, event) = events.recv().await.expect("the event stream ended");
+            if event["usageSource"] == "estimated" {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("an attempt event with estimated usage");
+    let completion = counted["usage"]["completionTokens"].as_u64().unwrap_or(0);
+    assert!(
+        (120..=200).contains(&completion),
+        "about 150 tokens of text: {counted}"
+    );
+
+    // A stream without its usage chunk counts the same way, for the other key.
+    no_usage().await;
+    let s = poll("the other key's stream", PUSH, || {
+        let c = gw.client.clone();
+        let key = other.clone();
+        async move {
+            let s = c.stream("chat", Some(&key)).await?;
+            Ok((s.status == 200).then_some(s))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        !s.body.contains("\"usage\":{"),
+        "no usage chunk: {}",
+        s.body
+    );
+    gw.script_usage(0, 0).await.unwrap();
+    let refused = chat_until(
+        &gw,
+        Some(&other),
+        "the stream's estimate to be counted",
+        |r| r.status == 429,
+    )
+    .await;
+    if let Some(problem) = openai_error_problem(&refused, 429, "budget_exceeded") {
+        panic!("past the hard limit by a stream's estimate: {problem}");
+    }
+    gw.check_no_secrets_in_logs().unwrap();
+}

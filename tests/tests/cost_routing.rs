@@ -639,3 +639,92 @@ async fn a_when_step_is_skipped_for_another_failure_and_taken_for_its_own() {
         "{guarded}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cached_anthropic_answer_costs_the_same_in_the_header_stats_metrics_and_usage_rows(
+) {
+    // Sonnet's prices: 3 per million in, 0.3 for a prompt token read from the cache, 15 out.
+    // 10,000 prompt tokens of which 9,000 cached, 100 out: 1,000 x 3 + 9,000 x 0.3 + 100 x 15 =
+    // 7,200 per million. Pricing the cached tokens as input would say 31,500 (4.4 times more).
+    let pool = Pool::start("cached_price", 1, |m, _| {
+        let mut setup = PoolSetup::default();
+        setup.secret_env("CR_CLAUDE", "claude");
+        setup.yaml = format!(
+            "{}providers:\n  - id: claude\n    kind: anthropic\n    baseUrl: {}/claude/v1\n    keys: [{{ alias: k, env: CR_CLAUDE }}]\n    models: [{{ id: sonnet, cost: {{ input: 3, output: 15, cachedInput: 0.3 }} }}]\n",
+            header(&mut setup),
+            m[0]
+        );
+        Ok(setup)
+    })
+    .await
+    .expect("fixture");
+    pool.mocks[0]
+        .script(json!([script::always(vec![json!({
+            "text": "ok",
+            "usage": { "prompt_tokens": 10_000, "completion_tokens": 100, "cached_tokens": 9_000 },
+        })])]))
+        .await
+        .unwrap();
+    let want = 0.0072;
+    let close = |got: f64| (got - want).abs() < 1e-9;
+    let (r, _) = call(&pool, &chat("sonnet")).await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(
+        r.json["usage"]["prompt_tokens_details"]["cached_tokens"], 9_000,
+        "{r}"
+    );
+    assert!(close(cost_header(&r)), "x-ai-router-cost: {r}");
+
+    let stats = poll(
+        "the call in /admin/stats",
+        Duration::from_secs(10),
+        || async {
+            let stats = admin_get(&pool, "/admin/stats").await;
+            let cost = stats["lanes"].as_array().and_then(|lanes| {
+                lanes
+                    .iter()
+                    .find(|l| l["provider"] == "claude")
+                    .and_then(|l| l["cost"].as_f64())
+            });
+            Ok(cost.filter(|c| *c > 0.0))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(close(stats), "stats: {stats}");
+
+    let keys = admin_get(&pool, "/admin/keys").await;
+    let id = keys["keys"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{keys}"))
+        .to_string();
+    let rows = poll(
+        "the call in the usage rows",
+        Duration::from_secs(10),
+        || async {
+            let usage = admin_get(&pool, &format!("/admin/keys/{id}/usage")).await;
+            Ok(usage["total"]["cost"].as_f64().filter(|c| *c > 0.0))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(close(rows), "usage rows: {rows}");
+
+    let metrics = ai_router_e2e::http_client()
+        .unwrap()
+        .get(format!("http://{}/metrics", pool.cp.http_addr()))
+        .bearer_auth(var(&pool, ADMIN_TOKEN_ENV))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let exported: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("ai_router_estimated_cost_total{") && l.contains("claude"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no cost for claude in /metrics:\n{metrics}"));
+    assert!(close(exported), "metrics: {exported}");
+}

@@ -614,6 +614,7 @@ mod tests {
                         prompt_tokens: 10,
                         completion_tokens: 4,
                         cached_tokens: 2,
+                        ..Default::default()
                     }),
                     ..Default::default()
                 },

@@ -470,23 +470,13 @@ pub struct CostConfig {
 }
 
 impl CostConfig {
-    /// The cost of a call's tokens at these prices per million tokens.
-    pub fn of(&self, prompt_tokens: u64, completion_tokens: u64) -> f64 {
-        // Token counts fit f64 exactly far beyond any real usage.
-        #[allow(clippy::cast_precision_loss)]
-        let (prompt, completion) = (prompt_tokens as f64, completion_tokens as f64);
-        (prompt * self.input + completion * self.output) / 1e6
-    }
-
-    /// The same with `cached_tokens` of the prompt at `cachedInput` (when set).
-    pub fn of_usage(&self, prompt_tokens: u64, completion_tokens: u64, cached_tokens: u64) -> f64 {
-        let cached = cached_tokens.min(prompt_tokens);
-        let Some(cached_price) = self.cached_input else {
-            return self.of(prompt_tokens, completion_tokens);
-        };
-        #[allow(clippy::cast_precision_loss)]
-        let cached_cost = cached as f64 * cached_price / 1e6;
-        self.of(prompt_tokens - cached, completion_tokens) + cached_cost
+    /// These prices as the one price rule reads them (the filter prices the same usage by it).
+    pub fn price(&self) -> ai_router_contract::price::Price {
+        ai_router_contract::price::Price {
+            input: self.input,
+            output: self.output,
+            cached_input: self.cached_input,
+        }
     }
 }
 

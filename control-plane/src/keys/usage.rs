@@ -4,9 +4,10 @@
 //! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
 //!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
 //! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage, as `keys::ledger`
-//!   charges them (the same charges the budget policies count): cost = prompt tokens x the
-//!   model's input cost + completion tokens x its output cost, per million tokens (a model
-//!   without a cost counts 0). A request outcome's own usage is not counted again.
+//!   charges them (the same charges the budget policies count), at the one price rule
+//!   (`ai_router_contract::price`: prompt tokens at the input price, those served from the
+//!   provider's cache at `cachedInput`, completion tokens at the output price, per million; a
+//!   model without a cost counts 0). A request outcome's own usage is not counted again.
 //!
 //! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
 //! The engine hands each batch to [`UsageRecorder::observe`], which only queues the rows;
@@ -35,15 +36,7 @@ pub enum Queued {
     Stored(oneshot::Sender<bool>),
 }
 
-/// The cost of `usage` on `provider`'s `model`, from its cost per million tokens.
-pub fn cost_of(config: &Config, provider: &str, model: &str, usage: &pb::Usage) -> f64 {
-    let cost = config
-        .providers
-        .iter()
-        .find(|p| p.id == provider)
-        .and_then(|p| p.cost_of(model, config.auto_price));
-    cost.map_or(0.0, |c| c.of(usage.prompt_tokens, usage.completion_tokens))
-}
+use crate::keys::ledger::cost_of;
 
 /// What an answering attempt saved against its call's configured first choice: the same usage
 /// at the first choice's prices less its cost here (0 when the first choice answered, either

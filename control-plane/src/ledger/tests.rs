@@ -48,6 +48,7 @@ fn attempt(provider: &str, key: &str, class: pb::ErrorClass) -> pb::AttemptOutco
             prompt_tokens: 30,
             completion_tokens: 10,
             cached_tokens: 0,
+            ..Default::default()
         }),
         ..Default::default()
     };

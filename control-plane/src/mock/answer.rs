@@ -32,6 +32,8 @@ pub struct Answer {
     pub chunks: Vec<String>,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
+    /// Whether an OpenAI-shape answer carries its usage (`noUsage` turns it off).
+    pub reports_usage: bool,
 }
 
 impl Answer {
@@ -66,6 +68,7 @@ impl Answer {
             chunks,
             tool_calls: reply.tool_calls.clone(),
             usage,
+            reports_usage: !reply.no_usage,
         }
     }
 }

@@ -90,6 +90,7 @@
 //! | `text` | the message text (default `Hello from the ai-router mock.`, none when `toolCalls` is set) |
 //! | `toolCalls` | `[{id?, name, arguments?, argumentChunks?}]`: `message.tool_calls` / Anthropic `tool_use` blocks; streamed as deltas (`argumentChunks` splits them); `arguments` is a JSON string or a JSON value |
 //! | `usage` | `{prompt_tokens, completion_tokens}` in place of the estimate |
+//! | `noUsage` | `true`: no usage at all (no `usage` in a chat completion, no usage chunk in its stream), as some OpenAI-compatible servers |
 //! | `embedding` | the vector for every input |
 //! | `dimensions` | the length of generated vectors |
 //! | `body` | returned verbatim with the status: a JSON value, or a string sent as is (content-type `text/plain` unless `headers` say otherwise) |
@@ -769,7 +770,8 @@ fn success(
         Endpoint::Messages => anthropic::message_stream(turn, &answer),
         Endpoint::Responses => responses::stream(turn, &answer),
         Endpoint::Chat | Endpoint::Embeddings => {
-            let include_usage = spec.include_usage.unwrap_or(turn.usage_requested);
+            let include_usage =
+                answer.reports_usage && spec.include_usage.unwrap_or(turn.usage_requested);
             openai::chat_stream(turn, &answer, include_usage)
         }
     };

@@ -54,7 +54,7 @@ pub fn chat_completion(turn: &Turn, answer: &Answer) -> Value {
             .collect();
         message["tool_calls"] = Value::Array(calls);
     }
-    json!({
+    let mut completion = json!({
         "id": completion_id(turn),
         "object": "chat.completion",
         "created": CREATED,
@@ -67,7 +67,13 @@ pub fn chat_completion(turn: &Turn, answer: &Answer) -> Value {
             "finish_reason": finish_reason(answer),
         }],
         "usage": usage(answer),
-    })
+    });
+    if !answer.reports_usage {
+        if let Some(fields) = completion.as_object_mut() {
+            fields.remove("usage");
+        }
+    }
+    completion
 }
 
 /// The `chat.completion.chunk` events of a stream: role, content, tool-call deltas, finish,

@@ -116,6 +116,10 @@ pub struct Reply {
     pub tool_calls: Vec<ToolCall>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Report no usage at all, as some OpenAI-compatible servers: no `usage` object in a
+    /// chat completion, no usage chunk in its stream.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_usage: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embedding: Option<Vec<f32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,7 +4,7 @@
 //! million tokens, in whatever unit the budget uses). Past a budget the provider is out until
 //! the next UTC day or month.
 
-use crate::config::{BudgetConfig, ModelConfig};
+use crate::config::BudgetConfig;
 
 use ai_router_contract::calendar::{self, DAY_MS};
 
@@ -37,18 +37,6 @@ pub fn next_day_ms(ms: i64) -> i64 {
 /// When the UTC month after the one holding `ms` starts.
 pub fn next_month_ms(ms: i64) -> i64 {
     calendar::first_of_next_month_ms(ms)
-}
-
-/// The estimated cost of an attempt: usage times the model's price per million tokens (a model
-/// without a cost counts 0).
-pub fn attempt_cost(
-    model: Option<&ModelConfig>,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-) -> f64 {
-    model
-        .and_then(|m| m.cost)
-        .map_or(0.0, |cost| cost.of(prompt_tokens, completion_tokens))
 }
 
 impl Spend {
@@ -118,7 +106,6 @@ impl Spend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CostConfig;
     use ai_router_contract::calendar::{civil_from_days, days_from_civil};
 
     // 2024-01-31T12:00:00Z
@@ -139,17 +126,6 @@ mod tests {
 
     #[test]
     fn cost_and_rollover() {
-        let model = ModelConfig {
-            cost: Some(CostConfig {
-                input: 2.0,
-                output: 10.0,
-                cached_input: None,
-            }),
-            ..ModelConfig::with_id("m")
-        };
-        let cost = attempt_cost(Some(&model), 500_000, 100_000);
-        assert!((cost - 2.0).abs() < 1e-9);
-        assert_eq!(attempt_cost(None, 1, 1), 0.0);
         let budget = BudgetConfig {
             cost_per_day: Some(3.0),
             cost_per_month: Some(5.0),

@@ -67,8 +67,12 @@ pub mod headers {
     pub const LANE_PROVIDER: &str = "x-ai-router-lane-provider";
     /// Attempt → front: the answer's estimated cost (its usage when known, else the estimate).
     pub const LANE_COST: &str = "x-ai-router-lane-cost";
-    /// Front → client: this call's estimated cost, in the unit of the pool's `cost` prices.
+    /// Front → client: this call's cost, in the unit of the pool's `cost` prices (a unary
+    /// answer's usage at its price; never on a stream, whose usage comes after the headers).
     pub const COST: &str = "x-ai-router-cost";
+    /// Front → client, on a stream: the request's estimated cost when its headers went out (its
+    /// prompt estimate and its output bound); the real cost is the usage chunk's `usage.cost`.
+    pub const COST_ESTIMATE: &str = "x-ai-router-cost-estimate";
     /// Front → client: the `routes:` rule that chose the call's profile.
     pub const ROUTE: &str = "x-ai-router-route";
     /// Client → front: request metadata the `routes:` rules match (read, then removed).

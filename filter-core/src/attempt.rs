@@ -1109,12 +1109,7 @@ impl Attempt {
             return 0.0;
         };
         match self.usage {
-            Some(u) => crate::cost::cost_at(
-                &price,
-                u.prompt_tokens,
-                u.completion_tokens,
-                u.cached_tokens,
-            ),
+            Some(u) => crate::cost::of_usage(&price, &u),
             None => {
                 let needs = crate::resolve::Needs {
                     prompt_tokens: plan.prompt_tokens,
@@ -1286,8 +1281,13 @@ impl Attempt {
                         translator: StreamTranslator::new(now_s),
                     })
                 });
+                // The usage chunk states the answer's real cost (`usage.cost`): the headers
+                // went out before it was known.
+                let price = host
+                    .state()
+                    .and_then(|s| crate::cost::price_of(&s, &lane.id.provider, &lane.id.model));
                 Mode::Stream {
-                    gate: Box::new(Gate::new(lane.kind.text(), include_usage)),
+                    gate: Box::new(Gate::new(lane.kind.text(), include_usage).with_price(price)),
                     upstream,
                     egress: Egress::new(protocol, &self.request, now_s).map(Box::new),
                     redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),

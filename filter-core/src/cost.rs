@@ -35,6 +35,17 @@ pub fn cost_at(
     .cost(prompt_tokens, completion_tokens, cached_tokens)
 }
 
+/// What an answer's usage costs at a price: the one figure `x-ai-router-cost` and a stream's
+/// `usage.cost` state.
+pub fn of_usage(price: &Cost, usage: &crate::stream::Usage) -> f64 {
+    cost_at(
+        price,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cached_tokens,
+    )
+}
+
 /// The output a request may produce: its `max_tokens`, else the provider's `defaultMaxTokens`.
 fn output_estimate(state: &State, provider: &str, needs: &Needs) -> u64 {
     if needs.max_tokens > 0 {

@@ -7,10 +7,10 @@ use std::rc::Rc;
 
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
-    CACHE as H_CACHE, COST as H_COST, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
-    LANE_MODEL as H_LANE_MODEL, LANE_PROVIDER as H_LANE_PROVIDER, LANE_TRAIL as H_LANE_TRAIL,
-    MODEL as H_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE,
-    TRAIL as H_TRAIL,
+    CACHE as H_CACHE, COST as H_COST, COST_ESTIMATE as H_COST_ESTIMATE,
+    FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST, LANE_MODEL as H_LANE_MODEL,
+    LANE_PROVIDER as H_LANE_PROVIDER, LANE_TRAIL as H_LANE_TRAIL, MODEL as H_MODEL,
+    RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER, ROUTE as H_ROUTE, TRAIL as H_TRAIL,
 };
 use ai_router_proto::v1::{
     BreakerPhase, ErrorClass as ProtoClass, RequestOutcome, RequestResult, Usage as ProtoUsage,
@@ -1043,9 +1043,18 @@ impl Front {
         if let Some(m) = model.filter(|_| self.status < 400) {
             host.set_header(Side::Response, H_MODEL, Some(&m));
         }
-        // Every answer says what it cost: a failed call cost nothing.
+        // Every answer says what it cost: a failed call cost nothing. A stream's headers go out
+        // before its usage: they carry the estimate, named as one, and the usage chunk the
+        // real cost (`usage.cost`).
         let cost = cost.filter(|_| self.status < 400);
-        host.set_header(Side::Response, H_COST, Some(cost.as_deref().unwrap_or("0")));
+        match cost {
+            Some(estimate) if self.stream => {
+                host.set_header(Side::Response, H_COST_ESTIMATE, Some(&estimate));
+            }
+            cost => {
+                host.set_header(Side::Response, H_COST, Some(cost.as_deref().unwrap_or("0")));
+            }
+        }
         if let Some(route) = &self.route {
             host.set_header(Side::Response, H_ROUTE, Some(route));
         }
@@ -1389,6 +1398,25 @@ mod tests {
             Some("code-tasks")
         );
         assert!(host.header(Side::Response, H_LANE_COST).is_none());
+    }
+
+    #[test]
+    fn a_streams_headers_carry_the_estimate_as_one_never_as_the_cost() {
+        let auth = bearer(KEY);
+        let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        let body = r#"{"model":"chat","stream":true,"messages":[]}"#;
+        send_body(&mut front, &mut host, body);
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        host.add(Side::Response, H_LANE_COST, b"0.5");
+        front.on_response_headers(&mut host, false);
+        assert!(host.header(Side::Response, H_COST).is_none());
+        assert_eq!(
+            host.text(Side::Response, H_COST_ESTIMATE).as_deref(),
+            Some("0.5")
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The attempt stage's view of an OpenAI chat-completions stream: hold everything until the
 //! first token, fail over on anything that goes wrong before it, and after it forward events as
-//! they come, dropping the usage chunk the client did not ask for and ending a broken stream
-//! with an OpenAI error event.
+//! they come, dropping the usage chunk the client did not ask for (and adding the answer's cost,
+//! `usage.cost`, to the one it did) and ending a broken stream with an OpenAI error event.
 
 use serde_json::Value;
 
@@ -73,6 +73,8 @@ pub struct Gate {
     pub model: Option<String>,
     /// A stream in the caller's own protocol (Messages, Responses), read by its own rules.
     native: Option<NativeStream>,
+    /// The answering model's price: the usage chunk gets the answer's cost (`usage.cost`).
+    price: Option<ai_router_proto::v1::Cost>,
 }
 
 impl Gate {
@@ -92,7 +94,16 @@ impl Gate {
             answer_tokens: 0,
             model: None,
             native: None,
+            price: None,
         }
+    }
+
+    /// The usage chunk the client gets states the answer's cost at `price` (`usage.cost`, in
+    /// the unit of the pool's prices, as OpenRouter's usage does): the response headers went
+    /// out before the usage was known.
+    pub fn with_price(mut self, price: Option<ai_router_proto::v1::Cost>) -> Self {
+        self.price = price;
+        self
     }
 
     /// A gate for a stream a provider sends in the caller's own protocol: the same holding
@@ -158,6 +169,13 @@ impl Gate {
                             released_now = true;
                             out.append(&mut self.held);
                         }
+                    }
+                }
+                Judged::Replace(bytes) => {
+                    if self.released {
+                        out.extend_from_slice(&bytes);
+                    } else {
+                        self.held.extend_from_slice(&bytes);
                     }
                 }
                 Judged::Drop => {}
@@ -288,6 +306,9 @@ impl Gate {
             if choices_empty && !self.include_usage {
                 return Judged::Drop;
             }
+            if let (true, Some(price)) = (choices_empty, &self.price) {
+                return Judged::Replace(with_cost(value, crate::cost::of_usage(price, &u)));
+            }
         }
         self.finished |= value
             .get("choices")
@@ -303,9 +324,21 @@ impl Gate {
 }
 
 enum Judged {
-    Keep { token: bool },
+    Keep {
+        token: bool,
+    },
+    /// Kept, as these bytes (the usage chunk with its cost).
+    Replace(Vec<u8>),
     Drop,
     Error(Failure),
+}
+
+/// The usage chunk's event with `usage.cost` set.
+fn with_cost(mut chunk: Value, cost: f64) -> Vec<u8> {
+    if let Some(usage) = chunk.get_mut("usage").and_then(Value::as_object_mut) {
+        usage.insert("cost".into(), Value::from(cost));
+    }
+    format!("data: {chunk}\n\n").into_bytes()
 }
 
 /// The first token: a delta that carries anything besides the role (content, a refusal, tool
@@ -509,6 +542,40 @@ mod tests {
         assert!(!text.contains("usage"));
         assert!(text.ends_with("data: [DONE]\n\n"));
         assert_eq!(g.usage.unwrap().completion_tokens, 2);
+    }
+
+    #[test]
+    fn the_usage_chunk_states_the_answers_cost_at_every_split() {
+        let mut price = ai_router_proto::v1::Cost::default();
+        (price.input, price.output) = (1.0, 2.0);
+        let input = whole();
+        for split in 0..=input.len() {
+            let mut g = Gate::new("openai", true).with_price(Some(price));
+            let mut out = Vec::new();
+            for part in [&input.as_bytes()[..split], &input.as_bytes()[split..]] {
+                if let Step::Release(b) | Step::Forward(b) = g.feed(part, 0) {
+                    out.extend(b);
+                }
+            }
+            out.extend(g.finish().unwrap());
+            let text = String::from_utf8(out).unwrap();
+            let usage: Value = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .find_map(|v| v.get("usage").cloned())
+                .expect("the usage chunk");
+            // 3 prompt tokens at 1 and 2 completion tokens at 2 per million.
+            assert_eq!(usage["cost"].as_f64(), Some(7e-6), "split {split}");
+            assert_eq!(usage["completion_tokens"], 2);
+            assert!(text.ends_with("data: [DONE]\n\n"));
+        }
+        // Not asked for: still dropped.
+        let mut g = Gate::new("openai", false).with_price(Some(price));
+        let Step::Release(out) = g.feed(whole().as_bytes(), 0) else {
+            panic!("released");
+        };
+        assert!(!String::from_utf8_lossy(&out).contains("usage"));
     }
 
     #[test]

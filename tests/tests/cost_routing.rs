@@ -129,20 +129,47 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
             "header {cost}, usage x price {want}\n{r}"
         );
     }
-    // A stream's cost is the request's estimate (its usage comes after the headers): the
-    // prompt estimate and the provider's default output at the cheap lane's prices.
+    // A stream's headers go out before its usage: they carry the estimate (the prompt estimate
+    // and the request's output bound at the cheap lane's prices) as one, never as the cost,
+    // and the usage chunk states the real cost.
     pool.clear_calls().await.unwrap();
+    let mut body = chat("chat");
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({ "include_usage": true });
     let s = pool
         .client
-        .stream("chat", Some(&pool.virtual_key))
+        .stream_with(&body, Some(&pool.virtual_key))
         .await
         .unwrap();
     assert_eq!(s.status, 200, "{}", s.body);
     assert_eq!(pool.keys_called().await.unwrap(), ["cheap"]);
-    let estimate: f64 = s.header("x-ai-router-cost").unwrap().parse().unwrap();
+    assert_eq!(
+        s.header("x-ai-router-cost"),
+        None,
+        "a figure the headers cannot know"
+    );
+    let estimate: f64 = s
+        .header("x-ai-router-cost-estimate")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let usage = s
+        .json_events()
+        .into_iter()
+        .find_map(|e| e.get("usage").filter(|u| u.is_object()).cloned())
+        .unwrap_or_else(|| panic!("no usage chunk: {}", s.body));
+    let tokens = |k: &str| usage[k].as_f64().unwrap();
+    let real = (tokens("prompt_tokens") + tokens("completion_tokens") * 2.0) / 1e6;
+    let stated = usage["cost"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no usage.cost: {usage}"));
     assert!(
-        estimate > 0.0 && estimate < 1.0,
-        "a stream's estimate: {estimate}"
+        (stated - real).abs() < 1e-12,
+        "usage.cost {stated}, usage x price {real}"
+    );
+    assert!(
+        estimate >= stated && estimate < 1.0,
+        "the estimate {estimate} bounds the cost {stated}"
     );
 
     // Without autoSort the configured order stays.

@@ -13,6 +13,7 @@ const PUBLIC_ROUTER_HEADERS: &[&str] = &[
     "x-ai-router-model",
     "x-ai-router-attempts",
     "x-ai-router-cost",
+    "x-ai-router-cost-estimate",
     "x-ai-router-route",
 ];
 

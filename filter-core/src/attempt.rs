@@ -1483,7 +1483,7 @@ impl Attempt {
             .unwrap_or_default();
         let class = if now + 50 >= deadline {
             Class::Deadline
-        } else if details.starts_with(b"downstream_remote_disconnect") {
+        } else if crate::front::client_went_away(&details) {
             Class::Cancelled
         } else if self.after_first_token {
             Class::Stream

@@ -629,6 +629,12 @@ impl Front {
 /// How Envoy's router ended an answer that had started, from the stream's response code
 /// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
 /// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
+/// Whether Envoy's reason for the end of the stream (`response.code_details`) is that the
+/// client went away before its answer ended: a cancelled call, never an upstream error.
+pub fn client_went_away(details: &[u8]) -> bool {
+    details.starts_with(b"downstream_remote_disconnect")
+}
+
 fn cut_by_the_router(host: &impl Host) -> Option<Class> {
     let details = host.property(&["response", "code_details"])?;
     if details == b"response_timeout" {
@@ -1165,8 +1171,16 @@ impl Front {
                 }
             }
             None => {
-                // No class when no attempt's failure is known: "error:upstream" in text.
-                let class = call.as_ref().and_then(|c| c.last_failure).map(|(c, _)| c);
+                // No class when no attempt's failure is known: "error:upstream" in text. A
+                // client that went away before its answer cancelled the call.
+                let went_away = host
+                    .property(&["response", "code_details"])
+                    .is_some_and(|d| client_went_away(&d));
+                let class = if went_away {
+                    Some(Class::Cancelled)
+                } else {
+                    call.as_ref().and_then(|c| c.last_failure).map(|(c, _)| c)
+                };
                 ((RequestResult::Error, class, ""), self.status)
             }
         };
@@ -1726,6 +1740,20 @@ mod tests {
             front.on_response_headers(&mut host, false);
             assert_eq!(host.header(Side::Response, H_TRAIL).is_some(), shown);
             assert!(host.header(Side::Response, H_LANE_TRAIL).is_none());
+        }
+    }
+
+    #[test]
+    fn a_client_that_went_away_before_its_answer_cancelled_the_call() {
+        for (details, outcome) in [
+            ("downstream_remote_disconnect", "error:cancelled"),
+            ("", "error:upstream"),
+        ] {
+            let (mut front, mut host) = a_call_sent_on();
+            host.properties
+                .insert("response.code_details".into(), details.as_bytes().to_vec());
+            front.on_log(&mut host);
+            assert_eq!(host.reports[0].outcome_text(), outcome, "{details:?}");
         }
     }
 

@@ -1297,3 +1297,39 @@ async fn a_call_whose_attempts_all_time_out_is_an_upstream_error_long_before_its
         .await
         .unwrap();
 }
+
+/// A client that gives up before its answer cancelled its call: the request counts as
+/// `error:cancelled`, never as an upstream error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_gives_up_cancels_its_call_and_is_no_upstream_error() {
+    let gw = ai_router_e2e::Gateway::start("client_abort")
+        .await
+        .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.always(json!({ "latencyMs": 3000, "text": "late" }))
+            .await
+            .unwrap();
+    }
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(format!("{}/v1/chat/completions", gw.envoy.base_url()))
+        .bearer_auth(&gw.virtual_key)
+        .json(&ai_router_e2e::chat_body("m1", false))
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    gw.cp
+        .metric_line(&["ai_router_requests_total{", "outcome=\"error:cancelled\""])
+        .await
+        .unwrap();
+    let metrics = ai_router_e2e::get_text(&format!("http://{}/metrics", gw.cp.http_addr()))
+        .await
+        .unwrap();
+    assert!(
+        !metrics.contains("outcome=\"error:upstream\""),
+        "an abort counted as an upstream error:\n{metrics}"
+    );
+}

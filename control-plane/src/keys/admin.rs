@@ -215,6 +215,18 @@ pub struct UsageReport {
     pub total: UsageDay,
 }
 
+/// The longest `owner` a key may carry (bytes): a name or an address, not a document.
+pub const MAX_OWNER_BYTES: usize = 256;
+
+fn check_owner(owner: Option<&str>) -> Result<(), KeyStoreError> {
+    match owner {
+        Some(o) if o.len() > MAX_OWNER_BYTES => Err(KeyStoreError::Invalid(format!(
+            "owner must be at most {MAX_OWNER_BYTES} bytes"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn valid_label(label: &str) -> bool {
     !label.is_empty()
         && label.len() <= 64
@@ -385,6 +397,7 @@ impl KeyAdmin {
                 "label must be 1 to 64 of lowercase letters, digits and _".to_owned(),
             ));
         }
+        check_owner(spec.owner.as_deref())?;
         check_bindings(&spec.profiles, &spec.models)?;
         check_known(self.pool().as_ref(), &spec.profiles, &spec.models)?;
         let quota = spec.quota.unwrap_or_default();
@@ -438,6 +451,7 @@ impl KeyAdmin {
         if key.revoked {
             return Err(KeyStoreError::Revoked(id.to_owned()));
         }
+        check_owner(patch.owner.as_deref())?;
         if let Some(owner) = patch.owner {
             key.owner = (!owner.is_empty()).then_some(owner);
         }
@@ -652,6 +666,34 @@ mod tests {
             quota_block: None,
             cache: None,
         }
+    }
+
+    #[test]
+    fn an_owner_past_its_bound_is_refused_on_create_and_update() -> Result<(), KeyStoreError> {
+        let clock = Arc::new(TestClock(AtomicI64::new(MARCH_15)));
+        let admin = KeyAdmin::new(Arc::new(MemoryKeyStore::default()), vec![], clock);
+        let long = "o".repeat(MAX_OWNER_BYTES + 1);
+        let refused = admin.create(KeySpec {
+            owner: Some(long.clone()),
+            ..spec("app")
+        });
+        assert!(matches!(refused, Err(KeyStoreError::Invalid(m)) if m.contains("owner")));
+        let id = admin
+            .create(KeySpec {
+                owner: Some("o".repeat(MAX_OWNER_BYTES)),
+                ..spec("app")
+            })?
+            .key
+            .id;
+        let patch = KeyPatch {
+            owner: Some(long),
+            ..KeyPatch::default()
+        };
+        assert!(matches!(
+            admin.update(&id, patch),
+            Err(KeyStoreError::Invalid(_))
+        ));
+        Ok(())
     }
 
     fn exercise(store: Arc<dyn KeyStore>) -> Result<(), KeyStoreError> {

@@ -602,7 +602,9 @@ impl Attempt {
         host.set_body(Side::Request, 0, body.len(), &new_body);
         host.set_header(Side::Request, "content-length", None);
 
-        let api_path = if native {
+        let api_path = if native && plan.count_tokens {
+            "/messages/count_tokens"
+        } else if native {
             ingress::native_path(plan.protocol)
         } else if anthropic && plan.op == Operation::Chat {
             "/messages"
@@ -1693,6 +1695,7 @@ mod tests {
             protocol: Protocol::Chat,
             anthropic_version: None,
             anthropic_beta: None,
+            count_tokens: false,
             session: None,
             profile: String::new(),
             prompt_cache: String::new(),

@@ -39,7 +39,8 @@ pub struct Front {
     /// Messages: the `anthropic-version` and `anthropic-beta` the caller sent.
     anthropic_version: Option<String>,
     anthropic_beta: Option<String>,
-    /// `POST /v1/messages/count_tokens`: answered with the gateway's own count.
+    /// `POST /v1/messages/count_tokens`: Anthropic's count from an anthropic lane, else the
+    /// gateway's own estimate.
     count_tokens: bool,
     /// The final answer is an error to re-dress in the caller's shape (buffered whole).
     redress: bool,
@@ -140,18 +141,9 @@ impl Front {
         Flow::Pause
     }
 
-    /// `POST /v1/messages/count_tokens`: the gateway's own estimate, in Anthropic's shape.
+    /// `POST /v1/messages/count_tokens` for a model with no anthropic lane: the gateway's own
+    /// estimate, in Anthropic's shape.
     fn answer_count_tokens(&mut self, host: &mut impl Host, body: &Value) -> Flow {
-        if body.get("messages").and_then(Value::as_array).is_none() {
-            return self.reply(
-                host,
-                GatewayError::new(
-                    ErrorCode::InvalidRequest,
-                    "messages must be an array of turns.",
-                )
-                .with_param("messages"),
-            );
-        }
         self.answered = Some((200, "count_tokens"));
         let answer = crate::messages_ingress::count_tokens(body).to_string();
         host.send_response(
@@ -388,11 +380,28 @@ impl Front {
         if let Some(model) = parsed.get("model").and_then(Value::as_str) {
             self.requested_model = model.chars().take(256).collect();
         }
-        if self.count_tokens {
-            return self.answer_count_tokens(host, &parsed);
+        if self.count_tokens && parsed.get("messages").and_then(Value::as_array).is_none() {
+            return self.reply(
+                host,
+                GatewayError::new(
+                    ErrorCode::InvalidRequest,
+                    "messages must be an array of turns.",
+                )
+                .with_param("messages"),
+            );
         }
-        // What the pool routes by: the body as a chat-completions request.
-        let view = match crate::ingress::chat_request(self.protocol, &parsed, Fidelity::Lenient) {
+        // What the pool routes by: the body as a chat-completions request (a count_tokens body
+        // has no max_tokens; the view is given one, the body passed on is left as it came).
+        let counted;
+        let routed = if self.count_tokens {
+            let mut with_max = parsed.clone();
+            with_max["max_tokens"] = json!(1);
+            counted = with_max;
+            &counted
+        } else {
+            &parsed
+        };
+        let view = match crate::ingress::chat_request(self.protocol, routed, Fidelity::Lenient) {
             Ok(v) => v,
             Err(e) => {
                 let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
@@ -445,6 +454,15 @@ impl Front {
                 }
             }
         }
+        if self.count_tokens {
+            // Anthropic's own count on an anthropic lane (native, so nothing to translate);
+            // else the gateway's estimate.
+            let anthropic = ai_router_proto::v1::ProviderKind::Anthropic;
+            match crate::ingress::tiers_of_kind(&state, &resolved.tiers, anthropic) {
+                Some(tiers) => resolved.tiers = tiers,
+                None => return self.answer_count_tokens(host, &request),
+            }
+        }
         // A lane that cannot take the request in its own protocol is no candidate; when none
         // is left, the refusal names the field (in the caller's shape).
         if let Some(e) = crate::ingress::cut_untranslatable(
@@ -471,7 +489,12 @@ impl Front {
         }
         self.stream = resolved.stream;
         let cache_call = crate::cache::CacheCall {
-            key_cache: key.cache,
+            // A token count is no answer to keep.
+            key_cache: if self.count_tokens {
+                Some(false)
+            } else {
+                key.cache
+            },
             policy_cache: resolved.cache,
             protocol: self.protocol,
             op,
@@ -595,6 +618,7 @@ impl Front {
             protocol: self.protocol,
             anthropic_version: self.anthropic_version.clone(),
             anthropic_beta: self.anthropic_beta.clone(),
+            count_tokens: self.count_tokens,
             session: (state.selection().affinity_idle_ms > 0)
                 .then(|| {
                     crate::affinity::session_of(&key.id, self.session_header.as_deref(), parsed)
@@ -2163,6 +2187,21 @@ mod tests {
         (host, flow)
     }
 
+    /// The plan the front stage wrote, and its lanes' providers in order.
+    fn planned_lanes(host: &FakeHost) -> (Plan, Vec<String>) {
+        let plan = host
+            .text(Side::Request, PLAN_HEADER)
+            .and_then(|p| Plan::decode(&p))
+            .expect("a plan");
+        let lanes = plan
+            .tiers
+            .iter()
+            .flatten()
+            .map(|c| c.provider.clone())
+            .collect();
+        (plan, lanes)
+    }
+
     fn with_kinds(kinds: &[ai_router_proto::v1::ProviderKind]) -> State {
         let mut snap = state().snapshot;
         let first = snap.providers[0].clone();
@@ -2203,16 +2242,7 @@ mod tests {
             &body,
         );
         assert_eq!(flow, Flow::Continue, "{:?}", host.answered);
-        let plan = host
-            .text(Side::Request, PLAN_HEADER)
-            .and_then(|p| Plan::decode(&p))
-            .expect("a plan");
-        let lanes: Vec<&str> = plan
-            .tiers
-            .iter()
-            .flatten()
-            .map(|c| c.provider.as_str())
-            .collect();
+        let (_, lanes) = planned_lanes(&host);
         assert_eq!(lanes, ["p2"]);
 
         let (host, flow) = messages_call(with_kinds(&[OpenaiCompatible]), "/v1/messages", &body);
@@ -2232,6 +2262,21 @@ mod tests {
             v["error"]["trail"]["skipped"][0]["reason"], "adapter",
             "{v}"
         );
+    }
+
+    #[test]
+    fn count_tokens_goes_to_an_anthropic_lane_when_the_model_has_one() {
+        use ai_router_proto::v1::ProviderKind::{Anthropic, OpenaiCompatible};
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"Hello"}]}"#;
+        let (host, flow) = messages_call(
+            with_kinds(&[OpenaiCompatible, Anthropic]),
+            "/v1/messages/count_tokens",
+            body,
+        );
+        assert_eq!(flow, Flow::Continue, "{:?}", host.answered);
+        let (plan, lanes) = planned_lanes(&host);
+        assert!(plan.count_tokens);
+        assert_eq!(lanes, ["p2"]);
     }
 
     #[test]

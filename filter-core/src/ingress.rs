@@ -152,6 +152,15 @@ pub fn stateful(protocol: Protocol, body: &Value) -> Option<&'static str> {
 /// The tiers cut to the lanes that serve a stateful Responses call (kind openai), or `None`
 /// when none is left.
 pub fn stateful_tiers(state: &State, tiers: &[Vec<Candidate>]) -> Option<Vec<Vec<Candidate>>> {
+    tiers_of_kind(state, tiers, ProviderKind::Openai)
+}
+
+/// The tiers cut to the lanes of `kind`, or `None` when none is left.
+pub fn tiers_of_kind(
+    state: &State,
+    tiers: &[Vec<Candidate>],
+    kind: ProviderKind,
+) -> Option<Vec<Vec<Candidate>>> {
     let cut: Vec<Vec<Candidate>> = tiers
         .iter()
         .map(|tier| {
@@ -159,7 +168,7 @@ pub fn stateful_tiers(state: &State, tiers: &[Vec<Candidate>]) -> Option<Vec<Vec
                 .filter(|c| {
                     state
                         .provider(&c.provider)
-                        .is_some_and(|(_, p)| p.kind() == ProviderKind::Openai)
+                        .is_some_and(|(_, p)| p.kind() == kind)
                 })
                 .cloned()
                 .collect::<Vec<_>>()

@@ -125,6 +125,10 @@ pub struct Plan {
     pub anthropic_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anthropic_beta: Option<String>,
+    /// `POST /v1/messages/count_tokens`, passed to an anthropic lane (the only lanes its tiers
+    /// keep) on `/messages/count_tokens`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub count_tokens: bool,
     /// Estimated prompt tokens and the request's output estimate, for a streamed answer's cost.
     #[serde(default)]
     pub prompt_tokens: u64,

@@ -476,3 +476,62 @@ async fn codex_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
         assert_result_sent_back(mock, name).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_tokens_is_anthropics_on_an_anthropic_lane_and_the_gateways_otherwise() {
+    let gw = Gateway::start_with("agents_count_tokens", agents_pool)
+        .await
+        .expect("fixture");
+    let count = |model: &str| {
+        json!({ "model": model, "system": "Be brief.",
+                "messages": [{ "role": "user", "content": "How many tokens is this?" }] })
+        .to_string()
+    };
+    let ask = |body: String| {
+        gw.client.request(
+            reqwest::Method::POST,
+            "/v1/messages/count_tokens?beta=true",
+            Some(&gw.virtual_key),
+            Some(body),
+        )
+    };
+    let reply = ask(count("claude-m")).await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert!(
+        reply.json["input_tokens"].as_u64().is_some_and(|n| n > 0),
+        "{reply}"
+    );
+    let calls = gw.mock1.calls().await.unwrap();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path.ends_with("/messages/count_tokens")),
+        "passed to the anthropic lane: {calls:?}"
+    );
+    let reply = ask(count("m2")).await.unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    assert!(
+        reply.json["input_tokens"].as_u64().is_some_and(|n| n > 0),
+        "{reply}"
+    );
+    assert!(
+        gw.mock2.calls().await.unwrap().is_empty(),
+        "counted by the gateway"
+    );
+    // Any other path under /v1/messages answers in Anthropic's shape.
+    let reply = gw
+        .client
+        .request(
+            reqwest::Method::POST,
+            "/v1/messages/batches",
+            Some(&gw.virtual_key),
+            Some("{}".into()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (reply.status, reply.json["error"]["type"].clone()),
+        (404, json!("not_found_error")),
+        "{reply}"
+    );
+}

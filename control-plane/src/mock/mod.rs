@@ -16,6 +16,7 @@
 //! |---|---|
 //! | `POST` any path ending in `/chat/completions` | OpenAI chat completions, unary or SSE (`stream: true`) |
 //! | `POST` any path ending in `/messages` | the Anthropic Messages API, unary or SSE |
+//! | `POST` any path ending in `/messages/count_tokens` | Anthropic's token count, `{"input_tokens": N}` (N: the mock's prompt estimate) |
 //! | `POST` any path ending in `/embeddings` | OpenAI embeddings |
 //! | `GET` any path ending in `/models` | the script's `catalog` for the request's key (`mock::catalog`: OpenAI's list shape, or Anthropic's with `shape: anthropic` or an `anthropic-version` header), recorded in `/_mock/calls`; without a catalog, 404 |
 //! | `GET` any path ending in `/key` | OpenRouter's current-key answer from the script's `keyInfo` (`mock::key_info`: the key's credit limit, usage and what is left), recorded in `/_mock/calls`; without `keyInfo`, 404 |
@@ -642,6 +643,8 @@ async fn trickled(response: Response<Body>, gap: Duration) -> Response<Body> {
 enum Endpoint {
     Chat,
     Messages,
+    /// Anthropic's `POST /v1/messages/count_tokens`.
+    CountTokens,
     Responses,
     Embeddings,
 }
@@ -651,6 +654,8 @@ impl Endpoint {
         let path = path.trim_end_matches('/');
         if path.ends_with("/chat/completions") {
             Some(Self::Chat)
+        } else if path.ends_with("/messages/count_tokens") {
+            Some(Self::CountTokens)
         } else if path.ends_with("/messages") {
             Some(Self::Messages)
         } else if path.ends_with("/embeddings") {
@@ -664,7 +669,7 @@ impl Endpoint {
 
     fn error_body(self, status: u16, message: &str) -> Value {
         match self {
-            Self::Messages => anthropic::error_body(status, message),
+            Self::Messages | Self::CountTokens => anthropic::error_body(status, message),
             Self::Chat | Self::Responses | Self::Embeddings => openai::error_body(status, message),
         }
     }
@@ -756,10 +761,17 @@ fn success(
     if endpoint == Endpoint::Embeddings {
         return json_response(StatusCode::OK, &openai::embeddings(turn, reply, request));
     }
+    if endpoint == Endpoint::CountTokens {
+        // The mock's own estimate of the prompt (the same it reports as usage).
+        return json_response(
+            StatusCode::OK,
+            &serde_json::json!({ "input_tokens": turn.prompt_tokens }),
+        );
+    }
     let answer = Answer::new(reply, turn.prompt_tokens);
     if !stream {
         let body = match endpoint {
-            Endpoint::Messages => anthropic::message(turn, &answer),
+            Endpoint::Messages | Endpoint::CountTokens => anthropic::message(turn, &answer),
             Endpoint::Responses => responses::unary(turn, &answer),
             Endpoint::Chat | Endpoint::Embeddings => openai::chat_completion(turn, &answer),
         };
@@ -767,7 +779,7 @@ fn success(
     }
     let spec = reply.stream.clone().unwrap_or_default();
     let mut plan = match endpoint {
-        Endpoint::Messages => anthropic::message_stream(turn, &answer),
+        Endpoint::Messages | Endpoint::CountTokens => anthropic::message_stream(turn, &answer),
         Endpoint::Responses => responses::stream(turn, &answer),
         Endpoint::Chat | Endpoint::Embeddings => {
             let include_usage =
@@ -777,7 +789,7 @@ fn success(
     };
     if let Some(message) = &spec.error_message {
         plan.error_event = match endpoint {
-            Endpoint::Messages => anthropic::stream_error_event(message),
+            Endpoint::Messages | Endpoint::CountTokens => anthropic::stream_error_event(message),
             Endpoint::Responses => responses::stream_error_event(message),
             Endpoint::Chat | Endpoint::Embeddings => openai::stream_error_event(message),
         };

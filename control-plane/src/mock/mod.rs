@@ -497,7 +497,7 @@ async fn handle(
     let refusal = match endpoint {
         Endpoint::Chat => validate::chat_refusal(&request_body),
         Endpoint::Messages => validate::messages_refusal(&request_body),
-        Endpoint::Responses | Endpoint::Embeddings => None,
+        Endpoint::Responses | Endpoint::Embeddings | Endpoint::CountTokens => None,
     };
     if let Some(body) = refusal {
         return Ok(json_response(StatusCode::BAD_REQUEST, &body));

@@ -647,8 +647,13 @@ pub async fn run_key_sync(
 
 /// The admin routes and `/health`, on the shared state.
 pub fn routes() -> Router<Arc<AdminApi>> {
+    admin_routes().route("/health", get(health))
+}
+
+/// The `/admin/...` routes alone: what the gateway's listener forwards (through Envoy, to the
+/// gRPC port: [`crate::api::sync::serve_with_admin`]).
+pub fn admin_routes() -> Router<Arc<AdminApi>> {
     Router::new()
-        .route("/health", get(health))
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", get(get_key).patch(update_key))
         .route("/admin/keys/{id}/revoke", post(revoke_key))

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tonic::Request;
 
 use crate::api::admin::tests::{api, authed, TOKEN};
-use crate::api::admin::{AdminApi, AdminGrpc};
+use crate::api::admin::AdminApi;
 use crate::api::sync::{serve_with_admin, SyncAccess, SyncService};
 use crate::config::secrets::Secret;
 
@@ -36,7 +36,7 @@ impl Served {
         let server = tokio::spawn(serve_with_admin(
             listener,
             sync,
-            Some(AdminGrpc::new(api.clone()).into_server()),
+            Some(api.clone()),
             async move {
                 let _ = stopped.wait_for(|s| *s).await;
             },

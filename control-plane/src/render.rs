@@ -215,6 +215,7 @@ pub fn render_envoy(o: &RenderOptions) -> String {
 # client -> listener ai_router_public: wasm role=front -> router (retries on {retry_header})
 #   -> cluster {attempts_cluster} -> internal listener ai_router_attempt: wasm role=attempt
 #   -> dynamic forward proxy -> router -> {providers_tls} | {providers_plain} -> provider
+# operator -> /admin/... on the same listener -> cluster {control_plane_cluster} (the admin API)
 # The singleton (role=ctrl) holds the control plane's sync stream for this process.
 admin:
   address: {{ socket_address: {{ address: {admin_host}, port_value: {admin_port} }} }}
@@ -278,6 +279,13 @@ bootstrap_extensions:
                       domains: ["*"]
                       include_request_attempt_count: true
                       routes:
+                        # The admin API on the gateway's listener: to the control plane (its
+                        # gRPC port also serves the /admin/ HTTP routes), admin token checked
+                        # there. No retries; no timeout (GET /admin/events is a stream).
+                        - match: {{ prefix: "/admin/" }}
+                          route:
+                            cluster: {control_plane_cluster}
+                            timeout: 0s
                         - match: {{ prefix: "/" }}
                           route:
                             cluster: {attempts_cluster}
@@ -569,8 +577,14 @@ mod tests {
             8080
         );
         assert_eq!(listeners[1]["name"], "ai_router_attempt");
-        let route = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]
-            ["virtual_hosts"][0]["routes"][0]["route"];
+        let routes = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]
+            ["route_config"]["virtual_hosts"][0]["routes"];
+        // The admin API first, to the control plane, never retried.
+        assert_eq!(routes[0]["match"]["prefix"], "/admin/");
+        assert_eq!(routes[0]["route"]["cluster"], clusters::CONTROL_PLANE);
+        assert!(routes[0]["route"].get("retry_policy").is_none());
+        let route = &routes[1]["route"];
+        assert_eq!(routes[1]["match"]["prefix"], "/");
         assert_eq!(route["retry_policy"]["num_retries"], 3);
         // Attempts are bounded by the attempt stage (timeoutMs from the moment an attempt
         // reaches its provider), calls by their deadline: no Envoy timer may cut an attempt

@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::admin::{AdminApi, AdminGrpc};
+use crate::api::admin::AdminApi;
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::sync::{SyncAccess, SyncService, INSECURE_TRUSTED_SYNC_ENV, SYNC_TOKEN_ENV};
 use crate::clock::SystemClock;
@@ -429,7 +429,6 @@ pub async fn start(
         admin.ledger().clone(),
         after.clone(),
     )));
-    let admin_grpc = AdminGrpc::new(admin.clone()).into_server();
     let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
     engine.add_report_observer(metrics.clone());
     let router =
@@ -448,9 +447,10 @@ pub async fn start(
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     tasks.push(tokio::spawn(service.share_headroom()));
     let grpc_stop = signal(stop.clone());
+    let grpc_admin = admin.clone();
     servers.push(tokio::spawn(async move {
         if let Err(err) =
-            crate::api::sync::serve_with_admin(grpc, service, Some(admin_grpc), grpc_stop).await
+            crate::api::sync::serve_with_admin(grpc, service, Some(grpc_admin), grpc_stop).await
         {
             tracing::error!(%err, "the gRPC server failed");
         }

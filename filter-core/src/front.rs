@@ -84,6 +84,9 @@ pub struct Front {
     state_wait: Option<StateWait>,
     /// A local cache miss waiting for the shared tier's answer.
     shared_wait: Option<Box<SharedWait>>,
+    /// `/admin/...`: the admin API, which Envoy routes to the control plane (its own token);
+    /// no stage of a model call touches it.
+    admin: bool,
 }
 
 /// What a call paused for the shared cache tier goes on with.
@@ -782,6 +785,10 @@ impl Front {
                 return self.models(host, &path)
             }
             ("GET", "/health") => return self.health(host),
+            (_, p) if is_admin_path(p) => {
+                self.admin = true;
+                return Flow::Continue;
+            }
             (_, "/v1/messages" | "/v1/messages/count_tokens") => {
                 self.protocol = Protocol::Messages;
                 return self.reply(
@@ -986,6 +993,9 @@ impl Front {
     }
 
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        if self.admin {
+            return Flow::Continue;
+        }
         if self.answered.is_some() {
             // The stage's own answer: no provider was called.
             host.set_header(Side::Response, H_COST, Some("0"));
@@ -1127,6 +1137,9 @@ impl Front {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
+        if self.admin {
+            return Flow::Continue;
+        }
         if self.cache.collecting() {
             let chunk = host.body(Side::Response, 0, size);
             let now = host.now_ms();
@@ -1248,6 +1261,12 @@ impl Front {
     }
 }
 
+/// Whether `path` (no query, no trailing slash) is the admin API's: `/admin/...`, which the
+/// public listener routes to the control plane (`render.rs`), not to a model.
+pub fn is_admin_path(path: &str) -> bool {
+    path.starts_with("/admin/")
+}
+
 /// A W3C trace context `traceparent`: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
 /// ids not all zero (version 00; a later version may append fields after the flags).
 pub fn valid_traceparent(value: &str) -> bool {
@@ -1270,6 +1289,63 @@ pub fn valid_traceparent(value: &str) -> bool {
                 && hex(flags, 2)
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod admin_path_tests {
+    use super::*;
+    use crate::host::fake::{open_key, FakeHost};
+    use ai_router_proto::v1::Snapshot;
+
+    /// `/admin/...` is the control plane's (Envoy routes it there): the front stage neither
+    /// answers it nor authenticates it as a model call, keeps the admin token on it, leaves
+    /// the answer alone and reports no call.
+    #[test]
+    fn the_admin_api_passes_through_untouched() {
+        let mut snap = Snapshot::default();
+        snap.virtual_keys
+            .push(open_key("key_app", "sk-starci-app-0123456789abcdef"));
+        for (method, path) in [
+            ("GET", "/admin/keys"),
+            ("POST", "/admin/keys/key_1/rotate"),
+            ("GET", "/admin/keys/key_1/usage?from=2026-01-01"),
+            ("GET", "/admin/events?types=breaker"),
+        ] {
+            let mut host = FakeHost::with_state(State::new(1, snap.clone()));
+            for (k, v) in [
+                (":method", method),
+                (":path", path),
+                ("authorization", "Bearer admin-token"),
+            ] {
+                host.add(Side::Request, k, v.as_bytes());
+            }
+            let mut front = Front::default();
+            assert_eq!(
+                front.on_request_headers(&mut host, false),
+                Flow::Continue,
+                "{path}"
+            );
+            assert!(host.answered.is_none(), "{path}");
+            assert_eq!(
+                host.header_text(Side::Request, "authorization").as_deref(),
+                Some("Bearer admin-token"),
+                "{path}"
+            );
+            assert_eq!(front.on_request_body(&mut host, 0, true), Flow::Continue);
+            host.add(Side::Response, ":status", b"401");
+            assert_eq!(front.on_response_headers(&mut host, false), Flow::Continue);
+            assert_eq!(host.header_text(Side::Response, H_COST), None, "{path}");
+            assert_eq!(front.on_response_body(&mut host, 0, true), Flow::Continue);
+            front.on_log(&mut host);
+            assert!(host.reports.is_empty(), "{path}");
+        }
+        // Neither a model route nor the admin API: 404 from the stage.
+        let mut host = FakeHost::with_state(State::new(1, snap));
+        host.add(Side::Request, ":method", b"GET");
+        host.add(Side::Request, ":path", b"/administrator");
+        Front::default().on_request_headers(&mut host, false);
+        assert_eq!(host.answered.as_ref().map(|a| a.status), Some(404));
     }
 }
 

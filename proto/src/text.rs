@@ -182,6 +182,41 @@ impl crate::v1::KeyHealth {
     }
 }
 
+impl crate::v1::AdminEventType {
+    /// Every type an event subscriber may ask for (not `lagged`, which is sent, never asked).
+    pub const ASKABLE: [Self; 6] = [
+        Self::Attempt,
+        Self::Request,
+        Self::Breaker,
+        Self::KeyDisabled,
+        Self::KeyRestored,
+        Self::Budget,
+    ];
+
+    /// The type's text, as events name themselves ("key-disabled", ...); empty for
+    /// unspecified.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::Unspecified => "",
+            Self::Attempt => "attempt",
+            Self::Request => "request",
+            Self::Breaker => "breaker",
+            Self::KeyDisabled => "key-disabled",
+            Self::KeyRestored => "key-restored",
+            Self::Budget => "budget",
+            Self::Lagged => "lagged",
+        }
+    }
+
+    /// The type of that text, if it names one.
+    pub fn from_text(text: &str) -> Option<Self> {
+        Self::ASKABLE
+            .into_iter()
+            .chain([Self::Lagged])
+            .find(|t| t.text() == text)
+    }
+}
+
 impl ProviderOutReason {
     /// "budget"; empty for unspecified.
     pub fn text(self) -> &'static str {

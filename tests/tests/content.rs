@@ -110,6 +110,7 @@ async fn with_include_content_an_attempt_event_carries_the_request_and_the_answe
         .unwrap();
     let mut request = tonic::Request::new(pb::EventsRequest {
         types: vec!["attempt".into()],
+        ..Default::default()
     });
     request
         .metadata_mut()

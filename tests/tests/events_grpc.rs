@@ -22,6 +22,7 @@ async fn events(
         .unwrap();
     let mut request = tonic::Request::new(pb::EventsRequest {
         types: types.iter().map(|t| t.to_string()).collect(),
+        ..Default::default()
     });
     if let Some(token) = token {
         request
@@ -47,6 +48,8 @@ async fn next_events(
             .unwrap()
             .expect("the stream ended");
         ai_router_e2e::scan::observe_operator("the gRPC event stream", event.json.as_bytes());
+        // The type as a proto enum too, naming the same type.
+        assert_eq!(event.event_type().text(), event.r#type, "{event:?}");
         out.push((event.r#type, serde_json::from_str(&event.json).unwrap()));
     }
     out

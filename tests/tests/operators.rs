@@ -541,3 +541,62 @@ async fn sigterm_to_up_lets_a_stream_in_flight_finish_and_takes_no_new_call() {
         .unwrap();
     assert!(status.success(), "up exited with {status}");
 }
+
+/// The admin API on the gateway's own listener: Envoy routes `/admin/` to the control plane,
+/// with the same token rules, and the CLI's `--url` works against the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_answers_on_the_gateway_s_listener() {
+    let gw = Gateway::start("operator_admin_on_gateway")
+        .await
+        .expect("fixture");
+    let gateway = gw.envoy.base_url();
+    let http = ai_router_e2e::http_client().unwrap();
+    let get = |path: &str, token: Option<&str>| {
+        let mut req = http.get(format!("{gateway}{path}"));
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        async move {
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Without the token, or with a wrong one: the control plane's own refusals.
+    let (status, body) = get("/admin/health", None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["error"]["code"], "missing_api_key", "{body}");
+    let (status, body) = get("/admin/health", Some(&gw.virtual_key)).await;
+    assert_eq!(status, 401, "a virtual key is no admin token: {body}");
+    assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+    // With it: the same page the control plane's own port answers.
+    let (status, health) = get("/admin/health", Some(&gw.admin_token)).await;
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(
+        health["providers"],
+        admin_get(&gw, "/admin/health").await["providers"]
+    );
+    assert_eq!(health["providers"][0]["keys"][0]["state"], "ok", "{health}");
+    // The CLI against the gateway's URL.
+    let (ok, out, text) = ai_router_e2e::run_cli(
+        &["keys", "list", "--url", &gateway],
+        &[("AI_ROUTER_ADMIN_TOKEN", &gw.admin_token)],
+    )
+    .await
+    .unwrap();
+    assert!(ok, "{text}");
+    assert_eq!(out["keys"][0]["mounted"], true, "{out}");
+    let (ok, _, text) = ai_router_e2e::run_cli(
+        &["keys", "list", "--url", &gateway],
+        &[("AI_ROUTER_ADMIN_TOKEN", "wrong")],
+    )
+    .await
+    .unwrap();
+    assert!(
+        !ok,
+        "a wrong token is refused through the gateway too: {text}"
+    );
+    // Model routes are unchanged next to it.
+    let r = gw.client.chat("chat", Some(&gw.virtual_key)).await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+}

@@ -190,6 +190,16 @@ impl AdminApi {
         &self.ledger
     }
 
+    /// `GET /admin/ledger` (and gRPC `Ledger`): each provider's windows against the state now.
+    pub fn ledger_view(&self) -> Value {
+        let snapshot = self
+            .engine
+            .current_without_keys()
+            .snapshot
+            .unwrap_or_default();
+        self.ledger.view(&snapshot, &self.engine.listings())
+    }
+
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }
@@ -655,8 +665,13 @@ pub async fn run_key_sync(
 
 /// The admin routes and `/health`, on the shared state.
 pub fn routes() -> Router<Arc<AdminApi>> {
+    admin_routes().route("/health", get(health))
+}
+
+/// The `/admin/...` routes alone: what the gateway's listener forwards (through Envoy, to the
+/// gRPC port: [`crate::api::sync::serve_with_admin`]).
+pub fn admin_routes() -> Router<Arc<AdminApi>> {
     Router::new()
-        .route("/health", get(health))
         .route("/admin/keys", get(list_keys).post(create_key))
         .route("/admin/keys/{id}", get(get_key).patch(update_key))
         .route("/admin/keys/{id}/revoke", post(revoke_key))
@@ -787,15 +802,7 @@ async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer
 /// `GET /admin/ledger`: what each provider budget has left, per window, with sources.
 async fn ledger(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
     authorize(&api, &headers)?;
-    let snapshot = api
-        .engine
-        .current_without_keys()
-        .snapshot
-        .unwrap_or_default();
-    ok(
-        StatusCode::OK,
-        api.ledger.view(&snapshot, &api.engine.listings()),
-    )
+    ok(StatusCode::OK, api.ledger_view())
 }
 
 /// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.
@@ -1012,7 +1019,7 @@ impl pb::admin_server::Admin for AdminGrpc {
             models: r.models,
             allow_fallback: r.allow_fallback,
             quota: r.quota.as_ref().map(quota_from_proto),
-            enabled: None,
+            enabled: r.enabled,
             cache: r.cache,
         };
         let created = self.api.create(spec).await?;
@@ -1080,8 +1087,23 @@ impl pb::admin_server::Admin for AdminGrpc {
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
         self.authorize(&request)?;
-        let list = request.into_inner().types.join(",");
-        let types = parse_types(Some(&list))
+        let r = request.into_inner();
+        let mut names = r.types;
+        for t in r.event_types {
+            match pb::AdminEventType::try_from(t)
+                .ok()
+                .filter(|t| pb::AdminEventType::ASKABLE.contains(t))
+            {
+                Some(t) => names.push(t.text().to_owned()),
+                None => {
+                    return Err(Status::from(ApiError::new(
+                        ErrorCode::InvalidRequest,
+                        format!("event_types: {t} is no event type a subscriber may ask for"),
+                    )))
+                }
+            }
+        }
+        let types = parse_types(Some(&names.join(",")))
             .map_err(|m| Status::from(ApiError::new(ErrorCode::InvalidRequest, m)))?;
         let subscription = self.api.engine().events().watch(types);
         let stream = futures::stream::unfold(subscription, |mut sub| async move {
@@ -1090,11 +1112,15 @@ impl pb::admin_server::Admin for AdminGrpc {
                     r#type: e.type_name().to_owned(),
                     json: e.to_json(),
                     missed: 0,
+                    event_type: pb::AdminEventType::from_text(e.type_name())
+                        .unwrap_or_default()
+                        .into(),
                 },
                 Next::Lagged(n) => pb::AdminEvent {
-                    r#type: "lagged".to_owned(),
+                    r#type: pb::AdminEventType::Lagged.text().to_owned(),
                     json: String::new(),
                     missed: n,
+                    event_type: pb::AdminEventType::Lagged.into(),
                 },
             };
             Some((Ok(item), sub))
@@ -1153,8 +1179,49 @@ impl pb::admin_server::Admin for AdminGrpc {
             id: report.id,
             days: report.days.into_iter().map(day_to_proto).collect(),
             total: Some(day_to_proto(report.total)),
+            from: report.from,
+            to: report.to,
         }))
     }
+
+    async fn pool_health(
+        &self,
+        request: Request<pb::PageRequest>,
+    ) -> Result<Response<pb::AdminPage>, Status> {
+        self.authorize(&request)?;
+        page(&self.api.pool_health())
+    }
+
+    async fn stats(
+        &self,
+        request: Request<pb::PageRequest>,
+    ) -> Result<Response<pb::AdminPage>, Status> {
+        self.authorize(&request)?;
+        page(&self.api.engine.stats())
+    }
+
+    async fn catalog(
+        &self,
+        request: Request<pb::PageRequest>,
+    ) -> Result<Response<pb::AdminPage>, Status> {
+        self.authorize(&request)?;
+        page(&self.api.catalog())
+    }
+
+    async fn ledger(
+        &self,
+        request: Request<pb::PageRequest>,
+    ) -> Result<Response<pb::AdminPage>, Status> {
+        self.authorize(&request)?;
+        page(&self.api.ledger_view())
+    }
+}
+
+/// An admin page as the HTTP route answers it.
+fn page(value: &impl serde::Serialize) -> Result<Response<pb::AdminPage>, Status> {
+    let json = serde_json::to_string(value)
+        .map_err(|e| Status::from(ApiError::new(ErrorCode::Internal, e.to_string())))?;
+    Ok(Response::new(pb::AdminPage { json }))
 }
 
 #[cfg(test)]

@@ -433,21 +433,29 @@ pub async fn serve(
     serve_with_admin(listener, service, None, shutdown).await
 }
 
-/// [`serve`], plus `airouter.v1.Admin` when given.
+/// [`serve`], plus the admin API when given: `airouter.v1.Admin`, and its HTTP routes
+/// (`/admin/...`, over HTTP/2) for the gateway's public listener, which routes `/admin/` to
+/// this port through Envoy's control-plane cluster (`render.rs`). Same token rules on both.
 pub async fn serve_with_admin(
     listener: TcpListener,
     service: SyncService,
-    admin: Option<ai_router_proto::v1::admin_server::AdminServer<crate::api::admin::AdminGrpc>>,
+    admin: Option<Arc<crate::api::admin::AdminApi>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
         .with_keepalive(Some(Duration::from_secs(30)));
+    let mut routes = tonic::service::Routes::new(SyncServer::new(service));
+    if let Some(api) = admin {
+        routes = routes.add_service(crate::api::admin::AdminGrpc::new(api.clone()).into_server());
+        let http = crate::api::admin::admin_routes().with_state(api);
+        let grpc = std::mem::take(routes.axum_router_mut());
+        *routes.axum_router_mut() = grpc.merge(http);
+    }
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .add_service(SyncServer::new(service))
-        .add_optional_service(admin)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

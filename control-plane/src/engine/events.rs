@@ -310,6 +310,16 @@ pub fn parse_types(list: Option<&str>) -> Result<Vec<&'static str>, String> {
 mod tests {
     use super::*;
 
+    /// The gRPC enum names the same types as the text (one vocabulary).
+    #[test]
+    fn the_grpc_event_types_are_the_text_ones() {
+        let texts: Vec<&str> = ai_router_proto::v1::AdminEventType::ASKABLE
+            .iter()
+            .map(|t| t.text())
+            .collect();
+        assert_eq!(texts, TYPES);
+    }
+
     #[test]
     fn events_are_json_lines_named_by_type() {
         let e = Event::KeyDisabled {

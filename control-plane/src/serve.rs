@@ -713,4 +713,35 @@ mod tests {
         assert_eq!(join_host_port("127.0.0.1", 1), "127.0.0.1:1");
         assert_eq!(join_host_port("::1", 1), "[::1]:1");
     }
+
+    #[tokio::test]
+    async fn a_wrong_token_is_refused_before_the_body_is_read_and_a_large_body_is_413(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let api = crate::api::admin::tests::api(Some(crate::api::admin::tests::TOKEN))?;
+        // A body that never ends: the answer cannot wait for it.
+        let endless = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        let request = Request::builder()
+            .method("POST")
+            .uri("/admin/keys")
+            .header("authorization", "Bearer nope")
+            .body(Body::from_stream(endless))?;
+        let response = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            http_router(api.clone()).oneshot(request),
+        )
+        .await??;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        let big = serde_json::json!({ "label": "app", "owner": "o".repeat(ADMIN_BODY_LIMIT) });
+        let request = Request::builder()
+            .method("POST")
+            .uri("/admin/keys")
+            .header(
+                "authorization",
+                format!("Bearer {}", crate::api::admin::tests::TOKEN),
+            )
+            .body(Body::from(big.to_string()))?;
+        let response = http_router(api).oneshot(request).await?;
+        assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        Ok(())
+    }
 }

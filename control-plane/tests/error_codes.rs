@@ -33,11 +33,16 @@ fn envoys_replies_are_gateway_codes() -> Result<()> {
     let (catch_all, by_status) = mappers.split_last().ok_or("no mappers")?;
     assert!(!by_status.is_empty());
     for mapper in by_status {
-        let status = mapper["filter"]["and_filter"]["filters"][0]["status_code_filter"]
-            ["comparison"]["value"]["default_value"]
-            .as_u64()
-            .and_then(|s| u16::try_from(s).ok())
-            .ok_or("a mapper without a status")?;
+        // A refused WebSocket upgrade is matched by its response detail and answered 426.
+        let status = if mapper["filter"]["extension_filter"].is_mapping() {
+            mapper["status_code"].as_u64()
+        } else {
+            mapper["filter"]["and_filter"]["filters"][0]["status_code_filter"]["comparison"]
+                ["value"]["default_value"]
+                .as_u64()
+        }
+        .and_then(|s| u16::try_from(s).ok())
+        .ok_or("a mapper without a status")?;
         let error = &mapper["body_format_override"]["json_format"]["error"];
         let name = error["code"].as_str().ok_or("a reply without a code")?;
         let code = ErrorCode::parse(name).ok_or(format!("{name} is not a gateway code"))?;

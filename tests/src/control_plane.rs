@@ -101,14 +101,16 @@ impl ControlPlane {
         );
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut buf = String::new();
+            // Bytes until a whole line: a chunk may end inside a character.
+            let mut buf: Vec<u8> = Vec::new();
             let mut name = String::new();
             while let Ok(Some(chunk)) = resp.chunk().await {
                 // What the admin event stream showed is part of the whole-run scan.
                 scan::observe_operator("the admin event stream (/admin/events)", &chunk);
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                while let Some(end) = buf.find('\n') {
-                    let line: String = buf.drain(..=end).collect();
+                buf.extend_from_slice(&chunk);
+                while let Some(end) = buf.iter().position(|b| *b == b'\n') {
+                    let bytes: Vec<u8> = buf.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&bytes);
                     let line = line.trim_end();
                     if let Some(n) = line.strip_prefix("event:") {
                         name = n.trim().to_string();

@@ -435,14 +435,9 @@ pub async fn start(
         http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
     let http_stop = signal(stop.clone());
     let mut servers = Vec::new();
-    servers.push(tokio::spawn(async move {
-        if let Err(err) = axum::serve(http, router)
-            .with_graceful_shutdown(http_stop)
-            .await
-        {
-            tracing::error!(%err, "the HTTP server failed");
-        }
-    }));
+    servers.push(tokio::spawn(crate::api::http_server::serve(
+        http, router, http_stop,
+    )));
     let sync_token = matches!(access, SyncAccess::Token(_));
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     tasks.push(tokio::spawn(service.share_headroom()));

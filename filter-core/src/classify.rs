@@ -510,6 +510,9 @@ fn class_from_status_and_text(
             }
         }
         408 | 409 | 425 | 498 | 529 => Class::Transient,
+        // A redirect the gateway does not follow (a provider moved, a baseUrl missing its
+        // path): the lane is failing, not the key or the request.
+        300..=399 => Class::Transient,
         500..=599 => Class::Transient,
         // A value of the request repeated back (OpenAI's `Invalid value: '<value>'`), or OpenAI
         // refusing the request: about the request, whatever words it repeats. OpenAI refuses
@@ -1082,6 +1085,24 @@ mod tests {
             classify("gemini", 400, &[], bad.as_bytes(), 0).class,
             Class::InvalidRequest
         );
+    }
+
+    #[test]
+    fn a_redirect_is_a_failing_lane() {
+        for status in [301, 302, 307, 308] {
+            let f = classify(
+                "openai",
+                status,
+                &[("location".into(), "https://elsewhere/".into())],
+                b"",
+                0,
+            );
+            assert_eq!(
+                (f.class, f.hold()),
+                (Class::Transient, Hold::Nothing),
+                "{status}"
+            );
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod error;
+pub mod http_server;
 pub mod metrics;
 pub mod shares;
 pub mod sync;

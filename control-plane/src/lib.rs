@@ -26,6 +26,7 @@ pub mod clock;
 pub mod config;
 pub mod conformance;
 pub mod discovery;
+pub mod drain;
 pub mod engine;
 #[cfg(test)]
 mod fuzz;

@@ -473,7 +473,11 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     if outcome.is_ok() {
         // Stop taking calls, let the ones in flight (streams included) finish, then stop.
         match std::fs::read_to_string(&admin_file) {
-            Ok(admin) => drain(admin.trim(), DRAIN_GRACE).await,
+            Ok(admin) => {
+                if let Err(err) = crate::drain::drain_envoy(admin.trim(), DRAIN_GRACE).await {
+                    tracing::warn!("stopping without a drain: {err:#}");
+                }
+            }
             Err(err) => tracing::warn!(%err, "no Envoy admin address: stopping without a drain"),
         }
     }
@@ -486,71 +490,8 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     outcome
 }
 
-/// How long a stopping `up` lets the calls in flight finish.
+/// How long a stopping `up` lets the calls in flight finish and their outcomes be reported.
 pub const DRAIN_GRACE: Duration = Duration::from_secs(30);
-
-/// Stops Envoy's public listener (no new connection; the internal hops stay for the calls in
-/// flight) and waits until no request is active on it, at most `grace`.
-async fn drain(admin: &str, grace: Duration) {
-    let Ok(http) = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(2))
-        .build()
-    else {
-        return;
-    };
-    let base = format!("http://{admin}");
-    if let Err(err) = http
-        .post(format!("{base}/drain_listeners?inboundonly"))
-        .send()
-        .await
-    {
-        tracing::warn!(%err, "cannot drain Envoy's listener");
-        return;
-    }
-    let deadline = Instant::now() + grace;
-    let mut logged = false;
-    loop {
-        let active = active_requests(&http, &base).await;
-        match active {
-            Some(0) => {
-                tracing::info!("drained: no call in flight");
-                return;
-            }
-            Some(n) if !logged => {
-                tracing::info!(
-                    in_flight = n,
-                    grace_s = grace.as_secs(),
-                    "draining: waiting for the calls in flight"
-                );
-                logged = true;
-            }
-            _ => {}
-        }
-        if Instant::now() >= deadline {
-            tracing::warn!(in_flight = ?active, "the drain grace ended with calls in flight");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Requests active on the public listener, from Envoy's stats.
-async fn active_requests(http: &reqwest::Client, base: &str) -> Option<u64> {
-    let text = http
-        .get(format!(
-            "{base}/stats?filter=ai_router_public.downstream_rq_active"
-        ))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("http.ai_router_public.downstream_rq_active: "))
-        .and_then(|v| v.trim().parse().ok())
-}
 
 /// Waits until Envoy has written its admin address, reports the public listener and that
 /// listener answers HTTP. Returns the public listener's address.

@@ -36,6 +36,8 @@ pub struct Outbox {
     held: usize,
     /// Outcomes dropped because the outbox was full, since the start.
     pub dropped: u64,
+    /// Outcomes a control plane acknowledged, since the start.
+    pub acknowledged: u64,
     /// Content bytes in `waiting` and `in_flight`.
     content_held: usize,
     /// Attempts whose content was left out because the outbox held too much, since the start.
@@ -95,6 +97,11 @@ impl Outbox {
         }
     }
 
+    /// Outcomes that left the outbox for good: acknowledged or dropped, since the start.
+    pub fn settled(&self) -> u64 {
+        self.acknowledged + self.dropped
+    }
+
     /// Content bytes waiting or in flight.
     pub fn content_held(&self) -> usize {
         self.content_held
@@ -128,6 +135,7 @@ impl Outbox {
             return false;
         };
         if ok {
+            self.acknowledged += size(&batch) as u64;
             self.held -= size(&batch);
             self.content_held -= content_size(&batch);
             self.retry_ms = 0;
@@ -338,10 +346,29 @@ mod tests {
         assert!(o.next(1_100).is_none(), "backing off");
         let again = o.next(1_250).unwrap();
         assert_eq!(again.attempts[0].request_id, "a-0");
+        assert_eq!(o.settled(), 0, "a refused batch is not settled");
         o.sent(8, again);
         assert!(o.answered(8, true, 1_300));
         assert_eq!(o.held(), 0);
+        assert_eq!(o.settled(), 3, "acknowledged outcomes are settled");
         assert!(!o.answered(8, true, 1_300), "unknown token");
+        assert_eq!(o.settled(), 3);
+    }
+
+    #[test]
+    fn outcomes_dropped_past_the_bound_are_settled_too() {
+        // The pending-reports gauge a drain waits on must reach 0 even when the outbox had
+        // to drop outcomes: dropped ones will never be acknowledged.
+        let mut o = Outbox::new();
+        o.push(batch(MAX_BUFFERED_OUTCOMES, "full"));
+        o.push(batch(2, "more"));
+        assert_eq!(o.dropped, MAX_BUFFERED_OUTCOMES as u64);
+        assert_eq!(o.settled(), o.dropped);
+        let b = o.next(0).unwrap();
+        o.sent(1, b);
+        o.answered(1, true, 0);
+        assert_eq!(o.settled(), MAX_BUFFERED_OUTCOMES as u64 + 2);
+        assert_eq!(o.held(), 0);
     }
 
     #[test]

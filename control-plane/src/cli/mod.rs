@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod conformance;
+pub mod drain;
 pub mod keys;
 pub mod mock;
 pub mod prices;
@@ -57,6 +58,9 @@ enum Command {
     RenderEnvoy(render_envoy::RenderEnvoyArgs),
     /// Run control plane + Envoy (+ the mock when no provider key is set) locally.
     Up(up::UpArgs),
+    /// Make an Envoy safe to stop (a pre-stop hook): stop its public listener, wait for the
+    /// calls in flight and for every outcome to reach a control plane. Prints JSON.
+    Drain(drain::DrainArgs),
     /// Close breakers, lift blacklists and cooldowns, clear headroom: of every provider, of one
     /// (--provider) or of one key (--provider --key), in the control plane and every Envoy at
     /// once. Through a running control plane (--url). Prints JSON.
@@ -132,6 +136,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Mock(args) => mock::run(args).await,
         Command::RenderEnvoy(args) => render_envoy::run(args),
         Command::Up(args) => up::run(args).await,
+        Command::Drain(args) => drain::run(args).await,
         Command::Reset(args) => print_answer(admin::reset(args).await),
         Command::Health(args) => print_answer(admin::show(args, "/admin/health").await),
         Command::Stats(args) => print_answer(admin::show(args, "/admin/stats").await),

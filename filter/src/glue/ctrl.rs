@@ -17,6 +17,7 @@ use ai_router_proto::v1::{
 use prost::Message;
 use proxy_wasm::hostcalls;
 
+use super::gauges::{self, Gauge};
 use super::shared::{
     duration_ms, minute_answered, now_ms, MINUTE_ASK, REPORT_ATTEMPT, REPORT_BUNDLE, REPORT_QUEUE,
     REPORT_REQUEST,
@@ -57,6 +58,10 @@ pub struct Ctrl {
     outbox: Outbox,
     /// `outbox.dropped` when it was last logged.
     logged_dropped: u64,
+    /// Outcomes taken off the pending-reports gauge: settled by the outbox, or unreadable.
+    unpended: u64,
+    /// Queue messages whose outcomes could not be decoded (never sent: settled at once).
+    unreadable: u64,
     /// Asks for minute blocks the workers queued, not sent yet.
     minute_asks: Vec<MinuteCallsRequest>,
     /// Asks in flight, by call token.
@@ -92,6 +97,8 @@ impl Ctrl {
             lanes: LaneWriter::new(u64::try_from(now_ms()).unwrap_or(0).saturating_mul(1_000)),
             outbox: Outbox::new(),
             logged_dropped: 0,
+            unpended: 0,
+            unreadable: 0,
             minute_asks: Vec::new(),
             minute_calls: std::collections::HashMap::new(),
             minute_failing: false,
@@ -381,6 +388,20 @@ impl Ctrl {
             ));
         }
         self.send_reports();
+        self.unpend();
+    }
+
+    /// Takes the outcomes settled since the last call off the pending-reports gauge.
+    fn unpend(&mut self) {
+        let settled = self.outbox.settled() + self.unreadable;
+        let delta = settled.saturating_sub(self.unpended);
+        if delta > 0 {
+            self.unpended = settled;
+            gauges::add(
+                Gauge::ReportsPending,
+                -i64::try_from(delta).unwrap_or(i64::MAX),
+            );
+        }
     }
 
     /// Moves the workers' reports from the shared queue into the outbox, then sends what may go.
@@ -402,6 +423,7 @@ impl Ctrl {
             ));
             self.logged_content_dropped = self.outbox.content_dropped;
         }
+        self.unpend();
     }
 
     fn send_reports(&mut self) {
@@ -470,11 +492,15 @@ impl Ctrl {
                                 content +=
                                     ai_router_filter_core::content::size_of(a.content.as_ref());
                                 batch.attempts.push(a);
+                            } else {
+                                self.unreadable += 1;
                             }
                         }
                         REPORT_REQUEST => {
                             if let Ok(r) = RequestOutcome::decode(body) {
                                 batch.requests.push(r);
+                            } else {
+                                self.unreadable += 1;
                             }
                         }
                         MINUTE_ASK => {

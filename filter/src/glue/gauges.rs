@@ -19,14 +19,19 @@ pub enum Gauge {
     LaneInFlight,
     /// The VMs' linear memory, in bytes (it grows and never shrinks: its bound is the soak's).
     VmMemory,
+    /// Outcome reports not yet acknowledged by a control plane: held by a worker, on the
+    /// singleton's queue, in its outbox or on the wire. A drain waits for 0 before Envoy stops
+    /// (`ai-router drain`), so stopping loses no usage.
+    ReportsPending,
 }
 
 impl Gauge {
-    const ALL: [Gauge; 4] = [
+    const ALL: [Gauge; 5] = [
         Gauge::Calls,
         Gauge::Attempts,
         Gauge::LaneInFlight,
         Gauge::VmMemory,
+        Gauge::ReportsPending,
     ];
 
     fn name(self) -> &'static str {
@@ -35,6 +40,7 @@ impl Gauge {
             Gauge::Attempts => "ai_router.attempts_in_progress",
             Gauge::LaneInFlight => "ai_router.lane_attempts_in_flight",
             Gauge::VmMemory => "ai_router.vm_memory_bytes",
+            Gauge::ReportsPending => "ai_router.reports_pending",
         }
     }
 }
@@ -42,7 +48,7 @@ impl Gauge {
 #[derive(Default)]
 struct Defined {
     /// The metric ids, by [`Gauge::ALL`] order; `None` until defined (or when Envoy refused).
-    ids: Option<[Option<u32>; 4]>,
+    ids: Option<[Option<u32>; Gauge::ALL.len()]>,
     /// This VM's memory as last added to [`Gauge::VmMemory`].
     memory_added: u64,
 }

@@ -605,6 +605,8 @@ pub fn report_request(outcome: RequestOutcome) {
 /// Adds one outcome to this worker's bundle; queues the bundle when it is due (the rule is
 /// [`Held::push`]'s).
 fn hold_report(kind: u8, body: &[u8], urgent: bool) {
+    // Settled by the singleton when a control plane acknowledges it (or it is dropped).
+    super::gauges::add(super::gauges::Gauge::ReportsPending, 1);
     let now = now_ms();
     let due = LOCAL.with(|l| l.borrow_mut().held.push(kind, body, urgent, now));
     if due {

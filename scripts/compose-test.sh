@@ -109,6 +109,7 @@ cleanup() {
             compose ps >&2
         fi
         log "tearing down"
+        curl -sf --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1 || start_service
         compose down -v --remove-orphans >/dev/null 2>&1
         # The images the compose file built (the compat API names them docker.io/library/…),
         # and the build's untagged stages that were not there before.
@@ -137,8 +138,8 @@ install_engine() {
     if [ "${#missing[@]}" -gt 0 ]; then
         log "apt-get install ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >&2
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+        { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+            >"$RUN_DIR/apt.log" 2>&1 || { tail -30 "$RUN_DIR/apt.log" >&2; return 1; }
     fi
     # Here podman cannot raise the open-file and process limits above the host's (no
     # CAP_SYS_RESOURCE), and crun fails on these cgroups: runc, and limits it may set.
@@ -163,7 +164,9 @@ EOF
 }
 
 start_service() {
-    podman system service --time=0 "unix://$SOCK" >"$RUN_DIR/podman-service.log" 2>&1 &
+    # In its own session: a signal to this script's process group (timeout, ^C) must leave it
+    # up for the teardown.
+    setsid podman system service --time=0 "unix://$SOCK" >>"$RUN_DIR/podman-service.log" 2>&1 &
     local pid=$!
     echo "$pid" >"$RUN_DIR/service.pid"
     local i

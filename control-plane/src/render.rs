@@ -254,6 +254,11 @@ bootstrap_extensions:
                 "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
                 stat_prefix: ai_router_public
                 generate_request_id: true
+                # After Envoy closes an HTTP/1 connection (a local reply with `Connection: close`,
+                # a stream cut after its first token), how long it waits for the client to close
+                # first. Envoy's 1 s default made a client see a cut stream end 1 s after the
+                # cut; 100 ms still lets a client read a final answer before the socket goes.
+                delayed_close_timeout: 0.1s
                 # The call's deadline bounds a request (x-envoy-upstream-rq-timeout-ms, set by the
                 # front stage), not a silence: a call may wait for a lane.
                 stream_idle_timeout: 0s
@@ -601,6 +606,10 @@ mod tests {
         let hcm = &listeners[0]["filter_chains"][0]["filters"][0]["typed_config"];
         assert_eq!(hcm["request_headers_timeout"], "10.000s");
         assert_eq!(hcm["request_timeout"], "60.000s");
+        // A stream cut after its first token ends for the client within 100 ms of the cut
+        // (Envoy's default of 1 s made it end 1 s late).
+        assert_eq!(hcm["delayed_close_timeout"], "0.1s");
+        assert_eq!(attempt_hcm["delayed_close_timeout"], "0s");
         assert_eq!(
             hcm["common_http_protocol_options"]["idle_timeout"],
             "300.000s"

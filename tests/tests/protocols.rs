@@ -1285,8 +1285,9 @@ async fn a_gap_after_the_first_token_longer_than_the_calls_timeout_cuts_the_stre
     assert!(!s.has_done(), "a cut stream does not end with [DONE]:\n{s}");
     let gap = s.ended_at.saturating_sub(contents[0].0);
     assert!(
-        gap >= Duration::from_millis(900) && gap <= Duration::from_millis(2500),
-        "the stream ended {gap:?} after its last chunk (the profile's timeoutMs is 1 s):\n{s}"
+        gap >= Duration::from_millis(900) && gap <= Duration::from_millis(1600),
+        "the stream ended {gap:?} after its last chunk (the profile's timeoutMs is 1 s; the \
+         bound is checked every 100 ms, and Envoy waits 100 ms for the client to close):\n{s}"
     );
     assert!(
         s.transport_error.is_some(),

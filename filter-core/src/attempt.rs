@@ -566,7 +566,7 @@ impl Attempt {
         if plan.protocol == Protocol::Responses {
             self.request = value.clone();
         }
-        if !native && plan.protocol != Protocol::Chat {
+        if !native && !ingress::carries_chat(plan.protocol) {
             value = match ingress::chat_request(plan.protocol, &value, Fidelity::Strict) {
                 Ok(v) => v,
                 Err(e) => return self.refuse(host, e),
@@ -1036,10 +1036,18 @@ impl Attempt {
                 map.remove("usage");
             }
         }
-        let bytes = self.scrub(crate::cache_shapes::replay_sse(protocol, &answer));
+        let json_array = self.plan.as_ref().is_some_and(|p| p.json_array);
+        let bytes = self.scrub(match protocol {
+            Protocol::Gemini => crate::gemini_ingress::replay(&answer, json_array),
+            _ => crate::cache_shapes::replay_sse(protocol, &answer),
+        });
         host.set_body(Side::Response, 0, size, &bytes);
         host.set_header(Side::Response, "content-length", None);
-        host.set_header(Side::Response, "content-type", Some("text/event-stream"));
+        let content_type = match json_array {
+            true => "application/json",
+            false => "text/event-stream",
+        };
+        host.set_header(Side::Response, "content-type", Some(content_type));
         self.after_first_token = true;
         self.succeed_headers(host);
         self.report(host, None, status);
@@ -1267,6 +1275,7 @@ impl Attempt {
         if (200..300).contains(&status) && stream && is_sse {
             let include_usage = self.plan.as_ref().is_some_and(|p| p.include_usage);
             let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
+            let json_array = self.plan.as_ref().is_some_and(|p| p.json_array);
             let now_s = host.now_ms() / 1000;
             self.mode = if lane.native {
                 Mode::Stream {
@@ -1291,7 +1300,7 @@ impl Attempt {
                 Mode::Stream {
                     gate: Box::new(Gate::new(lane.kind.text(), include_usage).with_price(price)),
                     upstream,
-                    egress: Egress::new(protocol, &self.request, now_s).map(Box::new),
+                    egress: Egress::new(protocol, &self.request, now_s, json_array).map(Box::new),
                     redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),
                     seen: 0,
                 }
@@ -1300,6 +1309,10 @@ impl Attempt {
             // dropped, an Anthropic stream translated, an error event added): a provider's
             // length would promise the client bytes it never gets.
             host.set_header(Side::Response, "content-length", None);
+            if json_array {
+                // Gemini's stream without `alt=sse` is one JSON array.
+                host.set_header(Side::Response, "content-type", Some("application/json"));
+            }
         } else {
             self.mode = Mode::Whole { status, headers };
         }
@@ -1696,6 +1709,7 @@ mod tests {
             anthropic_version: None,
             anthropic_beta: None,
             count_tokens: false,
+            json_array: false,
             session: None,
             profile: String::new(),
             prompt_cache: String::new(),

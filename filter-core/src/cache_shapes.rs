@@ -41,7 +41,7 @@ pub fn keyed_body(protocol: Protocol, body: &Value) -> Value {
     let unkeyed = match protocol {
         Protocol::Messages => MESSAGES_UNKEYED,
         Protocol::Responses => RESPONSES_UNKEYED,
-        Protocol::Chat => &[],
+        Protocol::Chat | Protocol::Gemini => &[],
     };
     let keyed: Map<String, Value> = body
         .as_object()
@@ -95,7 +95,8 @@ pub fn storable(protocol: Protocol, status: u16, body: &Value) -> bool {
                 });
             str_of(body, "object") == "response" && str_of(body, "status") == "completed" && said
         }
-        Protocol::Chat => false,
+        // Gemini answers are not stored: the body keyed would be the chat translation.
+        Protocol::Chat | Protocol::Gemini => false,
     }
 }
 
@@ -133,7 +134,7 @@ pub fn assemble_stream(protocol: Protocol, sse: &[u8]) -> Option<Value> {
                 .then(|| data.get("response").cloned())
                 .flatten()
         }
-        Protocol::Chat => None,
+        Protocol::Chat | Protocol::Gemini => None,
     }
 }
 
@@ -234,6 +235,7 @@ pub fn replay_sse(protocol: Protocol, answer: &Value) -> Vec<u8> {
         Protocol::Messages => replay_messages(answer),
         Protocol::Responses => replay_responses(answer),
         Protocol::Chat => crate::cache::replay_sse(answer),
+        Protocol::Gemini => crate::gemini_ingress::replay(answer, false),
     }
 }
 

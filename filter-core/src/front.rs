@@ -42,6 +42,11 @@ pub struct Front {
     /// `POST /v1/messages/count_tokens`: Anthropic's count from an anthropic lane, else the
     /// gateway's own estimate.
     count_tokens: bool,
+    /// Gemini: the call its path names (model, stream or count); its body is translated to chat
+    /// completions here, once.
+    gemini: Option<GeminiCall>,
+    /// Gemini: the virtual key sent as `?key=` (taken out of the path at once).
+    query_key: Option<String>,
     /// The final answer is an error to re-dress in the caller's shape (buffered whole).
     redress: bool,
     cid: Option<String>,
@@ -87,6 +92,17 @@ pub struct Front {
     /// `/admin/...`: the admin API, which Envoy routes to the control plane (its own token);
     /// no stage of a model call touches it.
     admin: bool,
+}
+
+/// A Gemini API call, from its path.
+#[derive(Debug, Clone)]
+struct GeminiCall {
+    model: String,
+    stream: bool,
+    /// `:countTokens`: answered by the gateway's estimate.
+    count: bool,
+    /// `:streamGenerateContent` without `alt=sse`: one JSON array.
+    json_array: bool,
 }
 
 /// What a call paused for the shared cache tier goes on with.
@@ -148,7 +164,11 @@ impl Front {
     /// estimate, in Anthropic's shape.
     fn answer_count_tokens(&mut self, host: &mut impl Host, body: &Value) -> Flow {
         self.answered = Some((200, "count_tokens"));
-        let answer = crate::messages_ingress::count_tokens(body).to_string();
+        let answer = match self.protocol {
+            Protocol::Gemini => crate::gemini_ingress::count_tokens(body),
+            _ => crate::messages_ingress::count_tokens(body),
+        }
+        .to_string();
         host.send_response(
             200,
             &[
@@ -203,7 +223,10 @@ impl Front {
         let names = resolve::model_list(&state, &key);
         let protocol = self.protocol;
         let item = |id: &str| crate::ingress::model_entry(protocol, id);
-        let body = match path.strip_prefix("/v1/models/") {
+        let named = path
+            .strip_prefix("/v1/models/")
+            .or_else(|| path.strip_prefix("/v1beta/models/"));
+        let body = match named {
             Some(raw) if !raw.is_empty() => {
                 // SDKs percent-encode ids such as `openai/gpt-4o-mini`.
                 let decoded = crate::util::percent_decode(raw);
@@ -329,9 +352,12 @@ impl Front {
         };
         // Anthropic clients, and some OpenAI-compatible ones, send the key as `x-api-key`:
         // taken on every route when there is no `Authorization`.
+        // Gemini clients send it as `x-goog-api-key` or `?key=`.
         let api_key = match header.is_empty() {
             true => host
                 .header_text(Side::Request, "x-api-key")
+                .or_else(|| host.header_text(Side::Request, "x-goog-api-key"))
+                .or_else(|| self.query_key.clone())
                 .unwrap_or_default(),
             false => String::new(),
         };
@@ -380,6 +406,30 @@ impl Front {
                 )
             }
         };
+        // Gemini's `:countTokens` body, answered once the model is resolved.
+        let mut gemini_counted = None;
+        if let Some(call) = self.gemini.clone() {
+            // The Gemini request becomes chat completions here, once: the attempts carry it.
+            let gemini = match call.count {
+                true => crate::gemini_ingress::counted_request(&parsed),
+                false => parsed.clone(),
+            };
+            match crate::gemini_ingress::to_chat_request(&call.model, call.stream, &gemini) {
+                Ok(chat) => {
+                    if call.count {
+                        gemini_counted = Some(parsed);
+                    } else {
+                        host.set_body(Side::Request, 0, body.len(), chat.to_string().as_bytes());
+                    }
+                    parsed = chat;
+                }
+                Err(e) => {
+                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                    err.param = e.param;
+                    return self.reply(host, err);
+                }
+            }
+        }
         if let Some(model) = parsed.get("model").and_then(Value::as_str) {
             self.requested_model = model.chars().take(256).collect();
         }
@@ -457,6 +507,10 @@ impl Front {
                 }
             }
         }
+        if let Some(counted) = gemini_counted {
+            // No lane counts in Gemini's protocol: the gateway's estimate.
+            return self.answer_count_tokens(host, &counted);
+        }
         if self.count_tokens {
             // Anthropic's own count on an anthropic lane (native, so nothing to translate);
             // else the gateway's estimate.
@@ -493,7 +547,8 @@ impl Front {
         self.stream = resolved.stream;
         let cache_call = crate::cache::CacheCall {
             // A token count is no answer to keep.
-            key_cache: if self.count_tokens {
+            // Gemini answers are not stored (`cache_shapes::storable`): no lookup either.
+            key_cache: if self.count_tokens || self.protocol == Protocol::Gemini {
                 Some(false)
             } else {
                 key.cache
@@ -622,6 +677,7 @@ impl Front {
             anthropic_version: self.anthropic_version.clone(),
             anthropic_beta: self.anthropic_beta.clone(),
             count_tokens: self.count_tokens,
+            json_array: self.gemini.as_ref().is_some_and(|g| g.json_array),
             session: (state.selection().affinity_idle_ms > 0)
                 .then(|| {
                     crate::affinity::session_of(&key.id, self.session_header.as_deref(), parsed)
@@ -765,6 +821,15 @@ impl Front {
             .unwrap_or("")
             .trim_end_matches('/')
             .to_string();
+        let google_list = (path == "/v1/models" || path.starts_with("/v1/models/"))
+            && crate::gemini_ingress::google_client(
+                host.header(Side::Request, "x-goog-api-key").is_some()
+                    || host.header(Side::Request, "x-goog-api-client").is_some(),
+                full_path.split_once('?').map_or("", |(_, q)| q),
+            );
+        if google_list || crate::gemini_ingress::is_gemini_path(&path) {
+            return self.gemini_route(host, &method, &path, &full_path, end_of_stream);
+        }
         let op = match (method.as_str(), path.as_str()) {
             ("POST", "/v1/chat/completions") => Operation::Chat,
             ("POST", "/v1/embeddings") => Operation::Embeddings,
@@ -823,6 +888,73 @@ impl Front {
         self.with_state(host, end_of_stream)
     }
 
+    /// A call of the Gemini API: every answer, errors included, in Google's shape. A key sent
+    /// as `?key=` is taken out of the path before anything else reads it.
+    fn gemini_route(
+        &mut self,
+        host: &mut impl Host,
+        method: &str,
+        path: &str,
+        full_path: &str,
+        end_of_stream: bool,
+    ) -> Flow {
+        use crate::gemini_ingress::{route, take_query_key, wants_sse, Route};
+        self.protocol = Protocol::Gemini;
+        let query = full_path.split_once('?').map_or("", |(_, q)| q);
+        let (kept, key) = take_query_key(query);
+        if key.is_some() {
+            let clean = match kept.is_empty() {
+                true => path.to_string(),
+                false => format!("{path}?{kept}"),
+            };
+            host.set_header(Side::Request, ":path", Some(&clean));
+            self.query_key = key;
+        }
+        let call = match route(method, path) {
+            Route::Generate { model, stream } => GeminiCall {
+                model,
+                stream,
+                count: false,
+                json_array: stream && !wants_sse(&kept),
+            },
+            Route::CountTokens { model } => GeminiCall {
+                model,
+                stream: false,
+                count: true,
+                json_array: false,
+            },
+            Route::Models(_) => return self.models(host, path),
+            Route::Unserved => {
+                let method_only = matches!(
+                    route(if method == "GET" { "POST" } else { "GET" }, path),
+                    Route::Generate { .. } | Route::CountTokens { .. } | Route::Models(_)
+                );
+                let err = match method_only {
+                    true => GatewayError::new(
+                        ErrorCode::MethodNotAllowed,
+                        format!("{method} is not allowed on {path}."),
+                    ),
+                    false => GatewayError::new(
+                        ErrorCode::NotFound,
+                        format!(
+                            "{path} is not served: the gateway serves generateContent, \
+                             streamGenerateContent, countTokens and the model list of the \
+                             Gemini API."
+                        ),
+                    ),
+                };
+                return self.reply(host, err);
+            }
+        };
+        self.count_tokens = call.count;
+        self.gemini = Some(call);
+        self.op = Some(Operation::Chat);
+        if host.state().is_none() {
+            return self.wait_for_state(host, AfterState::Call { end_of_stream });
+        }
+        self.with_state(host, end_of_stream)
+    }
+
     /// The request phase past routing, once the gateway has its state.
     fn with_state(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
         let Some(state) = host.state() else {
@@ -873,6 +1005,11 @@ impl Front {
         // The client's key never goes further than this stage.
         host.set_header(Side::Request, "authorization", None);
         host.set_header(Side::Request, "x-api-key", None);
+        host.set_header(Side::Request, "x-goog-api-key", None);
+        if self.gemini.is_some() {
+            // Its body is replaced by the chat translation.
+            host.set_header(Side::Request, "content-length", None);
+        }
         Flow::Pause
     }
 
@@ -1112,7 +1249,7 @@ impl Front {
         if let Some(r) = retry_after.filter(|_| self.status >= 400) {
             host.set_header(Side::Response, "retry-after", Some(&r));
         }
-        if self.status >= 400 && self.protocol == Protocol::Messages && !end_of_stream {
+        if self.status >= 400 && crate::ingress::redresses_errors(self.protocol) && !end_of_stream {
             self.redress = true;
             host.set_header(Side::Response, "content-length", None);
             host.set_header(Side::Response, "content-type", Some("application/json"));
@@ -1356,6 +1493,10 @@ mod cache_tests;
 #[cfg(test)]
 #[path = "front_budget_tests.rs"]
 mod budget_step_tests;
+
+#[cfg(test)]
+#[path = "front_gemini_tests.rs"]
+mod gemini_tests;
 
 #[cfg(test)]
 mod traceparent_tests {

@@ -121,6 +121,7 @@ fn path_of(protocol: Protocol) -> &'static str {
         Protocol::Messages => "/v1/messages",
         Protocol::Responses => "/v1/responses",
         Protocol::Chat => "/v1/chat/completions",
+        Protocol::Gemini => "/v1beta/models/m1:generateContent",
     }
 }
 
@@ -197,10 +198,10 @@ fn fuzz_the_stream_translation_to_callers_is_split_invariant() {
         |rng| input(rng, &corpus),
         |bytes| {
             for protocol in CALLERS {
-                let mut whole = Egress::new(protocol, &request, NOW_S).unwrap();
+                let mut whole = Egress::new(protocol, &request, NOW_S, false).unwrap();
                 let expected = whole.encode(bytes);
                 let step = 1 + bytes.len() % 5;
-                let mut split = Egress::new(protocol, &request, NOW_S).unwrap();
+                let mut split = Egress::new(protocol, &request, NOW_S, false).unwrap();
                 let got: Vec<u8> = bytes.chunks(step).flat_map(|c| split.encode(c)).collect();
                 assert_eq!(
                     got, expected,

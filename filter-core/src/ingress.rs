@@ -10,6 +10,7 @@
 //! | Messages  | any other             | Messages → chat → (answer) chat → Messages       |
 //! | Responses | openai                | natively (`/responses`)                          |
 //! | Responses | any other (stateless) | Responses → chat (→ Messages for anthropic) → …  |
+//! | Gemini    | every kind            | Gemini → chat (by the front stage) → … → Gemini  |
 //!
 //! A native lane takes the request whole: unknown fields, roles, blocks and tool types go as
 //! they came. A translated lane takes what its translation expresses; a request it cannot
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 use crate::anthropic::AdapterError;
 use crate::classify::{classify_stream_error, Class, Failure};
 use crate::errors::GatewayError;
+use crate::gemini_ingress;
 use crate::messages_ingress::{self, Fidelity};
 use crate::plan::{Candidate, Protocol};
 use crate::responses;
@@ -34,7 +36,15 @@ pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
         Protocol::Chat => false,
         Protocol::Messages => kind == ProviderKind::Anthropic,
         Protocol::Responses => kind == ProviderKind::Openai,
+        // Gemini lanes are reached over Google's OpenAI-compatible endpoint.
+        Protocol::Gemini => false,
     }
+}
+
+/// Whether the body the attempts get is already chat completions: a chat caller's, and a
+/// Gemini caller's (translated by the front stage, since its model and stream are in the path).
+pub fn carries_chat(protocol: Protocol) -> bool {
+    matches!(protocol, Protocol::Chat | Protocol::Gemini)
 }
 
 /// The body a lane of `kind` is sent for the caller's `request`, before the attempt's own
@@ -121,6 +131,7 @@ pub fn native_path(protocol: Protocol) -> &'static str {
         Protocol::Chat => "/chat/completions",
         Protocol::Messages => "/messages",
         Protocol::Responses => "/responses",
+        Protocol::Gemini => "/chat/completions",
     }
 }
 
@@ -132,7 +143,7 @@ pub fn chat_request(
     fidelity: Fidelity,
 ) -> Result<Value, AdapterError> {
     match protocol {
-        Protocol::Chat => Ok(body.clone()),
+        Protocol::Chat | Protocol::Gemini => Ok(body.clone()),
         Protocol::Messages => messages_ingress::to_chat_request(body, fidelity),
         Protocol::Responses if fidelity == Fidelity::Lenient => {
             responses::to_chat_request(&responses::routing_view(body))
@@ -206,6 +217,7 @@ pub fn unary(protocol: Protocol, chat: &Value, request: &Value, now_s: i64) -> V
         Protocol::Chat => chat.clone(),
         Protocol::Messages => messages_ingress::from_chat_response(chat),
         Protocol::Responses => responses::from_chat_response(chat, request, now_s),
+        Protocol::Gemini => gemini_ingress::from_chat_response(chat),
     }
 }
 
@@ -214,6 +226,7 @@ pub fn model_entry(protocol: Protocol, id: &str) -> Value {
     match protocol {
         Protocol::Messages => json!({ "type": "model", "id": id, "display_name": id,
                                       "created_at": "1970-01-01T00:00:00Z" }),
+        Protocol::Gemini => gemini_ingress::model_entry(id),
         _ => json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" }),
     }
 }
@@ -227,6 +240,7 @@ pub fn model_list(protocol: Protocol, entries: Vec<Value>) -> Value {
             json!({ "first_id": id(entries.first()), "last_id": id(entries.last()),
                     "has_more": false, "data": entries })
         }
+        Protocol::Gemini => gemini_ingress::model_list(entries),
         _ => json!({ "object": "list", "data": entries }),
     }
 }
@@ -239,6 +253,9 @@ pub fn error_body(protocol: Protocol, err: &GatewayError) -> Vec<u8> {
                 .to_string()
                 .into_bytes()
         }
+        Protocol::Gemini => gemini_ingress::error_body(err.status, err.code.as_str(), &err.message)
+            .to_string()
+            .into_bytes(),
         _ => err.body(),
     };
     // A refusal that ruled out candidates names them, as a final error does.
@@ -246,6 +263,11 @@ pub fn error_body(protocol: Protocol, err: &GatewayError) -> Vec<u8> {
         Some(trail) => crate::trail::with_trail(&body, trail).unwrap_or(body),
         None => body,
     }
+}
+
+/// Whether a final error answer to a caller of `protocol` is re-dressed in its shape.
+pub fn redresses_errors(protocol: Protocol) -> bool {
+    matches!(protocol, Protocol::Messages | Protocol::Gemini)
 }
 
 /// A final error answer (an OpenAI error object from the stages or Envoy) re-dressed for the
@@ -259,6 +281,16 @@ pub fn redress_error(protocol: Protocol, status: u16, body: &[u8]) -> Option<Vec
                 return None;
             }
             Some(messages_ingress::error_from_openai(status, body))
+        }
+        Protocol::Gemini => {
+            let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+            if parsed
+                .pointer("/error/status")
+                .is_some_and(Value::is_string)
+            {
+                return None;
+            }
+            Some(gemini_ingress::error_from_openai(status, body))
         }
         _ => None,
     }
@@ -284,7 +316,7 @@ pub fn native_usage(protocol: Protocol, usage: Option<&Value>) -> Option<Usage> 
             completion_tokens: get("/output_tokens"),
             cached_tokens: get("/input_tokens_details/cached_tokens"),
         },
-        Protocol::Chat => crate::stream::usage_of(&json!({ "usage": u }))?,
+        Protocol::Chat | Protocol::Gemini => crate::stream::usage_of(&json!({ "usage": u }))?,
     })
 }
 
@@ -299,10 +331,12 @@ pub struct Egress {
 }
 
 impl Egress {
-    /// `None` for chat callers (nothing to translate).
-    pub fn new(protocol: Protocol, request: &Value, now_s: i64) -> Option<Self> {
+    /// `None` for chat callers (nothing to translate). `json_array`: a Gemini stream without
+    /// `alt=sse`.
+    pub fn new(protocol: Protocol, request: &Value, now_s: i64, json_array: bool) -> Option<Self> {
         let encoder: Box<dyn FromChatStream> = match protocol {
             Protocol::Chat => return None,
+            Protocol::Gemini => Box::new(gemini_ingress::StreamEncoder::new(json_array)),
             Protocol::Messages => Box::new(messages_ingress::StreamEncoder::new()),
             Protocol::Responses => Box::new(responses::StreamEncoder::new(request.clone(), now_s)),
         };
@@ -700,8 +734,8 @@ mod tests {
 
     #[test]
     fn egress_translates_chat_chunks_for_the_caller() {
-        assert!(Egress::new(Protocol::Chat, &Value::Null, 0).is_none());
-        let mut e = Egress::new(Protocol::Messages, &Value::Null, 0).unwrap();
+        assert!(Egress::new(Protocol::Chat, &Value::Null, 0, false).is_none());
+        let mut e = Egress::new(Protocol::Messages, &Value::Null, 0, false).unwrap();
         let chunk = b"data: {\"id\":\"chatcmpl-1\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
         let out = String::from_utf8(e.encode(&chunk[..20])).unwrap();
         assert!(out.is_empty());

@@ -43,6 +43,7 @@ pub mod front;
 mod fuzz;
 #[cfg(test)]
 mod fuzz_ingress;
+pub mod gemini_ingress;
 #[cfg(test)]
 mod golden_tests;
 pub mod headers;

@@ -253,29 +253,31 @@ fn turn_to_chat(
         }
     }
     if role == "assistant" {
-        let text: String = parts
-            .iter()
-            .map(|p| str_of(p, "text"))
-            .collect::<Vec<_>>()
-            .join("");
-        let mut message = Map::new();
-        message.insert("role".into(), json!("assistant"));
-        message.insert(
-            "content".into(),
-            if text.is_empty() && !tool_calls.is_empty() {
-                Value::Null
-            } else {
-                Value::String(text)
-            },
-        );
-        if !tool_calls.is_empty() {
-            message.insert("tool_calls".into(), Value::Array(tool_calls));
-        }
-        out.push(Value::Object(message));
+        out.push(assistant_message(&parts, tool_calls));
     } else {
         flush_user(&mut parts, out);
     }
     Ok(())
+}
+
+/// An assistant turn as a chat message: its text parts joined, its tool calls (`content` null
+/// when there are calls and no text, as chat completions has it).
+pub(crate) fn assistant_message(parts: &[Value], tool_calls: Vec<Value>) -> Value {
+    let text: String = parts.iter().map(|p| str_of(p, "text")).collect();
+    let mut message = Map::new();
+    message.insert("role".into(), json!("assistant"));
+    message.insert(
+        "content".into(),
+        if text.is_empty() && !tool_calls.is_empty() {
+            Value::Null
+        } else {
+            Value::String(text)
+        },
+    );
+    if !tool_calls.is_empty() {
+        message.insert("tool_calls".into(), Value::Array(tool_calls));
+    }
+    Value::Object(message)
 }
 
 fn flush_user(parts: &mut Vec<Value>, out: &mut Vec<Value>) {
@@ -702,17 +704,36 @@ pub fn stream_error(message: &str) -> Value {
 
 /// A gateway error body (OpenAI shape) re-dressed in the Anthropic shape.
 pub fn error_from_openai(status: u16, openai: &[u8]) -> Vec<u8> {
-    let parsed: Value = serde_json::from_slice(openai).unwrap_or(Value::Null);
-    let message = parsed
-        .pointer("/error/message")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("The gateway answered with status {status}."));
-    let code = parsed
-        .pointer("/error/code")
-        .and_then(Value::as_str)
-        .unwrap_or("gateway_error");
-    error_body(status, code, &message).to_string().into_bytes()
+    let parts = OpenAiError::read(status, openai);
+    error_body(status, &parts.code, &parts.message)
+        .to_string()
+        .into_bytes()
+}
+
+/// What another shape keeps of a gateway error body (OpenAI's shape).
+pub(crate) struct OpenAiError {
+    pub message: String,
+    pub code: String,
+    /// `error.trail`, when the body has one.
+    pub trail: Option<Value>,
+}
+
+impl OpenAiError {
+    pub fn read(status: u16, openai: &[u8]) -> Self {
+        let parsed: Value = serde_json::from_slice(openai).unwrap_or(Value::Null);
+        let text = |p: &str| {
+            parsed
+                .pointer(p)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        Self {
+            message: text("/error/message")
+                .unwrap_or_else(|| format!("The gateway answered with status {status}.")),
+            code: text("/error/code").unwrap_or_else(|| "gateway_error".to_string()),
+            trail: parsed.pointer("/error/trail").cloned(),
+        }
+    }
 }
 
 #[cfg(test)]

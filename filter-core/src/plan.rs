@@ -40,6 +40,10 @@ pub enum Protocol {
     Messages,
     /// The OpenAI Responses API, `POST /v1/responses`.
     Responses,
+    /// Google's Gemini API, `POST /v1beta/models/{model}:generateContent` (and the stream).
+    /// The front stage translates the request to chat completions once (its model and stream
+    /// are in the path), so the attempts carry a chat body; only the answers differ.
+    Gemini,
 }
 
 impl Protocol {
@@ -48,6 +52,7 @@ impl Protocol {
             Protocol::Chat => "chat",
             Protocol::Messages => "messages",
             Protocol::Responses => "responses",
+            Protocol::Gemini => "gemini",
         }
     }
 }
@@ -129,6 +134,9 @@ pub struct Plan {
     /// keep) on `/messages/count_tokens`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub count_tokens: bool,
+    /// Gemini's `:streamGenerateContent` without `alt=sse`: the stream is one JSON array.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub json_array: bool,
     /// Estimated prompt tokens and the request's output estimate, for a streamed answer's cost.
     #[serde(default)]
     pub prompt_tokens: u64,

@@ -226,6 +226,19 @@ fn delta_slots(shape: Protocol, name: Option<&str>, v: &Value) -> Vec<(String, S
                 slots.push((channel, "/delta".to_string()));
             }
         }
+        Protocol::Gemini => {
+            let parts = v
+                .pointer("/candidates/0/content/parts")
+                .and_then(Value::as_array);
+            for (i, part) in parts.into_iter().flatten().enumerate() {
+                if part.get("text").is_some_and(Value::is_string) {
+                    slots.push((
+                        "text".to_string(),
+                        format!("/candidates/0/content/parts/{i}/text"),
+                    ));
+                }
+            }
+        }
     }
     slots
 }
@@ -470,6 +483,7 @@ mod tests {
                 Protocol::Chat => chat_delta(t),
                 Protocol::Messages => messages_delta(t),
                 Protocol::Responses => responses_delta(t),
+                Protocol::Gemini => unreachable!("no native Gemini lane"),
             };
             for echoed in [KEY, "sk-proj-****2eF9"] {
                 let text = format!("Your key is {echoed} (do not share).");

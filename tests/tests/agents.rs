@@ -3,7 +3,9 @@
 //! says, with mock providers behind it: Claude Code (`claude -p`) on a lane of its own
 //! protocol (kind anthropic, `/v1/messages` passed natively) and on a translated one
 //! (openai-compatible); Codex (`codex exec`) on an openai lane (`/v1/responses` natively) and
-//! on a translated one. Each must exit 0 with the mock's answer as its own.
+//! on a translated one; the Gemini CLI (`gemini -p`) and Google's genai SDKs (npm and PyPI) on
+//! the Gemini API, translated lanes behind it. Each must exit 0 with the mock's answer as its
+//! own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -533,5 +535,261 @@ async fn count_tokens_is_anthropics_on_an_anthropic_lane_and_the_gateways_otherw
         (reply.status, reply.json["error"]["type"].clone()),
         (404, json!("not_found_error")),
         "{reply}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gemini: Google's genai SDK and the Gemini CLI on the gateway's Gemini API, translated lanes
+// (openai-compatible mocks) behind it.
+// ---------------------------------------------------------------------------------------------
+
+/// The Gemini API's base URL at the gateway (no `/v1beta`: the clients add it).
+fn gemini_env(gw: &Gateway) -> Vec<(&'static str, String)> {
+    vec![
+        ("GOOGLE_GEMINI_BASE_URL", gw.envoy.base_url()),
+        ("GEMINI_API_KEY", gw.virtual_key.clone()),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_genai_sdk_generates_streams_and_calls_functions_through_the_gemini_api() {
+    let gw = Gateway::start("agents_genai_sdk").await.expect("fixture");
+    gw.mock1
+        .script(json!([script::rule(
+            json!({ "model": "m1" }),
+            vec![script::stream(&["Hello", " from", " the", " pool"])]
+        ),]))
+        .await
+        .unwrap();
+    gw.mock2.script(weather_round_trip()).await.unwrap();
+    let mut env = gemini_env(&gw);
+    env.extend([
+        ("AI_ROUTER_MODEL", "chat".to_string()),
+        ("AI_ROUTER_EXPECT", "Hello from the pool".to_string()),
+        ("AI_ROUTER_TOOLS_MODEL", "m2".to_string()),
+    ]);
+    let node = std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into());
+    let work = dir_in(&gw, "genai-work");
+    run_client(&gw, Path::new(&node), "node/gemini.mjs", &work, &env).await;
+    // The translated request: the system instruction first, the tool's result under its id.
+    let calls = gw.mock1.calls().await.unwrap();
+    let first = calls.first().expect("a call to p1");
+    assert_eq!(
+        first.body["messages"][0]["role"], "system",
+        "{}",
+        first.body
+    );
+    assert_result_of(&gw.mock2, "call_w", "sunny").await;
+
+    // The Python SDK, the same way (its function response carries no id: matched by name).
+    gw.mock2.script(weather_round_trip()).await.unwrap();
+    let before = gw.mock2.calls().await.unwrap().len();
+    let python = ai_router_e2e::python_bin().unwrap();
+    run_client(&gw, &python, "gemini.py", &work, &env).await;
+    let calls = gw.mock2.calls().await.unwrap();
+    let answer = calls
+        .get(before + 1)
+        .expect("the function's result sent back");
+    assert!(answer.body.to_string().contains("sunny"), "{}", answer.body);
+}
+
+/// The mock's script for the SDKs' function call: `get_weather` for Paris, then the answer.
+fn weather_round_trip() -> Value {
+    json!([script::always(vec![
+        json!({ "toolCalls": [{ "id": "call_w", "name": "get_weather", "arguments": { "city": "Paris" } }] }),
+        script::stream(&["Sunny", " in Paris."]),
+    ])])
+}
+
+/// Runs the client script `script` (under tests/conformance/) with `program`; it must exit 0.
+async fn run_client(
+    gw: &Gateway,
+    program: &Path,
+    script: &str,
+    cwd: &Path,
+    env: &[(&str, String)],
+) {
+    let path = workspace_root().join("tests/conformance").join(script);
+    let name = script.replace('/', "-");
+    let run = run_agent(gw, &name, program, &[path.to_str().unwrap()], cwd, env).await;
+    assert!(
+        run.ok,
+        "{script} failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout, run.stderr
+    );
+}
+
+/// A request the mock saw after the first carries the tool's `result` under the call's `id`.
+async fn assert_result_of(mock: &ai_router_e2e::Mock, id: &str, result: &str) {
+    let calls = mock.calls().await.unwrap();
+    let later: Vec<String> = calls.iter().skip(1).map(|c| c.body.to_string()).collect();
+    assert!(
+        later.iter().any(|b| b.contains(result) && b.contains(id)),
+        "the function's result went back to the model:\n{later:?}"
+    );
+}
+
+/// Raw Gemini API calls: the key by `?key=` (never forwarded), the JSON-array stream without
+/// `alt=sse`, and an error in Google's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gemini_api_takes_a_query_key_and_streams_a_json_array() {
+    let gw = Gateway::start("agents_gemini_raw").await.expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " there"
+        ])])]))
+        .await
+        .unwrap();
+    let body = json!({ "contents": [{ "role": "user", "parts": [{ "text": "Say hi" }] }],
+                       "generationConfig": { "maxOutputTokens": 20, "thinkingConfig": { "thinkingBudget": 0 } } })
+    .to_string();
+    let path = format!(
+        "/v1beta/models/chat:streamGenerateContent?key={}",
+        gw.virtual_key
+    );
+    let reply = gw
+        .client
+        .request(reqwest::Method::POST, &path, None, Some(body.clone()))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200, "{reply}");
+    let chunks = reply
+        .json
+        .as_array()
+        .unwrap_or_else(|| panic!("a JSON array: {reply}"));
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["candidates"][0]["content"]["parts"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Hi there");
+    assert_eq!(
+        chunks.last().unwrap()["candidates"][0]["finishReason"],
+        "STOP"
+    );
+    let calls = gw.mock1.calls().await.unwrap();
+    let call = calls.last().unwrap();
+    assert!(call.path.ends_with("/chat/completions"), "{}", call.path);
+    assert!(!call.path.contains("key="), "{}", call.path);
+    let lane_key = call.key.as_deref().unwrap_or("");
+    assert!(lane_key == gw.key_a || lane_key == gw.key_b, "{lane_key}");
+    assert!(!call.body.to_string().contains(&gw.virtual_key));
+    assert!(call.body.get("thinkingConfig").is_none());
+    // Refused in Google's shape: a hosted tool the lane cannot run.
+    let refused = json!({ "contents": [{ "role": "user", "parts": [{ "text": "hi" }] }],
+                          "tools": [{ "googleSearch": {} }] })
+    .to_string();
+    let reply = gw
+        .client
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1beta/models/chat:generateContent?key={}", gw.virtual_key),
+            None,
+            Some(refused),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (reply.status, reply.json["error"]["status"].clone()),
+        (400, json!("INVALID_ARGUMENT")),
+        "{reply}"
+    );
+    assert!(reply.json["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("googleSearch")));
+}
+
+/// `gemini -p PROMPT -m MODEL` with the README's settings: the gateway as its base URL, the
+/// virtual key as its API key, telemetry, usage statistics and update checks off.
+async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run {
+    let home = dir_in(gw, &format!("{name}-home"));
+    let settings = home.join(".gemini");
+    std::fs::create_dir_all(&settings).unwrap();
+    std::fs::write(
+        settings.join("settings.json"),
+        json!({
+            "security": { "auth": { "selectedType": "gemini-api-key" } },
+            "privacy": { "usageStatisticsEnabled": false },
+            "telemetry": { "enabled": false },
+            "general": { "enableAutoUpdate": false, "enableAutoUpdateNotification": false },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut env = gemini_env(gw);
+    env.extend([
+        ("HOME", home.display().to_string()),
+        ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
+        ("GEMINI_CLI_NO_RELAUNCH", "true".to_string()),
+    ]);
+    let args = ["-p", prompt, "-m", model, "--output-format", "json"];
+    run_agent(gw, name, &agent_bin("gemini"), &args, &home, &env).await
+}
+
+/// The Gemini CLI's `--output-format json` result: exit 0, the answer in `response`.
+fn gemini_answer(run: &Run) -> String {
+    let start = run.stdout.find('{').unwrap_or(0);
+    let v: Value = serde_json::from_str(&run.stdout[start..]).unwrap_or(Value::Null);
+    assert!(
+        run.ok && v.get("error").is_none_or(Value::is_null),
+        "gemini failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout,
+        run.stderr
+    );
+    v["response"].as_str().unwrap_or("").trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gemini_cli_answers_and_runs_a_tool_on_a_translated_lane() {
+    let gw = Gateway::start("agents_gemini_cli").await.expect("fixture");
+    // The first lane fails before its first token: the CLI never sees it.
+    gw.mock1
+        .script(json!([script::always(vec![script::status(
+            500,
+            json!({}),
+            Some(json!({ "error": { "message": "boom", "type": "server_error" } }))
+        )])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    let run = gemini_cli(&gw, "gemini-text", "chat", "Say hi").await;
+    assert_eq!(gemini_answer(&run), "Hi from the pool");
+    assert!(
+        !gw.mock1.calls().await.unwrap().is_empty(),
+        "the first lane was tried"
+    );
+    println!("gemini -p (text) took {:?}", run.took);
+
+    // A tool round trip: the CLI reads the note with its own tool and sends the result back.
+    let name = "gemini-tool";
+    let home = gw.dir.join(&format!("{name}-home"));
+    std::fs::create_dir_all(&home).unwrap();
+    let note = home.join("note.txt");
+    std::fs::write(&note, NOTE).unwrap();
+    gw.mock2
+        .script(tool_round_trip(
+            "read_file",
+            json!({ "file_path": note.display().to_string() }),
+        ))
+        .await
+        .unwrap();
+    let before = gw.mock2.calls().await.unwrap().len();
+    let run = gemini_cli(&gw, name, "chat", "Read note.txt").await;
+    assert_eq!(gemini_answer(&run), "The note was read.");
+    let calls = gw.mock2.calls().await.unwrap();
+    let later: Vec<String> = calls
+        .iter()
+        .skip(before + 1)
+        .map(|c| c.body.to_string())
+        .collect();
+    assert!(
+        later
+            .iter()
+            .any(|b| b.contains(NOTE) && b.contains("call_note")),
+        "the tool's result went back to the model:\n{later:?}"
     );
 }

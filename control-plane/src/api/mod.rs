@@ -2,6 +2,7 @@
 //! metrics, and the one error table they answer with.
 
 pub mod admin;
+pub mod console;
 pub mod error;
 pub mod http_server;
 pub mod metrics;

@@ -1,0 +1,978 @@
+//! The operator's console: a page in the browser over the admin API, and the few figures its
+//! pages need that no other route computes.
+//!
+//! | route | does |
+//! |---|---|
+//! | `GET /ui` (and `GET /admin/ui`, which the gateway's listener forwards) | the page; `ui/app.js` and `ui/app.css` beside it. Compiled into the binary; no token needed: they hold no data |
+//! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month, and what is wrong now |
+//! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out |
+//! | `GET /admin/console/usage?from=&to=` | usage per day and per key (the key store) and per day, provider and model (this process's reports) |
+//!
+//! The page holds the admin token for the tab only (`sessionStorage`) and sends it as
+//! `Authorization: Bearer`; the API never reads a cookie, so another site's page cannot act
+//! with an operator's browser (no CSRF). Its Content-Security-Policy allows no inline script,
+//! no eval and no other origin; every string from the API is put in the page as text.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+
+use ai_router_proto::v1 as pb;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::api::admin::AdminApi;
+use crate::api::error::ApiError;
+use crate::clock::Clock;
+use crate::engine::Engine;
+use crate::engine::ReportObserver;
+use crate::keys::store::{utc_day, UsageDay};
+
+/// The page, its script and its style, as shipped.
+const PAGE: &str = include_str!("../../ui/index.html");
+const SCRIPT: &str = include_str!("../../ui/app.js");
+const STYLE: &str = include_str!("../../ui/app.css");
+
+/// What the page may load and do: its own script and style, requests to its own origin, no
+/// frame around it.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+     style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The calls the overview's rates and percentiles are taken over.
+pub const PULSE_WINDOW_MS: i64 = 60_000;
+/// The attempts a forecast's rate is taken over.
+pub const FORECAST_WINDOW_MS: i64 = 300_000;
+/// The most calls or attempts remembered (a very busy gateway's last minutes are sampled).
+const MAX_MARKS: usize = 100_000;
+/// The days of per-lane usage kept.
+const DAYS_KEPT: usize = 62;
+
+/// The console's paths that need no token (the assets).
+pub fn is_asset(path: &str) -> bool {
+    matches!(
+        path,
+        "/ui"
+            | "/ui/"
+            | "/ui/app.js"
+            | "/ui/app.css"
+            | "/admin/ui"
+            | "/admin/ui/app.js"
+            | "/admin/ui/app.css"
+    )
+}
+
+/// The console's routes, on the admin API's state.
+pub fn routes() -> Router<Arc<AdminApi>> {
+    let mut router = Router::new();
+    for base in ["/ui", "/admin/ui"] {
+        router = router
+            .route(base, get(page))
+            .route(&format!("{base}/app.js"), get(script))
+            .route(&format!("{base}/app.css"), get(style));
+    }
+    router
+        .route("/ui/", get(|| async { redirect("/ui") }))
+        .route("/admin/console", get(overview))
+        .route("/admin/console/ledger", get(ledger))
+        .route("/admin/console/usage", get(usage))
+}
+
+fn redirect(to: &'static str) -> Response {
+    (
+        StatusCode::PERMANENT_REDIRECT,
+        [(header::LOCATION, HeaderValue::from_static(to))],
+    )
+        .into_response()
+}
+
+/// An asset with the headers every answer of the console carries.
+fn asset(body: &'static str, content_type: &'static str) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+async fn page() -> Response {
+    asset(PAGE, "text/html; charset=utf-8")
+}
+
+async fn script() -> Response {
+    asset(SCRIPT, "text/javascript; charset=utf-8")
+}
+
+async fn style() -> Response {
+    asset(STYLE, "text/css; charset=utf-8")
+}
+
+fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
+    api.authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pulse: recent calls and attempts, and per-lane usage by day
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct CallMark {
+    at_ms: i64,
+    ok: bool,
+    latency_ms: u64,
+    provider: String,
+    protocol: String,
+}
+
+#[derive(Debug, Clone)]
+struct AttemptMark {
+    at_ms: i64,
+    provider: String,
+    key: String,
+    tokens: u64,
+}
+
+/// One provider and model's attempts on one UTC day.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LaneDay {
+    pub attempts: u64,
+    pub successes: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost: f64,
+    pub saved: f64,
+}
+
+#[derive(Debug, Default)]
+struct PulseInner {
+    calls: VecDeque<CallMark>,
+    attempts: VecDeque<AttemptMark>,
+    /// (day, provider, model) -> use.
+    lanes: BTreeMap<(String, String, String), LaneDay>,
+}
+
+/// Observes the data plane's reports: the last minutes' calls and attempts, and this
+/// process's per-lane usage by day.
+pub struct Pulse {
+    engine: Weak<Engine>,
+    clock: Arc<dyn Clock>,
+    started_ms: i64,
+    inner: Mutex<PulseInner>,
+}
+
+impl std::fmt::Debug for Pulse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pulse").finish_non_exhaustive()
+    }
+}
+
+/// A call's protocol as counted: `unknown` from a data plane too old to say.
+fn protocol_of(protocol: &str) -> &str {
+    if protocol.is_empty() {
+        "unknown"
+    } else {
+        protocol
+    }
+}
+
+impl Pulse {
+    /// A pulse observing `engine`'s reports from now on.
+    pub fn attach(engine: &Arc<Engine>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        let pulse = Arc::new(Self::new(Arc::downgrade(engine), clock));
+        engine.add_report_observer(pulse.clone());
+        pulse
+    }
+
+    fn new(engine: Weak<Engine>, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            engine,
+            started_ms: clock.now_ms(),
+            clock,
+            inner: Mutex::new(PulseInner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PulseInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a batch at `now_ms`, pricing attempts with `cost` and `saved`.
+    fn record(
+        &self,
+        batch: &pb::ReportBatch,
+        now_ms: i64,
+        cost: impl Fn(&pb::AttemptOutcome) -> f64,
+        saved: impl Fn(&pb::AttemptOutcome) -> f64,
+    ) {
+        let day = utc_day(now_ms);
+        let mut inner = self.lock();
+        for r in &batch.requests {
+            inner.calls.push_back(CallMark {
+                at_ms: now_ms,
+                ok: r.outcome() == pb::RequestResult::Success,
+                latency_ms: r.latency_ms,
+                provider: r.provider.clone(),
+                protocol: protocol_of(&r.protocol).to_owned(),
+            });
+        }
+        for a in &batch.attempts {
+            let tokens = a
+                .usage
+                .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
+            inner.attempts.push_back(AttemptMark {
+                at_ms: now_ms,
+                provider: a.provider.clone(),
+                key: a.key.clone(),
+                tokens,
+            });
+            let lane = inner
+                .lanes
+                .entry((day.clone(), a.provider.clone(), a.model.clone()))
+                .or_default();
+            lane.attempts += 1;
+            if a.outcome() == pb::AttemptResult::Success {
+                lane.successes += 1;
+            }
+            if let Some(u) = a.usage {
+                lane.prompt_tokens = lane.prompt_tokens.saturating_add(u.prompt_tokens);
+                lane.completion_tokens = lane.completion_tokens.saturating_add(u.completion_tokens);
+            }
+            let (c, s) = (cost(a), saved(a));
+            if c.is_finite() && c > 0.0 {
+                lane.cost += c;
+            }
+            if s.is_finite() && s > 0.0 {
+                lane.saved += s;
+            }
+        }
+        Self::trim(&mut inner, now_ms);
+    }
+
+    fn trim(inner: &mut PulseInner, now_ms: i64) {
+        let keep = PULSE_WINDOW_MS.max(FORECAST_WINDOW_MS);
+        while inner
+            .calls
+            .front()
+            .is_some_and(|c| c.at_ms < now_ms - keep || inner.calls.len() > MAX_MARKS)
+        {
+            inner.calls.pop_front();
+        }
+        while inner
+            .attempts
+            .front()
+            .is_some_and(|a| a.at_ms < now_ms - keep || inner.attempts.len() > MAX_MARKS)
+        {
+            inner.attempts.pop_front();
+        }
+        let days: Vec<String> = inner.lanes.keys().map(|(d, _, _)| d.clone()).collect();
+        let mut distinct: Vec<&String> = days.iter().collect();
+        distinct.dedup();
+        if distinct.len() > DAYS_KEPT {
+            let oldest_kept = distinct[distinct.len() - DAYS_KEPT].clone();
+            inner.lanes.retain(|(d, _, _), _| *d >= oldest_kept);
+        }
+    }
+
+    fn clock_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// The last minute's calls: in all, per provider and per protocol.
+    pub fn rates(&self) -> Value {
+        let now = self.clock.now_ms();
+        let inner = self.lock();
+        let since = now - PULSE_WINDOW_MS;
+        let recent: Vec<&CallMark> = inner.calls.iter().filter(|c| c.at_ms >= since).collect();
+        // A process up for less than the window divides by the time it has been up.
+        let span_ms = PULSE_WINDOW_MS.min((now - self.started_ms).max(1_000));
+        let group = |key: fn(&CallMark) -> &str| {
+            let mut by: BTreeMap<&str, Vec<&CallMark>> = BTreeMap::new();
+            for c in &recent {
+                by.entry(key(c)).or_default().push(c);
+            }
+            by.into_iter()
+                .map(|(name, calls)| {
+                    let mut v = call_figures(&calls, span_ms);
+                    v["name"] = json!((!name.is_empty()).then_some(name));
+                    v
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut all = call_figures(&recent, span_ms);
+        all["windowMs"] = json!(span_ms);
+        all["providers"] = json!(group(|c| c.provider.as_str()));
+        all["protocols"] = json!(group(|c| c.protocol.as_str()));
+        all
+    }
+
+    /// Attempts and tokens sent on `provider`'s `keys` over the forecast window, and the span
+    /// (ms) they were counted over.
+    fn sent(&self, provider: &str, keys: &[&str]) -> (u64, u64, i64) {
+        let now = self.clock.now_ms();
+        let since = now - FORECAST_WINDOW_MS;
+        let inner = self.lock();
+        let (mut attempts, mut tokens) = (0u64, 0u64);
+        for a in inner.attempts.iter().filter(|a| a.at_ms >= since) {
+            if a.provider == provider && keys.contains(&a.key.as_str()) {
+                attempts += 1;
+                tokens = tokens.saturating_add(a.tokens);
+            }
+        }
+        let span = FORECAST_WINDOW_MS.min((now - self.started_ms).max(1_000));
+        (attempts, tokens, span)
+    }
+
+    /// The per-lane days from `from` to `to` (`YYYY-MM-DD`, inclusive).
+    pub fn lanes(&self, from: &str, to: &str) -> Vec<Value> {
+        self.lock()
+            .lanes
+            .iter()
+            .filter(|((day, _, _), _)| day.as_str() >= from && day.as_str() <= to)
+            .map(|((day, provider, model), lane)| {
+                let mut v = json!(lane);
+                v["day"] = json!(day);
+                v["provider"] = json!((!provider.is_empty()).then_some(provider));
+                v["model"] = json!((!model.is_empty()).then_some(model));
+                v
+            })
+            .collect()
+    }
+}
+
+impl ReportObserver for Pulse {
+    fn observe(&self, batch: &pb::ReportBatch) {
+        let now = self.clock.now_ms();
+        let Some(engine) = self.engine.upgrade() else {
+            return;
+        };
+        let config = engine.config();
+        self.record(
+            batch,
+            now,
+            |a| {
+                a.usage.as_ref().map_or(0.0, |u| {
+                    crate::keys::ledger::cost_of(&config, &a.provider, &a.model, u)
+                })
+            },
+            |a| crate::keys::usage::saving_of(&config, a),
+        );
+    }
+}
+
+/// Calls, calls per second, success rate and p50/p99 latency of `calls` over `span_ms`
+/// (`null` figures without calls).
+fn call_figures(calls: &[&CallMark], span_ms: i64) -> Value {
+    let mut latencies: Vec<u64> = calls.iter().map(|c| c.latency_ms).collect();
+    latencies.sort_unstable();
+    let ok = calls.iter().filter(|c| c.ok).count();
+    let n = calls.len();
+    json!({
+        "requests": n,
+        "requestsPerSecond": round2(n as f64 * 1000.0 / span_ms.max(1) as f64),
+        "successRate": (n > 0).then(|| round2(ok as f64 / n as f64)),
+        "p50Ms": percentile(&latencies, 0.50),
+        "p99Ms": percentile(&latencies, 0.99),
+    })
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The nearest-rank percentile of sorted `values`; `None` when empty.
+pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forecast
+// ---------------------------------------------------------------------------------------------
+
+/// When a window's `remaining` runs out if `spent` keeps being used every `span_ms`:
+/// `{ ratePerMinute, exhaustsAtMs, verdict }`, the verdict one of `out` (nothing left),
+/// `runs_out` (before the window resets, or no reset is known), `lasts` (the window resets
+/// first), `idle` (nothing was used), `unknown` (no figure of what is left).
+pub fn forecast(
+    remaining: Option<u64>,
+    resets_at_ms: Option<i64>,
+    spent: u64,
+    span_ms: i64,
+    now_ms: i64,
+) -> Value {
+    let per_ms = spent as f64 / span_ms.max(1) as f64;
+    let rate = round2(per_ms * 60_000.0);
+    let Some(remaining) = remaining else {
+        return json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "unknown" });
+    };
+    if remaining == 0 {
+        return json!({ "ratePerMinute": rate, "exhaustsAtMs": now_ms, "verdict": "out" });
+    }
+    if spent == 0 {
+        return json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "idle" });
+    }
+    let at = now_ms.saturating_add((remaining as f64 / per_ms).ceil() as i64);
+    match resets_at_ms {
+        Some(reset) if reset > now_ms && reset <= at => {
+            json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "lasts" })
+        }
+        _ => json!({ "ratePerMinute": rate, "exhaustsAtMs": at, "verdict": "runs_out" }),
+    }
+}
+
+/// Whether a ledger window counts requests (`rpm`, `rpd`) rather than tokens.
+fn counts_requests(window: &str) -> bool {
+    matches!(window, "rpm" | "rpd")
+}
+
+/// Adds a `forecast` to every window of every scope of a ledger view (`GET /admin/ledger`).
+fn with_forecasts(mut ledger: Value, pulse: &Pulse, now_ms: i64) -> Value {
+    let Some(providers) = ledger["providers"].as_array_mut() else {
+        return ledger;
+    };
+    for p in providers {
+        let provider = p["provider"].as_str().unwrap_or_default().to_owned();
+        let Some(scopes) = p["scopes"].as_array_mut() else {
+            continue;
+        };
+        for scope in scopes {
+            let keys: Vec<String> = scope["keys"]
+                .as_array()
+                .map(|k| {
+                    k.iter()
+                        .filter_map(|k| k["alias"].as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let (attempts, tokens, span) = pulse.sent(&provider, &keys);
+            let Some(windows) = scope["windows"].as_object_mut() else {
+                continue;
+            };
+            for (name, w) in windows.iter_mut() {
+                let spent = if counts_requests(name) {
+                    attempts
+                } else {
+                    tokens
+                };
+                w["forecast"] = forecast(
+                    w["remaining"].as_u64(),
+                    w["resetsAtMs"].as_i64(),
+                    spent,
+                    span,
+                    now_ms,
+                );
+            }
+        }
+    }
+    ledger
+}
+
+// ---------------------------------------------------------------------------------------------
+// What is wrong now
+// ---------------------------------------------------------------------------------------------
+
+/// What needs an operator's eye, from the health page (`GET /admin/health`) and the ledger:
+/// breakers not closed, providers out, keys out, cooldowns, budgets past their warning, billing
+/// scopes exhausted. Each `{ kind, provider?, key?, ..., untilMs }`.
+pub fn problems(health: &Value, ledger: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    for p in list(&health["providerHealth"]) {
+        out.push(json!({
+            "kind": "provider_out", "provider": p["provider"], "reason": p["reason"],
+            "untilMs": p["untilMs"],
+        }));
+    }
+    for b in list(&health["breakers"]) {
+        if b["state"] != "closed" {
+            out.push(json!({
+                "kind": "breaker", "provider": b["provider"], "key": b["key"],
+                "state": b["state"], "untilMs": b["openUntilMs"],
+            }));
+        }
+    }
+    for p in list(&health["providers"]) {
+        for k in list(&p["keys"]) {
+            if k["state"] != "ok" {
+                out.push(json!({
+                    "kind": "key_out", "provider": p["id"], "key": k["alias"],
+                    "reason": k["state"], "code": k["code"], "untilMs": k["untilMs"],
+                }));
+            }
+        }
+    }
+    for c in list(&health["cooldowns"]) {
+        out.push(json!({
+            "kind": "cooldown", "provider": c["provider"], "key": c["key"],
+            "model": c["model"], "untilMs": c["untilMs"],
+        }));
+    }
+    for b in list(&health["budgets"]) {
+        for s in list(&b["spent"]) {
+            if s["level"] == "warn" || s["level"] == "over" {
+                out.push(json!({
+                    "kind": "budget", "budget": b["name"], "subject": s["subject"],
+                    "level": s["level"], "untilMs": s["untilMs"],
+                }));
+            }
+        }
+    }
+    for p in list(&ledger["providers"]) {
+        for s in list(&p["scopes"]) {
+            if s["state"] != "healthy" {
+                out.push(json!({
+                    "kind": "scope_out", "provider": p["provider"], "scope": s["scope"],
+                    "state": s["state"], "reason": s["reason"], "untilMs": s["untilMs"],
+                }));
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+// ---------------------------------------------------------------------------------------------
+
+/// Every key's usage from `from` to `to`: `(key, report days, total)`.
+async fn key_usage(
+    api: &AdminApi,
+    from: Option<String>,
+    to: Option<String>,
+) -> Result<(String, String, Vec<Value>), ApiError> {
+    let keys = api.list().await?;
+    let (mut first, mut last) = (String::new(), String::new());
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let report = api.usage(key.id.clone(), from.clone(), to.clone()).await?;
+        first = report.from;
+        last = report.to;
+        out.push(json!({
+            "id": key.id, "label": key.label, "owner": key.owner, "mounted": key.mounted,
+            "revoked": key.revoked, "enabled": key.enabled,
+            "days": report.days, "total": report.total,
+        }));
+    }
+    Ok((first, last, out))
+}
+
+/// The keys' days added up by day.
+fn by_day(keys: &[Value]) -> Vec<Value> {
+    let mut days: BTreeMap<String, UsageDay> = BTreeMap::new();
+    for k in keys {
+        let rows: Vec<UsageDay> = serde_json::from_value(k["days"].clone()).unwrap_or_default();
+        for row in rows {
+            days.entry(row.day.clone()).or_default().add(&row);
+        }
+    }
+    days.into_iter()
+        .map(|(day, mut row)| {
+            row.day = day;
+            json!(row)
+        })
+        .collect()
+}
+
+/// `GET /admin/console`.
+async fn overview(
+    State(api): State<Arc<AdminApi>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&api, &headers)?;
+    let health = api.pool_health();
+    let ledger = api.ledger_view();
+    let (_, today, keys) = key_usage(&api, None, None).await?;
+    let days = by_day(&keys);
+    let spend = |rows: &mut dyn Iterator<Item = &Value>| {
+        rows.map(|d| d["cost"].as_f64().unwrap_or(0.0)).sum::<f64>()
+    };
+    let spend_today = spend(&mut days.iter().filter(|d| d["day"] == today.as_str()));
+    let spend_month = spend(&mut days.iter());
+    Ok(Json(json!({
+        "atMs": api.console().clock_ms(),
+        "status": health["status"],
+        "version": health["version"],
+        "calls": api.console().rates(),
+        "spend": { "today": spend_today, "month": spend_month, "day": today },
+        "problems": problems(&health, &ledger),
+    })))
+}
+
+/// `GET /admin/console/ledger`.
+async fn ledger(
+    State(api): State<Arc<AdminApi>>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&api, &headers)?;
+    let now = api.console().clock_ms();
+    Ok(Json(with_forecasts(api.ledger_view(), api.console(), now)))
+}
+
+/// `GET /admin/console/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: this month).
+async fn usage(
+    State(api): State<Arc<AdminApi>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authorize(&api, &headers)?;
+    let (mut from, mut to) = (None, None);
+    for pair in query.as_deref().unwrap_or("").split('&') {
+        match pair.split_once('=') {
+            Some(("from", v)) => from = Some(v.to_owned()),
+            Some(("to", v)) => to = Some(v.to_owned()),
+            _ => {}
+        }
+    }
+    let (from, to, keys) = key_usage(&api, from, to).await?;
+    let days = by_day(&keys);
+    let lanes = api.console().lanes(&from, &to);
+    Ok(Json(json!({
+        "from": from,
+        "to": to,
+        "days": days,
+        "keys": keys,
+        "lanes": lanes,
+        "cache": api.engine().stats().cache,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use super::*;
+    use crate::clock::TestClock;
+
+    const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    fn pulse(clock: &Arc<TestClock>) -> Pulse {
+        Pulse::new(Weak::new(), clock.clone())
+    }
+
+    fn call(ok: bool, latency_ms: u64, provider: &str, protocol: &str) -> pb::RequestOutcome {
+        pb::RequestOutcome {
+            outcome: if ok {
+                pb::RequestResult::Success
+            } else {
+                pb::RequestResult::Error
+            } as i32,
+            latency_ms,
+            provider: provider.into(),
+            protocol: protocol.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), Some(50));
+        assert_eq!(percentile(&v, 0.99), Some(99));
+        assert_eq!(percentile(&[7], 0.99), Some(7));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn rates_count_the_last_minute_per_provider_and_protocol() {
+        let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+        let p = pulse(&clock);
+        clock.0.store(T0 + 120_000, Ordering::SeqCst);
+        // An old batch, then the last minute's: 3 calls on p1 (one failed), 1 on p2.
+        let old = pb::ReportBatch {
+            requests: vec![call(true, 5, "p1", "chat")],
+            ..Default::default()
+        };
+        p.record(&old, T0 + 10_000, |_| 0.0, |_| 0.0);
+        let batch = pb::ReportBatch {
+            requests: vec![
+                call(true, 100, "p1", "chat"),
+                call(true, 200, "p1", "chat"),
+                call(false, 300, "p1", "messages"),
+                call(true, 400, "p2", "chat"),
+            ],
+            ..Default::default()
+        };
+        p.record(&batch, T0 + 110_000, |_| 0.0, |_| 0.0);
+        let r = p.rates();
+        assert_eq!(r["requests"], 4, "{r}");
+        assert_eq!(r["windowMs"], 60_000, "{r}");
+        assert_eq!(r["requestsPerSecond"], 0.07, "{r}");
+        assert_eq!(r["successRate"], 0.75, "{r}");
+        assert_eq!(
+            (r["p50Ms"].as_u64(), r["p99Ms"].as_u64()),
+            (Some(200), Some(400))
+        );
+        let providers = r["providers"].as_array().unwrap();
+        assert_eq!(providers[0]["name"], "p1");
+        assert_eq!(providers[0]["requests"], 3);
+        assert_eq!(providers[0]["successRate"], 0.67);
+        let protocols = r["protocols"].as_array().unwrap();
+        assert_eq!(
+            protocols
+                .iter()
+                .map(|p| (p["name"].clone(), p["requests"].clone()))
+                .collect::<Vec<_>>(),
+            vec![(json!("chat"), json!(3)), (json!("messages"), json!(1))]
+        );
+    }
+
+    #[test]
+    fn no_calls_means_no_rate_and_no_percentile() {
+        let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+        let r = pulse(&clock).rates();
+        assert_eq!(r["requests"], 0);
+        assert!(r["successRate"].is_null() && r["p50Ms"].is_null(), "{r}");
+    }
+
+    #[test]
+    fn a_forecast_says_when_what_is_left_runs_out() {
+        // 100 left, 50 used in 5 minutes: 10 a minute, out in 10 minutes.
+        let f = forecast(Some(100), Some(T0 + 3_600_000), 50, 300_000, T0);
+        assert_eq!(f["verdict"], "runs_out", "{f}");
+        assert_eq!(f["ratePerMinute"], 10.0);
+        assert_eq!(f["exhaustsAtMs"], T0 + 600_000);
+        // The window resets before that: it lasts.
+        let f = forecast(Some(100), Some(T0 + 60_000), 50, 300_000, T0);
+        assert_eq!(
+            (f["verdict"].as_str(), f["exhaustsAtMs"].is_null()),
+            (Some("lasts"), true)
+        );
+        // Nothing used, nothing left, no figure.
+        assert_eq!(forecast(Some(100), None, 0, 300_000, T0)["verdict"], "idle");
+        assert_eq!(forecast(Some(0), None, 3, 300_000, T0)["verdict"], "out");
+        assert_eq!(forecast(None, None, 3, 300_000, T0)["verdict"], "unknown");
+    }
+
+    #[test]
+    fn ledger_windows_get_a_forecast_from_their_scope_keys_attempts() {
+        let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+        let p = pulse(&clock);
+        clock.0.store(T0 + FORECAST_WINDOW_MS, Ordering::SeqCst);
+        let attempt = |key: &str, tokens: u64| pb::AttemptOutcome {
+            provider: "p1".into(),
+            key: key.into(),
+            model: "m1".into(),
+            usage: Some(pb::Usage {
+                prompt_tokens: tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let batch = pb::ReportBatch {
+            attempts: vec![attempt("a", 30), attempt("a", 30), attempt("z", 1000)],
+            ..Default::default()
+        };
+        p.record(&batch, T0 + FORECAST_WINDOW_MS, |_| 0.5, |_| 0.0);
+        let ledger = json!({ "providers": [{ "provider": "p1", "scopes": [{
+            "scope": "a", "keys": [{ "alias": "a" }], "state": "healthy",
+            "windows": {
+                "rpd": { "remaining": 10, "resetsAtMs": T0 + 86_400_000 },
+                "tpd": { "remaining": 600, "resetsAtMs": T0 + 86_400_000 },
+                "rpm": { "remaining": null, "source": "unknown" },
+            },
+        }]}]});
+        let v = with_forecasts(ledger, &p, T0 + FORECAST_WINDOW_MS);
+        let w = &v["providers"][0]["scopes"][0]["windows"];
+        // 2 attempts and 60 tokens in 5 minutes on key a (key z is another scope's).
+        assert_eq!(w["rpd"]["forecast"]["ratePerMinute"], 0.4, "{w}");
+        assert_eq!(
+            w["rpd"]["forecast"]["exhaustsAtMs"],
+            T0 + FORECAST_WINDOW_MS + 1_500_000
+        );
+        assert_eq!(w["tpd"]["forecast"]["ratePerMinute"], 12.0, "{w}");
+        assert_eq!(w["rpm"]["forecast"]["verdict"], "unknown", "{w}");
+        // The lane's day counts the attempts, their tokens and their cost.
+        let lanes = p.lanes("2026-01-01", "2026-01-01");
+        assert_eq!(lanes.len(), 1, "{lanes:?}");
+        assert_eq!(
+            (
+                lanes[0]["attempts"].as_u64(),
+                lanes[0]["promptTokens"].as_u64(),
+                lanes[0]["cost"].as_f64()
+            ),
+            (Some(3), Some(1060), Some(1.5))
+        );
+        assert!(p.lanes("2026-01-02", "2026-01-31").is_empty());
+    }
+
+    #[test]
+    fn problems_list_what_is_out_now() {
+        let health = json!({
+            "providers": [{ "id": "p1", "keys": [
+                { "alias": "a", "state": "ok" },
+                { "alias": "b", "state": "auth", "untilMs": null, "code": "invalid_api_key" },
+            ]}],
+            "breakers": [
+                { "provider": "p1", "key": "a", "state": "closed" },
+                { "provider": "p2", "key": "c", "state": "open", "openUntilMs": 5 },
+            ],
+            "cooldowns": [],
+            "providerHealth": [],
+            "budgets": [{ "name": "team", "spent": [
+                { "subject": null, "level": "warn", "untilMs": 9 },
+                { "subject": "k", "level": "", "untilMs": 9 },
+            ]}],
+        });
+        let ledger = json!({ "providers": [{ "provider": "p3", "scopes": [
+            { "scope": "x", "state": "exhausted", "reason": "no_headroom", "untilMs": 7 },
+            { "scope": "y", "state": "healthy" },
+        ]}]});
+        let kinds: Vec<(String, String)> = problems(&health, &ledger)
+            .iter()
+            .map(|p| {
+                (
+                    p["kind"].as_str().unwrap().to_owned(),
+                    p["provider"]
+                        .as_str()
+                        .or(p["budget"].as_str())
+                        .unwrap()
+                        .to_owned(),
+                )
+            })
+            .collect();
+        let want = [
+            ("breaker", "p2"),
+            ("key_out", "p1"),
+            ("budget", "team"),
+            ("scope_out", "p3"),
+        ];
+        assert_eq!(
+            kinds,
+            want.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn the_assets_are_small_and_carry_no_inline_script() {
+        let total = PAGE.len() + SCRIPT.len() + STYLE.len();
+        assert!(total < 300 * 1024, "{total} bytes");
+        assert!(!PAGE.contains("<script>"), "an inline script");
+        // No handler attribute (` onclick=`...) and no style attribute: the CSP would refuse them.
+        let inline = PAGE.split(|c: char| c.is_whitespace()).any(|word| {
+            word.starts_with("style=")
+                || (word.starts_with("on")
+                    && word
+                        .split_once('=')
+                        .is_some_and(|(name, _)| name.chars().all(|c| c.is_ascii_alphabetic())))
+        });
+        assert!(!inline, "an inline handler or style attribute");
+        assert!(!SCRIPT.contains("innerHTML") && !SCRIPT.contains("eval("));
+        assert!(!SCRIPT.contains("document.cookie"));
+    }
+
+    async fn get(
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), Box<dyn std::error::Error>> {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let api = crate::api::admin::tests::api(Some(crate::api::admin::tests::TOKEN))?;
+        let mut request = axum::http::Request::builder().uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = crate::serve::http_router(api)
+            .oneshot(request.body(axum::body::Body::empty())?)
+            .await?;
+        let (parts, body) = response.into_parts();
+        Ok((
+            parts.status,
+            parts.headers,
+            body.collect().await?.to_bytes().to_vec(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn the_page_is_served_without_a_token_under_a_strict_policy(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        for (path, kind) in [
+            ("/ui", "text/html"),
+            ("/ui/app.js", "text/javascript"),
+            ("/ui/app.css", "text/css"),
+            ("/admin/ui", "text/html"),
+            ("/admin/ui/app.js", "text/javascript"),
+        ] {
+            let (status, headers, body) = get(path, &[]).await?;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            let header = |name: header::HeaderName| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            assert!(header(header::CONTENT_TYPE).starts_with(kind), "{path}");
+            assert_eq!(
+                header(header::CONTENT_SECURITY_POLICY),
+                CONTENT_SECURITY_POLICY
+            );
+            assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+            assert!(!body.is_empty());
+        }
+        assert!(CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_console_figures_need_the_token_in_the_header_never_a_cookie(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let token = crate::api::admin::tests::TOKEN;
+        let bearer = format!("Bearer {token}");
+        for path in [
+            "/admin/console",
+            "/admin/console/ledger",
+            "/admin/console/usage",
+        ] {
+            let (status, _, _) = get(path, &[]).await?;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+            // What a browser would send on its own: a cookie. Never taken as the token.
+            for cookie in [
+                format!("token={token}"),
+                format!("authorization=Bearer {token}"),
+                format!("Authorization={bearer}"),
+            ] {
+                let (status, _, _) = get(path, &[("cookie", &cookie)]).await?;
+                assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with {cookie}");
+            }
+            let (status, _, body) = get(path, &[("authorization", &bearer)]).await?;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            serde_json::from_slice::<Value>(&body)?;
+        }
+        // Nor do the admin API's own routes take a cookie.
+        let (status, _, _) = get("/admin/keys", &[("cookie", &format!("token={token}"))]).await?;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (_, _, body) = get("/admin/console", &[("authorization", &bearer)]).await?;
+        let overview: Value = serde_json::from_slice(&body)?;
+        assert_eq!(overview["calls"]["requests"], 0, "{overview}");
+        assert_eq!(overview["spend"]["today"], 0.0, "{overview}");
+        assert!(overview["problems"].as_array().is_some(), "{overview}");
+        Ok(())
+    }
+}

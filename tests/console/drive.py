@@ -1,0 +1,138 @@
+"""Drives the operator's console in Debian's headless Chromium, one step per line of stdin.
+
+Run by tests/tests/console.rs, which owns the gateway: it sends a step (`login`, `page NAME`,
+`create LABEL`, `revoke LABEL`, `reset PROVIDER KEY`, `wait-event TEXT`, `probe`, `phone NAME`)
+and reads one JSON line back: `{"ok": true, ...}` or `{"ok": false, "error": ...}`, with the
+console errors the page logged so far. Playwright drives the system's Chromium
+(`executable_path`): no browser is downloaded.
+
+Environment: CONSOLE_URL (the page), CONSOLE_TOKEN (the admin token), CONSOLE_OUT (where the
+screenshots go), CHROMIUM (default /usr/bin/chromium).
+"""
+
+import json
+import os
+import sys
+
+from playwright.sync_api import sync_playwright
+
+TIMEOUT_MS = 15_000
+
+
+def wait_page(page, name):
+    page.wait_for_selector(f'#page[data-page="{name}"]', timeout=TIMEOUT_MS)
+
+
+def go(page, name):
+    """Opens a page from the navigation, as an operator would, and waits for its data."""
+    page.click(f'nav a[href="#{name}"]')
+    wait_page(page, name)
+    if name == "events":
+        page.wait_for_selector('#event-state[data-live="true"]', timeout=TIMEOUT_MS)
+
+
+def shot(page, out, name):
+    path = os.path.join(out, f"{name}.png")
+    page.screenshot(path=path, full_page=True)
+    return path
+
+
+def confirm(page):
+    page.wait_for_selector("dialog#confirm[open]", timeout=TIMEOUT_MS)
+    page.click("#confirm-yes")
+
+
+def step(page, out, cmd, args):
+    if cmd == "login":
+        page.goto(os.environ["CONSOLE_URL"])
+        page.fill("#token", os.environ["CONSOLE_TOKEN"])
+        page.click("#login-form button[type=submit]")
+        wait_page(page, "overview")
+        return {"url": page.url}
+    if cmd == "page":
+        name = args[0]
+        go(page, name)
+        text = page.inner_text("#page")
+        return {"text": text, "screenshot": shot(page, out, name)}
+    if cmd == "phone":
+        name = args[0]
+        page.set_viewport_size({"width": 390, "height": 844})
+        go(page, name)
+        path = shot(page, out, f"{name}-phone")
+        # Nothing wider than the screen but the tables' own scrolling regions.
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        return {"screenshot": path, "overflow": overflow}
+    if cmd == "create":
+        label = args[0]
+        go(page, "keys")
+        page.fill("#key-label", label)
+        page.click("#create-key button[type=submit]")
+        page.wait_for_selector("#new-secret", timeout=TIMEOUT_MS)
+        secret = page.input_value("#new-secret")
+        shot(page, out, "keys-created")
+        row = page.locator(f'tr:has(span:text-is("{label}"))')
+        key_id = row.locator("td").nth(1).inner_text()
+        return {"secret": secret, "id": key_id}
+    if cmd == "revoke":
+        label = args[0]
+        go(page, "keys")
+        page.click(f'button[aria-label="Revoke {label}"]')
+        confirm(page)
+        page.wait_for_selector(f'tr:has(span:text-is("{label}")) .badge:text-is("revoked")', timeout=TIMEOUT_MS)
+        return {}
+    if cmd == "reset":
+        provider, key = args
+        go(page, "pool")
+        page.click(f'button[aria-label="Reset key {provider}/{key}"]')
+        confirm(page)
+        page.wait_for_selector(f'#status:has-text("Reset key {provider}/{key}")', timeout=TIMEOUT_MS)
+        return {"status": page.inner_text("#status")}
+    if cmd == "wait-event":
+        wanted = " ".join(args)
+        page.wait_for_selector(f'#event-rows tr:has-text("{wanted}")', timeout=TIMEOUT_MS)
+        return {"rows": page.locator("#event-rows tr").count(), "screenshot": shot(page, out, "events")}
+    if cmd == "probe":
+        return page.evaluate(
+            """() => ({
+                injected: window.__xss === undefined ? null : String(window.__xss),
+                scripts: document.scripts.length,
+                token_in_url: location.href.includes(sessionStorage.getItem('ai-router.adminToken')),
+                cookies: document.cookie,
+            })"""
+        )
+    raise ValueError(f"unknown step {cmd}")
+
+
+def main():
+    out = os.environ["CONSOLE_OUT"]
+    os.makedirs(out, exist_ok=True)
+    errors = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+            # Root in a container: Chromium's sandbox needs user namespaces it may not have.
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+        for line in sys.stdin:
+            words = line.split()
+            if not words:
+                continue
+            try:
+                reply = {"ok": True, **step(page, out, words[0], words[1:])}
+            except Exception as e:  # the Rust side prints it with the step
+                try:
+                    shot(page, out, f"failed-{words[0]}")
+                except Exception:
+                    pass
+                reply = {"ok": False, "error": repr(e)}
+            reply["errors"] = list(errors)
+            print(json.dumps(reply), flush=True)
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()

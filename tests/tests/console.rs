@@ -1,0 +1,271 @@
+//! The operator's console (`/ui`) in a real browser: Debian's headless Chromium, driven by
+//! Playwright for Python (`tests/console/drive.py`, one step per line), against the standard
+//! gateway with real traffic through Envoy. Each page loads with the run's data and logs no
+//! console error; a key created in the console serves through Envoy and is refused once revoked
+//! there; a reset from the pool page brings a blacklisted key back through Envoy; a model name
+//! carrying `<script>` shows as text. Screenshots go to `target/e2e/console/`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use ai_router_e2e::{
+    poll, python_bin, scan, script, standard_pool, workspace_root, Gateway, Reply,
+};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+/// A model id a provider could name: markup, which the console must show as text.
+const HOSTILE_MODEL: &str = "<script>window.__xss=1</script>";
+
+/// The standard pool with p1's keys under limits (the ledger's windows and forecasts), `m1`
+/// priced (spend) and p2 serving [`HOSTILE_MODEL`] too.
+fn pool(p1: &str, p2: &str) -> String {
+    standard_pool(p1, p2)
+        .replace(
+            "      - { alias: b, env: P1_KEY_B }\n",
+            "      - { alias: b, env: P1_KEY_B }\n    limits: { rpm: 100, tpd: 100000 }\n",
+        )
+        .replace(
+            "      - { id: m1, aliases: [chat] }\n",
+            "      - { id: m1, aliases: [chat], cost: { input: 1000, output: 1000 } }\n",
+        )
+        .replace(
+            "      - { id: m2, aliases: [backup] }\n",
+            &format!(
+                "      - {{ id: m2, aliases: [backup] }}\n      - {{ id: \"{HOSTILE_MODEL}\" }}\n"
+            ),
+        )
+}
+
+/// How long one browser step may take (page loads, clicks, waits inside it are bounded by
+/// the driver's own 15 s).
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+struct Browser {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Lines<BufReader<ChildStdout>>,
+    stderr: PathBuf,
+}
+
+impl Browser {
+    async fn start(console_url: &str, token: &str, out: &std::path::Path) -> Browser {
+        let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        assert!(
+            std::path::Path::new(&chromium).exists(),
+            "no Chromium at {chromium}: run scripts/setup.sh (it installs Debian's chromium)"
+        );
+        let stderr = out.join("drive.stderr");
+        let mut child = tokio::process::Command::new(python_bin().unwrap())
+            .arg(workspace_root().join("tests/console/drive.py"))
+            .env("CONSOLE_URL", console_url)
+            .env("CONSOLE_TOKEN", token)
+            .env("CONSOLE_OUT", out)
+            .env("CHROMIUM", &chromium)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the Python with Playwright (scripts/setup.sh installs it into .venv)");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Browser {
+            child,
+            stdin,
+            lines,
+            stderr,
+        }
+    }
+
+    /// Runs one step; fails the test with the driver's error, or with a console error the
+    /// page logged.
+    async fn step(&mut self, step: &str) -> Value {
+        self.stdin
+            .write_all(format!("{step}\n").as_bytes())
+            .await
+            .unwrap();
+        self.stdin.flush().await.unwrap();
+        let line = tokio::time::timeout(STEP_TIMEOUT, self.lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("step {step}: no answer in {STEP_TIMEOUT:?}"))
+            .unwrap()
+            .unwrap_or_else(|| {
+                panic!(
+                    "step {step}: the driver ended; its stderr:\n{}",
+                    ai_router_e2e::tail_file(&self.stderr, 40)
+                )
+            });
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(reply["ok"], true, "step {step}: {}", reply["error"]);
+        assert_eq!(reply["errors"], json!([]), "step {step}: console errors");
+        reply
+    }
+}
+
+impl Browser {
+    /// Runs a `page NAME` step and returns the page's text.
+    async fn text(&mut self, step: &str) -> String {
+        let reply = self.step(step).await;
+        reply["text"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// Calls Envoy for `model` with `key` until it answers `status`; returns that answer.
+async fn until_status(gw: &Gateway, model: &str, key: &str, status: u16, what: &str) -> Reply {
+    poll(what, Duration::from_secs(5), || {
+        let (c, m, k) = (gw.client.clone(), model.to_owned(), key.to_owned());
+        async move {
+            let r = c.chat(&m, Some(&k)).await?;
+            Ok((r.status == status).then_some(r))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_the_run_and_acts_on_the_gateway() {
+    let gw = Gateway::start_with("console", pool).await.expect("fixture");
+    gw.script_usage(12, 30).await.unwrap();
+
+    // Real traffic: the standard models and the hostile one.
+    for model in ["chat", "chat", "backup", HOSTILE_MODEL] {
+        let r = gw.chat(model).await.unwrap();
+        assert_eq!(r.status, 200, "{model}: {r}");
+    }
+    // p2's key c is refused by its provider: blacklisted.
+    gw.mock2
+        .script(json!([script::always(vec![script::status(
+            401,
+            json!({}),
+            Some(json!({ "error": { "message": "Incorrect API key provided", "code": "invalid_api_key" } }))
+        )])]))
+        .await
+        .unwrap();
+    let r = gw.chat("backup").await.unwrap();
+    assert!(r.status >= 400, "the refused key fails the call: {r}");
+    gw.script_usage(12, 30).await.unwrap();
+    let r = gw.chat("backup").await.unwrap();
+    assert!(r.status >= 400, "the key stays out: {r}");
+
+    // The run's reports reached the control plane: its usage rows carry the spend.
+    poll("the run's spend", Duration::from_secs(10), || async {
+        let o = gw.admin_get("/admin/console").await?;
+        Ok((o["spend"]["today"].as_f64() > Some(0.08)).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    let out = workspace_root().join("target/e2e/console");
+    std::fs::create_dir_all(&out).unwrap();
+    let url = format!("http://{}/ui", gw.cp.http_addr());
+    let mut browser = Browser::start(&url, &gw.admin_token, &out).await;
+    browser.step("login").await;
+
+    // Overview: the run's calls and what is wrong (key c out).
+    let text = browser.text("page overview").await;
+    assert!(text.contains("What is wrong now"), "{text}");
+    assert!(text.contains("Key p2/c out: auth"), "{text}");
+    assert!(text.contains("p1") && text.contains("chat"), "{text}");
+    // Two priced calls of 42 tokens at $1000 per million: $0.084 today.
+    assert!(text.contains("$0.0840"), "the spend of the run: {text}");
+
+    // Pool: providers, keys with their states, the ledger.
+    let text = browser.text("page pool").await;
+    assert!(
+        text.contains("Keys of p1") && text.contains("Keys of p2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("auth") && text.contains("invalid_api_key"),
+        "{text}"
+    );
+    // p1's windows, with a forecast from the run's rate.
+    assert!(text.contains("tpd") && text.contains("rpm"), "{text}");
+    assert!(
+        text.contains("runs out") || text.contains("lasts until reset"),
+        "{text}"
+    );
+
+    // Usage: the run's calls per key and per provider and model.
+    let text = browser.text("page usage").await;
+    assert!(text.contains("Per key") && text.contains("e2e"), "{text}");
+    assert!(
+        text.contains(HOSTILE_MODEL),
+        "the model name as text: {text}"
+    );
+
+    // Configuration: the catalog, the hostile model id as text.
+    let text = browser.text("page config").await;
+    assert!(
+        text.contains("m1") && text.contains(HOSTILE_MODEL),
+        "{text}"
+    );
+    let probe = browser.step("probe").await;
+    assert_eq!(
+        probe["injected"],
+        Value::Null,
+        "the model name ran: {probe}"
+    );
+    assert_eq!(
+        probe["scripts"], 1,
+        "only the console's own script: {probe}"
+    );
+    assert_eq!(
+        (probe["token_in_url"].as_bool(), probe["cookies"].as_str()),
+        (Some(false), Some("")),
+        "{probe}"
+    );
+
+    // Events: live; a call made now shows.
+    browser.step("page events").await;
+    let r = gw.chat("chat").await.unwrap();
+    assert_eq!(r.status, 200, "{r}");
+    browser.step("wait-event request").await;
+
+    // A key created in the console serves through Envoy, and is refused once revoked there.
+    let created = browser.step("create console_made").await;
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    scan::register("a virtual key", &secret);
+    assert!(secret.starts_with("sk-"), "{created}");
+    until_status(&gw, "chat", &secret, 200, "the new key to serve").await;
+    browser.step("page keys").await;
+    browser.step("revoke console_made").await;
+    let r = until_status(&gw, "chat", &secret, 401, "the revoked key to be refused").await;
+    assert_eq!(r.error_code(), Some("invalid_api_key"), "{r}");
+
+    // A reset from the pool page brings the blacklisted key back through Envoy.
+    browser.step("reset p2 c").await;
+    until_status(
+        &gw,
+        "backup",
+        &gw.virtual_key,
+        200,
+        "the reset key to serve",
+    )
+    .await;
+    let text = browser.text("page pool").await;
+    assert!(!text.contains("invalid_api_key"), "key c is back: {text}");
+
+    // Readable at a phone's width: nothing but the tables scrolls sideways.
+    for page in ["overview", "pool"] {
+        let phone = browser.step(&format!("phone {page}")).await;
+        assert_eq!(phone["overflow"], 0, "{page} at 390 px: {phone}");
+    }
+
+    // Through the gateway's own listener too: the page and its figures under /admin/.
+    let page = ai_router_e2e::get_text(&format!("{}/admin/ui", gw.envoy.base_url()))
+        .await
+        .unwrap();
+    assert!(page.contains("ui/app.js"), "{page}");
+}

@@ -22,7 +22,9 @@ pub struct RenderOptions {
     /// Where the gateway listens (`gateway.host` / `gateway.port`); port 0 picks one.
     pub listen_host: String,
     pub listen_port: u16,
-    /// Envoy's admin interface; port 0 picks one.
+    /// Envoy's admin interface; port 0 picks one. Loopback only ([`admin_host_is_loopback`]):
+    /// it has no authentication and can stop Envoy or turn on the debug log, which prints every
+    /// secret in the headers.
     pub admin_host: String,
     pub admin_port: u16,
     /// The control plane's gRPC address (a host name or an IP).
@@ -41,6 +43,16 @@ pub struct RenderOptions {
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
     pub limits: ListenerLimits,
+}
+
+/// Whether `host` (an IP or `localhost`) is a loopback address: the only kind Envoy's own admin
+/// interface may bind (`render-envoy --admin` refuses any other).
+pub fn admin_host_is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Envoy's own answers on the public listener (codec errors, timeouts, the router's), as
@@ -564,6 +576,44 @@ mod tests {
         assert_eq!(cp["health_checks"][0]["no_traffic_interval"], "1s");
         assert_eq!(cp["health_checks"][0]["unhealthy_threshold"], 1);
         assert!(cp["health_checks"][0].get("tcp_health_check").is_some());
+    }
+
+    /// The admin address of a rendered bootstrap.
+    fn admin_host_of(yaml: &str) -> String {
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+        doc["admin"]["address"]["socket_address"]["address"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn envoy_admin_binds_loopback_in_every_rendered_bootstrap() {
+        assert_eq!(admin_host_of(&render_envoy(&options())), "127.0.0.1");
+        // The checked-in bootstraps (compose mounts them; tests keep them current).
+        for (name, yaml) in [
+            ("envoy.yaml", include_str!("../../envoy/envoy.yaml")),
+            (
+                "envoy-cluster-a.yaml",
+                include_str!("../../envoy/envoy-cluster-a.yaml"),
+            ),
+            (
+                "envoy-cluster-b.yaml",
+                include_str!("../../envoy/envoy-cluster-b.yaml"),
+            ),
+        ] {
+            let host = admin_host_of(yaml);
+            assert!(
+                admin_host_is_loopback(&host),
+                "envoy/{name} binds Envoy's admin to {host}"
+            );
+        }
+        for host in ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"] {
+            assert!(admin_host_is_loopback(host), "{host}");
+        }
+        for host in ["0.0.0.0", "::", "10.0.0.3", "envoy", "localhost.example"] {
+            assert!(!admin_host_is_loopback(host), "{host}");
+        }
     }
 
     #[test]

@@ -1261,7 +1261,6 @@ fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
                 "--control-plane",
                 &format!("control-plane-{site}:8082,control-plane-{other}:8082"),
             ])
-            .args(["--admin", "0.0.0.0:9901"])
             .current_dir(&root)
             .output()
             .unwrap();

@@ -27,6 +27,11 @@ pub struct RenderEnvoyArgs {
     /// Envoy and can turn on the debug log, which prints every secret in the headers).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9901")]
     admin: String,
+    /// Speak mutual TLS to the control plane, reading the client certificate and the CA through
+    /// the SDS files `ai-router certs` wrote into this folder (the path as Envoy sees it, e.g.
+    /// where the folder is mounted); they are re-read when a file is moved into the folder.
+    #[arg(long, value_name = "DIR", env = "AI_ROUTER_SYNC_TLS_DIR")]
+    sync_tls_dir: Option<String>,
     /// Write the YAML here instead of stdout.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
@@ -72,6 +77,7 @@ pub fn run(args: RenderEnvoyArgs) -> anyhow::Result<()> {
             .map(up::parse_host_port)
             .transpose()?,
         admin: Some(admin_address(&args.admin)?),
+        sync_tls_dir: args.sync_tls_dir,
     };
     let yaml = render::render_envoy(&up::render_options(&config, overrides));
     match args.out {

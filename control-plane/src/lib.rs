@@ -5,6 +5,8 @@
 //! `tests/module_graph.rs`):
 //! - `config/`: the pool file's types, its validation into the resolved model (defaults
 //!   applied once) and the secret references (`secrets`); `clock`: time behind a trait;
+//! - `tls`: the sync channel's mutual TLS: the certificates `ai-router certs` issues, the
+//!   server configuration reloaded when its files change;
 //! - `store/`: the durable state (blacklists, cooldowns, breakers, headroom, provider spend),
 //!   the rules of its records, and where it lives (memory, SQLite; the one SQLite schema);
 //! - `keys/`: virtual keys: the record pushed to the gateway, the mounted keys, the key store
@@ -38,5 +40,6 @@ pub mod render;
 pub mod serve;
 pub mod stdout;
 pub mod store;
+pub mod tls;
 pub mod traces;
 pub mod up;

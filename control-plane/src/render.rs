@@ -22,7 +22,9 @@ pub struct RenderOptions {
     /// Where the gateway listens (`gateway.host` / `gateway.port`); port 0 picks one.
     pub listen_host: String,
     pub listen_port: u16,
-    /// Envoy's admin interface; port 0 picks one.
+    /// Envoy's admin interface; port 0 picks one. Loopback only ([`admin_host_is_loopback`]):
+    /// it has no authentication and can stop Envoy or turn on the debug log, which prints every
+    /// secret in the headers.
     pub admin_host: String,
     pub admin_port: u16,
     /// The control plane's gRPC address (a host name or an IP).
@@ -34,6 +36,9 @@ pub struct RenderOptions {
     pub more_control_planes: Vec<(String, u16)>,
     /// Path of `ai_router_filter.wasm` as Envoy sees it.
     pub wasm_path: String,
+    /// The folder (as Envoy sees it) holding the SDS files `ai-router certs` writes: the
+    /// control-plane cluster then speaks mutual TLS (see [`sync_tls_socket`]). `None`: plaintext.
+    pub sync_tls_dir: Option<String>,
     /// `gateway.maxBodyBytes`.
     pub max_body_bytes: u64,
     /// The largest `maxAttempts` of any policy (defaults and profiles): the router's retries.
@@ -41,6 +46,16 @@ pub struct RenderOptions {
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
     pub limits: ListenerLimits,
+}
+
+/// Whether `host` (an IP or `localhost`) is a loopback address: the only kind Envoy's own admin
+/// interface may bind (`render-envoy --admin` refuses any other).
+pub fn admin_host_is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Envoy's own answers on the public listener (codec errors, timeouts, the router's), as
@@ -193,6 +208,13 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     let admin_host = q(&o.admin_host);
     let cp_host = q(&o.control_plane_host);
     let (control_plane_failover, more_control_planes) = failover_endpoints(o);
+    let sync_tls = sync_tls_socket(o);
+    // SDS (the sync channel's certificates) needs the node named.
+    let node = if o.sync_tls_dir.is_some() {
+        "node: { id: ai-router-envoy, cluster: ai-router }\n"
+    } else {
+        ""
+    };
     let (listen_port, admin_port, cp_port) = (o.listen_port, o.admin_port, o.control_plane_port);
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
     let request_timeout = seconds(o.limits.request_timeout_ms);
@@ -217,7 +239,7 @@ pub fn render_envoy(o: &RenderOptions) -> String {
 #   -> dynamic forward proxy -> router -> {providers_tls} | {providers_plain} -> provider
 # operator -> /admin/... on the same listener -> cluster {control_plane_cluster} (the admin API)
 # The singleton (role=ctrl) holds the control plane's sync stream for this process.
-admin:
+{node}admin:
   address: {{ socket_address: {{ address: {admin_host}, port_value: {admin_port} }} }}
 overload_manager:
   resource_monitors:
@@ -461,13 +483,78 @@ bootstrap_extensions:
           explicit_http_config:
             http2_protocol_options:
               connection_keepalive: {{ interval: 10s, timeout: 5s }}
-{control_plane_failover}      load_assignment:
+{sync_tls}{control_plane_failover}      load_assignment:
         cluster_name: {control_plane_cluster}
         endpoints:
           - lb_endpoints:
               - endpoint:
                   address: {{ socket_address: {{ address: {cp_host}, port_value: {cp_port} }} }}
 {more_control_planes}"#
+    )
+}
+
+/// The control-plane cluster's mutual TLS, when `sync_tls_dir` is set: Envoy presents the
+/// client certificate and checks the control plane's against the CA, both read through SDS
+/// from the files `ai-router certs` writes (reloaded when a file is moved into the folder, so a
+/// rotation needs no restart), and the certificate must name one of the control planes it
+/// dials (a DNS or IP subject alternative name).
+fn sync_tls_socket(o: &RenderOptions) -> String {
+    use crate::tls::{SDS_CA_FILE, SDS_CA_SECRET, SDS_CERTIFICATE_FILE, SDS_CERTIFICATE_SECRET};
+    let Some(dir) = o.sync_tls_dir.as_deref() else {
+        return String::new();
+    };
+    let dir = dir.trim_end_matches('/');
+    let mut hosts: Vec<&str> = vec![o.control_plane_host.as_str()];
+    for (host, _) in &o.more_control_planes {
+        if !hosts.contains(&host.as_str()) {
+            hosts.push(host);
+        }
+    }
+    let mut sans = String::new();
+    for host in &hosts {
+        let kind = if host.parse::<std::net::IpAddr>().is_ok() {
+            "IP_ADDRESS"
+        } else {
+            "DNS"
+        };
+        sans.push_str(&format!(
+            "                  - {{ san_type: {kind}, matcher: {{ exact: {} }} }}\n",
+            q(host)
+        ));
+    }
+    // SNI only for a name (an IP is not a server name).
+    let sni = if o.control_plane_host.parse::<std::net::IpAddr>().is_ok() {
+        String::new()
+    } else {
+        format!("          sni: {}\n", q(&o.control_plane_host))
+    };
+    let source = |file: &str| {
+        format!(
+            "{{ resource_api_version: V3, path_config_source: {{ path: {}, watched_directory: {{ path: {} }} }} }}",
+            q(&format!("{dir}/{file}")),
+            q(dir)
+        )
+    };
+    format!(
+        "      # Mutual TLS to the control plane: the sync stream carries every provider key.
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+{sni}          common_tls_context:
+            alpn_protocols: [h2]
+            tls_certificate_sds_secret_configs:
+              - name: {SDS_CERTIFICATE_SECRET}
+                sds_config: {}
+            combined_validation_context:
+              default_validation_context:
+                match_typed_subject_alt_names:
+{sans}              validation_context_sds_secret_config:
+                name: {SDS_CA_SECRET}
+                sds_config: {}
+",
+        source(SDS_CERTIFICATE_FILE),
+        source(SDS_CA_FILE)
     )
 }
 
@@ -519,6 +606,7 @@ mod tests {
             control_plane_port: 8082,
             more_control_planes: Vec::new(),
             wasm_path: "/etc/envoy/wasm/ai_router_filter.wasm".into(),
+            sync_tls_dir: None,
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
             limits: ListenerLimits::default(),
@@ -569,6 +657,88 @@ mod tests {
         assert_eq!(cp["health_checks"][0]["no_traffic_interval"], "1s");
         assert_eq!(cp["health_checks"][0]["unhealthy_threshold"], 1);
         assert!(cp["health_checks"][0].get("tcp_health_check").is_some());
+    }
+
+    /// The admin address of a rendered bootstrap.
+    fn admin_host_of(yaml: &str) -> String {
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).unwrap();
+        doc["admin"]["address"]["socket_address"]["address"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn envoy_admin_binds_loopback_in_every_rendered_bootstrap() {
+        assert_eq!(admin_host_of(&render_envoy(&options())), "127.0.0.1");
+        // The checked-in bootstraps (compose mounts them; tests keep them current).
+        for (name, yaml) in [
+            ("envoy.yaml", include_str!("../../envoy/envoy.yaml")),
+            (
+                "envoy-cluster-a.yaml",
+                include_str!("../../envoy/envoy-cluster-a.yaml"),
+            ),
+            (
+                "envoy-cluster-b.yaml",
+                include_str!("../../envoy/envoy-cluster-b.yaml"),
+            ),
+        ] {
+            let host = admin_host_of(yaml);
+            assert!(
+                admin_host_is_loopback(&host),
+                "envoy/{name} binds Envoy's admin to {host}"
+            );
+        }
+        for host in ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"] {
+            assert!(admin_host_is_loopback(host), "{host}");
+        }
+        for host in ["0.0.0.0", "::", "10.0.0.3", "envoy", "localhost.example"] {
+            assert!(!admin_host_is_loopback(host), "{host}");
+        }
+    }
+
+    #[test]
+    fn the_control_plane_cluster_speaks_mutual_tls_through_sds_when_asked() {
+        let cluster = |o: &RenderOptions| {
+            let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&render_envoy(o)).unwrap();
+            doc["static_resources"]["clusters"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == clusters::CONTROL_PLANE)
+                .unwrap()
+                .clone()
+        };
+        assert!(cluster(&options()).get("transport_socket").is_none());
+        let mut o = options();
+        o.sync_tls_dir = Some("/etc/envoy/sync-tls/".into());
+        o.more_control_planes = vec![("10.0.0.3".into(), 8082)];
+        let cp = cluster(&o);
+        let tls = &cp["transport_socket"]["typed_config"];
+        assert_eq!(tls["sni"], "control-plane");
+        let common = &tls["common_tls_context"];
+        assert_eq!(common["alpn_protocols"][0], "h2");
+        let cert = &common["tls_certificate_sds_secret_configs"][0];
+        assert_eq!(cert["name"], crate::tls::SDS_CERTIFICATE_SECRET);
+        assert_eq!(
+            cert["sds_config"]["path_config_source"]["path"],
+            "/etc/envoy/sync-tls/sds-certificate.yaml"
+        );
+        assert_eq!(
+            cert["sds_config"]["path_config_source"]["watched_directory"]["path"],
+            "/etc/envoy/sync-tls"
+        );
+        let validation = &common["combined_validation_context"];
+        let sans = &validation["default_validation_context"]["match_typed_subject_alt_names"];
+        assert_eq!(sans[0]["san_type"], "DNS");
+        assert_eq!(sans[0]["matcher"]["exact"], "control-plane");
+        assert_eq!(sans[1]["san_type"], "IP_ADDRESS");
+        assert_eq!(sans[1]["matcher"]["exact"], "10.0.0.3");
+        assert_eq!(
+            validation["validation_context_sds_secret_config"]["sds_config"]["path_config_source"]
+                ["path"],
+            "/etc/envoy/sync-tls/sds-ca.yaml"
+        );
     }
 
     #[test]

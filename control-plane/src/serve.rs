@@ -44,6 +44,7 @@ use crate::reload::Reloader;
 use crate::store::durable::StateStore;
 use crate::store::memory::MemoryStateStore;
 use crate::store::state::SqliteStateStore;
+use crate::tls::{SyncTlsFiles, INSECURE_PLAINTEXT_SYNC_ENV};
 
 /// How long in-flight work gets to finish at shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -57,6 +58,10 @@ pub struct ServeOptions {
     pub grpc_listen: Option<String>,
     /// Serve Sync without a token (loopback only).
     pub insecure_trusted_sync: bool,
+    /// `--tls-cert`, `--tls-key`, `--client-ca` (all three, or none: `controlPlane.syncTls`).
+    pub sync_tls: Option<SyncTlsFiles>,
+    /// `--insecure-plaintext-sync`: serve Sync without TLS on a non-loopback address.
+    pub insecure_plaintext_sync: bool,
 }
 
 /// What [`start`] needs beyond the config.
@@ -69,6 +74,10 @@ pub struct StartOptions {
     /// With no token anywhere, serve Sync unauthenticated on a loopback `grpc_listen`
     /// instead of refusing to start.
     pub insecure_trusted_sync: bool,
+    /// Serve gRPC over mutual TLS with these files (wins over `controlPlane.syncTls`).
+    pub sync_tls: Option<SyncTlsFiles>,
+    /// Without TLS, serve gRPC on a non-loopback address all the same.
+    pub insecure_plaintext_sync: bool,
 }
 
 /// A running control plane. [`Running::shutdown`] stops it; dropping it stops the tasks too.
@@ -213,11 +222,7 @@ pub async fn sync_access(
     if !opts.insecure_trusted_sync {
         anyhow::bail!(missing_sync_token());
     }
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&opts.grpc_listen)
-        .await
-        .with_context(|| format!("resolving the gRPC listen address {}", opts.grpc_listen))?
-        .collect();
-    if addrs.is_empty() || addrs.iter().any(|a| !a.ip().is_loopback()) {
+    if !loopback_only(&opts.grpc_listen).await? {
         anyhow::bail!(
             "--insecure-trusted-sync serves the Sync channel without a token, so it binds \
              loopback only: the gRPC listen address {} is not a loopback address (use \
@@ -226,6 +231,49 @@ pub async fn sync_access(
         );
     }
     Ok(SyncAccess::TrustedLoopback)
+}
+
+/// Whether every address `listen` resolves to is a loopback address.
+async fn loopback_only(listen: &str) -> anyhow::Result<bool> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
+        .await
+        .with_context(|| format!("resolving the gRPC listen address {listen}"))?
+        .collect();
+    Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// The mutual TLS the gRPC port is served with: `opts.sync_tls`, else `controlPlane.syncTls`.
+/// Without either, a non-loopback `grpc_listen` is refused unless `insecure_plaintext_sync`:
+/// the Sync channel carries every provider key, readable by anyone on the path. Runs before
+/// anything is bound.
+pub async fn sync_tls(
+    config: &Config,
+    opts: &StartOptions,
+) -> anyhow::Result<Option<SyncTlsFiles>> {
+    if let Some(files) = opts
+        .sync_tls
+        .clone()
+        .or_else(|| config.control_plane.sync_tls.clone())
+    {
+        return Ok(Some(files));
+    }
+    if opts.insecure_plaintext_sync {
+        return Ok(None);
+    }
+    if !loopback_only(&opts.grpc_listen).await? {
+        anyhow::bail!(
+            "the gRPC listen address {} is not a loopback address, and the Sync channel it \
+             serves carries every provider key: serve it over mutual TLS with --tls-cert, \
+             --tls-key and --client-ca (or {}, {}, {}, or controlPlane.syncTls; `ai-router \
+             certs --out DIR` issues them), or, only on a network where nobody can read or \
+             change the traffic, pass --insecure-plaintext-sync (or set {INSECURE_PLAINTEXT_SYNC_ENV}=1)",
+            opts.grpc_listen,
+            crate::tls::TLS_CERT_ENV,
+            crate::tls::TLS_KEY_ENV,
+            crate::tls::CLIENT_CA_ENV,
+        );
+    }
+    Ok(None)
 }
 
 /// Opens the configured state store (blocking: SQLite opens and migrates the file). `env`
@@ -322,6 +370,13 @@ pub async fn start(
             "--insecure-trusted-sync: the Sync channel has no token; every local process can read the provider keys"
         );
     }
+    let tls_files = sync_tls(&config, &opts).await?;
+    if tls_files.is_none() && opts.insecure_plaintext_sync {
+        tracing::warn!(
+            grpc = %opts.grpc_listen,
+            "--insecure-plaintext-sync: the Sync channel is plaintext; whoever reads the traffic has every provider key"
+        );
+    }
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
@@ -342,6 +397,16 @@ pub async fn start(
         tokio::task::spawn_blocking(move || store.load()).await??
     };
 
+    // Loaded before binding: files that do not load stop the start.
+    let (tls_shutdown, tls_stop) = watch::channel(false);
+    let tls = match &tls_files {
+        Some(files) => {
+            let (current, watcher) = crate::tls::server::watch(files.clone(), tls_stop)
+                .context("the sync channel's TLS files")?;
+            Some((current, watcher))
+        }
+        None => None,
+    };
     let http = TcpListener::bind(&opts.http_listen)
         .await
         .with_context(|| format!("binding the HTTP listener to {}", opts.http_listen))?;
@@ -444,10 +509,25 @@ pub async fn start(
     tasks.push(tokio::spawn(service.share_headroom()));
     let grpc_stop = signal(stop.clone());
     let grpc_admin = admin.clone();
+    let mutual_tls = tls.is_some();
+    let current_tls = match tls {
+        Some((current, watcher)) => {
+            servers.push(watcher);
+            Some(current)
+        }
+        None => None,
+    };
     servers.push(tokio::spawn(async move {
-        if let Err(err) =
-            crate::api::sync::serve_with_admin(grpc, service, Some(grpc_admin), grpc_stop).await
-        {
+        let served = crate::api::sync::serve_with_admin_tls(
+            grpc,
+            service,
+            Some(grpc_admin),
+            grpc_stop,
+            current_tls,
+        )
+        .await;
+        let _ = tls_shutdown.send(true);
+        if let Err(err) = served {
             tracing::error!(%err, "the gRPC server failed");
         }
     }));
@@ -457,6 +537,7 @@ pub async fn start(
         version = engine.version(),
         providers = engine.config().providers.len(),
         sync_token,
+        mutual_tls,
         admin_api = admin_token.is_some(),
         "control plane listening"
     );
@@ -489,6 +570,8 @@ pub async fn serve(opts: ServeOptions) -> anyhow::Result<()> {
             .unwrap_or_else(|| join_host_port(&cp.host, cp.grpc_port)),
         sync_token: None,
         insecure_trusted_sync: opts.insecure_trusted_sync,
+        sync_tls: opts.sync_tls,
+        insecure_plaintext_sync: opts.insecure_plaintext_sync,
     };
     let mut running = start(config, env, start_opts).await?;
     running.watch_config(opts.config.clone());
@@ -573,6 +656,8 @@ mod tests {
                 grpc_listen: "127.0.0.1:0".into(),
                 sync_token: Some(Secret::new("sync-test-token")),
                 insecure_trusted_sync: false,
+                sync_tls: None,
+                insecure_plaintext_sync: false,
             },
         )
         .await?;
@@ -618,6 +703,8 @@ mod tests {
                 grpc_listen: "127.0.0.1:0".into(),
                 sync_token: Some(Secret::new("sync-test-token")),
                 insecure_trusted_sync: false,
+                sync_tls: None,
+                insecure_plaintext_sync: false,
             },
         )
         .await?;
@@ -652,6 +739,8 @@ mod tests {
             grpc_listen: grpc_listen.into(),
             sync_token: None,
             insecure_trusted_sync: trusted,
+            sync_tls: None,
+            insecure_plaintext_sync: false,
         }
     }
 
@@ -701,6 +790,38 @@ mod tests {
         let env = MapEnv::new([("K", "sk-a"), (SYNC_TOKEN_ENV, "t1")]);
         let access = sync_access(&config, &env, &start_options("0.0.0.0:0", true)).await?;
         assert!(matches!(access, SyncAccess::Token(t) if t.expose() == "t1"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn plaintext_sync_off_loopback_needs_tls_or_the_flag(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let env = MapEnv::new([("K", "sk-a")]);
+        let config = config(&env)?;
+        let refused = sync_tls(&config, &start_options("0.0.0.0:0", false)).await;
+        let message = refused.err().map(|e| format!("{e:#}")).unwrap_or_default();
+        for part in [
+            "0.0.0.0:0",
+            "--tls-cert",
+            "--insecure-plaintext-sync",
+            "ai-router certs",
+        ] {
+            assert!(message.contains(part), "{part} missing from: {message}");
+        }
+        assert!(sync_tls(&config, &start_options("127.0.0.1:0", false))
+            .await?
+            .is_none());
+        let mut opts = start_options("0.0.0.0:0", false);
+        opts.insecure_plaintext_sync = true;
+        assert!(sync_tls(&config, &opts).await?.is_none());
+        let files = SyncTlsFiles {
+            cert: "c.pem".into(),
+            key: "k.pem".into(),
+            client_ca: "ca.pem".into(),
+        };
+        opts.insecure_plaintext_sync = false;
+        opts.sync_tls = Some(files.clone());
+        assert_eq!(sync_tls(&config, &opts).await?, Some(files));
         Ok(())
     }
 

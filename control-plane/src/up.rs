@@ -60,6 +60,8 @@ pub struct RenderOverrides {
     pub wasm: Option<String>,
     pub listen: Option<(String, u16)>,
     pub admin: Option<(String, u16)>,
+    /// The SDS folder of the sync channel's mutual TLS, as Envoy sees it.
+    pub sync_tls_dir: Option<String>,
 }
 
 /// The bootstrap options for `config`: listen from `gateway`, the control plane from
@@ -88,6 +90,7 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
         wasm_path: overrides
             .wasm
             .unwrap_or_else(|| DEFAULT_WASM_PATH.to_owned()),
+        sync_tls_dir: overrides.sync_tls_dir,
         max_body_bytes: config.gateway.max_body_bytes,
         max_attempts: config.max_attempts(),
         limits: config.gateway.limits,
@@ -367,6 +370,27 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     let config = config::resolve_at(&file, env.as_ref(), &config_path)?;
 
     let sync_token = Secret::new(random_hex(32));
+    // The sync channel's certificates, for this run only: Envoy and the control plane speak
+    // mutual TLS even on loopback, as they would across hosts.
+    let dir = TempDir::new()?;
+    let certs = crate::tls::issue::issue(&crate::tls::issue::IssueOptions {
+        out: dir.0.join("sync-tls"),
+        sans: Vec::new(),
+        envoys: 1,
+        envoy_dir: None,
+        new_ca: false,
+    })
+    .context("issuing the sync channel's certificates")?;
+    let sync_tls = crate::tls::SyncTlsFiles {
+        cert: certs.control_plane.join(crate::tls::CERT_FILE),
+        key: certs.control_plane.join(crate::tls::KEY_FILE),
+        client_ca: certs.control_plane.join(crate::tls::CA_FILE),
+    };
+    let envoy_tls_dir = certs
+        .envoys
+        .first()
+        .map(|d| d.display().to_string())
+        .context("no Envoy certificate was issued")?;
     // The admin API on a port the README and `keys --url` can name: controlPlane.httpPort
     // (8081 by default; 0 picks one). gRPC stays internal to this run.
     let admin_port = config.control_plane.http_port;
@@ -379,6 +403,8 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             grpc_listen: "127.0.0.1:0".to_owned(),
             sync_token: Some(sync_token.clone()),
             insecure_trusted_sync: false,
+            sync_tls: Some(sync_tls),
+            insecure_plaintext_sync: false,
         },
     )
     .await
@@ -419,9 +445,9 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             wasm: Some(wasm.display().to_string()),
             listen: Some((listen_host.clone(), config.gateway.port)),
             admin: Some(("127.0.0.1".to_owned(), 0)),
+            sync_tls_dir: Some(envoy_tls_dir),
         },
     );
-    let dir = TempDir::new()?;
     let bootstrap = dir.0.join("bootstrap.yaml");
     std::fs::write(&bootstrap, render_envoy(&options))
         .with_context(|| format!("writing {}", bootstrap.display()))?;

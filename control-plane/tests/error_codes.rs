@@ -20,6 +20,7 @@ fn envoys_replies_are_gateway_codes() -> Result<()> {
         control_plane_port: 8082,
         more_control_planes: Vec::new(),
         wasm_path: "ai_router_filter.wasm".into(),
+        sync_tls_dir: None,
         max_body_bytes: 1024,
         max_attempts: 4,
         limits: ListenerLimits::default(),

@@ -29,6 +29,9 @@ pub struct Gateway {
     pub key_c: String,
     pub sync_token: String,
     pub admin_token: String,
+    /// With [`Gateway::start_mutual_tls`]: the folder `ai-router certs` wrote (the CA,
+    /// `control-plane/`, `envoy/`).
+    pub sync_tls: Option<PathBuf>,
 }
 
 /// The standard pool's YAML for two mock providers at `p1_base` and `p2_base`.
@@ -91,6 +94,22 @@ impl Gateway {
 
     /// Starts the fixture with the pool `pool(p1_base, p2_base)` returns.
     pub async fn start_with(test: &str, pool: impl Fn(&str, &str) -> String) -> Result<Self> {
+        Self::launch(test, pool, false).await
+    }
+
+    /// The standard pool with the sync channel over mutual TLS: `ai-router certs` issues the
+    /// certificates into the test directory, the control plane serves with them
+    /// (`AI_ROUTER_TLS_CERT`, `_KEY`, `AI_ROUTER_CLIENT_CA`) and Envoy reads its own through SDS
+    /// (`AI_ROUTER_SYNC_TLS_DIR`).
+    pub async fn start_mutual_tls(test: &str) -> Result<Self> {
+        Self::launch(test, standard_pool, true).await
+    }
+
+    async fn launch(
+        test: &str,
+        pool: impl Fn(&str, &str) -> String,
+        mutual_tls: bool,
+    ) -> Result<Self> {
         let dir = TestDir::new(test)?;
         let mock1 = Mock::start(&dir, "mock1").await?;
         let mock2 = Mock::start(&dir, "mock2").await?;
@@ -113,11 +132,33 @@ impl Gateway {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        let mut env = env;
+        let mut envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
+        let sync_tls = if mutual_tls {
+            let out = dir.join("sync-tls");
+            let out_arg = out.display().to_string();
+            let (ok, _, output) = run_cli(&["certs", "--out", &out_arg], &[]).await?;
+            ensure!(ok, "ai-router certs failed: {output}");
+            let server = out.join("control-plane");
+            for (var, file) in [
+                ("AI_ROUTER_TLS_CERT", "cert.pem"),
+                ("AI_ROUTER_TLS_KEY", "key.pem"),
+                ("AI_ROUTER_CLIENT_CA", "ca.pem"),
+            ] {
+                env.push((var.to_string(), server.join(file).display().to_string()));
+            }
+            envoy_env.push((
+                "AI_ROUTER_SYNC_TLS_DIR".to_string(),
+                out.join("envoy").display().to_string(),
+            ));
+            Some(out)
+        } else {
+            None
+        };
         let yaml = pool(&mock1.api_base(), &mock2.api_base());
         let cp = ControlPlane::start(&dir, &yaml, &env)
             .await
             .context("starting the control plane")?;
-        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
         let envoy = Envoy::start(
             &dir,
             cp.config_path(),
@@ -142,6 +183,7 @@ impl Gateway {
             key_c,
             sync_token,
             admin_token,
+            sync_tls,
         })
     }
 

@@ -213,7 +213,8 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
     let checked_in = root.join("envoy/envoy.yaml");
     let regenerate =
         "regenerate it with: cargo run -q -p ai-router-control-plane --bin ai-router -- \
-                      render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080 > envoy/envoy.yaml";
+                      render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080 \
+                      --sync-tls-dir /etc/ai-router/sync-tls/envoy > envoy/envoy.yaml";
     let expected = std::fs::read_to_string(&checked_in)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}; {regenerate}", checked_in.display()));
     let out = std::process::Command::new(ai_router_bin().unwrap())
@@ -225,9 +226,13 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
             "examples/pool.yaml",
             "--listen",
             "0.0.0.0:8080",
+            // Where compose mounts the certificates `ai-router certs` issued.
+            "--sync-tls-dir",
+            "/etc/ai-router/sync-tls/envoy",
         ])
         .current_dir(&root)
         .env_remove("AI_ROUTER_SYNC_TOKEN")
+        .env_remove("AI_ROUTER_SYNC_TLS_DIR")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -252,7 +257,7 @@ async fn render_envoy_of_the_example_pool_equals_the_checked_in_envoy_yaml() {
                 )
             });
         panic!(
-            "`ai-router render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080` differs from envoy/envoy.yaml at {first_diff}\n{regenerate}"
+            "`ai-router render-envoy --config examples/pool.yaml --listen 0.0.0.0:8080 --sync-tls-dir /etc/ai-router/sync-tls/envoy` differs from envoy/envoy.yaml at {first_diff}\n{regenerate}"
         );
     }
 }
@@ -286,10 +291,26 @@ fn serve_args(config: &std::path::Path, grpc_listen: &str, extra: &[&str]) -> Ve
 /// Runs `serve` and expects it to exit non-zero before binding, its output naming each of
 /// `needles` and never the provider key.
 async fn assert_serve_refuses(test: &str, grpc_listen: &str, extra: &[&str], needles: &[&str]) {
+    assert_serve_refuses_with(test, grpc_listen, extra, &[], needles).await
+}
+
+/// [`assert_serve_refuses`] with more variables in serve's environment.
+async fn assert_serve_refuses_with(
+    test: &str,
+    grpc_listen: &str,
+    extra: &[&str],
+    extra_env: &[(&str, &str)],
+    needles: &[&str],
+) {
     let dir = TestDir::new(test).unwrap();
     let config = dir.write("pool.yaml", &sync_pool()).unwrap();
     let provider_key = format!("sk-p1-a-{}", ai_router_e2e::random_hex(24));
-    let env = [("P1_KEY_A".to_string(), provider_key.clone())];
+    let mut env = vec![("P1_KEY_A".to_string(), provider_key.clone())];
+    env.extend(
+        extra_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     let args = serve_args(&config, grpc_listen, extra);
     let mut p = Process::spawn(&dir, "serve", &ai_router_bin().unwrap(), &args, &env).unwrap();
     let status = p
@@ -325,6 +346,27 @@ async fn serve_without_a_sync_token_refuses_to_start_naming_the_ways_to_set_one(
             "controlPlane.syncToken",
             "--insecure-trusted-sync",
             "AI_ROUTER_INSECURE_TRUSTED_SYNC",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_plaintext_sync_on_a_non_loopback_address_without_the_flag() {
+    let token = format!("sync-{}", ai_router_e2e::random_hex(32));
+    ai_router_e2e::scan::register("AI_ROUTER_SYNC_TOKEN", &token);
+    assert_serve_refuses_with(
+        "sync_plaintext_public",
+        "0.0.0.0:0",
+        &[],
+        &[("AI_ROUTER_SYNC_TOKEN", &token)],
+        &[
+            "0.0.0.0:0",
+            "--tls-cert",
+            "--client-ca",
+            "ai-router certs",
+            "--insecure-plaintext-sync",
+            "AI_ROUTER_INSECURE_PLAINTEXT_SYNC",
         ],
     )
     .await;
@@ -778,8 +820,9 @@ fn listening_ports(pid: u32) -> Vec<(u16, bool)> {
 }
 
 /// `ai-router up` with no sync token in its environment makes one: its control plane's ports
-/// are all on loopback, and its gRPC port refuses a `Watch` without the token (no local
-/// process can read the provider secrets from it), while Envoy, given the token, is served.
+/// are all on loopback, and its gRPC port (mutual TLS with certificates `up` issued) refuses a
+/// `Watch` without a certificate and the token (no local process can read the provider secrets
+/// from it), while Envoy, given both, is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() {
     let dir = TestDir::new("up_sync_token").unwrap();
@@ -832,18 +875,18 @@ async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() 
         ports.iter().all(|(_, loopback)| *loopback),
         "a control-plane port off loopback: {ports:?}"
     );
+    // Its gRPC port speaks mutual TLS (certificates `up` issued in its temp folder): a
+    // plaintext Watch without a certificate or token gets nothing from any port.
     let mut refused = 0;
     for (port, _) in &ports {
         let Ok(mut client) = SyncClient::connect(format!("http://127.0.0.1:{port}")).await else {
+            refused += 1;
             continue;
         };
         match client.watch(pb::WatchRequest::default()).await {
-            Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
-            Err(_) => {}
+            Err(_) => refused += 1,
             Ok(reply) => match reply.into_inner().message().await {
-                Err(status) if status.code() == tonic::Code::Unauthenticated => refused += 1,
-                Err(_) => {}
-                Ok(None) => {}
+                Err(_) | Ok(None) => refused += 1,
                 Ok(Some(update)) => panic!(
                     "port {port} served a Watch without the sync token: {} providers",
                     update.snapshot.map_or(0, |s| s.providers.len())
@@ -851,8 +894,5 @@ async fn up_makes_a_sync_token_and_its_control_plane_listens_on_loopback_only() 
             },
         }
     }
-    assert_eq!(
-        refused, 1,
-        "the gRPC port refuses a Watch without the token: {ports:?}"
-    );
+    assert_eq!(refused, ports.len(), "every port refuses: {ports:?}");
 }

@@ -1261,8 +1261,9 @@ fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
                 "--control-plane",
                 &format!("control-plane-{site}:8082,control-plane-{other}:8082"),
             ])
-            .args(["--admin", "0.0.0.0:9901"])
+            .args(["--sync-tls-dir", "/etc/ai-router/sync-tls/envoy"])
             .current_dir(&root)
+            .env_remove("AI_ROUTER_SYNC_TLS_DIR")
             .output()
             .unwrap();
         assert!(

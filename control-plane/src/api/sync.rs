@@ -442,9 +442,18 @@ pub async fn serve_with_admin(
     admin: Option<Arc<crate::api::admin::AdminApi>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(30)));
+    serve_with_admin_tls(listener, service, admin, shutdown, None).await
+}
+
+/// [`serve_with_admin`], over mutual TLS when `tls` is given (see [`crate::tls::server`]):
+/// only a client with a certificate from the configured CA gets to a service at all.
+pub async fn serve_with_admin_tls(
+    listener: TcpListener,
+    service: SyncService,
+    admin: Option<Arc<crate::api::admin::AdminApi>>,
+    shutdown: impl Future<Output = ()> + Send,
+    tls: Option<crate::tls::server::Current>,
+) -> Result<(), tonic::transport::Error> {
     let mut routes = tonic::service::Routes::new(SyncServer::new(service));
     if let Some(api) = admin {
         routes = routes.add_service(crate::api::admin::AdminGrpc::new(api.clone()).into_server());
@@ -452,12 +461,28 @@ pub async fn serve_with_admin(
         let grpc = std::mem::take(routes.axum_router_mut());
         *routes.axum_router_mut() = grpc.merge(http);
     }
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
-        .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .add_routes(routes);
+    match tls {
+        Some(current) => {
+            server
+                .serve_with_incoming_shutdown(
+                    crate::tls::server::incoming(listener, current),
+                    shutdown,
+                )
+                .await
+        }
+        None => {
+            let incoming = TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .with_keepalive(Some(Duration::from_secs(30)));
+            server
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    }
 }
 
 #[cfg(test)]

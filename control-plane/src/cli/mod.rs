@@ -1,6 +1,7 @@
 //! The `ai-router` command line: one file per command; `main.rs` only calls [`main`].
 
 pub mod admin;
+pub mod certs;
 pub mod conformance;
 pub mod drain;
 pub mod keys;
@@ -54,6 +55,9 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Run the scriptable fake provider.
     Mock(mock::MockArgs),
+    /// Issue a CA and the sync channel's certificates (the control plane's, one per Envoy)
+    /// as files, keys 0600; again over the same folder, new leaves under the same CA.
+    Certs(certs::CertsArgs),
     /// Print (or write) the Envoy bootstrap for a pool.
     RenderEnvoy(render_envoy::RenderEnvoyArgs),
     /// Run control plane + Envoy (+ the mock when no provider key is set) locally.
@@ -135,6 +139,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args).await,
         Command::Mock(args) => mock::run(args).await,
         Command::RenderEnvoy(args) => render_envoy::run(args),
+        Command::Certs(args) => certs::run(args),
         Command::Up(args) => up::run(args).await,
         Command::Drain(args) => drain::run(args).await,
         Command::Reset(args) => print_answer(admin::reset(args).await),

@@ -106,6 +106,17 @@ pub struct ControlPlaneConfig {
     pub http_port: Option<u16>,
     pub grpc_port: Option<u16>,
     pub sync_token: Option<SecretRefConfig>,
+    /// Mutual TLS on the sync channel (`serve --tls-cert --tls-key --client-ca` win).
+    pub sync_tls: Option<SyncTlsConfig>,
+}
+
+/// `controlPlane.syncTls`: paths, relative to the config file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SyncTlsConfig {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 /// `{ env: NAME }` or `{ file: path }`.

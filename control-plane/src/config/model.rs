@@ -124,6 +124,8 @@ pub struct ControlPlane {
     pub http_port: u16,
     pub grpc_port: u16,
     pub sync_token: Option<SecretSource>,
+    /// `controlPlane.syncTls`, anchored at the config file's folder.
+    pub sync_tls: Option<crate::tls::SyncTlsFiles>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -251,6 +251,11 @@ impl FileConfig {
             http_port: c.http_port.unwrap_or(defaults::CONTROL_PLANE_HTTP_PORT),
             grpc_port: c.grpc_port.unwrap_or(defaults::CONTROL_PLANE_GRPC_PORT),
             sync_token,
+            sync_tls: c.sync_tls.as_ref().map(|t| crate::tls::SyncTlsFiles {
+                cert: relative_to(base_dir, &t.cert),
+                key: relative_to(base_dir, &t.key),
+                client_ca: relative_to(base_dir, &t.client_ca),
+            }),
         })
     }
 

@@ -380,6 +380,11 @@ impl Front {
                 )
             }
         };
+        // One `model`, one `stream`: what the scope check and the router read is what the
+        // provider reads.
+        if let Err(error) = crate::body_check::check_unique_top_level_keys(body) {
+            return self.reply(host, error);
+        }
         if let Some(model) = parsed.get("model").and_then(Value::as_str) {
             self.requested_model = model.chars().take(256).collect();
         }

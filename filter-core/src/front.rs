@@ -406,6 +406,11 @@ impl Front {
                 )
             }
         };
+        // One `model`, one `stream`: what the scope check and the router read is what the
+        // provider reads.
+        if let Err(error) = crate::body_check::check_unique_top_level_keys(body) {
+            return self.reply(host, error);
+        }
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
         if let Some(call) = self.gemini.clone() {
@@ -851,6 +856,9 @@ impl Front {
             }
             ("GET", "/health") => return self.health(host),
             (_, p) if is_admin_path(p) => {
+                if !canonical_path(p) {
+                    return self.reply(host, GatewayError::not_found(&path));
+                }
                 self.admin = true;
                 return Flow::Continue;
             }
@@ -1404,6 +1412,20 @@ pub fn is_admin_path(path: &str) -> bool {
     path.starts_with("/admin/")
 }
 
+/// Whether `path` (no query) is spelled the one way a router reads it: no empty, `.` or `..`
+/// segment, no percent-escape, no backslash. Envoy forwards `/admin/...` to the control plane
+/// as it came, and the control plane's gRPC port (which serves the admin routes to Envoy)
+/// answers a path it does not route on its own (`/admin/../metrics`: 200 with a gRPC status):
+/// an admin path spelled any other way is the stage's 404, so only the routes the path names
+/// are reached.
+pub fn canonical_path(path: &str) -> bool {
+    !path.contains(['%', '\\'])
+        && path
+            .split('/')
+            .skip(1)
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
 /// A W3C trace context `traceparent`: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
 /// ids not all zero (version 00; a later version may append fields after the flags).
 pub fn valid_traceparent(value: &str) -> bool {
@@ -1478,11 +1500,34 @@ mod admin_path_tests {
             assert!(host.reports.is_empty(), "{path}");
         }
         // Neither a model route nor the admin API: 404 from the stage.
-        let mut host = FakeHost::with_state(State::new(1, snap));
+        let mut host = FakeHost::with_state(State::new(1, snap.clone()));
         host.add(Side::Request, ":method", b"GET");
         host.add(Side::Request, ":path", b"/administrator");
         Front::default().on_request_headers(&mut host, false);
         assert_eq!(host.answered.as_ref().map(|a| a.status), Some(404));
+        // An admin path spelled another way never reaches the control plane.
+        for path in [
+            "/admin/../metrics",
+            "/admin/./keys",
+            "/admin//keys",
+            "/admin/keys/../../health",
+            "/admin/%2e%2e/metrics",
+            "/admin/..%2fmetrics",
+            "/admin/%6beys",
+            "/admin/..\\metrics",
+        ] {
+            let mut host = FakeHost::with_state(State::new(1, snap.clone()));
+            host.add(Side::Request, ":method", b"GET");
+            host.add(Side::Request, ":path", path.as_bytes());
+            host.add(Side::Request, "authorization", b"Bearer admin-token");
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            assert_eq!(
+                host.answered.as_ref().map(|a| a.status),
+                Some(404),
+                "{path}"
+            );
+        }
     }
 }
 

@@ -73,4 +73,5 @@ pub mod terms;
 pub mod trace_state;
 pub mod trail;
 pub mod util;
+pub mod vocab;
 pub mod when;

@@ -1,4 +1,4 @@
-//! No import cycle between the control plane's modules.
+//! No import cycle between the control plane's modules, nor between the filter core's.
 //!
 //! Reads every file of the library (`src/`, `main.rs` aside: it only calls the library), takes
 //! the module paths each one names outside comments and string literals (`crate::…`,
@@ -7,6 +7,10 @@
 //! - the folders, one node per top-level module (`config`, `store`, `keys`, `engine`, `api`,
 //!   `serve`, ...): the layers of the architecture;
 //! - the files, one node per module, so that no two files of a folder lean on each other either.
+//!
+//! - the files of the filter's decision crate (`filter-core/src`), with what only tests build
+//!   left out (`#[cfg(test)]` items and files): a stage's tests drive it through the fake host,
+//!   which sits above every module, as a test harness does.
 //!
 //! A failure names the cycle and, for each step, the file and line that makes it.
 

@@ -3,11 +3,10 @@
 //! Reads every file of the library (`src/`, `main.rs` aside: it only calls the library), takes
 //! the module paths each one names outside comments and string literals (`crate::…`,
 //! `super::…`, `self::…`, a child module's name, `use` trees expanded; test modules included)
-//! and checks that two graphs have no cycle:
+//! and checks that three graphs have no cycle:
 //! - the folders, one node per top-level module (`config`, `store`, `keys`, `engine`, `api`,
 //!   `serve`, ...): the layers of the architecture;
-//! - the files, one node per module, so that no two files of a folder lean on each other either.
-//!
+//! - the files, one node per module, so that no two files of a folder lean on each other either;
 //! - the files of the filter's decision crate (`filter-core/src`), with what only tests build
 //!   left out (`#[cfg(test)]` items and files): a stage's tests drive it through the fake host,
 //!   which sits above every module, as a test harness does.

@@ -264,7 +264,7 @@ impl Front {
         let now = host.now_ms();
         let usable = state
             .as_ref()
-            .map(|state| host.with_lanes(|view, _| crate::state::any_usable_key(state, view, now)));
+            .map(|state| host.with_lanes(|view, _| crate::lanes::any_usable_key(state, view, now)));
         let (status, code) = match usable {
             None => (503, "starting"),
             Some(true) => (200, "ok"),
@@ -717,12 +717,6 @@ impl Front {
 /// How Envoy's router ended an answer that had started, from the stream's response code
 /// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
 /// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
-/// Whether Envoy's reason for the end of the stream (`response.code_details`) is that the
-/// client went away before its answer ended: a cancelled call, never an upstream error.
-pub fn client_went_away(details: &[u8]) -> bool {
-    details.starts_with(b"downstream_remote_disconnect")
-}
-
 fn cut_by_the_router(host: &impl Host) -> Option<Class> {
     let details = host.property(&["response", "code_details"])?;
     if details == b"response_timeout" {
@@ -1357,7 +1351,7 @@ impl Front {
                 // client that went away before its answer cancelled the call.
                 let went_away = host
                     .property(&["response", "code_details"])
-                    .is_some_and(|d| client_went_away(&d));
+                    .is_some_and(|d| crate::attempt::client_went_away(&d));
                 let class = if went_away {
                     Some(Class::Cancelled)
                 } else {

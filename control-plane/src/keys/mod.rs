@@ -4,6 +4,7 @@
 //! [`open`] opens the configured store (memory, SQLite or Postgres: `postgres`).
 
 pub mod admin;
+pub mod admin_tokens;
 pub mod budget_use;
 pub mod ledger;
 pub mod mounted;

@@ -18,10 +18,10 @@ use std::sync::{Arc, Mutex, Weak};
 
 use ai_router_proto::v1 as pb;
 use axum::extract::{RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -122,10 +122,6 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     asset(STYLE, "text/css; charset=utf-8")
-}
-
-fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
-    api.authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -598,9 +594,8 @@ fn by_day(keys: &[Value]) -> Vec<Value> {
 /// `GET /admin/console`.
 async fn overview(
     State(api): State<Arc<AdminApi>>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let health = api.pool_health();
     let ledger = api.ledger_view();
     let (_, today, keys) = key_usage(&api, None, None).await?;
@@ -623,9 +618,8 @@ async fn overview(
 /// `GET /admin/console/ledger`.
 async fn ledger(
     State(api): State<Arc<AdminApi>>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let now = api.console().clock_ms();
     Ok(Json(with_forecasts(api.ledger_view(), api.console(), now)))
 }
@@ -634,9 +628,8 @@ async fn ledger(
 async fn usage(
     State(api): State<Arc<AdminApi>>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let (mut from, mut to) = (None, None);
     for pair in query.as_deref().unwrap_or("").split('&') {
         match pair.split_once('=') {
@@ -889,7 +882,7 @@ mod tests {
     async fn get(
         path: &str,
         headers: &[(&str, &str)],
-    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), Box<dyn std::error::Error>> {
+    ) -> Result<(StatusCode, axum::http::HeaderMap, Vec<u8>), Box<dyn std::error::Error>> {
         use http_body_util::BodyExt;
         use tower::ServiceExt;
         let api = crate::api::admin::tests::api(Some(crate::api::admin::tests::TOKEN))?;

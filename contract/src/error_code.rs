@@ -65,6 +65,8 @@ pub enum ErrorCode {
     // The control plane.
     /// The admin API is off (no admin token configured).
     AdminDisabled,
+    /// The admin token's scope does not cover the route (`read` cannot reset, ...).
+    InsufficientScope,
     /// The change conflicts with the record (a revoked key cannot be rotated).
     Conflict,
     /// A mounted key cannot be revoked, rotated or updated: it changes by redeploying.
@@ -98,7 +100,7 @@ pub enum GrpcCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [Self; 33] = [
+    pub const ALL: [Self; 34] = [
         Self::InvalidRequest,
         Self::InvalidJson,
         Self::RequestTooLarge,
@@ -124,6 +126,7 @@ impl ErrorCode {
         Self::UpstreamInvalidRequest,
         Self::StreamInterrupted,
         Self::AdminDisabled,
+        Self::InsufficientScope,
         Self::Conflict,
         Self::KeyMounted,
         Self::Unavailable,
@@ -162,6 +165,7 @@ impl ErrorCode {
             Self::UpstreamInvalidRequest => "upstream_invalid_request",
             Self::StreamInterrupted => "stream_interrupted",
             Self::AdminDisabled => "admin_disabled",
+            Self::InsufficientScope => "insufficient_scope",
             Self::Conflict => "conflict",
             Self::KeyMounted => "key_mounted",
             Self::Unavailable => "unavailable",
@@ -187,7 +191,7 @@ impl ErrorCode {
             | Self::ModelNotSupported
             | Self::UpstreamInvalidRequest => 400,
             Self::MissingApiKey | Self::InvalidApiKey => 401,
-            Self::ModelNotAllowed | Self::AdminDisabled => 403,
+            Self::ModelNotAllowed | Self::AdminDisabled | Self::InsufficientScope => 403,
             Self::NotFound | Self::ModelNotFound => 404,
             Self::MethodNotAllowed => 405,
             Self::RequestTimeout => 408,
@@ -260,6 +264,7 @@ impl ErrorCode {
                 "The provider's stream broke off after the answer had started; it cannot be resumed."
             }
             Self::AdminDisabled => "The admin API is off: no admin token is configured.",
+            Self::InsufficientScope => "This admin token's scope does not cover this call.",
             Self::Conflict => "The change conflicts with the record.",
             Self::KeyMounted => "A mounted key changes by redeploying.",
             Self::Unavailable => "The control plane cannot answer now.",
@@ -282,7 +287,9 @@ impl ErrorCode {
             | Self::UpstreamInvalidRequest
             | Self::HeaderTooLarge => GrpcCode::InvalidArgument,
             Self::MissingApiKey | Self::InvalidApiKey => GrpcCode::Unauthenticated,
-            Self::ModelNotAllowed | Self::AdminDisabled => GrpcCode::PermissionDenied,
+            Self::ModelNotAllowed | Self::AdminDisabled | Self::InsufficientScope => {
+                GrpcCode::PermissionDenied
+            }
             Self::NotFound | Self::ModelNotFound => GrpcCode::NotFound,
             Self::MethodNotAllowed => GrpcCode::Unimplemented,
             Self::RequestTimeout | Self::PoolTimeout => GrpcCode::DeadlineExceeded,

@@ -302,36 +302,17 @@ pub fn open_state_store(spec: &StoreSpec, env: &dyn Env) -> anyhow::Result<Arc<d
 pub const ADMIN_BODY_LIMIT: usize = 64 * 1024;
 
 /// The HTTP surface: `/health` and the admin API (see [`crate::api::admin`]). An `/admin/`
-/// request is refused on its headers alone when its token is wrong, before its body is read,
-/// and a body past [`ADMIN_BODY_LIMIT`] is refused (413).
+/// request is refused on its headers alone when its token is wrong or its scope too narrow
+/// ([`crate::api::admin::guard`]), before its body is read, and a body past
+/// [`ADMIN_BODY_LIMIT`] is refused (413).
 pub fn http_router(admin: Arc<AdminApi>) -> Router {
-    crate::api::admin::routes()
-        .merge(crate::api::console::routes())
-        .fallback(not_found)
-        .layer(axum::extract::DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
-        .layer(axum::middleware::from_fn_with_state(
-            admin.clone(),
-            token_before_body,
-        ))
-        .with_state(admin)
-}
-
-async fn token_before_body(
-    axum::extract::State(admin): axum::extract::State<Arc<AdminApi>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let path = request.uri().path();
-    if path.starts_with("/admin/") && !crate::api::console::is_asset(path) {
-        let authorization = request
-            .headers()
-            .get(axum::http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        if let Err(refused) = admin.authorize(authorization) {
-            return axum::response::IntoResponse::into_response(refused);
-        }
-    }
-    next.run(request).await
+    crate::api::admin::guarded(
+        crate::api::admin::routes()
+            .merge(crate::api::console::routes())
+            .fallback(not_found)
+            .layer(axum::extract::DefaultBodyLimit::max(ADMIN_BODY_LIMIT)),
+        admin,
+    )
 }
 
 async fn not_found() -> ApiError {

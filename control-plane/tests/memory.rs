@@ -15,6 +15,7 @@ use ai_router_control_plane::config::secrets::{sha256_hex, MapEnv};
 use ai_router_control_plane::config::{parse, QuotaConfig};
 use ai_router_control_plane::engine::Engine;
 use ai_router_control_plane::keys::admin::{KeyAdmin, KeySpec};
+use ai_router_control_plane::keys::admin_tokens::StoredToken;
 use ai_router_control_plane::keys::store::{
     utc_day, BudgetUse, KeyStore, KeyStoreError, MemoryKeyStore, QuotaUsage, StoredKey, UsageDay,
 };
@@ -102,6 +103,15 @@ impl KeyStore for CountingStore {
     }
     fn generation(&self) -> std::result::Result<u64, KeyStoreError> {
         self.inner.generation()
+    }
+    fn insert_admin_token(&self, token: &StoredToken) -> std::result::Result<(), KeyStoreError> {
+        self.inner.insert_admin_token(token)
+    }
+    fn admin_tokens(&self) -> std::result::Result<Vec<StoredToken>, KeyStoreError> {
+        self.inner.admin_tokens()
+    }
+    fn update_admin_token(&self, token: &StoredToken) -> std::result::Result<(), KeyStoreError> {
+        self.inner.update_admin_token(token)
     }
 }
 

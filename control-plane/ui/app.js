@@ -7,6 +7,11 @@
   const $ = (id) => document.getElementById(id);
   let refresh = null; // the current page's refresh timer
   let stream = null; // the events page's AbortController
+  // The signed-in token's scope (GET /admin/whoami): actions it does not cover are not shown.
+  let scope = 'read';
+  const SCOPES = ['read', 'operate', 'keys', 'admin'];
+  const may = (need) => SCOPES.indexOf(scope) >= SCOPES.indexOf(need);
+  const readOnly = (need) => h('p', { class: 'note read-only' }, 'Read-only: this token\'s scope is ' + scope + '; changes here need ' + need + '.');
 
   // ------------------------------------------------------------------ DOM and formatting
 
@@ -101,6 +106,9 @@
     }
     const r = await fetch(path, init);
     const data = await r.json().catch(() => null);
+    if (r.status === 403 && data && data.error && data.error.code === 'insufficient_scope') {
+      throw new ApiError(data.error.message);
+    }
     if (r.status === 401 || r.status === 403) {
       signOut((data && data.error && data.error.message) || 'The token was refused.');
       throw new ApiError('signed out');
@@ -127,6 +135,7 @@
     sessionStorage.setItem(TOKEN, token);
     try {
       await api('GET', '/admin/health');
+      scope = (await api('GET', '/admin/whoami')).scope;
     } catch (e) {
       if (!(e instanceof ApiError) || e.message !== 'signed out') signOut(e.message);
       return;
@@ -234,7 +243,7 @@
   async function pool() {
     every(5, 'pool');
     const [health, ledger] = await Promise.all([api('GET', '/admin/health'), api('GET', '/admin/console/ledger')]);
-    const out = [h('h1', {}, 'Pool')];
+    const out = [h('h1', {}, 'Pool'), may('operate') ? null : readOnly('operate')];
     for (const p of health.providers) {
       const breaker = (key) => {
         const b = health.breakers.find((x) => x.provider === p.id && (key ? x.key === key : !x.key));
@@ -247,13 +256,13 @@
       const provOut = health.providerHealth.find((x) => x.provider === p.id);
       const rows = p.keys.map((k) => [
         k.alias, badge(k.state), text(k.code), k.state === 'ok' ? '—' : when(k.untilMs), breaker(k.alias), latency(k.alias),
-        h('button', { type: 'button', class: 'small', 'aria-label': 'Reset key ' + p.id + '/' + k.alias, on: { click: () => reset(p.id, k.alias).catch((e) => status(e.message, true)) } }, 'Reset'),
+        may('operate') ? h('button', { type: 'button', class: 'small', 'aria-label': 'Reset key ' + p.id + '/' + k.alias, on: { click: () => reset(p.id, k.alias).catch((e) => status(e.message, true)) } }, 'Reset') : '—',
       ]);
       const led = ledger.providers.find((x) => x.provider === p.id);
       out.push(h('section', { class: 'card', 'aria-labelledby': 'prov-' + p.id },
         h('div', { class: 'row' },
           h('h2', { id: 'prov-' + p.id }, p.id, ' ', h('small', {}, p.kind)),
-          h('button', { type: 'button', 'aria-label': 'Reset provider ' + p.id, on: { click: () => reset(p.id).catch((e) => status(e.message, true)) } }, 'Reset provider')),
+          may('operate') ? h('button', { type: 'button', 'aria-label': 'Reset provider ' + p.id, on: { click: () => reset(p.id).catch((e) => status(e.message, true)) } }, 'Reset provider') : null),
         provOut ? h('p', { class: 'error' }, 'Provider out: ' + provOut.reason + ', until ' + when(provOut.untilMs)) : null,
         h('p', { class: 'note' }, 'Models: ' + (p.models.join(', ') || '—') + '. Provider breaker: ' + breaker('') + '.'),
         table('Keys of ' + p.id, ['key', 'state', 'code', 'until', 'breaker', 'latency', ''], rows),
@@ -324,7 +333,8 @@
     const rows = list.keys.map((k) => {
       const t = todayOf(k.id);
       const state = k.revoked ? 'revoked' : k.enabled ? 'enabled' : 'disabled';
-      const actions = k.mounted ? h('span', { class: 'note' }, 'mounted (read-only)') : k.revoked ? '—' : h('span', { class: 'actions' },
+      const actions = k.mounted ? h('span', { class: 'note' }, 'mounted (read-only)') : k.revoked ? '—' : !may('keys') ? h('span', { class: 'actions' },
+        h('button', { type: 'button', class: 'small', 'aria-label': 'Usage of ' + k.label, on: { click: act(() => keyUsage(k)) } }, 'Usage')) : h('span', { class: 'actions' },
         h('button', { type: 'button', class: 'small', 'aria-label': 'Usage of ' + k.label, on: { click: act(() => keyUsage(k)) } }, 'Usage'),
         h('button', { type: 'button', class: 'small', 'aria-label': 'Rotate ' + k.label, on: { click: act(() => keyAction('Rotate', 'POST', '/admin/keys/' + encodeURIComponent(k.id) + '/rotate', undefined, 'Rotate ' + k.label + '? The old secret stops working at once.')) } }, 'Rotate'),
         h('button', { type: 'button', class: 'small', 'aria-label': (k.enabled ? 'Disable ' : 'Enable ') + k.label, on: { click: act(() => keyAction(k.enabled ? 'Disable' : 'Enable', 'PATCH', '/admin/keys/' + encodeURIComponent(k.id), { enabled: !k.enabled })) } }, k.enabled ? 'Disable' : 'Enable'),
@@ -350,7 +360,7 @@
     });
     return [h('h1', {}, 'Virtual keys'), secretBox(),
       table('Virtual keys', ['label', 'id', 'owner', 'profiles', 'models', 'quota', 'state', 'today', 'actions'], rows, 'No virtual key yet.'),
-      h('div', { id: 'key-usage' }), form];
+      h('div', { id: 'key-usage' }), may('keys') ? form : readOnly('keys')];
   }
 
   async function keyUsage(k) {

@@ -184,13 +184,14 @@ impl crate::v1::KeyHealth {
 
 impl crate::v1::AdminEventType {
     /// Every type an event subscriber may ask for (not `lagged`, which is sent, never asked).
-    pub const ASKABLE: [Self; 6] = [
+    pub const ASKABLE: [Self; 7] = [
         Self::Attempt,
         Self::Request,
         Self::Breaker,
         Self::KeyDisabled,
         Self::KeyRestored,
         Self::Budget,
+        Self::Admin,
     ];
 
     /// The type's text, as events name themselves ("key-disabled", ...); empty for
@@ -204,6 +205,7 @@ impl crate::v1::AdminEventType {
             Self::KeyDisabled => "key-disabled",
             Self::KeyRestored => "key-restored",
             Self::Budget => "budget",
+            Self::Admin => "admin",
             Self::Lagged => "lagged",
         }
     }

@@ -45,7 +45,8 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as Sse, KeepAlive};
 use axum::response::{IntoResponse, Response as HttpResponse};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
+use axum::Extension;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
@@ -59,6 +60,7 @@ use crate::engine::Engine;
 use crate::keys::admin::{
     KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyWithSecret, QuotaPatch, UsageReport,
 };
+use crate::keys::admin_tokens::{self, Scope, TokenInfo, TokenSpec, TokenWithSecret};
 use crate::keys::store::{utc_day, KeyStoreError, UsageDay};
 use crate::ledger::Ledger;
 
@@ -114,6 +116,44 @@ pub fn admin_token(config: &crate::config::Config, env: &dyn Env) -> Option<Secr
         }
     }
     from_env
+}
+
+/// Who calls the admin API: the bootstrap token (`bootstrap`, scope `admin`, no end) or a
+/// stored scoped token. Never the token itself.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Caller {
+    pub label: String,
+    pub scope: Scope,
+    pub expires_at_ms: Option<i64>,
+}
+
+impl Caller {
+    /// The token from the environment (or `gateway.adminToken`).
+    pub fn bootstrap() -> Self {
+        Self {
+            label: "bootstrap".into(),
+            scope: Scope::Admin,
+            expires_at_ms: None,
+        }
+    }
+
+    /// `GET /admin/whoami`: `{ label, scope, expiresAtMs, expires }` (`null`: no end).
+    pub fn whoami(&self) -> Value {
+        json!({
+            "label": self.label,
+            "scope": self.scope,
+            "expiresAtMs": self.expires_at_ms,
+            "expires": self.expires_at_ms.map(crate::keys::store::utc_timestamp),
+        })
+    }
+}
+
+fn disabled() -> ApiError {
+    ApiError::new(
+        ErrorCode::AdminDisabled,
+        "the admin API is off: no admin token is configured",
+    )
 }
 
 /// The admin operations behind both transports.
@@ -213,15 +253,16 @@ impl AdminApi {
         &self.engine
     }
 
-    /// Checks an `Authorization` value against the admin token.
-    pub fn authorize(&self, authorization: Option<&[u8]>) -> Result<(), ApiError> {
-        let Some(expected) = &self.token else {
-            return Err(ApiError::new(
-                ErrorCode::AdminDisabled,
-                "the admin API is off: no admin token is configured",
-            ));
-        };
+    /// Who an `Authorization` value is: the bootstrap token (compared in constant time), or a
+    /// stored scoped token (`ara-...`, hashed and compared with every stored hash in constant
+    /// time; its last use written at most once a minute). Unknown, revoked and expired tokens
+    /// are all 401 `invalid_api_key`; with no bootstrap token and no stored one matching, 403
+    /// `admin_disabled`.
+    pub async fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, ApiError> {
         let Some(value) = authorization else {
+            if self.token.is_none() {
+                return Err(disabled());
+            }
             return Err(ApiError::new(
                 ErrorCode::MissingApiKey,
                 "the admin API needs Authorization: Bearer <admin token>",
@@ -230,12 +271,117 @@ impl AdminApi {
         let token = value
             .strip_prefix(b"Bearer ")
             .or_else(|| value.strip_prefix(b"bearer "))
-            .unwrap_or(b"");
-        if constant_time_eq(token.trim_ascii(), expected.expose().as_bytes()) {
-            Ok(())
-        } else {
-            Err(ApiError::new(ErrorCode::InvalidApiKey, "wrong admin token"))
+            .unwrap_or(b"")
+            .trim_ascii();
+        if let Some(expected) = &self.token {
+            if constant_time_eq(token, expected.expose().as_bytes()) {
+                return Ok(Caller::bootstrap());
+            }
         }
+        let wrong = || match self.token {
+            Some(_) => ApiError::new(ErrorCode::InvalidApiKey, "wrong admin token"),
+            None => disabled(),
+        };
+        // Only what looks like a scoped token costs a store read.
+        let Some(presented) = std::str::from_utf8(token)
+            .ok()
+            .filter(|t| t.starts_with(admin_tokens::PREFIX))
+            .map(str::to_owned)
+        else {
+            return Err(wrong());
+        };
+        let keys = self.keys.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let now = keys.now_ms();
+            let stored = keys.store().admin_tokens()?;
+            let Ok(mut token) = admin_tokens::find(&stored, &presented, now) else {
+                return Ok(None);
+            };
+            if token.use_is_news(now) {
+                token.last_used_ms = Some(now);
+                if let Err(err) = keys.store().update_admin_token(&token) {
+                    tracing::warn!(%err, label = %token.label, "cannot write an admin token's last use");
+                }
+            }
+            Ok::<_, KeyStoreError>(Some(token))
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("admin task failed: {e}")))??;
+        let token = found.ok_or_else(wrong)?;
+        Ok(Caller {
+            label: token.label,
+            scope: token.scope,
+            expires_at_ms: token.expires_at_ms,
+        })
+    }
+
+    /// [`AdminApi::authenticate`], then whether the caller's scope covers `need` (else 403
+    /// `insufficient_scope`, naming the scope needed).
+    pub async fn authorize(
+        &self,
+        authorization: Option<&[u8]>,
+        need: Scope,
+    ) -> Result<Caller, ApiError> {
+        let caller = self.authenticate(authorization).await?;
+        if caller.scope.covers(need) {
+            Ok(caller)
+        } else {
+            Err(ApiError::new(
+                ErrorCode::InsufficientScope,
+                crate::api::scopes::lacking(need, caller.scope),
+            ))
+        }
+    }
+
+    /// An operator's action: one event (`admin`) and one log line, naming the token's label.
+    pub fn audit(&self, caller: &Caller, action: &'static str, target: Option<&str>) {
+        self.engine
+            .events()
+            .emit(crate::engine::events::Event::Admin {
+                at_ms: self.keys.now_ms(),
+                action,
+                by: caller.label.clone(),
+                scope: caller.scope.text(),
+                target: target.map(str::to_owned),
+            });
+    }
+
+    /// `GET /admin/tokens`.
+    pub async fn list_tokens(&self) -> Result<Vec<TokenInfo>, ApiError> {
+        self.run(false, |k| {
+            admin_tokens::list(k.store().as_ref(), k.now_ms())
+        })
+        .await
+    }
+
+    /// `POST /admin/tokens`.
+    pub async fn create_token(
+        &self,
+        caller: &Caller,
+        spec: TokenSpec,
+    ) -> Result<TokenWithSecret, ApiError> {
+        let created = self
+            .run(false, move |k| {
+                admin_tokens::create(k.store().as_ref(), spec, k.now_ms())
+            })
+            .await?;
+        self.audit(caller, "token-created", Some(&created.token.id));
+        Ok(created)
+    }
+
+    /// `DELETE /admin/tokens/{label or id}`.
+    pub async fn revoke_token(
+        &self,
+        caller: &Caller,
+        token: String,
+    ) -> Result<TokenInfo, ApiError> {
+        let revoked = self
+            .run(false, move |k| {
+                admin_tokens::revoke(k.store().as_ref(), &token, k.now_ms())
+            })
+            .await?;
+        self.audit(caller, "token-revoked", Some(&revoked.id));
+        Ok(revoked)
     }
 
     /// Runs a key operation off the executor; a write is pushed to the snapshot before this
@@ -258,8 +404,10 @@ impl AdminApi {
         .map_err(|e| ApiError::new(ErrorCode::Internal, format!("admin task failed: {e}")))?
     }
 
-    pub async fn create(&self, spec: KeySpec) -> Result<KeyWithSecret, ApiError> {
-        self.run(true, move |k| k.create(spec)).await
+    pub async fn create(&self, caller: &Caller, spec: KeySpec) -> Result<KeyWithSecret, ApiError> {
+        let created = self.run(true, move |k| k.create(spec)).await?;
+        self.audit(caller, "key-created", Some(&created.key.id));
+        Ok(created)
     }
 
     pub async fn list(&self) -> Result<Vec<KeyInfo>, ApiError> {
@@ -270,16 +418,27 @@ impl AdminApi {
         self.run(false, move |k| k.get(&id)).await
     }
 
-    pub async fn update(&self, id: String, patch: KeyPatch) -> Result<KeyInfo, ApiError> {
-        self.run(true, move |k| k.update(&id, patch)).await
+    pub async fn update(
+        &self,
+        caller: &Caller,
+        id: String,
+        patch: KeyPatch,
+    ) -> Result<KeyInfo, ApiError> {
+        let key = self.run(true, move |k| k.update(&id, patch)).await?;
+        self.audit(caller, "key-updated", Some(&key.id));
+        Ok(key)
     }
 
-    pub async fn revoke(&self, id: String) -> Result<KeyInfo, ApiError> {
-        self.run(true, move |k| k.revoke(&id)).await
+    pub async fn revoke(&self, caller: &Caller, id: String) -> Result<KeyInfo, ApiError> {
+        let key = self.run(true, move |k| k.revoke(&id)).await?;
+        self.audit(caller, "key-revoked", Some(&key.id));
+        Ok(key)
     }
 
-    pub async fn rotate(&self, id: String) -> Result<KeyWithSecret, ApiError> {
-        self.run(true, move |k| k.rotate(&id)).await
+    pub async fn rotate(&self, caller: &Caller, id: String) -> Result<KeyWithSecret, ApiError> {
+        let rotated = self.run(true, move |k| k.rotate(&id)).await?;
+        self.audit(caller, "key-rotated", Some(&rotated.key.id));
+        Ok(rotated)
     }
 
     pub async fn usage(
@@ -696,16 +855,45 @@ pub fn admin_routes() -> Router<Arc<AdminApi>> {
         .route("/admin/stats", get(stats))
         .route("/admin/catalog", get(catalog))
         .route("/admin/ledger", get(ledger))
+        .route("/admin/whoami", get(whoami))
+        .route("/admin/tokens", get(list_tokens).post(create_token))
+        .route("/admin/tokens/{id}", delete(revoke_token))
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;
 
-fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
-    api.authorize(
-        headers
+/// Who may call what, before routing and before a body is read: every `/admin/` request but
+/// the console's assets is authenticated and its scope checked against the route's row in
+/// [`crate::api::scopes`] (a path with no row needs `admin`); the caller goes to the handler
+/// as an extension (a handler reached without it answers 500, never unguarded). The body limit
+/// and the header timeout are the server's and apply first.
+pub async fn guard(
+    State(api): State<Arc<AdminApi>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> HttpResponse {
+    let path = request.uri().path();
+    if path.starts_with("/admin/") && !crate::api::scopes::is_asset(path) {
+        let need = crate::api::scopes::for_http(request.method(), path).unwrap_or(Scope::Admin);
+        let authorization = request
+            .headers()
             .get(axum::http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes()),
-    )
+            .map(|v| v.as_bytes());
+        match api.authorize(authorization, need).await {
+            Ok(caller) => {
+                request.extensions_mut().insert(caller);
+            }
+            Err(refused) => return refused.into_response(),
+        }
+    }
+    next.run(request).await
+}
+
+/// The admin routes behind [`guard`] on `api`.
+pub fn guarded(router: Router<Arc<AdminApi>>, api: Arc<AdminApi>) -> Router {
+    router
+        .layer(axum::middleware::from_fn_with_state(api.clone(), guard))
+        .with_state(api)
 }
 
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
@@ -721,8 +909,14 @@ fn ok(status: StatusCode, value: impl serde::Serialize) -> Answer {
 
 /// `GET /health`: the plain answer, or the pool's with the admin token.
 async fn health(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Json<Value> {
-    let admin = headers.contains_key(axum::http::header::AUTHORIZATION)
-        && authorize(&api, &headers).is_ok();
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let admin = authorization.is_some()
+        && api
+            .authorize(authorization, crate::api::scopes::for_grpc("Health"))
+            .await
+            .is_ok();
     if admin {
         Json(api.pool_health())
     } else {
@@ -743,11 +937,13 @@ impl AdminApi {
     /// Closes breakers, lifts blacklists and cooldowns, clears headroom (see [`Engine::reset`]).
     pub fn reset(
         &self,
+        caller: &Caller,
         provider: Option<&str>,
         key: Option<&str>,
     ) -> Result<crate::engine::ResetCounts, ApiError> {
         use crate::engine::ResetError;
-        self.engine.reset(provider, key).map_err(|e| {
+        let target = provider.map(|p| key.map_or_else(|| p.to_owned(), |k| format!("{p}/{k}")));
+        let counts = self.engine.reset(provider, key).map_err(|e| {
             let code = match e {
                 ResetError::KeyWithoutProvider => ErrorCode::InvalidRequest,
                 ResetError::UnknownProvider(_) | ResetError::UnknownKey { .. } => {
@@ -755,7 +951,9 @@ impl AdminApi {
                 }
             };
             ApiError::new(code, e.to_string())
-        })
+        })?;
+        self.audit(caller, "reset", target.as_deref());
+        Ok(counts)
     }
 }
 
@@ -769,12 +967,9 @@ struct EventsQuery {
 
 async fn events(
     State(api): State<Arc<AdminApi>>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<Caller>,
     Query(query): Query<EventsQuery>,
 ) -> HttpResponse {
-    if let Err(e) = authorize(&api, &headers) {
-        return e.into_response();
-    }
     let types = match parse_types(query.types.as_deref()) {
         Ok(t) => t,
         Err(message) => return ApiError::new(ErrorCode::InvalidRequest, message).into_response(),
@@ -795,51 +990,61 @@ async fn events(
 }
 
 /// `GET /admin/health`: every breaker, key out, cooldown, headroom, budget and lane latency.
-async fn admin_health(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
-    authorize(&api, &headers)?;
+async fn admin_health(
+    State(api): State<Arc<AdminApi>>,
+    Extension(_caller): Extension<Caller>,
+) -> Answer {
     ok(StatusCode::OK, api.pool_health())
 }
 
 /// `GET /admin/stats`: this process's counters since start.
-async fn stats(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
-    authorize(&api, &headers)?;
+async fn stats(State(api): State<Arc<AdminApi>>, Extension(_caller): Extension<Caller>) -> Answer {
     ok(StatusCode::OK, api.engine.stats())
 }
 
 /// `GET /admin/catalog`: the pool's profiles and models, with no key.
-async fn catalog(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
-    authorize(&api, &headers)?;
+async fn catalog(
+    State(api): State<Arc<AdminApi>>,
+    Extension(_caller): Extension<Caller>,
+) -> Answer {
     ok(StatusCode::OK, api.catalog())
 }
 
 /// `GET /admin/ledger`: what each provider budget has left, per window, with sources.
-async fn ledger(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
-    authorize(&api, &headers)?;
+async fn ledger(State(api): State<Arc<AdminApi>>, Extension(_caller): Extension<Caller>) -> Answer {
     ok(StatusCode::OK, api.ledger_view())
 }
 
 /// `POST /admin/reset` with `{}`, `{"provider": P}` or `{"provider": P, "key": K}`.
-async fn reset(State(api): State<Arc<AdminApi>>, headers: HeaderMap, bytes: Bytes) -> Answer {
-    authorize(&api, &headers)?;
+async fn reset(
+    State(api): State<Arc<AdminApi>>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Answer {
     let spec: ResetSpec = if bytes.iter().all(u8::is_ascii_whitespace) {
         ResetSpec::default()
     } else {
         body(&bytes)?
     };
-    let counts = api.reset(spec.provider.as_deref(), spec.key.as_deref())?;
+    let counts = api.reset(&caller, spec.provider.as_deref(), spec.key.as_deref())?;
     ok(StatusCode::OK, json!({ "reset": counts }))
 }
 
-async fn create_key(State(api): State<Arc<AdminApi>>, headers: HeaderMap, bytes: Bytes) -> Answer {
-    authorize(&api, &headers)?;
+async fn create_key(
+    State(api): State<Arc<AdminApi>>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Answer {
     let spec: KeySpec = body(&bytes)?;
-    let created = api.create(spec).await?;
+    let created = api.create(&caller, spec).await?;
     tracing::info!(id = %created.key.id, label = %created.key.label, "virtual key created");
     ok(StatusCode::CREATED, created)
 }
 
-async fn list_keys(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answer {
-    authorize(&api, &headers)?;
+async fn list_keys(
+    State(api): State<Arc<AdminApi>>,
+    Extension(_caller): Extension<Caller>,
+) -> Answer {
     let keys = api.list().await?;
     ok(StatusCode::OK, json!({ "object": "list", "keys": keys }))
 }
@@ -847,21 +1052,19 @@ async fn list_keys(State(api): State<Arc<AdminApi>>, headers: HeaderMap) -> Answ
 async fn get_key(
     State(api): State<Arc<AdminApi>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<Caller>,
 ) -> Answer {
-    authorize(&api, &headers)?;
     ok(StatusCode::OK, api.get(id).await?)
 }
 
 async fn update_key(
     State(api): State<Arc<AdminApi>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     bytes: Bytes,
 ) -> Answer {
-    authorize(&api, &headers)?;
     let patch: KeyPatch = body(&bytes)?;
-    let key = api.update(id, patch).await?;
+    let key = api.update(&caller, id, patch).await?;
     tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
     ok(StatusCode::OK, key)
 }
@@ -869,10 +1072,9 @@ async fn update_key(
 async fn revoke_key(
     State(api): State<Arc<AdminApi>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Answer {
-    authorize(&api, &headers)?;
-    let key = api.revoke(id).await?;
+    let key = api.revoke(&caller, id).await?;
     tracing::info!(id = %key.id, "virtual key revoked");
     ok(StatusCode::OK, key)
 }
@@ -880,10 +1082,9 @@ async fn revoke_key(
 async fn rotate_key(
     State(api): State<Arc<AdminApi>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
 ) -> Answer {
-    authorize(&api, &headers)?;
-    let rotated = api.rotate(id).await?;
+    let rotated = api.rotate(&caller, id).await?;
     tracing::info!(id = %rotated.key.id, "virtual key rotated");
     ok(StatusCode::OK, rotated)
 }
@@ -892,9 +1093,8 @@ async fn key_usage(
     State(api): State<Arc<AdminApi>>,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    Extension(_caller): Extension<Caller>,
 ) -> Answer {
-    authorize(&api, &headers)?;
     let mut from = None;
     let mut to = None;
     for pair in query.as_deref().unwrap_or("").split('&') {
@@ -905,6 +1105,42 @@ async fn key_usage(
         }
     }
     ok(StatusCode::OK, api.usage(id, from, to).await?)
+}
+
+/// `GET /admin/whoami`: the calling token's label, scope and expiry (`null`: no end).
+async fn whoami(Extension(caller): Extension<Caller>) -> Answer {
+    ok(StatusCode::OK, caller.whoami())
+}
+
+/// `GET /admin/tokens`: `{ tokens: [...] }`, never a token.
+async fn list_tokens(
+    State(api): State<Arc<AdminApi>>,
+    Extension(_caller): Extension<Caller>,
+) -> Answer {
+    let tokens = api.list_tokens().await?;
+    ok(
+        StatusCode::OK,
+        json!({ "object": "list", "tokens": tokens }),
+    )
+}
+
+/// `POST /admin/tokens` with `{ label, scope, expires }`: 201 `{ token, secret }`.
+async fn create_token(
+    State(api): State<Arc<AdminApi>>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Answer {
+    let spec: TokenSpec = body(&bytes)?;
+    ok(StatusCode::CREATED, api.create_token(&caller, spec).await?)
+}
+
+/// `DELETE /admin/tokens/{label or id}`.
+async fn revoke_token(
+    State(api): State<Arc<AdminApi>>,
+    Path(token): Path<String>,
+    Extension(caller): Extension<Caller>,
+) -> Answer {
+    ok(StatusCode::OK, api.revoke_token(&caller, token).await?)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -926,15 +1162,39 @@ impl AdminGrpc {
         pb::admin_server::AdminServer::new(self)
     }
 
-    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+    /// The caller of gRPC `method`, if its scope covers the method's row in
+    /// [`crate::api::scopes`].
+    async fn authorize<T>(&self, request: &Request<T>, method: &str) -> Result<Caller, Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
         self.api
-            .authorize(
-                request
-                    .metadata()
-                    .get("authorization")
-                    .map(|v| v.as_bytes()),
-            )
+            .authorize(authorization, crate::api::scopes::for_grpc(method))
+            .await
             .map_err(Status::from)
+    }
+}
+
+fn scope_to_proto(scope: Scope) -> pb::AdminScope {
+    match scope {
+        Scope::Read => pb::AdminScope::Read,
+        Scope::Operate => pb::AdminScope::Operate,
+        Scope::Keys => pb::AdminScope::Keys,
+        Scope::Admin => pb::AdminScope::Admin,
+    }
+}
+
+fn token_to_proto(t: TokenInfo) -> pb::AdminTokenInfo {
+    pb::AdminTokenInfo {
+        id: t.id,
+        label: t.label,
+        scope: scope_to_proto(t.scope).into(),
+        created_at_ms: t.created_at_ms,
+        expires_at_ms: t.expires_at_ms,
+        last_used_at_ms: t.last_used_at_ms,
+        revoked: t.revoked,
+        expired: t.expired,
     }
 }
 
@@ -1011,7 +1271,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::HealthRequest>,
     ) -> Result<Response<pb::HealthReply>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "Health").await?;
         let health = self.api.engine.health();
         Ok(Response::new(pb::HealthReply {
             status: health.status.to_owned(),
@@ -1023,7 +1283,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::CreateKeyRequest>,
     ) -> Result<Response<pb::KeyWithSecret>, Status> {
-        self.authorize(&request)?;
+        let caller = self.authorize(&request, "CreateKey").await?;
         let r = request.into_inner();
         let spec = KeySpec {
             label: r.label,
@@ -1035,7 +1295,7 @@ impl pb::admin_server::Admin for AdminGrpc {
             enabled: r.enabled,
             cache: r.cache,
         };
-        let created = self.api.create(spec).await?;
+        let created = self.api.create(&caller, spec).await?;
         tracing::info!(id = %created.key.id, "virtual key created");
         Ok(Response::new(with_secret(created)))
     }
@@ -1044,7 +1304,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::ListKeysRequest>,
     ) -> Result<Response<pb::ListKeysReply>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "ListKeys").await?;
         let keys = self.api.list().await?;
         Ok(Response::new(pb::ListKeysReply {
             keys: keys.into_iter().map(key_to_proto).collect(),
@@ -1052,7 +1312,7 @@ impl pb::admin_server::Admin for AdminGrpc {
     }
 
     async fn get_key(&self, request: Request<pb::KeyRef>) -> Result<Response<pb::KeyInfo>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "GetKey").await?;
         let key = self.api.get(request.into_inner().id).await?;
         Ok(Response::new(key_to_proto(key)))
     }
@@ -1061,7 +1321,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::UpdateKeyRequest>,
     ) -> Result<Response<pb::KeyInfo>, Status> {
-        self.authorize(&request)?;
+        let caller = self.authorize(&request, "UpdateKey").await?;
         let r = request.into_inner();
         let cache = match (r.clear_cache, r.cache) {
             (true, Some(_)) => {
@@ -1086,7 +1346,7 @@ impl pb::admin_server::Admin for AdminGrpc {
             enabled: r.enabled,
             cache,
         };
-        let key = self.api.update(r.id, patch).await?;
+        let key = self.api.update(&caller, r.id, patch).await?;
         tracing::info!(id = %key.id, enabled = key.enabled, "virtual key updated");
         Ok(Response::new(key_to_proto(key)))
     }
@@ -1099,7 +1359,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::EventsRequest>,
     ) -> Result<Response<Self::EventsStream>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "Events").await?;
         let r = request.into_inner();
         let mut names = r.types;
         for t in r.event_types {
@@ -1145,11 +1405,13 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::ResetRequest>,
     ) -> Result<Response<pb::ResetReply>, Status> {
-        self.authorize(&request)?;
+        let caller = self.authorize(&request, "Reset").await?;
         let r = request.into_inner();
         let given = |s: &str| (!s.is_empty()).then(|| s.to_owned());
         let (provider, key) = (given(&r.provider), given(&r.key));
-        let counts = self.api.reset(provider.as_deref(), key.as_deref())?;
+        let counts = self
+            .api
+            .reset(&caller, provider.as_deref(), key.as_deref())?;
         Ok(Response::new(pb::ResetReply {
             blacklists: counts.blacklists,
             cooldowns: counts.cooldowns,
@@ -1162,8 +1424,8 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::KeyRef>,
     ) -> Result<Response<pb::KeyInfo>, Status> {
-        self.authorize(&request)?;
-        let key = self.api.revoke(request.into_inner().id).await?;
+        let caller = self.authorize(&request, "RevokeKey").await?;
+        let key = self.api.revoke(&caller, request.into_inner().id).await?;
         tracing::info!(id = %key.id, "virtual key revoked");
         Ok(Response::new(key_to_proto(key)))
     }
@@ -1172,8 +1434,8 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::KeyRef>,
     ) -> Result<Response<pb::KeyWithSecret>, Status> {
-        self.authorize(&request)?;
-        let rotated = self.api.rotate(request.into_inner().id).await?;
+        let caller = self.authorize(&request, "RotateKey").await?;
+        let rotated = self.api.rotate(&caller, request.into_inner().id).await?;
         tracing::info!(id = %rotated.key.id, "virtual key rotated");
         Ok(Response::new(with_secret(rotated)))
     }
@@ -1182,7 +1444,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::KeyUsageRequest>,
     ) -> Result<Response<pb::KeyUsageReply>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "KeyUsage").await?;
         let r = request.into_inner();
         let report = self
             .api
@@ -1201,7 +1463,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::PageRequest>,
     ) -> Result<Response<pb::AdminPage>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "PoolHealth").await?;
         page(&self.api.pool_health())
     }
 
@@ -1209,7 +1471,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::PageRequest>,
     ) -> Result<Response<pb::AdminPage>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "Stats").await?;
         page(&self.api.engine.stats())
     }
 
@@ -1217,7 +1479,7 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::PageRequest>,
     ) -> Result<Response<pb::AdminPage>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "Catalog").await?;
         page(&self.api.catalog())
     }
 
@@ -1225,8 +1487,73 @@ impl pb::admin_server::Admin for AdminGrpc {
         &self,
         request: Request<pb::PageRequest>,
     ) -> Result<Response<pb::AdminPage>, Status> {
-        self.authorize(&request)?;
+        let _caller = self.authorize(&request, "Ledger").await?;
         page(&self.api.ledger_view())
+    }
+
+    async fn whoami(
+        &self,
+        request: Request<pb::WhoamiRequest>,
+    ) -> Result<Response<pb::WhoamiReply>, Status> {
+        let caller = self.authorize(&request, "Whoami").await?;
+        Ok(Response::new(pb::WhoamiReply {
+            label: caller.label,
+            scope: scope_to_proto(caller.scope).into(),
+            expires_at_ms: caller.expires_at_ms,
+        }))
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensReply>, Status> {
+        let _caller = self.authorize(&request, "ListTokens").await?;
+        let tokens = self.api.list_tokens().await?;
+        Ok(Response::new(pb::ListTokensReply {
+            tokens: tokens.into_iter().map(token_to_proto).collect(),
+        }))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::TokenWithSecret>, Status> {
+        let caller = self.authorize(&request, "CreateToken").await?;
+        let r = request.into_inner();
+        let scope = match pb::AdminScope::try_from(r.scope) {
+            Ok(pb::AdminScope::Read) => Scope::Read,
+            Ok(pb::AdminScope::Operate) => Scope::Operate,
+            Ok(pb::AdminScope::Keys) => Scope::Keys,
+            Ok(pb::AdminScope::Admin) => Scope::Admin,
+            _ => {
+                return Err(Status::from(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "scope: one of read, operate, keys, admin",
+                )))
+            }
+        };
+        let spec = TokenSpec {
+            label: r.label,
+            scope,
+            expires: non_empty(r.expires),
+        };
+        let created = self.api.create_token(&caller, spec).await?;
+        Ok(Response::new(pb::TokenWithSecret {
+            token: Some(token_to_proto(created.token)),
+            secret: created.secret,
+        }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::TokenRef>,
+    ) -> Result<Response<pb::AdminTokenInfo>, Status> {
+        let caller = self.authorize(&request, "RevokeToken").await?;
+        let revoked = self
+            .api
+            .revoke_token(&caller, request.into_inner().token)
+            .await?;
+        Ok(Response::new(token_to_proto(revoked)))
     }
 }
 
@@ -1317,8 +1644,7 @@ pub(crate) mod tests {
             request = request.header("authorization", format!("Bearer {token}"));
         }
         let body = body.map_or_else(Body::empty, |b| Body::from(b.to_string()));
-        let response = routes()
-            .with_state(api.clone())
+        let response = super::guarded(super::routes(), api.clone())
             .oneshot(request.body(body)?)
             .await?;
         let status = response.status();

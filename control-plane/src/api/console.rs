@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{RawQuery, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
 use crate::api::admin::AdminApi;
@@ -38,20 +38,6 @@ const STYLE: &str = include_str!("../../ui/app.css");
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
-/// The console's paths that need no token (the assets).
-pub fn is_asset(path: &str) -> bool {
-    matches!(
-        path,
-        "/ui"
-            | "/ui/"
-            | "/ui/app.js"
-            | "/ui/app.css"
-            | "/admin/ui"
-            | "/admin/ui/app.js"
-            | "/admin/ui/app.css"
-    )
-}
 
 /// The console's routes, on the admin API's state.
 pub fn routes() -> Router<Arc<AdminApi>> {
@@ -109,10 +95,6 @@ async fn script() -> Response {
 
 async fn style() -> Response {
     asset(STYLE, "text/css; charset=utf-8")
-}
-
-fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
-    api.authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
 }
 
 /// Whether a ledger window counts requests (`rpm`, `rpd`) rather than tokens.
@@ -272,9 +254,8 @@ fn by_day(keys: &[Value]) -> Vec<Value> {
 /// `GET /admin/console`.
 async fn overview(
     State(api): State<Arc<AdminApi>>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let health = api.pool_health();
     let ledger = api.ledger_view();
     let (_, today, keys) = key_usage(&api, None, None).await?;
@@ -297,9 +278,8 @@ async fn overview(
 /// `GET /admin/console/ledger`.
 async fn ledger(
     State(api): State<Arc<AdminApi>>,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let now = api.console().clock_ms();
     Ok(Json(with_forecasts(api.ledger_view(), api.console(), now)))
 }
@@ -308,9 +288,8 @@ async fn ledger(
 async fn usage(
     State(api): State<Arc<AdminApi>>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    Extension(_caller): Extension<crate::api::admin::Caller>,
 ) -> Result<Json<Value>, ApiError> {
-    authorize(&api, &headers)?;
     let (mut from, mut to) = (None, None);
     for pair in query.as_deref().unwrap_or("").split('&') {
         match pair.split_once('=') {

@@ -457,7 +457,10 @@ pub async fn serve_with_admin_tls(
     let mut routes = tonic::service::Routes::new(SyncServer::new(service));
     if let Some(api) = admin {
         routes = routes.add_service(crate::api::admin::AdminGrpc::new(api.clone()).into_server());
-        let http = crate::api::admin::admin_routes().with_state(api);
+        let http = crate::api::admin::guarded(
+            crate::api::admin::admin_routes().merge(crate::api::console::routes()),
+            api,
+        );
         let grpc = std::mem::take(routes.axum_router_mut());
         *routes.axum_router_mut() = grpc.merge(http);
     }

@@ -415,17 +415,10 @@ fn remote_error(status: u16, body: &Value) -> ApiError {
         .as_str()
         .unwrap_or("the control plane refused the call")
         .to_owned();
-    let code = match body["error"]["code"].as_str().unwrap_or("") {
-        "invalid_request" => ErrorCode::InvalidRequest,
-        "missing_api_key" => ErrorCode::MissingApiKey,
-        "invalid_api_key" => ErrorCode::InvalidApiKey,
-        "admin_disabled" => ErrorCode::AdminDisabled,
-        "not_found" => ErrorCode::NotFound,
-        "conflict" => ErrorCode::Conflict,
-        "key_mounted" => ErrorCode::KeyMounted,
-        "unavailable" => ErrorCode::Unavailable,
-        _ if status == 404 => ErrorCode::NotFound,
-        _ => ErrorCode::Internal,
+    let code = match ErrorCode::parse(body["error"]["code"].as_str().unwrap_or("")) {
+        Some(code) => code,
+        None if status == 404 => ErrorCode::NotFound,
+        None => ErrorCode::Internal,
     };
     ApiError::new(code, message)
 }

@@ -1,6 +1,7 @@
 //! The `ai-router` command line: one file per command; `main.rs` only calls [`main`].
 
 pub mod admin;
+pub mod admin_tokens;
 pub mod certs;
 pub mod conformance;
 pub mod drain;
@@ -53,6 +54,9 @@ enum Command {
     /// Manage the gateway's virtual keys: on the config's sqlite key store (--config) or
     /// through a running control plane (--url). Prints JSON.
     Keys(keys::KeysArgs),
+    /// Manage the scoped admin tokens (read, operate, keys, admin): on the config's key store
+    /// (--config) or through a running control plane (--url). Prints JSON.
+    AdminTokens(admin_tokens::AdminTokensArgs),
     /// Run the scriptable fake provider.
     Mock(mock::MockArgs),
     /// Issue a CA and the sync channel's certificates (the control plane's, one per Envoy)
@@ -152,6 +156,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Err(err) => print_answer(Err(err)),
         },
         Command::Keys(args) => print_answer(keys::run(args).await),
+        Command::AdminTokens(args) => print_answer(admin_tokens::run(args).await),
         Command::Prices(args) => prices::run(args),
         Command::Conformance(args) => conformance::run(args).await,
     }

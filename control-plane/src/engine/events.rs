@@ -16,13 +16,14 @@ use tokio::sync::broadcast;
 pub const BUFFER: usize = 4_096;
 
 /// The event types, as `type` names them and `?types=` filters them.
-pub const TYPES: [&str; 6] = [
+pub const TYPES: [&str; 7] = [
     "attempt",
     "request",
     "breaker",
     "key-disabled",
     "key-restored",
     "budget",
+    "admin",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -124,6 +125,19 @@ pub enum Event {
         /// When the window ends.
         until_ms: i64,
     },
+    /// An operator's action through the admin API: `reset`, `key-created`, `key-updated`,
+    /// `key-revoked`, `key-rotated`, `token-created`, `token-revoked`. `by` is the calling
+    /// token's label (`bootstrap` for the token from the environment), never the token.
+    #[serde(rename_all = "camelCase")]
+    Admin {
+        at_ms: i64,
+        action: &'static str,
+        by: String,
+        scope: &'static str,
+        /// What it acted on: a key or token id, a provider (reset); absent for the pool.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        target: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -182,6 +196,7 @@ impl Event {
             Self::KeyDisabled { .. } => "key-disabled",
             Self::KeyRestored { .. } => "key-restored",
             Self::Budget { .. } => "budget",
+            Self::Admin { .. } => "admin",
         }
     }
 
@@ -254,7 +269,7 @@ impl EventBus {
                     tracing::debug!(target: "ai_router::events", "{}", event.to_json());
                 }
             }
-            Event::KeyRestored { .. } => {
+            Event::KeyRestored { .. } | Event::Admin { .. } => {
                 tracing::info!(target: "ai_router::events", "{}", event.to_json());
             }
             Event::Breaker { .. } | Event::KeyDisabled { .. } | Event::Budget { .. } => {
@@ -398,7 +413,7 @@ mod tests {
 
     #[test]
     fn types_filter() {
-        assert_eq!(parse_types(None).map(|t| t.len()), Ok(6));
+        assert_eq!(parse_types(None).map(|t| t.len()), Ok(7));
         assert_eq!(
             parse_types(Some("breaker, key-disabled")),
             Ok(vec!["breaker", "key-disabled"])

@@ -4,6 +4,7 @@
 //! [`open`] opens the configured store (memory, SQLite or Postgres: `postgres`).
 
 pub mod admin;
+pub mod admin_tokens;
 pub mod budget_use;
 pub mod ledger;
 pub mod mounted;
@@ -11,6 +12,7 @@ pub mod postgres;
 pub mod quotas;
 pub mod record;
 pub mod store;
+pub mod token_record;
 pub mod usage;
 
 use std::sync::Arc;

@@ -32,9 +32,10 @@ use serde_json::Value;
 use tokio_postgres::NoTls;
 
 use crate::config::QuotaConfig;
+use crate::keys::admin_tokens::{Scope, StoredToken};
 use crate::keys::store::{
-    merge_budget_use, BudgetUse, KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay,
-    REPORT_BATCH_RETENTION_MS,
+    merge_budget_use, token_with_scope, BudgetUse, KeyStore, KeyStoreError, QuotaUsage, StoredKey,
+    UsageDay, REPORT_BATCH_RETENTION_MS,
 };
 use crate::store::bridge::Bridge;
 use crate::store::health::{StoreHealth, KEYS};
@@ -119,6 +120,17 @@ const MIGRATIONS: &[&str] = &[
         tokens BIGINT NOT NULL DEFAULT 0,
         cost DOUBLE PRECISION NOT NULL DEFAULT 0,
         PRIMARY KEY (budget, subject, until_ms)
+    );",
+    // 6 -> 7: scoped admin tokens, by hash (as SQLite's 9 -> 10).
+    "CREATE TABLE admin_tokens (
+        id TEXT PRIMARY KEY,
+        label TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        created_at_ms BIGINT NOT NULL,
+        expires_at_ms BIGINT,
+        last_used_ms BIGINT,
+        revoked BOOLEAN NOT NULL
     );",
 ];
 
@@ -800,6 +812,82 @@ impl KeyStore for PostgresKeyStore {
             Ok(u64_of(row.get(0)))
         })
     }
+
+    fn insert_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        let token = token.clone();
+        self.call(move |client| async move {
+            client
+                .execute(
+                    "INSERT INTO admin_tokens (id, label, scope, sha256, created_at_ms, \
+                     expires_at_ms, last_used_ms, revoked) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                    &[
+                        &token.id,
+                        &token.label,
+                        &token.scope.text(),
+                        &token.sha256,
+                        &token.created_at_ms,
+                        &token.expires_at_ms,
+                        &token.last_used_ms,
+                        &token.revoked,
+                    ],
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| pg_error(&e))
+        })
+    }
+
+    fn admin_tokens(&self) -> Result<Vec<StoredToken>, KeyStoreError> {
+        let rows = self.call(|client| async move {
+            let rows = client
+                .query(
+                    "SELECT id, label, scope, sha256, created_at_ms, expires_at_ms, \
+                     last_used_ms, revoked FROM admin_tokens",
+                    &[],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            rows.iter()
+                .map(|row| {
+                    let get_err = |e: tokio_postgres::Error| e.to_string();
+                    Ok((
+                        StoredToken {
+                            id: row.try_get(0).map_err(get_err)?,
+                            label: row.try_get(1).map_err(get_err)?,
+                            scope: Scope::Read,
+                            sha256: row.try_get(3).map_err(get_err)?,
+                            created_at_ms: row.try_get(4).map_err(get_err)?,
+                            expires_at_ms: row.try_get(5).map_err(get_err)?,
+                            last_used_ms: row.try_get(6).map_err(get_err)?,
+                            revoked: row.try_get(7).map_err(get_err)?,
+                        },
+                        row.try_get::<_, String>(2).map_err(get_err)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })?;
+        rows.into_iter()
+            .map(|(token, scope)| token_with_scope(token, &scope))
+            .collect()
+    }
+
+    fn update_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        let token = token.clone();
+        let id = token.id.clone();
+        let changed = self.call(move |client| async move {
+            client
+                .execute(
+                    "UPDATE admin_tokens SET revoked = $2, last_used_ms = $3 WHERE id = $1",
+                    &[&token.id, &token.revoked, &token.last_used_ms],
+                )
+                .await
+                .map_err(|e| pg_error(&e))
+        })?;
+        if changed == 0 {
+            return Err(KeyStoreError::NotFound(format!("admin token {id}")));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -874,6 +962,17 @@ mod tests {
             .flat_map(|batch| batch.budgets.iter().map(|b| b.tokens))
             .sum();
         assert_eq!(tokens, 2 * (MAX_UNSENT_BATCHES as u64 + 1));
+    }
+
+    #[test]
+    fn admin_tokens_through_a_real_postgres() -> anyhow::Result<()> {
+        let pg = servers::PostgresServer::start()?;
+        let store = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;
+        crate::keys::admin_tokens::tests::exercise(&store)?;
+        // Another control plane on the database sees them.
+        let other = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;
+        assert_eq!(other.admin_tokens()?.len(), 3);
+        Ok(())
     }
 
     #[test]

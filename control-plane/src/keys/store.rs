@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::QuotaConfig;
 use crate::keys::record::VirtualKeyRecord;
+use crate::keys::token_record::{Scope, StoredToken};
 use crate::store::lock;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -236,6 +237,12 @@ pub trait KeyStore: Send + Sync {
     ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError>;
     /// A counter every key change bumps, whichever process made it.
     fn generation(&self) -> Result<u64, KeyStoreError>;
+    /// Adds an admin token (its id and hash are unique; see [`crate::keys::admin_tokens`]).
+    fn insert_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError>;
+    /// Every admin token, revoked and expired ones included.
+    fn admin_tokens(&self) -> Result<Vec<StoredToken>, KeyStoreError>;
+    /// Writes an admin token's revocation and last use (by id).
+    fn update_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError>;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,6 +255,7 @@ struct MemoryInner {
     usage: BTreeMap<(String, String), UsageDay>,
     budgets: BTreeMap<(String, String, i64), BudgetUse>,
     generation: u64,
+    admin_tokens: Vec<StoredToken>,
 }
 
 /// `{ type: memory }`: gone on restart.
@@ -348,6 +356,38 @@ impl KeyStore for MemoryKeyStore {
 
     fn generation(&self) -> Result<u64, KeyStoreError> {
         Ok(lock(&self.inner).generation)
+    }
+
+    fn insert_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        let mut inner = lock(&self.inner);
+        if inner
+            .admin_tokens
+            .iter()
+            .any(|t| t.id == token.id || t.sha256 == token.sha256)
+        {
+            return Err(KeyStoreError::Storage(format!(
+                "admin token {} already exists",
+                token.id
+            )));
+        }
+        inner.admin_tokens.push(token.clone());
+        Ok(())
+    }
+
+    fn admin_tokens(&self) -> Result<Vec<StoredToken>, KeyStoreError> {
+        Ok(lock(&self.inner).admin_tokens.clone())
+    }
+
+    fn update_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        let mut inner = lock(&self.inner);
+        let slot = inner
+            .admin_tokens
+            .iter_mut()
+            .find(|t| t.id == token.id)
+            .ok_or_else(|| KeyStoreError::NotFound(format!("admin token {}", token.id)))?;
+        slot.revoked = token.revoked;
+        slot.last_used_ms = token.last_used_ms;
+        Ok(())
     }
 }
 
@@ -715,6 +755,83 @@ impl KeyStore for SqliteKeyStore {
             .map(sql_u64)
             .map_err(storage)
     }
+
+    fn insert_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        self.conn()
+            .execute(
+                "INSERT INTO admin_tokens (id, label, scope, sha256, created_at_ms, \
+                 expires_at_ms, last_used_ms, revoked) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    token.id,
+                    token.label,
+                    token.scope.text(),
+                    token.sha256,
+                    token.created_at_ms,
+                    token.expires_at_ms,
+                    token.last_used_ms,
+                    token.revoked,
+                ],
+            )
+            .map(|_| ())
+            .map_err(storage)
+    }
+
+    fn admin_tokens(&self) -> Result<Vec<StoredToken>, KeyStoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT id, label, scope, sha256, created_at_ms, expires_at_ms, last_used_ms, \
+                 revoked FROM admin_tokens",
+            )
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    StoredToken {
+                        id: row.get(0)?,
+                        label: row.get(1)?,
+                        scope: Scope::Read,
+                        sha256: row.get(3)?,
+                        created_at_ms: row.get(4)?,
+                        expires_at_ms: row.get(5)?,
+                        last_used_ms: row.get(6)?,
+                        revoked: row.get(7)?,
+                    },
+                    row.get::<_, String>(2)?,
+                ))
+            })
+            .map_err(storage)?;
+        rows.map(|row| {
+            let (token, scope) = row.map_err(storage)?;
+            token_with_scope(token, &scope)
+        })
+        .collect()
+    }
+
+    fn update_admin_token(&self, token: &StoredToken) -> Result<(), KeyStoreError> {
+        let changed = self
+            .conn()
+            .execute(
+                "UPDATE admin_tokens SET revoked = ?2, last_used_ms = ?3 WHERE id = ?1",
+                params![token.id, token.revoked, token.last_used_ms],
+            )
+            .map_err(storage)?;
+        if changed == 0 {
+            return Err(KeyStoreError::NotFound(format!("admin token {}", token.id)));
+        }
+        Ok(())
+    }
+}
+
+/// A stored token with the scope its row names (a row no binary wrote is an error).
+pub(super) fn token_with_scope(
+    token: StoredToken,
+    scope: &str,
+) -> Result<StoredToken, KeyStoreError> {
+    let scope = Scope::parse(scope).ok_or_else(|| {
+        KeyStoreError::Storage(format!("admin token {}: unknown scope {scope:?}", token.id))
+    })?;
+    Ok(StoredToken { scope, ..token })
 }
 
 // ---------------------------------------------------------------------------------------------

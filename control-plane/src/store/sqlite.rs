@@ -137,6 +137,17 @@ const MIGRATIONS: &[&str] = &[
         at_ms INTEGER NOT NULL,
         PRIMARY KEY (provider, key)
     );",
+    // 9 -> 10: scoped admin tokens, by hash (`keys::admin_tokens`).
+    "CREATE TABLE admin_tokens (
+        id TEXT PRIMARY KEY,
+        label TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        created_at_ms INTEGER NOT NULL,
+        expires_at_ms INTEGER,
+        last_used_ms INTEGER,
+        revoked INTEGER NOT NULL
+    );",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

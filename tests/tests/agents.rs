@@ -134,14 +134,20 @@ fn dir_in(gw: &Gateway, name: &str) -> PathBuf {
 
 /// `claude -p "Say hi" --model MODEL --output-format json` with the README's settings.
 async fn claude(gw: &Gateway, name: &str, model: &str) -> Run {
+    claude_with(gw, name, model, &[]).await
+}
+
+/// [`claude`] with `extra` variables set over the README's (another key, fewer retries).
+async fn claude_with(gw: &Gateway, name: &str, model: &str, extra: &[(&str, String)]) -> Run {
     let home = dir_in(gw, &format!("{name}-home"));
-    let env = [
+    let mut env = vec![
         ("ANTHROPIC_BASE_URL", gw.envoy.base_url()),
         ("ANTHROPIC_API_KEY", gw.virtual_key.clone()),
         ("DISABLE_TELEMETRY", "1".to_string()),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
         ("HOME", home.display().to_string()),
     ];
+    env.extend_from_slice(extra);
     let args = ["-p", "Say hi", "--model", model, "--output-format", "json"];
     run_agent(gw, name, &agent_bin("claude"), &args, &home, &env).await
 }
@@ -257,12 +263,24 @@ fn codex_home(gw: &Gateway, name: &str, extra: &str) -> PathBuf {
 }
 
 async fn codex(gw: &Gateway, name: &str, model: &str, home: &Path) -> Run {
+    codex_with(gw, name, model, home, &[]).await
+}
+
+/// [`codex`] with `extra` variables set over the README's (another key).
+async fn codex_with(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    home: &Path,
+    extra: &[(&str, String)],
+) -> Run {
     let work = dir_in(gw, &format!("{name}-work"));
-    let env = [
+    let mut env = vec![
         ("CODEX_HOME", home.display().to_string()),
         ("HOME", home.display().to_string()),
         ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
     ];
+    env.extend_from_slice(extra);
     let args = ["exec", "--skip-git-repo-check", "-m", model, "Say hi"];
     run_agent(gw, name, &agent_bin("codex"), &args, &work, &env).await
 }
@@ -706,6 +724,20 @@ async fn the_gemini_api_takes_a_query_key_and_streams_a_json_array() {
 /// `gemini -p PROMPT -m MODEL` with the README's settings: the gateway as its base URL, the
 /// virtual key as its API key, telemetry, usage statistics and update checks off.
 async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run {
+    gemini_cli_with(gw, name, model, prompt, &[], None).await
+}
+
+/// [`gemini_cli`] with `extra` variables set over the README's (another key), and at most
+/// `max_attempts` attempts per model call (`general.maxAttempts`; its default is 10, with
+/// backoff).
+async fn gemini_cli_with(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    prompt: &str,
+    extra: &[(&str, String)],
+    max_attempts: Option<u32>,
+) -> Run {
     let home = dir_in(gw, &format!("{name}-home"));
     let settings = home.join(".gemini");
     std::fs::create_dir_all(&settings).unwrap();
@@ -715,7 +747,8 @@ async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run 
             "security": { "auth": { "selectedType": "gemini-api-key" } },
             "privacy": { "usageStatisticsEnabled": false },
             "telemetry": { "enabled": false },
-            "general": { "enableAutoUpdate": false, "enableAutoUpdateNotification": false },
+            "general": { "enableAutoUpdate": false, "enableAutoUpdateNotification": false,
+                         "maxAttempts": max_attempts },
         })
         .to_string(),
     )
@@ -726,6 +759,7 @@ async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run 
         ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
         ("GEMINI_CLI_NO_RELAUNCH", "true".to_string()),
     ]);
+    env.extend_from_slice(extra);
     let args = ["-p", prompt, "-m", model, "--output-format", "json"];
     run_agent(gw, name, &agent_bin("gemini"), &args, &home, &env).await
 }
@@ -1046,4 +1080,143 @@ fn opencode_answer(run: &Run) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_answers_fails_over_and_runs_a_tool_on_a_translated_lane() {
     chat_agent_checks("agents_opencode", ChatAgent::Opencode).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals as each agent meets them, in its own protocol's error shape.
+// ---------------------------------------------------------------------------------------------
+
+/// A well-formed virtual key the gateway does not know.
+fn unknown_key() -> String {
+    format!("sk-starci-e2e-{}", "0".repeat(48))
+}
+
+/// What an agent printed, both streams.
+fn printed(run: &Run) -> String {
+    format!("{}\n{}", run.stdout, run.stderr)
+}
+
+/// Claude Code's `--output-format json` result of a refused call: exit 1, `is_error`, the
+/// gateway's status and Anthropic error type, and its message in `result`.
+fn assert_claude_error(run: &Run, status: u16, error_type: &str, message: &str) {
+    let line = run
+        .stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("");
+    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+    assert!(!run.ok, "{}", printed(run));
+    assert_eq!(
+        (
+            v["is_error"].clone(),
+            v["api_error_status"].clone(),
+            v["api_error_type"].clone()
+        ),
+        (json!(true), json!(status), json!(error_type)),
+        "{}",
+        printed(run)
+    );
+    assert!(
+        v["result"].as_str().is_some_and(|r| r.contains(message)),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_shows_an_unknown_virtual_key_as_its_protocols_401() {
+    let gw = Gateway::start_with("agents_bad_key", agents_pool)
+        .await
+        .expect("fixture");
+    let bad = unknown_key();
+    const MESSAGE: &str = "The API key is unknown, revoked or disabled.";
+
+    // Claude Code reads Anthropic's shape (type authentication_error); it retries even a 401
+    // (ten times, with backoff) unless CLAUDE_CODE_MAX_RETRIES says otherwise.
+    let extra = [
+        ("ANTHROPIC_API_KEY", bad.clone()),
+        ("CLAUDE_CODE_MAX_RETRIES", "0".to_string()),
+    ];
+    let run = claude_with(&gw, "claude-bad-key", "claude-m", &extra).await;
+    assert_claude_error(&run, 401, "authentication_error", MESSAGE);
+
+    // Codex reads OpenAI's shape: the status and the error's message.
+    let home = codex_home(&gw, "codex-bad-key", "");
+    let extra = [("AI_ROUTER_API_KEY", bad.clone())];
+    let run = codex_with(&gw, "codex-bad-key", "gpt-m", &home, &extra).await;
+    assert!(!run.ok, "{}", printed(&run));
+    assert!(
+        run.stderr.contains("401 Unauthorized") && run.stderr.contains(MESSAGE),
+        "{}",
+        printed(&run)
+    );
+
+    // The Gemini CLI reads Google's shape: code 401, status UNAUTHENTICATED.
+    let extra = [("GEMINI_API_KEY", bad.clone())];
+    let run = gemini_cli_with(&gw, "gemini-bad-key", "claude-m", "Say hi", &extra, None).await;
+    assert!(!run.ok, "{}", printed(&run));
+    let out = printed(&run);
+    assert!(
+        out.contains("UNAUTHENTICATED") && out.contains("\"code\": 401") && out.contains(MESSAGE),
+        "{out}"
+    );
+    for mock in [&gw.mock1, &gw.mock2] {
+        assert!(
+            mock.calls().await.unwrap().is_empty(),
+            "nothing reached a provider"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_shows_a_rate_limited_pool_in_its_protocols_shape() {
+    let gw = Gateway::start_with("agents_rate_limited", agents_pool)
+        .await
+        .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![script::status(
+            429,
+            json!({ "retry-after": "1" }),
+            Some(json!({ "error": { "type": "rate_limit_error", "message": "slow down" } }))
+        )])]))
+        .await
+        .unwrap();
+    }
+    // Every lane of the model answers 429: the gateway's 503 pool_rate_limited (README,
+    // "Errors"), each agent's retries turned off so that it shows the first answer.
+    const MESSAGE: &str = "Every key that can serve this call is rate limited.";
+    let extra = [("CLAUDE_CODE_MAX_RETRIES", "0".to_string())];
+    let run = claude_with(&gw, "claude-rate-limited", "claude-m", &extra).await;
+    assert_claude_error(&run, 503, "overloaded_error", MESSAGE);
+
+    let home = codex_home(&gw, "codex-rate-limited", "");
+    let config = std::fs::read_to_string(home.join("config.toml")).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!("{config}request_max_retries = 0\nstream_max_retries = 0\n"),
+    )
+    .unwrap();
+    let run = codex(&gw, "codex-rate-limited", "gpt-m", &home).await;
+    assert!(!run.ok, "{}", printed(&run));
+    assert!(
+        run.stderr.contains("503 Service Unavailable") && run.stderr.contains(MESSAGE),
+        "{}",
+        printed(&run)
+    );
+
+    let run = gemini_cli_with(
+        &gw,
+        "gemini-rate-limited",
+        "claude-m",
+        "Say hi",
+        &[],
+        Some(1),
+    )
+    .await;
+    assert!(!run.ok, "{}", printed(&run));
+    let out = printed(&run);
+    assert!(
+        out.contains("\"code\": 503") && out.contains(MESSAGE),
+        "{out}"
+    );
 }

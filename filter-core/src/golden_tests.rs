@@ -18,9 +18,13 @@ fn protocols_dir() -> PathBuf {
 }
 
 fn recorded(name: &str) -> Value {
+    recorded_file(name)["body"].clone()
+}
+
+fn recorded_file(name: &str) -> Value {
     let path = protocols_dir().join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_json::from_str::<Value>(&text).unwrap()["body"].clone()
+    serde_json::from_str::<Value>(&text).unwrap()
 }
 
 /// What the lane is sent, or the refusal (param and message) when it takes no such request.
@@ -91,5 +95,75 @@ fn codex_per_lane_kind() {
         let got = translated(Protocol::Responses, kind, &without);
         assert!(got.get("refused").is_none(), "{kind:?}: {got}");
         matches_golden(&format!("codex-responses.{name}"), &got);
+    }
+}
+
+/// A Gemini request as each lane kind is sent it: the front stage's chat request (`chat`,
+/// streamed, as its path says), then the Messages request for an anthropic lane.
+fn gemini_translated(kind: ProviderKind, request: &Value) -> Value {
+    let chat = crate::gemini_ingress::to_chat_request("chat", true, request)
+        .and_then(|chat| lane_request(Protocol::Gemini, kind, &chat));
+    match chat {
+        Ok(body) => body,
+        Err(e) => json!({ "refused": { "param": e.param, "message": e.message } }),
+    }
+}
+
+#[test]
+fn gemini_cli_per_lane_kind() {
+    // Its first request (text, its function declarations) and the one after its read_file
+    // call (the functionCall and its functionResponse).
+    for name in ["gemini-cli-generate", "gemini-cli-tool-result"] {
+        let request = recorded(name);
+        for (kind, lane) in [
+            (ProviderKind::OpenaiCompatible, "openai-compatible"),
+            (ProviderKind::Anthropic, "anthropic"),
+        ] {
+            let got = gemini_translated(kind, &request);
+            assert!(got.get("refused").is_none(), "{name} {kind:?}: {got}");
+            matches_golden(&format!("{name}.{lane}"), &got);
+        }
+    }
+}
+
+/// A lane's chat stream as the Gemini caller gets it: the chunks of the SSE stream (`alt=sse`),
+/// which must be those of the JSON-array stream (without it).
+fn gemini_stream(sse: &str) -> Value {
+    let encode = |json_array: bool| {
+        let mut parser = crate::sse::Parser::new();
+        let mut encoder = crate::gemini_ingress::StreamEncoder::new(json_array);
+        let mut out = Vec::new();
+        for event in parser.feed(sse.as_bytes()) {
+            out.extend(crate::stream::FromChatStream::feed(&mut encoder, &event));
+        }
+        out
+    };
+    let chunks: Vec<Value> = String::from_utf8(encode(false))
+        .unwrap()
+        .split("\r\n\r\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let array: Value = serde_json::from_slice(&encode(true)).unwrap();
+    assert_eq!(array, Value::Array(chunks.clone()), "SSE and JSON array");
+    Value::Array(chunks)
+}
+
+#[test]
+fn gemini_answers_from_chat_answers() {
+    let answers = recorded_file("chat-answers");
+    for (case, golden) in [
+        ("text", "gemini.answer-text"),
+        ("tool_call", "gemini.answer-tool-call"),
+    ] {
+        let got = crate::gemini_ingress::from_chat_response(&answers[case]);
+        matches_golden(golden, &got);
+    }
+    for (case, golden) in [
+        ("text_stream", "gemini.stream-text"),
+        ("tool_call_stream", "gemini.stream-tool-call"),
+    ] {
+        let got = gemini_stream(answers[case].as_str().unwrap());
+        matches_golden(golden, &got);
     }
 }

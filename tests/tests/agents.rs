@@ -4,8 +4,9 @@
 //! protocol (kind anthropic, `/v1/messages` passed natively) and on a translated one
 //! (openai-compatible); Codex (`codex exec`) on an openai lane (`/v1/responses` natively) and
 //! on a translated one; the Gemini CLI (`gemini -p`) and Google's genai SDKs (npm and PyPI) on
-//! the Gemini API, translated lanes behind it. Each must exit 0 with the mock's answer as its
-//! own.
+//! the Gemini API, translated lanes behind it; Qwen Code (`qwen -p`) and opencode
+//! (`opencode run`), OpenAI Chat Completions callers, on an anthropic lane (translated) with an
+//! openai-compatible fallback. Each must exit 0 with the mock's answer as its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -133,14 +134,20 @@ fn dir_in(gw: &Gateway, name: &str) -> PathBuf {
 
 /// `claude -p "Say hi" --model MODEL --output-format json` with the README's settings.
 async fn claude(gw: &Gateway, name: &str, model: &str) -> Run {
+    claude_with(gw, name, model, &[]).await
+}
+
+/// [`claude`] with `extra` variables set over the README's (another key, fewer retries).
+async fn claude_with(gw: &Gateway, name: &str, model: &str, extra: &[(&str, String)]) -> Run {
     let home = dir_in(gw, &format!("{name}-home"));
-    let env = [
+    let mut env = vec![
         ("ANTHROPIC_BASE_URL", gw.envoy.base_url()),
         ("ANTHROPIC_API_KEY", gw.virtual_key.clone()),
         ("DISABLE_TELEMETRY", "1".to_string()),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
         ("HOME", home.display().to_string()),
     ];
+    env.extend_from_slice(extra);
     let args = ["-p", "Say hi", "--model", model, "--output-format", "json"];
     run_agent(gw, name, &agent_bin("claude"), &args, &home, &env).await
 }
@@ -256,12 +263,24 @@ fn codex_home(gw: &Gateway, name: &str, extra: &str) -> PathBuf {
 }
 
 async fn codex(gw: &Gateway, name: &str, model: &str, home: &Path) -> Run {
+    codex_with(gw, name, model, home, &[]).await
+}
+
+/// [`codex`] with `extra` variables set over the README's (another key).
+async fn codex_with(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    home: &Path,
+    extra: &[(&str, String)],
+) -> Run {
     let work = dir_in(gw, &format!("{name}-work"));
-    let env = [
+    let mut env = vec![
         ("CODEX_HOME", home.display().to_string()),
         ("HOME", home.display().to_string()),
         ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
     ];
+    env.extend_from_slice(extra);
     let args = ["exec", "--skip-git-repo-check", "-m", model, "Say hi"];
     run_agent(gw, name, &agent_bin("codex"), &args, &work, &env).await
 }
@@ -419,10 +438,14 @@ fn tool_round_trip(tool: &str, arguments: Value) -> Value {
 }
 
 /// The tool's result (the note, under the call's id) reached the model: it is in a request
-/// the mock saw after the first.
-async fn assert_result_sent_back(mock: &ai_router_e2e::Mock, name: &str) {
+/// the mock saw after its first `first + 1` calls (`first`: the calls before the agent ran).
+async fn assert_result_sent_back(mock: &ai_router_e2e::Mock, name: &str, first: usize) {
     let calls = mock.calls().await.unwrap();
-    let later: Vec<String> = calls.iter().skip(1).map(|c| c.body.to_string()).collect();
+    let later: Vec<String> = calls
+        .iter()
+        .skip(first + 1)
+        .map(|c| c.body.to_string())
+        .collect();
     assert!(
         later
             .iter()
@@ -451,7 +474,7 @@ async fn claude_code_runs_a_tool_and_sends_its_result_back_on_either_lane_kind()
         .unwrap();
         let run = claude(&gw, name, model).await;
         assert_eq!(claude_answer(&run), "The note was read.");
-        assert_result_sent_back(mock, name).await;
+        assert_result_sent_back(mock, name, 0).await;
     }
 }
 
@@ -475,7 +498,7 @@ async fn codex_runs_a_tool_and_sends_its_result_back_on_either_lane_kind() {
         .unwrap();
         let run = codex(&gw, name, model, &home).await;
         assert_eq!(codex_answer(&run), "The note was read.");
-        assert_result_sent_back(mock, name).await;
+        assert_result_sent_back(mock, name, 0).await;
     }
 }
 
@@ -701,6 +724,20 @@ async fn the_gemini_api_takes_a_query_key_and_streams_a_json_array() {
 /// `gemini -p PROMPT -m MODEL` with the README's settings: the gateway as its base URL, the
 /// virtual key as its API key, telemetry, usage statistics and update checks off.
 async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run {
+    gemini_cli_with(gw, name, model, prompt, &[], None).await
+}
+
+/// [`gemini_cli`] with `extra` variables set over the README's (another key), and at most
+/// `max_attempts` attempts per model call (`general.maxAttempts`; its default is 10, with
+/// backoff).
+async fn gemini_cli_with(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    prompt: &str,
+    extra: &[(&str, String)],
+    max_attempts: Option<u32>,
+) -> Run {
     let home = dir_in(gw, &format!("{name}-home"));
     let settings = home.join(".gemini");
     std::fs::create_dir_all(&settings).unwrap();
@@ -710,7 +747,8 @@ async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run 
             "security": { "auth": { "selectedType": "gemini-api-key" } },
             "privacy": { "usageStatisticsEnabled": false },
             "telemetry": { "enabled": false },
-            "general": { "enableAutoUpdate": false, "enableAutoUpdateNotification": false },
+            "general": { "enableAutoUpdate": false, "enableAutoUpdateNotification": false,
+                         "maxAttempts": max_attempts },
         })
         .to_string(),
     )
@@ -721,6 +759,7 @@ async fn gemini_cli(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run 
         ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
         ("GEMINI_CLI_NO_RELAUNCH", "true".to_string()),
     ]);
+    env.extend_from_slice(extra);
     let args = ["-p", prompt, "-m", model, "--output-format", "json"];
     run_agent(gw, name, &agent_bin("gemini"), &args, &home, &env).await
 }
@@ -780,16 +819,404 @@ async fn the_gemini_cli_answers_and_runs_a_tool_on_a_translated_lane() {
     let before = gw.mock2.calls().await.unwrap().len();
     let run = gemini_cli(&gw, name, "chat", "Read note.txt").await;
     assert_eq!(gemini_answer(&run), "The note was read.");
-    let calls = gw.mock2.calls().await.unwrap();
-    let later: Vec<String> = calls
+    assert_result_sent_back(&gw.mock2, name, before).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Qwen Code and opencode: OpenAI Chat Completions callers, on an anthropic lane (translated)
+// that falls back to an openai-compatible one.
+// ---------------------------------------------------------------------------------------------
+
+/// [`agents_pool`] with `claude-m` (kind anthropic, mock 1, key a) also named `chat`: a Chat
+/// Completions caller is translated to it; `m2` (openai-compatible, mock 2, key c) is its
+/// fallback.
+fn translated_pool(p1: &str, p2: &str) -> String {
+    agents_pool(p1, p2)
+        .replace("{ id: claude-m }", "{ id: claude-m, aliases: [chat] }")
+        .replace("defaults:\n", "defaults:\n  fallbacks: [m2]\n")
+}
+
+/// The first lane fails before its first token (500): the second serves `chunks`.
+async fn first_lane_fails(gw: &Gateway, chunks: &[&str]) {
+    gw.mock1
+        .script(json!([script::always(vec![script::status(
+            500,
+            json!({}),
+            Some(json!({ "type": "error", "error": { "type": "api_error", "message": "boom" } }))
+        )])]))
+        .await
+        .unwrap();
+    gw.mock2
+        .script(json!([script::always(vec![script::stream(chunks)])]))
+        .await
+        .unwrap();
+}
+
+/// The anthropic lane saw a translated call (on `/v1/messages`, the caller's system prompt
+/// folded into `system`).
+async fn assert_translated_to_anthropic(gw: &Gateway) {
+    let calls = gw.mock1.calls().await.unwrap();
+    let call = calls
         .iter()
-        .skip(before + 1)
-        .map(|c| c.body.to_string())
+        .find(|c| c.path.ends_with("/messages"))
+        .unwrap_or_else(|| panic!("an anthropic call in {calls:?}"));
+    assert!(call.body.get("system").is_some(), "{}", call.body);
+    assert!(
+        call.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["role"] == "user" || m["role"] == "assistant"),
+        "{}",
+        call.body
+    );
+    assert_eq!(call.key.as_deref(), Some(gw.key_a.as_str()));
+}
+
+/// `qwen -p PROMPT --output-format json` with the README's settings: its OpenAI sign-in
+/// (`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`) at the gateway, and
+/// `~/.qwen/settings.json` with usage statistics, telemetry, update checks and its background
+/// memory extraction (a second model call per prompt) off.
+async fn qwen(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run {
+    let home = dir_in(gw, &format!("{name}-home"));
+    let settings = home.join(".qwen");
+    std::fs::create_dir_all(&settings).unwrap();
+    std::fs::write(
+        settings.join("settings.json"),
+        json!({
+            "security": { "auth": { "selectedType": "openai" } },
+            "privacy": { "usageStatisticsEnabled": false },
+            "telemetry": { "enabled": false },
+            "general": { "enableAutoUpdate": false },
+            "memory": { "enableManagedAutoMemory": false },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let env = [
+        ("OPENAI_BASE_URL", gw.openai_base_url()),
+        ("OPENAI_API_KEY", gw.virtual_key.clone()),
+        ("OPENAI_MODEL", model.to_string()),
+        ("HOME", home.display().to_string()),
+        ("QWEN_CODE_NO_RELAUNCH", "true".to_string()),
+    ];
+    let args = ["-p", prompt, "--output-format", "json"];
+    run_agent(gw, name, &agent_bin("qwen"), &args, &home, &env).await
+}
+
+/// Qwen Code's `--output-format json` result: exit 0, a JSON array of events ending with a
+/// `result` that is not an error.
+fn qwen_answer(run: &Run) -> String {
+    let start = run.stdout.find('[').unwrap_or(0);
+    let v: Value = serde_json::from_str(run.stdout[start..].trim()).unwrap_or(Value::Null);
+    let result = v
+        .as_array()
+        .and_then(|events| events.iter().rev().find(|e| e["type"] == "result"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert!(
+        run.ok && result["is_error"] == false,
+        "qwen failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout,
+        run.stderr
+    );
+    result["result"].as_str().unwrap_or("").trim().to_string()
+}
+
+/// The Chat Completions agents.
+#[derive(Clone, Copy)]
+enum ChatAgent {
+    Qwen,
+    Opencode,
+}
+
+impl ChatAgent {
+    fn name(self) -> &'static str {
+        match self {
+            ChatAgent::Qwen => "qwen",
+            ChatAgent::Opencode => "opencode",
+        }
+    }
+
+    async fn run(self, gw: &Gateway, name: String, model: &str, prompt: &str) -> Run {
+        match self {
+            ChatAgent::Qwen => qwen(gw, &name, model, prompt).await,
+            ChatAgent::Opencode => opencode(gw, &name, model, prompt).await,
+        }
+    }
+
+    fn answer(self, run: &Run) -> String {
+        match self {
+            ChatAgent::Qwen => qwen_answer(run),
+            ChatAgent::Opencode => opencode_answer(run),
+        }
+    }
+
+    /// Its file-reading tool and that tool's path argument.
+    fn read_tool(self) -> (&'static str, &'static str) {
+        match self {
+            ChatAgent::Qwen => ("read_file", "file_path"),
+            ChatAgent::Opencode => ("read", "filePath"),
+        }
+    }
+}
+
+/// On [`translated_pool`]: text, a failure before the first token, and a tool round trip.
+async fn chat_agent_checks(test: &str, chat_agent: ChatAgent) {
+    let gw = Gateway::start_with(test, translated_pool)
+        .await
+        .expect("fixture");
+    let gw = &gw;
+    let agent = chat_agent.name();
+    let run = |name: String, model: &'static str, prompt: &'static str| {
+        chat_agent.run(gw, name, model, prompt)
+    };
+    let answer = |r: &Run| chat_agent.answer(r);
+    let (read, path_arg) = chat_agent.read_tool();
+    // Text on the anthropic lane, translated.
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    let out = run(format!("{agent}-text"), "chat", "Say hi").await;
+    assert_eq!(answer(&out), "Hi from the pool");
+    assert_translated_to_anthropic(gw).await;
+    println!("{agent} (text) took {:?}", out.took);
+
+    // The anthropic lane fails before its first token: the fallback serves, unseen.
+    first_lane_fails(gw, &["Served", " by", " the", " fallback"]).await;
+    let tried = gw.mock1.calls().await.unwrap().len();
+    let out = run(format!("{agent}-failover"), "chat", "Say hi").await;
+    assert_eq!(answer(&out), "Served by the fallback");
+    assert!(
+        gw.mock1.calls().await.unwrap().len() > tried,
+        "the first lane was tried"
+    );
+
+    // A tool round trip on the translated lane: the agent reads the note with its own tool.
+    let name = format!("{agent}-tool");
+    let note = dir_in(gw, &format!("{name}-home")).join("note.txt");
+    std::fs::write(&note, NOTE).unwrap();
+    gw.mock1
+        .script(tool_round_trip(
+            read,
+            json!({ path_arg: note.display().to_string() }),
+        ))
+        .await
+        .unwrap();
+    let before = gw.mock1.calls().await.unwrap().len();
+    let out = run(name.clone(), "chat", "Read note.txt").await;
+    assert_eq!(answer(&out), "The note was read.");
+    assert_result_sent_back(&gw.mock1, &name, before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qwen_code_answers_fails_over_and_runs_a_tool_on_a_translated_lane() {
+    chat_agent_checks("agents_qwen_code", ChatAgent::Qwen).await;
+}
+
+/// `opencode run -m gw/MODEL --format json PROMPT` with the README's settings: a provider `gw`
+/// (`@ai-sdk/openai-compatible`, bundled) at the gateway in `~/.config/opencode/opencode.json`,
+/// the virtual key from `AI_ROUTER_API_KEY`, its title generation (a second model call per
+/// session) off, and its update, model-catalog, plugin and LSP downloads off.
+async fn opencode(gw: &Gateway, name: &str, model: &str, prompt: &str) -> Run {
+    let home = dir_in(gw, &format!("{name}-home"));
+    let config = home.join(".config/opencode");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("opencode.json"),
+        json!({
+            "$schema": "https://opencode.ai/config.json",
+            "autoupdate": false,
+            "share": "disabled",
+            "agent": { "title": { "disable": true } },
+            "provider": { "gw": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "ai-router",
+                "options": { "baseURL": gw.openai_base_url(), "apiKey": "{env:AI_ROUTER_API_KEY}" },
+                "models": { model: {} },
+            } },
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let env = [
+        ("HOME", home.display().to_string()),
+        ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
+        ("OPENCODE_DISABLE_AUTOUPDATE", "1".to_string()),
+        ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_string()),
+        ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1".to_string()),
+        ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_string()),
+    ];
+    let model = format!("gw/{model}");
+    let args = ["run", "-m", &model, "--format", "json", prompt];
+    run_agent(gw, name, &agent_bin("opencode"), &args, &home, &env).await
+}
+
+/// opencode's `--format json` events: exit 0, no `error` event, the answer in its `text` parts.
+fn opencode_answer(run: &Run) -> String {
+    let events: Vec<Value> = run
+        .stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
     assert!(
-        later
-            .iter()
-            .any(|b| b.contains(NOTE) && b.contains("call_note")),
-        "the tool's result went back to the model:\n{later:?}"
+        run.ok && !events.is_empty() && events.iter().all(|e| e["type"] != "error"),
+        "opencode failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout,
+        run.stderr
+    );
+    events
+        .iter()
+        .filter(|e| e["type"] == "text")
+        .filter_map(|e| e["part"]["text"].as_str())
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opencode_answers_fails_over_and_runs_a_tool_on_a_translated_lane() {
+    chat_agent_checks("agents_opencode", ChatAgent::Opencode).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals as each agent meets them, in its own protocol's error shape.
+// ---------------------------------------------------------------------------------------------
+
+/// A well-formed virtual key the gateway does not know.
+fn unknown_key() -> String {
+    format!("sk-starci-e2e-{}", "0".repeat(48))
+}
+
+/// What an agent printed, both streams.
+fn printed(run: &Run) -> String {
+    format!("{}\n{}", run.stdout, run.stderr)
+}
+
+/// Claude Code's `--output-format json` result of a refused call: exit 1, `is_error`, the
+/// gateway's status and Anthropic error type, and its message in `result`.
+fn assert_claude_error(run: &Run, status: u16, error_type: &str, message: &str) {
+    let line = run
+        .stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("");
+    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+    assert!(!run.ok, "{}", printed(run));
+    assert_eq!(
+        (
+            v["is_error"].clone(),
+            v["api_error_status"].clone(),
+            v["api_error_type"].clone()
+        ),
+        (json!(true), json!(status), json!(error_type)),
+        "{}",
+        printed(run)
+    );
+    assert!(
+        v["result"].as_str().is_some_and(|r| r.contains(message)),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_shows_an_unknown_virtual_key_as_its_protocols_401() {
+    let gw = Gateway::start_with("agents_bad_key", agents_pool)
+        .await
+        .expect("fixture");
+    let bad = unknown_key();
+    const MESSAGE: &str = "The API key is unknown, revoked or disabled.";
+
+    // Claude Code reads Anthropic's shape (type authentication_error); it retries even a 401
+    // (ten times, with backoff) unless CLAUDE_CODE_MAX_RETRIES says otherwise.
+    let extra = [
+        ("ANTHROPIC_API_KEY", bad.clone()),
+        ("CLAUDE_CODE_MAX_RETRIES", "0".to_string()),
+    ];
+    let run = claude_with(&gw, "claude-bad-key", "claude-m", &extra).await;
+    assert_claude_error(&run, 401, "authentication_error", MESSAGE);
+
+    // Codex reads OpenAI's shape: the status and the error's message.
+    let home = codex_home(&gw, "codex-bad-key", "");
+    let extra = [("AI_ROUTER_API_KEY", bad.clone())];
+    let run = codex_with(&gw, "codex-bad-key", "gpt-m", &home, &extra).await;
+    assert!(!run.ok, "{}", printed(&run));
+    assert!(
+        run.stderr.contains("401 Unauthorized") && run.stderr.contains(MESSAGE),
+        "{}",
+        printed(&run)
+    );
+
+    // The Gemini CLI reads Google's shape: code 401, status UNAUTHENTICATED.
+    let extra = [("GEMINI_API_KEY", bad.clone())];
+    let run = gemini_cli_with(&gw, "gemini-bad-key", "claude-m", "Say hi", &extra, None).await;
+    assert!(!run.ok, "{}", printed(&run));
+    let out = printed(&run);
+    assert!(
+        out.contains("UNAUTHENTICATED") && out.contains("\"code\": 401") && out.contains(MESSAGE),
+        "{out}"
+    );
+    for mock in [&gw.mock1, &gw.mock2] {
+        assert!(
+            mock.calls().await.unwrap().is_empty(),
+            "nothing reached a provider"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agent_shows_a_rate_limited_pool_in_its_protocols_shape() {
+    let gw = Gateway::start_with("agents_rate_limited", agents_pool)
+        .await
+        .expect("fixture");
+    for mock in [&gw.mock1, &gw.mock2] {
+        mock.script(json!([script::always(vec![script::status(
+            429,
+            json!({ "retry-after": "1" }),
+            Some(json!({ "error": { "type": "rate_limit_error", "message": "slow down" } }))
+        )])]))
+        .await
+        .unwrap();
+    }
+    // Every lane of the model answers 429: the gateway's 503 pool_rate_limited (README,
+    // "Errors"), each agent's retries turned off so that it shows the first answer.
+    const MESSAGE: &str = "Every key that can serve this call is rate limited.";
+    let extra = [("CLAUDE_CODE_MAX_RETRIES", "0".to_string())];
+    let run = claude_with(&gw, "claude-rate-limited", "claude-m", &extra).await;
+    assert_claude_error(&run, 503, "overloaded_error", MESSAGE);
+
+    let home = codex_home(&gw, "codex-rate-limited", "");
+    let config = std::fs::read_to_string(home.join("config.toml")).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!("{config}request_max_retries = 0\nstream_max_retries = 0\n"),
+    )
+    .unwrap();
+    let run = codex(&gw, "codex-rate-limited", "gpt-m", &home).await;
+    assert!(!run.ok, "{}", printed(&run));
+    assert!(
+        run.stderr.contains("503 Service Unavailable") && run.stderr.contains(MESSAGE),
+        "{}",
+        printed(&run)
+    );
+
+    let run = gemini_cli_with(
+        &gw,
+        "gemini-rate-limited",
+        "claude-m",
+        "Say hi",
+        &[],
+        Some(1),
+    )
+    .await;
+    assert!(!run.ok, "{}", printed(&run));
+    let out = printed(&run);
+    assert!(
+        out.contains("\"code\": 503") && out.contains(MESSAGE),
+        "{out}"
     );
 }

@@ -280,13 +280,18 @@ pub async fn sync_tls(
 /// resolves a Redis URL.
 pub fn open_state_store(spec: &StoreSpec, env: &dyn Env) -> anyhow::Result<Arc<dyn StateStore>> {
     Ok(match spec {
-        StoreSpec::Redis { url, namespace } => {
+        StoreSpec::Redis {
+            url,
+            namespace,
+            ca_file,
+        } => {
             let resolved = url.resolve(env).with_context(|| {
                 format!("stateStore.url: {} resolves to nothing", url.describe())
             })?;
             Arc::new(crate::store::redis::RedisStateStore::open(
                 resolved.expose(),
                 namespace,
+                ca_file.as_deref(),
             )?)
         }
         StoreSpec::Postgres { .. } => anyhow::bail!("stateStore: postgres holds keys, not state"),

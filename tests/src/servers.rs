@@ -65,22 +65,55 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+/// A server's certificate, its key and the CA that issued it (PEM files), for a server that
+/// speaks only TLS (clients present no certificate).
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl ServerTls {
+    /// The files `ai-router certs --out DIR` writes for the control plane (`DIR/control-plane`),
+    /// valid for `localhost` and `127.0.0.1`.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+            ca: dir.join("ca.pem"),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Redis
 // ---------------------------------------------------------------------------------------------
 
-/// `redis-server --port P --dir D`, no persistence (a restart starts empty, as after a crash).
+/// `redis-server --port P --dir D`, no persistence (a restart starts empty, as after a crash);
+/// with TLS, `--port 0 --tls-port P`.
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
+    tls: Option<ServerTls>,
     child: Option<Child>,
 }
 
 impl RedisServer {
     pub fn start() -> anyhow::Result<Self> {
+        Self::launch(None)
+    }
+
+    /// A server that speaks only TLS, with `tls`'s certificate: `rediss://` [`RedisServer::url`].
+    pub fn start_tls(tls: ServerTls) -> anyhow::Result<Self> {
+        Self::launch(Some(tls))
+    }
+
+    fn launch(tls: Option<ServerTls>) -> anyhow::Result<Self> {
         let mut server = Self {
             port: free_port()?,
             dir: temp_dir("redis")?,
+            tls,
             child: None,
         };
         server.restart()?;
@@ -88,7 +121,12 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// Stops the server at once (SIGKILL: what a crash looks like); its data is gone.
@@ -102,9 +140,26 @@ impl RedisServer {
     /// Starts it again on the same port (after [`RedisServer::kill`]).
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
-        let log = std::fs::File::create(self.dir.join("redis.log"))?;
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+        let log_path = self.dir.join("redis.log");
+        let log = std::fs::File::create(&log_path)?;
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => {
+                command.args(["--port", &self.port.to_string()]);
+            }
+            Some(tls) => {
+                command
+                    .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .args(["--tls-auth-clients", "no"]);
+            }
+        }
+        let child = command
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -116,11 +171,22 @@ impl RedisServer {
         self.child = Some(child);
         let until = Instant::now() + Duration::from_secs(10);
         loop {
-            if self.ping() {
+            let ready = if self.tls.is_some() {
+                // No TLS client here: the server says when it listens.
+                std::fs::read_to_string(&log_path)
+                    .is_ok_and(|log| log.contains("Ready to accept connections"))
+            } else {
+                self.ping()
+            };
+            if ready {
                 return Ok(());
             }
             if Instant::now() > until {
-                bail!("redis-server on port {} did not answer PING", self.port);
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                bail!(
+                    "redis-server on port {} did not become ready:\n{log}",
+                    self.port
+                );
             }
             std::thread::sleep(Duration::from_millis(30));
         }
@@ -176,20 +242,39 @@ fn pg_command(bin: Option<&Path>, name: &str, as_nobody: bool) -> Command {
     }
 }
 
-/// `initdb` + `postgres -D D -p P -k D`, trust authentication on loopback, user `postgres`.
+/// `initdb` + `postgres -D D -p P -k D`, trust authentication on loopback, user `postgres`;
+/// with TLS, `ssl=on` with a copy of the certificate and key in `D/tls` (the server's own,
+/// as Postgres wants its key).
 pub struct PostgresServer {
     pub port: u16,
     dir: PathBuf,
     bin: Option<PathBuf>,
     as_nobody: bool,
+    tls: bool,
     child: Option<Child>,
 }
 
 impl PostgresServer {
     pub fn start() -> anyhow::Result<Self> {
+        Self::launch(None)
+    }
+
+    /// A server that also speaks TLS, with `tls`'s certificate (clients choose with `sslmode`).
+    pub fn start_tls(tls: &ServerTls) -> anyhow::Result<Self> {
+        Self::launch(Some(tls))
+    }
+
+    fn launch(tls: Option<&ServerTls>) -> anyhow::Result<Self> {
         let bin = pg_bin_dir();
         let as_nobody = is_root();
         let dir = temp_dir("postgres")?;
+        if let Some(tls) = tls {
+            std::fs::create_dir_all(dir.join("tls"))?;
+            for (from, to) in [(&tls.cert, "server.crt"), (&tls.key, "server.key")] {
+                std::fs::copy(from, dir.join("tls").join(to))
+                    .with_context(|| format!("copying {}", from.display()))?;
+            }
+        }
         if as_nobody {
             let status = Command::new("chown")
                 .args(["-R", "nobody:nogroup"])
@@ -214,6 +299,7 @@ impl PostgresServer {
             dir,
             bin,
             as_nobody,
+            tls: tls.is_some(),
             child: None,
         };
         server.restart()?;
@@ -228,7 +314,14 @@ impl PostgresServer {
             .create(true)
             .append(true)
             .open(self.dir.join("postgres.log"))?;
-        let child = pg_command(self.bin.as_deref(), "postgres", self.as_nobody)
+        let mut command = pg_command(self.bin.as_deref(), "postgres", self.as_nobody);
+        if self.tls {
+            let file = |name: &str| self.dir.join("tls").join(name).display().to_string();
+            command.args(["-c", "ssl=on"]);
+            command.args(["-c", &format!("ssl_cert_file={}", file("server.crt"))]);
+            command.args(["-c", &format!("ssl_key_file={}", file("server.key"))]);
+        }
+        let child = command
             .arg("-D")
             .arg(self.dir.join("data"))
             .args(["-p", &port])

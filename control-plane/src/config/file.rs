@@ -147,6 +147,10 @@ pub struct StoreConfig {
     /// Redis and Postgres: the connection URL, `{ env: NAME }` or `{ file: path }` (it may
     /// carry a password).
     pub url: Option<SecretRefConfig>,
+    /// Redis (`rediss://`) and Postgres (`sslmode=verify-full`): the CA file the server's
+    /// certificate must chain to, instead of the system's CAs.
+    #[serde(rename = "caFile")]
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]

@@ -132,14 +132,17 @@ pub struct ControlPlane {
 pub enum StoreSpec {
     Memory,
     Sqlite(PathBuf),
-    /// `stateStore: { type: redis, url }`: every key under `namespace` (`storeNamespace`).
+    /// `stateStore: { type: redis, url, caFile }`: every key under `namespace`
+    /// (`storeNamespace`); `ca_file` with a `rediss://` URL.
     Redis {
         url: SecretSource,
         namespace: String,
+        ca_file: Option<PathBuf>,
     },
-    /// `gateway.keyStore: { type: postgres, url }`.
+    /// `gateway.keyStore: { type: postgres, url, caFile }`; `ca_file` for the URL's `sslmode`.
     Postgres {
         url: SecretSource,
+        ca_file: Option<PathBuf>,
     },
 }
 

@@ -738,7 +738,7 @@ fn state_store_spec(file: &FileConfig, base_dir: &Path) -> Result<StoreSpec, Con
         (StoreSpec::Postgres { .. }, _) => Err(invalid(
             "stateStore.type: postgres holds keys and usage (gateway.keyStore); the shared state store is redis",
         )),
-        (StoreSpec::Redis { url, .. }, namespace) => {
+        (StoreSpec::Redis { url, ca_file, .. }, namespace) => {
             let namespace = namespace.map(str::trim).unwrap_or(DEFAULT_STORE_NAMESPACE);
             if namespace.is_empty() || namespace.contains(char::is_whitespace) {
                 return Err(invalid(
@@ -748,6 +748,7 @@ fn state_store_spec(file: &FileConfig, base_dir: &Path) -> Result<StoreSpec, Con
             Ok(StoreSpec::Redis {
                 url,
                 namespace: namespace.to_owned(),
+                ca_file,
             })
         }
         (_, Some(_)) => Err(invalid(
@@ -778,6 +779,18 @@ fn store_spec(
             kind_name(store.kind)
         )));
     }
+    if !remote && store.ca_file.is_some() {
+        return Err(invalid(format!(
+            "{path}.caFile: a {} store has no TLS",
+            kind_name(store.kind)
+        )));
+    }
+    let ca_file = match &store.ca_file {
+        Some(file) if file.as_os_str().is_empty() => {
+            return Err(invalid(format!("{path}.caFile: a path to a PEM file")));
+        }
+        file => file.as_deref().map(|f| relative_to(base_dir, f)),
+    };
     let url = |r: &SecretRefConfig| {
         secret_ref(
             &format!("{path}.url"),
@@ -800,8 +813,12 @@ fn store_spec(
         (StoreType::Redis, _, Some(r)) => Ok(StoreSpec::Redis {
             url: url(r)?,
             namespace: String::new(),
+            ca_file,
         }),
-        (StoreType::Postgres, _, Some(r)) => Ok(StoreSpec::Postgres { url: url(r)? }),
+        (StoreType::Postgres, _, Some(r)) => Ok(StoreSpec::Postgres {
+            url: url(r)?,
+            ca_file,
+        }),
         (kind, _, None) => Err(invalid(format!(
             "{path}.url: a {} store needs {{ url: {{ env: NAME }} }}",
             kind_name(kind)

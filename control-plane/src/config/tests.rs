@@ -249,7 +249,7 @@ fn shared_stores_take_a_url_and_the_namespace() {
             .and_then(|f| f.resolve(&env, Path::new("/etc/ai-router")))
             .map_err(|e| e.to_string())
     };
-    let config = ok("stateStore: { type: redis, url: { env: REDIS_URL } }\nstoreNamespace: team-a\ngateway: { keyStore: { type: postgres, url: { file: pg.url } } }\n");
+    let config = ok("stateStore: { type: redis, url: { env: REDIS_URL }, caFile: /etc/redis-ca.pem }\nstoreNamespace: team-a\ngateway: { keyStore: { type: postgres, url: { file: pg.url }, caFile: pg-ca.pem } }\n");
     let Ok(config) = config else {
         panic!("{config:?}");
     };
@@ -257,18 +257,20 @@ fn shared_stores_take_a_url_and_the_namespace() {
         config.state_store,
         StoreSpec::Redis {
             url: SecretSource::Env("REDIS_URL".into()),
-            namespace: "team-a".into()
+            namespace: "team-a".into(),
+            ca_file: Some("/etc/redis-ca.pem".into()),
         }
     );
     assert_eq!(
         config.gateway.key_store,
         StoreSpec::Postgres {
-            url: SecretSource::File("/etc/ai-router/pg.url".into())
+            url: SecretSource::File("/etc/ai-router/pg.url".into()),
+            ca_file: Some("/etc/ai-router/pg-ca.pem".into()),
         }
     );
     let default_ns = ok("stateStore: { type: redis, url: { env: R } }\n");
     assert!(
-        matches!(&default_ns, Ok(c) if c.state_store == StoreSpec::Redis { url: SecretSource::Env("R".into()), namespace: "ai-router".into() }),
+        matches!(&default_ns, Ok(c) if c.state_store == StoreSpec::Redis { url: SecretSource::Env("R".into()), namespace: "ai-router".into(), ca_file: None }),
         "{default_ns:?}"
     );
     for (extra, says) in [
@@ -283,6 +285,10 @@ fn shared_stores_take_a_url_and_the_namespace() {
         (
             "stateStore: { type: sqlite, path: x, url: { env: R } }\n",
             "stateStore.url: a sqlite store has no url",
+        ),
+        (
+            "stateStore: { type: sqlite, path: x, caFile: ca.pem }\n",
+            "stateStore.caFile: a sqlite store has no TLS",
         ),
         (
             "stateStore: { type: postgres, url: { env: R } }\n",

@@ -1497,7 +1497,7 @@ fn two_engines_on_one_redis_share_blacklists_and_one_probe() -> Result<(), Strin
     let redis = crate::store::servers::RedisServer::start().map_err(|e| e.to_string())?;
     let open = || -> Result<Arc<dyn StateStore>, String> {
         Ok(Arc::new(
-            crate::store::redis::RedisStateStore::open(&redis.url(), "engines")
+            crate::store::redis::RedisStateStore::open(&redis.url(), "engines", None)
                 .map_err(|e| e.to_string())?,
         ))
     };

@@ -32,14 +32,17 @@ pub fn open(
             store::SqliteKeyStore::open(path)
                 .map_err(|e| KeyStoreError::Storage(format!("keyStore {}: {e}", path.display())))?,
         ),
-        StoreSpec::Postgres { url } => {
+        StoreSpec::Postgres { url, ca_file } => {
             let url = url.resolve(env).ok_or_else(|| {
                 KeyStoreError::Storage(format!(
                     "gateway.keyStore.url: {} resolves to nothing",
                     url.describe()
                 ))
             })?;
-            Arc::new(postgres::PostgresKeyStore::open(url.expose())?)
+            Arc::new(postgres::PostgresKeyStore::open(
+                url.expose(),
+                ca_file.as_deref(),
+            )?)
         }
         StoreSpec::Redis { .. } => {
             return Err(KeyStoreError::Storage(

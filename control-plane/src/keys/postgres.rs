@@ -17,12 +17,19 @@
 //!   that transaction too: a report sent again after its acknowledgement was lost (a control
 //!   plane killed, the singleton failed over) is known to every control plane and not counted
 //!   again. So usage written by every control plane adds up, exactly.
+//! - TLS: the URL's `sslmode` (`disable`, `allow`, `prefer`: plaintext, as before;
+//!   `require`, `verify-ca`, `verify-full`: TLS that verifies the server's chain and name, so
+//!   stricter than libpq's `require` and `verify-ca`) and `sslrootcert` (or the store's
+//!   `caFile`; else the system's CAs) are taken out of the URL ([`split_tls`]), since
+//!   tokio-postgres parses neither `verify-*` nor `sslrootcert`, and the pool connects through
+//!   rustls (`tokio-postgres-rustls`).
 //! - Connections: a bounded pool (`deadpool-postgres`, [`POOL_SIZE`]), every call under a
 //!   deadline. Envoys serve from pushed state, so an outage stops administration only: the admin
 //!   API answers `unavailable` with the reason, usage waits in memory, and keys already pushed
 //!   keep working.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -173,10 +180,136 @@ impl std::fmt::Debug for PostgresKeyStore {
 /// How an outage's messages start (a refused statement's do not).
 const UNREACHABLE: &str = "postgres does not answer";
 
+/// How a connection is secured: the URL's `sslmode` and `sslrootcert`, or the store's `caFile`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PgTls {
+    /// `disable`, `allow`, `prefer` or no `sslmode`: plaintext.
+    Off { disable: bool },
+    /// `require`, `verify-ca`, `verify-full`: the server's chain and name are verified against
+    /// the CA file, or the system's CAs when it is `None`.
+    Verify { ca_file: Option<PathBuf> },
+}
+
+/// Takes `sslmode` and `sslrootcert` out of `url` (a `postgres://` URL or `key=value` words)
+/// and says how to connect; `ca_file` is the store's `caFile`. Errors name the parameter, never
+/// the URL.
+pub fn split_tls(url: &str, ca_file: Option<&Path>) -> Result<(String, PgTls), String> {
+    let mut mode = None;
+    let mut root = None;
+    let mut take = |key: &str, value: String| -> bool {
+        match key {
+            "sslmode" => mode = Some(value),
+            "sslrootcert" => root = Some(value),
+            _ => return false,
+        }
+        true
+    };
+    let trimmed = url.trim();
+    let is_url = ["postgres://", "postgresql://"].iter().any(|p| {
+        trimmed
+            .get(..p.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(p))
+    });
+    let rest = if is_url {
+        match trimmed.split_once('?') {
+            None => trimmed.to_owned(),
+            Some((base, query)) => {
+                let kept: Vec<&str> = query
+                    .split('&')
+                    .filter(|pair| {
+                        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                        !take(key, percent_decode(value))
+                    })
+                    .collect();
+                if kept.is_empty() {
+                    base.to_owned()
+                } else {
+                    format!("{base}?{}", kept.join("&"))
+                }
+            }
+        }
+    } else {
+        // `host=h sslmode=verify-full ...`: the words without the two, spacing kept.
+        let mut kept = String::with_capacity(trimmed.len());
+        for word in trimmed.split_inclusive(char::is_whitespace) {
+            let (key, value) = word.trim_end().split_once('=').unwrap_or(("", ""));
+            if !take(key, value.trim_matches('\'').to_owned()) {
+                kept.push_str(word);
+            }
+        }
+        kept.trim_end().to_owned()
+    };
+    let ca =
+        match (root, ca_file) {
+            (Some(_), Some(_)) => return Err(
+                "gateway.keyStore: the URL's sslrootcert and caFile both name a CA file; keep one"
+                    .into(),
+            ),
+            (Some(r), None) if r == "system" => None,
+            (Some(r), None) if r.is_empty() => {
+                return Err("gateway.keyStore.url: sslrootcert is empty".into())
+            }
+            (Some(r), None) => Some(PathBuf::from(r)),
+            (None, file) => file.map(Path::to_path_buf),
+        };
+    let tls = match mode.as_deref() {
+        None | Some("disable" | "allow" | "prefer") => {
+            if ca.is_some() {
+                return Err("gateway.keyStore: a CA file (caFile or sslrootcert) is only used with TLS: add sslmode=verify-full to the URL".into());
+            }
+            PgTls::Off {
+                disable: mode.as_deref() == Some("disable"),
+            }
+        }
+        Some("require" | "verify-ca" | "verify-full") => PgTls::Verify { ca_file: ca },
+        Some(_) => {
+            return Err("gateway.keyStore.url: sslmode is one of disable, allow, prefer, require, verify-ca or verify-full".into())
+        }
+    };
+    Ok((rest, tls))
+}
+
+/// `%XX` escapes decoded (a query value); anything else as it is.
+fn percent_decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A database error as the admin API may show it: no URL, no password.
 fn pg_error(err: &tokio_postgres::Error) -> String {
+    if let Some(why) = crate::tls::client::handshake_failure(err) {
+        return format!("{UNREACHABLE}: the TLS handshake failed: {why}");
+    }
     match err.as_db_error() {
         Some(db) => format!("postgres: {}", db.message()),
+        // "server does not support TLS": tokio-postgres' own words.
+        None if err
+            .to_string()
+            .starts_with("error performing TLS handshake") =>
+        {
+            format!(
+                "{UNREACHABLE}: the TLS handshake failed: {}",
+                std::error::Error::source(err).map_or_else(String::new, ToString::to_string)
+            )
+        }
         None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
         None => format!("{UNREACHABLE}: no connection"),
     }
@@ -252,23 +385,47 @@ fn now_ms() -> i64 {
 }
 
 impl PostgresKeyStore {
-    /// Connects, migrates, and keeps a pool of at most [`POOL_SIZE`] connections.
-    pub fn open(url: &str) -> Result<Self, KeyStoreError> {
-        Self::with_health(url, &KEYS)
+    /// Connects (over TLS as the URL's `sslmode` says, see [`split_tls`]; `ca_file` is the
+    /// store's `caFile`), migrates, and keeps a pool of at most [`POOL_SIZE`] connections.
+    pub fn open(url: &str, ca_file: Option<&Path>) -> Result<Self, KeyStoreError> {
+        Self::with_tls(url, ca_file, &KEYS)
     }
 
+    #[cfg(test)]
     fn with_health(url: &str, health: &'static StoreHealth) -> Result<Self, KeyStoreError> {
-        let config = tokio_postgres::Config::from_str(url).map_err(|_| {
+        Self::with_tls(url, None, health)
+    }
+
+    fn with_tls(
+        url: &str,
+        ca_file: Option<&Path>,
+        health: &'static StoreHealth,
+    ) -> Result<Self, KeyStoreError> {
+        let (url, tls) = split_tls(url, ca_file).map_err(KeyStoreError::Storage)?;
+        let mut config = tokio_postgres::Config::from_str(&url).map_err(|_| {
             KeyStoreError::Storage("gateway.keyStore.url: not a postgres URL".into())
         })?;
         let bridge = Bridge::new("ai-router-postgres").map_err(KeyStoreError::Storage)?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls {
+            PgTls::Off { disable } => {
+                if disable {
+                    config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                }
+                Manager::from_config(config, NoTls, manager_config)
+            }
+            PgTls::Verify { ca_file } => {
+                // Never falls back to plaintext.
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let client = crate::tls::client::roots(ca_file.as_deref())
+                    .and_then(crate::tls::client::client_config)
+                    .map_err(|e| KeyStoreError::Storage(format!("gateway.keyStore: {e}")))?;
+                let connector = tokio_postgres_rustls::MakeRustlsConnect::new(client);
+                Manager::from_config(config, connector, manager_config)
+            }
+        };
         // The pool's timers need the runtime it runs on: build it there.
         let pool = bridge
             .run(CALL_DEADLINE, async move {
@@ -972,6 +1129,123 @@ mod tests {
         // Another control plane on the database sees them.
         let other = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;
         assert_eq!(other.admin_tokens()?.len(), 3);
+        Ok(())
+    }
+
+    #[test]
+    fn sslmode_and_sslrootcert_are_taken_out_of_the_url() {
+        let verify = |ca: Option<&str>| PgTls::Verify {
+            ca_file: ca.map(PathBuf::from),
+        };
+        let url = "postgres://u:p%3F@db:5432/keys";
+        for (given, ca_file, rest, tls) in [
+            (url.to_owned(), None, url, PgTls::Off { disable: false }),
+            (
+                format!("{url}?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"),
+                None,
+                url,
+                verify(Some("/etc/ca.pem")),
+            ),
+            (
+                format!("{url}?connect_timeout=5&sslmode=require&application_name=x"),
+                Some("/ca.pem"),
+                "postgres://u:p%3F@db:5432/keys?connect_timeout=5&application_name=x",
+                verify(Some("/ca.pem")),
+            ),
+            (
+                format!("{url}?sslmode=verify-ca&sslrootcert=system"),
+                None,
+                url,
+                verify(None),
+            ),
+            (
+                format!("{url}?sslmode=disable"),
+                None,
+                url,
+                PgTls::Off { disable: true },
+            ),
+            (
+                "host=db  user=u sslmode=verify-full sslrootcert=/ca.pem dbname=keys".to_owned(),
+                None,
+                "host=db  user=u dbname=keys",
+                verify(Some("/ca.pem")),
+            ),
+        ] {
+            let split = split_tls(&given, ca_file.map(Path::new));
+            assert_eq!(split, Ok((rest.to_owned(), tls)), "{given}");
+        }
+        for (given, ca_file, says) in [
+            (format!("{url}?sslmode=verify"), None, "sslmode is one of"),
+            (
+                format!("{url}?sslmode=prefer"),
+                Some("/ca.pem"),
+                "add sslmode=verify-full",
+            ),
+            (url.to_owned(), Some("/ca.pem"), "add sslmode=verify-full"),
+            (
+                format!("{url}?sslmode=verify-full&sslrootcert=/a.pem"),
+                Some("/b.pem"),
+                "keep one",
+            ),
+        ] {
+            let message = split_tls(&given, ca_file.map(Path::new))
+                .err()
+                .unwrap_or_default();
+            assert!(message.contains(says), "{given}: {message}");
+            assert!(!message.contains("u:p"), "no URL in {message}");
+        }
+    }
+
+    #[test]
+    fn verify_full_checks_the_ca_and_the_name_of_a_real_postgres() -> anyhow::Result<()> {
+        static TLS_HEALTH: StoreHealth = StoreHealth::new("tls test");
+        let cas = crate::tls::client::testing::two_cas("pg-tls")?;
+        let pg = servers::PostgresServer::start_tls(&servers::ServerTls::in_dir(
+            &cas.right.control_plane,
+        ))?;
+        let verify_full = format!("{}?sslmode=verify-full", pg.url());
+        let right = cas.right.ca.as_path();
+        let store = PostgresKeyStore::with_tls(&verify_full, Some(right), &TLS_HEALTH)?;
+        store.insert(&key("vk_tls", "h_tls"))?;
+        let in_url = format!("{verify_full}&sslrootcert={}", right.display());
+        let again = PostgresKeyStore::with_tls(&in_url, None, &TLS_HEALTH)?;
+        assert_eq!(again.get("vk_tls")?, Some(key("vk_tls", "h_tls")));
+        // The server really speaks TLS to it: Postgres says so for this session.
+        let ssl = again.call(|client| async move {
+            client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map(|row| row.get::<_, bool>(0))
+                .map_err(|e| pg_error(&e))
+        })?;
+        assert!(ssl, "the session is not encrypted");
+
+        let refused = |url: &str, ca: &Path| {
+            PostgresKeyStore::with_tls(url, Some(ca), &TLS_HEALTH)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let unknown_ca = refused(&verify_full, &cas.wrong.ca);
+        assert!(
+            unknown_ca.contains("the TLS handshake failed")
+                && unknown_ca.contains("invalid peer certificate"),
+            "{unknown_ca}"
+        );
+        // Reached at 127.0.0.1 under a name its certificate does not carry.
+        let wrong_name = format!(
+            "postgres://postgres@db.invalid:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full",
+            pg.port
+        );
+        let wrong_name = refused(&wrong_name, right);
+        assert!(
+            wrong_name.contains("the TLS handshake failed")
+                && wrong_name.contains("not valid for name \"db.invalid\""),
+            "{wrong_name}"
+        );
         Ok(())
     }
 

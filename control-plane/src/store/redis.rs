@@ -1,5 +1,9 @@
 //! The shared state store: `stateStore: { type: redis, url: { env: NAME } }`.
 //!
+//! TLS: a `rediss://` URL connects over TLS and verifies the server's certificate and name
+//! against `stateStore.caFile` (or the system's CAs); a server whose certificate does not
+//! verify is refused at start ([`RedisStateStore::open`]), and later in the health message.
+//!
 //! Every control plane on one Redis holds the same durable state: blacklists (with the refused
 //! fingerprint), cooldowns, breakers, headroom, provider spend, and the half-open probe lease.
 //! Keys, all under the pool's `storeNamespace` (`<ns>` below):
@@ -32,6 +36,7 @@
 //! the engine merges what it holds with what Redis holds (see `Engine::sync_store`).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -164,11 +169,53 @@ impl Shared {
 /// Redis errors without the URL (it may carry a password).
 fn redis_error(err: &redis::RedisError) -> String {
     let kind = format!("{:?}", err.kind());
+    if let Some(why) = crate::tls::client::handshake_failure(err) {
+        return format!("redis: {kind}: {TLS_REFUSED}: {why}");
+    }
     match err.detail() {
         Some(detail) => format!("redis: {kind}: {detail}"),
         None if err.is_io_error() => format!("redis: {kind}: not reachable"),
         None => format!("redis: {kind}"),
     }
+}
+
+/// What a message says when the TLS handshake failed (a certificate that does not verify).
+const TLS_REFUSED: &str = "the TLS handshake failed";
+/// How long the start waits for a `rediss://` server to verify.
+const TLS_CHECK_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Whether `url` is Redis over TLS.
+fn is_tls(url: &str) -> bool {
+    url.trim_start()
+        .get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+}
+
+/// The client for `url` (parsed, not connected); with `ca_file`, a `rediss://` server's
+/// certificate must chain to that CA instead of the system's.
+fn client(url: &str, ca_file: Option<&Path>) -> Result<redis::Client, StoreError> {
+    let parse = |e: redis::RedisError| StoreError(format!("stateStore.url: {}", redis_error(&e)));
+    let Some(ca_file) = ca_file else {
+        return redis::Client::open(url).map_err(parse);
+    };
+    if !is_tls(url) {
+        return Err(StoreError(
+            "stateStore.caFile: the url is not rediss:// (Redis over TLS), so no certificate is verified; use rediss:// or remove caFile".into(),
+        ));
+    }
+    let pem = std::fs::read(ca_file).map_err(|e| {
+        StoreError(format!(
+            "stateStore.caFile: reading {}: {e}",
+            ca_file.display()
+        ))
+    })?;
+    crate::tls::client::roots_from_pem(ca_file, &pem)
+        .map_err(|e| StoreError(format!("stateStore.caFile: {e}")))?;
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    };
+    redis::Client::build_with_tls(url, certificates).map_err(parse)
 }
 
 pub struct RedisStateStore {
@@ -189,18 +236,52 @@ impl std::fmt::Debug for RedisStateStore {
 }
 
 impl RedisStateStore {
-    /// Parses `url` (nothing is connected yet: a control plane starts while Redis is away).
-    pub fn open(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        Self::with_health(url, namespace, &STATE)
+    /// Parses `url` (a control plane starts while Redis is away); a `rediss://` server that
+    /// answers is asked for its certificate first, and one that does not verify (against
+    /// `ca_file`, else the system's CAs) is refused.
+    pub fn open(url: &str, namespace: &str, ca_file: Option<&Path>) -> Result<Self, StoreError> {
+        let store = Self::from_client(client(url, ca_file)?, namespace, &STATE)?;
+        if is_tls(url) {
+            store.verify_tls(ca_file)?;
+        }
+        Ok(store)
     }
 
+    #[cfg(test)]
     fn with_health(
         url: &str,
         namespace: &str,
         health: &'static StoreHealth,
     ) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError(format!("stateStore.url: {}", redis_error(&e))))?;
+        Self::from_client(client(url, None)?, namespace, health)
+    }
+
+    /// Connects once: a TLS handshake refused is an error naming the store; Redis away is not
+    /// (the engine retries).
+    fn verify_tls(&self, ca_file: Option<&Path>) -> Result<(), StoreError> {
+        let shared = self.shared.clone();
+        let answer = self
+            .bridge
+            .run(TLS_CHECK_DEADLINE, async move { shared.conn().await });
+        match answer {
+            Err(e) if e.contains(TLS_REFUSED) => {
+                let against = ca_file.map_or_else(
+                    || "the system's CAs (name the server's CA with stateStore.caFile)".to_owned(),
+                    |f| format!("stateStore.caFile {}", f.display()),
+                );
+                Err(StoreError(format!(
+                    "stateStore: the Redis server's TLS certificate did not verify against {against}: {e}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn from_client(
+        client: redis::Client,
+        namespace: &str,
+        health: &'static StoreHealth,
+    ) -> Result<Self, StoreError> {
         Ok(Self {
             shared: Arc::new(Shared {
                 client,
@@ -680,6 +761,40 @@ mod tests {
             encode_breaker(&Breaker::default()),
         );
         assert_eq!(decode_state(&tables), state);
+    }
+
+    #[test]
+    fn rediss_verifies_the_server_against_the_ca_file() -> anyhow::Result<()> {
+        let cas = crate::tls::client::testing::two_cas("rediss")?;
+        let tls = servers::ServerTls::in_dir(&cas.right.control_plane);
+        let redis = servers::RedisServer::start_tls(tls)?;
+        assert!(redis.url().starts_with("rediss://"));
+        let store = RedisStateStore::open(&redis.url(), "tls", Some(&cas.right.ca))?;
+        let state = sample();
+        store.save(&state)?;
+        assert_eq!(store.load()?, state);
+
+        let refused = RedisStateStore::open(&redis.url(), "tls", Some(&cas.wrong.ca))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            refused.contains("stateStore: the Redis server's TLS certificate did not verify")
+                && refused.contains("invalid peer certificate")
+                && refused.contains(&cas.wrong.ca.display().to_string()),
+            "{refused}"
+        );
+        // A CA file without TLS would verify nothing: refused, not ignored.
+        let plain = format!("redis://127.0.0.1:{}/", redis.port);
+        let refused = RedisStateStore::open(&plain, "tls", Some(&cas.right.ca))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            refused.contains("stateStore.caFile: the url is not rediss://"),
+            "{refused}"
+        );
+        Ok(())
     }
 
     #[test]

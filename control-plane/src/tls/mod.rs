@@ -11,6 +11,7 @@
 //!   ([`SDS_CERTIFICATE_FILE`], [`SDS_CA_FILE`]); mount the folder where `render-envoy
 //!   --sync-tls-dir` says.
 
+pub mod client;
 pub mod issue;
 pub mod server;
 

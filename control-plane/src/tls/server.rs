@@ -33,14 +33,14 @@ const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 /// A client has this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn pem_error(path: &Path, reason: impl std::fmt::Display) -> TlsError {
+pub(super) fn pem_error(path: &Path, reason: impl std::fmt::Display) -> TlsError {
     TlsError::Pem {
         path: path.display().to_string(),
         reason: reason.to_string(),
     }
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+pub(super) fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         path: path.display().to_string(),
         source,
@@ -68,16 +68,7 @@ fn build(
         return Err(pem_error(&files.cert, "no certificate in the file"));
     }
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| pem_error(&files.key, e))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for ca_cert in CertificateDer::pem_slice_iter(ca) {
-        let ca_cert = ca_cert.map_err(|e| pem_error(&files.client_ca, e))?;
-        roots
-            .add(ca_cert)
-            .map_err(|e| pem_error(&files.client_ca, e))?;
-    }
-    if roots.is_empty() {
-        return Err(pem_error(&files.client_ca, "no CA certificate in the file"));
-    }
+    let roots = super::client::roots_from_pem(&files.client_ca, ca)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()

@@ -165,6 +165,7 @@ fn buffer_limit(max_body_bytes: u64) -> u64 {
         .max(1024 * 1024)
 }
 
+use ai_router_contract::plugin::{roles, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS};
 use ai_router_contract::{clusters, headers};
 
 fn q(s: &str) -> String {
@@ -173,12 +174,12 @@ fn q(s: &str) -> String {
 
 /// The plugin configuration and VM shared by the three roles: one `vm_id`, so the front stage,
 /// the attempt stage and the singleton share Envoy's shared data and queues.
-fn wasm_config(name: &str, role_json: &str, wasm_path: &str, indent: usize) -> String {
+fn wasm_config(name: &str, plugin: &PluginConfig, wasm_path: &str, indent: usize) -> String {
     let pad = " ".repeat(indent);
     let config = format!(
         "name: {name}\nroot_id: {name}\nconfiguration:\n  \"@type\": type.googleapis.com/google.protobuf.StringValue\n  value: {role}\nvm_config:\n  vm_id: ai_router\n  runtime: envoy.wasm.runtime.v8\n  code: {{ local: {{ filename: {wasm} }} }}\n  environment_variables:\n    host_env_keys: [{token_env}]\n",
         token_env = ai_router_contract::SYNC_TOKEN_ENV,
-        role = q(role_json),
+        role = q(&plugin.to_json()),
         wasm = q(wasm_path),
     );
     config.lines().map(|l| format!("{pad}{l}\n")).collect()
@@ -188,19 +189,21 @@ fn wasm_config(name: &str, role_json: &str, wasm_path: &str, indent: usize) -> S
 pub fn render_envoy(o: &RenderOptions) -> String {
     let limit = buffer_limit(o.max_body_bytes);
     let retries = o.max_attempts.max(1) - 1;
-    let front = wasm_config("ai_router_front", r#"{"role":"front"}"#, &o.wasm_path, 24);
+    let front = wasm_config(
+        "ai_router_front",
+        &PluginConfig::role(roles::FRONT),
+        &o.wasm_path,
+        24,
+    );
     let attempt = wasm_config(
         "ai_router_attempt",
-        r#"{"role":"attempt"}"#,
+        &PluginConfig::role(roles::ATTEMPT),
         &o.wasm_path,
         24,
     );
     let ctrl = wasm_config(
         "ai_router_ctrl",
-        &format!(
-            r#"{{"role":"ctrl","grpc_cluster":"{}","node":"envoy","tick_ms":500}}"#,
-            clusters::CONTROL_PLANE
-        ),
+        &PluginConfig::ctrl(clusters::CONTROL_PLANE, DEFAULT_NODE, DEFAULT_TICK_MS),
         &o.wasm_path,
         8,
     );
@@ -738,6 +741,53 @@ mod tests {
             validation["validation_context_sds_secret_config"]["sds_config"]["path_config_source"]
                 ["path"],
             "/etc/envoy/sync-tls/sds-ca.yaml"
+        );
+    }
+
+    /// Every wasm plugin of a rendered bootstrap (its `root_id` and its mapping), in order.
+    fn wasm_plugins(node: &serde_yaml_ng::Value, found: &mut Vec<serde_yaml_ng::Value>) {
+        match node {
+            serde_yaml_ng::Value::Mapping(map) => {
+                if map.contains_key("root_id") {
+                    found.push(node.clone());
+                }
+                map.values().for_each(|v| wasm_plugins(v, found));
+            }
+            serde_yaml_ng::Value::Sequence(items) => {
+                items.iter().for_each(|v| wasm_plugins(v, found))
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_filter_reads_back_each_rendered_plugin_configuration() {
+        use ai_router_filter_core::plugin::{parse, Role};
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&render_envoy(&options())).unwrap();
+        let mut plugins = Vec::new();
+        wasm_plugins(&doc, &mut plugins);
+        let roles: Vec<(String, Role)> = plugins
+            .iter()
+            .map(|p| {
+                let value = p["configuration"]["value"].as_str().unwrap();
+                let root = p["root_id"].as_str().unwrap().to_string();
+                (root, parse(Some(value.as_bytes())).unwrap())
+            })
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                (
+                    "ai_router_ctrl".to_string(),
+                    Role::Ctrl {
+                        grpc_cluster: clusters::CONTROL_PLANE.into(),
+                        node: DEFAULT_NODE.into(),
+                        tick_ms: DEFAULT_TICK_MS,
+                    }
+                ),
+                ("ai_router_front".to_string(), Role::Front),
+                ("ai_router_attempt".to_string(), Role::Attempt),
+            ]
         );
     }
 

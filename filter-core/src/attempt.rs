@@ -3,6 +3,7 @@
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 
+use ai_router_proto::names::sync;
 use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
     ProviderKind, Usage as ProtoUsage, UsageSource,
@@ -474,13 +475,13 @@ impl Attempt {
         };
         let token = host.sync_token();
         let metadata: Vec<(&str, &[u8])> = match &token {
-            Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+            Some(t) => vec![(ai_router_contract::SYNC_TOKEN_METADATA, t.as_bytes())],
             None => Vec::new(),
         };
         match host.dispatch_grpc_call(
             ai_router_contract::clusters::CONTROL_PLANE,
-            "airouter.v1.Sync",
-            "Lease",
+            sync::SERVICE,
+            sync::LEASE,
             &metadata,
             &request.encode_to_vec(),
             2_000,

@@ -14,8 +14,10 @@ pub mod roles {
 
 /// The ctrl singleton's tick when the configuration names none (and what the renderer writes).
 pub const DEFAULT_TICK_MS: u64 = 500;
-/// The tick periods taken: a zero period would stop the ticks (and the reports) altogether.
-pub const TICK_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+/// The tick periods taken, the filter refusing a configuration outside it (it applies the
+/// period as given): a zero period would stop the ticks (and the reports) altogether, a long
+/// one would hold the reports and the reconnects back.
+pub const TICK_MS: std::ops::RangeInclusive<u64> = 50..=10_000;
 /// How the ctrl singleton names its Envoy to the control plane when the configuration does not.
 pub const DEFAULT_NODE: &str = "envoy";
 

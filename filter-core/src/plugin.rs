@@ -85,6 +85,27 @@ mod tests {
         );
     }
 
+    /// One tick range (the contract's): its bounds are taken as given, a period past them is
+    /// refused, never clamped elsewhere.
+    #[test]
+    fn the_tick_range_is_the_contracts() {
+        let ctrl = |tick_ms: u64| {
+            parse(Some(
+                format!(r#"{{"role":"ctrl","tick_ms":{tick_ms}}}"#).as_bytes(),
+            ))
+        };
+        for tick_ms in [*TICK_MS.start(), DEFAULT_TICK_MS, *TICK_MS.end()] {
+            assert!(
+                matches!(ctrl(tick_ms), Ok(Role::Ctrl { tick_ms: t, .. }) if t == tick_ms),
+                "{tick_ms}"
+            );
+        }
+        for tick_ms in [TICK_MS.start() - 1, TICK_MS.end() + 1] {
+            let err = ctrl(tick_ms).unwrap_err();
+            assert!(err.contains(&format!("tick_ms {tick_ms}")), "{err}");
+        }
+    }
+
     #[test]
     fn a_bad_configuration_is_refused_with_its_reason() {
         for (raw, says) in [

@@ -113,7 +113,7 @@ impl Ctrl {
                 "ai-router: cannot register the report queue: {e:?}"
             )),
         }
-        let _ = hostcalls::set_tick_period(duration_ms(tick_ms.clamp(50, 10_000)));
+        let _ = hostcalls::set_tick_period(duration_ms(tick_ms));
     }
 
     fn metadata(&self) -> Vec<(&str, &[u8])> {

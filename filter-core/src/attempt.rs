@@ -470,7 +470,7 @@ impl Attempt {
                 .plan
                 .as_ref()
                 .map(|p| p.timeout_ms)
-                .unwrap_or(60_000)
+                .unwrap_or(ai_router_contract::defaults::TIMEOUT_MS)
                 .max(1_000),
         };
         let token = host.sync_token();

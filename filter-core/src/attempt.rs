@@ -589,7 +589,7 @@ impl Attempt {
             let max_tokens = if provider.default_max_tokens > 0 {
                 provider.default_max_tokens
             } else {
-                4096
+                ai_router_contract::defaults::DEFAULT_MAX_TOKENS
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
                 Ok(mut v) => {

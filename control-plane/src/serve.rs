@@ -306,6 +306,7 @@ pub const ADMIN_BODY_LIMIT: usize = 64 * 1024;
 /// and a body past [`ADMIN_BODY_LIMIT`] is refused (413).
 pub fn http_router(admin: Arc<AdminApi>) -> Router {
     crate::api::admin::routes()
+        .merge(crate::api::console::routes())
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(ADMIN_BODY_LIMIT))
         .layer(axum::middleware::from_fn_with_state(
@@ -859,6 +860,108 @@ mod tests {
             .body(Body::from(big.to_string()))?;
         let response = http_router(api).oneshot(request).await?;
         assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        Ok(())
+    }
+}
+
+/// The console's routes as the admin port serves them: the token check in front (the assets
+/// pass without one), never a token from a cookie.
+#[cfg(test)]
+mod console_route_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use axum::http::{header, HeaderMap, StatusCode};
+    use serde_json::Value;
+
+    use crate::api::console::CONTENT_SECURITY_POLICY;
+
+    async fn get(
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), Box<dyn std::error::Error>> {
+        use http_body_util::BodyExt;
+        use tower::ServiceExt;
+        let api = crate::api::admin::tests::api(Some(crate::api::admin::tests::TOKEN))?;
+        let mut request = axum::http::Request::builder().uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = super::http_router(api)
+            .oneshot(request.body(axum::body::Body::empty())?)
+            .await?;
+        let (parts, body) = response.into_parts();
+        Ok((
+            parts.status,
+            parts.headers,
+            body.collect().await?.to_bytes().to_vec(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn the_page_is_served_without_a_token_under_a_strict_policy(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        for (path, kind) in [
+            ("/ui", "text/html"),
+            ("/ui/app.js", "text/javascript"),
+            ("/ui/app.css", "text/css"),
+            ("/admin/ui", "text/html"),
+            ("/admin/ui/app.js", "text/javascript"),
+        ] {
+            let (status, headers, body) = get(path, &[]).await?;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            let header = |name: header::HeaderName| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            assert!(header(header::CONTENT_TYPE).starts_with(kind), "{path}");
+            assert_eq!(
+                header(header::CONTENT_SECURITY_POLICY),
+                CONTENT_SECURITY_POLICY
+            );
+            assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+            assert!(!body.is_empty());
+        }
+        assert!(CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'"));
+        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_console_figures_need_the_token_in_the_header_never_a_cookie(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let token = crate::api::admin::tests::TOKEN;
+        let bearer = format!("Bearer {token}");
+        for path in [
+            "/admin/console",
+            "/admin/console/ledger",
+            "/admin/console/usage",
+        ] {
+            let (status, _, _) = get(path, &[]).await?;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+            // What a browser would send on its own: a cookie. Never taken as the token.
+            for cookie in [
+                format!("token={token}"),
+                format!("authorization=Bearer {token}"),
+                format!("Authorization={bearer}"),
+            ] {
+                let (status, _, _) = get(path, &[("cookie", &cookie)]).await?;
+                assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with {cookie}");
+            }
+            let (status, _, body) = get(path, &[("authorization", &bearer)]).await?;
+            assert_eq!(status, StatusCode::OK, "{path}");
+            serde_json::from_slice::<Value>(&body)?;
+        }
+        // Nor do the admin API's own routes take a cookie.
+        let (status, _, _) = get("/admin/keys", &[("cookie", &format!("token={token}"))]).await?;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (_, _, body) = get("/admin/console", &[("authorization", &bearer)]).await?;
+        let overview: Value = serde_json::from_slice(&body)?;
+        assert_eq!(overview["calls"]["requests"], 0, "{overview}");
+        assert_eq!(overview["spend"]["today"], 0.0, "{overview}");
+        assert!(overview["problems"].as_array().is_some(), "{overview}");
         Ok(())
     }
 }

@@ -1,12 +1,15 @@
-//! No import cycle between the control plane's modules.
+//! No import cycle between the control plane's modules, nor between the filter core's.
 //!
 //! Reads every file of the library (`src/`, `main.rs` aside: it only calls the library), takes
 //! the module paths each one names outside comments and string literals (`crate::…`,
 //! `super::…`, `self::…`, a child module's name, `use` trees expanded; test modules included)
-//! and checks that two graphs have no cycle:
+//! and checks that three graphs have no cycle:
 //! - the folders, one node per top-level module (`config`, `store`, `keys`, `engine`, `api`,
 //!   `serve`, ...): the layers of the architecture;
-//! - the files, one node per module, so that no two files of a folder lean on each other either.
+//! - the files, one node per module, so that no two files of a folder lean on each other either;
+//! - the files of the filter's decision crate (`filter-core/src`), with what only tests build
+//!   left out (`#[cfg(test)]` items and files): a stage's tests drive it through the fake host,
+//!   which sits above every module, as a test harness does.
 //!
 //! A failure names the cycle and, for each step, the file and line that makes it.
 
@@ -281,11 +284,92 @@ fn target(
         .find(|prefix| modules.contains(prefix))
 }
 
+/// Whether the items only tests build count (`#[cfg(test)]` modules, functions, files).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tests {
+    Included,
+    Left,
+}
+
+/// Whether `tokens` open with `#[cfg(test)]`.
+fn is_cfg_test(tokens: &[(Token, usize)]) -> bool {
+    let ident =
+        |i: usize, name: &str| matches!(tokens.get(i), Some((Token::Ident(w), _)) if w == name);
+    let other = |i: usize| matches!(tokens.get(i), Some((Token::Other, _)));
+    other(0) && other(1) && ident(2, "cfg") && other(3) && ident(4, "test") && other(5) && other(6)
+}
+
+/// The token after the item whose attributes start at `start`: past its `;` or its `{ .. }`.
+fn end_of_item(tokens: &[(Token, usize)], start: usize) -> usize {
+    let mut i = start;
+    while i < tokens.len() {
+        match tokens[i].0 {
+            Token::Semi => return i + 1,
+            Token::Open => {
+                let mut depth = 0usize;
+                while i < tokens.len() {
+                    match tokens[i].0 {
+                        Token::Open => depth += 1,
+                        Token::Close => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return i + 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// The files (under `src/`) of the modules declared `#[cfg(test)] mod name;`, with or without
+/// a `#[path = ".."]`.
+fn test_files(files: &[(PathBuf, String)]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for (path, source) in files {
+        let dir = path.parent().unwrap_or(Path::new(""));
+        for (at, _) in source.match_indices("#[cfg(test)]") {
+            let mut rest = source[at + "#[cfg(test)]".len()..].trim_start();
+            let mut file = None;
+            if let Some(after) = rest.strip_prefix("#[path = \"") {
+                let end = after.find('"').unwrap_or(0);
+                file = Some(dir.join(&after[..end]));
+                rest = after[end..].trim_start_matches(['"', ']']).trim_start();
+            }
+            let rest = rest.strip_prefix("pub ").unwrap_or(rest).trim_start();
+            let Some(rest) = rest.strip_prefix("mod ") else {
+                continue;
+            };
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !rest[name.len()..].trim_start().starts_with(';') {
+                continue;
+            }
+            let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+            let home = match stem.as_deref() {
+                Some("lib" | "mod" | "main") => dir.to_path_buf(),
+                Some(stem) => dir.join(stem),
+                None => dir.to_path_buf(),
+            };
+            out.insert(file.unwrap_or_else(|| home.join(format!("{name}.rs"))));
+        }
+    }
+    out
+}
+
 /// Every (named module, line) of one file defining `module`.
 fn dependencies(
     source: &str,
     module: &[String],
     modules: &BTreeSet<ModulePath>,
+    tests: Tests,
 ) -> Vec<(ModulePath, usize)> {
     let tokens = tokens(source);
     let mut found = Vec::new();
@@ -300,6 +384,10 @@ fn dependencies(
             .chain(inline.iter().map(|(name, _)| name.clone()))
             .collect();
         let (token, line) = &tokens[i];
+        if tests == Tests::Left && is_cfg_test(&tokens[i..]) {
+            i = end_of_item(&tokens, i);
+            continue;
+        }
         match token {
             Token::Open => depth += 1,
             Token::Close => {
@@ -355,7 +443,12 @@ fn dependencies(
 
 /// The module graph of the files `(path under src/, source)`, at file level (`depth` None) or
 /// cut to the first `depth` segments.
-fn graph(files: &[(PathBuf, String)], depth: Option<usize>) -> Graph {
+fn graph(files: &[(PathBuf, String)], depth: Option<usize>, tests: Tests) -> Graph {
+    let left = match tests {
+        Tests::Included => BTreeSet::new(),
+        Tests::Left => test_files(files),
+    };
+    let files: Vec<&(PathBuf, String)> = files.iter().filter(|(p, _)| !left.contains(p)).collect();
     let modules: BTreeSet<ModulePath> = files.iter().map(|(p, _)| module_of(p)).collect();
     let name = |m: &[String]| {
         let cut = depth.map_or(m.len(), |d| d.min(m.len()));
@@ -368,7 +461,7 @@ fn graph(files: &[(PathBuf, String)], depth: Option<usize>) -> Graph {
             continue;
         }
         let from = name(&module);
-        for (to, line) in dependencies(source, &module, &modules) {
+        for (to, line) in dependencies(source, &module, &modules, tests) {
             let to = name(&to);
             if to.is_empty() || to == from {
                 continue;
@@ -446,7 +539,45 @@ fn describe(cycle: &[String], graph: &Graph) -> String {
     format!("import cycle:\n{}", steps.join("\n"))
 }
 
-fn library_files() -> Result<Vec<(PathBuf, String)>> {
+/// The groups of modules that reach each other (strongly connected, two or more), each sorted.
+fn tangles(graph: &Graph) -> Vec<Vec<String>> {
+    let nodes: BTreeSet<&String> = graph
+        .iter()
+        .flat_map(|(from, to)| std::iter::once(from).chain(to.keys()))
+        .collect();
+    let reach = |start: &String| -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![start.clone()];
+        while let Some(node) = todo.pop() {
+            for next in graph.get(&node).into_iter().flat_map(BTreeMap::keys) {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        nodes.iter().map(|n| (*n, reach(n))).collect();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    for node in &nodes {
+        if groups.iter().any(|g| g.contains(*node)) {
+            continue;
+        }
+        let group: Vec<String> = reached[node]
+            .iter()
+            .filter(|other| reached.get(other).is_some_and(|back| back.contains(*node)))
+            .cloned()
+            .collect();
+        if group.len() > 1 {
+            groups.push(group);
+        }
+    }
+    groups
+}
+
+/// The files of the crate whose `src/` is `root`, `main.rs` aside.
+fn files_under(root: &Path) -> Result<Vec<(PathBuf, String)>> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<(PathBuf, String)>) -> Result<()> {
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -461,16 +592,24 @@ fn library_files() -> Result<Vec<(PathBuf, String)>> {
         }
         Ok(())
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    walk(&root, &root, &mut files)?;
+    walk(root, root, &mut files)?;
     files.sort();
     Ok(files)
 }
 
+fn library_files() -> Result<Vec<(PathBuf, String)>> {
+    files_under(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+}
+
+/// The filter's decision crate, a sibling of this one in the workspace.
+fn filter_core_files() -> Result<Vec<(PathBuf, String)>> {
+    files_under(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../filter-core/src"))
+}
+
 #[test]
 fn folders_have_no_import_cycle() -> Result<()> {
-    let graph = graph(&library_files()?, Some(1));
+    let graph = graph(&library_files()?, Some(1), Tests::Included);
     // The check sees the layers it is meant to keep apart.
     for (from, to) in [("engine", "store"), ("keys", "config"), ("api", "engine")] {
         assert!(
@@ -486,9 +625,44 @@ fn folders_have_no_import_cycle() -> Result<()> {
 
 #[test]
 fn files_have_no_import_cycle() -> Result<()> {
-    let graph = graph(&library_files()?, None);
+    let graph = graph(&library_files()?, None, Tests::Included);
     if let Some(cycle) = find_cycle(&graph) {
         panic!("{}", describe(&cycle, &graph));
+    }
+    Ok(())
+}
+
+#[test]
+fn filter_core_files_have_no_import_cycle() -> Result<()> {
+    let graph = graph(&filter_core_files()?, None, Tests::Left);
+    // The check sees the crate's edges.
+    for (from, to) in [("attempt", "classify"), ("front", "resolve")] {
+        assert!(
+            graph.get(from).is_some_and(|t| t.contains_key(to)),
+            "{from} -> {to} not seen: {graph:#?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        // Every edge inside each group of modules that reach each other: what to cut.
+        let groups: Vec<String> = tangles(&graph)
+            .iter()
+            .map(|group| {
+                let edges: Vec<String> = group
+                    .iter()
+                    .flat_map(|from| graph[from].iter().map(move |(to, site)| (from, to, site)))
+                    .filter(|(_, to, _)| group.contains(to))
+                    .map(|(from, to, site)| {
+                        format!("    {from} -> {to}   ({}:{})", site.file, site.line)
+                    })
+                    .collect();
+                format!("  {}:\n{}", group.join(", "), edges.join("\n"))
+            })
+            .collect();
+        panic!(
+            "{}\nmodules that reach each other:\n{}",
+            describe(&cycle, &graph),
+            groups.join("\n")
+        );
     }
     Ok(())
 }
@@ -506,7 +680,7 @@ fn the_check_finds_what_a_file_names() {
         (PathBuf::from("e.rs"), "let r = r#\"crate::a\"#; let c = '\"';\n".to_owned()),
         (PathBuf::from("lib.rs"), "pub mod a;\n".to_owned()),
     ];
-    let folders = graph(&files, Some(1));
+    let folders = graph(&files, Some(1), Tests::Included);
     let named = |g: &Graph, from: &str| -> Vec<String> {
         g.get(from)
             .map(|t| t.keys().cloned().collect())
@@ -520,7 +694,30 @@ fn the_check_finds_what_a_file_names() {
     assert!(text.contains("a -> b   (a/mod.rs:3)"), "{text}");
     assert!(text.contains("b -> a   (b.rs:1)"), "{text}");
 
-    let modules = graph(&files, None);
+    let modules = graph(&files, None, Tests::Included);
     assert_eq!(named(&modules, "a"), ["a::x", "b", "c", "e"]);
     assert_eq!(named(&modules, "a::x"), ["a"]);
+
+    // Without what only tests build: a `#[cfg(test)]` module, function or `use`, and a file
+    // declared `#[cfg(test)] mod` (with or without `#[path]`).
+    let files = vec![
+        (
+            PathBuf::from("a.rs"),
+            "use crate::b::B;\n#[cfg(test)]\nuse crate::c::C;\n#[cfg(test)]\nfn f() { crate::c::g(); }\n#[cfg(test)]\nmod tests {\n    use crate::c::C;\n}\n#[cfg(test)]\n#[path = \"a_tests.rs\"]\nmod more;\n#[cfg(test)]\nmod child;\n".to_owned(),
+        ),
+        (PathBuf::from("a_tests.rs"), "use crate::c::C;\n".to_owned()),
+        (PathBuf::from("a/child.rs"), "use crate::c::C;\n".to_owned()),
+        (PathBuf::from("b.rs"), String::new()),
+        (PathBuf::from("c.rs"), "use crate::a::A;\n".to_owned()),
+        (PathBuf::from("lib.rs"), "pub mod a;\n".to_owned()),
+    ];
+    let with = graph(&files, None, Tests::Included);
+    assert_eq!(named(&with, "a"), ["b", "c"]);
+    assert_eq!(named(&with, "a_tests"), ["c"]);
+    let without = graph(&files, None, Tests::Left);
+    assert_eq!(named(&without, "a"), ["b"]);
+    assert_eq!(named(&without, "a_tests"), Vec::<String>::new());
+    assert_eq!(named(&without, "a::child"), Vec::<String>::new());
+    assert_eq!(find_cycle(&without), None);
+    assert_eq!(tangles(&with), [["a", "c"]]);
 }

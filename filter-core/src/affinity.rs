@@ -19,7 +19,7 @@
 use serde_json::Value;
 
 use crate::host::Host;
-use crate::lanes::LaneId;
+use crate::vocab::LaneId;
 
 /// Pins per Envoy process.
 pub const SLOTS: u64 = 4096;

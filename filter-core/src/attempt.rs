@@ -18,15 +18,16 @@ use crate::errors::{upstream_invalid_request, ErrorCode, GatewayError};
 use crate::headers;
 use crate::host::{Flow, Host, Side};
 use crate::ingress::{self, Egress};
-use crate::lanes::{self, LaneId, Pick};
+use crate::lanes::{self, Pick};
 use crate::local::Send;
 use crate::messages_ingress::Fidelity;
 use crate::plan::{Candidate, Operation, Plan, Protocol, PLAN_HEADER};
 use crate::redact::StreamRedactor;
 use crate::sse::Parser;
 use crate::state::State;
-use crate::stream::{usage_of, Gate, Step, Usage};
+use crate::stream::{Gate, Step};
 use crate::util::{redact, redact_bytes};
+use crate::vocab::{usage_of, LaneId, Usage};
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, LANE_COST as H_LANE_COST,
     LANE_MODEL as H_LANE_MODEL, RETRY as H_RETRY, RETRY_AFTER as H_RETRY_AFTER,
@@ -211,6 +212,12 @@ pub(crate) fn timer(host: &mut impl Host, at: i64) -> Result<u32, crate::host::R
         ("x-envoy-fault-delay-request", delay.as_str()),
     ];
     host.dispatch_http_call(TIMER_CLUSTER, &headers, ms as u64 + 5_000)
+}
+
+/// Whether Envoy's reason for the end of the stream (`response.code_details`) is that the
+/// client went away before its answer ended: a cancelled call, never an upstream error.
+pub fn client_went_away(details: &[u8]) -> bool {
+    details.starts_with(b"downstream_remote_disconnect")
 }
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
@@ -1122,7 +1129,7 @@ impl Attempt {
         match self.usage {
             Some(u) => crate::cost::of_usage(&price, &u),
             None => {
-                let needs = crate::resolve::Needs {
+                let needs = crate::vocab::Needs {
                     prompt_tokens: plan.prompt_tokens,
                     max_tokens: plan.max_tokens,
                     ..Default::default()
@@ -1499,7 +1506,7 @@ impl Attempt {
             .unwrap_or_default();
         let class = if now + 50 >= deadline {
             Class::Deadline
-        } else if crate::front::client_went_away(&details) {
+        } else if client_went_away(&details) {
             Class::Cancelled
         } else if self.after_first_token {
             Class::Stream
@@ -2180,7 +2187,7 @@ mod tests {
                 .iter()
                 .any(|h| matches!(
                     h,
-                    crate::lanes::LocalHold::Cooldown { until_ms, .. } if *until_ms >= NOW + 19_000
+                    crate::vocab::LocalHold::Cooldown { until_ms, .. } if *until_ms >= NOW + 19_000
                 )),
             "the lane is cooled for every worker at once"
         );

@@ -94,6 +94,55 @@ pub fn check_chat(body: &Value) -> Result<(), GatewayError> {
     Ok(())
 }
 
+/// Refuses a body whose top level names a field twice, exactly or in another letter case
+/// (`model` twice, `model` and `Model`, `stream` and `STREAM`, `mod\u0065l` and `model`).
+/// Parsers disagree on such a body: serde_json keeps the last value, others the first, and Go's
+/// `encoding/json` matches names regardless of case. The scope check and the router read one
+/// `model`; a provider given the body could read the other. No API has two top-level fields
+/// that differ only in case, so the rule refuses nothing a client means (README, "Errors").
+/// `body` is already known to parse as a JSON object.
+pub fn check_unique_top_level_keys(body: &[u8]) -> Result<(), GatewayError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match serde::Deserializer::deserialize_map(&mut de, RepeatedKey) {
+        Ok(None) | Err(_) => Ok(()),
+        Ok(Some(key)) => {
+            let shown: String = key.chars().take(64).collect();
+            Err(GatewayError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "The request body names the top-level field '{shown}' more than once \
+                     (names that differ only in letter case count as the same field): send \
+                     each field once."
+                ),
+            ))
+        }
+    }
+}
+
+/// Reads the top-level keys (values skipped unparsed) and yields the first repeated one.
+struct RepeatedKey;
+
+impl<'de> serde::de::Visitor<'de> for RepeatedKey {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        let mut repeated = None;
+        // Read to the end: serde_json fails a map left before its closing brace.
+        while let Some(key) = map.next_key::<String>()? {
+            map.next_value::<serde::de::IgnoredAny>()?;
+            if !seen.insert(key.to_ascii_lowercase()) && repeated.is_none() {
+                repeated = Some(key);
+            }
+        }
+        Ok(repeated)
+    }
+}
+
 fn invalid(message: &'static str, param: &'static str) -> GatewayError {
     GatewayError::new(ErrorCode::InvalidRequest, message).with_param(param)
 }
@@ -173,6 +222,49 @@ mod tests {
         ];
         for (body, param) in cases {
             assert_eq!(param_of(body.clone()), Some(param), "{body}");
+        }
+    }
+
+    #[test]
+    fn a_top_level_field_named_twice_in_any_case_is_refused() {
+        for (body, named) in [
+            (r#"{"model":"a","model":"b"}"#, "model"),
+            (r#"{"model":"a","Model":"b"}"#, "Model"),
+            (r#"{"MODEL":"b","model":"a"}"#, "model"),
+            (r#"{"stream":false,"messages":[],"stream":true}"#, "stream"),
+            (r#"{"model":"a","mod\u0065l":"b"}"#, "model"),
+            (r#"{"input":"x","INPUT":["y"]}"#, "INPUT"),
+            (r#"{"model":"a","model":"b","messages":[]}"#, "model"),
+            (
+                r#"{"Model":"b","model":"a","stream":true,"STREAM":false}"#,
+                "model",
+            ),
+        ] {
+            let error = check_unique_top_level_keys(body.as_bytes()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidRequest, "{body}");
+            assert!(
+                error.message.contains(&format!("'{named}'")),
+                "{body}: {}",
+                error.message
+            );
+        }
+        let long = format!(r#"{{"{k}":1,"{k}":2}}"#, k = "k".repeat(10_000));
+        let error = check_unique_top_level_keys(long.as_bytes()).unwrap_err();
+        assert!(error.message.len() < 300, "the key is shortened");
+    }
+
+    #[test]
+    fn nested_repeats_and_distinct_fields_pass() {
+        for body in [
+            r#"{"model":"a","messages":[{"role":"user","content":"x"}],"stream":true}"#,
+            r#"{"model":"a","metadata":{"k":1,"K":2,"k":3}}"#,
+            r#"{"model":"a","max_tokens":1,"max_completion_tokens":2}"#,
+            r#"{}"#,
+        ] {
+            assert!(
+                check_unique_top_level_keys(body.as_bytes()).is_ok(),
+                "{body}"
+            );
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! - The key is the resolved request: the candidates the call resolves to and the body's
 //!   messages, tools and sampling parameters; `stream` and `stream_options` do not split it
-//!   (a stored answer replays as SSE to a streaming client, [`replay_sse`]).
+//!   (a stored answer replays as SSE to a streaming client, [`crate::cache_shapes::replay_sse`]).
 //! - Storage is bounded per Envoy process: shared data cannot drop a key, so entries live in
 //!   `maxEntries` fixed slots, a key's slot chosen by its hash ([`slot_of`]). The eviction
 //!   rule: a new answer replaces whatever its slot holds (direct-mapped); an entry past its
@@ -554,7 +554,7 @@ impl CallCache {
         host: &mut impl Host,
         chunk: &[u8],
         end_of_stream: bool,
-        usage: Option<crate::stream::Usage>,
+        usage: Option<crate::vocab::Usage>,
         now_ms: i64,
     ) {
         let (Lookup::Miss(miss), Some(answer)) = (&self.lookup, self.answer.as_mut()) else {
@@ -630,7 +630,7 @@ impl CallCache {
             outcome.usage = serde_json::from_slice::<Value>(&entry.body)
                 .ok()
                 .and_then(|v| match protocol {
-                    crate::plan::Protocol::Chat => crate::stream::usage_of(&v),
+                    crate::plan::Protocol::Chat => crate::vocab::usage_of(&v),
                     p => crate::ingress::native_usage(p, v.get("usage")),
                 })
                 .map(|u| ai_router_proto::v1::Usage {
@@ -706,7 +706,7 @@ pub fn assemble_stream(sse: &[u8]) -> Option<Value> {
 }
 
 /// `usage` in the chat completion's shape (a hit's replay drops it unless the client asked).
-fn openai_usage(u: &crate::stream::Usage) -> Value {
+fn openai_usage(u: &crate::vocab::Usage) -> Value {
     let mut usage = json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
@@ -805,66 +805,10 @@ pub fn hit_answer(
             map.remove("usage");
         }
     }
-    ("text/event-stream", replay_sse(&answer))
-}
-
-/// A stored unary chat answer as the SSE a streaming client expects: a role chunk, one content
-/// (or tool call) chunk per choice, a finish chunk per choice, the usage chunk, `[DONE]`.
-pub fn replay_sse(answer: &Value) -> Vec<u8> {
-    let id = answer
-        .get("id")
-        .cloned()
-        .unwrap_or(json!("chatcmpl-cached"));
-    let model = answer.get("model").cloned().unwrap_or(Value::Null);
-    let created = answer.get("created").cloned().unwrap_or(json!(0));
-    let chunk = |choices: Value| {
-        json!({ "id": id, "object": "chat.completion.chunk", "created": created,
-                "model": model, "choices": choices })
-    };
-    let mut events = Vec::new();
-    for (i, c) in answer
-        .get("choices")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let message = c.get("message").cloned().unwrap_or(Value::Null);
-        events.push(chunk(
-            json!([{ "index": i, "delta": { "role": "assistant" } }]),
-        ));
-        let mut delta = serde_json::Map::new();
-        if let Some(text) = message.get("content").filter(|t| t.is_string()) {
-            delta.insert("content".into(), text.clone());
-        }
-        if let Some(Value::Array(calls)) = message.get("tool_calls") {
-            let indexed: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(n, call)| {
-                    let mut call = call.clone();
-                    call["index"] = json!(n);
-                    call
-                })
-                .collect();
-            delta.insert("tool_calls".into(), Value::Array(indexed));
-        }
-        events.push(chunk(json!([{ "index": i, "delta": delta }])));
-        events.push(chunk(
-            json!([{ "index": i, "delta": {}, "finish_reason": c.get("finish_reason") }]),
-        ));
-    }
-    if let Some(usage) = answer.get("usage") {
-        let mut last = chunk(json!([]));
-        last["usage"] = usage.clone();
-        events.push(last);
-    }
-    let mut out = Vec::new();
-    for e in events {
-        out.extend_from_slice(format!("data: {e}\n\n").as_bytes());
-    }
-    out.extend_from_slice(b"data: [DONE]\n\n");
-    out
+    (
+        "text/event-stream",
+        crate::cache_shapes::replay_sse(crate::plan::Protocol::Chat, &answer),
+    )
 }
 
 #[cfg(test)]
@@ -958,7 +902,11 @@ mod tests {
 
     #[test]
     fn a_stored_answer_replays_as_sse() {
-        let sse = String::from_utf8(replay_sse(&answer("stop", "hello"))).unwrap_or_default();
+        let sse = String::from_utf8(crate::cache_shapes::replay_sse(
+            crate::plan::Protocol::Chat,
+            &answer("stop", "hello"),
+        ))
+        .unwrap_or_default();
         let events: Vec<Value> = sse
             .split("\n\n")
             .filter_map(|e| e.strip_prefix("data: "))

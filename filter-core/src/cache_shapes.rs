@@ -234,9 +234,68 @@ pub fn replay_sse(protocol: Protocol, answer: &Value) -> Vec<u8> {
     match protocol {
         Protocol::Messages => replay_messages(answer),
         Protocol::Responses => replay_responses(answer),
-        Protocol::Chat => crate::cache::replay_sse(answer),
+        Protocol::Chat => replay_chat(answer),
         Protocol::Gemini => crate::gemini_ingress::replay(answer, false),
     }
+}
+
+/// A stored unary chat answer as the SSE a streaming client expects: a role chunk, one content
+/// (or tool call) chunk per choice, a finish chunk per choice, the usage chunk, `[DONE]`.
+fn replay_chat(answer: &Value) -> Vec<u8> {
+    let id = answer
+        .get("id")
+        .cloned()
+        .unwrap_or(json!("chatcmpl-cached"));
+    let model = answer.get("model").cloned().unwrap_or(Value::Null);
+    let created = answer.get("created").cloned().unwrap_or(json!(0));
+    let chunk = |choices: Value| {
+        json!({ "id": id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": choices })
+    };
+    let mut events = Vec::new();
+    for (i, c) in answer
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let message = c.get("message").cloned().unwrap_or(Value::Null);
+        events.push(chunk(
+            json!([{ "index": i, "delta": { "role": "assistant" } }]),
+        ));
+        let mut delta = serde_json::Map::new();
+        if let Some(text) = message.get("content").filter(|t| t.is_string()) {
+            delta.insert("content".into(), text.clone());
+        }
+        if let Some(Value::Array(calls)) = message.get("tool_calls") {
+            let indexed: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(n, call)| {
+                    let mut call = call.clone();
+                    call["index"] = json!(n);
+                    call
+                })
+                .collect();
+            delta.insert("tool_calls".into(), Value::Array(indexed));
+        }
+        events.push(chunk(json!([{ "index": i, "delta": delta }])));
+        events.push(chunk(
+            json!([{ "index": i, "delta": {}, "finish_reason": c.get("finish_reason") }]),
+        ));
+    }
+    if let Some(usage) = answer.get("usage") {
+        let mut last = chunk(json!([]));
+        last["usage"] = usage.clone();
+        events.push(last);
+    }
+    let mut out = Vec::new();
+    for e in events {
+        out.extend_from_slice(format!("data: {e}\n\n").as_bytes());
+    }
+    out.extend_from_slice(b"data: [DONE]\n\n");
+    out
 }
 
 /// `message_start`, each block's start, delta and stop, `message_delta`, `message_stop`.

@@ -4,7 +4,7 @@
 use super::*;
 use crate::cache::{key_for, key_of};
 use crate::plan::Operation;
-use crate::stream::FromChatStream;
+use crate::sse::FromChatStream;
 
 fn message() -> Value {
     json!({

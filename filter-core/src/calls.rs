@@ -3,7 +3,7 @@
 //! the backoff before its next attempt.
 
 use crate::classify::Class;
-use crate::lanes::LaneId;
+use crate::vocab::LaneId;
 
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Call {
@@ -13,7 +13,7 @@ pub struct Call {
     pub answered: Option<LaneId>,
     /// The answering attempt's usage as the provider reported it (a stream's even when the
     /// client did not ask for its usage chunk): what the response cache stores with it.
-    pub answered_usage: Option<crate::stream::Usage>,
+    pub answered_usage: Option<crate::vocab::Usage>,
     pub created_ms: i64,
     /// Embeddings: the model identity of the first lane, which every later attempt keeps.
     pub identity: Option<String>,

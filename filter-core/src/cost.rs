@@ -9,8 +9,8 @@ use ai_router_contract::price::Price;
 use ai_router_proto::v1::Cost;
 
 use crate::plan::Candidate;
-use crate::resolve::Needs;
 use crate::state::State;
+use crate::vocab::Needs;
 
 /// The price of a candidate's model, if it has one.
 pub fn price_of(state: &State, provider: &str, model: &str) -> Option<Cost> {
@@ -37,7 +37,7 @@ pub fn cost_at(
 
 /// What an answer's usage costs at a price: the one figure `x-ai-router-cost` and a stream's
 /// `usage.cost` state.
-pub fn of_usage(price: &Cost, usage: &crate::stream::Usage) -> f64 {
+pub fn of_usage(price: &Cost, usage: &crate::vocab::Usage) -> f64 {
     cost_at(
         price,
         usage.prompt_tokens,

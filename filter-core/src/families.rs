@@ -16,14 +16,7 @@
 //!   keeps the first tier only, siblings included.
 
 use crate::state::State;
-
-/// How a request names a family.
-pub const PREFIX: &str = "family:";
-
-/// The name a family answers to.
-pub fn name_of(family: &str) -> String {
-    format!("{PREFIX}{family}")
-}
+use crate::vocab::family::{name_of, PREFIX};
 
 /// The families (name, rank) of the pool models serving `name`, best rank first; a
 /// `family:` name is its own family already.

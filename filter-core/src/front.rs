@@ -264,7 +264,7 @@ impl Front {
         let now = host.now_ms();
         let usable = state
             .as_ref()
-            .map(|state| host.with_lanes(|view, _| crate::state::any_usable_key(state, view, now)));
+            .map(|state| host.with_lanes(|view, _| crate::lanes::any_usable_key(state, view, now)));
         let (status, code) = match usable {
             None => (503, "starting"),
             Some(true) => (200, "ok"),
@@ -406,6 +406,11 @@ impl Front {
                 )
             }
         };
+        // One `model`, one `stream`: what the scope check and the router read is what the
+        // provider reads.
+        if let Err(error) = crate::body_check::check_unique_top_level_keys(body) {
+            return self.reply(host, error);
+        }
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
         if let Some(call) = self.gemini.clone() {
@@ -712,12 +717,6 @@ impl Front {
 /// How Envoy's router ended an answer that had started, from the stream's response code
 /// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
 /// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
-/// Whether Envoy's reason for the end of the stream (`response.code_details`) is that the
-/// client went away before its answer ended: a cancelled call, never an upstream error.
-pub fn client_went_away(details: &[u8]) -> bool {
-    details.starts_with(b"downstream_remote_disconnect")
-}
-
 fn cut_by_the_router(host: &impl Host) -> Option<Class> {
     let details = host.property(&["response", "code_details"])?;
     if details == b"response_timeout" {
@@ -851,6 +850,9 @@ impl Front {
             }
             ("GET", "/health") => return self.health(host),
             (_, p) if is_admin_path(p) => {
+                if !canonical_path(p) {
+                    return self.reply(host, GatewayError::not_found(&path));
+                }
                 self.admin = true;
                 return Flow::Continue;
             }
@@ -1349,7 +1351,7 @@ impl Front {
                 // client that went away before its answer cancelled the call.
                 let went_away = host
                     .property(&["response", "code_details"])
-                    .is_some_and(|d| client_went_away(&d));
+                    .is_some_and(|d| crate::attempt::client_went_away(&d));
                 let class = if went_away {
                     Some(Class::Cancelled)
                 } else {
@@ -1402,6 +1404,20 @@ impl Front {
 /// public listener routes to the control plane (`render.rs`), not to a model.
 pub fn is_admin_path(path: &str) -> bool {
     path.starts_with("/admin/")
+}
+
+/// Whether `path` (no query) is spelled the one way a router reads it: no empty, `.` or `..`
+/// segment, no percent-escape, no backslash. Envoy forwards `/admin/...` to the control plane
+/// as it came, and the control plane's gRPC port (which serves the admin routes to Envoy)
+/// answers a path it does not route on its own (`/admin/../metrics`: 200 with a gRPC status):
+/// an admin path spelled any other way is the stage's 404, so only the routes the path names
+/// are reached.
+pub fn canonical_path(path: &str) -> bool {
+    !path.contains(['%', '\\'])
+        && path
+            .split('/')
+            .skip(1)
+            .all(|segment| !matches!(segment, "" | "." | ".."))
 }
 
 /// A W3C trace context `traceparent`: `00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`,
@@ -1478,11 +1494,34 @@ mod admin_path_tests {
             assert!(host.reports.is_empty(), "{path}");
         }
         // Neither a model route nor the admin API: 404 from the stage.
-        let mut host = FakeHost::with_state(State::new(1, snap));
+        let mut host = FakeHost::with_state(State::new(1, snap.clone()));
         host.add(Side::Request, ":method", b"GET");
         host.add(Side::Request, ":path", b"/administrator");
         Front::default().on_request_headers(&mut host, false);
         assert_eq!(host.answered.as_ref().map(|a| a.status), Some(404));
+        // An admin path spelled another way never reaches the control plane.
+        for path in [
+            "/admin/../metrics",
+            "/admin/./keys",
+            "/admin//keys",
+            "/admin/keys/../../health",
+            "/admin/%2e%2e/metrics",
+            "/admin/..%2fmetrics",
+            "/admin/%6beys",
+            "/admin/..\\metrics",
+        ] {
+            let mut host = FakeHost::with_state(State::new(1, snap.clone()));
+            host.add(Side::Request, ":method", b"GET");
+            host.add(Side::Request, ":path", path.as_bytes());
+            host.add(Side::Request, "authorization", b"Bearer admin-token");
+            let mut front = Front::default();
+            front.on_request_headers(&mut host, false);
+            assert_eq!(
+                host.answered.as_ref().map(|a| a.status),
+                Some(404),
+                "{path}"
+            );
+        }
     }
 }
 

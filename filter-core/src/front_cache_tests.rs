@@ -5,7 +5,7 @@
 use super::*;
 use crate::cache::{Entry, Lookup};
 use crate::host::fake::{model, open_key, provider, FakeHost};
-use crate::stream::Usage;
+use crate::vocab::Usage;
 use ai_router_proto::v1::{CacheLookup, CacheSettings, CacheStore, Policy, Snapshot};
 
 const KEY: &str = "sk-starci-app-0123456789abcdef";

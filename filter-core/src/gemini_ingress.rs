@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use crate::anthropic::{str_field as str_of, AdapterError};
-use crate::stream::FromChatStream;
+use crate::sse::FromChatStream;
 
 // ---------------------------------------------------------------------------------------------
 // Routes

@@ -9,9 +9,10 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
 use crate::calls::Call;
 use crate::classify::Class;
-use crate::lanes::{LaneId, RoundRobin, View};
+use crate::lanes::{RoundRobin, View};
 use crate::local::{Allowance, Send};
 use crate::state::State;
+use crate::vocab::LaneId;
 
 /// A host call that could not be made (a dispatch the host refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,10 +173,11 @@ pub mod fake {
     use super::{Host, Refused, Side};
     use crate::calls::Call;
     use crate::classify::Class;
-    use crate::lanes::{LaneId, LocalHold, RoundRobin, View};
+    use crate::lanes::{RoundRobin, View};
     use crate::local::{Allowance, Send, Sends};
     use crate::minute_lease::{Ask, MinuteLease};
     use crate::state::State;
+    use crate::vocab::{LaneId, LocalHold};
 
     /// A call the stage dispatched.
     #[derive(Debug, Clone, PartialEq)]

@@ -26,9 +26,10 @@ use crate::gemini_ingress;
 use crate::messages_ingress::{self, Fidelity};
 use crate::plan::{Candidate, Protocol};
 use crate::responses;
+use crate::sse::FromChatStream;
 use crate::sse::{Event, Parser};
 use crate::state::State;
-use crate::stream::{FromChatStream, Usage};
+use crate::vocab::Usage;
 
 /// Whether a lane of `kind` serves a call of `protocol` in the caller's own API.
 pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
@@ -316,7 +317,7 @@ pub fn native_usage(protocol: Protocol, usage: Option<&Value>) -> Option<Usage> 
             completion_tokens: get("/output_tokens"),
             cached_tokens: get("/input_tokens_details/cached_tokens"),
         },
-        Protocol::Chat | Protocol::Gemini => crate::stream::usage_of(&json!({ "usage": u }))?,
+        Protocol::Chat | Protocol::Gemini => crate::vocab::usage_of(&json!({ "usage": u }))?,
     })
 }
 

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use ai_router_proto::v1::{BreakerScope, ProviderLanes};
 use prost::Message;
 
-use crate::state::LaneParts;
+use crate::state::{bucket_of, LaneParts};
 
 /// A provider with at most this many keys keeps its lane health in one record.
 pub const ONE_RECORD_KEYS: usize = 8;
@@ -40,16 +40,6 @@ pub fn bucket_count(keys: usize) -> u32 {
     u32::try_from(keys.div_ceil(KEYS_PER_BUCKET))
         .unwrap_or(MAX_BUCKETS)
         .min(MAX_BUCKETS)
-}
-
-/// The bucket of a key alias or a billing scope (FNV-1a: the same on both sides, every build).
-pub fn bucket_of(name: &str, count: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % u64::from(count.max(1))) as u32
 }
 
 /// Splits a provider's lane health into what concerns the provider as a whole and `count`

@@ -10,56 +10,7 @@ use crate::classify::Class;
 use crate::local::Allowance;
 use crate::plan::Candidate;
 use crate::state::{scope_of, LaneHealth, State};
-
-/// A lane this call has used.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LaneId {
-    pub provider: String,
-    pub key: String,
-    pub model: String,
-}
-
-impl LaneId {
-    pub fn new(provider: &str, key: &str, model: &str) -> Self {
-        Self {
-            provider: provider.into(),
-            key: key.into(),
-            model: model.into(),
-        }
-    }
-}
-
-/// A hold this VM (or another worker of this Envoy) put on a key or lane before the control
-/// plane's push arrives.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum LocalHold {
-    /// A 429 cooldown on the lane until this time.
-    Cooldown { until_ms: i64, set_at_ms: i64 },
-    /// The key is out (auth, quota, missing) until this time (0: until its secret changes),
-    /// as long as its secret still has this fingerprint.
-    Blacklist {
-        class: Class,
-        until_ms: i64,
-        fingerprint: u64,
-        set_at_ms: i64,
-    },
-}
-
-/// How long a hold this process put on a lane speaks for the control plane: a snapshot
-/// generated this long after the hold was set has heard of the failure (reports of failures go
-/// out at once), so from then on the control plane's view wins, even when it no longer has the
-/// hold (a restarted control plane that forgot it, a blacklist reset by an operator).
-pub const LOCAL_HOLD_GRACE_MS: i64 = 5_000;
-
-impl LocalHold {
-    pub fn set_at_ms(&self) -> i64 {
-        match self {
-            LocalHold::Cooldown { set_at_ms, .. } | LocalHold::Blacklist { set_at_ms, .. } => {
-                *set_at_ms
-            }
-        }
-    }
-}
+use crate::vocab::{LaneId, LocalHold, LOCAL_HOLD_GRACE_MS};
 
 /// The world the picker reads.
 pub trait View {
@@ -185,11 +136,32 @@ impl View for NoView {
     }
 }
 
+/// Whether calls with an interval pass over a lane whose next probe is `probe_at_ms` (it is
+/// parked and its probe is not due).
+pub fn passed_over(probe_at_ms: Option<i64>, now_ms: i64) -> bool {
+    probe_at_ms.is_some_and(|at| at > now_ms)
+}
+
 /// The lane health of `provider`: the view's record, else what the state carries, else none.
 pub fn health_of(state: &State, view: &dyn View, provider: &str) -> Rc<LaneHealth> {
     view.health(provider)
         .or_else(|| state.health(provider))
         .unwrap_or_default()
+}
+
+/// Whether any provider has a key with a secret that is not blacklisted right now.
+pub fn any_usable_key(state: &State, view: &dyn View, now_ms: i64) -> bool {
+    state.snapshot.providers.iter().any(|p| {
+        let health = crate::lanes::health_of(state, view, &p.id);
+        p.keys.iter().any(|k| {
+            !k.secret.is_empty()
+                && health.key_health(&k.alias).is_none_or(|h| {
+                    let same_secret =
+                        h.refused_fingerprint == 0 || h.refused_fingerprint == k.fingerprint;
+                    !(same_secret && (h.until_ms == 0 || h.until_ms > now_ms))
+                })
+        })
+    })
 }
 
 /// A half-open breaker the attempt must hold the probe lease of before it may use the lane.
@@ -665,7 +637,7 @@ pub fn pick(
                 } else {
                     None
                 };
-                let parked = crate::park::passed_over(parked_until, now_ms);
+                let parked = passed_over(parked_until, now_ms);
                 let reported = health
                     .headroom(scope_of(key), &lane.model)
                     .filter(|h| h.reset_at_ms > now_ms);

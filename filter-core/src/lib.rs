@@ -2,6 +2,9 @@
 //! proxy-wasm dependency: it builds for wasm32 (inside the filter) and for the host, where its
 //! tests run in seconds. The filter crate (`filter/`) is the thin glue that calls into it.
 //!
+//! - `vocab`: the shared vocabulary (`LaneId`, `LocalHold`, `Usage`, `Needs`, family names), a
+//!   leaf every module may use; no import cycle between the files (test-only items aside:
+//!   `control-plane/tests/module_graph.rs`);
 //! - `resolve`: the profile or pool model a request names, the key's scope, the merged policy
 //!   and the candidate tiers;
 //! - `lanes`: the lane (provider, key, model) for each attempt, by the spec's tiers;
@@ -73,4 +76,5 @@ pub mod terms;
 pub mod trace_state;
 pub mod trail;
 pub mod util;
+pub mod vocab;
 pub mod when;

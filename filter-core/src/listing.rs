@@ -16,9 +16,10 @@ pub const NOT_LISTED: &str = "not_listed";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lanes::{pick, LaneId, NoView, Pick, Request, RoundRobin, Skipped};
+    use crate::lanes::{pick, NoView, Pick, Request, RoundRobin, Skipped};
     use crate::plan::Candidate;
     use crate::state::State;
+    use crate::vocab::LaneId;
     use ai_router_proto::v1::{Model, ProviderKey};
     use ai_router_proto::v1::{Provider, Snapshot};
 

@@ -8,7 +8,7 @@
 //! Both are small binary encodings, read-modify-written by the workers with compare-and-swap.
 
 use crate::classify::Class;
-use crate::lanes::LocalHold;
+use crate::vocab::LocalHold;
 
 /// A hold on one lane (`model` set: a cooldown) or one key (`model` empty: a blacklist).
 #[derive(Debug, Clone, PartialEq)]

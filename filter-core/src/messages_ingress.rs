@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use crate::anthropic::{str_field as str_of, AdapterError};
-use crate::stream::FromChatStream;
+use crate::sse::FromChatStream;
 
 /// How a request with parts chat completions cannot express is treated: refused (the body
 /// sent to an OpenAI-shaped provider) or left out (the front stage's view for routing, which

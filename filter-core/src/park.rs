@@ -13,8 +13,8 @@
 
 use crate::classify::Class;
 use crate::host::Host;
-use crate::lanes::LaneId;
 use crate::local::{put_str, Reader};
+use crate::vocab::LaneId;
 
 /// Attempts at a compare-and-swap write before giving up (another worker kept winning).
 const CAS_TRIES: usize = 16;
@@ -88,12 +88,6 @@ impl ParkedLanes {
         }
         Some(Self { lanes })
     }
-}
-
-/// Whether calls with an interval pass over a lane whose next probe is `probe_at_ms` (it is
-/// parked and its probe is not due).
-pub fn passed_over(probe_at_ms: Option<i64>, now_ms: i64) -> bool {
-    probe_at_ms.is_some_and(|at| at > now_ms)
 }
 
 /// Whether a failure says the lane may be down (and a pricier one should carry the calls):
@@ -209,6 +203,7 @@ pub fn observe(
 mod tests {
     use super::*;
     use crate::host::fake::{FakeHost, SharedStore};
+    use crate::lanes::passed_over;
 
     fn worker(store: &SharedStore) -> FakeHost {
         let mut host = FakeHost::default();

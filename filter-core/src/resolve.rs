@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::errors::{ErrorCode, GatewayError};
 use crate::plan::{Candidate, Operation};
 use crate::state::State;
+use crate::vocab::Needs;
 
 /// What the front stage derived from a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +128,7 @@ fn model_in_scope(key: &VirtualKey, model: &ai_router_proto::v1::Model) -> bool 
 /// (`family:<name>`) is a selector over its members, not a model: the key may call it when it
 /// may call a member, and reaches only those (`docs/selection.md`).
 fn key_may_call_model(state: &State, key: &VirtualKey, name: &str) -> bool {
-    if !name.starts_with(crate::families::PREFIX) {
+    if !name.starts_with(crate::vocab::family::PREFIX) {
         return allows(&key.models, name);
     }
     state.models_named(name).iter().any(|r| {
@@ -171,16 +172,6 @@ fn candidates_for(
             })
         })
         .collect()
-}
-
-/// What a request needs from a model, derived from the request itself and the policy.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Needs {
-    pub capabilities: Vec<Capability>,
-    /// Estimated prompt tokens ([`crate::context::estimate_tokens`]) plus max_tokens.
-    pub context_tokens: u64,
-    pub prompt_tokens: u64,
-    pub max_tokens: u64,
 }
 
 /// Estimated tokens of everything the caller sent (CJK text by its own density).
@@ -609,7 +600,7 @@ pub fn model_list(state: &State, key: &VirtualKey) -> Vec<String> {
     let mut models: Vec<String> = state
         .names()
         // Families are callable (`family:<name>`) but not listed: every model is one.
-        .filter(|n| !n.starts_with(crate::families::PREFIX))
+        .filter(|n| !n.starts_with(crate::vocab::family::PREFIX))
         .filter(|n| !state.snapshot.profiles.contains_key(*n) && key_may_call_model(state, key, n))
         .cloned()
         .collect();

@@ -14,7 +14,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::anthropic::{str_field as str_of, AdapterError};
-use crate::stream::FromChatStream;
+use crate::sse::FromChatStream;
 
 /// The field that makes the request stateful, if one does: `previous_response_id`, or
 /// `store: true` (an absent `store` is taken as false: the gateway keeps nothing).

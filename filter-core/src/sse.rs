@@ -1,6 +1,8 @@
 //! An incremental server-sent-events parser: feed bytes as they arrive, get whole events with
 //! their raw bytes (so they can be forwarded untouched) and their parsed fields.
 
+use serde_json::Value;
+
 /// One complete event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -95,6 +97,38 @@ impl Parser {
             self.overflowed = true;
         }
         events
+    }
+}
+
+/// A translation of a chat-completions stream into another protocol's events, fed one SSE
+/// event at a time: chunks, the end (`[DONE]`) and the gateway's error event for a stream cut
+/// after its first token.
+pub trait FromChatStream {
+    /// Whether the translated stream has ended (nothing more is sent).
+    fn ended(&self) -> bool;
+    fn chunk(&mut self, out: &mut Vec<u8>, chunk: &Value);
+    fn finish(&mut self, out: &mut Vec<u8>);
+    fn fail(&mut self, out: &mut Vec<u8>, error: &Value);
+
+    /// The translated events of one chat-completions event (keep-alives and data that is not
+    /// JSON make none).
+    fn feed(&mut self, event: &Event) -> Vec<u8> {
+        let mut out = Vec::new();
+        let data = event.data.trim();
+        if self.ended() || data.is_empty() {
+            return out;
+        }
+        if data == "[DONE]" {
+            self.finish(&mut out);
+            return out;
+        }
+        if let Ok(chunk) = serde_json::from_str::<Value>(data) {
+            match chunk.get("error") {
+                Some(error) => self.fail(&mut out, error),
+                None => self.chunk(&mut out, &chunk),
+            }
+        }
+        out
     }
 }
 

@@ -10,8 +10,6 @@ use ai_router_proto::v1::{
     Resilience, Selection, Snapshot, VirtualKey,
 };
 
-use crate::lanes::View;
-
 /// Where a pool model is served: provider index and model index in the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ModelRef {
@@ -95,6 +93,16 @@ impl LaneParts {
     }
 }
 
+/// The bucket of a key alias or a billing scope (FNV-1a: the same on both sides, every build).
+pub fn bucket_of(name: &str, count: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in name.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(count.max(1))) as u32
+}
+
 /// Loads one bucket of a provider's lane health (Envoy: from its shared-data record).
 pub type LoadBucket = Rc<dyn Fn(u32) -> Rc<LaneParts>>;
 
@@ -143,7 +151,7 @@ impl LaneHealth {
     }
 
     /// What concerns the provider as a whole, and `count` buckets of keys `load` reads on
-    /// first use ([`crate::lane_records::bucket_of`] says which bucket holds a name).
+    /// first use ([`bucket_of`] says which bucket holds a name).
     pub fn bucketed(top: Rc<LaneParts>, count: u32, load: LoadBucket) -> Self {
         LaneHealth {
             top,
@@ -172,7 +180,7 @@ impl LaneHealth {
             return &self.top;
         }
         let count = self.buckets.len() as u32;
-        self.bucket(crate::lane_records::bucket_of(name, count) as usize)
+        self.bucket(bucket_of(name, count) as usize)
     }
 
     /// Every part, each bucket loaded (the operator's view, not a request's).
@@ -267,7 +275,8 @@ impl State {
                     model: mi,
                 };
                 // A family answers to `family:<name>` (families.rs).
-                let family = (!m.family.is_empty()).then(|| crate::families::name_of(&m.family));
+                let family =
+                    (!m.family.is_empty()).then(|| crate::vocab::family::name_of(&m.family));
                 for name in std::iter::once(&m.id)
                     .chain(m.aliases.iter())
                     .chain(family.as_ref())
@@ -441,24 +450,10 @@ impl State {
     }
 }
 
-/// Whether any provider has a key with a secret that is not blacklisted right now.
-pub fn any_usable_key(state: &State, view: &dyn View, now_ms: i64) -> bool {
-    state.snapshot.providers.iter().any(|p| {
-        let health = crate::lanes::health_of(state, view, &p.id);
-        p.keys.iter().any(|k| {
-            !k.secret.is_empty()
-                && health.key_health(&k.alias).is_none_or(|h| {
-                    let same_secret =
-                        h.refused_fingerprint == 0 || h.refused_fingerprint == k.fingerprint;
-                    !(same_secret && (h.until_ms == 0 || h.until_ms > now_ms))
-                })
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lanes::any_usable_key;
     use ai_router_proto::v1::{KeyHealth, ProviderKey};
 
     /// A snapshot without selection settings selects by the contract's defaults, not numbers of

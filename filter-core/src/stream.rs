@@ -10,33 +10,7 @@ use crate::errors::ErrorCode;
 use crate::ingress::NativeStream;
 use crate::plan::Protocol;
 use crate::sse::{Event, Parser};
-
-/// Token usage read from a reply.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    /// Of the prompt tokens, those served from the provider's cache.
-    pub cached_tokens: u64,
-}
-
-pub fn usage_of(v: &Value) -> Option<Usage> {
-    let u = v.get("usage")?;
-    if u.is_null() {
-        return None;
-    }
-    Some(Usage {
-        prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
-        completion_tokens: u
-            .get("completion_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-        cached_tokens: u
-            .pointer("/prompt_tokens_details/cached_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(0),
-    })
-}
+use crate::vocab::{usage_of, Usage};
 
 /// What a fed chunk means for the attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -361,38 +335,6 @@ fn has_token(chunk: &Value) -> bool {
         });
         delta_has || c.get("finish_reason").is_some_and(|f| !f.is_null())
     })
-}
-
-/// A translation of a chat-completions stream into another protocol's events, fed one SSE
-/// event at a time: chunks, the end (`[DONE]`) and the gateway's error event for a stream cut
-/// after its first token.
-pub trait FromChatStream {
-    /// Whether the translated stream has ended (nothing more is sent).
-    fn ended(&self) -> bool;
-    fn chunk(&mut self, out: &mut Vec<u8>, chunk: &Value);
-    fn finish(&mut self, out: &mut Vec<u8>);
-    fn fail(&mut self, out: &mut Vec<u8>, error: &Value);
-
-    /// The translated events of one chat-completions event (keep-alives and data that is not
-    /// JSON make none).
-    fn feed(&mut self, event: &Event) -> Vec<u8> {
-        let mut out = Vec::new();
-        let data = event.data.trim();
-        if self.ended() || data.is_empty() {
-            return out;
-        }
-        if data == "[DONE]" {
-            self.finish(&mut out);
-            return out;
-        }
-        if let Ok(chunk) = serde_json::from_str::<Value>(data) {
-            match chunk.get("error") {
-                Some(error) => self.fail(&mut out, error),
-                None => self.chunk(&mut out, &chunk),
-            }
-        }
-        out
-    }
 }
 
 /// A provider's stream event past [`crate::sse::MAX_EVENT_BYTES`]: the stream is not read

@@ -8,7 +8,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::classify::Class;
-use crate::lanes::LaneId;
+use crate::vocab::LaneId;
 
 /// At most this many ruled-out lanes and attempts are kept: the header stays small whatever
 /// the pool's size.

@@ -381,3 +381,28 @@ fn answer_bytes(headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(body);
     out
 }
+
+/// Sends one raw HTTP/1.1 request (it should ask to close) and reads the whole answer, which
+/// the secret scan reads too: no client library between the test and the bytes, so nothing
+/// normalises the path or refuses a header value.
+pub async fn raw_http1(addr: SocketAddr, request: &[u8]) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.write_all(request).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(REQUEST_TIMEOUT, stream.read_to_end(&mut out))
+        .await
+        .with_context(|| format!("no whole answer from {addr} in time"))??;
+    scan::observe("a raw HTTP/1.1 answer", &out);
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// The status of a raw HTTP/1.1 answer (0 when there is none).
+pub fn status_of(raw: &str) -> u16 {
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}

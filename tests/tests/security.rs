@@ -7,27 +7,14 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{chat_body, http_client, openai_error_problem, poll, script, Gateway, Reply};
+use ai_router_e2e::{
+    chat_body, http_client, openai_error_problem, poll, script, status_of, Gateway, Reply,
+};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Sends one raw HTTP/1.1 request and reads the whole answer (the request asks to close).
+/// [`ai_router_e2e::raw_http1`], failing the test on a transport error.
 async fn raw_http1(addr: std::net::SocketAddr, request: &[u8]) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut out))
-        .await
-        .expect("Envoy answers a raw request")
-        .unwrap();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn status_of(raw: &str) -> u16 {
-    raw.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    ai_router_e2e::raw_http1(addr, request).await.unwrap()
 }
 
 /// An HTTP/2 client without TLS (prior knowledge), as `curl --http2-prior-knowledge` is.

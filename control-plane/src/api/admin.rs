@@ -21,7 +21,7 @@
 //! | `GET /admin/stats`, `/admin/catalog`, `/admin/ledger` | this process's counters; profiles and models; each provider's quota windows |
 //! | `GET /admin/events?types=` | the operator's events, live (server-sent events) |
 //! | `POST /admin/reset` | closes breakers, lifts blacklists and cooldowns |
-//! | `GET /ui`, `/admin/console...` | the operator's console and its figures ([`crate::api::console`]) |
+//! | `GET /ui`, `/admin/console...` | the operator's console and its figures ([`crate::api::pulse`]) |
 //!
 //! A key is `{ id, label, owner, profiles, models, allowFallback, quota, enabled, revoked,
 //! mounted, hint, createdAtMs, created }`: never its secret or hash. `profiles` and `models`
@@ -122,7 +122,7 @@ pub struct AdminApi {
     token: Option<Secret>,
     engine: Arc<Engine>,
     ledger: Arc<Ledger>,
-    console: Arc<crate::api::console::Pulse>,
+    console: Arc<crate::api::pulse::Pulse>,
 }
 
 impl std::fmt::Debug for AdminApi {
@@ -179,7 +179,7 @@ impl AdminApi {
         let ledger = Arc::new(Ledger::new(&engine.config(), Arc::new(SystemClock)));
         engine.add_report_observer(ledger.clone());
         engine.set_headroom_source(ledger.clone());
-        let console = crate::api::console::Pulse::attach(&engine, Arc::new(SystemClock));
+        let console = crate::api::pulse::Pulse::attach(&engine, Arc::new(SystemClock));
         Self {
             keys,
             token,
@@ -189,8 +189,8 @@ impl AdminApi {
         }
     }
 
-    /// What the console's figures come from ([`crate::api::console`]).
-    pub fn console(&self) -> &crate::api::console::Pulse {
+    /// What the console's figures come from ([`crate::api::pulse`]).
+    pub fn console(&self) -> &crate::api::pulse::Pulse {
         &self.console
     }
 
@@ -696,7 +696,6 @@ pub fn admin_routes() -> Router<Arc<AdminApi>> {
         .route("/admin/stats", get(stats))
         .route("/admin/catalog", get(catalog))
         .route("/admin/ledger", get(ledger))
-        .merge(crate::api::console::routes())
 }
 
 type Answer = Result<(StatusCode, Json<Value>), ApiError>;

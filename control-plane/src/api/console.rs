@@ -13,24 +13,20 @@
 //! with an operator's browser (no CSRF). Its Content-Security-Policy allows no inline script,
 //! no eval and no other origin; every string from the API is put in the page as text.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use ai_router_proto::v1 as pb;
 use axum::extract::{RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::api::admin::AdminApi;
 use crate::api::error::ApiError;
-use crate::clock::Clock;
-use crate::engine::Engine;
-use crate::engine::ReportObserver;
-use crate::keys::store::{utc_day, UsageDay};
+use crate::api::pulse::{forecast, Pulse};
+use crate::keys::store::UsageDay;
 
 /// The page, its script and its style, as shipped.
 const PAGE: &str = include_str!("../../ui/index.html");
@@ -42,15 +38,6 @@ const STYLE: &str = include_str!("../../ui/app.css");
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
-
-/// The calls the overview's rates and percentiles are taken over.
-pub const PULSE_WINDOW_MS: i64 = 60_000;
-/// The attempts a forecast's rate is taken over.
-pub const FORECAST_WINDOW_MS: i64 = 300_000;
-/// The most calls or attempts remembered (a very busy gateway's last minutes are sampled).
-const MAX_MARKS: usize = 100_000;
-/// The days of per-lane usage kept.
-const DAYS_KEPT: usize = 62;
 
 /// The console's paths that need no token (the assets).
 pub fn is_asset(path: &str) -> bool {
@@ -126,319 +113,6 @@ async fn style() -> Response {
 
 fn authorize(api: &AdminApi, headers: &HeaderMap) -> Result<(), ApiError> {
     api.authorize(headers.get(header::AUTHORIZATION).map(|v| v.as_bytes()))
-}
-
-// ---------------------------------------------------------------------------------------------
-// The pulse: recent calls and attempts, and per-lane usage by day
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Debug, Clone)]
-struct CallMark {
-    at_ms: i64,
-    ok: bool,
-    latency_ms: u64,
-    provider: String,
-    protocol: String,
-}
-
-#[derive(Debug, Clone)]
-struct AttemptMark {
-    at_ms: i64,
-    provider: String,
-    key: String,
-    tokens: u64,
-}
-
-/// One provider and model's attempts on one UTC day.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LaneDay {
-    pub attempts: u64,
-    pub successes: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cost: f64,
-    pub saved: f64,
-}
-
-#[derive(Debug, Default)]
-struct PulseInner {
-    calls: VecDeque<CallMark>,
-    attempts: VecDeque<AttemptMark>,
-    /// (day, provider, model) -> use.
-    lanes: BTreeMap<(String, String, String), LaneDay>,
-}
-
-/// Observes the data plane's reports: the last minutes' calls and attempts, and this
-/// process's per-lane usage by day.
-pub struct Pulse {
-    engine: Weak<Engine>,
-    clock: Arc<dyn Clock>,
-    started_ms: i64,
-    inner: Mutex<PulseInner>,
-}
-
-impl std::fmt::Debug for Pulse {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pulse").finish_non_exhaustive()
-    }
-}
-
-/// A call's protocol as counted: `unknown` from a data plane too old to say.
-fn protocol_of(protocol: &str) -> &str {
-    if protocol.is_empty() {
-        "unknown"
-    } else {
-        protocol
-    }
-}
-
-impl Pulse {
-    /// A pulse observing `engine`'s reports from now on.
-    pub fn attach(engine: &Arc<Engine>, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let pulse = Arc::new(Self::new(Arc::downgrade(engine), clock));
-        engine.add_report_observer(pulse.clone());
-        pulse
-    }
-
-    fn new(engine: Weak<Engine>, clock: Arc<dyn Clock>) -> Self {
-        Self {
-            engine,
-            started_ms: clock.now_ms(),
-            clock,
-            inner: Mutex::new(PulseInner::default()),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PulseInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts a batch at `now_ms`, pricing attempts with `cost` and `saved`.
-    fn record(
-        &self,
-        batch: &pb::ReportBatch,
-        now_ms: i64,
-        cost: impl Fn(&pb::AttemptOutcome) -> f64,
-        saved: impl Fn(&pb::AttemptOutcome) -> f64,
-    ) {
-        let day = utc_day(now_ms);
-        let mut inner = self.lock();
-        for r in &batch.requests {
-            inner.calls.push_back(CallMark {
-                at_ms: now_ms,
-                ok: r.outcome() == pb::RequestResult::Success,
-                latency_ms: r.latency_ms,
-                provider: r.provider.clone(),
-                protocol: protocol_of(&r.protocol).to_owned(),
-            });
-        }
-        for a in &batch.attempts {
-            let tokens = a
-                .usage
-                .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
-            inner.attempts.push_back(AttemptMark {
-                at_ms: now_ms,
-                provider: a.provider.clone(),
-                key: a.key.clone(),
-                tokens,
-            });
-            let lane = inner
-                .lanes
-                .entry((day.clone(), a.provider.clone(), a.model.clone()))
-                .or_default();
-            lane.attempts += 1;
-            if a.outcome() == pb::AttemptResult::Success {
-                lane.successes += 1;
-            }
-            if let Some(u) = a.usage {
-                lane.prompt_tokens = lane.prompt_tokens.saturating_add(u.prompt_tokens);
-                lane.completion_tokens = lane.completion_tokens.saturating_add(u.completion_tokens);
-            }
-            let (c, s) = (cost(a), saved(a));
-            if c.is_finite() && c > 0.0 {
-                lane.cost += c;
-            }
-            if s.is_finite() && s > 0.0 {
-                lane.saved += s;
-            }
-        }
-        Self::trim(&mut inner, now_ms);
-    }
-
-    fn trim(inner: &mut PulseInner, now_ms: i64) {
-        let keep = PULSE_WINDOW_MS.max(FORECAST_WINDOW_MS);
-        while inner
-            .calls
-            .front()
-            .is_some_and(|c| c.at_ms < now_ms - keep || inner.calls.len() > MAX_MARKS)
-        {
-            inner.calls.pop_front();
-        }
-        while inner
-            .attempts
-            .front()
-            .is_some_and(|a| a.at_ms < now_ms - keep || inner.attempts.len() > MAX_MARKS)
-        {
-            inner.attempts.pop_front();
-        }
-        let days: Vec<String> = inner.lanes.keys().map(|(d, _, _)| d.clone()).collect();
-        let mut distinct: Vec<&String> = days.iter().collect();
-        distinct.dedup();
-        if distinct.len() > DAYS_KEPT {
-            let oldest_kept = distinct[distinct.len() - DAYS_KEPT].clone();
-            inner.lanes.retain(|(d, _, _), _| *d >= oldest_kept);
-        }
-    }
-
-    fn clock_ms(&self) -> i64 {
-        self.clock.now_ms()
-    }
-
-    /// The last minute's calls: in all, per provider and per protocol.
-    pub fn rates(&self) -> Value {
-        let now = self.clock.now_ms();
-        let inner = self.lock();
-        let since = now - PULSE_WINDOW_MS;
-        let recent: Vec<&CallMark> = inner.calls.iter().filter(|c| c.at_ms >= since).collect();
-        // A process up for less than the window divides by the time it has been up.
-        let span_ms = PULSE_WINDOW_MS.min((now - self.started_ms).max(1_000));
-        let group = |key: fn(&CallMark) -> &str| {
-            let mut by: BTreeMap<&str, Vec<&CallMark>> = BTreeMap::new();
-            for c in &recent {
-                by.entry(key(c)).or_default().push(c);
-            }
-            by.into_iter()
-                .map(|(name, calls)| {
-                    let mut v = call_figures(&calls, span_ms);
-                    v["name"] = json!((!name.is_empty()).then_some(name));
-                    v
-                })
-                .collect::<Vec<_>>()
-        };
-        let mut all = call_figures(&recent, span_ms);
-        all["windowMs"] = json!(span_ms);
-        all["providers"] = json!(group(|c| c.provider.as_str()));
-        all["protocols"] = json!(group(|c| c.protocol.as_str()));
-        all
-    }
-
-    /// Attempts and tokens sent on `provider`'s `keys` over the forecast window, and the span
-    /// (ms) they were counted over.
-    fn sent(&self, provider: &str, keys: &[&str]) -> (u64, u64, i64) {
-        let now = self.clock.now_ms();
-        let since = now - FORECAST_WINDOW_MS;
-        let inner = self.lock();
-        let (mut attempts, mut tokens) = (0u64, 0u64);
-        for a in inner.attempts.iter().filter(|a| a.at_ms >= since) {
-            if a.provider == provider && keys.contains(&a.key.as_str()) {
-                attempts += 1;
-                tokens = tokens.saturating_add(a.tokens);
-            }
-        }
-        let span = FORECAST_WINDOW_MS.min((now - self.started_ms).max(1_000));
-        (attempts, tokens, span)
-    }
-
-    /// The per-lane days from `from` to `to` (`YYYY-MM-DD`, inclusive).
-    pub fn lanes(&self, from: &str, to: &str) -> Vec<Value> {
-        self.lock()
-            .lanes
-            .iter()
-            .filter(|((day, _, _), _)| day.as_str() >= from && day.as_str() <= to)
-            .map(|((day, provider, model), lane)| {
-                let mut v = json!(lane);
-                v["day"] = json!(day);
-                v["provider"] = json!((!provider.is_empty()).then_some(provider));
-                v["model"] = json!((!model.is_empty()).then_some(model));
-                v
-            })
-            .collect()
-    }
-}
-
-impl ReportObserver for Pulse {
-    fn observe(&self, batch: &pb::ReportBatch) {
-        let now = self.clock.now_ms();
-        let Some(engine) = self.engine.upgrade() else {
-            return;
-        };
-        let config = engine.config();
-        self.record(
-            batch,
-            now,
-            |a| {
-                a.usage.as_ref().map_or(0.0, |u| {
-                    crate::keys::ledger::cost_of(&config, &a.provider, &a.model, u)
-                })
-            },
-            |a| crate::keys::usage::saving_of(&config, a),
-        );
-    }
-}
-
-/// Calls, calls per second, success rate and p50/p99 latency of `calls` over `span_ms`
-/// (`null` figures without calls).
-fn call_figures(calls: &[&CallMark], span_ms: i64) -> Value {
-    let mut latencies: Vec<u64> = calls.iter().map(|c| c.latency_ms).collect();
-    latencies.sort_unstable();
-    let ok = calls.iter().filter(|c| c.ok).count();
-    let n = calls.len();
-    json!({
-        "requests": n,
-        "requestsPerSecond": round2(n as f64 * 1000.0 / span_ms.max(1) as f64),
-        "successRate": (n > 0).then(|| round2(ok as f64 / n as f64)),
-        "p50Ms": percentile(&latencies, 0.50),
-        "p99Ms": percentile(&latencies, 0.99),
-    })
-}
-
-fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
-}
-
-/// The nearest-rank percentile of sorted `values`; `None` when empty.
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
-}
-
-// ---------------------------------------------------------------------------------------------
-// Forecast
-// ---------------------------------------------------------------------------------------------
-
-/// When a window's `remaining` runs out if `spent` keeps being used every `span_ms`:
-/// `{ ratePerMinute, exhaustsAtMs, verdict }`, the verdict one of `out` (nothing left),
-/// `runs_out` (before the window resets, or no reset is known), `lasts` (the window resets
-/// first), `idle` (nothing was used), `unknown` (no figure of what is left).
-pub fn forecast(
-    remaining: Option<u64>,
-    resets_at_ms: Option<i64>,
-    spent: u64,
-    span_ms: i64,
-    now_ms: i64,
-) -> Value {
-    let per_ms = spent as f64 / span_ms.max(1) as f64;
-    let rate = round2(per_ms * 60_000.0);
-    let Some(remaining) = remaining else {
-        return json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "unknown" });
-    };
-    if remaining == 0 {
-        return json!({ "ratePerMinute": rate, "exhaustsAtMs": now_ms, "verdict": "out" });
-    }
-    if spent == 0 {
-        return json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "idle" });
-    }
-    let at = now_ms.saturating_add((remaining as f64 / per_ms).ceil() as i64);
-    match resets_at_ms {
-        Some(reset) if reset > now_ms && reset <= at => {
-            json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "lasts" })
-        }
-        _ => json!({ "ratePerMinute": rate, "exhaustsAtMs": at, "verdict": "runs_out" }),
-    }
 }
 
 /// Whether a ledger window counts requests (`rpm`, `rpd`) rather than tokens.
@@ -664,7 +338,12 @@ mod tests {
 
     use std::sync::atomic::{AtomicI64, Ordering};
 
+    use std::sync::Weak;
+
+    use ai_router_proto::v1 as pb;
+
     use super::*;
+    use crate::api::pulse::{percentile, FORECAST_WINDOW_MS};
     use crate::clock::TestClock;
 
     const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
@@ -884,95 +563,5 @@ mod tests {
         assert!(!inline, "an inline handler or style attribute");
         assert!(!SCRIPT.contains("innerHTML") && !SCRIPT.contains("eval("));
         assert!(!SCRIPT.contains("document.cookie"));
-    }
-
-    async fn get(
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> Result<(StatusCode, HeaderMap, Vec<u8>), Box<dyn std::error::Error>> {
-        use http_body_util::BodyExt;
-        use tower::ServiceExt;
-        let api = crate::api::admin::tests::api(Some(crate::api::admin::tests::TOKEN))?;
-        let mut request = axum::http::Request::builder().uri(path);
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = crate::serve::http_router(api)
-            .oneshot(request.body(axum::body::Body::empty())?)
-            .await?;
-        let (parts, body) = response.into_parts();
-        Ok((
-            parts.status,
-            parts.headers,
-            body.collect().await?.to_bytes().to_vec(),
-        ))
-    }
-
-    #[tokio::test]
-    async fn the_page_is_served_without_a_token_under_a_strict_policy(
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        for (path, kind) in [
-            ("/ui", "text/html"),
-            ("/ui/app.js", "text/javascript"),
-            ("/ui/app.css", "text/css"),
-            ("/admin/ui", "text/html"),
-            ("/admin/ui/app.js", "text/javascript"),
-        ] {
-            let (status, headers, body) = get(path, &[]).await?;
-            assert_eq!(status, StatusCode::OK, "{path}");
-            let header = |name: header::HeaderName| {
-                headers
-                    .get(name)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned()
-            };
-            assert!(header(header::CONTENT_TYPE).starts_with(kind), "{path}");
-            assert_eq!(
-                header(header::CONTENT_SECURITY_POLICY),
-                CONTENT_SECURITY_POLICY
-            );
-            assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
-            assert!(!body.is_empty());
-        }
-        assert!(CONTENT_SECURITY_POLICY.contains("frame-ancestors 'none'"));
-        assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn the_console_figures_need_the_token_in_the_header_never_a_cookie(
-    ) -> Result<(), Box<dyn std::error::Error>> {
-        let token = crate::api::admin::tests::TOKEN;
-        let bearer = format!("Bearer {token}");
-        for path in [
-            "/admin/console",
-            "/admin/console/ledger",
-            "/admin/console/usage",
-        ] {
-            let (status, _, _) = get(path, &[]).await?;
-            assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
-            // What a browser would send on its own: a cookie. Never taken as the token.
-            for cookie in [
-                format!("token={token}"),
-                format!("authorization=Bearer {token}"),
-                format!("Authorization={bearer}"),
-            ] {
-                let (status, _, _) = get(path, &[("cookie", &cookie)]).await?;
-                assert_eq!(status, StatusCode::UNAUTHORIZED, "{path} with {cookie}");
-            }
-            let (status, _, body) = get(path, &[("authorization", &bearer)]).await?;
-            assert_eq!(status, StatusCode::OK, "{path}");
-            serde_json::from_slice::<Value>(&body)?;
-        }
-        // Nor do the admin API's own routes take a cookie.
-        let (status, _, _) = get("/admin/keys", &[("cookie", &format!("token={token}"))]).await?;
-        assert_eq!(status, StatusCode::UNAUTHORIZED);
-        let (_, _, body) = get("/admin/console", &[("authorization", &bearer)]).await?;
-        let overview: Value = serde_json::from_slice(&body)?;
-        assert_eq!(overview["calls"]["requests"], 0, "{overview}");
-        assert_eq!(overview["spend"]["today"], 0.0, "{overview}");
-        assert!(overview["problems"].as_array().is_some(), "{overview}");
-        Ok(())
     }
 }

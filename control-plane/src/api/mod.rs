@@ -6,6 +6,7 @@ pub mod console;
 pub mod error;
 pub mod http_server;
 pub mod metrics;
+pub mod pulse;
 pub mod shares;
 pub mod sync;
 

@@ -215,14 +215,35 @@ pub struct UsageReport {
     pub total: UsageDay,
 }
 
+/// Whether `id` has the shape every key id has (`key_` and hex digits, stored and mounted
+/// alike). Any other id is no key's: 404 without asking the store, so a hostile id (NUL, which
+/// Postgres refuses in a text parameter, or 10 KB) never reaches a query.
+fn well_formed_id(id: &str) -> bool {
+    id.strip_prefix("key_").is_some_and(|hex| {
+        (1..=64).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
 /// The longest `owner` a key may carry (bytes): a name or an address, not a document.
 pub const MAX_OWNER_BYTES: usize = 256;
+
+/// Whether `c` may not stand in an owner: a control character (NUL, which Postgres cannot
+/// store in text, newlines that forge log lines) or a bidirectional control (U+202A..U+202E,
+/// U+2066..U+2069, U+200E, U+200F), which makes a listing show text in another order than it
+/// holds.
+fn refused_in_owner(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
+}
 
 fn check_owner(owner: Option<&str>) -> Result<(), KeyStoreError> {
     match owner {
         Some(o) if o.len() > MAX_OWNER_BYTES => Err(KeyStoreError::Invalid(format!(
             "owner must be at most {MAX_OWNER_BYTES} bytes"
         ))),
+        Some(o) if o.chars().any(refused_in_owner) => Err(KeyStoreError::Invalid(
+            "owner cannot hold control characters or bidirectional text controls".to_owned(),
+        )),
         _ => Ok(()),
     }
 }
@@ -372,6 +393,9 @@ impl KeyAdmin {
     }
 
     fn stored(&self, id: &str) -> Result<StoredKey, KeyStoreError> {
+        if !well_formed_id(id) {
+            return Err(KeyStoreError::NotFound(id.to_owned()));
+        }
         if self.is_mounted(id) {
             return Err(KeyStoreError::Mounted(id.to_owned()));
         }
@@ -437,6 +461,9 @@ impl KeyAdmin {
     }
 
     pub fn get(&self, id: &str) -> Result<KeyInfo, KeyStoreError> {
+        if !well_formed_id(id) {
+            return Err(KeyStoreError::NotFound(id.to_owned()));
+        }
         if let Some(key) = self.mounted().iter().find(|k| k.id == id) {
             return Ok(KeyInfo::mounted(key));
         }
@@ -693,6 +720,81 @@ mod tests {
             admin.update(&id, patch),
             Err(KeyStoreError::Invalid(_))
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn an_id_of_another_shape_is_no_key_without_asking_the_store() -> Result<(), KeyStoreError> {
+        let clock = Arc::new(TestClock(AtomicI64::new(MARCH_15)));
+        let admin = KeyAdmin::new(Arc::new(MemoryKeyStore::default()), vec![], clock);
+        let id = admin.create(spec("app"))?.key.id;
+        assert!(well_formed_id(&id), "{id}");
+        assert!(admin.get(&id).is_ok());
+        let long = format!("key_{}", "a".repeat(10_000));
+        for bad in [
+            "",
+            "key_",
+            "key_zz",
+            "nul\u{0}inside",
+            "key_1' OR '1'='1",
+            long.as_str(),
+        ] {
+            assert!(
+                matches!(admin.get(bad), Err(KeyStoreError::NotFound(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(admin.revoke(bad), Err(KeyStoreError::NotFound(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(admin.rotate(bad), Err(KeyStoreError::NotFound(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(
+                    admin.usage(bad, None, None),
+                    Err(KeyStoreError::NotFound(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_owner_with_control_or_bidi_characters_is_refused() -> Result<(), KeyStoreError> {
+        let clock = Arc::new(TestClock(AtomicI64::new(MARCH_15)));
+        let admin = KeyAdmin::new(Arc::new(MemoryKeyStore::default()), vec![], clock);
+        for owner in [
+            "a\u{0}b",
+            "line\nforged",
+            "\u{202e}txt.exe",
+            "x\u{2067}y",
+            "\u{7f}",
+        ] {
+            let refused = admin.create(KeySpec {
+                owner: Some(owner.to_owned()),
+                ..spec("app")
+            });
+            assert!(
+                matches!(&refused, Err(KeyStoreError::Invalid(m)) if m.contains("owner")),
+                "{owner:?}: {refused:?}"
+            );
+        }
+        // SQL metacharacters and other scripts are an owner like any other.
+        for owner in [
+            "'; DROP TABLE virtual_keys; --",
+            "Zoë Ångström",
+            "عربي",
+            "%00",
+        ] {
+            let created = admin.create(KeySpec {
+                owner: Some(owner.to_owned()),
+                ..spec("app")
+            })?;
+            assert_eq!(created.key.owner.as_deref(), Some(owner));
+        }
         Ok(())
     }
 

@@ -17,12 +17,13 @@ use proxy_wasm::hostcalls;
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lane_records::LaneReader;
-use ai_router_filter_core::lanes::{LaneId, LocalHold, RoundRobin, View};
+use ai_router_filter_core::lanes::{RoundRobin, View};
 use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
 use ai_router_filter_core::park::ParkedLanes;
 use ai_router_filter_core::reports::Held;
 use ai_router_filter_core::state::{LaneHealth, State};
+use ai_router_filter_core::vocab::{LaneId, LocalHold};
 
 use super::gauges::{self, Gauge};
 

@@ -3,6 +3,7 @@
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 
+use ai_router_proto::names::sync;
 use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, LeaseReply, LeaseRequest,
     ProviderKind, Usage as ProtoUsage, UsageSource,
@@ -476,18 +477,18 @@ impl Attempt {
                 .plan
                 .as_ref()
                 .map(|p| p.timeout_ms)
-                .unwrap_or(60_000)
+                .unwrap_or(ai_router_contract::defaults::TIMEOUT_MS)
                 .max(1_000),
         };
         let token = host.sync_token();
         let metadata: Vec<(&str, &[u8])> = match &token {
-            Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+            Some(t) => vec![(ai_router_contract::SYNC_TOKEN_METADATA, t.as_bytes())],
             None => Vec::new(),
         };
         match host.dispatch_grpc_call(
             ai_router_contract::clusters::CONTROL_PLANE,
-            "airouter.v1.Sync",
-            "Lease",
+            sync::SERVICE,
+            sync::LEASE,
             &metadata,
             &request.encode_to_vec(),
             2_000,
@@ -595,7 +596,7 @@ impl Attempt {
             let max_tokens = if provider.default_max_tokens > 0 {
                 provider.default_max_tokens
             } else {
-                4096
+                ai_router_contract::defaults::DEFAULT_MAX_TOKENS
             };
             value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
                 Ok(mut v) => {

@@ -22,6 +22,7 @@
 //!   caller's `response`s (their shapes in [`crate::cache_shapes`]). A stateful Responses call
 //!   (`previous_response_id`, `store: true`) is never cached: its answer is the provider's state.
 
+use ai_router_proto::names::sync;
 use ai_router_proto::v1::{CacheSettings, CacheStore};
 use serde_json::{json, Value};
 
@@ -350,7 +351,7 @@ const SHARED_PUT_MS: u64 = 2_000;
 
 fn sync_metadata(token: Option<&String>) -> Vec<(&str, &[u8])> {
     match token {
-        Some(t) => vec![("x-ai-router-sync-token", t.as_bytes())],
+        Some(t) => vec![(ai_router_contract::SYNC_TOKEN_METADATA, t.as_bytes())],
         None => Vec::new(),
     }
 }
@@ -369,8 +370,8 @@ fn share(host: &mut impl Host, miss: &Miss, entry: Vec<u8>) {
     let token = host.sync_token();
     let _ = host.dispatch_grpc_call(
         ai_router_contract::clusters::CONTROL_PLANE,
-        "airouter.v1.Sync",
-        "SharedCachePut",
+        sync::SERVICE,
+        sync::SHARED_CACHE_PUT,
         &sync_metadata(token.as_ref()),
         &prost::Message::encode_to_vec(&request),
         SHARED_PUT_MS,
@@ -486,8 +487,8 @@ impl CallCache {
         let token = host.sync_token();
         host.dispatch_grpc_call(
             ai_router_contract::clusters::CONTROL_PLANE,
-            "airouter.v1.Sync",
-            "SharedCacheGet",
+            sync::SERVICE,
+            sync::SHARED_CACHE_GET,
             &sync_metadata(token.as_ref()),
             &prost::Message::encode_to_vec(&request),
             miss.shared_ms,

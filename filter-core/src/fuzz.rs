@@ -722,7 +722,10 @@ fn fuzz_the_plugin_configuration() {
         |rng| input(rng, &corpus),
         |bytes| match crate::plugin::parse(Some(bytes)) {
             Ok(crate::plugin::Role::Ctrl { tick_ms, .. }) => {
-                assert!(crate::plugin::TICK_MS.contains(&tick_ms), "tick {tick_ms}");
+                assert!(
+                    ai_router_contract::plugin::TICK_MS.contains(&tick_ms),
+                    "tick {tick_ms}"
+                );
             }
             Ok(_) => {}
             Err(message) => assert!(message.starts_with("ai-router: "), "{message}"),

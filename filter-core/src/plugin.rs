@@ -2,12 +2,7 @@
 //! bootstrap): which stage this root runs, and for the ctrl singleton how it reaches the control
 //! plane. Parsed once in `on_configure`; a bad one makes the root refuse its configuration.
 
-use serde::Deserialize;
-
-/// The ctrl singleton's tick when the configuration names none.
-pub const DEFAULT_TICK_MS: u64 = 500;
-/// The tick periods taken: a zero period would stop the ticks (and the reports) altogether.
-pub const TICK_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+use ai_router_contract::plugin::{roles, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS, TICK_MS};
 
 /// What a root context runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,21 +17,6 @@ pub enum Role {
     },
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Raw {
-    role: String,
-    /// ctrl: the gRPC cluster of the control plane.
-    #[serde(default)]
-    grpc_cluster: Option<String>,
-    /// ctrl: how this Envoy names itself to the control plane.
-    #[serde(default)]
-    node: Option<String>,
-    /// ctrl: tick period.
-    #[serde(default)]
-    tick_ms: Option<u64>,
-}
-
 /// The role `raw` (the plugin configuration's bytes, `None` when Envoy gave none) configures;
 /// the error is the log line.
 pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
@@ -45,12 +25,12 @@ pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
             "ai-router: the plugin configuration is missing (expected {\"role\":...})".into(),
         );
     };
-    let config: Raw = serde_json::from_slice(raw)
+    let config: PluginConfig = serde_json::from_slice(raw)
         .map_err(|e| format!("ai-router: bad plugin configuration: {e}"))?;
     match config.role.as_str() {
-        "front" => Ok(Role::Front),
-        "attempt" => Ok(Role::Attempt),
-        "ctrl" => {
+        roles::FRONT => Ok(Role::Front),
+        roles::ATTEMPT => Ok(Role::Attempt),
+        roles::CTRL => {
             let tick_ms = config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
             if !TICK_MS.contains(&tick_ms) {
                 return Err(format!(
@@ -67,7 +47,7 @@ pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
                 node: config
                     .node
                     .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| "envoy".into()),
+                    .unwrap_or_else(|| DEFAULT_NODE.into()),
                 tick_ms,
             })
         }
@@ -103,6 +83,27 @@ mod tests {
                 tick_ms: 250,
             })
         );
+    }
+
+    /// One tick range (the contract's): its bounds are taken as given, a period past them is
+    /// refused, never clamped elsewhere.
+    #[test]
+    fn the_tick_range_is_the_contracts() {
+        let ctrl = |tick_ms: u64| {
+            parse(Some(
+                format!(r#"{{"role":"ctrl","tick_ms":{tick_ms}}}"#).as_bytes(),
+            ))
+        };
+        for tick_ms in [*TICK_MS.start(), DEFAULT_TICK_MS, *TICK_MS.end()] {
+            assert!(
+                matches!(ctrl(tick_ms), Ok(Role::Ctrl { tick_ms: t, .. }) if t == tick_ms),
+                "{tick_ms}"
+            );
+        }
+        for tick_ms in [TICK_MS.start() - 1, TICK_MS.end() + 1] {
+            let err = ctrl(tick_ms).unwrap_err();
+            assert!(err.contains(&format!("tick_ms {tick_ms}")), "{err}");
+        }
     }
 
     #[test]

@@ -498,9 +498,13 @@ pub fn resolve_as(
                         .is_some_and(|(_, p)| p.kind() == ProviderKind::Anthropic);
                 if anthropic {
                     let refusal = anthropic_refusal.get_or_insert_with(|| {
-                        crate::anthropic::to_messages_request(body, &c.model, 4096)
-                            .err()
-                            .map(|e| e.message)
+                        crate::anthropic::to_messages_request(
+                            body,
+                            &c.model,
+                            defaults::DEFAULT_MAX_TOKENS,
+                        )
+                        .err()
+                        .map(|e| e.message)
                     });
                     if let Some(reason) = refusal {
                         trail.skip(&c.provider, "", &c.model, "adapter");

@@ -367,10 +367,10 @@ impl State {
     pub fn selection(&self) -> Selection {
         let Some(mut s) = self.snapshot.selection.clone() else {
             return Selection {
-                latency_tolerance: 1.5,
-                latency_slack_ms: 50,
-                ewma_alpha: 0.3,
-                low_headroom: 1,
+                latency_tolerance: defaults::LATENCY_TOLERANCE,
+                latency_slack_ms: defaults::LATENCY_SLACK_MS,
+                ewma_alpha: defaults::EWMA_ALPHA,
+                low_headroom: defaults::LOW_HEADROOM,
                 unreported_weight: defaults::UNREPORTED_WEIGHT,
                 score_alpha: defaults::SCORE_ALPHA,
                 score_beta: defaults::SCORE_BETA,
@@ -380,10 +380,10 @@ impl State {
             };
         };
         if s.latency_tolerance <= 0.0 {
-            s.latency_tolerance = 1.5;
+            s.latency_tolerance = defaults::LATENCY_TOLERANCE;
         }
         if s.ewma_alpha <= 0.0 || s.ewma_alpha > 1.0 {
-            s.ewma_alpha = 0.3;
+            s.ewma_alpha = defaults::EWMA_ALPHA;
         }
         s
     }
@@ -455,6 +455,46 @@ mod tests {
     use super::*;
     use crate::lanes::any_usable_key;
     use ai_router_proto::v1::{KeyHealth, ProviderKey};
+
+    /// A snapshot without selection settings selects by the contract's defaults, not numbers of
+    /// the filter's own.
+    #[test]
+    fn missing_selection_settings_are_the_contracts_defaults() {
+        let expected = (
+            defaults::LATENCY_TOLERANCE,
+            defaults::LATENCY_SLACK_MS,
+            defaults::EWMA_ALPHA,
+            defaults::LOW_HEADROOM,
+            defaults::UNREPORTED_WEIGHT,
+            defaults::AFFINITY_IDLE_MS,
+        );
+        let fields = |s: Selection| {
+            (
+                s.latency_tolerance,
+                s.latency_slack_ms,
+                s.ewma_alpha,
+                s.low_headroom,
+                s.unreported_weight,
+                s.affinity_idle_ms,
+            )
+        };
+        let none = State::new(1, Snapshot::default()).selection();
+        assert_eq!(fields(none), expected);
+        let unset = State::new(
+            1,
+            Snapshot {
+                selection: Some(Selection {
+                    latency_slack_ms: defaults::LATENCY_SLACK_MS,
+                    low_headroom: defaults::LOW_HEADROOM,
+                    unreported_weight: defaults::UNREPORTED_WEIGHT,
+                    affinity_idle_ms: defaults::AFFINITY_IDLE_MS,
+                    ..Selection::default()
+                }),
+                ..Snapshot::default()
+            },
+        );
+        assert_eq!(fields(unset.selection()), expected);
+    }
 
     #[test]
     fn usable_keys() {

@@ -9,6 +9,7 @@
 use ai_router_contract::shared as names;
 use ai_router_filter_core::lane_records::{LaneWriter, Record};
 use ai_router_filter_core::minute_lease::Ask;
+use ai_router_proto::names::sync;
 use ai_router_proto::tables::{Tables, Touched};
 use ai_router_proto::v1::{
     AttemptOutcome, MinuteCallsReply, MinuteCallsRequest, ReportBatch, RequestOutcome, StateUpdate,
@@ -25,7 +26,6 @@ use super::shared::{
 use super::{log_error, log_info};
 use ai_router_filter_core::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
 
-const SERVICE: &str = "airouter.v1.Sync";
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
 /// An ask for a block of a minute budget: short, since its calls pass on credit meanwhile.
 const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;
@@ -113,7 +113,7 @@ impl Ctrl {
                 "ai-router: cannot register the report queue: {e:?}"
             )),
         }
-        let _ = hostcalls::set_tick_period(duration_ms(tick_ms.clamp(50, 10_000)));
+        let _ = hostcalls::set_tick_period(duration_ms(tick_ms));
     }
 
     fn metadata(&self) -> Vec<(&str, &[u8])> {
@@ -129,7 +129,12 @@ impl Ctrl {
             known_version: self.version,
         }
         .encode_to_vec();
-        match hostcalls::open_grpc_stream(&self.cluster, SERVICE, "Watch", self.metadata()) {
+        match hostcalls::open_grpc_stream(
+            &self.cluster,
+            sync::SERVICE,
+            sync::WATCH,
+            self.metadata(),
+        ) {
             Ok(token) => {
                 self.stream = Some(token);
                 if let Err(e) = hostcalls::send_grpc_stream_message(token, Some(&request), true) {
@@ -359,8 +364,8 @@ impl Ctrl {
             let bytes = ask.encode_to_vec();
             match hostcalls::dispatch_grpc_call(
                 &self.cluster,
-                SERVICE,
-                "TakeMinuteCalls",
+                sync::SERVICE,
+                sync::TAKE_MINUTE_CALLS,
                 self.metadata(),
                 Some(&bytes),
                 duration_ms(MINUTE_ASK_TIMEOUT_MS),
@@ -432,8 +437,8 @@ impl Ctrl {
             let bytes = batch.encode_to_vec();
             match hostcalls::dispatch_grpc_call(
                 &self.cluster,
-                SERVICE,
-                "Report",
+                sync::SERVICE,
+                sync::REPORT,
                 self.metadata(),
                 Some(&bytes),
                 duration_ms(5_000),

@@ -410,7 +410,7 @@ pub fn random_unit() -> f64 {
 pub fn record_latency(lane: &LaneId, ms: f64) {
     let alpha = current_state()
         .map(|s| s.selection().ewma_alpha)
-        .unwrap_or(0.3);
+        .unwrap_or(ai_router_contract::defaults::EWMA_ALPHA);
     LOCAL.with(|l| {
         let mut l = l.borrow_mut();
         let e = match l.latency.get_mut(lane) {

@@ -134,7 +134,7 @@ fn gemini_stream(sse: &str) -> Value {
         let mut encoder = crate::gemini_ingress::StreamEncoder::new(json_array);
         let mut out = Vec::new();
         for event in parser.feed(sse.as_bytes()) {
-            out.extend(crate::stream::FromChatStream::feed(&mut encoder, &event));
+            out.extend(crate::sse::FromChatStream::feed(&mut encoder, &event));
         }
         out
     };

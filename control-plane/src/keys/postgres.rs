@@ -1199,7 +1199,7 @@ mod tests {
     #[test]
     fn verify_full_checks_the_ca_and_the_name_of_a_real_postgres() -> anyhow::Result<()> {
         static TLS_HEALTH: StoreHealth = StoreHealth::new("tls test");
-        let cas = crate::tls::client::testing::two_cas("pg-tls")?;
+        let cas = crate::tls::testing::two_cas("pg-tls")?;
         let pg = servers::PostgresServer::start_tls(&servers::ServerTls::in_dir(
             &cas.right.control_plane,
         ))?;

@@ -765,7 +765,7 @@ mod tests {
 
     #[test]
     fn rediss_verifies_the_server_against_the_ca_file() -> anyhow::Result<()> {
-        let cas = crate::tls::client::testing::two_cas("rediss")?;
+        let cas = crate::tls::testing::two_cas("rediss")?;
         let tls = servers::ServerTls::in_dir(&cas.right.control_plane);
         let redis = servers::RedisServer::start_tls(tls)?;
         assert!(redis.url().starts_with("rediss://"));

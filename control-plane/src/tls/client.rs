@@ -11,8 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::RootCertStore;
 
-use super::server::{pem_error, read};
-use super::TlsError;
+use super::{pem_error, read, TlsError};
 
 /// The CA certificates in `pem` (the file at `path`, named in errors); at least one.
 pub fn roots_from_pem(path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
@@ -113,44 +112,5 @@ mod tests {
     fn a_ca_file_without_a_certificate_is_named() {
         let err = roots_from_pem(Path::new("/x/ca.pem"), b"not a pem").unwrap_err();
         assert!(err.to_string().contains("/x/ca.pem"), "{err}");
-    }
-}
-
-/// Certificates for database servers in tests: `right` (the server's, under one CA) and
-/// `wrong` (another CA's), as `ai-router certs` issues them.
-#[cfg(test)]
-pub mod testing {
-    use std::path::PathBuf;
-
-    use crate::tls::issue::{issue, IssueOptions, Issued};
-
-    pub struct TwoCas {
-        pub dir: PathBuf,
-        pub right: Issued,
-        pub wrong: Issued,
-    }
-
-    impl Drop for TwoCas {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-
-    pub fn two_cas(name: &str) -> anyhow::Result<TwoCas> {
-        let dir = std::env::temp_dir().join(format!(
-            "ai-router-{name}-{}-{:x}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        let options = |out: PathBuf| IssueOptions {
-            out,
-            sans: Vec::new(),
-            envoys: 1,
-            envoy_dir: None,
-            new_ca: false,
-        };
-        let right = issue(&options(dir.join("right")))?;
-        let wrong = issue(&options(dir.join("wrong")))?;
-        Ok(TwoCas { dir, right, wrong })
     }
 }

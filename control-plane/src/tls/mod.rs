@@ -14,6 +14,8 @@
 pub mod client;
 pub mod issue;
 pub mod server;
+#[cfg(test)]
+pub mod testing;
 
 use std::path::PathBuf;
 
@@ -61,4 +63,18 @@ pub enum TlsError {
     Config(String),
     #[error("issuing a certificate: {0}")]
     Issue(String),
+}
+
+pub(crate) fn pem_error(path: &std::path::Path, reason: impl std::fmt::Display) -> TlsError {
+    TlsError::Pem {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+pub(crate) fn read(path: &std::path::Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.display().to_string(),
+        source,
+    })
 }

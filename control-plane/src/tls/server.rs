@@ -10,7 +10,6 @@
 //! [`incoming`] is the TLS listener tonic serves from.
 
 use std::io;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,26 +25,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 
-use super::{SyncTlsFiles, TlsError};
+use super::{pem_error, read, SyncTlsFiles, TlsError};
 
 /// How often the files are compared with what was loaded.
 const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 /// A client has this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-pub(super) fn pem_error(path: &Path, reason: impl std::fmt::Display) -> TlsError {
-    TlsError::Pem {
-        path: path.display().to_string(),
-        reason: reason.to_string(),
-    }
-}
-
-pub(super) fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.display().to_string(),
-        source,
-    })
-}
 
 /// The three files' bytes, what [`watch`] compares.
 fn contents(files: &SyncTlsFiles) -> Result<[Vec<u8>; 3], TlsError> {

@@ -401,13 +401,15 @@ for name, extra, gateway_extra in [
 EOF
     local wasm=/etc/envoy/wasm/ai_router_filter.wasm
     "$BIN" render-envoy --config "$RUN_DIR/pool.yaml" --listen 0.0.0.0:8080 --wasm "$wasm" \
-        --control-plane control-plane:8082 --out "$RUN_DIR/envoy.yaml" >/dev/null
+        --control-plane control-plane:8082 --sync-tls-dir /etc/ai-router/sync-tls/envoy \
+        --out "$RUN_DIR/envoy.yaml" >/dev/null
     local site other
     for site in a b; do
         other=$([ "$site" = a ] && echo b || echo a)
         "$BIN" render-envoy --config "$RUN_DIR/pool-cluster.yaml" --wasm "$wasm" \
             --control-plane "control-plane-$site:8082,control-plane-$other:8082" \
-            --admin 0.0.0.0:9901 --out "$RUN_DIR/envoy-cluster-$site.yaml" >/dev/null
+            --sync-tls-dir /etc/ai-router/sync-tls/envoy \
+            --out "$RUN_DIR/envoy-cluster-$site.yaml" >/dev/null
     done
     # Published ports: free ones, so the test never collides with the host.
     read -r AI_ROUTER_PORT AI_ROUTER_ADMIN_PORT AI_ROUTER_MOCK_PORT AI_ROUTER_PORT_A \

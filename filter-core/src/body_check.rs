@@ -94,18 +94,22 @@ pub fn check_chat(body: &Value) -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// Refuses a body whose top level names a field twice, exactly or in another letter case
-/// (`model` twice, `model` and `Model`, `stream` and `STREAM`, `mod\u0065l` and `model`).
-/// Parsers disagree on such a body: serde_json keeps the last value, others the first, and Go's
-/// `encoding/json` matches names regardless of case. The scope check and the router read one
-/// `model`; a provider given the body could read the other. No API has two top-level fields
-/// that differ only in case, so the rule refuses nothing a client means (README, "Errors").
-/// `body` is already known to parse as a JSON object.
-pub fn check_unique_top_level_keys(body: &[u8]) -> Result<(), GatewayError> {
+/// Parses a request body that must be a JSON object, in one pass, refusing a body whose top
+/// level names a field twice, exactly or in another letter case (`model` twice, `model` and
+/// `Model`, `stream` and `STREAM`, `mod\u0065l` and `model`). Parsers disagree on such a body:
+/// serde_json keeps the last value, others the first, and Go's `encoding/json` matches names
+/// regardless of case. The scope check and the router read one `model`; a provider given the
+/// body could read the other. No API has two top-level fields that differ only in case, so the
+/// rule refuses nothing a client means (README, "Errors").
+pub fn parse_object(body: &[u8]) -> Result<Value, GatewayError> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    match serde::Deserializer::deserialize_map(&mut de, RepeatedKey) {
-        Ok(None) | Err(_) => Ok(()),
-        Ok(Some(key)) => {
+    let top = serde::Deserializer::deserialize_any(&mut de, TopLevel).and_then(|top| {
+        de.end()?;
+        Ok(top)
+    });
+    match top {
+        Ok(TopLevelValue::Object(map, None)) => Ok(Value::Object(map)),
+        Ok(TopLevelValue::Object(_, Some(key))) => {
             let shown: String = key.chars().take(64).collect();
             Err(GatewayError::new(
                 ErrorCode::InvalidRequest,
@@ -116,30 +120,76 @@ pub fn check_unique_top_level_keys(body: &[u8]) -> Result<(), GatewayError> {
                 ),
             ))
         }
+        Ok(TopLevelValue::Other) => Err(GatewayError::new(
+            ErrorCode::InvalidJson,
+            "The request body must be a JSON object.",
+        )),
+        Err(e) => Err(GatewayError::new(
+            ErrorCode::InvalidJson,
+            format!("The request body is not valid JSON: {e}"),
+        )),
     }
 }
 
-/// Reads the top-level keys (values skipped unparsed) and yields the first repeated one.
-struct RepeatedKey;
+/// What the top level of a body is: an object (with its first repeated key, if any) or not.
+enum TopLevelValue {
+    Object(serde_json::Map<String, Value>, Option<String>),
+    Other,
+}
 
-impl<'de> serde::de::Visitor<'de> for RepeatedKey {
-    type Value = Option<String>;
+/// Builds the top-level object as `Value` would, noting repeated keys instead of letting the
+/// last one win; any other JSON value is read to its end and reported as `Other`.
+struct TopLevel;
+
+impl<'de> serde::de::Visitor<'de> for TopLevel {
+    type Value = TopLevelValue;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a JSON object")
+        f.write_str("a JSON value")
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
         let mut seen = std::collections::HashSet::new();
         let mut repeated = None;
         // Read to the end: serde_json fails a map left before its closing brace.
         while let Some(key) = map.next_key::<String>()? {
-            map.next_value::<serde::de::IgnoredAny>()?;
+            let value = map.next_value::<Value>()?;
             if !seen.insert(key.to_ascii_lowercase()) && repeated.is_none() {
-                repeated = Some(key);
+                repeated = Some(key.clone());
             }
+            object.insert(key, value);
         }
-        Ok(repeated)
+        Ok(TopLevelValue::Object(object, repeated))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(TopLevelValue::Other)
     }
 }
 
@@ -240,7 +290,7 @@ mod tests {
                 "model",
             ),
         ] {
-            let error = check_unique_top_level_keys(body.as_bytes()).unwrap_err();
+            let error = parse_object(body.as_bytes()).unwrap_err();
             assert_eq!(error.code, ErrorCode::InvalidRequest, "{body}");
             assert!(
                 error.message.contains(&format!("'{named}'")),
@@ -249,7 +299,7 @@ mod tests {
             );
         }
         let long = format!(r#"{{"{k}":1,"{k}":2}}"#, k = "k".repeat(10_000));
-        let error = check_unique_top_level_keys(long.as_bytes()).unwrap_err();
+        let error = parse_object(long.as_bytes()).unwrap_err();
         assert!(error.message.len() < 300, "the key is shortened");
     }
 
@@ -261,10 +311,31 @@ mod tests {
             r#"{"model":"a","max_tokens":1,"max_completion_tokens":2}"#,
             r#"{}"#,
         ] {
-            assert!(
-                check_unique_top_level_keys(body.as_bytes()).is_ok(),
+            let parsed = parse_object(body.as_bytes()).unwrap();
+            // The same value the plain parser builds (a nested repeat keeps its last value).
+            assert_eq!(
+                parsed,
+                serde_json::from_str::<Value>(body).unwrap(),
                 "{body}"
             );
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_json_object_is_named_as_such() {
+        for (body, says) in [
+            ("[1,2]", "must be a JSON object"),
+            ("\"model\"", "must be a JSON object"),
+            ("12", "must be a JSON object"),
+            ("null", "must be a JSON object"),
+            ("{\"model\":", "not valid JSON"),
+            ("{\"model\":\"a\"} x", "not valid JSON"),
+            ("[1,", "not valid JSON"),
+            ("", "not valid JSON"),
+        ] {
+            let error = parse_object(body.as_bytes()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidJson, "{body}");
+            assert!(error.message.contains(says), "{body}: {}", error.message);
         }
     }
 }

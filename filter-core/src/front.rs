@@ -294,9 +294,9 @@ impl Front {
                 .map(|b| {
                     // Open: out until then; half-open: half-open since then.
                     let moment = if b.state() == BreakerPhase::Open {
-                        "until_ms"
+                        "untilMs"
                     } else {
-                        "since_ms"
+                        "sinceMs"
                     };
                     let mut entry = json!({"scope": b.scope().text(), "provider": b.provider,
                                            "key": b.key, "state": b.state().text()});
@@ -308,7 +308,7 @@ impl Front {
                 .iter()
                 .map(|k| {
                     json!({"provider": k.provider, "key": k.key, "reason": k.reason().text(),
-                           "until_ms": k.until()})
+                           "untilMs": k.until()})
                 })
                 .collect();
         }
@@ -385,32 +385,12 @@ impl Front {
         let Some(key) = self.key.take() else {
             return self.reply(host, GatewayError::invalid_api_key());
         };
-        let mut parsed: Value = match serde_json::from_slice(body) {
-            Ok(v @ Value::Object(_)) => v,
-            Ok(_) => {
-                return self.reply(
-                    host,
-                    GatewayError::new(
-                        ErrorCode::InvalidJson,
-                        "The request body must be a JSON object.",
-                    ),
-                )
-            }
-            Err(e) => {
-                return self.reply(
-                    host,
-                    GatewayError::new(
-                        ErrorCode::InvalidJson,
-                        format!("The request body is not valid JSON: {e}"),
-                    ),
-                )
-            }
+        // One parse, refusing a repeated top-level field: one `model`, one `stream`, so what
+        // the scope check and the router read is what the provider reads.
+        let mut parsed = match crate::body_check::parse_object(body) {
+            Ok(parsed) => parsed,
+            Err(error) => return self.reply(host, error),
         };
-        // One `model`, one `stream`: what the scope check and the router read is what the
-        // provider reads.
-        if let Err(error) = crate::body_check::check_unique_top_level_keys(body) {
-            return self.reply(host, error);
-        }
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
         if let Some(call) = self.gemini.clone() {

@@ -602,6 +602,17 @@ async fn health_with_the_admin_token_shows_breakers_and_keys_and_model_ids_are_p
     .unwrap();
     assert_eq!(out.status, 200, "{out}");
     assert!(out.json["breakers"].is_array(), "{out}");
+    // Named as the admin API names it: out until its secret changes is `untilMs: null`.
+    let key_a = out.json["keys"]
+        .as_array()
+        .and_then(|keys| keys.iter().find(|k| k["key"] == "a"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        key_a.get("untilMs"),
+        Some(&serde_json::Value::Null),
+        "{out}"
+    );
     for (name, secret) in gw.secrets() {
         assert!(!out.text.contains(secret), "{name} in /health: {out}");
     }

@@ -116,7 +116,7 @@ pub mod shared {
 
     /// A provider's lane health: the whole of it, or with many keys what concerns the
     /// provider as a whole and how many buckets of keys hold the rest
-    /// (`filter-core/src/lane_records.rs`).
+    /// (`filter-core/src/vm/lane_records.rs`).
     pub fn lanes(provider: &str) -> String {
         format!("ai-router/lanes/{provider}")
     }
@@ -131,7 +131,7 @@ pub mod shared {
         format!("ai-router/holds/{provider}")
     }
 
-    /// A provider's lanes parked after a failover (snap-back, `filter-core/src/park.rs`),
+    /// A provider's lanes parked after a failover (snap-back, `filter-core/src/lanes/park.rs`),
     /// across the workers.
     pub fn parked(provider: &str) -> String {
         format!("ai-router/parked/{provider}")
@@ -149,13 +149,13 @@ pub mod shared {
         format!("ai-router/sends/{provider}/{scope}")
     }
 
-    /// One session-affinity slot (`filter-core/src/affinity.rs`): which lane a session is
+    /// One session-affinity slot (`filter-core/src/lanes/affinity.rs`): which lane a session is
     /// pinned to.
     pub fn affinity(slot: u64) -> String {
         format!("ai-router/affinity/{slot}")
     }
 
-    /// One response-cache slot (`filter-core/src/cache.rs`): a stored answer, or nothing.
+    /// One response-cache slot (`filter-core/src/cache/mod.rs`): a stored answer, or nothing.
     pub fn cache(slot: u32) -> String {
         format!("ai-router/cache/{slot}")
     }

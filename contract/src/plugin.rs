@@ -1,6 +1,6 @@
 //! The plugin configuration of each root context, one type for both sides: the renderer
 //! (`control-plane/src/render.rs`) writes it as the `configuration` of each wasm filter and the
-//! filter (`filter-core/src/plugin.rs`) reads it back in `on_configure`.
+//! filter (`filter-core/src/vm/plugin.rs`) reads it back in `on_configure`.
 
 use serde::{Deserialize, Serialize};
 

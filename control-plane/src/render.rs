@@ -764,7 +764,7 @@ mod tests {
 
     #[test]
     fn the_filter_reads_back_each_rendered_plugin_configuration() {
-        use ai_router_filter_core::plugin::{parse, Role};
+        use ai_router_filter_core::vm::plugin::{parse, Role};
         let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&render_envoy(&options())).unwrap();
         let mut plugins = Vec::new();
         wasm_plugins(&doc, &mut plugins);

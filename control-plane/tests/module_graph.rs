@@ -643,28 +643,51 @@ fn filter_core_files_have_no_import_cycle() -> Result<()> {
         );
     }
     if let Some(cycle) = find_cycle(&graph) {
-        // Every edge inside each group of modules that reach each other: what to cut.
-        let groups: Vec<String> = tangles(&graph)
-            .iter()
-            .map(|group| {
-                let edges: Vec<String> = group
-                    .iter()
-                    .flat_map(|from| graph[from].iter().map(move |(to, site)| (from, to, site)))
-                    .filter(|(_, to, _)| group.contains(to))
-                    .map(|(from, to, site)| {
-                        format!("    {from} -> {to}   ({}:{})", site.file, site.line)
-                    })
-                    .collect();
-                format!("  {}:\n{}", group.join(", "), edges.join("\n"))
-            })
-            .collect();
-        panic!(
-            "{}\nmodules that reach each other:\n{}",
-            describe(&cycle, &graph),
-            groups.join("\n")
-        );
+        panic!("{}", what_to_cut(&cycle, &graph));
     }
     Ok(())
+}
+
+#[test]
+fn filter_core_folders_have_no_import_cycle() -> Result<()> {
+    let graph = graph(&filter_core_files()?, Some(1), Tests::Left);
+    for (from, to) in [
+        ("attempt", "lanes"),
+        ("front", "protocols"),
+        ("lanes", "vm"),
+    ] {
+        assert!(
+            graph.get(from).is_some_and(|t| t.contains_key(to)),
+            "{from} -> {to} not seen: {graph:#?}"
+        );
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("{}", what_to_cut(&cycle, &graph));
+    }
+    Ok(())
+}
+
+/// A cycle, then every edge inside each group of modules that reach each other: what to cut.
+fn what_to_cut(cycle: &[String], graph: &Graph) -> String {
+    let groups: Vec<String> = tangles(graph)
+        .iter()
+        .map(|group| {
+            let edges: Vec<String> = group
+                .iter()
+                .flat_map(|from| graph[from].iter().map(move |(to, site)| (from, to, site)))
+                .filter(|(_, to, _)| group.contains(to))
+                .map(|(from, to, site)| {
+                    format!("    {from} -> {to}   ({}:{})", site.file, site.line)
+                })
+                .collect();
+            format!("  {}:\n{}", group.join(", "), edges.join("\n"))
+        })
+        .collect();
+    format!(
+        "{}\nmodules that reach each other:\n{}",
+        describe(cycle, graph),
+        groups.join("\n")
+    )
 }
 
 #[test]

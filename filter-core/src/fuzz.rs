@@ -28,9 +28,9 @@ use serde_json::{json, Value};
 
 use crate::host::fake::FakeHost;
 use crate::host::{Flow, Side};
-use crate::sse::Parser;
-use crate::state::{LaneHealth, State};
-use crate::{anthropic, classify, front::Front, plan::Plan, stream::Gate};
+use crate::sync::state::{LaneHealth, State};
+use crate::wire::sse::Parser;
+use crate::{attempt::stream::Gate, classify, front::Front, plan::Plan, protocols::anthropic};
 
 /// Cases per target in the suite's bounded run.
 const DEFAULT_CASES: usize = 400;
@@ -697,9 +697,9 @@ fn fuzz_the_sync_updates_decode_apply_and_serve() {
         |bytes| {
             let _ = LaneHealth::decode(bytes);
             let _ = State::decode(1, bytes);
-            let _ = crate::local::ProviderHolds::decode(bytes);
-            let _ = crate::local::InFlight::decode(bytes);
-            let _ = crate::minute_lease::MinuteLease::decode(bytes);
+            let _ = crate::vm::local::ProviderHolds::decode(bytes);
+            let _ = crate::vm::local::InFlight::decode(bytes);
+            let _ = crate::vm::minute_lease::MinuteLease::decode(bytes);
             let _ = Plan::decode(&String::from_utf8_lossy(bytes));
         },
     );
@@ -720,8 +720,8 @@ fn fuzz_the_plugin_configuration() {
     run(
         "plugin",
         |rng| input(rng, &corpus),
-        |bytes| match crate::plugin::parse(Some(bytes)) {
-            Ok(crate::plugin::Role::Ctrl { tick_ms, .. }) => {
+        |bytes| match crate::vm::plugin::parse(Some(bytes)) {
+            Ok(crate::vm::plugin::Role::Ctrl { tick_ms, .. }) => {
                 assert!(
                     ai_router_contract::plugin::TICK_MS.contains(&tick_ms),
                     "tick {tick_ms}"

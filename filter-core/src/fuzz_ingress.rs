@@ -15,11 +15,11 @@ use serde_json::{json, Value};
 use crate::fuzz::{
     anthropic_stream, front_request, input, openai_stream, run, snapshot, table_cases,
 };
-use crate::ingress::{self, Egress, NativeStream};
-use crate::messages_ingress::Fidelity;
 use crate::plan::Protocol;
-use crate::sse::Parser;
-use crate::state::State;
+use crate::protocols::messages::Fidelity;
+use crate::protocols::{self, Egress, NativeStream};
+use crate::sync::state::State;
+use crate::wire::sse::Parser;
 
 const NOW_S: i64 = 1_700_000_000;
 
@@ -152,16 +152,16 @@ fn fuzz_the_requests_of_messages_and_responses_callers() {
                 return;
             };
             for protocol in CALLERS {
-                let _ = ingress::stateful(protocol, &body);
+                let _ = protocols::stateful(protocol, &body);
                 for fidelity in [Fidelity::Strict, Fidelity::Lenient] {
-                    if let Ok(chat) = ingress::chat_request(protocol, &body, fidelity) {
+                    if let Ok(chat) = protocols::chat_request(protocol, &body, fidelity) {
                         assert!(!chat.is_null(), "{protocol:?}: a translation to null");
                         // What the chat-completions lane is sent must serialize.
                         assert!(serde_json::to_vec(&chat).is_ok());
                     }
                 }
             }
-            let _ = crate::responses::routing_view(&body);
+            let _ = crate::protocols::responses::routing_view(&body);
         },
     );
 }
@@ -178,12 +178,12 @@ fn fuzz_the_answers_to_messages_and_responses_callers() {
             let request = serde_json::from_slice::<Value>(&requests[bytes.len() % requests.len()])
                 .unwrap_or(Value::Null);
             for protocol in CALLERS {
-                let answer = ingress::unary(protocol, &chat, &request, NOW_S);
+                let answer = protocols::unary(protocol, &chat, &request, NOW_S);
                 assert!(serde_json::to_vec(&answer).is_ok());
                 for status in [400u16, 429, 500, 503] {
-                    let _ = ingress::redress_error(protocol, status, bytes);
+                    let _ = protocols::redress_error(protocol, status, bytes);
                 }
-                let _ = ingress::native_usage(protocol, chat.get("usage"));
+                let _ = protocols::native_usage(protocol, chat.get("usage"));
             }
         },
     );

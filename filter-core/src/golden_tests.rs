@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use ai_router_proto::v1::ProviderKind;
 use serde_json::{json, Value};
 
-use crate::ingress::lane_request;
 use crate::plan::Protocol;
+use crate::protocols::lane_request;
 
 fn protocols_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/protocols")
@@ -101,7 +101,7 @@ fn codex_per_lane_kind() {
 /// A Gemini request as each lane kind is sent it: the front stage's chat request (`chat`,
 /// streamed, as its path says), then the Messages request for an anthropic lane.
 fn gemini_translated(kind: ProviderKind, request: &Value) -> Value {
-    let chat = crate::gemini_ingress::to_chat_request("chat", true, request)
+    let chat = crate::protocols::gemini::to_chat_request("chat", true, request)
         .and_then(|chat| lane_request(Protocol::Gemini, kind, &chat));
     match chat {
         Ok(body) => body,
@@ -130,11 +130,11 @@ fn gemini_cli_per_lane_kind() {
 /// which must be those of the JSON-array stream (without it).
 fn gemini_stream(sse: &str) -> Value {
     let encode = |json_array: bool| {
-        let mut parser = crate::sse::Parser::new();
-        let mut encoder = crate::gemini_ingress::StreamEncoder::new(json_array);
+        let mut parser = crate::wire::sse::Parser::new();
+        let mut encoder = crate::protocols::gemini::StreamEncoder::new(json_array);
         let mut out = Vec::new();
         for event in parser.feed(sse.as_bytes()) {
-            out.extend(crate::sse::FromChatStream::feed(&mut encoder, &event));
+            out.extend(crate::wire::sse::FromChatStream::feed(&mut encoder, &event));
         }
         out
     };
@@ -156,7 +156,7 @@ fn gemini_answers_from_chat_answers() {
         ("text", "gemini.answer-text"),
         ("tool_call", "gemini.answer-tool-call"),
     ] {
-        let got = crate::gemini_ingress::from_chat_response(&answers[case]);
+        let got = crate::protocols::gemini::from_chat_response(&answers[case]);
         matches_golden(golden, &got);
     }
     for (case, golden) in [

@@ -7,11 +7,12 @@ use std::rc::Rc;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
-use crate::calls::Call;
 use crate::classify::Class;
-use crate::lanes::{RoundRobin, View};
-use crate::local::{Allowance, Send};
-use crate::state::State;
+use crate::sync::state::State;
+use crate::vm::calls::Call;
+use crate::vm::local::{Allowance, Send};
+use crate::vm::round_robin::RoundRobin;
+use crate::vm::view::View;
 use crate::vocab::LaneId;
 
 /// A host call that could not be made (a dispatch the host refused).
@@ -61,7 +62,7 @@ pub trait Host {
     /// only the pool [`State`] carries.
     fn state_sequence(&self) -> u64;
     /// Admits one request of a virtual key whose `requestsPerMinute` is `limit` by this
-    /// process's record of the key's minute ([`crate::minute_lease::MinuteLease::admit`],
+    /// process's record of the key's minute ([`crate::vm::minute_lease::MinuteLease::admit`],
     /// across the workers), and hands the ask for the next block, if the record took one, to
     /// the singleton. `None` when it could not be counted.
     fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool>;
@@ -109,7 +110,7 @@ pub trait Host {
     /// Adds to a key's in-flight count, across the process.
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32);
     /// Reserves one send on a provider's billing scope when `allowance` leaves room for it,
-    /// atomically across the process's workers ([`crate::local::Sends::reserve`]).
+    /// atomically across the process's workers ([`crate::vm::local::Sends::reserve`]).
     fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool;
     /// Gives a reservation back (the attempt never reached the provider).
     fn release_send(&mut self, provider: &str, send: &Send);
@@ -141,7 +142,7 @@ pub trait Host {
     /// version `cas` read (`None`: whatever it holds); `false` when another worker wrote it
     /// first or the host refused.
     fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool;
-    /// A provider's parked lanes (snap-back, [`crate::park`]), shared by the workers of the
+    /// A provider's parked lanes (snap-back, [`crate::lanes::park`]), shared by the workers of the
     /// process: the record (`None`: never written) and its compare-and-swap token.
     fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>);
     /// Writes a provider's parked lanes when the record is still the version `cas` read;
@@ -171,12 +172,13 @@ pub mod fake {
     use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 
     use super::{Host, Refused, Side};
-    use crate::calls::Call;
     use crate::classify::Class;
-    use crate::lanes::{RoundRobin, View};
-    use crate::local::{Allowance, Send, Sends};
-    use crate::minute_lease::{Ask, MinuteLease};
-    use crate::state::State;
+    use crate::sync::state::State;
+    use crate::vm::calls::Call;
+    use crate::vm::local::{Allowance, Send, Sends};
+    use crate::vm::minute_lease::{Ask, MinuteLease};
+    use crate::vm::round_robin::RoundRobin;
+    use crate::vm::view::View;
     use crate::vocab::{LaneId, LocalHold};
 
     /// A call the stage dispatched.
@@ -235,7 +237,7 @@ pub mod fake {
         fn parked(&self, lane: &LaneId) -> Option<i64> {
             let store = self.parked.borrow();
             let (bytes, _) = store.get(&lane.provider)?;
-            crate::park::ParkedLanes::decode(bytes)?.probe_at(&lane.key, &lane.model)
+            crate::lanes::park::ParkedLanes::decode(bytes)?.probe_at(&lane.key, &lane.model)
         }
     }
 
@@ -395,7 +397,7 @@ pub mod fake {
         }
         fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
             let stored = self.minute_leases.get(key_id).copied();
-            let minute = crate::quota::minute_of(now_ms);
+            let minute = crate::front::quota::minute_of(now_ms);
             let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now_ms);
             self.minute_leases.insert(key_id.to_string(), lease);
             if let Some(ask) = verdict.ask {
@@ -624,7 +626,7 @@ pub mod fake {
     pub fn open_key(id: &str, secret: &str) -> ai_router_proto::v1::VirtualKey {
         ai_router_proto::v1::VirtualKey {
             id: id.into(),
-            sha256: crate::util::sha256_hex(secret.as_bytes()),
+            sha256: ai_router_contract::sha256_hex(secret.as_bytes()),
             profiles: vec!["*".into()],
             models: vec!["*".into()],
             allow_fallback: true,

@@ -88,14 +88,14 @@ pub fn usage_of(v: &Value) -> Option<Usage> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Needs {
     pub capabilities: Vec<Capability>,
-    /// Estimated prompt tokens ([`crate::context::estimate_tokens`]) plus max_tokens.
+    /// Estimated prompt tokens ([`crate::protocols::context::estimate_tokens`]) plus max_tokens.
     pub context_tokens: u64,
     pub prompt_tokens: u64,
     pub max_tokens: u64,
 }
 
 /// How a request names a model family (`family:<name>`), for the state that indexes the names
-/// and the resolution that reads them ([`crate::families`] has the family rules).
+/// and the resolution that reads them ([`crate::lanes::families`] has the family rules).
 pub mod family {
     /// How a request names a family.
     pub const PREFIX: &str = "family:";

@@ -542,7 +542,7 @@ async fn a_keyless_provider_serves_only_with_keyless_fallback_and_gets_no_creden
     }
 }
 
-/// With more keys than one lane-health record holds (`filter-core/src/lane_records.rs`: over 8,
+/// With more keys than one lane-health record holds (`filter-core/src/vm/lane_records.rs`: over 8,
 /// spread over buckets of about 4), what the control plane pushes about one key reaches the
 /// picker through that key's bucket: a key refused with a 401 stays out once Envoy's own hold
 /// gives way to the pushed blacklist (5 s after the push), and a key that reported no requests

@@ -1,6 +1,6 @@
 //! The count behind a virtual key's `requestsPerMinute` across Envoys: how many calls of each
 //! key's UTC minute were granted to Envoys in blocks (`Sync.TakeMinuteCalls`; the filter's
-//! side is `filter-core/src/minute_lease.rs`).
+//! side is `filter-core/src/vm/minute_lease.rs`).
 //!
 //! - With the Redis state store the count is one Redis key per key and minute,
 //!   `<ns>:rpm:<key id>:<minute>`, taken by a script (read, grant what is left, add it, expire

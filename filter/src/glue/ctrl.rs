@@ -7,8 +7,8 @@
 //! (`TakeMinuteCalls`, answers written into the keys' minute records).
 
 use ai_router_contract::shared as names;
-use ai_router_filter_core::lane_records::{LaneWriter, Record};
-use ai_router_filter_core::minute_lease::Ask;
+use ai_router_filter_core::vm::lane_records::{LaneWriter, Record};
+use ai_router_filter_core::vm::minute_lease::Ask;
 use ai_router_proto::names::sync;
 use ai_router_proto::tables::{Tables, Touched};
 use ai_router_proto::v1::{
@@ -24,7 +24,7 @@ use super::shared::{
     REPORT_REQUEST,
 };
 use super::{log_error, log_info};
-use ai_router_filter_core::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
+use ai_router_filter_core::vm::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES};
 
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
 /// An ask for a block of a minute budget: short, since its calls pass on credit meanwhile.
@@ -494,8 +494,9 @@ impl Ctrl {
                     match kind {
                         REPORT_ATTEMPT => {
                             if let Ok(a) = AttemptOutcome::decode(body) {
-                                content +=
-                                    ai_router_filter_core::content::size_of(a.content.as_ref());
+                                content += ai_router_filter_core::answer::content::size_of(
+                                    a.content.as_ref(),
+                                );
                                 batch.attempts.push(a);
                             } else {
                                 self.unreadable += 1;

@@ -8,12 +8,13 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use ai_router_filter_core::calls::Call;
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::host::{Flow, Host, Refused, Side};
-use ai_router_filter_core::lanes::{RoundRobin, View};
-use ai_router_filter_core::local::{Allowance, Send};
-use ai_router_filter_core::state::State;
+use ai_router_filter_core::sync::state::State;
+use ai_router_filter_core::vm::calls::Call;
+use ai_router_filter_core::vm::local::{Allowance, Send};
+use ai_router_filter_core::vm::round_robin::RoundRobin;
+use ai_router_filter_core::vm::view::View;
 use ai_router_filter_core::vocab::LaneId;
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 use proxy_wasm::hostcalls;

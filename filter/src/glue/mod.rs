@@ -8,7 +8,7 @@ mod host;
 mod prof;
 mod shared;
 
-use ai_router_filter_core::plugin;
+use ai_router_filter_core::vm::plugin;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 

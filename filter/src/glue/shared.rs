@@ -16,13 +16,14 @@ use prost::Message;
 use proxy_wasm::hostcalls;
 
 use ai_router_filter_core::classify::Class;
-use ai_router_filter_core::lane_records::LaneReader;
-use ai_router_filter_core::lanes::{RoundRobin, View};
-use ai_router_filter_core::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
-use ai_router_filter_core::minute_lease::{Ask, MinuteLease};
-use ai_router_filter_core::park::ParkedLanes;
-use ai_router_filter_core::reports::Held;
-use ai_router_filter_core::state::{LaneHealth, State};
+use ai_router_filter_core::lanes::park::ParkedLanes;
+use ai_router_filter_core::sync::state::{LaneHealth, State};
+use ai_router_filter_core::vm::lane_records::LaneReader;
+use ai_router_filter_core::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
+use ai_router_filter_core::vm::minute_lease::{Ask, MinuteLease};
+use ai_router_filter_core::vm::reports::Held;
+use ai_router_filter_core::vm::round_robin::RoundRobin;
+use ai_router_filter_core::vm::view::View;
 use ai_router_filter_core::vocab::{LaneId, LocalHold};
 
 use super::gauges::{self, Gauge};
@@ -32,9 +33,9 @@ pub const REPORT_ATTEMPT: u8 = 1;
 pub const REPORT_REQUEST: u8 = 2;
 /// An ask for a block of a key's minute budget (`MinuteCallsRequest`), on the report queue.
 pub const MINUTE_ASK: u8 = 3;
-pub use ai_router_filter_core::reports::REPORT_BUNDLE;
+pub use ai_router_filter_core::vm::reports::REPORT_BUNDLE;
 
-pub use ai_router_filter_core::calls::Call;
+pub use ai_router_filter_core::vm::calls::Call;
 
 #[derive(Default)]
 struct Local {
@@ -302,7 +303,7 @@ pub fn release_send(provider: &str, send: &Send) {
 /// be updated.
 pub fn admit_minute_request(key_id: &str, limit: u64, now: i64) -> Option<bool> {
     let name = names::minute_requests(key_id);
-    let minute = ai_router_filter_core::quota::minute_of(now);
+    let minute = ai_router_filter_core::front::quota::minute_of(now);
     for _ in 0..16 {
         let (stored, cas) = match hostcalls::get_shared_data(&name) {
             Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteLease::decode), cas),

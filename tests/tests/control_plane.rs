@@ -790,6 +790,48 @@ fn the_compose_file_requires_a_sync_token() {
     );
 }
 
+/// The Envoy client key goes to the user Envoy runs as, by one setting on both sides: the
+/// `certs` service chowns it to `AI_ROUTER_ENVOY_UID:AI_ROUTER_ENVOY_GID` and every Envoy
+/// service passes the same values as `ENVOY_UID`/`ENVOY_GID` (what the official image's
+/// entrypoint switches to), 101 (its `envoy` user) by default. scripts/compose-test.sh runs it.
+#[test]
+fn the_compose_file_gives_the_envoy_key_to_the_user_envoy_runs_as() {
+    let config = |ids: &[(&str, &str)]| {
+        let mut env = vec![("AI_ROUTER_SYNC_TOKEN", "compose-check")];
+        env.extend_from_slice(ids);
+        let args = ["--profile", "mock", "--profile", "cluster", "config"];
+        // Folded command lines wrap anywhere: one space for any run of whitespace.
+        ai_router_e2e::compose_config(&args, &env)
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let set = [
+        ("AI_ROUTER_ENVOY_UID", "4242"),
+        ("AI_ROUTER_ENVOY_GID", "4343"),
+    ];
+    for (ids, uid, gid) in [(&[][..], "101", "101"), (&set[..], "4242", "4343")] {
+        let text = config(ids);
+        assert!(
+            text.contains(&format!("chown -R {uid}:{gid} /sync-tls/envoy")),
+            "certs does not give the Envoy key to {uid}:{gid}: {text}"
+        );
+        for (var, want) in [("ENVOY_UID", uid), ("ENVOY_GID", gid)] {
+            let values: Vec<&str> = text
+                .split(&format!("{var}: "))
+                .skip(1)
+                .filter_map(|rest| rest.split_whitespace().next())
+                .collect();
+            assert_eq!(
+                values,
+                vec![format!("'{want}'"); 3],
+                "{var} of envoy, envoy-a and envoy-b: {text}"
+            );
+        }
+    }
+}
+
 /// The TCP ports process `pid` listens on, with whether each is bound to loopback only (from
 /// its socket descriptors and `/proc/net/tcp{,6}`).
 fn listening_ports(pid: u32) -> Vec<(u16, bool)> {

@@ -1229,19 +1229,14 @@ async fn requests_per_minute_are_counted_by_each_control_plane_while_redis_is_aw
 #[test]
 fn the_compose_cluster_profile_validates_and_its_envoys_match_the_renderer() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let out = std::process::Command::new("docker-compose")
-        .args(["--profile", "cluster", "config", "--services"])
-        .current_dir(&root)
-        .env("AI_ROUTER_SYNC_TOKEN", "compose-check")
-        .env("AI_ROUTER_PG_PASSWORD", "compose-check")
-        .output()
-        .expect("docker-compose (scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let services = String::from_utf8_lossy(&out.stdout).to_string();
+    let services = ai_router_e2e::compose_config(
+        &["--profile", "cluster", "config", "--services"],
+        &[
+            ("AI_ROUTER_SYNC_TOKEN", "compose-check"),
+            ("AI_ROUTER_PG_PASSWORD", "compose-check"),
+        ],
+    )
+    .unwrap();
     for s in [
         "redis",
         "postgres",

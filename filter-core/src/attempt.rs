@@ -150,6 +150,8 @@ pub struct Attempt {
     reserved: Option<(String, Send)>,
     /// Reservations lost to another worker in a row (each sends the pick round again).
     reservations_lost: u32,
+    /// Responses: the id of a stored answer, read as it passes (`response_pins`).
+    stored_id: crate::response_pins::Watch,
 }
 
 /// After this many reservations lost in a row, the attempt takes the lane's rate limit as
@@ -269,7 +271,7 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
 
 /// With no attempt sent, none failed upstream: lanes out for their breakers (class transient)
 /// make the error table's "no lane can serve it", `pool_unavailable`, not `upstream_error`.
-fn unsent_as_unavailable(class: Option<Class>, sent: u32) -> Option<Class> {
+pub(crate) fn unsent_as_unavailable(class: Option<Class>, sent: u32) -> Option<Class> {
     class.filter(|c| sent > 0 || final_error(Some(*c), None, 0).code != ErrorCode::UpstreamError)
 }
 
@@ -292,6 +294,12 @@ impl Attempt {
             retry_at_ms,
             host.now_ms(),
         );
+        self.answer_final(host, sent, err)
+    }
+
+    /// Answers the call's final error from this stage (`sent`: the attempts that reached a
+    /// provider).
+    fn answer_final(&mut self, host: &mut impl Host, sent: u32, err: GatewayError) -> Flow {
         let attempts = sent.to_string();
         let final_status = err.status.to_string();
         let retry_after = err.retry_after_s.map(|s| s.to_string());
@@ -356,6 +364,7 @@ impl Attempt {
             tokens: plan.tokens,
             random: host.random_unit(),
             pinned: pinned.as_ref(),
+            only_key: plan.responses.as_ref().and_then(|r| r.pin.as_ref()),
             last_failure,
             reset_interval_ms: plan.reset_ms,
             larger_than,
@@ -387,6 +396,22 @@ impl Attempt {
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
+                if let Some(pin) = plan.responses.as_ref().and_then(|r| r.pin.as_ref()) {
+                    // Only the key that stored the response can serve the call.
+                    let last = host.with_call(&plan.cid, |c| c.last_failure).flatten();
+                    let out = crate::response_pins::when_out(
+                        pin,
+                        &tried,
+                        &skipped,
+                        (class, retry_at_ms),
+                        last,
+                        now,
+                    );
+                    if let Some(err) = out {
+                        let sent = host.call_attempts(&plan.cid).unwrap_or(0);
+                        return self.answer_final(host, sent, err);
+                    }
+                }
                 if let Some(at) = retry_at_ms.filter(|at| *at < deadline) {
                     // A lane returns before the deadline: wait for it rather than fail.
                     return self.wait_until(host, at);
@@ -571,6 +596,7 @@ impl Attempt {
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let native = ingress::native(plan.protocol, provider.kind());
+        self.stored_id = crate::response_pins::Watch::new(plan.responses.as_ref(), native);
         if plan.protocol == Protocol::Responses {
             self.request = value.clone();
         }
@@ -841,6 +867,14 @@ impl Attempt {
             if let Some(session) = plan.and_then(|p| p.session.as_deref()) {
                 let idle_ms = host.state().map_or(0, |s| s.selection().affinity_idle_ms);
                 crate::affinity::remember(host, session, idle_ms, &lane.id, now);
+            }
+            if let Some(stored) = plan
+                .and_then(|p| p.responses.as_ref())
+                .filter(|_| self.stored_id.active())
+            {
+                let vk = plan.map_or("", |p| p.vk.as_str());
+                let id = self.stored_id.id();
+                crate::response_pins::remember(host, vk, stored, id, &lane.id, now);
             }
         }
         let reset_ms = plan.map_or(0, |p| p.reset_ms);
@@ -1384,6 +1418,7 @@ impl Attempt {
                 if let Some(content) = self.content.as_mut() {
                     content.answer(&new);
                 }
+                self.stored_id.stream(&new);
                 let (new, upstream_failure) = match upstream.as_mut() {
                     None => (new, None),
                     Some(t) => t.feed(&new, now),
@@ -1553,6 +1588,7 @@ impl Attempt {
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
                 self.usage = ingress::native_usage(protocol, parsed.get("usage"));
+                self.stored_id.answer(&parsed);
                 if stream_wanted {
                     self.answer_as_stream(host, size, protocol, parsed, status);
                     return;
@@ -1726,6 +1762,7 @@ mod tests {
             reset_ms: 0,
             first_choice: None,
             trail: false,
+            responses: None,
         }
     }
 

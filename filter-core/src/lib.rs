@@ -66,6 +66,7 @@ pub mod quota;
 pub mod redact;
 pub mod reports;
 pub mod resolve;
+pub mod response_pins;
 pub mod responses;
 pub mod rules;
 pub mod select;

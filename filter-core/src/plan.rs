@@ -148,6 +148,10 @@ pub struct Plan {
     /// The configured first choice, which a cheaper answer's saving is counted against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_choice: Option<Candidate>,
+    /// Responses: the stored state the call names and whether its answer is stored
+    /// (`response_pins`: the only key it may use, and what the answering lane remembers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responses: Option<crate::response_pins::Stored>,
 }
 
 fn is_chat(p: &Protocol) -> bool {

@@ -1,7 +1,8 @@
 //! The Responses API served natively: every call to a lane of kind openai has its body and
 //! answer passed through (`/v1/responses` at the provider), its stream held and cut by the
 //! same rules as every other; a stateful call (`previous_response_id`, `store: true`) goes only
-//! to such lanes, and a model with none answers 400. (The stateless Responses API and the Messages API, through the
+//! to such lanes, and a model with none answers 400; a response the gateway saw stored is
+//! followed up only through the key that stored it. (The stateless Responses API and the Messages API, through the
 //! official SDKs: tests/tests/conformance.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

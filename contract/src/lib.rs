@@ -149,8 +149,8 @@ pub mod shared {
         format!("ai-router/sends/{provider}/{scope}")
     }
 
-    /// One session-affinity slot (`filter-core/src/lanes/affinity.rs`): which lane a session is
-    /// pinned to.
+    /// One slot of the affinity tables (`filter-core/src/lanes/affinity.rs`): which lane a session
+    /// is pinned to (the first slots), or which key stored a response (the next ones).
     pub fn affinity(slot: u64) -> String {
         format!("ai-router/affinity/{slot}")
     }

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::vocab::LaneId;
+
 pub const PLAN_HEADER: &str = ai_router_contract::headers::PLAN;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +150,10 @@ pub struct Plan {
     /// The configured first choice, which a cheaper answer's saving is counted against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_choice: Option<Candidate>,
+    /// Responses: the stored state the call names and whether its answer is stored
+    /// (`response_pins`: the only key it may use, and what the answering lane remembers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub responses: Option<Stored>,
 }
 
 fn is_chat(p: &Protocol) -> bool {
@@ -166,4 +172,61 @@ impl Plan {
     pub fn decode(text: &str) -> Option<Plan> {
         serde_json::from_str(text).ok()
     }
+}
+/// The field a call's stored state came by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    PreviousResponseId,
+    Conversation,
+}
+
+impl Via {
+    pub fn param(self) -> &'static str {
+        match self {
+            Via::PreviousResponseId => "previous_response_id",
+            Via::Conversation => "conversation",
+        }
+    }
+
+    /// The table's name for an id of this kind (a stored response's id is remembered under
+    /// the name `previous_response_id` later looks it up by).
+    pub(crate) fn scoped(self, id: &str) -> String {
+        match self {
+            Via::PreviousResponseId => format!("response\u{0}{id}"),
+            Via::Conversation => format!("conversation\u{0}{id}"),
+        }
+    }
+}
+
+/// The one provider key a call may use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyPin {
+    #[serde(rename = "p")]
+    pub provider: String,
+    #[serde(rename = "k")]
+    pub key: String,
+    /// The field that pinned it.
+    pub via: Via,
+}
+
+impl KeyPin {
+    pub(crate) fn is(&self, lane: &LaneId) -> bool {
+        lane.provider == self.provider && lane.key == self.key
+    }
+}
+
+/// A Responses call's stored state, carried in its plan.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stored {
+    /// The digests of the ids the call names (its `previous_response_id`, its
+    /// `conversation`): remembered for the key that answers it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// The key that stored them, when the table knows it: the only key the call may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<KeyPin>,
+    /// The provider keeps the answer (`store` absent or true): its id is remembered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub store: bool,
 }

@@ -13,7 +13,9 @@ use ai_router_proto::v1::{
 use prost::Message;
 use serde_json::Value;
 
-use crate::answer::errors::{upstream_invalid_request, ErrorCode, GatewayError};
+use crate::answer::errors::{
+    final_error, unsent_as_unavailable, upstream_invalid_request, ErrorCode, GatewayError,
+};
 use crate::answer::redact::StreamRedactor;
 use crate::answer::redact::{redact, redact_bytes};
 use crate::attempt::stream::{Gate, Step};
@@ -155,6 +157,8 @@ pub struct Attempt {
     reserved: Option<(String, Send)>,
     /// Reservations lost to another worker in a row (each sends the pick round again).
     reservations_lost: u32,
+    /// Responses: the id of a stored answer, read as it passes (`response_pins`).
+    stored_id: crate::lanes::response_pins::Watch,
 }
 
 /// After this many reservations lost in a row, the attempt takes the lane's rate limit as
@@ -225,59 +229,6 @@ pub fn client_went_away(details: &[u8]) -> bool {
     details.starts_with(b"downstream_remote_disconnect")
 }
 
-/// The gateway's final answer when calls have run out of lanes or attempts, by the class of
-/// the last failure.
-pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
-    let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
-    match class {
-        Some(Class::RateLimit) => {
-            GatewayError::of(ErrorCode::PoolRateLimited).with_retry_after(wait)
-        }
-        Some(Class::Quota) => GatewayError::of(ErrorCode::PoolQuotaExhausted)
-            .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Auth) => {
-            GatewayError::of(ErrorCode::PoolAuthFailed).with_retry_after(Some(wait.unwrap_or(300)))
-        }
-        Some(Class::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
-        Some(Class::ContextLength) => GatewayError {
-            status: 400,
-            ..GatewayError::new(
-                ErrorCode::UpstreamInvalidRequest,
-                "The prompt is too long for every lane this call could still use.",
-            )
-        },
-        Some(
-            class @ (Class::Transient
-            | Class::Network
-            | Class::Timeout
-            | Class::Stream
-            | Class::Mismatch),
-        ) => {
-            let last = match class {
-                Class::Network => "the provider could not be reached",
-                Class::Timeout => "the provider did not answer within the policy's timeoutMs",
-                Class::Stream => "the provider's stream broke off before its first token",
-                Class::Mismatch => "the answer did not match the request",
-                _ => "the provider failed",
-            };
-            GatewayError::new(
-                ErrorCode::UpstreamError,
-                format!(
-                    "Every attempt failed upstream; the last one: {} ({last}).",
-                    class.as_str()
-                ),
-            )
-        }
-        _ => GatewayError::of(ErrorCode::PoolUnavailable).with_retry_after(wait),
-    }
-}
-
-/// With no attempt sent, none failed upstream: lanes out for their breakers (class transient)
-/// make the error table's "no lane can serve it", `pool_unavailable`, not `upstream_error`.
-fn unsent_as_unavailable(class: Option<Class>, sent: u32) -> Option<Class> {
-    class.filter(|c| sent > 0 || final_error(Some(*c), None, 0).code != ErrorCode::UpstreamError)
-}
-
 impl Attempt {
     fn cid(&self) -> &str {
         self.plan.as_ref().map(|p| p.cid.as_str()).unwrap_or("")
@@ -297,6 +248,12 @@ impl Attempt {
             retry_at_ms,
             host.now_ms(),
         );
+        self.answer_final(host, sent, err)
+    }
+
+    /// Answers the call's final error from this stage (`sent`: the attempts that reached a
+    /// provider).
+    fn answer_final(&mut self, host: &mut impl Host, sent: u32, err: GatewayError) -> Flow {
         let attempts = sent.to_string();
         let final_status = err.status.to_string();
         let retry_after = err.retry_after_s.map(|s| s.to_string());
@@ -361,6 +318,7 @@ impl Attempt {
             tokens: plan.tokens,
             random: host.random_unit(),
             pinned: pinned.as_ref(),
+            only_key: plan.responses.as_ref().and_then(|r| r.pin.as_ref()),
             last_failure,
             reset_interval_ms: plan.reset_ms,
             larger_than,
@@ -392,6 +350,22 @@ impl Attempt {
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
+                if let Some(pin) = plan.responses.as_ref().and_then(|r| r.pin.as_ref()) {
+                    // Only the key that stored the response can serve the call.
+                    let last = host.with_call(&plan.cid, |c| c.last_failure).flatten();
+                    let out = crate::lanes::response_pins::when_out(
+                        pin,
+                        &tried,
+                        &skipped,
+                        (class, retry_at_ms),
+                        last,
+                        now,
+                    );
+                    if let Some(err) = out {
+                        let sent = host.call_attempts(&plan.cid).unwrap_or(0);
+                        return self.answer_final(host, sent, err);
+                    }
+                }
                 if let Some(at) = retry_at_ms.filter(|at| *at < deadline) {
                     // A lane returns before the deadline: wait for it rather than fail.
                     return self.wait_until(host, at);
@@ -576,6 +550,7 @@ impl Attempt {
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let native = protocols::native(plan.protocol, provider.kind());
+        self.stored_id = crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
         if plan.protocol == Protocol::Responses {
             self.request = value.clone();
         }
@@ -850,6 +825,14 @@ impl Attempt {
             if let Some(session) = plan.and_then(|p| p.session.as_deref()) {
                 let idle_ms = host.state().map_or(0, |s| s.selection().affinity_idle_ms);
                 crate::lanes::affinity::remember(host, session, idle_ms, &lane.id, now);
+            }
+            if let Some(stored) = plan
+                .and_then(|p| p.responses.as_ref())
+                .filter(|_| self.stored_id.active())
+            {
+                let vk = plan.map_or("", |p| p.vk.as_str());
+                let id = self.stored_id.id();
+                crate::lanes::response_pins::remember(host, vk, stored, id, &lane.id, now);
             }
         }
         let reset_ms = plan.map_or(0, |p| p.reset_ms);
@@ -1398,6 +1381,7 @@ impl Attempt {
                 if let Some(content) = self.content.as_mut() {
                     content.answer(&new);
                 }
+                self.stored_id.stream(&new);
                 let (new, upstream_failure) = match upstream.as_mut() {
                     None => (new, None),
                     Some(t) => t.feed(&new, now),
@@ -1567,6 +1551,7 @@ impl Attempt {
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
                 self.usage = protocols::native_usage(protocol, parsed.get("usage"));
+                self.stored_id.answer(&parsed);
                 if stream_wanted {
                     self.answer_as_stream(host, size, protocol, parsed, status);
                     return;
@@ -1740,6 +1725,7 @@ mod tests {
             reset_ms: 0,
             first_choice: None,
             trail: false,
+            responses: None,
         }
     }
 

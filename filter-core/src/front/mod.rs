@@ -94,6 +94,8 @@ pub struct Front {
     /// `/admin/...`: the admin API, which Envoy routes to the control plane (its own token);
     /// no stage of a model call touches it.
     admin: bool,
+    /// Responses: the stored state the call names and whether its answer is stored.
+    responses: Option<crate::plan::Stored>,
 }
 
 /// A Gemini API call, from its path.
@@ -494,6 +496,21 @@ impl Front {
                 }
             }
         }
+        if self.protocol == Protocol::Responses {
+            // A stored response is read only by the key that stored it (`response_pins`).
+            let tiers = &mut resolved.tiers;
+            match crate::lanes::response_pins::route(
+                host,
+                &state,
+                &key.id,
+                &request,
+                tiers,
+                self.started_ms,
+            ) {
+                Ok(stored) => self.responses = stored,
+                Err(e) => return self.reply(host, e),
+            }
+        }
         if let Some(counted) = gemini_counted {
             // No lane counts in Gemini's protocol: the gateway's estimate.
             return self.answer_count_tokens(host, &counted);
@@ -681,6 +698,7 @@ impl Front {
             reset_ms: resolved.reset_interval_ms,
             first_choice: resolved.first_choice,
             trail: self.wants_trail,
+            responses: self.responses.take(),
         };
         let ruled_out = resolved.trail;
         host.with_call(&cid, |c| c.trail = ruled_out);

@@ -15,6 +15,10 @@
 //!   session on the same slot replaces the older one (its next call picks as if unpinned).
 //!   A pin unused for `selection.affinity.idleMs` lapses. Two Envoy processes keep their own
 //!   tables: a session whose calls alternate between them may be pinned differently on each.
+//! - The same slot scheme keeps a second table, [`RESPONSES`]: which key stored a Responses
+//!   call's answer (`crate::lanes::response_pins`). Each table has its own slots (the shared-data
+//!   names `ai-router/affinity/{slot}`, sessions first, then stored responses), so neither
+//!   evicts the other's records.
 
 use serde_json::Value;
 
@@ -24,6 +28,32 @@ use crate::vocab::LaneId;
 /// Pins per Envoy process.
 pub const SLOTS: u64 = 4096;
 
+/// A table of pins: a digest (16 hex digits) to the lane it is pinned to, in a fixed range of
+/// shared-data slots. A digest maps to one slot; a newer digest on the slot replaces the older.
+#[derive(Debug, Clone, Copy)]
+pub struct Table {
+    first: u64,
+    slots: u64,
+}
+
+/// Session pins.
+pub const SESSIONS: Table = Table {
+    first: 0,
+    slots: SLOTS,
+};
+
+/// Stored responses: the lane whose key stored a response (`crate::lanes::response_pins`).
+pub const RESPONSES: Table = Table {
+    first: SLOTS,
+    slots: 8192,
+};
+
+/// `what`, scoped to the virtual key: a digest of both, which alone is kept (16 hex digits).
+pub fn digest(vk_id: &str, what: &str) -> String {
+    let digest = ai_router_contract::fingerprint(&format!("{vk_id}\u{0}{what}"));
+    format!("{digest:016x}")
+}
+
 /// The session of a call, digested with its virtual key; `None`: no session.
 pub fn session_of(vk_id: &str, header: Option<&str>, body: &Value) -> Option<String> {
     let from_body = |field: &str| body.get(field).and_then(Value::as_str).map(str::to_owned);
@@ -32,18 +62,13 @@ pub fn session_of(vk_id: &str, header: Option<&str>, body: &Value) -> Option<Str
         .or_else(|| from_body("prompt_cache_key"))
         .or_else(|| from_body("user"))
         .filter(|s| !s.trim().is_empty())?;
-    let digest = ai_router_contract::fingerprint(&format!("{vk_id}\u{0}{session}"));
-    Some(format!("{digest:016x}"))
+    Some(digest(vk_id, &session))
 }
 
-fn slot_of(session: &str) -> u64 {
-    u64::from_str_radix(session, 16).unwrap_or(0) % SLOTS
-}
-
-/// One slot's record: `session \t provider \t key \t model \t used_ms`.
-fn encode(session: &str, lane: &LaneId, used_ms: i64) -> Vec<u8> {
+/// One slot's record: `digest \t provider \t key \t model \t used_ms`.
+fn encode(digest: &str, lane: &LaneId, used_ms: i64) -> Vec<u8> {
     format!(
-        "{session}\t{}\t{}\t{}\t{used_ms}",
+        "{digest}\t{}\t{}\t{}\t{used_ms}",
         lane.provider, lane.key, lane.model
     )
     .into_bytes()
@@ -52,27 +77,62 @@ fn encode(session: &str, lane: &LaneId, used_ms: i64) -> Vec<u8> {
 fn decode(bytes: &[u8]) -> Option<(String, LaneId, i64)> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut parts = text.split('\t');
-    let session = parts.next()?.to_owned();
+    let digest = parts.next()?.to_owned();
     let lane = LaneId::new(parts.next()?, parts.next()?, parts.next()?);
     let used_ms = parts.next()?.parse().ok()?;
-    Some((session, lane, used_ms))
+    Some((digest, lane, used_ms))
+}
+
+impl Table {
+    /// How many records the table holds at most.
+    pub fn slots(&self) -> u64 {
+        self.slots
+    }
+
+    fn slot_of(&self, digest: &str) -> u64 {
+        self.first + u64::from_str_radix(digest, 16).unwrap_or(0) % self.slots
+    }
+
+    /// The lane `digest` is pinned to, when its pin has not lapsed (`idle_ms` 0: the table is
+    /// off).
+    pub fn pinned(
+        &self,
+        host: &impl Host,
+        digest: &str,
+        idle_ms: u64,
+        now_ms: i64,
+    ) -> Option<LaneId> {
+        if idle_ms == 0 {
+            return None;
+        }
+        let (owner, lane, used_ms) = decode(&host.affinity_slot(self.slot_of(digest))?)?;
+        (owner == digest && now_ms.saturating_sub(used_ms) <= idle_ms as i64).then_some(lane)
+    }
+
+    /// Pins `digest` to `lane` as of `now_ms`.
+    pub fn remember(
+        &self,
+        host: &mut impl Host,
+        digest: &str,
+        idle_ms: u64,
+        lane: &LaneId,
+        now_ms: i64,
+    ) {
+        if idle_ms == 0 {
+            return;
+        }
+        host.set_affinity_slot(self.slot_of(digest), &encode(digest, lane, now_ms));
+    }
 }
 
 /// The lane the session is pinned to, when its pin has not lapsed.
 pub fn pinned(host: &impl Host, session: &str, idle_ms: u64, now_ms: i64) -> Option<LaneId> {
-    if idle_ms == 0 {
-        return None;
-    }
-    let (owner, lane, used_ms) = decode(&host.affinity_slot(slot_of(session))?)?;
-    (owner == session && now_ms.saturating_sub(used_ms) <= idle_ms as i64).then_some(lane)
+    SESSIONS.pinned(host, session, idle_ms, now_ms)
 }
 
 /// Pins the session to the lane that just answered it.
 pub fn remember(host: &mut impl Host, session: &str, idle_ms: u64, lane: &LaneId, now_ms: i64) {
-    if idle_ms == 0 {
-        return;
-    }
-    host.set_affinity_slot(slot_of(session), &encode(session, lane, now_ms));
+    SESSIONS.remember(host, session, idle_ms, lane, now_ms)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod embeddings;
 pub mod families;
 pub mod listing;
 pub mod park;
+pub mod response_pins;
 pub mod select;
 pub mod terms;
 pub mod when;
@@ -159,6 +160,8 @@ pub struct Request<'a> {
     pub random: f64,
     /// The lane a session is pinned to: taken first while it is usable and untried.
     pub pinned: Option<&'a LaneId>,
+    /// The one key the call may use (the key that stored the Responses state it names).
+    pub only_key: Option<&'a crate::plan::KeyPin>,
     /// How the call's last attempt failed, for conditional candidates (`when`).
     pub last_failure: Option<Class>,
     /// The call's `resetIntervalMs` (0: none): parked lanes come after the others.
@@ -436,12 +439,22 @@ pub fn pick(
             } else {
                 0
             };
-            let pinned_key = req
-                .pinned
-                .filter(|p| p.provider == provider.id && p.model == cand.model)
-                .and_then(|p| provider.keys.iter().position(|k| k.alias == p.key));
+            let only_key = req.only_key.map(|only| {
+                (only.provider == provider.id)
+                    .then(|| provider.keys.iter().position(|k| k.alias == only.key))
+                    .flatten()
+            });
+            let pinned_key = match only_key {
+                Some(only) => only,
+                None => req
+                    .pinned
+                    .filter(|p| p.provider == provider.id && p.model == cand.model)
+                    .and_then(|p| provider.keys.iter().position(|k| k.alias == p.key)),
+            };
+            // With a key the call must use, that key alone is looked at.
+            let others = if only_key.is_some() { 0 } else { n };
             let order = pinned_key.into_iter().chain(
-                (0..n)
+                (0..others)
                     .map(|i| (start + i) % n)
                     .filter(move |ki| Some(*ki) != pinned_key),
             );

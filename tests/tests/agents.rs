@@ -6,7 +6,9 @@
 //! on a translated one; the Gemini CLI (`gemini -p`) and Google's genai SDKs (npm and PyPI) on
 //! the Gemini API, translated lanes behind it; Qwen Code (`qwen -p`) and opencode
 //! (`opencode run`), OpenAI Chat Completions callers, on an anthropic lane (translated) with an
-//! openai-compatible fallback. Each must exit 0 with the mock's answer as its own.
+//! openai-compatible fallback; the Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google
+//! providers) on each provider's own lane and a translated one. Each must exit 0 with the
+//! mock's answer as its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -1219,4 +1221,157 @@ async fn every_agent_shows_a_rate_limited_pool_in_its_protocols_shape() {
         out.contains("\"code\": 503") && out.contains(MESSAGE),
         "{out}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google providers), each provider on a
+// lane of its own protocol where one exists and on a translated one.
+// ---------------------------------------------------------------------------------------------
+
+/// `node ai_sdk.mjs PROVIDER MODEL CHECK...` (tests/conformance/node) with the README's
+/// settings and `extra` variables (the expected answer, another key); it must exit 0.
+async fn ai_sdk(
+    gw: &Gateway,
+    provider: &str,
+    model: &str,
+    checks: &[&str],
+    extra: &[(&str, String)],
+) {
+    let script = workspace_root().join("tests/conformance/node/ai_sdk.mjs");
+    let mut args = vec![script.to_str().unwrap(), provider, model];
+    args.extend_from_slice(checks);
+    let mut env = vec![
+        ("AI_ROUTER_BASE_URL", gw.envoy.base_url()),
+        ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
+    ];
+    env.extend_from_slice(extra);
+    let name = format!("ai-sdk-{provider}-{model}-{}", checks.join("-"));
+    let node = std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into());
+    let work = dir_in(gw, &format!("{name}-work"));
+    let run = run_agent(gw, &name, Path::new(&node), &args, &work, &env).await;
+    assert!(
+        run.ok,
+        "{name} failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout, run.stderr
+    );
+}
+
+/// The mock's path for each protocol the SDK's providers reach it with.
+const RESPONSES: &str = "/responses";
+const MESSAGES: &str = "/messages";
+const CHAT: &str = "/chat/completions";
+
+/// Each provider on its own protocol's lane and on a translated one: `(provider, model, mock
+/// 1 or 2, the path that mock is called on)`. The Gemini API has no native lane (a `kind:
+/// gemini` lane is reached over Google's OpenAI-compatible endpoint): both of Google's are
+/// translated.
+const AI_SDK_LANES: [(&str, &str, usize, &str); 8] = [
+    ("openai", "gpt-m", 1, RESPONSES),
+    ("openai", "m2", 2, CHAT),
+    ("openai-chat", "m2", 2, CHAT),
+    ("openai-chat", "claude-m", 1, MESSAGES),
+    ("anthropic", "claude-m", 1, MESSAGES),
+    ("anthropic", "m2", 2, CHAT),
+    ("google", "m2", 2, CHAT),
+    ("google", "claude-m", 1, MESSAGES),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ai_sdk_answers_streams_and_runs_tools_on_native_and_translated_lanes() {
+    let gw = Gateway::start_with("agents_ai_sdk", translated_pool)
+        .await
+        .expect("fixture");
+    let mocks = [&gw.mock1, &gw.mock2];
+    for (provider, model, n, path) in AI_SDK_LANES {
+        let mock = mocks[n - 1];
+        // generateText and streamText, then a tool round trip, unary and streamed: the mock's
+        // replies in that order.
+        let hi = script::stream(&["Hi", " from", " the", " pool"]);
+        let round_trip = [
+            json!({ "toolCalls": [{ "id": "call_w", "name": "get_weather", "arguments": { "city": "Paris" } }] }),
+            script::stream(&["Sunny", " in Paris."]),
+        ];
+        let replies = [
+            vec![hi.clone(), hi],
+            round_trip.to_vec(),
+            round_trip.to_vec(),
+        ]
+        .concat();
+        mock.script(json!([script::always(replies)])).await.unwrap();
+        mock.clear_calls().await.unwrap();
+        let expect = [
+            ("AI_ROUTER_EXPECT", "Hi from the pool".to_string()),
+            ("AI_ROUTER_EXPECT_TOOLS", "Sunny in Paris.".to_string()),
+        ];
+        ai_sdk(&gw, provider, model, &["text", "stream", "tools"], &expect).await;
+        let calls = mock.calls().await.unwrap();
+        let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
+        assert!(
+            paths.len() == 6 && paths.iter().all(|p| p.ends_with(path)),
+            "{provider} on {model}: {paths:?}"
+        );
+        // The tool's result went back under the call's id, after each of the two calls.
+        for answer in [&calls[3], &calls[5]] {
+            let body = answer.body.to_string();
+            assert!(
+                body.contains("sunny-and-21C") && body.contains("call_w"),
+                "{provider} on {model}: the tool's result under its id: {body}"
+            );
+        }
+    }
+}
+
+/// [`translated_pool`] whose breakers never open: every call tries the failing first lane
+/// again, so each client meets a failover rather than a lane already ruled out.
+fn failing_first_lanes_pool(p1: &str, p2: &str) -> String {
+    let never_open = "{ failureThreshold: 1000000, cooldownMs: 1000, maxCooldownMs: 1000 }";
+    format!(
+        "{}resilience:\n  backoff: {{ baseMs: 5, factor: 1, maxMs: 5 }}\n  keyBreaker: {never_open}\n  providerBreaker: {never_open}\n",
+        translated_pool(p1, p2)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ai_sdk_never_sees_a_failover_and_shows_a_refusal_as_its_api_call_error() {
+    let gw = Gateway::start_with("agents_ai_sdk_failover", failing_first_lanes_pool)
+        .await
+        .expect("fixture");
+    // Every first lane (mock 1) fails before its first token; the fallback m2 serves.
+    first_lane_fails(&gw, &["Served", " by", " the", " fallback"]).await;
+    let expect = [("AI_ROUTER_EXPECT", "Served by the fallback".to_string())];
+    for (provider, model) in [
+        ("openai", "gpt-m"),
+        ("openai-chat", "chat"),
+        ("anthropic", "claude-m"),
+        ("google", "chat"),
+    ] {
+        let tried = gw.mock1.calls().await.unwrap().len();
+        ai_sdk(&gw, provider, model, &["text", "stream"], &expect).await;
+        assert_eq!(
+            gw.mock1.calls().await.unwrap().len(),
+            tried + 2,
+            "{provider} on {model}: the first lane was tried for each call"
+        );
+    }
+
+    // An unknown virtual key: the SDK's APICallError with the gateway's 401 and message.
+    let refused = [
+        ("AI_ROUTER_API_KEY", unknown_key()),
+        ("AI_ROUTER_STATUS", "401".to_string()),
+        (
+            "AI_ROUTER_MESSAGE",
+            "The API key is unknown, revoked or disabled.".to_string(),
+        ),
+    ];
+    gw.mock1.clear_calls().await.unwrap();
+    gw.mock2.clear_calls().await.unwrap();
+    for provider in ["openai", "openai-chat", "anthropic", "google"] {
+        ai_sdk(&gw, provider, "chat", &["refused"], &refused).await;
+    }
+    for mock in [&gw.mock1, &gw.mock2] {
+        assert!(
+            mock.calls().await.unwrap().is_empty(),
+            "nothing reached a provider"
+        );
+    }
 }

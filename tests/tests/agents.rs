@@ -6,7 +6,10 @@
 //! on a translated one; the Gemini CLI (`gemini -p`) and Google's genai SDKs (npm and PyPI) on
 //! the Gemini API, translated lanes behind it; Qwen Code (`qwen -p`) and opencode
 //! (`opencode run`), OpenAI Chat Completions callers, on an anthropic lane (translated) with an
-//! openai-compatible fallback. Each must exit 0 with the mock's answer as its own.
+//! openai-compatible fallback; the Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google
+//! providers) and the OpenAI Agents SDK (its Responses and Chat Completions models) on each
+//! protocol's own lane and a translated one; aider (`aider --message`, from .venv-aider) through
+//! litellm's OpenAI and Anthropic providers. Each must exit 0 with the mock's answer as its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
@@ -1217,6 +1220,386 @@ async fn every_agent_shows_a_rate_limited_pool_in_its_protocols_shape() {
     let out = printed(&run);
     assert!(
         out.contains("\"code\": 503") && out.contains(MESSAGE),
+        "{out}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Vercel AI SDK (`ai` with its OpenAI, Anthropic and Google providers), each provider on a
+// lane of its own protocol where one exists and on a translated one.
+// ---------------------------------------------------------------------------------------------
+
+/// The SDKs driven by a client script under tests/conformance/ that takes `VARIANT MODEL
+/// CHECK...` (the checks `text`, `stream`, `tools`, `refused`; the script says what each does).
+#[derive(Clone, Copy)]
+enum Sdk {
+    /// The Vercel AI SDK (node/ai_sdk.mjs); variants are its providers.
+    Vercel,
+    /// The OpenAI Agents SDK (agents_sdk.py); variants are its model classes.
+    OpenAiAgents,
+}
+
+/// Runs `sdk`'s script with the README's settings and `extra` variables (the expected answer,
+/// another key); it must exit 0.
+async fn sdk(
+    gw: &Gateway,
+    sdk: Sdk,
+    variant: &str,
+    model: &str,
+    checks: &[&str],
+    extra: &[(&str, String)],
+) {
+    let (label, program, script, base_url) = match sdk {
+        Sdk::Vercel => (
+            "ai-sdk",
+            PathBuf::from(std::env::var_os("AI_ROUTER_NODE").unwrap_or_else(|| "node".into())),
+            "node/ai_sdk.mjs",
+            gw.envoy.base_url(),
+        ),
+        Sdk::OpenAiAgents => (
+            "agents-sdk",
+            ai_router_e2e::python_bin().unwrap(),
+            "agents_sdk.py",
+            gw.openai_base_url(),
+        ),
+    };
+    let script = workspace_root().join("tests/conformance").join(script);
+    let mut args = vec![script.to_str().unwrap(), variant, model];
+    args.extend_from_slice(checks);
+    let mut env = vec![
+        ("AI_ROUTER_BASE_URL", base_url),
+        ("AI_ROUTER_API_KEY", gw.virtual_key.clone()),
+        ("OPENAI_AGENTS_DISABLE_TRACING", "1".to_string()),
+    ];
+    env.extend_from_slice(extra);
+    let name = format!("{label}-{variant}-{model}-{}", checks.join("-"));
+    let work = dir_in(gw, &format!("{name}-work"));
+    let run = run_agent(gw, &name, &program, &args, &work, &env).await;
+    assert!(
+        run.ok,
+        "{name} failed\n----- stdout -----\n{}\n----- stderr -----\n{}",
+        run.stdout, run.stderr
+    );
+}
+
+/// For each `(variant, model, mock 1 or 2, the path that mock is called on)`: a text answer, a
+/// streamed one and a tool round trip (unary, then streamed), all on that lane, the tool's
+/// result sent back under the call's id each time.
+async fn sdk_lane_checks(gw: &Gateway, kind: Sdk, lanes: &[(&str, &str, usize, &str)]) {
+    let mocks = [&gw.mock1, &gw.mock2];
+    for &(variant, model, n, path) in lanes {
+        let mock = mocks[n - 1];
+        // The mock's replies in the order the checks ask for them.
+        let hi = script::stream(&["Hi", " from", " the", " pool"]);
+        let round_trip = [
+            json!({ "toolCalls": [{ "id": "call_w", "name": "get_weather", "arguments": { "city": "Paris" } }] }),
+            script::stream(&["Sunny", " in Paris."]),
+        ];
+        let replies = [
+            vec![hi.clone(), hi],
+            round_trip.to_vec(),
+            round_trip.to_vec(),
+        ]
+        .concat();
+        mock.script(json!([script::always(replies)])).await.unwrap();
+        mock.clear_calls().await.unwrap();
+        let expect = [
+            ("AI_ROUTER_EXPECT", "Hi from the pool".to_string()),
+            ("AI_ROUTER_EXPECT_TOOLS", "Sunny in Paris.".to_string()),
+        ];
+        sdk(
+            gw,
+            kind,
+            variant,
+            model,
+            &["text", "stream", "tools"],
+            &expect,
+        )
+        .await;
+        let calls = mock.calls().await.unwrap();
+        let paths: Vec<&str> = calls.iter().map(|c| c.path.as_str()).collect();
+        assert!(
+            paths.len() == 6 && paths.iter().all(|p| p.ends_with(path)),
+            "{variant} on {model}: {paths:?}"
+        );
+        for answer in [&calls[3], &calls[5]] {
+            let body = answer.body.to_string();
+            assert!(
+                body.contains("sunny-and-21C") && body.contains("call_w"),
+                "{variant} on {model}: the tool's result under its id: {body}"
+            );
+        }
+    }
+}
+
+/// The mock's path for each protocol the SDK's providers reach it with.
+const RESPONSES: &str = "/responses";
+const MESSAGES: &str = "/messages";
+const CHAT: &str = "/chat/completions";
+
+/// Each provider on its own protocol's lane and on a translated one: `(provider, model, mock
+/// 1 or 2, the path that mock is called on)`. The Gemini API has no native lane (a `kind:
+/// gemini` lane is reached over Google's OpenAI-compatible endpoint): both of Google's are
+/// translated.
+const AI_SDK_LANES: [(&str, &str, usize, &str); 8] = [
+    ("openai", "gpt-m", 1, RESPONSES),
+    ("openai", "m2", 2, CHAT),
+    ("openai-chat", "m2", 2, CHAT),
+    ("openai-chat", "claude-m", 1, MESSAGES),
+    ("anthropic", "claude-m", 1, MESSAGES),
+    ("anthropic", "m2", 2, CHAT),
+    ("google", "m2", 2, CHAT),
+    ("google", "claude-m", 1, MESSAGES),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ai_sdk_answers_streams_and_runs_tools_on_native_and_translated_lanes() {
+    let gw = Gateway::start_with("agents_ai_sdk", translated_pool)
+        .await
+        .expect("fixture");
+    sdk_lane_checks(&gw, Sdk::Vercel, &AI_SDK_LANES).await;
+}
+
+/// [`translated_pool`] whose breakers never open: every call tries the failing first lane
+/// again, so each client meets a failover rather than a lane already ruled out.
+fn failing_first_lanes_pool(p1: &str, p2: &str) -> String {
+    let never_open = "{ failureThreshold: 1000000, cooldownMs: 1000, maxCooldownMs: 1000 }";
+    format!(
+        "{}resilience:\n  backoff: {{ baseMs: 5, factor: 1, maxMs: 5 }}\n  keyBreaker: {never_open}\n  providerBreaker: {never_open}\n",
+        translated_pool(p1, p2)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_never_see_a_failover_and_show_a_refusal_as_their_api_errors() {
+    let gw = Gateway::start_with("agents_sdks_failover", failing_first_lanes_pool)
+        .await
+        .expect("fixture");
+    // Every first lane (mock 1) fails before its first token; the fallback m2 serves.
+    first_lane_fails(&gw, &["Served", " by", " the", " fallback"]).await;
+    let expect = [("AI_ROUTER_EXPECT", "Served by the fallback".to_string())];
+    for (kind, variant, model) in [
+        (Sdk::Vercel, "openai", "gpt-m"),
+        (Sdk::Vercel, "openai-chat", "chat"),
+        (Sdk::Vercel, "anthropic", "claude-m"),
+        (Sdk::Vercel, "google", "chat"),
+        (Sdk::OpenAiAgents, "responses", "gpt-m"),
+        (Sdk::OpenAiAgents, "chat", "chat"),
+    ] {
+        let tried = gw.mock1.calls().await.unwrap().len();
+        sdk(&gw, kind, variant, model, &["text", "stream"], &expect).await;
+        assert_eq!(
+            gw.mock1.calls().await.unwrap().len(),
+            tried + 2,
+            "{variant} on {model}: the first lane was tried for each call"
+        );
+    }
+
+    // An unknown virtual key: the SDK's own API error (the AI SDK's APICallError, the openai
+    // package's AuthenticationError under the Agents SDK) with the gateway's 401 and message.
+    let refused = [
+        ("AI_ROUTER_API_KEY", unknown_key()),
+        ("AI_ROUTER_STATUS", "401".to_string()),
+        (
+            "AI_ROUTER_MESSAGE",
+            "The API key is unknown, revoked or disabled.".to_string(),
+        ),
+    ];
+    gw.mock1.clear_calls().await.unwrap();
+    gw.mock2.clear_calls().await.unwrap();
+    for (kind, variant) in [
+        (Sdk::Vercel, "openai"),
+        (Sdk::Vercel, "openai-chat"),
+        (Sdk::Vercel, "anthropic"),
+        (Sdk::Vercel, "google"),
+        (Sdk::OpenAiAgents, "responses"),
+        (Sdk::OpenAiAgents, "chat"),
+    ] {
+        sdk(&gw, kind, variant, "chat", &["refused"], &refused).await;
+    }
+    for mock in [&gw.mock1, &gw.mock2] {
+        assert!(
+            mock.calls().await.unwrap().is_empty(),
+            "nothing reached a provider"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The OpenAI Agents SDK (`openai-agents`): Runner with its Responses model and its Chat
+// Completions model, an `AsyncOpenAI` client at the gateway.
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_agents_sdk_runs_streams_and_calls_tools_on_native_and_translated_lanes() {
+    let gw = Gateway::start_with("agents_openai_agents_sdk", translated_pool)
+        .await
+        .expect("fixture");
+    let lanes = [
+        ("responses", "gpt-m", 1, RESPONSES),
+        ("responses", "m2", 2, CHAT),
+        ("chat", "m2", 2, CHAT),
+        ("chat", "claude-m", 1, MESSAGES),
+    ];
+    sdk_lane_checks(&gw, Sdk::OpenAiAgents, &lanes).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// aider (`aider --message`, in its own venv, .venv-aider: it pins openai 2.x), through litellm's
+// OpenAI and Anthropic providers.
+// ---------------------------------------------------------------------------------------------
+
+/// `aider --message PROMPT --model MODEL FILES...` in `work` with the README's settings: the
+/// gateway as litellm's OpenAI base (`--openai-api-base`) or Anthropic base
+/// (`ANTHROPIC_API_BASE`), the virtual key as both API keys, and every network call of its own
+/// off (update check, analytics, litellm's and aider's model-price downloads: the model's
+/// metadata comes from `--model-metadata-file`).
+async fn aider(
+    gw: &Gateway,
+    name: &str,
+    model: &str,
+    work: &Path,
+    files: &[&str],
+    extra: &[(&str, String)],
+) -> Run {
+    let metadata = work.join("aider-models.json");
+    let entry = json!({ "max_input_tokens": 32000, "max_output_tokens": 4096,
+                        "input_cost_per_token": 0, "output_cost_per_token": 0, "mode": "chat" });
+    std::fs::write(
+        &metadata,
+        json!({ "openai/chat": entry, "anthropic/claude-m": entry }).to_string(),
+    )
+    .unwrap();
+    let mut env = vec![
+        ("HOME", work.display().to_string()),
+        ("OPENAI_API_KEY", gw.virtual_key.clone()),
+        ("ANTHROPIC_API_KEY", gw.virtual_key.clone()),
+        ("ANTHROPIC_API_BASE", gw.envoy.base_url()),
+        ("LITELLM_LOCAL_MODEL_COST_MAP", "True".to_string()),
+    ];
+    env.extend_from_slice(extra);
+    let base = gw.openai_base_url();
+    let metadata = metadata.display().to_string();
+    // Its histories in `work` (by default it writes them at the root of the enclosing git
+    // repository, --no-git or not).
+    let chat_history = work.join("chat.history.md").display().to_string();
+    let input_history = work.join("input.history").display().to_string();
+    let mut args = vec![
+        "--chat-history-file",
+        &chat_history,
+        "--input-history-file",
+        &input_history,
+        "--model",
+        model,
+        "--openai-api-base",
+        &base,
+        "--model-metadata-file",
+        &metadata,
+        "--edit-format",
+        "whole",
+        "--message",
+        "Rewrite note.txt",
+        "--yes-always",
+        "--no-git",
+        "--no-check-update",
+        "--analytics-disable",
+        "--no-show-model-warnings",
+        "--no-show-release-notes",
+        "--no-pretty",
+    ];
+    args.extend_from_slice(files);
+    let bin = workspace_root().join(".venv-aider/bin/aider");
+    assert!(
+        bin.exists(),
+        "{} is not installed: run scripts/setup.sh",
+        bin.display()
+    );
+    run_agent(gw, name, &bin, &args, work, &env).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aider_answers_edits_a_file_fails_over_and_shows_a_refusal() {
+    let gw = Gateway::start_with("agents_aider", translated_pool)
+        .await
+        .expect("fixture");
+    // A text answer through litellm's OpenAI provider, on the anthropic lane (translated).
+    gw.mock1
+        .script(json!([script::always(vec![script::stream(&[
+            "Hi", " from", " the", " pool"
+        ])])]))
+        .await
+        .unwrap();
+    let work = dir_in(&gw, "aider-text");
+    let run = aider(&gw, "aider-text", "openai/chat", &work, &[], &[]).await;
+    assert!(
+        run.ok && run.stdout.contains("Hi from the pool"),
+        "{}",
+        printed(&run)
+    );
+    assert_translated_to_anthropic(&gw).await;
+
+    // A file edit through litellm's Anthropic provider, on the anthropic lane (natively): the
+    // model's whole-file answer written to note.txt.
+    let edit = "note.txt\n```\nEDITED-THROUGH-THE-GATEWAY\n```\n";
+    gw.mock1
+        .script(json!([script::always(vec![
+            json!({ "text": edit, "stream": { "chunks": [&edit[..12], &edit[12..]] } })
+        ])]))
+        .await
+        .unwrap();
+    gw.mock1.clear_calls().await.unwrap();
+    let work = dir_in(&gw, "aider-edit");
+    std::fs::write(work.join("note.txt"), NOTE).unwrap();
+    let run = aider(
+        &gw,
+        "aider-edit",
+        "anthropic/claude-m",
+        &work,
+        &["note.txt"],
+        &[],
+    )
+    .await;
+    assert!(run.ok, "{}", printed(&run));
+    assert_eq!(
+        std::fs::read_to_string(work.join("note.txt")).unwrap(),
+        "EDITED-THROUGH-THE-GATEWAY\n",
+        "{}",
+        printed(&run)
+    );
+    let calls = gw.mock1.calls().await.unwrap();
+    assert!(
+        !calls.is_empty() && calls.iter().all(|c| c.path.ends_with("/messages")),
+        "{calls:?}"
+    );
+    assert!(
+        calls[0].body.to_string().contains(NOTE),
+        "the file went to the model"
+    );
+
+    // The anthropic lane fails before its first token: the fallback serves, unseen.
+    first_lane_fails(&gw, &["Served", " by", " the", " fallback"]).await;
+    let tried = gw.mock1.calls().await.unwrap().len();
+    let work = dir_in(&gw, "aider-failover");
+    let run = aider(&gw, "aider-failover", "openai/chat", &work, &[], &[]).await;
+    assert!(
+        run.ok && run.stdout.contains("Served by the fallback"),
+        "{}",
+        printed(&run)
+    );
+    assert!(gw.mock1.calls().await.unwrap().len() > tried);
+
+    // An unknown virtual key: litellm's AuthenticationError with the gateway's message.
+    let work = dir_in(&gw, "aider-bad-key");
+    let extra = [("OPENAI_API_KEY", unknown_key())];
+    let run = aider(&gw, "aider-bad-key", "openai/chat", &work, &[], &extra).await;
+    // (aider wraps its lines at the terminal's width.)
+    let out = printed(&run)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        out.contains("litellm.AuthenticationError")
+            && out.contains("The API key is unknown, revoked or disabled."),
         "{out}"
     );
 }

@@ -47,6 +47,7 @@ mod fuzz;
 #[cfg(test)]
 mod fuzz_ingress;
 pub mod gemini_ingress;
+pub mod gemini_native;
 #[cfg(test)]
 mod golden_tests;
 pub mod headers;

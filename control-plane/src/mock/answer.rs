@@ -78,13 +78,23 @@ pub fn estimate_tokens(chars: usize) -> u64 {
     u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX)
 }
 
-/// The characters of the prompt: every string under `messages`, `system`, `input` or `prompt`.
+/// The characters of the prompt: every string under `messages`, `system`, `input` or `prompt`,
+/// and Gemini's `contents`, `systemInstruction`, `content` and `requests`.
 pub fn prompt_chars(request: &Value) -> usize {
-    ["messages", "system", "input", "prompt"]
-        .iter()
-        .filter_map(|field| request.get(field))
-        .map(string_chars)
-        .sum()
+    [
+        "messages",
+        "system",
+        "input",
+        "prompt",
+        "contents",
+        "systemInstruction",
+        "content",
+        "requests",
+    ]
+    .iter()
+    .filter_map(|field| request.get(field))
+    .map(string_chars)
+    .sum()
 }
 
 fn string_chars(value: &Value) -> usize {
@@ -94,7 +104,7 @@ fn string_chars(value: &Value) -> usize {
         Value::Object(fields) => fields
             .iter()
             // Roles, part types and ids are not prompt text.
-            .filter(|(name, _)| !matches!(name.as_str(), "role" | "type" | "id" | "name"))
+            .filter(|(name, _)| !matches!(name.as_str(), "role" | "type" | "id" | "name" | "model"))
             .map(|(_, value)| string_chars(value))
             .sum(),
         _ => 0,

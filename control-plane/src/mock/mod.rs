@@ -21,6 +21,7 @@
 //! | `GET` any path ending in `/models` | the script's `catalog` for the request's key (`mock::catalog`: OpenAI's list shape, or Anthropic's with `shape: anthropic` or an `anthropic-version` header), recorded in `/_mock/calls`; without a catalog, 404 |
 //! | `GET` any path ending in `/key` | OpenRouter's current-key answer from the script's `keyInfo` (`mock::key_info`: the key's credit limit, usage and what is left), recorded in `/_mock/calls`; without `keyInfo`, 404 |
 //! | `POST` any path ending in `/responses` | the OpenAI Responses API, unary or SSE (typed events: `response.created`, `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, `response.output_item.done`, `response.completed`; `failWith: error-event` sends `event: error`) |
+//! | `POST` any path ending in `/models/{model}:generateContent`, `:streamGenerateContent` (SSE with `?alt=sse`, else one JSON array), `:countTokens`, `:embedContent`, `:batchEmbedContents` | Google's Gemini API (`mock::gemini`): the model is the path's, the key `x-goog-api-key` or `?key=`; thought parts (`thinking`), whole function calls, `usageMetadata`; errors as `{"error":{"code","message","status","details"}}` (a 429 with a `RetryInfo` detail, `retryDelay` from `retry-after`); no key: 403 `PERMISSION_DENIED`; `gemini.*` provider errors as the one object the native API answers |
 //! | anything else outside `/_mock/` | 404, an OpenAI error object |
 //!
 //! The request's key is the bearer token of `authorization`, else `x-api-key`; its model is
@@ -90,6 +91,7 @@
 //! | `error: reset-after-headers` | send the status and headers, then close the connection before the first body byte (unary or stream) |
 //! | `text` | the message text (default `Hello from the ai-router mock.`, none when `toolCalls` is set) |
 //! | `toolCalls` | `[{id?, name, arguments?, argumentChunks?}]`: `message.tool_calls` / Anthropic `tool_use` blocks; streamed as deltas (`argumentChunks` splits them); `arguments` is a JSON string or a JSON value |
+//! | `thinking` | the model's thinking before the text (Gemini's `thought: true` parts; other shapes ignore it) |
 //! | `usage` | `{prompt_tokens, completion_tokens}` in place of the estimate |
 //! | `noUsage` | `true`: no usage at all (no `usage` in a chat completion, no usage chunk in its stream), as some OpenAI-compatible servers |
 //! | `embedding` | the vector for every input |
@@ -143,6 +145,7 @@ mod answer;
 mod anthropic;
 mod catalog;
 mod errors;
+mod gemini;
 mod key_info;
 mod openai;
 mod responses;
@@ -425,7 +428,8 @@ async fn handle(
             return Ok(response);
         }
     }
-    let endpoint = match Endpoint::of(&path) {
+    let query = request.uri().query().unwrap_or_default().to_owned();
+    let endpoint = match Endpoint::of(&path, &query) {
         Some(endpoint) if request.method() == Method::POST => endpoint,
         _ => {
             return Ok(json_response(
@@ -441,18 +445,33 @@ async fn handle(
     // A client that hangs up mid-body gets nothing back either.
     let raw = body.collect().await.map_err(|_| NetworkFailure)?.to_bytes();
     let parsed: Option<Value> = serde_json::from_slice(&raw).ok();
-    let key = request_key(&parts.headers);
-    let model = parsed
-        .as_ref()
-        .and_then(|body| body.get("model"))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let stream = endpoint != Endpoint::Embeddings
-        && parsed
+    let gemini_call = match endpoint {
+        Endpoint::Gemini { method, .. } => gemini::of(&path).map(|(model, _)| (model, method)),
+        _ => None,
+    };
+    let key = match gemini_call {
+        Some(_) => gemini::key(&parts.headers, &query).or_else(|| request_key(&parts.headers)),
+        None => request_key(&parts.headers),
+    };
+    let model = match &gemini_call {
+        Some((model, _)) => Some(model.clone()),
+        None => parsed
             .as_ref()
-            .and_then(|body| body.get("stream"))
-            .and_then(Value::as_bool)
-            == Some(true);
+            .and_then(|body| body.get("model"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    };
+    let stream = match gemini_call {
+        Some((_, method)) => method == gemini::Method::Stream,
+        None => {
+            endpoint != Endpoint::Embeddings
+                && parsed
+                    .as_ref()
+                    .and_then(|body| body.get("stream"))
+                    .and_then(Value::as_bool)
+                    == Some(true)
+        }
+    };
     let headers: BTreeMap<String, String> = parts
         .headers
         .iter()
@@ -476,7 +495,7 @@ async fn handle(
         state.calls.push(Call {
             seq,
             path: path.clone(),
-            key,
+            key: key.clone(),
             model: model.clone(),
             stream,
             headers,
@@ -493,14 +512,23 @@ async fn handle(
     if reply.error == Some(ReplyError::Network) {
         return Err(NetworkFailure);
     }
+    let key_for_refusal = key;
     let request_body = parsed.unwrap_or(Value::Null);
     let refusal = match endpoint {
-        Endpoint::Chat => validate::chat_refusal(&request_body),
-        Endpoint::Messages => validate::messages_refusal(&request_body),
-        Endpoint::Responses | Endpoint::Embeddings | Endpoint::CountTokens => None,
+        Endpoint::Chat => validate::chat_refusal(&request_body).map(|body| (400, body)),
+        Endpoint::Messages => validate::messages_refusal(&request_body).map(|body| (400, body)),
+        // Google refuses a call without a key, or without what its method needs.
+        Endpoint::Gemini { method, .. } if reply.status.is_none() && reply.body.is_none() => {
+            gemini::refusal(method, key_for_refusal.as_deref(), &request_body)
+        }
+        Endpoint::Responses
+        | Endpoint::Embeddings
+        | Endpoint::CountTokens
+        | Endpoint::Gemini { .. } => None,
     };
-    if let Some(body) = refusal {
-        return Ok(json_response(StatusCode::BAD_REQUEST, &body));
+    if let Some((status, body)) = refusal {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        return Ok(json_response(status, &body));
     }
     let turn = Turn {
         seq,
@@ -647,11 +675,22 @@ enum Endpoint {
     CountTokens,
     Responses,
     Embeddings,
+    /// Google's Gemini API (`…/models/{model}:{method}`); `sse`: the query's `alt=sse`.
+    Gemini {
+        method: gemini::Method,
+        sse: bool,
+    },
 }
 
 impl Endpoint {
-    fn of(path: &str) -> Option<Self> {
+    fn of(path: &str, query: &str) -> Option<Self> {
         let path = path.trim_end_matches('/');
+        if let Some((_, method)) = gemini::of(path) {
+            return Some(Self::Gemini {
+                method,
+                sse: gemini::wants_sse(query),
+            });
+        }
         if path.ends_with("/chat/completions") {
             Some(Self::Chat)
         } else if path.ends_with("/messages/count_tokens") {
@@ -667,8 +706,10 @@ impl Endpoint {
         }
     }
 
-    fn error_body(self, status: u16, message: &str) -> Value {
+    /// The endpoint's error object; `retry_s`: a 429's delay (Gemini states it in the body).
+    fn error_body(self, status: u16, message: &str, retry_s: Option<u64>) -> Value {
         match self {
+            Self::Gemini { .. } => gemini::error_body(status, message, retry_s),
             Self::Messages | Self::CountTokens => anthropic::error_body(status, message),
             Self::Chat | Self::Responses | Self::Embeddings => openai::error_body(status, message),
         }
@@ -709,7 +750,11 @@ fn respond(
         .status
         .and_then(|code| StatusCode::from_u16(code).ok())
         .unwrap_or(StatusCode::OK);
-    let mut response = if let Some(body) = &reply.body {
+    let gemini_body = match (endpoint, &reply.body) {
+        (Endpoint::Gemini { .. }, Some(body)) => Some(gemini::native_body(body.clone())),
+        _ => None,
+    };
+    let mut response = if let Some(body) = gemini_body.as_ref().or(reply.body.as_ref()) {
         let (bytes, content_type) = match body {
             Value::String(text) => (Bytes::from(text.clone()), "text/plain; charset=utf-8"),
             other => (Bytes::from(other.to_string()), "application/json"),
@@ -725,7 +770,14 @@ fn respond(
             "The ai-router mock answered {} as scripted.",
             status.as_u16()
         );
-        json_response(status, &endpoint.error_body(status.as_u16(), &message))
+        let retry_s = reply
+            .headers
+            .get("retry-after")
+            .and_then(|value| value.trim().parse().ok());
+        json_response(
+            status,
+            &endpoint.error_body(status.as_u16(), &message, retry_s),
+        )
     } else if request.is_null() && reply == &Reply::default() {
         // No script for it and nothing to read: answer like the provider would.
         let message = if had_body {
@@ -733,7 +785,10 @@ fn respond(
         } else {
             "The request body is empty; it must be a JSON object."
         };
-        json_response(StatusCode::BAD_REQUEST, &endpoint.error_body(400, message))
+        json_response(
+            StatusCode::BAD_REQUEST,
+            &endpoint.error_body(400, message, None),
+        )
     } else {
         let mut response = success(endpoint, reply, turn, request, stream);
         *response.status_mut() = status;
@@ -761,6 +816,9 @@ fn success(
     if endpoint == Endpoint::Embeddings {
         return json_response(StatusCode::OK, &openai::embeddings(turn, reply, request));
     }
+    if let Endpoint::Gemini { method, sse } = endpoint {
+        return gemini_success(method, sse, reply, turn, request);
+    }
     if endpoint == Endpoint::CountTokens {
         // The mock's own estimate of the prompt (the same it reports as usage).
         return json_response(
@@ -773,7 +831,9 @@ fn success(
         let body = match endpoint {
             Endpoint::Messages | Endpoint::CountTokens => anthropic::message(turn, &answer),
             Endpoint::Responses => responses::unary(turn, &answer),
-            Endpoint::Chat | Endpoint::Embeddings => openai::chat_completion(turn, &answer),
+            Endpoint::Chat | Endpoint::Embeddings | Endpoint::Gemini { .. } => {
+                openai::chat_completion(turn, &answer)
+            }
         };
         return json_response(StatusCode::OK, &body);
     }
@@ -781,7 +841,7 @@ fn success(
     let mut plan = match endpoint {
         Endpoint::Messages | Endpoint::CountTokens => anthropic::message_stream(turn, &answer),
         Endpoint::Responses => responses::stream(turn, &answer),
-        Endpoint::Chat | Endpoint::Embeddings => {
+        Endpoint::Chat | Endpoint::Embeddings | Endpoint::Gemini { .. } => {
             let include_usage =
                 answer.reports_usage && spec.include_usage.unwrap_or(turn.usage_requested);
             openai::chat_stream(turn, &answer, include_usage)
@@ -791,7 +851,9 @@ fn success(
         plan.error_event = match endpoint {
             Endpoint::Messages | Endpoint::CountTokens => anthropic::stream_error_event(message),
             Endpoint::Responses => responses::stream_error_event(message),
-            Endpoint::Chat | Endpoint::Embeddings => openai::stream_error_event(message),
+            Endpoint::Chat | Endpoint::Embeddings | Endpoint::Gemini { .. } => {
+                openai::stream_error_event(message)
+            }
         };
     }
     let mut response = Response::new(sse::body(sse::schedule(plan, &spec)));
@@ -805,6 +867,44 @@ fn success(
         HeaderValue::from_static("no-cache"),
     );
     response
+}
+
+/// A Gemini call's success: a generation (unary or streamed), a count or embeddings.
+fn gemini_success(
+    method: gemini::Method,
+    sse: bool,
+    reply: &Reply,
+    turn: &Turn,
+    request: &Value,
+) -> Response<Body> {
+    let answer = Answer::new(reply, turn.prompt_tokens);
+    let thinking = reply.thinking.as_deref();
+    match method {
+        gemini::Method::Generate => {
+            json_response(StatusCode::OK, &gemini::unary(turn, &answer, thinking))
+        }
+        gemini::Method::CountTokens => json_response(StatusCode::OK, &gemini::count_tokens(turn)),
+        gemini::Method::Embed | gemini::Method::BatchEmbed => {
+            json_response(StatusCode::OK, &gemini::embed(method, reply, request))
+        }
+        gemini::Method::Stream => {
+            let spec = reply.stream.clone().unwrap_or_default();
+            let mut plan = gemini::stream(turn, &answer, thinking, sse);
+            if let Some(message) = &spec.error_message {
+                plan.error_event = gemini::stream_error_event(message, sse);
+            }
+            let mut response = Response::new(sse::body(sse::schedule(plan, &spec)));
+            let content_type = if sse {
+                "text/event-stream"
+            } else {
+                "application/json; charset=UTF-8"
+            };
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            response
+        }
+    }
 }
 
 async fn control(shared: &Shared, request: Request<Incoming>) -> Response<Body> {

@@ -114,6 +114,9 @@ pub struct Reply {
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// The model's thinking, before the text: Gemini's `thought: true` parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     /// Report no usage at all, as some OpenAI-compatible servers: no `usage` object in a

@@ -615,3 +615,154 @@ async fn a_trickled_unary_body_arrives_whole_in_timed_pieces() {
     let reply: Value = serde_json::from_slice(&received).unwrap();
     assert_eq!(reply["choices"][0]["message"]["content"], "slow but whole");
 }
+
+#[tokio::test]
+async fn the_gemini_api_natively() {
+    let mock = mock().await;
+    put_script(
+        &mock,
+        json!({ "rules": [
+            { "match": { "model": "gemini-tools" },
+              "replies": [{ "thinking": "hmm", "toolCalls": [{ "name": "f", "arguments": {"a": 1} }] }] },
+            { "match": { "key": "slow" }, "replies": [{ "status": 429, "headers": {"retry-after": 9} }] },
+            { "match": { "key": "daily" }, "replies": [{ "providerError": "gemini.free_daily" }] },
+        ] }),
+    )
+    .await;
+    let request = r#"{"contents":[{"role":"user","parts":[{"text":"Say hi"}]}],"extra":1}"#;
+    let goog = [("x-goog-api-key", "g-key")];
+    let response = send(
+        &mock,
+        "POST",
+        "/v1beta/models/gemini-mock:generateContent",
+        &goog,
+        request,
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let body = json_of(response).await;
+    assert_eq!(
+        body["candidates"][0]["content"]["parts"][0]["text"],
+        "Hello from the ai-router mock."
+    );
+    assert_eq!(body["modelVersion"], "gemini-mock");
+    assert_eq!(body["usageMetadata"]["promptTokenCount"], 2);
+    let call = mock.calls().pop().unwrap();
+    assert_eq!(
+        (call.key.as_deref(), call.model.as_deref(), call.stream),
+        (Some("g-key"), Some("gemini-mock"), false)
+    );
+
+    // Streamed with ?alt=sse and ?key=: the thought, the function call whole, the last chunk.
+    let response = send(
+        &mock,
+        "POST",
+        "/v1beta/models/gemini-tools:streamGenerateContent?alt=sse&key=q-key",
+        &[],
+        request,
+    )
+    .await;
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let events: Vec<Value> = data_lines(&String::from_utf8_lossy(&bytes))
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let parts: Vec<&Value> = events
+        .iter()
+        .map(|e| &e["candidates"][0]["content"]["parts"][0])
+        .collect();
+    assert_eq!(parts[0]["thought"], true);
+    assert_eq!(parts[1]["functionCall"]["args"], json!({"a": 1}));
+    assert_eq!(events[2]["candidates"][0]["finishReason"], "STOP");
+    assert_eq!(events[2]["usageMetadata"]["thoughtsTokenCount"], 1);
+    assert_eq!(mock.calls().pop().unwrap().key.as_deref(), Some("q-key"));
+
+    // Without alt=sse: one JSON array.
+    let response = send(
+        &mock,
+        "POST",
+        "/v1beta/models/m:streamGenerateContent",
+        &goog,
+        request,
+    )
+    .await;
+    let array = json_of(response).await;
+    assert!(array.as_array().unwrap().len() > 1, "{array}");
+
+    let count = json_of(
+        send(
+            &mock,
+            "POST",
+            "/v1beta/models/m:countTokens",
+            &goog,
+            request,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(count["totalTokens"], 2);
+    let embed = json_of(
+        send(
+            &mock,
+            "POST",
+            "/v1beta/models/e:embedContent",
+            &goog,
+            r#"{"content":{"parts":[{"text":"a"}]},"outputDimensionality":3}"#,
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(embed["embedding"]["values"].as_array().unwrap().len(), 3);
+
+    // Google's errors: no key, no contents, a scripted 429, a table answer.
+    let no_key = send(
+        &mock,
+        "POST",
+        "/v1beta/models/m:generateContent",
+        &[],
+        request,
+    )
+    .await;
+    assert_eq!(no_key.status(), 403);
+    assert_eq!(
+        json_of(no_key).await["error"]["status"],
+        "PERMISSION_DENIED"
+    );
+    let empty = send(
+        &mock,
+        "POST",
+        "/v1beta/models/m:generateContent",
+        &goog,
+        "{}",
+    )
+    .await;
+    assert_eq!(empty.status(), 400);
+    assert_eq!(json_of(empty).await["error"]["status"], "INVALID_ARGUMENT");
+    let slow = send(
+        &mock,
+        "POST",
+        "/v1beta/models/m:generateContent",
+        &[("x-goog-api-key", "slow")],
+        request,
+    )
+    .await;
+    assert_eq!(slow.status(), 429);
+    let slow = json_of(slow).await;
+    assert_eq!(slow["error"]["status"], "RESOURCE_EXHAUSTED");
+    assert_eq!(slow["error"]["details"][0]["retryDelay"], "9s");
+    let daily = send(
+        &mock,
+        "POST",
+        "/v1beta/models/m:generateContent",
+        &[("x-goog-api-key", "daily")],
+        request,
+    )
+    .await;
+    assert_eq!(daily.status(), 429);
+    let daily = json_of(daily).await;
+    assert_eq!(
+        daily["error"]["code"], 429,
+        "the object, not the list: {daily}"
+    );
+}

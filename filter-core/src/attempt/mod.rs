@@ -549,7 +549,22 @@ impl Attempt {
 
         // The body for this provider: its model id, usage asked for on streams.
         let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let native = protocols::native(plan.protocol, provider.kind());
+        let gemini = plan.protocol == Protocol::Gemini;
+        let native = match gemini {
+            true => crate::protocols::gemini_native::serves(provider.kind(), plan.json_array),
+            false => protocols::native(plan.protocol, provider.kind()),
+        };
+        if gemini && !native {
+            // The caller's Gemini body, translated for this lane as the front stage routed it.
+            value = match crate::protocols::gemini::to_chat_request(
+                &chosen.lane.model,
+                plan.stream,
+                &value,
+            ) {
+                Ok(v) => v,
+                Err(e) => return self.refuse(host, e),
+            };
+        }
         self.stored_id = crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
         if plan.protocol == Protocol::Responses {
             self.request = value.clone();
@@ -590,6 +605,9 @@ impl Attempt {
                 Err(e) => return self.refuse(host, e),
             };
         }
+        if gemini && native {
+            value = crate::protocols::gemini_native::request(&value);
+        }
         let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
         host.set_body(Side::Request, 0, body.len(), &new_body);
         host.set_header(Side::Request, "content-length", None);
@@ -603,7 +621,14 @@ impl Attempt {
         } else {
             plan.op.path()
         };
-        let path = format!("{}{}", provider.base_path, api_path);
+        let path = match gemini && native {
+            true => crate::protocols::gemini_native::path(
+                &provider.base_path,
+                &chosen.lane.model,
+                plan.stream,
+            ),
+            false => format!("{}{}", provider.base_path, api_path),
+        };
         let cluster = if provider.scheme == "https" {
             ai_router_contract::clusters::PROVIDERS_TLS
         } else {
@@ -634,6 +659,12 @@ impl Attempt {
             );
         } else {
             host.set_header(Side::Request, &provider.auth_header, Some(&key.secret));
+        }
+        if gemini && native && !key.secret.is_empty() {
+            // Google's own API takes the key as `x-goog-api-key`.
+            host.set_header(Side::Request, "authorization", None);
+            host.set_header(Side::Request, &provider.auth_header, None);
+            host.set_header(Side::Request, "x-goog-api-key", Some(&key.secret));
         }
         if anthropic && native {
             // The caller's own version and betas: its body is sent as it wrote it.
@@ -1550,7 +1581,7 @@ impl Attempt {
             let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
-                self.usage = protocols::native_usage(protocol, parsed.get("usage"));
+                self.usage = protocols::answer_usage(protocol, &parsed);
                 self.stored_id.answer(&parsed);
                 if stream_wanted {
                     self.answer_as_stream(host, size, protocol, parsed, status);

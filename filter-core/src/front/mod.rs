@@ -398,7 +398,8 @@ impl Front {
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
         if let Some(call) = self.gemini.clone() {
-            // The Gemini request becomes chat completions here, once: the attempts carry it.
+            // The Gemini request is routed by its chat-completions translation; the attempts
+            // carry the caller's body (sent whole to a gemini lane, translated for the others).
             let gemini = match call.count {
                 true => crate::protocols::gemini::counted_request(&parsed),
                 false => parsed.clone(),
@@ -407,8 +408,6 @@ impl Front {
                 Ok(chat) => {
                     if call.count {
                         gemini_counted = Some(parsed);
-                    } else {
-                        host.set_body(Side::Request, 0, body.len(), chat.to_string().as_bytes());
                     }
                     parsed = chat;
                 }

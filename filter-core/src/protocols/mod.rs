@@ -10,7 +10,9 @@
 //! | Messages  | any other             | Messages → chat → (answer) chat → Messages       |
 //! | Responses | openai                | natively (`/responses`)                          |
 //! | Responses | any other (stateless) | Responses → chat (→ Messages for anthropic) → …  |
-//! | Gemini    | every kind            | Gemini → chat (by the front stage) → … → Gemini  |
+//! | Gemini    | gemini                | natively (Google's own API, `gemini_native`)     |
+//! | Gemini    | any other             | Gemini → chat → … → Gemini (JSON-array streams   |
+//! |           |                       | on gemini lanes too)                             |
 //!
 //! A native lane takes the request whole: unknown fields, roles, blocks and tool types go as
 //! they came. A translated lane takes what its translation expresses; a request it cannot
@@ -19,6 +21,7 @@
 pub mod anthropic;
 pub mod context;
 pub mod gemini;
+pub mod gemini_native;
 pub mod messages;
 pub mod prompt_cache;
 pub mod responses;
@@ -42,8 +45,8 @@ pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
         Protocol::Chat => false,
         Protocol::Messages => kind == ProviderKind::Anthropic,
         Protocol::Responses => kind == ProviderKind::Openai,
-        // Gemini lanes are reached over Google's OpenAI-compatible endpoint.
-        Protocol::Gemini => false,
+        // Over Google's own API (`gemini_native`; a JSON-array stream goes translated).
+        Protocol::Gemini => kind == ProviderKind::Gemini,
     }
 }
 
@@ -300,6 +303,14 @@ pub fn redress_error(protocol: Protocol, status: u16, body: &[u8]) -> Option<Vec
     }
 }
 
+/// Usage of a native unary answer: its `usage` (Gemini: its `usageMetadata`).
+pub fn answer_usage(protocol: Protocol, answer: &Value) -> Option<Usage> {
+    match protocol {
+        Protocol::Gemini => crate::protocols::gemini_native::usage(answer.get("usageMetadata")?),
+        _ => native_usage(protocol, answer.get("usage")),
+    }
+}
+
 /// Usage of a native answer (unary body, or the usage object of a stream event).
 pub fn native_usage(protocol: Protocol, usage: Option<&Value>) -> Option<Usage> {
     let u = usage.filter(|u| u.is_object())?;
@@ -400,6 +411,9 @@ impl NativeStream {
         if self.usage.is_empty() {
             return None;
         }
+        if self.protocol == Protocol::Gemini {
+            return crate::protocols::gemini_native::usage(&Value::Object(self.usage.clone()));
+        }
         native_usage(self.protocol, Some(&Value::Object(self.usage.clone())))
     }
 
@@ -421,6 +435,15 @@ impl NativeStream {
                 ..Default::default()
             };
         };
+        if self.protocol == Protocol::Gemini {
+            let chunk =
+                crate::protocols::gemini_native::judge(&self.kind, &value, &mut self.usage, now_ms);
+            return NativeEvent {
+                token: chunk.token,
+                done: chunk.done,
+                error: chunk.error,
+            };
+        }
         let kind = value
             .get("type")
             .and_then(Value::as_str)
@@ -502,6 +525,7 @@ impl NativeStream {
                 messages::stream_error(message)
             )
             .into_bytes(),
+            Protocol::Gemini => crate::protocols::gemini_native::error_event(message),
             _ => {
                 let error =
                     json!({ "type": "error", "code": code, "message": message, "param": null });

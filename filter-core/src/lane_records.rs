@@ -200,6 +200,12 @@ impl LaneWriter {
         writes
     }
 
+    /// Forgets what the provider's records hold (a write of them failed): the next
+    /// [`LaneWriter::update`] writes them all.
+    pub fn forget(&mut self, provider: &str) {
+        self.written.remove(provider);
+    }
+
     /// The generation of the provider's records as last written.
     pub fn generation(&self, provider: &str) -> Option<u64> {
         self.written.get(provider).map(|w| w.generation)

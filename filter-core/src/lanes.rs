@@ -720,13 +720,8 @@ pub fn pick(
     }
 }
 
-/// The wait after the n-th transient failure of a call: min(maxMs, baseMs * factor^(n-1)) scaled
-/// by a random factor in [0.5, 1).
-pub fn backoff_ms(b: &ai_router_proto::v1::BackoffSettings, n: u32, unit_random: f64) -> u64 {
-    let exp = b.factor.powi(n.saturating_sub(1).min(64) as i32);
-    let raw = (b.base_ms as f64 * exp).min(b.max_ms as f64);
-    (raw * (0.5 + 0.5 * unit_random.clamp(0.0, 1.0))) as u64
-}
+/// The wait after the n-th transient failure of a call (the one formula: [`crate::util`]).
+pub use crate::util::backoff_ms;
 
 /// Keeps the reason whose lane returns first (the call may wait for it).
 fn sooner(

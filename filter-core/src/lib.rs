@@ -25,6 +25,9 @@
 //! - `content`: what an attempt carried, for its report (`telemetry.includeContent`);
 //! - `body_check`: the shape of a chat body (mistyped fields are the client's 400);
 //! - `headers`: what crosses the gateway; `quota`, `reports`, `errors`, `plan`, `state`.
+//! - `sync`: the filter's half of the sync protocol (the singleton's watch stream, publish,
+//!   reconnect, reports) as a machine; `vm`: what the workers of one Envoy share (records
+//!   changed with one `cas_update` over `SharedData`, the call table).
 
 pub mod affinity;
 pub mod anthropic;
@@ -72,9 +75,13 @@ pub mod select;
 pub mod sse;
 pub mod state;
 pub mod stream;
+pub mod sync;
 pub mod terms;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod trace_state;
 pub mod trail;
 pub mod util;
+pub mod vm;
 pub mod vocab;
 pub mod when;

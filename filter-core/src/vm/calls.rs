@@ -1,0 +1,85 @@
+//! This VM's calls in progress: opened by the front stage, read and changed by each attempt
+//! (the front and attempt stages of one call run on the same worker), closed by the front
+//! stage's end. A call whose front context never said goodbye is swept after
+//! [`ABANDONED_MS`] once the table holds more than [`SWEEP_ABOVE`] calls.
+
+use std::collections::HashMap;
+
+use crate::calls::Call;
+
+/// A call older than this is dropped by the sweep.
+pub const ABANDONED_MS: i64 = 600_000;
+/// The table is swept when it holds more calls than this.
+pub const SWEEP_ABOVE: usize = 1024;
+
+#[derive(Debug, Default)]
+pub struct CallTable {
+    calls: HashMap<String, Call>,
+    /// Distinguishes this VM's call ids from other workers' (never 0 once set).
+    salt: u64,
+    next: u64,
+}
+
+impl CallTable {
+    /// Opens a call: its id, unique within the Envoy process, and how much the table's size
+    /// moved (1, less the calls the sweep dropped). `salt` is asked once per VM.
+    pub fn open(&mut self, now_ms: i64, salt: impl FnOnce() -> u64) -> (String, i64) {
+        if self.salt == 0 {
+            self.salt = salt() | 1;
+        }
+        self.next += 1;
+        let id = format!("{:x}-{}", self.salt, self.next);
+        self.calls.insert(
+            id.clone(),
+            Call {
+                created_ms: now_ms,
+                ..Call::default()
+            },
+        );
+        let before = self.calls.len();
+        if before > SWEEP_ABOVE {
+            self.calls
+                .retain(|_, c| now_ms - c.created_ms < ABANDONED_MS);
+        }
+        let swept = before - self.calls.len();
+        (id, 1 - i64::try_from(swept).unwrap_or(i64::MAX))
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Call> {
+        self.calls.get_mut(id)
+    }
+
+    /// Closes a call and returns its bookkeeping.
+    pub fn end(&mut self, id: &str) -> Option<Call> {
+        self.calls.remove(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_salted_and_abandoned_calls_are_swept_past_the_bound() {
+        let mut t = CallTable::default();
+        let (first, moved) = t.open(0, || 0xa0);
+        assert_eq!((first.as_str(), moved), ("a1-1", 1));
+        for i in 1..SWEEP_ABOVE {
+            t.open(i as i64, || unreachable!("salted once"));
+        }
+        assert_eq!(t.len(), SWEEP_ABOVE);
+        // Past the bound, every call older than ten minutes goes.
+        let (_, moved) = t.open(ABANDONED_MS + 10, || 0);
+        assert_eq!(moved, 1 - 11);
+        assert_eq!(t.len(), SWEEP_ABOVE + 1 - 11);
+        assert!(t.end(&first).is_none(), "the first call was swept");
+    }
+}

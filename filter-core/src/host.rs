@@ -160,6 +160,7 @@ pub trait Host {
     }
 }
 
-/// The test host, where the tests of this crate have always found it.
-#[cfg(any(test, feature = "testing"))]
+/// The test host, where the tests of this crate have always found it (other crates: the
+/// `testing` module, feature `testing`).
+#[cfg(test)]
 pub use crate::testing as fake;

@@ -11,7 +11,7 @@ use ai_router_proto::v1::{
 };
 use prost::Message;
 
-use super::{Level, SyncHost};
+use super::host::{Level, SyncHost};
 use crate::minute_lease::Ask;
 use crate::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES, REPORT_BUNDLE};
 

@@ -29,6 +29,10 @@ pub const BINDING_WILDCARD: &str = "*";
 pub const SYNC_TOKEN_METADATA: &str = "x-ai-router-sync-token";
 /// The environment variable that holds the sync token (control plane and Envoy).
 pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
+/// The filter's gauge of the state version its workers read (the control plane's numbering),
+/// set when the singleton published a snapshot or a delta; Envoy's admin `/stats` shows it as
+/// `wasmcustom.` followed by this name.
+pub const STATE_VERSION_STAT: &str = "ai_router.state_version";
 
 /// The headers the stages use between themselves (never seen by a client or a provider).
 pub mod headers {

@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 
 use crate::host::fake::FakeHost;
 use crate::host::{Flow, Side};
-use crate::sync::state::{LaneHealth, State};
+use crate::state::{LaneHealth, State};
 use crate::wire::sse::Parser;
 use crate::{attempt::stream::Gate, classify, front::Front, plan::Plan, protocols::anthropic};
 

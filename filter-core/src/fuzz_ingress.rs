@@ -18,7 +18,7 @@ use crate::fuzz::{
 use crate::plan::Protocol;
 use crate::protocols::messages::Fidelity;
 use crate::protocols::{self, Egress, NativeStream};
-use crate::sync::state::State;
+use crate::state::State;
 use crate::wire::sse::Parser;
 
 const NOW_S: i64 = 1_700_000_000;

@@ -10,10 +10,13 @@
 //!   percent-escapes);
 //! - `classify/`: a provider's answer → error class, hold and window;
 //! - `answer/`: the gateway's errors, the routing trail, key redaction, recorded content;
-//! - `sync/`: the pushed state as this VM holds it;
+//! - `state`: the pushed state as this VM holds it, decoded once per version;
 //! - `vm/`: what the workers of one Envoy share (calls, holds and sends, minute leases,
 //!   reports, lane records, the picker's round-robin and its view of them);
-//! - `host`: the trait a stage sees Envoy through;
+//! - `sync/`: the filter's half of the sync protocol (snapshot, delta, gap, reconnect,
+//!   publish order, reports), driven by the glue;
+//! - `host`: the trait a stage sees Envoy through; `testing/`: the fake host (feature
+//!   `testing`);
 //! - `protocols/`: the caller protocols (chat, Messages, Responses, Gemini) and the
 //!   translations between them and the lane kinds;
 //! - `lanes/`: the lane for each attempt by the spec's tiers, with cost, families, filters,
@@ -40,7 +43,10 @@ pub mod lanes;
 pub mod plan;
 pub mod protocols;
 pub mod resolve;
+pub mod state;
 pub mod sync;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod vm;
 pub mod vocab;
 pub mod wire;

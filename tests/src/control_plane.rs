@@ -126,6 +126,15 @@ impl ControlPlane {
         Ok(rx)
     }
 
+    /// The state version the control plane pushes now (`GET /health`).
+    pub async fn state_version(&self) -> Result<u64> {
+        let url = format!("http://{}/health", self.http);
+        let health: Value = http_client()?.get(url).send().await?.json().await?;
+        health["version"]
+            .as_u64()
+            .ok_or_else(|| anyhow!("no version in /health: {health}"))
+    }
+
     /// Polls `/metrics` until it has a line containing every one of `parts` (what Envoy
     /// reported reaches the control plane within a tick or two); returns that line.
     pub async fn metric_line(&self, parts: &[&str]) -> Result<String> {

@@ -261,6 +261,29 @@ impl Envoy {
             .with_context(|| format!("{name}: {value:?}"))
     }
 
+    /// The state version this Envoy's workers read: the filter's gauge
+    /// (`wasmcustom.ai_router.state_version`), set when a snapshot or delta is published.
+    pub async fn state_version(&self) -> Result<u64> {
+        self.stat(&format!(
+            "wasmcustom.{}",
+            ai_router_contract::STATE_VERSION_STAT
+        ))
+        .await
+    }
+
+    /// Waits until this Envoy's workers read the state `cp` pushes now (or a later one): what
+    /// a test does after a change, instead of sleeping. Returns the version.
+    pub async fn wait_for_state_of(&self, cp: &ControlPlane) -> Result<u64> {
+        let want = cp.state_version().await?;
+        poll(
+            &format!("Envoy to apply state version {want}"),
+            Duration::from_secs(10),
+            || async move { Ok((self.state_version().await? >= want).then_some(want)) },
+        )
+        .await
+        .with_context(|| self.process.tail())
+    }
+
     /// Every counter Envoy has whose name ends in `_overflow` and is not 0 (a circuit breaker
     /// turned a call away).
     pub async fn overflows(&self) -> Result<Vec<String>> {

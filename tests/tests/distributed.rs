@@ -449,7 +449,7 @@ async fn a_key_refused_through_envoy_a_is_avoided_by_envoy_b() {
     eprintln!("a 401 seen through A took key a out at both control planes in {took:?}");
     assert!(took < SHARED, "{took:?}");
     // Envoy B has it too (the push is immediate): none of its calls uses key a.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.b.envoy.wait_for_state_of(&c.b.cp).await.unwrap();
     c.mock.clear_calls().await.unwrap();
     for _ in 0..12 {
         let r = c.b.client.chat("chat", Some(&c.virtual_key)).await.unwrap();
@@ -1329,7 +1329,9 @@ async fn envoys_of_two_control_planes_together_never_send_more_than_the_scope_ha
         .unwrap();
     }
     // Envoy has it a push after its control plane.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    for site in [&c.a, &c.b] {
+        site.envoy.wait_for_state_of(&site.cp).await.unwrap();
+    }
     c.mock.clear_calls().await.unwrap();
     let clients = [&c.a.client, &c.b.client];
     let calls = (0..50).map(|i| {

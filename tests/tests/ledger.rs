@@ -252,7 +252,7 @@ async fn ten_left(gw: &Gateway) {
         scope(v, "p1", "org-1")["windows"]["rpm"]["source"] == "reported"
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.envoy.wait_for_state_of(&gw.cp).await.unwrap();
     gw.mock1.clear_calls().await.unwrap();
 }
 
@@ -354,7 +354,7 @@ async fn three_a_minute_with(test: &str, defaults: &str) -> Gateway {
         scope(v, "p1", "org-1")["windows"]["rpm"]["remaining"] == 3
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    gw.envoy.wait_for_state_of(&gw.cp).await.unwrap();
     gw
 }
 

@@ -308,10 +308,10 @@ fn the_filter_and_the_control_plane_hold_a_failure_equally_long() -> Result<(), 
                         .find(|c| c.key == "openai-2")
                         .map(|c| c.until_ms)
                 });
-            let filter = ai_router_filter_core::sync::state::State::new(1, s);
+            let filter = ai_router_filter_core::state::State::new(1, s);
             let class =
                 ai_router_contract::failure::ErrorClass::parse(class).ok_or("unknown class")?;
-            let computed = ai_router_filter_core::sync::state::State::hold_windows(Some(&filter))
+            let computed = ai_router_filter_core::state::State::hold_windows(Some(&filter))
                 .held_until(
                     class,
                     (retry_at > now).then_some(retry_at),

@@ -27,7 +27,7 @@ use crate::plan::{Candidate, Operation, Plan, Protocol, PLAN_HEADER};
 use crate::protocols::anthropic::{self, StreamTranslator, ANTHROPIC_VERSION};
 use crate::protocols::messages::Fidelity;
 use crate::protocols::{self, Egress};
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vm::local::Send;
 use crate::vocab::{usage_of, LaneId, Usage};
 use crate::wire::headers;
@@ -524,7 +524,7 @@ impl Attempt {
         };
         // The pick read the scope's headroom; the reservation takes its share of it atomically
         // (another worker may have taken the last of it meanwhile: then pick again).
-        let scope = crate::sync::state::scope_of(key).to_owned();
+        let scope = crate::state::scope_of(key).to_owned();
         let now = host.now_ms();
         let allowances: Vec<_> = lanes::allowances(&chosen.health, &scope, &chosen.lane.model, now)
             .into_iter()
@@ -1765,7 +1765,7 @@ mod tests {
         let mut host = FakeHost::with_state(State::new(1, snap));
         host.now = NOW + 5;
         host.calls
-            .insert(plan.cid.clone(), crate::vm::calls::Call::default());
+            .insert(plan.cid.clone(), crate::vm::call::Call::default());
         host.add(Side::Request, ":method", b"POST");
         host.add(Side::Request, ":path", b"/v1/chat/completions");
         host.add(Side::Request, ":authority", b"gateway");
@@ -2591,7 +2591,7 @@ mod tests {
             if sent > 0 {
                 host.calls.insert(
                     plan.cid.clone(),
-                    crate::vm::calls::Call {
+                    crate::vm::call::Call {
                         attempts: sent,
                         last_failure: Some((Class::Transient, None)),
                         ..Default::default()

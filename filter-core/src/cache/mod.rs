@@ -417,7 +417,7 @@ impl CallCache {
     /// stateful Responses call is never cached). `body` is the caller's, in its protocol.
     pub fn begin(
         host: &impl Host,
-        state: &crate::sync::state::State,
+        state: &crate::state::State,
         call: &CacheCall<'_>,
         tiers: &[Vec<crate::plan::Candidate>],
         body: &Value,

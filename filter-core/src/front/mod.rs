@@ -29,7 +29,7 @@ use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
 use crate::protocols::messages::Fidelity;
 use crate::resolve;
 use crate::resolve::rules::{self, Metadata};
-use crate::sync::state::State;
+use crate::state::State;
 use crate::wire::headers;
 use ai_router_contract::sha256_hex;
 

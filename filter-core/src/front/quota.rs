@@ -13,8 +13,7 @@
 use ai_router_proto::v1::VirtualKey;
 
 use crate::answer::errors::{ErrorCode, GatewayError};
-
-const MINUTE_MS: i64 = 60_000;
+use crate::vm::minute_lease::{minute_of, MINUTE_MS};
 
 /// Whole seconds from `now_ms` until `until_ms`, at least 1.
 fn seconds_until(now_ms: i64, until_ms: i64) -> u64 {
@@ -37,11 +36,6 @@ pub fn blocked(key: &VirtualKey, now_ms: i64) -> Option<GatewayError> {
         return None;
     }
     Some(GatewayError::of(code).with_retry_after(Some(seconds_until(now_ms, key.quota_until_ms))))
-}
-
-/// The UTC minute of `now_ms` (minutes since the epoch).
-pub fn minute_of(now_ms: i64) -> i64 {
-    now_ms.div_euclid(MINUTE_MS)
 }
 
 /// The 429 for a request past the key's `limit` requests in this UTC minute.

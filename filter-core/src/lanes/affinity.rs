@@ -205,7 +205,7 @@ mod tests {
         assert!(host.affinity.len() as u64 <= SLOTS);
     }
 
-    fn pool(selection: ai_router_proto::v1::Selection) -> crate::sync::state::State {
+    fn pool(selection: ai_router_proto::v1::Selection) -> crate::state::State {
         use ai_router_proto::v1::{Headroom, Model, Provider, ProviderKey, Snapshot};
         let key = |alias: &str| ProviderKey {
             alias: alias.into(),
@@ -238,7 +238,7 @@ mod tests {
             });
         }
         snap.selection = Some(selection);
-        crate::sync::state::State::new(1, snap)
+        crate::state::State::new(1, snap)
     }
 
     fn one_tier() -> Vec<Vec<crate::plan::Candidate>> {

@@ -9,7 +9,7 @@ use ai_router_contract::price::Price;
 use ai_router_proto::v1::Cost;
 
 use crate::plan::Candidate;
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vocab::Needs;
 
 /// The price of a candidate's model, if it has one.

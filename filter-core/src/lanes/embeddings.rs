@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::plan::Candidate;
-use crate::sync::state::State;
+use crate::state::State;
 
 fn model<'a>(
     state: &'a State,

@@ -15,7 +15,7 @@
 //!   (`{provider, model}`) is an exact lane and brings no siblings; `allowFallback: false`
 //!   keeps the first tier only, siblings included.
 
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vocab::family::{name_of, PREFIX};
 
 /// The families (name, rank) of the pool models serving `name`, best rank first; a
@@ -98,7 +98,7 @@ where
 mod tests {
     use crate::plan::{Candidate, Operation};
     use crate::resolve::resolve;
-    use crate::sync::state::State;
+    use crate::state::State;
     use ai_router_proto::v1::{
         Model, Policy, Provider, ProviderTerms, Selection, Snapshot, VirtualKey,
     };

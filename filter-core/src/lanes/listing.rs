@@ -18,7 +18,7 @@ mod tests {
     use super::*;
     use crate::lanes::{pick, Pick, Request, Skipped};
     use crate::plan::Candidate;
-    use crate::sync::state::State;
+    use crate::state::State;
     use crate::vm::round_robin::RoundRobin;
     use crate::vm::view::NoView;
     use crate::vocab::LaneId;

@@ -18,7 +18,7 @@ use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason, SelectionStr
 
 use crate::classify::Class;
 use crate::plan::Candidate;
-use crate::sync::state::{scope_of, LaneHealth, State};
+use crate::state::{scope_of, LaneHealth, State};
 use crate::vm::local::Allowance;
 use crate::vm::round_robin::{smooth_weighted, RoundRobin, KEY_WINDOW};
 use crate::vm::view::View;
@@ -628,13 +628,8 @@ pub fn pick(
     }
 }
 
-/// The wait after the n-th transient failure of a call: min(maxMs, baseMs * factor^(n-1)) scaled
-/// by a random factor in [0.5, 1).
-pub fn backoff_ms(b: &ai_router_proto::v1::BackoffSettings, n: u32, unit_random: f64) -> u64 {
-    let exp = b.factor.powi(n.saturating_sub(1).min(64) as i32);
-    let raw = (b.base_ms as f64 * exp).min(b.max_ms as f64);
-    (raw * (0.5 + 0.5 * unit_random.clamp(0.0, 1.0))) as u64
-}
+/// The wait after the n-th transient failure of a call (the one formula: [`crate::wire::percent`]).
+pub use crate::vm::backoff::backoff_ms;
 
 /// Keeps the reason whose lane returns first (the call may wait for it).
 fn sooner(
@@ -662,7 +657,7 @@ fn positive(w: f64) -> f64 {
 
 /// The provider and key of a lane in `state`, when it still serves the lane's model.
 pub fn lane_in<'s>(
-    state: &'s crate::sync::state::State,
+    state: &'s crate::state::State,
     lane: &LaneId,
 ) -> Option<(
     &'s ai_router_proto::v1::Provider,

@@ -34,7 +34,7 @@ use crate::host::Host;
 use crate::lanes::affinity::{digest, RESPONSES};
 use crate::lanes::Skipped;
 use crate::plan::{Candidate, KeyPin, Stored, Via};
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vocab::LaneId;
 use crate::wire::sse::Parser;
 
@@ -285,7 +285,6 @@ mod tests {
     use crate::host::fake::FakeHost;
     use crate::host::{Flow, Side};
     use crate::plan::{Plan, PLAN_HEADER};
-    use crate::vocab::LocalHold;
     use ai_router_proto::v1::{Model, Provider, ProviderKey, ProviderKind, Snapshot};
     use serde_json::json;
 
@@ -615,15 +614,8 @@ mod tests {
             host.calls.clear();
         }
         // a blacklisted (b free): the call is answered, naming the field; b is never tried.
-        host.lanes.holds.insert(
-            lane("a"),
-            vec![LocalHold::Blacklist {
-                class: Class::Auth,
-                until_ms: 0,
-                fingerprint: 0,
-                set_at_ms: NOW,
-            }],
-        );
+        let a = lane("a");
+        host.hold_blacklist(&a.provider, &a.key, Class::Auth, 0, 0);
         let (_, flow) = attempt(&mut host, Some(pin_a()), 1);
         assert_eq!(flow, Flow::Pause);
         let answer = host.answered.clone().expect("answered locally");

@@ -34,7 +34,7 @@ use crate::classify::{classify_stream_error, Class, Failure};
 use crate::plan::{Candidate, Protocol};
 use crate::protocols::anthropic::AdapterError;
 use crate::protocols::messages::Fidelity;
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vocab::Usage;
 use crate::wire::sse::FromChatStream;
 use crate::wire::sse::{Event, Parser};

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::answer::errors::{ErrorCode, GatewayError};
 use crate::plan::{Candidate, Operation};
-use crate::sync::state::State;
+use crate::state::State;
 use crate::vocab::Needs;
 
 /// What the front stage derived from a request.

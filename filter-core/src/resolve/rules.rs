@@ -13,7 +13,7 @@ use ai_router_proto::v1::{RouteRule, VirtualKey};
 use serde_json::Value;
 
 use crate::host::{Host, Side};
-use crate::sync::state::State;
+use crate::state::State;
 
 /// What the rules match a request by.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

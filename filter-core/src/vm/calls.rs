@@ -1,30 +1,85 @@
-//! A call's bookkeeping in the VM, shared by its front stage and every attempt: what it tried,
-//! how its last attempt failed, the lane that answered (and whether its answer broke off), the embeddings identity it keeps, and
-//! the backoff before its next attempt.
+//! This VM's calls in progress: opened by the front stage, read and changed by each attempt
+//! (the front and attempt stages of one call run on the same worker), closed by the front
+//! stage's end. A call whose front context never said goodbye is swept after
+//! [`ABANDONED_MS`] once the table holds more than [`SWEEP_ABOVE`] calls.
 
-use crate::classify::Class;
-use crate::vocab::LaneId;
+use std::collections::HashMap;
 
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Call {
-    pub tried: Vec<LaneId>,
-    pub attempts: u32,
-    pub last_failure: Option<(Class, Option<i64>)>,
-    pub answered: Option<LaneId>,
-    /// The answering attempt's usage as the provider reported it (a stream's even when the
-    /// client did not ask for its usage chunk): what the response cache stores with it.
-    pub answered_usage: Option<crate::vocab::Usage>,
-    pub created_ms: i64,
-    /// Embeddings: the model identity of the first lane, which every later attempt keeps.
-    pub identity: Option<String>,
-    /// Transient failures so far, for the backoff.
-    pub transient_failures: u32,
-    /// The next attempt waits until then.
-    pub backoff_until_ms: i64,
-    /// The answer had started (the client got its first token) when it failed, so: the class.
-    pub broken_after_first_token: Option<Class>,
-    /// After a context-length failure: the failed lane's capacity; only larger lanes remain.
-    pub larger_than: Option<Option<u64>>,
-    /// What was ruled out and tried, for the client.
-    pub trail: crate::answer::trail::Trail,
+use crate::vm::call::Call;
+
+/// A call older than this is dropped by the sweep.
+pub const ABANDONED_MS: i64 = 600_000;
+/// The table is swept when it holds more calls than this.
+pub const SWEEP_ABOVE: usize = 1024;
+
+#[derive(Debug, Default)]
+pub struct CallTable {
+    calls: HashMap<String, Call>,
+    /// Distinguishes this VM's call ids from other workers' (never 0 once set).
+    salt: u64,
+    next: u64,
+}
+
+impl CallTable {
+    /// Opens a call: its id, unique within the Envoy process, and how much the table's size
+    /// moved (1, less the calls the sweep dropped). `salt` is asked once per VM.
+    pub fn open(&mut self, now_ms: i64, salt: impl FnOnce() -> u64) -> (String, i64) {
+        if self.salt == 0 {
+            self.salt = salt() | 1;
+        }
+        self.next += 1;
+        let id = format!("{:x}-{}", self.salt, self.next);
+        self.calls.insert(
+            id.clone(),
+            Call {
+                created_ms: now_ms,
+                ..Call::default()
+            },
+        );
+        let before = self.calls.len();
+        if before > SWEEP_ABOVE {
+            self.calls
+                .retain(|_, c| now_ms - c.created_ms < ABANDONED_MS);
+        }
+        let swept = before - self.calls.len();
+        (id, 1 - i64::try_from(swept).unwrap_or(i64::MAX))
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Call> {
+        self.calls.get_mut(id)
+    }
+
+    /// Closes a call and returns its bookkeeping.
+    pub fn end(&mut self, id: &str) -> Option<Call> {
+        self.calls.remove(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_salted_and_abandoned_calls_are_swept_past_the_bound() {
+        let mut t = CallTable::default();
+        let (first, moved) = t.open(0, || 0xa0);
+        assert_eq!((first.as_str(), moved), ("a1-1", 1));
+        for i in 1..SWEEP_ABOVE {
+            t.open(i as i64, || unreachable!("salted once"));
+        }
+        assert_eq!(t.len(), SWEEP_ABOVE);
+        // Past the bound, every call older than ten minutes goes.
+        let (_, moved) = t.open(ABANDONED_MS + 10, || 0);
+        assert_eq!(moved, 1 - 11);
+        assert_eq!(t.len(), SWEEP_ABOVE + 1 - 11);
+        assert!(t.end(&first).is_none(), "the first call was swept");
+    }
 }

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use ai_router_proto::v1::{BreakerScope, ProviderLanes};
 use prost::Message;
 
-use crate::sync::state::{bucket_of, LaneParts};
+use crate::state::{bucket_of, LaneParts};
 
 /// A provider with at most this many keys keeps its lane health in one record.
 pub const ONE_RECORD_KEYS: usize = 8;
@@ -200,6 +200,12 @@ impl LaneWriter {
         writes
     }
 
+    /// Forgets what the provider's records hold (a write of them failed): the next
+    /// [`LaneWriter::update`] writes them all.
+    pub fn forget(&mut self, provider: &str) {
+        self.written.remove(provider);
+    }
+
     /// The generation of the provider's records as last written.
     pub fn generation(&self, provider: &str) -> Option<u64> {
         self.written.get(provider).map(|w| w.generation)
@@ -329,7 +335,7 @@ impl LaneReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::state::LaneHealth;
+    use crate::state::LaneHealth;
     use ai_router_proto::v1::{
         BreakerPhase, BreakerState, Headroom, HoldReset, KeyHealth, KeyOutReason, LaneCooldown,
         ProviderHealth,

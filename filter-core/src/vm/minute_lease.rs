@@ -21,6 +21,14 @@
 //! The record lives in Envoy's shared data (one per key, compare-and-swap by the workers); the
 //! singleton sends the asks and writes the answers ([`MinuteLease::answered`]).
 
+/// A minute in milliseconds.
+pub const MINUTE_MS: i64 = 60_000;
+
+/// The UTC minute of `now_ms` (minutes since the epoch).
+pub fn minute_of(now_ms: i64) -> i64 {
+    now_ms.div_euclid(MINUTE_MS)
+}
+
 /// How many calls an Envoy asks for at a time: a tenth of the limit, but at least 5 (or the
 /// whole limit when it is smaller), so that a burst at one Envoy rarely outruns the answer.
 pub fn block_size(limit: u64) -> u32 {

@@ -24,9 +24,6 @@ pub const MAX_BATCH_CONTENT_BYTES: usize = 1024 * 1024;
 pub const MAX_BUFFERED_CONTENT_BYTES: usize = 8 * 1024 * 1024;
 /// `Report` calls in flight at once.
 pub const MAX_IN_FLIGHT: usize = 4;
-/// The wait after a refused or failed batch before the next try, doubling up to the cap.
-const RETRY_BASE_MS: i64 = 250;
-const RETRY_MAX_MS: i64 = 5_000;
 
 #[derive(Debug, Default)]
 pub struct Outbox {
@@ -43,7 +40,8 @@ pub struct Outbox {
     /// Attempts whose content was left out because the outbox held too much, since the start.
     pub content_dropped: u64,
     retry_at_ms: i64,
-    retry_ms: i64,
+    /// Refused or failed sends in a row (the wait before the next: `percent::control_plane_retry_ms`).
+    failures: u32,
     /// The control plane is known to be failing reports (for logging once per outage).
     pub failing: bool,
 }
@@ -138,7 +136,7 @@ impl Outbox {
             self.acknowledged += size(&batch) as u64;
             self.held -= size(&batch);
             self.content_held -= content_size(&batch);
-            self.retry_ms = 0;
+            self.failures = 0;
             self.retry_at_ms = 0;
             self.failing = false;
         } else {
@@ -149,8 +147,8 @@ impl Outbox {
     }
 
     fn back_off(&mut self, now_ms: i64) {
-        self.retry_ms = (self.retry_ms * 2).clamp(RETRY_BASE_MS, RETRY_MAX_MS);
-        self.retry_at_ms = now_ms + self.retry_ms;
+        self.failures = self.failures.saturating_add(1);
+        self.retry_at_ms = now_ms + crate::vm::backoff::control_plane_retry_ms(self.failures);
     }
 }
 

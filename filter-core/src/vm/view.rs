@@ -4,7 +4,7 @@
 
 use std::rc::Rc;
 
-use crate::sync::state::LaneHealth;
+use crate::state::LaneHealth;
 use crate::vocab::{LaneId, LocalHold};
 
 /// The world the picker reads.

@@ -16,6 +16,7 @@ use super::gauges::{self, Gauge};
 use super::host::{self, action, WasmHost};
 use ai_router_filter_core::attempt;
 use ai_router_filter_core::host::Host;
+use ai_router_filter_core::vm::busy::Skipped;
 
 type Stage = Rc<RefCell<attempt::Attempt>>;
 
@@ -23,6 +24,14 @@ thread_local! {
     /// This VM's attempts in flight, by context id. A VM runs on one worker thread.
     static IN_FLIGHT: RefCell<HashMap<u32, Weak<RefCell<attempt::Attempt>>>> =
         RefCell::new(HashMap::new());
+    static SKIPPED: RefCell<Skipped> = RefCell::new(Skipped::default());
+}
+
+fn skipped(callback: &str) {
+    gauges::add(Gauge::CallbacksSkipped, 1);
+    if let Some(line) = SKIPPED.with(|s| s.borrow_mut().skip(callback)) {
+        super::log_error(&line);
+    }
 }
 
 pub struct Attempt {
@@ -40,8 +49,20 @@ impl Attempt {
         Self { id, stage }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut attempt::Attempt) -> R) -> Option<R> {
-        self.stage.try_borrow_mut().ok().map(|mut s| f(&mut s))
+    /// Runs `f` on the stage; a callback that finds it running is skipped, counted and (the
+    /// first of the VM) logged ([`ai_router_filter_core::vm::busy`]).
+    fn with<R>(
+        &self,
+        callback: &'static str,
+        f: impl FnOnce(&mut attempt::Attempt) -> R,
+    ) -> Option<R> {
+        match self.stage.try_borrow_mut() {
+            Ok(mut s) => Some(f(&mut s)),
+            Err(_) => {
+                skipped(callback);
+                None
+            }
+        }
     }
 }
 
@@ -51,7 +72,7 @@ impl Drop for Attempt {
         // busy with the tick's bound when Envoy logged, or the stream went before its log):
         // its verdict, its in-flight slot and its reservation are settled now (`on_log` does
         // nothing for an attempt already reported).
-        self.with(|s| s.on_log(&mut WasmHost));
+        self.with("drop", |s| s.on_log(&mut WasmHost));
         if IN_FLIGHT.with(|m| m.borrow_mut().remove(&self.id).is_some()) {
             gauges::add(Gauge::Attempts, -1);
         }
@@ -92,13 +113,17 @@ impl Context for Attempt {
         _trailers: usize,
     ) {
         super::prof::time("attempt.call_response", || {
-            self.with(|s| s.on_http_call_response(&mut WasmHost, token));
+            self.with("on_http_call_response", |s| {
+                s.on_http_call_response(&mut WasmHost, token)
+            });
         })
     }
 
     fn on_grpc_call_response(&mut self, token: u32, status: u32, size: usize) {
         super::prof::time("attempt.grpc_call_response", || {
-            self.with(|s| s.on_grpc_call_response(&mut WasmHost, token, status, size));
+            self.with("on_grpc_call_response", |s| {
+                s.on_grpc_call_response(&mut WasmHost, token, status, size)
+            });
         })
     }
 }
@@ -106,35 +131,43 @@ impl Context for Attempt {
 impl HttpContext for Attempt {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         super::prof::time("attempt.request_headers", || {
-            let flow = self.with(|s| s.on_request_headers(&mut WasmHost, end_of_stream));
+            let flow = self.with("on_request_headers", |s| {
+                s.on_request_headers(&mut WasmHost, end_of_stream)
+            });
             action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
         })
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         super::prof::time("attempt.request_body", || {
-            let flow = self.with(|s| s.on_request_body(&mut WasmHost, size, end_of_stream));
+            let flow = self.with("on_request_body", |s| {
+                s.on_request_body(&mut WasmHost, size, end_of_stream)
+            });
             action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
         })
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         super::prof::time("attempt.response_headers", || {
-            let flow = self.with(|s| s.on_response_headers(&mut WasmHost, end_of_stream));
+            let flow = self.with("on_response_headers", |s| {
+                s.on_response_headers(&mut WasmHost, end_of_stream)
+            });
             action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
         })
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
         super::prof::time("attempt.response_body", || {
-            let flow = self.with(|s| s.on_response_body(&mut WasmHost, size, end_of_stream));
+            let flow = self.with("on_response_body", |s| {
+                s.on_response_body(&mut WasmHost, size, end_of_stream)
+            });
             action(flow.unwrap_or(ai_router_filter_core::host::Flow::Continue))
         })
     }
 
     fn on_log(&mut self) {
         super::prof::time("attempt.log", || {
-            self.with(|s| s.on_log(&mut WasmHost));
+            self.with("on_log", |s| s.on_log(&mut WasmHost));
         })
     }
 }

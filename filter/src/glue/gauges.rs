@@ -23,15 +23,22 @@ pub enum Gauge {
     /// singleton's queue, in its outbox or on the wire. A drain waits for 0 before Envoy stops
     /// (`ai-router drain`), so stopping loses no usage.
     ReportsPending,
+    /// The state version the workers read, as the control plane numbered it (set by the
+    /// singleton when it published a snapshot or a delta): what a test waits for after a push.
+    StateVersion,
+    /// Callbacks skipped because their stage was running (`filter_core::vm::busy`): a counter.
+    CallbacksSkipped,
 }
 
 impl Gauge {
-    const ALL: [Gauge; 5] = [
+    const ALL: [Gauge; 7] = [
         Gauge::Calls,
         Gauge::Attempts,
         Gauge::LaneInFlight,
         Gauge::VmMemory,
         Gauge::ReportsPending,
+        Gauge::StateVersion,
+        Gauge::CallbacksSkipped,
     ];
 
     fn name(self) -> &'static str {
@@ -41,6 +48,15 @@ impl Gauge {
             Gauge::LaneInFlight => "ai_router.lane_attempts_in_flight",
             Gauge::VmMemory => "ai_router.vm_memory_bytes",
             Gauge::ReportsPending => "ai_router.reports_pending",
+            Gauge::StateVersion => ai_router_contract::STATE_VERSION_STAT,
+            Gauge::CallbacksSkipped => "ai_router.callbacks_skipped",
+        }
+    }
+
+    fn kind(self) -> MetricType {
+        match self {
+            Gauge::CallbacksSkipped => MetricType::Counter,
+            _ => MetricType::Gauge,
         }
     }
 }
@@ -66,6 +82,12 @@ pub fn add(gauge: Gauge, delta: i64) {
     let _ = hostcalls::increment_metric(id, delta);
 }
 
+/// Sets `gauge` to `value` (only one VM sets a gauge this way: the singleton).
+pub fn set(gauge: Gauge, value: u64) {
+    let Some(id) = id_of(gauge) else { return };
+    let _ = hostcalls::record_metric(id, value);
+}
+
 /// Brings [`Gauge::VmMemory`] up to this VM's linear memory.
 pub fn track_memory() {
     let now = linear_memory_bytes();
@@ -84,7 +106,7 @@ fn id_of(gauge: Gauge) -> Option<u32> {
     DEFINED.with(|d| {
         let mut d = d.try_borrow_mut().ok()?;
         let ids = d.ids.get_or_insert_with(|| {
-            Gauge::ALL.map(|g| hostcalls::define_metric(MetricType::Gauge, g.name()).ok())
+            Gauge::ALL.map(|g| hostcalls::define_metric(g.kind(), g.name()).ok())
         });
         ids[gauge as usize]
     })

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::host::{Flow, Host, Refused, Side};
-use ai_router_filter_core::sync::state::State;
-use ai_router_filter_core::vm::calls::Call;
+use ai_router_filter_core::state::State;
+use ai_router_filter_core::vm::call::Call;
 use ai_router_filter_core::vm::local::{Allowance, Send};
 use ai_router_filter_core::vm::round_robin::RoundRobin;
 use ai_router_filter_core::vm::view::View;

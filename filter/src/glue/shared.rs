@@ -11,31 +11,50 @@ use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use ai_router_contract::shared as names;
-use ai_router_proto::v1::{AttemptOutcome, MinuteCallsRequest, RequestOutcome, VirtualKey};
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use prost::Message;
 use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
 
 use ai_router_filter_core::classify::Class;
 use ai_router_filter_core::lanes::park::ParkedLanes;
-use ai_router_filter_core::sync::state::{LaneHealth, State};
+use ai_router_filter_core::state::{LaneHealth, State};
+use ai_router_filter_core::sync::record::SyncRecord;
+use ai_router_filter_core::vm::calls::CallTable;
 use ai_router_filter_core::vm::lane_records::LaneReader;
 use ai_router_filter_core::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
-use ai_router_filter_core::vm::minute_lease::{Ask, MinuteLease};
 use ai_router_filter_core::vm::reports::Held;
 use ai_router_filter_core::vm::round_robin::RoundRobin;
 use ai_router_filter_core::vm::view::View;
+use ai_router_filter_core::vm::{read_bytes, read_record, read_versioned, records};
+use ai_router_filter_core::vm::{SharedData, SharedError};
 use ai_router_filter_core::vocab::{LaneId, LocalHold};
 
 use super::gauges::{self, Gauge};
 
+use ai_router_filter_core::sync::reports::{MINUTE_ASK, REPORT_ATTEMPT, REPORT_REQUEST};
 pub use names::{REPORT_QUEUE, VM_ID};
-pub const REPORT_ATTEMPT: u8 = 1;
-pub const REPORT_REQUEST: u8 = 2;
-/// An ask for a block of a key's minute budget (`MinuteCallsRequest`), on the report queue.
-pub const MINUTE_ASK: u8 = 3;
-pub use ai_router_filter_core::vm::reports::REPORT_BUNDLE;
 
-pub use ai_router_filter_core::vm::calls::Call;
+pub use ai_router_filter_core::vm::call::Call;
+
+/// The host's shared data, for the records in `ai_router_filter_core::vm`.
+pub struct WasmShared;
+
+impl SharedData for WasmShared {
+    fn get(&self, name: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedError> {
+        hostcalls::get_shared_data(name).map_err(shared_error)
+    }
+    fn set(&mut self, name: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedError> {
+        hostcalls::set_shared_data(name, Some(value), cas).map_err(shared_error)
+    }
+}
+
+fn shared_error(status: Status) -> SharedError {
+    match status {
+        Status::CasMismatch => SharedError::CasMismatch,
+        _ => SharedError::Failed,
+    }
+}
 
 #[derive(Default)]
 struct Local {
@@ -44,11 +63,9 @@ struct Local {
     synced_at_ms: i64,
     /// How many updates the singleton had applied at the last look.
     sequence: u64,
-    calls: HashMap<String, Call>,
+    calls: CallTable,
     rr: RoundRobin,
     queue: Option<u32>,
-    next_call: u64,
-    salt: u64,
     /// Latency EWMA per lane, in ms.
     latency: HashMap<LaneId, f64>,
     rng: u64,
@@ -73,21 +90,11 @@ pub fn now_ms() -> i64 {
 
 /// The freshest pool, decoded only when its version changed.
 pub fn current_state() -> Option<Rc<State>> {
-    let (version, synced_at, sequence) = match hostcalls::get_shared_data(names::SYNC) {
-        Ok((Some(bytes), _)) if bytes.len() == 24 => {
-            let word = |i: usize| {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(&bytes[i..i + 8]);
-                w
-            };
-            (
-                u64::from_be_bytes(word(0)),
-                i64::from_be_bytes(word(8)),
-                u64::from_be_bytes(word(16)),
-            )
-        }
-        _ => return LOCAL.with(|l| l.borrow().state.clone()),
+    let Some(sync) = read_bytes(&WasmShared, names::SYNC).and_then(|b| SyncRecord::decode(&b))
+    else {
+        return LOCAL.with(|l| l.borrow().state.clone());
     };
+    let (version, synced_at, sequence) = (sync.pool_version, sync.generated_at_ms, sync.applied);
     let cached = LOCAL.with(|l| {
         let mut l = l.borrow_mut();
         l.synced_at_ms = synced_at;
@@ -99,7 +106,7 @@ pub fn current_state() -> Option<Rc<State>> {
             return cached;
         }
     }
-    let decoded = match hostcalls::get_shared_data(names::POOL) {
+    let decoded = match WasmShared.get(names::POOL) {
         Ok((Some(bytes), _)) => State::decode(version, &bytes),
         _ => None,
     };
@@ -120,22 +127,15 @@ pub fn state_sequence() -> u64 {
 
 /// The virtual key whose secret has this SHA-256 (hex), from its own record.
 pub fn virtual_key(sha256_hex: &str) -> Option<VirtualKey> {
-    match hostcalls::get_shared_data(&names::virtual_key(sha256_hex)) {
-        Ok((Some(bytes), _)) if !bytes.is_empty() => {
-            <VirtualKey as Message>::decode(bytes.as_slice()).ok()
-        }
-        _ => None,
-    }
+    let bytes = read_bytes(&WasmShared, &names::virtual_key(sha256_hex))?;
+    <VirtualKey as Message>::decode(bytes.as_slice()).ok()
 }
 
 /// A provider's lane health from its records: the provider record per call, a bucket of keys
 /// only when a lookup names one of its keys (`lane_records`), each decoded again only when it
 /// changed.
 fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
-    let bytes = match hostcalls::get_shared_data(&names::lanes(provider)) {
-        Ok((Some(bytes), _)) if !bytes.is_empty() => bytes,
-        _ => return None,
-    };
+    let bytes = read_bytes(&WasmShared, &names::lanes(provider))?;
     let record = LANES.with(|r| r.borrow_mut().provider(provider, &bytes))?;
     if record.count == 0 {
         return Some(Rc::new(LaneHealth::whole(record.parts)));
@@ -144,15 +144,9 @@ fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
     let generation = record.generation;
     let load = move |b: u32| {
         LANES.with(|r| {
-            r.borrow_mut().bucket(
-                &provider,
-                b,
-                generation,
-                || match hostcalls::get_shared_data(&names::lane_bucket(&provider, b)) {
-                    Ok((bytes, _)) => bytes,
-                    Err(_) => None,
-                },
-            )
+            r.borrow_mut().bucket(&provider, b, generation, || {
+                WasmShared.get(&names::lane_bucket(&provider, b)).ok()?.0
+            })
         })
     };
     Some(Rc::new(LaneHealth::bucketed(
@@ -164,32 +158,17 @@ fn lane_health(provider: &str) -> Option<Rc<LaneHealth>> {
 
 /// A new call id, unique within this Envoy process.
 pub fn new_call(now: i64) -> String {
-    LOCAL.with(|l| {
-        let mut l = l.borrow_mut();
-        if l.salt == 0 {
+    let (cid, moved) = LOCAL.with(|l| {
+        l.borrow_mut().calls.open(now, || {
             // Distinguishes the VMs of the workers from each other.
             use std::hash::{BuildHasher, Hasher};
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
             h.write_i64(now);
-            l.salt = h.finish() | 1;
-        }
-        l.next_call += 1;
-        let cid = format!("{:x}-{}", l.salt, l.next_call);
-        l.calls.insert(
-            cid.clone(),
-            Call {
-                created_ms: now,
-                ..Call::default()
-            },
-        );
-        // Calls whose front context never said goodbye are dropped after ten minutes.
-        let before = l.calls.len();
-        if before > 1024 {
-            l.calls.retain(|_, c| now - c.created_ms < 600_000);
-        }
-        gauges::add(Gauge::Calls, 1 - (before - l.calls.len()) as i64);
-        cid
-    })
+            h.finish()
+        })
+    });
+    gauges::add(Gauge::Calls, moved);
+    cid
 }
 
 /// Runs `f` on the call's bookkeeping; `f` must not reach for the rest of the local state.
@@ -198,7 +177,7 @@ pub fn with_call<R>(cid: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
 }
 
 pub fn end_call(cid: &str) -> Option<Call> {
-    let call = LOCAL.with(|l| l.borrow_mut().calls.remove(cid));
+    let call = LOCAL.with(|l| l.borrow_mut().calls.end(cid));
     if call.is_some() {
         gauges::add(Gauge::Calls, -1);
     }
@@ -206,186 +185,69 @@ pub fn end_call(cid: &str) -> Option<Call> {
     call
 }
 
-/// Read-modify-writes the shared-data record `name` with compare-and-swap (another worker may
-/// write it meanwhile); a record that does not decode is started again. `false` when the change
-/// could not be written.
-fn update_record<T: Default>(
-    name: &str,
-    decode: impl Fn(&[u8]) -> Option<T>,
-    encode: impl Fn(&T) -> Vec<u8>,
-    change: impl Fn(&mut T),
-) -> bool {
-    for _ in 0..16 {
-        let (mut value, cas) = match hostcalls::get_shared_data(name) {
-            Ok((bytes, cas)) => (bytes.as_deref().and_then(&decode).unwrap_or_default(), cas),
-            Err(_) => return false,
-        };
-        change(&mut value);
-        match hostcalls::set_shared_data(name, Some(&encode(&value)), cas) {
-            Ok(()) => return true,
-            Err(proxy_wasm::types::Status::CasMismatch) => continue,
-            Err(_) => return false,
-        }
-    }
-    false
-}
-
-fn read_record<T: Default>(name: &str, decode: impl Fn(&[u8]) -> Option<T>) -> T {
-    match hostcalls::get_shared_data(name) {
-        Ok((Some(bytes), _)) => decode(&bytes).unwrap_or_default(),
-        _ => T::default(),
-    }
-}
-
-/// In-flight attempts per key, counted across every worker of this Envoy (one record per
-/// provider, updated with compare-and-swap).
+/// In-flight attempts per key, counted across every worker of this Envoy.
 pub fn add_in_flight(provider: &str, key: &str, delta: i32) {
-    let moved = std::cell::Cell::new(0i64);
-    let written = update_record(
-        &names::in_flight(provider),
-        InFlight::decode,
-        InFlight::encode,
-        |f| {
-            let before = i64::from(f.total());
-            f.add(key, delta);
-            moved.set(i64::from(f.total()) - before);
-        },
-    );
-    // The last change computed is the one written.
-    if written {
-        gauges::add(Gauge::LaneInFlight, moved.get());
+    if let Some(moved) = records::add_in_flight(&mut WasmShared, provider, key, delta) {
+        gauges::add(Gauge::LaneInFlight, moved);
     }
 }
 
-/// Reserves one send on a provider's billing scope when its allowances leave room, with
-/// compare-and-swap across the workers; `false` when it does not (or the record cannot be
-/// written: then the send goes, unreserved, rather than fail the call).
+/// Reserves one send on a provider's billing scope when its allowances leave room
+/// ([`records::reserve_send`]).
 pub fn reserve_send(provider: &str, send: Send, allowances: &[Allowance]) -> bool {
     LOCAL.with(|l| {
         l.borrow_mut()
             .held
             .reserving(allowances.iter().map(|a| a.remaining_requests), send.at_ms)
     });
-    let name = names::sends(provider, &send.scope);
-    for _ in 0..16 {
-        let (mut sends, cas) = match hostcalls::get_shared_data(&name) {
-            Ok((bytes, cas)) => (
-                bytes.as_deref().and_then(Sends::decode).unwrap_or_default(),
-                cas,
-            ),
-            Err(_) => return true,
-        };
-        if !sends.reserve(send.clone(), allowances) {
-            return false;
-        }
-        match hostcalls::set_shared_data(&name, Some(&sends.encode()), cas) {
-            Ok(()) => return true,
-            Err(proxy_wasm::types::Status::CasMismatch) => continue,
-            Err(_) => return true,
-        }
-    }
-    true
+    records::reserve_send(&mut WasmShared, provider, &send, allowances)
 }
 
 /// Gives a reservation back.
 pub fn release_send(provider: &str, send: &Send) {
-    update_record(
-        &names::sends(provider, &send.scope),
-        Sends::decode,
-        Sends::encode,
-        |s| s.release(send),
-    );
+    records::release_send(&mut WasmShared, provider, send);
 }
 
-/// Admits one request of the virtual key `key_id` (`requestsPerMinute` = `limit`) by its
-/// minute record, across every worker of this Envoy (compare-and-swap), and queues the ask for
-/// the next block for the singleton when the record took one; `None` when the record could not
-/// be updated.
+/// Admits one request of the virtual key by its minute record, and queues the ask for the
+/// next block for the singleton when the record took one ([`records::admit_minute_request`]).
 pub fn admit_minute_request(key_id: &str, limit: u64, now: i64) -> Option<bool> {
-    let name = names::minute_requests(key_id);
-    let minute = ai_router_filter_core::front::quota::minute_of(now);
-    for _ in 0..16 {
-        let (stored, cas) = match hostcalls::get_shared_data(&name) {
-            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteLease::decode), cas),
-            Err(_) => return None,
-        };
-        let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now);
-        match hostcalls::set_shared_data(&name, Some(&lease.encode()), cas) {
-            Ok(()) => {
-                if let Some(ask) = verdict.ask {
-                    let request = MinuteCallsRequest {
-                        virtual_key_id: key_id.to_owned(),
-                        minute: ask.minute,
-                        calls: u64::from(ask.calls),
-                        limit,
-                    };
-                    enqueue(MINUTE_ASK, request.encode_to_vec());
-                }
-                return Some(verdict.admitted);
-            }
-            Err(proxy_wasm::types::Status::CasMismatch) => continue,
-            Err(_) => return None,
-        }
+    let (admitted, ask) = records::admit_minute_request(&mut WasmShared, key_id, limit, now)?;
+    if let Some(ask) = ask {
+        enqueue(MINUTE_ASK, ask.encode_to_vec());
     }
-    None
-}
-
-/// Writes the control plane's answer to an ask into the key's minute record (`granted`:
-/// `None` when it did not answer).
-pub fn minute_answered(key_id: &str, ask: Ask, granted: Option<u32>) {
-    let name = names::minute_requests(key_id);
-    for _ in 0..16 {
-        let (stored, cas) = match hostcalls::get_shared_data(&name) {
-            Ok((bytes, cas)) => (bytes.as_deref().and_then(MinuteLease::decode), cas),
-            Err(_) => return,
-        };
-        let Some(lease) = MinuteLease::answered(stored, ask, granted) else {
-            return;
-        };
-        match hostcalls::set_shared_data(&name, Some(&lease.encode()), cas) {
-            Err(proxy_wasm::types::Status::CasMismatch) => continue,
-            _ => return,
-        }
-    }
+    Some(admitted)
 }
 
 /// A session-affinity slot, shared by the workers of this Envoy process.
 pub fn affinity_slot(slot: u64) -> Option<Vec<u8>> {
-    match hostcalls::get_shared_data(&names::affinity(slot)) {
-        Ok((Some(bytes), _)) if !bytes.is_empty() => Some(bytes),
-        _ => None,
-    }
+    read_bytes(&WasmShared, &names::affinity(slot))
 }
 
 /// Overwrites a session-affinity slot; the last writer wins (a pin is a hint, not a lease).
 pub fn set_affinity_slot(slot: u64, record: &[u8]) {
-    let _ = hostcalls::set_shared_data(&names::affinity(slot), Some(record), None);
+    let _ = WasmShared.set(&names::affinity(slot), record, None);
 }
 
 /// A response-cache slot of this Envoy process and its CAS token.
 pub fn cache_slot(slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
-    match hostcalls::get_shared_data(&names::cache(slot)) {
-        Ok((bytes, cas)) => (bytes.filter(|b| !b.is_empty()), cas),
-        Err(_) => (None, None),
-    }
+    read_versioned(&WasmShared, &names::cache(slot))
 }
 
 /// A provider's parked lanes (snap-back) and the record's version.
 pub fn parked_lanes(provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
-    match hostcalls::get_shared_data(&names::parked(provider)) {
-        Ok((bytes, cas)) => (bytes.filter(|b| !b.is_empty()), cas),
-        Err(_) => (None, None),
-    }
+    read_versioned(&WasmShared, &names::parked(provider))
 }
 
 /// Writes a provider's parked lanes if the record is still the version `cas` read.
 pub fn set_parked_lanes(provider: &str, record: &[u8], cas: Option<u32>) -> bool {
-    hostcalls::set_shared_data(&names::parked(provider), Some(record), cas).is_ok()
+    WasmShared
+        .set(&names::parked(provider), record, cas)
+        .is_ok()
 }
 
 /// Writes a response-cache slot if it is still the version `cas` read.
 pub fn set_cache_slot(slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
-    hostcalls::set_shared_data(&names::cache(slot), Some(entry), cas).is_ok()
+    WasmShared.set(&names::cache(slot), entry, cas).is_ok()
 }
 
 /// A number in [0, 1) for jitter (xorshift, seeded per VM).
@@ -444,11 +306,13 @@ pub fn hold_cooldown(lane: &LaneId, until_ms: i64) {
         until_ms,
         set_at_ms: now,
     };
-    update_record(
-        &names::holds(&lane.provider),
-        ProviderHolds::decode,
-        ProviderHolds::encode,
-        |h| h.put(&lane.key, &lane.model, hold, now),
+    records::hold(
+        &mut WasmShared,
+        &lane.provider,
+        &lane.key,
+        &lane.model,
+        hold,
+        now,
     );
 }
 
@@ -461,12 +325,7 @@ pub fn hold_blacklist(provider: &str, key: &str, class: Class, until_ms: i64, fi
         fingerprint,
         set_at_ms: now,
     };
-    update_record(
-        &names::holds(provider),
-        ProviderHolds::decode,
-        ProviderHolds::encode,
-        |h| h.put(key, "", hold, now),
-    );
+    records::hold(&mut WasmShared, provider, key, "", hold, now);
 }
 
 /// What this VM's workers wrote about one provider, read once per lane choice.
@@ -492,8 +351,8 @@ impl SharedView {
             return hit.clone();
         }
         let local = Rc::new(ProviderLocal {
-            holds: read_record(&names::holds(provider), ProviderHolds::decode),
-            in_flight: read_record(&names::in_flight(provider), InFlight::decode),
+            holds: read_record(&WasmShared, &names::holds(provider), ProviderHolds::decode),
+            in_flight: read_record(&WasmShared, &names::in_flight(provider), InFlight::decode),
         });
         self.providers
             .borrow_mut()
@@ -522,7 +381,7 @@ impl View for SharedView {
         if let Some(hit) = self.sends.borrow().get(provider).and_then(|p| p.get(scope)) {
             return hit.since(scope, model, since_ms);
         }
-        let sends = read_record(&names::sends(provider, scope), Sends::decode);
+        let sends = read_record(&WasmShared, &names::sends(provider, scope), Sends::decode);
         let out = sends.since(scope, model, since_ms);
         self.sends
             .borrow_mut()

@@ -1,0 +1,572 @@
+//! A host for tests ([`FakeHost`], made with [`FakeHost::builder`]): header maps, bodies, a
+//! clock, a state and the calls, all in memory, and a record of what the stage did (local
+//! answers, reports). Built for this crate's tests and, with the feature `testing`, for other
+//! crates'.
+//!
+//! Where it behaves as the wasm host does: the records the workers change together (holds,
+//! in-flight counts) are real records in a [`MemoryShared`], changed by the same
+//! [`crate::vm::records`] functions with the same compare-and-swap, and read back as the
+//! filter's view reads them (a key's blacklist is one key-wide hold, counts never go below 0).
+//! Where it still differs from it, on purpose (a test sets these directly):
+//! - `state_sequence` is the state's version; in Envoy it counts every update applied;
+//! - `virtual_key` is looked up in the state; in Envoy each key is its own record;
+//! - `with_call` always finds the call table free; in Envoy a re-entered table answers `None`;
+//! - `sync_token` is set (`sync-token`) unless the builder clears it;
+//! - `reserve_send` keeps its scopes in a map (`lanes.sends`), never losing a race.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ai_router_contract::shared as names;
+
+use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
+
+use crate::classify::Class;
+use crate::host::{Host, Refused, Side};
+use crate::state::State;
+use crate::vm::call::Call;
+use crate::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
+use crate::vm::minute_lease::{Ask, MinuteLease};
+use crate::vm::round_robin::RoundRobin;
+use crate::vm::view::View;
+use crate::vm::{read_record, records};
+use crate::vocab::{LaneId, LocalHold};
+
+pub use crate::vm::MemoryShared;
+
+/// A call the stage dispatched.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dispatched {
+    Http {
+        cluster: String,
+        headers: Vec<(String, String)>,
+    },
+    Grpc {
+        cluster: String,
+        method: String,
+        metadata: Vec<(String, Vec<u8>)>,
+        message: Vec<u8>,
+    },
+}
+
+/// Records the workers of one process share, each with its version (the CAS token): two
+/// fake hosts given clones of one store are two workers of one Envoy.
+pub type SharedStore = Rc<std::cell::RefCell<HashMap<String, (Vec<u8>, u32)>>>;
+
+/// The picker's view in a test: holds and in-flight counts as the workers' records.
+#[derive(Debug, Default)]
+pub struct FakeLanes {
+    /// The holds and in-flight records, by their names in Envoy's shared data.
+    pub records: MemoryShared,
+    /// Per provider and billing scope, one record each as in Envoy's shared data.
+    pub sends: HashMap<(String, String), Sends>,
+    /// The parked lanes per provider (snap-back).
+    pub parked: SharedStore,
+}
+
+impl View for FakeLanes {
+    fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
+        let name = names::holds(&lane.provider);
+        read_record(&self.records, &name, ProviderHolds::decode).of_lane(&lane.key, &lane.model)
+    }
+    fn in_flight(&self, provider: &str, key: &str) -> u32 {
+        let name = names::in_flight(provider);
+        read_record(&self.records, &name, InFlight::decode).of(key)
+    }
+    fn provider_in_flight(&self, provider: &str) -> u32 {
+        let name = names::in_flight(provider);
+        read_record(&self.records, &name, InFlight::decode).total()
+    }
+    fn sent_since(&self, provider: &str, scope: &str, model: &str, since: i64) -> (u64, u64) {
+        self.sends
+            .get(&(provider.to_string(), scope.to_string()))
+            .map_or((0, 0), |s| s.since(scope, model, since))
+    }
+    fn parked(&self, lane: &LaneId) -> Option<i64> {
+        let store = self.parked.borrow();
+        let (bytes, _) = store.get(&lane.provider)?;
+        crate::lanes::park::ParkedLanes::decode(bytes)?.probe_at(&lane.key, &lane.model)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl LocalAnswer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+pub struct FakeHost {
+    pub request_headers: Vec<(String, Vec<u8>)>,
+    pub response_headers: Vec<(String, Vec<u8>)>,
+    pub request_body: Vec<u8>,
+    pub response_body: Vec<u8>,
+    pub answered: Option<LocalAnswer>,
+    /// How many times the stage reset the stream.
+    pub resets: u32,
+    /// How many times the stage opened the picker's view (each one costs shared-data reads
+    /// in Envoy).
+    pub lane_views: u32,
+    pub now: i64,
+    pub state: Option<Rc<State>>,
+    /// Each key's minute record, and the asks for blocks the stage handed over.
+    pub minute_leases: HashMap<String, MinuteLease>,
+    pub minute_asks: Vec<(String, Ask)>,
+    pub calls: HashMap<String, Call>,
+    pub next_call: u64,
+    pub reports: Vec<RequestOutcome>,
+    pub attempts: Vec<AttemptOutcome>,
+    pub dispatched: Vec<Dispatched>,
+    pub next_token: u32,
+    pub refuse_dispatch: bool,
+    pub grpc_body: Option<Vec<u8>>,
+    pub resumed: u32,
+    pub properties: HashMap<String, Vec<u8>>,
+    pub lanes: FakeLanes,
+    pub rr: RoundRobin,
+    pub latencies: Vec<(LaneId, f64)>,
+    pub affinity: HashMap<u64, Vec<u8>>,
+    /// Response-cache slots: what each holds and its version (the CAS token).
+    pub cache: HashMap<u32, (Vec<u8>, u32)>,
+    /// Writes `set_cache_slot` loses to another worker before it wins (a race).
+    pub cache_races: u32,
+    /// Draws `random_unit` returns in turn (then 0.5).
+    pub draws: std::collections::VecDeque<f64>,
+    /// `None`: the sync token is unset (the builder's `no_sync_token`).
+    pub no_sync_token: bool,
+}
+
+/// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
+#[derive(Default)]
+pub struct FakeHostBuilder {
+    host: FakeHost,
+}
+
+impl FakeHostBuilder {
+    /// The pushed state (the clock starts at 1,700,000,000,000 ms either way).
+    pub fn state(mut self, state: State) -> Self {
+        self.host.state = Some(Rc::new(state));
+        self
+    }
+    pub fn now(mut self, now_ms: i64) -> Self {
+        self.host.now = now_ms;
+        self
+    }
+    /// A header as a client (request) or an upstream (response) sent it.
+    pub fn header(mut self, side: Side, name: &str, value: &[u8]) -> Self {
+        self.host.add(side, name, value);
+        self
+    }
+    pub fn request_body(mut self, body: &[u8]) -> Self {
+        self.host.request_body = body.to_vec();
+        self
+    }
+    pub fn response_body(mut self, body: &[u8]) -> Self {
+        self.host.response_body = body.to_vec();
+        self
+    }
+    /// Draws `random_unit` returns in turn.
+    pub fn draws(mut self, draws: &[f64]) -> Self {
+        self.host.draws = draws.iter().copied().collect();
+        self
+    }
+    /// Dispatches are refused.
+    pub fn refuse_dispatch(mut self) -> Self {
+        self.host.refuse_dispatch = true;
+        self
+    }
+    pub fn no_sync_token(mut self) -> Self {
+        self.host.no_sync_token = true;
+        self
+    }
+    pub fn build(self) -> FakeHost {
+        self.host
+    }
+}
+
+impl FakeHost {
+    pub fn builder() -> FakeHostBuilder {
+        FakeHostBuilder {
+            host: FakeHost {
+                now: 1_700_000_000_000,
+                ..FakeHost::default()
+            },
+        }
+    }
+
+    pub fn with_state(state: State) -> Self {
+        Self {
+            now: 1_700_000_000_000,
+            state: Some(Rc::new(state)),
+            ..Self::default()
+        }
+    }
+
+    fn map(&self, side: Side) -> &Vec<(String, Vec<u8>)> {
+        match side {
+            Side::Request => &self.request_headers,
+            Side::Response => &self.response_headers,
+        }
+    }
+
+    fn map_mut(&mut self, side: Side) -> &mut Vec<(String, Vec<u8>)> {
+        match side {
+            Side::Request => &mut self.request_headers,
+            Side::Response => &mut self.response_headers,
+        }
+    }
+
+    /// Adds a header as a client or an upstream would send it.
+    pub fn add(&mut self, side: Side, name: &str, value: &[u8]) {
+        self.map_mut(side).push((name.to_string(), value.to_vec()));
+    }
+
+    pub fn text(&self, side: Side, name: &str) -> Option<String> {
+        self.header_text(side, name)
+    }
+}
+
+impl Host for FakeHost {
+    fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
+        self.map(side)
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+    fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
+        self.map(side).clone()
+    }
+    fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+        let map = self.map_mut(side);
+        map.retain(|(k, _)| k != name);
+        map.push((name.to_string(), value.to_vec()));
+    }
+    fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
+        let map = self.map_mut(side);
+        map.retain(|(k, _)| k != name);
+        if let Some(v) = value {
+            map.push((name.to_string(), v.as_bytes().to_vec()));
+        }
+    }
+    fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
+        let body = match side {
+            Side::Request => &self.request_body,
+            Side::Response => &self.response_body,
+        };
+        body.iter().skip(start).take(size).copied().collect()
+    }
+    fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]) {
+        let body = match side {
+            Side::Request => &mut self.request_body,
+            Side::Response => &mut self.response_body,
+        };
+        let end = (start + size).min(body.len());
+        let start = start.min(end);
+        body.splice(start..end, bytes.iter().copied());
+    }
+    fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.answered = Some(LocalAnswer {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_vec(),
+        });
+    }
+    fn reset_stream(&mut self) {
+        self.resets += 1;
+    }
+    fn now_ms(&self) -> i64 {
+        self.now
+    }
+    fn state(&self) -> Option<Rc<State>> {
+        self.state.clone()
+    }
+    fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
+        self.state.as_ref()?.virtual_key(sha256_hex).cloned()
+    }
+    fn state_sequence(&self) -> u64 {
+        self.state.as_ref().map_or(0, |s| s.version)
+    }
+    fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
+        let stored = self.minute_leases.get(key_id).copied();
+        let minute = crate::vm::minute_lease::minute_of(now_ms);
+        let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now_ms);
+        self.minute_leases.insert(key_id.to_string(), lease);
+        if let Some(ask) = verdict.ask {
+            self.minute_asks.push((key_id.to_string(), ask));
+        }
+        Some(verdict.admitted)
+    }
+    fn new_call(&mut self, now_ms: i64) -> String {
+        self.next_call += 1;
+        let id = format!("call-{}", self.next_call);
+        self.calls.insert(
+            id.clone(),
+            Call {
+                created_ms: now_ms,
+                ..Call::default()
+            },
+        );
+        id
+    }
+    fn call_attempts(&self, call_id: &str) -> Option<u32> {
+        self.calls.get(call_id).map(|c| c.attempts)
+    }
+    fn end_call(&mut self, call_id: &str) -> Option<Call> {
+        self.calls.remove(call_id)
+    }
+    fn report_request(&mut self, outcome: RequestOutcome) {
+        self.reports.push(outcome);
+    }
+    fn dispatch_http_call(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        _timeout_ms: u64,
+    ) -> Result<u32, Refused> {
+        if self.refuse_dispatch {
+            return Err(Refused);
+        }
+        self.dispatched.push(Dispatched::Http {
+            cluster: cluster.into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
+        self.next_token += 1;
+        Ok(self.next_token)
+    }
+    fn dispatch_grpc_call(
+        &mut self,
+        cluster: &str,
+        _service: &str,
+        method: &str,
+        metadata: &[(&str, &[u8])],
+        message: &[u8],
+        _timeout_ms: u64,
+    ) -> Result<u32, Refused> {
+        if self.refuse_dispatch {
+            return Err(Refused);
+        }
+        self.dispatched.push(Dispatched::Grpc {
+            cluster: cluster.into(),
+            method: method.into(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect(),
+            message: message.to_vec(),
+        });
+        self.next_token += 1;
+        Ok(self.next_token)
+    }
+    fn grpc_call_response_body(&self, _size: usize) -> Option<Vec<u8>> {
+        self.grpc_body.clone()
+    }
+    fn resume_request(&mut self) {
+        self.resumed += 1;
+    }
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.properties.get(&path.join(".")).cloned()
+    }
+    fn sync_token(&self) -> Option<String> {
+        (!self.no_sync_token).then(|| "sync-token".into())
+    }
+    fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
+        self.calls.get_mut(call_id).map(f)
+    }
+    fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
+        self.lane_views += 1;
+        f(&self.lanes, &mut self.rr)
+    }
+    fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
+        records::add_in_flight(&mut self.lanes.records, provider, key, delta);
+    }
+    fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
+        self.lanes
+            .sends
+            .entry((provider.to_string(), send.scope.clone()))
+            .or_default()
+            .reserve(send, allowances)
+    }
+    fn release_send(&mut self, provider: &str, send: &Send) {
+        let record = (provider.to_string(), send.scope.clone());
+        if let Some(s) = self.lanes.sends.get_mut(&record) {
+            s.release(send);
+        }
+    }
+    fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+        let hold = LocalHold::Cooldown {
+            until_ms,
+            set_at_ms: self.now,
+        };
+        let records = &mut self.lanes.records;
+        records::hold(
+            records,
+            &lane.provider,
+            &lane.key,
+            &lane.model,
+            hold,
+            self.now,
+        );
+    }
+    fn hold_blacklist(
+        &mut self,
+        provider: &str,
+        key: &str,
+        class: Class,
+        until_ms: i64,
+        fingerprint: u64,
+    ) {
+        // A key's blacklist holds every model of it: one key-wide hold, as in Envoy.
+        let hold = LocalHold::Blacklist {
+            class,
+            until_ms,
+            fingerprint,
+            set_at_ms: self.now,
+        };
+        records::hold(&mut self.lanes.records, provider, key, "", hold, self.now);
+    }
+    fn record_latency(&mut self, lane: &LaneId, ms: f64) {
+        self.latencies.push((lane.clone(), ms));
+    }
+    fn random_unit(&mut self) -> f64 {
+        self.draws.pop_front().unwrap_or(0.5)
+    }
+    fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
+        self.affinity.get(&slot).cloned()
+    }
+    fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
+        self.affinity.insert(slot, record.to_vec());
+    }
+    fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.cache.get(&slot) {
+            Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+            None => (None, None),
+        }
+    }
+    fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+        let version = self.cache.get(&slot).map(|(_, v)| *v);
+        if self.cache_races > 0 {
+            // Another worker writes the slot between this one's read and write.
+            self.cache_races -= 1;
+            let next = version.unwrap_or(0) + 1;
+            self.cache.insert(slot, (b"another".to_vec(), next));
+            return false;
+        }
+        if cas.is_some() && cas != version {
+            return false;
+        }
+        let next = version.unwrap_or(0) + 1;
+        self.cache.insert(slot, (entry.to_vec(), next));
+        true
+    }
+    fn report_attempt(&mut self, outcome: AttemptOutcome) {
+        self.attempts.push(outcome);
+    }
+    fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.lanes.parked.borrow().get(provider) {
+            Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+            None => (None, None),
+        }
+    }
+    fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool {
+        let mut store = self.lanes.parked.borrow_mut();
+        let version = store.get(provider).map(|(_, v)| *v);
+        if cas.is_some() && cas != version {
+            return false;
+        }
+        let next = version.unwrap_or(0) + 1;
+        store.insert(provider.to_string(), (record.to_vec(), next));
+        true
+    }
+}
+
+/// A provider of the tests' pools: one key `a` with `secret`, these models.
+pub fn provider(
+    id: &str,
+    secret: &str,
+    models: Vec<ai_router_proto::v1::Model>,
+) -> ai_router_proto::v1::Provider {
+    ai_router_proto::v1::Provider {
+        id: id.into(),
+        keys: vec![ai_router_proto::v1::ProviderKey {
+            alias: "a".into(),
+            secret: secret.into(),
+            ..Default::default()
+        }],
+        models,
+        ..Default::default()
+    }
+}
+
+/// A model of the tests' pools, with its aliases.
+pub fn model(id: &str, aliases: &[&str]) -> ai_router_proto::v1::Model {
+    ai_router_proto::v1::Model {
+        id: id.into(),
+        aliases: aliases.iter().map(|a| (*a).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+/// An enabled virtual key bound to every profile and model, whose secret is `secret`.
+pub fn open_key(id: &str, secret: &str) -> ai_router_proto::v1::VirtualKey {
+    ai_router_proto::v1::VirtualKey {
+        id: id.into(),
+        sha256: ai_router_contract::sha256_hex(secret.as_bytes()),
+        profiles: vec!["*".into()],
+        models: vec!["*".into()],
+        allow_fallback: true,
+        enabled: true,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_sets_what_a_stage_reads() {
+        let host = FakeHost::builder()
+            .now(5)
+            .header(Side::Request, "x-a", b"1")
+            .request_body(b"{}")
+            .no_sync_token()
+            .build();
+        assert_eq!(host.now_ms(), 5);
+        assert_eq!(host.text(Side::Request, "x-a").as_deref(), Some("1"));
+        assert_eq!(host.body(Side::Request, 0, 10), b"{}");
+        assert_eq!(host.sync_token(), None);
+    }
+
+    #[test]
+    fn holds_and_counts_behave_as_envoy_s_records() {
+        let mut host = FakeHost::builder().build();
+        // A blacklist holds every model of the key, also one the state does not list.
+        host.hold_blacklist("p", "a", Class::Auth, host.now + 1_000, 7);
+        let lane = LaneId::new("p", "a", "any-model");
+        assert_eq!(host.lanes.holds(&lane).len(), 1);
+        // A count never goes below 0: a stray release does not lend a slot to the next add.
+        host.add_in_flight("p", "a", -1);
+        host.add_in_flight("p", "a", 1);
+        assert_eq!(host.lanes.in_flight("p", "a"), 1);
+        assert_eq!(host.lanes.provider_in_flight("p"), 1);
+    }
+}

@@ -57,10 +57,10 @@ use crate::clock::SystemClock;
 use crate::config::secrets::{constant_time_eq, Env, Secret};
 use crate::engine::events::{parse_types, Next};
 use crate::engine::Engine;
-use crate::keys::admin::{
+use crate::keys::admin_tokens::{self, Scope, TokenInfo, TokenSpec, TokenWithSecret};
+use crate::keys::operations::{
     KeyAdmin, KeyInfo, KeyPatch, KeySpec, KeyWithSecret, QuotaPatch, UsageReport,
 };
-use crate::keys::admin_tokens::{self, Scope, TokenInfo, TokenSpec, TokenWithSecret};
 use crate::keys::store::{utc_day, KeyStoreError, UsageDay};
 use crate::ledger::Ledger;
 

@@ -31,8 +31,8 @@ use tokio::sync::watch;
 use crate::config::secrets::Env;
 use crate::config::{self, Config, FileConfig};
 use crate::engine::Engine;
-use crate::keys::admin::KeyAdmin;
 use crate::keys::mounted;
+use crate::keys::operations::KeyAdmin;
 use crate::keys::usage::UsageRecorder;
 
 /// How often the config file is read to see whether it changed.

@@ -23,7 +23,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
-use crate::api::admin::AdminApi;
+use crate::api::admin::auth::Caller;
+use crate::api::admin::state::AdminApi;
 use crate::api::error::ApiError;
 use crate::api::pulse::{forecast, Pulse};
 use crate::keys::store::UsageDay;
@@ -39,7 +40,8 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// The console's routes, on the admin API's state.
+/// The console's page, script and style, on the admin API's state (its figures' routes are
+/// rows of the admin route table, [`crate::api::admin::routes::ROUTES`]).
 pub fn routes() -> Router<Arc<AdminApi>> {
     let mut router = Router::new();
     for base in ["/ui", "/admin/ui"] {
@@ -48,11 +50,7 @@ pub fn routes() -> Router<Arc<AdminApi>> {
             .route(&format!("{base}/app.js"), get(script))
             .route(&format!("{base}/app.css"), get(style));
     }
-    router
-        .route("/ui/", get(|| async { redirect("/ui") }))
-        .route("/admin/console", get(overview))
-        .route("/admin/console/ledger", get(ledger))
-        .route("/admin/console/usage", get(usage))
+    router.route("/ui/", get(|| async { redirect("/ui") }))
 }
 
 fn redirect(to: &'static str) -> Response {
@@ -252,9 +250,9 @@ fn by_day(keys: &[Value]) -> Vec<Value> {
 }
 
 /// `GET /admin/console`.
-async fn overview(
+pub(crate) async fn overview(
     State(api): State<Arc<AdminApi>>,
-    Extension(_caller): Extension<crate::api::admin::Caller>,
+    Extension(_caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
     let health = api.pool_health();
     let ledger = api.ledger_view();
@@ -276,19 +274,19 @@ async fn overview(
 }
 
 /// `GET /admin/console/ledger`.
-async fn ledger(
+pub(crate) async fn ledger(
     State(api): State<Arc<AdminApi>>,
-    Extension(_caller): Extension<crate::api::admin::Caller>,
+    Extension(_caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
     let now = api.console().clock_ms();
     Ok(Json(with_forecasts(api.ledger_view(), api.console(), now)))
 }
 
 /// `GET /admin/console/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: this month).
-async fn usage(
+pub(crate) async fn usage(
     State(api): State<Arc<AdminApi>>,
     RawQuery(query): RawQuery,
-    Extension(_caller): Extension<crate::api::admin::Caller>,
+    Extension(_caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
     let (mut from, mut to) = (None, None);
     for pair in query.as_deref().unwrap_or("").split('&') {

@@ -7,7 +7,6 @@ pub mod error;
 pub mod http_server;
 pub mod metrics;
 pub mod pulse;
-pub mod scopes;
 pub mod shares;
 pub mod sync;
 

@@ -265,7 +265,7 @@ impl ReportObserver for Pulse {
             now,
             |a| {
                 a.usage.as_ref().map_or(0.0, |u| {
-                    crate::keys::ledger::cost_of(&config, &a.provider, &a.model, u)
+                    crate::keys::charge::cost_of(&config, &a.provider, &a.model, u)
                 })
             },
             |a| crate::keys::usage::saving_of(&config, a),

@@ -22,8 +22,8 @@ use crate::api::error::{ApiError, ErrorCode};
 use crate::clock::SystemClock;
 use crate::config::secrets::{Env, ProcessEnv};
 use crate::config::{self, QuotaConfig, StoreSpec};
-use crate::keys::admin::{KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 use crate::keys::mounted;
+use crate::keys::operations::{KeyAdmin, KeyPatch, KeySpec, QuotaPatch};
 
 #[derive(Debug, Clone, Args)]
 pub struct KeysArgs {
@@ -426,7 +426,7 @@ fn remote_error(status: u16, body: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::admin::KeyInfo;
+    use crate::keys::operations::KeyInfo;
     use clap::Parser;
 
     #[derive(Debug, Parser)]

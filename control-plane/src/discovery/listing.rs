@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use crate::config::ProviderKind;
-use crate::engine::discovery::ListingJob;
+use crate::engine::discovered::ListingJob;
 
 /// The `anthropic-version` a listing sends.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";

@@ -1,6 +1,6 @@
 //! Model discovery's background task: lists the catalog of every key of the `discover: true`
 //! providers (`GET {baseUrl}/models`, per kind: `listing`) when the engine says it is due
-//! (`engine::discovery`: at start, after `discoveryTtlMs`, a minute after a failure, soon after
+//! (`engine::discovered`: at start, after `discoveryTtlMs`, a minute after a failure, soon after
 //! a "model not found" answer), and hands the model ids back to the engine, which publishes
 //! them to the data plane.
 //!
@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::engine::discovery::ListingJob;
+use crate::engine::discovered::ListingJob;
 use crate::engine::Engine;
 
 /// How often the task asks the engine which keys are due.

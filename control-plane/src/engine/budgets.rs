@@ -1,5 +1,5 @@
 //! Budget policies (`budgets:`) over hour, day and month windows, counted here from the
-//! ledger's charges (`keys::ledger`, the same ones the usage rows and the per-key quotas
+//! ledger's charges (`keys::charge`, the same ones the usage rows and the per-key quotas
 //! count) and pushed to the filter as [`pb::BudgetState`]s, which it enforces: a hard budget
 //! past its limit answers 429 `budget_exceeded` until the window ends, a soft one and one past
 //! its `warnAt` put `x-ai-router-budget-warning` on the answers. Request windows are the
@@ -18,7 +18,7 @@ use crate::config::budgets::{BudgetPolicy, BudgetScope, BudgetWindow};
 use crate::engine::events::Event;
 pub use crate::keys::budget_use::use_of;
 use crate::keys::budget_use::{window_end, windows_of};
-use crate::keys::ledger::Charge;
+use crate::keys::charge::Charge;
 use crate::keys::store::BudgetUse;
 
 /// Where a budget stands in its window.

@@ -19,7 +19,7 @@
 //! added): breakers are a health signal, not a ledger.
 
 pub mod budgets;
-pub mod discovery;
+pub mod discovered;
 pub mod events;
 mod leases;
 mod minute_calls;

@@ -26,7 +26,7 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut state = lock(&self.state);
         let mut crossings = Vec::new();
-        for charge in crate::keys::ledger::charges(config, batch) {
+        for charge in crate::keys::charge::charges(config, batch) {
             crossings.extend(state.budgets.charge(&config.budgets, &charge, now));
         }
         for crossing in &crossings {
@@ -50,7 +50,7 @@ impl Engine {
         );
         self.stats.observe_cache(batch, |r| {
             r.usage.as_ref().map_or(0.0, |u| {
-                crate::keys::ledger::cost_of(&config, &r.provider, &r.model, u)
+                crate::keys::charge::cost_of(&config, &r.provider, &r.model, u)
             })
         });
         if self.events.wants_calls() {
@@ -67,7 +67,7 @@ impl Engine {
         // Probe leases to end once the state lock is released (the store may block).
         let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
         for attempt in &batch.attempts {
-            super::discovery::note_attempt(&mut state.listings, attempt, now);
+            super::discovered::note_attempt(&mut state.listings, attempt, now);
             let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
             if state.secrets.contains_key(&lane_key) {
                 if note_headroom(&mut state.durable, attempt, now) {
@@ -324,10 +324,10 @@ pub(super) fn note_headroom(
 }
 
 /// The cost of an attempt's usage, when it has usage and its model a price: what the usage
-/// rows charge it (`keys::ledger::cost_of`), so stats, events, metrics and rows agree.
+/// rows charge it (`keys::charge::cost_of`), so stats, events, metrics and rows agree.
 pub(super) fn attempt_cost(config: &Config, a: &pb::AttemptOutcome) -> Option<f64> {
     let usage = a.usage.as_ref()?;
-    let c = crate::keys::ledger::cost_of(config, &a.provider, &a.model, usage);
+    let c = crate::keys::charge::cost_of(config, &a.provider, &a.model, usage);
     (c > 0.0 && c.is_finite()).then_some(c)
 }
 

@@ -105,7 +105,7 @@ impl Engine {
             headroom_as_of: BTreeMap::new(),
             estimated: Vec::new(),
             budgets: budgets::BudgetLedger::default(),
-            listings: super::discovery::Listings::new(),
+            listings: super::discovered::Listings::new(),
         };
         let now_at_start = clock.now_ms();
         let first = Arc::new(build_tables(&config, &state, now_at_start));
@@ -171,12 +171,12 @@ impl Engine {
 
     /// The keys of `discover: true` providers due for a listing, marked under way (the
     /// listing task, `crate::discovery`, makes them and calls [`Engine::finish_listing`]).
-    pub fn listings_due(&self) -> Vec<super::discovery::ListingJob> {
+    pub fn listings_due(&self) -> Vec<super::discovered::ListingJob> {
         let config = self.config();
         let now = self.clock.now_ms();
         let mut state = lock(&self.state);
         let st = &mut *state;
-        let (jobs, changed) = super::discovery::due(&mut st.listings, &config, &st.secrets, now);
+        let (jobs, changed) = super::discovered::due(&mut st.listings, &config, &st.secrets, now);
         if changed {
             self.publish(&mut state, now);
         }
@@ -186,7 +186,7 @@ impl Engine {
     /// Where and with what to reach one key of the pool (its provider's endpoint and headers,
     /// its current secret): what the ledger's credit poll asks with. `None`: no such key, or
     /// no secret for it.
-    pub fn key_access(&self, provider: &str, alias: &str) -> Option<super::discovery::ListingJob> {
+    pub fn key_access(&self, provider: &str, alias: &str) -> Option<super::discovered::ListingJob> {
         let config = self.config();
         let p = config.providers.iter().find(|p| p.id == provider)?;
         let state = lock(&self.state);
@@ -194,7 +194,7 @@ impl Engine {
             .secrets
             .get(&(provider.to_owned(), alias.to_owned()))?
             .clone()?;
-        Some(super::discovery::ListingJob {
+        Some(super::discovered::ListingJob {
             provider: p.id.clone(),
             key: alias.to_owned(),
             kind: p.kind,
@@ -209,13 +209,13 @@ impl Engine {
     /// changed. Returns whether it did.
     pub fn finish_listing(
         &self,
-        job: &super::discovery::ListingJob,
+        job: &super::discovered::ListingJob,
         result: Result<Vec<String>, String>,
     ) -> bool {
         let config = self.config();
         let now = self.clock.now_ms();
         let mut state = lock(&self.state);
-        let changed = super::discovery::finish(&mut state.listings, &config, job, result, now);
+        let changed = super::discovered::finish(&mut state.listings, &config, job, result, now);
         if changed {
             self.publish(&mut state, now);
         }
@@ -223,7 +223,7 @@ impl Engine {
     }
 
     /// Every discovering key's listing as it stands.
-    pub fn listings(&self) -> super::discovery::Listings {
+    pub fn listings(&self) -> super::discovered::Listings {
         lock(&self.state).listings.clone()
     }
 
@@ -330,7 +330,7 @@ impl Engine {
         state.secrets = secrets;
         let secrets = state.secrets.clone();
         reload::retain_pool(&mut state.durable, &secrets, &config);
-        super::discovery::retain(&mut state.listings, &config);
+        super::discovered::retain(&mut state.listings, &config);
         *self.config.write().unwrap_or_else(|p| p.into_inner()) = config;
         self.publish(&mut state, now);
         change
@@ -354,7 +354,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
         .iter()
         .map(|p| {
             let published = provider_to_proto(p, &state.secrets);
-            super::discovery::publish_provider(published, p, &state.listings, config.auto_price)
+            super::discovered::publish_provider(published, p, &state.listings, config.auto_price)
         })
         .collect();
     let mut key_health = Vec::new();
@@ -553,7 +553,7 @@ pub(super) fn provider_to_proto(
         models: p
             .models
             .iter()
-            .map(super::discovery::model_to_proto)
+            .map(super::discovered::model_to_proto)
             .collect(),
         terms: Some(terms_to_proto(p)),
     }

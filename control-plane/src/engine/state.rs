@@ -143,7 +143,7 @@ pub(super) struct State {
     /// The [`HeadroomSource`]'s figures as last published.
     pub(super) estimated: Vec<pb::Headroom>,
     /// Each discovering key's listed catalog (`discovery`).
-    pub(super) listings: super::discovery::Listings,
+    pub(super) listings: super::discovered::Listings,
 }
 
 /// Headroom the engine pushes besides what providers report: the quota ledger's estimates
@@ -337,7 +337,7 @@ impl Engine {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Virtual keys from the key store, and report observers (usage accounting): see `keys::admin`
+// Virtual keys from the key store, and report observers (usage accounting): see `keys::operations`
 // and `keys::usage`.
 // ---------------------------------------------------------------------------------------------
 

@@ -1231,7 +1231,7 @@ async fn a_budget_crossing_is_an_event_even_when_the_stored_rows_are_taken_in_at
             return;
         };
         let config = engine.config();
-        let charges = crate::keys::ledger::charges(&config, batch);
+        let charges = crate::keys::charge::charges(&config, batch);
         let rows = super::budgets::use_of(&config.budgets, charges, 1_000_000);
         engine.absorb_budget_use(&rows);
     }));

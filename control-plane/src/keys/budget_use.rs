@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ai_router_contract::calendar::{first_of_next_month_ms, next_utc_midnight_ms, HOUR_MS};
 
 use crate::config::budgets::{BudgetPolicy, BudgetScope, BudgetWindow};
-use crate::keys::ledger::Charge;
+use crate::keys::charge::Charge;
 use crate::keys::store::{merge_budget_use, BudgetUse};
 
 /// When the window of `window` holding `ms` ends; `None` for a request window.

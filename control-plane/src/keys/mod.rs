@@ -1,13 +1,13 @@
 //! Virtual keys: the record pushed to the gateway (`record`), the keys mounted from the
 //! environment (`mounted`), the key store (memory or SQLite, hashes only: `store`), the
-//! operations on keys (`admin`), per-key quotas (`quotas`) and usage accounting (`usage`);
+//! operations on keys (`operations`), per-key quotas (`quotas`) and usage accounting (`usage`);
 //! [`open`] opens the configured store (memory, SQLite or Postgres: `postgres`).
 
-pub mod admin;
 pub mod admin_tokens;
 pub mod budget_use;
-pub mod ledger;
+pub mod charge;
 pub mod mounted;
+pub mod operations;
 pub mod postgres;
 pub mod quotas;
 pub mod record;

@@ -13,7 +13,7 @@
 //!   runs): every key change bumps a counter ([`KeyStore::generation`]) the server polls.
 //!
 //! Every call blocks; async callers run them with `spawn_blocking`. The operations on keys
-//! (create, rotate, ...) are in `keys::admin`.
+//! (create, rotate, ...) are in `keys::operations`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -156,7 +156,7 @@ impl QuotaUsage {
 }
 
 /// One budget policy's use by one subject in one calendar window (`budgets:`), counted in the
-/// key store from the same charges as the usage rows (`keys::ledger`), in the same transaction:
+/// key store from the same charges as the usage rows (`keys::charge`), in the same transaction:
 /// what a control plane enforces after a restart, and what control planes sharing the store
 /// agree on. A row of a window that has ended is of no use and is dropped.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -3,7 +3,7 @@
 //!
 //! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
 //!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
-//! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage, as `keys::ledger`
+//! - Tokens and cost come from the [`pb::AttemptOutcome`]s that carry usage, as `keys::charge`
 //!   charges them (the same charges the budget policies count), at the one price rule
 //!   (`ai_router_contract::price`: prompt tokens at the input price, those served from the
 //!   provider's cache at `cachedInput`, completion tokens at the output price, per million; a
@@ -36,7 +36,7 @@ pub enum Queued {
     Stored(oneshot::Sender<bool>),
 }
 
-use crate::keys::ledger::cost_of;
+use crate::keys::charge::cost_of;
 
 /// What an answering attempt saved against its call's configured first choice: the same usage
 /// at the first choice's prices less its cost here (0 when the first choice answered, either
@@ -108,7 +108,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
             }
         }
     }
-    for charge in crate::keys::ledger::charges(config, batch) {
+    for charge in crate::keys::charge::charges(config, batch) {
         if charge.key.is_empty() {
             continue;
         }
@@ -191,7 +191,7 @@ impl UsageRecorder {
         // The budgets count the same charges, in the same write (`keys::budget_use`).
         let budgets = crate::keys::budget_use::use_of(
             &config.budgets,
-            crate::keys::ledger::charges(&config, batch),
+            crate::keys::charge::charges(&config, batch),
             now,
         );
         if !rows.is_empty() || !budgets.is_empty() || !batch.batch_id.is_empty() {

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use super::credit::{self, KeyCredit};
 use super::Ledger;
 use crate::discovery::listing;
-use crate::engine::discovery::ListingJob;
+use crate::engine::discovered::ListingJob;
 use crate::engine::Engine;
 
 /// How often the task looks for due keys.

@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::engine::discovery::Listings;
+use crate::engine::discovered::Listings;
 use crate::engine::{HeadroomSource, ReportObserver};
 use ai_router_contract::kinds::RateLimitWindow;
 use count::{AnchorLifetimes, Counter, Headroom, Source};

@@ -355,7 +355,7 @@ fn the_family_view_counts_the_routes_of_each_family_and_the_live_ones() {
 #[test]
 fn each_key_shows_how_many_models_discovery_found_and_when() {
     let (l, _) = ledger();
-    let listing = |models: Option<&[&str]>, listed_at_ms| crate::engine::discovery::KeyListing {
+    let listing = |models: Option<&[&str]>, listed_at_ms| crate::engine::discovered::KeyListing {
         models: models.map(|m| m.iter().map(|s| (*s).to_owned()).collect()),
         fingerprint: 1,
         listed_at_ms,

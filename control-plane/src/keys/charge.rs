@@ -1,4 +1,4 @@
-//! The ledger: what one attempt's usage is charged, the one rule the usage rows (and so the
+//! The charge of an attempt: what one attempt's usage is charged, the one rule the usage rows (and so the
 //! per-key quotas, `keys::quotas`) and the budget policies (`engine::budgets`) count by, so
 //! the two never disagree on a call. An attempt is charged after it answered, for the usage
 //! it reported (streamed or not); one without usage, or with none, is charged nothing.

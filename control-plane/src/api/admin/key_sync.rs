@@ -1,0 +1,151 @@
+//! The key sync: the key store's keys and the quota blocks their usage puts on them, pushed
+//! into the engine's snapshot after every write here, and when another process changed the
+//! store (polled), after usage writes, at the UTC day change and every few seconds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+
+use crate::engine::Engine;
+use crate::keys::operations::KeyAdmin;
+use crate::keys::store::{utc_day, KeyStoreError};
+
+/// How often the key store is checked for changes made by another process.
+pub const KEY_SYNC_INTERVAL: Duration = Duration::from_millis(500);
+/// Key-sync ticks between two quota recomputations when nothing else asked for one.
+const QUOTA_RECHECK_TICKS: u32 = 10;
+/// The least time between two rechecks of the quota blocks after usage rows were written.
+const QUOTA_RECHECK_MIN_GAP: Duration = Duration::from_millis(250);
+
+/// Pushes the key store's keys (and the mounted ones) into the engine's snapshot, and the
+/// budgets' use the store counted; returns whether the usage rows move anything pushed (a key
+/// with a usage limit, whose block follows them, or a budget policy).
+pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let records = keys.snapshot_keys()?;
+    let limited = records.iter().any(crate::keys::quotas::has_usage_limit);
+    engine.set_virtual_keys(records);
+    Ok(absorb_budget_use(engine, keys)? || limited)
+}
+
+/// [`push_keys`] when the store's keys have not changed since the last push (its generation
+/// has not moved): the engine's own records take the blocks the month's usage puts on them
+/// now, from one grouped read of the usage rows, without listing and decoding every stored
+/// key again. Same answer as [`push_keys`].
+pub fn recheck_quotas(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let now = keys.now_ms();
+    let limited = engine.has_usage_limited_keys();
+    let usage = if limited {
+        Some(crate::keys::quotas::month_usage(
+            keys.store().as_ref(),
+            now,
+        )?)
+    } else {
+        None
+    };
+    engine.recheck_quota_blocks(usage.as_ref(), now);
+    Ok(absorb_budget_use(engine, keys)? || limited)
+}
+
+/// Gives the engine the budgets' use the key store counted; returns whether the pool has a
+/// budget policy (usage rows then move what is pushed).
+fn absorb_budget_use(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let budgets = !engine.config().budgets.is_empty();
+    if budgets {
+        engine.absorb_budget_use(&keys.store().budget_use(keys.now_ms())?);
+    }
+    Ok(budgets)
+}
+
+/// Polls the key store's change counter and pushes its keys into the snapshot when another
+/// process changed them, until `shutdown` flips. Also recomputes the quota blocks when
+/// `usage_written` fires (the usage of the call that crossed a limit is then in the store),
+/// when the UTC day changes (blocks end) and every few seconds: on the engine's records
+/// ([`recheck_quotas`]) while the counter has not moved, so a recheck costs one usage read,
+/// not a listing of every stored key.
+pub async fn run_key_sync(
+    engine: Arc<Engine>,
+    keys: Arc<KeyAdmin>,
+    usage_written: Arc<Notify>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(KEY_SYNC_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen: Option<u64> = None;
+    let mut day = String::new();
+    let mut ticks = 0u32;
+    let mut failing = false;
+    // Whether a key has a usage limit (unknown until the first push: assume one).
+    let mut limited = true;
+    let mut rechecked: Option<tokio::time::Instant> = None;
+    loop {
+        let written = tokio::select! {
+            _ = tick.tick() => false,
+            _ = usage_written.notified() => true,
+            _ = shutdown.wait_for(|stopped| *stopped) => break,
+        };
+        if written {
+            // Usage rows move no block when no key has a usage limit; and under load rows
+            // are written many times a second: one recheck per gap is enough.
+            if !limited {
+                continue;
+            }
+            let wait = rechecked.map_or(Duration::ZERO, |at| {
+                QUOTA_RECHECK_MIN_GAP.saturating_sub(at.elapsed())
+            });
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.wait_for(|stopped| *stopped) => break,
+                }
+            }
+        }
+        ticks += 1;
+        let today = utc_day(keys.now_ms());
+        let recheck = written || today != day || ticks >= QUOTA_RECHECK_TICKS;
+        if recheck {
+            ticks = 0;
+        }
+        let engine = engine.clone();
+        let keys = keys.clone();
+        let last = seen;
+        if recheck {
+            rechecked = Some(tokio::time::Instant::now());
+        }
+        let result = tokio::task::spawn_blocking(move || {
+            let generation = keys.store().generation()?;
+            let pushed = if last != Some(generation) {
+                Some(push_keys(&engine, &keys)?)
+            } else if recheck {
+                Some(recheck_quotas(&engine, &keys)?)
+            } else {
+                // What other control planes on the store counted for the budgets, each tick
+                // (one small read): a budget spent through one control plane is enforced
+                // through every other within a tick or two, not at its next quota recheck.
+                absorb_budget_use(&engine, &keys)?;
+                None
+            };
+            Ok::<_, KeyStoreError>((generation, pushed))
+        })
+        .await;
+        match result {
+            Ok(Ok((generation, pushed))) => {
+                seen = Some(generation);
+                if let Some(any) = pushed {
+                    limited = any;
+                }
+                day = today;
+                if failing {
+                    tracing::info!("the key store is readable again");
+                    failing = false;
+                }
+            }
+            Ok(Err(err)) if !failing => {
+                tracing::error!(%err, "cannot read the key store");
+                failing = true;
+            }
+            Ok(Err(_)) => {}
+            Err(err) => tracing::error!(%err, "the key sync task failed"),
+        }
+    }
+}

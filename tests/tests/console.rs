@@ -166,6 +166,30 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     .await
     .unwrap();
 
+    // Spend per provider and model comes from the same stored usage rows: m1's priced calls
+    // on p1, the hostile model's on p2.
+    let usage = gw.admin_get("/admin/console/usage").await.unwrap();
+    let lane = |provider: &str, model: &str| {
+        usage["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["provider"] == provider && l["model"] == model)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {provider}/{model}: {usage}"))
+    };
+    assert!(lane("p1", "m1")["cost"].as_f64() > Some(0.08), "{usage}");
+    assert_eq!(lane("p2", HOSTILE_MODEL)["successes"], 1, "{usage}");
+    let overview = gw.admin_get("/admin/console").await.unwrap();
+    assert!(
+        overview["spend"]["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "p1" && p["today"].as_f64() > Some(0.08)),
+        "{overview}"
+    );
+
     let out = workspace_root().join("target/e2e/console");
     std::fs::create_dir_all(&out).unwrap();
     let url = format!("http://{}/ui", gw.cp.http_addr());

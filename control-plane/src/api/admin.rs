@@ -451,6 +451,17 @@ impl AdminApi {
             .await
     }
 
+    /// Every key's usage per day, provider and model, from the key store (the console's
+    /// `GET /admin/console/usage`): `(from, to, rows)`.
+    pub async fn lane_usage(
+        &self,
+        from: Option<String>,
+        to: Option<String>,
+    ) -> Result<(String, String, Vec<UsageDay>), ApiError> {
+        self.run(false, move |k| k.lane_usage(from.as_deref(), to.as_deref()))
+            .await
+    }
+
     /// `/health` for an operator: the pool as the data plane sees it, keys by alias only.
     /// Every state, scope and reason is a word; a time with no end (a key out until its secret
     /// changes, a figure with no known reset) is `null`.

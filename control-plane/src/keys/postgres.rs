@@ -139,6 +139,12 @@ const MIGRATIONS: &[&str] = &[
         last_used_ms BIGINT,
         revoked BOOLEAN NOT NULL
     );",
+    // 7 -> 8: usage rows per key, day, provider and model (as SQLite's 10 -> 11); the rows so
+    // far keep an empty provider and model.
+    "ALTER TABLE key_usage ADD COLUMN provider TEXT NOT NULL DEFAULT '';
+    ALTER TABLE key_usage ADD COLUMN model TEXT NOT NULL DEFAULT '';
+    ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
+    ALTER TABLE key_usage ADD PRIMARY KEY (key_id, day, provider, model);",
 ];
 
 /// The schema version this binary writes.
@@ -651,9 +657,10 @@ async fn write_batch(
     let usage = tx
         .prepare(
             "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-             ON CONFLICT (key_id, day) DO UPDATE SET \
+             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
+             provider, model) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT (key_id, day, provider, model) DO UPDATE SET \
              requests = key_usage.requests + excluded.requests, \
              successes = key_usage.successes + excluded.successes, \
              failures = key_usage.failures + excluded.failures, \
@@ -690,6 +697,8 @@ async fn write_batch(
                 &i64_of(row.latency_ms),
                 &i64_of(row.cached_tokens),
                 &row.saved,
+                &row.provider,
+                &row.model,
             ],
         )
         .await
@@ -746,7 +755,7 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     }
     // The first one may be in flight (its commit unknown): keep it apart.
     let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
-    let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
+    let mut rows: crate::keys::usage::RowMap = BTreeMap::new();
     let mut reports = Vec::new();
     let mut budgets = BTreeMap::new();
     for batch in merged {
@@ -754,7 +763,7 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
         merge_budget_use(&mut budgets, &batch.budgets);
         reports.extend(batch.reports);
     }
-    let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
+    let rows = rows.into_iter().map(|((id, ..), row)| (id, row)).collect();
     unsent.insert(
         1,
         UsageBatch {
@@ -764,6 +773,31 @@ fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
             reports,
         },
     );
+}
+
+/// The usage columns added up, in [`usage_from_row`]'s order after day, provider and model.
+const USAGE_SUMS: &str = "SUM(requests)::BIGINT, SUM(successes)::BIGINT, \
+     SUM(failures)::BIGINT, SUM(prompt_tokens)::BIGINT, SUM(completion_tokens)::BIGINT, \
+     SUM(cost)::DOUBLE PRECISION, SUM(latency_ms)::BIGINT, SUM(cached_tokens)::BIGINT, \
+     SUM(saved)::DOUBLE PRECISION";
+
+/// A usage row of `SELECT day, provider, model, {USAGE_SUMS}` (no outcomes).
+fn usage_from_row(r: &tokio_postgres::Row) -> UsageDay {
+    UsageDay {
+        day: r.get(0),
+        provider: r.get(1),
+        model: r.get(2),
+        requests: u64_of(r.get(3)),
+        successes: u64_of(r.get(4)),
+        failures: u64_of(r.get(5)),
+        prompt_tokens: u64_of(r.get(6)),
+        completion_tokens: u64_of(r.get(7)),
+        cost: r.get(8),
+        latency_ms: u64_of(r.get(9)),
+        cached_tokens: u64_of(r.get(10)),
+        saved: r.get(11),
+        outcomes: BTreeMap::new(),
+    }
 }
 
 impl KeyStore for PostgresKeyStore {
@@ -855,29 +889,15 @@ impl KeyStore for PostgresKeyStore {
             let err = |e: tokio_postgres::Error| pg_error(&e);
             let rows = client
                 .query(
-                    "SELECT day, requests, successes, failures, prompt_tokens, \
-                     completion_tokens, cost, latency_ms, cached_tokens, saved FROM key_usage \
-                     WHERE key_id = $1 AND day >= $2 AND day <= $3 ORDER BY day",
+                    &format!(
+                        "SELECT day, ''::TEXT, ''::TEXT, {USAGE_SUMS} FROM key_usage \
+                         WHERE key_id = $1 AND day >= $2 AND day <= $3 GROUP BY day ORDER BY day"
+                    ),
                     &[&id, &from, &to],
                 )
                 .await
                 .map_err(err)?;
-            let mut days: Vec<UsageDay> = rows
-                .iter()
-                .map(|r| UsageDay {
-                    day: r.get(0),
-                    requests: u64_of(r.get(1)),
-                    successes: u64_of(r.get(2)),
-                    failures: u64_of(r.get(3)),
-                    prompt_tokens: u64_of(r.get(4)),
-                    completion_tokens: u64_of(r.get(5)),
-                    cost: r.get(6),
-                    latency_ms: u64_of(r.get(7)),
-                    cached_tokens: u64_of(r.get(8)),
-                    saved: r.get(9),
-                    outcomes: BTreeMap::new(),
-                })
-                .collect();
+            let mut days: Vec<UsageDay> = rows.iter().map(usage_from_row).collect();
             let outcomes = client
                 .query(
                     "SELECT day, outcome, count FROM key_usage_outcomes \
@@ -893,6 +913,24 @@ impl KeyStore for PostgresKeyStore {
                 }
             }
             Ok(days)
+        })
+    }
+
+    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let (from, to) = (from.to_owned(), to.to_owned());
+        self.call(move |client| async move {
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
+                         WHERE day >= $1 AND day <= $2 \
+                         GROUP BY day, provider, model ORDER BY day, provider, model"
+                    ),
+                    &[&from, &to],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(rows.iter().map(usage_from_row).collect())
         })
     }
 

@@ -148,6 +148,31 @@ const MIGRATIONS: &[&str] = &[
         last_used_ms INTEGER,
         revoked INTEGER NOT NULL
     );",
+    // 10 -> 11: usage rows per key, day, provider and model (the console's spend per provider
+    // and model reads them); the rows so far keep an empty provider and model.
+    "CREATE TABLE key_usage_lanes (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        provider TEXT NOT NULL DEFAULT '',
+        model TEXT NOT NULL DEFAULT '',
+        requests INTEGER NOT NULL DEFAULT 0,
+        successes INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL DEFAULT 0,
+        cached_tokens INTEGER NOT NULL DEFAULT 0,
+        saved REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, provider, model)
+    );
+    INSERT INTO key_usage_lanes (key_id, day, requests, successes, failures, prompt_tokens,
+        completion_tokens, cost, latency_ms, cached_tokens, saved)
+        SELECT key_id, day, requests, successes, failures, prompt_tokens, completion_tokens,
+        cost, latency_ms, cached_tokens, saved FROM key_usage;
+    DROP TABLE key_usage;
+    ALTER TABLE key_usage_lanes RENAME TO key_usage;
+    CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.
@@ -188,4 +213,50 @@ pub fn open(path: &Path) -> Result<Connection, String> {
     }
     tx.commit().map_err(|e| err(&e))?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::keys::store::{KeyStore, SqliteKeyStore};
+
+    #[test]
+    fn usage_rows_written_before_provider_and_model_survive_the_migration() {
+        let dir = std::env::temp_dir().join(format!("ai-router-migrate-{}", std::process::id()));
+        let path = dir.join("keys.sqlite");
+        let _ = std::fs::remove_file(&path);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A file as the binary before usage rows had a lane wrote it.
+        {
+            let conn = Connection::open(&path).unwrap();
+            for migration in &MIGRATIONS[..10] {
+                conn.execute_batch(migration).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 10).unwrap();
+            conn.execute(
+                "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, cost) \
+                 VALUES ('key_a', '2026-03-15', 3, 30, 0.5)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteKeyStore::open(&path).unwrap();
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
+        assert_eq!((days.len(), days[0].requests, days[0].cost), (1, 3, 0.5));
+        // Old rows have no lane; new ones add to the same day.
+        let mut row = days[0].clone();
+        (row.provider, row.model) = ("p1".into(), "m1".into());
+        store.record_usage(&[("key_a".into(), row)]).unwrap();
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
+        assert_eq!((days.len(), days[0].requests), (1, 6));
+        let lanes = store.lane_usage("2026-03-15", "2026-03-15").unwrap();
+        let lanes: Vec<(&str, &str, u64)> = lanes
+            .iter()
+            .map(|l| (l.provider.as_str(), l.model.as_str(), l.requests))
+            .collect();
+        assert_eq!(lanes, vec![("", "", 3), ("p1", "m1", 3)]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

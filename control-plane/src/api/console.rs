@@ -42,14 +42,17 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
 /// The console's routes, on the admin API's state.
 pub fn routes() -> Router<Arc<AdminApi>> {
     let mut router = Router::new();
-    for base in ["/ui", "/admin/ui"] {
-        router = router
-            .route(base, get(page))
-            .route(&format!("{base}/app.js"), get(script))
-            .route(&format!("{base}/app.css"), get(style));
+    // The assets the guard lets through without a token, one list for both.
+    for &path in crate::api::scopes::ASSETS {
+        let serve = match path.rsplit('/').next() {
+            Some("app.js") => get(script),
+            Some("app.css") => get(style),
+            Some("") => get(|| async { redirect("/ui") }),
+            _ => get(page),
+        };
+        router = router.route(path, serve);
     }
     router
-        .route("/ui/", get(|| async { redirect("/ui") }))
         .route("/admin/console", get(overview))
         .route("/admin/console/ledger", get(ledger))
         .route("/admin/console/usage", get(usage))

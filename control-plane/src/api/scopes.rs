@@ -60,18 +60,21 @@ pub const ROUTES: &[Route] = &[
     route("DELETE", "/admin/tokens/{id}", "RevokeToken", Admin),
 ];
 
-/// The console's paths that need no token (its page, script and style: they hold no data).
+/// The console's paths that need no token (its page, script and style: they hold no data). The
+/// console's router ([`crate::api::console::routes`]) serves exactly these.
+pub const ASSETS: &[&str] = &[
+    "/ui",
+    "/ui/",
+    "/ui/app.js",
+    "/ui/app.css",
+    "/admin/ui",
+    "/admin/ui/app.js",
+    "/admin/ui/app.css",
+];
+
+/// Whether `path` is one of the console's [`ASSETS`].
 pub fn is_asset(path: &str) -> bool {
-    matches!(
-        path,
-        "/ui"
-            | "/ui/"
-            | "/ui/app.js"
-            | "/ui/app.css"
-            | "/admin/ui"
-            | "/admin/ui/app.js"
-            | "/admin/ui/app.css"
-    )
+    ASSETS.contains(&path)
 }
 
 fn matches(pattern: &str, path: &str) -> bool {

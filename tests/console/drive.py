@@ -43,6 +43,13 @@ def confirm(page):
     page.click("#confirm-yes")
 
 
+def click_reset(page, provider, key):
+    """Resets a key from the pool page, confirming."""
+    go(page, "pool")
+    page.click(f'button[aria-label="Reset key {provider}/{key}"]')
+    confirm(page)
+
+
 def step(page, out, cmd, args):
     if cmd == "login":
         page.goto(os.environ["CONSOLE_URL"])
@@ -84,9 +91,7 @@ def step(page, out, cmd, args):
         return {}
     if cmd == "reset":
         provider, key = args
-        go(page, "pool")
-        page.click(f'button[aria-label="Reset key {provider}/{key}"]')
-        confirm(page)
+        click_reset(page, provider, key)
         page.wait_for_selector(f'#status:has-text("Reset key {provider}/{key}")', timeout=TIMEOUT_MS)
         return {"status": page.inner_text("#status")}
     if cmd == "wait-event":
@@ -110,10 +115,7 @@ def step(page, out, cmd, args):
         page.wait_for_selector("#page[data-page]", timeout=TIMEOUT_MS)
         return {}
     if cmd == "force-reset":
-        provider, key = args
-        go(page, "pool")
-        page.click(f'button[aria-label="Reset key {provider}/{key}"]')
-        confirm(page)
+        click_reset(page, *args)
         page.wait_for_selector("#status.error", timeout=TIMEOUT_MS)
         return {"status": page.inner_text("#status"), "screenshot": shot(page, out, "pool-refused")}
     if cmd == "probe":

@@ -94,6 +94,14 @@ impl KeyStore for CountingStore {
     ) -> std::result::Result<Vec<UsageDay>, KeyStoreError> {
         self.inner.usage(id, from, to)
     }
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> std::result::Result<Vec<UsageDay>, KeyStoreError> {
+        self.inner.lane_usage(from, to)
+    }
+
     fn quota_usage(
         &self,
         first: &str,

@@ -430,7 +430,7 @@
     const u = await api('GET', '/admin/console/usage?from=' + encodeURIComponent(range.from) + '&to=' + encodeURIComponent(range.to));
     const dayRows = u.days.map((d) => [d.day, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
     const keyRows = u.keys.filter((k) => k.total.requests > 0).map((k) => [k.label, k.id, k.total.requests, k.total.promptTokens + k.total.completionTokens, k.total.cost, k.total.saved]);
-    const laneRows = u.lanes.map((l) => [l.day, l.provider, l.model, l.attempts, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
+    const laneRows = u.lanes.map((l) => [l.day, l.provider || '—', l.model || '—', l.requests, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
     const download = h('button', {
       type: 'button', on: {
         click: () => {
@@ -460,8 +460,8 @@
       h('h2', {}, 'Per key'),
       table('Per key', ['key', 'id', 'calls', 'tokens', 'cost', 'saved'], keyRows.map((r) => r.map((v, i) => (i >= 4 ? money(v) : i >= 2 ? num(v) : v)))),
       h('h2', {}, 'Per provider and model'),
-      h('p', { class: 'note' }, 'Attempts this control plane counted since it started.'),
-      table('Per provider and model', ['day', 'provider', 'model', 'attempts', 'ok', 'tokens', 'cost', 'saved'], laneRows.map((r) => r.map((v, i) => (i >= 6 ? money(v) : i >= 3 ? num(v) : text(v)))))];
+      h('p', { class: 'note' }, 'A call counts on the lane that answered it; tokens and cost on the lane that used them.'),
+      table('Per provider and model', ['day', 'provider', 'model', 'calls', 'ok', 'tokens', 'cost', 'saved'], laneRows.map((r) => r.map((v, i) => (i >= 6 ? money(v) : i >= 3 ? num(v) : text(v)))))];
   }
 
   // ---- events

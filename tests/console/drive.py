@@ -1,7 +1,8 @@
 """Drives the operator's console in Debian's headless Chromium, one step per line of stdin.
 
 Run by tests/tests/console.rs, which owns the gateway: it sends a step (`login`, `page NAME`,
-`create LABEL`, `revoke LABEL`, `reset PROVIDER KEY`, `wait-event TEXT`, `probe`, `phone NAME`)
+`create LABEL`, `revoke LABEL`, `reset PROVIDER KEY`, `wait-event TEXT`, `probe`, `phone NAME`,
+`count SELECTOR`, `forge-scope SCOPE`, `force-reset PROVIDER KEY`)
 and reads one JSON line back: `{"ok": true, ...}` or `{"ok": false, "error": ...}`, with the
 console errors the page logged so far. Playwright drives the system's Chromium
 (`executable_path`): no browser is downloaded.
@@ -40,6 +41,13 @@ def shot(page, out, name):
 def confirm(page):
     page.wait_for_selector("dialog#confirm[open]", timeout=TIMEOUT_MS)
     page.click("#confirm-yes")
+
+
+def click_reset(page, provider, key):
+    """Resets a key from the pool page, confirming."""
+    go(page, "pool")
+    page.click(f'button[aria-label="Reset key {provider}/{key}"]')
+    confirm(page)
 
 
 def step(page, out, cmd, args):
@@ -83,15 +91,33 @@ def step(page, out, cmd, args):
         return {}
     if cmd == "reset":
         provider, key = args
-        go(page, "pool")
-        page.click(f'button[aria-label="Reset key {provider}/{key}"]')
-        confirm(page)
+        click_reset(page, provider, key)
         page.wait_for_selector(f'#status:has-text("Reset key {provider}/{key}")', timeout=TIMEOUT_MS)
         return {"status": page.inner_text("#status")}
     if cmd == "wait-event":
         wanted = " ".join(args)
         page.wait_for_selector(f'#event-rows tr:has-text("{wanted}")', timeout=TIMEOUT_MS)
         return {"rows": page.locator("#event-rows tr").count(), "screenshot": shot(page, out, "events")}
+    if cmd == "count":
+        # How many elements of the current page match a CSS selector.
+        return {"count": page.locator(" ".join(args)).count()}
+    if cmd == "forge-scope":
+        # The page is told the token has another scope (its own whoami answered falsely), as a
+        # tampered page would be: the buttons it then shows still go to the real API.
+        scope = args[0]
+        page.route(
+            "**/admin/whoami",
+            lambda route: route.fulfill(
+                status=200, content_type="application/json", body=json.dumps({"scope": scope, "label": "forged"})
+            ),
+        )
+        page.reload()
+        page.wait_for_selector("#page[data-page]", timeout=TIMEOUT_MS)
+        return {}
+    if cmd == "force-reset":
+        click_reset(page, *args)
+        page.wait_for_selector("#status.error", timeout=TIMEOUT_MS)
+        return {"status": page.inner_text("#status"), "screenshot": shot(page, out, "pool-refused")}
     if cmd == "probe":
         return page.evaluate(
             """() => ({

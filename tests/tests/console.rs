@@ -84,6 +84,14 @@ impl Browser {
     /// Runs one step; fails the test with the driver's error, or with a console error the
     /// page logged.
     async fn step(&mut self, step: &str) -> Value {
+        let reply = self.step_logging(step).await;
+        assert_eq!(reply["errors"], json!([]), "step {step}: console errors");
+        reply
+    }
+
+    /// Runs one step; fails the test with the driver's error; the console errors logged so far
+    /// are the answer's `errors`.
+    async fn step_logging(&mut self, step: &str) -> Value {
         self.stdin
             .write_all(format!("{step}\n").as_bytes())
             .await
@@ -101,7 +109,6 @@ impl Browser {
             });
         let reply: Value = serde_json::from_str(&line).unwrap();
         assert_eq!(reply["ok"], true, "step {step}: {}", reply["error"]);
-        assert_eq!(reply["errors"], json!([]), "step {step}: console errors");
         reply
     }
 }
@@ -165,6 +172,30 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     })
     .await
     .unwrap();
+
+    // Spend per provider and model comes from the same stored usage rows: m1's priced calls
+    // on p1, the hostile model's on p2.
+    let usage = gw.admin_get("/admin/console/usage").await.unwrap();
+    let lane = |provider: &str, model: &str| {
+        usage["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["provider"] == provider && l["model"] == model)
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {provider}/{model}: {usage}"))
+    };
+    assert!(lane("p1", "m1")["cost"].as_f64() > Some(0.08), "{usage}");
+    assert_eq!(lane("p2", HOSTILE_MODEL)["successes"], 1, "{usage}");
+    let overview = gw.admin_get("/admin/console").await.unwrap();
+    assert!(
+        overview["spend"]["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "p1" && p["today"].as_f64() > Some(0.08)),
+        "{overview}"
+    );
 
     let out = workspace_root().join("target/e2e/console");
     std::fs::create_dir_all(&out).unwrap();
@@ -268,4 +299,67 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
         .await
         .unwrap();
     assert!(page.contains("ui/app.js"), "{page}");
+}
+
+/// A `read` admin token signs in and sees every page, without a control that acts; a page told
+/// it may act (its whoami forged) is refused by the API (403), and shows the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_sees_every_page_and_cannot_act() {
+    let gw = Gateway::start_with("console-read", pool)
+        .await
+        .expect("fixture");
+    for model in ["chat", "backup"] {
+        let r = gw.chat(model).await.unwrap();
+        assert_eq!(r.status, 200, "{model}: {r}");
+    }
+    let created: Value = ai_router_e2e::http_client()
+        .unwrap()
+        .post(format!("http://{}/admin/tokens", gw.cp.http_addr()))
+        .bearer_auth(&gw.admin_token)
+        .json(&json!({ "label": "viewer", "scope": "read" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = created["secret"].as_str().expect("a token").to_owned();
+    scan::register("an admin token", &token);
+
+    let out = workspace_root().join("target/e2e/console-read");
+    std::fs::create_dir_all(&out).unwrap();
+    let url = format!("http://{}/ui", gw.cp.http_addr());
+    let mut browser = Browser::start(&url, &token, &out).await;
+    browser.step("login").await;
+    let actions = "#create-key, button[aria-label^='Reset'], button[aria-label^='Revoke'], \
+                   button[aria-label^='Rotate'], button[aria-label^='Disable'], \
+                   button[aria-label^='Enable']";
+    for page in ["overview", "pool", "keys", "usage", "events", "config"] {
+        let text = browser.text(&format!("page {page}")).await;
+        assert!(!text.trim().is_empty(), "{page}");
+        let count = browser.step(&format!("count {actions}")).await;
+        assert_eq!(count["count"], 0, "{page} shows an action: {count}");
+    }
+    // The pages that act say why they do not.
+    let text = browser.text("page pool").await;
+    assert!(
+        text.contains("Keys of p1") && text.contains("changes here need operate"),
+        "{text}"
+    );
+    let text = browser.text("page keys").await;
+    assert!(text.contains("changes here need keys"), "{text}");
+
+    // The API is the guard: a page that believes it may act is refused, and says so.
+    browser.step("forge-scope admin").await;
+    let refused = browser.step_logging("force-reset p1 a").await;
+    let status = refused["status"].as_str().unwrap_or_default();
+    assert!(status.contains("scope operate"), "{refused}");
+    // The only console error is the refused request's own.
+    for e in refused["errors"].as_array().unwrap() {
+        assert!(e.as_str().is_some_and(|e| e.contains("403")), "{refused}");
+    }
+    assert!(
+        !refused["errors"].as_array().unwrap().is_empty(),
+        "{refused}"
+    );
 }

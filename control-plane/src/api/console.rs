@@ -6,7 +6,7 @@
 //! | `GET /ui` (and `GET /admin/ui`, which the gateway's listener forwards) | the page; `ui/app.js` and `ui/app.css` beside it. Compiled into the binary; no token needed: they hold no data |
 //! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month, and what is wrong now |
 //! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out |
-//! | `GET /admin/console/usage?from=&to=` | usage per day and per key (the key store) and per day, provider and model (this process's reports) |
+//! | `GET /admin/console/usage?from=&to=` | usage per day, per key, and per day, provider and model: the key store's usage rows |
 //!
 //! The page holds the admin token for the tab only (`sessionStorage`) and sends it as
 //! `Authorization: Bearer`; the API never reads a cookie, so another site's page cannot act
@@ -40,17 +40,33 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'
      style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
      base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
+/// The console's paths that need no token (its page, script and style: they hold no data). The
+/// console's router ([`routes`]) serves exactly these; the admin guard lets them through.
+pub const ASSETS: &[&str] = &[
+    "/ui",
+    "/ui/",
+    "/ui/app.js",
+    "/ui/app.css",
+    "/admin/ui",
+    "/admin/ui/app.js",
+    "/admin/ui/app.css",
+];
+
 /// The console's page, script and style, on the admin API's state (its figures' routes are
 /// rows of the admin route table, [`crate::api::admin::routes::ROUTES`]).
 pub fn routes() -> Router<Arc<AdminApi>> {
     let mut router = Router::new();
-    for base in ["/ui", "/admin/ui"] {
-        router = router
-            .route(base, get(page))
-            .route(&format!("{base}/app.js"), get(script))
-            .route(&format!("{base}/app.css"), get(style));
+    // The assets the guard lets through without a token, one list for both.
+    for &path in ASSETS {
+        let serve = match path.rsplit('/').next() {
+            Some("app.js") => get(script),
+            Some("app.css") => get(style),
+            Some("") => get(|| async { redirect("/ui") }),
+            _ => get(page),
+        };
+        router = router.route(path, serve);
     }
-    router.route("/ui/", get(|| async { redirect("/ui") }))
+    router
 }
 
 fn redirect(to: &'static str) -> Response {
@@ -249,6 +265,28 @@ fn by_day(keys: &[Value]) -> Vec<Value> {
         .collect()
 }
 
+/// Spend today and this month, in all and per provider, from this month's usage rows.
+fn spend_of(rows: &[UsageDay], today: &str) -> Value {
+    let (mut day, mut month) = (0.0, 0.0);
+    let mut providers: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for row in rows {
+        let p = providers.entry(row.provider.as_str()).or_default();
+        month += row.cost;
+        p.1 += row.cost;
+        if row.day == today {
+            day += row.cost;
+            p.0 += row.cost;
+        }
+    }
+    let providers: Vec<Value> = providers
+        .into_iter()
+        .map(|(name, (today, month))| {
+            json!({ "name": (!name.is_empty()).then_some(name), "today": today, "month": month })
+        })
+        .collect();
+    json!({ "today": day, "month": month, "day": today, "providers": providers })
+}
+
 /// `GET /admin/console`.
 pub(crate) async fn overview(
     State(api): State<Arc<AdminApi>>,
@@ -256,19 +294,13 @@ pub(crate) async fn overview(
 ) -> Result<Json<Value>, ApiError> {
     let health = api.pool_health();
     let ledger = api.ledger_view();
-    let (_, today, keys) = key_usage(&api, None, None).await?;
-    let days = by_day(&keys);
-    let spend = |rows: &mut dyn Iterator<Item = &Value>| {
-        rows.map(|d| d["cost"].as_f64().unwrap_or(0.0)).sum::<f64>()
-    };
-    let spend_today = spend(&mut days.iter().filter(|d| d["day"] == today.as_str()));
-    let spend_month = spend(&mut days.iter());
+    let (_, today, rows) = api.lane_usage(None, None).await?;
     Ok(Json(json!({
         "atMs": api.console().clock_ms(),
         "status": health["status"],
         "version": health["version"],
         "calls": api.console().rates(),
-        "spend": { "today": spend_today, "month": spend_month, "day": today },
+        "spend": spend_of(&rows, &today),
         "problems": problems(&health, &ledger),
     })))
 }
@@ -298,7 +330,7 @@ pub(crate) async fn usage(
     }
     let (from, to, keys) = key_usage(&api, from, to).await?;
     let days = by_day(&keys);
-    let lanes = api.console().lanes(&from, &to);
+    let (_, _, lanes) = api.lane_usage(Some(from.clone()), Some(to.clone())).await?;
     Ok(Json(json!({
         "from": from,
         "to": to,
@@ -315,8 +347,6 @@ mod tests {
 
     use std::sync::atomic::{AtomicI64, Ordering};
 
-    use std::sync::Weak;
-
     use ai_router_proto::v1 as pb;
 
     use super::*;
@@ -326,7 +356,7 @@ mod tests {
     const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
     fn pulse(clock: &Arc<TestClock>) -> Pulse {
-        Pulse::new(Weak::new(), clock.clone())
+        Pulse::new(clock.clone())
     }
 
     fn call(ok: bool, latency_ms: u64, provider: &str, protocol: &str) -> pb::RequestOutcome {
@@ -362,7 +392,7 @@ mod tests {
             requests: vec![call(true, 5, "p1", "chat")],
             ..Default::default()
         };
-        p.record(&old, T0 + 10_000, |_| 0.0, |_| 0.0);
+        p.record(&old, T0 + 10_000);
         let batch = pb::ReportBatch {
             requests: vec![
                 call(true, 100, "p1", "chat"),
@@ -372,7 +402,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        p.record(&batch, T0 + 110_000, |_| 0.0, |_| 0.0);
+        p.record(&batch, T0 + 110_000);
         let r = p.rates();
         assert_eq!(r["requests"], 4, "{r}");
         assert_eq!(r["windowMs"], 60_000, "{r}");
@@ -442,7 +472,7 @@ mod tests {
             attempts: vec![attempt("a", 30), attempt("a", 30), attempt("z", 1000)],
             ..Default::default()
         };
-        p.record(&batch, T0 + FORECAST_WINDOW_MS, |_| 0.5, |_| 0.0);
+        p.record(&batch, T0 + FORECAST_WINDOW_MS);
         let ledger = json!({ "providers": [{ "provider": "p1", "scopes": [{
             "scope": "a", "keys": [{ "alias": "a" }], "state": "healthy",
             "windows": {
@@ -461,18 +491,36 @@ mod tests {
         );
         assert_eq!(w["tpd"]["forecast"]["ratePerMinute"], 12.0, "{w}");
         assert_eq!(w["rpm"]["forecast"]["verdict"], "unknown", "{w}");
-        // The lane's day counts the attempts, their tokens and their cost.
-        let lanes = p.lanes("2026-01-01", "2026-01-01");
-        assert_eq!(lanes.len(), 1, "{lanes:?}");
+    }
+
+    #[test]
+    fn spend_adds_up_the_usage_rows_today_and_this_month_per_provider() {
+        let row = |day: &str, provider: &str, cost: f64| UsageDay {
+            day: day.into(),
+            provider: provider.into(),
+            model: "m1".into(),
+            cost,
+            ..UsageDay::default()
+        };
+        let rows = [
+            row("2026-01-01", "p1", 1.0),
+            row("2026-01-02", "p1", 0.5),
+            row("2026-01-02", "p2", 0.25),
+            row("2026-01-02", "", 0.0),
+        ];
+        let s = spend_of(&rows, "2026-01-02");
         assert_eq!(
-            (
-                lanes[0]["attempts"].as_u64(),
-                lanes[0]["promptTokens"].as_u64(),
-                lanes[0]["cost"].as_f64()
-            ),
-            (Some(3), Some(1060), Some(1.5))
+            (s["today"].as_f64(), s["month"].as_f64()),
+            (Some(0.75), Some(1.75))
         );
-        assert!(p.lanes("2026-01-02", "2026-01-31").is_empty());
+        assert_eq!(
+            s["providers"],
+            json!([
+                { "name": null, "today": 0.0, "month": 0.0 },
+                { "name": "p1", "today": 0.5, "month": 1.5 },
+                { "name": "p2", "today": 0.25, "month": 0.25 },
+            ])
+        );
     }
 
     #[test]

@@ -1,19 +1,19 @@
-//! What the console's figures come from: the data plane's reports as they arrive (the last
-//! minutes' calls and attempts, and this process's per-lane usage by day), and the forecast of
-//! when what a window has left runs out. The admin API holds one [`Pulse`]; the console's
-//! routes ([`crate::api::console`]) read it.
+//! What the console's live figures come from: the data plane's reports as they arrive (the last
+//! minutes' calls and attempts: rates, latency, the forecasts' rates), and the forecast of when
+//! what a window has left runs out. The admin API holds one [`Pulse`]; the console's routes
+//! ([`crate::api::console`]) read it. Usage and spend by day are not kept here: they are the key
+//! store's usage rows (per key, day, provider and model), which outlive a restart and which
+//! control planes sharing the store agree on.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use ai_router_proto::v1 as pb;
-use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::clock::Clock;
 use crate::engine::Engine;
 use crate::engine::ReportObserver;
-use crate::keys::store::utc_day;
 
 /// The calls the overview's rates and percentiles are taken over.
 pub const PULSE_WINDOW_MS: i64 = 60_000;
@@ -21,11 +21,9 @@ pub const PULSE_WINDOW_MS: i64 = 60_000;
 pub const FORECAST_WINDOW_MS: i64 = 300_000;
 /// The most calls or attempts remembered (a very busy gateway's last minutes are sampled).
 pub const MAX_MARKS: usize = 100_000;
-/// The days of per-lane usage kept.
-pub const DAYS_KEPT: usize = 62;
 
 // ---------------------------------------------------------------------------------------------
-// The pulse: recent calls and attempts, and per-lane usage by day
+// The pulse: recent calls and attempts
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
@@ -45,30 +43,14 @@ struct AttemptMark {
     tokens: u64,
 }
 
-/// One provider and model's attempts on one UTC day.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LaneDay {
-    pub attempts: u64,
-    pub successes: u64,
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
-    pub cost: f64,
-    pub saved: f64,
-}
-
 #[derive(Debug, Default)]
 struct PulseInner {
     calls: VecDeque<CallMark>,
     attempts: VecDeque<AttemptMark>,
-    /// (day, provider, model) -> use.
-    lanes: BTreeMap<(String, String, String), LaneDay>,
 }
 
-/// Observes the data plane's reports: the last minutes' calls and attempts, and this
-/// process's per-lane usage by day.
+/// Observes the data plane's reports: the last minutes' calls and attempts.
 pub struct Pulse {
-    engine: Weak<Engine>,
     clock: Arc<dyn Clock>,
     started_ms: i64,
     inner: Mutex<PulseInner>,
@@ -92,14 +74,13 @@ fn protocol_of(protocol: &str) -> &str {
 impl Pulse {
     /// A pulse observing `engine`'s reports from now on.
     pub fn attach(engine: &Arc<Engine>, clock: Arc<dyn Clock>) -> Arc<Self> {
-        let pulse = Arc::new(Self::new(Arc::downgrade(engine), clock));
+        let pulse = Arc::new(Self::new(clock));
         engine.add_report_observer(pulse.clone());
         pulse
     }
 
-    pub(crate) fn new(engine: Weak<Engine>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
         Self {
-            engine,
             started_ms: clock.now_ms(),
             clock,
             inner: Mutex::new(PulseInner::default()),
@@ -110,15 +91,8 @@ impl Pulse {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a batch at `now_ms`, pricing attempts with `cost` and `saved`.
-    pub(crate) fn record(
-        &self,
-        batch: &pb::ReportBatch,
-        now_ms: i64,
-        cost: impl Fn(&pb::AttemptOutcome) -> f64,
-        saved: impl Fn(&pb::AttemptOutcome) -> f64,
-    ) {
-        let day = utc_day(now_ms);
+    /// Counts a batch at `now_ms`.
+    pub(crate) fn record(&self, batch: &pb::ReportBatch, now_ms: i64) {
         let mut inner = self.lock();
         for r in &batch.requests {
             inner.calls.push_back(CallMark {
@@ -139,25 +113,6 @@ impl Pulse {
                 key: a.key.clone(),
                 tokens,
             });
-            let lane = inner
-                .lanes
-                .entry((day.clone(), a.provider.clone(), a.model.clone()))
-                .or_default();
-            lane.attempts += 1;
-            if a.outcome() == pb::AttemptResult::Success {
-                lane.successes += 1;
-            }
-            if let Some(u) = a.usage {
-                lane.prompt_tokens = lane.prompt_tokens.saturating_add(u.prompt_tokens);
-                lane.completion_tokens = lane.completion_tokens.saturating_add(u.completion_tokens);
-            }
-            let (c, s) = (cost(a), saved(a));
-            if c.is_finite() && c > 0.0 {
-                lane.cost += c;
-            }
-            if s.is_finite() && s > 0.0 {
-                lane.saved += s;
-            }
         }
         Self::trim(&mut inner, now_ms);
     }
@@ -177,13 +132,6 @@ impl Pulse {
             .is_some_and(|a| a.at_ms < now_ms - keep || inner.attempts.len() > MAX_MARKS)
         {
             inner.attempts.pop_front();
-        }
-        let days: Vec<String> = inner.lanes.keys().map(|(d, _, _)| d.clone()).collect();
-        let mut distinct: Vec<&String> = days.iter().collect();
-        distinct.dedup();
-        if distinct.len() > DAYS_KEPT {
-            let oldest_kept = distinct[distinct.len() - DAYS_KEPT].clone();
-            inner.lanes.retain(|(d, _, _), _| *d >= oldest_kept);
         }
     }
 
@@ -235,41 +183,11 @@ impl Pulse {
         let span = FORECAST_WINDOW_MS.min((now - self.started_ms).max(1_000));
         (attempts, tokens, span)
     }
-
-    /// The per-lane days from `from` to `to` (`YYYY-MM-DD`, inclusive).
-    pub fn lanes(&self, from: &str, to: &str) -> Vec<Value> {
-        self.lock()
-            .lanes
-            .iter()
-            .filter(|((day, _, _), _)| day.as_str() >= from && day.as_str() <= to)
-            .map(|((day, provider, model), lane)| {
-                let mut v = json!(lane);
-                v["day"] = json!(day);
-                v["provider"] = json!((!provider.is_empty()).then_some(provider));
-                v["model"] = json!((!model.is_empty()).then_some(model));
-                v
-            })
-            .collect()
-    }
 }
 
 impl ReportObserver for Pulse {
     fn observe(&self, batch: &pb::ReportBatch) {
-        let now = self.clock.now_ms();
-        let Some(engine) = self.engine.upgrade() else {
-            return;
-        };
-        let config = engine.config();
-        self.record(
-            batch,
-            now,
-            |a| {
-                a.usage.as_ref().map_or(0.0, |u| {
-                    crate::keys::charge::cost_of(&config, &a.provider, &a.model, u)
-                })
-            },
-            |a| crate::keys::usage::saving_of(&config, a),
-        );
+        self.record(batch, self.clock.now_ms());
     }
 }
 

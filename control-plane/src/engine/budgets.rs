@@ -279,6 +279,7 @@ mod tests {
             key,
             profile: "fast",
             provider: "openai",
+            model: "gpt-4o",
             prompt_tokens: tokens,
             completion_tokens: 0,
             cached_tokens: 0,

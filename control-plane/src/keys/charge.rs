@@ -32,6 +32,8 @@ pub struct Charge<'a> {
     /// The profile the call resolved to; empty for a direct model call.
     pub profile: &'a str,
     pub provider: &'a str,
+    /// The model the attempt called.
+    pub model: &'a str,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     /// Of the prompt tokens, those the provider served from its cache.
@@ -57,6 +59,7 @@ pub fn charge<'a>(config: &Config, attempt: &'a pb::AttemptOutcome) -> Option<Ch
         key: &attempt.virtual_key_id,
         profile: &attempt.profile,
         provider: &attempt.provider,
+        model: &attempt.model,
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         cached_tokens: usage.cached_tokens,

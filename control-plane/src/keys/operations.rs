@@ -546,15 +546,12 @@ impl KeyAdmin {
         })
     }
 
-    /// Day rows from `from` to `to` (inclusive; default: the first of this month to today).
-    pub fn usage(
+    /// A report's days: `from` to `to` (`YYYY-MM-DD`), by default this UTC month up to today.
+    fn report_range(
         &self,
-        id: &str,
         from: Option<&str>,
         to: Option<&str>,
-    ) -> Result<UsageReport, KeyStoreError> {
-        // Exists (mounted or stored)?
-        self.get(id)?;
+    ) -> Result<(String, String), KeyStoreError> {
         let today = utc_day(self.clock.now_ms());
         let day = |given: Option<&str>, name: &str, default: String| match given {
             None | Some("") => Ok(default),
@@ -567,6 +564,31 @@ impl KeyAdmin {
         if from > to {
             return Err(KeyStoreError::Invalid("from is after to".to_owned()));
         }
+        Ok((from, to))
+    }
+
+    /// Every key's usage from `from` to `to` (as [`KeyAdmin::usage`]'s range) per day,
+    /// provider and model: `(from, to, rows)`.
+    pub fn lane_usage(
+        &self,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<(String, String, Vec<UsageDay>), KeyStoreError> {
+        let (from, to) = self.report_range(from, to)?;
+        let rows = self.store.lane_usage(&from, &to)?;
+        Ok((from, to, rows))
+    }
+
+    /// Day rows from `from` to `to` (inclusive; default: the first of this month to today).
+    pub fn usage(
+        &self,
+        id: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<UsageReport, KeyStoreError> {
+        // Exists (mounted or stored)?
+        self.get(id)?;
+        let (from, to) = self.report_range(from, to)?;
         let days = self.store.usage(id, &from, &to)?;
         let mut total = UsageDay::default();
         for row in &days {
@@ -906,9 +928,11 @@ mod tests {
             Err(KeyStoreError::Revoked(id.clone()))
         );
 
-        // Usage rows add up per day; the default range is this month.
+        // Usage rows (per provider and model) add up per day; the default range is this month.
         let row = |day: &str, outcome: &str| UsageDay {
             day: day.into(),
+            provider: "p1".into(),
+            model: if outcome == "success" { "m1" } else { "m2" }.into(),
             requests: 1,
             successes: u64::from(outcome == "success"),
             failures: u64::from(outcome != "success"),
@@ -955,6 +979,24 @@ mod tests {
             Err(KeyStoreError::Invalid(_))
         ));
         assert_eq!(admin.usage(&mounted, None, None)?.days.len(), 0);
+        // Every key's rows per day, provider and model.
+        let (from, to, lanes) = admin.lane_usage(None, None)?;
+        assert_eq!((from.as_str(), to.as_str()), ("2026-03-01", "2026-03-15"));
+        let lanes: Vec<(&str, &str, &str, u64, u64)> = lanes
+            .iter()
+            .map(|l| {
+                let (day, p, m) = (l.day.as_str(), l.provider.as_str(), l.model.as_str());
+                (day, p, m, l.requests, l.prompt_tokens)
+            })
+            .collect();
+        assert_eq!(
+            lanes,
+            vec![
+                ("2026-03-14", "p1", "m1", 1, 10),
+                ("2026-03-15", "p1", "m1", 2, 20),
+                ("2026-03-15", "p1", "m2", 1, 10),
+            ]
+        );
 
         // Invalid specs.
         for bad in [

@@ -91,12 +91,19 @@ impl StoredKey {
     }
 }
 
-/// One key's usage on one UTC day (or, as a total, over a range: `day` is then empty).
+/// One key's usage on one UTC day through one provider and model (a stored row), or added up
+/// over those (a key's day: `provider` and `model` empty; a total over a range: `day` empty
+/// too). A request counts on the lane that answered it last (empty when none did); tokens,
+/// cost and savings on the lane of the attempt that used them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageDay {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub day: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
     pub requests: u64,
     pub successes: u64,
     pub failures: u64,
@@ -114,7 +121,30 @@ pub struct UsageDay {
     pub outcomes: BTreeMap<String, u64>,
 }
 
+/// A stored usage row's identity: key id, day, provider, model.
+pub type UsageRowId = (String, String, String, String);
+
 impl UsageDay {
+    /// This row's identity as `key`'s.
+    pub fn row_id(&self, key: &str) -> UsageRowId {
+        (
+            key.to_owned(),
+            self.day.clone(),
+            self.provider.clone(),
+            self.model.clone(),
+        )
+    }
+
+    /// An empty row with this row's day, provider and model.
+    pub fn empty_like(&self) -> UsageDay {
+        UsageDay {
+            day: self.day.clone(),
+            provider: self.provider.clone(),
+            model: self.model.clone(),
+            ..UsageDay::default()
+        }
+    }
+
     pub fn add(&mut self, other: &UsageDay) {
         self.requests = self.requests.saturating_add(other.requests);
         self.successes = self.successes.saturating_add(other.successes);
@@ -228,6 +258,9 @@ pub trait KeyStore: Send + Sync {
     }
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
+    /// Every key's rows from `from` to `to` (`YYYY-MM-DD`, inclusive) added up per day,
+    /// provider and model (no outcomes), oldest first: the spend per provider and model.
+    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// Every key's [`QuotaUsage`] over the days from `first` (the month's first) to `today`,
     /// in one read whatever the number of keys; a key with no row is absent.
     fn quota_usage(
@@ -252,7 +285,7 @@ pub trait KeyStore: Send + Sync {
 #[derive(Debug, Default)]
 struct MemoryInner {
     keys: Vec<StoredKey>,
-    usage: BTreeMap<(String, String), UsageDay>,
+    usage: BTreeMap<UsageRowId, UsageDay>,
     budgets: BTreeMap<(String, String, i64), BudgetUse>,
     generation: u64,
     admin_tokens: Vec<StoredToken>,
@@ -314,11 +347,8 @@ impl KeyStore for MemoryKeyStore {
         for (id, row) in rows {
             let entry = inner
                 .usage
-                .entry((id.clone(), row.day.clone()))
-                .or_insert_with(|| UsageDay {
-                    day: row.day.clone(),
-                    ..UsageDay::default()
-                });
+                .entry(row.row_id(id))
+                .or_insert_with(|| row.empty_like());
             entry.add(row);
         }
         Ok(())
@@ -332,11 +362,33 @@ impl KeyStore for MemoryKeyStore {
 
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
         let inner = lock(&self.inner);
-        Ok(inner
-            .usage
-            .range((id.to_owned(), from.to_owned())..=(id.to_owned(), to.to_owned()))
-            .map(|(_, row)| row.clone())
-            .collect())
+        let mut days: BTreeMap<&str, UsageDay> = BTreeMap::new();
+        for ((key, day, _, _), row) in &inner.usage {
+            if key == id && day.as_str() >= from && day.as_str() <= to {
+                days.entry(day)
+                    .or_insert_with(|| UsageDay {
+                        day: day.clone(),
+                        ..UsageDay::default()
+                    })
+                    .add(row);
+            }
+        }
+        Ok(days.into_values().collect())
+    }
+
+    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let inner = lock(&self.inner);
+        let mut lanes: BTreeMap<(&str, &str, &str), UsageDay> = BTreeMap::new();
+        for ((_, day, provider, model), row) in &inner.usage {
+            if day.as_str() >= from && day.as_str() <= to {
+                let lane = lanes
+                    .entry((day, provider, model))
+                    .or_insert_with(|| row.empty_like());
+                lane.add(row);
+                lane.outcomes.clear();
+            }
+        }
+        Ok(lanes.into_values().collect())
     }
 
     fn quota_usage(
@@ -346,7 +398,7 @@ impl KeyStore for MemoryKeyStore {
     ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
         let inner = lock(&self.inner);
         let mut out: HashMap<String, QuotaUsage> = HashMap::new();
-        for ((id, day), row) in &inner.usage {
+        for ((id, day, _, _), row) in &inner.usage {
             if day.as_str() >= first && day.as_str() <= today {
                 out.entry(id.clone()).or_default().add(row, today);
             }
@@ -512,6 +564,30 @@ impl SqliteKeyStore {
     }
 }
 
+/// The usage columns added up, in [`usage_from_row`]'s order after day, provider and model.
+const USAGE_SUMS: &str = "SUM(requests), SUM(successes), SUM(failures), \
+     SUM(prompt_tokens), SUM(completion_tokens), SUM(cost), SUM(latency_ms), \
+     SUM(cached_tokens), SUM(saved)";
+
+/// A usage row of `SELECT day, provider, model, {USAGE_SUMS}` (no outcomes).
+fn usage_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<UsageDay> {
+    Ok(UsageDay {
+        day: row.get(0)?,
+        provider: row.get(1)?,
+        model: row.get(2)?,
+        requests: sql_u64(row.get(3)?),
+        successes: sql_u64(row.get(4)?),
+        failures: sql_u64(row.get(5)?),
+        prompt_tokens: sql_u64(row.get(6)?),
+        completion_tokens: sql_u64(row.get(7)?),
+        cost: row.get(8)?,
+        latency_ms: sql_u64(row.get(9)?),
+        cached_tokens: sql_u64(row.get(10)?),
+        saved: row.get(11)?,
+        outcomes: BTreeMap::new(),
+    })
+}
+
 impl KeyStore for SqliteKeyStore {
     fn insert(&self, key: &StoredKey) -> Result<(), KeyStoreError> {
         self.write_key(key, true)
@@ -592,9 +668,10 @@ impl KeyStore for SqliteKeyStore {
         for (id, row) in rows {
             tx.prepare_cached(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-                 prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-                 ON CONFLICT (key_id, day) DO UPDATE SET \
+                 prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
+                 provider, model) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+                 ON CONFLICT (key_id, day, provider, model) DO UPDATE SET \
                  requests = requests + excluded.requests, \
                  successes = successes + excluded.successes, \
                  failures = failures + excluded.failures, \
@@ -618,6 +695,8 @@ impl KeyStore for SqliteKeyStore {
                     u64_sql(row.latency_ms),
                     u64_sql(row.cached_tokens),
                     row.saved,
+                    row.provider,
+                    row.model,
                 ])
             })
             .map_err(storage)?;
@@ -667,29 +746,14 @@ impl KeyStore for SqliteKeyStore {
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
         let conn = self.conn();
         let mut stmt = conn
-            .prepare(
-                "SELECT day, requests, successes, failures, prompt_tokens, completion_tokens, \
-                 cost, latency_ms, cached_tokens, saved FROM key_usage \
-                 WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
-                 ORDER BY day",
-            )
+            .prepare(&format!(
+                "SELECT day, '', '', {USAGE_SUMS} FROM key_usage \
+                     WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
+                     GROUP BY day ORDER BY day"
+            ))
             .map_err(storage)?;
         let rows = stmt
-            .query_map(params![id, from, to], |row| {
-                Ok(UsageDay {
-                    day: row.get(0)?,
-                    requests: sql_u64(row.get(1)?),
-                    successes: sql_u64(row.get(2)?),
-                    failures: sql_u64(row.get(3)?),
-                    prompt_tokens: sql_u64(row.get(4)?),
-                    completion_tokens: sql_u64(row.get(5)?),
-                    cost: row.get(6)?,
-                    latency_ms: sql_u64(row.get(7)?),
-                    cached_tokens: sql_u64(row.get(8)?),
-                    saved: row.get(9)?,
-                    outcomes: BTreeMap::new(),
-                })
-            })
+            .query_map(params![id, from, to], usage_from_row)
             .map_err(storage)?;
         let mut days = rows.collect::<Result<Vec<_>, _>>().map_err(storage)?;
         let mut stmt = conn
@@ -714,6 +778,21 @@ impl KeyStore for SqliteKeyStore {
             }
         }
         Ok(days)
+    }
+
+    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare_cached(&format!(
+                "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
+                 WHERE day >= ?1 AND day <= ?2 \
+                 GROUP BY day, provider, model ORDER BY day, provider, model"
+            ))
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map(params![from, to], usage_from_row)
+            .map_err(storage)?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(storage)
     }
 
     fn quota_usage(
@@ -871,6 +950,44 @@ pub fn parse_day(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_rows_written_before_provider_and_model_survive_the_migration() {
+        let dir = std::env::temp_dir().join(format!("ai-router-migrate-{}", std::process::id()));
+        let path = dir.join("keys.sqlite");
+        let _ = std::fs::remove_file(&path);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A file as the binary before usage rows had a lane wrote it.
+        {
+            let conn = rusqlite::Connection::open(&path).unwrap();
+            for migration in &crate::store::sqlite::MIGRATIONS[..10] {
+                conn.execute_batch(migration).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 10).unwrap();
+            conn.execute(
+                "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, cost) \
+                 VALUES ('key_a', '2026-03-15', 3, 30, 0.5)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = SqliteKeyStore::open(&path).unwrap();
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
+        assert_eq!((days.len(), days[0].requests, days[0].cost), (1, 3, 0.5));
+        // Old rows have no lane; new ones add to the same day.
+        let mut row = days[0].clone();
+        (row.provider, row.model) = ("p1".into(), "m1".into());
+        store.record_usage(&[("key_a".into(), row)]).unwrap();
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
+        assert_eq!((days.len(), days[0].requests), (1, 6));
+        let lanes = store.lane_usage("2026-03-15", "2026-03-15").unwrap();
+        let lanes: Vec<(&str, &str, u64)> = lanes
+            .iter()
+            .map(|l| (l.provider.as_str(), l.model.as_str(), l.requests))
+            .collect();
+        assert_eq!(lanes, vec![("", "", 3), ("p1", "m1", 3)]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     // 2026-03-15T12:00:00Z
     const MARCH_15: i64 = 1_773_576_000_000;

@@ -1,5 +1,6 @@
-//! Usage accounting: every report batch the filters send becomes usage rows per virtual key and
-//! UTC day in the key store.
+//! Usage accounting: every report batch the filters send becomes usage rows per virtual key,
+//! UTC day, provider and model in the key store (the console's spend per provider and model
+//! reads the same rows as a key's usage).
 //!
 //! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
 //!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
@@ -24,9 +25,11 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::keys::store::{merge_budget_use, utc_day, BudgetUse, KeyStore, UsageDay};
+use crate::keys::store::{merge_budget_use, utc_day, BudgetUse, KeyStore, UsageDay, UsageRowId};
 
 type Rows = Vec<(String, UsageDay)>;
+/// Usage rows by their identity (key id, day, provider, model).
+pub type RowMap = BTreeMap<UsageRowId, UsageDay>;
 
 /// What the writer receives, in order.
 pub enum Queued {
@@ -68,27 +71,37 @@ pub fn saving_of(config: &Config, attempt: &pb::AttemptOutcome) -> f64 {
     (first - here).max(0.0)
 }
 
-/// The usage rows of one batch, merged per (key id, day).
+/// The usage rows of one batch, merged per (key id, day, provider, model).
 pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows {
-    let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
+    let mut rows = RowMap::new();
     fn row<'a>(
-        rows: &'a mut BTreeMap<(String, String), UsageDay>,
+        rows: &'a mut RowMap,
         id: &str,
+        (provider, model): (&str, &str),
         at_ms: i64,
         now_ms: i64,
     ) -> &'a mut UsageDay {
         let day = utc_day(if at_ms > 0 { at_ms } else { now_ms });
-        rows.entry((id.to_owned(), day.clone()))
-            .or_insert_with(|| UsageDay {
-                day,
-                ..UsageDay::default()
-            })
+        let at = (id.to_owned(), day, provider.to_owned(), model.to_owned());
+        rows.entry(at.clone()).or_insert_with(|| UsageDay {
+            day: at.1,
+            provider: at.2,
+            model: at.3,
+            ..UsageDay::default()
+        })
     }
     for request in &batch.requests {
         if request.virtual_key_id.is_empty() {
             continue;
         }
-        let entry = row(&mut rows, &request.virtual_key_id, request.at_ms, now_ms);
+        let lane = (request.provider.as_str(), request.model.as_str());
+        let entry = row(
+            &mut rows,
+            &request.virtual_key_id,
+            lane,
+            request.at_ms,
+            now_ms,
+        );
         entry.requests += 1;
         if request.outcome() == pb::RequestResult::Success {
             entry.successes += 1;
@@ -112,7 +125,8 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         if charge.key.is_empty() {
             continue;
         }
-        let entry = row(&mut rows, charge.key, charge.at_ms, now_ms);
+        let lane = (charge.provider, charge.model);
+        let entry = row(&mut rows, charge.key, lane, charge.at_ms, now_ms);
         entry.prompt_tokens = entry.prompt_tokens.saturating_add(charge.prompt_tokens);
         entry.completion_tokens = entry
             .completion_tokens
@@ -131,10 +145,18 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         }
         let saved = saving_of(config, attempt);
         if saved != 0.0 {
-            row(&mut rows, &attempt.virtual_key_id, attempt.at_ms, now_ms).saved += saved;
+            let lane = (attempt.provider.as_str(), attempt.model.as_str());
+            row(
+                &mut rows,
+                &attempt.virtual_key_id,
+                lane,
+                attempt.at_ms,
+                now_ms,
+            )
+            .saved += saved;
         }
     }
-    rows.into_iter().map(|((id, _), row)| (id, row)).collect()
+    rows.into_iter().map(|((id, ..), row)| (id, row)).collect()
 }
 
 /// Queues the usage rows of every report batch for [`run_writer`].
@@ -256,14 +278,11 @@ impl UsageRecorder {
     }
 }
 
-/// Adds `rows` to the rows by (key id, day).
-pub(crate) fn merge(into: &mut BTreeMap<(String, String), UsageDay>, rows: Rows) {
+/// Adds `rows` to the rows by (key id, day, provider, model).
+pub(crate) fn merge(into: &mut RowMap, rows: Rows) {
     for (id, row) in rows {
-        into.entry((id, row.day.clone()))
-            .or_insert_with(|| UsageDay {
-                day: row.day.clone(),
-                ..UsageDay::default()
-            })
+        into.entry(row.row_id(&id))
+            .or_insert_with(|| row.empty_like())
             .add(&row);
     }
 }
@@ -310,7 +329,7 @@ pub async fn run_writer(
 /// What the writer merged from the queue for one write.
 #[derive(Default)]
 struct Pending {
-    rows: BTreeMap<(String, String), UsageDay>,
+    rows: RowMap,
     budgets: BTreeMap<(String, String, i64), BudgetUse>,
     batches: Vec<String>,
 }
@@ -339,7 +358,7 @@ async fn write(store: &Arc<dyn KeyStore>, pending: Pending) -> bool {
     let rows: Rows = pending
         .rows
         .into_iter()
-        .map(|((id, _), row)| (id, row))
+        .map(|((id, ..), row)| (id, row))
         .collect();
     let budgets: Vec<BudgetUse> = pending.budgets.into_values().collect();
     let batches = pending.batches;
@@ -394,6 +413,8 @@ mod tests {
                     outcome: pb::RequestResult::Success.into(),
                     latency_ms: 120,
                     at_ms: AT,
+                    provider: "p".into(),
+                    model: "m".into(),
                     ..Default::default()
                 },
                 pb::RequestOutcome {
@@ -453,24 +474,52 @@ mod tests {
     }
 
     #[test]
-    fn rows_per_key_and_day() -> Result<(), String> {
+    fn rows_per_key_day_provider_and_model() -> Result<(), String> {
         let rows = usage_rows(&config()?, &batch(), AT);
-        assert_eq!(rows.len(), 2);
-        let (id, yesterday) = &rows[0];
+        let lanes: Vec<(&str, &str, &str, &str)> = rows
+            .iter()
+            .map(|(id, r)| {
+                (
+                    id.as_str(),
+                    r.day.as_str(),
+                    r.provider.as_str(),
+                    r.model.as_str(),
+                )
+            })
+            .collect();
+        // A call counts on the lane that answered it (none for a refused or failed one); tokens
+        // and cost on the lane of the attempt that used them.
         assert_eq!(
-            (id.as_str(), yesterday.day.as_str()),
-            ("key_a", "2026-03-14")
+            lanes,
+            vec![
+                ("key_a", "2026-03-14", "", ""),
+                ("key_a", "2026-03-15", "", ""),
+                ("key_a", "2026-03-15", "p", "free"),
+                ("key_a", "2026-03-15", "p", "m"),
+            ]
         );
+        let yesterday = &rows[0].1;
         assert_eq!((yesterday.requests, yesterday.failures), (1, 1));
-        let (_, today) = &rows[1];
-        assert_eq!(today.day, "2026-03-15");
-        assert_eq!((today.requests, today.successes, today.failures), (2, 1, 1));
-        assert_eq!(today.latency_ms, 121);
-        assert_eq!(today.outcomes["success"], 1);
-        assert_eq!(today.outcomes["rejected:model_not_allowed"], 1);
-        assert_eq!((today.prompt_tokens, today.completion_tokens), (1_010, 505));
+        let (refused, free, answered) = (&rows[1].1, &rows[2].1, &rows[3].1);
+        assert_eq!((refused.requests, refused.failures), (1, 1));
+        assert_eq!(refused.outcomes["rejected:model_not_allowed"], 1);
+        assert_eq!((answered.requests, answered.successes), (1, 1));
+        assert_eq!(answered.latency_ms, 120);
+        assert_eq!(answered.outcomes["success"], 1);
+        assert_eq!(
+            (answered.prompt_tokens, answered.completion_tokens),
+            (1_000, 500)
+        );
+        assert_eq!((free.requests, free.prompt_tokens, free.cost), (0, 10, 0.0));
         // 1000 x 2 / 1M + 500 x 10 / 1M
-        assert!((today.cost - 0.007).abs() < 1e-12, "{}", today.cost);
+        assert!((answered.cost - 0.007).abs() < 1e-12, "{}", answered.cost);
+        // A key's day adds its lanes up.
+        let mut today = UsageDay::default();
+        for (_, row) in rows.iter().filter(|(_, r)| r.day == "2026-03-15") {
+            today.add(row);
+        }
+        assert_eq!((today.requests, today.successes, today.failures), (2, 1, 1));
+        assert_eq!((today.prompt_tokens, today.completion_tokens), (1_010, 505));
         Ok(())
     }
 

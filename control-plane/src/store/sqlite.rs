@@ -11,7 +11,7 @@ use rusqlite::{Connection, TransactionBehavior};
 /// The schema version this binary writes; each migration moves the file one version up.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     // Key store ------------------------------------------------------------------------------
     // 0 -> 1
     "CREATE TABLE virtual_keys (
@@ -148,6 +148,31 @@ const MIGRATIONS: &[&str] = &[
         last_used_ms INTEGER,
         revoked INTEGER NOT NULL
     );",
+    // 10 -> 11: usage rows per key, day, provider and model (the console's spend per provider
+    // and model reads them); the rows so far keep an empty provider and model.
+    "CREATE TABLE key_usage_lanes (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        provider TEXT NOT NULL DEFAULT '',
+        model TEXT NOT NULL DEFAULT '',
+        requests INTEGER NOT NULL DEFAULT 0,
+        successes INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL DEFAULT 0,
+        cached_tokens INTEGER NOT NULL DEFAULT 0,
+        saved REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, provider, model)
+    );
+    INSERT INTO key_usage_lanes (key_id, day, requests, successes, failures, prompt_tokens,
+        completion_tokens, cost, latency_ms, cached_tokens, saved)
+        SELECT key_id, day, requests, successes, failures, prompt_tokens, completion_tokens,
+        cost, latency_ms, cached_tokens, saved FROM key_usage;
+    DROP TABLE key_usage;
+    ALTER TABLE key_usage_lanes RENAME TO key_usage;
+    CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

@@ -15,6 +15,7 @@ use super::state::AdminApi;
 use crate::api::error::ApiError;
 use crate::keys::admin_tokens::{self, TokenInfo, TokenSpec, TokenWithSecret};
 use crate::keys::operations::{KeyInfo, KeyPatch, KeySpec, KeyWithSecret, UsageReport};
+use crate::keys::store::UsageDay;
 
 impl AdminApi {
     /// `GET /admin/tokens`.
@@ -99,6 +100,17 @@ impl AdminApi {
         to: Option<String>,
     ) -> Result<UsageReport, ApiError> {
         self.run(false, move |k| k.usage(&id, from.as_deref(), to.as_deref()))
+            .await
+    }
+
+    /// Every key's usage per day, provider and model, from the key store (the console's
+    /// `GET /admin/console/usage`): `(from, to, rows)`.
+    pub async fn lane_usage(
+        &self,
+        from: Option<String>,
+        to: Option<String>,
+    ) -> Result<(String, String, Vec<UsageDay>), ApiError> {
+        self.run(false, move |k| k.lane_usage(from.as_deref(), to.as_deref()))
             .await
     }
 }

@@ -99,18 +99,9 @@ fn router(keep: impl Fn(&Route) -> bool) -> Router<Arc<AdminApi>> {
         })
 }
 
-/// The console's paths that need no token (its page, script and style: they hold no data).
+/// Whether `path` is one of the console's assets ([`crate::api::console::ASSETS`]).
 pub fn is_asset(path: &str) -> bool {
-    matches!(
-        path,
-        "/ui"
-            | "/ui/"
-            | "/ui/app.js"
-            | "/ui/app.css"
-            | "/admin/ui"
-            | "/admin/ui/app.js"
-            | "/admin/ui/app.css"
-    )
+    crate::api::console::ASSETS.contains(&path)
 }
 
 fn matches(pattern: &str, path: &str) -> bool {

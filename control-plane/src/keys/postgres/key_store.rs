@@ -1,7 +1,7 @@
 //! The key store's operations on Postgres: keys, usage, quotas, budgets, the change counter
 //! and the admin tokens.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use crate::keys::admin_tokens::{Scope, StoredToken};
 use crate::keys::store::{
@@ -173,29 +173,15 @@ impl KeyStore for PostgresKeyStore {
             let err = |e: tokio_postgres::Error| pg_error(&e);
             let rows = client
                 .query(
-                    "SELECT day, requests, successes, failures, prompt_tokens, \
-                     completion_tokens, cost, latency_ms, cached_tokens, saved FROM key_usage \
-                     WHERE key_id = $1 AND day >= $2 AND day <= $3 ORDER BY day",
+                    &format!(
+                        "SELECT day, ''::TEXT, ''::TEXT, {USAGE_SUMS} FROM key_usage \
+                         WHERE key_id = $1 AND day >= $2 AND day <= $3 GROUP BY day ORDER BY day"
+                    ),
                     &[&id, &from, &to],
                 )
                 .await
                 .map_err(err)?;
-            let mut days: Vec<UsageDay> = rows
-                .iter()
-                .map(|r| UsageDay {
-                    day: r.get(0),
-                    requests: u64_of(r.get(1)),
-                    successes: u64_of(r.get(2)),
-                    failures: u64_of(r.get(3)),
-                    prompt_tokens: u64_of(r.get(4)),
-                    completion_tokens: u64_of(r.get(5)),
-                    cost: r.get(6),
-                    latency_ms: u64_of(r.get(7)),
-                    cached_tokens: u64_of(r.get(8)),
-                    saved: r.get(9),
-                    outcomes: BTreeMap::new(),
-                })
-                .collect();
+            let mut days: Vec<UsageDay> = rows.iter().map(usage_from_row).collect();
             let outcomes = client
                 .query(
                     "SELECT day, outcome, count FROM key_usage_outcomes \
@@ -211,6 +197,24 @@ impl KeyStore for PostgresKeyStore {
                 }
             }
             Ok(days)
+        })
+    }
+
+    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let (from, to) = (from.to_owned(), to.to_owned());
+        self.call(move |client| async move {
+            let rows = client
+                .query(
+                    &format!(
+                        "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
+                         WHERE day >= $1 AND day <= $2 \
+                         GROUP BY day, provider, model ORDER BY day, provider, model"
+                    ),
+                    &[&from, &to],
+                )
+                .await
+                .map_err(|e| pg_error(&e))?;
+            Ok(rows.iter().map(usage_from_row).collect())
         })
     }
 

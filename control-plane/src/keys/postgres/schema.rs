@@ -89,6 +89,12 @@ const MIGRATIONS: &[&str] = &[
         last_used_ms BIGINT,
         revoked BOOLEAN NOT NULL
     );",
+    // 7 -> 8: usage rows per key, day, provider and model (as SQLite's 10 -> 11); the rows so
+    // far keep an empty provider and model.
+    "ALTER TABLE key_usage ADD COLUMN provider TEXT NOT NULL DEFAULT '';
+    ALTER TABLE key_usage ADD COLUMN model TEXT NOT NULL DEFAULT '';
+    ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
+    ALTER TABLE key_usage ADD PRIMARY KEY (key_id, day, provider, model);",
 ];
 
 /// The schema version this binary writes.

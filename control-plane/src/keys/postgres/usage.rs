@@ -74,9 +74,10 @@ pub(super) async fn write_batch(
     let usage = tx
         .prepare(
             "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-             ON CONFLICT (key_id, day) DO UPDATE SET \
+             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
+             provider, model) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+             ON CONFLICT (key_id, day, provider, model) DO UPDATE SET \
              requests = key_usage.requests + excluded.requests, \
              successes = key_usage.successes + excluded.successes, \
              failures = key_usage.failures + excluded.failures, \
@@ -113,6 +114,8 @@ pub(super) async fn write_batch(
                 &i64_of(row.latency_ms),
                 &i64_of(row.cached_tokens),
                 &row.saved,
+                &row.provider,
+                &row.model,
             ],
         )
         .await
@@ -169,7 +172,7 @@ pub(super) fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     }
     // The first one may be in flight (its commit unknown): keep it apart.
     let merged: Vec<UsageBatch> = unsent.drain(1..unsent.len() / 2).collect();
-    let mut rows: BTreeMap<(String, String), UsageDay> = BTreeMap::new();
+    let mut rows: crate::keys::usage::RowMap = BTreeMap::new();
     let mut reports = Vec::new();
     let mut budgets = BTreeMap::new();
     for batch in merged {
@@ -177,7 +180,7 @@ pub(super) fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
         merge_budget_use(&mut budgets, &batch.budgets);
         reports.extend(batch.reports);
     }
-    let rows = rows.into_iter().map(|((id, _), row)| (id, row)).collect();
+    let rows = rows.into_iter().map(|((id, ..), row)| (id, row)).collect();
     unsent.insert(
         1,
         UsageBatch {
@@ -187,4 +190,29 @@ pub(super) fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
             reports,
         },
     );
+}
+
+/// The usage columns added up, in [`usage_from_row`]'s order after day, provider and model.
+pub(super) const USAGE_SUMS: &str = "SUM(requests)::BIGINT, SUM(successes)::BIGINT, \
+     SUM(failures)::BIGINT, SUM(prompt_tokens)::BIGINT, SUM(completion_tokens)::BIGINT, \
+     SUM(cost)::DOUBLE PRECISION, SUM(latency_ms)::BIGINT, SUM(cached_tokens)::BIGINT, \
+     SUM(saved)::DOUBLE PRECISION";
+
+/// A usage row of `SELECT day, provider, model, {USAGE_SUMS}` (no outcomes).
+pub(super) fn usage_from_row(r: &tokio_postgres::Row) -> UsageDay {
+    UsageDay {
+        day: r.get(0),
+        provider: r.get(1),
+        model: r.get(2),
+        requests: u64_of(r.get(3)),
+        successes: u64_of(r.get(4)),
+        failures: u64_of(r.get(5)),
+        prompt_tokens: u64_of(r.get(6)),
+        completion_tokens: u64_of(r.get(7)),
+        cost: r.get(8),
+        latency_ms: u64_of(r.get(9)),
+        cached_tokens: u64_of(r.get(10)),
+        saved: r.get(11),
+        outcomes: BTreeMap::new(),
+    }
 }

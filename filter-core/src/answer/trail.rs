@@ -64,8 +64,8 @@ impl Trail {
         }
     }
 
-    pub fn skip_lane(&mut self, lane: &LaneId, reason: &str) {
-        self.skip(&lane.provider, &lane.key, &lane.model, reason);
+    pub fn skip_lane(&mut self, lane: &LaneId, reason: impl AsRef<str>) {
+        self.skip(&lane.provider, &lane.key, &lane.model, reason.as_ref());
     }
 
     pub fn attempt(&mut self, note: AttemptNote) {

@@ -11,7 +11,7 @@
 //! plane's catalog); [`crate::lanes::pick`] applies it to every candidate key.
 
 /// The routing trail's word for a key whose catalog does not list the model.
-pub const NOT_LISTED: &str = "not_listed";
+pub const NOT_LISTED: &str = crate::lanes::out::OutReason::NotListed.as_str();
 
 #[cfg(test)]
 mod tests {
@@ -96,7 +96,7 @@ mod tests {
         assert_eq!(keys, vec!["a".to_string()]);
         let reasons: Vec<(&str, &str)> = skipped
             .iter()
-            .map(|s| (s.lane.key.as_str(), s.reason))
+            .map(|s| (s.lane.key.as_str(), s.reason.as_str()))
             .collect();
         assert!(reasons.contains(&("b", NOT_LISTED)), "{reasons:?}");
         assert!(reasons.contains(&("c", NOT_LISTED)), "{reasons:?}");

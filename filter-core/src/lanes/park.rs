@@ -16,6 +16,12 @@ use crate::host::Host;
 use crate::vm::local::{put_str, Reader};
 use crate::vocab::LaneId;
 
+/// Whether calls with an interval pass over a lane whose next probe is `probe_at_ms` (it is
+/// parked and its probe is not due).
+pub fn passed_over(probe_at_ms: Option<i64>, now_ms: i64) -> bool {
+    probe_at_ms.is_some_and(|at| at > now_ms)
+}
+
 /// Attempts at a compare-and-swap write before giving up (another worker kept winning).
 const CAS_TRIES: usize = 16;
 

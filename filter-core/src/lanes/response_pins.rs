@@ -32,7 +32,8 @@ use crate::answer::errors::{ErrorCode, GatewayError};
 use crate::classify::Class;
 use crate::host::Host;
 use crate::lanes::affinity::{digest, RESPONSES};
-use crate::lanes::Skipped;
+use crate::lanes::out::OutReason;
+use crate::lanes::pick::Skipped;
 use crate::plan::{Candidate, KeyPin, Stored, Via};
 use crate::state::State;
 use crate::vocab::LaneId;
@@ -117,18 +118,20 @@ pub fn route(
 }
 
 /// Why a key is out, in words, from the pick's reason for it.
-fn why_out(reason: &str) -> String {
+fn why_out(reason: OutReason) -> String {
     match reason {
-        "blacklisted:auth" => "is blacklisted (the provider refused it)".into(),
-        "blacklisted:quota" => "is out of quota".into(),
-        "cooldown" => "is cooling down after a rate limit".into(),
-        "headroom" => "has no rate-limit headroom left".into(),
-        "breaker_open" => "has its circuit breaker open".into(),
-        "provider_out" => "belongs to a provider that is out".into(),
-        "no_credit" => "has no credit left".into(),
-        "missing_secret" => "has no secret".into(),
-        "context_window" => "serves no lane that takes a prompt this long".into(),
-        other => format!("is out ({other})"),
+        OutReason::BlacklistedAuth => "is blacklisted (the provider refused it)".into(),
+        OutReason::BlacklistedQuota => "is out of quota".into(),
+        OutReason::Cooldown => "is cooling down after a rate limit".into(),
+        OutReason::Headroom => "has no rate-limit headroom left".into(),
+        OutReason::BreakerOpen => "has its circuit breaker open".into(),
+        OutReason::ProviderOut => "belongs to a provider that is out".into(),
+        OutReason::NoCredit => "has no credit left".into(),
+        OutReason::MissingSecret => "has no secret".into(),
+        OutReason::ContextWindow => "serves no lane that takes a prompt this long".into(),
+        OutReason::MaxConcurrency | OutReason::ProbeElsewhere | OutReason::NotListed => {
+            format!("is out ({reason})")
+        }
     }
 }
 
@@ -159,7 +162,7 @@ pub fn when_out(
         (class, retry_at, format!("failed this call ({what})"))
     } else {
         match reason {
-            Some("max_concurrency" | "probe_elsewhere") => return None,
+            Some(OutReason::MaxConcurrency | OutReason::ProbeElsewhere) => return None,
             // Not sent: the key is unavailable, not failing upstream.
             Some(reason) => (unsent(pick.0), pick.1, why_out(reason)),
             None => (
@@ -487,9 +490,10 @@ mod tests {
     }
 
     fn skipped(reason: &'static str) -> Vec<Skipped> {
+        let reason = OutReason::ALL.into_iter().find(|r| r.as_str() == reason);
         vec![Skipped {
             lane: lane("a"),
-            reason,
+            reason: reason.expect("a pick's reason"),
         }]
     }
 

@@ -15,6 +15,16 @@ use crate::resolve::rules;
 use crate::sync::state::State;
 use crate::wire::headers;
 
+/// A body as the stage read it.
+struct ReadBody {
+    /// The body as a chat-completions request: what the rules and the pool route by.
+    view: Value,
+    /// The caller's request (a Gemini call's chat translation): what the lanes are sent.
+    request: Value,
+    /// Gemini's `:countTokens` body, answered once the model is resolved.
+    gemini_counted: Option<Value>,
+}
+
 impl Front {
     pub fn on_request_body(
         &mut self,
@@ -75,6 +85,8 @@ impl Front {
         self.on_body(host, body, op)
     }
 
+    /// The whole body, within the limit: read, resolved into the call's tiers, then answered
+    /// from the cache or planned.
     pub(super) fn on_body(&mut self, host: &mut impl Host, body: &[u8], op: Operation) -> Flow {
         let Some(state) = self.state.clone() else {
             return self.reply(host, GatewayError::not_ready());
@@ -82,12 +94,39 @@ impl Front {
         let Some(key) = self.key.take() else {
             return self.reply(host, GatewayError::invalid_api_key());
         };
-        // One parse, refusing a repeated top-level field: one `model`, one `stream`, so what
-        // the scope check and the router read is what the provider reads.
-        let mut parsed = match crate::front::body_check::parse_object(body) {
-            Ok(parsed) => parsed,
+        let read = match self.read_body(body, op) {
+            Ok(read) => read,
             Err(error) => return self.reply(host, error),
         };
+        let mut resolved = match self.resolve_body(host, &state, &key, &read, op) {
+            Ok(resolved) => resolved,
+            Err(error) => return self.reply(host, error),
+        };
+        if let Some(counted) = &read.gemini_counted {
+            // No lane counts in Gemini's protocol: the gateway's estimate.
+            return self.answer_count_tokens(host, counted);
+        }
+        if self.count_tokens {
+            // Anthropic's own count on an anthropic lane (native, so nothing to translate);
+            // else the gateway's estimate.
+            let anthropic = ai_router_proto::v1::ProviderKind::Anthropic;
+            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, anthropic) {
+                Some(tiers) => resolved.tiers = tiers,
+                None => return self.answer_count_tokens(host, &read.request),
+            }
+        }
+        if let Err(error) = self.narrow(&state, &key, &read.request, &mut resolved) {
+            return self.reply(host, error);
+        }
+        self.stream = resolved.stream;
+        self.cache_or_plan(host, state, key, resolved, read, op)
+    }
+
+    /// One parse, the Gemini translation, the checks of the body and its chat-completions view.
+    fn read_body(&mut self, body: &[u8], op: Operation) -> Result<ReadBody, GatewayError> {
+        // One parse, refusing a repeated top-level field: one `model`, one `stream`, so what
+        // the scope check and the router read is what the provider reads.
+        let mut parsed = crate::front::body_check::parse_object(body)?;
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
         if let Some(call) = self.gemini.clone() {
@@ -107,7 +146,7 @@ impl Front {
                 Err(e) => {
                     let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
                     err.param = e.param;
-                    return self.reply(host, err);
+                    return Err(err);
                 }
             }
         }
@@ -115,14 +154,11 @@ impl Front {
             self.requested_model = model.chars().take(256).collect();
         }
         if self.count_tokens && parsed.get("messages").and_then(Value::as_array).is_none() {
-            return self.reply(
-                host,
-                GatewayError::new(
-                    ErrorCode::InvalidRequest,
-                    "messages must be an array of turns.",
-                )
-                .with_param("messages"),
-            );
+            return Err(GatewayError::new(
+                ErrorCode::InvalidRequest,
+                "messages must be an array of turns.",
+            )
+            .with_param("messages"));
         }
         // What the pool routes by: the body as a chat-completions request (a count_tokens body
         // has no max_tokens; the view is given one, the body passed on is left as it came).
@@ -140,96 +176,96 @@ impl Front {
             Err(e) => {
                 let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
                 err.param = e.param;
-                return self.reply(host, err);
+                return Err(err);
             }
         };
-        let request = std::mem::replace(&mut parsed, view);
         match op {
-            Operation::Chat => {
-                if let Err(error) = crate::front::body_check::check_chat(&parsed) {
-                    return self.reply(host, error);
-                }
-            }
+            Operation::Chat => crate::front::body_check::check_chat(&view)?,
             Operation::Embeddings => {
-                if parsed.get("input").is_none() {
-                    return self.reply(
-                        host,
+                if view.get("input").is_none() {
+                    return Err(
                         GatewayError::new(ErrorCode::InvalidRequest, "input is required.")
                             .with_param("input"),
                     );
                 }
             }
         }
-        let rule = rules::route_for(&state, &key, &parsed, &self.metadata);
+        Ok(ReadBody {
+            view,
+            request: parsed,
+            gemini_counted,
+        })
+    }
+
+    /// The call's tiers: the `routes:` rule, the policy, and what a stateful Responses call
+    /// can be served by.
+    fn resolve_body(
+        &mut self,
+        host: &mut impl Host,
+        state: &State,
+        key: &VirtualKey,
+        read: &ReadBody,
+        op: Operation,
+    ) -> Result<resolve::Resolved, GatewayError> {
+        let rule = rules::route_for(state, key, &read.view, &self.metadata);
         self.route = rule.map(|r| r.name.clone());
         let routed = rule.map(|r| r.profile.as_str());
-        let mut resolved = match resolve::resolve_as(&state, &key, &parsed, op, routed) {
-            Ok(r) => r,
-            Err(e) => return self.reply(host, e),
-        };
-        if let Some(param) = crate::protocols::stateful(self.protocol, &request) {
+        let mut resolved = resolve::resolve_as(state, key, &read.view, op, routed)?;
+        if let Some(param) = crate::protocols::stateful(self.protocol, &read.request) {
             // Only a provider that keeps responses can serve it: lanes of kind openai, natively.
-            match crate::protocols::stateful_tiers(&state, &resolved.tiers) {
+            match crate::protocols::stateful_tiers(state, &resolved.tiers) {
                 Some(tiers) => resolved.tiers = tiers,
                 None => {
-                    return self.reply(
-                        host,
-                        GatewayError::new(
-                            ErrorCode::InvalidRequest,
-                            format!(
-                                "'{param}' needs a provider that keeps responses (kind openai), \
-                                 and no lane of this model is one. The gateway keeps no state: \
-                                 send the whole conversation as input items, without \
-                                 previous_response_id and with store false."
-                            ),
-                        )
-                        .with_param(param),
+                    return Err(GatewayError::new(
+                        ErrorCode::InvalidRequest,
+                        format!(
+                            "'{param}' needs a provider that keeps responses (kind openai), \
+                             and no lane of this model is one. The gateway keeps no state: \
+                             send the whole conversation as input items, without \
+                             previous_response_id and with store false."
+                        ),
                     )
+                    .with_param(param))
                 }
             }
         }
         if self.protocol == Protocol::Responses {
             // A stored response is read only by the key that stored it (`response_pins`).
             let tiers = &mut resolved.tiers;
-            match crate::lanes::response_pins::route(
+            self.responses = crate::lanes::response_pins::route(
                 host,
-                &state,
+                state,
                 &key.id,
-                &request,
+                &read.request,
                 tiers,
                 self.started_ms,
-            ) {
-                Ok(stored) => self.responses = stored,
-                Err(e) => return self.reply(host, e),
-            }
+            )?;
         }
-        if let Some(counted) = gemini_counted {
-            // No lane counts in Gemini's protocol: the gateway's estimate.
-            return self.answer_count_tokens(host, &counted);
-        }
-        if self.count_tokens {
-            // Anthropic's own count on an anthropic lane (native, so nothing to translate);
-            // else the gateway's estimate.
-            let anthropic = ai_router_proto::v1::ProviderKind::Anthropic;
-            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, anthropic) {
-                Some(tiers) => resolved.tiers = tiers,
-                None => return self.answer_count_tokens(host, &request),
-            }
-        }
+        Ok(resolved)
+    }
+
+    /// The candidates the protocols and the budgets leave; a refusal names what ruled out each.
+    fn narrow(
+        &mut self,
+        state: &State,
+        key: &VirtualKey,
+        request: &Value,
+        resolved: &mut resolve::Resolved,
+    ) -> Result<(), GatewayError> {
         // A lane that cannot take the request in its own protocol is no candidate; when none
         // is left, the refusal names the field (in the caller's shape).
         if let Some(e) = crate::protocols::cut_untranslatable(
-            &state,
+            state,
             self.protocol,
-            &request,
+            request,
             &mut resolved.tiers,
             &mut resolved.trail,
         ) {
             let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
             err.param = e.param;
-            return self.reply(host, err.with_trail(resolved.trail));
+            return Err(err.with_trail(std::mem::take(&mut resolved.trail)));
         }
-        let verdict = budget_verdict(&state, &key, &mut resolved, self.started_ms);
+        let verdict = budget_verdict(state, key, resolved, self.started_ms);
         for c in &verdict.ruled_out {
             resolved
                 .trail
@@ -238,9 +274,21 @@ impl Front {
         self.budget_warnings = verdict.warnings;
         if let Some(err) = verdict.refusal {
             // Like the other refusals, it names what ruled out each candidate.
-            return self.reply(host, err.with_trail(resolved.trail));
+            return Err(err.with_trail(std::mem::take(&mut resolved.trail)));
         }
-        self.stream = resolved.stream;
+        Ok(())
+    }
+
+    /// A resolved call: answered from the cache, paused for its shared tier, or planned.
+    fn cache_or_plan(
+        &mut self,
+        host: &mut impl Host,
+        state: std::rc::Rc<State>,
+        key: VirtualKey,
+        resolved: resolve::Resolved,
+        read: ReadBody,
+        op: Operation,
+    ) -> Flow {
         let cache_call = crate::cache::CacheCall {
             // A token count is no answer to keep.
             // Gemini answers are not stored (`shapes::storable`): no lookup either.
@@ -262,7 +310,7 @@ impl Front {
             &state,
             &cache_call,
             &resolved.tiers,
-            &request,
+            &read.request,
             self.started_ms,
         );
         if let Some((content_type, body, model)) = self
@@ -271,6 +319,7 @@ impl Front {
         {
             return self.answer_from_cache(host, content_type, &model, &body);
         }
+        let parsed = read.view;
         if let Some(token) = self.cache.ask_shared(host) {
             // Paused until the shared tier answers (or its bound passes: a miss).
             self.shared_wait = Some(Box::new(SharedWait {

@@ -60,38 +60,7 @@ impl Front {
             self.add_trail = true;
             host.set_header(Side::Response, "content-length", None);
         } else if attempt.is_none() && self.status >= 500 {
-            // The router answered itself: the deadline passed before an answer started (504),
-            // or it could not take the call (503: its circuit breakers are full, or no attempt
-            // stage was there to take it).
-            let err = match self.status {
-                504 => GatewayError::new(
-                    ErrorCode::PoolTimeout,
-                    "The call's deadline passed before a provider answered.",
-                ),
-                503 => GatewayError::new(
-                    ErrorCode::PoolUnavailable,
-                    "The gateway cannot take this call now; try again shortly.",
-                )
-                .with_retry_after(Some(1)),
-                _ => GatewayError::new(
-                    ErrorCode::UpstreamError,
-                    "No provider could be reached for this call.",
-                ),
-            };
-            if let Some(s) = err.retry_after_s {
-                host.set_header(Side::Response, "retry-after", Some(&s.to_string()));
-            }
-            self.status = err.status;
-            host.set_header(Side::Response, ":status", Some(&err.status.to_string()));
-            host.set_header(Side::Response, "content-type", Some("application/json"));
-            host.set_header(Side::Response, "content-length", None);
-            if end_of_stream {
-                // No body to replace; the status and headers still tell the story.
-            } else {
-                self.replace_body = Some(err.body());
-                // A final error like any other: with the call's trail.
-                self.add_trail = self.cid.is_some();
-            }
+            self.routers_own_answer(host, end_of_stream);
         }
         let lane_trail = host
             .header_text(Side::Response, H_LANE_TRAIL)
@@ -157,6 +126,41 @@ impl Front {
             host.set_header(Side::Response, H_CACHE, Some(v));
         }
         Flow::Continue
+    }
+
+    /// The router answered itself: the deadline passed before an answer started (504), or it
+    /// could not take the call (503: its circuit breakers are full, or no attempt stage was
+    /// there to take it). The answer becomes the gateway's error.
+    fn routers_own_answer(&mut self, host: &mut impl Host, end_of_stream: bool) {
+        let err = match self.status {
+            504 => GatewayError::new(
+                ErrorCode::PoolTimeout,
+                "The call's deadline passed before a provider answered.",
+            ),
+            503 => GatewayError::new(
+                ErrorCode::PoolUnavailable,
+                "The gateway cannot take this call now; try again shortly.",
+            )
+            .with_retry_after(Some(1)),
+            _ => GatewayError::new(
+                ErrorCode::UpstreamError,
+                "No provider could be reached for this call.",
+            ),
+        };
+        if let Some(s) = err.retry_after_s {
+            host.set_header(Side::Response, "retry-after", Some(&s.to_string()));
+        }
+        self.status = err.status;
+        host.set_header(Side::Response, ":status", Some(&err.status.to_string()));
+        host.set_header(Side::Response, "content-type", Some("application/json"));
+        host.set_header(Side::Response, "content-length", None);
+        if end_of_stream {
+            // No body to replace; the status and headers still tell the story.
+        } else {
+            self.replace_body = Some(err.body());
+            // A final error like any other: with the call's trail.
+            self.add_trail = self.cid.is_some();
+        }
     }
 
     pub fn on_response_body(

@@ -169,4 +169,16 @@ mod budget_step_tests;
 mod gemini_tests;
 
 #[cfg(test)]
+mod fixture;
+
+#[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod auth_tests;
+
+#[cfg(test)]
+mod wait_tests;
+
+#[cfg(test)]
+mod response_tests;

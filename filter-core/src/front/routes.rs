@@ -101,6 +101,7 @@ static ROUTES: &[Row] = &[
     row(GET, Exact("/v1/models"), RouteKind::Models),
     row(GET, Prefix("/v1/models/"), RouteKind::Models),
     row(GET, Exact("/health"), RouteKind::Health),
+    // The admin API, which the public listener routes to the control plane (`render.rs`).
     row(ANY, Prefix("/admin/"), RouteKind::Admin),
     row(ANY, Exact("/v1/messages"), MESSAGES_NOT_ALLOWED),
     row(
@@ -126,12 +127,6 @@ pub fn route(method: &str, path: &str) -> RouteKind {
         .iter()
         .find(|r| r.method.is_none_or(|m| m == method) && r.path.matches(path))
         .map_or(RouteKind::NotFound(Protocol::Chat), |r| r.kind)
-}
-
-/// Whether `path` (no query, no trailing slash) is the admin API's: `/admin/...`, which the
-/// public listener routes to the control plane (`render.rs`), not to a model.
-pub fn is_admin_path(path: &str) -> bool {
-    path.starts_with("/admin/")
 }
 
 /// Whether `path` (no query) is spelled the one way a router reads it: no empty, `.` or `..`

@@ -6,6 +6,7 @@
 mod hold;
 mod prepare;
 mod report;
+mod request;
 mod respond;
 mod send;
 pub mod stream;

@@ -1,24 +1,19 @@
 //! The send: the scope's headroom reserved, the provider request built and applied, the
 //! lane recorded for the answer.
 
-use ai_router_proto::v1::ProviderKind;
-use serde_json::Value;
-
 use crate::answer::errors::{ErrorCode, GatewayError};
 use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::embeddings;
 use crate::lanes::{self};
-use crate::plan::{Operation, Protocol};
-use crate::protocols::anthropic::{self, ANTHROPIC_VERSION};
-use crate::protocols::messages::Fidelity;
-use crate::protocols::{self};
+use crate::plan::Operation;
+use crate::protocols::anthropic::{self};
 use crate::sync::state::State;
 use crate::vm::local::Send;
-use crate::wire::headers;
 use ai_router_contract::headers::ATTEMPT as H_ATTEMPT;
 
-use super::{Attempt, Lane, CLUSTER_HEADER};
+use super::request;
+use super::{Attempt, Lane};
 
 /// After this many reservations lost in a row, the attempt takes the lane's rate limit as
 /// reached (the other workers keep sending; this one stops racing them).
@@ -68,151 +63,19 @@ impl Attempt {
         self.reservations_lost = 0;
         self.reserved = Some((provider.id.clone(), send));
 
-        // The body for this provider: its model id, usage asked for on streams.
-        let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let gemini = plan.protocol == Protocol::Gemini;
-        let native = match gemini {
-            true => crate::protocols::gemini_native::serves(provider.kind(), plan.json_array),
-            false => protocols::native(plan.protocol, provider.kind()),
+        // The request for this provider, as a value, then written over the caller's.
+        let names = host.header_names(Side::Request);
+        let model = chosen.lane.model.as_str();
+        let request = match request::build(&plan, provider, key, model, body, &names) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(host, e),
         };
-        if gemini && !native {
-            // The caller's Gemini body, translated for this lane as the front stage routed it.
-            value = match crate::protocols::gemini::to_chat_request(
-                &chosen.lane.model,
-                plan.stream,
-                &value,
-            ) {
-                Ok(v) => v,
-                Err(e) => return self.refuse(host, e),
-            };
-        }
+        let native = request.native;
         self.stored_id = crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
-        if plan.protocol == Protocol::Responses {
-            self.request = value.clone();
+        if let Some(echo) = &request.echo {
+            self.request = echo.clone();
         }
-        if !native && !protocols::carries_chat(plan.protocol) {
-            value = match protocols::chat_request(plan.protocol, &value, Fidelity::Strict) {
-                Ok(v) => v,
-                Err(e) => return self.refuse(host, e),
-            };
-        }
-        if let Some(obj) = value.as_object_mut() {
-            obj.insert("model".into(), Value::String(chosen.lane.model.clone()));
-            if plan.stream && !native {
-                let opts = obj
-                    .entry("stream_options")
-                    .or_insert_with(|| Value::Object(Default::default()));
-                if let Some(o) = opts.as_object_mut() {
-                    o.insert("include_usage".into(), Value::Bool(true));
-                }
-            }
-        }
-        let anthropic = provider.kind() == ProviderKind::Anthropic;
-        if anthropic && plan.op == Operation::Chat && !native {
-            let max_tokens = if provider.default_max_tokens > 0 {
-                provider.default_max_tokens
-            } else {
-                ai_router_contract::defaults::DEFAULT_MAX_TOKENS
-            };
-            value = match anthropic::to_messages_request(&value, &chosen.lane.model, max_tokens) {
-                Ok(mut v) => {
-                    crate::protocols::prompt_cache::mark_translated(
-                        &value,
-                        &mut v,
-                        &plan.prompt_cache,
-                    );
-                    v
-                }
-                Err(e) => return self.refuse(host, e),
-            };
-        }
-        if gemini && native {
-            value = crate::protocols::gemini_native::request(&value);
-        }
-        let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
-        host.set_body(Side::Request, 0, body.len(), &new_body);
-        host.set_header(Side::Request, "content-length", None);
-
-        let api_path = if native && plan.count_tokens {
-            "/messages/count_tokens"
-        } else if native {
-            protocols::native_path(plan.protocol)
-        } else if anthropic && plan.op == Operation::Chat {
-            "/messages"
-        } else {
-            plan.op.path()
-        };
-        let path = match gemini && native {
-            true => crate::protocols::gemini_native::path(
-                &provider.base_path,
-                &chosen.lane.model,
-                plan.stream,
-            ),
-            false => format!("{}{}", provider.base_path, api_path),
-        };
-        let cluster = if provider.scheme == "https" {
-            ai_router_contract::clusters::PROVIDERS_TLS
-        } else {
-            ai_router_contract::clusters::PROVIDERS_PLAIN
-        };
-        host.set_header(Side::Request, ":authority", Some(&provider.authority));
-        host.set_header(Side::Request, ":path", Some(&path));
-        host.set_header(Side::Request, CLUSTER_HEADER, Some(cluster));
-        // Only the allowlisted client headers go on; the provider's own are added below.
-        for name in host.header_names(Side::Request) {
-            if !headers::forwarded_to_provider(&name) && name != CLUSTER_HEADER {
-                host.set_header(Side::Request, &name, None);
-            }
-        }
-        for h in &provider.headers {
-            let lower = h.name.to_ascii_lowercase();
-            if lower != "authorization" && lower != "x-api-key" && lower != provider.auth_header {
-                host.set_header(Side::Request, &lower, Some(&h.value));
-            }
-        }
-        if key.secret.is_empty() {
-            // A keyless provider: the client's credentials were removed above, none is added.
-        } else if provider.auth_header == "authorization" || provider.auth_header.is_empty() {
-            host.set_header(
-                Side::Request,
-                "authorization",
-                Some(&format!("Bearer {}", key.secret)),
-            );
-        } else {
-            host.set_header(Side::Request, &provider.auth_header, Some(&key.secret));
-        }
-        if gemini && native && !key.secret.is_empty() {
-            // Google's own API takes the key as `x-goog-api-key`.
-            host.set_header(Side::Request, "authorization", None);
-            host.set_header(Side::Request, &provider.auth_header, None);
-            host.set_header(Side::Request, "x-goog-api-key", Some(&key.secret));
-        }
-        if anthropic && native {
-            // The caller's own version and betas: its body is sent as it wrote it.
-            let version = plan
-                .anthropic_version
-                .as_deref()
-                .unwrap_or(ANTHROPIC_VERSION);
-            host.set_header(Side::Request, "anthropic-version", Some(version));
-            if let Some(beta) = plan.anthropic_beta.as_deref() {
-                host.set_header(Side::Request, "anthropic-beta", Some(beta));
-            }
-        } else if anthropic {
-            host.set_header(Side::Request, "anthropic-version", Some(ANTHROPIC_VERSION));
-        }
-        if !plan.rid.is_empty() {
-            host.set_header(Side::Request, "x-request-id", Some(&plan.rid));
-        }
-        if !plan.idempotency_key.is_empty() {
-            host.set_header(
-                Side::Request,
-                "idempotency-key",
-                Some(&plan.idempotency_key),
-            );
-        }
-        if plan.stream {
-            host.set_header(Side::Request, "accept", Some("text/event-stream"));
-        }
+        request.apply(host, body.len());
 
         let capacity = provider
             .models
@@ -231,12 +94,7 @@ impl Attempt {
             }
         });
         // The caller's `dimensions` is what the answer is checked against; else the model's.
-        let requested = value
-            .get("dimensions")
-            .and_then(Value::as_u64)
-            .filter(|_| plan.op == Operation::Embeddings)
-            .map(|d| d as usize);
-        self.dimensions = requested.or(dimensions);
+        self.dimensions = request.dimensions.or(dimensions);
         self.forward_rate_limits = state.forward_rate_limit_headers();
         self.content = state
             .include_content()

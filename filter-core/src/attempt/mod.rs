@@ -42,20 +42,34 @@ enum Mode {
     },
     /// A stream: held until the first token. Anthropic events are translated to OpenAI chunks
     /// first.
-    Stream {
-        gate: Box<Gate>,
-        upstream: Option<Box<Translate>>,
-        /// Chat chunks to the caller's protocol (Messages, Responses), after the gate.
-        egress: Option<Box<Egress>>,
-        /// The lane's key redacted from the gate's events, across the deltas a client joins.
-        redactor: Box<StreamRedactor>,
-        seen: usize,
-    },
+    Stream(Streaming),
     /// Passed through untouched (after the verdict, at the end of the answer).
     Through,
     /// The answer was replaced by the gateway's verdict: whatever the provider still sends is
     /// dropped, never passed on raw.
     Drained,
+}
+
+/// A stream as it passes: held until the first token, then forwarded.
+struct Streaming {
+    gate: Box<Gate>,
+    upstream: Option<Box<Translate>>,
+    /// Chat chunks to the caller's protocol (Messages, Responses), after the gate.
+    egress: Option<Box<Egress>>,
+    /// The lane's key redacted from the gate's events, across the deltas a client joins.
+    redactor: Box<StreamRedactor>,
+    /// The bytes of the held answer already read (Envoy buffers it whole while it is held).
+    seen: usize,
+}
+
+impl Streaming {
+    /// Chat chunks as the caller's events: every byte for the client passes here.
+    fn for_caller(&mut self, bytes: Vec<u8>) -> Vec<u8> {
+        match self.egress.as_mut() {
+            Some(e) => e.encode(&bytes),
+            None => bytes,
+        }
+    }
 }
 
 /// The Anthropic stream, parsed and translated into OpenAI chunk bytes.

@@ -90,11 +90,21 @@ impl Attempt {
             let class = failure.map(|f| f.class);
             crate::lanes::park::observe(host, &lane.id, class, now, reset_ms);
         }
+        let outcome = self.outcome(failure, status, now);
+        host.report_attempt(outcome);
+    }
+
+    /// The attempt's outcome as the control plane records it.
+    fn outcome(&self, failure: Option<&Failure>, status: u16, now: i64) -> AttemptOutcome {
+        let plan = self.plan.as_ref();
+        let Some(lane) = &self.lane else {
+            return AttemptOutcome::default();
+        };
         // A saving is counted against the first choice when another lane answered.
         let first_choice = plan.and_then(|p| p.first_choice.as_ref()).filter(|fc| {
             failure.is_none() && (fc.provider != lane.id.provider || fc.model != lane.id.model)
         });
-        host.report_attempt(AttemptOutcome {
+        AttemptOutcome {
             request_id: plan.map(|p| p.rid.clone()).unwrap_or_default(),
             attempt: self.attempt,
             provider: lane.id.provider.clone(),
@@ -132,7 +142,7 @@ impl Attempt {
                 .map(|p| crate::plan::client_protocol(p.op, p.protocol).to_owned())
                 .unwrap_or_default(),
             content: self.content.as_ref().map(|c| c.to_proto(&lane.secret)),
-        });
+        }
     }
 
     /// The usage an attempt is counted for: the provider's; else, for an answer (a success, or

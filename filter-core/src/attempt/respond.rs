@@ -20,7 +20,7 @@ use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, LANE_COST as H_LANE_COST, LANE_MODEL as H_LANE_MODEL,
 };
 
-use super::{Attempt, Mode, Translate};
+use super::{Attempt, Mode, Streaming, Translate};
 
 impl Attempt {
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
@@ -75,13 +75,13 @@ impl Attempt {
             let json_array = self.plan.as_ref().is_some_and(|p| p.json_array);
             let now_s = host.now_ms() / 1000;
             self.mode = if lane.native {
-                Mode::Stream {
+                Mode::Stream(Streaming {
                     gate: Box::new(Gate::native(lane.kind.text(), protocol)),
                     upstream: None,
                     egress: None,
                     redactor: Box::new(StreamRedactor::new(&lane.secret, protocol)),
                     seen: 0,
-                }
+                })
             } else {
                 let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
                     Box::new(Translate {
@@ -94,13 +94,13 @@ impl Attempt {
                 let price = host.state().and_then(|s| {
                     crate::lanes::cost::price_of(&s, &lane.id.provider, &lane.id.model)
                 });
-                Mode::Stream {
+                Mode::Stream(Streaming {
                     gate: Box::new(Gate::new(lane.kind.text(), include_usage).with_price(price)),
                     upstream,
                     egress: Egress::new(protocol, &self.request, now_s, json_array).map(Box::new),
                     redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),
                     seen: 0,
-                }
+                })
             };
             // The stream is rewritten as it passes (the usage event the gateway asked for is
             // dropped, an Anthropic stream translated, an error event added): a provider's
@@ -150,134 +150,154 @@ impl Attempt {
                 self.judge_whole(host, &body, size);
                 Flow::Continue
             }
-            Mode::Stream {
-                mut gate,
-                mut upstream,
-                mut egress,
-                mut redactor,
-                seen,
-            } => {
-                // Every byte for the client passes here: chat chunks become the caller's events.
-                let mut to_caller = |bytes: Vec<u8>| match egress.as_mut() {
-                    Some(e) => e.encode(&bytes),
-                    None => bytes,
-                };
-                let now = host.now_ms();
-                // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
-                let buffered = !gate.released();
-                let new = if buffered {
-                    host.body(Side::Response, seen, size.saturating_sub(seen))
-                } else {
-                    host.body(Side::Response, 0, size)
-                };
-                if let Some(content) = self.content.as_mut() {
-                    content.answer(&new);
-                }
-                self.stored_id.stream(&new);
-                let (new, upstream_failure) = match upstream.as_mut() {
-                    None => (new, None),
-                    Some(t) => t.feed(&new, now),
-                };
-                // The bytes that take the place of this callback's body.
-                let mut out: Option<Vec<u8>> = None;
-                let chunks_before = gate.chunks();
-                let step = gate.feed(&new, now);
-                if gate.released() && gate.chunks() > chunks_before {
-                    // A chunk after the first token (or the first token itself): the next one
-                    // is due within timeoutMs of it, unless the answer is complete ([DONE]).
-                    let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
-                    self.bound_ms = (!gate.completed()).then(|| now.saturating_add(timeout as i64));
-                }
-                match step {
-                    Step::Hold => {}
-                    Step::Release(bytes) => {
-                        self.after_first_token = true;
-                        self.succeed_headers(host);
-                        out = Some(redactor.feed(&bytes));
-                    }
-                    Step::Forward(bytes) => out = Some(redactor.feed(&bytes)),
-                    Step::Fail(failure) => {
-                        self.fail(host, failure, size);
-                        return Flow::Continue;
-                    }
-                }
-                if let Some(failure) = gate.failed_after_first_token().cloned() {
-                    let failure = failure.unless_echoed(&self.body);
-                    // The client got the error event in `out`; the attempt failed.
-                    let mut bytes = out.unwrap_or_default();
-                    bytes.extend(redactor.finish());
-                    let bytes = to_caller(bytes);
-                    host.set_body(Side::Response, 0, size, &bytes);
-                    self.usage = gate.usage;
-                    self.answer_tokens = gate.answer_tokens;
-                    self.report(host, Some(&failure), 200);
-                    self.mode = Mode::Drained;
-                    return Flow::Continue;
-                }
-                if let Some(failure) = upstream_failure {
-                    if !gate.released() {
-                        self.fail(host, failure, size);
-                        return Flow::Continue;
-                    }
-                    let failure = failure.unless_echoed(&self.body);
-                    // After the first token: what arrived, then the error ends the stream.
-                    let end = crate::attempt::stream::error_event(
-                        &format!(
-                            "The provider's stream failed after the answer had started: {}",
-                            failure.message
-                        ),
-                        ErrorCode::StreamInterrupted,
-                    );
-                    let mut bytes = out.unwrap_or_default();
-                    bytes.extend(redactor.feed(&end));
-                    bytes.extend(redactor.finish());
-                    let bytes = to_caller(bytes);
-                    host.set_body(Side::Response, 0, size, &bytes);
-                    self.report(host, Some(&failure), 200);
-                    self.mode = Mode::Drained;
-                    return Flow::Continue;
-                }
-                if !end_of_stream {
-                    if let Some(bytes) = out {
-                        host.set_body(Side::Response, 0, size, &to_caller(bytes));
-                    }
-                    let held = !gate.released();
-                    self.mode = Mode::Stream {
-                        gate,
-                        upstream,
-                        egress,
-                        redactor,
-                        seen: size,
-                    };
-                    return if held { Flow::Pause } else { Flow::Continue };
-                }
-                match gate.finish() {
-                    Ok(tail) => {
-                        if !self.after_first_token {
-                            self.after_first_token = gate.released();
-                            self.succeed_headers(host);
-                        }
-                        let mut bytes = out.unwrap_or_default();
-                        bytes.extend(redactor.feed(&tail));
-                        bytes.extend(redactor.finish());
-                        host.set_body(Side::Response, 0, size, &to_caller(bytes));
-                        self.usage = gate.usage;
-                        self.answer_tokens = gate.answer_tokens;
-                        let failure = (!gate.completed()).then(|| {
-                            Failure::local(
-                                Class::Stream,
-                                200,
-                                "the stream broke off after the first token",
-                            )
-                        });
-                        self.report(host, failure.as_ref(), 200);
-                    }
-                    Err(failure) => self.fail(host, failure, size),
-                }
-                self.mode = Mode::Through;
-                Flow::Continue
+            Mode::Stream(stream) => self.stream_body(host, size, end_of_stream, stream),
+        }
+    }
+
+    /// A stream's body as it comes: held until the first token, then forwarded in the caller's
+    /// protocol; judged when it fails or ends.
+    fn stream_body(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        end_of_stream: bool,
+        mut s: Streaming,
+    ) -> Flow {
+        let now = host.now_ms();
+        // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
+        let buffered = !s.gate.released();
+        let new = if buffered {
+            host.body(Side::Response, s.seen, size.saturating_sub(s.seen))
+        } else {
+            host.body(Side::Response, 0, size)
+        };
+        if let Some(content) = self.content.as_mut() {
+            content.answer(&new);
+        }
+        self.stored_id.stream(&new);
+        let (new, upstream_failure) = match s.upstream.as_mut() {
+            None => (new, None),
+            Some(t) => t.feed(&new, now),
+        };
+        // The bytes that take the place of this callback's body.
+        let mut out: Option<Vec<u8>> = None;
+        let chunks_before = s.gate.chunks();
+        let step = s.gate.feed(&new, now);
+        if s.gate.released() && s.gate.chunks() > chunks_before {
+            // A chunk after the first token (or the first token itself): the next one is due
+            // within timeoutMs of it, unless the answer is complete ([DONE]).
+            let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+            self.bound_ms = (!s.gate.completed()).then(|| now.saturating_add(timeout as i64));
+        }
+        match step {
+            Step::Hold => {}
+            Step::Release(bytes) => {
+                self.after_first_token = true;
+                self.succeed_headers(host);
+                out = Some(s.redactor.feed(&bytes));
+            }
+            Step::Forward(bytes) => out = Some(s.redactor.feed(&bytes)),
+            Step::Fail(failure) => {
+                self.fail(host, failure, size);
+                return Flow::Continue;
             }
         }
+        if let Some(failure) = s.gate.failed_after_first_token().cloned() {
+            let failure = failure.unless_echoed(&self.body);
+            // The client got the error event in `out`; the attempt failed.
+            let mut bytes = out.unwrap_or_default();
+            bytes.extend(s.redactor.finish());
+            let bytes = s.for_caller(bytes);
+            host.set_body(Side::Response, 0, size, &bytes);
+            self.usage = s.gate.usage;
+            self.answer_tokens = s.gate.answer_tokens;
+            self.report(host, Some(&failure), 200);
+            self.mode = Mode::Drained;
+            return Flow::Continue;
+        }
+        if let Some(failure) = upstream_failure {
+            self.upstream_failed(host, size, s, out, failure);
+            return Flow::Continue;
+        }
+        if !end_of_stream {
+            if let Some(bytes) = out {
+                let bytes = s.for_caller(bytes);
+                host.set_body(Side::Response, 0, size, &bytes);
+            }
+            let held = !s.gate.released();
+            s.seen = size;
+            self.mode = Mode::Stream(s);
+            return if held { Flow::Pause } else { Flow::Continue };
+        }
+        self.end_stream(host, size, s, out);
+        Flow::Continue
+    }
+
+    /// The translated provider stream failed: before the first token the attempt fails over
+    /// (the client saw nothing); after it, what arrived goes on and an error event ends it.
+    fn upstream_failed(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        mut s: Streaming,
+        out: Option<Vec<u8>>,
+        failure: Failure,
+    ) {
+        if !s.gate.released() {
+            self.fail(host, failure, size);
+            return;
+        }
+        let failure = failure.unless_echoed(&self.body);
+        let end = crate::attempt::stream::error_event(
+            &format!(
+                "The provider's stream failed after the answer had started: {}",
+                failure.message
+            ),
+            ErrorCode::StreamInterrupted,
+        );
+        let mut bytes = out.unwrap_or_default();
+        bytes.extend(s.redactor.feed(&end));
+        bytes.extend(s.redactor.finish());
+        let bytes = s.for_caller(bytes);
+        host.set_body(Side::Response, 0, size, &bytes);
+        self.report(host, Some(&failure), 200);
+        self.mode = Mode::Drained;
+    }
+
+    /// The provider's stream ended: its tail goes on, and the attempt is judged (a stream
+    /// without its end broke off).
+    fn end_stream(
+        &mut self,
+        host: &mut impl Host,
+        size: usize,
+        mut s: Streaming,
+        out: Option<Vec<u8>>,
+    ) {
+        match s.gate.finish() {
+            Ok(tail) => {
+                if !self.after_first_token {
+                    self.after_first_token = s.gate.released();
+                    self.succeed_headers(host);
+                }
+                let mut bytes = out.unwrap_or_default();
+                bytes.extend(s.redactor.feed(&tail));
+                bytes.extend(s.redactor.finish());
+                let bytes = s.for_caller(bytes);
+                host.set_body(Side::Response, 0, size, &bytes);
+                self.usage = s.gate.usage;
+                self.answer_tokens = s.gate.answer_tokens;
+                let failure = (!s.gate.completed()).then(|| {
+                    Failure::local(
+                        Class::Stream,
+                        200,
+                        "the stream broke off after the first token",
+                    )
+                });
+                self.report(host, failure.as_ref(), 200);
+            }
+            Err(failure) => self.fail(host, failure, size),
+        }
+        self.mode = Mode::Through;
     }
 
     /// A whole answer (in the caller's protocol) to a call that asked for a stream: the client

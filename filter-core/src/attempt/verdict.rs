@@ -18,7 +18,7 @@ use ai_router_contract::headers::{
     RETRY_AFTER as H_RETRY_AFTER,
 };
 
-use super::{Attempt, Mode};
+use super::{Attempt, Mode, Streaming};
 
 /// A failed attempt's answer on the hop back to the outer router.
 pub(super) struct Verdict {
@@ -63,7 +63,7 @@ impl Attempt {
         if self.after_first_token {
             // The stream is the client's: no callback is left in which to add an error event
             // (the provider is silent), so it is cut; the client sees it break off.
-            if let Mode::Stream { gate, .. } = &self.mode {
+            if let Mode::Stream(Streaming { gate, .. }) = &self.mode {
                 self.usage = gate.usage;
                 self.answer_tokens = gate.answer_tokens;
             }

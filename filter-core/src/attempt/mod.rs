@@ -119,37 +119,70 @@ pub struct Attempt {
     plan: Option<Plan>,
     attempt: u32,
     lane: Option<Lane>,
-    started_ms: i64,
     mode: Mode,
     reported: bool,
-    after_first_token: bool,
-    usage: Option<Usage>,
-    /// Estimated tokens of the answer's generated text: counted when no usage comes.
-    answer_tokens: u64,
-    /// Embeddings: the vector length the lane's model declares.
-    dimensions: Option<usize>,
-    /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
-    headroom: Option<(i64, i64, i64)>,
     /// The request body, kept while the attempt waits or asks for a lease.
     body: Vec<u8>,
     /// Responses: the caller's body, which the translated answer echoes.
     request: Value,
+    /// Before the send: the waits, the probe leases and the lanes passed over.
+    waits: Waits,
+    /// What the send decided, read while the answer is judged and reported.
+    sent: Sent,
+    /// What the answer has told so far.
+    answer: Answered,
+    /// The attempt's own timeout.
+    bound: Bound,
+}
+
+#[derive(Default)]
+struct Waits {
+    /// An asynchronous step in progress.
+    pending: Pending,
     /// Lanes this attempt may not use (probe leases held elsewhere).
     excluded: Vec<LaneId>,
     /// The state version `excluded` was decided on.
     excluded_in_version: u64,
-    /// An asynchronous step in progress.
-    pending: Pending,
+    /// Reservations lost to another worker in a row (each sends the pick round again).
+    reservations_lost: u32,
+}
+
+#[derive(Default)]
+struct Sent {
+    /// When the request went to the provider (the reservation's instant).
+    started_ms: i64,
+    /// What the attempt reserved of its billing scope's headroom (provider, send): given back
+    /// if it never reached the provider.
+    reserved: Option<(String, Send)>,
     /// This attempt holds a half-open breaker's probe lease.
     probe: bool,
-    first_byte_ms: Option<i64>,
-    /// The provider's answer ended with its headers.
-    headers_only: bool,
     /// `gateway.forwardRateLimitHeaders` of the state the attempt was sent with.
     forward_rate_limits: bool,
+    /// Embeddings: the vector length the lane's model declares.
+    dimensions: Option<usize>,
+    /// Responses: the id of a stored answer, read as it passes (`response_pins`).
+    stored_id: crate::lanes::response_pins::Watch,
     /// With `telemetry.includeContent` (of the state the attempt was sent with): the request
     /// and the answer so far, for the report.
     content: Option<crate::answer::content::Content>,
+}
+
+#[derive(Default)]
+struct Answered {
+    /// The client has the answer's first token: the answer is the client's from here.
+    after_first_token: bool,
+    first_byte_ms: Option<i64>,
+    /// The provider's answer ended with its headers.
+    headers_only: bool,
+    usage: Option<Usage>,
+    /// Estimated tokens of the answer's generated text: counted when no usage comes.
+    answer_tokens: u64,
+    /// x-ratelimit-remaining-requests, -tokens and the reset time the provider reported.
+    headroom: Option<(i64, i64, i64)>,
+}
+
+#[derive(Default)]
+struct Bound {
     /// The attempt's own bound (the policy's `timeoutMs`, from the moment the request went to
     /// the provider, so no wait before it counts): the first token (a unary answer: the whole
     /// answer) is due by then; after the first token, the next chunk is. The host checks it
@@ -158,13 +191,6 @@ pub struct Attempt {
     /// The attempt answered in its own name (it timed out before its answer started): what
     /// comes back through the stage is that answer.
     answered_locally: bool,
-    /// What the attempt reserved of its billing scope's headroom (provider, send): given back
-    /// if it never reached the provider.
-    reserved: Option<(String, Send)>,
-    /// Reservations lost to another worker in a row (each sends the pick round again).
-    reservations_lost: u32,
-    /// Responses: the id of a stored answer, read as it passes (`response_pins`).
-    stored_id: crate::lanes::response_pins::Watch,
 }
 
 /// What the attempt waits for.
@@ -220,7 +246,7 @@ impl Attempt {
     }
 
     pub fn on_request_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
-        self.started_ms = host.now_ms();
+        self.sent.started_ms = host.now_ms();
         self.attempt = host
             .header_text(Side::Request, "x-envoy-attempt-count")
             .and_then(|v| v.parse().ok())

@@ -107,7 +107,7 @@ impl Attempt {
             .flatten();
         let request = lanes::Request {
             tried: &tried,
-            excluded: &self.excluded,
+            excluded: &self.waits.excluded,
             tokens: plan.tokens,
             random: host.random_unit(),
             pinned: pinned.as_ref(),
@@ -182,7 +182,7 @@ impl Attempt {
     pub(super) fn wait_until(&mut self, host: &mut impl Host, at: i64) -> Flow {
         match timer(host, at) {
             Ok(token) => {
-                self.pending = Pending::Wait(token);
+                self.waits.pending = Pending::Wait(token);
                 Flow::Pause
             }
             Err(_) => self.give_up(host, None, Some(at)),
@@ -225,7 +225,7 @@ impl Attempt {
             2_000,
         ) {
             Ok(t) => {
-                self.pending = Pending::Lease(t, Box::new(chosen), probe);
+                self.waits.pending = Pending::Lease(t, Box::new(chosen), probe);
                 Flow::Pause
             }
             Err(_) => {
@@ -240,14 +240,15 @@ impl Attempt {
         let Some(state) = host.state() else {
             return;
         };
-        self.excluded_in_version = host.state_sequence();
+        self.waits.excluded_in_version = host.state_sequence();
         let Some((_, provider)) = state.provider(&probe.provider) else {
             return;
         };
         for key in &provider.keys {
             if probe.key.is_empty() || probe.key == key.alias {
                 for m in &provider.models {
-                    self.excluded
+                    self.waits
+                        .excluded
                         .push(LaneId::new(&provider.id, &key.alias, &m.id));
                 }
             }
@@ -263,12 +264,12 @@ impl Attempt {
 
     /// The answer to an HTTP call this stage dispatched (the timer).
     pub fn on_http_call_response(&mut self, host: &mut impl Host, token: u32) {
-        if matches!(self.pending, Pending::Wait(t) if t == token) {
-            self.pending = Pending::Nothing;
+        if matches!(self.waits.pending, Pending::Wait(t) if t == token) {
+            self.waits.pending = Pending::Nothing;
             // A lane left to another call's probe comes back once the state moved on (the
             // probe's outcome closed or reopened its breaker): ask again, never wait it out.
-            if host.state_sequence() != self.excluded_in_version {
-                self.excluded.clear();
+            if host.state_sequence() != self.waits.excluded_in_version {
+                self.waits.excluded.clear();
             }
             let action = self.prepare(host);
             self.resume_with(host, action);
@@ -283,11 +284,11 @@ impl Attempt {
         status: u32,
         size: usize,
     ) {
-        let Pending::Lease(t, chosen, probe) = std::mem::take(&mut self.pending) else {
+        let Pending::Lease(t, chosen, probe) = std::mem::take(&mut self.waits.pending) else {
             return;
         };
         if t != token {
-            self.pending = Pending::Lease(t, chosen, probe);
+            self.waits.pending = Pending::Lease(t, chosen, probe);
             return;
         }
         let reply = (status == 0)

@@ -21,8 +21,8 @@ impl Attempt {
         host.add_in_flight(&lane.id.provider, &lane.id.key, -1);
         // A send that never reached the provider did not spend its counters: give it back.
         let unsent = failure.is_some_and(|f| matches!(f.class, Class::Network | Class::Timeout));
-        if let Some((provider, send)) = self.reserved.take() {
-            if unsent && !self.after_first_token {
+        if let Some((provider, send)) = self.sent.reserved.take() {
+            if unsent && !self.answer.after_first_token {
                 host.release_send(&provider, &send);
             }
         }
@@ -32,7 +32,7 @@ impl Attempt {
             .unwrap_or_default();
         // Drawn before borrowing the call: the call table and the generator share a cell.
         let jitter = host.random_unit();
-        let after_first_token = self.after_first_token;
+        let after_first_token = self.answer.after_first_token;
         let note = crate::answer::trail::AttemptNote {
             attempt: self.attempt,
             provider: lane.id.provider.clone(),
@@ -42,7 +42,7 @@ impl Attempt {
             status,
         };
         host.with_call(self.cid(), |c| c.trail.attempt(note));
-        let usage = self.usage;
+        let usage = self.answer.usage;
         host.with_call(self.cid(), |c| match failure {
             Some(f) if after_first_token => {
                 // The lane answered the client, and its answer broke off.
@@ -67,8 +67,8 @@ impl Attempt {
             }
         });
         if failure.is_none() {
-            if let Some(first) = self.first_byte_ms {
-                host.record_latency(&lane.id, (first - self.started_ms).max(0) as f64);
+            if let Some(first) = self.answer.first_byte_ms {
+                host.record_latency(&lane.id, (first - self.sent.started_ms).max(0) as f64);
             }
             if let Some(session) = plan.and_then(|p| p.session.as_deref()) {
                 let idle_ms = host.state().map_or(0, |s| s.selection().affinity_idle_ms);
@@ -76,10 +76,10 @@ impl Attempt {
             }
             if let Some(stored) = plan
                 .and_then(|p| p.responses.as_ref())
-                .filter(|_| self.stored_id.active())
+                .filter(|_| self.sent.stored_id.active())
             {
                 let vk = plan.map_or("", |p| p.vk.as_str());
-                let id = self.stored_id.id();
+                let id = self.sent.stored_id.id();
                 crate::lanes::response_pins::remember(host, vk, stored, id, &lane.id, now);
             }
         }
@@ -119,7 +119,7 @@ impl Attempt {
                 .map_or(ProtoClass::Unspecified, |f| f.class.into())
                 .into(),
             status: u32::from(status),
-            latency_ms: now.saturating_sub(self.started_ms).max(0) as u64,
+            latency_ms: now.saturating_sub(self.sent.started_ms).max(0) as u64,
             retry_at_ms: failure.and_then(|f| f.retry_at_ms).unwrap_or(0),
             fingerprint: lane.fingerprint,
             provider_code: failure
@@ -128,11 +128,11 @@ impl Attempt {
             usage: self.usage_to_report(failure.is_none()),
             virtual_key_id: plan.map(|p| p.vk.clone()).unwrap_or_default(),
             at_ms: now,
-            after_first_token: self.after_first_token,
-            remaining_requests: self.headroom.map_or(-1, |h| h.0),
-            remaining_tokens: self.headroom.map_or(-1, |h| h.1),
-            ratelimit_reset_at_ms: self.headroom.map_or(0, |h| h.2),
-            probe: self.probe,
+            after_first_token: self.answer.after_first_token,
+            remaining_requests: self.answer.headroom.map_or(-1, |h| h.0),
+            remaining_tokens: self.answer.headroom.map_or(-1, |h| h.1),
+            ratelimit_reset_at_ms: self.answer.headroom.map_or(0, |h| h.2),
+            probe: self.sent.probe,
             stream: plan.is_some_and(|p| p.stream),
             operation: plan.map(|p| p.op.as_str().to_string()).unwrap_or_default(),
             profile: plan.map(|p| p.profile.clone()).unwrap_or_default(),
@@ -141,7 +141,7 @@ impl Attempt {
             protocol: plan
                 .map(|p| crate::plan::client_protocol(p.op, p.protocol).to_owned())
                 .unwrap_or_default(),
-            content: self.content.as_ref().map(|c| c.to_proto(&lane.secret)),
+            content: self.sent.content.as_ref().map(|c| c.to_proto(&lane.secret)),
         }
     }
 
@@ -150,7 +150,7 @@ impl Attempt {
     /// estimate and the answer's generated text, marked as such. A budget or token quota is
     /// then never passed by a provider that reports nothing.
     pub(super) fn usage_to_report(&self, answered: bool) -> Option<ProtoUsage> {
-        if let Some(u) = self.usage {
+        if let Some(u) = self.answer.usage {
             return Some(ProtoUsage {
                 prompt_tokens: u.prompt_tokens,
                 completion_tokens: u.completion_tokens,
@@ -158,9 +158,9 @@ impl Attempt {
                 source: UsageSource::Reported.into(),
             });
         }
-        (answered || self.after_first_token).then(|| ProtoUsage {
+        (answered || self.answer.after_first_token).then(|| ProtoUsage {
             prompt_tokens: self.plan.as_ref().map_or(0, |p| p.prompt_tokens),
-            completion_tokens: self.answer_tokens,
+            completion_tokens: self.answer.answer_tokens,
             cached_tokens: 0,
             source: UsageSource::Estimated.into(),
         })
@@ -184,12 +184,12 @@ impl Attempt {
             Class::Deadline
         } else if client_went_away(&details) {
             Class::Cancelled
-        } else if self.after_first_token {
+        } else if self.answer.after_first_token {
             Class::Stream
         } else {
             Class::Network
         };
-        if class == Class::Cancelled && self.after_first_token {
+        if class == Class::Cancelled && self.answer.after_first_token {
             // The caller stopped reading early: the lane served it.
             self.report(host, None, 200);
             return;

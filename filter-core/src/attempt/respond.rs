@@ -24,7 +24,7 @@ use super::{Attempt, Mode, Streaming, Translate};
 
 impl Attempt {
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
-        if self.answered_locally {
+        if self.bound.answered_locally {
             // The stage's own answer, on its way back.
             return Flow::Continue;
         }
@@ -37,7 +37,7 @@ impl Attempt {
             .unwrap_or(502);
         // The provider's headers: internal names it sends are dropped before anything reads
         // them, and only the allowlisted ones reach the client (its key redacted).
-        let rate_limits = self.forward_rate_limits;
+        let rate_limits = self.sent.forward_rate_limits;
         let mut headers: Vec<(String, String)> = Vec::new();
         for (name, value) in host.headers(Side::Response) {
             if headers::is_internal(&name) {
@@ -60,7 +60,7 @@ impl Attempt {
             ),
             |l| l.rate_limit_windows,
         );
-        self.headroom = Some(crate::classify::headroom_in(
+        self.answer.headroom = Some(crate::classify::headroom_in(
             &headers,
             windows,
             host.now_ms(),
@@ -115,7 +115,7 @@ impl Attempt {
         }
         if end_of_stream {
             // No body at all.
-            self.headers_only = true;
+            self.answer.headers_only = true;
             self.judge_whole(host, &[], 0);
             return Flow::Continue;
         }
@@ -144,7 +144,7 @@ impl Attempt {
                     return Flow::Pause;
                 }
                 let body = host.body(Side::Response, 0, size);
-                if let Some(content) = self.content.as_mut() {
+                if let Some(content) = self.sent.content.as_mut() {
                     content.answer(&body);
                 }
                 self.judge_whole(host, &body, size);
@@ -171,10 +171,10 @@ impl Attempt {
         } else {
             host.body(Side::Response, 0, size)
         };
-        if let Some(content) = self.content.as_mut() {
+        if let Some(content) = self.sent.content.as_mut() {
             content.answer(&new);
         }
-        self.stored_id.stream(&new);
+        self.sent.stored_id.stream(&new);
         let (new, upstream_failure) = match s.upstream.as_mut() {
             None => (new, None),
             Some(t) => t.feed(&new, now),
@@ -187,12 +187,12 @@ impl Attempt {
             // A chunk after the first token (or the first token itself): the next one is due
             // within timeoutMs of it, unless the answer is complete ([DONE]).
             let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
-            self.bound_ms = (!s.gate.completed()).then(|| now.saturating_add(timeout as i64));
+            self.bound.bound_ms = (!s.gate.completed()).then(|| now.saturating_add(timeout as i64));
         }
         match step {
             Step::Hold => {}
             Step::Release(bytes) => {
-                self.after_first_token = true;
+                self.answer.after_first_token = true;
                 self.succeed_headers(host);
                 out = Some(s.redactor.feed(&bytes));
             }
@@ -209,8 +209,8 @@ impl Attempt {
             bytes.extend(s.redactor.finish());
             let bytes = s.for_caller(bytes);
             host.set_body(Side::Response, 0, size, &bytes);
-            self.usage = s.gate.usage;
-            self.answer_tokens = s.gate.answer_tokens;
+            self.answer.usage = s.gate.usage;
+            self.answer.answer_tokens = s.gate.answer_tokens;
             self.report(host, Some(&failure), 200);
             self.mode = Mode::Drained;
             return Flow::Continue;
@@ -275,8 +275,8 @@ impl Attempt {
     ) {
         match s.gate.finish() {
             Ok(tail) => {
-                if !self.after_first_token {
-                    self.after_first_token = s.gate.released();
+                if !self.answer.after_first_token {
+                    self.answer.after_first_token = s.gate.released();
                     self.succeed_headers(host);
                 }
                 let mut bytes = out.unwrap_or_default();
@@ -284,8 +284,8 @@ impl Attempt {
                 bytes.extend(s.redactor.finish());
                 let bytes = s.for_caller(bytes);
                 host.set_body(Side::Response, 0, size, &bytes);
-                self.usage = s.gate.usage;
-                self.answer_tokens = s.gate.answer_tokens;
+                self.answer.usage = s.gate.usage;
+                self.answer.answer_tokens = s.gate.answer_tokens;
                 let failure = (!s.gate.completed()).then(|| {
                     Failure::local(
                         Class::Stream,
@@ -329,7 +329,7 @@ impl Attempt {
             false => "text/event-stream",
         };
         host.set_header(Side::Response, "content-type", Some(content_type));
-        self.after_first_token = true;
+        self.answer.after_first_token = true;
         self.succeed_headers(host);
         self.report(host, None, status);
         self.mode = Mode::Through;
@@ -345,8 +345,8 @@ impl Attempt {
     }
 
     pub(super) fn succeed_headers(&mut self, host: &mut impl Host) {
-        if self.first_byte_ms.is_none() {
-            self.first_byte_ms = Some(host.now_ms());
+        if self.answer.first_byte_ms.is_none() {
+            self.answer.first_byte_ms = Some(host.now_ms());
         }
         host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
@@ -399,7 +399,7 @@ impl Attempt {
         let Some(price) = crate::lanes::cost::price_of(&state, &lane.provider, &lane.model) else {
             return 0.0;
         };
-        match self.usage {
+        match self.answer.usage {
             Some(u) => crate::lanes::cost::of_usage(&price, &u),
             None => {
                 let needs = crate::vocab::Needs {

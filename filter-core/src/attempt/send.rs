@@ -54,14 +54,14 @@ impl Attempt {
         };
         if !host.reserve_send(&provider.id, send.clone(), &allowances) {
             self.body = body.to_vec();
-            self.reservations_lost += 1;
-            if self.reservations_lost > MAX_RESERVATIONS_LOST {
+            self.waits.reservations_lost += 1;
+            if self.waits.reservations_lost > MAX_RESERVATIONS_LOST {
                 return self.give_up(host, Some(Class::RateLimit), None);
             }
             return self.prepare(host);
         }
-        self.reservations_lost = 0;
-        self.reserved = Some((provider.id.clone(), send));
+        self.waits.reservations_lost = 0;
+        self.sent.reserved = Some((provider.id.clone(), send));
 
         // The request for this provider, as a value, then written over the caller's.
         let names = host.header_names(Side::Request);
@@ -71,7 +71,8 @@ impl Attempt {
             Err(e) => return self.refuse(host, e),
         };
         let native = request.native;
-        self.stored_id = crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
+        self.sent.stored_id =
+            crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
         if let Some(echo) = &request.echo {
             self.request = echo.clone();
         }
@@ -94,15 +95,15 @@ impl Attempt {
             }
         });
         // The caller's `dimensions` is what the answer is checked against; else the model's.
-        self.dimensions = request.dimensions.or(dimensions);
-        self.forward_rate_limits = state.forward_rate_limit_headers();
-        self.content = state
+        self.sent.dimensions = request.dimensions.or(dimensions);
+        self.sent.forward_rate_limits = state.forward_rate_limit_headers();
+        self.sent.content = state
             .include_content()
             .then(|| crate::answer::content::Content::of_request(body, key.secret.len()));
-        self.probe = chosen.probe.is_some();
+        self.sent.probe = chosen.probe.is_some();
         // The reservation's instant: the report's `at_ms - latency_ms` is then the send the
         // sends record holds, which the quota ledger counts its estimate by.
-        self.started_ms = now;
+        self.sent.started_ms = now;
         host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
         self.lane = Some(Lane {
             id: chosen.lane,
@@ -119,7 +120,7 @@ impl Attempt {
         });
         // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
         // (bounded by its deadline), not this attempt's.
-        self.bound_ms = Some(self.started_ms.saturating_add(plan.timeout_ms as i64));
+        self.bound.bound_ms = Some(self.sent.started_ms.saturating_add(plan.timeout_ms as i64));
         // Kept until the answer is judged: a verdict resting on words the client sent is not
         // trusted ([`Failure::unless_echoed`]).
         self.body = client_body;
@@ -129,7 +130,7 @@ impl Attempt {
     /// The request cannot be expressed for this lane's provider: the caller's to fix (400).
     /// Nothing was sent, so the reservation goes back to the scope.
     pub(super) fn refuse(&mut self, host: &mut impl Host, e: anthropic::AdapterError) -> Flow {
-        if let Some((provider, send)) = self.reserved.take() {
+        if let Some((provider, send)) = self.sent.reserved.take() {
             host.release_send(&provider, &send);
         }
         let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);

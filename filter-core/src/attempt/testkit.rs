@@ -243,7 +243,7 @@ pub(super) fn held_stream(host: &mut FakeHost, stage: &mut Attempt) {
 pub(super) fn chunk(stage: &mut Attempt, host: &mut FakeHost, text: &str) -> Flow {
     let event =
         format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n");
-    if stage.after_first_token {
+    if stage.answer.after_first_token {
         host.response_body = event.into_bytes();
     } else {
         host.response_body.extend_from_slice(event.as_bytes());

@@ -37,9 +37,9 @@ impl Attempt {
     /// Whether the attempt's bound has passed while it still waits for its answer (or, after
     /// the first token, for its next chunk): the host then calls [`Attempt::on_bound`].
     pub fn bound_due(&self, now_ms: i64) -> bool {
-        self.bound_ms.is_some_and(|until| now_ms >= until)
+        self.bound.bound_ms.is_some_and(|until| now_ms >= until)
             && !self.reported
-            && !self.answered_locally
+            && !self.bound.answered_locally
     }
 
     /// The attempt's bound passed: it timed out.
@@ -48,7 +48,7 @@ impl Attempt {
             return;
         }
         let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
-        let what = if self.after_first_token {
+        let what = if self.answer.after_first_token {
             "the next chunk"
         } else if self.plan.as_ref().is_some_and(|p| p.stream) {
             "the first token"
@@ -60,12 +60,12 @@ impl Attempt {
             0,
             format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
         );
-        if self.after_first_token {
+        if self.answer.after_first_token {
             // The stream is the client's: no callback is left in which to add an error event
             // (the provider is silent), so it is cut; the client sees it break off.
             if let Mode::Stream(Streaming { gate, .. }) = &self.mode {
-                self.usage = gate.usage;
-                self.answer_tokens = gate.answer_tokens;
+                self.answer.usage = gate.usage;
+                self.answer.answer_tokens = gate.answer_tokens;
             }
             self.report(host, Some(&failure), 200);
             self.mode = Mode::Drained;
@@ -159,14 +159,14 @@ impl Attempt {
     pub(super) fn fail(&mut self, host: &mut impl Host, failure: Failure, body_size: usize) {
         let failure = failure.unless_echoed(&self.body);
         // The field the provider refused, for a refusal the client gets.
-        let param = (!self.headers_only && !failure.class.retryable())
+        let param = (!self.answer.headers_only && !failure.class.retryable())
             .then(|| {
                 crate::answer::errors::provider_param(&host.body(Side::Response, 0, body_size))
             })
             .flatten();
         let verdict = self.verdict(host, &failure, param);
         self.mode = Mode::Drained;
-        if self.headers_only {
+        if self.answer.headers_only {
             // The provider's answer has no body to replace (the host refuses to write one):
             // answer in its place.
             host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
@@ -186,7 +186,7 @@ impl Attempt {
     /// token).
     pub(super) fn fail_locally(&mut self, host: &mut impl Host, failure: Failure) {
         let verdict = self.verdict(host, &failure, None);
-        self.answered_locally = true;
+        self.bound.answered_locally = true;
         self.mode = Mode::Through;
         host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
     }
@@ -200,7 +200,7 @@ impl Attempt {
         let now = host.now_ms();
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
-        self.answer_tokens = crate::protocols::context::estimate_answer_tokens(&parsed);
+        self.answer.answer_tokens = crate::protocols::context::estimate_answer_tokens(&parsed);
         if (200..300).contains(&status) && !has_error_object {
             // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
             // cut body are not). A JSON answer to a stream request (a server that ignores
@@ -219,8 +219,8 @@ impl Attempt {
             let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
-                self.usage = protocols::answer_usage(protocol, &parsed);
-                self.stored_id.answer(&parsed);
+                self.answer.usage = protocols::answer_usage(protocol, &parsed);
+                self.sent.stored_id.answer(&parsed);
                 if stream_wanted {
                     self.answer_as_stream(host, size, protocol, parsed, status);
                     return;
@@ -242,7 +242,7 @@ impl Attempt {
                 } else {
                     parsed
                 };
-                self.usage = usage_of(&chat);
+                self.answer.usage = usage_of(&chat);
                 let translated = protocols::unary(protocol, &chat, &self.request, now / 1000);
                 if stream_wanted {
                     self.answer_as_stream(host, size, protocol, translated, status);
@@ -257,7 +257,7 @@ impl Attempt {
                 self.mode = Mode::Through;
                 return;
             }
-            if let Some(expected) = self.dimensions.filter(|_| {
+            if let Some(expected) = self.sent.dimensions.filter(|_| {
                 self.plan
                     .as_ref()
                     .is_some_and(|p| p.op == Operation::Embeddings)
@@ -268,7 +268,7 @@ impl Attempt {
                     return;
                 }
             }
-            self.usage = usage_of(&parsed);
+            self.answer.usage = usage_of(&parsed);
             if stream_wanted {
                 self.answer_as_stream(host, size, protocol, parsed, status);
                 return;

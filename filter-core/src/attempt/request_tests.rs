@@ -44,6 +44,14 @@ fn set(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// What an OpenAI-style lane's stream request sets: the bearer key, the call's ids, the stream.
+const BEARER_STREAM: &[(&str, &str)] = &[
+    ("authorization", "Bearer sk-p1-a-secret"),
+    ("x-request-id", "rid-1"),
+    ("idempotency-key", "idem-1"),
+    ("accept", "text/event-stream"),
+];
+
 /// What every request removes: the caller's headers outside the allowlist, and the length of
 /// the body it replaces.
 fn removed() -> Vec<String> {
@@ -76,15 +84,7 @@ fn a_chat_call_to_an_openai_compatible_lane_gets_the_lanes_model_its_bearer_key_
             "messages": [{ "role": "user", "content": "hi" }] })
     );
     assert_eq!(request.remove, removed());
-    assert_eq!(
-        request.set,
-        set(&[
-            ("authorization", "Bearer sk-p1-a-secret"),
-            ("x-request-id", "rid-1"),
-            ("idempotency-key", "idem-1"),
-            ("accept", "text/event-stream"),
-        ])
-    );
+    assert_eq!(request.set, set(BEARER_STREAM));
     assert!(!request.native);
     assert_eq!(request.echo, None);
 }
@@ -171,15 +171,7 @@ fn a_responses_call_to_an_openai_lane_goes_natively_and_is_kept_for_the_answer_t
         json!({ "model": "gpt-x", "input": "hi", "stream": true, "store": true })
     );
     assert_eq!(request.echo, Some(caller));
-    assert_eq!(
-        request.set,
-        set(&[
-            ("authorization", "Bearer sk-p1-a-secret"),
-            ("x-request-id", "rid-1"),
-            ("idempotency-key", "idem-1"),
-            ("accept", "text/event-stream"),
-        ])
-    );
+    assert_eq!(request.set, set(BEARER_STREAM));
 }
 
 #[test]

@@ -1,0 +1,150 @@
+//! The send: the scope's headroom reserved, the provider request built and applied, the
+//! lane recorded for the answer.
+
+use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::classify::Class;
+use crate::host::{Flow, Host, Side};
+use crate::lanes::embeddings;
+use crate::lanes::{self};
+use crate::plan::Operation;
+use crate::protocols::anthropic::{self};
+use crate::state::State;
+use crate::vm::local::Send;
+use ai_router_contract::headers::ATTEMPT as H_ATTEMPT;
+
+use super::request;
+use super::{Attempt, Lane};
+
+/// After this many reservations lost in a row, the attempt takes the lane's rate limit as
+/// reached (the other workers keep sending; this one stops racing them).
+pub(super) const MAX_RESERVATIONS_LOST: u32 = 8;
+
+impl Attempt {
+    /// Sends the attempt to `chosen`: the body and headers for its provider.
+    pub(super) fn send_to(
+        &mut self,
+        host: &mut impl Host,
+        state: &State,
+        chosen: lanes::Chosen,
+    ) -> Flow {
+        let Some(plan) = self.plan.clone() else {
+            return self.give_up(host, None, None);
+        };
+        let client_body = std::mem::take(&mut self.body);
+        let body = client_body.as_slice();
+        // By identity, not by position: after a lease reply `state` may be a newer snapshot
+        // than the one the lane was picked from. A lane that is gone is picked again.
+        let Some((provider, key)) = lanes::lane_in(state, &chosen.lane) else {
+            self.body = body.to_vec();
+            return self.prepare(host);
+        };
+        // The pick read the scope's headroom; the reservation takes its share of it atomically
+        // (another worker may have taken the last of it meanwhile: then pick again).
+        let scope = crate::state::scope_of(key).to_owned();
+        let now = host.now_ms();
+        let allowances: Vec<_> = lanes::allowances(&chosen.health, &scope, &chosen.lane.model, now)
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect();
+        let send = Send {
+            scope,
+            model: chosen.lane.model.clone(),
+            at_ms: now,
+            tokens: plan.tokens,
+        };
+        if !host.reserve_send(&provider.id, send.clone(), &allowances) {
+            self.body = body.to_vec();
+            self.waits.reservations_lost += 1;
+            if self.waits.reservations_lost > MAX_RESERVATIONS_LOST {
+                return self.give_up(host, Some(Class::RateLimit), None);
+            }
+            return self.prepare(host);
+        }
+        self.waits.reservations_lost = 0;
+        self.sent.reserved = Some((provider.id.clone(), send));
+
+        // The request for this provider, as a value, then written over the caller's.
+        let names = host.header_names(Side::Request);
+        let model = chosen.lane.model.as_str();
+        let request = match request::build(&plan, provider, key, model, body, &names) {
+            Ok(r) => r,
+            Err(e) => return self.refuse(host, e),
+        };
+        let native = request.native;
+        self.sent.stored_id =
+            crate::lanes::response_pins::Watch::new(plan.responses.as_ref(), native);
+        if let Some(echo) = &request.echo {
+            self.request = echo.clone();
+        }
+        request.apply(host, body.len());
+
+        let capacity = provider
+            .models
+            .iter()
+            .find(|m| m.id == chosen.lane.model)
+            .and_then(|m| crate::protocols::context::lane_capacity(provider, m));
+        let model_identity =
+            embeddings::identity_of(state, &chosen.lane.provider, &chosen.lane.model);
+        let dimensions =
+            embeddings::dimensions_of(state, &chosen.lane.provider, &chosen.lane.model);
+        host.with_call(&plan.cid, |c| {
+            c.tried.push(chosen.lane.clone());
+            c.attempts = c.attempts.max(self.attempt);
+            if plan.op == Operation::Embeddings && c.identity.is_none() {
+                c.identity = model_identity;
+            }
+        });
+        // The caller's `dimensions` is what the answer is checked against; else the model's.
+        self.sent.dimensions = request.dimensions.or(dimensions);
+        self.sent.forward_rate_limits = state.forward_rate_limit_headers();
+        self.sent.content = state
+            .include_content()
+            .then(|| crate::answer::content::Content::of_request(body, key.secret.len()));
+        self.sent.probe = chosen.probe.is_some();
+        // The reservation's instant: the report's `at_ms - latency_ms` is then the send the
+        // sends record holds, which the quota ledger counts its estimate by.
+        self.sent.started_ms = now;
+        host.add_in_flight(&chosen.lane.provider, &chosen.lane.key, 1);
+        self.lane = Some(Lane {
+            id: chosen.lane,
+            kind: provider.kind(),
+            native,
+            secret: key.secret.clone(),
+            fingerprint: key.fingerprint,
+            daily_reset: ai_router_contract::kinds::DailyReset::parse(&provider.daily_reset_zone),
+            rate_limit_windows: (
+                provider.requests_window().window(),
+                provider.tokens_window().window(),
+            ),
+            capacity,
+        });
+        // From here, not before: a wait for a lane, a backoff or a probe lease is the call's
+        // (bounded by its deadline), not this attempt's.
+        self.bound.bound_ms = Some(self.sent.started_ms.saturating_add(plan.timeout_ms as i64));
+        // Kept until the answer is judged: a verdict resting on words the client sent is not
+        // trusted ([`Failure::unless_echoed`]).
+        self.body = client_body;
+        Flow::Continue
+    }
+
+    /// The request cannot be expressed for this lane's provider: the caller's to fix (400).
+    /// Nothing was sent, so the reservation goes back to the scope.
+    pub(super) fn refuse(&mut self, host: &mut impl Host, e: anthropic::AdapterError) -> Flow {
+        if let Some((provider, send)) = self.sent.reserved.take() {
+            host.release_send(&provider, &send);
+        }
+        let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+        err.param = e.param;
+        let attempts = host.call_attempts(self.cid()).unwrap_or(0).to_string();
+        host.send_response(
+            400,
+            &[("content-type", "application/json"), (H_ATTEMPT, &attempts)],
+            &err.body(),
+        );
+        Flow::Pause
+    }
+}
+
+#[cfg(test)]
+#[path = "send_tests.rs"]
+mod tests;

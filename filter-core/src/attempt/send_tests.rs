@@ -1,0 +1,142 @@
+use super::*;
+use crate::attempt::testkit::*;
+
+#[test]
+fn a_keyless_provider_gets_no_credentials_and_an_empty_secret_elsewhere_is_missing() {
+    let plan = plan(false);
+    let keyless = |terms: bool| {
+        let mut snap = snapshot();
+        snap.providers[0].keys[0].secret.clear();
+        if terms {
+            snap.providers[0].terms = Some(ai_router_proto::v1::ProviderTerms {
+                keyless: true,
+                ..Default::default()
+            });
+        }
+        snap
+    };
+    let mut host = host_with(keyless(true), &plan, 1);
+    host.add(Side::Request, "authorization", b"Bearer vk-client");
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(
+        host.text(Side::Request, ":authority").as_deref(),
+        Some("p1.test:8000")
+    );
+    assert_eq!(host.text(Side::Request, "authorization"), None);
+    assert_eq!(host.text(Side::Request, "x-api-key"), None);
+    // Without the keyless terms an empty secret is a key that is missing: the next lane.
+    let mut host = host_with(keyless(false), &plan, 1);
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(
+        host.text(Side::Request, ":authority").as_deref(),
+        Some("p2.test:8000")
+    );
+}
+
+#[test]
+fn an_attempt_reads_the_lanes_once_and_reserves_from_what_the_pick_read() {
+    let plan = plan(false);
+    let mut host = host_with(scoped_snapshot(), &plan, 1);
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(host.lane_views, 1);
+    // The reservation was checked against the headroom the pick saw.
+    assert_eq!(
+        host.lanes.sent_since("p1", "org", "m1", NOW - 1_000),
+        (1, 10)
+    );
+}
+
+#[test]
+fn sends_reserve_the_scope_s_headroom_across_its_keys_and_a_network_failure_gives_it_back() {
+    let plan = plan(false);
+    let mut sends = crate::host::fake::FakeLanes::default().sends;
+    let mut sent_to = Vec::new();
+    for _ in 0..3 {
+        let mut host = host_with(scoped_snapshot(), &plan, 1);
+        host.lanes.sends = sends;
+        let mut stage = Attempt::default();
+        assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+        sent_to.push(host.text(Side::Request, ":authority").unwrap_or_default());
+        sends = std::mem::take(&mut host.lanes.sends);
+    }
+    // Two calls spend the scope's two requests, whichever key; the third goes elsewhere.
+    assert_eq!(
+        sent_to,
+        ["p1.test:8000", "p1.test:8000", "p2.test:8000"],
+        "{sends:?}"
+    );
+    assert_eq!(
+        sends
+            .get(&("p1".to_owned(), "org".to_owned()))
+            .map(|s| s.since("org", "m1", NOW - 1_000)),
+        Some((2, 20))
+    );
+    // Each scope has its own record: the third call's reservation is in p2's.
+    assert!(
+        sends.keys().all(|(p, _)| p == "p1" || p == "p2") && sends.len() == 2,
+        "{sends:?}"
+    );
+
+    // An attempt that never reached the provider gives its reservation back.
+    let mut host = host_with(snapshot(), &plan, 1);
+    host.lanes.sends = sends;
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(host.lanes.sent_since("p1", "a", "m1", NOW), (1, 10));
+    host.add(Side::Response, ":status", b"503");
+    let _ = stage.on_response_headers(&mut host, false);
+    host.response_body = b"upstream connect error or disconnect/reset before headers".to_vec();
+    let size = host.response_body.len();
+    let _ = stage.on_response_body(&mut host, size, true);
+    assert_eq!(
+        host.attempts.first().map(|a| a.error_class().text()),
+        Some("network")
+    );
+    assert_eq!(host.lanes.sent_since("p1", "a", "m1", NOW), (0, 0));
+}
+
+#[test]
+fn a_request_the_provider_cannot_be_sent_is_refused_and_gives_its_reservation_back() {
+    let plan = plan(false);
+    let mut snap = scoped_snapshot();
+    snap.providers[0] = provider("p1", ProviderKind::Anthropic, &["a", "b"], "m1");
+    for k in &mut snap.providers[0].keys {
+        k.scope = "org".into();
+    }
+    let mut host = host_with(snap, &plan, 1);
+    // Anthropic answers one choice per request: `n: 2` cannot be sent there.
+    host.request_body =
+        br#"{"model":"chat","n":2,"messages":[{"role":"user","content":"hi"}]}"#.to_vec();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+    assert_eq!(host.answered.as_ref().map(|a| a.status), Some(400));
+    assert_eq!(
+        host.lanes.sent_since("p1", "org", "m1", NOW - 1_000),
+        (0, 0),
+        "nothing was sent, so nothing stays reserved"
+    );
+}
+
+#[test]
+fn a_messages_block_an_openai_lane_cannot_take_is_the_callers_400() {
+    let body = serde_json::json!({ "model": "claude", "max_tokens": 8, "messages": [{ "role": "user",
+        "content": [{ "type": "document", "source": { "type": "base64", "media_type": "application/pdf", "data": "JVBERi0=" } }] }] });
+    let mut snap = snapshot();
+    snap.providers.truncate(1);
+    let mut plan = plan(false);
+    plan.protocol = Protocol::Messages;
+    plan.tiers.truncate(1);
+    let mut host = host_with(snap, &plan, 1);
+    host.request_body = body.to_string().into_bytes();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Pause);
+    let a = host.answered.clone().expect("answered");
+    assert_eq!(a.status, 400);
+    assert!(a.json()["error"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .contains("'document'"));
+}

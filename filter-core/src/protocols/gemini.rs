@@ -791,32 +791,13 @@ impl FromChatStream for StreamEncoder {
 // Errors and models
 // ---------------------------------------------------------------------------------------------
 
-/// Google's status word (`google.rpc.Code` name) for an HTTP status, as its APIs pair them.
-pub fn status_word(status: u16) -> &'static str {
-    match status {
-        400 | 413 | 422 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        402 | 403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        405 | 501 => "UNIMPLEMENTED",
-        408 | 504 => "DEADLINE_EXCEEDED",
-        409 => "ABORTED",
-        412 | 426 => "FAILED_PRECONDITION",
-        429 => "RESOURCE_EXHAUSTED",
-        499 => "CANCELLED",
-        502 | 503 | 529 => "UNAVAILABLE",
-        s if (400..500).contains(&s) => "INVALID_ARGUMENT",
-        _ => "INTERNAL",
-    }
-}
-
 /// `{"error":{"code","message","status","details"}}`: Google's shape, the gateway's code as
 /// the `reason` of an `ErrorInfo` detail.
 pub fn error_body(status: u16, code: &str, message: &str) -> Value {
     json!({ "error": {
         "code": status,
         "message": message,
-        "status": status_word(status),
+        "status": ai_router_contract::google_status(status),
         "details": [{
             "@type": "type.googleapis.com/google.rpc.ErrorInfo",
             "reason": code,
@@ -1153,18 +1134,6 @@ mod tests {
         assert_eq!(v["error"]["code"], 401);
         assert_eq!(v["error"]["status"], "UNAUTHENTICATED");
         assert_eq!(v["error"]["details"][0]["reason"], "invalid_api_key");
-        for (status, word) in [
-            (400, "INVALID_ARGUMENT"),
-            (403, "PERMISSION_DENIED"),
-            (404, "NOT_FOUND"),
-            (429, "RESOURCE_EXHAUSTED"),
-            (502, "UNAVAILABLE"),
-            (503, "UNAVAILABLE"),
-            (504, "DEADLINE_EXCEEDED"),
-            (500, "INTERNAL"),
-        ] {
-            assert_eq!(status_word(status), word, "{status}");
-        }
         let openai = br#"{"error":{"message":"All lanes failed.","type":"server_error","code":"upstream_error","trail":{"skipped":[]}}}"#;
         let v: Value = serde_json::from_slice(&error_from_openai(502, openai)).unwrap();
         assert_eq!(v["error"]["message"], "All lanes failed.");

@@ -554,13 +554,22 @@ impl Attempt {
             true => crate::protocols::gemini_native::serves(provider.kind(), plan.json_array),
             false => protocols::native(plan.protocol, provider.kind()),
         };
+        let embed = gemini && plan.op == Operation::Embeddings;
+        if embed {
+            // The answer's shape (one embedding or a batch) follows the caller's body.
+            self.request = value.clone();
+        }
         if gemini && !native {
             // The caller's Gemini body, translated for this lane as the front stage routed it.
-            value = match crate::protocols::gemini::to_chat_request(
-                &chosen.lane.model,
-                plan.stream,
-                &value,
-            ) {
+            let translated = match embed {
+                true => crate::protocols::gemini_embed::to_openai(&chosen.lane.model, &value),
+                false => crate::protocols::gemini::to_chat_request(
+                    &chosen.lane.model,
+                    plan.stream,
+                    &value,
+                ),
+            };
+            value = match translated {
                 Ok(v) => v,
                 Err(e) => return self.refuse(host, e),
             };
@@ -606,7 +615,7 @@ impl Attempt {
             };
         }
         if gemini && native {
-            value = crate::protocols::gemini_native::request(&value);
+            value = crate::protocols::gemini_native::request(&value, &chosen.lane.model);
         }
         let new_body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
         host.set_body(Side::Request, 0, body.len(), &new_body);
@@ -625,7 +634,12 @@ impl Attempt {
             true => crate::protocols::gemini_native::path(
                 &provider.base_path,
                 &chosen.lane.model,
-                plan.stream,
+                crate::protocols::gemini_native::method(
+                    embed,
+                    plan.count_tokens,
+                    plan.stream,
+                    &value,
+                ),
             ),
             false => format!("{}{}", provider.base_path, api_path),
         };
@@ -710,9 +724,7 @@ impl Attempt {
             }
         });
         // The caller's `dimensions` is what the answer is checked against; else the model's.
-        let requested = value
-            .get("dimensions")
-            .and_then(Value::as_u64)
+        let requested = embeddings::requested_dimensions(&value)
             .filter(|_| plan.op == Operation::Embeddings)
             .map(|d| d as usize);
         self.dimensions = requested.or(dimensions);
@@ -1578,6 +1590,18 @@ impl Attempt {
                 self.fail(host, failure, size);
                 return;
             }
+            // Vectors of another length than declared fail over, in any protocol's shape.
+            if let Some(expected) = self.dimensions.filter(|_| {
+                self.plan
+                    .as_ref()
+                    .is_some_and(|p| p.op == Operation::Embeddings)
+            }) {
+                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
+                    let failure = Failure::local(Class::Mismatch, status, message);
+                    self.fail(host, failure, size);
+                    return;
+                }
+            }
             let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
@@ -1618,17 +1642,6 @@ impl Attempt {
                 self.report(host, None, status);
                 self.mode = Mode::Through;
                 return;
-            }
-            if let Some(expected) = self.dimensions.filter(|_| {
-                self.plan
-                    .as_ref()
-                    .is_some_and(|p| p.op == Operation::Embeddings)
-            }) {
-                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
-                    let failure = Failure::local(Class::Mismatch, status, message);
-                    self.fail(host, failure, size);
-                    return;
-                }
             }
             self.usage = usage_of(&parsed);
             if stream_wanted {

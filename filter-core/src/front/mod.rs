@@ -103,8 +103,10 @@ pub struct Front {
 struct GeminiCall {
     model: String,
     stream: bool,
-    /// `:countTokens`: answered by the gateway's estimate.
+    /// `:countTokens`: a gemini lane's count, else the gateway's estimate.
     count: bool,
+    /// `:embedContent` (`Some(false)`) or `:batchEmbedContents` (`Some(true)`).
+    embed: Option<bool>,
     /// `:streamGenerateContent` without `alt=sse`: one JSON array.
     json_array: bool,
 }
@@ -400,11 +402,14 @@ impl Front {
         if let Some(call) = self.gemini.clone() {
             // The Gemini request is routed by its chat-completions translation; the attempts
             // carry the caller's body (sent whole to a gemini lane, translated for the others).
-            let gemini = match call.count {
-                true => crate::protocols::gemini::counted_request(&parsed),
-                false => parsed.clone(),
-            };
-            match crate::protocols::gemini::to_chat_request(&call.model, call.stream, &gemini) {
+            let routed = crate::protocols::gemini::routed_request(
+                &call.model,
+                call.stream,
+                call.count,
+                call.embed,
+                &parsed,
+            );
+            match routed {
                 Ok(chat) => {
                     if call.count {
                         gemini_counted = Some(parsed);
@@ -510,17 +515,17 @@ impl Front {
                 Err(e) => return self.reply(host, e),
             }
         }
-        if let Some(counted) = gemini_counted {
-            // No lane counts in Gemini's protocol: the gateway's estimate.
-            return self.answer_count_tokens(host, &counted);
-        }
         if self.count_tokens {
-            // Anthropic's own count on an anthropic lane (native, so nothing to translate);
-            // else the gateway's estimate.
-            let anthropic = ai_router_proto::v1::ProviderKind::Anthropic;
-            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, anthropic) {
+            // The provider's own count on a lane of the caller's protocol (native, so nothing
+            // to translate): anthropic for Messages, gemini for Gemini; else the gateway's
+            // estimate.
+            let (kind, counted) = match gemini_counted.as_ref() {
+                Some(counted) => (ai_router_proto::v1::ProviderKind::Gemini, counted),
+                None => (ai_router_proto::v1::ProviderKind::Anthropic, &request),
+            };
+            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, kind) {
                 Some(tiers) => resolved.tiers = tiers,
-                None => return self.answer_count_tokens(host, &request),
+                None => return self.answer_count_tokens(host, counted),
             }
         }
         // A lane that cannot take the request in its own protocol is no candidate; when none
@@ -920,19 +925,31 @@ impl Front {
                 model,
                 stream,
                 count: false,
+                embed: None,
                 json_array: stream && !wants_sse(&kept),
             },
             Route::CountTokens { model } => GeminiCall {
                 model,
                 stream: false,
                 count: true,
+                embed: None,
+                json_array: false,
+            },
+            Route::Embed { model, batch } => GeminiCall {
+                model,
+                stream: false,
+                count: false,
+                embed: Some(batch),
                 json_array: false,
             },
             Route::Models(_) => return self.models(host, path),
             Route::Unserved => {
                 let method_only = matches!(
                     route(if method == "GET" { "POST" } else { "GET" }, path),
-                    Route::Generate { .. } | Route::CountTokens { .. } | Route::Models(_)
+                    Route::Generate { .. }
+                        | Route::CountTokens { .. }
+                        | Route::Embed { .. }
+                        | Route::Models(_)
                 );
                 let err = match method_only {
                     true => GatewayError::new(
@@ -943,8 +960,8 @@ impl Front {
                         ErrorCode::NotFound,
                         format!(
                             "{path} is not served: the gateway serves generateContent, \
-                             streamGenerateContent, countTokens and the model list of the \
-                             Gemini API."
+                             streamGenerateContent, countTokens, embedContent, \
+                             batchEmbedContents and the model list of the Gemini API."
                         ),
                     ),
                 };
@@ -952,8 +969,11 @@ impl Front {
             }
         };
         self.count_tokens = call.count;
+        self.op = Some(match call.embed {
+            Some(_) => Operation::Embeddings,
+            None => Operation::Chat,
+        });
         self.gemini = Some(call);
-        self.op = Some(Operation::Chat);
         if host.state().is_none() {
             return self.wait_for_state(host, AfterState::Call { end_of_stream });
         }

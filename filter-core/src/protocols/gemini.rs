@@ -34,6 +34,8 @@ pub enum Route {
     Generate { model: String, stream: bool },
     /// `POST …/models/{model}:countTokens`.
     CountTokens { model: String },
+    /// `POST …/models/{model}:embedContent` or `:batchEmbedContents` (`batch`).
+    Embed { model: String, batch: bool },
     /// `GET /v1beta/models` (`None`) or `GET /v1beta/models/{model}`.
     Models(Option<String>),
     /// A path of the Gemini API the gateway does not serve (answered 404/405 in its shape).
@@ -81,6 +83,10 @@ pub fn route(method: &str, path: &str) -> Route {
             },
             Some((model, "countTokens")) => Route::CountTokens {
                 model: model_name(model),
+            },
+            Some((model, method @ ("embedContent" | "batchEmbedContents"))) => Route::Embed {
+                model: model_name(model),
+                batch: method == "batchEmbedContents",
             },
             _ => Route::Unserved,
         },
@@ -539,6 +545,38 @@ pub fn count_tokens(body: &Value) -> Value {
     json!({ "totalTokens": n })
 }
 
+/// What the front stage routes a Gemini call by: the chat-completions translation of its body
+/// (of the request a `:countTokens` counts), or for an embedding (`embed`: `Some(batch)`) its
+/// `/v1/embeddings` translation, the form checked against the method.
+pub fn routed_request(
+    model: &str,
+    stream: bool,
+    count: bool,
+    embed: Option<bool>,
+    body: &Value,
+) -> Result<Value, AdapterError> {
+    match (embed, count) {
+        (Some(batch), _) => {
+            let (field, form) = match batch {
+                true => ("requests", "{\"requests\":[EmbedContentRequest…]}"),
+                false => (
+                    "content",
+                    "an EmbedContentRequest ({\"content\":{\"parts\":[…]}})",
+                ),
+            };
+            if body.get(field).is_none_or(Value::is_null) {
+                return Err(refused(
+                    field,
+                    format!("{field} is required: this method takes {form}."),
+                ));
+            }
+            crate::protocols::gemini_embed::to_openai(model, body)
+        }
+        (None, true) => to_chat_request(model, false, &counted_request(body)),
+        (None, false) => to_chat_request(model, stream, body),
+    }
+}
+
 /// A `:countTokens` body as the `generateContent` request it counts.
 pub fn counted_request(body: &Value) -> Value {
     let mut request = body
@@ -824,7 +862,8 @@ pub fn model_entry(id: &str) -> Value {
         "version": "ai-router",
         "displayName": id,
         "description": "A model or profile of the gateway's pool.",
-        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens",
+                                       "embedContent", "batchEmbedContents"],
     })
 }
 
@@ -870,8 +909,19 @@ mod tests {
         );
         assert_eq!(
             route("POST", "/v1beta/models/m1:embedContent"),
-            Route::Unserved
+            Route::Embed {
+                model: "m1".into(),
+                batch: false
+            }
         );
+        assert_eq!(
+            route("POST", "/v1beta/models/m1:batchEmbedContents"),
+            Route::Embed {
+                model: "m1".into(),
+                batch: true
+            }
+        );
+        assert_eq!(route("POST", "/v1beta/models/m1:predict"), Route::Unserved);
         assert_eq!(route("GET", "/v1beta/files"), Route::Unserved);
         assert!(is_gemini_path("/v1beta/models"));
         assert!(is_gemini_path("/v1/models/m1:generateContent"));

@@ -355,3 +355,42 @@ async fn count_tokens_is_a_gemini_lanes_own_and_the_estimate_elsewhere() {
     assert!(estimate.get("promptTokensDetails").is_none(), "{estimate}");
     assert_eq!(gw.mock2.calls().await.unwrap().len(), before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_only_google_runs_goes_to_the_native_lane_and_is_refused_elsewhere() {
+    let gw = Gateway::start_with("gemini_native_only", gemini_pool)
+        .await
+        .expect("fixture");
+    gw.mock1
+        .script(json!([script::always(vec![script::text("Searched")])]))
+        .await
+        .unwrap();
+    let body = json!({ "contents": [{ "role": "user", "parts": [{ "text": "News?" }] }],
+                       "tools": [{ "googleSearch": {} }] });
+    // `chat` has a gemini lane (p1) and a translated fallback (m2 on p2): only p1 can take it.
+    let response = post_to(&gw, "chat:generateContent", &body).await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(
+        answer["candidates"][0]["content"]["parts"][0]["text"], "Searched",
+        "{answer}"
+    );
+    let call = gw.mock1.calls().await.unwrap().pop().unwrap();
+    assert_eq!(call.body, body);
+    // `backup` has no gemini lane: refused in Google's shape, naming the tool, no call made.
+    let response = post_to(&gw, "backup:generateContent", &body).await;
+    assert_eq!(response.status(), 400);
+    let error: Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["status"], "INVALID_ARGUMENT", "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("googleSearch")),
+        "{error}"
+    );
+    assert_eq!(
+        error["error"]["trail"]["skipped"][0]["reason"], "adapter",
+        "{error}"
+    );
+    assert!(gw.mock2.calls().await.unwrap().is_empty());
+}

@@ -399,6 +399,8 @@ impl Front {
         };
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
+        // Gemini: what no translation carries; only a native lane can serve the call then.
+        let mut gemini_refusal = None;
         if let Some(call) = self.gemini.clone() {
             // The Gemini request is routed by its chat-completions translation; the attempts
             // carry the caller's body (sent whole to a gemini lane, translated for the others).
@@ -410,16 +412,28 @@ impl Front {
                 &parsed,
             );
             match routed {
-                Ok(chat) => {
+                Err(e) => {
+                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                    err.param = e.param;
+                    return self.reply(host, err);
+                }
+                Ok(Ok(chat)) => {
                     if call.count {
                         gemini_counted = Some(parsed);
                     }
                     parsed = chat;
                 }
-                Err(e) => {
-                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
-                    err.param = e.param;
-                    return self.reply(host, err);
+                Ok(Err(e)) => {
+                    if call.count {
+                        gemini_counted = Some(parsed.clone());
+                    }
+                    parsed = crate::protocols::gemini_native::routing_view(
+                        &call.model,
+                        call.stream,
+                        call.embed.is_some(),
+                        &parsed,
+                    );
+                    gemini_refusal = Some(e);
                 }
             }
         }
@@ -513,6 +527,15 @@ impl Front {
             ) {
                 Ok(stored) => self.responses = stored,
                 Err(e) => return self.reply(host, e),
+            }
+        }
+        if let Some(e) = gemini_refusal {
+            let json_array = self.gemini.as_ref().is_some_and(|g| g.json_array);
+            let (tiers, trail) = (&mut resolved.tiers, &mut resolved.trail);
+            if !crate::protocols::gemini_native::keep_native(&state, tiers, trail, json_array) {
+                let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                err.param = e.param;
+                return self.reply(host, err.with_trail(resolved.trail));
             }
         }
         if self.count_tokens {

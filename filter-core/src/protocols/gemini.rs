@@ -547,15 +547,17 @@ pub fn count_tokens(body: &Value) -> Value {
 
 /// What the front stage routes a Gemini call by: the chat-completions translation of its body
 /// (of the request a `:countTokens` counts), or for an embedding (`embed`: `Some(batch)`) its
-/// `/v1/embeddings` translation, the form checked against the method.
+/// `/v1/embeddings` translation. The outer error refuses the call whatever the lane (an
+/// embedding body of the other form than its method); the inner one is what no translation
+/// carries (only a native lane can take the call).
 pub fn routed_request(
     model: &str,
     stream: bool,
     count: bool,
     embed: Option<bool>,
     body: &Value,
-) -> Result<Value, AdapterError> {
-    match (embed, count) {
+) -> Result<Result<Value, AdapterError>, AdapterError> {
+    Ok(match (embed, count) {
         (Some(batch), _) => {
             let (field, form) = match batch {
                 true => ("requests", "{\"requests\":[EmbedContentRequest…]}"),
@@ -574,7 +576,7 @@ pub fn routed_request(
         }
         (None, true) => to_chat_request(model, false, &counted_request(body)),
         (None, false) => to_chat_request(model, stream, body),
-    }
+    })
 }
 
 /// A `:countTokens` body as the `generateContent` request it counts.

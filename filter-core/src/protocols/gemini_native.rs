@@ -61,6 +61,42 @@ pub fn request(caller: &Value, model: &str) -> Value {
     body
 }
 
+/// What the front stage routes a Gemini call by when its body cannot be translated (it asks
+/// what only Google runs: a hosted tool, cached contents, a non-text embedding): the body's
+/// text as one message (or input), so the estimates see its size.
+pub fn routing_view(model: &str, stream: bool, embeddings: bool, body: &Value) -> Value {
+    let text = body.to_string();
+    match embeddings {
+        true => serde_json::json!({ "model": model, "input": [text] }),
+        false => serde_json::json!({ "model": model, "stream": stream,
+                                     "messages": [{ "role": "user", "content": text }] }),
+    }
+}
+
+/// The tiers cut down to the lanes that take a Gemini call natively (a request no translation
+/// can carry), each other candidate noted in the trail with reason `adapter`; `false` when
+/// none is left.
+pub fn keep_native(
+    state: &crate::sync::state::State,
+    tiers: &mut Vec<Vec<crate::plan::Candidate>>,
+    trail: &mut crate::answer::trail::Trail,
+    json_array: bool,
+) -> bool {
+    for tier in tiers.iter_mut() {
+        tier.retain(|c| {
+            let native = state
+                .provider(&c.provider)
+                .is_some_and(|(_, p)| serves(p.kind(), json_array));
+            if !native {
+                trail.skip(&c.provider, "", &c.model, "adapter");
+            }
+            native
+        });
+    }
+    tiers.retain(|t| !t.is_empty());
+    !tiers.is_empty()
+}
+
 /// Usage from `usageMetadata`: thoughts count as output, as Google bills them.
 pub fn usage(metadata: &Value) -> Option<Usage> {
     let fields = metadata.as_object()?;

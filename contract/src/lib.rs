@@ -9,8 +9,8 @@
 //! - `kinds`: per-kind provider facts (daily reset zone, rate-limit windows, request caps);
 //! - `price`: what tokens cost at a model's prices (cached prompt tokens included);
 //! - `plugin`: the plugin configuration the renderer writes and the filter reads;
-//! - here: the headers, clusters and metadata between the processes, the OpenAI error type of
-//!   a status, the probe lease holder, SHA-256 and the secret fingerprint.
+//! - here: the headers, clusters and metadata between the processes, the OpenAI error type and
+//!   Google's status word of a status, the probe lease holder, SHA-256 and the secret fingerprint.
 
 use sha2::{Digest, Sha256};
 
@@ -203,6 +203,27 @@ pub fn openai_error_type(status: u16) -> &'static str {
     }
 }
 
+/// Google's status word (the `google.rpc.Code` name) of an HTTP status, as its APIs pair them
+/// in `{"error":{"code","status"}}`: one mapping for the filter's Gemini answers and the mock
+/// provider's.
+pub fn google_status(status: u16) -> &'static str {
+    match status {
+        400 | 413 | 422 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        402 | 403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        405 | 501 => "UNIMPLEMENTED",
+        408 | 504 => "DEADLINE_EXCEEDED",
+        409 => "ABORTED",
+        412 | 426 => "FAILED_PRECONDITION",
+        429 => "RESOURCE_EXHAUSTED",
+        499 => "CANCELLED",
+        502 | 503 | 529 => "UNAVAILABLE",
+        s if (400..500).contains(&s) => "INVALID_ARGUMENT",
+        _ => "INTERNAL",
+    }
+}
+
 /// Who holds a half-open breaker's probe lease: one attempt of one request. A probe's outcome
 /// releases the lease only when it names the same holder, whole.
 pub fn probe_holder(request_id: &str, attempt: u32) -> String {
@@ -227,6 +248,26 @@ pub fn fingerprint(secret: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn google_status_words_pair_with_http_statuses() {
+        for (status, word) in [
+            (400, "INVALID_ARGUMENT"),
+            (401, "UNAUTHENTICATED"),
+            (403, "PERMISSION_DENIED"),
+            (404, "NOT_FOUND"),
+            (405, "UNIMPLEMENTED"),
+            (418, "INVALID_ARGUMENT"),
+            (429, "RESOURCE_EXHAUSTED"),
+            (499, "CANCELLED"),
+            (500, "INTERNAL"),
+            (502, "UNAVAILABLE"),
+            (503, "UNAVAILABLE"),
+            (504, "DEADLINE_EXCEEDED"),
+        ] {
+            assert_eq!(google_status(status), word, "{status}");
+        }
+    }
 
     #[test]
     fn holders_are_whole_strings() {

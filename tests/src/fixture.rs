@@ -71,6 +71,30 @@ resilience:
     )
 }
 
+/// [`standard_pool`] with `p1` of kind gemini (mock 1 speaking Google's own API) serving
+/// `gem-m` (alias `chat`) and the embeddings model `gem-e` (alias `gembed`, 8 dimensions);
+/// `p2` (openai-compatible, mock 2) serving `m2`, the fallback, and the embeddings model `te3`
+/// (alias `oembed`, 8 dimensions).
+pub fn gemini_pool(p1: &str, p2: &str) -> String {
+    standard_pool(p1, p2)
+        .replace(
+            "kind: openai-compatible\n    baseUrl: ",
+            "kind: KIND\n    baseUrl: ",
+        )
+        .replacen("kind: KIND", "kind: gemini", 1)
+        .replace("kind: KIND", "kind: openai-compatible")
+        .replace(
+            "{ id: m1, aliases: [chat] }",
+            "{ id: gem-m, aliases: [chat] }\n      \
+             - { id: gem-e, aliases: [gembed], capabilities: [embeddings], dimensions: 8 }",
+        )
+        .replace(
+            "{ id: m2, aliases: [backup] }",
+            "{ id: m2, aliases: [backup] }\n      \
+             - { id: te3, aliases: [oembed], capabilities: [embeddings], dimensions: 8 }",
+        )
+}
+
 /// [`standard_pool`] with the SQLite key store (`keys.sqlite` in the control plane's directory).
 pub fn sqlite_pool(p1_base: &str, p2_base: &str) -> String {
     standard_pool(p1_base, p2_base).replace(

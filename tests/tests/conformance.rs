@@ -422,3 +422,31 @@ async fn the_anthropic_and_responses_clients_with_an_openai_provider() {
 async fn the_anthropic_and_responses_clients_with_an_anthropic_provider() {
     ingress_clients("ingress_clients_anthropic", "anthropic").await;
 }
+
+/// google-genai's `embed_content` (one text, then a batch) on a gemini lane, natively, and on
+/// an OpenAI-compatible lane, translated to `/v1/embeddings` and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_genai_sdk_embeds_on_a_native_and_a_translated_lane() {
+    let gw = Gateway::start_with("conformance_genai_embed", ai_router_e2e::gemini_pool)
+        .await
+        .expect("fixture");
+    let base = gw.envoy.base_url();
+    for (model, mock, path) in [
+        ("gembed", &gw.mock1, "/models/gem-e:batchEmbedContents"),
+        ("oembed", &gw.mock2, "/v1/embeddings"),
+    ] {
+        let env = [
+            ("GOOGLE_GEMINI_BASE_URL", base.as_str()),
+            ("GEMINI_API_KEY", gw.virtual_key.as_str()),
+            ("AI_ROUTER_MODEL", model),
+            ("AI_ROUTER_DIMENSIONS", "8"),
+        ];
+        run_client_script(&gw, "gemini_embed.py", &env, Duration::from_secs(60)).await;
+        let calls = mock.calls().await.unwrap();
+        assert!(
+            calls.len() == 2 && calls.iter().all(|c| c.path.ends_with(path)),
+            "{model}: {:?}",
+            calls.iter().map(|c| &c.path).collect::<Vec<_>>()
+        );
+    }
+}

@@ -62,28 +62,10 @@ pub fn wants_sse(query: &str) -> bool {
     query.split('&').any(|pair| pair == "alt=sse")
 }
 
-/// Google's status word for an HTTP status.
-fn status_word(status: u16) -> &'static str {
-    match status {
-        400 | 413 | 422 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        402 | 403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        409 => "ABORTED",
-        429 => "RESOURCE_EXHAUSTED",
-        499 => "CANCELLED",
-        501 => "UNIMPLEMENTED",
-        502 | 503 | 529 => "UNAVAILABLE",
-        504 => "DEADLINE_EXCEEDED",
-        s if (400..500).contains(&s) => "FAILED_PRECONDITION",
-        _ => "INTERNAL",
-    }
-}
-
 /// Google's error object for a scripted status without a body; a 429 carries `RetryInfo`
 /// (`retry_s`, default 30).
 pub fn error_body(status: u16, message: &str, retry_s: Option<u64>) -> Value {
-    let mut error = json!({ "code": status, "message": message, "status": status_word(status) });
+    let mut error = json!({ "code": status, "message": message, "status": ai_router_contract::google_status(status) });
     if status == 429 {
         error["details"] = json!([{
             "@type": "type.googleapis.com/google.rpc.RetryInfo",

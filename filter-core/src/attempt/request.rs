@@ -7,6 +7,7 @@ use ai_router_proto::v1::{Provider, ProviderKey, ProviderKind};
 use serde_json::Value;
 
 use crate::host::{Host, Side};
+use crate::lanes::embeddings;
 use crate::plan::{Operation, Plan, Protocol};
 use crate::protocols::anthropic::{self, AdapterError, ANTHROPIC_VERSION};
 use crate::protocols::messages::Fidelity;
@@ -54,9 +55,7 @@ pub(super) fn build(
     };
     let anthropic = provider.kind() == ProviderKind::Anthropic;
     let (value, echo) = body_for(plan, provider, model, native, body)?;
-    let dimensions = value
-        .get("dimensions")
-        .and_then(Value::as_u64)
+    let dimensions = embeddings::requested_dimensions(&value)
         .filter(|_| plan.op == Operation::Embeddings)
         .map(|d| d as usize);
     let api_path = if native && plan.count_tokens {
@@ -69,7 +68,16 @@ pub(super) fn build(
         plan.op.path()
     };
     let path = match gemini && native {
-        true => crate::protocols::gemini_native::path(&provider.base_path, model, plan.stream),
+        true => crate::protocols::gemini_native::path(
+            &provider.base_path,
+            model,
+            crate::protocols::gemini_native::method(
+                plan.op == Operation::Embeddings,
+                plan.count_tokens,
+                plan.stream,
+                &value,
+            ),
+        ),
         false => format!("{}{}", provider.base_path, api_path),
     };
     let cluster = if provider.scheme == "https" {
@@ -143,11 +151,19 @@ fn body_for(
 ) -> Result<(Value, Option<Value>), AdapterError> {
     let mut value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let gemini = plan.protocol == Protocol::Gemini;
+    let embed = gemini && plan.op == Operation::Embeddings;
+    // Gemini embeddings: the answer's shape (one embedding or a batch) follows the caller's body.
+    let caller = embed.then(|| value.clone());
     if gemini && !native {
         // The caller's Gemini body, translated for this lane as the front stage routed it.
-        value = crate::protocols::gemini::to_chat_request(model, plan.stream, &value)?;
+        value = match embed {
+            true => crate::protocols::gemini_embed::to_openai(model, &value)?,
+            false => crate::protocols::gemini::to_chat_request(model, plan.stream, &value)?,
+        };
     }
-    let echo = (plan.protocol == Protocol::Responses).then(|| value.clone());
+    let echo = (plan.protocol == Protocol::Responses)
+        .then(|| value.clone())
+        .or(caller);
     if !native && !protocols::carries_chat(plan.protocol) {
         value = protocols::chat_request(plan.protocol, &value, Fidelity::Strict)?;
     }
@@ -173,7 +189,7 @@ fn body_for(
         value = v;
     }
     if gemini && native {
-        value = crate::protocols::gemini_native::request(&value);
+        value = crate::protocols::gemini_native::request(&value, model);
     }
     Ok((value, echo))
 }

@@ -216,6 +216,18 @@ impl Attempt {
                 self.fail(host, failure, size);
                 return;
             }
+            // Vectors of another length than declared fail over, in any protocol's shape.
+            if let Some(expected) = self.sent.dimensions.filter(|_| {
+                self.plan
+                    .as_ref()
+                    .is_some_and(|p| p.op == Operation::Embeddings)
+            }) {
+                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
+                    let failure = Failure::local(Class::Mismatch, status, message);
+                    self.fail(host, failure, size);
+                    return;
+                }
+            }
             let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
@@ -256,17 +268,6 @@ impl Attempt {
                 self.report(host, None, status);
                 self.mode = Mode::Through;
                 return;
-            }
-            if let Some(expected) = self.sent.dimensions.filter(|_| {
-                self.plan
-                    .as_ref()
-                    .is_some_and(|p| p.op == Operation::Embeddings)
-            }) {
-                if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
-                    let failure = Failure::local(Class::Mismatch, status, message);
-                    self.fail(host, failure, size);
-                    return;
-                }
             }
             self.answer.usage = usage_of(&parsed);
             if stream_wanted {

@@ -9,6 +9,7 @@ use super::{budget, Front, SharedWait};
 use crate::answer::errors::{ErrorCode, GatewayError};
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
+use crate::protocols::anthropic::AdapterError;
 use crate::protocols::messages::Fidelity;
 use crate::resolve;
 use crate::resolve::rules;
@@ -23,6 +24,8 @@ struct ReadBody {
     request: Value,
     /// Gemini's `:countTokens` body, answered once the model is resolved.
     gemini_counted: Option<Value>,
+    /// Gemini: what no translation carries; only a native lane can serve the call then.
+    gemini_refusal: Option<AdapterError>,
 }
 
 impl Front {
@@ -102,17 +105,26 @@ impl Front {
             Ok(resolved) => resolved,
             Err(error) => return self.reply(host, error),
         };
-        if let Some(counted) = &read.gemini_counted {
-            // No lane counts in Gemini's protocol: the gateway's estimate.
-            return self.answer_count_tokens(host, counted);
+        if let Some(e) = &read.gemini_refusal {
+            let json_array = self.gemini.as_ref().is_some_and(|g| g.json_array);
+            let (tiers, trail) = (&mut resolved.tiers, &mut resolved.trail);
+            if !crate::protocols::gemini_native::keep_native(&state, tiers, trail, json_array) {
+                let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message.clone());
+                err.param = e.param;
+                return self.reply(host, err.with_trail(resolved.trail));
+            }
         }
         if self.count_tokens {
-            // Anthropic's own count on an anthropic lane (native, so nothing to translate);
-            // else the gateway's estimate.
-            let anthropic = ai_router_proto::v1::ProviderKind::Anthropic;
-            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, anthropic) {
+            // The provider's own count on a lane of the caller's protocol (native, so nothing
+            // to translate): anthropic for Messages, gemini for Gemini; else the gateway's
+            // estimate.
+            let (kind, counted) = match read.gemini_counted.as_ref() {
+                Some(counted) => (ai_router_proto::v1::ProviderKind::Gemini, counted),
+                None => (ai_router_proto::v1::ProviderKind::Anthropic, &read.request),
+            };
+            match crate::protocols::tiers_of_kind(&state, &resolved.tiers, kind) {
                 Some(tiers) => resolved.tiers = tiers,
-                None => return self.answer_count_tokens(host, &read.request),
+                None => return self.answer_count_tokens(host, counted),
             }
         }
         if let Err(error) = self.narrow(&state, &key, &read.request, &mut resolved) {
@@ -129,24 +141,41 @@ impl Front {
         let mut parsed = crate::front::body_check::parse_object(body)?;
         // Gemini's `:countTokens` body, answered once the model is resolved.
         let mut gemini_counted = None;
+        // Gemini: what no translation carries; only a native lane can serve the call then.
+        let mut gemini_refusal = None;
         if let Some(call) = self.gemini.clone() {
             // The Gemini request is routed by its chat-completions translation; the attempts
             // carry the caller's body (sent whole to a gemini lane, translated for the others).
-            let gemini = match call.count {
-                true => crate::protocols::gemini::counted_request(&parsed),
-                false => parsed.clone(),
-            };
-            match crate::protocols::gemini::to_chat_request(&call.model, call.stream, &gemini) {
-                Ok(chat) => {
+            let routed = crate::protocols::gemini::routed_request(
+                &call.model,
+                call.stream,
+                call.count,
+                call.embed,
+                &parsed,
+            );
+            match routed {
+                Err(e) => {
+                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                    err.param = e.param;
+                    return Err(err);
+                }
+                Ok(Ok(chat)) => {
                     if call.count {
                         gemini_counted = Some(parsed);
                     }
                     parsed = chat;
                 }
-                Err(e) => {
-                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
-                    err.param = e.param;
-                    return Err(err);
+                Ok(Err(e)) => {
+                    if call.count {
+                        gemini_counted = Some(parsed.clone());
+                    }
+                    parsed = crate::protocols::gemini_native::routing_view(
+                        &call.model,
+                        call.stream,
+                        call.embed.is_some(),
+                        &parsed,
+                    );
+                    gemini_refusal = Some(e);
                 }
             }
         }
@@ -194,6 +223,7 @@ impl Front {
             view,
             request: parsed,
             gemini_counted,
+            gemini_refusal,
         })
     }
 

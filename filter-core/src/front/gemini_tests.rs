@@ -120,7 +120,7 @@ fn errors_are_in_googles_shape() {
         ),
         (
             "POST",
-            "/v1beta/models/chat:embedContent",
+            "/v1beta/models/chat:predict",
             vec![("x-goog-api-key", KEY)],
             None,
             404,

@@ -114,8 +114,10 @@ pub struct Front {
 struct GeminiCall {
     model: String,
     stream: bool,
-    /// `:countTokens`: answered by the gateway's estimate.
+    /// `:countTokens`: a gemini lane's count, else the gateway's estimate.
     count: bool,
+    /// `:embedContent` (`Some(false)`) or `:batchEmbedContents` (`Some(true)`).
+    embed: Option<bool>,
     /// `:streamGenerateContent` without `alt=sse`: one JSON array.
     json_array: bool,
 }

@@ -133,19 +133,31 @@ impl Front {
                 model,
                 stream,
                 count: false,
+                embed: None,
                 json_array: stream && !wants_sse(&kept),
             },
             Route::CountTokens { model } => GeminiCall {
                 model,
                 stream: false,
                 count: true,
+                embed: None,
+                json_array: false,
+            },
+            Route::Embed { model, batch } => GeminiCall {
+                model,
+                stream: false,
+                count: false,
+                embed: Some(batch),
                 json_array: false,
             },
             Route::Models(_) => return self.models(host, path),
             Route::Unserved => {
                 let method_only = matches!(
                     route(if method == "GET" { "POST" } else { "GET" }, path),
-                    Route::Generate { .. } | Route::CountTokens { .. } | Route::Models(_)
+                    Route::Generate { .. }
+                        | Route::CountTokens { .. }
+                        | Route::Embed { .. }
+                        | Route::Models(_)
                 );
                 let err = match method_only {
                     true => GatewayError::new(
@@ -156,8 +168,8 @@ impl Front {
                         ErrorCode::NotFound,
                         format!(
                             "{path} is not served: the gateway serves generateContent, \
-                             streamGenerateContent, countTokens and the model list of the \
-                             Gemini API."
+                             streamGenerateContent, countTokens, embedContent, \
+                             batchEmbedContents and the model list of the Gemini API."
                         ),
                     ),
                 };
@@ -165,8 +177,11 @@ impl Front {
             }
         };
         self.count_tokens = call.count;
+        self.op = Some(match call.embed {
+            Some(_) => Operation::Embeddings,
+            None => Operation::Chat,
+        });
         self.gemini = Some(call);
-        self.op = Some(Operation::Chat);
         if host.state().is_none() {
             return self.wait_for_state(host, AfterState::Call { end_of_stream });
         }

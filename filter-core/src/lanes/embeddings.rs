@@ -68,15 +68,34 @@ fn base64_len(s: &str) -> Option<usize> {
     Some(s.len() / 4 * 3 - padding)
 }
 
+/// The vector length a request asks for: OpenAI's `dimensions`, Gemini's
+/// `outputDimensionality` (a batch's first request's).
+pub fn requested_dimensions(request: &Value) -> Option<u64> {
+    request
+        .get("dimensions")
+        .or_else(|| request.get("outputDimensionality"))
+        .or_else(|| request.pointer("/requests/0/outputDimensionality"))
+        .and_then(Value::as_u64)
+}
+
+/// The vectors of an embeddings response: OpenAI's `data[].embedding`, Gemini's
+/// `embedding.values` or `embeddings[].values`.
+fn vectors(response: &Value) -> Option<Vec<Option<&Value>>> {
+    if let Some(data) = response.get("data").and_then(Value::as_array) {
+        return Some(data.iter().map(|d| d.get("embedding")).collect());
+    }
+    if let Some(items) = response.get("embeddings").and_then(Value::as_array) {
+        return Some(items.iter().map(|e| e.get("values")).collect());
+    }
+    let one = response.pointer("/embedding/values")?;
+    Some(vec![Some(one)])
+}
+
 /// Checks every vector of an embeddings response against the declared length.
 pub fn check_dimensions(response: &Value, expected: usize) -> Result<(), String> {
-    let data = response
-        .get("data")
-        .and_then(Value::as_array)
-        .ok_or("the embeddings response has no data")?;
-    for (i, item) in data.iter().enumerate() {
+    let data = vectors(response).ok_or("the embeddings response has no data")?;
+    for (i, item) in data.into_iter().enumerate() {
         let len = item
-            .get("embedding")
             .and_then(vector_len)
             .ok_or(format!("data[{i}] has no embedding"))?;
         if len != expected {
@@ -103,6 +122,16 @@ mod tests {
         assert!(check_dimensions(&json!({"data":[{"embedding":"AAAAAAAAAAA="}]}), 2).is_ok());
         assert!(check_dimensions(&json!({"data":[{"embedding":"AAAAAAAAAAA="}]}), 3).is_err());
         assert!(check_dimensions(&json!({}), 3).is_err());
+        // Gemini's shapes.
+        assert!(check_dimensions(&json!({"embedding":{"values":[0.1,0.2]}}), 2).is_ok());
+        let batch = json!({"embeddings":[{"values":[0.1,0.2]},{"values":[0.1]}]});
+        assert!(check_dimensions(&batch, 2)
+            .unwrap_err()
+            .contains("data[1] has 1 dimensions"));
+        assert_eq!(
+            requested_dimensions(&json!({"requests":[{"outputDimensionality": 4}]})),
+            Some(4)
+        );
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum Route {
     Generate { model: String, stream: bool },
     /// `POST …/models/{model}:countTokens`.
     CountTokens { model: String },
+    /// `POST …/models/{model}:embedContent` or `:batchEmbedContents` (`batch`).
+    Embed { model: String, batch: bool },
     /// `GET /v1beta/models` (`None`) or `GET /v1beta/models/{model}`.
     Models(Option<String>),
     /// A path of the Gemini API the gateway does not serve (answered 404/405 in its shape).
@@ -81,6 +83,10 @@ pub fn route(method: &str, path: &str) -> Route {
             },
             Some((model, "countTokens")) => Route::CountTokens {
                 model: model_name(model),
+            },
+            Some((model, method @ ("embedContent" | "batchEmbedContents"))) => Route::Embed {
+                model: model_name(model),
+                batch: method == "batchEmbedContents",
             },
             _ => Route::Unserved,
         },
@@ -539,6 +545,40 @@ pub fn count_tokens(body: &Value) -> Value {
     json!({ "totalTokens": n })
 }
 
+/// What the front stage routes a Gemini call by: the chat-completions translation of its body
+/// (of the request a `:countTokens` counts), or for an embedding (`embed`: `Some(batch)`) its
+/// `/v1/embeddings` translation. The outer error refuses the call whatever the lane (an
+/// embedding body of the other form than its method); the inner one is what no translation
+/// carries (only a native lane can take the call).
+pub fn routed_request(
+    model: &str,
+    stream: bool,
+    count: bool,
+    embed: Option<bool>,
+    body: &Value,
+) -> Result<Result<Value, AdapterError>, AdapterError> {
+    Ok(match (embed, count) {
+        (Some(batch), _) => {
+            let (field, form) = match batch {
+                true => ("requests", "{\"requests\":[EmbedContentRequest…]}"),
+                false => (
+                    "content",
+                    "an EmbedContentRequest ({\"content\":{\"parts\":[…]}})",
+                ),
+            };
+            if body.get(field).is_none_or(Value::is_null) {
+                return Err(refused(
+                    field,
+                    format!("{field} is required: this method takes {form}."),
+                ));
+            }
+            crate::protocols::gemini_embed::to_openai(model, body)
+        }
+        (None, true) => to_chat_request(model, false, &counted_request(body)),
+        (None, false) => to_chat_request(model, stream, body),
+    })
+}
+
 /// A `:countTokens` body as the `generateContent` request it counts.
 pub fn counted_request(body: &Value) -> Value {
     let mut request = body
@@ -791,32 +831,13 @@ impl FromChatStream for StreamEncoder {
 // Errors and models
 // ---------------------------------------------------------------------------------------------
 
-/// Google's status word (`google.rpc.Code` name) for an HTTP status, as its APIs pair them.
-pub fn status_word(status: u16) -> &'static str {
-    match status {
-        400 | 413 | 422 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        402 | 403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        405 | 501 => "UNIMPLEMENTED",
-        408 | 504 => "DEADLINE_EXCEEDED",
-        409 => "ABORTED",
-        412 | 426 => "FAILED_PRECONDITION",
-        429 => "RESOURCE_EXHAUSTED",
-        499 => "CANCELLED",
-        502 | 503 | 529 => "UNAVAILABLE",
-        s if (400..500).contains(&s) => "INVALID_ARGUMENT",
-        _ => "INTERNAL",
-    }
-}
-
 /// `{"error":{"code","message","status","details"}}`: Google's shape, the gateway's code as
 /// the `reason` of an `ErrorInfo` detail.
 pub fn error_body(status: u16, code: &str, message: &str) -> Value {
     json!({ "error": {
         "code": status,
         "message": message,
-        "status": status_word(status),
+        "status": ai_router_contract::google_status(status),
         "details": [{
             "@type": "type.googleapis.com/google.rpc.ErrorInfo",
             "reason": code,
@@ -843,7 +864,8 @@ pub fn model_entry(id: &str) -> Value {
         "version": "ai-router",
         "displayName": id,
         "description": "A model or profile of the gateway's pool.",
-        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens",
+                                       "embedContent", "batchEmbedContents"],
     })
 }
 
@@ -889,8 +911,19 @@ mod tests {
         );
         assert_eq!(
             route("POST", "/v1beta/models/m1:embedContent"),
-            Route::Unserved
+            Route::Embed {
+                model: "m1".into(),
+                batch: false
+            }
         );
+        assert_eq!(
+            route("POST", "/v1beta/models/m1:batchEmbedContents"),
+            Route::Embed {
+                model: "m1".into(),
+                batch: true
+            }
+        );
+        assert_eq!(route("POST", "/v1beta/models/m1:predict"), Route::Unserved);
         assert_eq!(route("GET", "/v1beta/files"), Route::Unserved);
         assert!(is_gemini_path("/v1beta/models"));
         assert!(is_gemini_path("/v1/models/m1:generateContent"));
@@ -1153,18 +1186,6 @@ mod tests {
         assert_eq!(v["error"]["code"], 401);
         assert_eq!(v["error"]["status"], "UNAUTHENTICATED");
         assert_eq!(v["error"]["details"][0]["reason"], "invalid_api_key");
-        for (status, word) in [
-            (400, "INVALID_ARGUMENT"),
-            (403, "PERMISSION_DENIED"),
-            (404, "NOT_FOUND"),
-            (429, "RESOURCE_EXHAUSTED"),
-            (502, "UNAVAILABLE"),
-            (503, "UNAVAILABLE"),
-            (504, "DEADLINE_EXCEEDED"),
-            (500, "INTERNAL"),
-        ] {
-            assert_eq!(status_word(status), word, "{status}");
-        }
         let openai = br#"{"error":{"message":"All lanes failed.","type":"server_error","code":"upstream_error","trail":{"skipped":[]}}}"#;
         let v: Value = serde_json::from_slice(&error_from_openai(502, openai)).unwrap();
         assert_eq!(v["error"]["message"], "All lanes failed.");

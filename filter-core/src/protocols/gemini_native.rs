@@ -24,24 +24,77 @@ fn api_base(base_path: &str) -> &str {
     base.strip_suffix("/openai").unwrap_or(base)
 }
 
-/// The provider path of a generation for `model` (`?alt=sse` on a stream).
-pub fn path(base_path: &str, model: &str, stream: bool) -> String {
-    let method = if stream {
-        "streamGenerateContent?alt=sse"
-    } else {
-        "generateContent"
-    };
+/// The Gemini method a native call asks: an embedding (`:embedContent`,
+/// `:batchEmbedContents`), a count (`:countTokens`) or a generation (`?alt=sse` on a stream).
+pub fn method(embeddings: bool, count: bool, stream: bool, body: &Value) -> &'static str {
+    match (embeddings, count, stream) {
+        (true, _, _) => crate::protocols::gemini_embed::method(body),
+        (_, true, _) => "countTokens",
+        (_, _, true) => "streamGenerateContent?alt=sse",
+        _ => "generateContent",
+    }
+}
+
+/// The provider path of a call of `method` for `model`.
+pub fn path(base_path: &str, model: &str, method: &str) -> String {
     format!("{}/models/{model}:{method}", api_base(base_path))
 }
 
 /// The body a gemini lane is sent: the caller's, everything kept (fields the gateway does not
-/// know included) but `model`, which the path names.
-pub fn request(caller: &Value) -> Value {
+/// know included) but `model`, which the path names; the models a body names inside (each
+/// request of a batch embedding, a count's `generateContentRequest`) name the lane's `model`,
+/// as Google requires them to match the path.
+pub fn request(caller: &Value, model: &str) -> Value {
     let mut body = caller.clone();
+    let name = Value::String(format!("models/{model}"));
     if let Some(fields) = body.as_object_mut() {
         fields.remove("model");
+        if let Some(Value::Array(requests)) = fields.get_mut("requests") {
+            for one in requests.iter_mut().filter_map(Value::as_object_mut) {
+                one.insert("model".into(), name.clone());
+            }
+        }
+        if let Some(Value::Object(inner)) = fields.get_mut("generateContentRequest") {
+            inner.insert("model".into(), name);
+        }
     }
     body
+}
+
+/// What the front stage routes a Gemini call by when its body cannot be translated (it asks
+/// what only Google runs: a hosted tool, cached contents, a non-text embedding): the body's
+/// text as one message (or input), so the estimates see its size.
+pub fn routing_view(model: &str, stream: bool, embeddings: bool, body: &Value) -> Value {
+    let text = body.to_string();
+    match embeddings {
+        true => serde_json::json!({ "model": model, "input": [text] }),
+        false => serde_json::json!({ "model": model, "stream": stream,
+                                     "messages": [{ "role": "user", "content": text }] }),
+    }
+}
+
+/// The tiers cut down to the lanes that take a Gemini call natively (a request no translation
+/// can carry), each other candidate noted in the trail with reason `adapter`; `false` when
+/// none is left.
+pub fn keep_native(
+    state: &crate::state::State,
+    tiers: &mut Vec<Vec<crate::plan::Candidate>>,
+    trail: &mut crate::answer::trail::Trail,
+    json_array: bool,
+) -> bool {
+    for tier in tiers.iter_mut() {
+        tier.retain(|c| {
+            let native = state
+                .provider(&c.provider)
+                .is_some_and(|(_, p)| serves(p.kind(), json_array));
+            if !native {
+                trail.skip(&c.provider, "", &c.model, "adapter");
+            }
+            native
+        });
+    }
+    tiers.retain(|t| !t.is_empty());
+    !tiers.is_empty()
 }
 
 /// Usage from `usageMetadata`: thoughts count as output, as Google bills them.
@@ -115,18 +168,26 @@ mod tests {
 
     #[test]
     fn the_path_is_googles_own_api_under_the_openai_endpoints_base() {
+        let body = json!({});
         assert_eq!(
-            path("/v1beta/openai", "gemini-2.5-flash", false),
+            path(
+                "/v1beta/openai",
+                "gemini-2.5-flash",
+                method(false, false, false, &body)
+            ),
             "/v1beta/models/gemini-2.5-flash:generateContent"
         );
         assert_eq!(
-            path("/v1beta/openai/", "m", true),
+            path("/v1beta/openai/", "m", method(false, false, true, &body)),
             "/v1beta/models/m:streamGenerateContent?alt=sse"
         );
         assert_eq!(
-            path("/gemini/v1beta", "m", false),
-            "/gemini/v1beta/models/m:generateContent"
+            path("/gemini/v1beta", "m", method(false, true, false, &body)),
+            "/gemini/v1beta/models/m:countTokens"
         );
+        let batch = json!({"requests": []});
+        assert_eq!(method(true, false, false, &batch), "batchEmbedContents");
+        assert_eq!(method(true, false, false, &body), "embedContent");
     }
 
     #[test]
@@ -134,11 +195,23 @@ mod tests {
         let caller = json!({"model": "alias", "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
                             "safetySettings": [{"category": "x"}], "someNewField": {"a": 1},
                             "cachedContent": "cachedContents/abc"});
-        let sent = request(&caller);
+        let sent = request(&caller, "lane-m");
         assert_eq!(sent.get("model"), None);
         assert_eq!(sent["someNewField"], json!({"a": 1}));
         assert_eq!(sent["safetySettings"], caller["safetySettings"]);
         assert_eq!(sent["cachedContent"], caller["cachedContent"]);
+    }
+
+    #[test]
+    fn the_models_a_body_names_inside_name_the_lanes() {
+        let batch = json!({"requests": [{"model": "models/alias", "content": {"parts": []},
+                                         "taskType": "RETRIEVAL_QUERY"}]});
+        let sent = request(&batch, "lane-m");
+        assert_eq!(sent["requests"][0]["model"], "models/lane-m");
+        assert_eq!(sent["requests"][0]["taskType"], "RETRIEVAL_QUERY");
+        let count = json!({"generateContentRequest": {"model": "models/alias", "contents": []}});
+        let sent = request(&count, "lane-m");
+        assert_eq!(sent["generateContentRequest"]["model"], "models/lane-m");
     }
 
     #[test]

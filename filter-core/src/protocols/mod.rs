@@ -21,6 +21,7 @@
 pub mod anthropic;
 pub mod context;
 pub mod gemini;
+pub mod gemini_embed;
 pub mod gemini_native;
 pub mod messages;
 pub mod prompt_cache;
@@ -226,6 +227,9 @@ pub fn unary(protocol: Protocol, chat: &Value, request: &Value, now_s: i64) -> V
         Protocol::Chat => chat.clone(),
         Protocol::Messages => messages::from_chat_response(chat),
         Protocol::Responses => responses::from_chat_response(chat, request, now_s),
+        Protocol::Gemini if gemini_embed::is_embeddings_answer(chat) => {
+            gemini_embed::from_openai(chat, request)
+        }
         Protocol::Gemini => gemini::from_chat_response(chat),
     }
 }

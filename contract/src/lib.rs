@@ -282,4 +282,18 @@ mod tests {
         assert_eq!(fingerprint("abc").to_be_bytes(), digest[..8]);
         assert_ne!(fingerprint("sk-a"), fingerprint("sk-b"));
     }
+
+    #[test]
+    fn fingerprint_is_stable_and_distinct() {
+        assert_eq!(fingerprint("sk-a"), fingerprint("sk-a"));
+        assert_ne!(fingerprint("sk-a"), fingerprint("sk-b"));
+        // Matches the control plane's definition: first 8 bytes of SHA-256.
+        let d = Sha256::digest(b"abc");
+        assert_eq!(fingerprint("abc").to_be_bytes(), d[..8]);
+    }
+
+    #[test]
+    fn sha256_hex_is_64_hex_digits() {
+        assert_eq!(sha256_hex(b"").len(), 64);
+    }
 }

@@ -57,7 +57,8 @@ impl Attempt {
                     Class::Transient | Class::Network | Class::Timeout | Class::Stream
                 ) {
                     c.transient_failures += 1;
-                    let wait = crate::lanes::backoff_ms(&backoff, c.transient_failures, jitter);
+                    let wait =
+                        crate::vm::backoff::backoff_ms(&backoff, c.transient_failures, jitter);
                     c.backoff_until_ms = now + wait as i64;
                 }
             }

@@ -46,9 +46,6 @@ use {
     ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason},
 };
 
-/// The wait after the n-th transient failure of a call (the one formula: [`crate::wire::percent`]).
-pub use crate::vm::backoff::backoff_ms;
-
 /// The provider and key of a lane in `state`, when it still serves the lane's model.
 pub fn lane_in<'s>(
     state: &'s crate::state::State,

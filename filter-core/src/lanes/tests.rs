@@ -857,20 +857,6 @@ fn latency_outside_tolerance_loses() {
 }
 
 #[test]
-fn backoff_grows_and_is_capped() {
-    let b = ai_router_proto::v1::BackoffSettings {
-        base_ms: 100,
-        factor: 2.0,
-        max_ms: 5000,
-    };
-    assert_eq!(backoff_ms(&b, 1, 0.0), 50);
-    assert_eq!(backoff_ms(&b, 1, 0.999_999), 99);
-    assert_eq!(backoff_ms(&b, 3, 0.0), 200);
-    assert_eq!(backoff_ms(&b, 30, 0.0), 2500);
-    assert!(backoff_ms(&b, 30, 0.99) < 5000);
-}
-
-#[test]
 fn a_conditional_tier_is_taken_only_after_its_trigger() {
     let s = state_with(vec![]);
     let v = FakeView::default();

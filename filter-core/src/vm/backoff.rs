@@ -23,3 +23,22 @@ pub const CONTROL_PLANE_RETRY: ai_router_proto::v1::BackoffSettings =
 pub fn control_plane_retry_ms(n: u32) -> i64 {
     backoff_ms(&CONTROL_PLANE_RETRY, n.max(1), 1.0) as i64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = ai_router_proto::v1::BackoffSettings {
+            base_ms: 100,
+            factor: 2.0,
+            max_ms: 5000,
+        };
+        assert_eq!(backoff_ms(&b, 1, 0.0), 50);
+        assert_eq!(backoff_ms(&b, 1, 0.999_999), 99);
+        assert_eq!(backoff_ms(&b, 3, 0.0), 200);
+        assert_eq!(backoff_ms(&b, 30, 0.0), 2500);
+        assert!(backoff_ms(&b, 30, 0.99) < 5000);
+    }
+}

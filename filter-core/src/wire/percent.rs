@@ -25,21 +25,6 @@ pub fn percent_decode(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ai_router_contract::{fingerprint, sha256_hex};
-
-    #[test]
-    fn fingerprint_is_stable_and_distinct() {
-        assert_eq!(fingerprint("sk-a"), fingerprint("sk-a"));
-        assert_ne!(fingerprint("sk-a"), fingerprint("sk-b"));
-        // Matches the control plane's definition: first 8 bytes of SHA-256.
-        let d = <sha2::Sha256 as sha2::Digest>::digest(b"abc");
-        assert_eq!(fingerprint("abc").to_be_bytes(), d[..8]);
-    }
-
-    #[test]
-    fn sha256_hex_is_64_hex_digits() {
-        assert_eq!(sha256_hex(b"").len(), 64);
-    }
 
     #[test]
     fn percent_decodes_path_segments() {

@@ -7,39 +7,12 @@ pub(super) use crate::protocols::anthropic::ANTHROPIC_VERSION;
 pub(super) use crate::state::State;
 pub(super) use crate::vm::view::View;
 pub(super) use ai_router_contract::headers::{LANE_MODEL as H_LANE_MODEL, RETRY as H_RETRY};
-pub(super) use ai_router_proto::v1::{
-    BreakerState, LaneCooldown, Model, Provider, ProviderKey, Snapshot,
-};
+pub(super) use ai_router_proto::v1::{BreakerState, LaneCooldown, Provider, Snapshot};
 
 pub(super) const NOW: i64 = 1_700_000_000_000;
 
 pub(super) fn provider(id: &str, kind: ProviderKind, keys: &[&str], model: &str) -> Provider {
-    Provider {
-        id: id.into(),
-        kind: kind.into(),
-        scheme: "http".into(),
-        authority: format!("{id}.test:8000"),
-        base_path: "/v1".into(),
-        auth_header: if kind == ProviderKind::Anthropic {
-            "x-api-key".into()
-        } else {
-            "authorization".into()
-        },
-        keys: keys
-            .iter()
-            .map(|k| ProviderKey {
-                alias: (*k).into(),
-                secret: format!("sk-{id}-{k}-secret"),
-                fingerprint: ai_router_contract::fingerprint(&format!("sk-{id}-{k}-secret")),
-                ..Default::default()
-            })
-            .collect(),
-        models: vec![Model {
-            id: model.into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
+    crate::testing::provider_of_kind(id, kind, keys, model)
 }
 
 pub(super) fn snapshot() -> Snapshot {

@@ -13,6 +13,9 @@
 //! - `with_call` always finds the call table free; in Envoy a re-entered table answers `None`;
 //! - `sync_token` is set (`sync-token`) unless the builder clears it;
 //! - `reserve_send` keeps its scopes in a map (`lanes.sends`), never losing a race.
+//!
+//! [`sim::CallSim`] runs whole calls over one of these: the front stage, the attempts as the
+//! rendered router retries them, and the front stage again, over one shared store.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -33,6 +36,8 @@ use crate::vm::{read_record, records};
 use crate::vocab::{LaneId, LocalHold};
 
 pub use crate::vm::MemoryShared;
+
+pub mod sim;
 
 /// A call the stage dispatched.
 #[derive(Debug, Clone, PartialEq)]
@@ -512,6 +517,42 @@ pub fn provider(
             ..Default::default()
         }],
         models,
+        ..Default::default()
+    }
+}
+
+/// A provider of `kind` at `http://<id>.test:8000/v1`, with these keys (each one's secret
+/// `sk-<id>-<key>-secret`, fingerprinted) and one model.
+pub fn provider_of_kind(
+    id: &str,
+    kind: ai_router_proto::v1::ProviderKind,
+    keys: &[&str],
+    model_id: &str,
+) -> ai_router_proto::v1::Provider {
+    use ai_router_proto::v1::ProviderKind;
+    ai_router_proto::v1::Provider {
+        id: id.into(),
+        kind: kind.into(),
+        scheme: "http".into(),
+        authority: format!("{id}.test:8000"),
+        base_path: "/v1".into(),
+        auth_header: match kind {
+            ProviderKind::Anthropic => "x-api-key".into(),
+            _ => "authorization".into(),
+        },
+        keys: keys
+            .iter()
+            .map(|k| {
+                let secret = format!("sk-{id}-{k}-secret");
+                ai_router_proto::v1::ProviderKey {
+                    alias: (*k).into(),
+                    fingerprint: ai_router_contract::fingerprint(&secret),
+                    secret,
+                    ..Default::default()
+                }
+            })
+            .collect(),
+        models: vec![model(model_id, &[])],
         ..Default::default()
     }
 }

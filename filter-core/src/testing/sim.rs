@@ -1,4 +1,5 @@
-//! A call through the gateway in memory, as the rendered Envoy runs it (`control-plane/src/render.rs`):
+//! A call through the gateway in memory, as the rendered Envoy runs it
+//! (`control-plane/src/render.rs`):
 //!
 //! ```text
 //! caller → front stage (public listener) → router ─┬→ attempt stage (internal listener) → provider
@@ -21,11 +22,12 @@
 //! answer (before the first token) is answered on the attempt listener by Envoy itself (a 503,
 //! retried); after the first token, the caller's stream is cut.
 //!
-//! ```ignore
+//! In a test (`sim_tests.rs` has whole ones):
+//! ```text
 //! let mut sim = CallSim::new(state);
-//! sim.reply(Reply::json(429, json!({"error": {"message": "slow down"}})))
-//!     .reply(Reply::json(200, ok_body));
-//! let got = sim.call(Request::chat(KEY, json!({"model": "chat", "messages": [...]})));
+//! sim.reply(Reply::json(429, &json!({"error": {"message": "slow down"}})))
+//!     .reply(Reply::json(200, &ok_body));
+//! let got = sim.call(Request::chat(KEY, &json!({"model": "chat", "messages": [...]})));
 //! assert_eq!(got.status, 200);
 //! assert_eq!(got.sent.len(), 2);             // what each attempt sent to a provider
 //! assert!(!sim.vm.lanes.holds(&lane).is_empty()); // the shared store after the call

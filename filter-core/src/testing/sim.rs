@@ -266,10 +266,10 @@ impl Hop {
         headers.extend(answer.headers.into_iter().map(|(k, v)| (k, v.into_bytes())));
         Self {
             headers,
-            chunks: vec![answer.body]
-                .into_iter()
-                .filter(|b| !b.is_empty())
-                .collect(),
+            chunks: match answer.body.is_empty() {
+                true => Vec::new(),
+                false => vec![answer.body],
+            },
             cut: false,
         }
     }

@@ -5,12 +5,16 @@
 //! - [`records`]: in-flight counts, billing-scope sends, a key's minute record, the holds one
 //!   worker puts on lanes for all;
 //! - [`calls`]: this VM's calls in progress and their sweep;
-//! - [`busy`]: callbacks the host delivered while their stage was already running.
+//! - [`busy`]: callbacks the host delivered while their stage was already running;
+//! - [`worker`]: the per-VM state the filter's roots own and hand to each context, and the
+//!   stages' host made of it and the stream's host calls;
+//! - [`gauge`]: the metrics the filter keeps of that bookkeeping.
 
 pub mod backoff;
 pub mod busy;
 pub mod call;
 pub mod calls;
+pub mod gauge;
 pub mod lane_records;
 pub mod local;
 pub mod minute_lease;
@@ -19,6 +23,7 @@ pub mod records;
 pub mod reports;
 pub mod round_robin;
 pub mod view;
+pub mod worker;
 
 /// A shared-data call that did not succeed: what the host's status means to a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

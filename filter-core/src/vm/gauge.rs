@@ -10,7 +10,7 @@
 pub enum Gauge {
     /// Entries in the call tables ([`crate::vm::calls`]): a call from its front stage to its end.
     Calls,
-    /// Attempt contexts alive ([`crate::vm::worker::Worker`]'s attempts).
+    /// Attempt contexts alive ([`crate::worker::Worker`]'s attempts).
     Attempts,
     /// The attempts counted in flight on the lanes (the shared `inflight` records).
     LaneInFlight,

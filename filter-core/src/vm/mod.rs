@@ -6,9 +6,10 @@
 //!   worker puts on lanes for all;
 //! - [`calls`]: this VM's calls in progress and their sweep;
 //! - [`busy`]: callbacks the host delivered while their stage was already running;
-//! - [`worker`]: the per-VM state the filter's roots own and hand to each context, and the
-//!   stages' host made of it and the stream's host calls;
 //! - [`gauge`]: the metrics the filter keeps of that bookkeeping.
+//!
+//! The per-VM state the filter's roots own, and the stages' host made of it, are
+//! [`crate::worker`] (above this folder: it reads the pushed state and the sync record too).
 
 pub mod backoff;
 pub mod busy;
@@ -23,7 +24,6 @@ pub mod records;
 pub mod reports;
 pub mod round_robin;
 pub mod view;
-pub mod worker;
 
 /// A shared-data call that did not succeed: what the host's status means to a caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! `String::from_utf8(..).unwrap()`: a client or provider header carrying one byte >= 0x80
 //! would panic the VM. Header values are read as bytes; a value that is not UTF-8 is opaque to
 //! the gateway (it is never parsed), and every host error is logged with its call and status,
-//! and the value taken as absent. [`WasmCalls`] is what `ai_router_filter_core::vm::worker` needs of Envoy:
+//! and the value taken as absent. [`WasmCalls`] is what `ai_router_filter_core::worker` needs of Envoy:
 //! each method one host call.
 
 use std::time::{Duration, UNIX_EPOCH};
@@ -11,9 +11,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use ai_router_contract::shared::{REPORT_QUEUE, VM_ID};
 use ai_router_filter_core::host::{Flow, Refused, Side};
 use ai_router_filter_core::vm::gauge::Gauge;
-use ai_router_filter_core::vm::worker::on_worker::HostCalls;
-use ai_router_filter_core::vm::worker::VmCalls;
 use ai_router_filter_core::vm::{SharedData, SharedError};
+use ai_router_filter_core::worker::on_worker::HostCalls;
+use ai_router_filter_core::worker::VmCalls;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{Action, BufferType, MapType, Status};
 

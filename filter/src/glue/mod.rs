@@ -11,7 +11,7 @@ mod prof;
 use std::rc::Rc;
 
 use ai_router_filter_core::vm::plugin;
-use ai_router_filter_core::vm::worker::{self, on_worker::OnWorker};
+use ai_router_filter_core::worker::{self, on_worker::OnWorker};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 

@@ -17,7 +17,7 @@ use crate::vm::local::{Allowance, Send};
 use crate::vm::round_robin::RoundRobin;
 use crate::vm::view::View;
 use crate::vm::{read_bytes, read_versioned, records};
-use crate::vocab::{LaneId, LocalHold};
+use crate::vocab::LaneId;
 
 /// The host calls a stage makes on its stream, each one call into Envoy; a failed call is
 /// logged by the implementation and answered as absent.
@@ -58,12 +58,6 @@ pub trait HostCalls: VmCalls {
 pub struct OnWorker<'a, C, T = ()> {
     pub calls: C,
     pub worker: &'a Worker<T>,
-}
-
-impl<C: HostCalls, T> OnWorker<'_, C, T> {
-    fn hold(&mut self, provider: &str, key: &str, model: &str, hold: LocalHold, now: i64) {
-        records::hold(&mut self.calls, provider, key, model, hold, now);
-    }
 }
 
 impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
@@ -208,11 +202,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
         C::time("host.hold_cooldown", || {
             let now = self.calls.now_ms();
-            let hold = LocalHold::Cooldown {
-                until_ms,
-                set_at_ms: now,
-            };
-            self.hold(&lane.provider, &lane.key, &lane.model, hold, now);
+            records::hold_cooldown(&mut self.calls, lane, until_ms, now);
         })
     }
     fn hold_blacklist(
@@ -225,14 +215,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     ) {
         C::time("host.hold_blacklist", || {
             let now = self.calls.now_ms();
-            let hold = LocalHold::Blacklist {
-                class,
-                until_ms,
-                fingerprint,
-                set_at_ms: now,
-            };
-            // A key's blacklist holds every model of it: one key-wide hold.
-            self.hold(provider, key, "", hold, now);
+            let hold = (class, until_ms, fingerprint);
+            records::hold_blacklist(&mut self.calls, provider, key, hold, now);
         })
     }
     fn record_latency(&mut self, lane: &LaneId, ms: f64) {

@@ -1,7 +1,8 @@
 //! What a stage needs from Envoy, as a trait: the stream's headers and bodies, a local answer,
-//! the clock, the pushed state and this VM's shared bookkeeping. The filter implements it over
-//! `proxy_wasm::hostcalls` (`filter/src/glue/host.rs`); the tests here implement it with a fake
-//! ([`crate::testing::FakeHost`], feature `testing`) and drive the stages through whole calls on the host.
+//! the clock, the pushed state and this VM's shared bookkeeping. Inside Envoy it is
+//! [`crate::worker::on_worker::OnWorker`]: the VM's worker and the glue's host calls; the
+//! tests here implement it with a fake ([`crate::testing::FakeHost`], feature `testing`) and
+//! drive the stages through whole calls on the host.
 
 use std::rc::Rc;
 

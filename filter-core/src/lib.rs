@@ -25,7 +25,9 @@
 //!   tiers, and `routes:` rules;
 //! - `cache/`: the response cache (lookup, store, replay) per caller protocol;
 //! - `attempt/`: the attempt stage and its stream gate;
-//! - `front/`: the front stage, with the body check, quotas and budgets.
+//! - `front/`: the front stage, with the body check, quotas and budgets;
+//! - `worker/`: the per-VM state the filter's roots own and hand to each context, and the
+//!   `Host` the stages run on in Envoy, made of it and the glue's host calls.
 
 pub mod answer;
 pub mod attempt;
@@ -50,3 +52,4 @@ pub mod testing;
 pub mod vm;
 pub mod vocab;
 pub mod wire;
+pub mod worker;

@@ -14,13 +14,7 @@ use prost::Message;
 use super::host::{Level, SyncHost};
 use crate::vm::minute_lease::Ask;
 use crate::vm::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES, REPORT_BUNDLE};
-
-/// The kind byte of a queue message: an attempt's outcome.
-pub const REPORT_ATTEMPT: u8 = 1;
-/// A request's outcome.
-pub const REPORT_REQUEST: u8 = 2;
-/// An ask for a block of a key's minute budget (`MinuteCallsRequest`).
-pub const MINUTE_ASK: u8 = 3;
+pub use crate::vm::reports::{MINUTE_ASK, REPORT_ATTEMPT, REPORT_REQUEST};
 
 /// An ask for a block of a minute budget: short, since its calls pass on credit meanwhile.
 pub const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;

@@ -417,19 +417,7 @@ impl Host for FakeHost {
         }
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
-        let hold = LocalHold::Cooldown {
-            until_ms,
-            set_at_ms: self.now,
-        };
-        let records = &mut self.lanes.records;
-        records::hold(
-            records,
-            &lane.provider,
-            &lane.key,
-            &lane.model,
-            hold,
-            self.now,
-        );
+        records::hold_cooldown(&mut self.lanes.records, lane, until_ms, self.now);
     }
     fn hold_blacklist(
         &mut self,
@@ -439,14 +427,8 @@ impl Host for FakeHost {
         until_ms: i64,
         fingerprint: u64,
     ) {
-        // A key's blacklist holds every model of it: one key-wide hold, as in Envoy.
-        let hold = LocalHold::Blacklist {
-            class,
-            until_ms,
-            fingerprint,
-            set_at_ms: self.now,
-        };
-        records::hold(&mut self.lanes.records, provider, key, "", hold, self.now);
+        let hold = (class, until_ms, fingerprint);
+        records::hold_blacklist(&mut self.lanes.records, provider, key, hold, self.now);
     }
     fn record_latency(&mut self, lane: &LaneId, ms: f64) {
         self.latencies.push((lane.clone(), ms));

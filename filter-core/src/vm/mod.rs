@@ -5,12 +5,17 @@
 //! - [`records`]: in-flight counts, billing-scope sends, a key's minute record, the holds one
 //!   worker puts on lanes for all;
 //! - [`calls`]: this VM's calls in progress and their sweep;
-//! - [`busy`]: callbacks the host delivered while their stage was already running.
+//! - [`busy`]: callbacks the host delivered while their stage was already running;
+//! - [`gauge`]: the metrics the filter keeps of that bookkeeping.
+//!
+//! The per-VM state the filter's roots own, and the stages' host made of it, are
+//! [`crate::worker`] (above this folder: it reads the pushed state and the sync record too).
 
 pub mod backoff;
 pub mod busy;
 pub mod call;
 pub mod calls;
+pub mod gauge;
 pub mod lane_records;
 pub mod local;
 pub mod minute_lease;

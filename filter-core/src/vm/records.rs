@@ -5,9 +5,10 @@ use ai_router_contract::shared as names;
 use ai_router_proto::v1::MinuteCallsRequest;
 
 use super::{cas_update, Change, SharedData, SharedError};
+use crate::classify::Class;
 use crate::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use crate::vm::minute_lease::{Ask, MinuteLease};
-use crate::vocab::LocalHold;
+use crate::vocab::{LaneId, LocalHold};
 
 /// Changes a record that starts again from its default when absent or undecodable.
 fn update<T: Default>(
@@ -88,6 +89,39 @@ pub fn hold(
         ProviderHolds::encode,
         |h| h.put(key, model, hold, now_ms),
     );
+}
+
+/// Cools a lane for every worker (the control plane's push follows).
+pub fn hold_cooldown(shared: &mut impl SharedData, lane: &LaneId, until_ms: i64, now_ms: i64) {
+    let cooldown = LocalHold::Cooldown {
+        until_ms,
+        set_at_ms: now_ms,
+    };
+    hold(
+        shared,
+        &lane.provider,
+        &lane.key,
+        &lane.model,
+        cooldown,
+        now_ms,
+    );
+}
+
+/// Takes a key out for every worker: every model of it, one key-wide hold.
+pub fn hold_blacklist(
+    shared: &mut impl SharedData,
+    provider: &str,
+    key: &str,
+    (class, until_ms, fingerprint): (Class, i64, u64),
+    now_ms: i64,
+) {
+    let blacklist = LocalHold::Blacklist {
+        class,
+        until_ms,
+        fingerprint,
+        set_at_ms: now_ms,
+    };
+    hold(shared, provider, key, "", blacklist, now_ms);
 }
 
 /// Admits one request of the virtual key `key_id` (`requestsPerMinute` = `limit`) by its

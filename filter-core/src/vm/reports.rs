@@ -152,6 +152,12 @@ impl Outbox {
     }
 }
 
+/// The kind byte of a queue message (a worker's to the singleton): an attempt's outcome.
+pub const REPORT_ATTEMPT: u8 = 1;
+/// A request's outcome.
+pub const REPORT_REQUEST: u8 = 2;
+/// An ask for a block of a key's minute budget (`MinuteCallsRequest`).
+pub const MINUTE_ASK: u8 = 3;
 /// The kind byte of a queue message that bundles several outcomes (see [`bundle_push`]).
 pub const REPORT_BUNDLE: u8 = 4;
 /// A worker holds its outcomes at most this long before it queues them for the singleton (on

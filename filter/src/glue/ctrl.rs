@@ -2,14 +2,18 @@
 //! callbacks forwarded to `ai_router_filter_core::sync::SyncClient` over [`CtrlHost`], whose
 //! methods are host calls.
 
+use std::time::Duration;
+
+use ai_router_contract::shared::REPORT_QUEUE;
 use ai_router_filter_core::sync::{Level, SyncClient, SyncHost};
+use ai_router_filter_core::vm::gauge::Gauge;
 use ai_router_filter_core::vm::{SharedData, SharedError};
+use ai_router_filter_core::worker::sync_token;
 use ai_router_proto::names::sync;
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::BufferType;
 
-use super::gauges::{self, Gauge};
-use super::shared::{duration_ms, now_ms, WasmShared, REPORT_QUEUE};
+use super::gauges;
+use super::host::{now_ms, received, WasmCalls};
 use super::{log_error, log_info};
 
 const TOKEN_HEADER: &str = ai_router_contract::SYNC_TOKEN_METADATA;
@@ -32,7 +36,7 @@ impl Ctrl {
             client: SyncClient::new(node, now_ms()),
             host: CtrlHost {
                 cluster,
-                token: super::shared::sync_token(),
+                token: sync_token(),
                 queue: None,
             },
         }
@@ -45,7 +49,7 @@ impl Ctrl {
                 "ai-router: cannot register the report queue: {e:?}"
             )),
         }
-        let _ = hostcalls::set_tick_period(duration_ms(tick_ms));
+        let _ = hostcalls::set_tick_period(Duration::from_millis(tick_ms));
     }
 
     pub fn on_tick(&mut self) {
@@ -76,13 +80,6 @@ impl Ctrl {
     }
 }
 
-/// The gRPC message being delivered (`None` when there is none).
-fn received(size: usize) -> Option<Vec<u8>> {
-    hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
-        .ok()
-        .flatten()
-}
-
 impl CtrlHost {
     fn metadata(&self) -> Vec<(&str, &[u8])> {
         match &self.token {
@@ -94,10 +91,10 @@ impl CtrlHost {
 
 impl SharedData for CtrlHost {
     fn get(&self, name: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedError> {
-        WasmShared.get(name)
+        WasmCalls.get(name)
     }
     fn set(&mut self, name: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedError> {
-        WasmShared.set(name, value, cas)
+        WasmCalls.set(name, value, cas)
     }
 }
 
@@ -127,7 +124,7 @@ impl SyncHost for CtrlHost {
             method,
             self.metadata(),
             Some(message),
-            duration_ms(timeout_ms),
+            Duration::from_millis(timeout_ms),
         )
         .map_err(|e| format!("{e:?}"))
     }

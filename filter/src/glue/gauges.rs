@@ -1,65 +1,11 @@
-//! Envoy gauges of the filter's per-call bookkeeping, so that a soak (and an operator) can see it
-//! freed on every end: the calls in this process's call tables, the attempt contexts alive, the
-//! attempts counted in flight on the lanes, and the linear memory of the VMs. Each VM adds its own
-//! changes to the process-wide gauge of the same name (`wasmcustom.<name>` in `/stats`), so a
-//! gauge is the sum over the workers' VMs (and the singleton's, for the memory).
+//! The filter's metrics in Envoy ([`Gauge`]'s names and kinds are filter-core's): defined once
+//! per VM, each VM adding its own changes to the process-wide metric of the same name.
 
 use std::cell::RefCell;
 
+use ai_router_filter_core::vm::gauge::Gauge;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
-
-#[derive(Clone, Copy)]
-pub enum Gauge {
-    /// Entries in the call tables (`Local::calls`): a call from its front stage to its end.
-    Calls,
-    /// Attempt contexts alive (the attempt stage's `IN_FLIGHT` table).
-    Attempts,
-    /// The attempts counted in flight on the lanes (the shared `inflight` records).
-    LaneInFlight,
-    /// The VMs' linear memory, in bytes (it grows and never shrinks: its bound is the soak's).
-    VmMemory,
-    /// Outcome reports not yet acknowledged by a control plane: held by a worker, on the
-    /// singleton's queue, in its outbox or on the wire. A drain waits for 0 before Envoy stops
-    /// (`ai-router drain`), so stopping loses no usage.
-    ReportsPending,
-    /// The state version the workers read, as the control plane numbered it (set by the
-    /// singleton when it published a snapshot or a delta): what a test waits for after a push.
-    StateVersion,
-    /// Callbacks skipped because their stage was running (`filter_core::vm::busy`): a counter.
-    CallbacksSkipped,
-}
-
-impl Gauge {
-    const ALL: [Gauge; 7] = [
-        Gauge::Calls,
-        Gauge::Attempts,
-        Gauge::LaneInFlight,
-        Gauge::VmMemory,
-        Gauge::ReportsPending,
-        Gauge::StateVersion,
-        Gauge::CallbacksSkipped,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Gauge::Calls => "ai_router.calls_in_progress",
-            Gauge::Attempts => "ai_router.attempts_in_progress",
-            Gauge::LaneInFlight => "ai_router.lane_attempts_in_flight",
-            Gauge::VmMemory => "ai_router.vm_memory_bytes",
-            Gauge::ReportsPending => "ai_router.reports_pending",
-            Gauge::StateVersion => ai_router_contract::STATE_VERSION_STAT,
-            Gauge::CallbacksSkipped => "ai_router.callbacks_skipped",
-        }
-    }
-
-    fn kind(self) -> MetricType {
-        match self {
-            Gauge::CallbacksSkipped => MetricType::Counter,
-            _ => MetricType::Gauge,
-        }
-    }
-}
 
 #[derive(Default)]
 struct Defined {
@@ -106,9 +52,16 @@ fn id_of(gauge: Gauge) -> Option<u32> {
     DEFINED.with(|d| {
         let mut d = d.try_borrow_mut().ok()?;
         let ids = d.ids.get_or_insert_with(|| {
-            Gauge::ALL.map(|g| hostcalls::define_metric(g.kind(), g.name()).ok())
+            Gauge::ALL.map(|g| {
+                let kind = if g.is_counter() {
+                    MetricType::Counter
+                } else {
+                    MetricType::Gauge
+                };
+                hostcalls::define_metric(kind, g.name()).ok()
+            })
         });
-        ids[gauge as usize]
+        ids[gauge.index()]
     })
 }
 

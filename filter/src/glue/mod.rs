@@ -1,4 +1,5 @@
-//! The proxy-wasm glue: root contexts, the shared view of the state and of this VM's calls.
+//! The proxy-wasm glue: root contexts that own this VM's [`Worker`] and hand it to each
+//! context, contexts that forward Envoy's callbacks to the stages, and the host calls.
 
 mod attempt;
 mod ctrl;
@@ -6,11 +7,32 @@ mod front;
 mod gauges;
 mod host;
 mod prof;
-mod shared;
+
+use std::rc::Rc;
 
 use ai_router_filter_core::vm::plugin;
+use ai_router_filter_core::worker::{self, on_worker::OnWorker};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
+
+/// The per-VM state, with the attempt stage's contexts in flight.
+type Worker = worker::Worker<ai_router_filter_core::attempt::Attempt>;
+
+/// A stage's host for one callback.
+type WasmHost<'a> = OnWorker<'a, host::WasmCalls, ai_router_filter_core::attempt::Attempt>;
+
+fn wasm_host(worker: &Worker) -> WasmHost<'_> {
+    OnWorker {
+        calls: host::WasmCalls,
+        worker,
+    }
+}
+
+thread_local! {
+    /// The front and attempt roots of one worker's VM (one `vm_id`) share one worker: the
+    /// front and attempt stages of a call meet in its call table.
+    static WORKER: Rc<Worker> = Rc::default();
+}
 
 pub fn register() {
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -20,12 +42,17 @@ pub fn register() {
             &format!("ai-router filter panicked: {info}"),
         );
     }));
-    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+    proxy_wasm::set_root_context(|_| {
+        Box::new(Root {
+            role: Role::default(),
+            worker: WORKER.with(Rc::clone),
+        })
+    });
 }
 
-#[derive(Default)]
 struct Root {
     role: Role,
+    worker: Rc<Worker>,
 }
 
 #[derive(Default)]
@@ -104,7 +131,7 @@ impl RootContext for Root {
                 gauges::track_memory();
                 c.on_tick();
             }),
-            Role::Attempt => prof::time("attempt.tick", attempt::on_tick),
+            Role::Attempt => prof::time("attempt.tick", || attempt::on_tick(&self.worker)),
             _ => {}
         }
     }
@@ -116,9 +143,10 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let worker = self.worker.clone();
         match self.role {
-            Role::Front => Some(Box::new(front::Front::default())),
-            Role::Attempt => Some(Box::new(attempt::Attempt::new(context_id))),
+            Role::Front => Some(Box::new(front::Front::new(worker))),
+            Role::Attempt => Some(Box::new(attempt::Attempt::new(context_id, worker))),
             _ => None,
         }
     }

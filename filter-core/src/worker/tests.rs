@@ -1,0 +1,261 @@
+//! The worker driven over a fake VM: shared data as a [`MemoryShared`] (with its races and
+//! failures), a clock, a report queue and the gauges, as the wasm host gives them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ai_router_contract::shared as names;
+use ai_router_proto::v1::{AttemptOutcome, AttemptResult, RequestOutcome, Snapshot};
+use prost::Message;
+
+use super::*;
+use crate::vm::local::{Allowance, InFlight, Sends};
+use crate::vm::reports::bundled;
+use crate::vm::{read_record, MemoryShared};
+
+/// One VM's host calls; clones are the same VM.
+#[derive(Clone, Default)]
+struct FakeVm {
+    shared: Rc<RefCell<MemoryShared>>,
+    now: Rc<RefCell<i64>>,
+    /// `None`: the singleton has not registered the queue.
+    queue: Rc<RefCell<Option<u32>>>,
+    resolved: Rc<RefCell<u32>>,
+    refuse_enqueue: Rc<RefCell<u32>>,
+    queued: Rc<RefCell<Vec<Vec<u8>>>>,
+    gauges: Rc<RefCell<HashMap<&'static str, i64>>>,
+}
+
+impl SharedData for FakeVm {
+    fn get(&self, name: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedError> {
+        self.shared.borrow().get(name)
+    }
+    fn set(&mut self, name: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedError> {
+        self.shared.borrow_mut().set(name, value, cas)
+    }
+}
+
+impl VmCalls for FakeVm {
+    fn now_ms(&self) -> i64 {
+        *self.now.borrow()
+    }
+    fn resolve_queue(&self) -> Option<u32> {
+        *self.resolved.borrow_mut() += 1;
+        *self.queue.borrow()
+    }
+    fn enqueue(&mut self, _queue: u32, message: &[u8]) -> Result<(), SharedError> {
+        let mut refuse = self.refuse_enqueue.borrow_mut();
+        if *refuse > 0 {
+            *refuse -= 1;
+            return Err(SharedError::Failed);
+        }
+        self.queued.borrow_mut().push(message.to_vec());
+        Ok(())
+    }
+    fn gauge(&mut self, gauge: Gauge, delta: i64) {
+        *self.gauges.borrow_mut().entry(gauge.name()).or_default() += delta;
+    }
+    fn track_memory(&mut self) {}
+}
+
+impl FakeVm {
+    fn with_queue() -> Self {
+        let vm = Self::default();
+        *vm.queue.borrow_mut() = Some(7);
+        vm
+    }
+    fn gauge_of(&self, gauge: Gauge) -> i64 {
+        self.gauges.borrow().get(gauge.name()).copied().unwrap_or(0)
+    }
+    /// Publishes a pool as the singleton does: the pool record, then the sync record.
+    fn publish(&self, pool_version: u64, applied: u64, pool: &[u8]) {
+        let mut s = self.shared.borrow_mut();
+        let _ = s.set(names::POOL, pool, None);
+        let sync = SyncRecord {
+            pool_version,
+            generated_at_ms: 100 + applied as i64,
+            applied,
+        };
+        let _ = s.set(names::SYNC, &sync.encode(), None);
+    }
+}
+
+fn pool() -> Vec<u8> {
+    Snapshot::default().encode_to_vec()
+}
+
+#[test]
+fn the_pool_is_decoded_once_per_version_and_a_bad_one_keeps_the_last() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    assert!(w.state(&vm).is_none(), "nothing published yet");
+    vm.publish(1, 1, &pool());
+    let first = w.state(&vm).expect("decoded");
+    assert_eq!(
+        (first.version, w.state_sequence(), w.synced_at_ms()),
+        (1, 1, 101)
+    );
+    // Another record changed, not the pool: the same decoded state, a new sequence.
+    vm.publish(1, 2, b"not read again");
+    assert!(Rc::ptr_eq(&first, &w.state(&vm).expect("cached")));
+    assert_eq!(w.state_sequence(), 2);
+    // A new pool version that does not decode: the last good state stays.
+    vm.publish(2, 3, b"\xff\xff");
+    assert!(Rc::ptr_eq(&first, &w.state(&vm).expect("kept")));
+    vm.publish(3, 4, &pool());
+    assert_eq!(w.state(&vm).map(|s| s.version), Some(3));
+}
+
+#[test]
+fn calls_move_the_gauge_and_a_re_entered_table_answers_none() {
+    let (mut vm, w) = (FakeVm::default(), Worker::<()>::default());
+    let cid = w.new_call(&mut vm, 5);
+    assert_eq!(vm.gauge_of(Gauge::Calls), 1);
+    assert_eq!(w.with_call(&cid, |c| c.created_ms), Some(5));
+    let nested = w.with_call(&cid, |_| w.with_call(&cid, |c| c.attempts));
+    assert_eq!(nested, Some(None), "the table is in use");
+    assert!(w.end_call(&mut vm, &cid).is_some());
+    assert!(w.end_call(&mut vm, &cid).is_none());
+    assert_eq!(vm.gauge_of(Gauge::Calls), 0);
+}
+
+#[test]
+fn a_cas_conflict_is_read_again_and_counted_once() {
+    let mut vm = FakeVm::default();
+    vm.shared.borrow_mut().race(&names::in_flight("p"), 3);
+    Worker::<()>::add_in_flight(&mut vm, "p", "a", 1);
+    Worker::<()>::add_in_flight(&mut vm, "p", "a", 1);
+    let f = read_record(&vm, &names::in_flight("p"), InFlight::decode);
+    assert_eq!(f.of("a"), 2);
+    assert_eq!(vm.gauge_of(Gauge::LaneInFlight), 2);
+    // A record that cannot be written moves neither the count nor the gauge.
+    vm.shared.borrow_mut().fail(&names::in_flight("p"), 1);
+    Worker::<()>::add_in_flight(&mut vm, "p", "a", 1);
+    assert_eq!(vm.gauge_of(Gauge::LaneInFlight), 2);
+}
+
+#[test]
+fn a_reservation_against_a_scarce_figure_queues_the_outcomes_at_once() {
+    let (mut vm, w) = (FakeVm::with_queue(), Worker::<()>::default());
+    let send = Send {
+        scope: "s".into(),
+        model: "m".into(),
+        at_ms: 10,
+        tokens: 0,
+    };
+    let allowance = Allowance {
+        model: String::new(),
+        remaining_requests: 3,
+        remaining_tokens: -1,
+        since_ms: 0,
+    };
+    vm.shared.borrow_mut().race(&names::sends("p", "s"), 1);
+    assert!(w.reserve_send(&mut vm, "p", send.clone(), &[allowance]));
+    let sends = read_record(&vm, &names::sends("p", "s"), Sends::decode);
+    assert_eq!(sends.since("s", "", 0).0, 1, "the race was read again");
+    w.report_request(&mut vm, RequestOutcome::default());
+    assert_eq!(
+        vm.queued.borrow().len(),
+        1,
+        "not held: the figure is scarce"
+    );
+}
+
+#[test]
+fn outcomes_are_held_until_due_and_a_failure_goes_at_once() {
+    let (mut vm, w) = (FakeVm::with_queue(), Worker::<()>::default());
+    let ok = AttemptOutcome {
+        outcome: AttemptResult::Success as i32,
+        ..AttemptOutcome::default()
+    };
+    w.report_attempt(&mut vm, ok.clone());
+    w.report_request(&mut vm, RequestOutcome::default());
+    assert!(vm.queued.borrow().is_empty(), "held");
+    assert!(w.on_tick(&mut vm, 10, |_| true).is_empty());
+    assert!(vm.queued.borrow().is_empty(), "not due yet");
+    w.on_tick(&mut vm, crate::vm::reports::REPORT_HOLD_MS, |_| true);
+    let queued = vm.queued.borrow_mut().pop().expect("one bundle");
+    let kinds: Vec<u8> = bundled(&queued[1..]).iter().map(|(k, _)| *k).collect();
+    assert_eq!(kinds, vec![REPORT_ATTEMPT, REPORT_REQUEST]);
+    // A failed attempt is news for the other Envoys: queued with what waits before it.
+    w.report_request(&mut vm, RequestOutcome::default());
+    w.report_attempt(&mut vm, AttemptOutcome::default());
+    assert_eq!(vm.queued.borrow().len(), 1);
+    assert_eq!(vm.gauge_of(Gauge::ReportsPending), 4);
+}
+
+#[test]
+fn a_refused_queue_is_resolved_again_and_none_drops_nothing_else() {
+    let (mut vm, w) = (FakeVm::default(), Worker::<()>::default());
+    // No queue registered: the message goes nowhere (the gauge counts it pending).
+    w.report_attempt(&mut vm, AttemptOutcome::default());
+    assert!(vm.queued.borrow().is_empty());
+    *vm.queue.borrow_mut() = Some(7);
+    *vm.refuse_enqueue.borrow_mut() = 1;
+    w.report_attempt(&mut vm, AttemptOutcome::default());
+    let before = *vm.resolved.borrow();
+    w.report_attempt(&mut vm, AttemptOutcome::default());
+    assert_eq!(
+        *vm.resolved.borrow(),
+        before + 1,
+        "resolved again after a refusal"
+    );
+    assert_eq!(vm.queued.borrow().len(), 1);
+    w.report_attempt(&mut vm, AttemptOutcome::default());
+    assert_eq!(*vm.resolved.borrow(), before + 1, "kept once it worked");
+}
+
+#[test]
+fn a_minute_ask_is_queued_for_the_singleton_and_a_failed_record_counts_nothing() {
+    let (mut vm, w) = (FakeVm::with_queue(), Worker::<()>::default());
+    let now = 1_700_000_000_000;
+    assert_eq!(w.admit_minute_request(&mut vm, "k", 100, now), Some(true));
+    let queued = vm.queued.borrow().clone();
+    assert!(
+        queued.iter().any(|m| m.first() == Some(&MINUTE_ASK)),
+        "{queued:?}"
+    );
+    vm.shared.borrow_mut().fail(&names::minute_requests("k"), 1);
+    assert_eq!(w.admit_minute_request(&mut vm, "k", 100, now), None);
+}
+
+#[test]
+fn the_tick_lists_the_attempts_due_and_skips_a_running_one() {
+    let (mut vm, w) = (FakeVm::default(), Worker::<u32>::default());
+    let (a, b) = (Rc::new(RefCell::new(1)), Rc::new(RefCell::new(2)));
+    w.attempt_opened(&mut vm, 1, &a);
+    w.attempt_opened(&mut vm, 2, &b);
+    w.attempt_opened(&mut vm, 2, &b);
+    assert_eq!(vm.gauge_of(Gauge::Attempts), 2);
+    let running = b.borrow_mut();
+    let due: Vec<u32> = w
+        .on_tick(&mut vm, 0, |_| true)
+        .iter()
+        .map(|d| d.0)
+        .collect();
+    assert_eq!(due, vec![1]);
+    drop(running);
+    w.attempt_closed(&mut vm, 1);
+    w.attempt_closed(&mut vm, 1);
+    assert_eq!(vm.gauge_of(Gauge::Attempts), 1);
+    assert!(w.skipped(&mut vm, "on_log").is_some());
+    assert!(w.skipped(&mut vm, "on_log").is_none());
+    assert_eq!(vm.gauge_of(Gauge::CallbacksSkipped), 2);
+}
+
+#[test]
+fn the_latency_ewma_starts_at_the_first_sample() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    let lane = LaneId::new("p", "a", "m");
+    assert_eq!(w.latency(&lane), None);
+    w.record_latency(&vm, &lane, 100.0);
+    assert_eq!(w.latency(&lane), Some(100.0));
+    w.record_latency(&vm, &lane, 200.0);
+    let alpha = ai_router_contract::defaults::EWMA_ALPHA;
+    assert_eq!(
+        w.latency(&lane),
+        Some(alpha * 200.0 + (1.0 - alpha) * 100.0)
+    );
+    let r = w.random_unit(1);
+    assert!((0.0..1.0).contains(&r));
+}

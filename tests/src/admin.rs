@@ -70,30 +70,12 @@ impl Admin {
         if let Some(body) = body {
             req = req.header("content-type", "application/json").body(body);
         }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {path}"))?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp
-            .text()
-            .await
-            .with_context(|| format!("reading the body of {method} {path}"))?;
-        scan::observe(
-            &format!("the admin answer to {method} {path}"),
-            text.as_bytes(),
-        );
+        let reply = Reply::fetch(req, &format!("{method} {url}")).await?;
         self.seen
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(text.clone());
-        Ok(Reply {
-            status,
-            headers,
-            json: serde_json::from_str(&text).unwrap_or(Value::Null),
-            text,
-        })
+            .push(reply.text.clone());
+        Ok(reply)
     }
 
     pub async fn get(&self, path: &str) -> Result<Reply> {

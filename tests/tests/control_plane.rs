@@ -624,6 +624,8 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
     served += 1;
 
     // Down: calls from four clients at once keep succeeding from the last state.
+    let connect_fails = "cluster.ai_router_control_plane.upstream_cx_connect_fail";
+    let failed_before = gw.envoy.stat(connect_fails).await.unwrap();
     gw.cp.stop();
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -642,8 +644,17 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
     for t in tasks {
         served += t.await.unwrap();
     }
-    // Long enough that the singleton tried, failed and backed off several times.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until the singleton tried, failed and backed off (Envoy counts its failed connects).
+    ai_router_e2e::poll(
+        "Envoy to fail to reach the stopped control plane twice",
+        Duration::from_secs(20),
+        || async {
+            let failed = gw.envoy.stat(connect_fails).await?;
+            Ok((failed >= failed_before + 2).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
 
     gw.cp.restart(&[]).await.unwrap();
     // The gRPC port is the same (Envoy's cluster points there); the HTTP port is new.

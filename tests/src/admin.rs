@@ -43,6 +43,14 @@ impl Admin {
         }
     }
 
+    /// The same API (token, bodies seen) at another `base`.
+    pub fn at_base(&self, base: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_string(),
+            ..self.clone()
+        }
+    }
+
     /// `http://host:port` of the API.
     pub fn base(&self) -> &str {
         &self.base

@@ -29,8 +29,8 @@ pub struct Gateway {
     pub key_c: String,
     pub sync_token: String,
     pub admin_token: String,
-    /// The control plane's admin API with the admin token.
-    pub admin: Admin,
+    /// The control plane's admin API with the admin token (see [`Gateway::admin`]).
+    admin: Admin,
     /// With [`Gateway::start_mutual_tls`]: the folder `ai-router certs` wrote (the CA,
     /// `control-plane/`, `envoy/`).
     pub sync_tls: Option<PathBuf>,
@@ -185,6 +185,13 @@ impl Gateway {
             sync_tls,
             envoy_env,
         })
+    }
+
+    /// The control plane's admin API with the admin token, at its HTTP address now (a
+    /// restarted control plane listens on another one).
+    pub fn admin(&self) -> Admin {
+        self.admin
+            .at_base(&format!("http://{}", self.cp.http_addr()))
     }
 
     /// Another Envoy synced to the fixture's control plane, in its own directory

@@ -108,7 +108,7 @@ async fn attacker() -> (SocketAddr, Arc<AtomicUsize>) {
 /// Creates a key bound to `models` and waits until Envoy knows it.
 async fn scoped_key(gw: &Gateway, models: &[&str]) -> String {
     let (_, secret) = gw
-        .admin
+        .admin()
         .create_key(&json!({ "label": "scoped", "models": models }))
         .await
         .unwrap();

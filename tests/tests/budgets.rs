@@ -65,7 +65,7 @@ fn warning(r: &Reply) -> Option<String> {
 /// Creates a virtual key through the admin API; returns its secret.
 async fn create_key(gw: &Gateway, label: &str) -> String {
     let resp = gw
-        .admin
+        .admin()
         .post("/admin/keys", &json!({ "label": label, "models": ["*"] }))
         .await
         .unwrap();
@@ -528,7 +528,7 @@ async fn a_spent_hard_budget_stays_spent_across_a_control_plane_restart() {
     // A key made on the restarted control plane reaches Envoy only through its own snapshot:
     // once it answers, Envoy enforces what the new process pushed.
     let (_, fresh) = gw
-        .admin
+        .admin()
         .create_key(&json!({ "label": "after_restart", "models": ["*"] }))
         .await
         .unwrap();

@@ -596,7 +596,7 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
         .await
         .unwrap();
     let created: serde_json::Value = gw
-        .admin
+        .admin()
         .post(
             "/admin/keys",
             &json!({"label": "outage_app", "models": ["*"]}),

@@ -114,7 +114,7 @@ async fn an_envoy_stopped_after_a_drain_loses_no_outcome_report() {
         "the first call counted",
         Duration::from_secs(10),
         || async {
-            let n = gw.admin.get_json(&usage).await?["total"]["requests"]
+            let n = gw.admin().get_json(&usage).await?["total"]["requests"]
                 .as_u64()
                 .unwrap_or(0);
             Ok((n == 1).then_some(()))
@@ -206,7 +206,7 @@ async fn sqlite_gateway(name: &str) -> Gateway {
 /// its id and secret.
 async fn sqlite_gateway_key(gw: &Gateway, label: &str) -> (String, String) {
     let created = gw
-        .admin
+        .admin()
         .post("/admin/keys", &json!({"label": label, "models": ["*"]}))
         .await
         .unwrap()
@@ -230,7 +230,7 @@ async fn sqlite_gateway_key(gw: &Gateway, label: &str) -> (String, String) {
 /// never counts more.
 async fn assert_usage_counts(gw: &Gateway, usage: &str, served: u64, wait: Duration) {
     let counted = poll("every call in the usage", wait, || async {
-        let n = gw.admin.get_json(usage).await?["total"]["requests"]
+        let n = gw.admin().get_json(usage).await?["total"]["requests"]
             .as_u64()
             .unwrap_or(0);
         Ok((n >= served).then_some(n))

@@ -350,7 +350,7 @@ async fn a_revoked_virtual_key_gets_401() {
         .await
         .unwrap();
     let resp = gw
-        .admin
+        .admin()
         .post(
             "/admin/keys",
             &json!({ "label": "revoked_app", "models": ["*"] }),
@@ -380,7 +380,7 @@ async fn a_revoked_virtual_key_gets_401() {
     .unwrap();
 
     let resp = gw
-        .admin
+        .admin()
         .call(
             reqwest::Method::POST,
             &format!("/admin/keys/{id}/revoke"),

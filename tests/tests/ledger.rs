@@ -24,7 +24,7 @@ fn pool(p1: &str, p2: &str) -> String {
 }
 
 async fn ledger(gw: &Gateway) -> Value {
-    let resp = gw.admin.get("/admin/ledger").await.unwrap();
+    let resp = gw.admin().get("/admin/ledger").await.unwrap();
     assert_eq!(resp.status, 200);
     resp.json
 }

@@ -19,7 +19,7 @@ async fn run_cli(gw: &Gateway, args: &[&str]) -> (bool, Value, String) {
 }
 
 async fn post_reset(gw: &Gateway, body: Value) -> (u16, Value) {
-    let r = gw.admin.post("/admin/reset", &body).await.unwrap();
+    let r = gw.admin().post("/admin/reset", &body).await.unwrap();
     (r.status, r.json)
 }
 
@@ -362,7 +362,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
         "the stats to count 4 calls",
         Duration::from_secs(10),
         || async {
-            let s = gw.admin.get_json("/admin/stats").await.unwrap();
+            let s = gw.admin().get_json("/admin/stats").await.unwrap();
             Ok((s["requests"]["chat"]["success"] == 4).then_some(s))
         },
     )
@@ -386,7 +386,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
         "{stats}"
     );
 
-    let catalog = gw.admin.get_json("/admin/catalog").await.unwrap();
+    let catalog = gw.admin().get_json("/admin/catalog").await.unwrap();
     let models = catalog["models"].as_array().unwrap();
     let ids: Vec<&str> = models.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["m1", "m2"], "{catalog}");
@@ -394,7 +394,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
     assert_eq!(models[0]["servedBy"][0]["provider"], "p1", "{catalog}");
     assert_eq!(catalog["defaults"]["fallbacks"], json!(["m2"]), "{catalog}");
 
-    let health = gw.admin.get_json("/admin/health").await.unwrap();
+    let health = gw.admin().get_json("/admin/health").await.unwrap();
     assert_eq!(health["status"], "ok", "{health}");
     // Words, not enum numbers; null for "no end"; the budgets section is there.
     for provider in health["providers"].as_array().unwrap() {
@@ -547,7 +547,7 @@ async fn the_admin_api_answers_on_the_gateway_s_listener() {
     assert_eq!(status, 200, "{health}");
     assert_eq!(
         health["providers"],
-        gw.admin.get_json("/admin/health").await.unwrap()["providers"]
+        gw.admin().get_json("/admin/health").await.unwrap()["providers"]
     );
     assert_eq!(health["providers"][0]["keys"][0]["state"], "ok", "{health}");
     // The CLI against the gateway's URL.

@@ -109,7 +109,7 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
 
     // Three calls, 80 cached tokens each, in the key's usage rows; each call costs
     // 20 x 10 + 80 x 1 + 10 x 10 per million.
-    let keys: Value = gw.admin.get("/admin/keys").await.unwrap().json;
+    let keys: Value = gw.admin().get("/admin/keys").await.unwrap().json;
     let id = keys["keys"]
         .as_array()
         .and_then(|ks| ks.iter().find(|k| k["mounted"] == true))
@@ -120,7 +120,7 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
         "the usage rows to count 3 calls",
         Duration::from_secs(15),
         || {
-            let (admin, path) = (&gw.admin, format!("/admin/keys/{id}/usage"));
+            let (admin, path) = (gw.admin(), format!("/admin/keys/{id}/usage"));
             async move {
                 let usage: Value = admin.get(&path).await?.json;
                 let total = usage["total"].clone();

@@ -72,7 +72,7 @@ async fn requests_and_attempts_are_counted_by_the_clients_protocol() {
         "the calls in /admin/stats",
         Duration::from_secs(10),
         || async {
-            let stats: Value = gw.admin.get("/admin/stats").await?.json;
+            let stats: Value = gw.admin().get("/admin/stats").await?.json;
             let p = &stats["protocols"];
             let ready = ["chat", "messages", "responses"]
                 .iter()

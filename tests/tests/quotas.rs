@@ -106,7 +106,7 @@ async fn requests_per_minute_of_a_mounted_key() {
     .await
     .expect("fixture");
     gw.script_usage(5, 5).await.unwrap();
-    let admin = gw.admin.clone();
+    let admin = gw.admin();
     let (other_id, other) = admin
         .create_key(
             &json!({ "label": "other", "models": ["*"], "quota": { "requestsPerMinute": 100 } }),
@@ -207,7 +207,7 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
     .await
     .expect("fixture");
     gw.script_usage(30, 30).await.unwrap();
-    let admin = gw.admin.clone();
+    let admin = gw.admin();
     let (tokens_id, tokens_key) = admin
         .create_key(
             &json!({ "label": "tokens", "models": ["*"], "quota": { "tokensPerDay": 100 } }),

@@ -324,7 +324,7 @@ async fn a_key_calls_only_the_model_names_it_lists() {
         .await
         .unwrap();
     let created: Value = gw
-        .admin
+        .admin()
         .post(
             "/admin/keys",
             &json!({"label": "narrow", "models": ["m1"], "profiles": []}),
@@ -623,7 +623,7 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
         "the control plane to count every attempt",
         Duration::from_secs(15),
         || async {
-            let stats = gw.admin.get_json("/admin/stats").await?;
+            let stats = gw.admin().get_json("/admin/stats").await?;
             let attempts: u64 = stats["lanes"]
                 .as_array()
                 .into_iter()
@@ -635,7 +635,7 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
     )
     .await
     .unwrap();
-    let health = gw.admin.get_json("/admin/health").await.unwrap();
+    let health = gw.admin().get_json("/admin/health").await.unwrap();
     let keys: Vec<&Value> = health["providers"]
         .as_array()
         .into_iter()
@@ -716,7 +716,7 @@ async fn a_models_daily_limit_holds_its_lane_not_the_key() {
         .unwrap()
         .as_millis() as i64;
     let health = poll("the lane's cooldown", Duration::from_secs(15), || async {
-        let h = gw.admin.get_json("/admin/health").await?;
+        let h = gw.admin().get_json("/admin/health").await?;
         Ok((h["cooldowns"].as_array().is_some_and(|c| !c.is_empty())).then_some(h))
     })
     .await

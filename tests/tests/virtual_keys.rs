@@ -77,7 +77,7 @@ async fn rotate_disable_and_usage_of_an_admin_created_key() {
         .script(json!([script::always(vec![script::text("ok")])]))
         .await
         .unwrap();
-    let admin = gw.admin.clone();
+    let admin = gw.admin();
     let (id, first) = admin
         .create_key(&json!({ "label": "usage_app", "models": ["*"], "owner": "team-u" }))
         .await
@@ -393,7 +393,7 @@ async fn keys_created_by_the_cli_on_a_shared_sqlite_store_reach_envoy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_the_admin_token() {
     let gw = Gateway::start("vk_admin_token").await.expect("fixture");
-    let admin = gw.admin.clone();
+    let admin = gw.admin();
     let r = admin
         .with_token(None)
         .call(reqwest::Method::GET, "/admin/keys", None)
@@ -498,7 +498,7 @@ async fn a_revoke_among_thousands_of_keys_reaches_envoy_as_a_small_delta() {
         .script(json!([script::always(vec![script::text("ok")])]))
         .await
         .unwrap();
-    let admin = gw.admin.clone();
+    let admin = gw.admin();
     let created: Vec<(String, String)> = futures::stream::iter(0..KEYS)
         .map(|i| {
             let admin = &admin;

@@ -33,6 +33,31 @@ impl Reply {
     }
 }
 
+impl Reply {
+    /// Sends `req` (`what` names it: method and URL) and reads the whole answer, which the
+    /// secret scan reads too.
+    pub async fn fetch(req: reqwest::RequestBuilder, what: &str) -> Result<Reply> {
+        let resp = req.send().await.with_context(|| what.to_string())?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp
+            .text()
+            .await
+            .with_context(|| format!("reading the body of {what}"))?;
+        scan::observe(
+            &format!("the answer to {what}"),
+            &answer_bytes(&headers, text.as_bytes()),
+        );
+        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Ok(Reply {
+            status,
+            headers,
+            json,
+            text,
+        })
+    }
+}
+
 impl fmt::Display for Reply {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "HTTP {}", self.status)?;
@@ -247,27 +272,7 @@ impl Client {
         if let Some(b) = body {
             req = req.header("content-type", "application/json").body(b);
         }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {url}"))?;
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp
-            .text()
-            .await
-            .with_context(|| format!("reading the body of {method} {url}"))?;
-        scan::observe(
-            &format!("the answer to {method} {path}"),
-            &answer_bytes(&headers, text.as_bytes()),
-        );
-        let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Ok(Reply {
-            status,
-            headers,
-            json,
-            text,
-        })
+        Reply::fetch(req, &format!("{method} {url}")).await
     }
 
     /// `POST /v1/chat/completions` with `body`.

@@ -29,9 +29,12 @@ pub struct Gateway {
     pub key_c: String,
     pub sync_token: String,
     pub admin_token: String,
+    /// The control plane's admin API with the admin token (see [`Gateway::admin`]).
+    admin: Admin,
     /// With [`Gateway::start_mutual_tls`]: the folder `ai-router certs` wrote (the CA,
     /// `control-plane/`, `envoy/`).
     pub sync_tls: Option<PathBuf>,
+    envoy_env: Vec<(String, String)>,
 }
 
 /// The standard pool's YAML for two mock providers at `p1_base` and `p2_base`.
@@ -118,131 +121,92 @@ impl Gateway {
 
     /// Starts the fixture with the pool `pool(p1_base, p2_base)` returns.
     pub async fn start_with(test: &str, pool: impl Fn(&str, &str) -> String) -> Result<Self> {
-        Self::launch(test, pool, false).await
+        Self::launch(Fixture::new(test), pool).await
     }
 
-    /// The standard pool with the sync channel over mutual TLS: `ai-router certs` issues the
-    /// certificates into the test directory, the control plane serves with them
-    /// (`AI_ROUTER_TLS_CERT`, `_KEY`, `AI_ROUTER_CLIENT_CA`) and Envoy reads its own through SDS
-    /// (`AI_ROUTER_SYNC_TLS_DIR`).
+    /// The standard pool with the sync channel over mutual TLS (see [`Fixture::mutual_tls`]).
     pub async fn start_mutual_tls(test: &str) -> Result<Self> {
-        Self::launch(test, standard_pool, true).await
+        Self::launch(Fixture::new(test).mutual_tls(), standard_pool).await
     }
 
-    async fn launch(
-        test: &str,
-        pool: impl Fn(&str, &str) -> String,
-        mutual_tls: bool,
-    ) -> Result<Self> {
-        let dir = TestDir::new(test)?;
-        let mock1 = Mock::start(&dir, "mock1").await?;
-        let mock2 = Mock::start(&dir, "mock2").await?;
-        let virtual_key = new_virtual_key();
-        let key_a = scan::provider_secret("p1-a");
-        let key_b = scan::provider_secret("p1-b");
-        let key_c = scan::provider_secret("p2-c");
-        let sync_token = format!("sync-{}", random_hex(32));
+    async fn launch(fixture: Fixture, pool: impl Fn(&str, &str) -> String) -> Result<Self> {
         let admin_token = format!("admin-{}", random_hex(32));
-        scan::register("AI_ROUTER_SYNC_TOKEN", &sync_token);
         scan::register("AI_ROUTER_ADMIN_TOKEN", &admin_token);
-        let env: Vec<(String, String)> = [
-            ("P1_KEY_A", key_a.as_str()),
-            ("P1_KEY_B", key_b.as_str()),
-            ("P2_KEY_C", key_c.as_str()),
-            ("STARCI_AI_KEY", virtual_key.as_str()),
-            ("AI_ROUTER_SYNC_TOKEN", sync_token.as_str()),
-            ("AI_ROUTER_ADMIN_TOKEN", admin_token.as_str()),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let mut env = env;
-        let mut envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
-        let sync_tls = if mutual_tls {
-            let out = dir.join("sync-tls");
-            let out_arg = out.display().to_string();
-            let (ok, _, output) = run_cli(&["certs", "--out", &out_arg], &[]).await?;
-            ensure!(ok, "ai-router certs failed: {output}");
-            let server = out.join("control-plane");
-            for (var, file) in [
-                ("AI_ROUTER_TLS_CERT", "cert.pem"),
-                ("AI_ROUTER_TLS_KEY", "key.pem"),
-                ("AI_ROUTER_CLIENT_CA", "ca.pem"),
-            ] {
-                env.push((var.to_string(), server.join(file).display().to_string()));
-            }
-            envoy_env.push((
-                "AI_ROUTER_SYNC_TLS_DIR".to_string(),
-                out.join("envoy").display().to_string(),
-            ));
-            Some(out)
-        } else {
-            None
-        };
-        let yaml = pool(&mock1.api_base(), &mock2.api_base());
-        let cp = ControlPlane::start(&dir, &yaml, &env)
-            .await
-            .context("starting the control plane")?;
-        let envoy = Envoy::start(
-            &dir,
-            cp.config_path(),
-            cp.grpc_addr(),
-            &envoy_env,
-            &virtual_key,
-        )
-        .await
-        .with_context(|| cp.tail())
-        .context("starting Envoy")?;
-        let client = Client::new(&envoy.base_url())?;
+        let stack = fixture
+            .mocks(2)
+            .start(|urls, _| {
+                let mut setup = PoolSetup {
+                    yaml: pool(&format!("{}/v1", urls[0]), &format!("{}/v1", urls[1])),
+                    ..PoolSetup::default()
+                };
+                setup.secret_env("P1_KEY_A", "p1-a");
+                setup.secret_env("P1_KEY_B", "p1-b");
+                setup.secret_env("P2_KEY_C", "p2-c");
+                setup
+                    .env
+                    .push(("AI_ROUTER_ADMIN_TOKEN".into(), admin_token.clone()));
+                Ok(setup)
+            })
+            .await?;
+        let var = |name: &str| stack.var(name).unwrap_or_default().to_string();
+        let (key_a, key_b, key_c) = (var("P1_KEY_A"), var("P1_KEY_B"), var("P2_KEY_C"));
+        let Stack {
+            dir,
+            mocks,
+            sites,
+            virtual_key,
+            sync_token,
+            sync_tls,
+            envoy_env,
+            ..
+        } = stack;
+        let [mock1, mock2]: [Mock; 2] = mocks
+            .try_into()
+            .map_err(|_| anyhow!("the fixture started other than two mocks"))?;
+        let site = sites
+            .into_iter()
+            .next()
+            .context("the fixture started no site")?;
+        let admin = site.admin(&admin_token)?;
         Ok(Self {
             dir,
             mock1,
             mock2,
-            cp,
-            envoy,
-            client,
+            cp: site.cp,
+            envoy: site.envoy,
+            client: site.client,
             virtual_key,
             key_a,
             key_b,
             key_c,
             sync_token,
             admin_token,
+            admin,
             sync_tls,
+            envoy_env,
         })
     }
 
-    /// `GET` an admin page of the control plane with the admin token, as JSON.
-    pub async fn admin_get(&self, path: &str) -> Result<Value> {
-        let resp = http_client()?
-            .get(format!("http://{}{path}", self.cp.http_addr()))
-            .bearer_auth(&self.admin_token)
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "GET {path}: {}", resp.status());
-        Ok(resp.json().await?)
+    /// The control plane's admin API with the admin token, at its HTTP address now (a
+    /// restarted control plane listens on another one).
+    pub fn admin(&self) -> Admin {
+        self.admin
+            .at_base(&format!("http://{}", self.cp.http_addr()))
     }
 
-    /// Creates a virtual key from `spec` through the admin API; returns its id and secret (the
-    /// secret registered with the secret scan).
-    pub async fn create_key(&self, spec: Value) -> Result<(String, String)> {
-        let created: Value = http_client()?
-            .post(format!("http://{}/admin/keys", self.cp.http_addr()))
-            .bearer_auth(&self.admin_token)
-            .json(&spec)
-            .send()
-            .await?
-            .json()
-            .await?;
-        let field = |path: &str| {
-            created
-                .pointer(path)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .with_context(|| format!("no {path} in {created}"))
-        };
-        let (id, secret) = (field("/key/id")?, field("/secret")?);
-        scan::register("a virtual key", &secret);
-        Ok((id, secret))
+    /// Another Envoy synced to the fixture's control plane, in its own directory
+    /// (`<test dir>-<name>`), ready for the virtual key.
+    pub async fn another_envoy(&self, name: &str) -> Result<Envoy> {
+        let dir = self.dir.beside(name)?;
+        Envoy::start(
+            &dir,
+            self.cp.config_path(),
+            self.cp.grpc_addr(),
+            &self.envoy_env,
+            &self.virtual_key,
+        )
+        .await
+        .with_context(|| format!("starting Envoy {name}"))
     }
 
     /// The OpenAI base URL of the gateway: `http://127.0.0.1:<port>/v1`.
@@ -445,6 +409,7 @@ pub struct Pool {
     pub sync_token: String,
     names: Vec<(String, String)>,
     cp_env: Vec<(String, String)>,
+    envoy_env: Vec<(String, String)>,
     /// Extra control planes and Envoys (a second process sharing a state store).
     pub others: Vec<(ControlPlane, Envoy)>,
 }
@@ -459,55 +424,29 @@ impl Pool {
         Self::start_scripted(test, &vec![None; mocks], build).await
     }
 
-    /// [`Pool::start`] with each mock started on its script (`--script`), so what it answers
-    /// is set before the control plane first reaches it (a model catalog listed at start).
+    /// [`Pool::start`] with each mock started on its script (see [`Fixture::scripted`]).
     pub async fn start_scripted(
         test: &str,
         scripts: &[Option<Value>],
         build: impl FnOnce(&[String], &TestDir) -> Result<PoolSetup>,
     ) -> Result<Self> {
-        let dir = TestDir::new(test)?;
-        let mut started = Vec::new();
-        for (i, script) in scripts.iter().enumerate() {
-            let name = format!("mock{}", i + 1);
-            started.push(match script {
-                Some(script) => Mock::start_with_script(&dir, &name, script).await?,
-                None => Mock::start(&dir, &name).await?,
-            });
-        }
-        let urls: Vec<String> = started.iter().map(|m| m.url().to_string()).collect();
-        let setup = build(&urls, &dir)?;
-        let virtual_key = new_virtual_key();
-        let sync_token = format!("sync-{}", random_hex(32));
-        scan::register("AI_ROUTER_SYNC_TOKEN", &sync_token);
-        let mut cp_env = setup.env.clone();
-        cp_env.push(("STARCI_AI_KEY".into(), virtual_key.clone()));
-        cp_env.push(("AI_ROUTER_SYNC_TOKEN".into(), sync_token.clone()));
-        let cp = ControlPlane::start(&dir, &setup.yaml, &cp_env)
-            .await
-            .context("starting the control plane")?;
-        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token.clone())];
-        let envoy = Envoy::start(
-            &dir,
-            cp.config_path(),
-            cp.grpc_addr(),
-            &envoy_env,
-            &virtual_key,
-        )
-        .await
-        .with_context(|| cp.tail())
-        .context("starting Envoy")?;
-        let client = Client::new(&envoy.base_url())?;
+        let stack = Fixture::new(test).scripted(scripts).start(build).await?;
+        let site = stack
+            .sites
+            .into_iter()
+            .next()
+            .context("the fixture started no site")?;
         Ok(Self {
-            dir,
-            mocks: started,
-            cp,
-            envoy,
-            client,
-            virtual_key,
-            sync_token,
-            names: setup.names,
-            cp_env,
+            dir: stack.dir,
+            mocks: stack.mocks,
+            cp: site.cp,
+            envoy: site.envoy,
+            client: site.client,
+            virtual_key: stack.virtual_key,
+            sync_token: stack.sync_token,
+            names: stack.names,
+            cp_env: stack.env,
+            envoy_env: stack.envoy_env,
             others: Vec::new(),
         })
     }
@@ -545,23 +484,13 @@ impl Pool {
         Ok(self.calls().await?.into_iter().map(|c| c.key).collect())
     }
 
-    /// `GET {path}` of the control plane's admin API with the admin token held in the control
-    /// plane's variable `token_var`; the body is scanned for secrets. Fails on any status but
-    /// 200.
-    pub async fn admin_get(&self, path: &str, token_var: &str) -> Result<Value> {
+    /// The control plane's admin API with the admin token held in the control plane's
+    /// variable `token_var`.
+    pub fn admin(&self, token_var: &str) -> Result<Admin> {
         let token = self
             .control_plane_var(token_var)
             .with_context(|| format!("no variable {token_var} for the control plane"))?;
-        let resp = http_client()?
-            .get(format!("http://{}{path}", self.cp.http_addr()))
-            .bearer_auth(token)
-            .send()
-            .await?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await?;
-        anyhow::ensure!(status == 200, "GET {path}: {status} {text}");
-        scan::observe(&format!("GET {path}"), text.as_bytes());
-        Ok(serde_json::from_str(&text)?)
+        Admin::at(self.cp.http_addr(), token)
     }
 
     /// The names of the keys of the chat completions the mocks received, in order (not the
@@ -626,7 +555,6 @@ impl Pool {
 
     /// Replaces Envoy with a fresh one (no memory of earlier calls) synced to the control plane.
     pub async fn restart_envoy(&mut self) -> Result<()> {
-        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
         self.envoy.process.kill();
         // Envoy::start reads the admin address from this file: not the old Envoy's.
         let _ = fs::remove_file(self.dir.join("envoy-admin.txt"));
@@ -634,7 +562,7 @@ impl Pool {
             &self.dir,
             self.cp.config_path(),
             self.cp.grpc_addr(),
-            &envoy_env,
+            &self.envoy_env,
             &self.virtual_key,
         )
         .await
@@ -648,30 +576,16 @@ impl Pool {
     /// Starts a second control plane on the same pool YAML and variables (in its own
     /// directory, `<test>-<name>`), and an Envoy synced to it; returns its index in `others`.
     pub async fn start_other(&mut self, name: &str) -> Result<usize> {
-        let yaml = fs::read_to_string(self.cp.config_path())
-            .with_context(|| format!("reading {}", self.cp.config_path().display()))?;
-        let base = self
-            .dir
-            .path()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let dir = TestDir::new(&format!("{base}-{name}"))?;
-        let cp = ControlPlane::start(&dir, &yaml, &self.cp_env)
-            .await
-            .with_context(|| format!("starting control plane {name}"))?;
-        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), self.sync_token.clone())];
-        let envoy = Envoy::start(
-            &dir,
-            cp.config_path(),
-            cp.grpc_addr(),
-            &envoy_env,
+        let site = Site::start_beside(
+            &self.dir,
+            &self.cp,
+            name,
+            &self.cp_env,
+            &self.envoy_env,
             &self.virtual_key,
         )
-        .await
-        .with_context(|| cp.tail())
-        .with_context(|| format!("starting the Envoy of control plane {name}"))?;
-        self.others.push((cp, envoy));
+        .await?;
+        self.others.push((site.cp, site.envoy));
         Ok(self.others.len() - 1)
     }
 

@@ -45,7 +45,10 @@ const SETUP_HINT: &str = "run ./scripts/setup.sh (or the whole check, ./scripts/
                           AI_ROUTER_PYTHON)";
 
 // The harness by role: tools and directories, processes, the mock provider, the control plane,
-// Envoy, the client side (requests, replies, SSE) and the fixtures built from them.
+// Envoy, the client side (requests, replies, SSE), the admin API's client, the one fixture
+// builder and the fixtures built with it.
+mod admin;
+mod builder;
 mod client;
 mod control_plane;
 mod envoy;
@@ -58,6 +61,8 @@ pub mod servers;
 mod tools;
 mod up;
 
+pub use admin::*;
+pub use builder::*;
 pub use client::*;
 pub use control_plane::*;
 pub use envoy::*;

@@ -125,6 +125,16 @@ impl TestDir {
         Ok(Self { path })
     }
 
+    /// A fresh directory named after this one, `<this>-<name>-<pid>-<n>` (a second process's).
+    pub fn beside(&self, name: &str) -> Result<Self> {
+        let base = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Self::new(&format!("{base}-{name}"))
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }

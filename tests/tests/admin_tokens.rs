@@ -23,24 +23,11 @@ async fn call(
     token: &str,
     body: Option<Value>,
 ) -> Reply {
-    let mut req = ai_router_e2e::http_client()
+    ai_router_e2e::Admin::new(base, Some(token))
         .unwrap()
-        .request(method, format!("{base}{path}"))
-        .bearer_auth(token);
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let text = resp.text().await.unwrap();
-    scan::observe(&format!("the admin answer to {path}"), text.as_bytes());
-    Reply {
-        status,
-        headers,
-        json: serde_json::from_str(&text).unwrap_or(Value::Null),
-        text,
-    }
+        .call(method, path, body.as_ref())
+        .await
+        .unwrap()
 }
 
 fn assert_error(reply: &Reply, status: u16, code: &str, what: &str) {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use ai_router_e2e::servers::PostgresServer;
 use ai_router_e2e::{
-    http_client, openai_error_problem, poll, pool_yaml_header, standard_pool, status_of, Gateway,
-    Pool, PoolSetup, Reply,
+    openai_error_problem, poll, pool_yaml_header, standard_pool, status_of, Gateway, Pool,
+    PoolSetup, Reply,
 };
 use serde_json::{json, Value};
 
@@ -108,7 +108,8 @@ async fn attacker() -> (SocketAddr, Arc<AtomicUsize>) {
 /// Creates a key bound to `models` and waits until Envoy knows it.
 async fn scoped_key(gw: &Gateway, models: &[&str]) -> String {
     let (_, secret) = gw
-        .create_key(json!({ "label": "scoped", "models": models }))
+        .admin()
+        .create_key(&json!({ "label": "scoped", "models": models }))
         .await
         .unwrap();
     poll("the new key to reach Envoy", PUSH, || {
@@ -587,28 +588,10 @@ async fn hostile_strings_through(test: &str, key_store: &str, extra_env: Vec<(St
     })
     .await
     .expect("fixture");
-    let admin = format!("http://{}", pool.cp.http_addr());
-    let http = http_client().unwrap();
+    let admin = ai_router_e2e::Admin::at(pool.cp.http_addr(), &token).unwrap();
     let send = |method: reqwest::Method, path: String, body: Option<Vec<u8>>| {
-        let mut req = http
-            .request(method, format!("{admin}{path}"))
-            .bearer_auth(&token);
-        if let Some(b) = body {
-            req = req.header("content-type", "application/json").body(b);
-        }
-        async move {
-            let resp = req.send().await.unwrap();
-            let status = resp.status().as_u16();
-            let headers = resp.headers().clone();
-            let text = resp.text().await.unwrap();
-            ai_router_e2e::scan::observe("an admin answer", text.as_bytes());
-            Reply {
-                status,
-                headers,
-                json: serde_json::from_str(&text).unwrap_or(Value::Null),
-                text,
-            }
-        }
+        let admin = admin.clone();
+        async move { admin.call_raw(method, &path, body).await.unwrap() }
     };
     let assert_refused = |reply: &Reply, status: u16, code: &str, what: &str| {
         if let Some(problem) = openai_error_problem(reply, status, code) {
@@ -800,7 +783,9 @@ async fn hostile_strings_through(test: &str, key_store: &str, extra_env: Vec<(St
     }
     // The store is whole: exactly the keys created, owners byte for byte, and it still serves.
     let listed = pool
-        .admin_get("/admin/keys", "AI_ROUTER_ADMIN_TOKEN")
+        .admin("AI_ROUTER_ADMIN_TOKEN")
+        .unwrap()
+        .get_json("/admin/keys")
         .await
         .unwrap();
     let stored: Vec<&Value> = listed["keys"]

@@ -64,16 +64,13 @@ fn warning(r: &Reply) -> Option<String> {
 
 /// Creates a virtual key through the admin API; returns its secret.
 async fn create_key(gw: &Gateway, label: &str) -> String {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .post(format!("http://{}/admin/keys", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({ "label": label, "models": ["*"] }))
-        .send()
+    let resp = gw
+        .admin()
+        .post("/admin/keys", &json!({ "label": label, "models": ["*"] }))
         .await
         .unwrap();
-    assert_eq!(resp.status().as_u16(), 201);
-    let body: Value = resp.json().await.unwrap();
+    assert_eq!(resp.status, 201);
+    let body: Value = resp.json;
     body["secret"].as_str().expect("secret").to_string()
 }
 
@@ -531,7 +528,8 @@ async fn a_spent_hard_budget_stays_spent_across_a_control_plane_restart() {
     // A key made on the restarted control plane reaches Envoy only through its own snapshot:
     // once it answers, Envoy enforces what the new process pushed.
     let (_, fresh) = gw
-        .create_key(json!({ "label": "after_restart", "models": ["*"] }))
+        .admin()
+        .create_key(&json!({ "label": "after_restart", "models": ["*"] }))
         .await
         .unwrap();
     poll("the restarted control plane's keys", PUSH, || {

@@ -83,21 +83,15 @@ async fn chat_as(
 
 /// An admin API call with the admin token; the answer's JSON.
 async fn admin(gw: &Gateway, method: reqwest::Method, path: &str, body: Value) -> Value {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .request(method, format!("http://{}{path}", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&body)
-        .send()
+    gw.admin()
+        .call_json(method, path, Some(&body))
         .await
-        .unwrap();
-    assert!(resp.status().is_success(), "{path}: {}", resp.status());
-    resp.json().await.unwrap()
+        .unwrap()
 }
 
 /// The fixture key's usage report once its `saved` reached `at_least`.
 async fn usage_saving(gw: &Gateway, at_least: f64) -> Value {
-    let keys = gw.admin_get("/admin/keys").await.unwrap();
+    let keys = gw.admin().get_json("/admin/keys").await.unwrap();
     let id = keys["keys"][0]["id"].as_str().unwrap().to_string();
     poll(
         "the hits' saving in the usage row",
@@ -105,7 +99,7 @@ async fn usage_saving(gw: &Gateway, at_least: f64) -> Value {
         || {
             let path = format!("/admin/keys/{id}/usage");
             async move {
-                let usage = gw.admin_get(&path).await?;
+                let usage = gw.admin().get_json(&path).await?;
                 Ok((usage["total"]["saved"].as_f64().unwrap_or(0.0) >= at_least).then_some(usage))
             }
         },
@@ -215,7 +209,7 @@ async fn a_second_identical_call_is_answered_from_the_cache_without_a_provider()
         || {
             let gw = &gw;
             async move {
-                let stats = gw.admin_get("/admin/stats").await?;
+                let stats = gw.admin().get_json("/admin/stats").await?;
                 Ok((stats["cache"]["misses"].as_u64() >= Some(3)).then_some(stats))
             }
         },

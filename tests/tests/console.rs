@@ -167,7 +167,7 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
 
     // The run's reports reached the control plane: its usage rows carry the spend.
     poll("the run's spend", Duration::from_secs(10), || async {
-        let o = gw.admin_get("/admin/console").await?;
+        let o = gw.admin().get_json("/admin/console").await?;
         Ok((o["spend"]["today"].as_f64() > Some(0.08)).then_some(()))
     })
     .await
@@ -175,7 +175,7 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
 
     // Spend per provider and model comes from the same stored usage rows: m1's priced calls
     // on p1, the hostile model's on p2.
-    let usage = gw.admin_get("/admin/console/usage").await.unwrap();
+    let usage = gw.admin().get_json("/admin/console/usage").await.unwrap();
     let lane = |provider: &str, model: &str| {
         usage["lanes"]
             .as_array()
@@ -187,7 +187,7 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     };
     assert!(lane("p1", "m1")["cost"].as_f64() > Some(0.08), "{usage}");
     assert_eq!(lane("p2", HOSTILE_MODEL)["successes"], 1, "{usage}");
-    let overview = gw.admin_get("/admin/console").await.unwrap();
+    let overview = gw.admin().get_json("/admin/console").await.unwrap();
     assert!(
         overview["spend"]["providers"]
             .as_array()
@@ -312,17 +312,15 @@ async fn a_read_token_sees_every_page_and_cannot_act() {
         let r = gw.chat(model).await.unwrap();
         assert_eq!(r.status, 200, "{model}: {r}");
     }
-    let created: Value = ai_router_e2e::http_client()
-        .unwrap()
-        .post(format!("http://{}/admin/tokens", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({ "label": "viewer", "scope": "read" }))
-        .send()
+    let created: Value = gw
+        .admin()
+        .post(
+            "/admin/tokens",
+            &json!({ "label": "viewer", "scope": "read" }),
+        )
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json;
     let token = created["secret"].as_str().expect("a token").to_owned();
     scan::register("an admin token", &token);
 

@@ -446,16 +446,10 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
     let cp = ai_router_e2e::ControlPlane::start(&dir, &sync_pool(), &env)
         .await
         .unwrap();
-    let http = ai_router_e2e::http_client().unwrap();
+    let admin = ai_router_e2e::Admin::at(cp.http_addr(), &admin_token).unwrap();
     let admin_get = |path: String| {
-        let req = http
-            .get(format!("http://{}{path}", cp.http_addr()))
-            .bearer_auth(&admin_token)
-            .send();
-        async move {
-            let r = req.await?;
-            anyhow::Ok(r.json::<serde_json::Value>().await?)
-        }
+        let admin = admin.clone();
+        async move { admin.get_json(&path).await }
     };
     let keys = admin_get("/admin/keys".into()).await.unwrap();
     let key_id = keys["keys"][0]["id"].as_str().unwrap().to_string();
@@ -601,18 +595,15 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
         .script(json!([script::always(vec![script::text("ok")])]))
         .await
         .unwrap();
-    let http = ai_router_e2e::http_client().unwrap();
-    let admin = format!("http://{}", gw.cp.http_addr());
-    let created: serde_json::Value = http
-        .post(format!("{admin}/admin/keys"))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({"label": "outage_app", "models": ["*"]}))
-        .send()
+    let created: serde_json::Value = gw
+        .admin()
+        .post(
+            "/admin/keys",
+            &json!({"label": "outage_app", "models": ["*"]}),
+        )
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json;
     let id = created["key"]["id"].as_str().unwrap().to_string();
     let secret = created["secret"].as_str().unwrap().to_string();
     let mut served = 0u64;
@@ -633,6 +624,8 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
     served += 1;
 
     // Down: calls from four clients at once keep succeeding from the last state.
+    let connect_fails = "cluster.ai_router_control_plane.upstream_cx_connect_fail";
+    let failed_before = gw.envoy.stat(connect_fails).await.unwrap();
     gw.cp.stop();
     let mut tasks = Vec::new();
     for _ in 0..4 {
@@ -651,25 +644,29 @@ async fn every_call_served_while_the_control_plane_is_down_is_in_the_usage_after
     for t in tasks {
         served += t.await.unwrap();
     }
-    // Long enough that the singleton tried, failed and backed off several times.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until the singleton tried, failed and backed off (Envoy counts its failed connects).
+    ai_router_e2e::poll(
+        "Envoy to fail to reach the stopped control plane twice",
+        Duration::from_secs(20),
+        || async {
+            let failed = gw.envoy.stat(connect_fails).await?;
+            Ok((failed >= failed_before + 2).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
 
     gw.cp.restart(&[]).await.unwrap();
     // The gRPC port is the same (Envoy's cluster points there); the HTTP port is new.
-    let url = format!("http://{}/admin/keys/{id}/usage", gw.cp.http_addr());
+    let admin = ai_router_e2e::Admin::at(gw.cp.http_addr(), &gw.admin_token).unwrap();
+    let url = format!("/admin/keys/{id}/usage");
     let counted = ai_router_e2e::poll(
         "the outage's calls to be accounted",
         Duration::from_secs(30),
         || {
-            let (http, url, token) = (http.clone(), url.clone(), gw.admin_token.clone());
+            let (admin, url) = (admin.clone(), url.clone());
             async move {
-                let usage: serde_json::Value = http
-                    .get(&url)
-                    .bearer_auth(token)
-                    .send()
-                    .await?
-                    .json()
-                    .await?;
+                let usage: serde_json::Value = admin.get(&url).await?.json;
                 let n = usage["total"]["requests"].as_u64().unwrap_or(0);
                 Ok((n >= served).then_some(n))
             }

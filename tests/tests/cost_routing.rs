@@ -29,16 +29,9 @@ fn header(setup: &mut PoolSetup) -> String {
 /// and a short backoff.
 const NO_BREAKERS: &str = "resilience:\n  backoff: { baseMs: 5, factor: 1, maxMs: 5 }\n  keyBreaker: { failureThreshold: 100000, cooldownMs: 1000, maxCooldownMs: 2000 }\n  providerBreaker: { failureThreshold: 100000, cooldownMs: 1000, maxCooldownMs: 2000 }\n";
 
-async fn admin_get(pool: &Pool, path: &str) -> Value {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("http://{}{path}", pool.cp.http_addr()))
-        .bearer_auth(var(pool, ADMIN_TOKEN_ENV))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "GET {path}");
-    resp.json().await.unwrap()
+/// The control plane's admin API with the pool's admin token.
+fn admin_api(pool: &Pool) -> ai_router_e2e::Admin {
+    pool.admin(ADMIN_TOKEN_ENV).unwrap()
 }
 
 /// A provider secret the control plane was given.
@@ -205,7 +198,7 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
         "the saving in /admin/stats",
         Duration::from_secs(10),
         || async {
-            let stats = admin_get(&pool, "/admin/stats").await;
+            let stats = admin_api(&pool).get_json("/admin/stats").await.unwrap();
             let saved = stats["lanes"]
                 .as_array()
                 .unwrap()
@@ -225,7 +218,7 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
         Some(0.0),
         "the first choice saves nothing: {stats}"
     );
-    let keys = admin_get(&pool, "/admin/keys").await;
+    let keys = admin_api(&pool).get_json("/admin/keys").await.unwrap();
     let id = keys["keys"][0]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{keys}"))
@@ -234,7 +227,10 @@ async fn auto_sort_tries_the_cheapest_lane_first_moves_on_and_records_the_saving
         "the saving in the usage rows",
         Duration::from_secs(10),
         || async {
-            let usage = admin_get(&pool, &format!("/admin/keys/{id}/usage")).await;
+            let usage = admin_api(&pool)
+                .get_json(&format!("/admin/keys/{id}/usage"))
+                .await
+                .unwrap();
             Ok((usage["total"]["saved"].as_f64().unwrap_or(0.0) > 0.0).then_some(usage))
         },
     )
@@ -420,7 +416,7 @@ async fn auto_price_fills_known_models_with_discounts_and_leaves_unknown_ones_un
     })
     .await
     .expect("fixture");
-    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
     assert_eq!(catalog["autoPrice"], true, "{catalog}");
     let served = |model: &str, provider: &str| -> Value {
         catalog["models"]
@@ -595,7 +591,7 @@ async fn rules_choose_the_profile_by_header_and_metadata_by_priority_within_the_
     assert_eq!((status, route), (403, None), "{text}");
 
     // The catalog lists the rules in the order they are tried.
-    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
     let names: Vec<&str> = catalog["routes"]
         .as_array()
         .unwrap()
@@ -652,7 +648,7 @@ async fn a_when_step_is_skipped_for_another_failure_and_taken_for_its_own() {
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.header("x-ai-router-model").as_deref(), Some("m2"), "{r}");
 
-    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
     let guarded = catalog["profiles"]
         .as_array()
         .unwrap()
@@ -706,7 +702,7 @@ async fn a_prompt_cached_anthropic_answer_costs_the_same_in_the_header_stats_met
         "the call in /admin/stats",
         Duration::from_secs(10),
         || async {
-            let stats = admin_get(&pool, "/admin/stats").await;
+            let stats = admin_api(&pool).get_json("/admin/stats").await.unwrap();
             let cost = stats["lanes"].as_array().and_then(|lanes| {
                 lanes
                     .iter()
@@ -720,7 +716,7 @@ async fn a_prompt_cached_anthropic_answer_costs_the_same_in_the_header_stats_met
     .unwrap();
     assert!(close(stats), "stats: {stats}");
 
-    let keys = admin_get(&pool, "/admin/keys").await;
+    let keys = admin_api(&pool).get_json("/admin/keys").await.unwrap();
     let id = keys["keys"][0]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{keys}"))
@@ -729,7 +725,10 @@ async fn a_prompt_cached_anthropic_answer_costs_the_same_in_the_header_stats_met
         "the call in the usage rows",
         Duration::from_secs(10),
         || async {
-            let usage = admin_get(&pool, &format!("/admin/keys/{id}/usage")).await;
+            let usage = admin_api(&pool)
+                .get_json(&format!("/admin/keys/{id}/usage"))
+                .await
+                .unwrap();
             Ok(usage["total"]["cost"].as_f64().filter(|c| *c > 0.0))
         },
     )
@@ -737,16 +736,7 @@ async fn a_prompt_cached_anthropic_answer_costs_the_same_in_the_header_stats_met
     .unwrap();
     assert!(close(rows), "usage rows: {rows}");
 
-    let metrics = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("http://{}/metrics", pool.cp.http_addr()))
-        .bearer_auth(var(&pool, ADMIN_TOKEN_ENV))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = admin_api(&pool).get("/metrics").await.unwrap().text;
     let exported: f64 = metrics
         .lines()
         .find(|l| l.starts_with("ai_router_estimated_cost_total{") && l.contains("claude"))

@@ -93,7 +93,8 @@ async fn a_gateway_on_redis_and_postgres_over_verified_tls_serves_and_keeps_keys
 
     // Written to Postgres over TLS, pushed to Envoy, and usable there.
     let (id, secret) = gw
-        .create_key(json!({ "label": "over_tls", "models": ["m1"] }))
+        .admin()
+        .create_key(&json!({ "label": "over_tls", "models": ["m1"] }))
         .await
         .unwrap();
     poll("the new key to work through Envoy", PUSH, || {
@@ -103,7 +104,7 @@ async fn a_gateway_on_redis_and_postgres_over_verified_tls_serves_and_keeps_keys
     })
     .await
     .unwrap();
-    let listed = gw.admin_get("/admin/keys").await.unwrap();
+    let listed = gw.admin().get_json("/admin/keys").await.unwrap();
     assert!(listed.to_string().contains(&id), "{listed}");
 
     // Postgres itself says the control plane's sessions are encrypted, every one.

@@ -14,13 +14,14 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{poll, random_hex, scan, Pool};
+use ai_router_e2e::{poll, random_hex, scan, Admin, Pool};
 use serde_json::{json, Value};
 
 const ADMIN_TOKEN_ENV: &str = "DISCOVERY_ADMIN_TOKEN";
 
-async fn admin_get(pool: &Pool, path: &str) -> Value {
-    pool.admin_get(path, ADMIN_TOKEN_ENV).await.unwrap()
+/// The control plane's admin API with the pool's admin token.
+fn admin_api(pool: &Pool) -> Admin {
+    pool.admin(ADMIN_TOKEN_ENV).unwrap()
 }
 
 /// The catalog's entry of one model on one provider.
@@ -108,7 +109,7 @@ async fn models_are_routed_through_the_keys_whose_catalog_lists_them() {
 
     // The first listings are in the catalog within a few seconds.
     let catalog = poll("the listed catalogs", Duration::from_secs(15), || async {
-        let catalog = admin_get(&pool, "/admin/catalog").await;
+        let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
         let ready = served(&catalog, "m-only-a", "p1").is_some()
             && served(&catalog, "claude-found", "p3").is_some()
             && catalog["discovery"]
@@ -157,7 +158,7 @@ async fn models_are_routed_through_the_keys_whose_catalog_lists_them() {
 
     // The ledger says per key how many models its listing named, and when; per provider the
     // distinct ones (p2's listing failed: none).
-    let ledger = admin_get(&pool, "/admin/ledger").await;
+    let ledger = admin_api(&pool).get_json("/admin/ledger").await.unwrap();
     let provider = |id: &str| {
         ledger["providers"]
             .as_array()
@@ -324,7 +325,7 @@ async fn discovery_follows_a_reload_on_and_off() {
     )
     .await
     .unwrap();
-    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
     let found = served(&catalog, "m-new", "p1").unwrap();
     assert_eq!(
         (found["source"].as_str(), aliases(found)),
@@ -349,7 +350,7 @@ async fn discovery_follows_a_reload_on_and_off() {
     )
     .await
     .unwrap();
-    let catalog = admin_get(&pool, "/admin/catalog").await;
+    let catalog = admin_api(&pool).get_json("/admin/catalog").await.unwrap();
     assert!(served(&catalog, "m-new", "p1").is_none(), "{catalog}");
     assert_eq!(catalog["discovery"], json!([]), "{catalog}");
     let r = pool.chat("m-conf").await.unwrap();

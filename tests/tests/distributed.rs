@@ -27,8 +27,7 @@ use std::time::{Duration, Instant};
 
 use ai_router_e2e::servers::{PostgresServer, RedisServer};
 use ai_router_e2e::{
-    new_virtual_key, poll, random_hex, script, standard_pool, Client, ControlPlane, Envoy, Mock,
-    Reply, TestDir,
+    poll, random_hex, script, standard_pool, Client, Fixture, Mock, PoolSetup, Reply, Site, TestDir,
 };
 use serde_json::{json, Value};
 
@@ -50,15 +49,6 @@ fn pool_with(mock: &str, resilience: &str, top: &str) -> String {
     )
 }
 
-/// One host: a control plane and the Envoy it feeds.
-struct Site {
-    cp: ControlPlane,
-    envoy: Envoy,
-    client: Client,
-    /// The control plane's HTTP side (admin API).
-    http: Client,
-}
-
 struct Cluster {
     redis: RedisServer,
     postgres: PostgresServer,
@@ -69,7 +59,7 @@ struct Cluster {
     key_b: String,
     virtual_key: String,
     admin_token: String,
-    dirs: Vec<TestDir>,
+    dir: TestDir,
 }
 
 impl Cluster {
@@ -96,67 +86,48 @@ impl Cluster {
     ) -> Cluster {
         let redis = RedisServer::start().expect("redis-server");
         let postgres = PostgresServer::start().expect("postgres");
-        let dir = TestDir::new(test).unwrap();
-        let mock = Mock::start(&dir, "mock").await.unwrap();
         let key_a = format!("sk-p1-a-{}", random_hex(24));
         let key_b = format!("sk-p1-b-{}", random_hex(24));
-        let virtual_key = new_virtual_key();
-        let sync_token = format!("sync-{}", random_hex(32));
         let admin_token = format!("admin-{}", random_hex(32));
-        let env: Vec<(String, String)> = [
-            ("P1_KEY_A", key_a.as_str()),
-            ("P1_KEY_B", key_b.as_str()),
-            ("P2_KEY_C", "sk-p2-c-unused"),
-            ("STARCI_AI_KEY", virtual_key.as_str()),
-            ("AI_ROUTER_SYNC_TOKEN", sync_token.as_str()),
-            ("AI_ROUTER_ADMIN_TOKEN", admin_token.as_str()),
-            ("AI_ROUTER_REDIS_URL", redis.url().as_str()),
-            ("AI_ROUTER_PG_URL", postgres.url().as_str()),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let envoy_env = vec![("AI_ROUTER_SYNC_TOKEN".to_string(), sync_token)];
-        let mut dirs = vec![dir];
-        let mut planes = Vec::new();
-        for name in ["a", "b"] {
-            let dir = TestDir::new(&format!("{test}-{name}")).unwrap();
-            let pool = edit(pool_with(&mock.api_base(), resilience, top));
-            let cp = ControlPlane::start(&dir, &pool, &env).await.unwrap();
-            planes.push((dir, cp));
-        }
-        // Each Envoy syncs from its own control plane and fails over to the other.
-        let grpc = [planes[0].1.grpc_addr(), planes[1].1.grpc_addr()];
-        let mut sites = Vec::new();
-        for (i, (dir, cp)) in planes.into_iter().enumerate() {
-            let order = [grpc[i], grpc[1 - i]];
-            let envoy =
-                Envoy::start_failover(&dir, cp.config_path(), &order, &envoy_env, &virtual_key)
-                    .await
-                    .unwrap_or_else(|e| panic!("Envoy {i}: {e:#}\n{}", cp.tail()));
-            let client = Client::new(&envoy.base_url()).unwrap();
-            let http = Client::new(&format!("http://{}", cp.http_addr())).unwrap();
-            sites.push(Site {
-                cp,
-                envoy,
-                client,
-                http,
-            });
-            dirs.push(dir);
-        }
+        // Two sites on one mock: each Envoy syncs from its own control plane and fails over
+        // to the other.
+        let stack = Fixture::new(test)
+            .mocks(1)
+            .sites(2)
+            .start(|urls, _| {
+                let env = [
+                    ("P1_KEY_A", key_a.as_str()),
+                    ("P1_KEY_B", key_b.as_str()),
+                    ("P2_KEY_C", "sk-p2-c-unused"),
+                    ("AI_ROUTER_ADMIN_TOKEN", admin_token.as_str()),
+                    ("AI_ROUTER_REDIS_URL", redis.url().as_str()),
+                    ("AI_ROUTER_PG_URL", postgres.url().as_str()),
+                ]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+                Ok(PoolSetup {
+                    yaml: edit(pool_with(&format!("{}/v1", urls[0]), resilience, top)),
+                    env,
+                    names: Vec::new(),
+                })
+            })
+            .await
+            .unwrap();
+        let mut sites = stack.sites;
         let b = sites.pop().unwrap();
         let a = sites.pop().unwrap();
         Cluster {
             redis,
             postgres,
-            mock,
+            mock: stack.mocks.into_iter().next().unwrap(),
             a,
             b,
             key_a,
             key_b,
-            virtual_key,
+            virtual_key: stack.virtual_key,
             admin_token,
-            dirs,
+            dir: stack.dir,
         }
     }
 
@@ -167,9 +138,9 @@ impl Cluster {
         path: &str,
         body: Option<Value>,
     ) -> Reply {
-        let body = body.map(|b| b.to_string());
-        site.http
-            .request(method, path, Some(&self.admin_token), body)
+        site.admin(&self.admin_token)
+            .unwrap()
+            .call(method, path, body.as_ref())
             .await
             .unwrap()
     }
@@ -263,7 +234,7 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             eprintln!("{}", self.tails());
         }
-        let _ = &self.dirs;
+        let _ = &self.dir;
     }
 }
 

@@ -27,12 +27,26 @@ async fn sigterm_to_serve_drains_and_exits_zero_while_envoy_keeps_serving() {
         served += 1;
     }
 
-    // SIGTERM while a stream is under way.
+    // SIGTERM while a stream is under way (the provider has it).
     let stream = {
         let (c, secret) = (gw.client.clone(), secret.clone());
         tokio::spawn(async move { c.stream("chat", Some(&secret)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    poll(
+        "the stream to reach the provider",
+        Duration::from_secs(10),
+        || async {
+            Ok(gw
+                .mock1
+                .calls()
+                .await?
+                .iter()
+                .any(|c| c.stream)
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     let admin = gw.cp.http_addr();
     let began = Instant::now();
     let status = gw.cp.terminate(Duration::from_secs(15)).await.unwrap();
@@ -100,7 +114,7 @@ async fn an_envoy_stopped_after_a_drain_loses_no_outcome_report() {
         "the first call counted",
         Duration::from_secs(10),
         || async {
-            let n = gw.admin_get(&usage).await?["total"]["requests"]
+            let n = gw.admin().get_json(&usage).await?["total"]["requests"]
                 .as_u64()
                 .unwrap_or(0);
             Ok((n == 1).then_some(()))
@@ -191,17 +205,12 @@ async fn sqlite_gateway(name: &str) -> Gateway {
 /// A virtual key created through the admin API, once Envoy accepts it (one call made with it):
 /// its id and secret.
 async fn sqlite_gateway_key(gw: &Gateway, label: &str) -> (String, String) {
-    let created = ai_router_e2e::http_client()
-        .unwrap()
-        .post(format!("http://{}/admin/keys", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({"label": label, "models": ["*"]}))
-        .send()
+    let created = gw
+        .admin()
+        .post("/admin/keys", &json!({"label": label, "models": ["*"]}))
         .await
         .unwrap()
-        .json::<serde_json::Value>()
-        .await
-        .unwrap();
+        .json;
     let id = created["key"]["id"].as_str().unwrap().to_string();
     let secret = created["secret"].as_str().unwrap().to_string();
     poll(
@@ -221,7 +230,7 @@ async fn sqlite_gateway_key(gw: &Gateway, label: &str) -> (String, String) {
 /// never counts more.
 async fn assert_usage_counts(gw: &Gateway, usage: &str, served: u64, wait: Duration) {
     let counted = poll("every call in the usage", wait, || async {
-        let n = gw.admin_get(usage).await?["total"]["requests"]
+        let n = gw.admin().get_json(usage).await?["total"]["requests"]
             .as_u64()
             .unwrap_or(0);
         Ok((n >= served).then_some(n))

@@ -393,7 +393,8 @@ fn idempotency_keys(calls: &[(String, ai_router_e2e::MockCall)]) -> Vec<String> 
 async fn a_clients_idempotency_key_reaches_providers_only_as_a_per_tenant_digest() {
     let gw = Gateway::start("idempotency_key").await.expect("fixture");
     let other = gw
-        .create_key(json!({ "label": "other_tenant", "models": ["*"] }))
+        .admin()
+        .create_key(&json!({ "label": "other_tenant", "models": ["*"] }))
         .await
         .unwrap()
         .1;

@@ -349,18 +349,15 @@ async fn a_revoked_virtual_key_gets_401() {
         .script(json!([script::always(vec![script::text("ok")])]))
         .await
         .unwrap();
-    let admin = ai_router_e2e::http_client().unwrap();
-    let base = format!("http://{}", gw.cp.http_addr());
-
-    let resp = admin
-        .post(format!("{base}/admin/keys"))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({ "label": "revoked_app", "models": ["*"] }))
-        .send()
+    let resp = gw
+        .admin()
+        .post(
+            "/admin/keys",
+            &json!({ "label": "revoked_app", "models": ["*"] }),
+        )
         .await
         .unwrap();
-    let status = resp.status().as_u16();
-    let created: Value = resp.json().await.unwrap_or(Value::Null);
+    let (status, created) = (resp.status, resp.json);
     assert_eq!(status, 201, "POST /admin/keys: {created}");
     let id = created["key"]["id"].as_str().expect("key.id").to_string();
     let secret = created["secret"].as_str().expect("secret").to_string();
@@ -382,13 +379,16 @@ async fn a_revoked_virtual_key_gets_401() {
     .await
     .unwrap();
 
-    let resp = admin
-        .post(format!("{base}/admin/keys/{id}/revoke"))
-        .bearer_auth(&gw.admin_token)
-        .send()
+    let resp = gw
+        .admin()
+        .call(
+            reqwest::Method::POST,
+            &format!("/admin/keys/{id}/revoke"),
+            None,
+        )
         .await
         .unwrap();
-    assert!(resp.status().is_success(), "revoke: {}", resp.status());
+    assert!((200..300).contains(&resp.status), "revoke: {}", resp.status);
 
     let r = ai_router_e2e::poll(
         "the revoked key to be refused",

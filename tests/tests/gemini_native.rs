@@ -29,7 +29,7 @@ async fn post_to(gw: &Gateway, call: &str, body: &Value) -> reqwest::Response {
 
 /// The fixture key's usage report once `ready` holds of its total.
 async fn usage_when(gw: &Gateway, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
-    let keys = gw.admin_get("/admin/keys").await.unwrap();
+    let keys = gw.admin().get_json("/admin/keys").await.unwrap();
     let path = format!(
         "/admin/keys/{}/usage",
         keys["keys"][0]["id"].as_str().unwrap()
@@ -37,7 +37,7 @@ async fn usage_when(gw: &Gateway, what: &str, ready: impl Fn(&Value) -> bool) ->
     ai_router_e2e::poll(what, std::time::Duration::from_secs(10), || {
         let (path, ready) = (&path, &ready);
         async move {
-            let usage = gw.admin_get(path).await?;
+            let usage = gw.admin().get_json(path).await?;
             Ok(ready(&usage["total"]).then_some(usage["total"].clone()))
         }
     })

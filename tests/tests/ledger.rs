@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{
-    poll, random_hex, scan, script, Client, Envoy, Gateway, Pool, PoolSetup, TestDir,
-};
+use ai_router_e2e::{poll, random_hex, scan, script, Client, Gateway, Pool, PoolSetup};
 use serde_json::{json, Value};
 
 /// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
@@ -26,15 +24,9 @@ fn pool(p1: &str, p2: &str) -> String {
 }
 
 async fn ledger(gw: &Gateway) -> Value {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("http://{}/admin/ledger", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    resp.json().await.unwrap()
+    let resp = gw.admin().get("/admin/ledger").await.unwrap();
+    assert_eq!(resp.status, 200);
+    resp.json
 }
 
 /// Scripts p2 to answer `reply` and makes one call to it.
@@ -301,16 +293,7 @@ async fn two_envoys_together_never_send_more_than_the_scope_has_left() {
         .await
         .expect("fixture");
     // A second Envoy on the same control plane.
-    let dir2 = TestDir::new("ledger_reservations_two-envoy2").unwrap();
-    let envoy2 = Envoy::start(
-        &dir2,
-        gw.cp.config_path(),
-        gw.cp.grpc_addr(),
-        &[("AI_ROUTER_SYNC_TOKEN".to_string(), gw.sync_token.clone())],
-        &gw.virtual_key,
-    )
-    .await
-    .expect("the second Envoy");
+    let envoy2 = gw.another_envoy("envoy2").await.expect("the second Envoy");
     let client2 = Client::new(&envoy2.base_url()).unwrap();
     ten_left(&gw).await;
     // 25 calls through each Envoy, all at once. Both hold the same figure (10 left), each its
@@ -388,7 +371,9 @@ async fn a_limit_the_ledger_knows_is_kept_before_the_provider_refuses() {
 const OR_ADMIN_TOKEN_ENV: &str = "LEDGER_OR_ADMIN_TOKEN";
 
 async fn pool_ledger(pool: &Pool) -> Value {
-    pool.admin_get("/admin/ledger", OR_ADMIN_TOKEN_ENV)
+    pool.admin(OR_ADMIN_TOKEN_ENV)
+        .unwrap()
+        .get_json("/admin/ledger")
         .await
         .unwrap()
 }

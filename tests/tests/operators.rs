@@ -19,16 +19,8 @@ async fn run_cli(gw: &Gateway, args: &[&str]) -> (bool, Value, String) {
 }
 
 async fn post_reset(gw: &Gateway, body: Value) -> (u16, Value) {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .post(format!("http://{}/admin/reset", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    let r = gw.admin().post("/admin/reset", &body).await.unwrap();
+    (r.status, r.json)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,16 +203,10 @@ async fn an_event_subscriber_sees_every_change_in_order() {
     })
     .await
     .expect("fixture");
-    let base = format!("http://{}", pool.cp.http_addr());
+    let admin = ai_router_e2e::Admin::at(pool.cp.http_addr(), &admin_token).unwrap();
     // A wrong filter is refused; then every type.
-    let bad = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("{base}/admin/events?types=nope"))
-        .bearer_auth(&admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(bad.status().as_u16(), 400);
+    let bad = admin.get("/admin/events?types=nope").await.unwrap();
+    assert_eq!(bad.status, 400);
     let mut rx = pool.cp.events(&admin_token, "").await.unwrap();
     let mut seen = Vec::new();
     let script = |steps: Vec<Value>| {
@@ -338,15 +324,11 @@ async fn an_event_subscriber_sees_every_change_in_order() {
     }
     let e = refused.unwrap_or_else(|| panic!("no key-disabled event; seen: {seen:?}"));
     assert_eq!(e["type"], "key-disabled", "{e}");
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .post(format!("{base}/admin/reset"))
-        .bearer_auth(&admin_token)
-        .json(&json!({ "provider": "p1", "key": "a" }))
-        .send()
+    let resp = admin
+        .post("/admin/reset", &json!({ "provider": "p1", "key": "a" }))
         .await
         .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(resp.status, 200);
     let (_, e) = next_of(&mut rx, &ops, &mut seen).await;
     assert_eq!(
         (e["type"].as_str(), e["reason"].as_str()),
@@ -361,18 +343,6 @@ async fn an_event_subscriber_sees_every_change_in_order() {
         "the virtual key in the events"
     );
     assert!(!all.contains("\"content\""), "content in the events");
-}
-
-async fn admin_get(gw: &Gateway, path: &str) -> Value {
-    let resp = ai_router_e2e::http_client()
-        .unwrap()
-        .get(format!("http://{}{path}", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200, "GET {path}");
-    resp.json().await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,7 +362,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
         "the stats to count 4 calls",
         Duration::from_secs(10),
         || async {
-            let s = admin_get(&gw, "/admin/stats").await;
+            let s = gw.admin().get_json("/admin/stats").await.unwrap();
             Ok((s["requests"]["chat"]["success"] == 4).then_some(s))
         },
     )
@@ -416,7 +386,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
         "{stats}"
     );
 
-    let catalog = admin_get(&gw, "/admin/catalog").await;
+    let catalog = gw.admin().get_json("/admin/catalog").await.unwrap();
     let models = catalog["models"].as_array().unwrap();
     let ids: Vec<&str> = models.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["m1", "m2"], "{catalog}");
@@ -424,7 +394,7 @@ async fn stats_catalog_and_health_match_the_pool_and_the_calls() {
     assert_eq!(models[0]["servedBy"][0]["provider"], "p1", "{catalog}");
     assert_eq!(catalog["defaults"]["fallbacks"], json!(["m2"]), "{catalog}");
 
-    let health = admin_get(&gw, "/admin/health").await;
+    let health = gw.admin().get_json("/admin/health").await.unwrap();
     assert_eq!(health["status"], "ok", "{health}");
     // Words, not enum numbers; null for "no end"; the budgets section is there.
     for provider in health["providers"].as_array().unwrap() {
@@ -512,8 +482,14 @@ async fn sigterm_to_up_lets_a_stream_in_flight_finish_and_takes_no_new_call() {
         let (client, key) = (client.clone(), key.clone());
         tokio::spawn(async move { client.stream("m1", Some(&key)).await })
     };
-    // Once the stream is under way, SIGTERM.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Once the stream is under way (the provider has it), SIGTERM.
+    ai_router_e2e::poll(
+        "the stream to reach the provider",
+        Duration::from_secs(10),
+        || async { Ok(mock.calls().await?.iter().any(|c| c.stream).then_some(())) },
+    )
+    .await
+    .unwrap();
     let pid = up.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -550,16 +526,13 @@ async fn the_admin_api_answers_on_the_gateway_s_listener() {
         .await
         .expect("fixture");
     let gateway = gw.envoy.base_url();
-    let http = ai_router_e2e::http_client().unwrap();
+    let on_gateway = ai_router_e2e::Admin::new(&gateway, None).unwrap();
     let get = |path: &str, token: Option<&str>| {
-        let mut req = http.get(format!("{gateway}{path}"));
-        if let Some(token) = token {
-            req = req.bearer_auth(token);
-        }
+        let admin = on_gateway.with_token(token);
+        let path = path.to_string();
         async move {
-            let resp = req.send().await.unwrap();
-            let status = resp.status().as_u16();
-            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+            let r = admin.get(&path).await.unwrap();
+            (r.status, r.json)
         }
     };
     // Without the token, or with a wrong one: the control plane's own refusals.
@@ -574,7 +547,7 @@ async fn the_admin_api_answers_on_the_gateway_s_listener() {
     assert_eq!(status, 200, "{health}");
     assert_eq!(
         health["providers"],
-        admin_get(&gw, "/admin/health").await["providers"]
+        gw.admin().get_json("/admin/health").await.unwrap()["providers"]
     );
     assert_eq!(health["providers"][0]["keys"][0]["state"], "ok", "{health}");
     // The CLI against the gateway's URL.

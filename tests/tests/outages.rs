@@ -18,7 +18,8 @@ const TASKS: usize = 4;
 
 async fn successes(gw: &Gateway, id: &str) -> u64 {
     let usage: Value = gw
-        .admin_get(&format!("/admin/keys/{id}/usage"))
+        .admin()
+        .get_json(&format!("/admin/keys/{id}/usage"))
         .await
         .unwrap();
     usage["total"]["successes"].as_u64().unwrap_or(0)
@@ -40,7 +41,8 @@ async fn gateway(test: &str) -> Gateway {
 async fn a_control_plane_killed_under_load_loses_no_call_and_no_usage() {
     let mut gw = gateway("outage_sigkill").await;
     let (id, secret) = gw
-        .create_key(json!({"label": "kill_app", "models": ["*"]}))
+        .admin()
+        .create_key(&json!({"label": "kill_app", "models": ["*"]}))
         .await
         .unwrap();
     gw.envoy.wait_ready(&secret).await.unwrap();
@@ -136,8 +138,8 @@ async fn with_the_control_plane_away_an_envoy_counts_requests_per_minute_alone()
     const LIMIT: u64 = 8;
     let mut gw = gateway("outage_rpm_alone").await;
     let (_, secret) = gw
-        .create_key(
-            json!({"label": "alone_app", "models": ["*"], "quota": { "requestsPerMinute": LIMIT }}),
+        .admin().create_key(
+            &json!({"label": "alone_app", "models": ["*"], "quota": { "requestsPerMinute": LIMIT }}),
         )
         .await
         .unwrap();

@@ -109,17 +109,7 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
 
     // Three calls, 80 cached tokens each, in the key's usage rows; each call costs
     // 20 x 10 + 80 x 1 + 10 x 10 per million.
-    let http = ai_router_e2e::http_client().unwrap();
-    let base = format!("http://{}", gw.cp.http_addr());
-    let keys: Value = http
-        .get(format!("{base}/admin/keys"))
-        .bearer_auth(&gw.admin_token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value = gw.admin().get("/admin/keys").await.unwrap().json;
     let id = keys["keys"]
         .as_array()
         .and_then(|ks| ks.iter().find(|k| k["mounted"] == true))
@@ -130,11 +120,9 @@ async fn the_anthropic_request_carries_one_marker_and_cached_tokens_reach_usage(
         "the usage rows to count 3 calls",
         Duration::from_secs(15),
         || {
-            let req = http
-                .get(format!("{base}/admin/keys/{id}/usage"))
-                .bearer_auth(&gw.admin_token);
+            let (admin, path) = (gw.admin(), format!("/admin/keys/{id}/usage"));
             async move {
-                let usage: Value = req.send().await?.json().await?;
+                let usage: Value = admin.get(&path).await?.json;
                 let total = usage["total"].clone();
                 Ok((total["cachedTokens"].as_u64() == Some(240)).then_some(total))
             }

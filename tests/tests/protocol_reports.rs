@@ -68,18 +68,11 @@ async fn requests_and_attempts_are_counted_by_the_clients_protocol() {
     let r = post("/v1/embeddings", json!({ "model": "chat", "input": "hi" })).await;
     assert!(r.status >= 400, "{r}");
 
-    let stats_url = format!("http://{}/admin/stats", gw.cp.http_addr());
     let stats = poll(
         "the calls in /admin/stats",
         Duration::from_secs(10),
         || async {
-            let stats: Value = ai_router_e2e::http_client()?
-                .get(&stats_url)
-                .bearer_auth(&gw.admin_token)
-                .send()
-                .await?
-                .json()
-                .await?;
+            let stats: Value = gw.admin().get("/admin/stats").await?.json;
             let p = &stats["protocols"];
             let ready = ["chat", "messages", "responses"]
                 .iter()

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ai_router_e2e::{openai_error_problem, poll, standard_pool, Gateway, Reply};
+use ai_router_e2e::{openai_error_problem, poll, standard_pool, Admin, Gateway, Reply};
 use serde_json::{json, Value};
 
 const PUSH: Duration = Duration::from_secs(15);
@@ -37,73 +37,24 @@ fn retry_after(reply: &Reply, max: u64, what: &str) -> u64 {
     seconds
 }
 
-/// The admin API of the fixture's control plane.
-struct Admin {
-    base: String,
-    token: String,
-    http: reqwest::Client,
-}
-
-impl Admin {
-    fn new(gw: &Gateway) -> Self {
-        Self {
-            base: format!("http://{}", gw.cp.http_addr()),
-            token: gw.admin_token.clone(),
-            http: ai_router_e2e::http_client().unwrap(),
-        }
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Reply {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap();
-        Reply {
-            status,
-            headers,
-            json: serde_json::from_str(&text).unwrap_or(Value::Null),
-            text,
-        }
-    }
-
-    /// Creates a key; returns its id and secret.
-    async fn create(&self, body: Value) -> (String, String) {
-        let r = self
-            .call(reqwest::Method::POST, "/admin/keys", Some(body))
-            .await;
-        assert_eq!(r.status, 201, "POST /admin/keys: {r}");
-        let id = r.json["key"]["id"].as_str().expect("key.id").to_string();
-        let secret = r.json["secret"].as_str().expect("secret").to_string();
-        (id, secret)
-    }
-
-    /// Waits until the key's usage counts `outcome` at least once; returns the report.
-    /// Waits until the usage of `id` counts `outcome` at least `least` times (workers send
-    /// their outcomes on their own, a few tens of ms apart).
-    async fn wait_outcome(&self, id: &str, outcome: &str, least: u64) -> Value {
-        poll(
-            &format!("usage of {id} to count {outcome} {least} times"),
-            PUSH,
-            || {
-                let path = format!("/admin/keys/{id}/usage");
-                async move {
-                    let r = self.call(reqwest::Method::GET, &path, None).await;
-                    anyhow::ensure!(r.status == 200, "usage: {r}");
-                    let n = r.json["total"]["outcomes"][outcome].as_u64().unwrap_or(0);
-                    Ok((n >= least).then_some(r.json))
-                }
-            },
-        )
-        .await
-        .unwrap()
-    }
+/// Waits until the usage of `id` counts `outcome` at least `least` times (workers send
+/// their outcomes on their own, a few tens of ms apart).
+async fn wait_outcome(admin: &Admin, id: &str, outcome: &str, least: u64) -> Value {
+    poll(
+        &format!("usage of {id} to count {outcome} {least} times"),
+        PUSH,
+        || {
+            let path = format!("/admin/keys/{id}/usage");
+            async move {
+                let r = admin.get(&path).await?;
+                anyhow::ensure!(r.status == 200, "usage: {r}");
+                let n = r.json["total"]["outcomes"][outcome].as_u64().unwrap_or(0);
+                Ok((n >= least).then_some(r.json))
+            }
+        },
+    )
+    .await
+    .unwrap()
 }
 
 /// Provider calls received by both mocks.
@@ -155,10 +106,13 @@ async fn requests_per_minute_of_a_mounted_key() {
     .await
     .expect("fixture");
     gw.script_usage(5, 5).await.unwrap();
-    let admin = Admin::new(&gw);
+    let admin = gw.admin();
     let (other_id, other) = admin
-        .create(json!({ "label": "other", "models": ["*"], "quota": { "requestsPerMinute": 100 } }))
-        .await;
+        .create_key(
+            &json!({ "label": "other", "models": ["*"], "quota": { "requestsPerMinute": 100 } }),
+        )
+        .await
+        .unwrap();
     poll("the created key to be accepted", PUSH, || {
         let c = gw.client.clone();
         let key = other.clone();
@@ -166,7 +120,10 @@ async fn requests_per_minute_of_a_mounted_key() {
     })
     .await
     .unwrap();
-    let keys = admin.call(reqwest::Method::GET, "/admin/keys", None).await;
+    let keys = admin
+        .call(reqwest::Method::GET, "/admin/keys", None)
+        .await
+        .unwrap();
     let mounted_id = keys.json["keys"]
         .as_array()
         .and_then(|ks| ks.iter().find(|k| k["mounted"] == true))
@@ -208,9 +165,13 @@ async fn requests_per_minute_of_a_mounted_key() {
         assert_eq!(r.status, 200, "the other key: {r}");
     }
 
-    let usage = admin
-        .wait_outcome(&mounted_id, "rejected:requests_per_minute_exceeded", 2)
-        .await;
+    let usage = wait_outcome(
+        &admin,
+        &mounted_id,
+        "rejected:requests_per_minute_exceeded",
+        2,
+    )
+    .await;
     assert!(
         usage["total"]["outcomes"]["rejected:requests_per_minute_exceeded"]
             .as_u64()
@@ -224,7 +185,8 @@ async fn requests_per_minute_of_a_mounted_key() {
             &format!("/admin/keys/{other_id}/usage"),
             None,
         )
-        .await;
+        .await
+        .unwrap();
     assert!(
         other_usage.json["total"]["outcomes"]
             .get("rejected:requests_per_minute_exceeded")
@@ -245,16 +207,21 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
     .await
     .expect("fixture");
     gw.script_usage(30, 30).await.unwrap();
-    let admin = Admin::new(&gw);
+    let admin = gw.admin();
     let (tokens_id, tokens_key) = admin
-        .create(json!({ "label": "tokens", "models": ["*"], "quota": { "tokensPerDay": 100 } }))
-        .await;
+        .create_key(
+            &json!({ "label": "tokens", "models": ["*"], "quota": { "tokensPerDay": 100 } }),
+        )
+        .await
+        .unwrap();
     let (cost_id, cost_key) = admin
-        .create(json!({ "label": "cost", "models": ["*"], "quota": { "costPerDay": 0.001 } }))
-        .await;
+        .create_key(&json!({ "label": "cost", "models": ["*"], "quota": { "costPerDay": 0.001 } }))
+        .await
+        .unwrap();
     let (_, free_key) = admin
-        .create(json!({ "label": "free", "models": ["*"] }))
-        .await;
+        .create_key(&json!({ "label": "free", "models": ["*"] }))
+        .await
+        .unwrap();
 
     // The first call (60 tokens, 0.0006) stays under both limits; the second crosses them and
     // still succeeds: usage is counted after a call.
@@ -297,21 +264,18 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
         assert_eq!(r.status, 200, "a key without a quota: {r}");
     }
 
-    admin
-        .wait_outcome(&tokens_id, "rejected:tokens_per_day_exceeded", 1)
-        .await;
-    admin
-        .wait_outcome(&cost_id, "rejected:cost_per_day_exceeded", 1)
-        .await;
+    wait_outcome(&admin, &tokens_id, "rejected:tokens_per_day_exceeded", 1).await;
+    wait_outcome(&admin, &cost_id, "rejected:cost_per_day_exceeded", 1).await;
 
     // Raising the limit lifts the block with the next push.
     let r = admin
         .call(
             reqwest::Method::PATCH,
             &format!("/admin/keys/{tokens_id}"),
-            Some(json!({ "quota": { "tokensPerDay": 1_000_000 } })),
+            Some(&json!({ "quota": { "tokensPerDay": 1_000_000 } })),
         )
-        .await;
+        .await
+        .unwrap();
     assert_eq!(r.status, 200, "PATCH: {r}");
     poll("the raised limit to lift the block", PUSH, || {
         let c = gw.client.clone();

@@ -144,13 +144,13 @@ async fn a_reload_under_load_adds_and_removes_a_provider_without_a_failed_call()
     );
     write_pool(&gw, &invalid);
     wait_log(&gw, &["config reload refused", "wieght"], 1).await;
-    let catalog = gw.admin_get("/admin/catalog").await.unwrap();
+    let catalog = gw.admin().get_json("/admin/catalog").await.unwrap();
     assert!(
         !catalog.to_string().contains("\"p1\""),
         "the refused file did not bring p1 back: {catalog}"
     );
     // The quota ledger follows the pool: p2 in, p1 out.
-    let ledger = gw.admin_get("/admin/ledger").await.unwrap();
+    let ledger = gw.admin().get_json("/admin/ledger").await.unwrap();
     let providers: Vec<&str> = ledger["providers"]
         .as_array()
         .map(|ps| ps.iter().filter_map(|p| p["provider"].as_str()).collect())

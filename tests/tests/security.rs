@@ -323,17 +323,15 @@ async fn a_key_calls_only_the_model_names_it_lists() {
         .script(json!([script::always(vec![script::text("from m2")])]))
         .await
         .unwrap();
-    let http = http_client().unwrap();
-    let created: Value = http
-        .post(format!("http://{}/admin/keys", gw.cp.http_addr()))
-        .bearer_auth(&gw.admin_token)
-        .json(&json!({"label": "narrow", "models": ["m1"], "profiles": []}))
-        .send()
+    let created: Value = gw
+        .admin()
+        .post(
+            "/admin/keys",
+            &json!({"label": "narrow", "models": ["m1"], "profiles": []}),
+        )
         .await
         .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json;
     let narrow = created["secret"].as_str().expect("secret").to_string();
     // The key reaches Envoy within a push.
     poll("the new key is pushed", Duration::from_secs(10), || {
@@ -625,7 +623,7 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
         "the control plane to count every attempt",
         Duration::from_secs(15),
         || async {
-            let stats = gw.admin_get("/admin/stats").await?;
+            let stats = gw.admin().get_json("/admin/stats").await?;
             let attempts: u64 = stats["lanes"]
                 .as_array()
                 .into_iter()
@@ -637,7 +635,7 @@ async fn a_providers_echo_of_the_clients_words_never_takes_a_key_out() {
     )
     .await
     .unwrap();
-    let health = gw.admin_get("/admin/health").await.unwrap();
+    let health = gw.admin().get_json("/admin/health").await.unwrap();
     let keys: Vec<&Value> = health["providers"]
         .as_array()
         .into_iter()
@@ -718,7 +716,7 @@ async fn a_models_daily_limit_holds_its_lane_not_the_key() {
         .unwrap()
         .as_millis() as i64;
     let health = poll("the lane's cooldown", Duration::from_secs(15), || async {
-        let h = gw.admin_get("/admin/health").await?;
+        let h = gw.admin().get_json("/admin/health").await?;
         Ok((h["cooldowns"].as_array().is_some_and(|c| !c.is_empty())).then_some(h))
     })
     .await

@@ -154,7 +154,8 @@ async fn envoy_syncs_over_mutual_tls_refuses_strangers_and_takes_rotated_certifi
     // rotated ones it read through SDS (the only ones the control plane now takes), so a key
     // created after the rotation reaches it.
     let (_, secret) = g
-        .create_key(json!({ "label": "after_rotation", "models": ["*"] }))
+        .admin()
+        .create_key(&json!({ "label": "after_rotation", "models": ["*"] }))
         .await
         .unwrap();
     g.envoy

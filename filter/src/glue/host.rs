@@ -258,6 +258,9 @@ impl Host for WasmHost {
     fn now_ms(&self) -> i64 {
         super::prof::time("host.now_ms", shared::now_ms)
     }
+    fn now_us(&self) -> i64 {
+        super::prof::time("host.now_us", shared::now_us)
+    }
     fn state(&self) -> Option<Rc<State>> {
         super::prof::time("host.state", shared::current_state)
     }

@@ -80,12 +80,20 @@ thread_local! {
     static LANES: RefCell<LaneReader> = RefCell::new(LaneReader::default());
 }
 
-pub fn now_ms() -> i64 {
+/// The host's wall clock since the Unix epoch (zero when it cannot say).
+fn since_epoch() -> Duration {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+        .unwrap_or_default()
+}
+
+pub fn now_ms() -> i64 {
+    since_epoch().as_millis() as i64
+}
+
+pub fn now_us() -> i64 {
+    since_epoch().as_micros() as i64
 }
 
 /// The freshest pool, decoded only when its version changed.

@@ -53,6 +53,11 @@ pub mod headers {
     pub const LANE_TRAIL: &str = "x-ai-router-lane-trail";
     /// Client → front (`1`): the routing trail on a success too; front → client: that trail.
     pub const TRAIL: &str = "x-ai-router-trail";
+    /// Client → front (`1`): the answer carries [`OVERHEAD_MS`], this call's overhead.
+    pub const OVERHEAD: &str = "x-ai-router-overhead";
+    /// Front → client, when asked for: the gateway's time to the answer's first byte less the
+    /// time the providers held the call's attempts, in milliseconds (three decimals).
+    pub const OVERHEAD_MS: &str = "x-ai-router-overhead-ms";
     /// Attempt → front: seconds until a lane returns.
     pub const RETRY_AFTER: &str = "x-ai-router-retry-after";
     /// Front → client: the model that answered.

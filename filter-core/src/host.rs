@@ -55,6 +55,9 @@ pub trait Host {
 
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+    /// Microseconds since the Unix epoch: the overhead's clock
+    /// ([`crate::answer::overhead`]).
+    fn now_us(&self) -> i64;
     /// The freshest pushed state, if any has arrived.
     fn state(&self) -> Option<Rc<State>>;
     /// The virtual key with this SHA-256 (hex), as last pushed.

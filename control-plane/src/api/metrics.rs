@@ -27,6 +27,14 @@ const BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
+/// Upper bounds (seconds) of the overhead histogram's buckets: fine between 50 µs and 1 ms,
+/// where the gateway's own time lies (and the benchmark's added latency it is compared with),
+/// then coarse up to the second of a call that waited between attempts.
+const OVERHEAD_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00015, 0.0002, 0.0003, 0.0004, 0.0005, 0.00075, 0.001, 0.0025, 0.01, 0.05,
+    0.25, 1.0,
+];
+
 /// The label of an attempt's outcome: `success` or `error`.
 fn attempt_outcome_label(a: &pb::AttemptOutcome) -> &'static str {
     a.outcome().text()
@@ -70,18 +78,34 @@ fn quota_refusal(outcome: &str) -> Option<&str> {
     .then_some(code)
 }
 
-/// A histogram of seconds over [`BUCKETS`].
-#[derive(Debug, Default, Clone)]
+/// A histogram of seconds over its bounds ([`BUCKETS`] unless made with others).
+#[derive(Debug, Clone)]
 struct Histogram {
+    bounds: &'static [f64; 14],
     /// Per bucket, the observations at or under its bound (not cumulative).
-    buckets: [u64; BUCKETS.len()],
+    buckets: [u64; 14],
     sum: f64,
     count: u64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Self::over(&BUCKETS)
+    }
+}
+
 impl Histogram {
+    fn over(bounds: &'static [f64; 14]) -> Self {
+        Self {
+            bounds,
+            buckets: [0; 14],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
     fn observe(&mut self, seconds: f64) {
-        if let Some(i) = BUCKETS.iter().position(|b| seconds <= *b) {
+        if let Some(i) = self.bounds.iter().position(|b| seconds <= *b) {
             self.buckets[i] += 1;
         }
         self.sum += seconds;
@@ -117,6 +141,8 @@ struct Counters {
     attempt_duration: BTreeMap<Lane, Histogram>,
     /// By operation, protocol, provider, model: the call's whole duration.
     request_duration: BTreeMap<Call, Histogram>,
+    /// By client protocol and outcome: what the gateway added to calls a provider took part in.
+    overhead: BTreeMap<(String, String), Histogram>,
     prompt_tokens: BTreeMap<Lane, u64>,
     completion_tokens: BTreeMap<Lane, u64>,
     cached_tokens: BTreeMap<Lane, u64>,
@@ -169,6 +195,12 @@ impl ReportObserver for Metrics {
                 .entry(call)
                 .or_default()
                 .observe(r.latency_ms as f64 / 1000.0);
+            if let Some(us) = r.overhead_us {
+                c.overhead
+                    .entry((r.protocol.clone(), outcome.clone()))
+                    .or_insert_with(|| Histogram::over(&OVERHEAD_BUCKETS))
+                    .observe(us as f64 / 1e6);
+            }
             if let Some(code) = quota_refusal(&outcome) {
                 *c.quota_refusals.entry(code.into()).or_default() += 1;
             }
@@ -266,7 +298,7 @@ fn histograms<'a>(
     family(out, name, "histogram", help);
     for (labels, h) in series {
         let mut below = 0;
-        for (bound, n) in BUCKETS.iter().zip(h.buckets) {
+        for (bound, n) in h.bounds.iter().zip(h.buckets) {
             below += n;
             let _ = writeln!(
                 out,
@@ -367,6 +399,21 @@ impl Metrics {
             c.request_duration
                 .iter()
                 .map(|(call, h)| (call_labels(call), h)),
+        );
+        histograms(
+            &mut out,
+            "ai_router_overhead_seconds",
+            "What the gateway added to calls a provider took part in: the time to the answer's first byte less the time the providers held the attempts, by client protocol and outcome.",
+            c.overhead.iter().map(|((protocol, outcome), h)| {
+                (
+                    format!(
+                        "protocol=\"{}\",outcome=\"{}\"",
+                        esc(protocol),
+                        esc(outcome)
+                    ),
+                    h,
+                )
+            }),
         );
         lane_counters(
             &mut out,
@@ -576,6 +623,7 @@ mod tests {
                     model: "m".into(),
                     outcome: pb::RequestResult::Success.into(),
                     latency_ms: 120,
+                    overhead_us: Some(300),
                     cache_lookup: pb::CacheLookup::Miss.into(),
                     cache_store: pb::CacheStore::Stored.into(),
                     ..Default::default()
@@ -667,6 +715,11 @@ mod tests {
             "ai_router_time_to_first_token_seconds_sum{provider=\"p\",key=\"b\",model=\"m\"} 0.06",
             "ai_router_attempt_duration_seconds_count{provider=\"p\",key=\"a\",model=\"m\"} 1",
             "ai_router_request_duration_seconds_bucket{operation=\"chat\",protocol=\"messages\",provider=\"p\",model=\"m\",le=\"+Inf\"} 1",
+            // 300 µs of overhead, over 200 µs and under 400; the refusals had none.
+            "ai_router_overhead_seconds_bucket{protocol=\"messages\",outcome=\"success\",le=\"0.0002\"} 0",
+            "ai_router_overhead_seconds_bucket{protocol=\"messages\",outcome=\"success\",le=\"0.0004\"} 1",
+            "ai_router_overhead_seconds_sum{protocol=\"messages\",outcome=\"success\"} 0.0003",
+            "ai_router_overhead_seconds_count{protocol=\"messages\",outcome=\"success\"} 1",
             "ai_router_prompt_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 10",
             "ai_router_completion_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 4",
             "ai_router_cached_tokens_total{provider=\"p\",key=\"b\",model=\"m\"} 2",
@@ -684,6 +737,10 @@ mod tests {
         assert!(
             !text.contains("ai_router_quota_refusals_total{code=\"invalid_api_key\"}"),
             "not a quota:\n{text}"
+        );
+        assert!(
+            !text.contains("ai_router_overhead_seconds_count{protocol=\"\""),
+            "a refused call has no overhead:\n{text}"
         );
         let age: f64 = text
             .lines()

@@ -3,5 +3,6 @@
 
 pub mod content;
 pub mod errors;
+pub mod overhead;
 pub mod redact;
 pub mod trail;

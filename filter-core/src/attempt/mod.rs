@@ -151,6 +151,9 @@ struct Waits {
 struct Sent {
     /// When the request went to the provider (the reservation's instant).
     started_ms: i64,
+    /// When the attempt let the request go to the provider (µs), until its time there is
+    /// added to the call's ([`Attempt::close_upstream`]).
+    sent_us: Option<i64>,
     /// What the attempt reserved of its billing scope's headroom (provider, send): given back
     /// if it never reached the provider.
     reserved: Option<(String, Send)>,
@@ -172,6 +175,9 @@ struct Answered {
     /// The client has the answer's first token: the answer is the client's from here.
     after_first_token: bool,
     first_byte_ms: Option<i64>,
+    /// While the provider holds the attempt: when the bytes of the latest response callback
+    /// arrived (µs).
+    arrived_us: Option<i64>,
     /// The provider's answer ended with its headers.
     headers_only: bool,
     usage: Option<Usage>,

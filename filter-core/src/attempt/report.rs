@@ -16,6 +16,7 @@ impl Attempt {
             return;
         }
         self.reported = true;
+        self.close_upstream(host);
         let Some(lane) = &self.lane else { return };
         let now = host.now_ms();
         host.add_in_flight(&lane.id.provider, &lane.id.key, -1);
@@ -93,6 +94,31 @@ impl Attempt {
         }
         let outcome = self.outcome(failure, status, now);
         host.report_attempt(outcome);
+    }
+
+    /// The attempt's time at its provider, added to the call's once: from its send to the
+    /// arrival of the last provider bytes it needed (those of this callback), else to now (an
+    /// attempt that got no answer).
+    pub(super) fn close_upstream(&mut self, host: &mut impl Host) {
+        let Some(sent_us) = self.sent.sent_us.take() else {
+            return;
+        };
+        let end_us = match self.answer.arrived_us {
+            Some(at) => at,
+            None => host.now_us(),
+        };
+        let share = crate::answer::overhead::upstream_share(sent_us, end_us);
+        host.with_call(self.cid(), |c| {
+            c.upstream_us = c.upstream_us.saturating_add(share)
+        });
+    }
+
+    /// While the provider holds the attempt, notes when the bytes of this response callback
+    /// arrived: its time there ends with the callback that let the answer go or judged it.
+    pub(super) fn note_arrival(&mut self, host: &impl Host) {
+        if self.sent.sent_us.is_some() {
+            self.answer.arrived_us = Some(host.now_us());
+        }
     }
 
     /// The attempt's outcome as the control plane records it.
@@ -174,6 +200,8 @@ impl Attempt {
         // The attempt ended without a verdict: the provider's connection broke, the call's
         // deadline passed, or the caller went away (the outer router resets this stream then).
         // The attempt's own timeout is never among them: its bound gives the verdict itself.
+        // The provider held it until now.
+        self.answer.arrived_us = None;
         let now = host.now_ms();
         let deadline = self.plan.as_ref().map_or(i64::MAX, |p| {
             p.started_ms.saturating_add(p.deadline_ms as i64)

@@ -166,3 +166,95 @@ fn with_include_content_a_streams_report_carries_its_events() {
     assert_eq!(content.response, format!("{token}{done}"));
     assert!(content.request.contains("\"stream\":true"));
 }
+
+/// The time the provider held the call's attempts so far (µs).
+fn upstream_us(host: &FakeHost, plan: &Plan) -> i64 {
+    host.calls.get(&plan.cid).map_or(-1, |c| c.upstream_us)
+}
+
+#[test]
+fn a_unary_attempt_is_at_its_provider_from_its_send_to_its_answers_last_bytes() {
+    let plan = plan(false);
+    let mut host = host_with(snapshot(), &plan, 1);
+    let mut stage = Attempt::default();
+    host.micros = 100;
+    send(&mut stage, &mut host);
+    // The headers 10 ms later, the body's last bytes 240.05 ms after those.
+    host.now += 10;
+    host.add(Side::Response, ":status", b"200");
+    host.add(Side::Response, "content-type", b"application/json");
+    assert_eq!(stage.on_response_headers(&mut host, false), Flow::Pause);
+    assert_eq!(upstream_us(&host, &plan), 0, "still at the provider");
+    host.now += 240;
+    host.micros = 150;
+    host.response_body =
+        br#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#.to_vec();
+    let size = host.response_body.len();
+    assert_eq!(
+        stage.on_response_body(&mut host, size, true),
+        Flow::Continue
+    );
+    assert_eq!(upstream_us(&host, &plan), 250_050);
+    // Nothing after the verdict counts again.
+    host.now += 1_000;
+    stage.on_log(&mut host);
+    assert_eq!(upstream_us(&host, &plan), 250_050);
+}
+
+#[test]
+fn a_stream_is_at_its_provider_until_its_first_token_and_no_longer() {
+    let plan = plan(true);
+    let mut host = host_with(snapshot(), &plan, 1);
+    let mut stage = Attempt::default();
+    send(&mut stage, &mut host);
+    host.now += 30;
+    held_stream(&mut host, &mut stage);
+    host.now += 70;
+    assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+    assert_eq!(upstream_us(&host, &plan), 100_000);
+    host.now += 500;
+    assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
+    assert_eq!(
+        upstream_us(&host, &plan),
+        100_000,
+        "after the first byte: not counted"
+    );
+}
+
+#[test]
+fn a_calls_attempts_add_up_and_a_timeout_counts_until_it_is_noticed() {
+    // The first attempt fails with a 429 after 40 ms, the second times out.
+    let mut plan = plan(false);
+    plan.timeout_ms = 1_000;
+    let mut host = host_with(snapshot(), &plan, 1);
+    let mut stage = Attempt::default();
+    send(&mut stage, &mut host);
+    host.now += 40;
+    answer(
+        &mut stage,
+        &mut host,
+        429,
+        &[("content-type", "application/json")],
+        r#"{"error":{"message":"slow down","type":"rate_limit_error"}}"#,
+    );
+    assert_eq!(upstream_us(&host, &plan), 40_000);
+    // The next attempt, on another stream of the same worker: the call's bookkeeping is the
+    // one this host holds.
+    let mut second = Attempt::default();
+    let now = host.now + 25;
+    let calls = std::mem::take(&mut host.calls);
+    let mut host = host_with(snapshot(), &plan, 2);
+    host.calls = calls;
+    host.now = now;
+    let sent = host.now;
+    assert_eq!(send(&mut second, &mut host), Flow::Continue);
+    let stopped = run_ticks(&mut second, &mut host, sent + 5_000, |h| {
+        h.answered.is_some()
+    });
+    assert!(host.answered.is_some(), "the second attempt timed out");
+    assert_eq!(
+        upstream_us(&host, &plan),
+        40_000 + (stopped - sent) * 1000,
+        "its time at the provider ends when the timeout is noticed"
+    );
+}

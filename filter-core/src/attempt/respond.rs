@@ -24,6 +24,7 @@ use super::{Attempt, Mode, Streaming, Translate};
 
 impl Attempt {
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
+        self.note_arrival(host);
         if self.bound.answered_locally {
             // The stage's own answer, on its way back.
             return Flow::Continue;
@@ -128,6 +129,7 @@ impl Attempt {
         size: usize,
         end_of_stream: bool,
     ) -> Flow {
+        self.note_arrival(host);
         match std::mem::take(&mut self.mode) {
             Mode::Pending | Mode::Through => {
                 self.mode = Mode::Through;
@@ -348,6 +350,9 @@ impl Attempt {
         if self.answer.first_byte_ms.is_none() {
             self.answer.first_byte_ms = Some(host.now_ms());
         }
+        // The answer goes to the client from here: the provider's part in its first byte ends
+        // with the bytes that let it go.
+        self.close_upstream(host);
         host.set_header(Side::Response, H_ATTEMPT, Some(&self.attempt.to_string()));
         if let Some(lane) = &self.lane {
             host.set_header(Side::Response, H_LANE_MODEL, Some(&lane.id.model));

@@ -124,6 +124,8 @@ impl Attempt {
         // Kept until the answer is judged: a verdict resting on words the client sent is not
         // trusted ([`Failure::unless_echoed`]).
         self.body = client_body;
+        // Last: the provider holds the attempt from here.
+        self.sent.sent_us = Some(host.now_us());
         Flow::Continue
     }
 

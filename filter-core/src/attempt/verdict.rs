@@ -47,6 +47,8 @@ impl Attempt {
         if !self.bound_due(host.now_ms()) {
             return;
         }
+        // The provider held the attempt until now.
+        self.answer.arrived_us = None;
         let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
         let what = if self.answer.after_first_token {
             "the next chunk"

@@ -68,6 +68,12 @@ pub struct Front {
     idempotency_key: Option<String>,
     vk_id: String,
     started_ms: i64,
+    /// The overhead's clock at the start (µs).
+    started_us: i64,
+    /// The client asked for this call's overhead (`x-ai-router-overhead: 1`).
+    wants_overhead: bool,
+    /// What the gateway added to the call, once its answer started (µs).
+    overhead_us: Option<u64>,
     /// The body's `model` (for the call's trace).
     requested_model: String,
     /// The client's `traceparent`, when well formed.

@@ -79,6 +79,7 @@ impl Front {
     /// every internal header taken out.
     fn read_client_headers(&mut self, host: &mut impl Host) {
         self.started_ms = host.now_ms();
+        self.started_us = host.now_us();
         self.rid = host
             .header_text(Side::Request, "x-request-id")
             .unwrap_or_default();
@@ -88,6 +89,9 @@ impl Front {
         self.metadata = Metadata::from_headers(host);
         self.wants_trail = host
             .header_text(Side::Request, H_TRAIL)
+            .is_some_and(|v| matches!(v.trim(), "1" | "true"));
+        self.wants_overhead = host
+            .header_text(Side::Request, ai_router_contract::headers::OVERHEAD)
             .is_some_and(|v| matches!(v.trim(), "1" | "true"));
         self.traceparent = host
             .header_text(Side::Request, "traceparent")

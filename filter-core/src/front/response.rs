@@ -14,9 +14,11 @@ use ai_router_proto::v1::{
 
 use super::Front;
 use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::overhead;
 use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::wire::headers;
+use ai_router_contract::headers::OVERHEAD_MS as H_OVERHEAD_MS;
 
 impl Front {
     pub fn on_response_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
@@ -125,7 +127,31 @@ impl Front {
         {
             host.set_header(Side::Response, H_CACHE, Some(v));
         }
+        self.measure_overhead(host);
         Flow::Continue
+    }
+
+    /// The answer's first byte leaves: what the gateway added to a call a provider took part
+    /// in ([`crate::answer::overhead`]), and the header with it when the client asked.
+    fn measure_overhead(&mut self, host: &mut impl Host) {
+        let Some(cid) = self.cid.as_deref() else {
+            return;
+        };
+        let Some(upstream_us) = host
+            .with_call(cid, |c| (!c.tried.is_empty()).then_some(c.upstream_us))
+            .flatten()
+        else {
+            return;
+        };
+        let overhead = overhead::overhead_us(self.started_us, host.now_us(), upstream_us);
+        self.overhead_us = Some(overhead);
+        if self.wants_overhead {
+            host.set_header(
+                Side::Response,
+                H_OVERHEAD_MS,
+                Some(&overhead::header_value(overhead)),
+            );
+        }
     }
 
     /// The router answered itself: the deadline passed before an answer started (504), or it
@@ -286,6 +312,7 @@ impl Front {
             traceparent: self.traceparent.clone(),
             protocol: crate::plan::client_protocol(op, self.protocol).into(),
             tracestate: self.tracestate.clone(),
+            overhead_us: self.overhead_us,
             ..RequestOutcome::default()
         };
         self.cache.report(&mut report);

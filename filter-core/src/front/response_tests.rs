@@ -230,3 +230,71 @@ fn a_router_timeout_gets_the_gateways_error_body() {
         Some("application/json")
     );
 }
+
+#[test]
+fn the_overhead_is_the_calls_time_less_its_providers_and_a_header_only_when_asked() {
+    use ai_router_contract::headers::{OVERHEAD as H_OVERHEAD, OVERHEAD_MS as H_OVERHEAD_MS};
+    for asked in [false, true] {
+        let auth = bearer(KEY);
+        let mut extra: Vec<(&str, &[u8])> = vec![("authorization", &auth)];
+        if asked {
+            extra.push((H_OVERHEAD, b"1"));
+        }
+        let mut host = client("POST", "/v1/chat/completions", &extra);
+        let mut front = Front::default();
+        front.on_request_headers(&mut host, false);
+        assert!(
+            host.header(Side::Request, H_OVERHEAD).is_none(),
+            "never sent on"
+        );
+        let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+        // Its one attempt was at the provider for 250 ms; the answer's first byte is here
+        // 250.4 ms after the request.
+        let cid = front.cid.clone().unwrap_or_default();
+        host.with_call(&cid, |c| {
+            c.tried.push(crate::vocab::LaneId::new("p1", "a", "m1"));
+            c.upstream_us = 250_000;
+        });
+        host.now += 250;
+        host.micros = 400;
+        host.add(Side::Response, ":status", b"200");
+        host.add(Side::Response, H_ATTEMPT, b"1");
+        // A provider's (or a stage's) header of that name never reaches the client.
+        host.add(Side::Response, H_OVERHEAD_MS, b"999");
+        front.on_response_headers(&mut host, false);
+        let expected = asked.then(|| "0.400".to_string());
+        assert_eq!(
+            host.text(Side::Response, H_OVERHEAD_MS),
+            expected,
+            "asked: {asked}"
+        );
+        front.on_log(&mut host);
+        assert_eq!(host.reports[0].overhead_us, Some(400));
+    }
+}
+
+#[test]
+fn a_call_no_provider_took_part_in_has_no_overhead() {
+    use ai_router_contract::headers::{OVERHEAD as H_OVERHEAD, OVERHEAD_MS as H_OVERHEAD_MS};
+    // Refused by the gateway itself.
+    let mut host = client(
+        "POST",
+        "/v1/chat/completions",
+        &[("authorization", b"Bearer sk-wrong"), (H_OVERHEAD, b"1")],
+    );
+    let mut front = Front::default();
+    front.on_request_headers(&mut host, false);
+    host.add(Side::Response, ":status", b"401");
+    front.on_response_headers(&mut host, false);
+    front.on_log(&mut host);
+    assert!(host.header(Side::Response, H_OVERHEAD_MS).is_none());
+    assert_eq!(host.reports[0].overhead_us, None);
+    // No lane was left for the call: the attempt stage answered without a provider.
+    let (mut front, mut host) = a_call_sent_on();
+    host.add(Side::Response, ":status", b"503");
+    host.add(Side::Response, H_FINAL_STATUS, b"503");
+    front.on_response_headers(&mut host, false);
+    front.on_log(&mut host);
+    assert_eq!(host.reports[0].overhead_us, None);
+}

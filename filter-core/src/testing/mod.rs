@@ -126,6 +126,8 @@ pub struct FakeHost {
     /// in Envoy).
     pub lane_views: u32,
     pub now: i64,
+    /// Microseconds past `now` on the overhead's clock (`now_us` is `now * 1000 + micros`).
+    pub micros: i64,
     pub state: Option<Rc<State>>,
     /// Each key's minute record, and the asks for blocks the stage handed over.
     pub minute_leases: HashMap<String, MinuteLease>,
@@ -297,6 +299,9 @@ impl Host for FakeHost {
     }
     fn now_ms(&self) -> i64 {
         self.now
+    }
+    fn now_us(&self) -> i64 {
+        self.now * 1000 + self.micros
     }
     fn state(&self) -> Option<Rc<State>> {
         self.state.clone()

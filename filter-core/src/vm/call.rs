@@ -27,4 +27,7 @@ pub struct Call {
     pub larger_than: Option<Option<u64>>,
     /// What was ruled out and tried, for the client.
     pub trail: crate::answer::trail::Trail,
+    /// The time (µs) the providers held the call's attempts so far
+    /// ([`crate::answer::overhead`]).
+    pub upstream_us: i64,
 }

@@ -34,6 +34,8 @@ use crate::vocab::LaneId;
 pub trait VmCalls: SharedData + Clone + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+    /// Microseconds since the Unix epoch (the overhead's clock).
+    fn now_us(&self) -> i64;
     /// The singleton's report queue, if it is registered.
     fn resolve_queue(&self) -> Option<u32>;
     /// Puts one message on a shared queue.

@@ -96,6 +96,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     fn now_ms(&self) -> i64 {
         C::time("host.now_ms", || self.calls.now_ms())
     }
+    fn now_us(&self) -> i64 {
+        C::time("host.now_us", || self.calls.now_us())
+    }
     fn state(&self) -> Option<Rc<State>> {
         C::time("host.state", || self.worker.state(&self.calls))
     }

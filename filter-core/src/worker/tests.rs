@@ -40,6 +40,9 @@ impl VmCalls for FakeVm {
     fn now_ms(&self) -> i64 {
         *self.now.borrow()
     }
+    fn now_us(&self) -> i64 {
+        *self.now.borrow() * 1_000
+    }
     fn resolve_queue(&self) -> Option<u32> {
         *self.resolved.borrow_mut() += 1;
         *self.queue.borrow()

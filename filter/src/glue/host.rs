@@ -64,11 +64,20 @@ pub fn set_effective_context(context_id: u32) -> bool {
     logged("set_effective_context", set).is_some()
 }
 
-pub fn now_ms() -> i64 {
+/// The host's wall clock since the Unix epoch (zero when it cannot say).
+fn since_epoch() -> Duration {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as i64)
+        .unwrap_or_default()
+}
+
+pub fn now_ms() -> i64 {
+    since_epoch().as_millis() as i64
+}
+
+pub fn now_us() -> i64 {
+    since_epoch().as_micros() as i64
 }
 
 /// The SDK's action for a stage's flow.
@@ -102,6 +111,9 @@ fn shared_error(status: Status) -> SharedError {
 impl VmCalls for WasmCalls {
     fn now_ms(&self) -> i64 {
         now_ms()
+    }
+    fn now_us(&self) -> i64 {
+        now_us()
     }
     fn resolve_queue(&self) -> Option<u32> {
         hostcalls::resolve_shared_queue(VM_ID, REPORT_QUEUE)

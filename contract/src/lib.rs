@@ -164,7 +164,7 @@ pub mod shared {
         format!("ai-router/affinity/{slot}")
     }
 
-    /// One response-cache slot (`filter-core/src/cache/mod.rs`): a stored answer, or nothing.
+    /// One response-cache slot (`filter-core/src/cache/store.rs`): a stored answer, or nothing.
     pub fn cache(slot: u32) -> String {
         format!("ai-router/cache/{slot}")
     }

@@ -1,5 +1,5 @@
 //! `cache:` of the pool: the exact-match response cache each Envoy process keeps
-//! (`filter-core/src/cache/mod.rs`). As written ([`CacheConfig`]) and checked ([`ResponseCache`],
+//! (`filter-core/src/cache/`). As written ([`CacheConfig`]) and checked ([`ResponseCache`],
 //! via [`resolve_cache`]); `cache: true | false` in a policy or on a key turns it on or off per
 //! call ([`refuse_cache_without_pool_cache`] refuses a `true` with no pool cache to honour it).
 

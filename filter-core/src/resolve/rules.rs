@@ -98,7 +98,7 @@ pub fn route_for<'s>(
     enabled.into_iter().find(|r| {
         matches(r, &meta)
             && state.profile(&r.profile).is_some()
-            && crate::resolve::allows(&key.profiles, &r.profile)
+            && super::policy::allows(&key.profiles, &r.profile)
     })
 }
 

@@ -5,6 +5,198 @@
 
 use crate::calendar::{next_pacific_midnight_ms, next_utc_midnight_ms, DAY_MS};
 
+/// A provider kind: the one list of them. The configuration's `kind`, the wire enum
+/// (`ai_router_proto::v1::ProviderKind`), the mock's error table and the docs iterate
+/// [`ProviderKind::ALL`] or match this enum; a new kind is added here and the compiler names
+/// every place that must learn it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProviderKind {
+    Anthropic,
+    Openrouter,
+    Qwen,
+    Deepseek,
+    Openai,
+    Gemini,
+    Groq,
+    OpenaiCompatible,
+    Mistral,
+    Cerebras,
+    Kimi,
+    Github,
+    Nvidia,
+    Sambanova,
+    Cloudflare,
+    Cohere,
+    Siliconflow,
+    Zai,
+}
+
+impl ProviderKind {
+    /// Every kind, in the wire enum's order.
+    pub const ALL: [Self; 18] = [
+        Self::Anthropic,
+        Self::Openrouter,
+        Self::Qwen,
+        Self::Deepseek,
+        Self::Openai,
+        Self::Gemini,
+        Self::Groq,
+        Self::OpenaiCompatible,
+        Self::Mistral,
+        Self::Cerebras,
+        Self::Kimi,
+        Self::Github,
+        Self::Nvidia,
+        Self::Sambanova,
+        Self::Cloudflare,
+        Self::Cohere,
+        Self::Siliconflow,
+        Self::Zai,
+    ];
+
+    /// The kind as the configuration spells it ("openai-compatible", ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::Openrouter => "openrouter",
+            Self::Qwen => "qwen",
+            Self::Deepseek => "deepseek",
+            Self::Openai => "openai",
+            Self::Gemini => "gemini",
+            Self::Groq => "groq",
+            Self::OpenaiCompatible => "openai-compatible",
+            Self::Mistral => "mistral",
+            Self::Cerebras => "cerebras",
+            Self::Kimi => "kimi",
+            Self::Github => "github",
+            Self::Nvidia => "nvidia",
+            Self::Sambanova => "sambanova",
+            Self::Cloudflare => "cloudflare",
+            Self::Cohere => "cohere",
+            Self::Siliconflow => "siliconflow",
+            Self::Zai => "zai",
+        }
+    }
+
+    /// The kind [`as_str`](Self::as_str) spells `text`.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == text)
+    }
+
+    /// Every kind's text, in [`ALL`](Self::ALL) order (what an unknown kind is told).
+    pub fn names() -> &'static [&'static str] {
+        static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+        NAMES.get_or_init(|| Self::ALL.iter().map(|kind| kind.as_str()).collect())
+    }
+
+    /// The kind's own endpoint; Cloudflare's hangs from the account
+    /// ([`CLOUDFLARE_BASE_URL`]), openai-compatible has none.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            Self::Openai => Some("https://api.openai.com/v1"),
+            Self::Anthropic => Some("https://api.anthropic.com/v1"),
+            Self::Openrouter => Some("https://openrouter.ai/api/v1"),
+            Self::Qwen => Some("https://dashscope-intl.aliyuncs.com/compatible-mode/v1"),
+            Self::Deepseek => Some("https://api.deepseek.com/v1"),
+            Self::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
+            Self::Groq => Some("https://api.groq.com/openai/v1"),
+            Self::Mistral => Some("https://api.mistral.ai/v1"),
+            Self::Cerebras => Some("https://api.cerebras.ai/v1"),
+            Self::Kimi => Some("https://api.moonshot.ai/v1"),
+            Self::Github => Some("https://models.github.ai/inference"),
+            Self::Nvidia => Some("https://integrate.api.nvidia.com/v1"),
+            Self::Sambanova => Some("https://api.sambanova.ai/v1"),
+            Self::Cohere => Some("https://api.cohere.ai/compatibility/v1"),
+            Self::Siliconflow => Some("https://api.siliconflow.com/v1"),
+            Self::Zai => Some("https://api.z.ai/api/paas/v4"),
+            Self::Cloudflare | Self::OpenaiCompatible => None,
+        }
+    }
+
+    /// The header that carries the secret; `authorization` sends `Bearer <secret>`.
+    pub fn auth_header(self) -> &'static str {
+        match self {
+            Self::Anthropic => "x-api-key",
+            _ => "authorization",
+        }
+    }
+
+    pub fn supports_embeddings(self) -> bool {
+        !matches!(
+            self,
+            Self::Anthropic | Self::Deepseek | Self::Groq | Self::Cerebras | Self::Kimi | Self::Zai
+        )
+    }
+
+    /// The environment prefix the kind's keys go by (`keysFromEnv`): `<PREFIX>_API_KEY`..., or
+    /// for a prefix that names a whole variable (`GITHUB_TOKEN`) that variable and its twins.
+    pub fn env_prefix(self) -> Option<&'static str> {
+        Some(match self {
+            Self::Anthropic => "ANTHROPIC",
+            Self::Openrouter => "OPENROUTER",
+            Self::Qwen => "DASHSCOPE",
+            Self::Deepseek => "DEEPSEEK",
+            Self::Openai => "OPENAI",
+            Self::Gemini => "GEMINI",
+            Self::Groq => "GROQ",
+            Self::Mistral => "MISTRAL",
+            Self::Cerebras => "CEREBRAS",
+            Self::Kimi => "KIMI",
+            Self::Github => "GITHUB_TOKEN",
+            Self::Nvidia => "NVIDIA",
+            Self::Sambanova => "SAMBANOVA",
+            Self::Cloudflare => "CLOUDFLARE",
+            Self::Cohere => "COHERE",
+            Self::Siliconflow => "SILICONFLOW",
+            Self::Zai => "ZAI",
+            Self::OpenaiCompatible => return None,
+        })
+    }
+
+    /// Other prefixes whose keys a provider of this kind also takes under `keysFromEnv`: Qwen's
+    /// keys are as often exported as `QWEN_API_KEY` as under DashScope's name.
+    pub fn env_prefix_aliases(self) -> &'static [&'static str] {
+        match self {
+            Self::Qwen => &["QWEN"],
+            _ => &[],
+        }
+    }
+}
+
+/// Cloudflare Workers AI's OpenAI endpoint, under the account (`accountId`).
+pub const CLOUDFLARE_BASE_URL: &str =
+    "https://api.cloudflare.com/client/v4/accounts/{accountId}/ai/v1";
+
+impl std::fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for ProviderKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ProviderKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // A visitor, so that an unknown kind is an error of the field (its path kept).
+        struct Kind;
+        impl serde::de::Visitor<'_> for Kind {
+            type Value = ProviderKind;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a provider kind")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<ProviderKind, E> {
+                ProviderKind::parse(text)
+                    .ok_or_else(|| E::unknown_variant(text, ProviderKind::names()))
+            }
+        }
+        deserializer.deserialize_str(Kind)
+    }
+}
+
 /// Where a provider's day ends: UTC, Pacific time (DST-aware, as Google's quotas) or a fixed
 /// offset from UTC (China Standard Time, +08:00, has no summer time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,11 +266,11 @@ impl DailyReset {
     /// The zone a kind's daily quotas reset in, where the kind has one: Gemini at midnight
     /// Pacific, DashScope (Qwen) at midnight China time, Cerebras and Cloudflare at 00:00 UTC.
     /// Other kinds count rolling windows, or say when in their answers.
-    pub fn of_kind(kind: &str) -> Option<Self> {
+    pub fn of_kind(kind: ProviderKind) -> Option<Self> {
         match kind {
-            "gemini" => Some(Self::Pacific),
-            "qwen" => Some(Self::Offset(480)),
-            "cerebras" | "cloudflare" => Some(Self::Utc),
+            ProviderKind::Gemini => Some(Self::Pacific),
+            ProviderKind::Qwen => Some(Self::Offset(480)),
+            ProviderKind::Cerebras | ProviderKind::Cloudflare => Some(Self::Utc),
             _ => None,
         }
     }
@@ -110,18 +302,18 @@ impl RateLimitWindow {
 
 /// What a kind's rate-limit headers count: `(requests, tokens)`. Groq's are inverted from
 /// OpenAI's: `x-ratelimit-limit-requests` is requests per day, `-tokens` tokens per minute.
-pub fn rate_limit_windows(kind: &str) -> (RateLimitWindow, RateLimitWindow) {
+pub fn rate_limit_windows(kind: ProviderKind) -> (RateLimitWindow, RateLimitWindow) {
     match kind {
-        "groq" => (RateLimitWindow::Day, RateLimitWindow::Minute),
+        ProviderKind::Groq => (RateLimitWindow::Day, RateLimitWindow::Minute),
         _ => (RateLimitWindow::Minute, RateLimitWindow::Minute),
     }
 }
 
 /// The caps a kind puts on one request, `(input tokens, output tokens)`, 0 for none: GitHub
 /// Models takes 8K tokens in and 4K out whatever the model's advertised window.
-pub fn per_request_caps(kind: &str) -> (u64, u64) {
+pub fn per_request_caps(kind: ProviderKind) -> (u64, u64) {
     match kind {
-        "github" => (8_000, 4_000),
+        ProviderKind::Github => (8_000, 4_000),
         _ => (0, 0),
     }
 }
@@ -170,14 +362,31 @@ mod tests {
 
     #[test]
     fn kind_facts() {
-        assert_eq!(DailyReset::of_kind("gemini"), Some(DailyReset::Pacific));
-        assert_eq!(DailyReset::of_kind("qwen"), Some(DailyReset::Offset(480)));
-        assert_eq!(DailyReset::of_kind("openai"), None);
+        use ProviderKind::*;
+        assert_eq!(DailyReset::of_kind(Gemini), Some(DailyReset::Pacific));
+        assert_eq!(DailyReset::of_kind(Qwen), Some(DailyReset::Offset(480)));
+        assert_eq!(DailyReset::of_kind(Openai), None);
         assert_eq!(
-            rate_limit_windows("groq"),
+            rate_limit_windows(Groq),
             (RateLimitWindow::Day, RateLimitWindow::Minute)
         );
-        assert_eq!(per_request_caps("github"), (8_000, 4_000));
-        assert_eq!(per_request_caps("openai"), (0, 0));
+        assert_eq!(per_request_caps(Github), (8_000, 4_000));
+        assert_eq!(per_request_caps(Openai), (0, 0));
+    }
+
+    #[test]
+    fn every_kind_parses_from_its_text_and_back() {
+        for kind in ProviderKind::ALL {
+            assert_eq!(ProviderKind::parse(kind.as_str()), Some(kind));
+            let json = serde_json::to_string(&kind).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", kind.as_str()));
+            assert_eq!(serde_json::from_str::<ProviderKind>(&json).ok(), Some(kind));
+        }
+        assert_eq!(ProviderKind::names().len(), ProviderKind::ALL.len());
+        assert_eq!(ProviderKind::parse("OpenAI"), None);
+        let unknown = serde_json::from_str::<ProviderKind>("\"azure\"").err();
+        let message = unknown.map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("unknown variant `azure`"), "{message}");
+        assert!(message.contains("`openai-compatible`"), "{message}");
     }
 }

@@ -15,9 +15,10 @@ use ai_router_control_plane::config::secrets::{sha256_hex, MapEnv};
 use ai_router_control_plane::config::{parse, QuotaConfig};
 use ai_router_control_plane::engine::Engine;
 use ai_router_control_plane::keys::admin_tokens::StoredToken;
+use ai_router_control_plane::keys::memory::MemoryKeyStore;
 use ai_router_control_plane::keys::operations::{KeyAdmin, KeySpec};
 use ai_router_control_plane::keys::store::{
-    utc_day, BudgetUse, KeyStore, KeyStoreError, MemoryKeyStore, QuotaUsage, StoredKey, UsageDay,
+    utc_day, BudgetUse, KeyStore, KeyStoreError, QuotaUsage, StoredKey, UsageDay,
 };
 use ai_router_control_plane::store::durable::DurableState;
 

@@ -243,6 +243,46 @@ impl LaneHealth {
     }
 }
 
+/// The one place the filter meets a setting the control plane did not send: the control plane
+/// resolves every default (`contract::defaults`) and refuses a configured 0 for these fields,
+/// so a missing message, or a 0 (proto3's "not sent"), is its bug; the filter then uses the
+/// contract's default, here, once per snapshot. Every reader takes the settings as given.
+fn settle_unsent(snapshot: &mut Snapshot) {
+    let s = snapshot.selection.get_or_insert_with(|| Selection {
+        latency_slack_ms: defaults::LATENCY_SLACK_MS,
+        low_headroom: defaults::LOW_HEADROOM,
+        score_alpha: defaults::SCORE_ALPHA,
+        score_beta: defaults::SCORE_BETA,
+        score_gamma: defaults::SCORE_GAMMA,
+        affinity_idle_ms: defaults::AFFINITY_IDLE_MS,
+        ..Selection::default()
+    });
+    if s.latency_tolerance <= 0.0 {
+        s.latency_tolerance = defaults::LATENCY_TOLERANCE;
+    }
+    if s.ewma_alpha <= 0.0 || s.ewma_alpha > 1.0 {
+        s.ewma_alpha = defaults::EWMA_ALPHA;
+    }
+    if s.unreported_weight <= 0.0 {
+        s.unreported_weight = defaults::UNREPORTED_WEIGHT;
+    }
+    let r = snapshot.resilience.get_or_insert_with(Resilience::default);
+    let b = r.backoff.get_or_insert_with(Default::default);
+    if b.base_ms == 0 {
+        b.base_ms = defaults::BACKOFF_BASE_MS;
+    }
+    if b.factor <= 0.0 {
+        b.factor = defaults::BACKOFF_FACTOR;
+    }
+    if b.max_ms == 0 {
+        b.max_ms = defaults::BACKOFF_MAX_MS;
+    }
+    let limits = snapshot.limits.get_or_insert_with(Default::default);
+    if limits.max_body_bytes == 0 {
+        limits.max_body_bytes = defaults::MAX_BODY_BYTES;
+    }
+}
+
 /// The pushed state a worker decides from. In Envoy it is the pool record alone (settings and
 /// providers); virtual keys and lane health are records of their own, read per request. Built
 /// from a whole snapshot (tests, tools) it also answers for those.
@@ -259,7 +299,8 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(version: u64, snapshot: Snapshot) -> Self {
+    pub fn new(version: u64, mut snapshot: Snapshot) -> Self {
+        settle_unsent(&mut snapshot);
         let mut state = State {
             version,
             ..State::default()
@@ -333,23 +374,20 @@ impl State {
         self.snapshot.resilience.unwrap_or_default()
     }
 
-    /// The pushed resilience settings, with the spec's defaults where unset (0: the control
-    /// plane refuses a configured 0, so a pushed one is a field it did not send).
+    /// The pushed resilience settings as the control plane resolved them ([`settle_unsent`]);
+    /// with no state yet, the contract's defaults.
     pub fn resilience_or_defaults(state: Option<&State>) -> Resilience {
-        let mut r = state.map(State::resilience).unwrap_or_default();
+        let mut r = state.map_or_else(
+            || {
+                let mut none = Snapshot::default();
+                settle_unsent(&mut none);
+                none.resilience.unwrap_or_default()
+            },
+            State::resilience,
+        );
         let windows = Self::hold_windows(state);
         r.rate_limit_cooldown_ms = windows.rate_limit_cooldown_ms;
         r.quota_blacklist_ms = windows.quota_blacklist_ms;
-        let b = r.backoff.get_or_insert_with(Default::default);
-        if b.base_ms == 0 {
-            b.base_ms = defaults::BACKOFF_BASE_MS;
-        }
-        if b.factor <= 0.0 {
-            b.factor = defaults::BACKOFF_FACTOR;
-        }
-        if b.max_ms == 0 {
-            b.max_ms = defaults::BACKOFF_MAX_MS;
-        }
         r
     }
 
@@ -364,28 +402,9 @@ impl State {
         )
     }
 
+    /// The pushed selection settings, as given ([`settle_unsent`]).
     pub fn selection(&self) -> Selection {
-        let Some(mut s) = self.snapshot.selection.clone() else {
-            return Selection {
-                latency_tolerance: defaults::LATENCY_TOLERANCE,
-                latency_slack_ms: defaults::LATENCY_SLACK_MS,
-                ewma_alpha: defaults::EWMA_ALPHA,
-                low_headroom: defaults::LOW_HEADROOM,
-                unreported_weight: defaults::UNREPORTED_WEIGHT,
-                score_alpha: defaults::SCORE_ALPHA,
-                score_beta: defaults::SCORE_BETA,
-                score_gamma: defaults::SCORE_GAMMA,
-                affinity_idle_ms: defaults::AFFINITY_IDLE_MS,
-                ..Selection::default()
-            };
-        };
-        if s.latency_tolerance <= 0.0 {
-            s.latency_tolerance = defaults::LATENCY_TOLERANCE;
-        }
-        if s.ewma_alpha <= 0.0 || s.ewma_alpha > 1.0 {
-            s.ewma_alpha = defaults::EWMA_ALPHA;
-        }
-        s
+        self.snapshot.selection.clone().unwrap_or_default()
     }
 
     pub fn decode(version: u64, bytes: &[u8]) -> Option<Self> {
@@ -421,11 +440,12 @@ impl State {
         self.snapshot.defaults.clone().unwrap_or_default()
     }
 
+    /// `gateway.maxBodyBytes`, as given ([`settle_unsent`]).
     pub fn max_body_bytes(&self) -> u64 {
-        match self.snapshot.limits.as_ref().map(|l| l.max_body_bytes) {
-            Some(n) if n > 0 => n,
-            _ => 4 * 1024 * 1024,
-        }
+        self.snapshot
+            .limits
+            .as_ref()
+            .map_or(0, |l| l.max_body_bytes)
     }
 
     /// Whether providers' rate-limit headers reach clients (`gateway.forwardRateLimitHeaders`).
@@ -494,6 +514,53 @@ mod tests {
             },
         );
         assert_eq!(fields(unset.selection()), expected);
+    }
+
+    /// Unsent settings are settled once, at decode: the readers see the contract's values in
+    /// the snapshot itself, and a sent value as given.
+    #[test]
+    fn unsent_settings_are_settled_once_and_sent_ones_kept() {
+        let none = State::new(1, Snapshot::default());
+        let r = none.resilience();
+        let b = r.backoff.unwrap_or_default();
+        assert_eq!(
+            (b.base_ms, b.factor, b.max_ms),
+            (
+                defaults::BACKOFF_BASE_MS,
+                defaults::BACKOFF_FACTOR,
+                defaults::BACKOFF_MAX_MS
+            )
+        );
+        assert_eq!(none.max_body_bytes(), defaults::MAX_BODY_BYTES);
+        assert_eq!(
+            none.snapshot
+                .selection
+                .as_ref()
+                .map(|s| s.unreported_weight),
+            Some(defaults::UNREPORTED_WEIGHT)
+        );
+        assert_eq!(
+            State::resilience_or_defaults(None).backoff,
+            State::resilience_or_defaults(Some(&none)).backoff
+        );
+        let sent = State::new(
+            2,
+            Snapshot {
+                limits: Some(ai_router_proto::v1::Limits {
+                    max_body_bytes: 10,
+                    ..Default::default()
+                }),
+                selection: Some(Selection {
+                    latency_tolerance: 3.0,
+                    unreported_weight: 0.5,
+                    ..Selection::default()
+                }),
+                ..Snapshot::default()
+            },
+        );
+        assert_eq!(sent.max_body_bytes(), 10);
+        assert_eq!(sent.selection().latency_tolerance, 3.0);
+        assert_eq!(sent.selection().unreported_weight, 0.5);
     }
 
     #[test]

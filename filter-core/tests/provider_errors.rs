@@ -6,85 +6,21 @@
 
 use std::collections::BTreeMap;
 
+use ai_router_contract::kinds::ProviderKind;
 use ai_router_filter_core::classify::{
     classify, Class, Hold, MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS,
 };
 use serde::Deserialize;
 
-const TABLE_FILES: [(&str, &str); 18] = [
-    (
-        "openai",
-        include_str!("../../testdata/provider-errors/openai.yaml"),
-    ),
-    (
-        "anthropic",
-        include_str!("../../testdata/provider-errors/anthropic.yaml"),
-    ),
-    (
-        "openrouter",
-        include_str!("../../testdata/provider-errors/openrouter.yaml"),
-    ),
-    (
-        "qwen",
-        include_str!("../../testdata/provider-errors/qwen.yaml"),
-    ),
-    (
-        "deepseek",
-        include_str!("../../testdata/provider-errors/deepseek.yaml"),
-    ),
-    (
-        "gemini",
-        include_str!("../../testdata/provider-errors/gemini.yaml"),
-    ),
-    (
-        "groq",
-        include_str!("../../testdata/provider-errors/groq.yaml"),
-    ),
-    (
-        "openai-compatible",
-        include_str!("../../testdata/provider-errors/openai-compatible.yaml"),
-    ),
-    (
-        "mistral",
-        include_str!("../../testdata/provider-errors/mistral.yaml"),
-    ),
-    (
-        "cerebras",
-        include_str!("../../testdata/provider-errors/cerebras.yaml"),
-    ),
-    (
-        "kimi",
-        include_str!("../../testdata/provider-errors/kimi.yaml"),
-    ),
-    (
-        "github",
-        include_str!("../../testdata/provider-errors/github.yaml"),
-    ),
-    (
-        "nvidia",
-        include_str!("../../testdata/provider-errors/nvidia.yaml"),
-    ),
-    (
-        "sambanova",
-        include_str!("../../testdata/provider-errors/sambanova.yaml"),
-    ),
-    (
-        "cloudflare",
-        include_str!("../../testdata/provider-errors/cloudflare.yaml"),
-    ),
-    (
-        "cohere",
-        include_str!("../../testdata/provider-errors/cohere.yaml"),
-    ),
-    (
-        "siliconflow",
-        include_str!("../../testdata/provider-errors/siliconflow.yaml"),
-    ),
-    (
-        "zai",
-        include_str!("../../testdata/provider-errors/zai.yaml"),
-    ),
-];
+/// The table's file of `kind`, for every kind of the one enum.
+fn table_file(kind: ProviderKind) -> String {
+    let path = format!(
+        "{}/../testdata/provider-errors/{}.yaml",
+        env!("CARGO_MANIFEST_DIR"),
+        kind.as_str()
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -265,13 +201,14 @@ struct Row<'a> {
 }
 
 fn files() -> Vec<(&'static str, TableFile)> {
-    TABLE_FILES
-        .iter()
-        .map(|(kind, text)| {
-            let file: TableFile = serde_yaml_ng::from_str(text)
+    ProviderKind::ALL
+        .into_iter()
+        .map(|each| {
+            let kind = each.as_str();
+            let file: TableFile = serde_yaml_ng::from_str(&table_file(each))
                 .unwrap_or_else(|e| panic!("testdata/provider-errors/{kind}.yaml: {e}"));
-            assert_eq!(file.kind, *kind);
-            (*kind, file)
+            assert_eq!(file.kind, kind);
+            (kind, file)
         })
         .collect()
 }
@@ -408,7 +345,7 @@ fn every_case_of_the_table_gets_its_verdict() {
 fn the_table_covers_every_kind_and_the_common_cases() {
     let files = files();
     let rows = rows(&files);
-    for (kind, _) in TABLE_FILES {
+    for kind in ProviderKind::ALL.map(ProviderKind::as_str) {
         for case in [
             "rate_limited",
             "quota_exhausted",

@@ -3,6 +3,7 @@
 //! Each conversion is defined here once.
 
 use ai_router_contract::failure::ErrorClass as Class;
+use ai_router_contract::kinds::ProviderKind as Kind;
 
 use crate::v1::{
     AttemptOutcome, AttemptResult, BreakerPhase, BreakerScope, BudgetLevel, BudgetScope,
@@ -78,31 +79,41 @@ impl RequestResult {
     }
 }
 
+impl From<Kind> for ProviderKind {
+    fn from(kind: Kind) -> Self {
+        match kind {
+            Kind::Anthropic => Self::Anthropic,
+            Kind::Openrouter => Self::Openrouter,
+            Kind::Qwen => Self::Qwen,
+            Kind::Deepseek => Self::Deepseek,
+            Kind::Openai => Self::Openai,
+            Kind::Gemini => Self::Gemini,
+            Kind::Groq => Self::Groq,
+            Kind::OpenaiCompatible => Self::OpenaiCompatible,
+            Kind::Mistral => Self::Mistral,
+            Kind::Cerebras => Self::Cerebras,
+            Kind::Kimi => Self::Kimi,
+            Kind::Github => Self::Github,
+            Kind::Nvidia => Self::Nvidia,
+            Kind::Sambanova => Self::Sambanova,
+            Kind::Cloudflare => Self::Cloudflare,
+            Kind::Cohere => Self::Cohere,
+            Kind::Siliconflow => Self::Siliconflow,
+            Kind::Zai => Self::Zai,
+        }
+    }
+}
+
 impl ProviderKind {
+    /// The contract's kind; `None` for unspecified.
+    pub fn kind(self) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|&kind| Self::from(kind) == self)
+    }
+
     /// The kind as the configuration spells it ("openai-compatible", ...); empty for
     /// unspecified.
     pub fn text(self) -> &'static str {
-        match self {
-            Self::Unspecified => "",
-            Self::Anthropic => "anthropic",
-            Self::Openrouter => "openrouter",
-            Self::Qwen => "qwen",
-            Self::Deepseek => "deepseek",
-            Self::Openai => "openai",
-            Self::Gemini => "gemini",
-            Self::Groq => "groq",
-            Self::OpenaiCompatible => "openai-compatible",
-            Self::Mistral => "mistral",
-            Self::Cerebras => "cerebras",
-            Self::Kimi => "kimi",
-            Self::Github => "github",
-            Self::Nvidia => "nvidia",
-            Self::Sambanova => "sambanova",
-            Self::Cloudflare => "cloudflare",
-            Self::Cohere => "cohere",
-            Self::Siliconflow => "siliconflow",
-            Self::Zai => "zai",
-        }
+        self.kind().map_or("", Kind::as_str)
     }
 }
 

@@ -25,10 +25,10 @@ pub fn resolve_facts(
     kind: ProviderKind,
     raw: &ProviderConfig,
 ) -> Result<ProviderFacts, ConfigError> {
-    let (cap_in, cap_out) = kinds::per_request_caps(kind.as_str());
+    let (cap_in, cap_out) = kinds::per_request_caps(kind);
     let caps = raw.per_request_caps.clone().unwrap_or_default();
     let daily_reset = match raw.daily_reset_timezone.as_deref() {
-        None => DailyReset::of_kind(kind.as_str()),
+        None => DailyReset::of_kind(kind),
         Some(ROLLING) => None,
         Some(zone) => Some(DailyReset::parse(zone).ok_or_else(|| {
             invalid(format!(
@@ -38,7 +38,7 @@ pub fn resolve_facts(
             ))
         })?),
     };
-    let (requests, tokens) = kinds::rate_limit_windows(kind.as_str());
+    let (requests, tokens) = kinds::rate_limit_windows(kind);
     let headers = raw.rate_limit_headers.clone().unwrap_or_default();
     let window = |field: &str, value: Option<&str>, default: RateLimitWindow| match value {
         None => Ok(default),

@@ -379,6 +379,58 @@ fn kind_defaults() -> Result<(), String> {
     Ok(())
 }
 
+/// The README's table of kinds is the enum's: one row per kind, in any order, with the kind's
+/// base URL, `keysFromEnv` prefix and embeddings support.
+#[test]
+fn the_readme_lists_every_provider_kind_as_the_enum_defines_it() {
+    let readme = include_str!("../../../README.md");
+    let rows: Vec<Vec<&str>> = readme
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("| `"))
+        .map(|line| line.trim_matches('|').split(" | ").map(str::trim).collect())
+        .filter(|cells: &Vec<&str>| cells.len() == 5)
+        .collect();
+    for kind in ProviderKind::ALL {
+        let name = format!("`{kind}`");
+        let row = rows
+            .iter()
+            .find(|cells| cells[0].split_whitespace().next() == Some(name.as_str()))
+            .unwrap_or_else(|| panic!("README: no row for {name}"));
+        let url = kind
+            .default_base_url()
+            .unwrap_or(crate::config::file::CLOUDFLARE_BASE_URL);
+        if kind != ProviderKind::OpenaiCompatible {
+            assert!(
+                row[1].starts_with(&format!("`{url}`")),
+                "{name}: {}",
+                row[1]
+            );
+        }
+        let prefix = kind.env_prefix().unwrap_or("any");
+        assert!(
+            row[2].starts_with(&format!("`{prefix}`")) || row[2] == prefix,
+            "{name}: {}",
+            row[2]
+        );
+        let embeddings = if kind.supports_embeddings() {
+            "yes"
+        } else {
+            "no"
+        };
+        assert_eq!(row[3], embeddings, "{name}");
+    }
+    let kinds = rows
+        .iter()
+        .filter(|cells| cells[1].contains("https://") || cells[1].starts_with("none"))
+        .count();
+    assert_eq!(
+        kinds,
+        ProviderKind::ALL.len(),
+        "README: a row for a kind the enum lacks"
+    );
+}
+
 #[test]
 fn cloudflare_builds_its_base_url_from_the_account() -> Result<(), String> {
     let env = MapEnv::new([

@@ -258,7 +258,8 @@ pub fn revoke(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::keys::store::{MemoryKeyStore, SqliteKeyStore};
+    use crate::keys::memory::MemoryKeyStore;
+    use crate::keys::sqlite::SqliteKeyStore;
 
     // 2026-03-15T12:00:00Z
     const NOW: i64 = 1_773_576_000_000;

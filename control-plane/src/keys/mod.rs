@@ -6,11 +6,13 @@
 pub mod admin_tokens;
 pub mod budget_use;
 pub mod charge;
+pub mod memory;
 pub mod mounted;
 pub mod operations;
 pub mod postgres;
 pub mod quotas;
 pub mod record;
+pub mod sqlite;
 pub mod store;
 pub mod token_record;
 pub mod usage;
@@ -27,9 +29,9 @@ pub fn open(
 ) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
     use crate::config::StoreSpec;
     Ok(match spec {
-        StoreSpec::Memory => Arc::new(store::MemoryKeyStore::default()),
+        StoreSpec::Memory => Arc::new(memory::MemoryKeyStore::default()),
         StoreSpec::Sqlite(path) => Arc::new(
-            store::SqliteKeyStore::open(path)
+            sqlite::SqliteKeyStore::open(path)
                 .map_err(|e| KeyStoreError::Storage(format!("keyStore {}: {e}", path.display())))?,
         ),
         StoreSpec::Postgres { url, ca_file } => {

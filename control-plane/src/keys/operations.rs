@@ -675,7 +675,9 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::clock::{SystemClock, TestClock};
-    use crate::keys::store::{storage, MemoryKeyStore, SqliteKeyStore};
+    use crate::keys::memory::MemoryKeyStore;
+    use crate::keys::sqlite::SqliteKeyStore;
+    use crate::keys::store::storage;
     use std::sync::atomic::AtomicI64;
 
     // 2026-03-15T12:00:00Z

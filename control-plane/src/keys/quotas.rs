@@ -118,7 +118,9 @@ pub fn set_blocks(
 mod tests {
     use super::*;
 
-    use crate::keys::store::{MemoryKeyStore, SqliteKeyStore, UsageDay};
+    use crate::keys::memory::MemoryKeyStore;
+    use crate::keys::sqlite::SqliteKeyStore;
+    use crate::keys::store::UsageDay;
 
     // 2026-03-15T12:00:00Z
     const AT: i64 = 1_773_576_000_000;

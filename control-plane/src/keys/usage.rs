@@ -383,7 +383,7 @@ mod tests {
     use super::*;
     use crate::config::parse;
     use crate::config::secrets::MapEnv;
-    use crate::keys::store::MemoryKeyStore;
+    use crate::keys::memory::MemoryKeyStore;
     use std::path::Path;
 
     fn config() -> Result<Config, String> {
@@ -554,7 +554,7 @@ mod tests {
             .join(format!("ai-router-batches-{}", std::process::id()))
             .join("keys.sqlite");
         let _ = std::fs::remove_file(&path);
-        let store: Arc<dyn KeyStore> = Arc::new(crate::keys::store::SqliteKeyStore::open(&path)?);
+        let store: Arc<dyn KeyStore> = Arc::new(crate::keys::sqlite::SqliteKeyStore::open(&path)?);
         let run = |store: Arc<dyn KeyStore>| -> Result<_, Box<dyn std::error::Error>> {
             let (recorder, rx) =
                 UsageRecorder::new(Arc::new(config()?), Arc::new(crate::clock::SystemClock));

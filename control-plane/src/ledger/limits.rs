@@ -193,6 +193,7 @@ mod tests {
 
     /// The facts a provider of `kind` has with no override.
     fn facts(kind: &str) -> ProviderFacts {
+        let kind = ai_router_contract::kinds::ProviderKind::parse(kind).unwrap();
         let (requests_window, tokens_window) = ai_router_contract::kinds::rate_limit_windows(kind);
         ProviderFacts {
             max_input_tokens: 0,

@@ -15,31 +15,10 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ai_router_contract::calendar::{self, civil_from_days, days_from_civil};
+use ai_router_contract::kinds::ProviderKind;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
-
-/// The provider kinds of the pool.
-pub const PROVIDER_KINDS: [&str; 18] = [
-    "openai",
-    "anthropic",
-    "openrouter",
-    "qwen",
-    "deepseek",
-    "gemini",
-    "groq",
-    "openai-compatible",
-    "mistral",
-    "cerebras",
-    "kimi",
-    "github",
-    "nvidia",
-    "sambanova",
-    "cloudflare",
-    "cohere",
-    "siliconflow",
-    "zai",
-];
 
 /// The cases every kind answers.
 pub const ERROR_CASES: [&str; 5] = [
@@ -50,81 +29,37 @@ pub const ERROR_CASES: [&str; 5] = [
     "bad_request",
 ];
 
-/// The table's files, one per kind, in [`PROVIDER_KINDS`] order.
-const TABLE_FILES: [(&str, &str); 18] = [
-    (
-        "openai",
-        include_str!("../../../testdata/provider-errors/openai.yaml"),
-    ),
-    (
-        "anthropic",
-        include_str!("../../../testdata/provider-errors/anthropic.yaml"),
-    ),
-    (
-        "openrouter",
-        include_str!("../../../testdata/provider-errors/openrouter.yaml"),
-    ),
-    (
-        "qwen",
-        include_str!("../../../testdata/provider-errors/qwen.yaml"),
-    ),
-    (
-        "deepseek",
-        include_str!("../../../testdata/provider-errors/deepseek.yaml"),
-    ),
-    (
-        "gemini",
-        include_str!("../../../testdata/provider-errors/gemini.yaml"),
-    ),
-    (
-        "groq",
-        include_str!("../../../testdata/provider-errors/groq.yaml"),
-    ),
-    (
-        "openai-compatible",
-        include_str!("../../../testdata/provider-errors/openai-compatible.yaml"),
-    ),
-    (
-        "mistral",
-        include_str!("../../../testdata/provider-errors/mistral.yaml"),
-    ),
-    (
-        "cerebras",
-        include_str!("../../../testdata/provider-errors/cerebras.yaml"),
-    ),
-    (
-        "kimi",
-        include_str!("../../../testdata/provider-errors/kimi.yaml"),
-    ),
-    (
-        "github",
-        include_str!("../../../testdata/provider-errors/github.yaml"),
-    ),
-    (
-        "nvidia",
-        include_str!("../../../testdata/provider-errors/nvidia.yaml"),
-    ),
-    (
-        "sambanova",
-        include_str!("../../../testdata/provider-errors/sambanova.yaml"),
-    ),
-    (
-        "cloudflare",
-        include_str!("../../../testdata/provider-errors/cloudflare.yaml"),
-    ),
-    (
-        "cohere",
-        include_str!("../../../testdata/provider-errors/cohere.yaml"),
-    ),
-    (
-        "siliconflow",
-        include_str!("../../../testdata/provider-errors/siliconflow.yaml"),
-    ),
-    (
-        "zai",
-        include_str!("../../../testdata/provider-errors/zai.yaml"),
-    ),
-];
+/// The table's file of `kind` (every kind has one: the match is exhaustive).
+fn table_file(kind: ProviderKind) -> &'static str {
+    match kind {
+        ProviderKind::Anthropic => include_str!("../../../testdata/provider-errors/anthropic.yaml"),
+        ProviderKind::Openrouter => {
+            include_str!("../../../testdata/provider-errors/openrouter.yaml")
+        }
+        ProviderKind::Qwen => include_str!("../../../testdata/provider-errors/qwen.yaml"),
+        ProviderKind::Deepseek => include_str!("../../../testdata/provider-errors/deepseek.yaml"),
+        ProviderKind::Openai => include_str!("../../../testdata/provider-errors/openai.yaml"),
+        ProviderKind::Gemini => include_str!("../../../testdata/provider-errors/gemini.yaml"),
+        ProviderKind::Groq => include_str!("../../../testdata/provider-errors/groq.yaml"),
+        ProviderKind::OpenaiCompatible => {
+            include_str!("../../../testdata/provider-errors/openai-compatible.yaml")
+        }
+        ProviderKind::Mistral => include_str!("../../../testdata/provider-errors/mistral.yaml"),
+        ProviderKind::Cerebras => include_str!("../../../testdata/provider-errors/cerebras.yaml"),
+        ProviderKind::Kimi => include_str!("../../../testdata/provider-errors/kimi.yaml"),
+        ProviderKind::Github => include_str!("../../../testdata/provider-errors/github.yaml"),
+        ProviderKind::Nvidia => include_str!("../../../testdata/provider-errors/nvidia.yaml"),
+        ProviderKind::Sambanova => include_str!("../../../testdata/provider-errors/sambanova.yaml"),
+        ProviderKind::Cloudflare => {
+            include_str!("../../../testdata/provider-errors/cloudflare.yaml")
+        }
+        ProviderKind::Cohere => include_str!("../../../testdata/provider-errors/cohere.yaml"),
+        ProviderKind::Siliconflow => {
+            include_str!("../../../testdata/provider-errors/siliconflow.yaml")
+        }
+        ProviderKind::Zai => include_str!("../../../testdata/provider-errors/zai.yaml"),
+    }
+}
 
 /// What is wrong with a table file.
 #[derive(Debug, thiserror::Error)]
@@ -193,7 +128,8 @@ fn table() -> Result<&'static Table, &'static TableError> {
 
 fn load_table() -> Result<Table, TableError> {
     let mut table = Vec::new();
-    for (kind, text) in TABLE_FILES {
+    for each in ProviderKind::ALL {
+        let (kind, text) = (each.as_str(), table_file(each));
         let file: TableFile =
             serde_yaml_ng::from_str(text).map_err(|source| TableError::Yaml { kind, source })?;
         if file.kind != kind {
@@ -361,7 +297,7 @@ mod tests {
 
     #[test]
     fn every_kind_answers_every_common_case() {
-        for kind in PROVIDER_KINDS {
+        for kind in ProviderKind::ALL.map(ProviderKind::as_str) {
             for case in ERROR_CASES {
                 let reply = provider_error(kind, case)
                     .unwrap_or_else(|| panic!("{kind}.{case} is missing"));

@@ -154,7 +154,7 @@ mod sse;
 mod validate;
 
 pub use catalog::{Catalog, Shape as CatalogShape};
-pub use errors::{provider_error, provider_error_names, ERROR_CASES, PROVIDER_KINDS};
+pub use errors::{provider_error, provider_error_names, ERROR_CASES};
 pub use key_info::{KeyCredit, KeyInfo};
 pub use script::{
     FailWith, Match, Reply, ReplyError, Rule, Script, ScriptError, StreamSpec, ToolCall, Usage,

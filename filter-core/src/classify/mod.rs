@@ -25,7 +25,7 @@ mod when;
 mod window;
 
 pub use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
-use ai_router_contract::kinds::DailyReset;
+use ai_router_contract::kinds::{DailyReset, ProviderKind};
 use serde_json::Value;
 
 pub use failure::{ByWords, Class, Failure, Hold};
@@ -54,7 +54,7 @@ pub fn classify(
 ) -> Failure {
     classify_in(
         kind,
-        DailyReset::of_kind(kind),
+        ProviderKind::parse(kind).and_then(DailyReset::of_kind),
         status,
         headers,
         body,

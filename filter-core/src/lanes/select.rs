@@ -46,8 +46,8 @@ pub fn strategy(selection: &Selection) -> SelectionStrategy {
 pub fn headroom_weight<R>(selection: &Selection, lane: &LaneFacts<R>) -> f64 {
     match lane.remaining_requests {
         Some(r) => r.max(0) as f64,
-        None if selection.unreported_weight > 0.0 => selection.unreported_weight,
-        None => ai_router_contract::defaults::UNREPORTED_WEIGHT,
+        // As pushed: the state settled an unsent weight (state::settle_unsent).
+        None => selection.unreported_weight,
     }
 }
 

@@ -432,10 +432,11 @@
     const keyRows = u.keys.filter((k) => k.total.requests > 0).map((k) => [k.label, k.id, k.total.requests, k.total.promptTokens + k.total.completionTokens, k.total.cost, k.total.saved]);
     const laneRows = u.lanes.map((l) => [l.day, l.provider || '—', l.model || '—', l.requests, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
     const download = h('button', {
-      type: 'button', on: {
+      type: 'button', id: 'export-csv', on: {
         click: () => {
-          const rows = [['day', 'key', 'key id', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
-          for (const k of u.keys) for (const d of k.days) rows.push([d.day, k.label, k.id, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
+          // One line per key, day, provider and model: the stored usage rows.
+          const rows = [['day', 'key', 'key id', 'provider', 'model', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
+          for (const k of u.keys) for (const d of k.lanes) rows.push([d.day, k.label, k.id, d.provider, d.model, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
           const a = h('a', { href: URL.createObjectURL(new Blob([csv(rows)], { type: 'text/csv' })), download: 'ai-router-usage-' + u.from + '-' + u.to + '.csv' });
           document.body.append(a); a.click(); a.remove();
         },

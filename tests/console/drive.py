@@ -2,7 +2,7 @@
 
 Run by tests/tests/console.rs, which owns the gateway: it sends a step (`login`, `page NAME`,
 `create LABEL`, `revoke LABEL`, `reset PROVIDER KEY`, `wait-event TEXT`, `probe`, `phone NAME`,
-`count SELECTOR`, `forge-scope SCOPE`, `force-reset PROVIDER KEY`)
+`count SELECTOR`, `forge-scope SCOPE`, `force-reset PROVIDER KEY`, `csv`)
 and reads one JSON line back: `{"ok": true, ...}` or `{"ok": false, "error": ...}`, with the
 console errors the page logged so far. Playwright drives the system's Chromium
 (`executable_path`): no browser is downloaded.
@@ -118,6 +118,15 @@ def step(page, out, cmd, args):
         click_reset(page, *args)
         page.wait_for_selector("#status.error", timeout=TIMEOUT_MS)
         return {"status": page.inner_text("#status"), "screenshot": shot(page, out, "pool-refused")}
+    if cmd == "csv":
+        # Downloads the usage page's CSV export, as an operator would, and returns its text.
+        go(page, "usage")
+        with page.expect_download(timeout=TIMEOUT_MS) as download:
+            page.click("#export-csv")
+        path = os.path.join(out, "usage.csv")
+        download.value.save_as(path)
+        with open(path, encoding="utf-8") as f:
+            return {"csv": f.read(), "name": download.value.suggested_filename}
     if cmd == "probe":
         return page.evaluate(
             """() => ({

@@ -236,6 +236,62 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
         "the model name as text: {text}"
     );
 
+    // The CSV export, downloaded from the usage page: one line per key, day, provider and
+    // model, as the run's traffic made them. First, every call of the run is stored.
+    let calls_of_run = 6; // four answered, two refused by p2's key
+    poll(
+        "the run's calls stored",
+        Duration::from_secs(10),
+        || async {
+            let u = gw.admin_get("/admin/console/usage").await?;
+            let e2e = u["keys"]
+                .as_array()
+                .and_then(|k| k.iter().find(|k| k["label"] == "e2e"));
+            Ok(e2e
+                .is_some_and(|k| k["total"]["requests"] == calls_of_run)
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let download = browser.step("csv").await;
+    let rows = parse_csv(download["csv"].as_str().unwrap());
+    assert_eq!(
+        rows[0].join(","),
+        "day,key,key id,provider,model,calls,successes,failures,prompt tokens,\
+         completion tokens,cost usd,saved usd",
+        "{download}"
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let today = ai_router_contract::calendar::utc_day(i64::try_from(now_ms).unwrap());
+    let e2e: Vec<&Vec<String>> = rows[1..].iter().filter(|r| r[1] == "e2e").collect();
+    assert!(e2e.iter().all(|r| r[0] == today), "{rows:?}");
+    let calls: u64 = e2e.iter().map(|r| r[5].parse::<u64>().unwrap()).sum();
+    assert_eq!(calls, calls_of_run, "every call of the key, once: {rows:?}");
+    let lane = |provider: &str, model: &str| {
+        *e2e.iter()
+            .find(|r| r[3] == provider && r[4] == model)
+            .unwrap_or_else(|| panic!("no line for {provider}/{model}: {rows:?}"))
+    };
+    // Two calls of 12 + 30 tokens on p1's m1, at $1000 per million: $0.084.
+    let m1 = lane("p1", "m1");
+    assert_eq!(&m1[5..10], ["2", "2", "0", "24", "60"], "{m1:?}");
+    assert!(
+        (m1[10].parse::<f64>().unwrap() - 0.084).abs() < 1e-9,
+        "{m1:?}"
+    );
+    // The hostile model's call on p2, its name as it is.
+    assert_eq!(&lane("p2", HOSTILE_MODEL)[5..7], ["1", "1"], "{rows:?}");
+    assert!(
+        download["name"]
+            .as_str()
+            .is_some_and(|n| n.ends_with(&format!("{today}.csv"))),
+        "{download}"
+    );
+
     // Configuration: the catalog, the hostile model id as text.
     let text = browser.text("page config").await;
     assert!(
@@ -362,4 +418,29 @@ async fn a_read_token_sees_every_page_and_cannot_act() {
         !refused["errors"].as_array().unwrap().is_empty(),
         "{refused}"
     );
+}
+
+/// The lines of a CSV text (RFC 4180: quoted cells may hold commas, quotes and line breaks).
+fn parse_csv(text: &str) -> Vec<Vec<String>> {
+    let (mut rows, mut row, mut cell) = (Vec::new(), Vec::new(), String::new());
+    let (mut quoted, mut chars) = (false, text.chars().peekable());
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+                cell.push('"');
+            }
+            (true, '"') => quoted = false,
+            (true, c) => cell.push(c),
+            (false, '"') => quoted = true,
+            (false, ',') => row.push(std::mem::take(&mut cell)),
+            (false, '\r') => {}
+            (false, '\n') => {
+                row.push(std::mem::take(&mut cell));
+                rows.push(std::mem::take(&mut row));
+            }
+            (false, c) => cell.push(c),
+        }
+    }
+    rows
 }

@@ -6,7 +6,7 @@
 //! | `GET /ui` (and `GET /admin/ui`, which the gateway's listener forwards) | the page; `ui/app.js` and `ui/app.css` beside it. Compiled into the binary; no token needed: they hold no data |
 //! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month, and what is wrong now |
 //! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out |
-//! | `GET /admin/console/usage?from=&to=` | usage per day, per key, and per day, provider and model: the key store's usage rows |
+//! | `GET /admin/console/usage?from=&to=` | usage per day, per key (each with its rows per day, provider and model: the CSV export), and per day, provider and model: the key store's usage rows |
 //!
 //! The page holds the admin token for the tab only (`sessionStorage`) and sends it as
 //! `Authorization: Bearer`; the API never reads a cookie, so another site's page cannot act
@@ -226,7 +226,8 @@ pub fn problems(health: &Value, ledger: &Value) -> Vec<Value> {
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
-/// Every key's usage from `from` to `to`: `(key, report days, total)`.
+/// Every key's usage from `from` to `to`: `(from, to, keys)`, each key with its `days`, its
+/// `lanes` (rows per day, provider and model) and its `total`.
 async fn key_usage(
     api: &AdminApi,
     from: Option<String>,
@@ -237,12 +238,21 @@ async fn key_usage(
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let report = api.usage(key.id.clone(), from.clone(), to.clone()).await?;
+        // Its rows per day, provider and model (the CSV export's lines); none without use.
+        let lanes = if report.days.is_empty() {
+            Vec::new()
+        } else {
+            let range = (Some(report.from.clone()), Some(report.to.clone()));
+            api.lane_usage(range.0, range.1, Some(key.id.clone()))
+                .await?
+                .2
+        };
         first = report.from;
         last = report.to;
         out.push(json!({
             "id": key.id, "label": key.label, "owner": key.owner, "mounted": key.mounted,
             "revoked": key.revoked, "enabled": key.enabled,
-            "days": report.days, "total": report.total,
+            "days": report.days, "lanes": lanes, "total": report.total,
         }));
     }
     Ok((first, last, out))
@@ -294,7 +304,7 @@ pub(crate) async fn overview(
 ) -> Result<Json<Value>, ApiError> {
     let health = api.pool_health();
     let ledger = api.ledger_view();
-    let (_, today, rows) = api.lane_usage(None, None).await?;
+    let (_, today, rows) = api.lane_usage(None, None, None).await?;
     Ok(Json(json!({
         "atMs": api.console().clock_ms(),
         "status": health["status"],
@@ -330,7 +340,9 @@ pub(crate) async fn usage(
     }
     let (from, to, keys) = key_usage(&api, from, to).await?;
     let days = by_day(&keys);
-    let (_, _, lanes) = api.lane_usage(Some(from.clone()), Some(to.clone())).await?;
+    let (_, _, lanes) = api
+        .lane_usage(Some(from.clone()), Some(to.clone()), None)
+        .await?;
     Ok(Json(json!({
         "from": from,
         "to": to,

@@ -258,9 +258,15 @@ pub trait KeyStore: Send + Sync {
     }
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
-    /// Every key's rows from `from` to `to` (`YYYY-MM-DD`, inclusive) added up per day,
-    /// provider and model (no outcomes), oldest first: the spend per provider and model.
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
+    /// Every key's rows (only `key`'s when given) from `from` to `to` (`YYYY-MM-DD`,
+    /// inclusive) added up per day, provider and model (no outcomes), oldest first: the spend
+    /// per provider and model.
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// Every key's [`QuotaUsage`] over the days from `first` (the month's first) to `today`,
     /// in one read whatever the number of keys; a key with no row is absent.
     fn quota_usage(
@@ -376,11 +382,16 @@ impl KeyStore for MemoryKeyStore {
         Ok(days.into_values().collect())
     }
 
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError> {
         let inner = lock(&self.inner);
         let mut lanes: BTreeMap<(&str, &str, &str), UsageDay> = BTreeMap::new();
-        for ((_, day, provider, model), row) in &inner.usage {
-            if day.as_str() >= from && day.as_str() <= to {
+        for ((id, day, provider, model), row) in &inner.usage {
+            if day.as_str() >= from && day.as_str() <= to && key.is_none_or(|k| k == id) {
                 let lane = lanes
                     .entry((day, provider, model))
                     .or_insert_with(|| row.empty_like());
@@ -780,17 +791,22 @@ impl KeyStore for SqliteKeyStore {
         Ok(days)
     }
 
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError> {
         let conn = self.conn();
         let mut stmt = conn
             .prepare_cached(&format!(
                 "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
-                 WHERE day >= ?1 AND day <= ?2 \
+                 WHERE day >= ?1 AND day <= ?2 AND (?3 IS NULL OR key_id = ?3) \
                  GROUP BY day, provider, model ORDER BY day, provider, model"
             ))
             .map_err(storage)?;
         let rows = stmt
-            .query_map(params![from, to], usage_from_row)
+            .query_map(params![from, to, key], usage_from_row)
             .map_err(storage)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(storage)
     }
@@ -980,7 +996,7 @@ mod tests {
         store.record_usage(&[("key_a".into(), row)]).unwrap();
         let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
         assert_eq!((days.len(), days[0].requests), (1, 6));
-        let lanes = store.lane_usage("2026-03-15", "2026-03-15").unwrap();
+        let lanes = store.lane_usage("2026-03-15", "2026-03-15", None).unwrap();
         let lanes: Vec<(&str, &str, u64)> = lanes
             .iter()
             .map(|l| (l.provider.as_str(), l.model.as_str(), l.requests))

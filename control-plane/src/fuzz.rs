@@ -330,7 +330,7 @@ fn report_batch(rng: &mut StdRng, names: &[String]) -> ai_router_proto::v1::Repo
                 attempts: pick_number(rng) as u32,
             })
             .collect(),
-        in_flight_at_ms: pick_number(rng) as i64,
+        in_flight_at_ms: pick_number(rng),
     }
 }
 

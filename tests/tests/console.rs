@@ -504,7 +504,10 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     // Shown once: the page shown again has no secret.
     browser.visit("overview", &secrets).await;
     let text = browser
-        .visit("keys", &[secrets.as_slice(), &[secret.clone()]].concat())
+        .visit(
+            "keys",
+            &[secrets.as_slice(), std::slice::from_ref(&secret)].concat(),
+        )
         .await;
     assert_eq!(browser.count("#new-secret").await, 0, "{text}");
     // Disabled, Envoy refuses it; enabled, it serves again.

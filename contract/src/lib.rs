@@ -33,6 +33,13 @@ pub const SYNC_TOKEN_ENV: &str = "AI_ROUTER_SYNC_TOKEN";
 /// set when the singleton published a snapshot or a delta; Envoy's admin `/stats` shows it as
 /// `wasmcustom.` followed by this name.
 pub const STATE_VERSION_STAT: &str = "ai_router.state_version";
+/// While any attempt is in flight, the singleton sends the counts per provider key (a report
+/// batch's `in_flight`) at least this often; the control plane forgets a node's counts older
+/// than [`IN_FLIGHT_FORGET_MS`].
+pub const IN_FLIGHT_REFRESH_MS: i64 = 5_000;
+/// How old a node's counts in flight may be before the control plane stops counting them (an
+/// Envoy that stopped says nothing more).
+pub const IN_FLIGHT_FORGET_MS: i64 = 3 * IN_FLIGHT_REFRESH_MS;
 
 /// The headers the stages use between themselves (never seen by a client or a provider).
 pub mod headers {

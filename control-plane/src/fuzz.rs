@@ -323,6 +323,14 @@ fn report_batch(rng: &mut StdRng, names: &[String]) -> ai_router_proto::v1::Repo
         requests,
         dropped: pick_number(rng) as u64,
         batch_id: pick_name(rng, names),
+        in_flight: (0..rng.random_range(0..3))
+            .map(|_| pb::KeyLoad {
+                provider: pick_name(rng, names),
+                key: pick_name(rng, names),
+                attempts: pick_number(rng) as u32,
+            })
+            .collect(),
+        in_flight_at_ms: pick_number(rng),
     }
 }
 

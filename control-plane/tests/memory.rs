@@ -99,8 +99,9 @@ impl KeyStore for CountingStore {
         &self,
         from: &str,
         to: &str,
+        key: Option<&str>,
     ) -> std::result::Result<Vec<UsageDay>, KeyStoreError> {
-        self.inner.lane_usage(from, to)
+        self.inner.lane_usage(from, to, key)
     }
 
     fn quota_usage(

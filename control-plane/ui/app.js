@@ -6,6 +6,7 @@
   const TOKEN = 'ai-router.adminToken';
   const $ = (id) => document.getElementById(id);
   let refresh = null; // the current page's refresh timer
+  let current = null; // the page the address names: nothing else is drawn
   let stream = null; // the events page's AbortController
   // The signed-in token's scope (GET /admin/whoami): actions it does not cover are not shown.
   let scope = 'read';
@@ -168,6 +169,7 @@
       else a.removeAttribute('aria-current');
     }
     document.title = 'ai-router console: ' + page;
+    current = page;
     await show(page);
   }
 
@@ -175,6 +177,8 @@
     const root = $('page');
     try {
       const content = await pages[page]();
+      // An answer that arrives after the operator moved on is not drawn over the new page.
+      if (page !== current) return;
       root.replaceChildren(...content.filter((c) => c !== null && c !== undefined));
       root.dataset.page = page;
       root.dataset.loaded = String(Date.now());
@@ -186,7 +190,10 @@
     }
   }
 
+  // Redraws `page` every few seconds: one timer at a time (each redraw asks again).
   function every(seconds, page) {
+    if (page !== current) return;
+    if (refresh) clearInterval(refresh);
     refresh = setInterval(() => {
       if (!$('confirm').open) show(page, true);
     }, seconds * 1000);
@@ -225,6 +232,9 @@
         tile('Latency p99', ms(c.p99Ms)),
         tile('Spend today (' + o.spend.day + ')', money(o.spend.today)),
         tile('Spend this month', money(o.spend.month))),
+      h('h2', {}, 'Spend per provider'),
+      table('Spend per provider', ['provider', 'today', 'this month'],
+        o.spend.providers.map((p) => [text(p.name), money(p.today), money(p.month)]), 'Nothing spent this month.'),
       h('h2', {}, 'Per provider'), group('Calls per provider, last minute', c.providers),
       h('h2', {}, 'Per protocol'), group('Calls per client protocol, last minute', c.protocols),
       h('p', { class: 'note' }, 'Gateway ' + text(o.version) + ', status ' + text(o.status) + '.'),
@@ -253,9 +263,14 @@
         const lanes = health.lanes.filter((l) => l.provider === p.id && l.key === key);
         return lanes.length ? Math.round(lanes.reduce((s, l) => s + l.latencyEwmaMs, 0) / lanes.length) + ' ms' : '—';
       };
+      // The attempts in flight on a key, as the Envoys last reported them.
+      const inFlight = (key) => {
+        const l = ledger.inFlight.find((x) => x.provider === p.id && x.key === key);
+        return h('span', { 'data-in-flight': p.id + '/' + key }, num(l ? l.attempts : 0));
+      };
       const provOut = health.providerHealth.find((x) => x.provider === p.id);
       const rows = p.keys.map((k) => [
-        k.alias, badge(k.state), text(k.code), k.state === 'ok' ? '—' : when(k.untilMs), breaker(k.alias), latency(k.alias),
+        k.alias, badge(k.state), text(k.code), k.state === 'ok' ? '—' : when(k.untilMs), breaker(k.alias), inFlight(k.alias), latency(k.alias),
         may('operate') ? h('button', { type: 'button', class: 'small', 'aria-label': 'Reset key ' + p.id + '/' + k.alias, on: { click: () => reset(p.id, k.alias).catch((e) => status(e.message, true)) } }, 'Reset') : '—',
       ]);
       const led = ledger.providers.find((x) => x.provider === p.id);
@@ -265,7 +280,7 @@
           may('operate') ? h('button', { type: 'button', 'aria-label': 'Reset provider ' + p.id, on: { click: () => reset(p.id).catch((e) => status(e.message, true)) } }, 'Reset provider') : null),
         provOut ? h('p', { class: 'error' }, 'Provider out: ' + provOut.reason + ', until ' + when(provOut.untilMs)) : null,
         h('p', { class: 'note' }, 'Models: ' + (p.models.join(', ') || '—') + '. Provider breaker: ' + breaker('') + '.'),
-        table('Keys of ' + p.id, ['key', 'state', 'code', 'until', 'breaker', 'latency', ''], rows),
+        table('Keys of ' + p.id, ['key', 'state', 'code', 'until', 'breaker', 'in flight', 'latency', ''], rows),
         led ? ledgerTables(led) : null));
     }
     out.push(h('h2', {}, 'Model families'));
@@ -333,9 +348,9 @@
     const rows = list.keys.map((k) => {
       const t = todayOf(k.id);
       const state = k.revoked ? 'revoked' : k.enabled ? 'enabled' : 'disabled';
-      const actions = k.mounted ? h('span', { class: 'note' }, 'mounted (read-only)') : k.revoked ? '—' : !may('keys') ? h('span', { class: 'actions' },
-        h('button', { type: 'button', class: 'small', 'aria-label': 'Usage of ' + k.label, on: { click: act(() => keyUsage(k)) } }, 'Usage')) : h('span', { class: 'actions' },
-        h('button', { type: 'button', class: 'small', 'aria-label': 'Usage of ' + k.label, on: { click: act(() => keyUsage(k)) } }, 'Usage'),
+      const usageButton = h('button', { type: 'button', class: 'small', 'aria-label': 'Usage of ' + k.label, on: { click: act(() => keyUsage(k)) } }, 'Usage');
+      const actions = k.mounted ? h('span', { class: 'actions' }, usageButton, h('span', { class: 'note' }, 'mounted (read-only)')) : k.revoked || !may('keys') ? h('span', { class: 'actions' }, usageButton) : h('span', { class: 'actions' },
+        usageButton,
         h('button', { type: 'button', class: 'small', 'aria-label': 'Rotate ' + k.label, on: { click: act(() => keyAction('Rotate', 'POST', '/admin/keys/' + encodeURIComponent(k.id) + '/rotate', undefined, 'Rotate ' + k.label + '? The old secret stops working at once.')) } }, 'Rotate'),
         h('button', { type: 'button', class: 'small', 'aria-label': (k.enabled ? 'Disable ' : 'Enable ') + k.label, on: { click: act(() => keyAction(k.enabled ? 'Disable' : 'Enable', 'PATCH', '/admin/keys/' + encodeURIComponent(k.id), { enabled: !k.enabled })) } }, k.enabled ? 'Disable' : 'Enable'),
         h('button', { type: 'button', class: 'small danger', 'aria-label': 'Revoke ' + k.label, on: { click: act(() => keyAction('Revoke', 'POST', '/admin/keys/' + encodeURIComponent(k.id) + '/revoke', undefined, 'Revoke ' + k.label + ' for good?')) } }, 'Revoke'));
@@ -432,10 +447,11 @@
     const keyRows = u.keys.filter((k) => k.total.requests > 0).map((k) => [k.label, k.id, k.total.requests, k.total.promptTokens + k.total.completionTokens, k.total.cost, k.total.saved]);
     const laneRows = u.lanes.map((l) => [l.day, l.provider || '—', l.model || '—', l.requests, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
     const download = h('button', {
-      type: 'button', on: {
+      type: 'button', id: 'export-csv', on: {
         click: () => {
-          const rows = [['day', 'key', 'key id', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
-          for (const k of u.keys) for (const d of k.days) rows.push([d.day, k.label, k.id, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
+          // One line per key, day, provider and model: the stored usage rows.
+          const rows = [['day', 'key', 'key id', 'provider', 'model', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
+          for (const k of u.keys) for (const d of k.lanes) rows.push([d.day, k.label, k.id, d.provider, d.model, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
           const a = h('a', { href: URL.createObjectURL(new Blob([csv(rows)], { type: 'text/csv' })), download: 'ai-router-usage-' + u.from + '-' + u.to + '.csv' });
           document.body.append(a); a.click(); a.remove();
         },

@@ -2,7 +2,9 @@
 
 Run by tests/tests/console.rs, which owns the gateway: it sends a step (`login`, `page NAME`,
 `create LABEL`, `revoke LABEL`, `reset PROVIDER KEY`, `wait-event TEXT`, `probe`, `phone NAME`,
-`count SELECTOR`, `forge-scope SCOPE`, `force-reset PROVIDER KEY`)
+`count SELECTOR`, `forge-scope SCOPE`, `force-reset PROVIDER KEY`, `csv`, `in-flight PROVIDER COUNT`,
+`rotate LABEL`, `toggle Disable|Enable LABEL`, `key-usage LABEL`, `reset-provider PROVIDER`,
+`cancel-reset PROVIDER KEY`, `filter-events TYPE PROVIDER KEY`, `event-rows`, `unlabelled`, `keyboard NAME`)
 and reads one JSON line back: `{"ok": true, ...}` or `{"ok": false, "error": ...}`, with the
 console errors the page logged so far. Playwright drives the system's Chromium
 (`executable_path`): no browser is downloaded.
@@ -33,8 +35,12 @@ def go(page, name):
 
 
 def shot(page, out, name):
+    """A full-page screenshot, without the status line (fixed at the window's foot, it would
+    cover the page's middle in a picture taller than the window)."""
     path = os.path.join(out, f"{name}.png")
+    page.evaluate("document.getElementById('status').style.visibility = 'hidden'")
     page.screenshot(path=path, full_page=True)
+    page.evaluate("document.getElementById('status').style.visibility = ''")
     return path
 
 
@@ -118,6 +124,103 @@ def step(page, out, cmd, args):
         click_reset(page, *args)
         page.wait_for_selector("#status.error", timeout=TIMEOUT_MS)
         return {"status": page.inner_text("#status"), "screenshot": shot(page, out, "pool-refused")}
+    if cmd == "rotate":
+        # Rotates a key from the keys page, confirming; returns the new secret shown once.
+        label = args[0]
+        go(page, "keys")
+        page.click(f'button[aria-label="Rotate {label}"]')
+        confirm(page)
+        page.wait_for_selector("#new-secret", timeout=TIMEOUT_MS)
+        return {"secret": page.input_value("#new-secret")}
+    if cmd == "toggle":
+        # Disables or enables a key from the keys page (`Disable LABEL` / `Enable LABEL`).
+        action, label = args
+        go(page, "keys")
+        page.click(f'button[aria-label="{action} {label}"]')
+        state = "disabled" if action == "Disable" else "enabled"
+        page.wait_for_selector(f'tr:has(span:text-is("{label}")) .badge:text-is("{state}")', timeout=TIMEOUT_MS)
+        return {}
+    if cmd == "key-usage":
+        # A key's usage over days, from its Usage button.
+        label = args[0]
+        go(page, "keys")
+        page.click(f'button[aria-label="Usage of {label}"]')
+        page.wait_for_selector("#key-usage section", timeout=TIMEOUT_MS)
+        return {"text": page.inner_text("#key-usage"), "charts": page.locator("#key-usage svg.chart").count(),
+                "screenshot": shot(page, out, "key-usage")}
+    if cmd == "reset-provider":
+        provider = args[0]
+        go(page, "pool")
+        page.click(f'button[aria-label="Reset provider {provider}"]')
+        confirm(page)
+        page.wait_for_selector(f'#status:has-text("Reset provider {provider}")', timeout=TIMEOUT_MS)
+        return {"status": page.inner_text("#status")}
+    if cmd == "cancel-reset":
+        # Opens a key's reset and cancels it with Escape: nothing is sent.
+        provider, key = args
+        go(page, "pool")
+        page.click(f'button[aria-label="Reset key {provider}/{key}"]')
+        page.wait_for_selector("dialog#confirm[open]", timeout=TIMEOUT_MS)
+        page.keyboard.press("Escape")
+        page.wait_for_selector("dialog#confirm[open]", state="detached", timeout=TIMEOUT_MS)
+        return {"status": page.inner_text("#status")}
+    if cmd == "filter-events":
+        # Sets the events page's filter: one type, a provider and a key (`-` for any).
+        kind, provider, key = args
+        go(page, "events")
+        for box in page.locator("#event-filter input[type=checkbox]").all():
+            box.set_checked(box.get_attribute("value") == kind)
+        page.fill("#ev-provider", "" if provider == "-" else provider)
+        page.fill("#ev-key", "" if key == "-" else key)
+        page.click("#event-filter button[type=submit]")
+        page.wait_for_selector(f'#event-state[data-live="true"]:has-text("Live: {kind}.")', timeout=TIMEOUT_MS)
+        return {}
+    if cmd == "event-rows":
+        # The events page's rows: [time, type, provider, key, details] each.
+        rows = page.locator("#event-rows tr")
+        return {"rows": [rows.nth(i).locator("td").all_inner_texts() for i in range(rows.count())]}
+    if cmd == "unlabelled":
+        # The current page's controls a screen reader could not name, or a keyboard not reach.
+        return {"controls": page.evaluate(
+            """() => [...document.querySelectorAll('input, button, select, textarea, a[href]')]
+                .filter((el) => el.offsetParent !== null || el.closest('dialog[open]'))
+                .filter((el) => {
+                    const label = el.getAttribute('aria-label') || (el.labels && [...el.labels].map((l) => l.textContent).join(' '))
+                        || (['BUTTON', 'A'].includes(el.tagName) && el.textContent) || '';
+                    return !label.trim() || el.tabIndex < 0;
+                })
+                .map((el) => el.outerHTML.slice(0, 120))"""
+        )}
+    if cmd == "keyboard":
+        # Opens a page from the navigation with the keyboard alone.
+        name = args[0]
+        page.focus(f'nav a[href="#{name}"]')
+        page.keyboard.press("Enter")
+        wait_page(page, name)
+        return {"focused": page.evaluate("document.activeElement.id")}
+    if cmd == "in-flight":
+        # Waits until the pool page (refreshing itself) shows `count` attempts in flight on
+        # `provider`'s keys in all; returns the counts per key.
+        provider, count = args[0], int(args[1])
+        go(page, "pool")
+        page.wait_for_function(
+            """([provider, count]) => [...document.querySelectorAll('[data-in-flight^="' + provider + '/"]')]
+                .reduce((s, e) => s + Number(e.textContent), 0) === count""",
+            arg=[provider, count],
+            timeout=TIMEOUT_MS,
+        )
+        cells = page.locator(f'[data-in-flight^="{provider}/"]')
+        counts = {cells.nth(i).get_attribute("data-in-flight"): cells.nth(i).inner_text() for i in range(cells.count())}
+        return {"counts": counts, "screenshot": shot(page, out, f"pool-in-flight-{count}")}
+    if cmd == "csv":
+        # Downloads the usage page's CSV export, as an operator would, and returns its text.
+        go(page, "usage")
+        with page.expect_download(timeout=TIMEOUT_MS) as download:
+            page.click("#export-csv")
+        path = os.path.join(out, "usage.csv")
+        download.value.save_as(path)
+        with open(path, encoding="utf-8") as f:
+            return {"csv": f.read(), "name": download.value.suggested_filename}
     if cmd == "probe":
         return page.evaluate(
             """() => ({

@@ -484,6 +484,7 @@ async fn every_sync_call_needs_the_token_and_a_refused_report_writes_nothing() {
             }),
             ..Default::default()
         }],
+        ..Default::default()
     };
     let lease = pb::LeaseRequest {
         scope: pb::BreakerScope::Key.into(),

@@ -5,8 +5,8 @@
 //! |---|---|
 //! | `GET /ui` (and `GET /admin/ui`, which the gateway's listener forwards) | the page; `ui/app.js` and `ui/app.css` beside it. Compiled into the binary; no token needed: they hold no data |
 //! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month, and what is wrong now |
-//! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out |
-//! | `GET /admin/console/usage?from=&to=` | usage per day, per key, and per day, provider and model: the key store's usage rows |
+//! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out; and `inFlight`, the attempts in flight per provider key as the Envoys last reported them |
+//! | `GET /admin/console/usage?from=&to=` | usage per day, per key (each with its rows per day, provider and model: the CSV export), and per day, provider and model: the key store's usage rows |
 //!
 //! The page holds the admin token for the tab only (`sessionStorage`) and sends it as
 //! `Authorization: Bearer`; the API never reads a cookie, so another site's page cannot act
@@ -226,7 +226,8 @@ pub fn problems(health: &Value, ledger: &Value) -> Vec<Value> {
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
-/// Every key's usage from `from` to `to`: `(key, report days, total)`.
+/// Every key's usage from `from` to `to`: `(from, to, keys)`, each key with its `days`, its
+/// `lanes` (rows per day, provider and model) and its `total`.
 async fn key_usage(
     api: &AdminApi,
     from: Option<String>,
@@ -237,12 +238,21 @@ async fn key_usage(
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
         let report = api.usage(key.id.clone(), from.clone(), to.clone()).await?;
+        // Its rows per day, provider and model (the CSV export's lines); none without use.
+        let lanes = if report.days.is_empty() {
+            Vec::new()
+        } else {
+            let range = (Some(report.from.clone()), Some(report.to.clone()));
+            api.lane_usage(range.0, range.1, Some(key.id.clone()))
+                .await?
+                .2
+        };
         first = report.from;
         last = report.to;
         out.push(json!({
             "id": key.id, "label": key.label, "owner": key.owner, "mounted": key.mounted,
             "revoked": key.revoked, "enabled": key.enabled,
-            "days": report.days, "total": report.total,
+            "days": report.days, "lanes": lanes, "total": report.total,
         }));
     }
     Ok((first, last, out))
@@ -294,7 +304,7 @@ pub(crate) async fn overview(
 ) -> Result<Json<Value>, ApiError> {
     let health = api.pool_health();
     let ledger = api.ledger_view();
-    let (_, today, rows) = api.lane_usage(None, None).await?;
+    let (_, today, rows) = api.lane_usage(None, None, None).await?;
     Ok(Json(json!({
         "atMs": api.console().clock_ms(),
         "status": health["status"],
@@ -311,7 +321,9 @@ pub(crate) async fn ledger(
     Extension(_caller): Extension<Caller>,
 ) -> Result<Json<Value>, ApiError> {
     let now = api.console().clock_ms();
-    Ok(Json(with_forecasts(api.ledger_view(), api.console(), now)))
+    let mut view = with_forecasts(api.ledger_view(), api.console(), now);
+    view["inFlight"] = api.console().in_flight();
+    Ok(Json(view))
 }
 
 /// `GET /admin/console/usage?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: this month).
@@ -330,7 +342,9 @@ pub(crate) async fn usage(
     }
     let (from, to, keys) = key_usage(&api, from, to).await?;
     let days = by_day(&keys);
-    let (_, _, lanes) = api.lane_usage(Some(from.clone()), Some(to.clone())).await?;
+    let (_, _, lanes) = api
+        .lane_usage(Some(from.clone()), Some(to.clone()), None)
+        .await?;
     Ok(Json(json!({
         "from": from,
         "to": to,
@@ -424,6 +438,49 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(json!("chat"), json!(3)), (json!("messages"), json!(1))]
         );
+    }
+
+    #[test]
+    fn in_flight_adds_up_the_nodes_last_counts_and_forgets_a_silent_node() {
+        let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+        let p = pulse(&clock);
+        let load = |node: &str, at: i64, keys: &[(&str, u32)]| pb::ReportBatch {
+            node: node.into(),
+            in_flight: keys
+                .iter()
+                .map(|(k, n)| pb::KeyLoad {
+                    provider: "p1".into(),
+                    key: (*k).into(),
+                    attempts: *n,
+                })
+                .collect(),
+            in_flight_at_ms: at,
+            ..Default::default()
+        };
+        p.record(&load("e1", T0, &[("a", 2), ("b", 1)]), T0);
+        p.record(&load("e2", T0, &[("a", 1)]), T0);
+        // A batch that says nothing of them (0) changes nothing; nor does an older count.
+        p.record(&load("e2", 0, &[]), T0);
+        p.record(&load("e1", T0 - 1, &[("a", 9)]), T0);
+        assert_eq!(
+            p.in_flight(),
+            json!([
+                { "provider": "p1", "key": "a", "attempts": 3 },
+                { "provider": "p1", "key": "b", "attempts": 1 },
+            ])
+        );
+        // e1 ends its attempts; e2 stops talking and is forgotten.
+        clock.0.store(T0 + 10_000, Ordering::SeqCst);
+        p.record(&load("e1", T0 + 10_000, &[]), T0 + 10_000);
+        assert_eq!(
+            p.in_flight(),
+            json!([{ "provider": "p1", "key": "a", "attempts": 1 }])
+        );
+        clock.0.store(
+            T0 + ai_router_contract::IN_FLIGHT_FORGET_MS,
+            Ordering::SeqCst,
+        );
+        assert_eq!(p.in_flight(), json!([]));
     }
 
     #[test]

@@ -667,6 +667,7 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            ..Default::default()
         });
         // An older batch of the same node does not lower its count.
         m.observe(&pb::ReportBatch {

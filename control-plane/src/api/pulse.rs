@@ -43,10 +43,23 @@ struct AttemptMark {
     tokens: u64,
 }
 
+/// A node's attempts in flight per provider key, as its last batch that said so counted them.
+#[derive(Debug, Clone)]
+struct NodeLoad {
+    /// When this control plane received them (they are forgotten
+    /// [`ai_router_contract::IN_FLIGHT_FORGET_MS`] later).
+    received_ms: i64,
+    /// When the node counted them (a batch sent again late does not undo a newer count).
+    counted_ms: i64,
+    keys: Vec<pb::KeyLoad>,
+}
+
 #[derive(Debug, Default)]
 struct PulseInner {
     calls: VecDeque<CallMark>,
     attempts: VecDeque<AttemptMark>,
+    /// By node.
+    loads: BTreeMap<String, NodeLoad>,
 }
 
 /// Observes the data plane's reports: the last minutes' calls and attempts.
@@ -94,6 +107,22 @@ impl Pulse {
     /// Counts a batch at `now_ms`.
     pub(crate) fn record(&self, batch: &pb::ReportBatch, now_ms: i64) {
         let mut inner = self.lock();
+        if batch.in_flight_at_ms > 0 {
+            let newer = inner
+                .loads
+                .get(&batch.node)
+                .is_none_or(|l| l.counted_ms <= batch.in_flight_at_ms);
+            if newer {
+                inner.loads.insert(
+                    batch.node.clone(),
+                    NodeLoad {
+                        received_ms: now_ms,
+                        counted_ms: batch.in_flight_at_ms,
+                        keys: batch.in_flight.clone(),
+                    },
+                );
+            }
+        }
         for r in &batch.requests {
             inner.calls.push_back(CallMark {
                 at_ms: now_ms,
@@ -165,6 +194,29 @@ impl Pulse {
         all["providers"] = json!(group(|c| c.provider.as_str()));
         all["protocols"] = json!(group(|c| c.protocol.as_str()));
         all
+    }
+
+    /// The attempts in flight per provider key now, added up over the nodes whose counts are
+    /// fresh (a node silent for [`ai_router_contract::IN_FLIGHT_FORGET_MS`] counts nothing):
+    /// `[{ provider, key, attempts }]`, keys with none left out.
+    pub(crate) fn in_flight(&self) -> Value {
+        let now = self.clock.now_ms();
+        let mut inner = self.lock();
+        inner
+            .loads
+            .retain(|_, l| now - l.received_ms < ai_router_contract::IN_FLIGHT_FORGET_MS);
+        let mut sum: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for l in inner.loads.values().flat_map(|n| &n.keys) {
+            *sum.entry((&l.provider, &l.key)).or_default() += u64::from(l.attempts);
+        }
+        let out: Vec<Value> = sum
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|((provider, key), attempts)| {
+                json!({ "provider": provider, "key": key, "attempts": attempts })
+            })
+            .collect();
+        json!(out)
     }
 
     /// Attempts and tokens sent on `provider`'s `keys` over the forecast window, and the span

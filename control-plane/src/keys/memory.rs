@@ -101,11 +101,16 @@ impl KeyStore for MemoryKeyStore {
         Ok(days.into_values().collect())
     }
 
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError> {
         let inner = lock(&self.inner);
         let mut lanes: BTreeMap<(&str, &str, &str), UsageDay> = BTreeMap::new();
-        for ((_, day, provider, model), row) in &inner.usage {
-            if day.as_str() >= from && day.as_str() <= to {
+        for ((id, day, provider, model), row) in &inner.usage {
+            if day.as_str() >= from && day.as_str() <= to && key.is_none_or(|k| k == id) {
                 let lane = lanes
                     .entry((day, provider, model))
                     .or_insert_with(|| row.empty_like());

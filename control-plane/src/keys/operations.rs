@@ -567,15 +567,16 @@ impl KeyAdmin {
         Ok((from, to))
     }
 
-    /// Every key's usage from `from` to `to` (as [`KeyAdmin::usage`]'s range) per day,
-    /// provider and model: `(from, to, rows)`.
+    /// Every key's usage (only `key`'s when given) from `from` to `to` (as
+    /// [`KeyAdmin::usage`]'s range) per day, provider and model: `(from, to, rows)`.
     pub fn lane_usage(
         &self,
         from: Option<&str>,
         to: Option<&str>,
+        key: Option<&str>,
     ) -> Result<(String, String, Vec<UsageDay>), KeyStoreError> {
         let (from, to) = self.report_range(from, to)?;
-        let rows = self.store.lane_usage(&from, &to)?;
+        let rows = self.store.lane_usage(&from, &to, key)?;
         Ok((from, to, rows))
     }
 
@@ -982,7 +983,7 @@ mod tests {
         ));
         assert_eq!(admin.usage(&mounted, None, None)?.days.len(), 0);
         // Every key's rows per day, provider and model.
-        let (from, to, lanes) = admin.lane_usage(None, None)?;
+        let (from, to, lanes) = admin.lane_usage(None, None, None)?;
         assert_eq!((from.as_str(), to.as_str()), ("2026-03-01", "2026-03-15"));
         let lanes: Vec<(&str, &str, &str, u64, u64)> = lanes
             .iter()
@@ -999,6 +1000,20 @@ mod tests {
                 ("2026-03-15", "p1", "m2", 1, 10),
             ]
         );
+        // One key's rows only (the console's CSV export: per key, day, provider and model).
+        let (_, _, lanes) = admin.lane_usage(None, None, Some("key_other"))?;
+        let lanes: Vec<(&str, &str, &str, u64)> = lanes
+            .iter()
+            .map(|l| {
+                (
+                    l.day.as_str(),
+                    l.provider.as_str(),
+                    l.model.as_str(),
+                    l.requests,
+                )
+            })
+            .collect();
+        assert_eq!(lanes, vec![("2026-03-15", "p1", "m1", 1)]);
 
         // Invalid specs.
         for bad in [

@@ -346,17 +346,22 @@ impl KeyStore for SqliteKeyStore {
         Ok(days)
     }
 
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError> {
         let conn = self.conn();
         let mut stmt = conn
             .prepare_cached(&format!(
                 "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
-                 WHERE day >= ?1 AND day <= ?2 \
+                 WHERE day >= ?1 AND day <= ?2 AND (?3 IS NULL OR key_id = ?3) \
                  GROUP BY day, provider, model ORDER BY day, provider, model"
             ))
             .map_err(storage)?;
         let rows = stmt
-            .query_map(params![from, to], usage_from_row)
+            .query_map(params![from, to, key], usage_from_row)
             .map_err(storage)?;
         rows.collect::<Result<Vec<_>, _>>().map_err(storage)
     }
@@ -502,7 +507,7 @@ mod tests {
         store.record_usage(&[("key_a".into(), row)]).unwrap();
         let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
         assert_eq!((days.len(), days[0].requests), (1, 6));
-        let lanes = store.lane_usage("2026-03-15", "2026-03-15").unwrap();
+        let lanes = store.lane_usage("2026-03-15", "2026-03-15", None).unwrap();
         let lanes: Vec<(&str, &str, u64)> = lanes
             .iter()
             .map(|l| (l.provider.as_str(), l.model.as_str(), l.requests))

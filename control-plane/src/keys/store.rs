@@ -254,9 +254,15 @@ pub trait KeyStore: Send + Sync {
     }
     /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
-    /// Every key's rows from `from` to `to` (`YYYY-MM-DD`, inclusive) added up per day,
-    /// provider and model (no outcomes), oldest first: the spend per provider and model.
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
+    /// Every key's rows (only `key`'s when given) from `from` to `to` (`YYYY-MM-DD`,
+    /// inclusive) added up per day, provider and model (no outcomes), oldest first: the spend
+    /// per provider and model.
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// Every key's [`QuotaUsage`] over the days from `first` (the month's first) to `today`,
     /// in one read whatever the number of keys; a key with no row is absent.
     fn quota_usage(

@@ -470,6 +470,7 @@ mod tests {
             ],
             dropped: 0,
             batch_id: String::new(),
+            ..Default::default()
         }
     }
 

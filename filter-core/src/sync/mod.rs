@@ -4,8 +4,8 @@
 //! for the workers (the pool, single virtual keys, single providers' lane health; the sync
 //! record last), re-opens the stream with backoff when it breaks (the workers keep serving
 //! from the last state meanwhile) or at once, asking for a snapshot, when a delta does not
-//! follow what it holds; and ([`reports`]) sends the workers' reports back in batches and asks
-//! for the blocks of per-minute budgets they need.
+//! follow what it holds; and ([`reports`]) sends the workers' reports back in batches (with
+//! the attempts in flight per key) and asks for the blocks of per-minute budgets they need.
 //!
 //! A record whose write fails stays owed: it is written again on the next publish (the next
 //! update or the next tick), with what the tables hold then.
@@ -84,6 +84,10 @@ impl SyncClient {
         }
         if self.owes() && self.publish(host, Touched::default()) {
             self.published(host);
+        }
+        if let Some(tables) = &self.tables {
+            let providers = tables.providers.iter().map(|p| p.id.as_str());
+            self.reports.set_load(reports::key_load(host, providers));
         }
         self.reports.flush(host);
     }

@@ -5,13 +5,16 @@
 
 use std::collections::HashMap;
 
+use ai_router_contract::shared as names;
+use ai_router_contract::IN_FLIGHT_REFRESH_MS;
 use ai_router_proto::names::sync;
 use ai_router_proto::v1::{
-    AttemptOutcome, MinuteCallsReply, MinuteCallsRequest, ReportBatch, RequestOutcome,
+    AttemptOutcome, KeyLoad, MinuteCallsReply, MinuteCallsRequest, ReportBatch, RequestOutcome,
 };
 use prost::Message;
 
 use super::host::{Level, SyncHost};
+use crate::vm::local::InFlight;
 use crate::vm::minute_lease::Ask;
 use crate::vm::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES, REPORT_BUNDLE};
 pub use crate::vm::reports::{MINUTE_ASK, REPORT_ATTEMPT, REPORT_REQUEST};
@@ -22,6 +25,33 @@ pub const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;
 pub const REPORT_TIMEOUT_MS: u64 = 5_000;
 /// The gRPC status an ask that could not be sent is answered with (unavailable).
 const UNAVAILABLE: u32 = 14;
+
+/// The attempts in flight per provider key, as the workers count them in shared data (the
+/// provider's `inflight` record), in `providers`' order; keys with none are left out.
+pub fn key_load<'a>(
+    shared: &impl crate::vm::SharedData,
+    providers: impl Iterator<Item = &'a str>,
+) -> Vec<KeyLoad> {
+    let mut out = Vec::new();
+    for provider in providers {
+        let Ok((Some(bytes), _)) = shared.get(&names::in_flight(provider)) else {
+            continue;
+        };
+        let Some(counts) = InFlight::decode(&bytes) else {
+            continue;
+        };
+        let mut counts = counts.counts;
+        counts.sort();
+        for (key, attempts) in counts.into_iter().filter(|(_, n)| *n > 0) {
+            out.push(KeyLoad {
+                provider: provider.to_owned(),
+                key,
+                attempts,
+            });
+        }
+    }
+    out
+}
 
 pub struct Reports {
     node: String,
@@ -44,6 +74,10 @@ pub struct Reports {
     minute_calls: HashMap<u32, MinuteCallsRequest>,
     /// The control plane is known not to answer asks (for logging once per outage).
     minute_failing: bool,
+    /// The attempts in flight per key as last read ([`Reports::set_load`]).
+    load: Vec<KeyLoad>,
+    /// The counts as last sent, and when.
+    load_sent: Option<(Vec<KeyLoad>, i64)>,
 }
 
 impl Reports {
@@ -60,6 +94,48 @@ impl Reports {
             minute_asks: Vec::new(),
             minute_calls: HashMap::new(),
             minute_failing: false,
+            load: Vec::new(),
+            load_sent: None,
+        }
+    }
+
+    /// The attempts in flight per key now ([`key_load`]): the next batch carries them.
+    pub fn set_load(&mut self, load: Vec<KeyLoad>) {
+        self.load = load;
+    }
+
+    /// Puts the counts in flight in `batch`, stamped now.
+    fn stamp(&mut self, batch: &mut ReportBatch, now_ms: i64) {
+        batch.in_flight.clone_from(&self.load);
+        batch.in_flight_at_ms = now_ms;
+        self.load_sent = Some((self.load.clone(), now_ms));
+    }
+
+    /// Sends the counts in flight alone (a batch without outcomes or id, not kept for a retry:
+    /// the next one says more) when no batch carried them since they changed, or for
+    /// [`IN_FLIGHT_REFRESH_MS`] while any is in flight.
+    fn send_load(&mut self, host: &mut impl SyncHost) {
+        let now = host.now_ms();
+        let due = match &self.load_sent {
+            None => !self.load.is_empty(),
+            Some((sent, at)) => {
+                *sent != self.load || (!sent.is_empty() && now - at >= IN_FLIGHT_REFRESH_MS)
+            }
+        };
+        if !due {
+            return;
+        }
+        let mut batch = ReportBatch {
+            node: self.node.clone(),
+            ..ReportBatch::default()
+        };
+        self.stamp(&mut batch, now);
+        if host
+            .call(sync::REPORT, &batch.encode_to_vec(), REPORT_TIMEOUT_MS)
+            .is_err()
+        {
+            // Sent again on the next tick.
+            self.load_sent = None;
         }
     }
 
@@ -168,6 +244,7 @@ impl Reports {
         self.collect(host);
         self.send_minute_asks(host);
         self.send_reports(host);
+        self.send_load(host);
         if self.outbox.dropped > self.logged_dropped {
             host.log(
                 Level::Error,
@@ -191,6 +268,7 @@ impl Reports {
     fn send_reports(&mut self, host: &mut impl SyncHost) {
         while let Some(mut batch) = self.outbox.next(host.now_ms()) {
             batch.dropped = self.outbox.dropped;
+            self.stamp(&mut batch, host.now_ms());
             match host.call(sync::REPORT, &batch.encode_to_vec(), REPORT_TIMEOUT_MS) {
                 Ok(token) => self.outbox.sent(token, batch),
                 Err(why) => {

@@ -21,6 +21,8 @@ struct Script {
     next_token: u32,
     logs: Vec<(Level, String)>,
     applied: Vec<u64>,
+    /// Unary calls made: method and message.
+    calls: Vec<(String, Vec<u8>)>,
 }
 
 impl SharedData for Script {
@@ -49,7 +51,8 @@ impl SyncHost for Script {
     fn cancel_watch(&mut self, token: u32) {
         self.cancelled.push(token);
     }
-    fn call(&mut self, _method: &str, _message: &[u8], _timeout_ms: u64) -> Result<u32, String> {
+    fn call(&mut self, method: &str, message: &[u8], _timeout_ms: u64) -> Result<u32, String> {
+        self.calls.push((method.to_owned(), message.to_vec()));
         self.next_token += 1;
         Ok(self.next_token)
     }
@@ -266,4 +269,70 @@ fn a_publish_that_fails_part_way_writes_what_it_owes_on_the_next_try() {
         "the provider's lane health is written after the pool"
     );
     assert_eq!(host.applied, vec![1, 2, 3]);
+}
+
+/// The attempts in flight per key, as the report batches carry them: sent alone when they
+/// change, again every few seconds while any is in flight, and not while nothing changes.
+#[test]
+fn the_attempts_in_flight_go_to_the_control_plane_when_they_change() {
+    use ai_router_proto::v1::{KeyLoad, ReportBatch};
+
+    use ai_router_contract::IN_FLIGHT_REFRESH_MS;
+
+    let (mut client, mut host) = connected();
+    client.on_message(
+        &mut host,
+        1,
+        Some(&message(1, Some(snapshot(vec![])), None)),
+    );
+    let sent = |host: &mut Script| -> Vec<ReportBatch> {
+        std::mem::take(&mut host.calls)
+            .into_iter()
+            .filter(|(method, _)| method == ai_router_proto::names::sync::REPORT)
+            .map(|(_, bytes)| ReportBatch::decode(bytes.as_slice()).expect("a batch"))
+            .collect()
+    };
+    client.on_tick(&mut host);
+    assert!(
+        sent(&mut host).is_empty(),
+        "nothing in flight, nothing to say"
+    );
+
+    // Two attempts start on key k of p: one batch says so, stamped now.
+    for _ in 0..2 {
+        crate::vm::records::add_in_flight(&mut host, "p", "k", 1);
+    }
+    host.now += 10;
+    client.on_tick(&mut host);
+    let batches = sent(&mut host);
+    let load = |b: &ReportBatch| {
+        b.in_flight
+            .iter()
+            .map(|l: &KeyLoad| (l.provider.clone(), l.key.clone(), l.attempts))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(batches.len(), 1);
+    assert_eq!(load(&batches[0]), vec![("p".into(), "k".into(), 2)]);
+    assert_eq!(batches[0].in_flight_at_ms, host.now);
+    assert!(batches[0].attempts.is_empty() && batches[0].batch_id.is_empty());
+
+    // Unchanged: nothing until the refresh is due.
+    host.now += IN_FLIGHT_REFRESH_MS - 1;
+    client.on_tick(&mut host);
+    assert!(sent(&mut host).is_empty());
+    host.now += 1;
+    client.on_tick(&mut host);
+    assert_eq!(sent(&mut host).len(), 1, "refreshed while in flight");
+
+    // Both end: one batch says none, then silence.
+    for _ in 0..2 {
+        crate::vm::records::add_in_flight(&mut host, "p", "k", -1);
+    }
+    client.on_tick(&mut host);
+    let batches = sent(&mut host);
+    assert_eq!(batches.len(), 1);
+    assert!(batches[0].in_flight.is_empty() && batches[0].in_flight_at_ms > 0);
+    host.now += 10 * IN_FLIGHT_REFRESH_MS;
+    client.on_tick(&mut host);
+    assert!(sent(&mut host).is_empty());
 }

@@ -103,15 +103,18 @@ impl AdminApi {
             .await
     }
 
-    /// Every key's usage per day, provider and model, from the key store (the console's
-    /// `GET /admin/console/usage`): `(from, to, rows)`.
+    /// Every key's usage (only `key`'s when given) per day, provider and model, from the key
+    /// store (the console's `GET /admin/console/usage`): `(from, to, rows)`.
     pub async fn lane_usage(
         &self,
         from: Option<String>,
         to: Option<String>,
+        key: Option<String>,
     ) -> Result<(String, String, Vec<UsageDay>), ApiError> {
-        self.run(false, move |k| k.lane_usage(from.as_deref(), to.as_deref()))
-            .await
+        self.run(false, move |k| {
+            k.lane_usage(from.as_deref(), to.as_deref(), key.as_deref())
+        })
+        .await
     }
 }
 

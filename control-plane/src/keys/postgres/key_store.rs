@@ -200,17 +200,22 @@ impl KeyStore for PostgresKeyStore {
         })
     }
 
-    fn lane_usage(&self, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
-        let (from, to) = (from.to_owned(), to.to_owned());
+    fn lane_usage(
+        &self,
+        from: &str,
+        to: &str,
+        key: Option<&str>,
+    ) -> Result<Vec<UsageDay>, KeyStoreError> {
+        let (from, to, key) = (from.to_owned(), to.to_owned(), key.map(str::to_owned));
         self.call(move |client| async move {
             let rows = client
                 .query(
                     &format!(
                         "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
-                         WHERE day >= $1 AND day <= $2 \
+                         WHERE day >= $1 AND day <= $2 AND ($3::TEXT IS NULL OR key_id = $3) \
                          GROUP BY day, provider, model ORDER BY day, provider, model"
                     ),
-                    &[&from, &to],
+                    &[&from, &to, &key],
                 )
                 .await
                 .map_err(|e| pg_error(&e))?;

@@ -329,7 +329,48 @@ impl StreamRedactor {
         out.extend(self.scrub(bytes));
     }
 
+    /// Whether an event can go as it came, without reading its JSON: nothing is held, it has
+    /// no escape (so its strings' text is its bytes), and no occurrence of the key's first
+    /// byte starts the key (whole or truncated) or, up to the end of a string that is not an
+    /// object's key, what could start it. Then no delta of it holds or ends with the key, and the full reading would
+    /// send it as it came too. The common case: most events of a stream are this.
+    fn plain(&self, raw: &[u8]) -> bool {
+        let secret = self.secret.as_bytes();
+        if self.held.is_some() || raw.contains(&b'\\') {
+            return false;
+        }
+        let first = secret[0];
+        let mut i = 0;
+        while let Some(p) = raw[i..].iter().position(|&c| c == first) {
+            i += p;
+            let end = raw[i..]
+                .iter()
+                .position(|&c| c == b'"')
+                .map_or(raw.len(), |q| i + q);
+            // An object's key (its string followed by `:`) is no delta's text.
+            let key = raw
+                .get(end + 1..)
+                .and_then(|rest| rest.iter().find(|c| !c.is_ascii_whitespace()))
+                == Some(&b':');
+            let may_end_like_key = !key && could_start(&raw[i..end], secret);
+            if match_at(&raw[i..], secret).is_some() || may_end_like_key {
+                return false;
+            }
+            i += 1;
+        }
+        true
+    }
+
     fn event(&mut self, event: Event, out: &mut Vec<u8>) {
+        if self.plain(&event.raw) {
+            out.extend(event.raw);
+            return;
+        }
+        self.read_event(event, out);
+    }
+
+    /// An event read whole: its delta's text redacted, joined with what is held of its channel.
+    fn read_event(&mut self, event: Event, out: &mut Vec<u8>) {
         let data = event.data.trim();
         let value = (!data.is_empty() && data != "[DONE]")
             .then(|| serde_json::from_str::<Value>(data).ok())
@@ -507,6 +548,61 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_event_passed_without_reading_is_what_reading_it_would_send() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(32);
+        // Pieces that start like the key, end like it, are masked, escaped or plain.
+        let pieces = [
+            "sk-",
+            "sk-proj-",
+            "Zq81",
+            "2eF9",
+            "****",
+            "…",
+            "s",
+            "k",
+            "-",
+            "ask ",
+            "the ",
+            "\"",
+            "\\u0073k-",
+            "é",
+            " ",
+            "sk-proj-Zq81LmN0pX4vB7cD2eF9",
+            "\\\"",
+            "s\":",
+            "\":\"",
+            "s\" : ",
+        ];
+        for _ in 0..3_000 {
+            let mut stream = String::new();
+            for _ in 0..rng.random_range(1..5) {
+                let text: String = (0..rng.random_range(0..5))
+                    .map(|_| pieces[rng.random_range(0..pieces.len())])
+                    .collect();
+                stream.push_str(&format!(
+                    "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"finish_reason\":null}}]}}\n\n"
+                ));
+            }
+            stream.push_str("data: [DONE]\n\n");
+            let mut fast = StreamRedactor::new(KEY, Protocol::Chat);
+            let mut got = fast.feed(stream.as_bytes());
+            got.extend(fast.finish());
+            let mut full = StreamRedactor::new(KEY, Protocol::Chat);
+            let mut want = Vec::new();
+            for event in full.parser.feed(stream.as_bytes()) {
+                full.read_event(event, &mut want);
+            }
+            want.extend(full.finish());
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "{stream}"
+            );
         }
     }
 

@@ -54,7 +54,13 @@ pub(super) fn build(
         false => protocols::native(plan.protocol, provider.kind()),
     };
     let anthropic = provider.kind() == ProviderKind::Anthropic;
-    let (value, echo) = body_for(plan, provider, model, native, body)?;
+    // A chat body to a chat lane that names the lane's model goes as it came (no parse into
+    // a value, no serialisation).
+    let copied = passed_through(plan, provider, model, body);
+    let (value, echo) = match copied {
+        Some(_) => (Value::Null, None),
+        None => body_for(plan, provider, model, native, body)?,
+    };
     let dimensions = embeddings::requested_dimensions(&value)
         .filter(|_| plan.op == Operation::Embeddings)
         .map(|d| d as usize);
@@ -125,7 +131,10 @@ pub(super) fn build(
     // Each once: the caller's own credentials may be among those the key replaces.
     remove.sort();
     remove.dedup();
-    let body = serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec());
+    let body = match copied {
+        Some(copied) => copied,
+        None => serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec()),
+    };
     Ok(ProviderRequest {
         body,
         authority: provider.authority.clone(),
@@ -137,6 +146,51 @@ pub(super) fn build(
         echo,
         dimensions,
     })
+}
+
+/// The caller's chat body as the bytes a chat lane (any kind but anthropic) gets, when the
+/// body already names the lane's model: as it came, a stream's with the usage asked for added
+/// (when it has no `stream_options` of its own). What [`body_for`] would send, without parsing
+/// the body into a value and writing it again. `None`: [`body_for`] decides.
+fn passed_through(plan: &Plan, provider: &Provider, model: &str, body: &[u8]) -> Option<Vec<u8>> {
+    if plan.protocol != Protocol::Chat
+        || plan.op != Operation::Chat
+        || provider.kind() == ProviderKind::Anthropic
+    {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow)]
+        model: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default, deserialize_with = "present")]
+        stream_options: bool,
+    }
+    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| true)
+    }
+    use serde::Deserialize;
+    // The front stage refused a repeated top-level field, so this `model` is the one a
+    // provider reads.
+    let top: Top = serde_json::from_slice(body).ok()?;
+    if top.model.as_deref() != Some(model) {
+        return None;
+    }
+    if !plan.stream {
+        return Some(body.to_vec());
+    }
+    if top.stream_options {
+        return None;
+    }
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if body[end] != b'}' {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() + 40);
+    out.extend_from_slice(&body[..end]);
+    out.extend_from_slice(br#","stream_options":{"include_usage":true}"#);
+    out.extend_from_slice(&body[end..]);
+    Some(out)
 }
 
 /// The body for the provider: the caller's, translated to the lane's protocol, with the lane's

@@ -220,3 +220,40 @@ fn a_keyless_lane_gets_no_credentials_and_the_callers_are_removed() {
         .iter()
         .all(|(name, _)| name != "authorization" && name != "x-api-key"));
 }
+
+#[test]
+fn a_chat_body_naming_the_lanes_model_goes_as_it_came_and_says_what_a_rewrite_would() {
+    let lane = provider("p1", ProviderKind::OpenaiCompatible, &["a"], "m1");
+    let (lane_provider, key) = (&lane, &lane.keys[0]);
+    let names = caller_headers();
+    let caller = br#"{ "temperature": 0.2, "model": "m1", "messages": [{"role": "user", "content": "hi"}] }"#;
+    for stream in [false, true] {
+        let plan = plan(stream);
+        let sent = build(&plan, lane_provider, key, "m1", caller, &names)
+            .unwrap()
+            .body;
+        let rewritten = body_for(&plan, lane_provider, "m1", false, caller)
+            .unwrap()
+            .0;
+        // The same request a rewrite sends, and the caller's bytes (its order, its spaces).
+        assert_eq!(serde_json::from_slice::<Value>(&sent).unwrap(), rewritten);
+        assert!(sent.starts_with(&caller[..caller.len() - 1]), "{stream}");
+    }
+    // Another model, a stream with options of its own, or an anthropic lane: rewritten.
+    let other = build(&plan(false), lane_provider, key, "m2", caller, &names).unwrap();
+    assert_eq!(body_of(&other)["model"], "m2");
+    let with_options = br#"{"model":"m1","stream":true,"stream_options":{"include_usage":false}}"#;
+    let sent = build(&plan(true), lane_provider, key, "m1", with_options, &names).unwrap();
+    assert_eq!(body_of(&sent)["stream_options"]["include_usage"], true);
+    let anthropic = provider("p1", ProviderKind::Anthropic, &["a"], "m1");
+    let sent = build(
+        &plan(false),
+        &anthropic,
+        &anthropic.keys[0],
+        "m1",
+        caller,
+        &names,
+    )
+    .unwrap();
+    assert!(body_of(&sent).get("max_tokens").is_some());
+}

@@ -140,3 +140,45 @@ fn a_messages_block_an_openai_lane_cannot_take_is_the_callers_400() {
         .unwrap_or("")
         .contains("'document'"));
 }
+
+/// One attempt's send and answer on a pool whose first provider has `keys` keys, after
+/// `before` earlier calls (so the records hold what a busy worker's do): the host calls and
+/// the picker's reads of the last one.
+fn one_attempt_costs(
+    keys: usize,
+    before: usize,
+) -> (std::collections::BTreeMap<&'static str, u64>, u64) {
+    let names: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut snap = snapshot();
+    snap.providers[0] = provider("p1", ProviderKind::OpenaiCompatible, &names, "m1");
+    let plan = plan(false);
+    let mut host = host_with(snap, &plan, 1);
+    let json = [("content-type", "application/json")];
+    let body = host.request_body.clone();
+    let request = host.request_headers.clone();
+    for _ in 0..=before {
+        host.reset_tallies();
+        host.request_headers = request.clone();
+        host.request_body = body.clone();
+        host.response_headers.clear();
+        host.calls
+            .insert(plan.cid.clone(), crate::vm::call::Call::default());
+        host.now += 10;
+        let mut stage = Attempt::default();
+        send(&mut stage, &mut host);
+        answer(&mut stage, &mut host, 200, &json, OK_BODY);
+        stage.on_log(&mut host);
+    }
+    (host.host_calls(), host.lanes.reads.get())
+}
+
+#[test]
+fn an_attempt_costs_the_same_host_calls_and_reads_whatever_the_pool_s_size() {
+    // Pick, reserve and report touch only the lanes they look at: 1,000 keys cost what 10 do.
+    let (calls_small, reads_small) = one_attempt_costs(10, 20);
+    let (calls_large, reads_large) = one_attempt_costs(1_000, 20);
+    assert_eq!(calls_small, calls_large);
+    assert_eq!(reads_small, reads_large);
+    assert!(reads_small > 0, "the pick read the lanes it looked at");
+}

@@ -67,27 +67,41 @@ pub struct FakeLanes {
     pub sends: HashMap<(String, String), Sends>,
     /// The parked lanes per provider (snap-back).
     pub parked: SharedStore,
+    /// How many times the picker's view was asked about a lane, key or provider: each is a
+    /// shared-data read in Envoy, so this is what a pick costs against the pool's size.
+    pub reads: std::cell::Cell<u64>,
+}
+
+impl FakeLanes {
+    fn read(&self) {
+        self.reads.set(self.reads.get() + 1);
+    }
 }
 
 impl View for FakeLanes {
     fn holds(&self, lane: &LaneId) -> Vec<LocalHold> {
+        self.read();
         let name = names::holds(&lane.provider);
         read_record(&self.records, &name, ProviderHolds::decode).of_lane(&lane.key, &lane.model)
     }
     fn in_flight(&self, provider: &str, key: &str) -> u32 {
+        self.read();
         let name = names::in_flight(provider);
         read_record(&self.records, &name, InFlight::decode).of(key)
     }
     fn provider_in_flight(&self, provider: &str) -> u32 {
+        self.read();
         let name = names::in_flight(provider);
         read_record(&self.records, &name, InFlight::decode).total()
     }
     fn sent_since(&self, provider: &str, scope: &str, model: &str, since: i64) -> (u64, u64) {
+        self.read();
         self.sends
             .get(&(provider.to_string(), scope.to_string()))
             .map_or((0, 0), |s| s.since(scope, model, since))
     }
     fn parked(&self, lane: &LaneId) -> Option<i64> {
+        self.read();
         let store = self.parked.borrow();
         let (bytes, _) = store.get(&lane.provider)?;
         crate::lanes::park::ParkedLanes::decode(bytes)?.probe_at(&lane.key, &lane.model)
@@ -154,6 +168,9 @@ pub struct FakeHost {
     pub draws: std::collections::VecDeque<f64>,
     /// `None`: the sync token is unset (the builder's `no_sync_token`).
     pub no_sync_token: bool,
+    /// How many times the stage called each host method (what each costs a crossing into
+    /// Envoy in the filter): [`FakeHost::host_calls`].
+    pub tallies: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 /// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
@@ -244,24 +261,48 @@ impl FakeHost {
     pub fn text(&self, side: Side, name: &str) -> Option<String> {
         self.header_text(side, name)
     }
+
+    fn tally(&self, method: &'static str) {
+        *self.tallies.borrow_mut().entry(method).or_default() += 1;
+    }
+
+    /// The host calls made since the last [`FakeHost::reset_tallies`], per method.
+    pub fn host_calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.tallies.borrow().clone()
+    }
+
+    /// All host calls made since the last reset.
+    pub fn host_calls_total(&self) -> u64 {
+        self.tallies.borrow().values().sum()
+    }
+
+    /// Starts the host-call and view-read counts again.
+    pub fn reset_tallies(&mut self) {
+        self.tallies.borrow_mut().clear();
+        self.lanes.reads.set(0);
+    }
 }
 
 impl Host for FakeHost {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
+        self.tally("header");
         self.map(side)
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
+        self.tally("headers");
         self.map(side).clone()
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+        self.tally("set_header_bytes");
         let map = self.map_mut(side);
         map.retain(|(k, _)| k != name);
         map.push((name.to_string(), value.to_vec()));
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
+        self.tally("set_header");
         let map = self.map_mut(side);
         map.retain(|(k, _)| k != name);
         if let Some(v) = value {
@@ -269,6 +310,7 @@ impl Host for FakeHost {
         }
     }
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
+        self.tally("body");
         let body = match side {
             Side::Request => &self.request_body,
             Side::Response => &self.response_body,
@@ -276,6 +318,7 @@ impl Host for FakeHost {
         body.iter().skip(start).take(size).copied().collect()
     }
     fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]) {
+        self.tally("set_body");
         let body = match side {
             Side::Request => &mut self.request_body,
             Side::Response => &mut self.response_body,
@@ -285,6 +328,7 @@ impl Host for FakeHost {
         body.splice(start..end, bytes.iter().copied());
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.tally("send_response");
         self.answered = Some(LocalAnswer {
             status,
             headers: headers
@@ -295,24 +339,30 @@ impl Host for FakeHost {
         });
     }
     fn reset_stream(&mut self) {
+        self.tally("reset_stream");
         self.resets += 1;
     }
     fn now_ms(&self) -> i64 {
+        self.tally("now_ms");
         self.now
     }
     fn now_us(&self) -> i64 {
         self.now * 1000 + self.micros
     }
     fn state(&self) -> Option<Rc<State>> {
+        self.tally("state");
         self.state.clone()
     }
     fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
+        self.tally("virtual_key");
         self.state.as_ref()?.virtual_key(sha256_hex).cloned()
     }
     fn state_sequence(&self) -> u64 {
+        self.tally("state_sequence");
         self.state.as_ref().map_or(0, |s| s.version)
     }
     fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
+        self.tally("admit_minute_request");
         let stored = self.minute_leases.get(key_id).copied();
         let minute = crate::vm::minute_lease::minute_of(now_ms);
         let (lease, verdict) = MinuteLease::admit(stored, minute, limit, now_ms);
@@ -323,6 +373,7 @@ impl Host for FakeHost {
         Some(verdict.admitted)
     }
     fn new_call(&mut self, now_ms: i64) -> String {
+        self.tally("new_call");
         self.next_call += 1;
         let id = format!("call-{}", self.next_call);
         self.calls.insert(
@@ -335,12 +386,15 @@ impl Host for FakeHost {
         id
     }
     fn call_attempts(&self, call_id: &str) -> Option<u32> {
+        self.tally("call_attempts");
         self.calls.get(call_id).map(|c| c.attempts)
     }
     fn end_call(&mut self, call_id: &str) -> Option<Call> {
+        self.tally("end_call");
         self.calls.remove(call_id)
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
+        self.tally("report_request");
         self.reports.push(outcome);
     }
     fn dispatch_http_call(
@@ -349,6 +403,7 @@ impl Host for FakeHost {
         headers: &[(&str, &str)],
         _timeout_ms: u64,
     ) -> Result<u32, Refused> {
+        self.tally("dispatch_http_call");
         if self.refuse_dispatch {
             return Err(Refused);
         }
@@ -371,6 +426,7 @@ impl Host for FakeHost {
         message: &[u8],
         _timeout_ms: u64,
     ) -> Result<u32, Refused> {
+        self.tally("dispatch_grpc_call");
         if self.refuse_dispatch {
             return Err(Refused);
         }
@@ -387,28 +443,36 @@ impl Host for FakeHost {
         Ok(self.next_token)
     }
     fn grpc_call_response_body(&self, _size: usize) -> Option<Vec<u8>> {
+        self.tally("grpc_call_response_body");
         self.grpc_body.clone()
     }
     fn resume_request(&mut self) {
+        self.tally("resume_request");
         self.resumed += 1;
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.tally("property");
         self.properties.get(&path.join(".")).cloned()
     }
     fn sync_token(&self) -> Option<String> {
+        self.tally("sync_token");
         (!self.no_sync_token).then(|| "sync-token".into())
     }
     fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
+        self.tally("with_call");
         self.calls.get_mut(call_id).map(f)
     }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
+        self.tally("with_lanes");
         self.lane_views += 1;
         f(&self.lanes, &mut self.rr)
     }
     fn add_in_flight(&mut self, provider: &str, key: &str, delta: i32) {
+        self.tally("add_in_flight");
         records::add_in_flight(&mut self.lanes.records, provider, key, delta);
     }
     fn reserve_send(&mut self, provider: &str, send: Send, allowances: &[Allowance]) -> bool {
+        self.tally("reserve_send");
         self.lanes
             .sends
             .entry((provider.to_string(), send.scope.clone()))
@@ -416,12 +480,14 @@ impl Host for FakeHost {
             .reserve(send, allowances)
     }
     fn release_send(&mut self, provider: &str, send: &Send) {
+        self.tally("release_send");
         let record = (provider.to_string(), send.scope.clone());
         if let Some(s) = self.lanes.sends.get_mut(&record) {
             s.release(send);
         }
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+        self.tally("hold_cooldown");
         records::hold_cooldown(&mut self.lanes.records, lane, until_ms, self.now);
     }
     fn hold_blacklist(
@@ -432,28 +498,35 @@ impl Host for FakeHost {
         until_ms: i64,
         fingerprint: u64,
     ) {
+        self.tally("hold_blacklist");
         let hold = (class, until_ms, fingerprint);
         records::hold_blacklist(&mut self.lanes.records, provider, key, hold, self.now);
     }
     fn record_latency(&mut self, lane: &LaneId, ms: f64) {
+        self.tally("record_latency");
         self.latencies.push((lane.clone(), ms));
     }
     fn random_unit(&mut self) -> f64 {
+        self.tally("random_unit");
         self.draws.pop_front().unwrap_or(0.5)
     }
     fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
+        self.tally("affinity_slot");
         self.affinity.get(&slot).cloned()
     }
     fn set_affinity_slot(&mut self, slot: u64, record: &[u8]) {
+        self.tally("set_affinity_slot");
         self.affinity.insert(slot, record.to_vec());
     }
     fn cache_slot(&self, slot: u32) -> (Option<Vec<u8>>, Option<u32>) {
+        self.tally("cache_slot");
         match self.cache.get(&slot) {
             Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
             None => (None, None),
         }
     }
     fn set_cache_slot(&mut self, slot: u32, entry: &[u8], cas: Option<u32>) -> bool {
+        self.tally("set_cache_slot");
         let version = self.cache.get(&slot).map(|(_, v)| *v);
         if self.cache_races > 0 {
             // Another worker writes the slot between this one's read and write.
@@ -470,15 +543,18 @@ impl Host for FakeHost {
         true
     }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
+        self.tally("report_attempt");
         self.attempts.push(outcome);
     }
     fn parked_lanes(&self, provider: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.tally("parked_lanes");
         match self.lanes.parked.borrow().get(provider) {
             Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
             None => (None, None),
         }
     }
     fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool {
+        self.tally("set_parked_lanes");
         let mut store = self.lanes.parked.borrow_mut();
         let version = store.get(provider).map(|(_, v)| *v);
         if cas.is_some() && cas != version {

@@ -2,12 +2,18 @@
 # The benchmark (docs/benchmarks.md): builds what it runs, installs its extra tools when they
 # are missing (pinned versions, inside bench/, ignored by git), then runs ai-router-bench
 # (bench/src): a fake upstream, then one after the other direct, plain Envoy, ai-router,
-# LiteLLM and Portkey, then the ai-router scale table. Writes results.json and results.md.
+# LiteLLM, Portkey and (from a binary you built, below) agentgateway, then the ai-router scale
+# table. Writes results.json and results.md.
 #
 #   scripts/bench.sh                          the full run (about 15 minutes)
 #   scripts/bench.sh --smoke                  a few seconds per system: direct, plain Envoy,
 #                                             ai-router and its sync probes (the test suite runs this)
 #   scripts/bench.sh --systems envoy,ai-router --scale targets --out DIR
+#   AGENTGATEWAY_BIN=/path/to/agentgateway scripts/bench.sh --systems direct,envoy-internal,ai-router,agentgateway
+#
+# agentgateway is never built nor installed here: AGENTGATEWAY_BIN names a binary built by hand
+# (docs/benchmarks.md says how); without it the system is skipped with a message. With it, a
+# run without --systems includes agentgateway.
 #
 # Options: --smoke, --systems LIST, --out DIR, and any other ai-router-bench option
 # (--scale full|targets|keys|none, --duration S, --warmup S, --rate R, --headers static|constant|changing,
@@ -43,15 +49,26 @@ while [ "$#" -gt 0 ]; do
         --systems=*) SYSTEMS="${1#--systems=}" ;;
         --out) OUT="${2:?--out needs a directory}"; shift ;;
         --out=*) OUT="${1#--out=}" ;;
-        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) PASS+=("$1") ;;
     esac
     shift
 done
 if [ -z "$SYSTEMS" ]; then
     if [ "$SMOKE" = 1 ]; then SYSTEMS="direct,envoy,ai-router"; else SYSTEMS="direct,envoy,envoy-internal,ai-router,litellm,portkey"; fi
+    if [ "$SMOKE" = 0 ] && [ -n "${AGENTGATEWAY_BIN:-}" ]; then SYSTEMS="$SYSTEMS,agentgateway"; fi
 fi
 wants() { case ",$SYSTEMS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+
+# agentgateway: only from a binary the user built (AGENTGATEWAY_BIN); else skipped, loudly.
+if wants agentgateway && { [ -z "${AGENTGATEWAY_BIN:-}" ] || [ ! -x "$AGENTGATEWAY_BIN" ]; }; then
+    log "skipping agentgateway: AGENTGATEWAY_BIN ${AGENTGATEWAY_BIN:+($AGENTGATEWAY_BIN) }is not an executable; build it by hand as docs/benchmarks.md says and set AGENTGATEWAY_BIN=/path/to/agentgateway"
+    SYSTEMS="$(printf ',%s,' "$SYSTEMS" | sed 's/,agentgateway,/,/g; s/^,//; s/,$//')"
+    if [ -z "$SYSTEMS" ]; then
+        log "no system left to run"
+        exit 2
+    fi
+fi
 
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
@@ -129,6 +146,10 @@ EOF
         (cd "$PORTKEY_DIR" && npm install --no-audit --no-fund --ignore-scripts --silent >&2)
     fi
     PEER_ARGS+=(--portkey "$PORTKEY_PACKAGE/build/start-server.js" --node "$(command -v node)")
+fi
+
+if wants agentgateway; then
+    PEER_ARGS+=(--agentgateway "$AGENTGATEWAY_BIN")
 fi
 
 if [ -z "$OUT" ]; then

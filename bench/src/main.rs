@@ -3,8 +3,8 @@
 //!
 //! One run starts a fake upstream (an Envoy `direct_response`), then, one after the other with
 //! the same requests and this load generator: the upstream directly (the floor), a plain Envoy
-//! hop, ai-router (control plane + Envoy + the wasm filter), LiteLLM's proxy and Portkey's
-//! gateway. Then the ai-router scale table. It writes `results.json` and `results.md` in
+//! hop, ai-router (control plane + Envoy + the wasm filter), LiteLLM's proxy, Portkey's
+//! gateway and, from a binary the user built, agentgateway. Then the ai-router scale table. It writes `results.json` and `results.md` in
 //! `--out` and prints the markdown. Every port is ephemeral and on loopback; no secret is
 //! printed.
 
@@ -34,13 +34,14 @@ use crate::upstream::{
     fake_upstream_yaml, internal_hop_envoy_yaml, plain_envoy_yaml, BenchEnvoy, Headers,
 };
 
-const ALL_SYSTEMS: [&str; 6] = [
+const ALL_SYSTEMS: [&str; 7] = [
     "direct",
     "envoy",
     "envoy-internal",
     "ai-router",
     "litellm",
     "portkey",
+    "agentgateway",
 ];
 const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
 /// Envoy workers of every Envoy under test (the harness runs ai-router's with 2).
@@ -61,7 +62,7 @@ struct Args {
     #[arg(long)]
     smoke: bool,
     /// Systems to run, comma-separated: direct, envoy, envoy-internal, ai-router, litellm,
-    /// portkey.
+    /// portkey, agentgateway.
     #[arg(long, value_delimiter = ',')]
     systems: Option<Vec<String>>,
     /// Where to write results.json, results.md (default target/bench/<unix time>).
@@ -99,6 +100,9 @@ struct Args {
     /// `node` for Portkey (default: on PATH).
     #[arg(long)]
     node: Option<PathBuf>,
+    /// An agentgateway binary built by the user (docs/benchmarks.md says how).
+    #[arg(long)]
+    agentgateway: Option<PathBuf>,
     /// Polls in a row (each on a new connection) that must see a change before it counts as
     /// having reached every Envoy worker.
     #[arg(long, default_value_t = 20)]
@@ -149,7 +153,12 @@ async fn bench(args: Args) -> Result<bool> {
     let systems: Vec<String> = match &args.systems {
         Some(s) => s.iter().map(|s| s.trim().to_string()).collect(),
         None if args.smoke => SMOKE_SYSTEMS.iter().map(|s| s.to_string()).collect(),
-        None => ALL_SYSTEMS.iter().map(|s| s.to_string()).collect(),
+        // agentgateway runs only from a binary the user built (`--agentgateway`).
+        None => ALL_SYSTEMS
+            .iter()
+            .filter(|s| **s != "agentgateway" || args.agentgateway.is_some())
+            .map(|s| s.to_string())
+            .collect(),
     };
     for s in &systems {
         if !ALL_SYSTEMS.contains(&s.as_str()) {
@@ -179,6 +188,7 @@ async fn bench(args: Args) -> Result<bool> {
         litellm: args.litellm.as_deref().map(absolute).transpose()?,
         portkey: args.portkey.as_deref().map(absolute).transpose()?,
         node: args.node.as_deref().map(absolute).transpose()?,
+        agentgateway: args.agentgateway.as_deref().map(absolute).transpose()?,
         ..args
     };
     let envoy = envoy_bin()?;
@@ -506,6 +516,28 @@ async fn run_system(
             )
             .await
         }
+        "agentgateway" => {
+            let Some(agentgateway) = &args.agentgateway else {
+                bail!("no --agentgateway binary (build it by hand: docs/benchmarks.md)");
+            };
+            let peer = peers::start_agentgateway(
+                dir,
+                agentgateway,
+                upstream.port,
+                headers.prefix(),
+                ENVOY_WORKERS,
+            )
+            .await?;
+            measure_peer(
+                name,
+                &format!("agentgateway (agentgateway -f config.yaml, {ENVOY_WORKERS} worker threads, request logs off), API-key auth (strict, 10 keys), a weighted virtual model over 8 OpenAI deployments"),
+                &peer,
+                up_procs,
+                plan,
+                t0,
+            )
+            .await
+        }
         other => bail!("unknown system {other}"),
     };
     result.map(|r| (r, None))
@@ -764,6 +796,12 @@ fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
         versions.insert("portkey gateway".to_string(), version);
         let node = args.node.clone().unwrap_or_else(peers::node_bin);
         versions.insert("node".to_string(), command_line(&node, &["--version"]));
+    }
+    if let Some(agentgateway) = &args.agentgateway {
+        versions.insert(
+            "agentgateway".to_string(),
+            command_line(agentgateway, &["--version"]),
+        );
     }
     let mode = if args.smoke { "smoke" } else { "full" };
     Meta {

@@ -1,10 +1,13 @@
 //! The peers, configured for the same fake upstream and the same pool shape (two providers x
-//! four keys, load-balanced): LiteLLM's proxy (`litellm --config`, PyPI `litellm[proxy]`) and
-//! Portkey's gateway (npm `@portkey-ai/gateway`, its `build/start-server.js` under node).
+//! four keys, load-balanced): LiteLLM's proxy (`litellm --config`, PyPI `litellm[proxy]`),
+//! Portkey's gateway (npm `@portkey-ai/gateway`, its `build/start-server.js` under node) and
+//! agentgateway (a binary the user built, `agentgateway -f config.yaml`).
 //!
 //! LiteLLM authenticates with its master key (its own virtual keys need a Postgres database);
 //! the open-source Portkey gateway has no key store: the provider keys and the load-balancing
 //! config travel in the `x-portkey-config` header of each request, as its docs show.
+//! agentgateway checks its own API keys (`llm.policies.apiKey`, strict, as many keys as
+//! ai-router's virtual keys) and picks one of the eight keys by weight (a virtual model).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -176,6 +179,111 @@ pub async fn start_portkey(
             headers,
             unary_body: chat_body(MODEL, false),
             stream_body: chat_body(MODEL, true),
+            stream_headers,
+        },
+    })
+}
+
+/// agentgateway's model names: the pool's two models, each over the `KEYS` deployments.
+const AGW_STREAM_MODEL: &str = "bench-stream";
+/// API keys agentgateway accepts (as many as ai-router's virtual keys in the comparison).
+const AGW_CLIENT_KEYS: usize = 10;
+
+/// agentgateway's local config (JSON is YAML): one gateway on `port`, API-key authentication
+/// of the clients (strict, `AGW_CLIENT_KEYS` keys), and per model name a virtual model over
+/// `KEYS` internal OpenAI deployments at the fake upstream, picked by weight (as LiteLLM's
+/// shuffle and Portkey's loadbalance do). Request logs are off (ai-router's Envoy has no
+/// access log) and it runs as many worker threads as the Envoys.
+pub fn agentgateway_config(
+    ports: [u16; 4],
+    upstream_port: u16,
+    prefix: &str,
+    client_keys: &[String],
+    workers: u32,
+) -> serde_json::Value {
+    let [port, admin, stats, readiness] = ports;
+    let base = format!("http://127.0.0.1:{upstream_port}/{prefix}");
+    let mut models = Vec::new();
+    let mut virtual_models = Vec::new();
+    for (name, path) in [(MODEL, "v1"), (AGW_STREAM_MODEL, "stream/v1")] {
+        let mut targets = Vec::new();
+        for i in 0..KEYS {
+            let provider = if i < KEYS / 2 { "fake-a" } else { "fake-b" };
+            let deployment = format!("{name}@{provider}-{i}");
+            models.push(json!({
+                "name": deployment,
+                "visibility": "internal",
+                "provider": "openAI",
+                "params": {
+                    "model": MODEL,
+                    "apiKey": format!("sk-bench-agw-{i}-{}", random_hex(16)),
+                    "baseUrl": format!("{base}/{path}"),
+                },
+            }));
+            targets.push(json!({ "model": deployment, "weight": 1 }));
+        }
+        virtual_models
+            .push(json!({ "name": name, "routing": { "weighted": { "targets": targets } } }));
+    }
+    let keys: Vec<_> = client_keys.iter().map(|k| json!({ "key": k })).collect();
+    json!({
+        "config": {
+            "adminAddr": format!("127.0.0.1:{admin}"),
+            "statsAddr": format!("127.0.0.1:{stats}"),
+            "readinessAddr": format!("127.0.0.1:{readiness}"),
+            "workerThreads": workers,
+            "logging": { "filter": "false", "level": "warn" },
+        },
+        "gateways": { "default": { "port": port } },
+        "llm": {
+            "policies": {
+                "apiKey": {
+                    "keys": keys,
+                    "mode": "strict",
+                    "location": { "header": { "name": "authorization", "prefix": "Bearer " } },
+                },
+            },
+            "models": models,
+            "virtualModels": virtual_models,
+        },
+    })
+}
+
+/// agentgateway (`agentgateway -f config.yaml`, the config of [`agentgateway_config`]).
+pub async fn start_agentgateway(
+    dir: &TestDir,
+    agentgateway: &Path,
+    upstream_port: u16,
+    prefix: &str,
+    workers: u32,
+) -> Result<Peer> {
+    let ports = [free_port()?, free_port()?, free_port()?, free_port()?];
+    let client_keys: Vec<String> = (0..AGW_CLIENT_KEYS)
+        .map(|i| format!("sk-bench-agw-client-{i}-{}", random_hex(24)))
+        .collect();
+    let config = agentgateway_config(ports, upstream_port, prefix, &client_keys, workers);
+    let path = dir.write("agentgateway.yaml", &config.to_string())?;
+    let args = vec!["-f".to_string(), path.display().to_string()];
+    let mut process = Process::spawn(dir, "agentgateway", agentgateway, &args, &[])?;
+    wait_http(
+        &mut process,
+        &format!("http://127.0.0.1:{}/healthz/ready", ports[3]),
+        "agentgateway's /healthz/ready",
+    )
+    .await?;
+    let headers = vec![(
+        "authorization".to_string(),
+        format!("Bearer {}", client_keys[0]),
+    )];
+    let mut stream_headers = headers.clone();
+    stream_headers.push(("accept".to_string(), "text/event-stream".to_string()));
+    Ok(Peer {
+        process,
+        target: Target {
+            url: format!("http://127.0.0.1:{}/v1/chat/completions", ports[0]).parse()?,
+            headers,
+            unary_body: chat_body(MODEL, false),
+            stream_body: chat_body(AGW_STREAM_MODEL, true),
             stream_headers,
         },
     })

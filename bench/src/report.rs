@@ -217,6 +217,16 @@ pub fn ratio(system: &SystemResult, against: &SystemResult) -> Ratio {
     }
 }
 
+/// The systems ai-router is compared with in the headline, in its order: the floor of its
+/// design, plain Envoy, then the peers.
+const HEADLINE: [&str; 5] = [
+    "envoy-internal",
+    "envoy",
+    "agentgateway",
+    "portkey",
+    "litellm",
+];
+
 /// Every pair the comparison needs: ai-router against plain Envoy and each peer, each peer
 /// against plain Envoy.
 pub fn ratios(systems: &[SystemResult]) -> Vec<Ratio> {
@@ -229,8 +239,10 @@ pub fn ratios(systems: &[SystemResult]) -> Vec<Ratio> {
         ("envoy-internal", "envoy"),
         ("ai-router", "litellm"),
         ("ai-router", "portkey"),
+        ("ai-router", "agentgateway"),
         ("litellm", "envoy"),
         ("portkey", "envoy"),
+        ("agentgateway", "envoy"),
         ("envoy", "direct"),
     ];
     for (a, b) in pairs {
@@ -355,6 +367,25 @@ pub fn targets(
         ),
         met: met(r.map(|v| v <= 2.0)),
     });
+    let agw = find("agentgateway");
+    let added99 = |s: Option<&SystemResult>| {
+        s.and_then(|s| s.added_latency_c1.as_ref())
+            .map(|a| a.p99_ms)
+    };
+    for (what, of) in [
+        (
+            "p50",
+            &added as &dyn Fn(Option<&SystemResult>) -> Option<f64>,
+        ),
+        ("p99", &added99),
+    ] {
+        let r = div(of(ar), of(agw));
+        out.push(Target {
+            target: format!("added latency at c1 ({what}) below agentgateway's"),
+            figure: format!("{} ms vs {} ms = {}", f(of(ar), 3), f(of(agw), 3), x(r)),
+            met: met(r.map(|v| v < 1.0)),
+        });
+    }
     for (peer, min, label) in [
         ("envoy", 0.5, "at least 50% of plain Envoy's"),
         ("portkey", 5.0, "at least 5× Portkey's"),
@@ -415,6 +446,8 @@ pub fn markdown(r: &Report) -> String {
         );
     }
     o.push('\n');
+
+    headline(&mut o, r);
 
     let _ = writeln!(o, "## Systems\n");
     let _ = writeln!(o, "Latencies in ms; added = minus the direct run's (the floor); rps = successful requests per second; CPU = CPU seconds of the system's processes per 1,000 requests at c16; RSS = the system's processes' peak resident memory, summed (MB).\n");
@@ -564,6 +597,40 @@ pub fn markdown(r: &Report) -> String {
         o.push('\n');
     }
     o
+}
+
+/// The headline: ai-router's figures divided by each other system's of the same run.
+fn headline(o: &mut String, r: &Report) {
+    let rows: Vec<&Ratio> = HEADLINE
+        .iter()
+        .filter_map(|peer| {
+            r.ratios
+                .iter()
+                .find(|q| q.system == "ai-router" && q.against == *peer)
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "## Headline: ai-router ÷ each system of this run\n");
+    let _ = writeln!(o, "ai-router's figure divided by the other system's, both measured in this run: below 1× is better for added latency, TTFB, CPU and RSS; above 1× is better for rps.\n");
+    let _ = writeln!(o, "| ai-router ÷ | added p50 c1 | added p99 c1 | c16 rps | c64 rps | stream TTFB p50 | CPU/1k c16 | RSS |");
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for q in rows {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            q.against,
+            x(q.added_p50_c1),
+            x(q.added_p99_c1),
+            x(q.rps_c16),
+            x(q.rps_c64),
+            x(q.stream_ttfb_p50),
+            x(q.cpu_per_1k_c16),
+            x(q.peak_rss)
+        );
+    }
+    o.push('\n');
 }
 
 /// `same / other` ms of a probe.

@@ -890,6 +890,9 @@ async fn a_half_open_provider_breaker_lets_exactly_one_probe_through_both_envoys
             ])
             .await
             .unwrap();
+        // The metric is what the control plane pushed; its Envoy has it a push later. An
+        // Envoy that has not applied it yet still sees p1 closed and sends every call there.
+        site.envoy.wait_for_state_of(&site.cp).await.unwrap();
     }
     // p1 recovers, slowly: the probe is still in flight while the other calls arrive.
     c.mock

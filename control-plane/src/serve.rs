@@ -350,39 +350,13 @@ pub async fn start(
     opts: StartOptions,
 ) -> anyhow::Result<Running> {
     // Before anything is opened or bound.
-    let access = sync_access(&config, env.as_ref(), &opts).await?;
-    if matches!(access, SyncAccess::TrustedLoopback) {
-        tracing::warn!(
-            grpc = %opts.grpc_listen,
-            "--insecure-trusted-sync: the Sync channel has no token; every local process can read the provider keys"
-        );
-    }
-    let tls_files = sync_tls(&config, &opts).await?;
-    if tls_files.is_none() && opts.insecure_plaintext_sync {
-        tracing::warn!(
-            grpc = %opts.grpc_listen,
-            "--insecure-plaintext-sync: the Sync channel is plaintext; whoever reads the traffic has every provider key"
-        );
-    }
+    let (access, tls_files) = checked_sync_channel(&config, env.as_ref(), &opts).await?;
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let mounted = mounted::mounted_keys(&config, env.as_ref())?;
-    let (keys, virtual_keys) = open_keys(&config, mounted, env.clone()).await?;
-    if virtual_keys.is_empty() {
-        tracing::warn!(
-            "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys) or stored: every call will be refused"
-        );
-    }
+    let (keys, virtual_keys) = open_virtual_keys(&config, &env).await?;
     let admin_token = crate::api::admin::admin_token(&config, env.as_ref());
-    let spec = config.state_store.clone();
-    let store_env = env.clone();
-    let store =
-        tokio::task::spawn_blocking(move || open_state_store(&spec, store_env.as_ref())).await??;
-    let durable = {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || store.load()).await??
-    };
+    let (store, durable) = open_durable_state(&config, &env).await?;
 
     // Loaded before binding: files that do not load stop the start.
     let (tls_shutdown, tls_stop) = watch::channel(false);
@@ -394,12 +368,7 @@ pub async fn start(
         }
         None => None,
     };
-    let http = TcpListener::bind(&opts.http_listen)
-        .await
-        .with_context(|| format!("binding the HTTP listener to {}", opts.http_listen))?;
-    let grpc = TcpListener::bind(&opts.grpc_listen)
-        .await
-        .with_context(|| format!("binding the gRPC listener to {}", opts.grpc_listen))?;
+    let (http, grpc) = bind_listeners(&opts).await?;
     let http_addr = http.local_addr()?;
     let grpc_addr = grpc.local_addr()?;
 
@@ -416,61 +385,11 @@ pub async fn start(
     // streams), `after` what finishes it (usage rows, the state store) once that has drained.
     let (shutdown, stop) = watch::channel(false);
     let (finish, after) = watch::channel(false);
-    let signal = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stopped| *stopped).await;
-    };
-
-    // The budgets' use counted before this start (or by other control planes on the store):
-    // a spent budget is enforced from the first snapshot on.
-    if !config.budgets.is_empty() {
-        let store = keys.store().clone();
-        let now = keys.now_ms();
-        match tokio::task::spawn_blocking(move || store.budget_use(now)).await? {
-            Ok(rows) => {
-                engine.absorb_budget_use(&rows);
-            }
-            Err(err) => tracing::error!(%err, "cannot read the budgets' use from the key store"),
-        }
-    }
-    let mut tasks = Vec::new();
+    absorb_budget_use(&config, &engine, &keys).await?;
     engine.set_admin_token(admin_token.as_ref());
-    tasks.push(tokio::spawn(engine.clone().run_refresh(after.clone())));
-    tasks.push(tokio::spawn(engine.clone().run_flush(after.clone())));
-    tasks.push(tokio::spawn(
-        engine.clone().run_persist(store, after.clone()),
-    ));
-    // Model discovery, in the background: nothing waits for it.
-    tasks.push(tokio::spawn(crate::discovery::run(
-        engine.clone(),
-        after.clone(),
-    )));
-    // Usage accounting and keys written by other processes.
-    let otlp_endpoint = config.otlp_endpoint.clone();
-    let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
-    recorder.set_store(keys.store().clone());
+    let mut tasks = spawn_engine_tasks(&engine, store, &after);
+    let recorder = spawn_report_consumers(config, &engine, &keys, &after, &mut tasks)?;
     let usage_for_reload = recorder.clone();
-    let usage = recorder.clone();
-    engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {
-        usage.observe(batch);
-    }));
-    let usage_written = Arc::new(tokio::sync::Notify::new());
-    tasks.push(tokio::spawn(crate::keys::usage::run_writer(
-        usage_rows,
-        keys.store().clone(),
-        usage_written.clone(),
-        after.clone(),
-    )));
-    tasks.push(tokio::spawn(crate::api::admin::run_key_sync(
-        engine.clone(),
-        keys.clone(),
-        usage_written,
-        after.clone(),
-    )));
-    if let Some(endpoint) = &otlp_endpoint {
-        let (traces, exporter) = crate::traces::start(endpoint, after.clone())?;
-        engine.add_report_observer(traces);
-        tasks.push(exporter);
-    }
     let admin = Arc::new(AdminApi::new(
         keys.clone(),
         admin_token.clone(),
@@ -482,20 +401,10 @@ pub async fn start(
         admin.ledger().clone(),
         after.clone(),
     )));
-    let metrics = Arc::new(crate::api::metrics::Metrics::new(&engine));
-    engine.add_report_observer(metrics.clone());
-    let router =
-        http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
-    let http_stop = signal(stop.clone());
-    let mut servers = Vec::new();
-    servers.push(tokio::spawn(crate::api::http_server::serve(
-        http, router, http_stop,
-    )));
+    let mut servers = vec![spawn_http_server(http, &admin, &engine, &stop)];
     let sync_token = matches!(access, SyncAccess::Token(_));
     let service = SyncService::new(engine.clone(), access, stop.clone()).with_usage(recorder);
     tasks.push(tokio::spawn(service.share_headroom()));
-    let grpc_stop = signal(stop.clone());
-    let grpc_admin = admin.clone();
     let mutual_tls = tls.is_some();
     let current_tls = match tls {
         Some((current, watcher)) => {
@@ -504,20 +413,14 @@ pub async fn start(
         }
         None => None,
     };
-    servers.push(tokio::spawn(async move {
-        let served = crate::api::sync::serve_with_admin_tls(
-            grpc,
-            service,
-            Some(grpc_admin),
-            grpc_stop,
-            current_tls,
-        )
-        .await;
-        let _ = tls_shutdown.send(true);
-        if let Err(err) = served {
-            tracing::error!(%err, "the gRPC server failed");
-        }
-    }));
+    servers.push(spawn_grpc_server(
+        grpc,
+        service,
+        admin.clone(),
+        &stop,
+        current_tls,
+        tls_shutdown,
+    ));
     tracing::info!(
         http = %http_addr,
         grpc = %grpc_addr,
@@ -540,6 +443,188 @@ pub async fn start(
         finish,
         servers,
         tasks,
+    })
+}
+
+/// Who may use the sync channel and its TLS files, warning when the channel is open to every
+/// local process or plaintext.
+async fn checked_sync_channel(
+    config: &Config,
+    env: &dyn Env,
+    opts: &StartOptions,
+) -> anyhow::Result<(SyncAccess, Option<SyncTlsFiles>)> {
+    let access = sync_access(config, env, opts).await?;
+    if matches!(access, SyncAccess::TrustedLoopback) {
+        tracing::warn!(
+            grpc = %opts.grpc_listen,
+            "--insecure-trusted-sync: the Sync channel has no token; every local process can read the provider keys"
+        );
+    }
+    let tls_files = sync_tls(config, opts).await?;
+    if tls_files.is_none() && opts.insecure_plaintext_sync {
+        tracing::warn!(
+            grpc = %opts.grpc_listen,
+            "--insecure-plaintext-sync: the Sync channel is plaintext; whoever reads the traffic has every provider key"
+        );
+    }
+    Ok((access, tls_files))
+}
+
+/// The key store with the mounted keys, and the snapshot's first virtual keys (warning when
+/// there is none: every call would be refused).
+async fn open_virtual_keys(
+    config: &Config,
+    env: &Arc<dyn Env>,
+) -> anyhow::Result<(Arc<KeyAdmin>, Vec<VirtualKeyRecord>)> {
+    let mounted = mounted::mounted_keys(config, env.as_ref())?;
+    let (keys, virtual_keys) = open_keys(config, mounted, env.clone()).await?;
+    if virtual_keys.is_empty() {
+        tracing::warn!(
+            "no virtual key is mounted (set STARCI_AI_KEY or mountedKeys) or stored: every call will be refused"
+        );
+    }
+    Ok((keys, virtual_keys))
+}
+
+/// The state store (`stateStore`) and what it holds.
+async fn open_durable_state(
+    config: &Config,
+    env: &Arc<dyn Env>,
+) -> anyhow::Result<(Arc<dyn StateStore>, crate::store::durable::DurableState)> {
+    let spec = config.state_store.clone();
+    let store_env = env.clone();
+    let store =
+        tokio::task::spawn_blocking(move || open_state_store(&spec, store_env.as_ref())).await??;
+    let durable = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || store.load()).await??
+    };
+    Ok((store, durable))
+}
+
+/// The HTTP and gRPC listeners.
+async fn bind_listeners(opts: &StartOptions) -> anyhow::Result<(TcpListener, TcpListener)> {
+    let http = TcpListener::bind(&opts.http_listen)
+        .await
+        .with_context(|| format!("binding the HTTP listener to {}", opts.http_listen))?;
+    let grpc = TcpListener::bind(&opts.grpc_listen)
+        .await
+        .with_context(|| format!("binding the gRPC listener to {}", opts.grpc_listen))?;
+    Ok((http, grpc))
+}
+
+/// The budgets' use counted before this start (or by other control planes on the store):
+/// a spent budget is enforced from the first snapshot on.
+async fn absorb_budget_use(
+    config: &Config,
+    engine: &Arc<Engine>,
+    keys: &Arc<KeyAdmin>,
+) -> anyhow::Result<()> {
+    if !config.budgets.is_empty() {
+        let store = keys.store().clone();
+        let now = keys.now_ms();
+        match tokio::task::spawn_blocking(move || store.budget_use(now)).await? {
+            Ok(rows) => {
+                engine.absorb_budget_use(&rows);
+            }
+            Err(err) => tracing::error!(%err, "cannot read the budgets' use from the key store"),
+        }
+    }
+    Ok(())
+}
+
+/// The engine's own loops: refresh, flush, persist, and model discovery.
+fn spawn_engine_tasks(
+    engine: &Arc<Engine>,
+    store: Arc<dyn StateStore>,
+    after: &watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    vec![
+        tokio::spawn(engine.clone().run_refresh(after.clone())),
+        tokio::spawn(engine.clone().run_flush(after.clone())),
+        tokio::spawn(engine.clone().run_persist(store, after.clone())),
+        // Model discovery, in the background: nothing waits for it.
+        tokio::spawn(crate::discovery::run(engine.clone(), after.clone())),
+    ]
+}
+
+/// What consumes the data plane's reports: usage accounting (and keys written by other
+/// processes), the OTLP traces when configured. Returns the usage recorder.
+fn spawn_report_consumers(
+    config: Arc<Config>,
+    engine: &Arc<Engine>,
+    keys: &Arc<KeyAdmin>,
+    after: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> anyhow::Result<Arc<UsageRecorder>> {
+    let otlp_endpoint = config.otlp_endpoint.clone();
+    let (recorder, usage_rows) = UsageRecorder::new(config, Arc::new(SystemClock));
+    recorder.set_store(keys.store().clone());
+    let usage = recorder.clone();
+    engine.add_report_observer(Arc::new(move |batch: &ai_router_proto::v1::ReportBatch| {
+        usage.observe(batch);
+    }));
+    let usage_written = Arc::new(tokio::sync::Notify::new());
+    tasks.push(tokio::spawn(crate::keys::usage::run_writer(
+        usage_rows,
+        keys.store().clone(),
+        usage_written.clone(),
+        after.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::api::admin::run_key_sync(
+        engine.clone(),
+        keys.clone(),
+        usage_written,
+        after.clone(),
+    )));
+    if let Some(endpoint) = &otlp_endpoint {
+        let (traces, exporter) = crate::traces::start(endpoint, after.clone())?;
+        engine.add_report_observer(traces);
+        tasks.push(exporter);
+    }
+    Ok(recorder)
+}
+
+/// Resolves once `rx` says stop.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stopped| *stopped).await;
+}
+
+/// The HTTP server: `/health`, the admin API and `/metrics` (whose counters observe the
+/// reports).
+fn spawn_http_server(
+    http: TcpListener,
+    admin: &Arc<AdminApi>,
+    engine: &Arc<Engine>,
+    stop: &watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let metrics = Arc::new(crate::api::metrics::Metrics::new(engine));
+    engine.add_report_observer(metrics.clone());
+    let router =
+        http_router(admin.clone()).merge(crate::api::metrics::routes(engine.clone(), metrics));
+    let http_stop = stopped(stop.clone());
+    tokio::spawn(crate::api::http_server::serve(http, router, http_stop))
+}
+
+/// The gRPC server (Sync and Admin, over mutual TLS when `tls` is set); stops the TLS files'
+/// watcher when it ends.
+fn spawn_grpc_server(
+    grpc: TcpListener,
+    service: SyncService,
+    admin: Arc<AdminApi>,
+    stop: &watch::Receiver<bool>,
+    tls: Option<crate::tls::server::Current>,
+    tls_shutdown: watch::Sender<bool>,
+) -> JoinHandle<()> {
+    let grpc_stop = stopped(stop.clone());
+    tokio::spawn(async move {
+        let served =
+            crate::api::sync::serve_with_admin_tls(grpc, service, Some(admin), grpc_stop, tls)
+                .await;
+        let _ = tls_shutdown.send(true);
+        if let Err(err) = served {
+            tracing::error!(%err, "the gRPC server failed");
+        }
     })
 }
 

@@ -298,132 +298,29 @@ impl Drop for TempDir {
 
 /// `ai-router up`.
 pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
-    let process_env: Arc<dyn Env> = Arc::new(ProcessEnv);
-    let config_path = match opts.config {
-        Some(path) => path,
-        None if Path::new(DEFAULT_CONFIG).is_file() => PathBuf::from(DEFAULT_CONFIG),
-        None => bail!("no --config given and {DEFAULT_CONFIG} is not here"),
-    };
+    let config_path = config_path(opts.config)?;
     let mut file = config::read(&config_path)?;
-    // A gateway virtual key is never a provider key: with the quick start's OPENAI_API_KEY
-    // exported for the app, the pool would otherwise send the gateway's own key to itself.
-    for name in ignored_virtual_keys(process_env.as_ref()) {
-        eprintln!(
-            "ai-router up: not reading {name} as a provider key: it holds a gateway virtual key (sk-starci-...); mountedKeys may still name it (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
-        );
-    }
-    let process_env: Arc<dyn Env> = Arc::new(VirtualKeysNotProviderKeys(process_env));
+    let process_env = env_without_virtual_keys(Arc::new(ProcessEnv));
     let mut overlay = MapEnv::default();
-    // The app's key: STARCI_AI_KEY (or the file STARCI_AI_KEY_FILE names), else a fresh local
-    // one. Either way the control plane mounts it from the environment ([`mounted::mounted_keys`]).
-    let app_key_source = SecretSource::EnvOrFileEnv {
-        var: STARCI_AI_KEY.to_owned(),
-        file_var: format!("{STARCI_AI_KEY}_FILE"),
-    };
-    let api_key = match app_key_source.resolve(process_env.as_ref()) {
-        Some(key) => key,
-        None => {
-            let key = mounted::generate_secret("local");
-            overlay.set(STARCI_AI_KEY, key.expose());
-            key
-        }
-    };
-
-    let found = config::resolve_at(&file, process_env.as_ref(), &config_path)?.providers;
-    let has_keys = !found.is_empty();
-    if has_keys {
-        let listed: Vec<String> = found
-            .iter()
-            .map(|p| {
-                let aliases: Vec<&str> = p.keys.iter().map(|k| k.alias.as_str()).collect();
-                format!("{} ({})", p.id, aliases.join(", "))
-            })
-            .collect();
-        eprintln!(
-            "ai-router up: provider keys found for: {}",
-            listed.join("; ")
-        );
-    }
+    let api_key = app_key(process_env.as_ref(), &mut overlay);
+    let has_keys = report_provider_keys(&file, process_env.as_ref(), &config_path)?;
     // Fail on a missing tool before starting anything.
     let envoy_bin = find_envoy(process_env.as_ref())?;
     let wasm = find_wasm(opts.wasm.as_deref(), process_env.as_ref())?;
-    let mut mock_handle = None;
-    // What a reload does to each file it reads, as to this one.
-    let mut edit: Option<crate::reload::EditFile> = None;
-    if !has_keys {
-        let handle = mock::start(MockOptions {
-            host: "127.0.0.1".to_owned(),
-            port: 0,
-            script: None,
-        })
-        .await?;
-        let base_url = format!("http://{}/v1", handle.addr());
-        tracing::info!(url = %base_url, "no provider key in the environment: serving the pool from the mock");
-        pool_on_mock(&mut file, &base_url);
-        edit = Some(Arc::new(move |file: &mut FileConfig| {
-            pool_on_mock(file, &base_url)
-        }));
-        overlay.set(MOCK_KEY_ENV, format!("sk-mock-{}", random_hex(16)));
-        mock_handle = Some(handle);
-    }
+    let (mock_handle, edit) = if has_keys {
+        (None, None)
+    } else {
+        let (handle, edit) = serve_pool_from_mock(&mut file, &mut overlay).await?;
+        (Some(handle), Some(edit))
+    };
     let env: Arc<dyn Env> = Arc::new(overlay.overlay(process_env.clone()));
     let config = config::resolve_at(&file, env.as_ref(), &config_path)?;
 
     let sync_token = Secret::new(random_hex(32));
-    // The sync channel's certificates, for this run only: Envoy and the control plane speak
-    // mutual TLS even on loopback, as they would across hosts.
     let dir = TempDir::new()?;
-    let certs = crate::tls::issue::issue(&crate::tls::issue::IssueOptions {
-        out: dir.0.join("sync-tls"),
-        sans: Vec::new(),
-        envoys: 1,
-        envoy_dir: None,
-        new_ca: false,
-    })
-    .context("issuing the sync channel's certificates")?;
-    let sync_tls = crate::tls::SyncTlsFiles {
-        cert: certs.control_plane.join(crate::tls::CERT_FILE),
-        key: certs.control_plane.join(crate::tls::KEY_FILE),
-        client_ca: certs.control_plane.join(crate::tls::CA_FILE),
-    };
-    let envoy_tls_dir = certs
-        .envoys
-        .first()
-        .map(|d| d.display().to_string())
-        .context("no Envoy certificate was issued")?;
-    // The admin API on a port the README and `keys --url` can name: controlPlane.httpPort
-    // (8081 by default; 0 picks one). gRPC stays internal to this run.
-    let admin_port = config.control_plane.http_port;
+    let (sync_tls, envoy_tls_dir) = issue_sync_certs(&dir)?;
     let admin_enabled = crate::api::admin::admin_token(&config, env.as_ref()).is_some();
-    let mut running = serve::start(
-        config.clone(),
-        env,
-        StartOptions {
-            http_listen: join_host_port("127.0.0.1", admin_port),
-            grpc_listen: "127.0.0.1:0".to_owned(),
-            sync_token: Some(sync_token.clone()),
-            insecure_trusted_sync: false,
-            sync_tls: Some(sync_tls),
-            insecure_plaintext_sync: false,
-        },
-    )
-    .await
-    .map_err(|err| {
-        let taken = err.chain().any(|cause| {
-            cause
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
-        });
-        if taken {
-            err.context(format!(
-                "the admin API's port {admin_port} (controlPlane.httpPort) is taken, perhaps by \
-                 another `ai-router up`: stop it, or set controlPlane.httpPort to a free port \
-                 (0 picks one; up prints it as adminUrl)"
-            ))
-        } else {
-            err
-        }
-    })?;
+    let mut running = start_control_plane(&config, env, &sync_token, sync_tls).await?;
     running.watch_config_edited(config_path.clone(), edit);
     let admin_url = format!("http://{}", running.http_addr);
     if !admin_enabled {
@@ -452,22 +349,7 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     std::fs::write(&bootstrap, render_envoy(&options))
         .with_context(|| format!("writing {}", bootstrap.display()))?;
     let admin_file = dir.0.join("admin-address");
-
-    let mut envoy = tokio::process::Command::new(&envoy_bin)
-        .arg("-c")
-        .arg(&bootstrap)
-        .arg("--admin-address-path")
-        .arg(&admin_file)
-        .arg("--use-dynamic-base-id")
-        .args(["--log-level", "warn"])
-        .env(SYNC_TOKEN_ENV, sync_token.expose())
-        .stdin(Stdio::null())
-        // Our stdout carries one JSON line; Envoy's output goes to stderr.
-        .stdout(Stdio::from(std::io::stderr()))
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", envoy_bin.display()))?;
+    let mut envoy = spawn_envoy(&envoy_bin, &bootstrap, &admin_file, &sync_token)?;
 
     let public = wait_until_ready(&mut envoy, &admin_file, &listen_host, config.gateway.port).await;
     let public = match public {
@@ -478,7 +360,194 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             return Err(err);
         }
     };
-    let url_host = match listen_host.as_str() {
+    print_ready_line(&listen_host, public, &api_key, &admin_url);
+    tracing::info!(gateway = %public, control_plane = %running.grpc_addr, "ai-router is up");
+
+    let outcome = run_until_stopped(&mut envoy, &admin_file).await;
+    tracing::info!("stopping");
+    let _ = envoy.start_kill();
+    let _ = tokio::time::timeout(Duration::from_secs(5), envoy.wait()).await;
+    running.shutdown().await;
+    drop(mock_handle);
+    drop(dir);
+    outcome
+}
+
+/// `--config`, else `DEFAULT_CONFIG` in the current folder.
+fn config_path(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(path) => Ok(path),
+        None if Path::new(DEFAULT_CONFIG).is_file() => Ok(PathBuf::from(DEFAULT_CONFIG)),
+        None => bail!("no --config given and {DEFAULT_CONFIG} is not here"),
+    }
+}
+
+/// The process environment without the variables that hold a gateway virtual key, saying which.
+fn env_without_virtual_keys(process_env: Arc<dyn Env>) -> Arc<dyn Env> {
+    // A gateway virtual key is never a provider key: with the quick start's OPENAI_API_KEY
+    // exported for the app, the pool would otherwise send the gateway's own key to itself.
+    for name in ignored_virtual_keys(process_env.as_ref()) {
+        eprintln!(
+            "ai-router up: not reading {name} as a provider key: it holds a gateway virtual key (sk-starci-...); mountedKeys may still name it (to keep the app's key across runs, export it as {STARCI_AI_KEY})"
+        );
+    }
+    Arc::new(VirtualKeysNotProviderKeys(process_env))
+}
+
+/// The app's key: STARCI_AI_KEY (or the file STARCI_AI_KEY_FILE names), else a fresh local
+/// one set in `overlay`. Either way the control plane mounts it from the environment
+/// ([`mounted::mounted_keys`]).
+fn app_key(process_env: &dyn Env, overlay: &mut MapEnv) -> Secret {
+    let app_key_source = SecretSource::EnvOrFileEnv {
+        var: STARCI_AI_KEY.to_owned(),
+        file_var: format!("{STARCI_AI_KEY}_FILE"),
+    };
+    match app_key_source.resolve(process_env) {
+        Some(key) => key,
+        None => {
+            let key = mounted::generate_secret("local");
+            overlay.set(STARCI_AI_KEY, key.expose());
+            key
+        }
+    }
+}
+
+/// Whether the environment holds a provider key for the pool; lists the providers it does.
+fn report_provider_keys(
+    file: &FileConfig,
+    process_env: &dyn Env,
+    config_path: &Path,
+) -> anyhow::Result<bool> {
+    let found = config::resolve_at(file, process_env, config_path)?.providers;
+    if !found.is_empty() {
+        let listed: Vec<String> = found
+            .iter()
+            .map(|p| {
+                let aliases: Vec<&str> = p.keys.iter().map(|k| k.alias.as_str()).collect();
+                format!("{} ({})", p.id, aliases.join(", "))
+            })
+            .collect();
+        eprintln!(
+            "ai-router up: provider keys found for: {}",
+            listed.join("; ")
+        );
+    }
+    Ok(!found.is_empty())
+}
+
+/// Starts the mock and points the pool at it (with a fresh mock key in `overlay`); returns the
+/// mock and what a reload does to each file it reads, as to this one.
+async fn serve_pool_from_mock(
+    file: &mut FileConfig,
+    overlay: &mut MapEnv,
+) -> anyhow::Result<(mock::MockHandle, crate::reload::EditFile)> {
+    let handle = mock::start(MockOptions {
+        host: "127.0.0.1".to_owned(),
+        port: 0,
+        script: None,
+    })
+    .await?;
+    let base_url = format!("http://{}/v1", handle.addr());
+    tracing::info!(url = %base_url, "no provider key in the environment: serving the pool from the mock");
+    pool_on_mock(file, &base_url);
+    let edit: crate::reload::EditFile =
+        Arc::new(move |file: &mut FileConfig| pool_on_mock(file, &base_url));
+    overlay.set(MOCK_KEY_ENV, format!("sk-mock-{}", random_hex(16)));
+    Ok((handle, edit))
+}
+
+/// The sync channel's certificates, for this run only: Envoy and the control plane speak
+/// mutual TLS even on loopback, as they would across hosts. Returns the control plane's files
+/// and the Envoy's folder.
+fn issue_sync_certs(dir: &TempDir) -> anyhow::Result<(crate::tls::SyncTlsFiles, String)> {
+    let certs = crate::tls::issue::issue(&crate::tls::issue::IssueOptions {
+        out: dir.0.join("sync-tls"),
+        sans: Vec::new(),
+        envoys: 1,
+        envoy_dir: None,
+        new_ca: false,
+    })
+    .context("issuing the sync channel's certificates")?;
+    let sync_tls = crate::tls::SyncTlsFiles {
+        cert: certs.control_plane.join(crate::tls::CERT_FILE),
+        key: certs.control_plane.join(crate::tls::KEY_FILE),
+        client_ca: certs.control_plane.join(crate::tls::CA_FILE),
+    };
+    let envoy_tls_dir = certs
+        .envoys
+        .first()
+        .map(|d| d.display().to_string())
+        .context("no Envoy certificate was issued")?;
+    Ok((sync_tls, envoy_tls_dir))
+}
+
+/// The control plane of this run: the admin API on a port the README and `keys --url` can name
+/// (controlPlane.httpPort, 8081 by default; 0 picks one), gRPC internal to this run.
+async fn start_control_plane(
+    config: &Config,
+    env: Arc<dyn Env>,
+    sync_token: &Secret,
+    sync_tls: crate::tls::SyncTlsFiles,
+) -> anyhow::Result<serve::Running> {
+    let admin_port = config.control_plane.http_port;
+    serve::start(
+        config.clone(),
+        env,
+        StartOptions {
+            http_listen: join_host_port("127.0.0.1", admin_port),
+            grpc_listen: "127.0.0.1:0".to_owned(),
+            sync_token: Some(sync_token.clone()),
+            insecure_trusted_sync: false,
+            sync_tls: Some(sync_tls),
+            insecure_plaintext_sync: false,
+        },
+    )
+    .await
+    .map_err(|err| {
+        let taken = err.chain().any(|cause| {
+            cause
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::AddrInUse)
+        });
+        if taken {
+            err.context(format!(
+                "the admin API's port {admin_port} (controlPlane.httpPort) is taken, perhaps by \
+                 another `ai-router up`: stop it, or set controlPlane.httpPort to a free port \
+                 (0 picks one; up prints it as adminUrl)"
+            ))
+        } else {
+            err
+        }
+    })
+}
+
+/// Starts Envoy on `bootstrap`, the sync token in its environment.
+fn spawn_envoy(
+    envoy_bin: &Path,
+    bootstrap: &Path,
+    admin_file: &Path,
+    sync_token: &Secret,
+) -> anyhow::Result<tokio::process::Child> {
+    tokio::process::Command::new(envoy_bin)
+        .arg("-c")
+        .arg(bootstrap)
+        .arg("--admin-address-path")
+        .arg(admin_file)
+        .arg("--use-dynamic-base-id")
+        .args(["--log-level", "warn"])
+        .env(SYNC_TOKEN_ENV, sync_token.expose())
+        .stdin(Stdio::null())
+        // Our stdout carries one JSON line; Envoy's output goes to stderr.
+        .stdout(Stdio::from(std::io::stderr()))
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", envoy_bin.display()))
+}
+
+/// The one JSON line on stdout: the base URL, the app's key and the admin URL.
+fn print_ready_line(listen_host: &str, public: SocketAddr, api_key: &Secret, admin_url: &str) {
+    let url_host = match listen_host {
         "0.0.0.0" | "::" => "127.0.0.1".to_owned(),
         host => host.to_owned(),
     };
@@ -490,15 +559,20 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
     if let Err(err) = crate::stdout::print_line(&line.to_string()) {
         tracing::warn!(%err, "cannot print the ready line on stdout");
     }
-    tracing::info!(gateway = %public, control_plane = %running.grpc_addr, "ai-router is up");
+}
 
+/// Runs until a signal or Envoy's exit; on a signal, drains Envoy first (stop taking calls, let
+/// the ones in flight, streams included, finish).
+async fn run_until_stopped(
+    envoy: &mut tokio::process::Child,
+    admin_file: &Path,
+) -> anyhow::Result<()> {
     let outcome = tokio::select! {
         signal = serve::shutdown_signal() => signal,
         status = envoy.wait() => Err(anyhow::anyhow!("envoy exited: {}", status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()))),
     };
     if outcome.is_ok() {
-        // Stop taking calls, let the ones in flight (streams included) finish, then stop.
-        match std::fs::read_to_string(&admin_file) {
+        match std::fs::read_to_string(admin_file) {
             Ok(admin) => {
                 if let Err(err) = crate::drain::drain_envoy(admin.trim(), DRAIN_GRACE).await {
                     tracing::warn!("stopping without a drain: {err:#}");
@@ -507,12 +581,6 @@ pub async fn up(opts: UpOptions) -> anyhow::Result<()> {
             Err(err) => tracing::warn!(%err, "no Envoy admin address: stopping without a drain"),
         }
     }
-    tracing::info!("stopping");
-    let _ = envoy.start_kill();
-    let _ = tokio::time::timeout(Duration::from_secs(5), envoy.wait()).await;
-    running.shutdown().await;
-    drop(mock_handle);
-    drop(dir);
     outcome
 }
 

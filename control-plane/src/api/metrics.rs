@@ -349,247 +349,282 @@ impl Metrics {
         update: &pb::StateUpdate,
         watching: &[crate::api::sync::Watching],
     ) -> String {
-        let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
-        family(
-            &mut out,
-            "ai_router_requests_total",
-            "counter",
-            "Client calls by operation, client protocol (chat, responses, messages, embeddings), final provider and model, and outcome (success, error:<class> or rejected:<code>).",
-        );
-        for ((call, outcome), n) in &c.requests {
-            let _ = writeln!(
-                out,
-                "ai_router_requests_total{{{},outcome=\"{}\"}} {n}",
-                call_labels(call),
-                esc(outcome)
-            );
+        {
+            let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            calls_and_attempts(&mut out, &c);
+            latencies(&mut out, &c);
+            usage(&mut out, &c);
+            refusals_caches_and_drops(&mut out, &c);
         }
-        family(
-            &mut out,
-            "ai_router_attempts_total",
-            "counter",
-            "Attempts by lane (provider, key alias, model), outcome and failure class.",
-        );
-        for ((lane, outcome, class), n) in &c.attempts {
-            let _ = writeln!(
-                out,
-                "ai_router_attempts_total{{{},outcome=\"{}\",class=\"{}\"}} {n}",
-                lane_labels(lane),
-                esc(outcome),
-                esc(class)
-            );
-        }
-        histograms(
-            &mut out,
-            "ai_router_time_to_first_token_seconds",
-            "Time from sending a successful stream attempt to its first token, by lane.",
-            c.first_token.iter().map(|(l, h)| (lane_labels(l), h)),
-        );
-        histograms(
-            &mut out,
-            "ai_router_attempt_duration_seconds",
-            "Time from sending an attempt to its answer or failure (every attempt but successful streams), by lane.",
-            c.attempt_duration.iter().map(|(l, h)| (lane_labels(l), h)),
-        );
-        histograms(
-            &mut out,
-            "ai_router_request_duration_seconds",
-            "Whole duration of client calls, by operation, client protocol, final provider and model.",
-            c.request_duration
-                .iter()
-                .map(|(call, h)| (call_labels(call), h)),
-        );
-        histograms(
-            &mut out,
-            "ai_router_overhead_seconds",
-            "What the gateway added to calls a provider took part in: the time to the answer's first byte less the time the providers held the attempts, by client protocol and outcome.",
-            c.overhead.iter().map(|((protocol, outcome), h)| {
-                (
-                    format!(
-                        "protocol=\"{}\",outcome=\"{}\"",
-                        esc(protocol),
-                        esc(outcome)
-                    ),
-                    h,
-                )
-            }),
-        );
-        lane_counters(
-            &mut out,
-            "ai_router_prompt_tokens_total",
-            "Prompt tokens the providers reported, by lane.",
-            &c.prompt_tokens,
-        );
-        lane_counters(
-            &mut out,
-            "ai_router_completion_tokens_total",
-            "Completion tokens the providers reported, by lane.",
-            &c.completion_tokens,
-        );
-        lane_counters(
-            &mut out,
-            "ai_router_cached_tokens_total",
-            "Of the prompt tokens, those the providers served from their cache, by lane.",
-            &c.cached_tokens,
-        );
-        lane_counters(
-            &mut out,
-            "ai_router_estimated_cost_total",
-            "Estimated cost of the reported usage at the models' configured prices, by lane.",
-            &c.cost,
-        );
-        by_one_label(
-            &mut out,
-            ("ai_router_quota_refusals_total", "counter"),
-            "Calls refused by a virtual key's quota, by error code.",
-            "code",
-            c.quota_refusals.iter().map(|(k, n)| (k.as_str(), n)),
-        );
-        family(
-            &mut out,
-            "ai_router_budget_warnings_total",
-            "counter",
-            "Answers that carried x-ai-router-budget-warning, by budget and level (warn: past its warnAt, over: past a soft limit).",
-        );
-        for ((budget, level), n) in &c.budget_warnings {
-            let _ = writeln!(
-                out,
-                "ai_router_budget_warnings_total{{budget=\"{}\",level=\"{}\"}} {n}",
-                esc(budget),
-                esc(level)
-            );
-        }
-        by_one_label(
-            &mut out,
-            ("ai_router_cache_lookups_total", "counter"),
-            "Calls the response cache was on for, by result (hit: answered from the cache, miss, bypass: the client's Cache-Control).",
-            "result",
-            c.cache_lookups.iter().map(|(k, n)| (*k, n)),
-        );
-        by_one_label(
-            &mut out,
-            ("ai_router_cache_stores_total", "counter"),
-            "What became of the answers of cache misses, by outcome (stored, unstorable: failed, empty, truncated or a stream that broke off, too_large).",
-            "outcome",
-            c.cache_stores.iter().map(|(k, n)| (*k, n)),
-        );
-        by_one_label(
-            &mut out,
-            ("ai_router_report_dropped_total", "counter"),
-            "Outcomes an Envoy's report outbox dropped (full), the most it reported, by node.",
-            "node",
-            c.dropped.iter().map(|(k, n)| (k.as_str(), n)),
-        );
-        drop(c);
-        let snapshot = update.snapshot.clone().unwrap_or_default();
-        family(
-            &mut out,
-            "ai_router_state_version",
-            "gauge",
-            "The version of the state pushed to Envoy.",
-        );
-        let _ = writeln!(out, "ai_router_state_version {}", update.version);
-        family(
-            &mut out,
-            "ai_router_breaker_open",
-            "gauge",
-            "Breakers that are not closed (1 open, 0.5 half-open), by scope, provider and key alias.",
-        );
-        for b in &snapshot.breakers {
-            let v = if breaker_is_open(b) { "1" } else { "0.5" };
-            let _ = writeln!(
-                out,
-                "ai_router_breaker_open{{scope=\"{}\",provider=\"{}\",key=\"{}\"}} {v}",
-                esc(breaker_scope_label(b)),
-                esc(&b.provider),
-                esc(&b.key)
-            );
-        }
-        family(
-            &mut out,
-            "ai_router_budget_state",
-            "gauge",
-            "Budgets past their warnAt (1) or their limit (2) in the current window, by budget and subject (key id, profile, provider; empty for the pool).",
-        );
-        for b in snapshot.budgets.iter().flat_map(|b| b.states.iter()) {
-            let v = if b.level() == pb::BudgetLevel::Over {
-                2
-            } else {
-                1
-            };
-            let _ = writeln!(
-                out,
-                "ai_router_budget_state{{budget=\"{}\",subject=\"{}\"}} {v}",
-                esc(&b.name),
-                esc(&b.subject)
-            );
-        }
-        family(
-            &mut out,
-            "ai_router_key_out",
-            "gauge",
-            "Provider keys out of rotation (1 each), by provider, key alias and reason.",
-        );
-        for h in &snapshot.key_health {
-            let _ = writeln!(
-                out,
-                "ai_router_key_out{{provider=\"{}\",key=\"{}\",reason=\"{}\"}} 1",
-                esc(&h.provider),
-                esc(&h.key),
-                esc(key_out_reason_label(h))
-            );
-        }
-        // Per node: open streams, and how stale the oldest is (0 while it holds the current
-        // version; else the seconds since it last did).
-        let mut nodes: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
-        for w in watching {
-            let age = if w.version >= update.version {
-                0.0
-            } else {
-                w.at.elapsed().as_secs_f64()
-            };
-            let n = nodes.entry(&w.node).or_default();
-            n.0 += 1;
-            n.1 = n.1.max(age);
-        }
-        by_one_label(
-            &mut out,
-            ("ai_router_sync_connections", "gauge"),
-            "Open sync (Watch) streams, by Envoy node.",
-            "node",
-            nodes.iter().map(|(node, (n, _))| (*node, n)),
-        );
-        by_one_label(
-            &mut out,
-            ("ai_router_sync_state_age_seconds", "gauge"),
-            "How stale an Envoy's state is: 0 while it holds the current version, else the seconds since it last did.",
-            "node",
-            nodes.iter().map(|(node, (_, age))| (*node, age)),
-        );
-        let t = &crate::api::sync::TRAFFIC;
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-        for (name, help, counts) in [
-            (
-                "ai_router_sync_messages_total",
-                "State messages sent to Envoy, by kind (a snapshot per connect, then deltas).",
-                [&t.snapshots, &t.deltas],
-            ),
-            (
-                "ai_router_sync_bytes_total",
-                "Bytes of state messages sent to Envoy, by kind.",
-                [&t.snapshot_bytes, &t.delta_bytes],
-            ),
-        ] {
-            family(&mut out, name, "counter", help);
-            for (kind, n) in ["snapshot", "delta"].into_iter().zip(counts) {
-                let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", load(n));
-            }
-        }
+        pushed_state(&mut out, update);
+        sync_streams(&mut out, update, watching);
         crate::store::health::render(&mut out, family);
         crate::store::minute_calls::render(&mut out, family);
         crate::api::shares::render(&mut out, family);
         out
+    }
+}
+
+/// Client calls and attempts counted from the reports.
+fn calls_and_attempts(out: &mut String, c: &Counters) {
+    family(
+        out,
+        "ai_router_requests_total",
+        "counter",
+        "Client calls by operation, client protocol (chat, responses, messages, embeddings), final provider and model, and outcome (success, error:<class> or rejected:<code>).",
+    );
+    for ((call, outcome), n) in &c.requests {
+        let _ = writeln!(
+            out,
+            "ai_router_requests_total{{{},outcome=\"{}\"}} {n}",
+            call_labels(call),
+            esc(outcome)
+        );
+    }
+    family(
+        out,
+        "ai_router_attempts_total",
+        "counter",
+        "Attempts by lane (provider, key alias, model), outcome and failure class.",
+    );
+    for ((lane, outcome, class), n) in &c.attempts {
+        let _ = writeln!(
+            out,
+            "ai_router_attempts_total{{{},outcome=\"{}\",class=\"{}\"}} {n}",
+            lane_labels(lane),
+            esc(outcome),
+            esc(class)
+        );
+    }
+}
+
+/// The latency histograms: time to first token, attempt and call durations, the overhead.
+fn latencies(out: &mut String, c: &Counters) {
+    histograms(
+        out,
+        "ai_router_time_to_first_token_seconds",
+        "Time from sending a successful stream attempt to its first token, by lane.",
+        c.first_token.iter().map(|(l, h)| (lane_labels(l), h)),
+    );
+    histograms(
+        out,
+        "ai_router_attempt_duration_seconds",
+        "Time from sending an attempt to its answer or failure (every attempt but successful streams), by lane.",
+        c.attempt_duration.iter().map(|(l, h)| (lane_labels(l), h)),
+    );
+    histograms(
+        out,
+        "ai_router_request_duration_seconds",
+        "Whole duration of client calls, by operation, client protocol, final provider and model.",
+        c.request_duration
+            .iter()
+            .map(|(call, h)| (call_labels(call), h)),
+    );
+    histograms(
+        out,
+        "ai_router_overhead_seconds",
+        "What the gateway added to calls a provider took part in: the time to the answer's first byte less the time the providers held the attempts, by client protocol and outcome.",
+        c.overhead.iter().map(|((protocol, outcome), h)| {
+            (
+                format!(
+                    "protocol=\"{}\",outcome=\"{}\"",
+                    esc(protocol),
+                    esc(outcome)
+                ),
+                h,
+            )
+        }),
+    );
+}
+
+/// Tokens and estimated cost, by lane.
+fn usage(out: &mut String, c: &Counters) {
+    lane_counters(
+        out,
+        "ai_router_prompt_tokens_total",
+        "Prompt tokens the providers reported, by lane.",
+        &c.prompt_tokens,
+    );
+    lane_counters(
+        out,
+        "ai_router_completion_tokens_total",
+        "Completion tokens the providers reported, by lane.",
+        &c.completion_tokens,
+    );
+    lane_counters(
+        out,
+        "ai_router_cached_tokens_total",
+        "Of the prompt tokens, those the providers served from their cache, by lane.",
+        &c.cached_tokens,
+    );
+    lane_counters(
+        out,
+        "ai_router_estimated_cost_total",
+        "Estimated cost of the reported usage at the models' configured prices, by lane.",
+        &c.cost,
+    );
+}
+
+/// Quota refusals, budget warnings, the response cache and what the outboxes dropped.
+fn refusals_caches_and_drops(out: &mut String, c: &Counters) {
+    by_one_label(
+        out,
+        ("ai_router_quota_refusals_total", "counter"),
+        "Calls refused by a virtual key's quota, by error code.",
+        "code",
+        c.quota_refusals.iter().map(|(k, n)| (k.as_str(), n)),
+    );
+    family(
+        out,
+        "ai_router_budget_warnings_total",
+        "counter",
+        "Answers that carried x-ai-router-budget-warning, by budget and level (warn: past its warnAt, over: past a soft limit).",
+    );
+    for ((budget, level), n) in &c.budget_warnings {
+        let _ = writeln!(
+            out,
+            "ai_router_budget_warnings_total{{budget=\"{}\",level=\"{}\"}} {n}",
+            esc(budget),
+            esc(level)
+        );
+    }
+    by_one_label(
+        out,
+        ("ai_router_cache_lookups_total", "counter"),
+        "Calls the response cache was on for, by result (hit: answered from the cache, miss, bypass: the client's Cache-Control).",
+        "result",
+        c.cache_lookups.iter().map(|(k, n)| (*k, n)),
+    );
+    by_one_label(
+        out,
+        ("ai_router_cache_stores_total", "counter"),
+        "What became of the answers of cache misses, by outcome (stored, unstorable: failed, empty, truncated or a stream that broke off, too_large).",
+        "outcome",
+        c.cache_stores.iter().map(|(k, n)| (*k, n)),
+    );
+    by_one_label(
+        out,
+        ("ai_router_report_dropped_total", "counter"),
+        "Outcomes an Envoy's report outbox dropped (full), the most it reported, by node.",
+        "node",
+        c.dropped.iter().map(|(k, n)| (k.as_str(), n)),
+    );
+}
+
+/// Gauges of the pushed state: its version, breakers not closed, budgets past warnAt, keys out.
+fn pushed_state(out: &mut String, update: &pb::StateUpdate) {
+    let snapshot = update.snapshot.clone().unwrap_or_default();
+    family(
+        out,
+        "ai_router_state_version",
+        "gauge",
+        "The version of the state pushed to Envoy.",
+    );
+    let _ = writeln!(out, "ai_router_state_version {}", update.version);
+    family(
+        out,
+        "ai_router_breaker_open",
+        "gauge",
+        "Breakers that are not closed (1 open, 0.5 half-open), by scope, provider and key alias.",
+    );
+    for b in &snapshot.breakers {
+        let v = if breaker_is_open(b) { "1" } else { "0.5" };
+        let _ = writeln!(
+            out,
+            "ai_router_breaker_open{{scope=\"{}\",provider=\"{}\",key=\"{}\"}} {v}",
+            esc(breaker_scope_label(b)),
+            esc(&b.provider),
+            esc(&b.key)
+        );
+    }
+    family(
+        out,
+        "ai_router_budget_state",
+        "gauge",
+        "Budgets past their warnAt (1) or their limit (2) in the current window, by budget and subject (key id, profile, provider; empty for the pool).",
+    );
+    for b in snapshot.budgets.iter().flat_map(|b| b.states.iter()) {
+        let v = if b.level() == pb::BudgetLevel::Over {
+            2
+        } else {
+            1
+        };
+        let _ = writeln!(
+            out,
+            "ai_router_budget_state{{budget=\"{}\",subject=\"{}\"}} {v}",
+            esc(&b.name),
+            esc(&b.subject)
+        );
+    }
+    family(
+        out,
+        "ai_router_key_out",
+        "gauge",
+        "Provider keys out of rotation (1 each), by provider, key alias and reason.",
+    );
+    for h in &snapshot.key_health {
+        let _ = writeln!(
+            out,
+            "ai_router_key_out{{provider=\"{}\",key=\"{}\",reason=\"{}\"}} 1",
+            esc(&h.provider),
+            esc(&h.key),
+            esc(key_out_reason_label(h))
+        );
+    }
+}
+
+/// The sync streams: connections and state age per node, messages and bytes sent.
+fn sync_streams(
+    out: &mut String,
+    update: &pb::StateUpdate,
+    watching: &[crate::api::sync::Watching],
+) {
+    // Per node: open streams, and how stale the oldest is (0 while it holds the current
+    // version; else the seconds since it last did).
+    let mut nodes: BTreeMap<&str, (u64, f64)> = BTreeMap::new();
+    for w in watching {
+        let age = if w.version >= update.version {
+            0.0
+        } else {
+            w.at.elapsed().as_secs_f64()
+        };
+        let n = nodes.entry(&w.node).or_default();
+        n.0 += 1;
+        n.1 = n.1.max(age);
+    }
+    by_one_label(
+        out,
+        ("ai_router_sync_connections", "gauge"),
+        "Open sync (Watch) streams, by Envoy node.",
+        "node",
+        nodes.iter().map(|(node, (n, _))| (*node, n)),
+    );
+    by_one_label(
+        out,
+        ("ai_router_sync_state_age_seconds", "gauge"),
+        "How stale an Envoy's state is: 0 while it holds the current version, else the seconds since it last did.",
+        "node",
+        nodes.iter().map(|(node, (_, age))| (*node, age)),
+    );
+    let t = &crate::api::sync::TRAFFIC;
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+    for (name, help, counts) in [
+        (
+            "ai_router_sync_messages_total",
+            "State messages sent to Envoy, by kind (a snapshot per connect, then deltas).",
+            [&t.snapshots, &t.deltas],
+        ),
+        (
+            "ai_router_sync_bytes_total",
+            "Bytes of state messages sent to Envoy, by kind.",
+            [&t.snapshot_bytes, &t.delta_bytes],
+        ),
+    ] {
+        family(out, name, "counter", help);
+        for (kind, n) in ["snapshot", "delta"].into_iter().zip(counts) {
+            let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", load(n));
+        }
     }
 }
 

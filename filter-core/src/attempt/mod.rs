@@ -3,6 +3,7 @@
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 
+mod chunk;
 mod hold;
 mod prepare;
 mod report;

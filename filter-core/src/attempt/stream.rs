@@ -252,6 +252,18 @@ impl Gate {
             self.done = true;
             return Judged::Keep { token: false };
         }
+        if event.name.as_deref() != Some("error") {
+            // The common chunk, read without a `Value` (what it yields is what reading it
+            // whole below would).
+            if let Some(plain) = super::chunk::read_plain(data) {
+                if self.model.is_none() {
+                    self.model = plain.model.map(std::borrow::Cow::into_owned);
+                }
+                self.answer_tokens += plain.answer_tokens;
+                self.finished |= plain.finished;
+                return Judged::Keep { token: plain.token };
+            }
+        }
         let Ok(value) = serde_json::from_str::<Value>(data) else {
             return Judged::Error(Failure::local(
                 Class::Stream,
@@ -317,7 +329,7 @@ fn with_cost(mut chunk: Value, cost: f64) -> Vec<u8> {
 
 /// The first token: a delta that carries anything besides the role (content, a refusal, tool
 /// calls), or a finish reason.
-fn has_token(chunk: &Value) -> bool {
+pub(super) fn has_token(chunk: &Value) -> bool {
     let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
         return false;
     };

@@ -43,14 +43,22 @@ pub fn estimate_answer_tokens(answer: &serde_json::Value) -> u64 {
         Value::Object(fields) => fields
             .iter()
             .map(|(name, value)| match value {
-                Value::String(text) if ANSWER_TEXT_FIELDS.contains(&name.as_str()) => {
-                    estimate_tokens(text)
-                }
+                Value::String(text) => answer_text_tokens(name, text),
                 other => estimate_answer_tokens(other),
             })
             .sum(),
         Value::Array(items) => items.iter().map(estimate_answer_tokens).sum(),
         _ => 0,
+    }
+}
+
+/// The estimated tokens a string field `name` of an answer adds: its text's when the model
+/// generated it (one of the answer's text fields), none otherwise.
+pub fn answer_text_tokens(name: &str, text: &str) -> u64 {
+    if ANSWER_TEXT_FIELDS.contains(&name) {
+        estimate_tokens(text)
+    } else {
+        0
     }
 }
 

@@ -1,7 +1,8 @@
 //! The spec's defaults, each defined once: what a field of the pool file means when the file
 //! leaves it out. The control plane applies them once, at load (the resolved config and the
-//! snapshot carry the values); the filter applies the policy ones where a policy leaves a field
-//! unset (a profile inherits the defaults' value first).
+//! snapshot carry the values: the pushed `defaults:` policy has every per-call number and
+//! switch, and a profile is merged over it); the filter reads them as given, and meets one only
+//! in `state::settle_unsent`, for a setting a snapshot did not send.
 
 // Policies (`defaults:` and `profiles:`), per call.
 /// `maxAttempts`.

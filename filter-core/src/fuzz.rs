@@ -564,7 +564,7 @@ fn fuzz_the_anthropic_adapters() {
         "anthropic-stream",
         |rng| input(rng, &streams),
         |bytes| {
-            let mut translator = anthropic::StreamTranslator::new(1_700_000_000);
+            let mut translator = anthropic::StreamTranslator::new(1_700_000_000, None);
             for event in Parser::new().feed(bytes) {
                 let _ = translator.feed(&event, 1_700_000_000_000);
             }
@@ -628,7 +628,7 @@ fn fuzz_the_classifier_on_any_provider_answer() {
             let _ = classify::retry_at(&headers, now);
             let _ = classify::headroom(&headers, now);
             if let Ok(event) = serde_json::from_slice::<Value>(body) {
-                let _ = classify::classify_stream_error(&case.kind, &event, now);
+                let _ = classify::classify_stream_error(&case.kind, None, &event, now);
             }
         },
     );

@@ -281,6 +281,26 @@ fn settle_unsent(snapshot: &mut Snapshot) {
     if limits.max_body_bytes == 0 {
         limits.max_body_bytes = defaults::MAX_BODY_BYTES;
     }
+    // The policy every profile is merged over: with these set, every merged policy has them.
+    let policy = snapshot.defaults.get_or_insert_with(Default::default);
+    policy
+        .allow_fallback
+        .get_or_insert(defaults::ALLOW_FALLBACK);
+    let unsent = |n: &mut Option<u64>, default| {
+        if n.is_none_or(|n| n == 0) {
+            *n = Some(default);
+        }
+    };
+    unsent(&mut policy.timeout_ms, defaults::TIMEOUT_MS);
+    unsent(&mut policy.deadline_ms, defaults::DEADLINE_MS);
+    if policy.max_attempts.is_none_or(|n| n == 0) {
+        policy.max_attempts = Some(defaults::MAX_ATTEMPTS);
+    }
+    for p in &mut snapshot.providers {
+        if p.default_max_tokens == 0 {
+            p.default_max_tokens = defaults::DEFAULT_MAX_TOKENS;
+        }
+    }
 }
 
 /// The pushed state a worker decides from. In Envoy it is the pool record alone (settings and

@@ -399,7 +399,7 @@ pub(super) fn build_tables(config: &Config, state: &State, now: i64) -> Tables {
                 crate::config::StoreSpec::Redis { .. }
             ))
         }),
-        defaults: config.defaults.as_ref().map(policy_to_proto),
+        defaults: Some(defaults_to_proto(config.defaults.as_ref())),
         profiles: config
             .profiles
             .iter()
@@ -595,6 +595,19 @@ pub(super) fn terms_to_proto(p: &Provider) -> pb::ProviderTerms {
         blocked_regions: t.blocked_regions,
         keyless: t.keyless,
     }
+}
+
+/// The pool's `defaults:` as pushed: every per-call number and switch resolved
+/// (`contract::defaults` where the file leaves one out), so that a profile merged over them
+/// has them too and the filter applies no default of its own.
+pub fn defaults_to_proto(p: Option<&PolicyConfig>) -> pb::Policy {
+    use ai_router_contract::defaults;
+    let mut out = p.map(policy_to_proto).unwrap_or_default();
+    out.allow_fallback.get_or_insert(defaults::ALLOW_FALLBACK);
+    out.max_attempts.get_or_insert(defaults::MAX_ATTEMPTS);
+    out.timeout_ms.get_or_insert(defaults::TIMEOUT_MS);
+    out.deadline_ms.get_or_insert(defaults::DEADLINE_MS);
+    out
 }
 
 pub fn policy_to_proto(p: &PolicyConfig) -> pb::Policy {

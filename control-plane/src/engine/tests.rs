@@ -155,6 +155,32 @@ fn snapshot_carries_the_pool() -> Result<(), String> {
     Ok(())
 }
 
+/// The pushed defaults carry every per-call number and switch, resolved once here: the file's
+/// value where it sets one, else the contract's; the filter applies none of its own.
+#[test]
+fn the_pushed_defaults_are_resolved() -> Result<(), String> {
+    use ai_router_contract::defaults;
+    let f = fixture(POOL)?;
+    let d = snapshot(&f.engine).defaults.unwrap_or_default();
+    assert_eq!(
+        (
+            d.allow_fallback,
+            d.max_attempts,
+            d.timeout_ms,
+            d.deadline_ms
+        ),
+        (
+            Some(defaults::ALLOW_FALLBACK),
+            Some(defaults::MAX_ATTEMPTS),
+            Some(defaults::TIMEOUT_MS),
+            Some(60_000)
+        )
+    );
+    // A profile still sends only what it sets: it is merged over these.
+    assert_eq!(snapshot(&f.engine).profiles["work"].timeout_ms, None);
+    Ok(())
+}
+
 #[test]
 fn rate_limit_cools_the_lane() -> Result<(), String> {
     let f = fixture(POOL)?;

@@ -204,12 +204,7 @@ impl Attempt {
                 self.plan.as_ref().map(|p| p.rid.as_str()).unwrap_or(""),
                 self.attempt,
             ),
-            ttl_ms: self
-                .plan
-                .as_ref()
-                .map(|p| p.timeout_ms)
-                .unwrap_or(ai_router_contract::defaults::TIMEOUT_MS)
-                .max(1_000),
+            ttl_ms: self.plan.as_ref().map_or(0, |p| p.timeout_ms).max(1_000),
         };
         let token = host.sync_token();
         let metadata: Vec<(&str, &[u8])> = match &token {

@@ -233,11 +233,7 @@ fn body_for(
         }
     }
     if provider.kind() == ProviderKind::Anthropic && plan.op == Operation::Chat && !native {
-        let max_tokens = if provider.default_max_tokens > 0 {
-            provider.default_max_tokens
-        } else {
-            ai_router_contract::defaults::DEFAULT_MAX_TOKENS
-        };
+        let max_tokens = provider.default_max_tokens;
         let mut v = anthropic::to_messages_request(&value, model, max_tokens)?;
         crate::protocols::prompt_cache::mark_translated(&value, &mut v, &plan.prompt_cache);
         value = v;

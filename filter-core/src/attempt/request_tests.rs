@@ -257,3 +257,12 @@ fn a_chat_body_naming_the_lanes_model_goes_as_it_came_and_says_what_a_rewrite_wo
     .unwrap();
     assert!(body_of(&sent).get("max_tokens").is_some());
 }
+
+#[test]
+fn an_anthropic_lanes_max_tokens_is_the_providers_pushed_default_max_tokens() {
+    let mut provider = provider("p1", ProviderKind::Anthropic, &["a"], "claude-x");
+    provider.default_max_tokens = 777;
+    let caller = json!({ "model": "auto", "messages": [{ "role": "user", "content": "hi" }] });
+    let request = built(&plan(false), &provider, &caller);
+    assert_eq!(body_of(&request)["max_tokens"], 777);
+}

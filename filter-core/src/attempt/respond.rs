@@ -77,7 +77,9 @@ impl Attempt {
             let now_s = host.now_ms() / 1000;
             self.mode = if lane.native {
                 Mode::Stream(Streaming {
-                    gate: Box::new(Gate::native(lane.kind.text(), protocol)),
+                    gate: Box::new(
+                        Gate::native(lane.kind.text(), protocol).with_daily_reset(lane.daily_reset),
+                    ),
                     upstream: None,
                     egress: None,
                     redactor: Box::new(StreamRedactor::new(&lane.secret, protocol)),
@@ -87,7 +89,7 @@ impl Attempt {
                 let upstream = (lane.kind == ProviderKind::Anthropic).then(|| {
                     Box::new(Translate {
                         parser: Parser::new(),
-                        translator: StreamTranslator::new(now_s),
+                        translator: StreamTranslator::new(now_s, lane.daily_reset),
                     })
                 });
                 // The usage chunk states the answer's real cost (`usage.cost`): the headers
@@ -96,7 +98,11 @@ impl Attempt {
                     crate::lanes::cost::price_of(&s, &lane.id.provider, &lane.id.model)
                 });
                 Mode::Stream(Streaming {
-                    gate: Box::new(Gate::new(lane.kind.text(), include_usage).with_price(price)),
+                    gate: Box::new(
+                        Gate::new(lane.kind.text(), include_usage)
+                            .with_price(price)
+                            .with_daily_reset(lane.daily_reset),
+                    ),
                     upstream,
                     egress: Egress::new(protocol, &self.request, now_s, json_array).map(Box::new),
                     redactor: Box::new(StreamRedactor::new(&lane.secret, Protocol::Chat)),

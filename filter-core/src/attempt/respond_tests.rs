@@ -350,3 +350,33 @@ fn a_stateful_responses_call_reaches_an_openai_lane_natively() {
     assert_eq!(host.attempts[0].outcome().text(), "success");
     assert_eq!(host.attempts[0].usage.map(|u| u.prompt_tokens), Some(3));
 }
+
+#[test]
+fn a_daily_quota_error_in_a_stream_lasts_until_the_configured_zones_midnight() {
+    // p1 (openai-compatible: no calendar of its own) is configured with China's day.
+    let mut snap = snapshot();
+    snap.providers[0].daily_reset_zone = "Asia/Shanghai".into();
+    let plan = plan(true);
+    let mut host = host_with(snap, &plan, 1);
+    let mut stage = Attempt::default();
+    send(&mut stage, &mut host);
+    host.add(Side::Response, ":status", b"200");
+    host.add(Side::Response, "content-type", b"text/event-stream");
+    stage.on_response_headers(&mut host, false);
+    let event = "data: {\"error\":{\"message\":\"Tokens per day limit exceeded.\",\"type\":\"insufficient_quota\",\"code\":\"insufficient_quota\"}}\n\n";
+    host.response_body = event.as_bytes().to_vec();
+    assert_eq!(
+        stage.on_response_body(&mut host, event.len(), false),
+        Flow::Continue
+    );
+    assert_eq!(host.text(Side::Response, H_RETRY).as_deref(), Some("1"));
+    let midnight = ai_router_contract::kinds::DailyReset::Offset(480).next_midnight_ms(NOW + 5);
+    let holds = host.lanes.holds(&LaneId::new("p1", "a", "m1"));
+    assert!(
+        holds.iter().any(|h| matches!(
+            h,
+            crate::vocab::LocalHold::Blacklist { until_ms, .. } if *until_ms == midnight
+        )),
+        "the key is out until midnight in Shanghai: {holds:?}"
+    );
+}

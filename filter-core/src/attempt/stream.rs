@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use ai_router_contract::kinds::DailyReset;
+
 use crate::answer::errors::ErrorCode;
 use crate::classify::{classify_stream_error, Class, Failure};
 use crate::plan::Protocol;
@@ -28,6 +30,8 @@ pub enum Step {
 #[derive(Debug)]
 pub struct Gate {
     kind: String,
+    /// When the provider's days end (its `dailyResetTimezone`, else its kind's).
+    daily_reset: Option<DailyReset>,
     include_usage: bool,
     parser: Parser,
     released: bool,
@@ -55,6 +59,7 @@ impl Gate {
     pub fn new(kind: &str, include_usage: bool) -> Self {
         Self {
             kind: kind.to_string(),
+            daily_reset: None,
             include_usage,
             parser: Parser::new(),
             released: false,
@@ -77,6 +82,15 @@ impl Gate {
     /// out before the usage was known.
     pub fn with_price(mut self, price: Option<ai_router_proto::v1::Cost>) -> Self {
         self.price = price;
+        self
+    }
+
+    /// Errors in the stream are classified for a provider whose days end in `daily_reset`.
+    pub fn with_daily_reset(mut self, daily_reset: Option<DailyReset>) -> Self {
+        self.daily_reset = daily_reset;
+        if let Some(native) = &mut self.native {
+            native.daily_reset = daily_reset;
+        }
         self
     }
 
@@ -272,7 +286,12 @@ impl Gate {
             ));
         };
         if value.get("error").is_some() || event.name.as_deref() == Some("error") {
-            return Judged::Error(classify_stream_error(&self.kind, &value, now_ms));
+            return Judged::Error(classify_stream_error(
+                &self.kind,
+                self.daily_reset,
+                &value,
+                now_ms,
+            ));
         }
         if self.model.is_none() {
             self.model = value

@@ -143,10 +143,17 @@ fn failure_of(
     }
 }
 
-/// Classifies an error object received inside a stream (before or after the first token).
-pub fn classify_stream_error(kind: &str, event: &Value, now_ms: i64) -> Failure {
+/// Classifies an error object received inside a stream (before or after the first token), by
+/// the same rule as an answer ([`classify_in`]: a spent daily quota lasts until `daily_reset`'s
+/// midnight, the provider's configured `dailyResetTimezone` or its kind's).
+pub fn classify_stream_error(
+    kind: &str,
+    daily_reset: Option<DailyReset>,
+    event: &Value,
+    now_ms: i64,
+) -> Failure {
     let bytes = event.to_string().into_bytes();
-    let mut failure = classify(kind, 200, &[], &bytes, now_ms);
+    let mut failure = classify_in(kind, daily_reset, 200, &[], &bytes, now_ms);
     if let Some(status) = event
         .get("error")
         .and_then(|e| e.get("code"))
@@ -154,7 +161,7 @@ pub fn classify_stream_error(kind: &str, event: &Value, now_ms: i64) -> Failure 
         .and_then(|c| u16::try_from(c).ok())
     {
         if (400..=599).contains(&status) {
-            let again = classify(kind, status, &[], &bytes, now_ms);
+            let again = classify_in(kind, daily_reset, status, &[], &bytes, now_ms);
             failure.class = again.class;
         }
     }

@@ -401,14 +401,17 @@ fn stream_error_events() {
         serde_json::from_str(r#"{"error":{"message":"overloaded","type":"server_error"}}"#)
             .unwrap();
     assert_eq!(
-        classify_stream_error("openai", &e, 0).class,
+        classify_stream_error("openai", None, &e, 0).class,
         Class::Transient
     );
     let e: Value = serde_json::from_str(r#"{"error":{"message":"boom"}}"#).unwrap();
-    assert_eq!(classify_stream_error("openai", &e, 0).class, Class::Stream);
+    assert_eq!(
+        classify_stream_error("openai", None, &e, 0).class,
+        Class::Stream
+    );
     let e: Value = serde_json::from_str(r#"{"error":{"message":"slow down","code":429}}"#).unwrap();
     assert_eq!(
-        classify_stream_error("openrouter", &e, 0).class,
+        classify_stream_error("openrouter", None, &e, 0).class,
         Class::RateLimit
     );
 }

@@ -119,10 +119,16 @@ pub struct Chunk {
 }
 
 /// Judges one stream chunk; its `usageMetadata` (the latest is the whole) goes to `usage`.
-pub fn judge(kind: &str, chunk: &Value, usage: &mut Map<String, Value>, now_ms: i64) -> Chunk {
+pub fn judge(
+    kind: &str,
+    daily_reset: Option<ai_router_contract::kinds::DailyReset>,
+    chunk: &Value,
+    usage: &mut Map<String, Value>,
+    now_ms: i64,
+) -> Chunk {
     if chunk.get("error").is_some_and(|e| !e.is_null()) {
         return Chunk {
-            error: Some(classify_stream_error(kind, chunk, now_ms)),
+            error: Some(classify_stream_error(kind, daily_reset, chunk, now_ms)),
             ..Chunk::default()
         };
     }
@@ -232,20 +238,20 @@ mod tests {
         let mut u = Map::new();
         let thought =
             json!({"candidates": [{"content": {"parts": [{"text": "hm", "thought": true}]}}]});
-        assert!(!judge("gemini", &thought, &mut u, 0).token);
+        assert!(!judge("gemini", None, &thought, &mut u, 0).token);
         let text = json!({"candidates": [{"content": {"parts": [{"text": "Hi"}]}}]});
-        assert!(judge("gemini", &text, &mut u, 0).token);
+        assert!(judge("gemini", None, &text, &mut u, 0).token);
         let call =
             json!({"candidates": [{"content": {"parts": [{"functionCall": {"name": "f"}}]}}]});
-        assert!(judge("gemini", &call, &mut u, 0).token);
+        assert!(judge("gemini", None, &call, &mut u, 0).token);
         let last = json!({"candidates": [{"content": {"parts": [{"text": ""}]}, "finishReason": "STOP"}],
                           "usageMetadata": {"promptTokenCount": 2, "candidatesTokenCount": 3}});
-        let judged = judge("gemini", &last, &mut u, 0);
+        let judged = judge("gemini", None, &last, &mut u, 0);
         assert!(judged.token && judged.done);
         assert_eq!(u.get("promptTokenCount"), Some(&json!(2)));
         let error = json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "slow",
             "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "5s"}]}});
-        let failed = judge("gemini", &error, &mut u, 0).error;
+        let failed = judge("gemini", None, &error, &mut u, 0).error;
         assert_eq!(
             failed.map(|f| f.class),
             Some(crate::classify::Class::RateLimit)

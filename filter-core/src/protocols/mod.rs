@@ -27,6 +27,7 @@ pub mod messages;
 pub mod prompt_cache;
 pub mod responses;
 
+use ai_router_contract::kinds::DailyReset;
 use ai_router_proto::v1::ProviderKind;
 use serde_json::{json, Value};
 
@@ -390,6 +391,9 @@ pub struct NativeEvent {
 pub struct NativeStream {
     protocol: Protocol,
     kind: String,
+    /// When the provider's days end: a quota error in the stream lasts until then
+    /// (`Gate::with_daily_reset`).
+    pub(crate) daily_reset: Option<DailyReset>,
     /// Messages sends usage in two parts (`message_start`, then `message_delta`).
     usage: serde_json::Map<String, Value>,
 }
@@ -407,6 +411,7 @@ impl NativeStream {
         Self {
             protocol,
             kind: kind.to_string(),
+            daily_reset: None,
             usage: Default::default(),
         }
     }
@@ -440,8 +445,13 @@ impl NativeStream {
             };
         };
         if self.protocol == Protocol::Gemini {
-            let chunk =
-                crate::protocols::gemini_native::judge(&self.kind, &value, &mut self.usage, now_ms);
+            let chunk = crate::protocols::gemini_native::judge(
+                &self.kind,
+                self.daily_reset,
+                &value,
+                &mut self.usage,
+                now_ms,
+            );
             return NativeEvent {
                 token: chunk.token,
                 done: chunk.done,
@@ -463,7 +473,14 @@ impl NativeStream {
     fn judge_messages(&mut self, kind: &str, value: &Value, now_ms: i64) -> NativeEvent {
         let mut judged = NativeEvent::default();
         match kind {
-            "error" => judged.error = Some(classify_stream_error(&self.kind, value, now_ms)),
+            "error" => {
+                judged.error = Some(classify_stream_error(
+                    &self.kind,
+                    self.daily_reset,
+                    value,
+                    now_ms,
+                ))
+            }
             "message_start" => self.take_usage(value.pointer("/message/usage")),
             "content_block_start" => {
                 let block = value.get("content_block").unwrap_or(&Value::Null);
@@ -499,11 +516,21 @@ impl NativeStream {
                     "message": value.get("message").cloned().unwrap_or(Value::Null),
                     "code": value.get("code").cloned().unwrap_or(Value::Null),
                 }});
-                judged.error = Some(classify_stream_error(&self.kind, &wrapped, now_ms));
+                judged.error = Some(classify_stream_error(
+                    &self.kind,
+                    self.daily_reset,
+                    &wrapped,
+                    now_ms,
+                ));
             }
             "response.failed" => {
                 let wrapped = json!({ "error": value.pointer("/response/error").cloned().unwrap_or(Value::Null) });
-                judged.error = Some(classify_stream_error(&self.kind, &wrapped, now_ms));
+                judged.error = Some(classify_stream_error(
+                    &self.kind,
+                    self.daily_reset,
+                    &wrapped,
+                    now_ms,
+                ));
             }
             "response.completed" | "response.incomplete" => {
                 self.take_usage(value.pointer("/response/usage"));

@@ -13,7 +13,6 @@ pub mod rules;
 mod tests;
 mod tiers;
 
-use ai_router_contract::defaults;
 use ai_router_proto::v1::VirtualKey;
 use serde_json::Value;
 
@@ -78,8 +77,9 @@ pub fn resolve_as(
     };
     // A profile is the operator's choice of models; a direct call stays within the key's.
     let scope = profile.is_none().then_some(key);
-    let allow_fallback =
-        policy.allow_fallback.unwrap_or(defaults::ALLOW_FALLBACK) && key.allow_fallback;
+    // The merged policy's numbers and switches are as given: the defaults' are settled
+    // (`state::settle_unsent`), and a profile only overrides them.
+    let allow_fallback = policy.allow_fallback.unwrap_or_default() && key.allow_fallback;
     let needs = Needs::of(body, op, policy.require());
     let mut admission = tiers::Admission::new(state, body, op, &policy, &needs, scope);
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
@@ -108,18 +108,9 @@ pub fn resolve_as(
         trail,
         first_choice,
         reset_interval_ms: policy.reset_interval_ms.unwrap_or(0),
-        max_attempts: policy
-            .max_attempts
-            .filter(|n| *n > 0)
-            .unwrap_or(defaults::MAX_ATTEMPTS),
-        timeout_ms: policy
-            .timeout_ms
-            .filter(|n| *n > 0)
-            .unwrap_or(defaults::TIMEOUT_MS),
-        deadline_ms: policy
-            .deadline_ms
-            .filter(|n| *n > 0)
-            .unwrap_or(defaults::DEADLINE_MS),
+        max_attempts: policy.max_attempts.unwrap_or_default(),
+        timeout_ms: policy.timeout_ms.unwrap_or_default(),
+        deadline_ms: policy.deadline_ms.unwrap_or_default(),
         stream: op == Operation::Chat
             && body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: body

@@ -1,4 +1,5 @@
 use super::*;
+use ai_router_contract::defaults;
 use ai_router_proto::v1::{Capability, Policy, PolicyList, ProviderKind};
 use ai_router_proto::v1::{Model, Provider, Snapshot};
 use serde_json::json;
@@ -567,4 +568,70 @@ fn merge_is_field_by_field() {
     let m = merge(&a, &cleared);
     assert!(m.fallbacks.is_empty() && m.providers.is_empty(), "{m:?}");
     assert_eq!(m.max_attempts, Some(3));
+}
+
+/// The defaults the control plane pushed are the call's, for a profile that sets none: the
+/// filter applies no default of its own over them.
+#[test]
+fn a_call_takes_the_pushed_defaults_numbers_and_switches() {
+    let mut snap = Snapshot::default();
+    snap.providers.push(Provider {
+        id: "p1".into(),
+        models: vec![model("m1", &["chat"]), model("big", &["smart"])],
+        ..Default::default()
+    });
+    snap.defaults = Some(Policy {
+        fallbacks: vec!["smart".into()],
+        allow_fallback: Some(false),
+        max_attempts: Some(7),
+        timeout_ms: Some(1_234),
+        deadline_ms: Some(5_678),
+        ..Default::default()
+    });
+    snap.profiles.insert(
+        "plain".into(),
+        Policy {
+            model: Some("chat".into()),
+            fallbacks: vec!["smart".into()],
+            ..Default::default()
+        },
+    );
+    let state = State::new(1, snap);
+    for model in ["chat", "plain"] {
+        let r = resolve(
+            &state,
+            &all_key(),
+            &json!({ "model": model }),
+            Operation::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.max_attempts, r.timeout_ms, r.deadline_ms),
+            (7, 1_234, 5_678),
+            "{model}"
+        );
+        // allowFallback false: the fallback tier is not reached.
+        assert_eq!(r.tiers.len(), 1, "{model}");
+    }
+}
+
+/// A snapshot that sent no defaults settles them once, from the contract.
+#[test]
+fn unsent_policy_defaults_are_the_contracts() {
+    let state = State::new(1, Snapshot::default());
+    let d = state.defaults();
+    assert_eq!(
+        (
+            d.allow_fallback,
+            d.max_attempts,
+            d.timeout_ms,
+            d.deadline_ms
+        ),
+        (
+            Some(defaults::ALLOW_FALLBACK),
+            Some(defaults::MAX_ATTEMPTS),
+            Some(defaults::TIMEOUT_MS),
+            Some(defaults::DEADLINE_MS),
+        )
+    );
 }

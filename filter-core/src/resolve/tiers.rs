@@ -2,7 +2,6 @@
 //! fallbacks) lists, each followed by its family's siblings, each name's lanes admitted when
 //! they can serve the request.
 
-use ai_router_contract::defaults;
 use ai_router_proto::v1::{Policy, ProviderKind, Selection, VirtualKey};
 use serde_json::Value;
 
@@ -220,20 +219,18 @@ impl<'a> Admission<'a> {
             self.why_not.get_or_insert(reason);
             return false;
         }
-        let anthropic = self.op == Operation::Chat
-            && state
-                .provider(&c.provider)
-                .is_some_and(|(_, p)| p.kind() == ProviderKind::Anthropic);
-        if anthropic {
+        // The provider's `defaultMaxTokens` as given (the translation refuses a body whatever
+        // the number, so the first Anthropic lane's judgement stands for all).
+        let anthropic = state
+            .provider(&c.provider)
+            .filter(|(_, p)| self.op == Operation::Chat && p.kind() == ProviderKind::Anthropic)
+            .map(|(_, p)| p.default_max_tokens);
+        if let Some(max_tokens) = anthropic {
             let body = self.body;
             let refusal = self.anthropic_refusal.get_or_insert_with(|| {
-                crate::protocols::anthropic::to_messages_request(
-                    body,
-                    &c.model,
-                    defaults::DEFAULT_MAX_TOKENS,
-                )
-                .err()
-                .map(|e| e.message)
+                crate::protocols::anthropic::to_messages_request(body, &c.model, max_tokens)
+                    .err()
+                    .map(|e| e.message)
             });
             if let Some(reason) = refusal {
                 self.trail.skip(&c.provider, "", &c.model, "adapter");

@@ -616,6 +616,8 @@ pub fn provider_of_kind(
             })
             .collect(),
         models: vec![model(model_id, &[])],
+        // As the control plane pushes it: resolved.
+        default_max_tokens: ai_router_contract::defaults::DEFAULT_MAX_TOKENS,
         ..Default::default()
     }
 }

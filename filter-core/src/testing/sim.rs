@@ -302,7 +302,7 @@ impl CallSim {
                     .defaults
                     .as_ref()
                     .and_then(|d| d.max_attempts)
-                    .unwrap_or(ai_router_contract::defaults::MAX_ATTEMPTS),
+                    .unwrap_or_default(),
                 u32::max,
             );
         Self {

@@ -173,12 +173,12 @@ impl<T> Worker<T> {
     }
 
     /// Folds a successful attempt's time to first byte into the lane's EWMA (the state's
-    /// `ewma_alpha`).
+    /// `ewma_alpha`, as given); with no state yet there was nothing to route, and nothing to
+    /// fold.
     pub fn record_latency(&self, shared: &impl SharedData, lane: &LaneId, ms: f64) {
-        let alpha = self
-            .state(shared)
-            .map(|s| s.selection().ewma_alpha)
-            .unwrap_or(ai_router_contract::defaults::EWMA_ALPHA);
+        let Some(alpha) = self.state(shared).map(|s| s.selection().ewma_alpha) else {
+            return;
+        };
         let mut l = self.local.borrow_mut();
         // Looked up first: the lane is cloned only the first time.
         let e = match l.latency.get_mut(lane) {

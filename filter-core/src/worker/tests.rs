@@ -250,11 +250,21 @@ fn the_tick_lists_the_attempts_due_and_skips_a_running_one() {
 fn the_latency_ewma_starts_at_the_first_sample() {
     let (vm, w) = (FakeVm::default(), Worker::<()>::default());
     let lane = LaneId::new("p", "a", "m");
+    // The pushed `ewmaAlpha`, not the contract's default, weighs the newest sample.
+    let alpha = 0.5;
+    assert_ne!(alpha, ai_router_contract::defaults::EWMA_ALPHA);
+    let snapshot = Snapshot {
+        selection: Some(ai_router_proto::v1::Selection {
+            ewma_alpha: alpha,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    vm.publish(1, 1, &snapshot.encode_to_vec());
     assert_eq!(w.latency(&lane), None);
     w.record_latency(&vm, &lane, 100.0);
     assert_eq!(w.latency(&lane), Some(100.0));
     w.record_latency(&vm, &lane, 200.0);
-    let alpha = ai_router_contract::defaults::EWMA_ALPHA;
     assert_eq!(
         w.latency(&lane),
         Some(alpha * 200.0 + (1.0 - alpha) * 100.0)

@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::response::{finish_reason, str_field, TokenCounts};
+use ai_router_contract::kinds::DailyReset;
+
 use crate::classify::{classify_stream_error, Class, Failure};
 use crate::wire::sse::Event;
 
@@ -18,12 +20,15 @@ pub struct StreamTranslator {
     /// Anthropic content block index -> OpenAI tool call index.
     tool_blocks: HashMap<u64, usize>,
     finished: bool,
+    /// When the provider's days end: a quota error in the stream lasts until then.
+    daily_reset: Option<DailyReset>,
 }
 
 impl StreamTranslator {
-    pub fn new(created_s: i64) -> Self {
+    pub fn new(created_s: i64, daily_reset: Option<DailyReset>) -> Self {
         Self {
             created_s,
+            daily_reset,
             id: String::from("chatcmpl-"),
             model: String::new(),
             counts: TokenCounts::default(),
@@ -49,7 +54,12 @@ impl StreamTranslator {
             Ok(v) => v,
             Err(_) if event.name.as_deref() == Some("error") => {
                 let wrapped = json!({ "type": "error", "error": { "message": data } });
-                return Err(classify_stream_error("anthropic", &wrapped, now_ms));
+                return Err(classify_stream_error(
+                    "anthropic",
+                    self.daily_reset,
+                    &wrapped,
+                    now_ms,
+                ));
             }
             Err(_) => {
                 return Err(Failure::local(
@@ -146,7 +156,14 @@ impl StreamTranslator {
                 push_data(&mut out, &usage);
                 out.extend_from_slice(b"data: [DONE]\n\n");
             }
-            "error" => return Err(classify_stream_error("anthropic", &value, now_ms)),
+            "error" => {
+                return Err(classify_stream_error(
+                    "anthropic",
+                    self.daily_reset,
+                    &value,
+                    now_ms,
+                ))
+            }
             // ping, content_block_stop and event types newer than this adapter.
             _ => {}
         }

@@ -500,7 +500,7 @@ fn anthropic_stream() -> String {
 
 fn translate(input: &[u8], split: usize) -> (Vec<u8>, StreamTranslator) {
     let mut parser = Parser::new();
-    let mut t = StreamTranslator::new(1_700_000_000);
+    let mut t = StreamTranslator::new(1_700_000_000, None);
     let mut out = Vec::new();
     for part in [&input[..split], &input[split..]] {
         for e in parser.feed(part) {
@@ -600,7 +600,7 @@ fn translated_stream_passes_the_gate() {
 
 #[test]
 fn several_tool_calls_get_their_own_indexes() {
-    let mut t = StreamTranslator::new(0);
+    let mut t = StreamTranslator::new(0, None);
     let mut parser = Parser::new();
     let mut s = String::new();
     for (block, id) in [(0, "toolu_a"), (1, "toolu_b")] {
@@ -634,7 +634,7 @@ fn several_tool_calls_get_their_own_indexes() {
 
 #[test]
 fn quiet_events_produce_nothing() {
-    let mut t = StreamTranslator::new(0);
+    let mut t = StreamTranslator::new(0, None);
     for raw in [
         event("ping", json!({ "type": "ping" })),
         event(
@@ -656,7 +656,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
     let cut = s.find("event: content_block_stop").unwrap();
     s.truncate(cut);
     s += "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
-    let mut t = StreamTranslator::new(0);
+    let mut t = StreamTranslator::new(0, None);
     let mut produced = 0;
     let mut failure = None;
     for e in Parser::new().feed(s.as_bytes()) {
@@ -676,7 +676,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
         b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\",\"message\":\"slow\"}}\n\n",
     );
     assert_eq!(
-        StreamTranslator::new(0)
+        StreamTranslator::new(0, None)
             .feed(&rate[0], 0)
             .unwrap_err()
             .class,
@@ -684,7 +684,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
     );
     let garbage = Parser::new().feed(b"event: content_block_delta\ndata: {oops\n\n");
     assert_eq!(
-        StreamTranslator::new(0)
+        StreamTranslator::new(0, None)
             .feed(&garbage[0], 0)
             .unwrap_err()
             .class,

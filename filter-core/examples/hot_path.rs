@@ -30,10 +30,8 @@ use ai_router_filter_core::attempt::Attempt;
 use ai_router_filter_core::front::Front;
 use ai_router_filter_core::host::Side;
 use ai_router_filter_core::state::State;
-use ai_router_filter_core::testing::FakeHost;
-use ai_router_proto::v1::{
-    Model, Policy, Provider, ProviderKey, ProviderKind, Snapshot, VirtualKey,
-};
+use ai_router_filter_core::testing::{self, FakeHost};
+use ai_router_proto::v1::{Policy, Provider, ProviderKind, Snapshot, VirtualKey};
 
 const STAGES: [&str; 6] = [
     "front.request",
@@ -45,34 +43,13 @@ const STAGES: [&str; 6] = [
 ];
 
 fn provider(id: &str, kind: ProviderKind, keys: usize, model: &str) -> Provider {
-    Provider {
-        id: id.into(),
-        kind: kind.into(),
-        scheme: "http".into(),
-        authority: format!("{id}.test:8000"),
-        base_path: "/v1".into(),
-        auth_header: match kind {
-            ProviderKind::Anthropic => "x-api-key".into(),
-            _ => "authorization".into(),
-        },
-        keys: (0..keys)
-            .map(|k| {
-                let secret = format!("sk-{id}-{k}-secret");
-                ProviderKey {
-                    alias: format!("k{k}"),
-                    fingerprint: ai_router_contract::fingerprint(&secret),
-                    secret,
-                    ..Default::default()
-                }
-            })
-            .collect(),
-        models: vec![Model {
-            id: model.into(),
-            context_window: 128_000,
-            ..Default::default()
-        }],
-        ..Default::default()
+    let aliases: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
+    let aliases: Vec<&str> = aliases.iter().map(String::as_str).collect();
+    let mut provider = testing::provider_of_kind(id, kind, &aliases, model);
+    for m in &mut provider.models {
+        m.context_window = 128_000;
     }
+    provider
 }
 
 fn client_key(i: usize) -> String {

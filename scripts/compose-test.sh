@@ -104,9 +104,21 @@ cleanup() {
             return
         fi
         if [ "$rc" -ne 0 ]; then
-            log "the last 60 lines of each service's log:"
-            compose logs --no-color --tail 60 >&2 2>&1
+            # Envoy's start-up lists every extension: its tail is short, the control planes'
+            # (what a failed check usually needs) long and last, then each container's restarts.
+            log "the last lines of each service's log:"
+            local svc
+            for svc in envoy envoy-a envoy-b redis postgres mock; do
+                compose logs --no-color --tail 15 "$svc" >&2 2>&1
+            done
+            for svc in control-plane control-plane-a control-plane-b; do
+                compose logs --no-color --tail 60 "$svc" >&2 2>&1
+            done
             compose ps >&2
+            local id
+            for id in $(compose ps -q 2>/dev/null); do
+                podman inspect --format '{{.Name}}: restarted {{.RestartCount}} times, {{.State.Status}}' "$id" >&2 2>&1
+            done
         fi
         log "tearing down"
         curl -sf --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1 || start_service
@@ -621,10 +633,28 @@ compose_up_build() {
         podman image inspect --format "$img: {{.Size}} bytes, user {{.Config.User}}, healthcheck {{json .Config.Healthcheck}}" "$img" >&2
     done
 }
+control_plane_up() { curl -sS -f -m 5 -o /dev/null "http://127.0.0.1:$1/health"; }
 wait_ready() {
+    # The control planes' admin ports too, from the host: a container's own healthcheck passing
+    # does not yet say its published port answers.
+    poll 120 "control-plane /health on :$AI_ROUTER_ADMIN_PORT" control_plane_up "$AI_ROUTER_ADMIN_PORT"
+    poll 120 "control-plane-a /health on :$AI_ROUTER_ADMIN_PORT_A" control_plane_up "$AI_ROUTER_ADMIN_PORT_A"
+    poll 120 "control-plane-b /health on :$AI_ROUTER_ADMIN_PORT_B" control_plane_up "$AI_ROUTER_ADMIN_PORT_B"
     poll 120 "envoy /health ok" envoy_health_ok "$AI_ROUTER_PORT"
     poll 120 "envoy-a /health ok" envoy_health_ok "$AI_ROUTER_PORT_A"
     poll 120 "envoy-b /health ok" envoy_health_ok "$AI_ROUTER_PORT_B"
+    # Nothing got there by crashing and being restarted (`restart: unless-stopped` would hide
+    # it).
+    local id line restarted=0
+    for id in $(compose ps -q); do
+        line=$(podman inspect --format '{{.Name}} {{.RestartCount}}' "$id")
+        if [ "${line##* }" != 0 ]; then
+            log "${line% *} was restarted ${line##* } times:"
+            podman logs --tail 40 "$id" >&2 2>&1
+            restarted=1
+        fi
+    done
+    [ "$restarted" -eq 0 ] || die "a container restarted on its own before the checks"
 }
 check_default() {
     chat_answered_by_mock "$AI_ROUTER_PORT" "$STARCI_AI_KEY" fast

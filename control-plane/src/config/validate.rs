@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use ai_router_contract::defaults;
 
 use crate::config::error::{invalid, ConfigError};
-use crate::config::file::{ModelConfig, PolicyConfig, SelectionConfig, TermsConfig};
+use crate::config::file::{ModelConfig, PolicyConfig, SelectionConfig, TermsConfig, TierConfig};
 use crate::config::model::{Gateway, ListenerLimits, Provider, ResilienceConfig};
 
 /// Provider headers that would carry a secret.
@@ -143,30 +143,13 @@ pub(super) fn check_policy(
     names: &BTreeSet<&str>,
     is_profile: bool,
 ) -> Result<(), ConfigError> {
-    let known = |field: String, name: &str| -> Result<(), ConfigError> {
-        if names.contains(name) {
-            Ok(())
-        } else {
-            Err(invalid(format!(
-                "{field}: unknown model `{name}` (no provider serves it)"
-            )))
-        }
-    };
     if let Some(model) = &policy.model {
-        known(format!("{path}.model"), model)?;
+        check_known(&format!("{path}.model"), model, names)?;
     }
     for (i, fallback) in policy.fallbacks.iter().flatten().enumerate() {
-        known(format!("{path}.fallbacks[{i}]"), fallback)?;
+        check_known(&format!("{path}.fallbacks[{i}]"), fallback, names)?;
     }
-    if policy.max_attempts == Some(0) {
-        return Err(invalid(format!("{path}.maxAttempts: must be at least 1")));
-    }
-    if policy.timeout_ms == Some(0) {
-        return Err(invalid(format!("{path}.timeoutMs: must be at least 1")));
-    }
-    if policy.deadline_ms == Some(0) {
-        return Err(invalid(format!("{path}.deadlineMs: must be at least 1")));
-    }
+    check_attempt_limits(path, policy)?;
     if let Some(budget) = policy.budget {
         check_cost(&format!("{path}.budget.maxCost"), budget.max_cost)?;
         if budget.max_cost.is_some() {
@@ -181,87 +164,148 @@ pub(super) fn check_policy(
         }
     }
     if let Some(tiers) = &policy.candidates {
-        if policy.model.is_some() || policy.fallbacks.is_some() {
-            return Err(invalid(format!(
-                "{path}.candidates: takes the place of model and fallbacks; give one or the other"
-            )));
-        }
-        if tiers.is_empty() {
-            return Err(invalid(format!(
-                "{path}.candidates: needs at least one tier"
-            )));
-        }
-        for (t, tier) in tiers.iter().enumerate() {
-            if tier.0.is_empty() {
-                return Err(invalid(format!("{path}.candidates[{t}]: an empty tier")));
-            }
-            for (c, candidate) in tier.0.iter().enumerate() {
-                let cpath = if tier.0.len() == 1 {
-                    format!("{path}.candidates[{t}]")
-                } else {
-                    format!("{path}.candidates[{t}][{c}]")
-                };
-                known(format!("{cpath}.model"), &candidate.model)?;
-                check_weight(&format!("{cpath}.weight"), candidate.weight)?;
-                if let Some(id) = &candidate.provider {
-                    let provider = providers.iter().find(|p| &p.id == id).ok_or_else(|| {
-                        invalid(format!("{cpath}.provider: unknown provider `{id}`"))
-                    })?;
-                    if !provider.serves(&candidate.model) {
-                        return Err(invalid(format!(
-                            "{cpath}.model: provider `{id}` does not serve `{}`",
-                            candidate.model
-                        )));
-                    }
-                }
-            }
-        }
+        check_candidates(path, policy, tiers, providers, names)?;
     }
     if policy.pinned == Some(true) {
-        if !is_profile {
-            return Err(invalid(format!(
-                "{path}.pinned: only a profile can be pinned"
-            )));
+        check_pinned(path, policy, providers, is_profile)?;
+    }
+    Ok(())
+}
+
+/// A model name a policy gives: one some provider serves.
+fn check_known(field: &str, name: &str, names: &BTreeSet<&str>) -> Result<(), ConfigError> {
+    if names.contains(name) {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{field}: unknown model `{name}` (no provider serves it)"
+        )))
+    }
+}
+
+/// `maxAttempts`, `timeoutMs` and `deadlineMs`: at least 1 when given.
+fn check_attempt_limits(path: &str, policy: &PolicyConfig) -> Result<(), ConfigError> {
+    if policy.max_attempts == Some(0) {
+        return Err(invalid(format!("{path}.maxAttempts: must be at least 1")));
+    }
+    if policy.timeout_ms == Some(0) {
+        return Err(invalid(format!("{path}.timeoutMs: must be at least 1")));
+    }
+    if policy.deadline_ms == Some(0) {
+        return Err(invalid(format!("{path}.deadlineMs: must be at least 1")));
+    }
+    Ok(())
+}
+
+/// `candidates`: in place of model and fallbacks, tiers none of which is empty, each
+/// candidate a known model with a valid weight, served by its provider when it names one.
+fn check_candidates(
+    path: &str,
+    policy: &PolicyConfig,
+    tiers: &[TierConfig],
+    providers: &[Provider],
+    names: &BTreeSet<&str>,
+) -> Result<(), ConfigError> {
+    if policy.model.is_some() || policy.fallbacks.is_some() {
+        return Err(invalid(format!(
+            "{path}.candidates: takes the place of model and fallbacks; give one or the other"
+        )));
+    }
+    if tiers.is_empty() {
+        return Err(invalid(format!(
+            "{path}.candidates: needs at least one tier"
+        )));
+    }
+    for (t, tier) in tiers.iter().enumerate() {
+        if tier.0.is_empty() {
+            return Err(invalid(format!("{path}.candidates[{t}]: an empty tier")));
         }
-        let Some(tiers) = &policy.candidates else {
-            return Err(invalid(format!(
-                "{path}.pinned: a pinned profile needs candidates"
-            )));
-        };
-        let mut shapes = BTreeSet::new();
-        for candidate in tiers.iter().flat_map(|t| t.0.iter()) {
-            for provider in providers {
-                if candidate
-                    .provider
-                    .as_ref()
-                    .is_some_and(|id| id != &provider.id)
-                {
-                    continue;
-                }
-                for model in provider
-                    .models
+        for (c, candidate) in tier.0.iter().enumerate() {
+            let cpath = if tier.0.len() == 1 {
+                format!("{path}.candidates[{t}]")
+            } else {
+                format!("{path}.candidates[{t}][{c}]")
+            };
+            check_known(&format!("{cpath}.model"), &candidate.model, names)?;
+            check_weight(&format!("{cpath}.weight"), candidate.weight)?;
+            if let Some(id) = &candidate.provider {
+                let provider = providers
                     .iter()
-                    .filter(|m| m.answers_to(&candidate.model))
-                {
-                    shapes.insert((model.identity().to_owned(), model.dimensions));
+                    .find(|p| &p.id == id)
+                    .ok_or_else(|| invalid(format!("{cpath}.provider: unknown provider `{id}`")))?;
+                if !provider.serves(&candidate.model) {
+                    return Err(invalid(format!(
+                        "{cpath}.model: provider `{id}` does not serve `{}`",
+                        candidate.model
+                    )));
                 }
             }
-        }
-        if shapes.len() > 1 {
-            let found: Vec<String> = shapes
-                .iter()
-                .map(|(identity, dimensions)| match dimensions {
-                    Some(d) => format!("{identity} ({d} dimensions)"),
-                    None => format!("{identity} (no dimensions)"),
-                })
-                .collect();
-            return Err(invalid(format!(
-                "{path}.pinned: the candidates are not one model identity and dimensions: {}",
-                found.join(", ")
-            )));
         }
     }
     Ok(())
+}
+
+/// `pinned: true`: only a profile, with candidates that are all one model identity and
+/// dimensions.
+fn check_pinned(
+    path: &str,
+    policy: &PolicyConfig,
+    providers: &[Provider],
+    is_profile: bool,
+) -> Result<(), ConfigError> {
+    if !is_profile {
+        return Err(invalid(format!(
+            "{path}.pinned: only a profile can be pinned"
+        )));
+    }
+    let Some(tiers) = &policy.candidates else {
+        return Err(invalid(format!(
+            "{path}.pinned: a pinned profile needs candidates"
+        )));
+    };
+    let shapes = candidate_shapes(tiers, providers);
+    if shapes.len() > 1 {
+        let found: Vec<String> = shapes
+            .iter()
+            .map(|(identity, dimensions)| match dimensions {
+                Some(d) => format!("{identity} ({d} dimensions)"),
+                None => format!("{identity} (no dimensions)"),
+            })
+            .collect();
+        return Err(invalid(format!(
+            "{path}.pinned: the candidates are not one model identity and dimensions: {}",
+            found.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// The model identities and dimensions the candidates can reach, over the providers each
+/// may use.
+fn candidate_shapes(
+    tiers: &[TierConfig],
+    providers: &[Provider],
+) -> BTreeSet<(String, Option<u32>)> {
+    let mut shapes = BTreeSet::new();
+    for candidate in tiers.iter().flat_map(|t| t.0.iter()) {
+        for provider in providers {
+            if candidate
+                .provider
+                .as_ref()
+                .is_some_and(|id| id != &provider.id)
+            {
+                continue;
+            }
+            for model in provider
+                .models
+                .iter()
+                .filter(|m| m.answers_to(&candidate.model))
+            {
+                shapes.insert((model.identity().to_owned(), model.dimensions));
+            }
+        }
+    }
+    shapes
 }
 
 /// `gateway.*TimeoutMs` and `maxConcurrentRequests`, defaults applied.

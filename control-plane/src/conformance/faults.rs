@@ -120,248 +120,305 @@ fn truncated_json(kind: Kind) -> Value {
 /// Every case of the catalogue, in the order they run: the faults that put a hold on the lane
 /// (rate limits, quota, auth) last, so the others find it free.
 pub fn catalogue(settings: Settings) -> Vec<Case> {
-    let stall = settings.stall_ms;
     let mut cases = Vec::new();
     for kind in Kind::ALL {
-        let k = kind.name();
-        let mut both = |fault: &'static str, making: Making, alone: Option<Expect>| {
-            for stream in [false, true] {
-                cases.push(Case {
-                    fault,
-                    kind,
-                    stream,
-                    making: making.clone(),
-                    failover: Expect::Failover,
-                    alone: alone.clone(),
-                });
-            }
+        let mut family = Family {
+            kind,
+            cases: &mut cases,
         };
-        if kind == Kind::Openai {
-            // The refused lane is its own provider (kind openai-compatible): once is enough.
-            both("connection-refused", Making::Refused, upstream_error());
-        }
-        both(
-            "reset-before-headers",
-            Making::Reply(json!({"error": "network"})),
-            upstream_error(),
-        );
-        both(
-            "stall-before-headers",
-            Making::Reply(json!({"latencyMs": stall})),
-            upstream_error(),
-        );
-        for status in [500u16, 502, 503, 529] {
-            let fault = match status {
-                500 => "status-500",
-                502 => "status-502",
-                503 => "status-503",
-                _ => "status-529",
-            };
-            both(
-                fault,
-                Making::Reply(json!({"status": status})),
-                upstream_error(),
-            );
-        }
-        // Cloudflare's own pages in front of a failing provider, as the mock's table holds them.
-        for (status, fault) in CLOUDFLARE_PAGES {
-            both(
-                fault,
-                Making::Reply(json!({
-                    "providerError": format!("openai-compatible.cloudflare_{status}")
-                })),
-                upstream_error(),
-            );
-        }
-
-        let mut unary = |fault: &'static str, making: Value, failover: Expect, alone| {
-            cases.push(Case {
-                fault,
-                kind,
-                stream: false,
-                making: Making::Reply(making),
-                failover,
-                alone,
-            });
-        };
-        unary(
-            "reset-after-headers",
-            json!({"error": "reset-after-headers", "text": FAULTED_MARKER}),
-            Expect::Failover,
-            upstream_error(),
-        );
-        unary(
-            "body-truncated-mid-json",
-            truncated_json(kind),
-            Expect::Failover,
-            upstream_error(),
-        );
-        unary(
-            "huge-body",
-            json!({"text": huge_text('x')}),
-            Expect::WholeOrError { bytes: HUGE_BYTES },
-            None,
-        );
-        unary(
-            "slow-trickle",
-            json!({"trickleMs": 50, "text": SLOW.concat()}),
-            Expect::Served {
-                text: SLOW.concat(),
-            },
-            None,
-        );
-
-        let mut streamed = |fault: &'static str, making: Value, failover: Expect, alone| {
-            cases.push(Case {
-                fault,
-                kind,
-                stream: true,
-                making: Making::Reply(making),
-                failover,
-                alone,
-            });
-        };
-        streamed(
-            "reset-after-headers-before-first-token",
-            before_first_token("network"),
-            Expect::Failover,
-            upstream_error(),
-        );
-        streamed(
-            "stall-before-first-token",
-            json!({"stream": {"chunks": faulted_chunks(), "stallAfter": 0, "stallMs": stall}}),
-            Expect::Failover,
-            upstream_error(),
-        );
-        streamed(
-            "malformed-sse-before-first-token",
-            before_first_token("malformed"),
-            Expect::Failover,
-            upstream_error(),
-        );
-        streamed(
-            "error-event-before-first-token",
-            before_first_token("error-event"),
-            Expect::Failover,
-            upstream_error(),
-        );
-        let interrupted = || Expect::Interrupted {
-            sent: FIRST.to_owned(),
-        };
-        streamed(
-            "reset-after-first-token",
-            after_first_token("network"),
-            interrupted(),
-            None,
-        );
-        streamed(
-            "stall-between-chunks",
-            json!({"stream": {"chunks": [FIRST, " second"], "stallAfter": 1, "stallMs": stall}}),
-            interrupted(),
-            None,
-        );
-        streamed(
-            "malformed-sse-after-first-token",
-            after_first_token("malformed"),
-            interrupted(),
-            None,
-        );
-        streamed(
-            "error-event-after-first-token",
-            after_first_token("error-event"),
-            interrupted(),
-            None,
-        );
-        streamed(
-            "ended-without-finish-after-first-token",
-            after_first_token("truncate"),
-            interrupted(),
-            None,
-        );
-        let text = huge_text('y');
-        let huge: Vec<&str> = text
-            .as_bytes()
-            .chunks(HUGE_CHUNK)
-            .filter_map(|chunk| std::str::from_utf8(chunk).ok())
-            .collect();
-        streamed(
-            "huge-body",
-            json!({"stream": {"chunks": huge}}),
-            Expect::WholeOrError { bytes: HUGE_BYTES },
-            None,
-        );
-        streamed(
-            "slow-trickle",
-            json!({"stream": {"chunks": SLOW, "delayMs": 300}}),
-            Expect::Served {
-                text: SLOW.concat(),
-            },
-            None,
-        );
-
-        // What a provider refuses the request itself for is the client's to see, once.
-        let mut both = |fault: &'static str, making: Value, failover: Expect, alone| {
-            for stream in [false, true] {
-                cases.push(Case {
-                    fault,
-                    kind,
-                    stream,
-                    making: Making::Reply(making.clone()),
-                    failover: failover.clone(),
-                    alone: Option::clone(&alone),
-                });
-            }
-        };
-        let bad_request = error(400, "upstream_invalid_request");
-        both(
-            "status-400-bad-request",
-            json!({"providerError": format!("{k}.bad_request")}),
-            bad_request.clone().unwrap_or(Expect::Failover),
-            bad_request,
-        );
+        before_headers(&mut family, settings);
+        server_errors(&mut family);
+        unary_bodies(&mut family);
+        streams_cut_before_first_token(&mut family, settings);
+        streams_cut_after_first_token(&mut family, settings);
+        streamed_bodies(&mut family);
+        refused_requests(&mut family);
         // Holds last.
-        let rate_limited = error(503, "pool_rate_limited");
-        both(
-            "429-retry-after",
-            json!({"status": 429, "headers": {"retry-after": "1"}}),
-            Expect::Failover,
-            rate_limited.clone(),
-        );
-        both(
-            "429-retry-after-ms",
-            json!({"status": 429, "headers": {"retry-after-ms": "300"}}),
-            Expect::Failover,
-            rate_limited.clone(),
-        );
-        both(
-            "429-no-header",
-            json!({"status": 429}),
-            Expect::Failover,
-            rate_limited,
-        );
-        let quota = error(503, "pool_quota_exhausted");
-        both(
-            "status-402",
-            json!({"status": 402}),
-            Expect::Failover,
-            quota.clone(),
-        );
-        both(
-            "quota-body",
-            json!({"providerError": format!("{k}.quota_exhausted")}),
-            Expect::Failover,
-            quota,
-        );
-        let auth = error(503, "pool_auth_failed");
-        both(
-            "status-401",
-            json!({"providerError": format!("{k}.invalid_key")}),
-            Expect::Failover,
-            auth.clone(),
-        );
-        both("status-403", json!({"status": 403}), Expect::Failover, auth);
+        holds(&mut family);
     }
     cases
+}
+
+/// The cases of one provider kind, as the families add them.
+struct Family<'a> {
+    kind: Kind,
+    cases: &'a mut Vec<Case>,
+}
+
+impl Family<'_> {
+    fn push(
+        &mut self,
+        fault: &'static str,
+        stream: bool,
+        making: Making,
+        failover: Expect,
+        alone: Option<Expect>,
+    ) {
+        self.cases.push(Case {
+            fault,
+            kind: self.kind,
+            stream,
+            making,
+            failover,
+            alone,
+        });
+    }
+
+    /// The fault unary and streamed.
+    fn both(
+        &mut self,
+        fault: &'static str,
+        making: Making,
+        failover: Expect,
+        alone: Option<Expect>,
+    ) {
+        for stream in [false, true] {
+            self.push(
+                fault,
+                stream,
+                making.clone(),
+                failover.clone(),
+                alone.clone(),
+            );
+        }
+    }
+
+    /// The fault on a call that fails over to the healthy lane, unary and streamed.
+    fn failover(&mut self, fault: &'static str, making: Making, alone: Option<Expect>) {
+        self.both(fault, making, Expect::Failover, alone);
+    }
+
+    fn unary(
+        &mut self,
+        fault: &'static str,
+        reply: Value,
+        failover: Expect,
+        alone: Option<Expect>,
+    ) {
+        self.push(fault, false, Making::Reply(reply), failover, alone);
+    }
+
+    fn streamed(
+        &mut self,
+        fault: &'static str,
+        reply: Value,
+        failover: Expect,
+        alone: Option<Expect>,
+    ) {
+        self.push(fault, true, Making::Reply(reply), failover, alone);
+    }
+}
+
+/// The lane gives no answer: refused, reset or stalled before its headers.
+fn before_headers(family: &mut Family, settings: Settings) {
+    if family.kind == Kind::Openai {
+        // The refused lane is its own provider (kind openai-compatible): once is enough.
+        family.failover("connection-refused", Making::Refused, upstream_error());
+    }
+    family.failover(
+        "reset-before-headers",
+        Making::Reply(json!({"error": "network"})),
+        upstream_error(),
+    );
+    family.failover(
+        "stall-before-headers",
+        Making::Reply(json!({"latencyMs": settings.stall_ms})),
+        upstream_error(),
+    );
+}
+
+/// The provider fails: a 5xx status, or Cloudflare's own pages in front of a failing provider,
+/// as the mock's table holds them.
+fn server_errors(family: &mut Family) {
+    for (status, fault) in [
+        (500u16, "status-500"),
+        (502, "status-502"),
+        (503, "status-503"),
+        (529, "status-529"),
+    ] {
+        family.failover(
+            fault,
+            Making::Reply(json!({"status": status})),
+            upstream_error(),
+        );
+    }
+    for (status, fault) in CLOUDFLARE_PAGES {
+        family.failover(
+            fault,
+            Making::Reply(json!({
+                "providerError": format!("openai-compatible.cloudflare_{status}")
+            })),
+            upstream_error(),
+        );
+    }
+}
+
+/// A unary body that breaks off, or is whole but huge or slow.
+fn unary_bodies(family: &mut Family) {
+    family.unary(
+        "reset-after-headers",
+        json!({"error": "reset-after-headers", "text": FAULTED_MARKER}),
+        Expect::Failover,
+        upstream_error(),
+    );
+    family.unary(
+        "body-truncated-mid-json",
+        truncated_json(family.kind),
+        Expect::Failover,
+        upstream_error(),
+    );
+    family.unary(
+        "huge-body",
+        json!({"text": huge_text('x')}),
+        Expect::WholeOrError { bytes: HUGE_BYTES },
+        None,
+    );
+    family.unary(
+        "slow-trickle",
+        json!({"trickleMs": 50, "text": SLOW.concat()}),
+        Expect::Served {
+            text: SLOW.concat(),
+        },
+        None,
+    );
+}
+
+/// A stream that breaks before its first token: nothing sent yet, so it fails over.
+fn streams_cut_before_first_token(family: &mut Family, settings: Settings) {
+    family.streamed(
+        "reset-after-headers-before-first-token",
+        before_first_token("network"),
+        Expect::Failover,
+        upstream_error(),
+    );
+    family.streamed(
+        "stall-before-first-token",
+        json!({"stream": {"chunks": faulted_chunks(), "stallAfter": 0, "stallMs": settings.stall_ms}}),
+        Expect::Failover,
+        upstream_error(),
+    );
+    family.streamed(
+        "malformed-sse-before-first-token",
+        before_first_token("malformed"),
+        Expect::Failover,
+        upstream_error(),
+    );
+    family.streamed(
+        "error-event-before-first-token",
+        before_first_token("error-event"),
+        Expect::Failover,
+        upstream_error(),
+    );
+}
+
+/// A stream that breaks after its first token: the client is owed an interrupted stream.
+fn streams_cut_after_first_token(family: &mut Family, settings: Settings) {
+    let interrupted = || Expect::Interrupted {
+        sent: FIRST.to_owned(),
+    };
+    family.streamed(
+        "reset-after-first-token",
+        after_first_token("network"),
+        interrupted(),
+        None,
+    );
+    family.streamed(
+        "stall-between-chunks",
+        json!({"stream": {"chunks": [FIRST, " second"], "stallAfter": 1, "stallMs": settings.stall_ms}}),
+        interrupted(),
+        None,
+    );
+    family.streamed(
+        "malformed-sse-after-first-token",
+        after_first_token("malformed"),
+        interrupted(),
+        None,
+    );
+    family.streamed(
+        "error-event-after-first-token",
+        after_first_token("error-event"),
+        interrupted(),
+        None,
+    );
+    family.streamed(
+        "ended-without-finish-after-first-token",
+        after_first_token("truncate"),
+        interrupted(),
+        None,
+    );
+}
+
+/// A stream that is whole but huge or slow.
+fn streamed_bodies(family: &mut Family) {
+    let text = huge_text('y');
+    let huge: Vec<&str> = text
+        .as_bytes()
+        .chunks(HUGE_CHUNK)
+        .filter_map(|chunk| std::str::from_utf8(chunk).ok())
+        .collect();
+    family.streamed(
+        "huge-body",
+        json!({"stream": {"chunks": huge}}),
+        Expect::WholeOrError { bytes: HUGE_BYTES },
+        None,
+    );
+    family.streamed(
+        "slow-trickle",
+        json!({"stream": {"chunks": SLOW, "delayMs": 300}}),
+        Expect::Served {
+            text: SLOW.concat(),
+        },
+        None,
+    );
+}
+
+/// What a provider refuses the request itself for is the client's to see, once.
+fn refused_requests(family: &mut Family) {
+    let k = family.kind.name();
+    let bad_request = error(400, "upstream_invalid_request");
+    family.both(
+        "status-400-bad-request",
+        Making::Reply(json!({"providerError": format!("{k}.bad_request")})),
+        bad_request.clone().unwrap_or(Expect::Failover),
+        bad_request,
+    );
+}
+
+/// The faults that put a hold on the lane: rate limits, quota, auth.
+fn holds(family: &mut Family) {
+    let k = family.kind.name();
+    let rate_limited = error(503, "pool_rate_limited");
+    for (fault, reply) in [
+        (
+            "429-retry-after",
+            json!({"status": 429, "headers": {"retry-after": "1"}}),
+        ),
+        (
+            "429-retry-after-ms",
+            json!({"status": 429, "headers": {"retry-after-ms": "300"}}),
+        ),
+        ("429-no-header", json!({"status": 429})),
+    ] {
+        family.failover(fault, Making::Reply(reply), rate_limited.clone());
+    }
+    let quota = error(503, "pool_quota_exhausted");
+    family.failover(
+        "status-402",
+        Making::Reply(json!({"status": 402})),
+        quota.clone(),
+    );
+    family.failover(
+        "quota-body",
+        Making::Reply(json!({"providerError": format!("{k}.quota_exhausted")})),
+        quota,
+    );
+    let auth = error(503, "pool_auth_failed");
+    family.failover(
+        "status-401",
+        Making::Reply(json!({"providerError": format!("{k}.invalid_key")})),
+        auth.clone(),
+    );
+    family.failover("status-403", Making::Reply(json!({"status": 403})), auth);
 }
 
 #[cfg(test)]

@@ -823,9 +823,29 @@ mod tests {
         Ok(())
     }
 
+    /// Every operation of [`KeyAdmin`] against `store`, step by step.
     fn exercise(store: Arc<dyn KeyStore>) -> Result<(), KeyStoreError> {
         let clock = Arc::new(TestClock(AtomicI64::new(MARCH_15)));
         let admin = KeyAdmin::new(store.clone(), vec![mounted_record()], clock.clone());
+        let (created, stored) = create_stores_a_hashed_key(&store, &admin)?;
+        let id = created.key.id.clone();
+        list_shows_no_secret(&admin, &created.secret, &stored.sha256)?;
+        update_changes_the_key(&store, &admin, &id)?;
+        rotate_keeps_the_id(&store, &admin, &id, &created.secret)?;
+        mounted_keys_are_read_only(&admin)?;
+        revoke_is_for_good(&admin, &id)?;
+        usage_adds_up_per_day(&store, &admin, &id)?;
+        lane_usage_per_day_provider_and_model(&admin)?;
+        invalid_specs_are_refused(&admin);
+        Ok(())
+    }
+
+    /// Create: a secret of the label's shape, a `key_` id, the hash and quota stored, the
+    /// generation bumped.
+    fn create_stores_a_hashed_key(
+        store: &Arc<dyn KeyStore>,
+        admin: &KeyAdmin,
+    ) -> Result<(KeyWithSecret, StoredKey), KeyStoreError> {
         let g0 = store.generation()?;
         let created = admin.create(KeySpec {
             owner: Some("team".into()),
@@ -839,30 +859,44 @@ mod tests {
         assert!(created.secret.starts_with("sk-starci-lesson_app-"));
         assert_eq!(created.secret.len(), "sk-starci-lesson_app-".len() + 48);
         assert!(mounted::check_secret("lesson_app", &created.secret).is_ok());
-        let id = created.key.id.clone();
+        let id = &created.key.id;
         assert!(id.starts_with("key_") && id.len() == 20, "{id}");
         assert_eq!(created.key.hint, created.secret[created.secret.len() - 4..]);
         assert!(store.generation()? > g0);
-        let stored = store.get(&id)?.ok_or(KeyStoreError::NotFound(id.clone()))?;
+        let stored = store.get(id)?.ok_or(KeyStoreError::NotFound(id.clone()))?;
         assert_eq!(stored.sha256, sha256_hex(&created.secret));
         assert_eq!(stored.quota.requests_per_minute, Some(60));
         assert_eq!(stored.quota.cost_per_month, Some(20.5));
         assert_eq!(stored.owner.as_deref(), Some("team"));
         assert_eq!(stored.created_at_ms, MARCH_15);
+        Ok((created, stored))
+    }
 
-        // Listing: mounted first, never a secret or hash.
+    /// Listing: mounted first, never a secret or hash; the snapshot has both keys.
+    fn list_shows_no_secret(
+        admin: &KeyAdmin,
+        secret: &str,
+        sha256: &str,
+    ) -> Result<(), KeyStoreError> {
         let list = admin.list()?;
         assert_eq!(list.len(), 2);
         assert!(list[0].mounted && !list[1].mounted);
         let text = serde_json::to_string(&list).map_err(storage)?;
-        assert!(!text.contains(&created.secret) && !text.contains(&stored.sha256));
+        assert!(!text.contains(secret) && !text.contains(sha256));
 
         // Snapshot keys: enabled stored keys join the mounted one.
         assert_eq!(admin.snapshot_keys()?.len(), 2);
+        Ok(())
+    }
 
-        // Update.
+    /// Update: enabled, models and the response-cache choice; no profile and no model refused.
+    fn update_changes_the_key(
+        store: &Arc<dyn KeyStore>,
+        admin: &KeyAdmin,
+        id: &str,
+    ) -> Result<(), KeyStoreError> {
         let updated = admin.update(
-            &id,
+            id,
             KeyPatch {
                 enabled: Some(false),
                 models: Some(vec!["m1".into()]),
@@ -876,15 +910,15 @@ mod tests {
         assert!(!records[1].enabled);
         // The key's response-cache choice: set, stored, pushed, then left to the policy again.
         let patch: KeyPatch = serde_json::from_str(r#"{"cache": false}"#).map_err(storage)?;
-        assert_eq!(admin.update(&id, patch)?.cache, Some(false));
-        assert_eq!(store.get(&id)?.and_then(|k| k.cache), Some(false));
+        assert_eq!(admin.update(id, patch)?.cache, Some(false));
+        assert_eq!(store.get(id)?.and_then(|k| k.cache), Some(false));
         assert_eq!(admin.snapshot_keys()?[1].to_proto().cache, Some(false));
         let patch: KeyPatch = serde_json::from_str(r#"{"cache": null}"#).map_err(storage)?;
-        assert_eq!(admin.update(&id, patch)?.cache, None);
-        assert_eq!(store.get(&id)?.and_then(|k| k.cache), None);
+        assert_eq!(admin.update(id, patch)?.cache, None);
+        assert_eq!(store.get(id)?.and_then(|k| k.cache), None);
         assert!(matches!(
             admin.update(
-                &id,
+                id,
                 KeyPatch {
                     profiles: Some(vec![]),
                     models: Some(vec![]),
@@ -893,16 +927,29 @@ mod tests {
             ),
             Err(KeyStoreError::Invalid(_))
         ));
+        Ok(())
+    }
 
-        // Rotate: same id, new hash.
-        let rotated = admin.rotate(&id)?;
+    /// Rotate: same id, new hash.
+    fn rotate_keeps_the_id(
+        store: &Arc<dyn KeyStore>,
+        admin: &KeyAdmin,
+        id: &str,
+        secret: &str,
+    ) -> Result<(), KeyStoreError> {
+        let rotated = admin.rotate(id)?;
         assert_eq!(rotated.key.id, id);
-        assert_ne!(rotated.secret, created.secret);
-        let after = store.get(&id)?.ok_or(KeyStoreError::NotFound(id.clone()))?;
+        assert_ne!(rotated.secret, secret);
+        let after = store
+            .get(id)?
+            .ok_or(KeyStoreError::NotFound(id.to_owned()))?;
         assert_eq!(after.sha256, sha256_hex(&rotated.secret));
         assert_eq!(after.models, ["m1"]);
+        Ok(())
+    }
 
-        // Mounted keys are read-only.
+    /// Mounted keys are read-only; an unknown id is not found.
+    fn mounted_keys_are_read_only(admin: &KeyAdmin) -> Result<(), KeyStoreError> {
         let mounted = mounted::mounted_id("app");
         assert!(admin.get(&mounted)?.mounted);
         assert_eq!(
@@ -921,17 +968,27 @@ mod tests {
             admin.get("key_nope"),
             Err(KeyStoreError::NotFound("key_nope".into()))
         );
+        Ok(())
+    }
 
-        // Revoke: gone from the snapshot, for good.
-        assert!(admin.revoke(&id)?.revoked);
-        assert!(admin.revoke(&id)?.revoked);
+    /// Revoke: gone from the snapshot, for good.
+    fn revoke_is_for_good(admin: &KeyAdmin, id: &str) -> Result<(), KeyStoreError> {
+        assert!(admin.revoke(id)?.revoked);
+        assert!(admin.revoke(id)?.revoked);
         assert_eq!(admin.snapshot_keys()?.len(), 1);
         assert_eq!(
-            admin.rotate(&id).map(|_| ()),
-            Err(KeyStoreError::Revoked(id.clone()))
+            admin.rotate(id).map(|_| ()),
+            Err(KeyStoreError::Revoked(id.to_owned()))
         );
+        Ok(())
+    }
 
-        // Usage rows (per provider and model) add up per day; the default range is this month.
+    /// Usage rows (per provider and model) add up per day; the default range is this month.
+    fn usage_adds_up_per_day(
+        store: &Arc<dyn KeyStore>,
+        admin: &KeyAdmin,
+        id: &str,
+    ) -> Result<(), KeyStoreError> {
         let row = |day: &str, outcome: &str| UsageDay {
             day: day.into(),
             provider: "p1".into(),
@@ -948,13 +1005,13 @@ mod tests {
             outcomes: [(outcome.to_owned(), 1)].into_iter().collect(),
         };
         store.record_usage(&[
-            (id.clone(), row("2026-03-14", "success")),
-            (id.clone(), row("2026-03-15", "success")),
-            (id.clone(), row("2026-02-28", "success")),
+            (id.to_owned(), row("2026-03-14", "success")),
+            (id.to_owned(), row("2026-03-15", "success")),
+            (id.to_owned(), row("2026-02-28", "success")),
             ("key_other".into(), row("2026-03-15", "success")),
         ])?;
-        store.record_usage(&[(id.clone(), row("2026-03-15", "error:upstream"))])?;
-        let report = admin.usage(&id, None, None)?;
+        store.record_usage(&[(id.to_owned(), row("2026-03-15", "error:upstream"))])?;
+        let report = admin.usage(id, None, None)?;
         assert_eq!(
             (report.from.as_str(), report.to.as_str()),
             ("2026-03-01", "2026-03-15")
@@ -971,18 +1028,28 @@ mod tests {
             (report.total.saved - 0.375).abs() < 1e-9,
             "saved is stored and summed"
         );
-        let report = admin.usage(&id, Some("2026-02-01"), Some("2026-02-28"))?;
+        let report = admin.usage(id, Some("2026-02-01"), Some("2026-02-28"))?;
         assert_eq!(report.days.len(), 1);
         assert!(matches!(
-            admin.usage(&id, Some("2026-02-30"), None),
+            admin.usage(id, Some("2026-02-30"), None),
             Err(KeyStoreError::Invalid(_))
         ));
         assert!(matches!(
-            admin.usage(&id, Some("2026-03-10"), Some("2026-03-01")),
+            admin.usage(id, Some("2026-03-10"), Some("2026-03-01")),
             Err(KeyStoreError::Invalid(_))
         ));
-        assert_eq!(admin.usage(&mounted, None, None)?.days.len(), 0);
-        // Every key's rows per day, provider and model.
+        assert_eq!(
+            admin
+                .usage(&mounted::mounted_id("app"), None, None)?
+                .days
+                .len(),
+            0
+        );
+        Ok(())
+    }
+
+    /// Every key's rows per day, provider and model.
+    fn lane_usage_per_day_provider_and_model(admin: &KeyAdmin) -> Result<(), KeyStoreError> {
         let (from, to, lanes) = admin.lane_usage(None, None, None)?;
         assert_eq!((from.as_str(), to.as_str()), ("2026-03-01", "2026-03-15"));
         let lanes: Vec<(&str, &str, &str, u64, u64)> = lanes
@@ -1014,8 +1081,11 @@ mod tests {
             })
             .collect();
         assert_eq!(lanes, vec![("2026-03-15", "p1", "m1", 1)]);
+        Ok(())
+    }
 
-        // Invalid specs.
+    /// Invalid specs: a label not of the allowed shape, an empty one, no profiles.
+    fn invalid_specs_are_refused(admin: &KeyAdmin) {
         for bad in [
             spec("Upper"),
             spec(""),
@@ -1026,7 +1096,6 @@ mod tests {
         ] {
             assert!(matches!(admin.create(bad), Err(KeyStoreError::Invalid(_))));
         }
-        Ok(())
     }
 
     #[test]

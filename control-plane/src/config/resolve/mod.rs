@@ -18,11 +18,11 @@ use ai_router_contract::defaults;
 
 use crate::config::error::{invalid, ConfigError};
 use crate::config::file::{
-    BackoffFileConfig, BreakerFileConfig, FileConfig, GatewayConfig, SelectionConfig,
+    BackoffFileConfig, BreakerFileConfig, FileConfig, GatewayConfig, PolicyConfig, SelectionConfig,
 };
 use crate::config::model::{
     BackoffConfig, BreakerConfig, Config, ControlPlane, Gateway, ListenerLimits, MountedKey,
-    PoolNames, ResilienceConfig,
+    PoolNames, Provider, ResilienceConfig,
 };
 use crate::config::secrets::Env;
 use crate::config::validate::{
@@ -46,37 +46,12 @@ impl FileConfig {
 
         // Providers, all of them first: references are checked against the whole file, so a
         // typo is refused whatever the environment holds.
-        let mut all = Vec::with_capacity(self.providers.len());
-        let mut ids = BTreeSet::new();
-        for (i, raw) in self.providers.iter().enumerate() {
-            let provider = resolve_provider(&format!("providers[{i}]"), raw, env, base_dir)?;
-            if !ids.insert(provider.id.clone()) {
-                return Err(invalid(format!(
-                    "providers[{i}].id: `{}` is given twice",
-                    provider.id
-                )));
-            }
-            all.push(provider);
-        }
+        let mut all = self.resolve_providers(env, base_dir)?;
         // Prices before the policies' checks: a budget needs priced models.
         apply_prices(&mut all, self.auto_price == Some(true));
         crate::config::routes::check_routes(&self.routes, &self.profiles)?;
-        let all_names: BTreeSet<&str> = all
-            .iter()
-            .flat_map(|p| p.models.iter())
-            .flat_map(|m| {
-                std::iter::once(m.id.as_str()).chain(m.aliases.iter().map(String::as_str))
-            })
-            .collect();
-        if let Some(defaults) = &self.defaults {
-            check_policy("defaults", defaults, &all, &all_names, false)?;
-        }
-        for (name, profile) in &self.profiles {
-            if name.is_empty() {
-                return Err(invalid("profiles: a profile name cannot be empty"));
-            }
-            check_policy(&format!("profiles.{name}"), profile, &all, &all_names, true)?;
-        }
+        let all_names: BTreeSet<&str> = model_names(&all).collect();
+        self.check_policies(&all, &all_names)?;
 
         let mounted_keys = self.resolve_mounted_keys(base_dir, &all_names)?;
         let names = PoolNames {
@@ -84,62 +59,16 @@ impl FileConfig {
             models: all_names.iter().map(|n| (*n).to_owned()).collect(),
         };
 
-        // Drop the providers no key of which resolves now.
-        let mut providers = Vec::with_capacity(all.len());
-        for provider in all {
-            if provider
-                .keys
-                .iter()
-                .any(|k| k.source.resolve_provider_key(env).is_some())
-            {
-                providers.push(provider);
-            } else {
-                warnings.push(format!(
-                    "provider {} has no key in the environment; it is left out",
-                    provider.id
-                ));
-            }
-        }
+        let providers = providers_with_a_key(all, env, &mut warnings);
         // A provider on the gateway's own listener would have every call call itself (the
         // quick start's OPENAI_BASE_URL, exported for the app, read back as the pool's). A
         // provider without a key is never called, so only the kept ones are checked.
         for provider in &providers {
             refuse_own_listener(provider, &gateway)?;
         }
-        let served: BTreeSet<String> = providers
-            .iter()
-            .flat_map(|p| p.models.iter())
-            .flat_map(|m| std::iter::once(m.id.clone()).chain(m.aliases.iter().cloned()))
-            .collect();
-        let kept: BTreeSet<&str> = providers.iter().map(|p| p.id.as_str()).collect();
+        let (defaults, profiles) = self.cut_policies(&providers, &mut warnings);
 
-        let defaults = self
-            .defaults
-            .as_ref()
-            .map(|d| cut_policy(d, &served, &kept).0);
-        let mut profiles = BTreeMap::new();
-        for (name, profile) in &self.profiles {
-            match cut_policy(profile, &served, &kept) {
-                (cut, false) => {
-                    profiles.insert(name.clone(), cut);
-                }
-                (_, true) => warnings.push(format!(
-                    "profile {name} has no model left in the pool; it is left out"
-                )),
-            }
-        }
-
-        crate::config::cache::refuse_cache_without_pool_cache(
-            self.cache.is_some(),
-            self.defaults
-                .iter()
-                .map(|d| ("defaults".to_owned(), d.cache))
-                .chain(
-                    self.profiles
-                        .iter()
-                        .map(|(name, p)| (format!("profiles.{name}"), p.cache)),
-                ),
-        )?;
+        self.refuse_cache_without_pool_cache()?;
         let routes = crate::config::routes::kept_routes(&self.routes, &profiles, &mut warnings);
         Ok(Config {
             routes,
@@ -162,6 +91,87 @@ impl FileConfig {
             include_content: self.telemetry.include_content,
             warnings,
         })
+    }
+
+    /// Every provider of the file resolved, each id once.
+    fn resolve_providers(
+        &self,
+        env: &dyn Env,
+        base_dir: &Path,
+    ) -> Result<Vec<Provider>, ConfigError> {
+        let mut all = Vec::with_capacity(self.providers.len());
+        let mut ids = BTreeSet::new();
+        for (i, raw) in self.providers.iter().enumerate() {
+            let provider = resolve_provider(&format!("providers[{i}]"), raw, env, base_dir)?;
+            if !ids.insert(provider.id.clone()) {
+                return Err(invalid(format!(
+                    "providers[{i}].id: `{}` is given twice",
+                    provider.id
+                )));
+            }
+            all.push(provider);
+        }
+        Ok(all)
+    }
+
+    /// `defaults` and each profile (a name not empty) checked against all the providers.
+    fn check_policies(
+        &self,
+        all: &[Provider],
+        all_names: &BTreeSet<&str>,
+    ) -> Result<(), ConfigError> {
+        if let Some(defaults) = &self.defaults {
+            check_policy("defaults", defaults, all, all_names, false)?;
+        }
+        for (name, profile) in &self.profiles {
+            if name.is_empty() {
+                return Err(invalid("profiles: a profile name cannot be empty"));
+            }
+            check_policy(&format!("profiles.{name}"), profile, all, all_names, true)?;
+        }
+        Ok(())
+    }
+
+    /// `defaults` and the profiles cut to the models and providers kept; a profile with no
+    /// model left is left out, with a warning.
+    fn cut_policies(
+        &self,
+        providers: &[Provider],
+        warnings: &mut Vec<String>,
+    ) -> (Option<PolicyConfig>, BTreeMap<String, PolicyConfig>) {
+        let served: BTreeSet<String> = model_names(providers).map(str::to_owned).collect();
+        let kept: BTreeSet<&str> = providers.iter().map(|p| p.id.as_str()).collect();
+        let defaults = self
+            .defaults
+            .as_ref()
+            .map(|d| cut_policy(d, &served, &kept).0);
+        let mut profiles = BTreeMap::new();
+        for (name, profile) in &self.profiles {
+            match cut_policy(profile, &served, &kept) {
+                (cut, false) => {
+                    profiles.insert(name.clone(), cut);
+                }
+                (_, true) => warnings.push(format!(
+                    "profile {name} has no model left in the pool; it is left out"
+                )),
+            }
+        }
+        (defaults, profiles)
+    }
+
+    /// A policy's `cache` needs the pool's `cache` section.
+    fn refuse_cache_without_pool_cache(&self) -> Result<(), ConfigError> {
+        crate::config::cache::refuse_cache_without_pool_cache(
+            self.cache.is_some(),
+            self.defaults
+                .iter()
+                .map(|d| ("defaults".to_owned(), d.cache))
+                .chain(
+                    self.profiles
+                        .iter()
+                        .map(|(name, p)| (format!("profiles.{name}"), p.cache)),
+                ),
+        )
     }
 
     fn resolve_otlp(&self) -> Result<Option<String>, ConfigError> {
@@ -351,6 +361,38 @@ impl FileConfig {
         selection.region = selection.region.map(|r| r.trim().to_ascii_uppercase());
         Ok(selection)
     }
+}
+
+/// Every name the providers' models answer to: their ids and aliases.
+fn model_names(providers: &[Provider]) -> impl Iterator<Item = &str> {
+    providers
+        .iter()
+        .flat_map(|p| p.models.iter())
+        .flat_map(|m| std::iter::once(m.id.as_str()).chain(m.aliases.iter().map(String::as_str)))
+}
+
+/// The providers a key of which resolves now; the others are left out, with a warning.
+fn providers_with_a_key(
+    all: Vec<Provider>,
+    env: &dyn Env,
+    warnings: &mut Vec<String>,
+) -> Vec<Provider> {
+    let mut providers = Vec::with_capacity(all.len());
+    for provider in all {
+        if provider
+            .keys
+            .iter()
+            .any(|k| k.source.resolve_provider_key(env).is_some())
+        {
+            providers.push(provider);
+        } else {
+            warnings.push(format!(
+                "provider {} has no key in the environment; it is left out",
+                provider.id
+            ));
+        }
+    }
+    providers
 }
 
 impl GatewayConfig {

@@ -67,6 +67,7 @@ impl Engine {
     fn count_in_stats(&self, config: &Config, batch: &pb::ReportBatch) {
         self.stats.observe(
             batch,
+            config.selection.ewma_alpha,
             |a| attempt_cost(config, a).unwrap_or(0.0),
             |a| crate::keys::usage::saving_of(config, a),
         );

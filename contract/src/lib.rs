@@ -8,6 +8,7 @@
 //! - `calendar`: UTC (and Pacific) calendar math;
 //! - `kinds`: per-kind provider facts (daily reset zone, rate-limit windows, request caps);
 //! - `price`: what tokens cost at a model's prices (cached prompt tokens included);
+//! - `latency`: a lane's latency average (the EWMA step);
 //! - `plugin`: the plugin configuration the renderer writes and the filter reads;
 //! - here: the headers, clusters and metadata between the processes, the OpenAI error type and
 //!   Google's status word of a status, the probe lease holder, SHA-256 and the secret fingerprint.
@@ -19,6 +20,7 @@ pub mod defaults;
 pub mod error_code;
 pub mod failure;
 pub mod kinds;
+pub mod latency;
 pub mod plugin;
 pub mod price;
 

@@ -43,180 +43,61 @@ impl Engine {
         // charge was counted here would raise the level with no event.
         let budgets_moved = self.charge_budgets(&config, batch);
         self.observe_report(batch);
+        self.count_in_stats(&config, batch);
+        self.emit_call_events(&config, batch);
+        let now = self.clock.now_ms();
+        let mut state = lock(&self.state);
+        let mut effects = ReportEffects {
+            changed: budgets_moved,
+            ..ReportEffects::default()
+        };
+        for attempt in &batch.attempts {
+            apply_attempt(&config, &mut state, attempt, now, &mut effects);
+        }
+        self.emit(&effects.events);
+        self.publish_after_report(&mut state, &effects, now);
+        let version = state.version;
+        drop(state);
+        self.release_leases(effects.releases);
+        (version, effects.events)
+    }
+
+    /// Counts the batch in this process's stats: attempts with their cost and cache saving,
+    /// requests with the cost of their usage.
+    fn count_in_stats(&self, config: &Config, batch: &pb::ReportBatch) {
         self.stats.observe(
             batch,
-            |a| attempt_cost(&config, a).unwrap_or(0.0),
-            |a| crate::keys::usage::saving_of(&config, a),
+            config.selection.ewma_alpha,
+            |a| attempt_cost(config, a).unwrap_or(0.0),
+            |a| crate::keys::usage::saving_of(config, a),
         );
         self.stats.observe_cache(batch, |r| {
             r.usage.as_ref().map_or(0.0, |u| {
-                crate::keys::charge::cost_of(&config, &r.provider, &r.model, u)
+                crate::keys::charge::cost_of(config, &r.provider, &r.model, u)
             })
         });
+    }
+
+    /// The attempt and request events of the batch, when someone listens for them.
+    fn emit_call_events(&self, config: &Config, batch: &pb::ReportBatch) {
         if self.events.wants_calls() {
-            for event in call_events(&config, batch) {
+            for event in call_events(config, batch) {
                 self.events.emit(event);
             }
         }
-        let now = self.clock.now_ms();
-        let resilience = &config.resilience;
-        let mut state = lock(&self.state);
-        let mut events = Vec::new();
-        let mut changed = budgets_moved;
-        let mut headroom_moved = false;
-        // Probe leases to end once the state lock is released (the store may block).
-        let mut releases: Vec<(BreakerId, Option<String>)> = Vec::new();
-        for attempt in &batch.attempts {
-            super::discovered::note_attempt(&mut state.listings, attempt, now);
-            let lane_key: KeyId = (attempt.provider.clone(), attempt.key.clone());
-            if state.secrets.contains_key(&lane_key) {
-                if note_headroom(&mut state.durable, attempt, now) {
-                    headroom_moved = true;
-                    let began = attempt
-                        .at_ms
-                        .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
-                    let lane = (
-                        attempt.provider.clone(),
-                        attempt.key.clone(),
-                        attempt.model.clone(),
-                    );
-                    let st = &mut *state;
-                    if st.headroom_as_of.len() > st.durable.headroom.len() + 64 {
-                        let kept = &st.durable.headroom;
-                        st.headroom_as_of.retain(|l, _| kept.contains_key(l));
-                    }
-                    st.headroom_as_of.insert(lane, began);
-                }
-                changed |= note_spend(&config, &mut state.durable, attempt, now);
-                if attempt.probe {
-                    // Only the attempt that holds the lease ends it.
-                    let holder = Some(probe_holder(&attempt.request_id, attempt.attempt));
-                    for id in breaker_ids(&attempt.provider, &attempt.key) {
-                        releases.push((id, holder.clone()));
-                    }
-                }
-                if attempt.outcome() == pb::AttemptResult::Success {
-                    changed |= update_breakers(
-                        &mut state.durable,
-                        &attempt.provider,
-                        &attempt.key,
-                        |_, b| b.on_success(now),
-                        &mut events,
-                        &mut releases,
-                    );
-                }
-            }
-            if attempt.outcome() != pb::AttemptResult::Error {
-                continue;
-            }
-            let id: KeyId = lane_key;
-            let Some(current) = state.secrets.get(&id) else {
-                tracing::debug!(provider = %id.0, key = %id.1, "report for an unknown key");
-                continue;
-            };
-            let current_fp = current.as_ref().map_or(0, Secret::fingerprint);
-            let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
-            // The one failure -> hold rule (the filter applies it too). An unknown class changes
-            // nothing, nor do invalid requests and cancellations.
-            let Some(class) = attempt.class() else {
-                continue;
-            };
-            let provider_code =
-                (!attempt.provider_code.is_empty()).then_some(attempt.provider_code.as_str());
-            match resilience
-                .hold_windows()
-                .held_until(class, retry_at, provider_code, now)
-            {
-                Some((Hold::Lane, until)) => {
-                    // A rate limit until its window or the default; a failure of the lane with
-                    // a retry-after until then.
-                    let lane = (id.0.clone(), id.1.clone(), attempt.model.clone());
-                    let entry = state.durable.cooldowns.entry(lane).or_insert(0);
-                    if until > *entry {
-                        *entry = until;
-                        changed = true;
-                    }
-                }
-                Some((Hold::Key, until)) => {
-                    let refused = if attempt.fingerprint != 0 {
-                        attempt.fingerprint
-                    } else {
-                        current_fp
-                    };
-                    if current_fp != 0 && refused != current_fp {
-                        // The secret was replaced after this attempt used it: the refusal is
-                        // about the old one.
-                        continue;
-                    }
-                    let reason = if class == ErrorClass::Auth {
-                        BlacklistReason::Auth
-                    } else {
-                        BlacklistReason::Quota
-                    };
-                    let code =
-                        (!attempt.provider_code.is_empty()).then(|| attempt.provider_code.clone());
-                    let entry = Blacklist {
-                        reason,
-                        until_ms: until,
-                        refused_fingerprint: refused,
-                        code: code.clone(),
-                    };
-                    let same = state.durable.blacklists.get(&id).is_some_and(|old| {
-                        old.reason == reason
-                            && old.refused_fingerprint == refused
-                            && (old.until_ms == 0 || (until != 0 && old.until_ms >= until))
-                    });
-                    if !same {
-                        events.push(EngineEvent::KeyDisabled {
-                            provider: id.0.clone(),
-                            key: id.1.clone(),
-                            reason: reason.as_str(),
-                            until_ms: until,
-                            code,
-                        });
-                        state.durable.blacklists.insert(id, entry);
-                        changed = true;
-                    }
-                    // A key's failure, not the lane's: no breaker counts it.
-                    continue;
-                }
-                Some((Hold::Nothing, _)) | None => {}
-            }
-            if class.counts_for_breakers() {
-                let started = if attempt.at_ms > 0 {
-                    attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
-                } else {
-                    0
-                };
-                changed |= update_breakers(
-                    &mut state.durable,
-                    &id.0,
-                    &id.1,
-                    |scope, b| {
-                        let config = match scope {
-                            BreakerScope::Key => &resilience.key_breaker,
-                            BreakerScope::Provider => &resilience.provider_breaker,
-                        };
-                        b.on_failure(config, now, retry_at, started)
-                    },
-                    &mut events,
-                    &mut releases,
-                );
-            }
-        }
-        self.emit(&events);
+    }
+
+    /// Publishes what the batch changed; a change of headroom alone waits for the next flush
+    /// while headroom is coalesced.
+    fn publish_after_report(&self, state: &mut State, effects: &ReportEffects, now: i64) {
         let coalesce = self
             .coalesce_headroom
             .load(std::sync::atomic::Ordering::Relaxed);
-        if changed || (headroom_moved && !coalesce) {
-            self.publish(&mut state, now);
-        } else if headroom_moved {
+        if effects.changed || (effects.headroom_moved && !coalesce) {
+            self.publish(state, now);
+        } else if effects.headroom_moved {
             state.pending = true;
         }
-        let version = state.version;
-        drop(state);
-        self.release_leases(releases);
-        (version, events)
     }
 
     pub(super) fn release_leases(&self, releases: Vec<(BreakerId, Option<String>)>) {
@@ -231,6 +112,234 @@ impl Engine {
     pub fn attempt_cost(&self, a: &pb::AttemptOutcome) -> Option<f64> {
         attempt_cost(&self.config(), a)
     }
+}
+
+/// What applying a batch's attempts did: the events to emit, the probe leases to end once the
+/// state lock is released (the store may block), and whether the pushed state changed.
+#[derive(Default)]
+struct ReportEffects {
+    events: Vec<EngineEvent>,
+    releases: Vec<(BreakerId, Option<String>)>,
+    changed: bool,
+    /// Only headroom changed (it may wait for the next flush).
+    headroom_moved: bool,
+}
+
+/// One attempt's outcome: the key's listing, then, for a key of the pool, its lane's headroom,
+/// its provider's spend, its probe lease and its breakers; a failure may hold the lane or the
+/// key, or count in the breakers.
+fn apply_attempt(
+    config: &Config,
+    state: &mut State,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+    effects: &mut ReportEffects,
+) {
+    super::discovered::note_attempt(&mut state.listings, attempt, now);
+    let id: KeyId = (attempt.provider.clone(), attempt.key.clone());
+    if state.secrets.contains_key(&id) {
+        note_key_attempt(config, state, attempt, now, effects);
+    }
+    if attempt.outcome() == pb::AttemptResult::Error {
+        note_failure(config, state, id, attempt, now, effects);
+    }
+}
+
+/// Any outcome of a key of the pool: headroom, spend, the probe lease it held, and a success
+/// in the breakers.
+fn note_key_attempt(
+    config: &Config,
+    state: &mut State,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+    effects: &mut ReportEffects,
+) {
+    if note_headroom(&mut state.durable, attempt, now) {
+        effects.headroom_moved = true;
+        note_headroom_as_of(state, attempt);
+    }
+    effects.changed |= note_spend(config, &mut state.durable, attempt, now);
+    if attempt.probe {
+        // Only the attempt that holds the lease ends it.
+        let holder = Some(probe_holder(&attempt.request_id, attempt.attempt));
+        for id in breaker_ids(&attempt.provider, &attempt.key) {
+            effects.releases.push((id, holder.clone()));
+        }
+    }
+    if attempt.outcome() == pb::AttemptResult::Success {
+        effects.changed |= update_breakers(
+            &mut state.durable,
+            &attempt.provider,
+            &attempt.key,
+            |_, b| b.on_success(now),
+            &mut effects.events,
+            &mut effects.releases,
+        );
+    }
+}
+
+/// Remembers when the attempt that reported its lane's headroom began (pushed as `as_of_ms`),
+/// dropping the entries of lanes whose headroom is gone once they pile up.
+fn note_headroom_as_of(state: &mut State, attempt: &pb::AttemptOutcome) {
+    let began = attempt
+        .at_ms
+        .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
+    let lane = (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    );
+    if state.headroom_as_of.len() > state.durable.headroom.len() + 64 {
+        let kept = &state.durable.headroom;
+        state.headroom_as_of.retain(|l, _| kept.contains_key(l));
+    }
+    state.headroom_as_of.insert(lane, began);
+}
+
+/// A failed attempt: the one failure -> hold rule (the filter applies it too) holds the lane
+/// or the key; a failure that is not the key's counts in the breakers when its class does.
+/// An unknown class changes nothing, nor do invalid requests and cancellations.
+fn note_failure(
+    config: &Config,
+    state: &mut State,
+    id: KeyId,
+    attempt: &pb::AttemptOutcome,
+    now: i64,
+    effects: &mut ReportEffects,
+) {
+    let Some(current) = state.secrets.get(&id) else {
+        tracing::debug!(provider = %id.0, key = %id.1, "report for an unknown key");
+        return;
+    };
+    let current_fp = current.as_ref().map_or(0, Secret::fingerprint);
+    let retry_at = (attempt.retry_at_ms > now).then_some(attempt.retry_at_ms);
+    let Some(class) = attempt.class() else {
+        return;
+    };
+    let resilience = &config.resilience;
+    let provider_code =
+        (!attempt.provider_code.is_empty()).then_some(attempt.provider_code.as_str());
+    match resilience
+        .hold_windows()
+        .held_until(class, retry_at, provider_code, now)
+    {
+        Some((Hold::Lane, until)) => {
+            effects.changed |= hold_lane(&mut state.durable, &id, &attempt.model, until);
+        }
+        Some((Hold::Key, until)) => {
+            let refusal = KeyRefusal {
+                class,
+                until,
+                current_fp,
+            };
+            effects.changed |= blacklist_key(
+                &mut state.durable,
+                id,
+                attempt,
+                refusal,
+                &mut effects.events,
+            );
+            // A key's failure, not the lane's: no breaker counts it.
+            return;
+        }
+        Some((Hold::Nothing, _)) | None => {}
+    }
+    if class.counts_for_breakers() {
+        let started = if attempt.at_ms > 0 {
+            attempt.at_ms.saturating_sub(ms(attempt.latency_ms))
+        } else {
+            0
+        };
+        effects.changed |= update_breakers(
+            &mut state.durable,
+            &id.0,
+            &id.1,
+            |scope, b| {
+                let config = match scope {
+                    BreakerScope::Key => &resilience.key_breaker,
+                    BreakerScope::Provider => &resilience.provider_breaker,
+                };
+                b.on_failure(config, now, retry_at, started)
+            },
+            &mut effects.events,
+            &mut effects.releases,
+        );
+    }
+}
+
+/// Cools the lane down until `until` (a rate limit until its window or the default; a failure
+/// of the lane with a retry-after until then); returns whether that extended its cooldown.
+fn hold_lane(durable: &mut DurableState, id: &KeyId, model: &str, until: i64) -> bool {
+    let lane = (id.0.clone(), id.1.clone(), model.to_owned());
+    let entry = durable.cooldowns.entry(lane).or_insert(0);
+    if until > *entry {
+        *entry = until;
+        return true;
+    }
+    false
+}
+
+/// Why a key is being blacklisted: its failure's class, until when, and the fingerprint of
+/// its current secret (0 when it has none).
+struct KeyRefusal {
+    class: ErrorClass,
+    until: i64,
+    current_fp: u64,
+}
+
+/// Blacklists the key for an auth or quota failure, unless the refused secret has since been
+/// replaced or the key is already blacklisted at least as long for the same reason; emits
+/// `KeyDisabled` when it changes. Returns whether it changed.
+fn blacklist_key(
+    durable: &mut DurableState,
+    id: KeyId,
+    attempt: &pb::AttemptOutcome,
+    refusal: KeyRefusal,
+    events: &mut Vec<EngineEvent>,
+) -> bool {
+    let KeyRefusal {
+        class,
+        until,
+        current_fp,
+    } = refusal;
+    let refused = if attempt.fingerprint != 0 {
+        attempt.fingerprint
+    } else {
+        current_fp
+    };
+    if current_fp != 0 && refused != current_fp {
+        // The secret was replaced after this attempt used it: the refusal is about the old one.
+        return false;
+    }
+    let reason = if class == ErrorClass::Auth {
+        BlacklistReason::Auth
+    } else {
+        BlacklistReason::Quota
+    };
+    let code = (!attempt.provider_code.is_empty()).then(|| attempt.provider_code.clone());
+    let same = durable.blacklists.get(&id).is_some_and(|old| {
+        old.reason == reason
+            && old.refused_fingerprint == refused
+            && (old.until_ms == 0 || (until != 0 && old.until_ms >= until))
+    });
+    if same {
+        return false;
+    }
+    events.push(EngineEvent::KeyDisabled {
+        provider: id.0.clone(),
+        key: id.1.clone(),
+        reason: reason.as_str(),
+        until_ms: until,
+        code: code.clone(),
+    });
+    let entry = Blacklist {
+        reason,
+        until_ms: until,
+        refused_fingerprint: refused,
+        code,
+    };
+    durable.blacklists.insert(id, entry);
+    true
 }
 
 /// Runs `step` on the key's and the provider's breakers; records events and the leases that

@@ -6,11 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use ai_router_contract::latency::ewma_step;
 use ai_router_proto::v1 as pb;
 use serde::Serialize;
-
-/// Weight of the newest attempt in a lane's latency average.
-const EWMA_ALPHA: f64 = 0.3;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -28,7 +26,8 @@ pub struct LaneStats {
     /// What answers on this lane saved against their calls' configured first choice (a
     /// cheaper lane under `autoSort`, or a fallback that costs less).
     pub saved: f64,
-    /// Exponentially weighted average of the attempts' latency (to the first byte for streams).
+    /// Exponentially weighted average of the attempts' latency (to the first byte for streams),
+    /// by the filter's rule (`contract::latency`) with the pool's `selection.ewmaAlpha`.
     pub latency_ewma_ms: f64,
 }
 
@@ -101,10 +100,12 @@ impl Stats {
         }
     }
 
-    /// Counts a report batch; `cost` prices an attempt's usage.
+    /// Counts a report batch; `ewma_alpha` weighs an attempt's latency in its lane's average,
+    /// `cost` prices an attempt's usage.
     pub fn observe(
         &self,
         batch: &pb::ReportBatch,
+        ewma_alpha: f64,
         cost: impl Fn(&pb::AttemptOutcome) -> f64,
         saved: impl Fn(&pb::AttemptOutcome) -> f64,
     ) {
@@ -162,8 +163,7 @@ impl Stats {
             if s.is_finite() && s > 0.0 {
                 lane.saved += s;
             }
-            lane.latency_ewma_ms =
-                EWMA_ALPHA * a.latency_ms as f64 + (1.0 - EWMA_ALPHA) * lane.latency_ewma_ms;
+            lane.latency_ewma_ms = ewma_step(lane.latency_ewma_ms, a.latency_ms as f64, ewma_alpha);
         }
     }
 
@@ -259,6 +259,7 @@ mod tests {
                 }],
                 ..Default::default()
             },
+            ai_router_contract::defaults::EWMA_ALPHA,
             |a| if a.usage.is_some() { 0.5 } else { 0.0 },
             |a| if a.usage.is_some() { 0.25 } else { 0.0 },
         );

@@ -1641,3 +1641,24 @@ fn shared_cache_entries_are_bounded_by_a_slot_and_the_pools_ttl() -> Result<(), 
     assert_eq!(none.shared_cache_get("k1"), None);
     Ok(())
 }
+
+/// The stats' lane latency follows the filter's rule with the pool's `selection.ewmaAlpha`,
+/// not a default of their own.
+#[test]
+fn the_stats_latency_average_weighs_the_newest_attempt_by_the_pools_ewma_alpha(
+) -> Result<(), String> {
+    let f = fixture(&format!("{POOL}selection: {{ ewmaAlpha: 0.5 }}\n"))?;
+    let timed = |latency_ms| pb::AttemptOutcome {
+        outcome: pb::AttemptResult::Success.into(),
+        latency_ms,
+        ..attempt("openai", "openai-1", "")
+    };
+    f.engine.apply_report(&batch(vec![timed(100)]));
+    f.engine.apply_report(&batch(vec![timed(200)]));
+    let lanes = f.engine.stats().lanes;
+    assert_eq!(lanes.len(), 1, "{lanes:?}");
+    let expected = ai_router_contract::latency::ewma_step(100.0, 200.0, 0.5);
+    assert_eq!(expected, 150.0);
+    assert_eq!(lanes[0].latency_ewma_ms, expected);
+    Ok(())
+}

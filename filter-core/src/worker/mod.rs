@@ -185,7 +185,7 @@ impl<T> Worker<T> {
             Some(e) => e,
             None => l.latency.entry(lane.clone()).or_insert(ms),
         };
-        *e = alpha * ms + (1.0 - alpha) * *e;
+        *e = ai_router_contract::latency::ewma_step(*e, ms, alpha);
     }
 
     /// A new call id, unique within this Envoy process.

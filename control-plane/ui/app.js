@@ -232,9 +232,15 @@
         tile('Latency p99', ms(c.p99Ms)),
         tile('Spend today (' + o.spend.day + ')', money(o.spend.today)),
         tile('Spend this month', money(o.spend.month))),
-      h('h2', {}, 'Spend per provider'),
-      table('Spend per provider', ['provider', 'today', 'this month'],
-        o.spend.providers.map((p) => [text(p.name), money(p.today), money(p.month)]), 'Nothing spent this month.'),
+      h('div', { class: 'pair' },
+        h('section', { 'aria-labelledby': 'spend-providers' },
+          h('h2', { id: 'spend-providers' }, 'Spend per provider'),
+          table('Spend per provider', ['provider', 'today', 'this month'],
+            o.spend.providers.map((p) => [text(p.name), money(p.today), money(p.month)]), 'Nothing spent this month.')),
+        h('section', { 'aria-labelledby': 'spend-protocols' },
+          h('h2', { id: 'spend-protocols' }, 'Spend per protocol'),
+          table('Spend per client protocol', ['protocol', 'today', 'this month'],
+            o.spend.protocols.map((p) => [text(p.name), money(p.today), money(p.month)]), 'Nothing spent this month.'))),
       h('h2', {}, 'Per provider'), group('Calls per provider, last minute', c.providers),
       h('h2', {}, 'Per protocol'), group('Calls per client protocol, last minute', c.protocols),
       h('p', { class: 'note' }, 'Gateway ' + text(o.version) + ', status ' + text(o.status) + '.'),
@@ -445,13 +451,13 @@
     const u = await api('GET', '/admin/console/usage?from=' + encodeURIComponent(range.from) + '&to=' + encodeURIComponent(range.to));
     const dayRows = u.days.map((d) => [d.day, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
     const keyRows = u.keys.filter((k) => k.total.requests > 0).map((k) => [k.label, k.id, k.total.requests, k.total.promptTokens + k.total.completionTokens, k.total.cost, k.total.saved]);
-    const laneRows = u.lanes.map((l) => [l.day, l.provider || '—', l.model || '—', l.requests, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
+    const laneRows = u.lanes.map((l) => [l.day, l.provider || '—', l.model || '—', l.protocol, l.requests, l.successes, l.promptTokens + l.completionTokens, l.cost, l.saved]);
     const download = h('button', {
       type: 'button', id: 'export-csv', on: {
         click: () => {
-          // One line per key, day, provider and model: the stored usage rows.
-          const rows = [['day', 'key', 'key id', 'provider', 'model', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
-          for (const k of u.keys) for (const d of k.lanes) rows.push([d.day, k.label, k.id, d.provider, d.model, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
+          // One line per key, day, provider, model and protocol: the stored usage rows.
+          const rows = [['day', 'key', 'key id', 'provider', 'model', 'protocol', 'calls', 'successes', 'failures', 'prompt tokens', 'completion tokens', 'cost usd', 'saved usd']];
+          for (const k of u.keys) for (const d of k.lanes) rows.push([d.day, k.label, k.id, d.provider, d.model, d.protocol, d.requests, d.successes, d.failures, d.promptTokens, d.completionTokens, d.cost, d.saved]);
           const a = h('a', { href: URL.createObjectURL(new Blob([csv(rows)], { type: 'text/csv' })), download: 'ai-router-usage-' + u.from + '-' + u.to + '.csv' });
           document.body.append(a); a.click(); a.remove();
         },
@@ -475,9 +481,9 @@
       table('Per day', ['day', 'calls', 'ok', 'failed', 'prompt tokens', 'completion tokens', 'cost', 'saved'], dayRows.map((r) => r.map((v, i) => (i >= 6 ? money(v) : i ? num(v) : v)))),
       h('h2', {}, 'Per key'),
       table('Per key', ['key', 'id', 'calls', 'tokens', 'cost', 'saved'], keyRows.map((r) => r.map((v, i) => (i >= 4 ? money(v) : i >= 2 ? num(v) : v)))),
-      h('h2', {}, 'Per provider and model'),
-      h('p', { class: 'note' }, 'A call counts on the lane that answered it; tokens and cost on the lane that used them.'),
-      table('Per provider and model', ['day', 'provider', 'model', 'calls', 'ok', 'tokens', 'cost', 'saved'], laneRows.map((r) => r.map((v, i) => (i >= 6 ? money(v) : i >= 3 ? num(v) : text(v)))))];
+      h('h2', {}, 'Per provider, model and protocol'),
+      h('p', { class: 'note' }, 'A call counts on the lane that answered it; tokens and cost on the lane that used them; both on the protocol the client called by.'),
+      table('Per provider, model and protocol', ['day', 'provider', 'model', 'protocol', 'calls', 'ok', 'tokens', 'cost', 'saved'], laneRows.map((r) => r.map((v, i) => (i >= 7 ? money(v) : i >= 4 ? num(v) : text(v)))))];
   }
 
   // ---- events

@@ -237,6 +237,16 @@ impl Gateway {
         self.client.stream(model, Some(&self.virtual_key)).await
     }
 
+    /// `POST path` with `body` and the virtual key (another protocol's call: `/v1/messages`,
+    /// `/v1/responses`...).
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Reply> {
+        let body = Some(body.to_string());
+        let key = Some(self.virtual_key.as_str());
+        self.client
+            .request(reqwest::Method::POST, path, key, body)
+            .await
+    }
+
     /// Which provider key a secret is: `a`, `b`, `c`, or the secret itself when unknown.
     pub fn alias_of(&self, secret: Option<&str>) -> String {
         match secret {

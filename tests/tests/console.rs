@@ -3,8 +3,10 @@
 //! gateway with real traffic through Envoy. Each page loads with the run's data and logs no
 //! console error; a key created in the console serves through Envoy and is refused once revoked
 //! there; a reset from the pool page brings a blacklisted key back through Envoy; a model name
-//! carrying `<script>` shows as text; the CSV export holds the run's calls per key, day,
-//! provider and model; a call held by its provider shows in flight on the pool page. Screenshots go to `target/e2e/console/`.
+//! carrying `<script>` shows as text; the overview's spend per provider and per client protocol
+//! and the CSV export (the run's calls per key, day, provider, model and protocol) match the
+//! run's traffic by chat completions and Anthropic messages; a call held by its provider shows
+//! in flight on the pool page. Screenshots go to `target/e2e/console/`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
@@ -170,11 +172,17 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     let gw = Gateway::start_with("console", pool).await.expect("fixture");
     gw.script_usage(12, 30).await.unwrap();
 
-    // Real traffic: the standard models and the hostile one.
+    // Real traffic: the standard models and the hostile one, by chat completions, and m1 by
+    // Anthropic's messages too.
     for model in ["chat", "chat", "backup", HOSTILE_MODEL] {
         let r = gw.chat(model).await.unwrap();
         assert_eq!(r.status, 200, "{model}: {r}");
     }
+    let messages = json!({
+        "model": "chat", "max_tokens": 32, "messages": [{ "role": "user", "content": "hi" }],
+    });
+    let r = gw.post("/v1/messages", &messages).await.unwrap();
+    assert_eq!((r.status, &r.json["type"]), (200, &json!("message")), "{r}");
     // p2's key c is refused by its provider: blacklisted.
     gw.mock2
         .script(json!([script::always(vec![script::status(
@@ -190,37 +198,57 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     let r = gw.chat("backup").await.unwrap();
     assert!(r.status >= 400, "the key stays out: {r}");
 
-    // The run's reports reached the control plane: its usage rows carry the spend.
+    // The run's reports reached the control plane: its usage rows carry the spend (three
+    // priced calls of m1 so far: $0.126).
     poll("the run's spend", Duration::from_secs(10), || async {
         let o = gw.admin().get_json("/admin/console").await?;
-        Ok((o["spend"]["today"].as_f64() > Some(0.08)).then_some(()))
+        Ok((o["spend"]["today"].as_f64() > Some(0.12)).then_some(()))
     })
     .await
     .unwrap();
 
-    // Spend per provider and model comes from the same stored usage rows: m1's priced calls
-    // on p1, the hostile model's on p2.
+    // Spend per provider, model and protocol comes from the same stored usage rows: m1's
+    // priced calls on p1 by both protocols, the hostile model's on p2.
     let usage = gw.admin().get_json("/admin/console/usage").await.unwrap();
-    let lane = |provider: &str, model: &str| {
+    let lane = |provider: &str, model: &str, protocol: &str| {
         usage["lanes"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|l| l["provider"] == provider && l["model"] == model)
+            .find(|l| l["provider"] == provider && l["model"] == model && l["protocol"] == protocol)
             .cloned()
-            .unwrap_or_else(|| panic!("no row for {provider}/{model}: {usage}"))
+            .unwrap_or_else(|| panic!("no row for {provider}/{model}/{protocol}: {usage}"))
     };
-    assert!(lane("p1", "m1")["cost"].as_f64() > Some(0.08), "{usage}");
-    assert_eq!(lane("p2", HOSTILE_MODEL)["successes"], 1, "{usage}");
-    let overview = gw.admin().get_json("/admin/console").await.unwrap();
+    let cost = |row: Value| row["cost"].as_f64().unwrap_or_default();
     assert!(
-        overview["spend"]["providers"]
+        (cost(lane("p1", "m1", "chat")) - 0.084).abs() < 1e-9,
+        "{usage}"
+    );
+    assert!(
+        (cost(lane("p1", "m1", "messages")) - 0.042).abs() < 1e-9,
+        "{usage}"
+    );
+    assert_eq!(lane("p2", HOSTILE_MODEL, "chat")["successes"], 1, "{usage}");
+    let overview = gw.admin().get_json("/admin/console").await.unwrap();
+    let spent = |list: &str, name: &str| {
+        overview["spend"][list]
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p["name"] == "p1" && p["today"].as_f64() > Some(0.08)),
-        "{overview}"
-    );
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["today"].as_f64())
+            .unwrap_or_else(|| panic!("no {list} {name}: {overview}"))
+    };
+    for (list, name, want) in [
+        ("providers", "p1", 0.126),
+        ("protocols", "chat", 0.084),
+        ("protocols", "messages", 0.042),
+    ] {
+        assert!(
+            (spent(list, name) - want).abs() < 1e-9,
+            "{list} {name}: {overview}"
+        );
+    }
 
     let out = workspace_root().join("target/e2e/console");
     std::fs::create_dir_all(&out).unwrap();
@@ -244,7 +272,7 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
         || async {
             let o = gw.admin().get_json("/admin/console").await?;
             Ok(
-                (o["spend"]["today"].as_f64() > Some(0.12) && o["calls"]["requests"] != 0)
+                (o["spend"]["today"].as_f64() > Some(0.16) && o["calls"]["requests"] != 0)
                     .then_some(()),
             )
         },
@@ -259,8 +287,9 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     assert!(text.contains("Key p2/c out: auth"), "{text}");
     let wrong = text.find("What is wrong now").unwrap();
     assert!(wrong < text.find("Success rate").unwrap(), "on top: {text}");
-    // Three priced calls of 42 tokens at $1000 per million: $0.126 today, all on p1.
-    assert!(text.contains("$0.1260"), "the spend of the run: {text}");
+    // Four priced calls of 42 tokens at $1000 per million: $0.168 today, all on p1; three by
+    // chat completions ($0.126), one by Anthropic messages ($0.042).
+    assert!(text.contains("$0.1680"), "the spend of the run: {text}");
     for (selector, want) in [
         (
             r#".tile:has(.label:text-is("Latency p50")) .value:text-matches("^[0-9,]+ ms$")"#,
@@ -279,15 +308,27 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
             1,
         ),
         (
-            r#"table:has(caption:text-is("Spend per provider")) tr:has(td:text-is("p1")):has(td:text-is("$0.1260"))"#,
+            r#"table:has(caption:text-is("Spend per provider")) tr:has(td:text-is("p1")):has(td:text-is("$0.1680"))"#,
             1,
+        ),
+        (
+            r#"table:has(caption:text-is("Spend per client protocol")) tr:has(td:text-is("chat")):has(td:text-is("$0.1260"))"#,
+            1,
+        ),
+        (
+            r#"table:has(caption:text-is("Spend per client protocol")) tr:has(td:text-is("messages")):has(td:text-is("$0.0420"))"#,
+            1,
+        ),
+        (
+            r#"table:has(caption:text-is("Spend per client protocol")) tbody tr"#,
+            2,
         ),
         (
             r#"table:has(caption:text-is("Calls per provider, last minute")) td:text-is("p1")"#,
             1,
         ),
         (
-            r#"table:has(caption:text-is("Calls per client protocol, last minute")) tbody tr"#,
+            r#"table:has(caption:text-is("Calls per client protocol, last minute")) td:text-is("chat")"#,
             1,
         ),
     ] {
@@ -360,9 +401,9 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     );
     assert_eq!(browser.count("svg.chart").await, 2, "{text}");
 
-    // The CSV export, downloaded from the usage page: one line per key, day, provider and
-    // model, as the run's traffic made them. First, every call of the run is stored.
-    let calls_of_run = 7; // five answered, two refused by p2's key
+    // The CSV export, downloaded from the usage page: one line per key, day, provider, model
+    // and protocol, as the run's traffic made them. First, every call of the run is stored.
+    let calls_of_run = 8; // six answered, two refused by p2's key
     poll(
         "the run's calls stored",
         Duration::from_secs(10),
@@ -382,7 +423,7 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     let rows = parse_csv(download["csv"].as_str().unwrap());
     assert_eq!(
         rows[0].join(","),
-        "day,key,key id,provider,model,calls,successes,failures,prompt tokens,\
+        "day,key,key id,provider,model,protocol,calls,successes,failures,prompt tokens,\
          completion tokens,cost usd,saved usd",
         "{download}"
     );
@@ -393,22 +434,36 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     let today = ai_router_contract::calendar::utc_day(i64::try_from(now_ms).unwrap());
     let e2e: Vec<&Vec<String>> = rows[1..].iter().filter(|r| r[1] == "e2e").collect();
     assert!(e2e.iter().all(|r| r[0] == today), "{rows:?}");
-    let calls: u64 = e2e.iter().map(|r| r[5].parse::<u64>().unwrap()).sum();
+    let calls: u64 = e2e.iter().map(|r| r[6].parse::<u64>().unwrap()).sum();
     assert_eq!(calls, calls_of_run, "every call of the key, once: {rows:?}");
-    let lane = |provider: &str, model: &str| {
+    let lane = |provider: &str, model: &str, protocol: &str| {
         *e2e.iter()
-            .find(|r| r[3] == provider && r[4] == model)
-            .unwrap_or_else(|| panic!("no line for {provider}/{model}: {rows:?}"))
+            .find(|r| r[3] == provider && r[4] == model && r[5] == protocol)
+            .unwrap_or_else(|| panic!("no line for {provider}/{model}/{protocol}: {rows:?}"))
     };
-    // Three calls of 12 + 30 tokens on p1's m1, at $1000 per million: $0.126.
-    let m1 = lane("p1", "m1");
-    assert_eq!(&m1[5..10], ["3", "3", "0", "36", "90"], "{m1:?}");
-    assert!(
-        (m1[10].parse::<f64>().unwrap() - 0.126).abs() < 1e-9,
-        "{m1:?}"
-    );
+    // Calls of 12 + 30 tokens on p1's m1, at $1000 per million: three by chat completions
+    // ($0.126), one by Anthropic messages ($0.042).
+    for (protocol, calls, tokens, cost) in [
+        ("chat", "3", ["36", "90"], 0.126),
+        ("messages", "1", ["12", "30"], 0.042),
+    ] {
+        let m1 = lane("p1", "m1", protocol);
+        assert_eq!(
+            &m1[6..11],
+            [calls, calls, "0", tokens[0], tokens[1]],
+            "{m1:?}"
+        );
+        assert!(
+            (m1[11].parse::<f64>().unwrap() - cost).abs() < 1e-9,
+            "{m1:?}"
+        );
+    }
     // The hostile model's call on p2, its name as it is.
-    assert_eq!(&lane("p2", HOSTILE_MODEL)[5..7], ["1", "1"], "{rows:?}");
+    assert_eq!(
+        &lane("p2", HOSTILE_MODEL, "chat")[6..8],
+        ["1", "1"],
+        "{rows:?}"
+    );
     assert!(
         download["name"]
             .as_str()

@@ -4,9 +4,9 @@
 //! | route | does |
 //! |---|---|
 //! | `GET /ui` (and `GET /admin/ui`, which the gateway's listener forwards) | the page; `ui/app.js` and `ui/app.css` beside it. Compiled into the binary; no token needed: they hold no data |
-//! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month, and what is wrong now |
+//! | `GET /admin/console` | the last minute's calls per second, success rate and p50/p99 latency (all, per provider, per protocol), spend today and this month (all, per provider, per protocol), and what is wrong now |
 //! | `GET /admin/console/ledger` | `GET /admin/ledger` with a `forecast` in each window: at the last five minutes' rate, when what is left runs out; and `inFlight`, the attempts in flight per provider key as the Envoys last reported them |
-//! | `GET /admin/console/usage?from=&to=` | usage per day, per key (each with its rows per day, provider and model: the CSV export), and per day, provider and model: the key store's usage rows |
+//! | `GET /admin/console/usage?from=&to=` | usage per day, per key (each with its rows per day, provider, model and protocol: the CSV export), and per day, provider, model and protocol: the key store's usage rows |
 //!
 //! The page holds the admin token for the tab only (`sessionStorage`) and sends it as
 //! `Authorization: Bearer`; the API never reads a cookie, so another site's page cannot act
@@ -27,7 +27,7 @@ use crate::api::admin::auth::Caller;
 use crate::api::admin::state::AdminApi;
 use crate::api::error::ApiError;
 use crate::api::pulse::{forecast, Pulse};
-use crate::keys::store::UsageDay;
+use crate::keys::store::{protocol_name, UsageDay};
 
 /// The page, its script and its style, as shipped.
 const PAGE: &str = include_str!("../../ui/index.html");
@@ -227,7 +227,7 @@ pub fn problems(health: &Value, ledger: &Value) -> Vec<Value> {
 // ---------------------------------------------------------------------------------------------
 
 /// Every key's usage from `from` to `to`: `(from, to, keys)`, each key with its `days`, its
-/// `lanes` (rows per day, provider and model) and its `total`.
+/// `lanes` (rows per day, provider, model and protocol) and its `total`.
 async fn key_usage(
     api: &AdminApi,
     from: Option<String>,
@@ -243,9 +243,11 @@ async fn key_usage(
             Vec::new()
         } else {
             let range = (Some(report.from.clone()), Some(report.to.clone()));
-            api.lane_usage(range.0, range.1, Some(key.id.clone()))
-                .await?
-                .2
+            named_protocols(
+                api.lane_usage(range.0, range.1, Some(key.id.clone()))
+                    .await?
+                    .2,
+            )
         };
         first = report.from;
         last = report.to;
@@ -275,17 +277,22 @@ fn by_day(keys: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// Spend today and this month, in all and per provider, from this month's usage rows.
+/// Spend today and this month, in all, per provider and per client protocol, from this month's
+/// usage rows.
 fn spend_of(rows: &[UsageDay], today: &str) -> Value {
     let (mut day, mut month) = (0.0, 0.0);
     let mut providers: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    let mut protocols: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
     for row in rows {
-        let p = providers.entry(row.provider.as_str()).or_default();
         month += row.cost;
-        p.1 += row.cost;
-        if row.day == today {
-            day += row.cost;
-            p.0 += row.cost;
+        let today_cost = if row.day == today { row.cost } else { 0.0 };
+        day += today_cost;
+        for spent in [
+            providers.entry(row.provider.as_str()).or_default(),
+            protocols.entry(protocol_name(&row.protocol)).or_default(),
+        ] {
+            spent.0 += today_cost;
+            spent.1 += row.cost;
         }
     }
     let providers: Vec<Value> = providers
@@ -294,7 +301,22 @@ fn spend_of(rows: &[UsageDay], today: &str) -> Value {
             json!({ "name": (!name.is_empty()).then_some(name), "today": today, "month": month })
         })
         .collect();
-    json!({ "today": day, "month": month, "day": today, "providers": providers })
+    let protocols: Vec<Value> = protocols
+        .into_iter()
+        .map(|(name, (today, month))| json!({ "name": name, "today": today, "month": month }))
+        .collect();
+    json!({
+        "today": day, "month": month, "day": today,
+        "providers": providers, "protocols": protocols,
+    })
+}
+
+/// Usage rows as the console shows them: the protocol named ([`protocol_name`]).
+fn named_protocols(mut rows: Vec<UsageDay>) -> Vec<UsageDay> {
+    for row in &mut rows {
+        row.protocol = protocol_name(&row.protocol).to_owned();
+    }
+    rows
 }
 
 /// `GET /admin/console`.
@@ -350,7 +372,7 @@ pub(crate) async fn usage(
         "to": to,
         "days": days,
         "keys": keys,
-        "lanes": lanes,
+        "lanes": named_protocols(lanes),
         "cache": api.engine().stats().cache,
     })))
 }
@@ -551,31 +573,43 @@ mod tests {
     }
 
     #[test]
-    fn spend_adds_up_the_usage_rows_today_and_this_month_per_provider() {
-        let row = |day: &str, provider: &str, cost: f64| UsageDay {
+    fn spend_adds_up_the_usage_rows_today_and_this_month_per_provider_and_protocol() {
+        let row = |day: &str, provider: &str, protocol: &str, cost: f64| UsageDay {
             day: day.into(),
             provider: provider.into(),
             model: "m1".into(),
+            protocol: protocol.into(),
             cost,
             ..UsageDay::default()
         };
         let rows = [
-            row("2026-01-01", "p1", 1.0),
-            row("2026-01-02", "p1", 0.5),
-            row("2026-01-02", "p2", 0.25),
-            row("2026-01-02", "", 0.0),
+            row("2026-01-01", "p1", "chat", 1.0),
+            row("2026-01-02", "p1", "chat", 0.5),
+            row("2026-01-02", "p1", "messages", 0.125),
+            row("2026-01-02", "p2", "messages", 0.25),
+            // A row from before usage had a protocol (or from an old data plane).
+            row("2026-01-01", "p2", "", 2.0),
+            row("2026-01-02", "", "chat", 0.0),
         ];
         let s = spend_of(&rows, "2026-01-02");
         assert_eq!(
             (s["today"].as_f64(), s["month"].as_f64()),
-            (Some(0.75), Some(1.75))
+            (Some(0.875), Some(3.875))
         );
         assert_eq!(
             s["providers"],
             json!([
                 { "name": null, "today": 0.0, "month": 0.0 },
-                { "name": "p1", "today": 0.5, "month": 1.5 },
-                { "name": "p2", "today": 0.25, "month": 0.25 },
+                { "name": "p1", "today": 0.625, "month": 1.625 },
+                { "name": "p2", "today": 0.25, "month": 2.25 },
+            ])
+        );
+        assert_eq!(
+            s["protocols"],
+            json!([
+                { "name": "chat", "today": 0.5, "month": 1.5 },
+                { "name": "messages", "today": 0.375, "month": 0.375 },
+                { "name": "unknown", "today": 0.0, "month": 2.0 },
             ])
         );
     }

@@ -2,7 +2,7 @@
 //! minutes' calls and attempts: rates, latency, the forecasts' rates), and the forecast of when
 //! what a window has left runs out. The admin API holds one [`Pulse`]; the console's routes
 //! ([`crate::api::console`]) read it. Usage and spend by day are not kept here: they are the key
-//! store's usage rows (per key, day, provider and model), which outlive a restart and which
+//! store's usage rows (per key, day, provider, model and protocol), which outlive a restart and which
 //! control planes sharing the store agree on.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::clock::Clock;
 use crate::engine::Engine;
 use crate::engine::ReportObserver;
+use crate::keys::store::protocol_name;
 
 /// The calls the overview's rates and percentiles are taken over.
 pub const PULSE_WINDOW_MS: i64 = 60_000;
@@ -75,15 +76,6 @@ impl std::fmt::Debug for Pulse {
     }
 }
 
-/// A call's protocol as counted: `unknown` from a data plane too old to say.
-fn protocol_of(protocol: &str) -> &str {
-    if protocol.is_empty() {
-        "unknown"
-    } else {
-        protocol
-    }
-}
-
 impl Pulse {
     /// A pulse observing `engine`'s reports from now on.
     pub fn attach(engine: &Arc<Engine>, clock: Arc<dyn Clock>) -> Arc<Self> {
@@ -129,7 +121,7 @@ impl Pulse {
                 ok: r.outcome() == pb::RequestResult::Success,
                 latency_ms: r.latency_ms,
                 provider: r.provider.clone(),
-                protocol: protocol_of(&r.protocol).to_owned(),
+                protocol: protocol_name(&r.protocol).to_owned(),
             });
         }
         for a in &batch.attempts {

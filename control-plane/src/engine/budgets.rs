@@ -280,6 +280,7 @@ mod tests {
             profile: "fast",
             provider: "openai",
             model: "gpt-4o",
+            protocol: "chat",
             prompt_tokens: tokens,
             completion_tokens: 0,
             cached_tokens: 0,

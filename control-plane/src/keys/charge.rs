@@ -34,6 +34,8 @@ pub struct Charge<'a> {
     pub provider: &'a str,
     /// The model the attempt called.
     pub model: &'a str,
+    /// The client protocol of the call (empty from a data plane too old to say).
+    pub protocol: &'a str,
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     /// Of the prompt tokens, those the provider served from its cache.
@@ -60,6 +62,7 @@ pub fn charge<'a>(config: &Config, attempt: &'a pb::AttemptOutcome) -> Option<Ch
         profile: &attempt.profile,
         provider: &attempt.provider,
         model: &attempt.model,
+        protocol: &attempt.protocol,
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         cached_tokens: usage.cached_tokens,

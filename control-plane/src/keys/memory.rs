@@ -88,7 +88,7 @@ impl KeyStore for MemoryKeyStore {
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError> {
         let inner = lock(&self.inner);
         let mut days: BTreeMap<&str, UsageDay> = BTreeMap::new();
-        for ((key, day, _, _), row) in &inner.usage {
+        for ((key, day, ..), row) in &inner.usage {
             if key == id && day.as_str() >= from && day.as_str() <= to {
                 days.entry(day)
                     .or_insert_with(|| UsageDay {
@@ -108,11 +108,11 @@ impl KeyStore for MemoryKeyStore {
         key: Option<&str>,
     ) -> Result<Vec<UsageDay>, KeyStoreError> {
         let inner = lock(&self.inner);
-        let mut lanes: BTreeMap<(&str, &str, &str), UsageDay> = BTreeMap::new();
-        for ((id, day, provider, model), row) in &inner.usage {
+        let mut lanes: BTreeMap<(&str, &str, &str, &str), UsageDay> = BTreeMap::new();
+        for ((id, day, provider, model, protocol), row) in &inner.usage {
             if day.as_str() >= from && day.as_str() <= to && key.is_none_or(|k| k == id) {
                 let lane = lanes
-                    .entry((day, provider, model))
+                    .entry((day, provider, model, protocol))
                     .or_insert_with(|| row.empty_like());
                 lane.add(row);
                 lane.outcomes.clear();
@@ -128,7 +128,7 @@ impl KeyStore for MemoryKeyStore {
     ) -> Result<HashMap<String, QuotaUsage>, KeyStoreError> {
         let inner = lock(&self.inner);
         let mut out: HashMap<String, QuotaUsage> = HashMap::new();
-        for ((id, day, _, _), row) in &inner.usage {
+        for ((id, day, ..), row) in &inner.usage {
             if day.as_str() >= first && day.as_str() <= today {
                 out.entry(id.clone()).or_default().add(row, today);
             }

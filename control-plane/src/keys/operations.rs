@@ -993,6 +993,7 @@ mod tests {
             day: day.into(),
             provider: "p1".into(),
             model: if outcome == "success" { "m1" } else { "m2" }.into(),
+            protocol: "chat".into(),
             requests: 1,
             successes: u64::from(outcome == "success"),
             failures: u64::from(outcome != "success"),

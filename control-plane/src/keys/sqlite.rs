@@ -130,26 +130,28 @@ impl SqliteKeyStore {
     }
 }
 
-/// The usage columns added up, in [`usage_from_row`]'s order after day, provider and model.
+/// The usage columns added up, in [`usage_from_row`]'s order after day, provider, model and
+/// protocol.
 const USAGE_SUMS: &str = "SUM(requests), SUM(successes), SUM(failures), \
      SUM(prompt_tokens), SUM(completion_tokens), SUM(cost), SUM(latency_ms), \
      SUM(cached_tokens), SUM(saved)";
 
-/// A usage row of `SELECT day, provider, model, {USAGE_SUMS}` (no outcomes).
+/// A usage row of `SELECT day, provider, model, protocol, {USAGE_SUMS}` (no outcomes).
 fn usage_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<UsageDay> {
     Ok(UsageDay {
         day: row.get(0)?,
         provider: row.get(1)?,
         model: row.get(2)?,
-        requests: sql_u64(row.get(3)?),
-        successes: sql_u64(row.get(4)?),
-        failures: sql_u64(row.get(5)?),
-        prompt_tokens: sql_u64(row.get(6)?),
-        completion_tokens: sql_u64(row.get(7)?),
-        cost: row.get(8)?,
-        latency_ms: sql_u64(row.get(9)?),
-        cached_tokens: sql_u64(row.get(10)?),
-        saved: row.get(11)?,
+        protocol: row.get(3)?,
+        requests: sql_u64(row.get(4)?),
+        successes: sql_u64(row.get(5)?),
+        failures: sql_u64(row.get(6)?),
+        prompt_tokens: sql_u64(row.get(7)?),
+        completion_tokens: sql_u64(row.get(8)?),
+        cost: row.get(9)?,
+        latency_ms: sql_u64(row.get(10)?),
+        cached_tokens: sql_u64(row.get(11)?),
+        saved: row.get(12)?,
         outcomes: BTreeMap::new(),
     })
 }
@@ -235,9 +237,9 @@ impl KeyStore for SqliteKeyStore {
             tx.prepare_cached(
                 "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
                  prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
-                 provider, model) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
-                 ON CONFLICT (key_id, day, provider, model) DO UPDATE SET \
+                 provider, model, protocol) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+                 ON CONFLICT (key_id, day, provider, model, protocol) DO UPDATE SET \
                  requests = requests + excluded.requests, \
                  successes = successes + excluded.successes, \
                  failures = failures + excluded.failures, \
@@ -263,6 +265,7 @@ impl KeyStore for SqliteKeyStore {
                     row.saved,
                     row.provider,
                     row.model,
+                    row.protocol,
                 ])
             })
             .map_err(storage)?;
@@ -313,7 +316,7 @@ impl KeyStore for SqliteKeyStore {
         let conn = self.conn();
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT day, '', '', {USAGE_SUMS} FROM key_usage \
+                "SELECT day, '', '', '', {USAGE_SUMS} FROM key_usage \
                      WHERE key_id = ?1 AND day >= ?2 AND day <= ?3 \
                      GROUP BY day ORDER BY day"
             ))
@@ -355,9 +358,10 @@ impl KeyStore for SqliteKeyStore {
         let conn = self.conn();
         let mut stmt = conn
             .prepare_cached(&format!(
-                "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
+                "SELECT day, provider, model, protocol, {USAGE_SUMS} FROM key_usage \
                  WHERE day >= ?1 AND day <= ?2 AND (?3 IS NULL OR key_id = ?3) \
-                 GROUP BY day, provider, model ORDER BY day, provider, model"
+                 GROUP BY day, provider, model, protocol \
+                 ORDER BY day, provider, model, protocol"
             ))
             .map_err(storage)?;
         let rows = stmt
@@ -475,29 +479,37 @@ impl KeyStore for SqliteKeyStore {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::keys::memory::MemoryKeyStore;
 
-    #[test]
-    fn usage_rows_written_before_provider_and_model_survive_the_migration() {
-        let dir = std::env::temp_dir().join(format!("ai-router-migrate-{}", std::process::id()));
+    /// A new file in a new directory `tag` as the binary that ran the first `version`
+    /// migrations left it, with `rows` (SQL) written: `(dir, path)`.
+    fn file_at_version(tag: &str, version: usize, rows: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("ai-router-{tag}-{}", std::process::id()));
         let path = dir.join("keys.sqlite");
         let _ = std::fs::remove_file(&path);
         std::fs::create_dir_all(&dir).unwrap();
-        // A file as the binary before usage rows had a lane wrote it.
-        {
-            let conn = rusqlite::Connection::open(&path).unwrap();
-            for migration in &crate::store::sqlite::MIGRATIONS[..10] {
-                conn.execute_batch(migration).unwrap();
-            }
-            conn.pragma_update(None, "user_version", 10).unwrap();
-            conn.execute(
-                "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, cost) \
-                 VALUES ('key_a', '2026-03-15', 3, 30, 0.5)",
-                [],
-            )
-            .unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for migration in &crate::store::sqlite::MIGRATIONS[..version] {
+            conn.execute_batch(migration).unwrap();
         }
+        conn.pragma_update(None, "user_version", version as i64)
+            .unwrap();
+        conn.execute_batch(rows).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn usage_rows_written_before_provider_and_model_survive_the_migration() {
+        // A file as the binary before usage rows had a lane wrote it.
+        let (dir, path) = file_at_version(
+            "migrate",
+            10,
+            "INSERT INTO key_usage (key_id, day, requests, prompt_tokens, cost) \
+             VALUES ('key_a', '2026-03-15', 3, 30, 0.5)",
+        );
         let store = SqliteKeyStore::open(&path).unwrap();
         let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
         assert_eq!((days.len(), days[0].requests, days[0].cost), (1, 3, 0.5));
@@ -513,6 +525,68 @@ mod tests {
             .map(|l| (l.provider.as_str(), l.model.as_str(), l.requests))
             .collect();
         assert_eq!(lanes, vec![("", "", 3), ("p1", "m1", 3)]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn usage_rows_written_before_the_protocol_survive_the_migration_with_an_empty_one() {
+        // A file as the binary before usage rows had a protocol wrote it (every migration but
+        // the last): two lanes of a day.
+        let (dir, path) = file_at_version(
+            "migrate-protocol",
+            crate::store::sqlite::MIGRATIONS.len() - 1,
+            "INSERT INTO key_usage (key_id, day, provider, model, requests, prompt_tokens, \
+             cost, saved) VALUES ('key_a', '2026-03-15', 'p1', 'm1', 3, 30, 0.5, 0.125), \
+             ('key_a', '2026-03-15', 'p2', 'm2', 1, 10, 0.25, 0.0); \
+             INSERT INTO key_usage_outcomes (key_id, day, outcome, count) \
+             VALUES ('key_a', '2026-03-15', 'success', 4);",
+        );
+        let store = SqliteKeyStore::open(&path).unwrap();
+        let lanes = |store: &SqliteKeyStore| -> Vec<(String, String, u64, f64)> {
+            store
+                .lane_usage("2026-03-15", "2026-03-15", Some("key_a"))
+                .unwrap()
+                .into_iter()
+                .map(|l| (l.provider, l.protocol, l.requests, l.cost))
+                .collect()
+        };
+        assert_eq!(
+            lanes(&store),
+            vec![
+                ("p1".into(), String::new(), 3, 0.5),
+                ("p2".into(), String::new(), 1, 0.25),
+            ]
+        );
+        // New rows of the same lane by a protocol are rows of their own; the key's day adds
+        // every protocol up, its outcomes kept.
+        let messages = UsageDay {
+            day: "2026-03-15".into(),
+            provider: "p1".into(),
+            model: "m1".into(),
+            protocol: "messages".into(),
+            requests: 2,
+            cost: 0.25,
+            ..UsageDay::default()
+        };
+        store.record_usage(&[("key_a".into(), messages)]).unwrap();
+        assert_eq!(
+            lanes(&store),
+            vec![
+                ("p1".into(), String::new(), 3, 0.5),
+                ("p1".into(), "messages".into(), 2, 0.25),
+                ("p2".into(), String::new(), 1, 0.25),
+            ]
+        );
+        let days = store.usage("key_a", "2026-03-01", "2026-03-31").unwrap();
+        assert_eq!(days.len(), 1);
+        let day = &days[0];
+        assert_eq!((day.requests, day.prompt_tokens, day.cost), (6, 40, 1.0));
+        assert_eq!((day.saved, day.outcomes["success"]), (0.125, 4));
+        assert!(
+            day.provider.is_empty() && day.protocol.is_empty(),
+            "{day:?}"
+        );
+        drop(store);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

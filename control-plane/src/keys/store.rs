@@ -87,10 +87,13 @@ impl StoredKey {
     }
 }
 
-/// One key's usage on one UTC day through one provider and model (a stored row), or added up
-/// over those (a key's day: `provider` and `model` empty; a total over a range: `day` empty
-/// too). A request counts on the lane that answered it last (empty when none did); tokens,
-/// cost and savings on the lane of the attempt that used them.
+/// One key's usage on one UTC day through one provider and model by one client protocol (a
+/// stored row), or added up over those (a key's day: `provider`, `model` and `protocol` empty;
+/// a total over a range: `day` empty too). A request counts on the lane that answered it last
+/// (empty when none did); tokens, cost and savings on the lane of the attempt that used them;
+/// all of them on the protocol the client called by (`RequestOutcome.protocol`, which each of
+/// its attempts carries too: `chat`, `responses`, `messages`, `gemini`, `embeddings`; empty
+/// from a data plane too old to say, shown as [`protocol_name`] says).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageDay {
@@ -100,6 +103,8 @@ pub struct UsageDay {
     pub provider: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub protocol: String,
     pub requests: u64,
     pub successes: u64,
     pub failures: u64,
@@ -117,8 +122,18 @@ pub struct UsageDay {
     pub outcomes: BTreeMap<String, u64>,
 }
 
-/// A stored usage row's identity: key id, day, provider, model.
-pub type UsageRowId = (String, String, String, String);
+/// A stored usage row's identity: key id, day, provider, model, protocol.
+pub type UsageRowId = (String, String, String, String, String);
+
+/// A client protocol as shown (the console's calls and spend per protocol): `unknown` for the
+/// empty one of a data plane too old to say.
+pub fn protocol_name(protocol: &str) -> &str {
+    if protocol.is_empty() {
+        "unknown"
+    } else {
+        protocol
+    }
+}
 
 impl UsageDay {
     /// This row's identity as `key`'s.
@@ -128,15 +143,17 @@ impl UsageDay {
             self.day.clone(),
             self.provider.clone(),
             self.model.clone(),
+            self.protocol.clone(),
         )
     }
 
-    /// An empty row with this row's day, provider and model.
+    /// An empty row with this row's day, provider, model and protocol.
     pub fn empty_like(&self) -> UsageDay {
         UsageDay {
             day: self.day.clone(),
             provider: self.provider.clone(),
             model: self.model.clone(),
+            protocol: self.protocol.clone(),
             ..UsageDay::default()
         }
     }
@@ -252,11 +269,12 @@ pub trait KeyStore: Send + Sync {
         let _ = id;
         Ok(false)
     }
-    /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first.
+    /// The day rows of `id` from `from` to `to` (`YYYY-MM-DD`, inclusive), oldest first: its
+    /// rows of each day added up over providers, models and protocols.
     fn usage(&self, id: &str, from: &str, to: &str) -> Result<Vec<UsageDay>, KeyStoreError>;
     /// Every key's rows (only `key`'s when given) from `from` to `to` (`YYYY-MM-DD`,
-    /// inclusive) added up per day, provider and model (no outcomes), oldest first: the spend
-    /// per provider and model.
+    /// inclusive) added up per day, provider, model and protocol (no outcomes), oldest first:
+    /// the spend per provider, model and protocol.
     fn lane_usage(
         &self,
         from: &str,

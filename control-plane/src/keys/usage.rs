@@ -1,6 +1,6 @@
 //! Usage accounting: every report batch the filters send becomes usage rows per virtual key,
-//! UTC day, provider and model in the key store (the console's spend per provider and model
-//! reads the same rows as a key's usage).
+//! UTC day, provider, model and client protocol in the key store (the console's spend per
+//! provider, model and protocol reads the same rows as a key's usage).
 //!
 //! - A [`pb::RequestOutcome`] counts one request for its virtual key: a success or a failure
 //!   (`error:<class>`, `rejected:<code>`), its latency and its outcome.
@@ -9,6 +9,10 @@
 //!   (`ai_router_contract::price`: prompt tokens at the input price, those served from the
 //!   provider's cache at `cachedInput`, completion tokens at the output price, per million; a
 //!   model without a cost counts 0). A request outcome's own usage is not counted again.
+//!
+//! A request and its attempts count on one protocol: each attempt carries its call's
+//! (`AttemptOutcome.protocol`, from the same rule as `RequestOutcome.protocol` in the filter),
+//! so its tokens land on its request's protocol even when the two come in different batches.
 //!
 //! Reports without a virtual key id (a request refused before it authenticated) count nowhere.
 //! The engine hands each batch to [`UsageRecorder::observe`], which only queues the rows;
@@ -28,7 +32,7 @@ use crate::config::Config;
 use crate::keys::store::{merge_budget_use, utc_day, BudgetUse, KeyStore, UsageDay, UsageRowId};
 
 type Rows = Vec<(String, UsageDay)>;
-/// Usage rows by their identity (key id, day, provider, model).
+/// Usage rows by their identity (key id, day, provider, model, protocol).
 pub type RowMap = BTreeMap<UsageRowId, UsageDay>;
 
 /// What the writer receives, in order.
@@ -71,22 +75,29 @@ pub fn saving_of(config: &Config, attempt: &pb::AttemptOutcome) -> f64 {
     (first - here).max(0.0)
 }
 
-/// The usage rows of one batch, merged per (key id, day, provider, model).
+/// The usage rows of one batch, merged per (key id, day, provider, model, protocol).
 pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows {
     let mut rows = RowMap::new();
     fn row<'a>(
         rows: &'a mut RowMap,
         id: &str,
-        (provider, model): (&str, &str),
+        (provider, model, protocol): (&str, &str, &str),
         at_ms: i64,
         now_ms: i64,
     ) -> &'a mut UsageDay {
         let day = utc_day(if at_ms > 0 { at_ms } else { now_ms });
-        let at = (id.to_owned(), day, provider.to_owned(), model.to_owned());
+        let at = (
+            id.to_owned(),
+            day,
+            provider.to_owned(),
+            model.to_owned(),
+            protocol.to_owned(),
+        );
         rows.entry(at.clone()).or_insert_with(|| UsageDay {
             day: at.1,
             provider: at.2,
             model: at.3,
+            protocol: at.4,
             ..UsageDay::default()
         })
     }
@@ -94,7 +105,11 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         if request.virtual_key_id.is_empty() {
             continue;
         }
-        let lane = (request.provider.as_str(), request.model.as_str());
+        let lane = (
+            request.provider.as_str(),
+            request.model.as_str(),
+            request.protocol.as_str(),
+        );
         let entry = row(
             &mut rows,
             &request.virtual_key_id,
@@ -125,7 +140,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         if charge.key.is_empty() {
             continue;
         }
-        let lane = (charge.provider, charge.model);
+        let lane = (charge.provider, charge.model, charge.protocol);
         let entry = row(&mut rows, charge.key, lane, charge.at_ms, now_ms);
         entry.prompt_tokens = entry.prompt_tokens.saturating_add(charge.prompt_tokens);
         entry.completion_tokens = entry
@@ -145,7 +160,11 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
         }
         let saved = saving_of(config, attempt);
         if saved != 0.0 {
-            let lane = (attempt.provider.as_str(), attempt.model.as_str());
+            let lane = (
+                attempt.provider.as_str(),
+                attempt.model.as_str(),
+                attempt.protocol.as_str(),
+            );
             row(
                 &mut rows,
                 &attempt.virtual_key_id,
@@ -278,7 +297,7 @@ impl UsageRecorder {
     }
 }
 
-/// Adds `rows` to the rows by (key id, day, provider, model).
+/// Adds `rows` to the rows by (key id, day, provider, model, protocol).
 pub(crate) fn merge(into: &mut RowMap, rows: Rows) {
     for (id, row) in rows {
         into.entry(row.row_id(&id))
@@ -623,5 +642,65 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(usage_rows(&config, &miss, AT)[0].1.saved, 0.0);
+    }
+
+    #[test]
+    fn a_request_and_its_attempts_count_on_the_protocol_the_client_called_by() -> Result<(), String>
+    {
+        let config = config()?;
+        let request = |protocol: &str| pb::RequestOutcome {
+            virtual_key_id: "key_a".into(),
+            outcome: pb::RequestResult::Success.into(),
+            provider: "p".into(),
+            model: "m".into(),
+            protocol: protocol.into(),
+            at_ms: AT,
+            ..Default::default()
+        };
+        let attempt = |protocol: &str, prompt_tokens| pb::AttemptOutcome {
+            virtual_key_id: "key_a".into(),
+            provider: "p".into(),
+            model: "m".into(),
+            protocol: protocol.into(),
+            outcome: pb::AttemptResult::Success.into(),
+            usage: Some(pb::Usage {
+                prompt_tokens,
+                ..Default::default()
+            }),
+            at_ms: AT,
+            ..Default::default()
+        };
+        // An Anthropic messages call whose attempts came in an earlier batch than its outcome,
+        // a chat completion, and a call from a data plane too old to name its protocol.
+        let attempts = pb::ReportBatch {
+            attempts: vec![attempt("messages", 100_000), attempt("messages", 50_000)],
+            ..Default::default()
+        };
+        let requests = pb::ReportBatch {
+            requests: vec![request("messages"), request("chat"), request("")],
+            attempts: vec![attempt("chat", 10_000), attempt("", 1_000)],
+            ..Default::default()
+        };
+        let mut merged = RowMap::new();
+        merge(&mut merged, usage_rows(&config, &attempts, AT));
+        merge(&mut merged, usage_rows(&config, &requests, AT));
+        let per_protocol: Vec<(&str, u64, u64)> = merged
+            .values()
+            .map(|r| (r.protocol.as_str(), r.requests, r.prompt_tokens))
+            .collect();
+        assert_eq!(
+            per_protocol,
+            vec![
+                ("", 1, 1_000),
+                ("chat", 1, 10_000),
+                ("messages", 1, 150_000)
+            ]
+        );
+        assert!(merged.values().all(|r| r.provider == "p" && r.model == "m"));
+        // At 2.0 per million prompt tokens.
+        for (row, cost) in merged.values().zip([0.002, 0.02, 0.3]) {
+            assert!((row.cost - cost).abs() < 1e-12, "{row:?}");
+        }
+        Ok(())
     }
 }

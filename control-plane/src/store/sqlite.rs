@@ -173,6 +173,32 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP TABLE key_usage;
     ALTER TABLE key_usage_lanes RENAME TO key_usage;
     CREATE INDEX key_usage_day ON key_usage (day);",
+    // 11 -> 12: usage rows per client protocol too (the console's spend per protocol); the rows
+    // so far keep an empty protocol.
+    "CREATE TABLE key_usage_protocols (
+        key_id TEXT NOT NULL,
+        day TEXT NOT NULL,
+        provider TEXT NOT NULL DEFAULT '',
+        model TEXT NOT NULL DEFAULT '',
+        protocol TEXT NOT NULL DEFAULT '',
+        requests INTEGER NOT NULL DEFAULT 0,
+        successes INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0,
+        completion_tokens INTEGER NOT NULL DEFAULT 0,
+        cost REAL NOT NULL DEFAULT 0,
+        latency_ms INTEGER NOT NULL DEFAULT 0,
+        cached_tokens INTEGER NOT NULL DEFAULT 0,
+        saved REAL NOT NULL DEFAULT 0,
+        PRIMARY KEY (key_id, day, provider, model, protocol)
+    );
+    INSERT INTO key_usage_protocols (key_id, day, provider, model, requests, successes,
+        failures, prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved)
+        SELECT key_id, day, provider, model, requests, successes, failures, prompt_tokens,
+        completion_tokens, cost, latency_ms, cached_tokens, saved FROM key_usage;
+    DROP TABLE key_usage;
+    ALTER TABLE key_usage_protocols RENAME TO key_usage;
+    CREATE INDEX key_usage_day ON key_usage (day);",
 ];
 
 /// Opens (and creates or migrates) the database at `path`.

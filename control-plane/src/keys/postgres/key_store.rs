@@ -174,7 +174,7 @@ impl KeyStore for PostgresKeyStore {
             let rows = client
                 .query(
                     &format!(
-                        "SELECT day, ''::TEXT, ''::TEXT, {USAGE_SUMS} FROM key_usage \
+                        "SELECT day, ''::TEXT, ''::TEXT, ''::TEXT, {USAGE_SUMS} FROM key_usage \
                          WHERE key_id = $1 AND day >= $2 AND day <= $3 GROUP BY day ORDER BY day"
                     ),
                     &[&id, &from, &to],
@@ -211,9 +211,10 @@ impl KeyStore for PostgresKeyStore {
             let rows = client
                 .query(
                     &format!(
-                        "SELECT day, provider, model, {USAGE_SUMS} FROM key_usage \
+                        "SELECT day, provider, model, protocol, {USAGE_SUMS} FROM key_usage \
                          WHERE day >= $1 AND day <= $2 AND ($3::TEXT IS NULL OR key_id = $3) \
-                         GROUP BY day, provider, model ORDER BY day, provider, model"
+                         GROUP BY day, provider, model, protocol \
+                         ORDER BY day, provider, model, protocol"
                     ),
                     &[&from, &to, &key],
                 )

@@ -6,7 +6,7 @@ use crate::keys::store::KeyStoreError;
 use super::connection::PostgresKeyStore;
 use super::rows::*;
 
-const MIGRATIONS: &[&str] = &[
+pub(super) const MIGRATIONS: &[&str] = &[
     // 0 -> 1
     "CREATE TABLE virtual_keys (
         id TEXT PRIMARY KEY,
@@ -95,6 +95,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE key_usage ADD COLUMN model TEXT NOT NULL DEFAULT '';
     ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
     ALTER TABLE key_usage ADD PRIMARY KEY (key_id, day, provider, model);",
+    // 8 -> 9: usage rows per client protocol too (as SQLite's 11 -> 12); the rows so far keep
+    // an empty protocol.
+    "ALTER TABLE key_usage ADD COLUMN protocol TEXT NOT NULL DEFAULT '';
+    ALTER TABLE key_usage DROP CONSTRAINT key_usage_pkey;
+    ALTER TABLE key_usage ADD PRIMARY KEY (key_id, day, provider, model, protocol);",
 ];
 
 /// The schema version this binary writes.

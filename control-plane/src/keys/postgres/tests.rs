@@ -306,6 +306,69 @@ fn keys_usage_and_migrations_through_a_real_postgres() -> anyhow::Result<()> {
 }
 
 #[test]
+fn usage_rows_before_the_protocol_migrate_with_an_empty_one_and_new_ones_split_by_it(
+) -> anyhow::Result<()> {
+    static PROTOCOLS: StoreHealth = StoreHealth::new("pg-protocol-test");
+    let pg = servers::PostgresServer::start()?;
+    let a = PostgresKeyStore::with_health(&pg.url(), &PROTOCOLS)?;
+    // The database as the binary before usage rows had a protocol left it, with a row.
+    a.call(|client| async move {
+        let err = |e: tokio_postgres::Error| pg_error(&e);
+        client
+            .batch_execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+            .await
+            .map_err(err)?;
+        for migration in &super::schema::MIGRATIONS[..8] {
+            client.batch_execute(migration).await.map_err(err)?;
+        }
+        client
+            .batch_execute(
+                "CREATE TABLE ai_router_schema (id INTEGER PRIMARY KEY CHECK (id = 1), \
+                 version INTEGER NOT NULL); \
+                 INSERT INTO ai_router_schema (id, version) VALUES (1, 8); \
+                 INSERT INTO key_usage (key_id, day, provider, model, requests, cost) \
+                 VALUES ('vk', '2026-12-01', 'p1', 'm1', 3, 0.75);",
+            )
+            .await
+            .map_err(err)
+    })?;
+    let b = PostgresKeyStore::with_health(&pg.url(), &PROTOCOLS)?;
+    let lanes = |store: &PostgresKeyStore| -> anyhow::Result<Vec<(String, String, u64)>> {
+        Ok(store
+            .lane_usage("2026-12-01", "2026-12-01", None)?
+            .into_iter()
+            .map(|l| (l.provider, l.protocol, l.requests))
+            .collect())
+    };
+    assert_eq!(lanes(&b)?, [("p1".into(), String::new(), 3)]);
+    let by = |protocol: &str, requests| UsageDay {
+        provider: "p1".into(),
+        model: "m1".into(),
+        protocol: protocol.into(),
+        ..day("2026-12-01", requests, "success")
+    };
+    b.record_usage(&[
+        ("vk".into(), by("messages", 2)),
+        ("vk".into(), by("chat", 1)),
+    ])?;
+    b.record_usage(&[("vk".into(), by("messages", 1))])?;
+    assert_eq!(
+        lanes(&b)?,
+        [
+            ("p1".into(), String::new(), 3),
+            ("p1".into(), "chat".into(), 1),
+            ("p1".into(), "messages".into(), 3),
+        ]
+    );
+    // A key's day adds up every protocol, as before.
+    let days = b.usage("vk", "2026-12-01", "2026-12-01")?;
+    assert_eq!((days.len(), days[0].requests), (1, 7));
+    assert!((days[0].cost - 1.75).abs() < 1e-9, "{days:?}");
+    assert!(days[0].protocol.is_empty(), "{days:?}");
+    Ok(())
+}
+
+#[test]
 fn a_report_batch_counted_through_one_control_plane_is_known_to_all() -> anyhow::Result<()> {
     static REPORTS: StoreHealth = StoreHealth::new("pg-report-test");
     let pg = servers::PostgresServer::start()?;

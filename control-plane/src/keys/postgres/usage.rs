@@ -71,61 +71,7 @@ pub(super) async fn write_batch(
         .await
         .map_err(err)?;
     }
-    let usage = tx
-        .prepare(
-            "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
-             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
-             provider, model) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
-             ON CONFLICT (key_id, day, provider, model) DO UPDATE SET \
-             requests = key_usage.requests + excluded.requests, \
-             successes = key_usage.successes + excluded.successes, \
-             failures = key_usage.failures + excluded.failures, \
-             prompt_tokens = key_usage.prompt_tokens + excluded.prompt_tokens, \
-             completion_tokens = key_usage.completion_tokens + excluded.completion_tokens, \
-             cost = key_usage.cost + excluded.cost, \
-             latency_ms = key_usage.latency_ms + excluded.latency_ms, \
-             cached_tokens = key_usage.cached_tokens + excluded.cached_tokens, \
-             saved = key_usage.saved + excluded.saved",
-        )
-        .await
-        .map_err(err)?;
-    let outcomes = tx
-        .prepare(
-            "INSERT INTO key_usage_outcomes (key_id, day, outcome, count) \
-             VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (key_id, day, outcome) DO UPDATE SET \
-             count = key_usage_outcomes.count + excluded.count",
-        )
-        .await
-        .map_err(err)?;
-    for (id, row) in &rows {
-        tx.execute(
-            &usage,
-            &[
-                id,
-                &row.day,
-                &i64_of(row.requests),
-                &i64_of(row.successes),
-                &i64_of(row.failures),
-                &i64_of(row.prompt_tokens),
-                &i64_of(row.completion_tokens),
-                &row.cost,
-                &i64_of(row.latency_ms),
-                &i64_of(row.cached_tokens),
-                &row.saved,
-                &row.provider,
-                &row.model,
-            ],
-        )
-        .await
-        .map_err(err)?;
-        for (outcome, count) in &row.outcomes {
-            tx.execute(&outcomes, &[id, &row.day, outcome, &i64_of(*count)])
-                .await
-                .map_err(err)?;
-        }
-    }
+    write_rows(&tx, &rows).await?;
     if !budgets.is_empty() {
         let budget = tx
             .prepare(
@@ -164,6 +110,72 @@ pub(super) async fn write_batch(
     tx.commit().await.map_err(err)
 }
 
+/// Adds usage rows (per key id, day, provider, model and protocol) and their outcomes (per key
+/// id and day) in `tx`.
+async fn write_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    rows: &[(String, UsageDay)],
+) -> Result<(), String> {
+    let err = |e: tokio_postgres::Error| pg_error(&e);
+    let usage = tx
+        .prepare(
+            "INSERT INTO key_usage (key_id, day, requests, successes, failures, \
+             prompt_tokens, completion_tokens, cost, latency_ms, cached_tokens, saved, \
+             provider, model, protocol) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+             ON CONFLICT (key_id, day, provider, model, protocol) DO UPDATE SET \
+             requests = key_usage.requests + excluded.requests, \
+             successes = key_usage.successes + excluded.successes, \
+             failures = key_usage.failures + excluded.failures, \
+             prompt_tokens = key_usage.prompt_tokens + excluded.prompt_tokens, \
+             completion_tokens = key_usage.completion_tokens + excluded.completion_tokens, \
+             cost = key_usage.cost + excluded.cost, \
+             latency_ms = key_usage.latency_ms + excluded.latency_ms, \
+             cached_tokens = key_usage.cached_tokens + excluded.cached_tokens, \
+             saved = key_usage.saved + excluded.saved",
+        )
+        .await
+        .map_err(err)?;
+    let outcomes = tx
+        .prepare(
+            "INSERT INTO key_usage_outcomes (key_id, day, outcome, count) \
+             VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (key_id, day, outcome) DO UPDATE SET \
+             count = key_usage_outcomes.count + excluded.count",
+        )
+        .await
+        .map_err(err)?;
+    for (id, row) in rows {
+        tx.execute(
+            &usage,
+            &[
+                id,
+                &row.day,
+                &i64_of(row.requests),
+                &i64_of(row.successes),
+                &i64_of(row.failures),
+                &i64_of(row.prompt_tokens),
+                &i64_of(row.completion_tokens),
+                &row.cost,
+                &i64_of(row.latency_ms),
+                &i64_of(row.cached_tokens),
+                &row.saved,
+                &row.provider,
+                &row.model,
+                &row.protocol,
+            ],
+        )
+        .await
+        .map_err(err)?;
+        for (outcome, count) in &row.outcomes {
+            tx.execute(&outcomes, &[id, &row.day, outcome, &i64_of(*count)])
+                .await
+                .map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
 /// Folds the oldest batches into one when too many wait (memory stays bounded; the merged
 /// batch gets a new id, which is safe: none of them was committed, or they would be gone).
 pub(super) fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
@@ -192,27 +204,29 @@ pub(super) fn bound_unsent(unsent: &mut Vec<UsageBatch>) {
     );
 }
 
-/// The usage columns added up, in [`usage_from_row`]'s order after day, provider and model.
+/// The usage columns added up, in [`usage_from_row`]'s order after day, provider, model and
+/// protocol.
 pub(super) const USAGE_SUMS: &str = "SUM(requests)::BIGINT, SUM(successes)::BIGINT, \
      SUM(failures)::BIGINT, SUM(prompt_tokens)::BIGINT, SUM(completion_tokens)::BIGINT, \
      SUM(cost)::DOUBLE PRECISION, SUM(latency_ms)::BIGINT, SUM(cached_tokens)::BIGINT, \
      SUM(saved)::DOUBLE PRECISION";
 
-/// A usage row of `SELECT day, provider, model, {USAGE_SUMS}` (no outcomes).
+/// A usage row of `SELECT day, provider, model, protocol, {USAGE_SUMS}` (no outcomes).
 pub(super) fn usage_from_row(r: &tokio_postgres::Row) -> UsageDay {
     UsageDay {
         day: r.get(0),
         provider: r.get(1),
         model: r.get(2),
-        requests: u64_of(r.get(3)),
-        successes: u64_of(r.get(4)),
-        failures: u64_of(r.get(5)),
-        prompt_tokens: u64_of(r.get(6)),
-        completion_tokens: u64_of(r.get(7)),
-        cost: r.get(8),
-        latency_ms: u64_of(r.get(9)),
-        cached_tokens: u64_of(r.get(10)),
-        saved: r.get(11),
+        protocol: r.get(3),
+        requests: u64_of(r.get(4)),
+        successes: u64_of(r.get(5)),
+        failures: u64_of(r.get(6)),
+        prompt_tokens: u64_of(r.get(7)),
+        completion_tokens: u64_of(r.get(8)),
+        cost: r.get(9),
+        latency_ms: u64_of(r.get(10)),
+        cached_tokens: u64_of(r.get(11)),
+        saved: r.get(12),
         outcomes: BTreeMap::new(),
     }
 }

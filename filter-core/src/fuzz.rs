@@ -26,9 +26,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::host::fake::FakeHost;
 use crate::host::{Flow, Side};
 use crate::state::{LaneHealth, State};
+use crate::testing::FakeHost;
 use crate::wire::sse::Parser;
 use crate::{attempt::stream::Gate, classify, front::Front, plan::Plan, protocols::anthropic};
 
@@ -547,7 +547,7 @@ fn fuzz_the_anthropic_adapters() {
         |rng| input(rng, &requests),
         |bytes| {
             if let Ok(body) = serde_json::from_slice::<Value>(bytes) {
-                let _ = anthropic::to_messages_request(&body, "claude-x", 1024);
+                let _ = anthropic::request::to_messages_request(&body, "claude-x", 1024);
             }
         },
     );
@@ -556,7 +556,7 @@ fn fuzz_the_anthropic_adapters() {
         |rng| input(rng, &responses),
         |bytes| {
             if let Ok(body) = serde_json::from_slice::<Value>(bytes) {
-                let _ = anthropic::from_messages_response(&body, 1_700_000_000);
+                let _ = anthropic::response::from_messages_response(&body, 1_700_000_000);
             }
         },
     );
@@ -564,7 +564,7 @@ fn fuzz_the_anthropic_adapters() {
         "anthropic-stream",
         |rng| input(rng, &streams),
         |bytes| {
-            let mut translator = anthropic::StreamTranslator::new(1_700_000_000, None);
+            let mut translator = anthropic::stream::StreamTranslator::new(1_700_000_000, None);
             for event in Parser::new().feed(bytes) {
                 let _ = translator.feed(&event, 1_700_000_000_000);
             }
@@ -625,8 +625,8 @@ fn fuzz_the_classifier_on_any_provider_answer() {
             let now = 1_700_000_000_000;
             let _ = classify::classify(&case.kind, status, &headers, body, now);
             let _ = classify::classify(&case.kind, case.status, &case.headers, body, now);
-            let _ = classify::retry_at(&headers, now);
-            let _ = classify::headroom(&headers, now);
+            let _ = classify::when::retry_at(&headers, now);
+            let _ = classify::headroom::headroom(&headers, now);
             if let Ok(event) = serde_json::from_slice::<Value>(body) {
                 let _ = classify::classify_stream_error(&case.kind, None, &event, now);
             }

@@ -16,7 +16,7 @@ use crate::fuzz::{
     anthropic_stream, front_request, input, openai_stream, run, snapshot, table_cases,
 };
 use crate::plan::Protocol;
-use crate::protocols::messages::Fidelity;
+use crate::protocols::messages::request::Fidelity;
 use crate::protocols::{self, Egress, NativeStream};
 use crate::state::State;
 use crate::wire::sse::Parser;
@@ -161,7 +161,7 @@ fn fuzz_the_requests_of_messages_and_responses_callers() {
                     }
                 }
             }
-            let _ = crate::protocols::responses::routing_view(&body);
+            let _ = crate::protocols::responses::request::routing_view(&body);
         },
     );
 }

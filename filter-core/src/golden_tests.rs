@@ -101,7 +101,7 @@ fn codex_per_lane_kind() {
 /// A Gemini request as each lane kind is sent it: the front stage's chat request (`chat`,
 /// streamed, as its path says), then the Messages request for an anthropic lane.
 fn gemini_translated(kind: ProviderKind, request: &Value) -> Value {
-    let chat = crate::protocols::gemini::to_chat_request("chat", true, request)
+    let chat = crate::protocols::gemini::request::to_chat_request("chat", true, request)
         .and_then(|chat| lane_request(Protocol::Gemini, kind, &chat));
     match chat {
         Ok(body) => body,
@@ -131,7 +131,7 @@ fn gemini_cli_per_lane_kind() {
 fn gemini_stream(sse: &str) -> Value {
     let encode = |json_array: bool| {
         let mut parser = crate::wire::sse::Parser::new();
-        let mut encoder = crate::protocols::gemini::StreamEncoder::new(json_array);
+        let mut encoder = crate::protocols::gemini::stream::StreamEncoder::new(json_array);
         let mut out = Vec::new();
         for event in parser.feed(sse.as_bytes()) {
             out.extend(crate::wire::sse::FromChatStream::feed(&mut encoder, &event));
@@ -156,7 +156,7 @@ fn gemini_answers_from_chat_answers() {
         ("text", "gemini.answer-text"),
         ("tool_call", "gemini.answer-tool-call"),
     ] {
-        let got = crate::protocols::gemini::from_chat_response(&answers[case]);
+        let got = crate::protocols::gemini::response::from_chat_response(&answers[case]);
         matches_golden(golden, &got);
     }
     for (case, golden) in [

@@ -164,8 +164,3 @@ pub trait Host {
             .and_then(|v| String::from_utf8(v).ok())
     }
 }
-
-/// The test host, where the tests of this crate have always found it (other crates: the
-/// `testing` module, feature `testing`).
-#[cfg(test)]
-pub use crate::testing as fake;

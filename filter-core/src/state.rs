@@ -493,7 +493,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lanes::any_usable_key;
+    use crate::lanes::headroom::any_usable_key;
     use ai_router_proto::v1::{KeyHealth, ProviderKey};
 
     /// A snapshot without selection settings selects by the contract's defaults, not numbers of

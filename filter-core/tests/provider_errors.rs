@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 
 use ai_router_contract::kinds::ProviderKind;
 use ai_router_filter_core::classify::{
-    classify, Class, Hold, MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS,
+    classify,
+    window::{MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS},
+    Class, Hold,
 };
 use serde::Deserialize;
 

@@ -1,6 +1,6 @@
 //! A failure's effect on this process's view at once: the lane cooled or the key held.
 
-use crate::classify::{Failure, Hold};
+use crate::classify::{failure::Failure, Hold};
 use crate::host::Host;
 use crate::state::State;
 

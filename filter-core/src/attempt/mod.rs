@@ -20,11 +20,11 @@ use serde_json::Value;
 
 use crate::answer::redact::StreamRedactor;
 use crate::attempt::stream::Gate;
-use crate::classify::Failure;
+use crate::classify::failure::Failure;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self};
 use crate::plan::{Plan, PLAN_HEADER};
-use crate::protocols::anthropic::StreamTranslator;
+use crate::protocols::anthropic::stream::StreamTranslator;
 use crate::protocols::Egress;
 use crate::vm::local::Send;
 use crate::vocab::{LaneId, Usage};
@@ -208,7 +208,7 @@ enum Pending {
     /// A timer (backoff, a lane returning).
     Wait(u32),
     /// The probe lease for this lane.
-    Lease(u32, Box<lanes::Chosen>, lanes::Probe),
+    Lease(u32, Box<lanes::pick::Chosen>, lanes::pick::Probe),
 }
 
 const TIMER_CLUSTER: &str = ai_router_contract::clusters::TIMER;

@@ -9,7 +9,7 @@ use crate::answer::errors::{final_error, unsent_as_unavailable, GatewayError};
 use crate::classify::Class;
 use crate::host::{Flow, Host};
 use crate::lanes::embeddings;
-use crate::lanes::{self, Pick};
+use crate::lanes::{self, pick::Pick};
 use crate::vocab::LaneId;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, RETRY_AFTER as H_RETRY_AFTER,
@@ -105,7 +105,7 @@ impl Attempt {
         let last_failure = host
             .with_call(&plan.cid, |c| c.last_failure.map(|(class, _)| class))
             .flatten();
-        let request = lanes::Request {
+        let request = lanes::pick::Request {
             tried: &tried,
             excluded: &self.waits.excluded,
             tokens: plan.tokens,
@@ -118,7 +118,7 @@ impl Attempt {
         };
         let mut skipped = Vec::new();
         let mut pick = host.with_lanes(|view, rr| {
-            lanes::pick(&state, &tiers, request, view, rr, now, &mut skipped)
+            lanes::pick::pick(&state, &tiers, request, view, rr, now, &mut skipped)
         });
         // Snap-back: a parked lane whose probe is due goes to the one call (of every worker)
         // that claims the probe; a call that loses the claim chooses again, passing over it.
@@ -130,7 +130,7 @@ impl Attempt {
             }
             skipped.clear();
             pick = host.with_lanes(|view, rr| {
-                lanes::pick(&state, &tiers, request, view, rr, now, &mut skipped)
+                lanes::pick::pick(&state, &tiers, request, view, rr, now, &mut skipped)
             });
         }
         if !skipped.is_empty() {
@@ -193,8 +193,8 @@ impl Attempt {
     pub(super) fn ask_lease(
         &mut self,
         host: &mut impl Host,
-        chosen: lanes::Chosen,
-        probe: lanes::Probe,
+        chosen: lanes::pick::Chosen,
+        probe: lanes::pick::Probe,
     ) -> Flow {
         let request = LeaseRequest {
             scope: probe.scope.into(),
@@ -231,7 +231,7 @@ impl Attempt {
         }
     }
 
-    pub(super) fn exclude_probe(&mut self, host: &mut impl Host, probe: &lanes::Probe) {
+    pub(super) fn exclude_probe(&mut self, host: &mut impl Host, probe: &lanes::pick::Probe) {
         let Some(state) = host.state() else {
             return;
         };
@@ -294,8 +294,9 @@ impl Attempt {
             (Some(r), Some(state)) if r.granted => {
                 // The state may have moved on while the lease was asked for: read it again.
                 let mut chosen = *chosen;
-                chosen.health = host
-                    .with_lanes(|view, _| lanes::health_of(&state, view, &chosen.lane.provider));
+                chosen.health = host.with_lanes(|view, _| {
+                    lanes::headroom::health_of(&state, view, &chosen.lane.provider)
+                });
                 self.send_to(host, &state, chosen)
             }
             _ => {

@@ -6,7 +6,7 @@ fn two_workers_probe_a_parked_lane_once_per_interval_in_all_and_snap_back_togeth
     const INTERVAL: i64 = 1_000;
     let mut plan = plan(false);
     plan.reset_ms = INTERVAL as u64;
-    let parked = crate::host::fake::SharedStore::default();
+    let parked = crate::testing::SharedStore::default();
     let json = [("content-type", "application/json")];
 
     // Worker A's call fails on the first lane (p1): p1 is parked for both workers.
@@ -56,7 +56,7 @@ fn a_failed_probe_parks_the_lane_for_another_interval() {
     const INTERVAL: i64 = 1_000;
     let mut plan = plan(false);
     plan.reset_ms = INTERVAL as u64;
-    let parked = crate::host::fake::SharedStore::default();
+    let parked = crate::testing::SharedStore::default();
     let json = [("content-type", "application/json")];
     let (mut host, mut stage) = worker_call(&parked, &plan, NOW);
     answer(&mut stage, &mut host, 503, &json, "{}");

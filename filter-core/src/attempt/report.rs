@@ -4,7 +4,7 @@ use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, Usage as ProtoUsage, UsageSource,
 };
 
-use crate::classify::{Class, Failure};
+use crate::classify::{failure::Failure, Class};
 use crate::host::Host;
 use crate::state::State;
 

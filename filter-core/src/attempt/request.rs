@@ -9,8 +9,8 @@ use serde_json::Value;
 use crate::host::{Host, Side};
 use crate::lanes::embeddings;
 use crate::plan::{Operation, Plan, Protocol};
-use crate::protocols::anthropic::{self, AdapterError, ANTHROPIC_VERSION};
-use crate::protocols::messages::Fidelity;
+use crate::protocols::anthropic::{self, error::AdapterError, ANTHROPIC_VERSION};
+use crate::protocols::messages::request::Fidelity;
 use crate::protocols::{self};
 use crate::wire::headers;
 
@@ -212,7 +212,9 @@ fn body_for(
         // The caller's Gemini body, translated for this lane as the front stage routed it.
         value = match embed {
             true => crate::protocols::gemini_embed::to_openai(model, &value)?,
-            false => crate::protocols::gemini::to_chat_request(model, plan.stream, &value)?,
+            false => {
+                crate::protocols::gemini::request::to_chat_request(model, plan.stream, &value)?
+            }
         };
     }
     let echo = (plan.protocol == Protocol::Responses)
@@ -234,7 +236,7 @@ fn body_for(
     }
     if provider.kind() == ProviderKind::Anthropic && plan.op == Operation::Chat && !native {
         let max_tokens = provider.default_max_tokens;
-        let mut v = anthropic::to_messages_request(&value, model, max_tokens)?;
+        let mut v = anthropic::request::to_messages_request(&value, model, max_tokens)?;
         crate::protocols::prompt_cache::mark_translated(&value, &mut v, &plan.prompt_cache);
         value = v;
     }

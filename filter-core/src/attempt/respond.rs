@@ -8,10 +8,10 @@ use crate::answer::errors::ErrorCode;
 use crate::answer::redact::redact_bytes;
 use crate::answer::redact::StreamRedactor;
 use crate::attempt::stream::{Gate, Step};
-use crate::classify::{Class, Failure};
+use crate::classify::{failure::Failure, Class};
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Candidate, Protocol};
-use crate::protocols::anthropic::StreamTranslator;
+use crate::protocols::anthropic::stream::StreamTranslator;
 use crate::protocols::Egress;
 use crate::vocab::LaneId;
 use crate::wire::headers;
@@ -61,7 +61,7 @@ impl Attempt {
             ),
             |l| l.rate_limit_windows,
         );
-        self.answer.headroom = Some(crate::classify::headroom_in(
+        self.answer.headroom = Some(crate::classify::headroom::headroom_in(
             &headers,
             windows,
             host.now_ms(),
@@ -327,7 +327,7 @@ impl Attempt {
         }
         let json_array = self.plan.as_ref().is_some_and(|p| p.json_array);
         let bytes = self.scrub(match protocol {
-            Protocol::Gemini => crate::protocols::gemini::replay(&answer, json_array),
+            Protocol::Gemini => crate::protocols::gemini::response::replay(&answer, json_array),
             _ => crate::cache::shapes::replay_sse(protocol, &answer),
         });
         host.set_body(Side::Response, 0, size, &bytes);

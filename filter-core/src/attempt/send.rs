@@ -25,7 +25,7 @@ impl Attempt {
         &mut self,
         host: &mut impl Host,
         state: &State,
-        chosen: lanes::Chosen,
+        chosen: lanes::pick::Chosen,
     ) -> Flow {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(host, None, None);
@@ -42,10 +42,11 @@ impl Attempt {
         // (another worker may have taken the last of it meanwhile: then pick again).
         let scope = crate::state::scope_of(key).to_owned();
         let now = host.now_ms();
-        let allowances: Vec<_> = lanes::allowances(&chosen.health, &scope, &chosen.lane.model, now)
-            .into_iter()
-            .map(|(a, _)| a)
-            .collect();
+        let allowances: Vec<_> =
+            lanes::headroom::allowances(&chosen.health, &scope, &chosen.lane.model, now)
+                .into_iter()
+                .map(|(a, _)| a)
+                .collect();
         let send = Send {
             scope,
             model: chosen.lane.model.clone(),
@@ -131,7 +132,11 @@ impl Attempt {
 
     /// The request cannot be expressed for this lane's provider: the caller's to fix (400).
     /// Nothing was sent, so the reservation goes back to the scope.
-    pub(super) fn refuse(&mut self, host: &mut impl Host, e: anthropic::AdapterError) -> Flow {
+    pub(super) fn refuse(
+        &mut self,
+        host: &mut impl Host,
+        e: anthropic::error::AdapterError,
+    ) -> Flow {
         if let Some((provider, send)) = self.sent.reserved.take() {
             host.release_send(&provider, &send);
         }

@@ -52,7 +52,7 @@ fn an_attempt_reads_the_lanes_once_and_reserves_from_what_the_pick_read() {
 #[test]
 fn sends_reserve_the_scope_s_headroom_across_its_keys_and_a_network_failure_gives_it_back() {
     let plan = plan(false);
-    let mut sends = crate::host::fake::FakeLanes::default().sends;
+    let mut sends = crate::testing::FakeLanes::default().sends;
     let mut sent_to = Vec::new();
     for _ in 0..3 {
         let mut host = host_with(scoped_snapshot(), &plan, 1);

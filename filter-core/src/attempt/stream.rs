@@ -8,7 +8,7 @@ use serde_json::Value;
 use ai_router_contract::kinds::DailyReset;
 
 use crate::answer::errors::ErrorCode;
-use crate::classify::{classify_stream_error, Class, Failure};
+use crate::classify::{classify_stream_error, failure::Failure, Class};
 use crate::plan::Protocol;
 use crate::protocols::NativeStream;
 use crate::vocab::{usage_of, Usage};

@@ -1,10 +1,10 @@
 //! What the attempt stage's tests share: a snapshot, a plan, a fake host with the call.
 
 pub(super) use super::*;
-pub(super) use crate::host::fake::{Dispatched, FakeHost};
 pub(super) use crate::plan::{Candidate, Operation, Protocol};
 pub(super) use crate::protocols::anthropic::ANTHROPIC_VERSION;
 pub(super) use crate::state::State;
+pub(super) use crate::testing::{Dispatched, FakeHost};
 pub(super) use crate::vm::view::View;
 pub(super) use ai_router_contract::headers::{LANE_MODEL as H_LANE_MODEL, RETRY as H_RETRY};
 pub(super) use ai_router_proto::v1::{BreakerState, LaneCooldown, Provider, Snapshot};
@@ -178,7 +178,7 @@ pub(super) const TOO_LONG: &str = r#"{"error":{"message":"This model's maximum c
 
 /// One call's first attempt on a worker of an Envoy whose workers share `parked`.
 pub(super) fn worker_call(
-    parked: &crate::host::fake::SharedStore,
+    parked: &crate::testing::SharedStore,
     plan: &Plan,
     now: i64,
 ) -> (FakeHost, Attempt) {

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::answer::errors::{final_error, upstream_invalid_request};
 use crate::answer::redact::{redact, redact_bytes};
-use crate::classify::{classify_in, Class, Failure};
+use crate::classify::{classify_in, failure::Failure, Class};
 use crate::host::{Host, Side};
 use crate::lanes::embeddings;
 use crate::plan::{Operation, Protocol};
@@ -252,7 +252,7 @@ impl Attempt {
             let from_anthropic = lane.kind == ProviderKind::Anthropic && chat_op;
             if from_anthropic || protocol != Protocol::Chat {
                 let chat = if from_anthropic {
-                    anthropic::from_messages_response(&parsed, now / 1000)
+                    anthropic::response::from_messages_response(&parsed, now / 1000)
                 } else {
                     parsed
                 };

@@ -6,18 +6,18 @@
 //!   messages, tools and sampling parameters; `stream` and `stream_options` do not split it
 //!   (a stored answer replays as SSE to a streaming client, [`crate::cache::shapes::replay_sse`]).
 //! - Storage is bounded per Envoy process: shared data cannot drop a key, so entries live in
-//!   `maxEntries` fixed slots, a key's slot chosen by its hash ([`slot_of`]). The eviction
+//!   `maxEntries` fixed slots, a key's slot chosen by its hash ([`key::slot_of`]). The eviction
 //!   rule: a new answer replaces whatever its slot holds (direct-mapped); an entry past its
 //!   TTL is a miss. An answer larger than `maxBytes / maxEntries` is not stored, so the cache
 //!   never holds more than `maxBytes` of answers.
-//! - Only complete answers are stored ([`storable`]): a 200 with choices, none cut at
+//! - Only complete answers are stored ([`entry::storable`]): a 200 with choices, none cut at
 //!   `length`, none empty. A streamed answer is stored as the chat completion its events
-//!   assemble to ([`assemble_stream`]) only when the stream ended cleanly: `[DONE]` after
+//!   assemble to ([`assemble::assemble_stream`]) only when the stream ended cleanly: `[DONE]` after
 //!   every choice's finish and no error event; a stream that broke off stores nothing.
-//! - Whether a call uses the cache ([`applies`]): the key's `cache` when set, else the merged
+//! - Whether a call uses the cache ([`store::applies`]): the key's `cache` when set, else the merged
 //!   policy's, else on (with the pool's `cache:`). `Cache-Control: no-cache` or `no-store` from
-//!   the client skips the lookup and the store ([`bypassed`]).
-//! - Every caller protocol is cached, each in its own key space ([`key_for`]): a chat caller's
+//!   the client skips the lookup and the store ([`store::bypassed`]).
+//! - Every caller protocol is cached, each in its own key space ([`key::key_for`]): a chat caller's
 //!   entries hold chat completions, a Messages caller's Messages `message`s, a Responses
 //!   caller's `response`s (their shapes in [`crate::cache::shapes`]). A stateful Responses call
 //!   (`previous_response_id`, `store: true`) is never cached: its answer is the provider's state.
@@ -27,17 +27,11 @@
 //! front stage), `assemble.rs` (a chat stream assembled to its completion), `shapes.rs` (the
 //! other protocols' answers).
 
-mod assemble;
-mod call;
-mod entry;
-mod key;
+pub mod assemble;
+pub mod call;
+pub mod entry;
+pub mod key;
 pub mod shapes;
-mod store;
+pub mod store;
 #[cfg(test)]
 mod tests;
-
-pub use assemble::assemble_stream;
-pub use call::{hit_answer, CacheCall, CallCache};
-pub use entry::{lookup, slot_bytes, storable, storable_for, Entry};
-pub use key::{key_for, key_of, slot_of};
-pub use store::{applies, bypassed, look, store, Lookup, Miss};

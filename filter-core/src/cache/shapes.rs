@@ -16,7 +16,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::plan::Protocol;
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 
 /// Fields of a Messages body that do not change the answer.
 const MESSAGES_UNKEYED: &[&str] = &["model", "stream", "metadata", "service_tier"];
@@ -235,7 +235,7 @@ pub fn replay_sse(protocol: Protocol, answer: &Value) -> Vec<u8> {
         Protocol::Messages => replay_messages(answer),
         Protocol::Responses => replay_responses(answer),
         Protocol::Chat => replay_chat(answer),
-        Protocol::Gemini => crate::protocols::gemini::replay(answer, false),
+        Protocol::Gemini => crate::protocols::gemini::response::replay(answer, false),
     }
 }
 

@@ -2,7 +2,7 @@
 //! assemble back to the stored answer.
 
 use super::*;
-use crate::cache::{key_for, key_of};
+use crate::cache::key::{key_for, key_of};
 use crate::plan::Operation;
 use crate::wire::sse::FromChatStream;
 
@@ -237,7 +237,7 @@ fn a_messages_stream_is_stored_only_when_it_ended_cleanly() {
         "data: {\"id\":\"chatcmpl-4\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
         "data: [DONE]\n\n",
     );
-    let mut encoder = crate::protocols::messages::StreamEncoder::new();
+    let mut encoder = crate::protocols::messages::stream::StreamEncoder::new();
     let mut parser = crate::wire::sse::Parser::new();
     let sse: Vec<u8> = parser
         .feed(chat.as_bytes())
@@ -311,7 +311,7 @@ fn a_responses_stream_is_stored_only_when_it_completed() {
         "data: {\"id\":\"chatcmpl-4\",\"model\":\"m1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":\"stop\"}]}\n\n",
         "data: [DONE]\n\n",
     );
-    let mut encoder = crate::protocols::responses::StreamEncoder::new(request.clone(), 5);
+    let mut encoder = crate::protocols::responses::stream::StreamEncoder::new(request.clone(), 5);
     let mut parser = crate::wire::sse::Parser::new();
     let sse: Vec<u8> = parser
         .feed(chat.as_bytes())
@@ -323,7 +323,7 @@ fn a_responses_stream_is_stored_only_when_it_completed() {
     assert!(storable(Protocol::Responses, 200, &whole), "{whole}");
     // Truncated (response.incomplete), cut before its completion, or failed: nothing.
     let truncated = chat.replace("\"stop\"", "\"length\"");
-    let mut encoder = crate::protocols::responses::StreamEncoder::new(request, 5);
+    let mut encoder = crate::protocols::responses::stream::StreamEncoder::new(request, 5);
     let sse_cut: Vec<u8> = crate::wire::sse::Parser::new()
         .feed(truncated.as_bytes())
         .iter()

@@ -1,7 +1,10 @@
 use crate::plan::Operation;
 use serde_json::{json, Value};
 
-use super::*;
+use super::assemble::assemble_stream;
+use super::entry::{lookup, slot_bytes, storable, Entry};
+use super::key::{key_of, slot_of};
+use super::store::bypassed;
 
 fn answer(finish: &str, content: &str) -> Value {
     json!({

@@ -1,3 +1,5 @@
+use super::headroom::headroom;
+use super::window::MAX_RATE_LIMIT_COOLDOWN_MS;
 use super::*;
 
 #[test]

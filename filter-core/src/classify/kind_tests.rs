@@ -1,3 +1,4 @@
+use super::headroom::{headroom, headroom_in};
 use super::*;
 use ai_router_contract::kinds::DailyReset;
 

@@ -7,8 +7,9 @@
 //! the status, and the message text last (without its URLs). The window comes from
 //! `retry-after-ms` / `retry-after`, RetryInfo, `X-RateLimit-Reset`, a moment or a wait the
 //! message names, or the provider's calendar (Gemini's days end at midnight Pacific time), and
-//! is capped ([`MAX_RATE_LIMIT_COOLDOWN_MS`], [`MAX_QUOTA_HOLD_MS`]). Every real error answer in
-//! testdata/provider-errors/ states its expected verdict; tests/provider_errors.rs checks them.
+//! is capped ([`window::MAX_RATE_LIMIT_COOLDOWN_MS`], [`window::MAX_QUOTA_HOLD_MS`]). Every
+//! real error answer in testdata/provider-errors/ states its expected verdict;
+//! tests/provider_errors.rs checks them.
 //!
 //! One file per concern: `failure` (the verdict), `fields` (what an error body says, whatever
 //! its shape), `tables` (the providers' codes and phrases), `rules` (fields, then status, then
@@ -16,29 +17,26 @@
 //! it holds), `headroom` (the rate-limit headers).
 
 mod echo;
-mod failure;
+pub mod failure;
 mod fields;
-mod headroom;
+pub mod headroom;
 mod rules;
 mod tables;
-mod when;
-mod window;
+pub mod when;
+pub mod window;
 
 pub use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
 use ai_router_contract::kinds::{DailyReset, ProviderKind};
 use serde_json::Value;
 
-pub use failure::{ByWords, Class, Failure, Hold};
-pub use headroom::{headroom, headroom_in};
-pub use when::retry_at;
-pub use window::{MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS, MAX_RATE_LIMIT_COOLDOWN_MS};
-
 use echo::table_phrases;
+pub use failure::{Class, Hold};
 use fields::{error_fields, ErrorFields};
 use rules::{is_key_type_refusal, verdict};
 use window::window;
 
 // What the tests (written when it all lived here) read from the files above.
+use failure::{ByWords, Failure};
 #[cfg(test)]
 use {ai_router_contract::kinds::RateLimitWindow, when::*};
 

@@ -75,7 +75,8 @@ pub(super) const RATE_CODES: &[&str] = &[
 ];
 /// A limit over a per-day budget (Groq's and OpenAI's TPD/RPD, Cerebras's and SambaNova's
 /// "per day", GitHub's `UserByModelByDay`). Under a rate-limit code it holds the lane until the
-/// window ends, at most [`MAX_DAILY_LIMIT_COOLDOWN_MS`]; without one, it is a spent quota.
+/// window ends, at most [`super::window::MAX_DAILY_LIMIT_COOLDOWN_MS`]; without one, it is a
+/// spent quota.
 pub(super) const PER_DAY_TEXT: &[&str] =
     &["(tpd)", "(rpd)", "per day", "byday", "per 86400s", "daily"];
 /// A 429 about the provider's load, not the key's rate (Moonshot's engine_overloaded_error,

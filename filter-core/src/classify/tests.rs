@@ -1,3 +1,4 @@
+use super::window::{MAX_QUOTA_HOLD_MS, MAX_RATE_LIMIT_COOLDOWN_MS};
 use super::*;
 
 fn c(kind: &str, status: u16, body: &str) -> Class {

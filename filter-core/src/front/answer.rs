@@ -38,8 +38,8 @@ impl Front {
     pub(super) fn answer_count_tokens(&mut self, host: &mut impl Host, body: &Value) -> Flow {
         self.answered = Some((200, "count_tokens"));
         let answer = match self.protocol {
-            Protocol::Gemini => crate::protocols::gemini::count_tokens(body),
-            _ => crate::protocols::messages::count_tokens(body),
+            Protocol::Gemini => crate::protocols::gemini::request::count_tokens(body),
+            _ => crate::protocols::messages::request::count_tokens(body),
         }
         .to_string();
         host.send_response(
@@ -135,9 +135,9 @@ impl Front {
     pub(super) fn health(&mut self, host: &mut impl Host) -> Flow {
         let state = host.state();
         let now = host.now_ms();
-        let usable = state
-            .as_ref()
-            .map(|state| host.with_lanes(|view, _| crate::lanes::any_usable_key(state, view, now)));
+        let usable = state.as_ref().map(|state| {
+            host.with_lanes(|view, _| crate::lanes::headroom::any_usable_key(state, view, now))
+        });
         let (status, code) = match usable {
             None => (503, "starting"),
             Some(true) => (200, "ok"),
@@ -153,7 +153,7 @@ impl Front {
                     .snapshot
                     .providers
                     .iter()
-                    .map(|p| crate::lanes::health_of(&state, view, &p.id))
+                    .map(|p| crate::lanes::headroom::health_of(&state, view, &p.id))
                     .collect()
             });
             let mut breakers: Vec<_> = health.iter().flat_map(|h| h.breakers()).collect();

@@ -3,7 +3,7 @@
 
 use super::fixture::*;
 use super::*;
-use crate::host::fake::FakeHost;
+use crate::testing::FakeHost;
 use crate::vm::minute_lease::{Ask, MinuteLease};
 use std::collections::HashMap;
 

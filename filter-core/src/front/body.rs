@@ -9,8 +9,8 @@ use super::{budget, Front, SharedWait};
 use crate::answer::errors::{ErrorCode, GatewayError};
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
-use crate::protocols::anthropic::AdapterError;
-use crate::protocols::messages::Fidelity;
+use crate::protocols::anthropic::error::AdapterError;
+use crate::protocols::messages::request::Fidelity;
 use crate::resolve;
 use crate::resolve::rules;
 use crate::state::State;
@@ -146,7 +146,7 @@ impl Front {
         if let Some(call) = self.gemini.clone() {
             // The Gemini request is routed by its chat-completions translation; the attempts
             // carry the caller's body (sent whole to a gemini lane, translated for the others).
-            let routed = crate::protocols::gemini::routed_request(
+            let routed = crate::protocols::gemini::request::routed_request(
                 &call.model,
                 call.stream,
                 call.count,
@@ -319,7 +319,7 @@ impl Front {
         read: ReadBody,
         op: Operation,
     ) -> Flow {
-        let cache_call = crate::cache::CacheCall {
+        let cache_call = crate::cache::call::CacheCall {
             // A token count is no answer to keep.
             // Gemini answers are not stored (`shapes::storable`): no lookup either.
             key_cache: if self.count_tokens || self.protocol == Protocol::Gemini {
@@ -335,7 +335,7 @@ impl Front {
                 self.anthropic_beta.as_deref(),
             ),
         };
-        self.cache = crate::cache::CallCache::begin(
+        self.cache = crate::cache::call::CallCache::begin(
             host,
             &state,
             &cache_call,

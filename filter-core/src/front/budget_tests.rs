@@ -2,7 +2,7 @@
 //! takes it instead of the 429, and the routing trail names what the budget ruled out.
 
 use super::*;
-use crate::host::fake::{model, open_key, provider, FakeHost};
+use crate::testing::{model, open_key, provider, FakeHost};
 use ai_router_proto::v1::{
     Budget, BudgetLevel, BudgetScope, BudgetState, BudgetWindow, Budgets, Candidate as PbCandidate,
     FallbackTrigger, Policy, Snapshot, Tier,

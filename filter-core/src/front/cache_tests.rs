@@ -3,8 +3,8 @@
 //! or SSE to a streaming client), and what must not be served or stored is not.
 
 use super::*;
-use crate::cache::{Entry, Lookup};
-use crate::host::fake::{model, open_key, provider, FakeHost};
+use crate::cache::{entry::Entry, store::Lookup};
+use crate::testing::{model, open_key, provider, FakeHost};
 use crate::vocab::Usage;
 use ai_router_proto::v1::{CacheLookup, CacheSettings, CacheStore, Policy, Snapshot};
 
@@ -586,7 +586,7 @@ fn grpc_calls(host: &FakeHost, wanted: &str) -> Vec<Vec<u8>> {
     host.dispatched
         .iter()
         .filter_map(|d| match d {
-            crate::host::fake::Dispatched::Grpc {
+            crate::testing::Dispatched::Grpc {
                 method, message, ..
             } if method == wanted => Some(message.clone()),
             _ => None,

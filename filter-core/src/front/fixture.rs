@@ -2,7 +2,7 @@
 //! request on the fake host.
 
 use super::*;
-use crate::host::fake::FakeHost;
+use crate::testing::FakeHost;
 use ai_router_proto::v1::{Model, Policy, Provider, ProviderKey, Snapshot};
 
 pub(super) const KEY: &str = "sk-starci-app-0123456789abcdef";

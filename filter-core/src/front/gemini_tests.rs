@@ -3,7 +3,7 @@
 //! list and every error in Google's shape.
 
 use super::*;
-use crate::host::fake::{model, open_key, provider, FakeHost};
+use crate::testing::{model, open_key, provider, FakeHost};
 use ai_router_proto::v1::Snapshot;
 
 const KEY: &str = "sk-starci-app-0123456789abcdef";

@@ -101,7 +101,7 @@ pub struct Front {
     /// The final error's body gets the call's routing trail (`error.trail`).
     add_trail: bool,
     /// The response cache's part in the call.
-    cache: crate::cache::CallCache,
+    cache: crate::cache::call::CallCache,
     /// The client asked for a stream.
     stream: bool,
     /// The gateway has no state yet (a fresh Envoy): the call waits for it.

@@ -27,12 +27,12 @@ impl Front {
             .trim_end_matches('/')
             .to_string();
         let google_list = (path == "/v1/models" || path.starts_with("/v1/models/"))
-            && crate::protocols::gemini::google_client(
+            && crate::protocols::gemini::route::google_client(
                 host.header(Side::Request, "x-goog-api-key").is_some()
                     || host.header(Side::Request, "x-goog-api-client").is_some(),
                 full_path.split_once('?').map_or("", |(_, q)| q),
             );
-        if google_list || crate::protocols::gemini::is_gemini_path(&path) {
+        if google_list || crate::protocols::gemini::route::is_gemini_path(&path) {
             return self.gemini_route(host, &method, &path, &full_path, end_of_stream);
         }
         match routes::route(&method, &path) {
@@ -120,7 +120,7 @@ impl Front {
         full_path: &str,
         end_of_stream: bool,
     ) -> Flow {
-        use crate::protocols::gemini::{route, take_query_key, wants_sse, Route};
+        use crate::protocols::gemini::route::{route, take_query_key, wants_sse, Route};
         self.protocol = Protocol::Gemini;
         let query = full_path.split_once('?').map_or("", |(_, q)| q);
         let (kept, key) = take_query_key(query);

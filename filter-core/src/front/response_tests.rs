@@ -3,7 +3,7 @@
 
 use super::fixture::*;
 use super::*;
-use crate::host::fake::FakeHost;
+use crate::testing::FakeHost;
 
 #[test]
 fn a_streams_headers_carry_the_estimate_as_one_never_as_the_cost() {

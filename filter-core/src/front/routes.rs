@@ -147,9 +147,9 @@ pub fn canonical_path(path: &str) -> bool {
 mod tests {
     use super::*;
     use crate::front::Front;
-    use crate::host::fake::{open_key, FakeHost};
     use crate::host::{Flow, Host, Side};
     use crate::state::State;
+    use crate::testing::{open_key, FakeHost};
     use ai_router_contract::headers::COST as H_COST;
     use ai_router_proto::v1::Snapshot;
 

@@ -3,7 +3,7 @@
 
 use super::fixture::*;
 use super::*;
-use crate::host::fake::FakeHost;
+use crate::testing::FakeHost;
 use ai_router_proto::v1::Policy;
 
 #[test]

@@ -2,7 +2,7 @@
 
 use super::fixture::*;
 use super::*;
-use crate::host::fake::FakeHost;
+use crate::testing::FakeHost;
 
 /// The token of the last timer the stage dispatched.
 fn last_timer(host: &FakeHost) -> u32 {

@@ -138,7 +138,7 @@ pub fn remember(host: &mut impl Host, session: &str, idle_ms: u64, lane: &LaneId
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::fake::FakeHost;
+    use crate::testing::FakeHost;
     use serde_json::json;
 
     #[test]
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_pinned_lane_wins_while_usable_and_untried_then_the_strategy_decides() {
-        use crate::lanes::{pick, Pick, Request};
+        use crate::lanes::pick::{pick, Pick, Request};
         use crate::vm::round_robin::RoundRobin;
         use crate::vm::view::NoView;
         let s = pool(ai_router_proto::v1::Selection {

@@ -8,7 +8,7 @@
 
 //!
 //! The rule itself is `ProviderKey::reaches` (in the proto crate, shared with the control
-//! plane's catalog); [`crate::lanes::pick`] applies it to every candidate key.
+//! plane's catalog); [`crate::lanes::pick::pick`] applies it to every candidate key.
 
 /// The routing trail's word for a key whose catalog does not list the model.
 pub const NOT_LISTED: &str = crate::lanes::out::OutReason::NotListed.as_str();
@@ -16,7 +16,7 @@ pub const NOT_LISTED: &str = crate::lanes::out::OutReason::NotListed.as_str();
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lanes::{pick, Pick, Request, Skipped};
+    use crate::lanes::pick::{pick, Pick, Request, Skipped};
     use crate::plan::Candidate;
     use crate::state::State;
     use crate::vm::round_robin::RoundRobin;

@@ -2,7 +2,7 @@
 //! pushed state plus this VM's own view (what the call tried, in-flight counts, local holds).
 //!
 //! The lane rule reads in three files: [`rank`] (the spec's order of the tiers, as one value),
-//! [`out`] (why a lane is out, and until when) and [`pick`] (the pipeline from the plan's
+//! [`out`] (why a lane is out, and until when) and [`pick::pick`] (the pipeline from the plan's
 //! candidates to the chosen lane). The others add to it: `headroom` (the pushed figures less
 //! this VM's sends), `select` (the `headroom` and `score` strategies), `when` (conditional
 //! candidates), `park` (snap-back), `listing` (a key's catalog), `affinity` and
@@ -23,12 +23,6 @@ pub mod response_pins;
 pub mod select;
 pub mod terms;
 pub mod when;
-
-pub use headroom::{allowances, any_usable_key, health_of};
-pub use out::OutReason;
-pub use park::passed_over;
-pub use pick::{pick, Chosen, Pick, Probe, Request, Skipped};
-pub use rank::Rank;
 
 use crate::vocab::LaneId;
 

@@ -208,8 +208,8 @@ pub fn observe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::fake::{FakeHost, SharedStore};
-    use crate::lanes::passed_over;
+    use crate::lanes::park::passed_over;
+    use crate::testing::{FakeHost, SharedStore};
 
     fn worker(store: &SharedStore) -> FakeHost {
         let mut host = FakeHost::default();

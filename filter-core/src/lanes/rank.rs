@@ -15,7 +15,7 @@ use crate::vocab::LaneId;
 /// 4. enough headroom (`low_headroom`: at `lowHeadroom` remaining requests or below comes last).
 ///
 /// Within the best rank the strategy decides (fewest in flight, latency, round-robin by weight
-/// under `tiers`): [`crate::lanes::pick`].
+/// under `tiers`): [`crate::lanes::pick::pick`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Rank {
     pub lane_tried: bool,

@@ -285,9 +285,9 @@ impl Watch {
 mod tests {
     use super::*;
     use crate::attempt::Attempt;
-    use crate::host::fake::FakeHost;
     use crate::host::{Flow, Side};
     use crate::plan::{Plan, PLAN_HEADER};
+    use crate::testing::FakeHost;
     use ai_router_proto::v1::{Model, Provider, ProviderKey, ProviderKind, Snapshot};
     use serde_json::json;
 

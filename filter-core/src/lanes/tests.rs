@@ -1,3 +1,4 @@
+use super::pick::{pick, Pick, Probe, Request};
 use super::*;
 use ai_router_proto::v1::{KeyHealth, Model, Provider, ProviderKey, Snapshot};
 use std::cell::RefCell;

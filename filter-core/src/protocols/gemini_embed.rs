@@ -14,7 +14,7 @@
 
 use serde_json::{json, Value};
 
-use crate::protocols::anthropic::AdapterError;
+use crate::protocols::anthropic::error::AdapterError;
 
 /// The Gemini method a body of the batch form (`requests`) or the single form calls.
 pub fn method(body: &Value) -> &'static str {

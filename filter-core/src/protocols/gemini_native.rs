@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::classify::{classify_stream_error, Failure};
+use crate::classify::{classify_stream_error, failure::Failure};
 use crate::vocab::Usage;
 
 /// Whether a Gemini call goes to a lane of `kind` natively: a gemini lane, unless the caller
@@ -163,7 +163,7 @@ pub fn judge(
 /// The event that ends a native stream broken after its first token: Google's error object.
 pub fn error_event(message: &str) -> Vec<u8> {
     let code = ai_router_contract::error_code::ErrorCode::StreamInterrupted;
-    let body = crate::protocols::gemini::error_body(code.status(), code.as_str(), message);
+    let body = crate::protocols::gemini::errors::error_body(code.status(), code.as_str(), message);
     format!("data: {body}\r\n\r\n").into_bytes()
 }
 

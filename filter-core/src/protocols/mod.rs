@@ -32,10 +32,10 @@ use ai_router_proto::v1::ProviderKind;
 use serde_json::{json, Value};
 
 use crate::answer::errors::GatewayError;
-use crate::classify::{classify_stream_error, Class, Failure};
+use crate::classify::{classify_stream_error, failure::Failure, Class};
 use crate::plan::{Candidate, Protocol};
-use crate::protocols::anthropic::AdapterError;
-use crate::protocols::messages::Fidelity;
+use crate::protocols::anthropic::error::AdapterError;
+use crate::protocols::messages::request::Fidelity;
 use crate::state::State;
 use crate::vocab::Usage;
 use crate::wire::sse::FromChatStream;
@@ -72,7 +72,7 @@ pub fn lane_request(
     let chat = chat_request(protocol, request, Fidelity::Strict)?;
     if kind == ProviderKind::Anthropic {
         let model = chat.get("model").and_then(Value::as_str).unwrap_or("");
-        return crate::protocols::anthropic::to_messages_request(&chat, model, 4096);
+        return crate::protocols::anthropic::request::to_messages_request(&chat, model, 4096);
     }
     Ok(chat)
 }
@@ -155,11 +155,11 @@ pub fn chat_request(
 ) -> Result<Value, AdapterError> {
     match protocol {
         Protocol::Chat | Protocol::Gemini => Ok(body.clone()),
-        Protocol::Messages => messages::to_chat_request(body, fidelity),
+        Protocol::Messages => messages::request::to_chat_request(body, fidelity),
         Protocol::Responses if fidelity == Fidelity::Lenient => {
-            responses::to_chat_request(&responses::routing_view(body))
+            responses::request::to_chat_request(&responses::request::routing_view(body))
         }
-        Protocol::Responses => responses::to_chat_request(body),
+        Protocol::Responses => responses::request::to_chat_request(body),
     }
 }
 
@@ -226,12 +226,12 @@ pub fn anthropic_version(header: Option<&str>) -> Result<String, String> {
 pub fn unary(protocol: Protocol, chat: &Value, request: &Value, now_s: i64) -> Value {
     match protocol {
         Protocol::Chat => chat.clone(),
-        Protocol::Messages => messages::from_chat_response(chat),
-        Protocol::Responses => responses::from_chat_response(chat, request, now_s),
+        Protocol::Messages => messages::response::from_chat_response(chat),
+        Protocol::Responses => responses::response::from_chat_response(chat, request, now_s),
         Protocol::Gemini if gemini_embed::is_embeddings_answer(chat) => {
             gemini_embed::from_openai(chat, request)
         }
-        Protocol::Gemini => gemini::from_chat_response(chat),
+        Protocol::Gemini => gemini::response::from_chat_response(chat),
     }
 }
 
@@ -240,7 +240,7 @@ pub fn model_entry(protocol: Protocol, id: &str) -> Value {
     match protocol {
         Protocol::Messages => json!({ "type": "model", "id": id, "display_name": id,
                                       "created_at": "1970-01-01T00:00:00Z" }),
-        Protocol::Gemini => gemini::model_entry(id),
+        Protocol::Gemini => gemini::errors::model_entry(id),
         _ => json!({ "id": id, "object": "model", "created": 0, "owned_by": "ai-router" }),
     }
 }
@@ -254,7 +254,7 @@ pub fn model_list(protocol: Protocol, entries: Vec<Value>) -> Value {
             json!({ "first_id": id(entries.first()), "last_id": id(entries.last()),
                     "has_more": false, "data": entries })
         }
-        Protocol::Gemini => gemini::model_list(entries),
+        Protocol::Gemini => gemini::errors::model_list(entries),
         _ => json!({ "object": "list", "data": entries }),
     }
 }
@@ -262,10 +262,12 @@ pub fn model_list(protocol: Protocol, entries: Vec<Value>) -> Value {
 /// The gateway's error object for a caller of `protocol` (Responses errors are OpenAI's).
 pub fn error_body(protocol: Protocol, err: &GatewayError) -> Vec<u8> {
     let body = match protocol {
-        Protocol::Messages => messages::error_body(err.status, err.code.as_str(), &err.message)
-            .to_string()
-            .into_bytes(),
-        Protocol::Gemini => gemini::error_body(err.status, err.code.as_str(), &err.message)
+        Protocol::Messages => {
+            messages::errors::error_body(err.status, err.code.as_str(), &err.message)
+                .to_string()
+                .into_bytes()
+        }
+        Protocol::Gemini => gemini::errors::error_body(err.status, err.code.as_str(), &err.message)
             .to_string()
             .into_bytes(),
         _ => err.body(),
@@ -292,7 +294,7 @@ pub fn redress_error(protocol: Protocol, status: u16, body: &[u8]) -> Option<Vec
                 // A native provider's refusal is already Anthropic's.
                 return None;
             }
-            Some(messages::error_from_openai(status, body))
+            Some(messages::errors::error_from_openai(status, body))
         }
         Protocol::Gemini => {
             let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
@@ -302,7 +304,7 @@ pub fn redress_error(protocol: Protocol, status: u16, body: &[u8]) -> Option<Vec
             {
                 return None;
             }
-            Some(gemini::error_from_openai(status, body))
+            Some(gemini::errors::error_from_openai(status, body))
         }
         _ => None,
     }
@@ -356,9 +358,12 @@ impl Egress {
     pub fn new(protocol: Protocol, request: &Value, now_s: i64, json_array: bool) -> Option<Self> {
         let encoder: Box<dyn FromChatStream> = match protocol {
             Protocol::Chat => return None,
-            Protocol::Gemini => Box::new(gemini::StreamEncoder::new(json_array)),
-            Protocol::Messages => Box::new(messages::StreamEncoder::new()),
-            Protocol::Responses => Box::new(responses::StreamEncoder::new(request.clone(), now_s)),
+            Protocol::Gemini => Box::new(gemini::stream::StreamEncoder::new(json_array)),
+            Protocol::Messages => Box::new(messages::stream::StreamEncoder::new()),
+            Protocol::Responses => Box::new(responses::stream::StreamEncoder::new(
+                request.clone(),
+                now_s,
+            )),
         };
         Some(Self {
             parser: Parser::new(),
@@ -553,7 +558,7 @@ impl NativeStream {
         match self.protocol {
             Protocol::Messages => format!(
                 "event: error\ndata: {}\n\n",
-                messages::stream_error(message)
+                messages::errors::stream_error(message)
             )
             .into_bytes(),
             Protocol::Gemini => crate::protocols::gemini_native::error_event(message),

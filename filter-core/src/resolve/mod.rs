@@ -7,7 +7,7 @@
 
 mod candidates;
 mod needs;
-mod policy;
+pub mod policy;
 pub mod rules;
 #[cfg(test)]
 mod tests;
@@ -22,8 +22,7 @@ use crate::plan::{Candidate, Operation};
 use crate::state::State;
 use crate::vocab::Needs;
 use candidates::key_may_call_model;
-pub(crate) use policy::allows;
-pub use policy::merge;
+use policy::allows;
 
 /// What the front stage derived from a request.
 #[derive(Debug, Clone, PartialEq)]

@@ -105,7 +105,7 @@ pub fn route_for<'s>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::fake::FakeHost;
+    use crate::testing::FakeHost;
     use ai_router_proto::v1::{Policy, Snapshot};
     use serde_json::json;
 

@@ -1,3 +1,4 @@
+use super::policy::merge;
 use super::*;
 use ai_router_contract::defaults;
 use ai_router_proto::v1::{Capability, Policy, PolicyList, ProviderKind};

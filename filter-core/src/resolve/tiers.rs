@@ -228,9 +228,11 @@ impl<'a> Admission<'a> {
         if let Some(max_tokens) = anthropic {
             let body = self.body;
             let refusal = self.anthropic_refusal.get_or_insert_with(|| {
-                crate::protocols::anthropic::to_messages_request(body, &c.model, max_tokens)
-                    .err()
-                    .map(|e| e.message)
+                crate::protocols::anthropic::request::to_messages_request(
+                    body, &c.model, max_tokens,
+                )
+                .err()
+                .map(|e| e.message)
             });
             if let Some(reason) = refusal {
                 self.trail.skip(&c.provider, "", &c.model, "adapter");

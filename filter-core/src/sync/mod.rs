@@ -22,7 +22,7 @@ use ai_router_proto::v1::{StateUpdate, WatchRequest};
 use prost::Message;
 
 use crate::vm::lane_records::{LaneWriter, Record};
-pub use host::{Level, SyncHost};
+use host::{Level, SyncHost};
 use record::SyncRecord;
 
 /// The watch stream and the tables it feeds.

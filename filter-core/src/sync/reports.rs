@@ -16,8 +16,10 @@ use prost::Message;
 use super::host::{Level, SyncHost};
 use crate::vm::local::InFlight;
 use crate::vm::minute_lease::Ask;
-use crate::vm::reports::{bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES, REPORT_BUNDLE};
-pub use crate::vm::reports::{MINUTE_ASK, REPORT_ATTEMPT, REPORT_REQUEST};
+use crate::vm::reports::{
+    bundled, Outbox, MAX_BATCH, MAX_BATCH_CONTENT_BYTES, MINUTE_ASK, REPORT_ATTEMPT, REPORT_BUNDLE,
+    REPORT_REQUEST,
+};
 
 /// An ask for a block of a minute budget: short, since its calls pass on credit meanwhile.
 pub const MINUTE_ASK_TIMEOUT_MS: u64 = 2_000;

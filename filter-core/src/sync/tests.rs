@@ -7,7 +7,10 @@ use ai_router_proto::v1::{Delta, KeyHealth, Snapshot, StateUpdate, VirtualKey};
 use prost::Message;
 
 use super::record::SyncRecord;
-use super::{Level, SyncClient, SyncHost};
+use super::{
+    host::{Level, SyncHost},
+    SyncClient,
+};
 use crate::vm::{MemoryShared, SharedData, SharedError};
 
 #[derive(Default)]

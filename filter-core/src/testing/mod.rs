@@ -4,7 +4,7 @@
 //! crates'.
 //!
 //! Where it behaves as the wasm host does: the records the workers change together (holds,
-//! in-flight counts) are real records in a [`MemoryShared`], changed by the same
+//! in-flight counts) are real records in a [`crate::vm::MemoryShared`], changed by the same
 //! [`crate::vm::records`] functions with the same compare-and-swap, and read back as the
 //! filter's view reads them (a key's blacklist is one key-wide hold, counts never go below 0).
 //! Where it still differs from it, on purpose (a test sets these directly):
@@ -32,10 +32,9 @@ use crate::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use crate::vm::minute_lease::{Ask, MinuteLease};
 use crate::vm::round_robin::RoundRobin;
 use crate::vm::view::View;
+use crate::vm::MemoryShared;
 use crate::vm::{read_record, records};
 use crate::vocab::{LaneId, LocalHold};
-
-pub use crate::vm::MemoryShared;
 
 pub mod sim;
 

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use ai_router_contract::shared::REPORT_QUEUE;
-use ai_router_filter_core::sync::{Level, SyncClient, SyncHost};
+use ai_router_filter_core::sync::{
+    host::{Level, SyncHost},
+    SyncClient,
+};
 use ai_router_filter_core::vm::gauge::Gauge;
 use ai_router_filter_core::vm::{SharedData, SharedError};
 use ai_router_filter_core::worker::sync_token;

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::response::{finish_reason, str_field, TokenCounts};
 use ai_router_contract::kinds::DailyReset;
 
-use crate::classify::{classify_stream_error, Class, Failure};
+use crate::classify::{classify_stream_error, failure::Failure, Class};
 use crate::wire::sse::Event;
 
 /// Translates the Anthropic SSE stream into OpenAI chunk SSE bytes, incrementally.

@@ -1,4 +1,7 @@
-use super::*;
+use super::error::AdapterError;
+use super::request::to_messages_request;
+use super::response::from_messages_response;
+use super::stream::StreamTranslator;
 use serde_json::{json, Value};
 
 use super::request::OPENING_USER_TURN;

@@ -19,7 +19,7 @@ pub fn error_body(status: u16, code: &str, message: &str) -> Value {
 
 /// A gateway error body (OpenAI shape) re-dressed in Google's shape; its `trail` kept.
 pub fn error_from_openai(status: u16, openai: &[u8]) -> Vec<u8> {
-    let parts = crate::protocols::messages::OpenAiError::read(status, openai);
+    let parts = crate::protocols::messages::errors::OpenAiError::read(status, openai);
     let mut body = error_body(status, &parts.code, &parts.message);
     if let Some(trail) = parts.trail {
         body["error"]["trail"] = trail;

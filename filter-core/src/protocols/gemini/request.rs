@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::protocols::anthropic::{str_field as str_of, AdapterError};
+use crate::protocols::anthropic::{error::AdapterError, response::str_field as str_of};
 
 /// Top-level fields with no chat-completions counterpart that do not change what is asked:
 /// left out (the lane answers with its own defaults). Any field not named here or translated is
@@ -201,7 +201,7 @@ fn turn_to_chat(
         // newer than this module) carries nothing a chat provider reads: left out.
     }
     if role == "assistant" {
-        out.push(crate::protocols::messages::assistant_message(
+        out.push(crate::protocols::messages::request::assistant_message(
             &content, tool_calls,
         ));
     } else {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::errors::error_body;
 use super::response::{finish_reason, function_call_part, response, usage_metadata};
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 use crate::wire::sse::FromChatStream;
 
 /// A tool call being streamed: Gemini sends a function call whole, so its arguments are

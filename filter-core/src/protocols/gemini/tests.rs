@@ -1,6 +1,10 @@
 use serde_json::{json, Value};
 
-use super::*;
+use super::errors::{error_body, error_from_openai};
+use super::request::{count_tokens, counted_request, to_chat_request};
+use super::response::{finish_reason, from_chat_response};
+use super::route::{is_gemini_path, route, take_query_key, wants_sse, Route};
+use super::stream::StreamEncoder;
 use crate::wire::sse::FromChatStream;
 use crate::wire::sse::Parser;
 

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::protocols::anthropic::{str_field as str_of, AdapterError};
+use crate::protocols::anthropic::{error::AdapterError, response::str_field as str_of};
 
 /// How a request with parts chat completions cannot express is treated: refused (the body
 /// sent to an OpenAI-shaped provider) or left out (the front stage's view for routing, which

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 
 /// OpenAI `finish_reason` -> Messages `stop_reason`.
 pub fn stop_reason(finish_reason: &str) -> &'static str {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::errors::stream_error;
 use super::response::{message_id, stop_reason, usage};
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 use crate::wire::sse::FromChatStream;
 
 /// The content block open in the stream.

@@ -1,6 +1,9 @@
 use serde_json::{json, Value};
 
-use super::*;
+use super::errors::{error_from_openai, error_type};
+use super::request::{count_tokens, to_chat_request, Fidelity, DROPPED_FIELDS, REFUSED_FIELDS};
+use super::response::{from_chat_response, stop_reason};
+use super::stream::StreamEncoder;
 use crate::wire::sse::FromChatStream;
 use crate::wire::sse::Parser;
 

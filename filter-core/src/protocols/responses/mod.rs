@@ -2,9 +2,9 @@
 //! provider that speaks chat completions (or, through the Messages adapter after this one,
 //! Anthropic). Pure translations, no host calls:
 //!
-//! - [`to_chat_request`] (`request.rs`): a Responses request body to a chat-completions body;
-//! - [`from_chat_response`] (`response.rs`): a `chat.completion` to a `response` object;
-//! - [`StreamEncoder`] (`stream.rs`): chat-completion chunk events to the typed Responses events
+//! - [`request::to_chat_request`]: a Responses request body to a chat-completions body;
+//! - [`response::from_chat_response`]: a `chat.completion` to a `response` object;
+//! - [`stream::StreamEncoder`]: chat-completion chunk events to the typed Responses events
 //!   (`response.created`, `response.output_item.added`, `response.output_text.delta`,
 //!   `response.function_call_arguments.delta`, …, `response.completed`), an OpenAI error
 //!   event to `error` then `response.failed`;
@@ -12,17 +12,13 @@
 //!   `conversation`, `store: true`), which only a provider of kind `openai` serves, natively
 //!   (and, for an id the gateway saw stored, only its key: `crate::lanes::response_pins`).
 
-mod request;
-mod response;
-mod stream;
+pub mod request;
+pub mod response;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 
 use serde_json::Value;
-
-pub use request::{routing_view, to_chat_request, NAMESPACE_SEPARATOR};
-pub use response::from_chat_response;
-pub use stream::StreamEncoder;
 
 /// The field that makes the request stateful, if one does: `previous_response_id`,
 /// `conversation`, or `store: true` (an absent `store` is taken as false here: such a call may

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::protocols::anthropic::{str_field as str_of, AdapterError};
+use crate::protocols::anthropic::{error::AdapterError, response::str_field as str_of};
 
 const ITEMS: [&str; 4] = [
     "message",

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::request::NAMESPACE_SEPARATOR;
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 
 pub(super) fn response_id(chat_id: &str) -> String {
     let bare = chat_id.strip_prefix("chatcmpl-").unwrap_or(chat_id);

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::response::{call_item, message_item, response, response_id, status_of, usage};
-use crate::protocols::anthropic::str_field as str_of;
+use crate::protocols::anthropic::response::str_field as str_of;
 use crate::wire::sse::FromChatStream;
 
 /// An output item being streamed.

@@ -1,6 +1,9 @@
 use serde_json::{json, Value};
 
+use super::request::{routing_view, to_chat_request};
+use super::response::from_chat_response;
 use super::response::message_item;
+use super::stream::StreamEncoder;
 use super::*;
 use crate::wire::sse::FromChatStream;
 use crate::wire::sse::Parser;

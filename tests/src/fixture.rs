@@ -369,6 +369,18 @@ pub fn admin_pool_yaml_header() -> String {
         .to_string()
 }
 
+/// The headroom a pool health (`GET /admin/health`) says is pushed for `provider`'s key `key`,
+/// each model's and the scope's (model empty): `{ provider, key, model, remainingRequests,
+/// remainingTokens, resetAtMs }`.
+pub fn pushed_headroom<'a>(health: &'a Value, provider: &str, key: &str) -> Vec<&'a Value> {
+    health["headroom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|h| h["provider"] == provider && h["key"] == key)
+        .collect()
+}
+
 /// What a custom pool's builder returns.
 #[derive(Debug, Clone, Default)]
 pub struct PoolSetup {
@@ -393,6 +405,15 @@ impl PoolSetup {
     /// Names a secret held elsewhere (a file) without putting it in the environment.
     pub fn name_secret(&mut self, secret: &str, name: &str) {
         self.names.push((secret.to_string(), name.to_string()));
+    }
+
+    /// Turns the admin API on: a fresh token in `AI_ROUTER_ADMIN_TOKEN`, registered with the
+    /// secret scan. The YAML must read it (start it from [`admin_pool_yaml_header`]);
+    /// `Pool::admin("AI_ROUTER_ADMIN_TOKEN")` reaches the API.
+    pub fn admin_token(&mut self) {
+        let token = format!("admin-{}", random_hex(32));
+        scan::register("AI_ROUTER_ADMIN_TOKEN", &token);
+        self.env.push(("AI_ROUTER_ADMIN_TOKEN".into(), token));
     }
 }
 
@@ -501,6 +522,29 @@ impl Pool {
             .control_plane_var(token_var)
             .with_context(|| format!("no variable {token_var} for the control plane"))?;
         Admin::at(self.cp.http_addr(), token)
+    }
+
+    /// Waits until the state the control plane publishes satisfies `published` (read from its
+    /// pool health, `GET /admin/health` through `admin`), then until Envoy reads that state or a
+    /// later one: what a test does after a change the control plane publishes on its own time
+    /// (headroom, coalesced; the quota ledger's figures at its next flush) instead of sleeping.
+    /// Returns the version Envoy reads.
+    pub async fn until_pushed(
+        &self,
+        admin: &Admin,
+        what: &str,
+        published: impl Fn(&Value) -> bool,
+    ) -> Result<u64> {
+        poll(
+            &format!("the control plane to publish {what}"),
+            Duration::from_secs(10),
+            || async {
+                let health = admin.get_json("/admin/health").await?;
+                Ok(published(&health).then_some(()))
+            },
+        )
+        .await?;
+        self.envoy.wait_for_state_of(&self.cp).await
     }
 
     /// The names of the keys of the chat completions the mocks received, in order (not the

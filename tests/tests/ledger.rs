@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use ai_router_e2e::{poll, random_hex, scan, script, Client, Gateway, Pool, PoolSetup};
+use ai_router_e2e::{
+    poll, pushed_headroom, random_hex, scan, script, Client, Gateway, Pool, PoolSetup,
+};
 use serde_json::{json, Value};
 
 /// p1's keys `a` and `b` spend one organization's budget of 10 requests a minute; p2's key
@@ -449,7 +451,14 @@ async fn openrouter_s_key_endpoint_reports_the_credit_and_a_spent_key_is_not_cho
     assert_eq!(sb["credit"]["freeTier"], true, "{sb}");
 
     // Envoy holds the figure once pushed (the next flush): every call goes through key a.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let admin = pool.admin(OR_ADMIN_TOKEN_ENV).unwrap();
+    pool.until_pushed(&admin, "key b's spent credit", |health| {
+        pushed_headroom(health, "or", "b")
+            .iter()
+            .any(|h| h["remainingRequests"] == 0)
+    })
+    .await
+    .unwrap();
     pool.clear_calls().await.unwrap();
     for i in 0..10 {
         let r = pool.chat("chat").await.unwrap();

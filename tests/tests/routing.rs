@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ai_router_e2e::script::down;
-use ai_router_e2e::{openai_error_problem, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
+use ai_router_e2e::{
+    admin_pool_yaml_header, openai_error_problem, poll, pool_yaml_header, pushed_headroom, script,
+    Pool, PoolSetup, Reply,
+};
 use serde_json::json;
 
 async fn call(pool: &Pool, model: &str) -> (Reply, Vec<String>) {
@@ -29,9 +32,10 @@ fn pool_setup(mock: &str, p1: &str, p2: &str, extra: &str) -> PoolSetup {
     setup.secret_env("RT_KEY_A", "a");
     setup.secret_env("RT_KEY_B", "b");
     setup.secret_env("RT_KEY_C", "c");
+    setup.admin_token();
     setup.yaml = format!(
         "{}providers:\n  - id: p1\n    baseUrl: {mock}/p1/v1\n{p1}  - id: p2\n    baseUrl: {mock}/p2/v1\n{p2}{extra}",
-        pool_yaml_header()
+        admin_pool_yaml_header()
     );
     setup
 }
@@ -339,8 +343,15 @@ async fn a_lane_with_low_headroom_comes_last_and_a_slow_lane_falls_out_of_the_la
     .await
     .unwrap();
     // Headroom-only changes are published together every 200 ms (the control plane's
-    // HEADROOM_COALESCE): give that one period to reach Envoy.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // HEADROOM_COALESCE): wait until a's figure is published and Envoy reads it.
+    let admin = pool.admin("AI_ROUTER_ADMIN_TOKEN").unwrap();
+    pool.until_pushed(&admin, "key a's headroom of 1 request", |health| {
+        pushed_headroom(health, "p1", "a")
+            .iter()
+            .any(|h| h["remainingRequests"] == 1)
+    })
+    .await
+    .unwrap();
     for i in 0..6 {
         let (r, keys) = call(&pool, "m1").await;
         assert_eq!(r.status, 200, "{r}");

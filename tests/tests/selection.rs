@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ai_router_e2e::{chat_body, poll, pool_yaml_header, script, Pool, PoolSetup, Reply};
+use ai_router_e2e::{
+    admin_pool_yaml_header, chat_body, poll, pool_yaml_header, pushed_headroom, script, Pool,
+    PoolSetup, Reply,
+};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -28,9 +31,10 @@ fn three_keys(mock: &str, selection: &str) -> PoolSetup {
     for k in ["a", "b", "c"] {
         setup.secret_env(&format!("SEL_KEY_{}", k.to_uppercase()), k);
     }
+    setup.admin_token();
     setup.yaml = format!(
         "{}providers:\n  - id: p1\n    baseUrl: {mock}/p1/v1\n    keys: [{{ alias: a, env: SEL_KEY_A }}, {{ alias: b, env: SEL_KEY_B }}, {{ alias: c, env: SEL_KEY_C }}]\n    models: [{{ id: m1 }}]\nresilience:\n  backoff: {{ baseMs: 10, factor: 1, maxMs: 10 }}\nselection:\n{selection}",
-        pool_yaml_header()
+        admin_pool_yaml_header()
     );
     setup
 }
@@ -61,7 +65,8 @@ fn one_key_each(mock: &str, providers: &[(&str, &str, &str)]) -> (PoolSetup, Str
 }
 
 /// Calls until each of the three keys has answered once (so each has reported its headroom),
-/// then gives the control plane's 200 ms headroom publication time to reach Envoy.
+/// then waits until the control plane publishes the three keys' headroom (coalesced every
+/// 200 ms) and Envoy reads it.
 async fn every_key_reports(pool: &Pool, body: &Value) {
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     poll(
@@ -80,7 +85,14 @@ async fn every_key_reports(pool: &Pool, body: &Value) {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let admin = pool.admin("AI_ROUTER_ADMIN_TOKEN").unwrap();
+    pool.until_pushed(&admin, "the headroom of keys a, b and c", |health| {
+        ["a", "b", "c"]
+            .iter()
+            .all(|k| !pushed_headroom(health, "p1", k).is_empty())
+    })
+    .await
+    .unwrap();
 }
 
 /// Each key's share of the calls.

@@ -50,7 +50,7 @@ pub(super) fn build(
 ) -> Result<ProviderRequest, AdapterError> {
     let gemini = plan.protocol == Protocol::Gemini;
     let native = match gemini {
-        true => crate::protocols::gemini_native::serves(provider.kind(), plan.json_array),
+        true => crate::protocols::gemini::native::serves(provider.kind(), plan.json_array),
         false => protocols::native(plan.protocol, provider.kind()),
     };
     let anthropic = provider.kind() == ProviderKind::Anthropic;
@@ -74,10 +74,10 @@ pub(super) fn build(
         plan.op.path()
     };
     let path = match gemini && native {
-        true => crate::protocols::gemini_native::path(
+        true => crate::protocols::gemini::native::path(
             &provider.base_path,
             model,
-            crate::protocols::gemini_native::method(
+            crate::protocols::gemini::native::method(
                 plan.op == Operation::Embeddings,
                 plan.count_tokens,
                 plan.stream,
@@ -211,7 +211,7 @@ fn body_for(
     if gemini && !native {
         // The caller's Gemini body, translated for this lane as the front stage routed it.
         value = match embed {
-            true => crate::protocols::gemini_embed::to_openai(model, &value)?,
+            true => crate::protocols::gemini::embed::to_openai(model, &value)?,
             false => {
                 crate::protocols::gemini::request::to_chat_request(model, plan.stream, &value)?
             }
@@ -241,7 +241,7 @@ fn body_for(
         value = v;
     }
     if gemini && native {
-        value = crate::protocols::gemini_native::request(&value, model);
+        value = crate::protocols::gemini::native::request(&value, model);
     }
     Ok((value, echo))
 }

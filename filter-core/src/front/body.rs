@@ -108,7 +108,7 @@ impl Front {
         if let Some(e) = &read.gemini_refusal {
             let json_array = self.gemini.as_ref().is_some_and(|g| g.json_array);
             let (tiers, trail) = (&mut resolved.tiers, &mut resolved.trail);
-            if !crate::protocols::gemini_native::keep_native(&state, tiers, trail, json_array) {
+            if !crate::protocols::gemini::native::keep_native(&state, tiers, trail, json_array) {
                 let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message.clone());
                 err.param = e.param;
                 return self.reply(host, err.with_trail(resolved.trail));
@@ -169,7 +169,7 @@ impl Front {
                     if call.count {
                         gemini_counted = Some(parsed.clone());
                     }
-                    parsed = crate::protocols::gemini_native::routing_view(
+                    parsed = crate::protocols::gemini::native::routing_view(
                         &call.model,
                         call.stream,
                         call.embed.is_some(),

@@ -576,7 +576,10 @@ mod tests {
             store: true,
             ..Stored::default()
         });
-        host.calls.entry(plan.cid.clone()).or_default();
+        if host.calls.get(&plan.cid).is_none() {
+            host.calls
+                .insert(plan.cid.clone(), crate::vm::call::Call::default());
+        }
         host.request_headers.clear();
         host.add(Side::Request, ":path", b"/v1/responses");
         host.add(

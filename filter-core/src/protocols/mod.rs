@@ -10,7 +10,7 @@
 //! | Messages  | any other             | Messages → chat → (answer) chat → Messages       |
 //! | Responses | openai                | natively (`/responses`)                          |
 //! | Responses | any other (stateless) | Responses → chat (→ Messages for anthropic) → …  |
-//! | Gemini    | gemini                | natively (Google's own API, `gemini_native`)     |
+//! | Gemini    | gemini                | natively (Google's own API, `gemini::native`)    |
 //! | Gemini    | any other             | Gemini → chat → … → Gemini (JSON-array streams   |
 //! |           |                       | on gemini lanes too)                             |
 //!
@@ -21,8 +21,6 @@
 pub mod anthropic;
 pub mod context;
 pub mod gemini;
-pub mod gemini_embed;
-pub mod gemini_native;
 pub mod messages;
 pub mod prompt_cache;
 pub mod responses;
@@ -47,7 +45,7 @@ pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
         Protocol::Chat => false,
         Protocol::Messages => kind == ProviderKind::Anthropic,
         Protocol::Responses => kind == ProviderKind::Openai,
-        // Over Google's own API (`gemini_native`; a JSON-array stream goes translated).
+        // Over Google's own API (`gemini::native`; a JSON-array stream goes translated).
         Protocol::Gemini => kind == ProviderKind::Gemini,
     }
 }
@@ -228,8 +226,8 @@ pub fn unary(protocol: Protocol, chat: &Value, request: &Value, now_s: i64) -> V
         Protocol::Chat => chat.clone(),
         Protocol::Messages => messages::response::from_chat_response(chat),
         Protocol::Responses => responses::response::from_chat_response(chat, request, now_s),
-        Protocol::Gemini if gemini_embed::is_embeddings_answer(chat) => {
-            gemini_embed::from_openai(chat, request)
+        Protocol::Gemini if gemini::embed::is_embeddings_answer(chat) => {
+            gemini::embed::from_openai(chat, request)
         }
         Protocol::Gemini => gemini::response::from_chat_response(chat),
     }
@@ -313,7 +311,7 @@ pub fn redress_error(protocol: Protocol, status: u16, body: &[u8]) -> Option<Vec
 /// Usage of a native unary answer: its `usage` (Gemini: its `usageMetadata`).
 pub fn answer_usage(protocol: Protocol, answer: &Value) -> Option<Usage> {
     match protocol {
-        Protocol::Gemini => crate::protocols::gemini_native::usage(answer.get("usageMetadata")?),
+        Protocol::Gemini => crate::protocols::gemini::native::usage(answer.get("usageMetadata")?),
         _ => native_usage(protocol, answer.get("usage")),
     }
 }
@@ -426,7 +424,7 @@ impl NativeStream {
             return None;
         }
         if self.protocol == Protocol::Gemini {
-            return crate::protocols::gemini_native::usage(&Value::Object(self.usage.clone()));
+            return crate::protocols::gemini::native::usage(&Value::Object(self.usage.clone()));
         }
         native_usage(self.protocol, Some(&Value::Object(self.usage.clone())))
     }
@@ -450,7 +448,7 @@ impl NativeStream {
             };
         };
         if self.protocol == Protocol::Gemini {
-            let chunk = crate::protocols::gemini_native::judge(
+            let chunk = crate::protocols::gemini::native::judge(
                 &self.kind,
                 self.daily_reset,
                 &value,
@@ -561,7 +559,7 @@ impl NativeStream {
                 messages::errors::stream_error(message)
             )
             .into_bytes(),
-            Protocol::Gemini => crate::protocols::gemini_native::error_event(message),
+            Protocol::Gemini => crate::protocols::gemini::native::error_event(message),
             _ => {
                 let error =
                     json!({ "type": "error", "code": code, "message": message, "param": null });

@@ -28,6 +28,7 @@ use crate::classify::Class;
 use crate::host::{Host, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
+use crate::vm::calls::CallTable;
 use crate::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use crate::vm::minute_lease::{Ask, MinuteLease};
 use crate::vm::round_robin::RoundRobin;
@@ -145,8 +146,8 @@ pub struct FakeHost {
     /// Each key's minute record, and the asks for blocks the stage handed over.
     pub minute_leases: HashMap<String, MinuteLease>,
     pub minute_asks: Vec<(String, Ask)>,
-    pub calls: HashMap<String, Call>,
-    pub next_call: u64,
+    /// The calls in progress, in the worker's own table (ids `call-1`, `call-2`, …).
+    pub calls: CallTable,
     pub reports: Vec<RequestOutcome>,
     pub attempts: Vec<AttemptOutcome>,
     pub dispatched: Vec<Dispatched>,
@@ -373,16 +374,7 @@ impl Host for FakeHost {
     }
     fn new_call(&mut self, now_ms: i64) -> String {
         self.tally("new_call");
-        self.next_call += 1;
-        let id = format!("call-{}", self.next_call);
-        self.calls.insert(
-            id.clone(),
-            Call {
-                created_ms: now_ms,
-                ..Call::default()
-            },
-        );
-        id
+        self.calls.open_as(now_ms, || "call".into()).0
     }
     fn call_attempts(&self, call_id: &str) -> Option<u32> {
         self.tally("call_attempts");
@@ -390,7 +382,7 @@ impl Host for FakeHost {
     }
     fn end_call(&mut self, call_id: &str) -> Option<Call> {
         self.tally("end_call");
-        self.calls.remove(call_id)
+        self.calls.end(call_id)
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
         self.tally("report_request");
@@ -659,6 +651,22 @@ mod tests {
         assert_eq!(host.text(Side::Request, "x-a").as_deref(), Some("1"));
         assert_eq!(host.body(Side::Request, 0, 10), b"{}");
         assert_eq!(host.sync_token(), None);
+    }
+
+    #[test]
+    fn calls_live_in_the_worker_s_table_and_are_swept_by_its_rule() {
+        use crate::vm::calls::{ABANDONED_MS, SWEEP_ABOVE};
+        let mut host = FakeHost::builder().build();
+        let first = host.new_call(0);
+        assert_eq!(first, "call-1");
+        for i in 1..=SWEEP_ABOVE {
+            host.new_call(ABANDONED_MS + i as i64);
+        }
+        assert!(
+            host.call_attempts(&first).is_none(),
+            "abandoned, swept as in Envoy"
+        );
+        assert_eq!(host.calls.len(), SWEEP_ABOVE);
     }
 
     #[test]

@@ -15,8 +15,9 @@ pub const SWEEP_ABOVE: usize = 1024;
 #[derive(Debug, Default)]
 pub struct CallTable {
     calls: HashMap<String, Call>,
-    /// Distinguishes this VM's call ids from other workers' (never 0 once set).
-    salt: u64,
+    /// What this table's call ids start with: distinguishes this VM's from other workers'
+    /// (never empty once set).
+    prefix: String,
     next: u64,
 }
 
@@ -24,11 +25,17 @@ impl CallTable {
     /// Opens a call: its id, unique within the Envoy process, and how much the table's size
     /// moved (1, less the calls the sweep dropped). `salt` is asked once per VM.
     pub fn open(&mut self, now_ms: i64, salt: impl FnOnce() -> u64) -> (String, i64) {
-        if self.salt == 0 {
-            self.salt = salt() | 1;
+        self.open_as(now_ms, || format!("{:x}", salt() | 1))
+    }
+
+    /// [`CallTable::open`] with the ids' `prefix` given (asked once per table): `call-1`,
+    /// `call-2`, … for the tests' fake host.
+    pub fn open_as(&mut self, now_ms: i64, prefix: impl FnOnce() -> String) -> (String, i64) {
+        if self.prefix.is_empty() {
+            self.prefix = prefix();
         }
         self.next += 1;
-        let id = format!("{:x}-{}", self.salt, self.next);
+        let id = format!("{}-{}", self.prefix, self.next);
         self.calls.insert(
             id.clone(),
             Call {
@@ -45,8 +52,30 @@ impl CallTable {
         (id, 1 - i64::try_from(swept).unwrap_or(i64::MAX))
     }
 
+    pub fn get(&self, id: &str) -> Option<&Call> {
+        self.calls.get(id)
+    }
+
     pub fn get_mut(&mut self, id: &str) -> Option<&mut Call> {
         self.calls.get_mut(id)
+    }
+
+    /// Puts a call's bookkeeping under `id`, as a test sets a call up.
+    pub fn insert(&mut self, id: String, call: Call) {
+        self.calls.insert(id, call);
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Call> {
+        self.calls.values()
+    }
+
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut Call> {
+        self.calls.values_mut()
+    }
+
+    /// Drops every call, as a restarted VM has none.
+    pub fn clear(&mut self) {
+        self.calls.clear();
     }
 
     /// Closes a call and returns its bookkeeping.

@@ -11,9 +11,7 @@ use crate::config::{PolicyConfig, Provider};
 use crate::keys::record::VirtualKeyRecord;
 use crate::store::durable::KeyId;
 
-pub(crate) fn published_keys(
-    keys: &[VirtualKeyRecord],
-) -> BTreeMap<String, pb::VirtualKey> {
+pub(crate) fn published_keys(keys: &[VirtualKeyRecord]) -> BTreeMap<String, pb::VirtualKey> {
     keys.iter()
         .map(|k| {
             let k = k.to_proto();

@@ -451,7 +451,7 @@ pub fn routed_request(
                     format!("{field} is required: this method takes {form}."),
                 ));
             }
-            crate::protocols::gemini_embed::to_openai(model, body)
+            crate::protocols::gemini::embed::to_openai(model, body)
         }
         (None, true) => to_chat_request(model, false, &counted_request(body)),
         (None, false) => to_chat_request(model, stream, body),

@@ -1,7 +1,7 @@
 //! Gemini's embeddings methods, `:embedContent` (one `EmbedContentRequest`) and
 //! `:batchEmbedContents` (`{"requests":[EmbedContentRequest…]}`). Pure functions, no host calls:
 //!
-//! - to a `kind: gemini` lane the caller's body goes natively (`gemini_native`), each request's
+//! - to a `kind: gemini` lane the caller's body goes natively (`native.rs`), each request's
 //!   `model` naming the lane's model;
 //! - to an OpenAI-compatible lane, [`to_openai`] makes the `/v1/embeddings` request (one input
 //!   per content, its text parts joined) and [`from_openai`] answers in Google's shape

@@ -28,7 +28,7 @@ fn api_base(base_path: &str) -> &str {
 /// `:batchEmbedContents`), a count (`:countTokens`) or a generation (`?alt=sse` on a stream).
 pub fn method(embeddings: bool, count: bool, stream: bool, body: &Value) -> &'static str {
     match (embeddings, count, stream) {
-        (true, _, _) => crate::protocols::gemini_embed::method(body),
+        (true, _, _) => crate::protocols::gemini::embed::method(body),
         (_, true, _) => "countTokens",
         (_, _, true) => "streamGenerateContent?alt=sse",
         _ => "generateContent",

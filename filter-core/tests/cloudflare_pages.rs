@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use ai_router_filter_core::classify::{classify, Class, Hold};
+use ai_router_contract::failure::Hold;
+use ai_router_filter_core::classify::{classify, Class};
 
 const TABLE: &str = include_str!("../../testdata/provider-errors/openai-compatible.yaml");
 

@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 
+use ai_router_contract::failure::Hold;
 use ai_router_contract::kinds::ProviderKind;
 use ai_router_filter_core::classify::{
     classify,
     window::{MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS},
-    Class, Hold,
+    Class,
 };
 use serde::Deserialize;
 

@@ -11,7 +11,7 @@ use ai_router_proto::v1::AttemptContent;
 
 use crate::answer::redact::redact_bytes;
 
-pub use ai_router_contract::defaults::CONTENT_MAX_BYTES;
+use ai_router_contract::defaults::CONTENT_MAX_BYTES;
 
 /// The first bytes of one side, as they arrive.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! which gives its status, OpenAI `type` and default message) and the OpenAI error object
 //! clients parse.
 
-pub use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::error_code::ErrorCode;
 use serde_json::json;
 
 use crate::classify::Class;

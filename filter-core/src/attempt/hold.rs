@@ -1,8 +1,9 @@
 //! A failure's effect on this process's view at once: the lane cooled or the key held.
 
-use crate::classify::{failure::Failure, Hold};
+use crate::classify::failure::Failure;
 use crate::host::Host;
 use crate::state::State;
+use ai_router_contract::failure::Hold;
 
 use super::Attempt;
 

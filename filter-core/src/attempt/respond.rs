@@ -4,7 +4,6 @@
 use ai_router_proto::v1::ProviderKind;
 use serde_json::Value;
 
-use crate::answer::errors::ErrorCode;
 use crate::answer::redact::redact_bytes;
 use crate::answer::redact::StreamRedactor;
 use crate::attempt::stream::{Gate, Step};
@@ -16,6 +15,7 @@ use crate::protocols::Egress;
 use crate::vocab::LaneId;
 use crate::wire::headers;
 use crate::wire::sse::Parser;
+use ai_router_contract::error_code::ErrorCode;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, LANE_COST as H_LANE_COST, LANE_MODEL as H_LANE_MODEL,
 };

@@ -1,7 +1,7 @@
 //! The send: the scope's headroom reserved, the provider request built and applied, the
 //! lane recorded for the answer.
 
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::embeddings;
@@ -10,6 +10,7 @@ use crate::plan::Operation;
 use crate::protocols::anthropic::{self};
 use crate::state::State;
 use crate::vm::local::Send;
+use ai_router_contract::error_code::ErrorCode;
 use ai_router_contract::headers::ATTEMPT as H_ATTEMPT;
 
 use super::request;

@@ -7,12 +7,12 @@ use serde_json::Value;
 
 use ai_router_contract::kinds::DailyReset;
 
-use crate::answer::errors::ErrorCode;
 use crate::classify::{classify_stream_error, failure::Failure, Class};
 use crate::plan::Protocol;
 use crate::protocols::NativeStream;
 use crate::vocab::{usage_of, Usage};
 use crate::wire::sse::{Event, Parser};
+use ai_router_contract::error_code::ErrorCode;
 
 /// What a fed chunk means for the attempt.
 #[derive(Debug, Clone, PartialEq)]

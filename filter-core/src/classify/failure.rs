@@ -1,6 +1,7 @@
 //! A classified failure: its class, when the provider said to come back, its code and message.
 
-pub use ai_router_contract::failure::{ErrorClass as Class, Hold};
+pub use ai_router_contract::failure::ErrorClass as Class;
+use ai_router_contract::failure::Hold;
 
 /// A classified failure.
 #[derive(Debug, Clone, PartialEq)]

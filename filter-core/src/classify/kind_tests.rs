@@ -1,5 +1,6 @@
 use super::headroom::{headroom, headroom_in};
 use super::*;
+use ai_router_contract::failure::Hold;
 use ai_router_contract::kinds::DailyReset;
 
 #[test]

@@ -25,12 +25,12 @@ mod tables;
 pub mod when;
 pub mod window;
 
-pub use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
+use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
 use ai_router_contract::kinds::{DailyReset, ProviderKind};
 use serde_json::Value;
 
 use echo::table_phrases;
-pub use failure::{Class, Hold};
+pub use failure::Class;
 use fields::{error_fields, ErrorFields};
 use rules::{is_key_type_refusal, verdict};
 use window::window;

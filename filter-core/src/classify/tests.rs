@@ -1,5 +1,6 @@
 use super::window::{MAX_QUOTA_HOLD_MS, MAX_RATE_LIMIT_COOLDOWN_MS};
 use super::*;
+use ai_router_contract::failure::Hold;
 
 fn c(kind: &str, status: u16, body: &str) -> Class {
     classify(kind, status, &[], body.as_bytes(), 0).class

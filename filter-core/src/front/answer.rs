@@ -9,10 +9,11 @@ use ai_router_proto::v1::BreakerPhase;
 use serde_json::{json, Value};
 
 use super::{AfterState, Front};
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::host::{Flow, Host, Side};
 use crate::plan::Protocol;
 use crate::resolve;
+use ai_router_contract::error_code::ErrorCode;
 
 impl Front {
     pub(super) fn reply(&mut self, host: &mut impl Host, err: GatewayError) -> Flow {

@@ -6,9 +6,10 @@ use ai_router_proto::v1::VirtualKey;
 
 use super::quota;
 use super::Front;
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::host::{Host, Side};
 use crate::state::State;
+use ai_router_contract::error_code::ErrorCode;
 
 impl Front {
     /// Whether the request carries the admin token (its SHA-256 is pushed with the state).

@@ -6,7 +6,7 @@ use ai_router_proto::v1::VirtualKey;
 use serde_json::{json, Value};
 
 use super::{budget, Front, SharedWait};
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Plan, Protocol, PLAN_HEADER};
 use crate::protocols::anthropic::error::AdapterError;
@@ -15,6 +15,7 @@ use crate::resolve;
 use crate::resolve::rules;
 use crate::state::State;
 use crate::wire::headers;
+use ai_router_contract::error_code::ErrorCode;
 
 /// A body as the stage read it.
 struct ReadBody {

@@ -22,8 +22,9 @@
 
 use ai_router_proto::v1::{Budget, BudgetLevel, BudgetScope, BudgetState, BudgetWindow, Budgets};
 
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::plan::Candidate;
+use ai_router_contract::error_code::ErrorCode;
 
 /// What a budget check sees of the call.
 #[derive(Debug, Clone, Copy)]

@@ -12,8 +12,9 @@
 
 use ai_router_proto::v1::VirtualKey;
 
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::vm::minute_lease::{minute_of, MINUTE_MS};
+use ai_router_contract::error_code::ErrorCode;
 
 /// Whole seconds from `now_ms` until `until_ms`, at least 1.
 fn seconds_until(now_ms: i64, until_ms: i64) -> u64 {

@@ -6,11 +6,12 @@ use ai_router_contract::headers::TRAIL as H_TRAIL;
 use super::auth::quota_refusal;
 use super::routes::{self, RouteKind};
 use super::{AfterState, Front, GeminiCall};
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Operation, Protocol};
 use crate::resolve::rules::Metadata;
 use crate::wire::headers;
+use ai_router_contract::error_code::ErrorCode;
 
 impl Front {
     /// The request's headers: what the stage keeps of them, then the route it names.

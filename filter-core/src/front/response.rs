@@ -13,11 +13,12 @@ use ai_router_proto::v1::{
 };
 
 use super::Front;
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::answer::overhead;
 use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::wire::headers;
+use ai_router_contract::error_code::ErrorCode;
 use ai_router_contract::headers::OVERHEAD_MS as H_OVERHEAD_MS;
 
 impl Front {

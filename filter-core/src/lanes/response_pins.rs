@@ -28,7 +28,7 @@
 
 use serde_json::Value;
 
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::classify::Class;
 use crate::host::Host;
 use crate::lanes::affinity::{digest, RESPONSES};
@@ -38,6 +38,7 @@ use crate::plan::{Candidate, KeyPin, Stored, Via};
 use crate::state::State;
 use crate::vocab::LaneId;
 use crate::wire::sse::Parser;
+use ai_router_contract::error_code::ErrorCode;
 
 /// A stored-response pin unused this long lapses (OpenAI keeps a stored response 30 days; a
 /// pin only has to outlive a pause in the conversation, and eviction by newer ids usually

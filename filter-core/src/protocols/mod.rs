@@ -576,7 +576,7 @@ impl NativeStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::answer::errors::ErrorCode;
+    use ai_router_contract::error_code::ErrorCode;
 
     #[test]
     fn which_lanes_serve_natively() {

@@ -16,11 +16,12 @@ mod tiers;
 use ai_router_proto::v1::VirtualKey;
 use serde_json::Value;
 
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::answer::trail::Trail;
 use crate::plan::{Candidate, Operation};
 use crate::state::State;
 use crate::vocab::Needs;
+use ai_router_contract::error_code::ErrorCode;
 use candidates::key_may_call_model;
 use policy::allows;
 

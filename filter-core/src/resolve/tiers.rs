@@ -7,11 +7,12 @@ use serde_json::Value;
 
 use super::candidates::{candidates_for, key_may_call_model, unfit, FamilyEntry, NamedCandidate};
 use super::policy::{allows, merge};
-use crate::answer::errors::{ErrorCode, GatewayError};
+use crate::answer::errors::GatewayError;
 use crate::answer::trail::Trail;
 use crate::plan::{Candidate, Operation};
 use crate::state::State;
 use crate::vocab::Needs;
+use ai_router_contract::error_code::ErrorCode;
 
 /// A profile's policy (over the defaults) and the tiers of names it lists: its candidates, or
 /// its model and fallbacks.

@@ -4,7 +4,7 @@
 //! oldest outcomes are dropped, and counted.
 //!
 //! With `telemetry.includeContent` an attempt also carries up to twice
-//! [`CONTENT_MAX_BYTES`](crate::answer::content::CONTENT_MAX_BYTES) of content: a batch stops growing at
+//! [`CONTENT_MAX_BYTES`](ai_router_contract::defaults::CONTENT_MAX_BYTES) of content: a batch stops growing at
 //! [`MAX_BATCH_CONTENT_BYTES`] of it (a `Report` stays far below gRPC's 4 MiB message limit),
 //! and the outbox holds at most [`MAX_BUFFERED_CONTENT_BYTES`]; past that a new batch goes
 //! without its content (the outcomes themselves are kept: they are the usage), and the

@@ -287,7 +287,15 @@ async fn a_key_or_provider_at_its_concurrency_cap_sends_the_next_call_elsewhere(
     let other = ai_router_e2e::Client::new(&pool.envoy.base_url()).unwrap();
     pool.clear_calls().await.unwrap();
     let (r1, r2) = tokio::join!(pool.chat("m1"), async {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        // The second call once the first is at the provider: a's one slot is taken.
+        let first_sent = || async { Ok((!pool.mocks[0].calls().await?.is_empty()).then_some(())) };
+        ai_router_e2e::poll(
+            "the first call at the provider",
+            Duration::from_secs(10),
+            first_sent,
+        )
+        .await
+        .unwrap();
         other.chat("m1", Some(&pool.virtual_key)).await
     });
     let (r1, r2) = (r1.unwrap(), r2.unwrap());

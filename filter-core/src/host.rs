@@ -4,6 +4,7 @@
 //! tests here implement it with a fake ([`crate::testing::FakeHost`], feature `testing`) and
 //! drive the stages through whole calls on the host.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
@@ -53,7 +54,8 @@ pub trait Host {
     /// started cannot be ended with anything written into it.
     fn reset_stream(&mut self);
 
-    /// Milliseconds since the Unix epoch.
+    /// Milliseconds since the Unix epoch. One reading of the clock per callback
+    /// ([`CallbackClock`]): `now_ms` and `now_us` of one callback are the same instant.
     fn now_ms(&self) -> i64;
     /// Microseconds since the Unix epoch: the overhead's clock
     /// ([`crate::answer::overhead`]).
@@ -162,6 +164,30 @@ pub trait Host {
     fn header_text(&self, side: Side, name: &str) -> Option<String> {
         self.header(side, name)
             .and_then(|v| String::from_utf8(v).ok())
+    }
+}
+
+/// The clock of one callback: its first reading is a host call, every later `now_ms` or
+/// `now_us` of the callback is derived from that reading (a callback takes microseconds; what
+/// the stages time spans callbacks).
+#[derive(Debug, Default)]
+pub struct CallbackClock(Cell<Option<i64>>);
+
+impl CallbackClock {
+    /// Microseconds since the Unix epoch; `read_us` is called once per callback.
+    pub fn us(&self, read_us: impl FnOnce() -> i64) -> i64 {
+        if let Some(us) = self.0.get() {
+            return us;
+        }
+        let us = read_us();
+        self.0.set(Some(us));
+        us
+    }
+
+    /// Milliseconds since the Unix epoch, of the same reading (as the host's own `now_ms`
+    /// would have rounded it: down).
+    pub fn ms(&self, read_us: impl FnOnce() -> i64) -> i64 {
+        self.us(read_us).div_euclid(1000)
     }
 }
 

@@ -171,6 +171,10 @@ pub struct FakeHost {
     /// How many times the stage called each host method (what each costs a crossing into
     /// Envoy in the filter): [`FakeHost::host_calls`].
     pub tallies: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>>,
+    /// The clock as this callback read it (`now * 1000 + micros`), as Envoy's host reads it
+    /// once per callback ([`crate::host::CallbackClock`]): a read counts as a host call when
+    /// the callback had not read it yet ([`FakeHost::next_callback`]) or the test moved it.
+    pub clock_read: std::cell::Cell<Option<i64>>,
 }
 
 /// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
@@ -276,6 +280,21 @@ impl FakeHost {
         self.tallies.borrow().values().sum()
     }
 
+    /// A new callback begins: its first reading of the clock is a host call again.
+    pub fn next_callback(&mut self) {
+        self.clock_read.set(None);
+    }
+
+    /// The clock in µs, tallied once per callback (see `clock_read`).
+    fn clock_us(&self) -> i64 {
+        let us = self.now * 1000 + self.micros;
+        if self.clock_read.get() != Some(us) {
+            self.tally("clock");
+            self.clock_read.set(Some(us));
+        }
+        us
+    }
+
     /// Starts the host-call and view-read counts again.
     pub fn reset_tallies(&mut self) {
         self.tallies.borrow_mut().clear();
@@ -343,11 +362,11 @@ impl Host for FakeHost {
         self.resets += 1;
     }
     fn now_ms(&self) -> i64 {
-        self.tally("now_ms");
+        self.clock_us();
         self.now
     }
     fn now_us(&self) -> i64 {
-        self.now * 1000 + self.micros
+        self.clock_us()
     }
     fn state(&self) -> Option<Rc<State>> {
         self.tally("state");

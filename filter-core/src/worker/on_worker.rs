@@ -10,7 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use super::view::WorkerView;
 use super::{VmCalls, Worker};
 use crate::classify::Class;
-use crate::host::{Host, Refused, Side};
+use crate::host::{CallbackClock, Host, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::local::{Allowance, Send};
@@ -54,10 +54,28 @@ pub trait HostCalls: VmCalls {
     }
 }
 
-/// A stage's host for one callback: the stream's calls and the worker of its VM.
+/// A stage's host for one callback: the stream's calls and the worker of its VM, and the
+/// callback's one reading of the clock.
 pub struct OnWorker<'a, C, T = ()> {
     pub calls: C,
     pub worker: &'a Worker<T>,
+    clock: CallbackClock,
+}
+
+impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
+    /// The host of one callback (made again for each: its clock is read once).
+    pub fn new(calls: C, worker: &'a Worker<T>) -> Self {
+        Self {
+            calls,
+            worker,
+            clock: CallbackClock::default(),
+        }
+    }
+
+    fn clock_ms(&self) -> i64 {
+        self.clock
+            .ms(|| C::time("host.now_us", || self.calls.now_us()))
+    }
 }
 
 impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
@@ -94,10 +112,11 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         C::time("host.reset_stream", || self.calls.reset_stream())
     }
     fn now_ms(&self) -> i64 {
-        C::time("host.now_ms", || self.calls.now_ms())
+        self.clock_ms()
     }
     fn now_us(&self) -> i64 {
-        C::time("host.now_us", || self.calls.now_us())
+        self.clock
+            .us(|| C::time("host.now_us", || self.calls.now_us()))
     }
     fn state(&self) -> Option<Rc<State>> {
         C::time("host.state", || self.worker.state(&self.calls))
@@ -135,8 +154,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
+        let now = self.clock_ms();
         C::time("host.report_request", || {
-            self.worker.report_request(&mut self.calls, outcome)
+            self.worker.report_request(&mut self.calls, outcome, now)
         })
     }
     fn dispatch_http_call(
@@ -203,8 +223,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+        let now = self.clock_ms();
         C::time("host.hold_cooldown", || {
-            let now = self.calls.now_ms();
             records::hold_cooldown(&mut self.calls, lane, until_ms, now);
         })
     }
@@ -216,8 +236,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         until_ms: i64,
         fingerprint: u64,
     ) {
+        let now = self.clock_ms();
         C::time("host.hold_blacklist", || {
-            let now = self.calls.now_ms();
             let hold = (class, until_ms, fingerprint);
             records::hold_blacklist(&mut self.calls, provider, key, hold, now);
         })
@@ -229,7 +249,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     }
     fn random_unit(&mut self) -> f64 {
         C::time("host.random_unit", || {
-            self.worker.random_unit(self.calls.now_ms())
+            self.worker.random_unit(self.clock_ms())
         })
     }
     fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
@@ -266,8 +286,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
+        let now = self.clock_ms();
         C::time("host.report_attempt", || {
-            self.worker.report_attempt(&mut self.calls, outcome)
+            self.worker.report_attempt(&mut self.calls, outcome, now)
         })
     }
 }

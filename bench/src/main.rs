@@ -702,7 +702,8 @@ fn loadavg() -> String {
 }
 
 /// The first line a command prints (stdout, else stderr), or "".
-fn command_line(program: &Path, args: &[&str]) -> String {
+/// What a program prints (its stdout, or its stderr when stdout is empty), trimmed.
+fn command_output(program: &Path, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
@@ -715,8 +716,12 @@ fn command_line(program: &Path, args: &[&str]) -> String {
                 out
             }
         })
-        .and_then(|s| s.lines().find(|l| !l.trim().is_empty()).map(str::to_string))
         .unwrap_or_default()
+}
+
+/// The first line a program prints.
+fn command_line(program: &Path, args: &[&str]) -> String {
+    peers::first_line(&command_output(program, args))
 }
 
 fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
@@ -800,7 +805,7 @@ fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
     if let Some(agentgateway) = &args.agentgateway {
         versions.insert(
             "agentgateway".to_string(),
-            command_line(agentgateway, &["--version"]),
+            peers::agentgateway_version(&command_output(agentgateway, &["--version"])),
         );
     }
     let mode = if args.smoke { "smoke" } else { "full" };

@@ -4,7 +4,7 @@
 //! tests here implement it with a fake ([`crate::testing::FakeHost`], feature `testing`) and
 //! drive the stages through whole calls on the host.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
@@ -188,6 +188,59 @@ impl CallbackClock {
     /// would have rounded it: down).
     pub fn ms(&self, read_us: impl FnOnce() -> i64) -> i64 {
         self.us(read_us).div_euclid(1000)
+    }
+}
+
+/// Each side's header map as one callback listed it, kept up to date with the callback's own
+/// writes (nothing else changes a map during a callback): the callback's later reads are
+/// answered from it, as Envoy answers them (a name's first value, names without case).
+#[derive(Debug, Default)]
+pub struct Listed(RefCell<[Option<HeaderMap>; 2]>);
+
+/// A header map as the host lists it: names and raw values, in order.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
+
+fn slot(side: Side) -> usize {
+    match side {
+        Side::Request => 0,
+        Side::Response => 1,
+    }
+}
+
+impl Listed {
+    /// The side's map, if this callback listed it.
+    pub fn headers(&self, side: Side) -> Option<Vec<(String, Vec<u8>)>> {
+        self.0.borrow()[slot(side)].clone()
+    }
+
+    /// A header's value from the listed map (`None`: the side was not listed).
+    pub fn header(&self, side: Side, name: &str) -> Option<Option<Vec<u8>>> {
+        let listed = self.0.borrow();
+        let map = listed[slot(side)].as_ref()?;
+        Some(
+            map.iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone()),
+        )
+    }
+
+    pub fn keep(&self, side: Side, map: Vec<(String, Vec<u8>)>) {
+        self.0.borrow_mut()[slot(side)] = Some(map);
+    }
+
+    /// A write of the callback: the name's values replaced by `value` (`None`: removed).
+    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) {
+        if let Some(map) = self.0.borrow_mut()[slot(side)].as_mut() {
+            map.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+            if let Some(v) = value {
+                map.push((name.to_ascii_lowercase(), v.to_vec()));
+            }
+        }
+    }
+
+    /// Whatever the host did next (a local answer, a reset) is read from the host again.
+    pub fn forget(&self) {
+        *self.0.borrow_mut() = [None, None];
     }
 }
 

@@ -175,6 +175,9 @@ pub struct FakeHost {
     /// once per callback ([`crate::host::CallbackClock`]): a read counts as a host call when
     /// the callback had not read it yet ([`FakeHost::next_callback`]) or the test moved it.
     pub clock_read: std::cell::Cell<Option<i64>>,
+    /// The sides this callback listed: Envoy's host answers their later reads from the
+    /// listing (`host::Listed`), so they count no host call (values are read live here).
+    pub listed: std::cell::Cell<[bool; 2]>,
 }
 
 /// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
@@ -283,6 +286,11 @@ impl FakeHost {
     /// A new callback begins: its first reading of the clock is a host call again.
     pub fn next_callback(&mut self) {
         self.clock_read.set(None);
+        self.listed.set([false; 2]);
+    }
+
+    fn listed_side(&self, side: Side) -> bool {
+        self.listed.get()[side as usize]
     }
 
     /// The clock in µs, tallied once per callback (see `clock_read`).
@@ -304,14 +312,21 @@ impl FakeHost {
 
 impl Host for FakeHost {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
-        self.tally("header");
+        if !self.listed_side(side) {
+            self.tally("header");
+        }
         self.map(side)
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        self.tally("headers");
+        if !self.listed_side(side) {
+            self.tally("headers");
+            let mut listed = self.listed.get();
+            listed[side as usize] = true;
+            self.listed.set(listed);
+        }
         self.map(side).clone()
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
@@ -348,6 +363,7 @@ impl Host for FakeHost {
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         self.tally("send_response");
+        self.listed.set([false; 2]);
         self.answered = Some(LocalAnswer {
             status,
             headers: headers
@@ -359,6 +375,7 @@ impl Host for FakeHost {
     }
     fn reset_stream(&mut self) {
         self.tally("reset_stream");
+        self.listed.set([false; 2]);
         self.resets += 1;
     }
     fn now_ms(&self) -> i64 {
@@ -467,6 +484,7 @@ impl Host for FakeHost {
     }
     fn resume_request(&mut self) {
         self.tally("resume_request");
+        self.listed.set([false; 2]);
         self.resumed += 1;
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

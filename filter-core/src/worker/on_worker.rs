@@ -10,7 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use super::view::WorkerView;
 use super::{VmCalls, Worker};
 use crate::classify::Class;
-use crate::host::{CallbackClock, Host, Refused, Side};
+use crate::host::{CallbackClock, Host, Listed, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::local::{Allowance, Send};
@@ -60,6 +60,9 @@ pub struct OnWorker<'a, C, T = ()> {
     pub calls: C,
     pub worker: &'a Worker<T>,
     clock: CallbackClock,
+    /// Each side's map as this callback listed it, kept up to date with the callback's own
+    /// writes: the later reads of the callback are answered from it ([`Listed`]).
+    listed: Listed,
 }
 
 impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
@@ -69,6 +72,7 @@ impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
             calls,
             worker,
             clock: CallbackClock::default(),
+            listed: Listed::default(),
         }
     }
 
@@ -80,17 +84,27 @@ impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
 
 impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
+        if let Some(value) = self.listed.header(side, name) {
+            return value;
+        }
         C::time("host.header", || self.calls.header(side, name))
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        C::time("host.headers", || self.calls.headers(side))
+        if let Some(all) = self.listed.headers(side) {
+            return all;
+        }
+        let all = C::time("host.headers", || self.calls.headers(side));
+        self.listed.keep(side, all.clone());
+        all
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
+        self.listed.set(side, name, value.map(str::as_bytes));
         C::time("host.set_header", || {
             self.calls.set_header(side, name, value)
         })
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+        self.listed.set(side, name, Some(value));
         C::time("host.set_header_bytes", || {
             self.calls.set_header_bytes(side, name, value)
         })
@@ -104,11 +118,13 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.listed.forget();
         C::time("host.send_response", || {
             self.calls.send_response(status, headers, body)
         })
     }
     fn reset_stream(&mut self) {
+        self.listed.forget();
         C::time("host.reset_stream", || self.calls.reset_stream())
     }
     fn now_ms(&self) -> i64 {
@@ -189,6 +205,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn resume_request(&mut self) {
+        self.listed.forget();
         C::time("host.resume_request", || self.calls.resume_request())
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

@@ -28,6 +28,9 @@ struct FakeVm {
     gauges: Rc<RefCell<HashMap<&'static str, i64>>>,
     /// How many times the clock was read (one host call each in Envoy).
     clock_reads: Rc<RefCell<u32>>,
+    /// The request's headers, and the header calls made on them.
+    request: Rc<RefCell<crate::host::HeaderMap>>,
+    header_calls: Rc<RefCell<u32>>,
 }
 
 impl SharedData for FakeVm {
@@ -67,16 +70,31 @@ impl VmCalls for FakeVm {
     fn track_memory(&mut self) {}
 }
 
-/// The stream's calls, none of which the clock's test makes.
+/// The stream's calls: the request's header map (both sides alike); the rest are unused.
 impl on_worker::HostCalls for FakeVm {
-    fn header(&self, _: Side, _: &str) -> Option<Vec<u8>> {
-        None
+    fn header(&self, _: Side, name: &str) -> Option<Vec<u8>> {
+        *self.header_calls.borrow_mut() += 1;
+        let map = self.request.borrow();
+        map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
     fn headers(&self, _: Side) -> Vec<(String, Vec<u8>)> {
-        Vec::new()
+        *self.header_calls.borrow_mut() += 1;
+        self.request.borrow().clone()
     }
-    fn set_header(&mut self, _: Side, _: &str, _: Option<&str>) {}
-    fn set_header_bytes(&mut self, _: Side, _: &str, _: &[u8]) {}
+    fn set_header(&mut self, _: Side, name: &str, value: Option<&str>) {
+        *self.header_calls.borrow_mut() += 1;
+        let mut map = self.request.borrow_mut();
+        map.retain(|(k, _)| k != name);
+        if let Some(v) = value {
+            map.push((name.to_owned(), v.as_bytes().to_vec()));
+        }
+    }
+    fn set_header_bytes(&mut self, _: Side, name: &str, value: &[u8]) {
+        *self.header_calls.borrow_mut() += 1;
+        let mut map = self.request.borrow_mut();
+        map.retain(|(k, _)| k != name);
+        map.push((name.to_owned(), value.to_vec()));
+    }
     fn body(&self, _: Side, _: usize, _: usize) -> Vec<u8> {
         Vec::new()
     }
@@ -337,4 +355,49 @@ fn a_callback_reads_the_clock_once_for_all_it_times() {
     assert_eq!(host.now_ms(), ms + 5);
     assert_eq!(host.now_us(), us + 5_000);
     assert_eq!(*vm.clock_reads.borrow(), 2);
+}
+
+#[test]
+fn a_callback_that_listed_a_map_reads_it_from_the_listing_with_its_own_writes() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    *vm.request.borrow_mut() = vec![
+        ("a".into(), b"1".to_vec()),
+        ("b".into(), b"2".to_vec()),
+        ("a".into(), b"3".to_vec()),
+    ];
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    // Before a listing, each read is a host call.
+    assert_eq!(host.header(Side::Request, "b"), Some(b"2".to_vec()));
+    assert_eq!(*vm.header_calls.borrow(), 1);
+    assert_eq!(host.headers(Side::Request).len(), 3);
+    assert_eq!(
+        host.header(Side::Request, "a"),
+        Some(b"1".to_vec()),
+        "the first value"
+    );
+    assert_eq!(
+        host.header(Side::Request, "A"),
+        Some(b"1".to_vec()),
+        "names without case"
+    );
+    assert_eq!(host.header(Side::Request, "c"), None);
+    assert_eq!(
+        *vm.header_calls.borrow(),
+        2,
+        "one listing, then no host call"
+    );
+    // The callback's writes go to the host and into the listing.
+    host.set_header(Side::Request, "a", Some("4"));
+    host.set_header(Side::Request, "b", None);
+    host.set_header_bytes(Side::Request, "c", b"5");
+    assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
+    assert_eq!(host.header(Side::Request, "b"), None);
+    assert_eq!(host.header(Side::Request, "c"), Some(b"5".to_vec()));
+    let names: Vec<String> = host.header_names(Side::Request);
+    assert_eq!(names, vec!["a", "c"]);
+    assert_eq!(*vm.header_calls.borrow(), 5, "the three writes only");
+    // The next callback reads the host again.
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
+    assert_eq!(*vm.header_calls.borrow(), 6);
 }

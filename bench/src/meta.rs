@@ -16,8 +16,8 @@ pub fn loadavg() -> String {
         .unwrap_or_default()
 }
 
-/// The first line a command prints (stdout, else stderr), or "".
-fn command_line(program: &Path, args: &[&str]) -> String {
+/// What a program prints (its stdout, or its stderr when stdout is empty), trimmed.
+fn command_output(program: &Path, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
@@ -30,8 +30,12 @@ fn command_line(program: &Path, args: &[&str]) -> String {
                 out
             }
         })
-        .and_then(|s| s.lines().find(|l| !l.trim().is_empty()).map(str::to_string))
         .unwrap_or_default()
+}
+
+/// The first line a program prints.
+fn command_line(program: &Path, args: &[&str]) -> String {
+    peers::first_line(&command_output(program, args))
 }
 
 pub fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
@@ -72,7 +76,7 @@ pub fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
     }
 }
 
-/// Every system's version as it says it (agentgateway's `--version` is JSON: its `version`).
+/// Every system's version as it says it.
 fn versions(args: &Args, envoy: &Path, ai_router: &Path) -> BTreeMap<String, String> {
     let mut versions = BTreeMap::new();
     let envoy_version = command_line(envoy, &["--version"]);
@@ -136,7 +140,7 @@ fn versions(args: &Args, envoy: &Path, ai_router: &Path) -> BTreeMap<String, Str
     if let Some(agentgateway) = &args.agentgateway {
         versions.insert(
             "agentgateway".to_string(),
-            agentgateway_version(agentgateway),
+            peers::agentgateway_version(&command_output(agentgateway, &["--version"])),
         );
     }
     versions
@@ -165,26 +169,5 @@ fn machine() -> Machine {
             .unwrap_or_default(),
         loadavg_start: loadavg(),
         loadavg_end: String::new(),
-    }
-}
-
-/// agentgateway's version: `--version` prints a JSON object (its `version` and `git_revision`).
-fn agentgateway_version(binary: &Path) -> String {
-    let out = Command::new(binary)
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    match serde_json::from_str::<serde_json::Value>(&out) {
-        Ok(v) => {
-            let field = |k: &str| {
-                v.get(k)
-                    .and_then(|s| s.as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            };
-            format!("{} (commit {})", field("version"), field("git_revision"))
-        }
-        Err(_) => out.lines().next().unwrap_or_default().trim().to_string(),
     }
 }

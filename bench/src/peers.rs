@@ -289,6 +289,37 @@ pub async fn start_agentgateway(
     })
 }
 
+/// agentgateway's version from what `agentgateway --version` prints: a JSON object
+/// (`{"version": "75b4e6ce6e0e", "git_revision": "…", "rust_version": …}`), shown as
+/// `75b4e6ce6e0e (git 75b4e6ce…, rust 1.97.0-nightly)`; any other output as its first line.
+pub fn agentgateway_version(output: &str) -> String {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(output) else {
+        return first_line(output);
+    };
+    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).filter(|x| !x.is_empty());
+    let Some(version) = field("version") else {
+        return first_line(output);
+    };
+    let detail: Vec<String> = [("git", "git_revision"), ("rust", "rust_version")]
+        .iter()
+        .filter_map(|(label, k)| field(k).map(|x| format!("{label} {x}")))
+        .collect();
+    if detail.is_empty() {
+        version.to_string()
+    } else {
+        format!("{version} ({})", detail.join(", "))
+    }
+}
+
+/// The first line of a program's output that is not blank.
+pub fn first_line(output: &str) -> String {
+    output
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().to_string())
+        .unwrap_or_default()
+}
+
 /// `node` on PATH (or /usr/bin/node).
 pub fn node_bin() -> PathBuf {
     std::env::var_os("PATH")
@@ -298,4 +329,25 @@ pub fn node_bin() -> PathBuf {
         .map(|d| d.join("node"))
         .find(|p| p.is_file())
         .unwrap_or_else(|| PathBuf::from("/usr/bin/node"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agentgateway_s_version_is_read_from_its_json_not_its_first_line() {
+        let printed = "{\n  \"version\": \"75b4e6ce6e0e\",\n  \"git_revision\": \"75b4e6ce6e0e1ac7959d5548ebe8dbeaede4f180\",\n  \"rust_version\": \"1.97.0-nightly\",\n  \"build_profile\": \"release\"\n}\n";
+        assert_eq!(
+            agentgateway_version(printed),
+            "75b4e6ce6e0e (git 75b4e6ce6e0e1ac7959d5548ebe8dbeaede4f180, rust 1.97.0-nightly)"
+        );
+        assert_eq!(agentgateway_version(r#"{"version":"v1.2.3"}"#), "v1.2.3");
+        assert_eq!(
+            agentgateway_version("\nagentgateway 1.0\nmore"),
+            "agentgateway 1.0"
+        );
+        assert_eq!(agentgateway_version(r#"{"name":"x"}"#), r#"{"name":"x"}"#);
+        assert_eq!(agentgateway_version(""), "");
+    }
 }

@@ -165,25 +165,32 @@ impl Tally {
 // One function per stage, never inlined: callgrind's inclusive cost of each is the stage's.
 #[inline(never)]
 fn stage_front_request(front: &mut Front, host: &mut FakeHost) {
+    host.next_callback();
     front.on_request_headers(host, false);
     let size = host.request_body.len();
+    host.next_callback();
     black_box(front.on_request_body(host, size, true));
 }
 
 #[inline(never)]
 fn stage_attempt_request(attempt: &mut Attempt, host: &mut FakeHost) {
+    host.next_callback();
     attempt.on_request_headers(host, false);
     let size = host.request_body.len();
+    host.next_callback();
     black_box(attempt.on_request_body(host, size, true));
 }
 
 #[inline(never)]
 fn stage_attempt_response(attempt: &mut Attempt, host: &mut FakeHost, stream: bool) {
+    host.next_callback();
     attempt.on_response_headers(host, false);
     let size = host.response_body.len();
+    host.next_callback();
     if stream {
         // The whole stream in one read (as the bench upstream writes it), then its end.
         black_box(attempt.on_response_body(host, size, false));
+        host.next_callback();
         black_box(attempt.on_response_body(host, 0, true));
     } else {
         black_box(attempt.on_response_body(host, size, true));
@@ -192,10 +199,13 @@ fn stage_attempt_response(attempt: &mut Attempt, host: &mut FakeHost, stream: bo
 
 #[inline(never)]
 fn stage_front_response(front: &mut Front, host: &mut FakeHost, stream: bool) {
+    host.next_callback();
     front.on_response_headers(host, false);
     let size = host.response_body.len();
+    host.next_callback();
     if stream {
         black_box(front.on_response_body(host, size, false));
+        host.next_callback();
         black_box(front.on_response_body(host, 0, true));
     } else {
         black_box(front.on_response_body(host, size, true));
@@ -204,11 +214,13 @@ fn stage_front_response(front: &mut Front, host: &mut FakeHost, stream: bool) {
 
 #[inline(never)]
 fn stage_attempt_log(attempt: &mut Attempt, host: &mut FakeHost) {
+    host.next_callback();
     attempt.on_log(host);
 }
 
 #[inline(never)]
 fn stage_front_log(front: &mut Front, host: &mut FakeHost) {
+    host.next_callback();
     front.on_log(host);
 }
 

@@ -4,6 +4,7 @@
 //! tests here implement it with a fake ([`crate::testing::FakeHost`], feature `testing`) and
 //! drive the stages through whole calls on the host.
 
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
@@ -53,7 +54,8 @@ pub trait Host {
     /// started cannot be ended with anything written into it.
     fn reset_stream(&mut self);
 
-    /// Milliseconds since the Unix epoch.
+    /// Milliseconds since the Unix epoch. One reading of the clock per callback
+    /// ([`CallbackClock`]): `now_ms` and `now_us` of one callback are the same instant.
     fn now_ms(&self) -> i64;
     /// Microseconds since the Unix epoch: the overhead's clock
     /// ([`crate::answer::overhead`]).
@@ -162,5 +164,82 @@ pub trait Host {
     fn header_text(&self, side: Side, name: &str) -> Option<String> {
         self.header(side, name)
             .and_then(|v| String::from_utf8(v).ok())
+    }
+}
+
+/// The clock of one callback: its first reading is a host call, every later `now_ms` or
+/// `now_us` of the callback is derived from that reading (a callback takes microseconds; what
+/// the stages time spans callbacks).
+#[derive(Debug, Default)]
+pub struct CallbackClock(Cell<Option<i64>>);
+
+impl CallbackClock {
+    /// Microseconds since the Unix epoch; `read_us` is called once per callback.
+    pub fn us(&self, read_us: impl FnOnce() -> i64) -> i64 {
+        if let Some(us) = self.0.get() {
+            return us;
+        }
+        let us = read_us();
+        self.0.set(Some(us));
+        us
+    }
+
+    /// Milliseconds since the Unix epoch, of the same reading (as the host's own `now_ms`
+    /// would have rounded it: down).
+    pub fn ms(&self, read_us: impl FnOnce() -> i64) -> i64 {
+        self.us(read_us).div_euclid(1000)
+    }
+}
+
+/// Each side's header map as one callback listed it, kept up to date with the callback's own
+/// writes (nothing else changes a map during a callback): the callback's later reads are
+/// answered from it, as Envoy answers them (a name's first value, names without case).
+#[derive(Debug, Default)]
+pub struct Listed(RefCell<[Option<HeaderMap>; 2]>);
+
+/// A header map as the host lists it: names and raw values, in order.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
+
+fn slot(side: Side) -> usize {
+    match side {
+        Side::Request => 0,
+        Side::Response => 1,
+    }
+}
+
+impl Listed {
+    /// The side's map, if this callback listed it.
+    pub fn headers(&self, side: Side) -> Option<Vec<(String, Vec<u8>)>> {
+        self.0.borrow()[slot(side)].clone()
+    }
+
+    /// A header's value from the listed map (`None`: the side was not listed).
+    pub fn header(&self, side: Side, name: &str) -> Option<Option<Vec<u8>>> {
+        let listed = self.0.borrow();
+        let map = listed[slot(side)].as_ref()?;
+        Some(
+            map.iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone()),
+        )
+    }
+
+    pub fn keep(&self, side: Side, map: Vec<(String, Vec<u8>)>) {
+        self.0.borrow_mut()[slot(side)] = Some(map);
+    }
+
+    /// A write of the callback: the name's values replaced by `value` (`None`: removed).
+    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) {
+        if let Some(map) = self.0.borrow_mut()[slot(side)].as_mut() {
+            map.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+            if let Some(v) = value {
+                map.push((name.to_ascii_lowercase(), v.to_vec()));
+            }
+        }
+    }
+
+    /// Whatever the host did next (a local answer, a reset) is read from the host again.
+    pub fn forget(&self) {
+        *self.0.borrow_mut() = [None, None];
     }
 }

@@ -1,5 +1,7 @@
 //! The call plan the front stage writes for the attempt stage (header `x-ai-router-plan`).
 
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::vocab::LaneId;
@@ -171,6 +173,42 @@ impl Plan {
 
     pub fn decode(text: &str) -> Option<Plan> {
         serde_json::from_str(text).ok()
+    }
+
+    /// The call id a plan's header names, read without decoding it: `cid` is the first field
+    /// [`Plan::encode`] writes (`None` when the text does not start so, or the id is escaped).
+    pub fn cid_of(text: &str) -> Option<&str> {
+        let rest = text.strip_prefix(r#"{"cid":""#)?;
+        let cid = &rest[..rest.find('"')?];
+        (!cid.contains('\\')).then_some(cid)
+    }
+}
+
+/// A call's plan as the front stage wrote it in its header, kept in the call's bookkeeping
+/// ([`crate::vm::call::Call::plan`]): every attempt of the call whose header is this text
+/// takes this plan, shared, instead of decoding the text again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Written {
+    pub text: Rc<str>,
+    pub plan: Rc<Plan>,
+}
+
+impl Written {
+    pub fn new(plan: Plan) -> Written {
+        Written {
+            text: plan.encode().into(),
+            plan: Rc::new(plan),
+        }
+    }
+
+    /// The plan a header's text is: the one `written` (the bookkeeping of the call the text
+    /// names) holds for that very text, otherwise the text decoded (`None`: not a plan).
+    pub fn read(text: &str, written: impl FnOnce(&str) -> Option<Written>) -> Option<Rc<Plan>> {
+        let kept = Plan::cid_of(text).and_then(written);
+        match kept {
+            Some(w) if *w.text == *text => Some(w.plan),
+            _ => Plan::decode(text).map(Rc::new),
+        }
     }
 }
 /// The field a call's stored state came by.

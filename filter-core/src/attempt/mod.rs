@@ -5,6 +5,8 @@
 
 mod chunk;
 mod hold;
+#[cfg(test)]
+mod plan_tests;
 mod prepare;
 mod report;
 mod request;
@@ -15,6 +17,8 @@ pub mod stream;
 mod testkit;
 mod verdict;
 
+use std::rc::Rc;
+
 use ai_router_proto::v1::ProviderKind;
 use serde_json::Value;
 
@@ -23,7 +27,7 @@ use crate::attempt::stream::Gate;
 use crate::classify::failure::Failure;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self};
-use crate::plan::{Plan, PLAN_HEADER};
+use crate::plan::{Plan, Written, PLAN_HEADER};
 use crate::protocols::anthropic::stream::StreamTranslator;
 use crate::protocols::Egress;
 use crate::vm::local::Send;
@@ -117,7 +121,7 @@ struct Lane {
 
 #[derive(Default)]
 pub struct Attempt {
-    plan: Option<Plan>,
+    plan: Option<Rc<Plan>>,
     attempt: u32,
     lane: Option<Lane>,
     mode: Mode,
@@ -260,7 +264,11 @@ impl Attempt {
             .unwrap_or(1);
         self.plan = host
             .header_text(Side::Request, PLAN_HEADER)
-            .and_then(|p| Plan::decode(&p));
+            .and_then(|text| {
+                Written::read(&text, |cid| {
+                    host.with_call(cid, |c| c.plan.clone()).flatten()
+                })
+            });
         if self.plan.is_none() {
             return self.give_up(host, None, None);
         }

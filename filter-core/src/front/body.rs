@@ -423,9 +423,14 @@ impl Front {
             responses: self.responses.take(),
         };
         let ruled_out = resolved.trail;
-        host.with_call(&cid, |c| c.trail = ruled_out);
+        let written = crate::plan::Written::new(plan);
+        let (plan, text) = (written.plan.clone(), written.text.clone());
+        host.with_call(&cid, |c| {
+            c.trail = ruled_out;
+            c.plan = Some(written);
+        });
         self.cid = Some(cid);
-        host.set_header(Side::Request, PLAN_HEADER, Some(&plan.encode()));
+        host.set_header(Side::Request, PLAN_HEADER, Some(&text));
         let retries = plan.max_attempts.saturating_sub(1).to_string();
         host.set_header(Side::Request, "x-envoy-max-retries", Some(&retries));
         // The whole call is bounded by the deadline, waits included. An attempt is bounded by

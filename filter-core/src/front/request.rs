@@ -79,6 +79,8 @@ impl Front {
     /// What the stage keeps of the client's headers (its ids, metadata, trace context), then
     /// every internal header taken out.
     fn read_client_headers(&mut self, host: &mut impl Host) {
+        // Listed first: the reads below are answered from the listing (one host call).
+        let names = host.header_names(Side::Request);
         self.started_ms = host.now_ms();
         self.started_us = host.now_us();
         self.rid = host
@@ -104,7 +106,7 @@ impl Front {
             .map(|t| t.trim().to_owned())
             .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
-        for name in host.header_names(Side::Request) {
+        for name in names {
             if headers::is_internal(&name) {
                 host.set_header(Side::Request, &name, None);
             }

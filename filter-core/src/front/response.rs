@@ -31,6 +31,8 @@ impl Front {
             host.set_header(Side::Response, H_COST, Some("0"));
             return Flow::Continue;
         }
+        // Listed first: the reads below are answered from the listing (one host call).
+        let _ = host.headers(Side::Response);
         self.status = host
             .header_text(Side::Response, ":status")
             .and_then(|s| s.parse().ok())

@@ -171,6 +171,13 @@ pub struct FakeHost {
     /// How many times the stage called each host method (what each costs a crossing into
     /// Envoy in the filter): [`FakeHost::host_calls`].
     pub tallies: std::cell::RefCell<std::collections::BTreeMap<&'static str, u64>>,
+    /// The clock as this callback read it (`now * 1000 + micros`), as Envoy's host reads it
+    /// once per callback ([`crate::host::CallbackClock`]): a read counts as a host call when
+    /// the callback had not read it yet ([`FakeHost::next_callback`]) or the test moved it.
+    pub clock_read: std::cell::Cell<Option<i64>>,
+    /// The sides this callback listed: Envoy's host answers their later reads from the
+    /// listing (`host::Listed`), so they count no host call (values are read live here).
+    pub listed: std::cell::Cell<[bool; 2]>,
 }
 
 /// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
@@ -276,6 +283,26 @@ impl FakeHost {
         self.tallies.borrow().values().sum()
     }
 
+    /// A new callback begins: its first reading of the clock is a host call again.
+    pub fn next_callback(&mut self) {
+        self.clock_read.set(None);
+        self.listed.set([false; 2]);
+    }
+
+    fn listed_side(&self, side: Side) -> bool {
+        self.listed.get()[side as usize]
+    }
+
+    /// The clock in µs, tallied once per callback (see `clock_read`).
+    fn clock_us(&self) -> i64 {
+        let us = self.now * 1000 + self.micros;
+        if self.clock_read.get() != Some(us) {
+            self.tally("clock");
+            self.clock_read.set(Some(us));
+        }
+        us
+    }
+
     /// Starts the host-call and view-read counts again.
     pub fn reset_tallies(&mut self) {
         self.tallies.borrow_mut().clear();
@@ -285,14 +312,21 @@ impl FakeHost {
 
 impl Host for FakeHost {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
-        self.tally("header");
+        if !self.listed_side(side) {
+            self.tally("header");
+        }
         self.map(side)
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        self.tally("headers");
+        if !self.listed_side(side) {
+            self.tally("headers");
+            let mut listed = self.listed.get();
+            listed[side as usize] = true;
+            self.listed.set(listed);
+        }
         self.map(side).clone()
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
@@ -329,6 +363,7 @@ impl Host for FakeHost {
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         self.tally("send_response");
+        self.listed.set([false; 2]);
         self.answered = Some(LocalAnswer {
             status,
             headers: headers
@@ -340,14 +375,15 @@ impl Host for FakeHost {
     }
     fn reset_stream(&mut self) {
         self.tally("reset_stream");
+        self.listed.set([false; 2]);
         self.resets += 1;
     }
     fn now_ms(&self) -> i64 {
-        self.tally("now_ms");
+        self.clock_us();
         self.now
     }
     fn now_us(&self) -> i64 {
-        self.now * 1000 + self.micros
+        self.clock_us()
     }
     fn state(&self) -> Option<Rc<State>> {
         self.tally("state");
@@ -439,6 +475,7 @@ impl Host for FakeHost {
     }
     fn resume_request(&mut self) {
         self.tally("resume_request");
+        self.listed.set([false; 2]);
         self.resumed += 1;
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

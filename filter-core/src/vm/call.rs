@@ -30,4 +30,6 @@ pub struct Call {
     /// The time (µs) the providers held the call's attempts so far
     /// ([`crate::answer::overhead`]).
     pub upstream_us: i64,
+    /// The plan the front stage wrote, which its attempts take without decoding it.
+    pub plan: Option<crate::plan::Written>,
 }

@@ -285,21 +285,24 @@ impl<T> Worker<T> {
         self.local.borrow_mut().queue = ok.then_some(q);
     }
 
-    pub fn report_attempt(&self, calls: &mut impl VmCalls, outcome: AttemptOutcome) {
+    /// Holds an attempt's outcome (`now_ms`: the callback's clock).
+    pub fn report_attempt(&self, calls: &mut impl VmCalls, outcome: AttemptOutcome, now_ms: i64) {
         let urgent = outcome.outcome != AttemptResult::Success as i32;
-        self.hold_report(calls, REPORT_ATTEMPT, &outcome.encode_to_vec(), urgent);
+        let body = outcome.encode_to_vec();
+        self.hold_report(calls, REPORT_ATTEMPT, &body, urgent, now_ms);
     }
 
-    pub fn report_request(&self, calls: &mut impl VmCalls, outcome: RequestOutcome) {
-        self.hold_report(calls, REPORT_REQUEST, &outcome.encode_to_vec(), false);
+    /// Holds a request's outcome (`now_ms`: the callback's clock).
+    pub fn report_request(&self, calls: &mut impl VmCalls, outcome: RequestOutcome, now_ms: i64) {
+        let body = outcome.encode_to_vec();
+        self.hold_report(calls, REPORT_REQUEST, &body, false, now_ms);
     }
 
     /// Adds one outcome to this worker's bundle; queues the bundle when it is due (the rule is
     /// [`Held::push`]'s).
-    fn hold_report(&self, calls: &mut impl VmCalls, kind: u8, body: &[u8], urgent: bool) {
+    fn hold_report(&self, calls: &mut impl VmCalls, kind: u8, body: &[u8], urgent: bool, now: i64) {
         // Settled by the singleton when a control plane acknowledges it (or it is dropped).
         calls.gauge(Gauge::ReportsPending, 1);
-        let now = calls.now_ms();
         let due = self.local.borrow_mut().held.push(kind, body, urgent, now);
         if due {
             self.flush_held_reports(calls);

@@ -10,7 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 use super::view::WorkerView;
 use super::{VmCalls, Worker};
 use crate::classify::Class;
-use crate::host::{Host, Refused, Side};
+use crate::host::{CallbackClock, Host, Listed, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::local::{Allowance, Send};
@@ -54,25 +54,57 @@ pub trait HostCalls: VmCalls {
     }
 }
 
-/// A stage's host for one callback: the stream's calls and the worker of its VM.
+/// A stage's host for one callback: the stream's calls and the worker of its VM, and the
+/// callback's one reading of the clock.
 pub struct OnWorker<'a, C, T = ()> {
     pub calls: C,
     pub worker: &'a Worker<T>,
+    clock: CallbackClock,
+    /// Each side's map as this callback listed it, kept up to date with the callback's own
+    /// writes: the later reads of the callback are answered from it ([`Listed`]).
+    listed: Listed,
+}
+
+impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
+    /// The host of one callback (made again for each: its clock is read once).
+    pub fn new(calls: C, worker: &'a Worker<T>) -> Self {
+        Self {
+            calls,
+            worker,
+            clock: CallbackClock::default(),
+            listed: Listed::default(),
+        }
+    }
+
+    fn clock_ms(&self) -> i64 {
+        self.clock
+            .ms(|| C::time("host.now_us", || self.calls.now_us()))
+    }
 }
 
 impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
+        if let Some(value) = self.listed.header(side, name) {
+            return value;
+        }
         C::time("host.header", || self.calls.header(side, name))
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        C::time("host.headers", || self.calls.headers(side))
+        if let Some(all) = self.listed.headers(side) {
+            return all;
+        }
+        let all = C::time("host.headers", || self.calls.headers(side));
+        self.listed.keep(side, all.clone());
+        all
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
+        self.listed.set(side, name, value.map(str::as_bytes));
         C::time("host.set_header", || {
             self.calls.set_header(side, name, value)
         })
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
+        self.listed.set(side, name, Some(value));
         C::time("host.set_header_bytes", || {
             self.calls.set_header_bytes(side, name, value)
         })
@@ -86,18 +118,21 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.listed.forget();
         C::time("host.send_response", || {
             self.calls.send_response(status, headers, body)
         })
     }
     fn reset_stream(&mut self) {
+        self.listed.forget();
         C::time("host.reset_stream", || self.calls.reset_stream())
     }
     fn now_ms(&self) -> i64 {
-        C::time("host.now_ms", || self.calls.now_ms())
+        self.clock_ms()
     }
     fn now_us(&self) -> i64 {
-        C::time("host.now_us", || self.calls.now_us())
+        self.clock
+            .us(|| C::time("host.now_us", || self.calls.now_us()))
     }
     fn state(&self) -> Option<Rc<State>> {
         C::time("host.state", || self.worker.state(&self.calls))
@@ -135,8 +170,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn report_request(&mut self, outcome: RequestOutcome) {
+        let now = self.clock_ms();
         C::time("host.report_request", || {
-            self.worker.report_request(&mut self.calls, outcome)
+            self.worker.report_request(&mut self.calls, outcome, now)
         })
     }
     fn dispatch_http_call(
@@ -169,6 +205,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn resume_request(&mut self) {
+        self.listed.forget();
         C::time("host.resume_request", || self.calls.resume_request())
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
@@ -203,8 +240,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn hold_cooldown(&mut self, lane: &LaneId, until_ms: i64) {
+        let now = self.clock_ms();
         C::time("host.hold_cooldown", || {
-            let now = self.calls.now_ms();
             records::hold_cooldown(&mut self.calls, lane, until_ms, now);
         })
     }
@@ -216,8 +253,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         until_ms: i64,
         fingerprint: u64,
     ) {
+        let now = self.clock_ms();
         C::time("host.hold_blacklist", || {
-            let now = self.calls.now_ms();
             let hold = (class, until_ms, fingerprint);
             records::hold_blacklist(&mut self.calls, provider, key, hold, now);
         })
@@ -229,7 +266,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     }
     fn random_unit(&mut self) -> f64 {
         C::time("host.random_unit", || {
-            self.worker.random_unit(self.calls.now_ms())
+            self.worker.random_unit(self.clock_ms())
         })
     }
     fn affinity_slot(&self, slot: u64) -> Option<Vec<u8>> {
@@ -266,8 +303,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn report_attempt(&mut self, outcome: AttemptOutcome) {
+        let now = self.clock_ms();
         C::time("host.report_attempt", || {
-            self.worker.report_attempt(&mut self.calls, outcome)
+            self.worker.report_attempt(&mut self.calls, outcome, now)
         })
     }
 }

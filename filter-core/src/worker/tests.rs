@@ -10,6 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, AttemptResult, RequestOutcome, Snapsho
 use prost::Message;
 
 use super::*;
+use crate::host::{Host, Refused, Side};
 use crate::vm::local::{Allowance, InFlight, Sends};
 use crate::vm::reports::bundled;
 use crate::vm::{read_record, MemoryShared};
@@ -25,6 +26,11 @@ struct FakeVm {
     refuse_enqueue: Rc<RefCell<u32>>,
     queued: Rc<RefCell<Vec<Vec<u8>>>>,
     gauges: Rc<RefCell<HashMap<&'static str, i64>>>,
+    /// How many times the clock was read (one host call each in Envoy).
+    clock_reads: Rc<RefCell<u32>>,
+    /// The request's headers, and the header calls made on them.
+    request: Rc<RefCell<crate::host::HeaderMap>>,
+    header_calls: Rc<RefCell<u32>>,
 }
 
 impl SharedData for FakeVm {
@@ -38,9 +44,11 @@ impl SharedData for FakeVm {
 
 impl VmCalls for FakeVm {
     fn now_ms(&self) -> i64 {
+        *self.clock_reads.borrow_mut() += 1;
         *self.now.borrow()
     }
     fn now_us(&self) -> i64 {
+        *self.clock_reads.borrow_mut() += 1;
         *self.now.borrow() * 1_000
     }
     fn resolve_queue(&self) -> Option<u32> {
@@ -60,6 +68,60 @@ impl VmCalls for FakeVm {
         *self.gauges.borrow_mut().entry(gauge.name()).or_default() += delta;
     }
     fn track_memory(&mut self) {}
+}
+
+/// The stream's calls: the request's header map (both sides alike); the rest are unused.
+impl on_worker::HostCalls for FakeVm {
+    fn header(&self, _: Side, name: &str) -> Option<Vec<u8>> {
+        *self.header_calls.borrow_mut() += 1;
+        let map = self.request.borrow();
+        map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+    fn headers(&self, _: Side) -> Vec<(String, Vec<u8>)> {
+        *self.header_calls.borrow_mut() += 1;
+        self.request.borrow().clone()
+    }
+    fn set_header(&mut self, _: Side, name: &str, value: Option<&str>) {
+        *self.header_calls.borrow_mut() += 1;
+        let mut map = self.request.borrow_mut();
+        map.retain(|(k, _)| k != name);
+        if let Some(v) = value {
+            map.push((name.to_owned(), v.as_bytes().to_vec()));
+        }
+    }
+    fn set_header_bytes(&mut self, _: Side, name: &str, value: &[u8]) {
+        *self.header_calls.borrow_mut() += 1;
+        let mut map = self.request.borrow_mut();
+        map.retain(|(k, _)| k != name);
+        map.push((name.to_owned(), value.to_vec()));
+    }
+    fn body(&self, _: Side, _: usize, _: usize) -> Vec<u8> {
+        Vec::new()
+    }
+    fn set_body(&mut self, _: Side, _: usize, _: usize, _: &[u8]) {}
+    fn send_response(&mut self, _: u16, _: &[(&str, &str)], _: &[u8]) {}
+    fn reset_stream(&mut self) {}
+    fn dispatch_http_call(&mut self, _: &str, _: &[(&str, &str)], _: u64) -> Result<u32, Refused> {
+        Err(Refused)
+    }
+    fn dispatch_grpc_call(
+        &mut self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: &[(&str, &[u8])],
+        _: &[u8],
+        _: u64,
+    ) -> Result<u32, Refused> {
+        Err(Refused)
+    }
+    fn grpc_call_response_body(&self, _: usize) -> Option<Vec<u8>> {
+        None
+    }
+    fn resume_request(&mut self) {}
+    fn property(&self, _: &[&str]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 impl FakeVm {
@@ -156,7 +218,7 @@ fn a_reservation_against_a_scarce_figure_queues_the_outcomes_at_once() {
     assert!(w.reserve_send(&mut vm, "p", send.clone(), &[allowance]));
     let sends = read_record(&vm, &names::sends("p", "s"), Sends::decode);
     assert_eq!(sends.since("s", "", 0).0, 1, "the race was read again");
-    w.report_request(&mut vm, RequestOutcome::default());
+    w.report_request(&mut vm, RequestOutcome::default(), 0);
     assert_eq!(
         vm.queued.borrow().len(),
         1,
@@ -171,8 +233,8 @@ fn outcomes_are_held_until_due_and_a_failure_goes_at_once() {
         outcome: AttemptResult::Success as i32,
         ..AttemptOutcome::default()
     };
-    w.report_attempt(&mut vm, ok.clone());
-    w.report_request(&mut vm, RequestOutcome::default());
+    w.report_attempt(&mut vm, ok.clone(), 0);
+    w.report_request(&mut vm, RequestOutcome::default(), 0);
     assert!(vm.queued.borrow().is_empty(), "held");
     assert!(w.on_tick(&mut vm, 10, |_| true).is_empty());
     assert!(vm.queued.borrow().is_empty(), "not due yet");
@@ -181,8 +243,8 @@ fn outcomes_are_held_until_due_and_a_failure_goes_at_once() {
     let kinds: Vec<u8> = bundled(&queued[1..]).iter().map(|(k, _)| *k).collect();
     assert_eq!(kinds, vec![REPORT_ATTEMPT, REPORT_REQUEST]);
     // A failed attempt is news for the other Envoys: queued with what waits before it.
-    w.report_request(&mut vm, RequestOutcome::default());
-    w.report_attempt(&mut vm, AttemptOutcome::default());
+    w.report_request(&mut vm, RequestOutcome::default(), 0);
+    w.report_attempt(&mut vm, AttemptOutcome::default(), 0);
     assert_eq!(vm.queued.borrow().len(), 1);
     assert_eq!(vm.gauge_of(Gauge::ReportsPending), 4);
 }
@@ -191,20 +253,20 @@ fn outcomes_are_held_until_due_and_a_failure_goes_at_once() {
 fn a_refused_queue_is_resolved_again_and_none_drops_nothing_else() {
     let (mut vm, w) = (FakeVm::default(), Worker::<()>::default());
     // No queue registered: the message goes nowhere (the gauge counts it pending).
-    w.report_attempt(&mut vm, AttemptOutcome::default());
+    w.report_attempt(&mut vm, AttemptOutcome::default(), 0);
     assert!(vm.queued.borrow().is_empty());
     *vm.queue.borrow_mut() = Some(7);
     *vm.refuse_enqueue.borrow_mut() = 1;
-    w.report_attempt(&mut vm, AttemptOutcome::default());
+    w.report_attempt(&mut vm, AttemptOutcome::default(), 0);
     let before = *vm.resolved.borrow();
-    w.report_attempt(&mut vm, AttemptOutcome::default());
+    w.report_attempt(&mut vm, AttemptOutcome::default(), 0);
     assert_eq!(
         *vm.resolved.borrow(),
         before + 1,
         "resolved again after a refusal"
     );
     assert_eq!(vm.queued.borrow().len(), 1);
-    w.report_attempt(&mut vm, AttemptOutcome::default());
+    w.report_attempt(&mut vm, AttemptOutcome::default(), 0);
     assert_eq!(*vm.resolved.borrow(), before + 1, "kept once it worked");
 }
 
@@ -271,4 +333,71 @@ fn the_latency_ewma_starts_at_the_first_sample() {
     );
     let r = w.random_unit(1);
     assert!((0.0..1.0).contains(&r));
+}
+
+#[test]
+fn a_callback_reads_the_clock_once_for_all_it_times() {
+    let (vm, w) = (FakeVm::with_queue(), Worker::<()>::default());
+    *vm.now.borrow_mut() = 1_700_000_000_123;
+    let lane = LaneId::new("p", "a", "m");
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    let (ms, us) = (host.now_ms(), host.now_us());
+    host.random_unit();
+    host.report_attempt(AttemptOutcome::default());
+    host.report_request(RequestOutcome::default());
+    host.hold_cooldown(&lane, ms + 1_000);
+    host.hold_blacklist("p", "a", crate::classify::Class::Auth, ms + 1_000, 0);
+    assert_eq!((ms, us), (1_700_000_000_123, 1_700_000_000_123_000));
+    assert_eq!(*vm.clock_reads.borrow(), 1, "one reading for the callback");
+    // The next callback reads it again, and sees it moved.
+    *vm.now.borrow_mut() += 5;
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    assert_eq!(host.now_ms(), ms + 5);
+    assert_eq!(host.now_us(), us + 5_000);
+    assert_eq!(*vm.clock_reads.borrow(), 2);
+}
+
+#[test]
+fn a_callback_that_listed_a_map_reads_it_from_the_listing_with_its_own_writes() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    *vm.request.borrow_mut() = vec![
+        ("a".into(), b"1".to_vec()),
+        ("b".into(), b"2".to_vec()),
+        ("a".into(), b"3".to_vec()),
+    ];
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    // Before a listing, each read is a host call.
+    assert_eq!(host.header(Side::Request, "b"), Some(b"2".to_vec()));
+    assert_eq!(*vm.header_calls.borrow(), 1);
+    assert_eq!(host.headers(Side::Request).len(), 3);
+    assert_eq!(
+        host.header(Side::Request, "a"),
+        Some(b"1".to_vec()),
+        "the first value"
+    );
+    assert_eq!(
+        host.header(Side::Request, "A"),
+        Some(b"1".to_vec()),
+        "names without case"
+    );
+    assert_eq!(host.header(Side::Request, "c"), None);
+    assert_eq!(
+        *vm.header_calls.borrow(),
+        2,
+        "one listing, then no host call"
+    );
+    // The callback's writes go to the host and into the listing.
+    host.set_header(Side::Request, "a", Some("4"));
+    host.set_header(Side::Request, "b", None);
+    host.set_header_bytes(Side::Request, "c", b"5");
+    assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
+    assert_eq!(host.header(Side::Request, "b"), None);
+    assert_eq!(host.header(Side::Request, "c"), Some(b"5".to_vec()));
+    let names: Vec<String> = host.header_names(Side::Request);
+    assert_eq!(names, vec!["a", "c"]);
+    assert_eq!(*vm.header_calls.borrow(), 5, "the three writes only");
+    // The next callback reads the host again.
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
+    assert_eq!(*vm.header_calls.borrow(), 6);
 }

@@ -22,10 +22,7 @@ type Worker = worker::Worker<ai_router_filter_core::attempt::Attempt>;
 type WasmHost<'a> = OnWorker<'a, host::WasmCalls, ai_router_filter_core::attempt::Attempt>;
 
 fn wasm_host(worker: &Worker) -> WasmHost<'_> {
-    OnWorker {
-        calls: host::WasmCalls,
-        worker,
-    }
+    OnWorker::new(host::WasmCalls, worker)
 }
 
 thread_local! {

@@ -51,7 +51,10 @@ fn every_attempt_of_a_call_shares_the_plan_its_front_stage_wrote() {
     let cid = Plan::cid_of(&text)
         .expect("the call id, read without decoding")
         .to_owned();
-    let written = host.calls[&cid]
+    let written = host
+        .calls
+        .get(&cid)
+        .expect("the call in the table")
         .plan
         .clone()
         .expect("the plan kept in the call");

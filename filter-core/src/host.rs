@@ -9,13 +9,13 @@ use std::rc::Rc;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
-use crate::classify::Class;
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::local::{Allowance, Send};
 use crate::vm::round_robin::RoundRobin;
 use crate::vm::view::View;
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 /// A host call that could not be made (a dispatch the host refused).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ pub trait Host {
         &mut self,
         provider: &str,
         key: &str,
-        class: Class,
+        class: ErrorClass,
         until_ms: i64,
         fingerprint: u64,
     );

@@ -3,7 +3,7 @@
 //! it names no other module of this crate, so every module may use it without a cycle
 //! (`control-plane/tests/module_graph.rs` checks the crate's module graph).
 
-use ai_router_contract::failure::ErrorClass as Class;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_proto::v1::Capability;
 use serde_json::Value;
 
@@ -34,7 +34,7 @@ pub enum LocalHold {
     /// The key is out (auth, quota, missing) until this time (0: until its secret changes),
     /// as long as its secret still has this fingerprint.
     Blacklist {
-        class: Class,
+        class: ErrorClass,
         until_ms: i64,
         fingerprint: u64,
         set_at_ms: i64,

@@ -4,8 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::failure::Hold;
-use ai_router_filter_core::classify::{classify, Class};
+use ai_router_filter_core::classify::classify;
 
 const TABLE: &str = include_str!("../../testdata/provider-errors/openai-compatible.yaml");
 
@@ -49,7 +50,7 @@ fn check(status: u16) {
     assert!(body.contains("cloudflare"), "a Cloudflare page");
     for kind in KINDS {
         let failure = classify(kind, status, &headers, body.as_bytes(), 1_780_000_000_000);
-        assert_eq!(failure.class, Class::Transient, "{kind} {status}");
+        assert_eq!(failure.class, ErrorClass::Transient, "{kind} {status}");
         assert_eq!(failure.hold(), Hold::Nothing, "{kind} {status}");
         assert_eq!(failure.retry_at_ms, None, "{kind} {status}");
         assert!(

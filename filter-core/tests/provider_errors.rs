@@ -6,12 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use ai_router_contract::failure::Hold;
+use ai_router_contract::failure::{ErrorClass, Hold};
 use ai_router_contract::kinds::ProviderKind;
 use ai_router_filter_core::classify::{
     classify,
     window::{MAX_DAILY_LIMIT_COOLDOWN_MS, MAX_QUOTA_HOLD_MS},
-    Class,
 };
 use serde::Deserialize;
 
@@ -262,11 +261,11 @@ fn check(row: &Row<'_>, moment: &Moment) -> Result<(), String> {
     let body = moment.fill(row.body);
     let failure = classify(row.kind, row.status, &headers, body.as_bytes(), now);
 
-    let want_class = Class::parse(&row.expect.class)
+    let want_class = ErrorClass::parse(&row.expect.class)
         .ok_or_else(|| format!("unknown class {:?}", row.expect.class))?;
     // The widest cap of the class: a case states a narrower one's window as capped.
     let cap = match want_class {
-        Class::Quota => MAX_QUOTA_HOLD_MS,
+        ErrorClass::Quota => MAX_QUOTA_HOLD_MS,
         _ => MAX_DAILY_LIMIT_COOLDOWN_MS,
     };
     let want_until = match (&row.expect.retry_after_s, &row.expect.until_ms) {

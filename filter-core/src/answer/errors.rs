@@ -5,7 +5,7 @@
 use ai_router_contract::error_code::ErrorCode;
 use serde_json::json;
 
-use crate::classify::Class;
+use ai_router_contract::failure::ErrorClass;
 
 /// An error the gateway answers with instead of a provider's reply.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,19 +125,19 @@ pub fn upstream_invalid_request(status: u16, message: &str) -> GatewayError {
 
 /// The gateway's final answer when calls have run out of lanes or attempts, by the class of
 /// the last failure.
-pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
+pub fn final_error(class: Option<ErrorClass>, retry_at_ms: Option<i64>, now: i64) -> GatewayError {
     let wait = retry_at_ms.map(|t| ((t - now).max(0) as u64).div_ceil(1000).max(1));
     match class {
-        Some(Class::RateLimit) => {
+        Some(ErrorClass::RateLimit) => {
             GatewayError::of(ErrorCode::PoolRateLimited).with_retry_after(wait)
         }
-        Some(Class::Quota) => GatewayError::of(ErrorCode::PoolQuotaExhausted)
+        Some(ErrorClass::Quota) => GatewayError::of(ErrorCode::PoolQuotaExhausted)
             .with_retry_after(Some(wait.unwrap_or(300))),
-        Some(Class::Auth) => {
+        Some(ErrorClass::Auth) => {
             GatewayError::of(ErrorCode::PoolAuthFailed).with_retry_after(Some(wait.unwrap_or(300)))
         }
-        Some(Class::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
-        Some(Class::ContextLength) => GatewayError {
+        Some(ErrorClass::Deadline) => GatewayError::of(ErrorCode::PoolTimeout),
+        Some(ErrorClass::ContextLength) => GatewayError {
             status: 400,
             ..GatewayError::new(
                 ErrorCode::UpstreamInvalidRequest,
@@ -145,17 +145,17 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
             )
         },
         Some(
-            class @ (Class::Transient
-            | Class::Network
-            | Class::Timeout
-            | Class::Stream
-            | Class::Mismatch),
+            class @ (ErrorClass::Transient
+            | ErrorClass::Network
+            | ErrorClass::Timeout
+            | ErrorClass::Stream
+            | ErrorClass::Mismatch),
         ) => {
             let last = match class {
-                Class::Network => "the provider could not be reached",
-                Class::Timeout => "the provider did not answer within the policy's timeoutMs",
-                Class::Stream => "the provider's stream broke off before its first token",
-                Class::Mismatch => "the answer did not match the request",
+                ErrorClass::Network => "the provider could not be reached",
+                ErrorClass::Timeout => "the provider did not answer within the policy's timeoutMs",
+                ErrorClass::Stream => "the provider's stream broke off before its first token",
+                ErrorClass::Mismatch => "the answer did not match the request",
                 _ => "the provider failed",
             };
             GatewayError::new(
@@ -172,7 +172,7 @@ pub fn final_error(class: Option<Class>, retry_at_ms: Option<i64>, now: i64) -> 
 
 /// With no attempt sent, none failed upstream: lanes out for their breakers (class transient)
 /// make the error table's "no lane can serve it", `pool_unavailable`, not `upstream_error`.
-pub fn unsent_as_unavailable(class: Option<Class>, sent: u32) -> Option<Class> {
+pub fn unsent_as_unavailable(class: Option<ErrorClass>, sent: u32) -> Option<ErrorClass> {
     class.filter(|c| sent > 0 || final_error(Some(*c), None, 0).code != ErrorCode::UpstreamError)
 }
 

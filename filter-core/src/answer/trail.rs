@@ -7,8 +7,8 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::classify::Class;
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 /// At most this many ruled-out lanes and attempts are kept: the header stays small whatever
 /// the pool's size.
@@ -33,7 +33,7 @@ pub struct AttemptNote {
     pub key: String,
     pub model: String,
     /// `None`: the attempt succeeded.
-    pub class: Option<Class>,
+    pub class: Option<ErrorClass>,
     pub status: u16,
 }
 
@@ -98,7 +98,7 @@ impl Trail {
                     "provider": a.provider,
                     "key": a.key,
                     "model": a.model,
-                    "class": a.class.map_or("success", Class::as_str),
+                    "class": a.class.map_or("success", ErrorClass::as_str),
                     "status": a.status,
                 })
             })
@@ -135,7 +135,7 @@ mod tests {
             provider: "openai".into(),
             key: "openai-2".into(),
             model: "gpt".into(),
-            class: Some(Class::RateLimit),
+            class: Some(ErrorClass::RateLimit),
             status: 429,
         });
         t.attempt(AttemptNote {

@@ -6,11 +6,11 @@ use ai_router_proto::v1::{LeaseReply, LeaseRequest};
 use prost::Message;
 
 use crate::answer::errors::{final_error, unsent_as_unavailable, GatewayError};
-use crate::classify::Class;
 use crate::host::{Flow, Host};
 use crate::lanes::embeddings;
 use crate::lanes::{self, pick::Pick};
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, RETRY_AFTER as H_RETRY_AFTER,
 };
@@ -26,7 +26,7 @@ impl Attempt {
     pub(super) fn give_up(
         &mut self,
         host: &mut impl Host,
-        class: Option<Class>,
+        class: Option<ErrorClass>,
         retry_at_ms: Option<i64>,
     ) -> Flow {
         // The attempts the call sent to a provider; this one, giving up, sent none.
@@ -76,7 +76,7 @@ impl Attempt {
         let now = host.now_ms();
         let deadline = plan.started_ms.saturating_add(plan.deadline_ms as i64);
         if now >= deadline {
-            return self.give_up(host, Some(Class::Deadline), None);
+            return self.give_up(host, Some(ErrorClass::Deadline), None);
         }
         let (tried, identity, backoff_until, larger_than) = host
             .with_call(&plan.cid, |c| {

@@ -249,7 +249,7 @@ fn open_breakers_with_nothing_sent_are_pool_unavailable_after_zero_attempts() {
                 plan.cid.clone(),
                 crate::vm::call::Call {
                     attempts: sent,
-                    last_failure: Some((Class::Transient, None)),
+                    last_failure: Some((ErrorClass::Transient, None)),
                     ..Default::default()
                 },
             );

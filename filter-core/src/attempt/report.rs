@@ -4,9 +4,10 @@ use ai_router_proto::v1::{
     AttemptOutcome, AttemptResult, ErrorClass as ProtoClass, Usage as ProtoUsage, UsageSource,
 };
 
-use crate::classify::{failure::Failure, Class};
+use crate::classify::failure::Failure;
 use crate::host::Host;
 use crate::state::State;
+use ai_router_contract::failure::ErrorClass;
 
 use super::{client_went_away, Attempt};
 
@@ -21,7 +22,8 @@ impl Attempt {
         let now = host.now_ms();
         host.add_in_flight(&lane.id.provider, &lane.id.key, -1);
         // A send that never reached the provider did not spend its counters: give it back.
-        let unsent = failure.is_some_and(|f| matches!(f.class, Class::Network | Class::Timeout));
+        let unsent =
+            failure.is_some_and(|f| matches!(f.class, ErrorClass::Network | ErrorClass::Timeout));
         if let Some((provider, send)) = self.sent.reserved.take() {
             if unsent && !self.answer.after_first_token {
                 host.release_send(&provider, &send);
@@ -55,7 +57,10 @@ impl Attempt {
                 c.last_failure = Some((f.class, f.retry_at_ms));
                 if matches!(
                     f.class,
-                    Class::Transient | Class::Network | Class::Timeout | Class::Stream
+                    ErrorClass::Transient
+                        | ErrorClass::Network
+                        | ErrorClass::Timeout
+                        | ErrorClass::Stream
                 ) {
                     c.transient_failures += 1;
                     let wait =
@@ -210,15 +215,15 @@ impl Attempt {
             .property(&["response", "code_details"])
             .unwrap_or_default();
         let class = if now + 50 >= deadline {
-            Class::Deadline
+            ErrorClass::Deadline
         } else if client_went_away(&details) {
-            Class::Cancelled
+            ErrorClass::Cancelled
         } else if self.answer.after_first_token {
-            Class::Stream
+            ErrorClass::Stream
         } else {
-            Class::Network
+            ErrorClass::Network
         };
-        if class == Class::Cancelled && self.answer.after_first_token {
+        if class == ErrorClass::Cancelled && self.answer.after_first_token {
             // The caller stopped reading early: the lane served it.
             self.report(host, None, 200);
             return;

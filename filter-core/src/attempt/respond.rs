@@ -7,7 +7,7 @@ use serde_json::Value;
 use crate::answer::redact::redact_bytes;
 use crate::answer::redact::StreamRedactor;
 use crate::attempt::stream::{Gate, Step};
-use crate::classify::{failure::Failure, Class};
+use crate::classify::failure::Failure;
 use crate::host::{Flow, Host, Side};
 use crate::plan::{Candidate, Protocol};
 use crate::protocols::anthropic::stream::StreamTranslator;
@@ -16,6 +16,7 @@ use crate::vocab::LaneId;
 use crate::wire::headers;
 use crate::wire::sse::Parser;
 use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, LANE_COST as H_LANE_COST, LANE_MODEL as H_LANE_MODEL,
 };
@@ -296,7 +297,7 @@ impl Attempt {
                 self.answer.answer_tokens = s.gate.answer_tokens;
                 let failure = (!s.gate.completed()).then(|| {
                     Failure::local(
-                        Class::Stream,
+                        ErrorClass::Stream,
                         200,
                         "the stream broke off after the first token",
                     )

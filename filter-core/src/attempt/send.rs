@@ -2,7 +2,6 @@
 //! lane recorded for the answer.
 
 use crate::answer::errors::GatewayError;
-use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::embeddings;
 use crate::lanes::{self};
@@ -11,6 +10,7 @@ use crate::protocols::anthropic::{self};
 use crate::state::State;
 use crate::vm::local::Send;
 use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::ATTEMPT as H_ATTEMPT;
 
 use super::request;
@@ -58,7 +58,7 @@ impl Attempt {
             self.body = body.to_vec();
             self.waits.reservations_lost += 1;
             if self.waits.reservations_lost > MAX_RESERVATIONS_LOST {
-                return self.give_up(host, Some(Class::RateLimit), None);
+                return self.give_up(host, Some(ErrorClass::RateLimit), None);
             }
             return self.prepare(host);
         }

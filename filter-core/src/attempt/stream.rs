@@ -7,12 +7,13 @@ use serde_json::Value;
 
 use ai_router_contract::kinds::DailyReset;
 
-use crate::classify::{classify_stream_error, failure::Failure, Class};
+use crate::classify::{classify_stream_error, failure::Failure};
 use crate::plan::Protocol;
 use crate::protocols::NativeStream;
 use crate::vocab::{usage_of, Usage};
 use crate::wire::sse::{Event, Parser};
 use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::failure::ErrorClass;
 
 /// What a fed chunk means for the attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,7 +223,7 @@ impl Gate {
                 return Ok(out);
             }
             return Err(Failure::local(
-                Class::Stream,
+                ErrorClass::Stream,
                 200,
                 "the stream ended before the first token",
             ));
@@ -280,7 +281,7 @@ impl Gate {
         }
         let Ok(value) = serde_json::from_str::<Value>(data) else {
             return Judged::Error(Failure::local(
-                Class::Stream,
+                ErrorClass::Stream,
                 200,
                 "the provider sent malformed stream data",
             ));
@@ -372,7 +373,7 @@ pub(super) fn has_token(chunk: &Value) -> bool {
 /// further.
 pub fn overlong_event() -> Failure {
     Failure::local(
-        Class::Stream,
+        ErrorClass::Stream,
         200,
         format!(
             "the provider sent a stream event longer than {} bytes",
@@ -486,7 +487,7 @@ mod tests {
         for _ in 0..5 {
             step = g.feed(&line, 0);
         }
-        assert!(matches!(step, Step::Fail(f) if f.class == Class::Stream));
+        assert!(matches!(step, Step::Fail(f) if f.class == ErrorClass::Stream));
         let mut g = Gate::new("openai", true);
         assert!(matches!(
             g.feed(chunk(r#"{"content":"Hi"}"#).as_bytes(), 0),
@@ -575,7 +576,7 @@ mod tests {
             b"data: {\"error\":{\"message\":\"overloaded\",\"type\":\"server_error\"}}\n\n",
             0,
         ) {
-            Step::Fail(f) => assert_eq!(f.class, Class::Transient),
+            Step::Fail(f) => assert_eq!(f.class, ErrorClass::Transient),
             other => panic!("{other:?}"),
         }
     }
@@ -587,7 +588,7 @@ mod tests {
             g.feed(chunk(r#"{"role":"assistant"}"#).as_bytes(), 0),
             Step::Hold
         );
-        assert_eq!(g.finish().unwrap_err().class, Class::Stream);
+        assert_eq!(g.finish().unwrap_err().class, ErrorClass::Stream);
     }
 
     #[test]

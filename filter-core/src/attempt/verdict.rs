@@ -6,13 +6,14 @@ use serde_json::Value;
 
 use crate::answer::errors::{final_error, upstream_invalid_request};
 use crate::answer::redact::{redact, redact_bytes};
-use crate::classify::{classify_in, failure::Failure, Class};
+use crate::classify::{classify_in, failure::Failure};
 use crate::host::{Host, Side};
 use crate::lanes::embeddings;
 use crate::plan::{Operation, Protocol};
 use crate::protocols::anthropic::{self};
 use crate::protocols::{self};
 use crate::vocab::usage_of;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::{
     ATTEMPT as H_ATTEMPT, FINAL_STATUS as H_FINAL_STATUS, RETRY as H_RETRY,
     RETRY_AFTER as H_RETRY_AFTER,
@@ -58,7 +59,7 @@ impl Attempt {
             "the answer"
         };
         let failure = Failure::local(
-            Class::Timeout,
+            ErrorClass::Timeout,
             0,
             format!("the provider sent {what} later than timeoutMs ({timeout} ms)"),
         );
@@ -104,7 +105,7 @@ impl Attempt {
             (H_ATTEMPT, self.attempt.to_string()),
             ("content-type", "application/json".into()),
         ];
-        let larger = failure.class == Class::ContextLength && self.larger_lane_remains(host);
+        let larger = failure.class == ErrorClass::ContextLength && self.larger_lane_remains(host);
         let (status, body) = if failure.class.retryable() || larger {
             let err = final_error(Some(failure.class), window, now);
             headers.push((H_RETRY, "1".into()));
@@ -214,7 +215,7 @@ impl Attempt {
                 } else {
                     "the provider answered 2xx with a body that is not a JSON object"
                 };
-                let failure = Failure::local(Class::Transient, status, message);
+                let failure = Failure::local(ErrorClass::Transient, status, message);
                 self.fail(host, failure, size);
                 return;
             }
@@ -225,7 +226,7 @@ impl Attempt {
                     .is_some_and(|p| p.op == Operation::Embeddings)
             }) {
                 if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
-                    let failure = Failure::local(Class::Mismatch, status, message);
+                    let failure = Failure::local(ErrorClass::Mismatch, status, message);
                     self.fail(host, failure, size);
                     return;
                 }
@@ -303,7 +304,7 @@ impl Attempt {
             && (text.starts_with("upstream connect error")
                 || text.starts_with("no healthy upstream"))
         {
-            failure.class = Class::Network;
+            failure.class = ErrorClass::Network;
         }
         self.fail(host, failure, size);
     }

@@ -132,7 +132,10 @@ fn a_context_length_answer_moves_on_only_to_a_larger_lane_and_notes_the_trail() 
     let call = host.calls.get("call-1").cloned().unwrap_or_default();
     assert_eq!(call.larger_than, Some(Some(8_000)));
     assert_eq!(call.trail.attempts.len(), 1);
-    assert_eq!(call.trail.attempts[0].class, Some(Class::ContextLength));
+    assert_eq!(
+        call.trail.attempts[0].class,
+        Some(ErrorClass::ContextLength)
+    );
 
     // The next attempt goes to p2 (larger), noting p1 as no larger.
     let calls = std::mem::take(&mut host.calls);
@@ -388,7 +391,7 @@ fn a_gap_past_the_timeout_after_the_first_token_cuts_the_stream() {
         host.calls
             .get("call-1")
             .and_then(|c| c.broken_after_first_token),
-        Some(Class::Timeout),
+        Some(ErrorClass::Timeout),
         "the front stage reports the call as failed"
     );
     // Whatever the provider still sends is dropped, and the end reports nothing more.

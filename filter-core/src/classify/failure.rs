@@ -1,12 +1,12 @@
 //! A classified failure: its class, when the provider said to come back, its code and message.
 
-pub use ai_router_contract::failure::ErrorClass as Class;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::failure::Hold;
 
 /// A classified failure.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failure {
-    pub class: Class,
+    pub class: ErrorClass,
     /// When the provider said to come back (ms since the epoch).
     pub retry_at_ms: Option<i64>,
     /// The provider's own error code or type, when it sent one.
@@ -33,7 +33,7 @@ pub struct ByWords {
 
 impl Failure {
     /// A failure the gateway decides itself (a timeout, a broken stream), with no provider code.
-    pub fn local(class: Class, status: u16, message: impl Into<String>) -> Self {
+    pub fn local(class: ErrorClass, status: u16, message: impl Into<String>) -> Self {
         Self {
             class,
             retry_at_ms: None,
@@ -44,7 +44,7 @@ impl Failure {
         }
     }
 
-    /// What this failure holds, by the one rule ([`Class::hold`]).
+    /// What this failure holds, by the one rule ([`ErrorClass::hold`]).
     pub fn hold(&self) -> Hold {
         self.class.hold(self.retry_at_ms.is_some())
     }

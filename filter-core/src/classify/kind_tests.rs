@@ -7,13 +7,13 @@ use ai_router_contract::kinds::DailyReset;
 fn a_refused_key_type_is_auth_with_its_own_code() {
     let body = br#"[{"error":{"code":400,"message":"API key type not allowed. Standard keys can no longer call the Gemini API.","status":"INVALID_ARGUMENT"}}]"#;
     let f = classify("gemini", 400, &[], body, 0);
-    assert_eq!(f.class, Class::Auth);
+    assert_eq!(f.class, ErrorClass::Auth);
     assert_eq!(f.provider_code.as_deref(), Some(UNSUPPORTED_KEY_TYPE));
     assert_eq!(f.hold(), Hold::Key);
     // Any other 400 of Gemini's stays the caller's.
     let other = br#"[{"error":{"code":400,"message":"Invalid JSON payload received.","status":"INVALID_ARGUMENT"}}]"#;
     let f = classify("gemini", 400, &[], other, 0);
-    assert_eq!(f.class, Class::InvalidRequest);
+    assert_eq!(f.class, ErrorClass::InvalidRequest);
     assert_eq!(f.provider_code.as_deref(), Some("400"));
 }
 
@@ -22,18 +22,18 @@ fn context_length_is_its_own_class_and_other_400s_are_not() {
     let too_long = br#"{"error":{"message":"This model's maximum context length is 8192 tokens.","type":"invalid_request_error"}}"#;
     assert_eq!(
         classify("openai", 400, &[], too_long, 0).class,
-        Class::ContextLength
+        ErrorClass::ContextLength
     );
     assert_eq!(
         classify("github", 413, &[], b"", 0).class,
-        Class::ContextLength
+        ErrorClass::ContextLength
     );
     let bad = br#"{"error":{"message":"temperature must be between 0 and 2","type":"invalid_request_error"}}"#;
     assert_eq!(
         classify("openai", 400, &[], bad, 0).class,
-        Class::InvalidRequest
+        ErrorClass::InvalidRequest
     );
-    assert!(!Class::ContextLength.retryable());
+    assert!(!ErrorClass::ContextLength.retryable());
 }
 
 #[test]
@@ -42,7 +42,7 @@ fn a_daily_quota_lasts_until_the_zone_the_provider_is_configured_with() {
     // 2026-12-01T14:00:00Z.
     let now = 1_796_133_600_000;
     let utc = classify("cerebras", 429, &[], body, now);
-    assert_eq!(utc.class, Class::Quota);
+    assert_eq!(utc.class, ErrorClass::Quota);
     assert_eq!(utc.retry_at_ms, Some(1_796_169_600_000));
     let china = classify_in(
         "cerebras",

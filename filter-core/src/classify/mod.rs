@@ -25,12 +25,12 @@ mod tables;
 pub mod when;
 pub mod window;
 
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::failure::UNSUPPORTED_KEY_TYPE;
 use ai_router_contract::kinds::{DailyReset, ProviderKind};
 use serde_json::Value;
 
 use echo::table_phrases;
-pub use failure::Class;
 use fields::{error_fields, ErrorFields};
 use rules::{is_key_type_refusal, verdict};
 use window::window;
@@ -118,7 +118,7 @@ pub fn classify_in(
 /// A failure of `class`: its window, and the code the provider gave.
 fn failure_of(
     daily_reset: Option<DailyReset>,
-    class: Class,
+    class: ErrorClass,
     status: u16,
     headers: &[(String, String)],
     fields: &ErrorFields,
@@ -126,7 +126,7 @@ fn failure_of(
     now_ms: i64,
 ) -> Failure {
     let retry_at_ms = window(daily_reset, class, headers, fields, now_ms);
-    let key_type = class == Class::Auth && is_key_type_refusal(fields);
+    let key_type = class == ErrorClass::Auth && is_key_type_refusal(fields);
     Failure {
         class,
         retry_at_ms,
@@ -163,9 +163,9 @@ pub fn classify_stream_error(
             failure.class = again.class;
         }
     }
-    if failure.class == Class::InvalidRequest {
+    if failure.class == ErrorClass::InvalidRequest {
         // A stream that breaks off with an error is a broken stream unless it says otherwise.
-        failure.class = Class::Stream;
+        failure.class = ErrorClass::Stream;
     }
     failure
 }

@@ -1,9 +1,9 @@
 //! The generic rules: the provider's structured fields decide first, then the status, then the
 //! message text.
 
-use super::failure::Class;
 use super::fields::{contains_any, words_without_urls, ErrorFields};
 use super::tables::*;
+use ai_router_contract::failure::ErrorClass;
 
 /// The period of a Google quota that ran out, from its QuotaFailure `quotaId`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub(super) fn class_from_fields(
     status: u16,
     fields: &ErrorFields,
     tokens: &[String; 2],
-) -> Option<Class> {
+) -> Option<ErrorClass> {
     let has_code = |set: &[&str]| {
         tokens
             .iter()
@@ -41,14 +41,14 @@ pub(super) fn class_from_fields(
     if status == 413 || (status == 400 && has_code(CONTEXT_CODES)) {
         // The request is too big for this lane (Groq also says 413 over a per-minute token
         // limit): no other key of the same model would take it, a larger model might.
-        return Some(Class::ContextLength);
+        return Some(ErrorClass::ContextLength);
     }
     if matches!(status, 400 | 403) && is_key_type_refusal(fields) {
-        return Some(Class::Auth);
+        return Some(ErrorClass::Auth);
     }
     match quota_period(&fields.quota_ids) {
-        Some(QuotaPeriod::Day) => return Some(Class::Quota),
-        Some(QuotaPeriod::Minute) => return Some(Class::RateLimit),
+        Some(QuotaPeriod::Day) => return Some(ErrorClass::Quota),
+        Some(QuotaPeriod::Minute) => return Some(ErrorClass::RateLimit),
         None => {}
     }
     if fields
@@ -56,19 +56,19 @@ pub(super) fn class_from_fields(
         .iter()
         .any(|r| r.eq_ignore_ascii_case("api_key_invalid"))
     {
-        return Some(Class::Auth);
+        return Some(ErrorClass::Auth);
     }
     if has_code(QUOTA_CODES) {
-        return Some(Class::Quota);
+        return Some(ErrorClass::Quota);
     }
     if has_code(RATE_CODES) {
         // Per minute or per day (OpenAI's and Groq's TPD/RPD), a rate limit is the model's on
         // that key: the lane cools down until the window ends ([`daily_rate_limit`]); the key's
         // other models go on serving.
-        return Some(Class::RateLimit);
+        return Some(ErrorClass::RateLimit);
     }
     if has_code(AUTH_CODES) {
-        return Some(Class::Auth);
+        return Some(ErrorClass::Auth);
     }
     None
 }
@@ -79,7 +79,7 @@ pub(super) fn class_from_status_and_text(
     status: u16,
     fields: &ErrorFields,
     tokens: &[String; 2],
-) -> Class {
+) -> ErrorClass {
     let has_code = |set: &[&str]| {
         tokens
             .iter()
@@ -90,37 +90,37 @@ pub(super) fn class_from_status_and_text(
     let auth = contains_any(&text, AUTH_TEXT);
     match status {
         // OpenRouter: a request for more tokens than the credit covers is about the request.
-        402 if text.contains("max_tokens") => Class::InvalidRequest,
-        402 => Class::Quota,
+        402 if text.contains("max_tokens") => ErrorClass::InvalidRequest,
+        402 => ErrorClass::Quota,
         401 | 403 => {
             if quota && kind != "openai" {
-                Class::Quota
+                ErrorClass::Quota
             } else {
-                Class::Auth
+                ErrorClass::Auth
             }
         }
-        429 if contains_any(&text, OVERLOAD_TEXT) && !quota => Class::Transient,
-        429 if contains_any(&text, PER_DAY_TEXT) => Class::Quota,
+        429 if contains_any(&text, OVERLOAD_TEXT) && !quota => ErrorClass::Transient,
+        429 if contains_any(&text, PER_DAY_TEXT) => ErrorClass::Quota,
         429 => {
             // Gemini says RESOURCE_EXHAUSTED for rate limits and spent days alike; without a
             // QuotaFailure only the message tells.
             if tokens[1] == "resource_exhausted" {
                 if contains_any(&text, PER_DAY_TEXT) {
-                    Class::Quota
+                    ErrorClass::Quota
                 } else {
-                    Class::RateLimit
+                    ErrorClass::RateLimit
                 }
             } else if quota {
-                Class::Quota
+                ErrorClass::Quota
             } else {
-                Class::RateLimit
+                ErrorClass::RateLimit
             }
         }
-        408 | 409 | 425 | 498 | 529 => Class::Transient,
+        408 | 409 | 425 | 498 | 529 => ErrorClass::Transient,
         // A redirect the gateway does not follow (a provider moved, a baseUrl missing its
         // path): the lane is failing, not the key or the request.
-        300..=399 => Class::Transient,
-        500..=599 => Class::Transient,
+        300..=399 => ErrorClass::Transient,
+        500..=599 => ErrorClass::Transient,
         // A value of the request repeated back (OpenAI's `Invalid value: '<value>'`), or OpenAI
         // refusing the request: about the request, whatever words it repeats. OpenAI refuses
         // keys with 401 and spent quotas with 429, never with a 400.
@@ -129,31 +129,31 @@ pub(super) fn class_from_status_and_text(
                 || (kind == "openai" && tokens[1] == "invalid_request_error") =>
         {
             if contains_any(&text, CONTEXT_TEXT) {
-                Class::ContextLength
+                ErrorClass::ContextLength
             } else {
-                Class::InvalidRequest
+                ErrorClass::InvalidRequest
             }
         }
-        400 | 422 if contains_any(&text, CONTEXT_TEXT) => Class::ContextLength,
+        400 | 422 if contains_any(&text, CONTEXT_TEXT) => ErrorClass::ContextLength,
         400..=499 => {
             if quota {
-                Class::Quota
+                ErrorClass::Quota
             } else if auth {
-                Class::Auth
+                ErrorClass::Auth
             } else {
-                Class::InvalidRequest
+                ErrorClass::InvalidRequest
             }
         }
         _ => {
             // A 2xx (or odd) answer that carries an error object.
             if quota {
-                Class::Quota
+                ErrorClass::Quota
             } else if auth {
-                Class::Auth
+                ErrorClass::Auth
             } else if has_code(OVERLOAD_CODES) {
-                Class::Transient
+                ErrorClass::Transient
             } else {
-                Class::Stream
+                ErrorClass::Stream
             }
         }
     }
@@ -180,7 +180,7 @@ pub(super) fn verdict(
     status: u16,
     fields: &ErrorFields,
     tokens: &[String; 2],
-) -> Class {
+) -> ErrorClass {
     class_from_fields(status, fields, tokens)
         .unwrap_or_else(|| class_from_status_and_text(kind, status, fields, tokens))
 }

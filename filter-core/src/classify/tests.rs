@@ -1,8 +1,8 @@
 use super::window::{MAX_QUOTA_HOLD_MS, MAX_RATE_LIMIT_COOLDOWN_MS};
 use super::*;
-use ai_router_contract::failure::Hold;
+use ai_router_contract::failure::{ErrorClass, Hold};
 
-fn c(kind: &str, status: u16, body: &str) -> Class {
+fn c(kind: &str, status: u16, body: &str) -> ErrorClass {
     classify(kind, status, &[], body.as_bytes(), 0).class
 }
 
@@ -79,7 +79,10 @@ fn a_400_that_repeats_the_clients_words_never_holds_a_key_or_a_lane() {
                     classify(kind, 400, &[], body.as_bytes(), 0).unless_echoed(client.as_bytes());
                 assert_eq!(failure.hold(), Hold::Nothing, "{kind} {body}: {failure:?}");
                 assert!(
-                    matches!(failure.class, Class::InvalidRequest | Class::ContextLength),
+                    matches!(
+                        failure.class,
+                        ErrorClass::InvalidRequest | ErrorClass::ContextLength
+                    ),
                     "{kind} {body}: {failure:?}"
                 );
             }
@@ -97,7 +100,7 @@ fn the_same_words_in_a_field_name_or_spaced_otherwise_are_still_the_clients() {
     ] {
         let failure =
             classify("anthropic", 400, &[], body.as_bytes(), 0).unless_echoed(client.as_bytes());
-        assert_eq!(failure.class, Class::InvalidRequest, "{client}");
+        assert_eq!(failure.class, ErrorClass::InvalidRequest, "{client}");
     }
 }
 
@@ -106,27 +109,27 @@ fn a_providers_own_refusal_still_holds_the_key_when_the_client_did_not_write_it(
     let client = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     let credit = r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}"#;
     let f = classify("anthropic", 400, &[], credit.as_bytes(), 0).unless_echoed(client);
-    assert_eq!((f.class, f.hold()), (Class::Quota, Hold::Key));
+    assert_eq!((f.class, f.hold()), (ErrorClass::Quota, Hold::Key));
     // Its own words in the client's request: the provider might be repeating them.
     let asked = br#"{"messages":[{"role":"user","content":"why does it say your credit balance is too low?"}]}"#;
     let f = classify("anthropic", 400, &[], credit.as_bytes(), 0).unless_echoed(asked);
-    assert_eq!(f.class, Class::InvalidRequest);
+    assert_eq!(f.class, ErrorClass::InvalidRequest);
     // A status that already says auth or quota keeps holding the key, whatever the words.
     let auth = r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":null}}"#;
     let f = classify("openai", 401, &[], auth.as_bytes(), 0)
         .unless_echoed(br#"{"x":"incorrect api key"}"#);
-    assert_eq!((f.class, f.hold()), (Class::Auth, Hold::Key));
+    assert_eq!((f.class, f.hold()), (ErrorClass::Auth, Hold::Key));
     // A structured code decides without the words.
     let quota =
         r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#;
     let f = classify("openai", 429, &[], quota.as_bytes(), 0)
         .unless_echoed(br#"{"x":"exceeded your current quota"}"#);
-    assert_eq!(f.class, Class::Quota);
+    assert_eq!(f.class, ErrorClass::Quota);
     // A 429's words about a day, when the client wrote them: the lane cools down instead.
     let tpd = r#"{"error":{"message":"Rate limit reached on tokens per day (TPD)","type":"tokens","code":"rate_limit_exceeded"}}"#;
     let f = classify("groq", 429, &[], tpd.as_bytes(), 0)
         .unless_echoed(br#"{"x":"tokens per day (TPD)"}"#);
-    assert_eq!(f.class, Class::RateLimit);
+    assert_eq!(f.class, ErrorClass::RateLimit);
 }
 
 #[test]
@@ -165,7 +168,7 @@ fn retry_after_as_seconds_or_an_http_date_in_each_form() {
         body,
         before,
     );
-    assert_eq!((f.class, f.retry_at_ms), (Class::RateLimit, Some(at)));
+    assert_eq!((f.class, f.retry_at_ms), (ErrorClass::RateLimit, Some(at)));
     let f = classify(
         "openai",
         429,
@@ -201,7 +204,7 @@ fn geminis_refused_key_types_by_reason_or_by_any_wording() {
     ];
     for body in &refused {
         let f = classify("gemini", 400, &[], body.as_bytes(), 0);
-        assert_eq!(f.class, Class::Auth, "{body}");
+        assert_eq!(f.class, ErrorClass::Auth, "{body}");
         assert_eq!(
             f.provider_code.as_deref(),
             Some(UNSUPPORTED_KEY_TYPE),
@@ -218,7 +221,7 @@ fn geminis_refused_key_types_by_reason_or_by_any_wording() {
     let f = classify("gemini", 400, &[], invalid.as_bytes(), 0);
     assert_eq!(
         (f.class, f.provider_code.as_deref()),
-        (Class::Auth, Some("400"))
+        (ErrorClass::Auth, Some("400"))
     );
     let bad = google(
         400,
@@ -228,7 +231,7 @@ fn geminis_refused_key_types_by_reason_or_by_any_wording() {
     );
     assert_eq!(
         classify("gemini", 400, &[], bad.as_bytes(), 0).class,
-        Class::InvalidRequest
+        ErrorClass::InvalidRequest
     );
 }
 
@@ -244,7 +247,7 @@ fn a_redirect_is_a_failing_lane() {
         );
         assert_eq!(
             (f.class, f.hold()),
-            (Class::Transient, Hold::Nothing),
+            (ErrorClass::Transient, Hold::Nothing),
             "{status}"
         );
     }
@@ -258,24 +261,24 @@ fn statuses() {
             429,
             r#"{"error":{"code":"rate_limit_exceeded","message":"Rate limit reached"}}"#
         ),
-        Class::RateLimit
+        ErrorClass::RateLimit
     );
     assert_eq!(
         c("openai", 401, r#"{"error":{"code":"invalid_api_key"}}"#),
-        Class::Auth
+        ErrorClass::Auth
     );
-    assert_eq!(c("openai", 403, ""), Class::Auth);
-    assert_eq!(c("openai", 503, ""), Class::Transient);
+    assert_eq!(c("openai", 403, ""), ErrorClass::Auth);
+    assert_eq!(c("openai", 503, ""), ErrorClass::Transient);
     assert_eq!(
         c(
             "anthropic",
             529,
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#
         ),
-        Class::Transient
+        ErrorClass::Transient
     );
     for s in [408, 409, 425, 498, 500, 502, 504] {
-        assert_eq!(c("openai-compatible", s, ""), Class::Transient, "{s}");
+        assert_eq!(c("openai-compatible", s, ""), ErrorClass::Transient, "{s}");
     }
     assert_eq!(
         c(
@@ -283,10 +286,10 @@ fn statuses() {
             400,
             r#"{"error":{"message":"context length exceeded","code":"context_length_exceeded"}}"#
         ),
-        Class::ContextLength
+        ErrorClass::ContextLength
     );
-    assert_eq!(c("openai", 404, ""), Class::InvalidRequest);
-    assert_eq!(c("openai", 422, ""), Class::InvalidRequest);
+    assert_eq!(c("openai", 404, ""), ErrorClass::InvalidRequest);
+    assert_eq!(c("openai", 422, ""), ErrorClass::InvalidRequest);
 }
 
 #[test]
@@ -297,7 +300,7 @@ fn quota_shapes() {
             429,
             r#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -305,7 +308,7 @@ fn quota_shapes() {
             402,
             r#"{"error":{"code":402,"message":"Insufficient credits"}}"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -313,7 +316,7 @@ fn quota_shapes() {
             402,
             r#"{"error":{"message":"Insufficient Balance"}}"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -321,7 +324,7 @@ fn quota_shapes() {
             400,
             r#"{"code":"Arrearage","message":"Access denied, please make sure your account is in good standing."}"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -329,7 +332,7 @@ fn quota_shapes() {
             400,
             r#"{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API."}}"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -337,7 +340,7 @@ fn quota_shapes() {
             429,
             r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Quota exceeded for metric generate_content_free_tier_requests, limit per day"}}]"#
         ),
-        Class::Quota
+        ErrorClass::Quota
     );
     assert_eq!(
         c(
@@ -345,7 +348,7 @@ fn quota_shapes() {
             429,
             r#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"Resource has been exhausted (e.g. check quota)."}}]"#
         ),
-        Class::RateLimit
+        ErrorClass::RateLimit
     );
 }
 
@@ -355,7 +358,7 @@ fn second_shapes() {
     // Two days before the named moment (2026-12-01T00:00Z).
     let now = 1_796_083_200_000 - 2 * ai_router_contract::calendar::DAY_MS;
     let f = classify("anthropic", 400, &[], spend_cap.as_bytes(), now);
-    assert_eq!(f.class, Class::Quota);
+    assert_eq!(f.class, ErrorClass::Quota);
     assert_eq!(f.retry_at_ms, Some(1_796_083_200_000));
     // A month before it: held a week, then tried again.
     let f = classify(
@@ -370,7 +373,7 @@ fn second_shapes() {
         Some(now - 28 * ai_router_contract::calendar::DAY_MS + MAX_QUOTA_HOLD_MS)
     );
     let gemini = r#"[{"error":{"code":400,"message":"API key not valid. Please pass a valid API key.","status":"INVALID_ARGUMENT","details":[{"reason":"API_KEY_INVALID"}]}}]"#;
-    assert_eq!(c("gemini", 400, gemini), Class::Auth);
+    assert_eq!(c("gemini", 400, gemini), ErrorClass::Auth);
 }
 
 #[test]
@@ -381,7 +384,7 @@ fn auth_in_4xx_body() {
             400,
             r#"{"code":"InvalidApiKey","message":"Invalid API-key provided."}"#
         ),
-        Class::Auth
+        ErrorClass::Auth
     );
 }
 
@@ -404,17 +407,17 @@ fn stream_error_events() {
             .unwrap();
     assert_eq!(
         classify_stream_error("openai", None, &e, 0).class,
-        Class::Transient
+        ErrorClass::Transient
     );
     let e: Value = serde_json::from_str(r#"{"error":{"message":"boom"}}"#).unwrap();
     assert_eq!(
         classify_stream_error("openai", None, &e, 0).class,
-        Class::Stream
+        ErrorClass::Stream
     );
     let e: Value = serde_json::from_str(r#"{"error":{"message":"slow down","code":429}}"#).unwrap();
     assert_eq!(
         classify_stream_error("openrouter", None, &e, 0).class,
-        Class::RateLimit
+        ErrorClass::RateLimit
     );
 }
 
@@ -430,13 +433,16 @@ fn provider_windows_are_capped() {
         br#"{"error":{"code":"rate_limit_exceeded","message":"slow down"}}"#,
         now,
     );
-    assert_eq!(f.class, Class::RateLimit);
+    assert_eq!(f.class, ErrorClass::RateLimit);
     assert_eq!(f.retry_at_ms, Some(now + MAX_RATE_LIMIT_COOLDOWN_MS));
     // A retry-after on a transient failure too.
     let f = classify("openai", 503, &h("retry-after-ms", "90000000"), b"", now);
     assert_eq!(
         (f.class, f.retry_at_ms),
-        (Class::Transient, Some(now + MAX_RATE_LIMIT_COOLDOWN_MS))
+        (
+            ErrorClass::Transient,
+            Some(now + MAX_RATE_LIMIT_COOLDOWN_MS)
+        )
     );
     // A spent quota asking for a month holds the key a week.
     let f = classify(
@@ -446,7 +452,7 @@ fn provider_windows_are_capped() {
         br#"{"error":{"code":"insufficient_quota","message":"You exceeded your current quota"}}"#,
         now,
     );
-    assert_eq!(f.class, Class::Quota);
+    assert_eq!(f.class, ErrorClass::Quota);
     assert_eq!(f.retry_at_ms, Some(now + MAX_QUOTA_HOLD_MS));
     // Within the caps, the provider's window stands; a moment already past is now.
     let f = classify("openai", 429, &h("retry-after", "30"), b"", now);
@@ -478,7 +484,7 @@ fn reset_moments_in_response_headers_and_messages() {
     );
     assert_eq!(
         (f.class, f.retry_at_ms),
-        (Class::Quota, Some(1_796_083_200_000))
+        (ErrorClass::Quota, Some(1_796_083_200_000))
     );
     // Seconds since the epoch are read as such.
     assert_eq!(reset_moment("1796083200", now), Some(1_796_083_200_000));
@@ -495,20 +501,23 @@ fn gemini_without_details_falls_back_to_the_message() {
     let daily = br#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"You exceeded your current quota. Quota exceeded for metric generate_content_free_tier_requests, limit per day"}}]"#;
     let now = 1_784_098_799_000; // 2026-07-14 23:59:59 PDT
     let f = classify("gemini", 429, &[], daily, now);
-    assert_eq!((f.class, f.retry_at_ms), (Class::Quota, Some(now + 1000)));
+    assert_eq!(
+        (f.class, f.retry_at_ms),
+        (ErrorClass::Quota, Some(now + 1000))
+    );
     let minute = br#"[{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","message":"You exceeded your current quota, please check your plan and billing details."}}]"#;
     assert_eq!(
         classify("gemini", 429, &[], minute, now).class,
-        Class::RateLimit
+        ErrorClass::RateLimit
     );
 }
 
 #[test]
 fn retryability() {
-    assert!(Class::RateLimit.retryable());
-    assert!(!Class::InvalidRequest.retryable());
-    assert!(Class::Auth.belongs_to_key());
-    assert!(!Class::Transient.belongs_to_key());
+    assert!(ErrorClass::RateLimit.retryable());
+    assert!(!ErrorClass::InvalidRequest.retryable());
+    assert!(ErrorClass::Auth.belongs_to_key());
+    assert!(!ErrorClass::Transient.belongs_to_key());
     for c in [
         "rate_limit",
         "quota",
@@ -521,6 +530,6 @@ fn retryability() {
         "cancelled",
         "deadline",
     ] {
-        assert_eq!(Class::parse(c).unwrap().as_str(), c);
+        assert_eq!(ErrorClass::parse(c).unwrap().as_str(), c);
     }
 }

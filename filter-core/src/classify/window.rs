@@ -2,11 +2,11 @@
 
 use ai_router_contract::kinds::DailyReset;
 
-use super::failure::Class;
 use super::fields::{contains_any, ErrorFields};
 use super::rules::{daily_rate_limit, quota_period, QuotaPeriod};
 use super::tables::PER_DAY_TEXT;
 use super::when::{header, regain_access_at, reset_moment, retry_at, try_again_in};
+use ai_router_contract::failure::ErrorClass;
 
 /// The longest a provider's window may cool a lane down (a rate limit, a retry-after on a
 /// transient failure): a retry-after of days must not park a lane for good.
@@ -21,7 +21,7 @@ pub const MAX_QUOTA_HOLD_MS: i64 = 7 * 86_400_000;
 /// [`MAX_RATE_LIMIT_COOLDOWN_MS`], a key's spent quota holds it at most [`MAX_QUOTA_HOLD_MS`].
 pub(super) fn window(
     daily_reset: Option<DailyReset>,
-    class: Class,
+    class: ErrorClass,
     headers: &[(String, String)],
     fields: &ErrorFields,
     now_ms: i64,
@@ -36,7 +36,7 @@ pub(super) fn window(
     };
     let try_again = || try_again_in(&fields.message).map(|ms| now_ms + ms);
     let (at, cap) = match class {
-        Class::Quota => {
+        ErrorClass::Quota => {
             let text = fields.message.to_ascii_lowercase();
             let daily = quota_period(&fields.quota_ids) == Some(QuotaPeriod::Day)
                 || (fields.quota_ids.is_empty() && contains_any(&text, PER_DAY_TEXT));
@@ -52,7 +52,7 @@ pub(super) fn window(
             };
             (at, MAX_QUOTA_HOLD_MS)
         }
-        Class::RateLimit => {
+        ErrorClass::RateLimit => {
             let named = from_headers
                 .or(fields.retry_delay_ms.map(|ms| now_ms + ms))
                 .or_else(reset)

@@ -28,11 +28,11 @@ use crate::state::State;
 #[cfg(test)]
 use {
     crate::answer::errors::GatewayError,
-    crate::classify::Class,
     crate::host::{Flow, Host, Side},
     crate::plan::{Plan, PLAN_HEADER},
     crate::wire::headers,
     ai_router_contract::error_code::ErrorCode,
+    ai_router_contract::failure::ErrorClass,
     ai_router_contract::headers::{
         ATTEMPT as H_ATTEMPT, ATTEMPTS as H_ATTEMPTS, BUDGET_WARNING as H_BUDGET_WARNING,
         CACHE as H_CACHE, COST as H_COST, COST_ESTIMATE as H_COST_ESTIMATE,

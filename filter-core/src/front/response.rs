@@ -15,10 +15,10 @@ use ai_router_proto::v1::{
 use super::Front;
 use crate::answer::errors::GatewayError;
 use crate::answer::overhead;
-use crate::classify::Class;
 use crate::host::{Flow, Host, Side};
 use crate::wire::headers;
 use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::OVERHEAD_MS as H_OVERHEAD_MS;
 
 impl Front {
@@ -275,7 +275,7 @@ impl Front {
                     .property(&["response", "code_details"])
                     .is_some_and(|d| crate::attempt::client_went_away(&d));
                 let class = if went_away {
-                    Some(Class::Cancelled)
+                    Some(ErrorClass::Cancelled)
                 } else {
                     call.as_ref().and_then(|c| c.last_failure).map(|(c, _)| c)
                 };
@@ -326,12 +326,12 @@ impl Front {
 /// How Envoy's router ended an answer that had started, from the stream's response code
 /// details (as Envoy 1.40 sets them): the deadline (the route's timeout, `response_timeout`) or
 /// a reset of the attempt hop (`upstream_reset_after_response_started{...}`).
-fn cut_by_the_router(host: &impl Host) -> Option<Class> {
+fn cut_by_the_router(host: &impl Host) -> Option<ErrorClass> {
     let details = host.property(&["response", "code_details"])?;
     if details == b"response_timeout" {
-        Some(Class::Deadline)
+        Some(ErrorClass::Deadline)
     } else if details.starts_with(b"upstream_reset_after_response_started") {
-        Some(Class::Stream)
+        Some(ErrorClass::Stream)
     } else {
         None
     }

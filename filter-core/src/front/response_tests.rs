@@ -82,7 +82,7 @@ fn a_final_error_carries_the_calls_trail_and_a_success_only_when_asked() {
             provider: "p1".into(),
             key: "a".into(),
             model: "m1".into(),
-            class: Some(Class::RateLimit),
+            class: Some(ErrorClass::RateLimit),
             status: 429,
         });
     });
@@ -156,7 +156,7 @@ fn a_stream_that_broke_off_after_its_first_token_is_no_success() {
         (None, "via_upstream", "success"),
         // The client stopped reading: the lane served it.
         (None, "downstream_remote_disconnect", "success"),
-        (Some(Class::Timeout), "", "error:timeout"),
+        (Some(ErrorClass::Timeout), "", "error:timeout"),
         // The attempt stage's report comes after this stage's end.
         (None, "response_timeout", "error:deadline"),
         (

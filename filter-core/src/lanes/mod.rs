@@ -30,13 +30,13 @@ use crate::vocab::LaneId;
 #[cfg(test)]
 use {
     crate::{
-        classify::Class,
         plan::Candidate,
         state::State,
         vm::round_robin::{RoundRobin, KEY_WINDOW},
         vm::view::View,
         vocab::{LocalHold, LOCAL_HOLD_GRACE_MS},
     },
+    ai_router_contract::failure::ErrorClass,
     ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason},
 };
 

@@ -4,11 +4,11 @@
 
 use ai_router_proto::v1::{BreakerPhase, BreakerScope, KeyOutReason, Provider, ProviderKey};
 
-use crate::classify::Class;
 use crate::lanes::headroom::Left;
 use crate::state::{scope_of, LaneHealth};
 use crate::vm::view::View;
 use crate::vocab::{LaneId, LocalHold, LOCAL_HOLD_GRACE_MS};
+use ai_router_contract::failure::ErrorClass;
 
 /// Why the picker passed over a lane. Its word ([`OutReason::as_str`]) is what the routing
 /// trail, the reports and the admin API show.
@@ -75,8 +75,8 @@ impl OutReason {
     }
 
     /// A blacklist's reason by the class that set it.
-    fn blacklisted(class: Class) -> OutReason {
-        if class == Class::Quota {
+    fn blacklisted(class: ErrorClass) -> OutReason {
+        if class == ErrorClass::Quota {
             OutReason::BlacklistedQuota
         } else {
             OutReason::BlacklistedAuth
@@ -103,12 +103,12 @@ pub const SLOT_POLL_MS: i64 = 50;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Out {
     pub reason: OutReason,
-    pub class: Class,
+    pub class: ErrorClass,
     pub until: Option<i64>,
 }
 
 impl Out {
-    fn new(reason: OutReason, class: Class, until: Option<i64>) -> Out {
+    fn new(reason: OutReason, class: ErrorClass, until: Option<i64>) -> Out {
         Out {
             reason,
             class,
@@ -183,7 +183,7 @@ pub fn out_reason(
     } = *lane;
     let keyless = provider.terms.as_ref().is_some_and(|t| t.keyless);
     if key.secret.is_empty() && !keyless {
-        return Some(Out::new(OutReason::MissingSecret, Class::Auth, None));
+        return Some(Out::new(OutReason::MissingSecret, ErrorClass::Auth, None));
     }
     let mut worst: Option<Out> = None;
     if let Some(h) = health.key_health(&key.alias) {
@@ -191,9 +191,9 @@ pub fn out_reason(
         let active = h.until_ms == 0 || h.until_ms > now_ms;
         if same_secret && active {
             let class = if h.reason() == KeyOutReason::Quota {
-                Class::Quota
+                ErrorClass::Quota
             } else {
-                Class::Auth
+                ErrorClass::Auth
             };
             let until = (h.until_ms > 0).then_some(h.until_ms);
             worst = later(worst, Out::new(OutReason::blacklisted(class), class, until));
@@ -203,7 +203,7 @@ pub fn out_reason(
     if pushed > now_ms {
         worst = later(
             worst,
-            Out::new(OutReason::Cooldown, Class::RateLimit, Some(pushed)),
+            Out::new(OutReason::Cooldown, ErrorClass::RateLimit, Some(pushed)),
         );
     }
     for out in local_holds(lane, view, synced_at_ms, now_ms) {
@@ -213,7 +213,11 @@ pub fn out_reason(
     if provider_out > now_ms {
         worst = later(
             worst,
-            Out::new(OutReason::ProviderOut, Class::Quota, Some(provider_out)),
+            Out::new(
+                OutReason::ProviderOut,
+                ErrorClass::Quota,
+                Some(provider_out),
+            ),
         );
     }
     for (scope, key_alias) in [
@@ -223,7 +227,7 @@ pub fn out_reason(
         if let BreakerGate::Open(until) = breaker_gate(health, scope, key_alias, now_ms) {
             worst = later(
                 worst,
-                Out::new(OutReason::BreakerOpen, Class::Transient, Some(until)),
+                Out::new(OutReason::BreakerOpen, ErrorClass::Transient, Some(until)),
             );
         }
     }
@@ -238,7 +242,7 @@ pub fn out_reason(
         let until = Some(now_ms + SLOT_POLL_MS);
         worst = later(
             worst,
-            Out::new(OutReason::MaxConcurrency, Class::RateLimit, until),
+            Out::new(OutReason::MaxConcurrency, ErrorClass::RateLimit, until),
         );
     }
     worst
@@ -261,7 +265,7 @@ fn local_holds(lane: &Lane<'_>, view: &dyn View, synced_at_ms: i64, now_ms: i64)
             LocalHold::Cooldown { until_ms, .. } if until_ms > now_ms => {
                 outs.push(Out::new(
                     OutReason::Cooldown,
-                    Class::RateLimit,
+                    ErrorClass::RateLimit,
                     Some(until_ms),
                 ));
             }
@@ -298,11 +302,11 @@ fn headroom_out(lane: &Lane<'_>, tokens: u64, now_ms: i64) -> Option<Out> {
         })
     };
     if requests == 0 && spent() {
-        Some(Out::new(OutReason::NoCredit, Class::Quota, None))
+        Some(Out::new(OutReason::NoCredit, ErrorClass::Quota, None))
     } else if requests == 0 || too_few_tokens {
         Some(Out::new(
             OutReason::Headroom,
-            Class::RateLimit,
+            ErrorClass::RateLimit,
             Some(reset_at_ms),
         ))
     } else {
@@ -338,7 +342,7 @@ mod tests {
 
     #[test]
     fn the_reason_that_lasts_longest_wins_and_no_end_outlasts_all() {
-        let out = |reason, until| Out::new(reason, Class::RateLimit, until);
+        let out = |reason, until| Out::new(reason, ErrorClass::RateLimit, until);
         let cooldown = out(OutReason::Cooldown, Some(10));
         let breaker = out(OutReason::BreakerOpen, Some(20));
         let credit = out(OutReason::NoCredit, None);

@@ -11,10 +11,10 @@
 //! next probe an interval on, and only the call whose write wins probes, so the whole Envoy
 //! probes a parked lane at most once per interval whatever its number of workers.
 
-use crate::classify::Class;
 use crate::host::Host;
 use crate::vm::local::{put_str, Reader};
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 /// Whether calls with an interval pass over a lane whose next probe is `probe_at_ms` (it is
 /// parked and its probe is not due).
@@ -99,16 +99,16 @@ impl ParkedLanes {
 /// Whether a failure says the lane may be down (and a pricier one should carry the calls):
 /// a failure that is the caller's or the call's own (an invalid request, a cancel, the deadline,
 /// a mismatched answer) says nothing about the lane.
-fn parks(class: Class) -> bool {
+fn parks(class: ErrorClass) -> bool {
     matches!(
         class,
-        Class::RateLimit
-            | Class::Quota
-            | Class::Auth
-            | Class::Transient
-            | Class::Network
-            | Class::Timeout
-            | Class::Stream
+        ErrorClass::RateLimit
+            | ErrorClass::Quota
+            | ErrorClass::Auth
+            | ErrorClass::Transient
+            | ErrorClass::Network
+            | ErrorClass::Timeout
+            | ErrorClass::Stream
     )
 }
 
@@ -180,7 +180,7 @@ pub fn claim_probe(host: &mut impl Host, lane: &LaneId, now_ms: i64, interval_ms
 pub fn observe(
     host: &mut impl Host,
     lane: &LaneId,
-    failure: Option<Class>,
+    failure: Option<ErrorClass>,
     now_ms: i64,
     interval_ms: u64,
 ) {
@@ -239,7 +239,7 @@ mod tests {
         let store = SharedStore::default();
         let (mut a, b) = (worker(&store), worker(&store));
         let lane = LaneId::new("cheap", "k", "m");
-        observe(&mut a, &lane, Some(Class::Transient), 1_000, 500);
+        observe(&mut a, &lane, Some(ErrorClass::Transient), 1_000, 500);
         assert_eq!(probe_at(&b, &lane), Some(1_500));
         assert!(passed_over(probe_at(&b, &lane), 1_499));
         assert!(!passed_over(probe_at(&b, &lane), 1_500));
@@ -252,7 +252,7 @@ mod tests {
         let store = SharedStore::default();
         let (mut a, mut b) = (worker(&store), worker(&store));
         let lane = LaneId::new("cheap", "k", "m");
-        observe(&mut a, &lane, Some(Class::Network), 0, 1_000);
+        observe(&mut a, &lane, Some(ErrorClass::Network), 0, 1_000);
         assert!(claim_probe(&mut a, &lane, 1_000, 1_000));
         assert!(!claim_probe(&mut b, &lane, 1_000, 1_000));
         assert!(!claim_probe(&mut a, &lane, 1_999, 1_000));
@@ -268,7 +268,7 @@ mod tests {
         let store = SharedStore::default();
         let mut a = worker(&store);
         let lane = LaneId::new("cheap", "k", "m");
-        observe(&mut a, &lane, Some(Class::Timeout), 0, 1_000);
+        observe(&mut a, &lane, Some(ErrorClass::Timeout), 0, 1_000);
         // Another worker claims between this one's read and write: the claim's CAS loses, it
         // reads the claimed record and gives way.
         let (bytes, _) = a.parked_lanes("cheap");
@@ -286,15 +286,15 @@ mod tests {
         let mut host = worker(&store);
         let lane = LaneId::new("cheap", "a", "m");
         for class in [
-            Class::InvalidRequest,
-            Class::Cancelled,
-            Class::Deadline,
-            Class::Mismatch,
+            ErrorClass::InvalidRequest,
+            ErrorClass::Cancelled,
+            ErrorClass::Deadline,
+            ErrorClass::Mismatch,
         ] {
             observe(&mut host, &lane, Some(class), 0, 500);
             assert_eq!(probe_at(&host, &lane), None, "{class:?}");
         }
-        observe(&mut host, &lane, Some(Class::RateLimit), 0, 0);
+        observe(&mut host, &lane, Some(ErrorClass::RateLimit), 0, 0);
         assert_eq!(probe_at(&host, &lane), None, "no interval, no parking");
     }
 

@@ -12,7 +12,6 @@ use std::rc::Rc;
 
 use ai_router_proto::v1::{BreakerScope, Model, Provider, Selection, SelectionStrategy};
 
-use crate::classify::Class;
 use crate::lanes::headroom::{headroom_left, health_of};
 use crate::lanes::out::{breaker_gate, out_reason, BreakerGate, Lane, OutReason, SLOT_POLL_MS};
 use crate::lanes::park::passed_over;
@@ -23,6 +22,7 @@ use crate::state::{scope_of, LaneHealth, State};
 use crate::vm::round_robin::{smooth_weighted, RoundRobin, KEY_WINDOW};
 use crate::vm::view::View;
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 /// A half-open breaker the attempt must hold the probe lease of before it may use the lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub struct Request<'a> {
     /// The one key the call may use (the key that stored the Responses state it names).
     pub only_key: Option<&'a crate::plan::KeyPin>,
     /// How the call's last attempt failed, for conditional candidates (`when`).
-    pub last_failure: Option<Class>,
+    pub last_failure: Option<ErrorClass>,
     /// The call's `resetIntervalMs` (0: none): parked lanes come after the others.
     pub reset_interval_ms: u64,
     /// Set after a context-length failure: the failed lane's capacity
@@ -75,7 +75,7 @@ pub enum Pick {
     Lane(Chosen),
     /// No lane is usable now: the reason of the soonest-returning one and when it returns.
     Unavailable {
-        class: Option<Class>,
+        class: Option<ErrorClass>,
         retry_at_ms: Option<i64>,
     },
 }
@@ -100,7 +100,7 @@ pub fn pick(
 ) -> Pick {
     let call = Call::new(state, req, view, now_ms);
     let mut usable: Vec<Usable> = Vec::new();
-    let mut soonest: Option<(Class, Option<i64>)> = None;
+    let mut soonest: Option<(ErrorClass, Option<i64>)> = None;
     for (tier, cand) in tiers
         .iter()
         .enumerate()
@@ -180,7 +180,7 @@ enum Judged {
     Out {
         lane: LaneId,
         reason: OutReason,
-        wait: Option<(Class, Option<i64>)>,
+        wait: Option<(ErrorClass, Option<i64>)>,
     },
 }
 
@@ -243,7 +243,7 @@ impl<'a> Call<'a> {
             return out(lane, OutReason::ContextWindow, None);
         }
         if self.req.excluded.contains(&lane) {
-            let wait = (Class::Transient, Some(now_ms + SLOT_POLL_MS * 4));
+            let wait = (ErrorClass::Transient, Some(now_ms + SLOT_POLL_MS * 4));
             return out(lane, OutReason::ProbeElsewhere, Some(wait));
         }
         let health = &lanes.health;
@@ -388,7 +388,7 @@ fn choose(
     call: &Call<'_>,
     rr: &mut RoundRobin,
     mut usable: Vec<Usable>,
-    soonest: Option<(Class, Option<i64>)>,
+    soonest: Option<(ErrorClass, Option<i64>)>,
 ) -> Pick {
     let pinned = call.req.pinned.and_then(|pin| {
         usable
@@ -463,10 +463,10 @@ fn choose_tiers(rr: &mut RoundRobin, mut usable: Vec<Usable>) -> Option<Chosen> 
 
 /// Keeps the reason whose lane returns first (the call may wait for it).
 fn sooner(
-    soonest: Option<(Class, Option<i64>)>,
-    class: Class,
+    soonest: Option<(ErrorClass, Option<i64>)>,
+    class: ErrorClass,
     until: Option<i64>,
-) -> Option<(Class, Option<i64>)> {
+) -> Option<(ErrorClass, Option<i64>)> {
     Some(match soonest {
         None => (class, until),
         Some((c, u)) => match (u, until) {

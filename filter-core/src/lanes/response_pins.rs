@@ -29,7 +29,6 @@
 use serde_json::Value;
 
 use crate::answer::errors::GatewayError;
-use crate::classify::Class;
 use crate::host::Host;
 use crate::lanes::affinity::{digest, RESPONSES};
 use crate::lanes::out::OutReason;
@@ -39,6 +38,7 @@ use crate::state::State;
 use crate::vocab::LaneId;
 use crate::wire::sse::Parser;
 use ai_router_contract::error_code::ErrorCode;
+use ai_router_contract::failure::ErrorClass;
 
 /// A stored-response pin unused this long lapses (OpenAI keeps a stored response 30 days; a
 /// pin only has to outlive a pause in the conversation, and eviction by newer ids usually
@@ -136,7 +136,7 @@ fn why_out(reason: OutReason) -> String {
     }
 }
 
-fn unsent(class: Option<Class>) -> Option<Class> {
+fn unsent(class: Option<ErrorClass>) -> Option<ErrorClass> {
     crate::answer::errors::unsent_as_unavailable(class, 0)
 }
 
@@ -147,8 +147,8 @@ pub fn when_out(
     pin: &KeyPin,
     tried: &[LaneId],
     skipped: &[Skipped],
-    pick: (Option<Class>, Option<i64>),
-    last_failure: Option<(Class, Option<i64>)>,
+    pick: (Option<ErrorClass>, Option<i64>),
+    last_failure: Option<(ErrorClass, Option<i64>)>,
     now_ms: i64,
 ) -> Option<GatewayError> {
     let reason = skipped.iter().find(|s| pin.is(&s.lane)).map(|s| s.reason);
@@ -180,7 +180,7 @@ pub fn when_out(
     };
     // A rate limit answers as the provider's own 429 would (its window in Retry-After).
     let status = match class {
-        Some(Class::RateLimit) => 429,
+        Some(ErrorClass::RateLimit) => 429,
         _ => base.status,
     };
     Some(GatewayError {
@@ -505,7 +505,7 @@ mod tests {
             &pin,
             &[],
             &skipped("blacklisted:auth"),
-            (Some(Class::Auth), None),
+            (Some(ErrorClass::Auth), None),
             None,
             NOW,
         )
@@ -521,7 +521,7 @@ mod tests {
             &pin,
             &[],
             &skipped("breaker_open"),
-            (Some(Class::Transient), Some(NOW + 30_000)),
+            (Some(ErrorClass::Transient), Some(NOW + 30_000)),
             None,
             NOW,
         )
@@ -537,8 +537,8 @@ mod tests {
             &pin,
             &[lane("a")],
             &skipped("cooldown"),
-            (Some(Class::RateLimit), Some(NOW + 20_000)),
-            Some((Class::RateLimit, Some(NOW + 20_000))),
+            (Some(ErrorClass::RateLimit), Some(NOW + 20_000)),
+            Some((ErrorClass::RateLimit, Some(NOW + 20_000))),
             NOW,
         )
         .expect("answered");
@@ -623,7 +623,7 @@ mod tests {
         }
         // a blacklisted (b free): the call is answered, naming the field; b is never tried.
         let a = lane("a");
-        host.hold_blacklist(&a.provider, &a.key, Class::Auth, 0, 0);
+        host.hold_blacklist(&a.provider, &a.key, ErrorClass::Auth, 0, 0);
         let (_, flow) = attempt(&mut host, Some(pin_a()), 1);
         assert_eq!(flow, Flow::Pause);
         let answer = host.answered.clone().expect("answered locally");

@@ -305,7 +305,7 @@ fn nothing_usable_reports_soonest_return() {
             &mut Vec::new(),
         ),
         Pick::Unavailable {
-            class: Some(Class::RateLimit),
+            class: Some(ErrorClass::RateLimit),
             retry_at_ms: Some(2000)
         }
     );
@@ -512,7 +512,7 @@ fn a_local_hold_gives_way_to_the_control_plane_once_it_has_spoken() {
     v.holds.borrow_mut().insert(
         lane.clone(),
         vec![LocalHold::Blacklist {
-            class: Class::Auth,
+            class: ErrorClass::Auth,
             until_ms: 0,
             fingerprint: 0,
             set_at_ms: 10_000,
@@ -546,7 +546,7 @@ fn an_operator_reset_voids_the_holds_set_before_it_at_once() {
         lane.clone(),
         vec![
             LocalHold::Blacklist {
-                class: Class::Quota,
+                class: ErrorClass::Quota,
                 until_ms: 0,
                 fingerprint: 0,
                 set_at_ms: 10_000,
@@ -709,8 +709,8 @@ fn a_figure_marked_spent_is_a_quota_and_a_plain_zero_a_rate_limit() {
     // A rate window returns at its reset (a call may wait for it); a spent credit has no
     // known return.
     for (spent, class, retry_at_ms) in [
-        (true, Class::Quota, None),
-        (false, Class::RateLimit, Some(9_000)),
+        (true, ErrorClass::Quota, None),
+        (false, ErrorClass::RateLimit, Some(9_000)),
     ] {
         let mut rr = RoundRobin::default();
         assert_eq!(
@@ -865,7 +865,7 @@ fn a_conditional_tier_is_taken_only_after_its_trigger() {
     let mut t = tiers();
     t[1][0].when = vec!["rate_limit".into()];
     let p1 = [LaneId::new("p1", "a", "m1"), LaneId::new("p1", "b", "m1")];
-    let next = |rr: &mut RoundRobin, last: Option<Class>| {
+    let next = |rr: &mut RoundRobin, last: Option<ErrorClass>| {
         pick(
             &s,
             &t,
@@ -881,9 +881,15 @@ fn a_conditional_tier_is_taken_only_after_its_trigger() {
         )
     };
     // After a rate limit the conditional tier (p2) comes before trying p1 again.
-    assert_eq!(chosen(next(&mut rr, Some(Class::RateLimit))).provider, "p2");
+    assert_eq!(
+        chosen(next(&mut rr, Some(ErrorClass::RateLimit))).provider,
+        "p2"
+    );
     // After a 5xx it is skipped: only p1's lanes (tried already) are left.
-    assert_eq!(chosen(next(&mut rr, Some(Class::Transient))).provider, "p1");
+    assert_eq!(
+        chosen(next(&mut rr, Some(ErrorClass::Transient))).provider,
+        "p1"
+    );
     // Never the first attempt.
     let first = pick(&s, &t, Request::default(), &v, &mut rr, 0, &mut Vec::new());
     assert_eq!(chosen(first).provider, "p1");

@@ -5,11 +5,11 @@
 
 use ai_router_proto::v1::FallbackTrigger;
 
-use crate::classify::Class;
+use ai_router_contract::failure::ErrorClass;
 
 /// Whether a candidate with this `when` list may take the next attempt, after the call's last
 /// failure (`None`: no attempt failed yet).
-pub fn allows(when: &[String], last_failure: Option<Class>) -> bool {
+pub fn allows(when: &[String], last_failure: Option<ErrorClass>) -> bool {
     if when.is_empty() {
         return true;
     }
@@ -29,26 +29,35 @@ mod tests {
     #[test]
     fn an_empty_list_is_unconditional() {
         assert!(allows(&[], None));
-        assert!(allows(&[], Some(Class::Auth)));
+        assert!(allows(&[], Some(ErrorClass::Auth)));
     }
 
     #[test]
     fn a_list_takes_only_its_triggers_and_never_the_first_attempt() {
         let w = when(&["timeout", "rate_limit"]);
         assert!(!allows(&w, None));
-        assert!(allows(&w, Some(Class::Timeout)));
-        assert!(allows(&w, Some(Class::RateLimit)));
-        assert!(!allows(&w, Some(Class::Transient)));
-        assert!(!allows(&w, Some(Class::Auth)));
+        assert!(allows(&w, Some(ErrorClass::Timeout)));
+        assert!(allows(&w, Some(ErrorClass::RateLimit)));
+        assert!(!allows(&w, Some(ErrorClass::Transient)));
+        assert!(!allows(&w, Some(ErrorClass::Auth)));
     }
 
     #[test]
     fn transient_network_and_stream_failures_are_provider_errors() {
         let w = when(&["provider_error"]);
-        for class in [Class::Transient, Class::Network, Class::Stream] {
+        for class in [
+            ErrorClass::Transient,
+            ErrorClass::Network,
+            ErrorClass::Stream,
+        ] {
             assert!(allows(&w, Some(class)), "{class:?}");
         }
-        for class in [Class::Timeout, Class::RateLimit, Class::Quota, Class::Auth] {
+        for class in [
+            ErrorClass::Timeout,
+            ErrorClass::RateLimit,
+            ErrorClass::Quota,
+            ErrorClass::Auth,
+        ] {
             assert!(!allows(&w, Some(class)), "{class:?}");
         }
         // The caller's own failures trigger nothing.
@@ -61,14 +70,14 @@ mod tests {
             "auth",
         ]);
         for class in [
-            Class::InvalidRequest,
-            Class::Cancelled,
-            Class::Deadline,
-            Class::Mismatch,
+            ErrorClass::InvalidRequest,
+            ErrorClass::Cancelled,
+            ErrorClass::Deadline,
+            ErrorClass::Mismatch,
         ] {
             assert!(!allows(&all, Some(class)), "{class:?}");
         }
-        assert!(allows(&all, Some(Class::Quota)));
-        assert!(allows(&all, Some(Class::Auth)));
+        assert!(allows(&all, Some(ErrorClass::Quota)));
+        assert!(allows(&all, Some(ErrorClass::Auth)));
     }
 }

@@ -30,7 +30,7 @@ use ai_router_proto::v1::ProviderKind;
 use serde_json::{json, Value};
 
 use crate::answer::errors::GatewayError;
-use crate::classify::{classify_stream_error, failure::Failure, Class};
+use crate::classify::{classify_stream_error, failure::Failure};
 use crate::plan::{Candidate, Protocol};
 use crate::protocols::anthropic::error::AdapterError;
 use crate::protocols::messages::request::Fidelity;
@@ -38,6 +38,7 @@ use crate::state::State;
 use crate::vocab::Usage;
 use crate::wire::sse::FromChatStream;
 use crate::wire::sse::{Event, Parser};
+use ai_router_contract::failure::ErrorClass;
 
 /// Whether a lane of `kind` serves a call of `protocol` in the caller's own API.
 pub fn native(protocol: Protocol, kind: ProviderKind) -> bool {
@@ -403,7 +404,7 @@ pub struct NativeStream {
 
 fn malformed() -> Failure {
     Failure::local(
-        Class::Stream,
+        ErrorClass::Stream,
         200,
         "the provider sent malformed stream data",
     )
@@ -745,7 +746,7 @@ mod tests {
             },
             0,
         );
-        assert_eq!(bad.error.map(|f| f.class), Some(Class::Stream));
+        assert_eq!(bad.error.map(|f| f.class), Some(ErrorClass::Stream));
         let end = String::from_utf8(s.error_event("cut")).unwrap();
         assert!(end.starts_with("event: error\ndata: {"), "{end}");
         assert!(end.contains("\"stream_interrupted\""));

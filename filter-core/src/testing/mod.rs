@@ -24,7 +24,6 @@ use ai_router_contract::shared as names;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 
-use crate::classify::Class;
 use crate::host::{Host, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
@@ -36,6 +35,7 @@ use crate::vm::view::View;
 use crate::vm::MemoryShared;
 use crate::vm::{read_record, records};
 use crate::vocab::{LaneId, LocalHold};
+use ai_router_contract::failure::ErrorClass;
 
 pub mod sim;
 
@@ -522,7 +522,7 @@ impl Host for FakeHost {
         &mut self,
         provider: &str,
         key: &str,
-        class: Class,
+        class: ErrorClass,
         until_ms: i64,
         fingerprint: u64,
     ) {
@@ -710,7 +710,7 @@ mod tests {
     fn holds_and_counts_behave_as_envoy_s_records() {
         let mut host = FakeHost::builder().build();
         // A blacklist holds every model of the key, also one the state does not list.
-        host.hold_blacklist("p", "a", Class::Auth, host.now + 1_000, 7);
+        host.hold_blacklist("p", "a", ErrorClass::Auth, host.now + 1_000, 7);
         let lane = LaneId::new("p", "a", "any-model");
         assert_eq!(host.lanes.holds(&lane).len(), 1);
         // A count never goes below 0: a stray release does not lend a slot to the next add.

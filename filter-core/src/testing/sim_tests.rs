@@ -6,15 +6,15 @@
 //! in-flight counts, the attempts' and the call's reports).
 
 use ai_router_proto::v1::{
-    AttemptResult, ErrorClass, Provider, ProviderKind, RequestResult, Snapshot,
+    AttemptResult, ErrorClass as ProtoClass, Provider, ProviderKind, RequestResult, Snapshot,
 };
 use serde_json::{json, Value};
 
 use super::*;
-use crate::classify::Class;
 use crate::testing::{open_key, provider_of_kind};
 use crate::vm::view::View;
 use crate::vocab::{LaneId, LocalHold};
+use ai_router_contract::failure::ErrorClass;
 
 const KEY: &str = "sk-starci-tenant-0123456789";
 
@@ -109,7 +109,7 @@ fn other(key: &str) -> &'static str {
 }
 
 /// The attempts' outcomes as reported: (result, class) in order.
-fn attempt_outcomes(sim: &CallSim) -> Vec<(AttemptResult, ErrorClass)> {
+fn attempt_outcomes(sim: &CallSim) -> Vec<(AttemptResult, ProtoClass)> {
     sim.vm
         .attempts
         .iter()
@@ -147,8 +147,8 @@ fn a_429_on_the_first_key_fails_over_to_the_second_which_the_next_call_goes_to_f
     assert_eq!(
         attempt_outcomes(&sim),
         [
-            (AttemptResult::Error, ErrorClass::RateLimit),
-            (AttemptResult::Success, ErrorClass::Unspecified)
+            (AttemptResult::Error, ProtoClass::RateLimit),
+            (AttemptResult::Success, ProtoClass::Unspecified)
         ]
     );
     assert_eq!(sim.vm.reports.len(), 1);
@@ -205,8 +205,8 @@ fn a_held_stream_failing_before_its_first_token_is_retried_and_the_caller_sees_o
     assert_eq!(
         attempt_outcomes(&sim),
         [
-            (AttemptResult::Error, ErrorClass::Network),
-            (AttemptResult::Success, ErrorClass::Unspecified)
+            (AttemptResult::Error, ProtoClass::Network),
+            (AttemptResult::Success, ProtoClass::Unspecified)
         ]
     );
     assert!(holds(&sim, "a").is_empty() && holds(&sim, "b").is_empty());
@@ -232,10 +232,10 @@ fn a_stream_failing_after_its_first_token_is_cut_and_not_retried() {
     assert_eq!(sim.replies_left(), 0);
     assert_eq!(
         attempt_outcomes(&sim),
-        [(AttemptResult::Error, ErrorClass::Stream)]
+        [(AttemptResult::Error, ProtoClass::Stream)]
     );
     assert_eq!(sim.vm.reports[0].outcome(), RequestResult::Error);
-    assert_eq!(sim.vm.reports[0].error_class(), ErrorClass::Stream);
+    assert_eq!(sim.vm.reports[0].error_class(), ProtoClass::Stream);
 }
 
 /// OpenAI's answer to a refused secret.
@@ -269,7 +269,7 @@ fn a_401_blacklists_the_key_and_the_call_moves_to_the_next() {
             matches!(
                 held.as_slice(),
                 [LocalHold::Blacklist {
-                    class: Class::Auth,
+                    class: ErrorClass::Auth,
                     ..
                 }]
             ),
@@ -306,7 +306,7 @@ fn a_tenants_words_echoed_back_in_a_400_do_not_take_the_shared_key_out() {
     assert_eq!(got.sent.len(), 1);
     assert_eq!(
         attempt_outcomes(&sim),
-        [(AttemptResult::Error, ErrorClass::InvalidRequest)]
+        [(AttemptResult::Error, ProtoClass::InvalidRequest)]
     );
     assert!(p2_holds(&sim).is_empty(), "{:?}", p2_holds(&sim));
 
@@ -318,7 +318,7 @@ fn a_tenants_words_echoed_back_in_a_400_do_not_take_the_shared_key_out() {
         matches!(
             p2_holds(&sim).as_slice(),
             [LocalHold::Blacklist {
-                class: Class::Quota,
+                class: ErrorClass::Quota,
                 ..
             }]
         ),

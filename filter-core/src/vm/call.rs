@@ -2,14 +2,14 @@
 //! how its last attempt failed, the lane that answered (and whether its answer broke off), the embeddings identity it keeps, and
 //! the backoff before its next attempt.
 
-use crate::classify::Class;
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Call {
     pub tried: Vec<LaneId>,
     pub attempts: u32,
-    pub last_failure: Option<(Class, Option<i64>)>,
+    pub last_failure: Option<(ErrorClass, Option<i64>)>,
     pub answered: Option<LaneId>,
     /// The answering attempt's usage as the provider reported it (a stream's even when the
     /// client did not ask for its usage chunk): what the response cache stores with it.
@@ -22,7 +22,7 @@ pub struct Call {
     /// The next attempt waits until then.
     pub backoff_until_ms: i64,
     /// The answer had started (the client got its first token) when it failed, so: the class.
-    pub broken_after_first_token: Option<Class>,
+    pub broken_after_first_token: Option<ErrorClass>,
     /// After a context-length failure: the failed lane's capacity; only larger lanes remain.
     pub larger_than: Option<Option<u64>>,
     /// What was ruled out and tried, for the client.

@@ -7,8 +7,8 @@
 //!
 //! Both are small binary encodings, read-modify-written by the workers with compare-and-swap.
 
-use crate::classify::Class;
 use crate::vocab::LocalHold;
+use ai_router_contract::failure::ErrorClass;
 
 /// A hold on one lane (`model` set: a cooldown) or one key (`model` empty: a blacklist).
 #[derive(Debug, Clone, PartialEq)]
@@ -102,7 +102,7 @@ impl ProviderHolds {
                     let until_ms = r.i64()?;
                     let set_at_ms = r.i64()?;
                     let fingerprint = r.u64()?;
-                    let class = Class::parse(&r.str()?)?;
+                    let class = ErrorClass::parse(&r.str()?)?;
                     LocalHold::Blacklist {
                         class,
                         until_ms,
@@ -584,7 +584,7 @@ mod tests {
             "a",
             "",
             LocalHold::Blacklist {
-                class: Class::Quota,
+                class: ErrorClass::Quota,
                 until_ms: 0,
                 fingerprint: 9,
                 set_at_ms: 2,

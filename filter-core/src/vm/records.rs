@@ -5,10 +5,10 @@ use ai_router_contract::shared as names;
 use ai_router_proto::v1::MinuteCallsRequest;
 
 use super::{cas_update, Change, SharedData, SharedError};
-use crate::classify::Class;
 use crate::vm::local::{Allowance, InFlight, ProviderHolds, Send, Sends};
 use crate::vm::minute_lease::{Ask, MinuteLease};
 use crate::vocab::{LaneId, LocalHold};
+use ai_router_contract::failure::ErrorClass;
 
 /// Changes a record that starts again from its default when absent or undecodable.
 fn update<T: Default>(
@@ -112,7 +112,7 @@ pub fn hold_blacklist(
     shared: &mut impl SharedData,
     provider: &str,
     key: &str,
-    (class, until_ms, fingerprint): (Class, i64, u64),
+    (class, until_ms, fingerprint): (ErrorClass, i64, u64),
     now_ms: i64,
 ) {
     let blacklist = LocalHold::Blacklist {

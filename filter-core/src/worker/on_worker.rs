@@ -9,7 +9,6 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
 use super::view::WorkerView;
 use super::{VmCalls, Worker};
-use crate::classify::Class;
 use crate::host::{CallbackClock, Host, Listed, Refused, Side};
 use crate::state::State;
 use crate::vm::call::Call;
@@ -18,6 +17,7 @@ use crate::vm::round_robin::RoundRobin;
 use crate::vm::view::View;
 use crate::vm::{read_bytes, read_versioned, records};
 use crate::vocab::LaneId;
+use ai_router_contract::failure::ErrorClass;
 
 /// The host calls a stage makes on its stream, each one call into Envoy; a failed call is
 /// logged by the implementation and answered as absent.
@@ -249,7 +249,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         &mut self,
         provider: &str,
         key: &str,
-        class: Class,
+        class: ErrorClass,
         until_ms: i64,
         fingerprint: u64,
     ) {

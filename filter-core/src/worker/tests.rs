@@ -346,7 +346,13 @@ fn a_callback_reads_the_clock_once_for_all_it_times() {
     host.report_attempt(AttemptOutcome::default());
     host.report_request(RequestOutcome::default());
     host.hold_cooldown(&lane, ms + 1_000);
-    host.hold_blacklist("p", "a", crate::classify::Class::Auth, ms + 1_000, 0);
+    host.hold_blacklist(
+        "p",
+        "a",
+        ai_router_contract::failure::ErrorClass::Auth,
+        ms + 1_000,
+        0,
+    );
     assert_eq!((ms, us), (1_700_000_000_123, 1_700_000_000_123_000));
     assert_eq!(*vm.clock_reads.borrow(), 1, "one reading for the callback");
     // The next callback reads it again, and sees it moved.

@@ -7,8 +7,9 @@ use serde_json::{json, Value};
 use super::response::{finish_reason, str_field, TokenCounts};
 use ai_router_contract::kinds::DailyReset;
 
-use crate::classify::{classify_stream_error, failure::Failure, Class};
+use crate::classify::{classify_stream_error, failure::Failure};
 use crate::wire::sse::Event;
+use ai_router_contract::failure::ErrorClass;
 
 /// Translates the Anthropic SSE stream into OpenAI chunk SSE bytes, incrementally.
 #[derive(Debug, Clone)]
@@ -80,7 +81,7 @@ impl StreamTranslator {
                 Err(self.failure(&wrapped, now_ms))
             }
             Err(_) => Err(Failure::local(
-                Class::Stream,
+                ErrorClass::Stream,
                 200,
                 "the provider sent malformed stream data",
             )),

@@ -5,8 +5,8 @@ use super::stream::StreamTranslator;
 use serde_json::{json, Value};
 
 use super::request::OPENING_USER_TURN;
-use crate::classify::Class;
 use crate::wire::sse::Parser;
+use ai_router_contract::failure::ErrorClass;
 
 fn req(body: Value) -> Value {
     to_messages_request(&body, "claude-sonnet-5-5", 4096).unwrap()
@@ -670,7 +670,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
     }
     assert!(produced > 0);
     let failure = failure.unwrap();
-    assert_eq!(failure.class, Class::Transient);
+    assert_eq!(failure.class, ErrorClass::Transient);
     assert_eq!(failure.provider_code.as_deref(), Some("overloaded_error"));
     assert_eq!(failure.message, "Overloaded");
     assert!(!t.finished());
@@ -683,7 +683,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
             .feed(&rate[0], 0)
             .unwrap_err()
             .class,
-        Class::RateLimit
+        ErrorClass::RateLimit
     );
     let garbage = Parser::new().feed(b"event: content_block_delta\ndata: {oops\n\n");
     assert_eq!(
@@ -691,7 +691,7 @@ fn error_event_mid_stream_is_a_classified_failure() {
             .feed(&garbage[0], 0)
             .unwrap_err()
             .class,
-        Class::Stream
+        ErrorClass::Stream
     );
 }
 

@@ -254,7 +254,7 @@ mod tests {
         let failed = judge("gemini", None, &error, &mut u, 0).error;
         assert_eq!(
             failed.map(|f| f.class),
-            Some(crate::classify::Class::RateLimit)
+            Some(ai_router_contract::failure::ErrorClass::RateLimit)
         );
     }
 }

@@ -10,6 +10,7 @@
 #                                             ai-router and its sync probes (the test suite runs this)
 #   scripts/bench.sh --systems envoy,ai-router --scale targets --out DIR
 #   AGENTGATEWAY_BIN=/path/to/agentgateway scripts/bench.sh --systems direct,envoy-internal,ai-router,agentgateway
+#   scripts/bench.sh --systems envoy-internal,wasm-noop,wasm-floor,ai-router   the platform's floor
 #
 # agentgateway is never built nor installed here: AGENTGATEWAY_BIN names a binary built by hand
 # (docs/benchmarks.md says how); without it the system is skipped with a message. With it, a
@@ -17,7 +18,7 @@
 #
 # Options: --smoke, --systems LIST, --out DIR, and any other ai-router-bench option
 # (--scale full|targets|keys|none, --duration S, --warmup S, --rate R, --headers static|constant|changing,
-# --upstream-workers N, --streak N, --many-virtual-keys N, --many-provider-keys N; see
+# --upstream-workers N, --floor-writes N, --streak N, --many-virtual-keys N, --many-provider-keys N; see
 # `ai-router-bench --help`).
 #
 # The full run uses release builds of the control plane and of the load generator. The smoke
@@ -110,6 +111,14 @@ else
     log "cargo build --release -p ai-router-e2e --bin ai-router-bench"
     cargo build --release -p ai-router-e2e --bin ai-router-bench >&2
     AI_ROUTER_BENCH_BIN="$TARGET_DIR/release/ai-router-bench"
+fi
+
+# The floor of a proxy-wasm filter in both passes (bench/wasm-floor; docs/benchmarks.md,
+# "The platform's floor"): built only when a floor system is asked for.
+if wants wasm-noop || wants wasm-floor; then
+    log "cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor"
+    cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor >&2
+    export AI_ROUTER_WASM_FLOOR="$TARGET_DIR/wasm32-wasip1/release/ai_router_wasm_floor.wasm"
 fi
 
 PEER_ARGS=()

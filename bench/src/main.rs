@@ -46,6 +46,10 @@ const ALL_SYSTEMS: [&str; 7] = [
     "agentgateway",
 ];
 const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
+/// Systems run only when named: the floor of a proxy-wasm filter in both passes
+/// (bench/wasm-floor), with no host call (`wasm-noop`) and doing the least ai-router's stages
+/// do with a call's bytes (`wasm-floor`).
+const FLOOR_SYSTEMS: [&str; 2] = ["wasm-noop", "wasm-floor"];
 /// Envoy workers of every Envoy under test (the harness runs ai-router's with 2).
 pub(crate) const ENVOY_WORKERS: u32 = 2;
 /// Virtual keys of the systems comparison and of the small scale rows.
@@ -93,6 +97,10 @@ pub(crate) struct Args {
     /// Workers of the fake upstream's Envoy.
     #[arg(long, default_value_t = 1)]
     pub(crate) upstream_workers: u32,
+    /// Request headers each pass of `wasm-floor` writes (one host call each): what a header
+    /// write costs, against a run with the default 1.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) floor_writes: usize,
     /// The `litellm` executable (in its own virtualenv).
     #[arg(long)]
     pub(crate) litellm: Option<PathBuf>,
@@ -235,8 +243,12 @@ fn systems_of(args: &Args) -> Result<Vec<String>> {
             .collect(),
     };
     for s in &systems {
-        if !ALL_SYSTEMS.contains(&s.as_str()) {
-            bail!("unknown system {s:?} (one of {})", ALL_SYSTEMS.join(", "));
+        if !ALL_SYSTEMS.contains(&s.as_str()) && !FLOOR_SYSTEMS.contains(&s.as_str()) {
+            bail!(
+                "unknown system {s:?} (one of {}, {})",
+                ALL_SYSTEMS.join(", "),
+                FLOOR_SYSTEMS.join(", ")
+            );
         }
     }
     Ok(systems)

@@ -14,7 +14,9 @@ use crate::procs::ProcSet;
 use crate::report::{ScaleResult, SystemResult};
 use crate::run::{check, run_phase, warm_up, Plan, ALL_PHASES};
 use crate::scale::{bundle, probes};
-use crate::upstream::{internal_hop_envoy_yaml, plain_envoy_yaml, BenchEnvoy, Headers};
+use crate::upstream::{
+    internal_hop_envoy_yaml, plain_envoy_yaml, wasm_floor_envoy_yaml, BenchEnvoy, Headers,
+};
 use crate::{log, Args, ENVOY_WORKERS, FEW_PROVIDER_KEYS, FEW_VIRTUAL_KEYS};
 
 /// What every system of a run shares.
@@ -43,7 +45,7 @@ pub async fn run_system(
             let what = "the fake upstream itself (Envoy direct_response): the floor";
             measure_system(name, what, &target, &ProcSet::new(), bench, t0).await
         }
-        "envoy" | "envoy-internal" => run_envoy(name, bench, t0).await,
+        "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" => run_envoy(name, bench, t0).await,
         "ai-router" => return run_ai_router(name, bench, bundles, t0).await,
         "litellm" => run_litellm(name, bench, t0).await,
         "portkey" => run_portkey(name, bench, t0).await,
@@ -77,16 +79,23 @@ fn direct_target(upstream_port: u16, headers: Headers) -> Result<Target> {
 /// without its filter).
 async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemResult> {
     let upstream = bench.upstream.port;
-    let (bootstrap, what) = if name == "envoy" {
-        (
+    let (bootstrap, what) = match name {
+        "envoy" => (
             plain_envoy_yaml(upstream),
             "plain Envoy 1.40: one listener, one route, one static cluster (the cost of one hop)",
-        )
-    } else {
-        (
+        ),
+        "wasm-noop" => (
+            wasm_floor_envoy_yaml(upstream, &wasm_floor_path()?, false, 0),
+            "envoy-internal with a proxy-wasm filter on both passes that makes no host call: the cost of V8's callbacks alone",
+        ),
+        "wasm-floor" => (
+            wasm_floor_envoy_yaml(upstream, &wasm_floor_path()?, true, bench.args.floor_writes),
+            "envoy-internal with a proxy-wasm filter on both passes doing the least ai-router's stages do with a call's bytes (hold and read the body, list the headers, write one; the attempt pass holds and reads a unary answer)",
+        ),
+        _ => (
             internal_hop_envoy_yaml(upstream),
             "Envoy 1.40, two passes and no filter: a listener routing to an internal listener whose router proxies to the upstream (ai-router's shape without its filter)",
-        )
+        ),
     };
     let envoy =
         BenchEnvoy::start(bench.dir, &envoy_bin()?, name, &bootstrap, ENVOY_WORKERS).await?;
@@ -100,6 +109,25 @@ async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemR
     let mut procs = ProcSet::new();
     procs.add("envoy", envoy.process.pid());
     measure_system(name, what, &target, &procs, bench, t0).await
+}
+
+/// The floor filter's wasm (bench/wasm-floor): `AI_ROUTER_WASM_FLOOR`, else the release build
+/// in the workspace's target (scripts/bench.sh builds it when a floor system is asked for).
+fn wasm_floor_path() -> Result<std::path::PathBuf> {
+    let path = std::env::var_os("AI_ROUTER_WASM_FLOOR").map_or_else(
+        || {
+            ai_router_e2e::workspace_root()
+                .join("target/wasm32-wasip1/release/ai_router_wasm_floor.wasm")
+        },
+        std::path::PathBuf::from,
+    );
+    if !path.is_file() {
+        bail!(
+            "no floor filter at {} (cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor)",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// ai-router with the systems comparison's pool; a smoke run also probes its sync.

@@ -269,9 +269,54 @@ pub fn plain_envoy_yaml(upstream_port: u16) -> String {
 /// [`plain_envoy_yaml`] it is the cost of the second pass alone (what a design with one pass
 /// fewer would save before any filter work).
 pub fn internal_hop_envoy_yaml(upstream_port: u16) -> String {
-    let tail = String::from(
+    two_passes(upstream_port, "", "")
+}
+
+/// [`internal_hop_envoy_yaml`] with the floor filter (bench/wasm-floor at `wasm`) on both
+/// passes, in one VM as ai-router's stages share one: doing nothing (`acting` false, mode
+/// `noop`) or the least ai-router's stages do with a call's bytes (modes `front` and
+/// `attempt`, each writing `writes` request headers).
+pub fn wasm_floor_envoy_yaml(
+    upstream_port: u16,
+    wasm: &std::path::Path,
+    acting: bool,
+    writes: usize,
+) -> String {
+    let filter = |mode: &str| {
+        let mode = if acting {
+            format!("{mode} {writes}")
+        } else {
+            "noop".into()
+        };
+        format!(
+            r#"                  - name: envoy.filters.http.wasm
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+                      config:
+                        allow_on_headers_stop_iteration: true
+                        name: floor_{name}
+                        root_id: floor
+                        configuration:
+                          "@type": type.googleapis.com/google.protobuf.StringValue
+                          value: "{mode}"
+                        vm_config:
+                          vm_id: floor
+                          runtime: envoy.wasm.runtime.v8
+                          code: {{ local: {{ filename: "{}" }} }}
+"#,
+            wasm.display(),
+            name = mode.split(' ').next().unwrap_or("noop"),
+        )
+    };
+    two_passes(upstream_port, &filter("front"), &filter("attempt"))
+}
+
+/// The two-pass bootstrap, with the HTTP filters `front` (public listener) and `attempt`
+/// (internal listener) before each router.
+fn two_passes(upstream_port: u16, front: &str, attempt: &str) -> String {
+    let tail = format!(
         r#"    - name: second_pass
-      internal_listener: {}
+      internal_listener: {{}}
       filter_chains:
         - filters:
             - name: envoy.filters.network.http_connection_manager
@@ -283,10 +328,10 @@ pub fn internal_hop_envoy_yaml(upstream_port: u16) -> String {
                     - name: second_pass
                       domains: ["*"]
                       routes:
-                        - match: { prefix: / }
-                          route: { cluster: upstream, timeout: 30s }
+                        - match: {{ prefix: / }}
+                          route: {{ cluster: upstream, timeout: 30s }}
                 http_filters:
-                  - name: envoy.filters.http.router
+{attempt}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
@@ -294,27 +339,30 @@ pub fn internal_hop_envoy_yaml(upstream_port: u16) -> String {
       connect_timeout: 1s
       circuit_breakers:
         thresholds:
-          - { max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }
+          - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
       load_assignment:
         cluster_name: second_pass
         endpoints:
           - lb_endpoints:
               - endpoint:
                   address:
-                    envoy_internal_address: { server_listener_name: second_pass }
+                    envoy_internal_address: {{ server_listener_name: second_pass }}
 "#,
     ) + &upstream_cluster(upstream_port);
-    one_listener(
-        "internal_hop",
+    let head = String::from(
         "# The benchmark's two-pass Envoy: a listener, an internal listener, one static cluster.\n\
          bootstrap_extensions:\n\
          \x20 - name: envoy.bootstrap.internal_listener\n\
          \x20   typed_config:\n\
          \x20     \"@type\": type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener\n",
+    );
+    one_listener(
+        "internal_hop",
+        &head,
         "",
         "                        - match: { prefix: / }\n\
          \x20                         route: { cluster: second_pass, timeout: 30s }\n",
-        "",
+        front,
         &tail,
     )
 }

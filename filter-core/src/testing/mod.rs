@@ -175,6 +175,9 @@ pub struct FakeHost {
     /// once per callback ([`crate::host::CallbackClock`]): a read counts as a host call when
     /// the callback had not read it yet ([`FakeHost::next_callback`]) or the test moved it.
     pub clock_read: std::cell::Cell<Option<i64>>,
+    /// Whether this callback read the state: Envoy's host reads the sync record once per
+    /// callback (`worker::on_worker::OnWorker`), so only the first read counts.
+    pub state_read: std::cell::Cell<bool>,
     /// The sides this callback listed: Envoy's host answers their later reads from the
     /// listing (`host::Listed`), so they count no host call (values are read live here).
     pub listed: std::cell::Cell<[bool; 2]>,
@@ -286,7 +289,15 @@ impl FakeHost {
     /// A new callback begins: its first reading of the clock is a host call again.
     pub fn next_callback(&mut self) {
         self.clock_read.set(None);
+        self.state_read.set(false);
         self.listed.set([false; 2]);
+    }
+
+    /// The state read, tallied once per callback (see `state_read`).
+    fn read_state(&self) {
+        if !self.state_read.replace(true) {
+            self.tally("state");
+        }
     }
 
     fn listed_side(&self, side: Side) -> bool {
@@ -386,7 +397,7 @@ impl Host for FakeHost {
         self.clock_us()
     }
     fn state(&self) -> Option<Rc<State>> {
-        self.tally("state");
+        self.read_state();
         self.state.clone()
     }
     fn virtual_key(&self, sha256_hex: &str) -> Option<ai_router_proto::v1::VirtualKey> {
@@ -394,7 +405,7 @@ impl Host for FakeHost {
         self.state.as_ref()?.virtual_key(sha256_hex).cloned()
     }
     fn state_sequence(&self) -> u64 {
-        self.tally("state_sequence");
+        self.read_state();
         self.state.as_ref().map_or(0, |s| s.version)
     }
     fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {

@@ -2,6 +2,7 @@
 //! ([`HostCalls`]): the glue implements only the calls, one host call each; what the stages
 //! keep and share in the VM is the worker's.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use ai_router_contract::shared as names;
@@ -63,6 +64,9 @@ pub struct OnWorker<'a, C, T = ()> {
     /// Each side's map as this callback listed it, kept up to date with the callback's own
     /// writes: the later reads of the callback are answered from it ([`Listed`]).
     listed: Listed,
+    /// The state as this callback first read it: one read of the sync record per callback,
+    /// and one state for all of the callback's decisions.
+    state: RefCell<Option<Option<Rc<State>>>>,
 }
 
 impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
@@ -73,6 +77,7 @@ impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
             worker,
             clock: CallbackClock::default(),
             listed: Listed::default(),
+            state: RefCell::new(None),
         }
     }
 
@@ -135,7 +140,12 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
             .us(|| C::time("host.now_us", || self.calls.now_us()))
     }
     fn state(&self) -> Option<Rc<State>> {
-        C::time("host.state", || self.worker.state(&self.calls))
+        if let Some(read) = self.state.borrow().as_ref() {
+            return read.clone();
+        }
+        let read = C::time("host.state", || self.worker.state(&self.calls));
+        *self.state.borrow_mut() = Some(read.clone());
+        read
     }
     fn virtual_key(&self, sha256_hex: &str) -> Option<VirtualKey> {
         C::time("host.virtual_key", || {
@@ -143,10 +153,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn state_sequence(&self) -> u64 {
-        C::time("host.state_sequence", || {
-            self.worker.state(&self.calls);
-            self.worker.state_sequence()
-        })
+        self.state();
+        self.worker.state_sequence()
     }
     fn admit_minute_request(&mut self, key_id: &str, limit: u64, now_ms: i64) -> Option<bool> {
         C::time("host.admit_minute_request", || {

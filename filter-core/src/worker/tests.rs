@@ -31,10 +31,13 @@ struct FakeVm {
     /// The request's headers, and the header calls made on them.
     request: Rc<RefCell<crate::host::HeaderMap>>,
     header_calls: Rc<RefCell<u32>>,
+    /// Reads of shared data (one host call each in Envoy).
+    shared_reads: Rc<RefCell<u32>>,
 }
 
 impl SharedData for FakeVm {
     fn get(&self, name: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedError> {
+        *self.shared_reads.borrow_mut() += 1;
         self.shared.borrow().get(name)
     }
     fn set(&mut self, name: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedError> {
@@ -169,6 +172,24 @@ fn the_pool_is_decoded_once_per_version_and_a_bad_one_keeps_the_last() {
     assert!(Rc::ptr_eq(&first, &w.state(&vm).expect("kept")));
     vm.publish(3, 4, &pool());
     assert_eq!(w.state(&vm).map(|s| s.version), Some(3));
+}
+
+#[test]
+fn a_callback_reads_the_state_once_and_decides_on_that_one() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    vm.publish(1, 1, &pool());
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    let first = host.state().expect("published");
+    let reads = *vm.shared_reads.borrow();
+    // A new pool published while the callback runs: the callback keeps the state it read.
+    vm.publish(2, 2, &pool());
+    assert!(Rc::ptr_eq(&first, &host.state().expect("the same")));
+    assert_eq!(host.state_sequence(), 1);
+    assert_eq!(*vm.shared_reads.borrow(), reads, "no read after the first");
+    // The next callback reads it again, and sees the new pool.
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    assert_eq!(host.state().map(|s| s.version), Some(2));
+    assert_eq!(host.state_sequence(), 2);
 }
 
 #[test]

@@ -101,6 +101,8 @@ pub struct Sample {
     pub outcome: Outcome,
     pub latency_us: u64,
     pub first_byte_us: u64,
+    /// The gateway's own figure for this call (`x-ai-router-overhead-ms`), when it sent one.
+    pub overhead_us: Option<u64>,
 }
 
 /// Sends one request and reads the whole answer.
@@ -111,11 +113,13 @@ pub async fn one(client: &HttpClient, target: &Target, stream: bool, due: Instan
             outcome: Outcome::Error(short_error(&e)),
             latency_us: micros(due.elapsed()),
             first_byte_us: 0,
+            overhead_us: None,
         },
         Err(_) => Sample {
             outcome: Outcome::Error("timeout".into()),
             latency_us: micros(due.elapsed()),
             first_byte_us: 0,
+            overhead_us: None,
         },
     }
 }
@@ -144,6 +148,11 @@ async fn exchange(
         .context("building the request")?;
     let resp = client.request(req).await.context("sending")?;
     let status = resp.status().as_u16();
+    let overhead_us = resp
+        .headers()
+        .get(ai_router_contract::headers::OVERHEAD_MS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(overhead_us_of);
     let mut body = resp.into_body();
     let mut first_byte_us = 0;
     let mut bytes = Vec::with_capacity(1024);
@@ -166,7 +175,14 @@ async fn exchange(
         outcome,
         latency_us,
         first_byte_us,
+        overhead_us,
     })
+}
+
+/// `x-ai-router-overhead-ms` (milliseconds with three decimals) in µs.
+fn overhead_us_of(ms: &str) -> Option<u64> {
+    let ms: f64 = ms.trim().parse().ok()?;
+    (ms.is_finite() && ms >= 0.0).then(|| (ms * 1000.0).round() as u64)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -239,6 +255,10 @@ pub struct LoadResult {
     /// Streams only: time to the first body byte.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_byte_ms: Option<Percentiles>,
+    /// ai-router only: its own overhead as each successful answer stated it
+    /// (`x-ai-router-overhead-ms`; a stream's is to its first byte).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overhead_ms: Option<Percentiles>,
 }
 
 impl LoadResult {
@@ -250,12 +270,14 @@ impl LoadResult {
         };
         let mut lat = Vec::with_capacity(samples.len());
         let mut first = Vec::with_capacity(samples.len());
+        let mut overhead = Vec::new();
         for s in samples {
             let kind = match s.outcome {
                 Outcome::Ok => {
                     r.ok += 1;
                     lat.push(s.latency_us);
                     first.push(s.first_byte_us);
+                    overhead.extend(s.overhead_us);
                     continue;
                 }
                 Outcome::Invalid(why) => {
@@ -281,6 +303,9 @@ impl LoadResult {
         r.latency_ms = Percentiles::of(&mut lat);
         if stream {
             r.first_byte_ms = Some(Percentiles::of(&mut first));
+        }
+        if !overhead.is_empty() {
+            r.overhead_ms = Some(Percentiles::of(&mut overhead));
         }
         r
     }
@@ -363,6 +388,7 @@ pub async fn open_loop(
                         outcome: Outcome::Error("timeout".into()),
                         latency_us: micros(DRAIN_TIMEOUT),
                         first_byte_us: 0,
+                        overhead_us: None,
                     });
                 }
                 break;
@@ -370,4 +396,18 @@ pub async fn open_loop(
         }
     }
     Ok(LoadResult::from_samples(samples, start.elapsed(), false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overhead_header_is_read_in_microseconds_and_nonsense_is_none() {
+        assert_eq!(overhead_us_of("0.412"), Some(412));
+        assert_eq!(overhead_us_of(" 12.000 "), Some(12_000));
+        assert_eq!(overhead_us_of("-1"), None);
+        assert_eq!(overhead_us_of("NaN"), None);
+        assert_eq!(overhead_us_of("soon"), None);
+    }
 }

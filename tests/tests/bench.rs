@@ -159,6 +159,17 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
         if (name == "envoy" || name == "ai-router") && s["addedLatencyC1"].is_null() {
             problems.push(format!("{name}: no added latency"));
         }
+        // ai-router states its own overhead on every answer the load generator asked it for.
+        if name == "ai-router" {
+            for phase in PHASES {
+                let over = s.pointer(&format!("/phases/{phase}/overheadMs/p50"));
+                if !over.and_then(Value::as_f64).is_some_and(|ms| ms > 0.0) {
+                    problems.push(format!("ai-router {phase}: no overhead figure ({over:?})"));
+                }
+            }
+        } else if s.to_string().contains("overheadMs") {
+            problems.push(format!("{name}: an overhead figure, though it states none"));
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 

@@ -91,10 +91,18 @@ impl Instance {
 
     pub fn target(&self) -> Result<Target> {
         let url = format!("{}/v1/chat/completions", self.envoy.base_url());
-        let headers = vec![(
-            "authorization".to_string(),
-            format!("Bearer {}", self.load_key),
-        )];
+        // Each answer states the gateway's own overhead (`x-ai-router-overhead-ms`): the
+        // report puts it beside the added latency the load generator measures.
+        let headers = vec![
+            (
+                "authorization".to_string(),
+                format!("Bearer {}", self.load_key),
+            ),
+            (
+                ai_router_contract::headers::OVERHEAD.to_string(),
+                "1".to_string(),
+            ),
+        ];
         let mut stream_headers = headers.clone();
         stream_headers.push(("accept".to_string(), "text/event-stream".to_string()));
         Ok(Target {

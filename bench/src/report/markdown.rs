@@ -11,6 +11,7 @@ pub fn markdown(r: &Report) -> String {
     facts(&mut o, r);
     headline(&mut o, r);
     systems(&mut o, r);
+    overhead(&mut o, r);
     ratios(&mut o, r);
     scale(&mut o, r);
     provisioning(&mut o, r);
@@ -97,6 +98,58 @@ fn systems(o: &mut String, r: &Report) {
             f(cpu16(s), 3),
             f(rss(s), 0),
             s.failed_requests()
+        );
+    }
+    o.push('\n');
+}
+
+/// ai-router's overhead as its answers state it (`x-ai-router-overhead-ms`), beside the latency
+/// it adds over the direct run in the same phase (docs/benchmarks.md says what each includes).
+fn overhead(o: &mut String, r: &Report) {
+    let Some(ai) = r
+        .systems
+        .iter()
+        .find(|s| s.name == "ai-router" && s.error.is_none())
+    else {
+        return;
+    };
+    let direct = r
+        .systems
+        .iter()
+        .find(|s| s.name == "direct" && s.error.is_none());
+    let _ = writeln!(
+        o,
+        "## ai-router's own overhead beside its added latency
+"
+    );
+    let _ = writeln!(o, "Overhead: `x-ai-router-overhead-ms` of each successful answer (the front stage's time less the providers' time; a stream's to its first byte). Added: the phase's p50 (a stream's TTFB p50) less the direct run's in the same phase. ms.\n");
+    let _ = writeln!(
+        o,
+        "| phase | overhead p50 | overhead p99 | added p50 | added − overhead p50 |"
+    );
+    let _ = writeln!(o, "|---|---:|---:|---:|---:|");
+    for phase in ["c1", "c16", "c64", "open", "stream-c1"] {
+        let Some(load) = ai.phase(phase).map(|p| &p.load) else {
+            continue;
+        };
+        let Some(over) = &load.overhead_ms else {
+            continue;
+        };
+        let at = |s: &super::SystemResult| {
+            let load = &s.phase(phase)?.load;
+            match &load.first_byte_ms {
+                Some(first) => Some(first.p50),
+                None => Some(load.latency_ms.p50),
+            }
+        };
+        let added = direct.and_then(|d| Some(at(ai)? - at(d)?));
+        let _ = writeln!(
+            o,
+            "| {phase} | {} | {} | {} | {} |",
+            f(Some(over.p50), 3),
+            f(Some(over.p99), 3),
+            f(added, 3),
+            f(added.map(|a| a - over.p50), 3)
         );
     }
     o.push('\n');

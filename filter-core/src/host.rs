@@ -1,7 +1,7 @@
 //! What a stage needs from Envoy, as a trait: the stream's headers and bodies, a local answer,
 //! the clock, the pushed state and this VM's shared bookkeeping. Inside Envoy it is
 //! [`crate::worker::on_worker::OnWorker`]: the VM's worker and the glue's host calls; the
-//! tests here implement it with a fake ([`crate::testing::FakeHost`], feature `testing`) and
+//! tests here implement it with a fake (`crate::testing::FakeHost`, feature `testing`) and
 //! drive the stages through whole calls on the host.
 
 use std::cell::{Cell, RefCell};

@@ -394,7 +394,7 @@ impl State {
         self.snapshot.resilience.unwrap_or_default()
     }
 
-    /// The pushed resilience settings as the control plane resolved them ([`settle_unsent`]);
+    /// The pushed resilience settings as the control plane resolved them (`settle_unsent`);
     /// with no state yet, the contract's defaults.
     pub fn resilience_or_defaults(state: Option<&State>) -> Resilience {
         let mut r = state.map_or_else(
@@ -422,7 +422,7 @@ impl State {
         )
     }
 
-    /// The pushed selection settings, as given ([`settle_unsent`]).
+    /// The pushed selection settings, as given (`settle_unsent`).
     pub fn selection(&self) -> Selection {
         self.snapshot.selection.clone().unwrap_or_default()
     }
@@ -460,7 +460,7 @@ impl State {
         self.snapshot.defaults.clone().unwrap_or_default()
     }
 
-    /// `gateway.maxBodyBytes`, as given ([`settle_unsent`]).
+    /// `gateway.maxBodyBytes`, as given (`settle_unsent`).
     pub fn max_body_bytes(&self) -> u64 {
         self.snapshot
             .limits

@@ -1,7 +1,7 @@
 //! The front stage: once per client request on the public listener. It routes by path,
 //! authenticates the virtual key, checks and resolves the body into the call plan it hands to
 //! the attempt stage, and on the way back turns the attempt stage's signals into the client's
-//! answer. A state machine over [`Host`]: the filter forwards Envoy's callbacks to it.
+//! answer. A state machine over [`Host`](crate::host::Host): the filter forwards Envoy's callbacks to it.
 
 mod answer;
 mod auth;

@@ -1,10 +1,10 @@
 //! The pick: which lane (provider, key, model) the next attempt of a call takes. Read top-down:
 //! 1. [`pick`] walks the plan's candidates tier by tier ([`Candidate`]s whose `when` allows
-//!    them after the call's last failure), and each candidate's keys in [`Lanes::keys`] order;
-//! 2. [`Call::judge`] rules each lane out with an [`OutReason`] (noted in `skipped`) or keeps
-//!    it as [`Usable`], with its [`Rank`];
-//! 3. [`choose`]: the session's pinned lane, else the strategy (`headroom`, `score`), else the
-//!    best rank, the lanes within the latency tolerance, and [`choose_tiers`].
+//!    them after the call's last failure), and each candidate's keys in `Lanes::keys` order;
+//! 2. `Call::judge` rules each lane out with an [`OutReason`] (noted in `skipped`) or keeps
+//!    it as `Usable`, with its [`Rank`];
+//! 3. `choose`: the session's pinned lane, else the strategy (`headroom`, `score`), else the
+//!    best rank, the lanes within the latency tolerance, and `choose_tiers`.
 //!
 //! When no lane is usable, the pick names the lane that returns soonest ([`Pick::Unavailable`]).
 
@@ -383,7 +383,7 @@ fn half_open(health: &LaneHealth, provider: &Provider, key: &str, now_ms: i64) -
 
 /// The choice among the usable lanes: the session's pinned lane while untried, else the
 /// strategy's among every usable lane, else (`tiers`) the best rank, the lanes within the
-/// latency tolerance of the best measured one, and [`choose_tiers`].
+/// latency tolerance of the best measured one, and `choose_tiers`.
 fn choose(
     call: &Call<'_>,
     rr: &mut RoundRobin,

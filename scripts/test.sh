@@ -69,6 +69,8 @@ if [ "$(cat "$TARGET_DIR/.wasm-toolchain" 2>/dev/null)" = "rustup" ]; then
     step "cargo clippy (filter, wasm32-wasip1)" \
         cargo clippy -p ai-router-filter --target wasm32-wasip1 --locked -- -D warnings
 fi
+# Every intra-doc link resolves and no doc comment is read as HTML.
+step "cargo doc (no warnings)" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 step "build the wasm filter (scripts/build-wasm.sh)" ./scripts/build-wasm.sh
 step "cargo build --workspace --bins" cargo build --workspace --bins --locked
 

@@ -71,7 +71,7 @@ pub(crate) struct Args {
     /// portkey, agentgateway.
     #[arg(long, value_delimiter = ',')]
     pub(crate) systems: Option<Vec<String>>,
-    /// Where to write results.json, results.md (default target/bench/<unix time>).
+    /// Where to write results.json, results.md (default `target/bench/<unix time>`).
     #[arg(long)]
     pub(crate) out: Option<PathBuf>,
     /// The scale table: full (every row), targets (the rows the targets need), keys (the small

@@ -37,7 +37,7 @@ pub struct RenderOptions {
     /// Path of `ai_router_filter.wasm` as Envoy sees it.
     pub wasm_path: String,
     /// The folder (as Envoy sees it) holding the SDS files `ai-router certs` writes: the
-    /// control-plane cluster then speaks mutual TLS (see [`sync_tls_socket`]). `None`: plaintext.
+    /// control-plane cluster then speaks mutual TLS (see `sync_tls_socket`). `None`: plaintext.
     pub sync_tls_dir: Option<String>,
     /// `gateway.maxBodyBytes`.
     pub max_body_bytes: u64,

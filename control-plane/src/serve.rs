@@ -141,7 +141,7 @@ impl Running {
     /// the Watch streams (each Envoy keeps serving from the state it holds) and the event
     /// streams, lets the requests in flight (a `Report`, a `Lease`, an admin call) finish; then
     /// writes the usage rows of every acknowledged report and exchanges state with the store a
-    /// last time. All of it within [`DRAIN_TIMEOUT`]; returns whether it drained in time.
+    /// last time. All of it within `DRAIN_TIMEOUT`; returns whether it drained in time.
     pub async fn shutdown(mut self) -> bool {
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         let _ = self.shutdown.send(true);

@@ -1,5 +1,5 @@
 //! The CLI's stdout: every command prints its JSON (or the rendered bootstrap) through
-//! [`print`]. A reader that went away early (`ai-router keys list | head -c1`) is not an error:
+//! [`print`](fn@print). A reader that went away early (`ai-router keys list | head -c1`) is not an error:
 //! Rust ignores SIGPIPE, so the write fails with `BrokenPipe`, which `println!` would turn into a
 //! panic. Here it is dropped: a one-shot command ends with status 0, a server keeps serving.
 
@@ -10,7 +10,7 @@ pub fn print(text: &str) -> std::io::Result<()> {
     write_to(&mut std::io::stdout().lock(), text)
 }
 
-/// [`print`] with a newline.
+/// [`print`](fn@print) with a newline.
 pub fn print_line(text: &str) -> std::io::Result<()> {
     print(&format!("{text}\n"))
 }

@@ -327,7 +327,7 @@ impl RequestOutcome {
         (result.text(), detail)
     }
 
-    /// The outcome in text: "success", "error:<class>" or "rejected:<code>".
+    /// The outcome in text: `"success"`, `"error:<class>"` or `"rejected:<code>"`.
     pub fn outcome_text(&self) -> String {
         match self.result_parts() {
             (result, Some(detail)) => format!("{result}:{detail}"),

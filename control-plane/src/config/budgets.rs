@@ -1,6 +1,6 @@
 //! `budgets:`: spending policies over a scope (a key, a profile, a provider, the pool) and a
 //! UTC calendar window (`request` is a cap on each call's estimate). As written
-//! ([`BudgetPolicyConfig`]) and checked ([`BudgetPolicy`], via [`resolve_budgets`]).
+//! ([`BudgetPolicyConfig`]) and checked ([`BudgetPolicy`], via `resolve_budgets`).
 
 use std::collections::BTreeSet;
 

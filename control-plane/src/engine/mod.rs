@@ -2,7 +2,7 @@
 //!
 //! The engine holds the resolved pool (providers and their current secrets), the virtual keys
 //! and the health state (blacklisted keys, lane cooldowns, breakers, headroom, provider spend),
-//! and publishes all of it as one versioned [`pb::StateUpdate`] on a `tokio::sync::watch`
+//! and publishes all of it as one versioned [`ai_router_proto::v1::StateUpdate`] on a `tokio::sync::watch`
 //! channel; every change bumps the version. Four things change it:
 //! - [`Engine::apply_report`]: attempt outcomes from the filters (docs/architecture.md, Sync);
 //! - [`Engine::refresh_secrets`]: every reference is resolved again (about once a second), a
@@ -12,7 +12,7 @@
 //!   periods go; open breakers past their cooldown turn half-open;
 //! - [`Engine::sync_store`]: what another control plane sharing the state store wrote.
 //!
-//! Durable state goes through [`StateStore`]; the in-memory store is the default. The persister
+//! Durable state goes through [`crate::store::durable::StateStore`]; the in-memory store is the default. The persister
 //! task ([`Engine::run_persist`]) merges the store into the engine and writes this process's
 //! changes back, off the executor, on every change and about once a second. Updates are
 //! read-modify-write with a three-way merge per entry (ours wins a conflict; provider spend is

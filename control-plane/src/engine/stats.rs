@@ -35,7 +35,7 @@ pub struct LaneStats {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProtocolStats {
-    /// outcome (success, error:<class>, rejected:<code>) -> calls
+    /// outcome (`success`, `error:<class>`, `rejected:<code>`) -> calls
     pub requests: BTreeMap<String, u64>,
     pub attempts: u64,
     /// Failed attempts by class.
@@ -46,7 +46,7 @@ pub struct ProtocolStats {
 #[serde(rename_all = "camelCase")]
 pub struct StatsView {
     pub since_ms: i64,
-    /// operation -> outcome (success, error:<class>, rejected:<code>) -> calls
+    /// operation -> outcome (`success`, `error:<class>`, `rejected:<code>`) -> calls
     pub requests: BTreeMap<String, BTreeMap<String, u64>>,
     /// The client's protocol (`chat`, `responses`, `messages`, `embeddings`) -> its calls and
     /// attempts.

@@ -9,7 +9,7 @@
 //!
 //! Scopes are ordered: `read` (health, stats, catalog, ledger, usage, events, the console's
 //! figures) < `operate` (plus reset) < `keys` (plus virtual-key administration) < `admin` (plus
-//! admin tokens). Which route needs which scope is the table in [`crate::api::admin::routes`].
+//! admin tokens). Which route needs which scope is the table in [`crate::api::admin::routes`](mod@crate::api::admin::routes).
 
 use rand::RngCore;
 use serde::{Deserialize, Serialize};

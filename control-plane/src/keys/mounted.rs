@@ -4,7 +4,7 @@
 //! config, and `STARCI_AI_KEY` (or the file named by `STARCI_AI_KEY_FILE`) bound to every
 //! profile and model, unless a `mountedKeys` entry already mounts that secret.
 //! A mounted key's secret is read once at start; only its lowercase hex SHA-256 is kept, and its
-//! id is `key_` + 16 hex of sha256("mounted:<label>"), stable across secrets and deploys.
+//! id is `key_` + 16 hex of `sha256("mounted:<label>")`, stable across secrets and deploys.
 //! Errors name the label and the id, never the secret.
 
 use std::collections::BTreeSet;
@@ -39,7 +39,7 @@ pub enum MountedKeyError {
     },
 }
 
-/// `key_` + the first 16 hex of sha256("mounted:<label>").
+/// `key_` + the first 16 hex of `sha256("mounted:<label>")`.
 pub fn mounted_id(label: &str) -> String {
     let digest = sha256_hex(&format!("mounted:{label}"));
     format!("key_{}", &digest[..16])

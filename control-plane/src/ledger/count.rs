@@ -89,7 +89,7 @@ pub struct Headroom {
     pub resets_at_ms: i64,
 }
 
-/// One budget's counters: the last 60 s by [`SLOT_MS`], the provider's day, the UTC month. An
+/// One budget's counters: the last 60 s by `SLOT_MS`, the provider's day, the UTC month. An
 /// attempt counts at the instant it was sent.
 #[derive(Debug, Clone)]
 pub struct Counter {
@@ -164,7 +164,7 @@ impl Counter {
     }
 
     /// The local count of a window at `now_ms` of the attempts sent before `before_ms` (a
-    /// [`SLOT_MS`] boundary within the last minute; later ones are the filter's to count).
+    /// `SLOT_MS` boundary within the last minute; later ones are the filter's to count).
     pub fn count_before(&mut self, window: Window, before_ms: i64, now_ms: i64) -> u64 {
         self.roll(now_ms);
         let now_slot = now_ms.div_euclid(SLOT_MS);

@@ -2,7 +2,7 @@
 //!
 //! [`load`] builds the rustls server configuration: the server certificate and key, and a
 //! client-certificate verifier that requires a certificate chaining to the client CA (a
-//! handshake without one, or with one from another CA, fails). [`watch`] re-reads the three
+//! handshake without one, or with one from another CA, fails). [`watch`](fn@watch) re-reads the three
 //! files every second and, when they changed and load, swaps the configuration for new
 //! connections and ends the connections made under the old one, so every Envoy reconnects with
 //! the certificate it now holds (a peer that the new CA no longer trusts is cut off, not left on
@@ -32,7 +32,7 @@ const RELOAD_PERIOD: Duration = Duration::from_secs(1);
 /// A client has this long to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The three files' bytes, what [`watch`] compares.
+/// The three files' bytes, what [`watch`](fn@watch) compares.
 fn contents(files: &SyncTlsFiles) -> Result<[Vec<u8>; 3], TlsError> {
     Ok([
         read(&files.cert)?,
@@ -74,7 +74,7 @@ pub fn load(files: &SyncTlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError>
     build(files, &contents(files)?)
 }
 
-/// The configuration new connections take, and a sender that [`watch`] updates.
+/// The configuration new connections take, and a sender that [`watch`](fn@watch) updates.
 pub type Current = watch::Receiver<Arc<rustls::ServerConfig>>;
 
 /// Loads `files` and starts re-reading them every second until `stop` flips.

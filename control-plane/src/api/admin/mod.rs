@@ -40,7 +40,7 @@
 //! process sharing the SQLite store are picked up by [`run_key_sync`] within a second. The same
 //! task pushes the keys' quota blocks ([`crate::keys::quotas`]) after each usage write, when the UTC
 //! day rolls over, and every few seconds (usage another process wrote).//!
-//! The files, by concern: [`routes`] (the table, the router, the guard), [`auth`] (the admin
+//! The files, by concern: [`routes`](mod@routes) (the table, the router, the guard), [`auth`] (the admin
 //! token, the caller), [`state`] (the operations' state, authentication, audit), [`keys`]
 //! (virtual keys and admin tokens), [`pool`] (health, stats, ledger, events, reset),
 //! [`catalog`], [`grpc`] (the same operations over gRPC) and [`key_sync`] (the keys and quota

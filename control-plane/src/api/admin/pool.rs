@@ -163,7 +163,7 @@ pub(super) struct ResetSpec {
 }
 
 impl AdminApi {
-    /// Closes breakers, lifts blacklists and cooldowns, clears headroom (see [`Engine::reset`]).
+    /// Closes breakers, lifts blacklists and cooldowns, clears headroom (see [`crate::engine::Engine::reset`]).
     pub fn reset(
         &self,
         caller: &Caller,

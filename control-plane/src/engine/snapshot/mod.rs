@@ -121,7 +121,7 @@ impl Engine {
     }
 
     /// Takes the budgets' use the key store counted, by this control plane before a restart or
-    /// by another sharing the store ([`budgets::BudgetLedger::absorb`]); publishes when a
+    /// by another sharing the store ([`crate::engine::budgets::BudgetLedger::absorb`]); publishes when a
     /// budget's level rose. Returns whether it did.
     pub fn absorb_budget_use(&self, rows: &[crate::keys::store::BudgetUse]) -> bool {
         let config = self.config();

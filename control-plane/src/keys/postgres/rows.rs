@@ -26,10 +26,19 @@ pub(super) struct UsageBatch {
 /// How an outage's messages start (a refused statement's do not).
 pub(super) const UNREACHABLE: &str = "postgres does not answer";
 
+/// How a refused TLS handshake's message goes on after [`UNREACHABLE`].
+const TLS_FAILED: &str = "the TLS handshake failed";
+
+/// Whether an outage's message (`KeyStoreError::Unavailable`) is one that waiting may end: not
+/// a TLS handshake refused (a certificate that does not verify, a server without TLS).
+pub fn waiting_helps(message: &str) -> bool {
+    message.starts_with(UNREACHABLE) && !message.contains(TLS_FAILED)
+}
+
 /// A database error as the admin API may show it: no URL, no password.
 pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
     if let Some(why) = crate::tls::client::handshake_failure(err) {
-        return format!("{UNREACHABLE}: the TLS handshake failed: {why}");
+        return format!("{UNREACHABLE}: {TLS_FAILED}: {why}");
     }
     match err.as_db_error() {
         Some(db) => format!("postgres: {}", db.message()),
@@ -39,7 +48,7 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
             .starts_with("error performing TLS handshake") =>
         {
             format!(
-                "{UNREACHABLE}: the TLS handshake failed: {}",
+                "{UNREACHABLE}: {TLS_FAILED}: {}",
                 std::error::Error::source(err).map_or_else(String::new, ToString::to_string)
             )
         }

@@ -41,6 +41,9 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
         return format!("{UNREACHABLE}: {TLS_FAILED}: {why}");
     }
     match err.as_db_error() {
+        // A server starting up or shutting down (the Postgres image's init-time server stops
+        // before the real one starts) answers, but serves nothing: an outage, not a refusal.
+        Some(db) if not_serving(db.code()) => format!("{UNREACHABLE}: {}", db.message()),
         Some(db) => format!("postgres: {}", db.message()),
         // "server does not support TLS": tokio-postgres' own words.
         None if err
@@ -55,6 +58,18 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
         None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
         None => format!("{UNREACHABLE}: no connection"),
     }
+}
+
+/// The codes of a server that does not serve now: starting up, shutting down, or restarting
+/// after a crash (class 57P).
+pub(super) fn not_serving(code: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    [
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+    ]
+    .contains(code)
 }
 
 pub(super) fn pool_error(err: &deadpool_postgres::PoolError) -> String {

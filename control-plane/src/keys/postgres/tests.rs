@@ -83,6 +83,31 @@ fn waiting_usage_stays_bounded_and_adds_up() {
 }
 
 #[test]
+fn a_server_not_serving_yet_is_an_outage_to_wait_for_and_a_refusal_is_not() {
+    use tokio_postgres::error::SqlState;
+    for code in [
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+    ] {
+        assert!(not_serving(&code), "{code:?}");
+    }
+    for code in [SqlState::INVALID_PASSWORD, SqlState::UNDEFINED_TABLE] {
+        assert!(!not_serving(&code), "{code:?}");
+    }
+    assert!(waiting_helps("postgres does not answer: no connection"));
+    assert!(waiting_helps(
+        "postgres does not answer: the database system is starting up"
+    ));
+    assert!(!waiting_helps(
+        "postgres does not answer: the TLS handshake failed: invalid peer certificate"
+    ));
+    assert!(!waiting_helps(
+        "postgres: the schema version 99 is newer than this binary's (9); upgrade ai-router"
+    ));
+}
+
+#[test]
 fn admin_tokens_through_a_real_postgres() -> anyhow::Result<()> {
     let pg = servers::PostgresServer::start()?;
     let store = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;

@@ -43,6 +43,7 @@ use crate::keys::usage::UsageRecorder;
 use crate::reload::Reloader;
 use crate::store::durable::StateStore;
 use crate::store::memory::MemoryStateStore;
+use crate::store::start_wait::{wait_for, OpenFailure};
 use crate::store::state::SqliteStateStore;
 use crate::tls::{SyncTlsFiles, INSECURE_PLAINTEXT_SYNC_ENV};
 
@@ -324,8 +325,10 @@ async fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
-/// Opens the key store, refuses mounted keys that collide with stored ones, and returns the
-/// key operations with the snapshot's first virtual keys (mounted, then stored).
+/// Opens the key store (waiting for a Postgres that does not answer yet, up to
+/// `storeStartWaitMs`: see [`crate::store::start_wait`]), refuses mounted keys that collide
+/// with stored ones, and returns the key operations with the snapshot's first virtual keys
+/// (mounted, then stored).
 pub async fn open_keys(
     config: &Config,
     mounted: Vec<VirtualKeyRecord>,
@@ -333,8 +336,12 @@ pub async fn open_keys(
 ) -> anyhow::Result<(Arc<KeyAdmin>, Vec<VirtualKeyRecord>)> {
     let spec = config.gateway.key_store.clone();
     let names = config.names.clone();
+    let bound = config.store_start_wait;
     tokio::task::spawn_blocking(move || {
-        let store = crate::keys::open(&spec, env.as_ref()).context("gateway.keyStore")?;
+        let store = wait_for("gateway.keyStore", bound, |left| {
+            crate::keys::open(&spec, env.as_ref(), left).map_err(crate::keys::open_failure)
+        })
+        .context("gateway.keyStore")?;
         let keys = Arc::new(KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names));
         keys.check_collisions()?;
         let records = keys.snapshot_keys().context("gateway.keyStore")?;
@@ -486,20 +493,24 @@ async fn open_virtual_keys(
     Ok((keys, virtual_keys))
 }
 
-/// The state store (`stateStore`) and what it holds.
+/// The state store (`stateStore`) and what it holds, waiting for a Redis that does not answer
+/// yet, up to `storeStartWaitMs` (see [`crate::store::start_wait`]).
 async fn open_durable_state(
     config: &Config,
     env: &Arc<dyn Env>,
 ) -> anyhow::Result<(Arc<dyn StateStore>, crate::store::durable::DurableState)> {
     let spec = config.state_store.clone();
     let store_env = env.clone();
-    let store =
-        tokio::task::spawn_blocking(move || open_state_store(&spec, store_env.as_ref())).await??;
-    let durable = {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || store.load()).await??
-    };
-    Ok((store, durable))
+    let bound = config.store_start_wait;
+    tokio::task::spawn_blocking(move || {
+        wait_for("stateStore", bound, |_| {
+            let store =
+                open_state_store(&spec, store_env.as_ref()).map_err(OpenFailure::Refused)?;
+            let durable = store.load_at_start()?;
+            Ok((store, durable))
+        })
+    })
+    .await?
 }
 
 /// The HTTP and gRPC listeners.

@@ -109,13 +109,20 @@ impl RedisServer {
         Self::launch(Some(tls))
     }
 
-    fn launch(tls: Option<ServerTls>) -> anyhow::Result<Self> {
-        let mut server = Self {
+    /// A server whose port is chosen, not started yet: nothing listens on
+    /// [`RedisServer::url`] until [`RedisServer::restart`].
+    pub fn prepare() -> anyhow::Result<Self> {
+        Ok(Self {
             port: free_port()?,
             dir: temp_dir("redis")?,
-            tls,
+            tls: None,
             child: None,
-        };
+        })
+    }
+
+    fn launch(tls: Option<ServerTls>) -> anyhow::Result<Self> {
+        let mut server = Self::prepare()?;
+        server.tls = tls;
         server.restart()?;
         Ok(server)
     }
@@ -259,12 +266,25 @@ impl PostgresServer {
         Self::launch(None)
     }
 
+    /// A server whose data directory is made and whose port is chosen, not started yet:
+    /// nothing listens on [`PostgresServer::url`] until [`PostgresServer::restart`].
+    pub fn prepare() -> anyhow::Result<Self> {
+        Self::init(None)
+    }
+
     /// A server that also speaks TLS, with `tls`'s certificate (clients choose with `sslmode`).
     pub fn start_tls(tls: &ServerTls) -> anyhow::Result<Self> {
         Self::launch(Some(tls))
     }
 
     fn launch(tls: Option<&ServerTls>) -> anyhow::Result<Self> {
+        let mut server = Self::init(tls)?;
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// `initdb` and a free port.
+    fn init(tls: Option<&ServerTls>) -> anyhow::Result<Self> {
         let bin = pg_bin_dir();
         let as_nobody = is_root();
         let dir = temp_dir("postgres")?;
@@ -294,16 +314,14 @@ impl PostgresServer {
         if !out.status.success() {
             bail!("initdb: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let mut server = Self {
+        Ok(Self {
             port: free_port()?,
             dir,
             bin,
             as_nobody,
             tls: tls.is_some(),
             child: None,
-        };
-        server.restart()?;
-        Ok(server)
+        })
     }
 
     /// Starts the server (again, after [`PostgresServer::stop`]) on its port and data.
@@ -354,6 +372,16 @@ impl PostgresServer {
 
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// `psql` on [`PostgresServer::url`]'s database, quiet, stopping at the first error.
+    pub fn psql(&self) -> Command {
+        let mut command = pg_command(self.bin.as_deref(), "psql", false);
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-X", "-q", "-A", "-t"])
+            .args(["-v", "ON_ERROR_STOP=1"]);
+        command
     }
 
     /// Fast shutdown (SIGINT), then SIGKILL after 10 s; the data stays for a restart.

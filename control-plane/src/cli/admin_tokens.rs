@@ -87,9 +87,10 @@ pub async fn run(args: AdminTokensArgs) -> Result<Value, ApiError> {
         ));
     }
     let spec = config.gateway.key_store.clone();
+    let migration_wait = config.store_start_wait;
     let command = args.command;
     tokio::task::spawn_blocking(move || {
-        let store = crate::keys::open(&spec, env.as_ref())?;
+        let store = crate::keys::open(&spec, env.as_ref(), migration_wait)?;
         let now = SystemClock.now_ms();
         let answer = match command {
             AdminTokensCommand::Create {

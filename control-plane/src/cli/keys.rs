@@ -225,10 +225,11 @@ pub async fn run(args: KeysArgs) -> Result<Value, ApiError> {
     // simply not known here.
     let mounted = mounted::mounted_keys(&config, env.as_ref()).unwrap_or_default();
     let spec = config.gateway.key_store.clone();
+    let migration_wait = config.store_start_wait;
     let names = config.names.clone();
     let command = args.command;
     tokio::task::spawn_blocking(move || {
-        let store = crate::keys::open(&spec, env.as_ref())?;
+        let store = crate::keys::open(&spec, env.as_ref(), migration_wait)?;
         let keys = KeyAdmin::new(store, mounted, Arc::new(SystemClock)).with_pool(names);
         local(&keys, command)
     })

@@ -37,6 +37,9 @@ pub struct FileConfig {
     pub state_store: Option<StoreConfig>,
     #[serde(default)]
     pub store_namespace: Option<String>,
+    /// How long `serve` waits at start for a shared store that does not answer.
+    #[serde(default)]
+    pub store_start_wait_ms: Option<u64>,
     #[serde(default)]
     pub mounted_keys: Vec<MountedKeyConfig>,
     #[serde(default)]

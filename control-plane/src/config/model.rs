@@ -33,6 +33,9 @@ pub struct Config {
     pub resilience: ResilienceConfig,
     pub selection: SelectionConfig,
     pub state_store: StoreSpec,
+    /// `storeStartWaitMs`: how long `serve` waits at start for a shared store (Postgres keys,
+    /// Redis state) that does not answer, and for another control plane's migration.
+    pub store_start_wait: std::time::Duration,
     pub mounted_keys: Vec<MountedKey>,
     /// `budgets:`, checked (`config::budgets`).
     pub budgets: Vec<crate::config::budgets::BudgetPolicy>,

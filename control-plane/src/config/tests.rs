@@ -268,6 +268,13 @@ fn shared_stores_take_a_url_and_the_namespace() {
             ca_file: Some("/etc/ai-router/pg-ca.pem".into()),
         }
     );
+    // How long `serve` waits for them at start: two minutes unless set.
+    assert_eq!(config.store_start_wait, std::time::Duration::from_secs(120));
+    let waits = ok("storeStartWaitMs: 30000\nstateStore: { type: redis, url: { env: R } }\n");
+    assert!(
+        matches!(&waits, Ok(c) if c.store_start_wait == std::time::Duration::from_secs(30)),
+        "{waits:?}"
+    );
     let default_ns = ok("stateStore: { type: redis, url: { env: R } }\n");
     assert!(
         matches!(&default_ns, Ok(c) if c.state_store == StoreSpec::Redis { url: SecretSource::Env("R".into()), namespace: "ai-router".into(), ca_file: None }),

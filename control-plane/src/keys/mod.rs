@@ -21,11 +21,26 @@ use std::sync::Arc;
 
 use store::{KeyStore, KeyStoreError};
 
+use crate::store::start_wait::OpenFailure;
+
+/// A key store that failed to open at start: Postgres not answering is waited for; anything
+/// else (a refusal, a TLS handshake refused, a bad URL) is not.
+pub fn open_failure(err: KeyStoreError) -> OpenFailure {
+    match err {
+        KeyStoreError::Unavailable(m) if postgres::waiting_helps(&m) => {
+            OpenFailure::Away(KeyStoreError::Unavailable(m).to_string())
+        }
+        other => OpenFailure::Refused(other.into()),
+    }
+}
+
 /// Opens the configured key store (blocking: SQLite opens and migrates the file, Postgres
-/// connects and migrates). `env` resolves a Postgres URL.
+/// connects and migrates, waiting up to `migration_wait` for another control plane's
+/// migration). `env` resolves a Postgres URL.
 pub fn open(
     spec: &crate::config::StoreSpec,
     env: &dyn crate::config::secrets::Env,
+    migration_wait: std::time::Duration,
 ) -> Result<Arc<dyn KeyStore>, KeyStoreError> {
     use crate::config::StoreSpec;
     Ok(match spec {
@@ -44,6 +59,7 @@ pub fn open(
             Arc::new(postgres::PostgresKeyStore::open(
                 url.expose(),
                 ca_file.as_deref(),
+                migration_wait,
             )?)
         }
         StoreSpec::Redis { .. } => {

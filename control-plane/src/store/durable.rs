@@ -230,6 +230,12 @@ pub enum LeaseGrant {
 /// Where durable state lives. Calls block: callers run them off the async executor.
 pub trait StateStore: Send + Sync {
     fn load(&self) -> Result<DurableState, StoreError>;
+    /// [`StateStore::load`] when `serve` starts: a store that does not answer is told from one
+    /// that refused, so the start waits for the first (see `store::start_wait`).
+    fn load_at_start(&self) -> Result<DurableState, crate::store::start_wait::OpenFailure> {
+        self.load()
+            .map_err(|e| crate::store::start_wait::OpenFailure::Refused(e.into()))
+    }
     /// Writes the given entries and deletes the given keys, in one transaction.
     fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError>;
     /// Makes the store hold exactly `state`.

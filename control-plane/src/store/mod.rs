@@ -9,6 +9,7 @@
 //! - `minute_calls`: the per-minute counts behind `requestsPerMinute` across Envoys;
 //! - `redis`: the store several control planes share; `bridge` runs its async client (and the
 //!   Postgres key store's) behind the blocking trait; `health` counts their outages.
+//! - `start_wait`: how `serve` waits for a shared store that does not answer yet.
 //!
 //! Nothing here knows the engine, the keys or the APIs: they build on it.
 
@@ -21,6 +22,7 @@ pub mod minute_calls;
 pub mod redis;
 pub mod spend;
 pub mod sqlite;
+pub mod start_wait;
 pub mod state;
 
 /// Real Redis and Postgres servers for the tests (the e2e harness's own launcher).

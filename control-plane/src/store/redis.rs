@@ -53,6 +53,7 @@ use crate::store::durable::{
 use crate::store::health::{StoreHealth, STATE};
 use crate::store::memory::MemoryStateStore;
 use crate::store::spend::Spend;
+use crate::store::start_wait::OpenFailure;
 
 /// A load or a write: small, one round trip.
 const CALL_DEADLINE: Duration = Duration::from_secs(2);
@@ -541,20 +542,33 @@ fn encode_changes(changes: &DurableChanges) -> Vec<(usize, String, Option<String
     out
 }
 
+impl RedisStateStore {
+    /// Every table, one pipelined round trip.
+    fn load_tables(&self) -> Result<DurableState, Failure> {
+        let keys: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
+        let tables = self.call(CALL_DEADLINE, move |mut conn| async move {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.hgetall(key);
+            }
+            pipe.query_async::<Vec<HashMap<String, String>>>(&mut conn)
+                .await
+        })?;
+        Ok(decode_state(&tables))
+    }
+}
+
 impl StateStore for RedisStateStore {
     fn load(&self) -> Result<DurableState, StoreError> {
-        let keys: Vec<String> = TABLES.iter().map(|t| self.table(t)).collect();
-        let tables = self
-            .call(CALL_DEADLINE, move |mut conn| async move {
-                let mut pipe = redis::pipe();
-                for key in &keys {
-                    pipe.hgetall(key);
-                }
-                pipe.query_async::<Vec<HashMap<String, String>>>(&mut conn)
-                    .await
-            })
-            .map_err(StoreError::from)?;
-        Ok(decode_state(&tables))
+        self.load_tables().map_err(StoreError::from)
+    }
+
+    /// Redis away is waited for; Redis refusing is not.
+    fn load_at_start(&self) -> Result<DurableState, OpenFailure> {
+        self.load_tables().map_err(|f| match f {
+            Failure::Away(m) => OpenFailure::Away(StoreError(m).to_string()),
+            Failure::Refused(m) => OpenFailure::Refused(StoreError(m).into()),
+        })
     }
 
     fn apply(&self, changes: &DurableChanges) -> Result<(), StoreError> {

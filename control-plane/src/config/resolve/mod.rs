@@ -84,6 +84,7 @@ impl FileConfig {
             resilience: self.resolve_resilience()?,
             selection: self.resolve_selection()?,
             state_store: state_store_spec(self, base_dir)?,
+            store_start_wait: store_start_wait(self),
             mounted_keys,
             budgets: crate::config::budgets::resolve_budgets(&self.budgets)?,
             names,

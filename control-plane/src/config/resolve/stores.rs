@@ -10,6 +10,17 @@ use crate::config::model::StoreSpec;
 /// The prefix of every Redis key when `storeNamespace` is not set.
 pub const DEFAULT_STORE_NAMESPACE: &str = "ai-router";
 
+/// `storeStartWaitMs` when the file does not set it: two minutes.
+pub const DEFAULT_STORE_START_WAIT_MS: u64 = 120_000;
+
+/// `storeStartWaitMs` (0: try the stores once).
+pub(super) fn store_start_wait(file: &FileConfig) -> std::time::Duration {
+    std::time::Duration::from_millis(
+        file.store_start_wait_ms
+            .unwrap_or(DEFAULT_STORE_START_WAIT_MS),
+    )
+}
+
 /// `stateStore`, with `storeNamespace` (only a Redis store is shared that way).
 pub(super) fn state_store_spec(
     file: &FileConfig,

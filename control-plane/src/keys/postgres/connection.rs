@@ -18,7 +18,7 @@ use super::tls::*;
 
 /// Connections per control plane.
 pub const POOL_SIZE: usize = 8;
-const CALL_DEADLINE: Duration = Duration::from_secs(5);
+pub(super) const CALL_DEADLINE: Duration = Duration::from_secs(5);
 
 pub struct PostgresKeyStore {
     pub(super) pool: Pool,
@@ -37,8 +37,14 @@ impl std::fmt::Debug for PostgresKeyStore {
 impl PostgresKeyStore {
     /// Connects (over TLS as the URL's `sslmode` says, see [`split_tls`]; `ca_file` is the
     /// store's `caFile`), migrates, and keeps a pool of at most [`POOL_SIZE`] connections.
-    pub fn open(url: &str, ca_file: Option<&Path>) -> Result<Self, KeyStoreError> {
-        Self::with_tls(url, ca_file, &KEYS)
+    /// Another control plane migrating the same database is waited for, up to
+    /// `migration_wait` (not the calls' deadline: a migration is no outage).
+    pub fn open(
+        url: &str,
+        ca_file: Option<&Path>,
+        migration_wait: Duration,
+    ) -> Result<Self, KeyStoreError> {
+        Self::with_tls(url, ca_file, &KEYS, migration_wait)
     }
 
     #[cfg(test)]
@@ -46,13 +52,14 @@ impl PostgresKeyStore {
         url: &str,
         health: &'static StoreHealth,
     ) -> Result<Self, KeyStoreError> {
-        Self::with_tls(url, None, health)
+        Self::with_tls(url, None, health, Duration::from_secs(30))
     }
 
     pub(super) fn with_tls(
         url: &str,
         ca_file: Option<&Path>,
         health: &'static StoreHealth,
+        migration_wait: Duration,
     ) -> Result<Self, KeyStoreError> {
         let (url, tls) = split_tls(url, ca_file).map_err(KeyStoreError::Storage)?;
         let mut config = tokio_postgres::Config::from_str(&url).map_err(|_| {
@@ -98,7 +105,7 @@ impl PostgresKeyStore {
             unsent: Mutex::new(Vec::new()),
             health,
         };
-        store.migrate()?;
+        store.migrate(migration_wait)?;
         Ok(store)
     }
 
@@ -109,8 +116,23 @@ impl PostgresKeyStore {
         F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, String>> + Send,
     {
+        self.call_within(CALL_DEADLINE, f)
+    }
+
+    /// [`Self::call`] under `deadline` (the pool's own timeouts still bound taking a
+    /// connection).
+    pub(super) fn call_within<T, F, Fut>(
+        &self,
+        deadline: Duration,
+        f: F,
+    ) -> Result<T, KeyStoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(deadpool_postgres::Object) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, String>> + Send,
+    {
         let pool = self.pool.clone();
-        let answer = self.bridge.run(CALL_DEADLINE, async move {
+        let answer = self.bridge.run(deadline, async move {
             let client = pool.get().await.map_err(|e| pool_error(&e))?;
             f(client).await
         });

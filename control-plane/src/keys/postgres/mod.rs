@@ -42,5 +42,6 @@ mod tls;
 mod usage;
 
 pub use connection::{PostgresKeyStore, POOL_SIZE};
+pub use rows::waiting_helps;
 pub use schema::SCHEMA_VERSION;
 pub use tls::{split_tls, PgTls};

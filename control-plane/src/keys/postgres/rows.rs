@@ -26,12 +26,24 @@ pub(super) struct UsageBatch {
 /// How an outage's messages start (a refused statement's do not).
 pub(super) const UNREACHABLE: &str = "postgres does not answer";
 
+/// How a refused TLS handshake's message goes on after [`UNREACHABLE`].
+const TLS_FAILED: &str = "the TLS handshake failed";
+
+/// Whether an outage's message (`KeyStoreError::Unavailable`) is one that waiting may end: not
+/// a TLS handshake refused (a certificate that does not verify, a server without TLS).
+pub fn waiting_helps(message: &str) -> bool {
+    message.starts_with(UNREACHABLE) && !message.contains(TLS_FAILED)
+}
+
 /// A database error as the admin API may show it: no URL, no password.
 pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
     if let Some(why) = crate::tls::client::handshake_failure(err) {
-        return format!("{UNREACHABLE}: the TLS handshake failed: {why}");
+        return format!("{UNREACHABLE}: {TLS_FAILED}: {why}");
     }
     match err.as_db_error() {
+        // A server starting up or shutting down (the Postgres image's init-time server stops
+        // before the real one starts) answers, but serves nothing: an outage, not a refusal.
+        Some(db) if not_serving(db.code()) => format!("{UNREACHABLE}: {}", db.message()),
         Some(db) => format!("postgres: {}", db.message()),
         // "server does not support TLS": tokio-postgres' own words.
         None if err
@@ -39,13 +51,25 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
             .starts_with("error performing TLS handshake") =>
         {
             format!(
-                "{UNREACHABLE}: the TLS handshake failed: {}",
+                "{UNREACHABLE}: {TLS_FAILED}: {}",
                 std::error::Error::source(err).map_or_else(String::new, ToString::to_string)
             )
         }
         None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
         None => format!("{UNREACHABLE}: no connection"),
     }
+}
+
+/// The codes of a server that does not serve now: starting up, shutting down, or restarting
+/// after a crash (class 57P).
+pub(super) fn not_serving(code: &tokio_postgres::error::SqlState) -> bool {
+    use tokio_postgres::error::SqlState;
+    [
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+    ]
+    .contains(code)
 }
 
 pub(super) fn pool_error(err: &deadpool_postgres::PoolError) -> String {

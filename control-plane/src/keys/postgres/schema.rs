@@ -1,9 +1,11 @@
 //! The schema: versioned migrations, run once under an advisory lock; a database migrated by
 //! a newer binary is refused.
 
+use std::time::Duration;
+
 use crate::keys::store::KeyStoreError;
 
-use super::connection::PostgresKeyStore;
+use super::connection::{PostgresKeyStore, CALL_DEADLINE};
 use super::rows::*;
 
 pub(super) const MIGRATIONS: &[&str] = &[
@@ -109,8 +111,10 @@ pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 const MIGRATION_LOCK: i64 = 0x6169_726f_7574_6572; // "airouter"
 
 impl PostgresKeyStore {
-    pub(super) fn migrate(&self) -> Result<(), KeyStoreError> {
-        self.call(|mut client| async move {
+    /// Migrates under the lock, waiting for it (another control plane migrating) up to `wait`:
+    /// the calls' deadline does not cut that wait, the pool's still bounds the connection.
+    pub(super) fn migrate(&self, wait: Duration) -> Result<(), KeyStoreError> {
+        self.call_within(wait.max(CALL_DEADLINE), |mut client| async move {
             let err = |e: tokio_postgres::Error| pg_error(&e);
             let tx = client.transaction().await.map_err(err)?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])

@@ -13,6 +13,7 @@ use crate::store::lock;
 use crate::store::servers;
 
 static HEALTH: StoreHealth = StoreHealth::new("pg-test");
+const MIGRATION_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn key(id: &str, sha: &str) -> StoredKey {
     StoredKey {
@@ -79,6 +80,31 @@ fn waiting_usage_stays_bounded_and_adds_up() {
         .flat_map(|batch| batch.budgets.iter().map(|b| b.tokens))
         .sum();
     assert_eq!(tokens, 2 * (MAX_UNSENT_BATCHES as u64 + 1));
+}
+
+#[test]
+fn a_server_not_serving_yet_is_an_outage_to_wait_for_and_a_refusal_is_not() {
+    use tokio_postgres::error::SqlState;
+    for code in [
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+    ] {
+        assert!(not_serving(&code), "{code:?}");
+    }
+    for code in [SqlState::INVALID_PASSWORD, SqlState::UNDEFINED_TABLE] {
+        assert!(!not_serving(&code), "{code:?}");
+    }
+    assert!(waiting_helps("postgres does not answer: no connection"));
+    assert!(waiting_helps(
+        "postgres does not answer: the database system is starting up"
+    ));
+    assert!(!waiting_helps(
+        "postgres does not answer: the TLS handshake failed: invalid peer certificate"
+    ));
+    assert!(!waiting_helps(
+        "postgres: the schema version 99 is newer than this binary's (9); upgrade ai-router"
+    ));
 }
 
 #[test]
@@ -164,10 +190,10 @@ fn verify_full_checks_the_ca_and_the_name_of_a_real_postgres() -> anyhow::Result
         servers::PostgresServer::start_tls(&servers::ServerTls::in_dir(&cas.right.control_plane))?;
     let verify_full = format!("{}?sslmode=verify-full", pg.url());
     let right = cas.right.ca.as_path();
-    let store = PostgresKeyStore::with_tls(&verify_full, Some(right), &TLS_HEALTH)?;
+    let store = PostgresKeyStore::with_tls(&verify_full, Some(right), &TLS_HEALTH, MIGRATION_WAIT)?;
     store.insert(&key("vk_tls", "h_tls"))?;
     let in_url = format!("{verify_full}&sslrootcert={}", right.display());
-    let again = PostgresKeyStore::with_tls(&in_url, None, &TLS_HEALTH)?;
+    let again = PostgresKeyStore::with_tls(&in_url, None, &TLS_HEALTH, MIGRATION_WAIT)?;
     assert_eq!(again.get("vk_tls")?, Some(key("vk_tls", "h_tls")));
     // The server really speaks TLS to it: Postgres says so for this session.
     let ssl = again.call(|client| async move {
@@ -183,7 +209,7 @@ fn verify_full_checks_the_ca_and_the_name_of_a_real_postgres() -> anyhow::Result
     assert!(ssl, "the session is not encrypted");
 
     let refused = |url: &str, ca: &Path| {
-        PostgresKeyStore::with_tls(url, Some(ca), &TLS_HEALTH)
+        PostgresKeyStore::with_tls(url, Some(ca), &TLS_HEALTH, MIGRATION_WAIT)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()

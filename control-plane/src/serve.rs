@@ -364,6 +364,8 @@ pub async fn start(
     let (keys, virtual_keys) = open_virtual_keys(&config, &env).await?;
     let admin_token = crate::api::admin::admin_token(&config, env.as_ref());
     let (store, durable) = open_durable_state(&config, &env).await?;
+    crate::store::health::KEYS.start_serving();
+    crate::store::health::STATE.start_serving();
 
     // Loaded before binding: files that do not load stop the start.
     let (tls_shutdown, tls_stop) = watch::channel(false);

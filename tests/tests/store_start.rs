@@ -197,6 +197,12 @@ async fn a_control_plane_started_before_postgres_waits_for_it_then_serves() {
         "{}",
         cp.tail()
     );
+    // The wait at start is the start's to report, not an outage served from local state.
+    assert!(
+        !logs.contains("serving from local state"),
+        "the start's wait logged as an outage:\n{}",
+        cp.tail()
+    );
     assert!(
         !logs.contains(PASSWORD),
         "the URL's password is in the logs"

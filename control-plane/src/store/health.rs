@@ -10,6 +10,10 @@ pub struct StoreHealth {
     pub name: &'static str,
     /// Whether the last call succeeded (true until a call fails).
     down: AtomicBool,
+    /// Whether the control plane serves (both stores opened): before, a store that does not
+    /// answer is the start's wait to report (`store::start_wait`), not an outage served from
+    /// local state.
+    serving: AtomicBool,
     /// Calls that failed.
     pub errors: AtomicU64,
     /// Outages that ended.
@@ -23,6 +27,7 @@ impl StoreHealth {
         Self {
             name,
             down: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
             local_fallbacks: AtomicU64::new(0),
@@ -37,10 +42,17 @@ impl StoreHealth {
     pub fn failed(&self, err: &str) -> bool {
         self.errors.fetch_add(1, Ordering::Relaxed);
         let started = !self.down.swap(true, Ordering::Relaxed);
-        if started {
+        if started && self.serving.load(Ordering::Relaxed) {
             tracing::error!(store = self.name, %err, "the shared store does not answer: serving from local state until it does");
         }
         started
+    }
+
+    /// The store opened and the control plane serves from now on: a later failure is an
+    /// outage, logged as one (the start's failures were the start's wait to report).
+    pub fn start_serving(&self) {
+        self.down.store(false, Ordering::Relaxed);
+        self.serving.store(true, Ordering::Relaxed);
     }
 
     /// A call succeeded: logs when this ends an outage; returns whether it did.
@@ -123,6 +135,16 @@ mod tests {
         assert!(!h.succeeded());
         assert!(h.is_up());
         assert_eq!(h.recoveries.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn the_start_s_failures_end_when_the_control_plane_serves() {
+        let h = StoreHealth::new("test");
+        assert!(h.failed("not listening yet"), "counted as an outage");
+        h.start_serving();
+        assert!(h.is_up(), "the store opened: it answers");
+        assert!(!h.succeeded(), "no recovery of an outage never logged");
+        assert!(h.failed("gone"), "a failure while serving starts an outage");
     }
 
     #[test]

@@ -20,6 +20,75 @@ pub fn estimate_tokens(text: &str) -> u64 {
     dense + other.div_ceil(4)
 }
 
+/// [`estimate_tokens`] of `value` as JSON (compact, as `serde_json` writes it), without writing
+/// it: a request's messages are counted where they were parsed, whatever their size. The
+/// characters are those of the written text: quotes, escapes, punctuation, keys, numbers.
+pub fn estimate_json_tokens(value: &serde_json::Value) -> u64 {
+    let mut count = Chars::default();
+    count.value(value);
+    count.dense + count.other.div_ceil(4)
+}
+
+/// The characters of written JSON, counted by density (see [`estimate_json_tokens`]).
+#[derive(Default)]
+struct Chars {
+    dense: u64,
+    other: u64,
+}
+
+impl Chars {
+    fn value(&mut self, value: &serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::Null | Value::Bool(true) => self.other += 4,
+            Value::Bool(false) => self.other += 5,
+            Value::Number(n) => self.number(n),
+            Value::String(text) => self.string(text),
+            Value::Array(items) => {
+                // The brackets and a comma between two items.
+                self.other += 2 + items.len().saturating_sub(1) as u64;
+                items.iter().for_each(|item| self.value(item));
+            }
+            Value::Object(fields) => {
+                // The braces, a comma between two fields and each field's colon.
+                self.other += 2 + fields.len().saturating_sub(1) as u64 + fields.len() as u64;
+                for (name, item) in fields {
+                    self.string(name);
+                    self.value(item);
+                }
+            }
+        }
+    }
+
+    /// A number's written length (ASCII), written into a counter, not a string.
+    fn number(&mut self, n: &serde_json::Number) {
+        struct Len(u64);
+        impl std::fmt::Write for Len {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                self.0 += s.len() as u64;
+                Ok(())
+            }
+        }
+        let mut len = Len(0);
+        let _ = std::fmt::Write::write_fmt(&mut len, format_args!("{n}"));
+        self.other += len.0;
+    }
+
+    /// A string as `serde_json` writes it: its quotes, `\"`, `\\` and the short escapes of
+    /// control characters in two characters, any other control character in six (`\u00XX`).
+    fn string(&mut self, text: &str) {
+        self.other += 2;
+        for c in text.chars() {
+            match c {
+                '"' | '\\' | '\u{8}' | '\t' | '\n' | '\u{c}' | '\r' => self.other += 2,
+                c if (c as u32) < 0x20 => self.other += 6,
+                c if is_cjk(c) => self.dense += 1,
+                _ => self.other += 1,
+            }
+        }
+    }
+}
+
 /// The fields of an answer (any protocol, unary or one stream event) whose text the model
 /// generated: message and delta `content`, Anthropic's `text` and `partial_json`, Responses'
 /// `delta`, tool-call `arguments`, refusals and reasoning.
@@ -131,6 +200,59 @@ mod tests {
         assert_eq!(estimate_tokens(text), dense + 1);
         assert_eq!(estimate_tokens("カタカナ"), 4);
         assert_eq!(estimate_tokens("한국어"), 3);
+    }
+
+    /// A random JSON value: every kind, escapes and control characters, CJK and astral text,
+    /// integers and floats of every size.
+    fn random_value(rng: &mut impl rand::Rng, depth: u32) -> serde_json::Value {
+        use serde_json::{json, Value};
+        let pieces = [
+            "a", "Hello", " ", "\"", "\\", "\n", "\t", "\r", "\u{8}", "\u{c}", "\u{1}", "\u{1f}",
+            "\u{7f}", "/", "请", "カタ", "한", "😀", "𠀀", "é", "\u{2028}",
+        ];
+        let text = |rng: &mut dyn rand::RngCore| -> String {
+            let n = rand::Rng::random_range(rng, 0..6);
+            (0..n)
+                .map(|_| pieces[rand::Rng::random_range(rng, 0..pieces.len())])
+                .collect()
+        };
+        match rng.random_range(0..if depth == 0 { 6 } else { 8 }) {
+            0 => Value::Null,
+            1 => Value::Bool(rng.random()),
+            2 => json!(rng.random::<i64>() >> rng.random_range(0..63)),
+            3 => json!(rng.random::<u64>()),
+            4 => json!(rng.random::<f64>() * 10f64.powi(rng.random_range(-20..20))),
+            5 => Value::String(text(rng)),
+            6 => Value::Array(
+                (0..rng.random_range(0..4))
+                    .map(|_| random_value(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..rng.random_range(0..4))
+                    .map(|_| (text(rng), random_value(rng, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn json_is_estimated_as_its_written_text_would_be() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(32);
+        for _ in 0..20_000 {
+            let value = random_value(&mut rng, 3);
+            assert_eq!(
+                estimate_json_tokens(&value),
+                estimate_tokens(&value.to_string()),
+                "{value}"
+            );
+        }
+        let messages = serde_json::json!([{"role": "user", "content": "请用三句话\n解释"}]);
+        assert_eq!(
+            estimate_json_tokens(&messages),
+            estimate_tokens(&messages.to_string())
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ fn estimate_prompt_tokens(body: &Value, op: Operation) -> u64 {
     [field, body.get("tools")]
         .into_iter()
         .flatten()
-        .map(|v| crate::protocols::context::estimate_tokens(&v.to_string()))
+        .map(crate::protocols::context::estimate_json_tokens)
         .sum()
 }
 

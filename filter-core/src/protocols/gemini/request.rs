@@ -419,7 +419,7 @@ pub fn count_tokens(body: &Value) -> Value {
     let n: u64 = ["contents", "systemInstruction", "tools"]
         .iter()
         .filter_map(|f| request.get(*f).filter(|v| !v.is_null()))
-        .map(|v| crate::protocols::context::estimate_tokens(&v.to_string()))
+        .map(crate::protocols::context::estimate_json_tokens)
         .sum();
     json!({ "totalTokens": n })
 }

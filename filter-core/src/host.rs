@@ -200,6 +200,20 @@ pub struct Listed(RefCell<[Option<HeaderMap>; 2]>);
 /// A header map as the host lists it: names and raw values, in order.
 pub type HeaderMap = Vec<(String, Vec<u8>)>;
 
+/// Whether writing `value` to `name` (`None`: removing it) leaves `map` as it is: a removal
+/// of a name the map does not hold, or a set to the value the name already has as its only
+/// one (names without case, as Envoy's maps).
+pub fn unchanged_by(map: &[(String, Vec<u8>)], name: &str, value: Option<&[u8]>) -> bool {
+    let mut values = map
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_slice());
+    match value {
+        None => values.next().is_none(),
+        Some(value) => values.next() == Some(value) && values.next().is_none(),
+    }
+}
+
 fn slot(side: Side) -> usize {
     match side {
         Side::Request => 0,
@@ -229,13 +243,21 @@ impl Listed {
     }
 
     /// A write of the callback: the name's values replaced by `value` (`None`: removed).
-    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) {
-        if let Some(map) = self.0.borrow_mut()[slot(side)].as_mut() {
-            map.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
-            if let Some(v) = value {
-                map.push((name.to_ascii_lowercase(), v.to_vec()));
-            }
+    /// `false` when the side is listed and the write changes nothing in it ([`unchanged_by`]):
+    /// the host call is not made.
+    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) -> bool {
+        let mut listed = self.0.borrow_mut();
+        let Some(map) = listed[slot(side)].as_mut() else {
+            return true;
+        };
+        if unchanged_by(map, name, value) {
+            return false;
         }
+        map.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+        if let Some(v) = value {
+            map.push((name.to_ascii_lowercase(), v.to_vec()));
+        }
+        true
     }
 
     /// Whatever the host did next (a local answer, a reset) is read from the host again.

@@ -276,6 +276,14 @@ impl FakeHost {
         *self.tallies.borrow_mut().entry(method).or_default() += 1;
     }
 
+    /// A header write costs a host call unless the callback listed the side and the write
+    /// changes nothing in it (`host::unchanged_by`, as `OnWorker` skips it).
+    fn tally_write(&self, method: &'static str, side: Side, name: &str, value: Option<&[u8]>) {
+        if !(self.listed_side(side) && crate::host::unchanged_by(self.map(side), name, value)) {
+            self.tally(method);
+        }
+    }
+
     /// The host calls made since the last [`FakeHost::reset_tallies`], per method.
     pub fn host_calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
         self.tallies.borrow().clone()
@@ -341,13 +349,13 @@ impl Host for FakeHost {
         self.map(side).clone()
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
-        self.tally("set_header_bytes");
+        self.tally_write("set_header_bytes", side, name, Some(value));
         let map = self.map_mut(side);
         map.retain(|(k, _)| k != name);
         map.push((name.to_string(), value.to_vec()));
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
-        self.tally("set_header");
+        self.tally_write("set_header", side, name, value.map(str::as_bytes));
         let map = self.map_mut(side);
         map.retain(|(k, _)| k != name);
         if let Some(v) = value {
@@ -699,6 +707,23 @@ mod tests {
         assert_eq!(host.text(Side::Request, "x-a").as_deref(), Some("1"));
         assert_eq!(host.body(Side::Request, 0, 10), b"{}");
         assert_eq!(host.sync_token(), None);
+    }
+
+    #[test]
+    fn the_fake_counts_no_call_for_a_write_that_changes_nothing_in_a_listed_map() {
+        let mut host = FakeHost::builder()
+            .header(Side::Request, "x-a", b"1")
+            .build();
+        host.set_header(Side::Request, "x-b", None);
+        assert_eq!(host.host_calls_total(), 1, "unlisted: a host call");
+        host.headers(Side::Request);
+        let before = host.request_headers.clone();
+        host.set_header(Side::Request, "x-b", None);
+        host.set_header(Side::Request, "x-a", Some("1"));
+        assert_eq!(host.host_calls_total(), 2, "the listing only");
+        assert_eq!(host.request_headers, before);
+        host.set_header(Side::Request, "x-a", Some("2"));
+        assert_eq!(host.host_calls_total(), 3);
     }
 
     #[test]

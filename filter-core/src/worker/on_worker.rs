@@ -103,13 +103,17 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         all
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
-        self.listed.set(side, name, value.map(str::as_bytes));
+        if !self.listed.set(side, name, value.map(str::as_bytes)) {
+            return;
+        }
         C::time("host.set_header", || {
             self.calls.set_header(side, name, value)
         })
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
-        self.listed.set(side, name, Some(value));
+        if !self.listed.set(side, name, Some(value)) {
+            return;
+        }
         C::time("host.set_header_bytes", || {
             self.calls.set_header_bytes(side, name, value)
         })

@@ -428,3 +428,34 @@ fn a_callback_that_listed_a_map_reads_it_from_the_listing_with_its_own_writes() 
     assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
     assert_eq!(*vm.header_calls.borrow(), 6);
 }
+
+#[test]
+fn a_write_that_changes_nothing_in_a_listed_map_makes_no_host_call() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    let start = vec![
+        (":path".to_owned(), b"/v1".to_vec()),
+        ("a".to_owned(), b"1".to_vec()),
+        ("b".to_owned(), b"2".to_vec()),
+        ("b".to_owned(), b"3".to_vec()),
+    ];
+    *vm.request.borrow_mut() = start.clone();
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.headers(Side::Request);
+    assert_eq!(*vm.header_calls.borrow(), 1);
+    // A removal of a name the map does not hold, a set to the name's only value (any case).
+    host.set_header(Side::Request, "x-absent", None);
+    host.set_header(Side::Request, "a", Some("1"));
+    host.set_header_bytes(Side::Request, "A", b"1");
+    host.set_header_bytes(Side::Request, ":path", b"/v1");
+    assert_eq!(*vm.header_calls.borrow(), 1, "no host call");
+    assert_eq!(*vm.request.borrow(), start, "the map is the same");
+    // A set of a name with two values changes it (one value left), as does a new value.
+    host.set_header(Side::Request, "b", Some("2"));
+    host.set_header(Side::Request, "a", Some("9"));
+    drop(host);
+    assert_eq!(*vm.header_calls.borrow(), 3);
+    // Unlisted, the callback cannot know: every write is a host call.
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.set_header(Side::Request, "x-absent", None);
+    assert_eq!(*vm.header_calls.borrow(), 4);
+}

@@ -193,9 +193,43 @@ impl CallbackClock {
 
 /// Each side's header map as one callback listed it, kept up to date with the callback's own
 /// writes (nothing else changes a map during a callback): the callback's later reads are
-/// answered from it, as Envoy answers them (a name's first value, names without case).
+/// answered from it, as Envoy answers them (a name's first value, names without case). The
+/// writes to a listed side are held ([`Write::Held`]) and made when the callback ends or before
+/// a call that hands the stream to Envoy ([`Listed::take`]).
 #[derive(Debug, Default)]
-pub struct Listed(RefCell<[Option<HeaderMap>; 2]>);
+pub struct Listed(RefCell<[Option<Listing>; 2]>);
+
+#[derive(Debug)]
+struct Listing {
+    map: HeaderMap,
+    /// The names written since the map was listed or last written, once each, lower case.
+    held: Vec<String>,
+}
+
+/// What a header write costs the host now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// The side is not listed: the host call is made now.
+    Now,
+    /// The side is listed and the write changes nothing in it ([`unchanged_by`]): no call.
+    Unchanged,
+    /// The side is listed: the write is in the listing, held for [`Listed::take`].
+    Held,
+}
+
+/// From this many held names, a side's writes are made as its whole map in one host call
+/// (`proxy_set_header_map_pairs`); fewer, one call each (`proxy_replace_header_map_value`,
+/// `proxy_remove_header_map_value`).
+pub const WHOLE_MAP_FROM: usize = 2;
+
+/// The held writes of one side, as the host calls that make them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flush {
+    /// One call per name: its one value, or `None` removed.
+    Each(Vec<(String, Option<Vec<u8>>)>),
+    /// The whole map in one call: Envoy removes every header and adds these back, in order.
+    Whole(HeaderMap),
+}
 
 /// A header map as the host lists it: names and raw values, in order.
 pub type HeaderMap = Vec<(String, Vec<u8>)>;
@@ -224,43 +258,101 @@ fn slot(side: Side) -> usize {
 impl Listed {
     /// The side's map, if this callback listed it.
     pub fn headers(&self, side: Side) -> Option<Vec<(String, Vec<u8>)>> {
-        self.0.borrow()[slot(side)].clone()
+        self.0.borrow()[slot(side)].as_ref().map(|l| l.map.clone())
+    }
+
+    /// Whether this callback listed the side.
+    pub fn is_listed(&self, side: Side) -> bool {
+        self.0.borrow()[slot(side)].is_some()
     }
 
     /// A header's value from the listed map (`None`: the side was not listed).
     pub fn header(&self, side: Side, name: &str) -> Option<Option<Vec<u8>>> {
         let listed = self.0.borrow();
-        let map = listed[slot(side)].as_ref()?;
+        let listing = listed[slot(side)].as_ref()?;
         Some(
-            map.iter()
+            listing
+                .map
+                .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.clone()),
         )
     }
 
     pub fn keep(&self, side: Side, map: Vec<(String, Vec<u8>)>) {
-        self.0.borrow_mut()[slot(side)] = Some(map);
+        let held = Vec::new();
+        self.0.borrow_mut()[slot(side)] = Some(Listing { map, held });
     }
 
     /// A write of the callback: the name's values replaced by `value` (`None`: removed).
-    /// `false` when the side is listed and the write changes nothing in it ([`unchanged_by`]):
-    /// the host call is not made.
-    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) -> bool {
+    pub fn set(&self, side: Side, name: &str, value: Option<&[u8]>) -> Write {
         let mut listed = self.0.borrow_mut();
-        let Some(map) = listed[slot(side)].as_mut() else {
-            return true;
+        let Some(listing) = listed[slot(side)].as_mut() else {
+            return Write::Now;
         };
-        if unchanged_by(map, name, value) {
-            return false;
+        if unchanged_by(&listing.map, name, value) {
+            return Write::Unchanged;
         }
-        map.retain(|(k, _)| !k.eq_ignore_ascii_case(name));
+        let name = name.to_ascii_lowercase();
+        listing.map.retain(|(k, _)| !k.eq_ignore_ascii_case(&name));
         if let Some(v) = value {
-            map.push((name.to_ascii_lowercase(), v.to_vec()));
+            listing.map.push((name.clone(), v.to_vec()));
         }
-        true
+        if !listing.held.contains(&name) {
+            listing.held.push(name);
+        }
+        Write::Held
     }
 
-    /// Whatever the host did next (a local answer, a reset) is read from the host again.
+    /// The side's held writes, as the host calls to make now (`None`: nothing held); the
+    /// listing stays, with nothing held.
+    pub fn take(&self, side: Side) -> Option<Flush> {
+        let mut listed = self.0.borrow_mut();
+        let listing = listed[slot(side)].as_mut()?;
+        let held = std::mem::take(&mut listing.held);
+        if held.is_empty() {
+            return None;
+        }
+        if held.len() >= WHOLE_MAP_FROM {
+            return Some(Flush::Whole(listing.map.clone()));
+        }
+        let each = held
+            .into_iter()
+            .map(|name| {
+                let value = listing.map.iter().find(|(k, _)| *k == name);
+                let value = value.map(|(_, v)| v.clone());
+                (name, value)
+            })
+            .collect();
+        Some(Flush::Each(each))
+    }
+
+    /// The callback ends: both sides' held writes, to make now.
+    pub fn end(&self) -> Vec<(Side, Flush)> {
+        [Side::Request, Side::Response]
+            .into_iter()
+            .filter_map(|side| Some((side, self.take(side)?)))
+            .collect()
+    }
+
+    /// Before a call that hands the stream to Envoy (a resume, which may run the next filters
+    /// inside the call; a reset): both sides' held writes, to make first. What Envoy does next
+    /// is read from the host again.
+    pub fn hand_over(&self) -> Vec<(Side, Flush)> {
+        let held = self.end();
+        self.forget();
+        held
+    }
+
+    /// Before a local answer: the request's held writes, to make first (its map outlives the
+    /// answer: the logs read it); the response's are dropped (the answer replaces that map).
+    pub fn answer_locally(&self) -> Vec<(Side, Flush)> {
+        let held = self.take(Side::Request).map(|f| (Side::Request, f));
+        self.forget();
+        held.into_iter().collect()
+    }
+
+    /// A new callback lists the maps again.
     pub fn forget(&self) {
         *self.0.borrow_mut() = [None, None];
     }

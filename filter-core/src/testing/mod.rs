@@ -24,7 +24,7 @@ use ai_router_contract::shared as names;
 
 use ai_router_proto::v1::{AttemptOutcome, RequestOutcome};
 
-use crate::host::{Host, Refused, Side};
+use crate::host::{Flush, Host, Refused, Side, Write};
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::calls::CallTable;
@@ -178,9 +178,11 @@ pub struct FakeHost {
     /// Whether this callback read the state: Envoy's host reads the sync record once per
     /// callback (`worker::on_worker::OnWorker`), so only the first read counts.
     pub state_read: std::cell::Cell<bool>,
-    /// The sides this callback listed: Envoy's host answers their later reads from the
-    /// listing (`host::Listed`), so they count no host call (values are read live here).
-    pub listed: std::cell::Cell<[bool; 2]>,
+    /// The sides this callback listed, with the writes held since (`host::Listed`, as
+    /// `OnWorker` keeps them): a later read of a listed side counts no host call, and its
+    /// writes count as the calls that make them when the callback ends (values are read and
+    /// written live here).
+    pub listed: crate::host::Listed,
 }
 
 /// Builds a [`FakeHost`]: `FakeHost::builder().state(s).header(Side::Request, "a", b"b").build()`.
@@ -276,21 +278,42 @@ impl FakeHost {
         *self.tallies.borrow_mut().entry(method).or_default() += 1;
     }
 
-    /// A header write costs a host call unless the callback listed the side and the write
-    /// changes nothing in it (`host::unchanged_by`, as `OnWorker` skips it).
+    /// A header write costs a host call now when the callback did not list the side; a
+    /// write to a listed side is held (or, when it changes nothing, never made) as `OnWorker`
+    /// holds it, and counted when the callback ends ([`FakeHost::write_held`]).
     fn tally_write(&self, method: &'static str, side: Side, name: &str, value: Option<&[u8]>) {
-        if !(self.listed_side(side) && crate::host::unchanged_by(self.map(side), name, value)) {
+        if self.listed.set(side, name, value) == Write::Now {
             self.tally(method);
         }
     }
 
+    /// Counts held writes as the host calls `OnWorker` makes of them.
+    fn write_held(&self, held: Vec<(Side, Flush)>) {
+        for (_, flush) in held {
+            match flush {
+                Flush::Whole(_) => self.tally("set_headers"),
+                Flush::Each(writes) => {
+                    for (_, value) in writes {
+                        self.tally(match value {
+                            Some(_) => "set_header_bytes",
+                            None => "set_header",
+                        });
+                    }
+                }
+            }
+        }
+    }
+
     /// The host calls made since the last [`FakeHost::reset_tallies`], per method.
+    /// Reading them ends the callback (its held writes count).
     pub fn host_calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.write_held(self.listed.end());
         self.tallies.borrow().clone()
     }
 
     /// All host calls made since the last reset.
     pub fn host_calls_total(&self) -> u64 {
+        self.write_held(self.listed.end());
         self.tallies.borrow().values().sum()
     }
 
@@ -298,7 +321,8 @@ impl FakeHost {
     pub fn next_callback(&mut self) {
         self.clock_read.set(None);
         self.state_read.set(false);
-        self.listed.set([false; 2]);
+        self.write_held(self.listed.end());
+        self.listed.forget();
     }
 
     /// The state read, tallied once per callback (see `state_read`).
@@ -309,7 +333,7 @@ impl FakeHost {
     }
 
     fn listed_side(&self, side: Side) -> bool {
-        self.listed.get()[side as usize]
+        self.listed.is_listed(side)
     }
 
     /// The clock in µs, tallied once per callback (see `clock_read`).
@@ -342,9 +366,7 @@ impl Host for FakeHost {
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
         if !self.listed_side(side) {
             self.tally("headers");
-            let mut listed = self.listed.get();
-            listed[side as usize] = true;
-            self.listed.set(listed);
+            self.listed.keep(side, self.map(side).clone());
         }
         self.map(side).clone()
     }
@@ -381,8 +403,8 @@ impl Host for FakeHost {
         body.splice(start..end, bytes.iter().copied());
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.write_held(self.listed.answer_locally());
         self.tally("send_response");
-        self.listed.set([false; 2]);
         self.answered = Some(LocalAnswer {
             status,
             headers: headers
@@ -393,8 +415,8 @@ impl Host for FakeHost {
         });
     }
     fn reset_stream(&mut self) {
+        self.write_held(self.listed.hand_over());
         self.tally("reset_stream");
-        self.listed.set([false; 2]);
         self.resets += 1;
     }
     fn now_ms(&self) -> i64 {
@@ -493,8 +515,8 @@ impl Host for FakeHost {
         self.grpc_body.clone()
     }
     fn resume_request(&mut self) {
+        self.write_held(self.listed.hand_over());
         self.tally("resume_request");
-        self.listed.set([false; 2]);
         self.resumed += 1;
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
@@ -710,7 +732,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fake_counts_no_call_for_a_write_that_changes_nothing_in_a_listed_map() {
+    fn the_fake_counts_a_listed_map_s_writes_as_on_worker_makes_them() {
         let mut host = FakeHost::builder()
             .header(Side::Request, "x-a", b"1")
             .build();
@@ -723,6 +745,11 @@ mod tests {
         assert_eq!(host.host_calls_total(), 2, "the listing only");
         assert_eq!(host.request_headers, before);
         host.set_header(Side::Request, "x-a", Some("2"));
+        host.set_header(Side::Request, "x-c", Some("3"));
+        assert_eq!(host.text(Side::Request, "x-c").as_deref(), Some("3"));
+        // The callback ends: its two writes are the whole map in one call, as `OnWorker`.
+        host.next_callback();
+        assert_eq!(host.host_calls().get("set_headers"), Some(&1));
         assert_eq!(host.host_calls_total(), 3);
     }
 

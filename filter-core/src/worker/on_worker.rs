@@ -10,7 +10,7 @@ use ai_router_proto::v1::{AttemptOutcome, RequestOutcome, VirtualKey};
 
 use super::view::WorkerView;
 use super::{VmCalls, Worker};
-use crate::host::{CallbackClock, Host, Listed, Refused, Side};
+use crate::host::{CallbackClock, Flush, HeaderMap, Host, Listed, Refused, Side, Write};
 use crate::state::State;
 use crate::vm::call::Call;
 use crate::vm::local::{Allowance, Send};
@@ -27,6 +27,9 @@ pub trait HostCalls: VmCalls {
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)>;
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>);
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]);
+    /// The side's whole map in one call (`proxy_set_header_map_pairs`: Envoy removes every
+    /// header, pseudo-headers included, and adds these back).
+    fn set_headers(&mut self, side: Side, map: &HeaderMap);
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8>;
     fn set_body(&mut self, side: Side, start: usize, size: usize, bytes: &[u8]);
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
@@ -56,13 +59,16 @@ pub trait HostCalls: VmCalls {
 }
 
 /// A stage's host for one callback: the stream's calls and the worker of its VM, and the
-/// callback's one reading of the clock.
-pub struct OnWorker<'a, C, T = ()> {
+/// callback's one reading of the clock. The callback's header writes to a side it listed are
+/// held in the listing and made when the host is dropped, which the glue does before it hands
+/// the callback's action to Envoy (or before a resume or a reset, which hand the stream over).
+pub struct OnWorker<'a, C: HostCalls, T = ()> {
     pub calls: C,
     pub worker: &'a Worker<T>,
     clock: CallbackClock,
     /// Each side's map as this callback listed it, kept up to date with the callback's own
-    /// writes: the later reads of the callback are answered from it ([`Listed`]).
+    /// writes: the later reads of the callback are answered from it, and its writes held
+    /// until [`OnWorker::write_held`] ([`Listed`]).
     listed: Listed,
     /// The state as this callback first read it: one read of the sync record per callback,
     /// and one state for all of the callback's decisions.
@@ -81,9 +87,37 @@ impl<'a, C: HostCalls, T> OnWorker<'a, C, T> {
         }
     }
 
+    /// Makes held header writes: a side's whole map in one call, or one call a name
+    /// ([`crate::host::WHOLE_MAP_FROM`]).
+    fn write_held(&mut self, held: Vec<(Side, Flush)>) {
+        for (side, flush) in held {
+            match flush {
+                Flush::Whole(map) => {
+                    C::time("host.set_headers", || self.calls.set_headers(side, &map))
+                }
+                Flush::Each(writes) => C::time("host.set_header", || {
+                    for (name, value) in writes {
+                        match value {
+                            Some(v) => self.calls.set_header_bytes(side, &name, &v),
+                            None => self.calls.set_header(side, &name, None),
+                        }
+                    }
+                }),
+            }
+        }
+    }
+
     fn clock_ms(&self) -> i64 {
         self.clock
             .ms(|| C::time("host.now_us", || self.calls.now_us()))
+    }
+}
+
+/// The callback ends: its held header writes are made (the glue drops its host before it
+/// returns the callback's action to Envoy).
+impl<C: HostCalls, T> Drop for OnWorker<'_, C, T> {
+    fn drop(&mut self) {
+        self.write_held(self.listed.end());
     }
 }
 
@@ -103,7 +137,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         all
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
-        if !self.listed.set(side, name, value.map(str::as_bytes)) {
+        if self.listed.set(side, name, value.map(str::as_bytes)) != Write::Now {
             return;
         }
         C::time("host.set_header", || {
@@ -111,7 +145,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
-        if !self.listed.set(side, name, Some(value)) {
+        if self.listed.set(side, name, Some(value)) != Write::Now {
             return;
         }
         C::time("host.set_header_bytes", || {
@@ -127,13 +161,13 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn send_response(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-        self.listed.forget();
+        self.write_held(self.listed.answer_locally());
         C::time("host.send_response", || {
             self.calls.send_response(status, headers, body)
         })
     }
     fn reset_stream(&mut self) {
-        self.listed.forget();
+        self.write_held(self.listed.hand_over());
         C::time("host.reset_stream", || self.calls.reset_stream())
     }
     fn now_ms(&self) -> i64 {
@@ -217,7 +251,7 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         })
     }
     fn resume_request(&mut self) {
-        self.listed.forget();
+        self.write_held(self.listed.hand_over());
         C::time("host.resume_request", || self.calls.resume_request())
     }
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {

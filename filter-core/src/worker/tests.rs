@@ -28,11 +28,16 @@ struct FakeVm {
     gauges: Rc<RefCell<HashMap<&'static str, i64>>>,
     /// How many times the clock was read (one host call each in Envoy).
     clock_reads: Rc<RefCell<u32>>,
-    /// The request's headers, and the header calls made on them.
+    /// The request's and the response's headers, and the header calls made on them.
     request: Rc<RefCell<crate::host::HeaderMap>>,
+    response: Rc<RefCell<crate::host::HeaderMap>>,
+    /// Each call that hands the stream to Envoy, with the request's map at that moment.
+    handed_over: Rc<RefCell<Vec<(&'static str, crate::host::HeaderMap)>>>,
     header_calls: Rc<RefCell<u32>>,
     /// Reads of shared data (one host call each in Envoy).
     shared_reads: Rc<RefCell<u32>>,
+    /// Of those, the whole-map writes.
+    set_headers_calls: Rc<RefCell<u32>>,
 }
 
 impl SharedData for FakeVm {
@@ -75,35 +80,44 @@ impl VmCalls for FakeVm {
 
 /// The stream's calls: the request's header map (both sides alike); the rest are unused.
 impl on_worker::HostCalls for FakeVm {
-    fn header(&self, _: Side, name: &str) -> Option<Vec<u8>> {
+    fn header(&self, side: Side, name: &str) -> Option<Vec<u8>> {
         *self.header_calls.borrow_mut() += 1;
-        let map = self.request.borrow();
+        let map = self.map(side).borrow();
         map.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
-    fn headers(&self, _: Side) -> Vec<(String, Vec<u8>)> {
+    fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
         *self.header_calls.borrow_mut() += 1;
-        self.request.borrow().clone()
+        self.map(side).borrow().clone()
     }
-    fn set_header(&mut self, _: Side, name: &str, value: Option<&str>) {
+    fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
         *self.header_calls.borrow_mut() += 1;
-        let mut map = self.request.borrow_mut();
+        let mut map = self.map(side).borrow_mut();
         map.retain(|(k, _)| k != name);
         if let Some(v) = value {
             map.push((name.to_owned(), v.as_bytes().to_vec()));
         }
     }
-    fn set_header_bytes(&mut self, _: Side, name: &str, value: &[u8]) {
+    fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
         *self.header_calls.borrow_mut() += 1;
-        let mut map = self.request.borrow_mut();
+        let mut map = self.map(side).borrow_mut();
         map.retain(|(k, _)| k != name);
         map.push((name.to_owned(), value.to_vec()));
+    }
+    fn set_headers(&mut self, side: Side, map: &crate::host::HeaderMap) {
+        *self.header_calls.borrow_mut() += 1;
+        *self.set_headers_calls.borrow_mut() += 1;
+        *self.map(side).borrow_mut() = map.clone();
     }
     fn body(&self, _: Side, _: usize, _: usize) -> Vec<u8> {
         Vec::new()
     }
     fn set_body(&mut self, _: Side, _: usize, _: usize, _: &[u8]) {}
-    fn send_response(&mut self, _: u16, _: &[(&str, &str)], _: &[u8]) {}
-    fn reset_stream(&mut self) {}
+    fn send_response(&mut self, _: u16, _: &[(&str, &str)], _: &[u8]) {
+        self.hand_over("send_response");
+    }
+    fn reset_stream(&mut self) {
+        self.hand_over("reset_stream");
+    }
     fn dispatch_http_call(&mut self, _: &str, _: &[(&str, &str)], _: u64) -> Result<u32, Refused> {
         Err(Refused)
     }
@@ -121,13 +135,25 @@ impl on_worker::HostCalls for FakeVm {
     fn grpc_call_response_body(&self, _: usize) -> Option<Vec<u8>> {
         None
     }
-    fn resume_request(&mut self) {}
+    fn resume_request(&mut self) {
+        self.hand_over("resume_request");
+    }
     fn property(&self, _: &[&str]) -> Option<Vec<u8>> {
         None
     }
 }
 
 impl FakeVm {
+    fn map(&self, side: Side) -> &RefCell<crate::host::HeaderMap> {
+        match side {
+            Side::Request => &self.request,
+            Side::Response => &self.response,
+        }
+    }
+    fn hand_over(&self, call: &'static str) {
+        let request = self.request.borrow().clone();
+        self.handed_over.borrow_mut().push((call, request));
+    }
     fn with_queue() -> Self {
         let vm = Self::default();
         *vm.queue.borrow_mut() = Some(7);
@@ -422,11 +448,14 @@ fn a_callback_that_listed_a_map_reads_it_from_the_listing_with_its_own_writes() 
     assert_eq!(host.header(Side::Request, "c"), Some(b"5".to_vec()));
     let names: Vec<String> = host.header_names(Side::Request);
     assert_eq!(names, vec!["a", "c"]);
-    assert_eq!(*vm.header_calls.borrow(), 5, "the three writes only");
+    assert_eq!(*vm.header_calls.borrow(), 2, "the writes are held");
+    // The callback ends: its three writes are one host call (the whole map).
+    drop(host);
+    assert_eq!(*vm.header_calls.borrow(), 3);
     // The next callback reads the host again.
     let host = on_worker::OnWorker::new(vm.clone(), &w);
     assert_eq!(host.header(Side::Request, "a"), Some(b"4".to_vec()));
-    assert_eq!(*vm.header_calls.borrow(), 6);
+    assert_eq!(*vm.header_calls.borrow(), 4);
 }
 
 #[test]
@@ -449,13 +478,189 @@ fn a_write_that_changes_nothing_in_a_listed_map_makes_no_host_call() {
     host.set_header_bytes(Side::Request, ":path", b"/v1");
     assert_eq!(*vm.header_calls.borrow(), 1, "no host call");
     assert_eq!(*vm.request.borrow(), start, "the map is the same");
-    // A set of a name with two values changes it (one value left), as does a new value.
-    host.set_header(Side::Request, "b", Some("2"));
-    host.set_header(Side::Request, "a", Some("9"));
     drop(host);
-    assert_eq!(*vm.header_calls.borrow(), 3);
+    assert_eq!(*vm.header_calls.borrow(), 1, "nothing held");
+    // A set of a name with two values changes it (one value left).
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.headers(Side::Request);
+    host.set_header(Side::Request, "b", Some("2"));
+    drop(host);
+    assert_eq!(*vm.header_calls.borrow(), 3, "a listing and the write");
+    assert_eq!(
+        vm.request.borrow().iter().filter(|(k, _)| k == "b").count(),
+        1
+    );
     // Unlisted, the callback cannot know: every write is a host call.
     let mut host = on_worker::OnWorker::new(vm.clone(), &w);
     host.set_header(Side::Request, "x-absent", None);
     assert_eq!(*vm.header_calls.borrow(), 4);
+}
+
+/// A map as Envoy's readers see it: each name's values in order, the names in any order.
+fn by_name(map: &crate::host::HeaderMap) -> crate::host::HeaderMap {
+    let mut map = map.clone();
+    map.sort_by(|a, b| a.0.cmp(&b.0));
+    map
+}
+
+fn client_map() -> crate::host::HeaderMap {
+    [
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        (":authority", "gateway.local"),
+        (":scheme", "http"),
+        ("authorization", "Bearer sk"),
+        ("content-type", "application/json"),
+        ("x-dup", "1"),
+        ("x-dup", "2"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.as_bytes().to_vec()))
+    .collect()
+}
+
+#[test]
+fn held_writes_leave_the_host_s_map_as_the_per_name_writes_do_in_one_call_a_callback() {
+    use rand::{Rng, SeedableRng};
+    const NAMES: [&str; 7] = [
+        ":path",
+        ":authority",
+        "authorization",
+        "x-dup",
+        "x-ai-router-cluster",
+        "x-a",
+        "content-length",
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(32);
+    let w = Worker::<()>::default();
+    let (mut whole, mut one) = (0, 0);
+    for case in 0..500 {
+        // The same callbacks on two streams: one lists its map first (its writes held), the
+        // other does not (each write a host call, as before the listing).
+        let (held, each) = (FakeVm::default(), FakeVm::default());
+        *held.request.borrow_mut() = client_map();
+        *each.request.borrow_mut() = client_map();
+        for _ in 0..rng.random_range(1..4) {
+            let calls_before = *held.header_calls.borrow();
+            let mut h = on_worker::OnWorker::new(held.clone(), &w);
+            let mut e = on_worker::OnWorker::new(each.clone(), &w);
+            h.headers(Side::Request);
+            let writes = rng.random_range(0..8);
+            for _ in 0..writes {
+                let name = NAMES[rng.random_range(0..NAMES.len())];
+                let value = ["v", "1", "/v2", "x"][rng.random_range(0..4)];
+                match rng.random_range(0..3) {
+                    0 => {
+                        h.set_header(Side::Request, name, None);
+                        e.set_header(Side::Request, name, None);
+                    }
+                    1 => {
+                        h.set_header(Side::Request, name, Some(value));
+                        e.set_header(Side::Request, name, Some(value));
+                    }
+                    _ => {
+                        h.set_header_bytes(Side::Request, name, value.as_bytes());
+                        e.set_header_bytes(Side::Request, name, value.as_bytes());
+                    }
+                }
+                // The callback reads its own writes either way.
+                assert_eq!(
+                    h.header(Side::Request, name),
+                    e.header(Side::Request, name),
+                    "case {case}"
+                );
+            }
+            let whole_before = *held.set_headers_calls.borrow();
+            drop((h, e));
+            let calls = *held.header_calls.borrow() - calls_before;
+            assert!(
+                calls <= 2,
+                "case {case}: a listing and one write, made {calls}"
+            );
+            match *held.set_headers_calls.borrow() - whole_before {
+                0 if calls == 2 => one += 1,
+                0 => {}
+                _ => whole += 1,
+            }
+            assert_eq!(
+                by_name(&held.request.borrow()),
+                by_name(&each.request.borrow()),
+                "case {case}"
+            );
+        }
+    }
+    assert!(whole > 100 && one > 100, "both ways taken: {whole}, {one}");
+}
+
+#[test]
+fn a_local_answer_makes_the_request_s_held_writes_first_and_drops_the_response_s() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    *vm.request.borrow_mut() = client_map();
+    *vm.response.borrow_mut() = vec![(":status".into(), b"200".to_vec())];
+    let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.headers(Side::Request);
+    host.headers(Side::Response);
+    host.set_header(Side::Request, "x-a", Some("1"));
+    host.set_header(Side::Request, "authorization", None);
+    host.set_header(Side::Response, "x-b", Some("2"));
+    host.set_header(Side::Response, "x-c", Some("3"));
+    assert_eq!(
+        *vm.header_calls.borrow(),
+        2,
+        "the listings; the writes held"
+    );
+    host.send_response(401, &[], b"{}");
+    let handed = vm.handed_over.borrow().clone();
+    assert_eq!(handed.len(), 1);
+    let (call, request) = &handed[0];
+    assert_eq!(*call, "send_response");
+    let mut want = client_map();
+    want.retain(|(k, _)| k != "authorization");
+    want.push(("x-a".into(), b"1".to_vec()));
+    assert_eq!(
+        by_name(request),
+        by_name(&want),
+        "written before the answer"
+    );
+    drop(host);
+    assert_eq!(
+        *vm.header_calls.borrow(),
+        3,
+        "the request's map in one call"
+    );
+    assert_eq!(
+        *vm.response.borrow(),
+        vec![(":status".to_owned(), b"200".to_vec())],
+        "the response's writes dropped: the answer replaces that map"
+    );
+}
+
+#[test]
+fn a_resume_or_a_reset_makes_the_held_writes_first() {
+    for call in ["resume_request", "reset_stream"] {
+        let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+        *vm.request.borrow_mut() = client_map();
+        let mut host = on_worker::OnWorker::new(vm.clone(), &w);
+        host.headers(Side::Request);
+        host.set_header(Side::Request, "x-ai-router-cluster", Some("p"));
+        host.set_header(Side::Request, ":authority", Some("api.example"));
+        match call {
+            "resume_request" => host.resume_request(),
+            _ => host.reset_stream(),
+        }
+        let handed = vm.handed_over.borrow().clone();
+        let mut want = client_map();
+        want.retain(|(k, _)| k != ":authority");
+        want.push((":authority".into(), b"api.example".to_vec()));
+        want.push(("x-ai-router-cluster".into(), b"p".to_vec()));
+        assert_eq!(handed.len(), 1, "{call}");
+        assert_eq!(handed[0].0, call);
+        assert_eq!(by_name(&handed[0].1), by_name(&want), "{call}");
+        assert_eq!(*vm.set_headers_calls.borrow(), 1, "{call}");
+        // After the hand-over the map is Envoy's again: a later write is a host call now.
+        host.set_header(Side::Request, "x-a", Some("1"));
+        assert_eq!(*vm.header_calls.borrow(), 3, "{call}");
+        drop(host);
+        assert_eq!(*vm.header_calls.borrow(), 3, "{call}: nothing left held");
+    }
 }

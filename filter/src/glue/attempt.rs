@@ -68,12 +68,13 @@ impl Drop for Attempt {
 /// Every [`attempt::BOUND_TICK_MS`]: the attempts whose bound passed time out, each acting as
 /// its own context (its local answer, its reset).
 pub fn on_tick(worker: &Worker) {
-    let mut host = wasm_host(worker);
-    let now = host.now_ms();
+    let now = wasm_host(worker).now_ms();
     for (id, stage) in worker.on_tick(&mut WasmCalls, now, |s| s.bound_due(now)) {
         if host::set_effective_context(id) {
             if let Ok(mut stage) = stage.try_borrow_mut() {
-                stage.on_bound(&mut host);
+                // A host of its own for each context: its listing and its held header writes
+                // are that stream's, made (the host dropped) before the next context is set.
+                stage.on_bound(&mut wasm_host(worker));
             }
         }
     }

@@ -9,7 +9,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use ai_router_contract::shared::{REPORT_QUEUE, VM_ID};
-use ai_router_filter_core::host::{Flow, Refused, Side};
+use ai_router_filter_core::host::{Flow, HeaderMap, Refused, Side};
 use ai_router_filter_core::vm::gauge::Gauge;
 use ai_router_filter_core::vm::{SharedData, SharedError};
 use ai_router_filter_core::worker::on_worker::HostCalls;
@@ -151,6 +151,16 @@ impl HostCalls for WasmCalls {
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
         let set = hostcalls::set_map_value_bytes(map(side), name, Some(value));
         logged("set_header", set);
+    }
+    fn set_headers(&mut self, side: Side, map: &HeaderMap) {
+        let pairs = map
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        logged(
+            "set_headers",
+            hostcalls::set_map_bytes(self::map(side), pairs),
+        );
     }
     fn body(&self, side: Side, start: usize, size: usize) -> Vec<u8> {
         let bytes = hostcalls::get_buffer(buffer(side), start, size);

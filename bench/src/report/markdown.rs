@@ -135,11 +135,12 @@ fn overhead(o: &mut String, r: &Report) {
         let Some(over) = &load.overhead_ms else {
             continue;
         };
+        // A stream's figure is its time to the first byte, as the overhead's is.
         let at = |s: &super::SystemResult| {
-            let load = &s.phase(phase)?.load;
-            match &load.first_byte_ms {
-                Some(first) => Some(first.p50),
-                None => Some(load.latency_ms.p50),
+            if phase == "stream-c1" {
+                ttfb(s)
+            } else {
+                p50(s, phase)
             }
         };
         let added = direct.and_then(|d| Some(at(ai)? - at(d)?));

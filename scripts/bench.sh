@@ -115,7 +115,7 @@ fi
 
 # The floor of a proxy-wasm filter in both passes (bench/wasm-floor; docs/benchmarks.md,
 # "The platform's floor"): built only when a floor system is asked for.
-if wants wasm-noop || wants wasm-floor; then
+if wants wasm-noop || wants wasm-floor || wants one-pass-floor; then
     log "cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor"
     cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor >&2
     export AI_ROUTER_WASM_FLOOR="$TARGET_DIR/wasm32-wasip1/release/ai_router_wasm_floor.wasm"

@@ -11,6 +11,7 @@
 mod airouter;
 mod load;
 mod meta;
+mod onepass;
 mod peers;
 mod procs;
 mod report;
@@ -48,8 +49,9 @@ const ALL_SYSTEMS: [&str; 7] = [
 const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
 /// Systems run only when named: the floor of a proxy-wasm filter in both passes
 /// (bench/wasm-floor), with no host call (`wasm-noop`) and doing the least ai-router's stages
-/// do with a call's bytes (`wasm-floor`).
-const FLOOR_SYSTEMS: [&str; 2] = ["wasm-noop", "wasm-floor"];
+/// do with a call's bytes (`wasm-floor`), and that work on a first attempt in one pass
+/// (`one-pass-floor`).
+const FLOOR_SYSTEMS: [&str; 3] = ["wasm-noop", "wasm-floor", "one-pass-floor"];
 /// Envoy workers of every Envoy under test (the harness runs ai-router's with 2).
 pub(crate) const ENVOY_WORKERS: u32 = 2;
 /// Virtual keys of the systems comparison and of the small scale rows.

@@ -9,13 +9,15 @@ use anyhow::{bail, Result};
 
 use crate::airouter::{self, Instance, KeyBundle, Shape};
 use crate::load::{chat_body, Target};
+use crate::onepass::failover_check;
 use crate::peers;
 use crate::procs::ProcSet;
 use crate::report::{ScaleResult, SystemResult};
 use crate::run::{check, run_phase, warm_up, Plan, ALL_PHASES};
 use crate::scale::{bundle, probes};
 use crate::upstream::{
-    internal_hop_envoy_yaml, plain_envoy_yaml, wasm_floor_envoy_yaml, BenchEnvoy, Headers,
+    internal_hop_envoy_yaml, one_pass_envoy_yaml, plain_envoy_yaml, wasm_floor_envoy_yaml,
+    BenchEnvoy, Headers,
 };
 use crate::{log, Args, ENVOY_WORKERS, FEW_PROVIDER_KEYS, FEW_VIRTUAL_KEYS};
 
@@ -45,7 +47,9 @@ pub async fn run_system(
             let what = "the fake upstream itself (Envoy direct_response): the floor";
             measure_system(name, what, &target, &ProcSet::new(), bench, t0).await
         }
-        "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" => run_envoy(name, bench, t0).await,
+        "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" | "one-pass-floor" => {
+            run_envoy(name, bench, t0).await
+        }
         "ai-router" => return run_ai_router(name, bench, bundles, t0).await,
         "litellm" => run_litellm(name, bench, t0).await,
         "portkey" => run_portkey(name, bench, t0).await,
@@ -92,6 +96,10 @@ async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemR
             wasm_floor_envoy_yaml(upstream, &wasm_floor_path()?, true, bench.args.floor_writes),
             "envoy-internal with a proxy-wasm filter on both passes doing the least ai-router's stages do with a call's bytes (hold and read the body, list the headers, write one; the attempt pass holds and reads a unary answer)",
         ),
+        "one-pass-floor" => (
+            one_pass_envoy_yaml(upstream, &wasm_floor_path()?, bench.args.floor_writes),
+            "wasm-floor's work on one pass: the public listener's filter does both stages' and its route sends the call straight to the upstream, an upstream filter on that cluster turning a failure into an internal redirect through the internal listener (bench/wasm-floor, modes onepass and upstream)",
+        ),
         _ => (
             internal_hop_envoy_yaml(upstream),
             "Envoy 1.40, two passes and no filter: a listener routing to an internal listener whose router proxies to the upstream (ai-router's shape without its filter)",
@@ -106,9 +114,15 @@ async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemR
         bench.headers.prefix()
     )
     .parse()?;
+    let mut what = what.to_string();
+    if name == "one-pass-floor" {
+        let checked = failover_check(&envoy, bench.upstream, &target).await?;
+        log(format!("  {name}: {checked}"));
+        what = format!("{what}; {checked}");
+    }
     let mut procs = ProcSet::new();
     procs.add("envoy", envoy.process.pid());
-    measure_system(name, what, &target, &procs, bench, t0).await
+    measure_system(name, &what, &target, &procs, bench, t0).await
 }
 
 /// The floor filter's wasm (bench/wasm-floor): `AI_ROUTER_WASM_FLOOR`, else the release build

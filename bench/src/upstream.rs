@@ -6,7 +6,9 @@
 //! - `POST <prefix>.../chat/completions` with `accept: text/event-stream`, or under
 //!   `<prefix>stream/`: an OpenAI chat-completion stream (role, three content chunks, finish,
 //!   usage, `data: [DONE]`) in one write;
-//! - anything else under the prefix: an OpenAI chat completion (JSON).
+//! - anything else under the prefix: an OpenAI chat completion (JSON);
+//! - with [`FAIL_HEADER`], under any path: a 429 (`unary`) or a stream whose first event is an
+//!   error (`stream`).
 //!
 //! Streams go out chunked (no `content-length`), as providers send them.
 //! `/probe/` answers a completion too, or `401 invalid_api_key` while the runtime key
@@ -26,6 +28,9 @@ use serde_json::{json, Value};
 pub const COMPLETION_TEXT: &str = "Hello from the bench upstream.";
 /// A piece of [`COMPLETION_TEXT`] that stays whole in one stream chunk.
 pub const STREAM_MARKER: &str = "bench upstream";
+/// A request header that makes the fake upstream fail: `unary` answers 429, `stream` a stream
+/// whose first event is an error.
+pub const FAIL_HEADER: &str = "x-bench-fail";
 /// The runtime key that makes `/probe/` answer 401.
 pub const PROBE_RUNTIME_KEY: &str = "bench.probe_fails";
 
@@ -175,6 +180,23 @@ pub fn fake_upstream_yaml() -> String {
     let sse = stream_body();
     let mut routes = String::new();
     let error = json!({"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string();
+    // Scripted failures (`one-pass-floor`'s failover check): a 429, and a stream whose first
+    // event is an error.
+    let limited = json!({"error": {"message": "Rate limit reached.", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}).to_string();
+    routes.push_str(&route(
+        &format!("{{ prefix: /, headers: [{{ name: {FAIL_HEADER}, string_match: {{ exact: unary }} }}] }}"),
+        429,
+        "application/json",
+        &limited,
+        Headers::Static,
+    ));
+    routes.push_str(&route(
+        &format!("{{ prefix: /, headers: [{{ name: {FAIL_HEADER}, string_match: {{ exact: stream }} }}] }}"),
+        200,
+        "text/event-stream",
+        &format!("data: {limited}\n\n"),
+        Headers::Static,
+    ));
     routes.push_str(&route(
         &format!(
             "{{ prefix: /probe/, runtime_fraction: {{ default_value: {{ numerator: 0, denominator: HUNDRED }}, runtime_key: {PROBE_RUNTIME_KEY} }} }}"
@@ -234,15 +256,20 @@ pub fn fake_upstream_yaml() -> String {
 
 /// The static cluster `upstream` (`127.0.0.1:port`), as a `clusters:` list item.
 fn upstream_cluster(upstream_port: u16) -> String {
+    static_cluster("upstream", upstream_port, "")
+}
+
+/// A static cluster to `127.0.0.1:port`, `options` (YAML at the cluster's level) added.
+fn static_cluster(name: &str, upstream_port: u16, options: &str) -> String {
     format!(
-        r#"    - name: upstream
-      type: STATIC
+        r#"    - name: {name}
+{options}      type: STATIC
       connect_timeout: 5s
       circuit_breakers:
         thresholds:
           - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
       load_assignment:
-        cluster_name: upstream
+        cluster_name: {name}
         endpoints:
           - lb_endpoints:
               - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}
@@ -288,32 +315,81 @@ pub fn wasm_floor_envoy_yaml(
         } else {
             "noop".into()
         };
-        format!(
-            r#"                  - name: envoy.filters.http.wasm
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-                      config:
-                        allow_on_headers_stop_iteration: true
-                        name: floor_{name}
-                        root_id: floor
-                        configuration:
-                          "@type": type.googleapis.com/google.protobuf.StringValue
-                          value: "{mode}"
-                        vm_config:
-                          vm_id: floor
-                          runtime: envoy.wasm.runtime.v8
-                          code: {{ local: {{ filename: "{}" }} }}
-"#,
-            wasm.display(),
-            name = mode.split(' ').next().unwrap_or("noop"),
-        )
+        format!("                  - {}\n", floor_filter(wasm, &mode))
     };
     two_passes(upstream_port, &filter("front"), &filter("attempt"))
+}
+
+/// The floor filter (bench/wasm-floor at `wasm`) in `mode` (its plugin configuration), as one
+/// YAML flow mapping; every instance in one VM, as ai-router's stages share one.
+fn floor_filter(wasm: &std::path::Path, mode: &str) -> String {
+    format!(
+        r#"{{ name: envoy.filters.http.wasm, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ allow_on_headers_stop_iteration: true, name: floor_{name}, root_id: floor, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: "{mode}" }}, vm_config: {{ vm_id: floor, runtime: envoy.wasm.runtime.v8, code: {{ local: {{ filename: "{}" }} }} }} }} }} }}"#,
+        wasm.display(),
+        name = mode.split(' ').next().unwrap_or("noop"),
+    )
+}
+
+/// A first attempt in one pass (bench/wasm-floor's `onepass` and `upstream` modes; see there):
+/// the public listener's filter does the work of both stages, and its route sends the call
+/// straight to `upstream` through cluster `first_attempt`, whose upstream filter turns a failure
+/// into a `307` that the route's internal redirect policy follows; the continuation goes
+/// through the public listener again, then (`x-floor-lane: retry`) through the internal
+/// listener, with a retry policy, as today's second pass.
+pub fn one_pass_envoy_yaml(upstream_port: u16, wasm: &std::path::Path, writes: usize) -> String {
+    let front = format!(
+        "                  - {}\n",
+        floor_filter(wasm, &format!("onepass {writes}"))
+    );
+    let attempt = format!(
+        "                  - {}\n",
+        floor_filter(wasm, &format!("attempt {writes}"))
+    );
+    let routes = "                        - match: { prefix: /, headers: [{ name: x-floor-lane, string_match: { exact: retry } }] }\n\
+         \x20                         route: { cluster: second_pass, timeout: 30s, retry_policy: { retry_on: retriable-status-codes, retriable_status_codes: [503], num_retries: 1 } }\n\
+         \x20                       - match: { prefix: / }\n\
+         \x20                         route: { cluster: first_attempt, timeout: 30s, internal_redirect_policy: { redirect_response_codes: [307], max_internal_redirects: 1 } }\n";
+    let options = format!(
+        r#"      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{ http_protocol_options: {{}} }}
+          http_filters:
+            - {}
+            - {{ name: envoy.filters.http.upstream_codec, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec }} }}
+"#,
+        floor_filter(wasm, "upstream")
+    );
+    two_passes_routed(
+        upstream_port,
+        &front,
+        &attempt,
+        routes,
+        &static_cluster("first_attempt", upstream_port, &options),
+    )
 }
 
 /// The two-pass bootstrap, with the HTTP filters `front` (public listener) and `attempt`
 /// (internal listener) before each router.
 fn two_passes(upstream_port: u16, front: &str, attempt: &str) -> String {
+    two_passes_routed(
+        upstream_port,
+        front,
+        attempt,
+        "                        - match: { prefix: / }\n\
+         \x20                         route: { cluster: second_pass, timeout: 30s }\n",
+        "",
+    )
+}
+
+/// [`two_passes`] with the public listener's `routes` and more `clusters` (list items).
+fn two_passes_routed(
+    upstream_port: u16,
+    front: &str,
+    attempt: &str,
+    routes: &str,
+    clusters: &str,
+) -> String {
     let tail = format!(
         r#"    - name: second_pass
       internal_listener: {{}}
@@ -348,7 +424,8 @@ fn two_passes(upstream_port: u16, front: &str, attempt: &str) -> String {
                   address:
                     envoy_internal_address: {{ server_listener_name: second_pass }}
 "#,
-    ) + &upstream_cluster(upstream_port);
+    ) + &upstream_cluster(upstream_port)
+        + clusters;
     let head = String::from(
         "# The benchmark's two-pass Envoy: a listener, an internal listener, one static cluster.\n\
          bootstrap_extensions:\n\
@@ -356,15 +433,7 @@ fn two_passes(upstream_port: u16, front: &str, attempt: &str) -> String {
          \x20   typed_config:\n\
          \x20     \"@type\": type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener\n",
     );
-    one_listener(
-        "internal_hop",
-        &head,
-        "",
-        "                        - match: { prefix: / }\n\
-         \x20                         route: { cluster: second_pass, timeout: 30s }\n",
-        front,
-        &tail,
-    )
+    one_listener("internal_hop", &head, "", routes, front, &tail)
 }
 
 /// A bootstrap with an admin interface and one HTTP listener, both on ephemeral loopback

@@ -2,7 +2,8 @@
 //! the fake upstream, direct, plain Envoy and ai-router (control plane + Envoy + the filter)
 //! each measured for a fraction of a second per phase, and the sync probes on ai-router. The
 //! figures mean nothing here; that they exist, with no failed request and real completions
-//! through the gateway, is what is checked. Ephemeral ports on loopback only.
+//! through the gateway, is what is checked. And `one-pass-floor`'s smoke run, whose failover
+//! check must pass. Ephemeral ports on loopback only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -48,9 +49,9 @@ fn check_phase(system: &str, name: &str, p: &Value) -> Vec<String> {
     problems
 }
 
-#[test]
-fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
-    let dir = TestDir::new("bench_smoke").expect("test dir");
+/// Runs `scripts/bench.sh --smoke` with `args` into `dir`/results (bounded by [`BOUND`]),
+/// asserts it succeeded, and returns its stdout, its stderr and the results directory.
+fn run_smoke(dir: &TestDir, args: &[&str]) -> (String, String, std::path::PathBuf) {
     let out = dir.join("results");
     let envoy = envoy_bin().expect("Envoy");
     let bin = ai_router_bin().expect("ai-router");
@@ -61,6 +62,7 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
     let started = Instant::now();
     let mut child = Command::new(&script)
         .arg("--smoke")
+        .args(args)
         .arg("--out")
         .arg(&out)
         .env("ENVOY_BIN", &envoy)
@@ -96,7 +98,14 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
         status.success(),
         "scripts/bench.sh --smoke failed ({status})\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
     );
-    eprintln!("scripts/bench.sh --smoke took {took:?}");
+    eprintln!("scripts/bench.sh --smoke {args:?} took {took:?}");
+    (stdout, stderr, out)
+}
+
+#[test]
+fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
+    let dir = TestDir::new("bench_smoke").expect("test dir");
+    let (stdout, stderr, out) = run_smoke(&dir, &[]);
 
     // No secret is printed: provider keys are sk-bench-..., virtual keys sk-starci-....
     for needle in ["sk-bench-", "sk-starci-"] {
@@ -219,4 +228,48 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// `one-pass-floor` (docs/benchmarks.md, "A first attempt in one pass"): the benchmark checks,
+/// before measuring it, that a successful first attempt takes one pass and that a failed one
+/// (a 429, and a stream whose first event is an error) is followed by Envoy's internal redirect
+/// through the internal listener with its body replayed, the client getting the second
+/// attempt's answer (bench/src/onepass.rs); any miss is the system's error. Here: that check
+/// ran and passed, and the system was measured with no failed request.
+#[test]
+fn the_one_pass_floor_fails_a_first_attempt_over_through_an_internal_redirect() {
+    let dir = TestDir::new("bench_one_pass").expect("test dir");
+    let (_, _, out) = run_smoke(&dir, &["--systems", "one-pass-floor", "--scale", "none"]);
+    let report: Value =
+        serde_json::from_str(&read(&out.join("results.json"))).expect("results.json is JSON");
+    assert!(
+        report
+            .get("errors")
+            .and_then(Value::as_array)
+            .is_some_and(Vec::is_empty),
+        "errors: {}",
+        report["errors"]
+    );
+    let systems = report["systems"].as_array().cloned().unwrap_or_default();
+    assert_eq!(systems.len(), 1, "systems: {}", report["systems"]);
+    let s = &systems[0];
+    assert_eq!(s["name"], "one-pass-floor");
+    assert!(s["error"].is_null(), "{}", s["error"]);
+    let description = s["description"].as_str().unwrap_or_default();
+    assert!(
+        description.contains("failover checked"),
+        "the failover check did not run: {description}"
+    );
+    assert_eq!(
+        s.pointer("/check/unaryContent").and_then(Value::as_str),
+        Some(COMPLETION)
+    );
+    let mut problems = Vec::new();
+    for phase in PHASES {
+        match s.pointer(&format!("/phases/{phase}")) {
+            Some(p) => problems.extend(check_phase("one-pass-floor", phase, p)),
+            None => problems.push(format!("one-pass-floor: no {phase} phase")),
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

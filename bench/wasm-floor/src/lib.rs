@@ -10,6 +10,21 @@
 //!   reads it (a streamed answer is read event by event and passed on), and lists the answer's
 //!   headers and writes one; the front pass lists the answer's headers and writes one.
 //!
+//! - `onepass` and `upstream`: a first attempt in one pass (`docs/benchmarks.md`, "A first
+//!   attempt in one pass"). `onepass`, on the public listener, does what `front` and `attempt`
+//!   do together, and marks the call for the route that sends it straight to the upstream
+//!   (`x-floor-lane: direct`), keeping what a continuation needs (the original authority and
+//!   path) in a property that lives as long as the downstream request. `upstream`, an upstream
+//!   HTTP filter on that route's cluster, turns a failed first attempt (429 or 5xx; a stream
+//!   whose first event is an error, its headers held until then) into a `307` to
+//!   [`CONTINUATION_URL`], which the route's internal redirect policy follows: a new stream
+//!   through the public listener, the body replayed. `onepass` knows that continuation by its
+//!   path and by the property (a client cannot set one), puts the authority and path back,
+//!   drops the failure the first attempt met (`x-bench-fail`, the fake upstream's script) and
+//!   routes it to the internal listener (`x-floor-lane: retry`), where `attempt` runs as in
+//!   `wasm-floor`. On the continuation's answer it says how many body bytes it read
+//!   (`x-floor-replayed`).
+//!
 //! Nothing here parses, picks or reports: against ai-router's figures, the difference is the
 //! filter's own work.
 
@@ -26,7 +41,18 @@ enum Mode {
     Noop,
     Front,
     Attempt,
+    OnePass,
+    Upstream,
 }
+
+/// Where the `upstream` mode sends a failed first attempt (the internal redirect's target).
+const CONTINUATION_URL: &str = "http://onepass.internal/__onepass/retry";
+/// The path prefix of a continuation.
+const CONTINUATION_PATH: &[u8] = b"/__onepass/";
+/// The property (filter state) that carries a first attempt's authority and path to its
+/// continuation; declared with the downstream request's life span, which an internal redirect
+/// keeps.
+const PLAN_PROPERTY: &str = "onepass_plan";
 
 struct Root {
     mode: Mode,
@@ -44,9 +70,25 @@ impl RootContext for Root {
         self.mode = match words.next() {
             Some("front") => Mode::Front,
             Some("attempt") => Mode::Attempt,
+            Some("onepass") => Mode::OnePass,
+            Some("upstream") => Mode::Upstream,
             _ => Mode::Noop,
         };
         self.writes = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+        if self.mode == Mode::OnePass {
+            // DeclarePropertyArguments { name: PLAN_PROPERTY, type: Bytes, span: DownstreamRequest }
+            // (Envoy's source/extensions/common/wasm/declare_property.proto), by hand.
+            let mut args = vec![0x0a, PLAN_PROPERTY.len() as u8];
+            args.extend_from_slice(PLAN_PROPERTY.as_bytes());
+            args.extend_from_slice(&[0x28, 0x01]);
+            if self
+                .call_foreign_function("declare_property", Some(&args))
+                .is_err()
+            {
+                proxy_wasm::hostcalls::log(LogLevel::Error, "declare_property failed").ok();
+                return false;
+            }
+        }
         true
     }
 
@@ -55,6 +97,10 @@ impl RootContext for Root {
             mode: self.mode,
             writes: self.writes,
             streamed: false,
+            continuation: false,
+            plan: Vec::new(),
+            replayed: None,
+            held: false,
         }))
     }
 
@@ -68,27 +114,70 @@ struct Stream {
     writes: usize,
     /// The answer is an event stream (read as it comes, not held).
     streamed: bool,
+    /// `onepass`: this stream is a continuation (its path says so; the property proves it).
+    continuation: bool,
+    /// `onepass`: the request's authority and path, a newline between.
+    plan: Vec<u8>,
+    /// `onepass`: the body bytes a continuation read.
+    replayed: Option<usize>,
+    /// `upstream`: an event stream's headers held until its first event.
+    held: bool,
 }
 
 impl Context for Stream {}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        if self.mode == Mode::Noop || end_of_stream {
+        if matches!(self.mode, Mode::Noop | Mode::Upstream) || end_of_stream {
             return Action::Continue;
         }
-        let _listed = self.get_http_request_headers_bytes();
+        let listed = self.get_http_request_headers_bytes();
+        if self.mode == Mode::OnePass {
+            let value = |name: &str| {
+                listed
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.as_slice())
+                    .unwrap_or_default()
+            };
+            let path = value(":path");
+            self.continuation = path.starts_with(CONTINUATION_PATH);
+            if !self.continuation {
+                self.plan = [value(":authority"), b"\n", path].concat();
+            }
+        }
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        if self.mode == Mode::Noop {
+        if matches!(self.mode, Mode::Noop | Mode::Upstream) {
             return Action::Continue;
         }
         if !end_of_stream {
             return Action::Pause;
         }
-        let _body = self.get_http_request_body(0, size);
+        let body = self.get_http_request_body(0, size);
+        if self.mode == Mode::OnePass {
+            if self.continuation {
+                let Some(plan) = self.get_property(vec![PLAN_PROPERTY]) else {
+                    // A client's own request to the continuation path: no first attempt made it.
+                    self.send_http_response(404, vec![], Some(b"no such continuation"));
+                    return Action::Pause;
+                };
+                let mut parts = plan.splitn(2, |b| *b == b'\n');
+                let authority = parts.next().unwrap_or_default();
+                let path = parts.next().unwrap_or_default();
+                self.set_http_request_header_bytes(":authority", Some(authority));
+                self.set_http_request_header_bytes(":path", Some(path));
+                self.set_http_request_header("x-envoy-original-url", None);
+                self.set_http_request_header("x-bench-fail", None);
+                self.set_http_request_header("x-floor-lane", Some("retry"));
+                self.replayed = Some(body.map_or(0, |b| b.len()));
+            } else {
+                self.set_property(vec![PLAN_PROPERTY], Some(&self.plan));
+                self.set_http_request_header("x-floor-lane", Some("direct"));
+            }
+        }
         self.set_http_request_header("x-floor-pass", Some(pass(self.mode)));
         for i in 1..self.writes {
             self.set_http_request_header(&format!("x-floor-{i}"), Some(pass(self.mode)));
@@ -100,19 +189,33 @@ impl HttpContext for Stream {
         if self.mode == Mode::Noop {
             return Action::Continue;
         }
+        if self.mode == Mode::Upstream {
+            return self.first_attempt_headers(end_of_stream);
+        }
         let listed = self.get_http_response_headers_bytes();
         self.streamed = listed.iter().any(|(name, value)| {
             name.eq_ignore_ascii_case("content-type") && value.starts_with(b"text/event-stream")
         });
         self.set_http_response_header("x-floor-pass", Some(pass(self.mode)));
-        if self.mode == Mode::Attempt && !self.streamed && !end_of_stream {
+        if let Some(bytes) = self.replayed {
+            self.set_http_response_header("x-floor-replayed", Some(&bytes.to_string()));
+        }
+        if matches!(self.mode, Mode::Attempt | Mode::OnePass) && !self.streamed && !end_of_stream {
             return Action::Pause;
         }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        if self.mode != Mode::Attempt {
+        if self.mode == Mode::Upstream && self.held {
+            self.held = false;
+            let first = self.get_http_response_body(0, size).unwrap_or_default();
+            if error_event_first(&first) {
+                self.redirect();
+            }
+            return Action::Continue;
+        }
+        if !matches!(self.mode, Mode::Attempt | Mode::OnePass) {
             return Action::Continue;
         }
         if self.streamed {
@@ -127,9 +230,45 @@ impl HttpContext for Stream {
     }
 }
 
+impl Stream {
+    /// `upstream`: a failed answer becomes the redirect to the continuation; an event stream's
+    /// headers wait for its first event; anything else passes at once.
+    fn first_attempt_headers(&mut self, end_of_stream: bool) -> Action {
+        let status = self.get_http_response_header(":status").unwrap_or_default();
+        if status == "429" || status.starts_with('5') {
+            self.redirect();
+            return Action::Continue;
+        }
+        if end_of_stream {
+            return Action::Continue;
+        }
+        let content_type = self.get_http_response_header("content-type");
+        if content_type.is_some_and(|ct| ct.starts_with("text/event-stream")) {
+            self.held = true;
+            return Action::Pause;
+        }
+        Action::Continue
+    }
+
+    fn redirect(&self) {
+        self.set_http_response_header(":status", Some("307"));
+        self.set_http_response_header("location", Some(CONTINUATION_URL));
+    }
+}
+
+/// The stream's first `data:` event is an error (before any token).
+fn error_event_first(chunk: &[u8]) -> bool {
+    let first = chunk
+        .split(|b| *b == b'\n')
+        .find_map(|line| line.strip_prefix(b"data:"))
+        .unwrap_or_default();
+    first.windows(8).any(|w| w == b"\"error\":")
+}
+
 fn pass(mode: Mode) -> &'static str {
     match mode {
         Mode::Front => "front",
+        Mode::OnePass => "onepass",
         _ => "attempt",
     }
 }

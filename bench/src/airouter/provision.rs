@@ -51,6 +51,8 @@ pub(super) fn pool(
             secrets.admin_token.clone(),
         ),
         ("RUST_LOG".to_string(), "warn".to_string()),
+        // As the control plane's image runs it (control-plane/Dockerfile).
+        ("MALLOC_ARENA_MAX".to_string(), "2".to_string()),
     ];
     let mut provider = |id: &str, var: &str, url: &str, model: &str, keys: usize| {
         if keys == 0 {

@@ -6,6 +6,8 @@
 //! the local count against the known limit is all there is. How long an anchor stands is the
 //! pool's `ledger:` ([`AnchorLifetimes`]: 2 minutes for reported, 5 for mined by default).
 
+use std::collections::VecDeque;
+
 use ai_router_contract::calendar::{first_of_next_month_ms, month_index};
 use ai_router_contract::kinds::DailyReset;
 
@@ -18,7 +20,7 @@ const MINUTE_MS: i64 = 60 * SECOND_MS;
 /// The minute is counted in stretches as wide as the filter's send buckets, so that the
 /// estimate pushed as of a bucket's start counts exactly the sends before it.
 const SLOT_MS: i64 = ai_router_contract::ledger::SEND_BUCKET_MS;
-const SLOTS: usize = (MINUTE_MS / SLOT_MS) as usize;
+const SLOTS: i64 = MINUTE_MS / SLOT_MS;
 const DAY_MS: i64 = 24 * 60 * MINUTE_MS;
 /// How long a value read from a provider's headers stands for the truth, by default.
 pub const REPORTED_TTL_MS: i64 = crate::config::ledger::REPORTED_TTL_MS;
@@ -94,8 +96,10 @@ pub struct Headroom {
 #[derive(Debug, Clone)]
 pub struct Counter {
     zone: DailyReset,
-    /// (slot, requests, tokens), indexed by slot mod [`SLOTS`]; a slot is `at_ms / SLOT_MS`.
-    slots: Vec<(i64, u64, u64)>,
+    /// (slot, requests, tokens) of the slots that saw a send within a minute of the newest,
+    /// oldest first; a slot is `at_ms / SLOT_MS`. Only the slots with sends are held: a key
+    /// that sends nothing holds nothing (a pool of 1,000 keys held 14 KB a key as a full ring).
+    slots: VecDeque<(i64, u64, u64)>,
     day_start_ms: i64,
     day: (u64, u64),
     month: i64,
@@ -109,7 +113,7 @@ impl Counter {
         Self {
             lifetimes,
             zone,
-            slots: vec![(i64::MIN, 0, 0); SLOTS],
+            slots: VecDeque::new(),
             day_start_ms: i64::MIN,
             day: (0, 0),
             month: i64::MIN,
@@ -139,22 +143,43 @@ impl Counter {
     /// Counts what an attempt sent at `at_ms`.
     pub fn add(&mut self, at_ms: i64, requests: u64, tokens: u64) {
         self.roll(at_ms);
-        let slot = at_ms.div_euclid(SLOT_MS);
-        let entry = &mut self.slots[slot.rem_euclid(SLOTS as i64) as usize];
-        // An attempt reported after its minute passed counts for the day and month only.
-        if entry.0 <= slot {
-            if entry.0 != slot {
-                *entry = (slot, 0, 0);
-            }
-            entry.1 += requests;
-            entry.2 += tokens;
-        }
+        self.count_in_minute(at_ms.div_euclid(SLOT_MS), requests, tokens);
         if at_ms >= self.day_start_ms {
             self.day.0 += requests;
             self.day.1 += tokens;
         }
         if month_index(at_ms) == self.month {
             self.month_tokens += tokens;
+        }
+    }
+
+    /// Counts a send in its slot of the minute. An attempt reported a minute or more after the
+    /// newest send counted counts for the day and month only; slots a minute older than the
+    /// newest are let go.
+    fn count_in_minute(&mut self, slot: i64, requests: u64, tokens: u64) {
+        let newest = self.slots.back().map_or(i64::MIN, |&(s, ..)| s);
+        if slot > newest {
+            self.slots.push_back((slot, requests, tokens));
+            while self
+                .slots
+                .front()
+                .is_some_and(|&(s, ..)| s <= slot.saturating_sub(SLOTS))
+            {
+                self.slots.pop_front();
+            }
+            return;
+        }
+        if slot <= newest.saturating_sub(SLOTS) {
+            return;
+        }
+        match self.slots.binary_search_by_key(&slot, |&(s, ..)| s) {
+            Ok(i) => {
+                if let Some(entry) = self.slots.get_mut(i) {
+                    entry.1 += requests;
+                    entry.2 += tokens;
+                }
+            }
+            Err(i) => self.slots.insert(i, (slot, requests, tokens)),
         }
     }
 
@@ -169,7 +194,7 @@ impl Counter {
         self.roll(now_ms);
         let now_slot = now_ms.div_euclid(SLOT_MS);
         let before_slot = before_ms.div_euclid(SLOT_MS);
-        let oldest = now_slot - SLOTS as i64;
+        let oldest = now_slot - SLOTS;
         match window {
             Window::Rpm | Window::Tpm => self
                 .slots
@@ -187,11 +212,14 @@ impl Counter {
                 // The day's and the month's totals, less what was sent from `before_ms` on:
                 // the few slots of the estimate's lag, walked one by one.
                 let (mut today, mut this_month) = ((0, 0), 0);
-                for slot in before_slot.max(oldest + 1)..=now_slot {
-                    let (s, requests, tokens) = self.slots[slot.rem_euclid(SLOTS as i64) as usize];
-                    if s != slot {
-                        continue;
-                    }
+                let first = before_slot.max(oldest + 1);
+                let lag = self
+                    .slots
+                    .iter()
+                    .rev()
+                    .take_while(|&&(s, ..)| s >= first)
+                    .filter(|&&(s, ..)| s <= now_slot);
+                for &(s, requests, tokens) in lag {
                     let at_ms = s * SLOT_MS;
                     if at_ms >= self.day_start_ms {
                         today.0 += requests;
@@ -347,6 +375,35 @@ mod tests {
         c.add(AT + 2_000 - 60_000, 1, 5);
         assert_eq!(c.count(Window::Rpm, now), 3);
         assert_eq!(c.count(Window::Rpd, now), 4);
+    }
+
+    #[test]
+    fn the_minute_holds_only_its_slots_with_sends_and_takes_late_reports_in_order() {
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
+        assert!(c.slots.is_empty(), "a key that sent nothing holds no slot");
+        // Three minutes of a send every 100 ms: never more than a minute of slots held.
+        for i in 0..1_800 {
+            c.add(AT + i * 100, 1, 1);
+            assert!(c.slots.len() <= SLOTS as usize);
+        }
+        let now = AT + 1_799 * 100;
+        assert_eq!(c.count(Window::Rpm, now), 600);
+        // Sends reported out of order within the minute count in their own slots.
+        let mut c = Counter::new(DailyReset::Utc, AnchorLifetimes::default());
+        c.add(AT + 5_000, 1, 10);
+        c.add(AT + 1_000, 1, 20);
+        c.add(AT + 3_000, 1, 40);
+        c.add(AT + 1_050, 1, 80);
+        assert_eq!(c.slots.len(), 3);
+        let slots: Vec<i64> = c.slots.iter().map(|&(s, ..)| s).collect();
+        assert!(slots.windows(2).all(|w| w[0] < w[1]), "{slots:?}");
+        assert_eq!(c.count(Window::Tpm, AT + 5_000), 150);
+        assert_eq!(c.count_before(Window::Tpm, AT + 3_000, AT + 5_000), 100);
+        assert_eq!(c.count_before(Window::Tpd, AT + 3_000, AT + 5_000), 100);
+        // A quiet key lets its old slots go with its next send.
+        c.add(AT + 5_000 + 120_000, 1, 1);
+        assert_eq!(c.slots.len(), 1);
+        assert_eq!(c.count(Window::Rpd, AT + 125_000), 5);
     }
 
     #[test]

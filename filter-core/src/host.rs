@@ -155,6 +155,12 @@ pub trait Host {
     /// `false` when another worker wrote it first or the host refused.
     fn set_parked_lanes(&mut self, provider: &str, record: &[u8], cas: Option<u32>) -> bool;
 
+    /// Lists the side's headers for the callback's later reads and writes, with nothing
+    /// handed back (a host that keeps the listing need not copy it).
+    fn list_headers(&self, side: Side) {
+        let _ = self.headers(side);
+    }
+
     /// The names of every header of that side.
     fn header_names(&self, side: Side) -> Vec<String> {
         self.headers(side).into_iter().map(|(k, _)| k).collect()

@@ -33,6 +33,8 @@ impl Attempt {
         let Some(lane) = &self.lane else {
             return Flow::Continue;
         };
+        // Listed first: `:status` is then read from the listing (one host call, not two).
+        let listed = host.headers(Side::Response);
         let status: u16 = host
             .header_text(Side::Response, ":status")
             .and_then(|s| s.parse().ok())
@@ -41,7 +43,7 @@ impl Attempt {
         // them, and only the allowlisted ones reach the client (its key redacted).
         let rate_limits = self.sent.forward_rate_limits;
         let mut headers: Vec<(String, String)> = Vec::new();
-        for (name, value) in host.headers(Side::Response) {
+        for (name, value) in listed {
             if headers::is_internal(&name) {
                 host.set_header(Side::Response, &name, None);
                 continue;

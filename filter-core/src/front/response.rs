@@ -32,7 +32,7 @@ impl Front {
             return Flow::Continue;
         }
         // Listed first: the reads below are answered from the listing (one host call).
-        let _ = host.headers(Side::Response);
+        host.list_headers(Side::Response);
         self.status = host
             .header_text(Side::Response, ":status")
             .and_then(|s| s.parse().ok())

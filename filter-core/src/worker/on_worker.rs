@@ -136,6 +136,12 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         self.listed.keep(side, all.clone());
         all
     }
+    fn list_headers(&self, side: Side) {
+        if !self.listed.is_listed(side) {
+            let all = C::time("host.headers", || self.calls.headers(side));
+            self.listed.keep(side, all);
+        }
+    }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
         if self.listed.set(side, name, value.map(str::as_bytes)) != Write::Now {
             return;

@@ -459,6 +459,25 @@ fn a_callback_that_listed_a_map_reads_it_from_the_listing_with_its_own_writes() 
 }
 
 #[test]
+fn listing_a_map_is_one_host_call_once_per_callback() {
+    let (vm, w) = (FakeVm::default(), Worker::<()>::default());
+    *vm.response.borrow_mut() = vec![(":status".into(), b"200".to_vec())];
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.list_headers(Side::Response);
+    host.list_headers(Side::Response);
+    assert_eq!(
+        host.header(Side::Response, ":status"),
+        Some(b"200".to_vec())
+    );
+    assert_eq!(host.headers(Side::Response).len(), 1);
+    assert_eq!(*vm.header_calls.borrow(), 1, "one listing answers the rest");
+    drop(host);
+    let host = on_worker::OnWorker::new(vm.clone(), &w);
+    host.list_headers(Side::Response);
+    assert_eq!(*vm.header_calls.borrow(), 2, "a new callback lists again");
+}
+
+#[test]
 fn a_write_that_changes_nothing_in_a_listed_map_makes_no_host_call() {
     let (vm, w) = (FakeVm::default(), Worker::<()>::default());
     let start = vec![

@@ -46,6 +46,15 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
         Some(db) if not_serving(db.code()) => format!("{UNREACHABLE}: {}", db.message()),
         Some(db) => format!("postgres: {}", db.message()),
         // "server does not support TLS": tokio-postgres' own words.
+        // The server closing the connection in the middle of the handshake (a server starting
+        // or going away does) is an outage like any closed connection, not a refusal.
+        None if err
+            .to_string()
+            .starts_with("error performing TLS handshake")
+            && std::error::Error::source(err).is_some_and(cut_short) =>
+        {
+            format!("{UNREACHABLE}: the connection closed during the TLS handshake")
+        }
         None if err
             .to_string()
             .starts_with("error performing TLS handshake") =>
@@ -58,6 +67,24 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
         None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
         None => format!("{UNREACHABLE}: no connection"),
     }
+}
+
+/// Whether a handshake's error is the connection cut short (closed, reset, aborted, timed out)
+/// rather than an answer the handshake refused.
+pub(super) fn cut_short(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind;
+    err.downcast_ref::<std::io::Error>().is_some_and(|io| {
+        io.get_ref()
+            .is_none_or(|inner| !inner.is::<rustls::Error>())
+            && matches!(
+                io.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::TimedOut
+            )
+    })
 }
 
 /// The codes of a server that does not serve now: starting up, shutting down, or restarting

@@ -235,6 +235,73 @@ fn verify_full_checks_the_ca_and_the_name_of_a_real_postgres() -> anyhow::Result
 }
 
 #[test]
+fn a_server_that_closes_in_the_middle_of_the_tls_handshake_is_away_not_refused(
+) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    static CUT_HEALTH: StoreHealth = StoreHealth::new("tls cut test");
+    let cas = crate::tls::testing::two_cas("pg-tls-cut")?;
+    // Says yes to the client's SSLRequest, then closes as its ClientHello arrives: what a
+    // server going away in the middle of the handshake does.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let server = std::thread::spawn(move || {
+        for _ in 0..8 {
+            let Ok((mut conn, _)) = listener.accept() else {
+                return;
+            };
+            let mut ssl_request = [0u8; 8];
+            if conn.read_exact(&mut ssl_request).is_err() || conn.write_all(b"S").is_err() {
+                continue;
+            }
+            let mut hello = [0u8; 5];
+            let _ = conn.read_exact(&mut hello);
+        }
+    });
+    let url = format!("postgres://postgres@localhost:{port}/postgres?sslmode=verify-full");
+    let err = PostgresKeyStore::with_tls(
+        &url,
+        Some(cas.right.ca.as_path()),
+        &CUT_HEALTH,
+        MIGRATION_WAIT,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(
+        err.contains("postgres does not answer: the connection closed during the TLS handshake"),
+        "{err}"
+    );
+    assert!(
+        waiting_helps(err.trim_start_matches("key store unavailable: ")),
+        "{err}"
+    );
+    drop(server);
+    Ok(())
+}
+
+#[test]
+fn a_handshake_cut_short_is_told_from_one_refused() {
+    use std::io::{Error, ErrorKind};
+    for kind in [
+        ErrorKind::UnexpectedEof,
+        ErrorKind::ConnectionReset,
+        ErrorKind::ConnectionAborted,
+        ErrorKind::BrokenPipe,
+        ErrorKind::TimedOut,
+    ] {
+        assert!(cut_short(&Error::from(kind)), "{kind:?}");
+    }
+    let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+    assert!(!cut_short(&Error::new(
+        ErrorKind::InvalidData,
+        refused.clone()
+    )));
+    assert!(!cut_short(&Error::new(ErrorKind::ConnectionReset, refused)));
+    assert!(!cut_short(&Error::from(ErrorKind::PermissionDenied)));
+    assert!(!cut_short(&std::fmt::Error));
+}
+
+#[test]
 fn keys_usage_and_migrations_through_a_real_postgres() -> anyhow::Result<()> {
     let pg = servers::PostgresServer::start()?;
     let a = PostgresKeyStore::with_health(&pg.url(), &HEALTH)?;

@@ -17,7 +17,7 @@
 //!   path) in a property that lives as long as the downstream request. `upstream`, an upstream
 //!   HTTP filter on that route's cluster, turns a failed first attempt (429 or 5xx; a stream
 //!   whose first event is an error, its headers held until then) into a `307` to
-//!   [`CONTINUATION_URL`], which the route's internal redirect policy follows: a new stream
+//!   `CONTINUATION_URL`, which the route's internal redirect policy follows: a new stream
 //!   through the public listener, the body replayed. `onepass` knows that continuation by its
 //!   path and by the property (a client cannot set one), puts the authority and path back,
 //!   drops the failure the first attempt met (`x-bench-fail`, the fake upstream's script) and

@@ -175,9 +175,33 @@ fn redis_error(err: &redis::RedisError) -> String {
     }
     match err.detail() {
         Some(detail) => format!("redis: {kind}: {detail}"),
-        None if err.is_io_error() => format!("redis: {kind}: not reachable"),
+        // The socket's own words (refused, a name that does not resolve, a reset) say why;
+        // they name no URL.
+        None if err.is_io_error() => match io_cause(err) {
+            Some(io) => format!("redis: {kind}: not reachable ({io})"),
+            None => format!("redis: {kind}: not reachable"),
+        },
         None => format!("redis: {kind}"),
     }
+}
+
+/// The I/O error under a Redis error, if there is one.
+fn io_cause(err: &redis::RedisError) -> Option<&std::io::Error> {
+    let mut link: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    while let Some(e) = link {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return Some(io);
+        }
+        // The driver keeps its cause in an `Arc`, which hides it from a downcast.
+        if let Some(shared) =
+            e.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+        {
+            link = Some(&**shared);
+            continue;
+        }
+        link = e.source();
+    }
+    None
 }
 
 /// What a message says when the TLS handshake failed (a certificate that does not verify).
@@ -756,6 +780,37 @@ mod tests {
     static TEST_HEALTH: StoreHealth = StoreHealth::new("test");
 
     use crate::store::durable::sample_state as sample;
+
+    #[test]
+    fn an_unreachable_redis_says_why_and_never_the_url() {
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let message = redis_error(&refused);
+        assert!(
+            message.starts_with("redis: Io")
+                && message.contains("not reachable (connection refused)"),
+            "{message}"
+        );
+        // A real connection to a port nothing listens on, through a URL with a password.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1);
+        let url = format!("redis://:s3cret-pass@127.0.0.1:{port}/");
+        let err = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .err()
+            .map(|e| redis_error(&e))
+            .unwrap_or_default();
+        assert!(
+            err.contains("not reachable (") && err.contains("refused"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("s3cret-pass") && !err.contains("redis://"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn entries_round_trip_through_json() {

@@ -153,7 +153,8 @@ struct Stream {
     streamed: bool,
     /// `onepass`: this stream is a continuation (its path says so; the property proves it).
     continuation: bool,
-    /// `onepass`: the request's authority and path, a newline between.
+    /// `onepass`: the request's authority and path, a newline between; `oneretry`: the
+    /// scripted first host, if any.
     plan: Vec<u8>,
     /// `onepass`: the body bytes a continuation read.
     replayed: Option<usize>,
@@ -176,6 +177,12 @@ impl HttpContext for Stream {
             return Action::Continue;
         }
         let listed = self.get_http_request_headers_bytes();
+        if self.mode == Mode::OneRetry {
+            // The check's scripted first host, from the headers already listed.
+            if let Some((_, host)) = listed.iter().find(|(n, _)| n == FIRST_HOST_HEADER) {
+                self.plan = host.clone();
+            }
+        }
         if self.mode == Mode::OnePass {
             let value = |name: &str| {
                 listed
@@ -202,10 +209,10 @@ impl HttpContext for Stream {
         }
         let body = self.get_http_request_body(0, size);
         if self.mode == Mode::OneRetry {
-            let first = self.get_http_request_header(FIRST_HOST_HEADER);
-            let authority = first.as_deref().unwrap_or(&self.authority);
-            self.set_http_request_header(":authority", Some(authority));
-            if first.is_some() {
+            if self.plan.is_empty() {
+                self.set_http_request_header(":authority", Some(&self.authority));
+            } else {
+                self.set_http_request_header_bytes(":authority", Some(&self.plan));
                 self.set_http_request_header(FIRST_HOST_HEADER, None);
             }
         }

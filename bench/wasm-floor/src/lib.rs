@@ -29,7 +29,8 @@
 //!   no redirect (system `one-pass-retry`). `oneretry` does `onepass`'s work on the first pass
 //!   and sets `:authority` to the upstream's (or to `x-bench-first-host`, the check's scripted
 //!   first host: one that refuses, resets or stalls), as ai-router's front would for the lane
-//!   it picks for the dynamic forward proxy. The route's cluster is an aggregate of the direct
+//!   it picks for the dynamic forward proxy; `x-bench-per-try-ms` becomes the router's
+//!   `x-envoy-upstream-rq-per-try-timeout-ms` (checked by hand, docs/benchmarks.md). The route's cluster is an aggregate of the direct
 //!   cluster and the internal listener, and its retry policy moves a retry to the next priority
 //!   (`previous_priorities`). `upstream retry` turns a failed first attempt into the retry
 //!   signal (`x-floor-retry` on the answer) instead of a `307`; `x-bench-fail: local` makes it
@@ -75,6 +76,8 @@ const PLAN_PROPERTY: &str = "onepass_plan";
 const RETRY_HEADER: &str = "x-floor-retry";
 /// The check's scripted first host (`oneretry`), in place of the upstream's.
 const FIRST_HOST_HEADER: &str = "x-bench-first-host";
+/// The check's per-try timeout for one call (`oneretry`), in milliseconds.
+const PER_TRY_HEADER: &str = "x-bench-per-try-ms";
 
 struct Root {
     mode: Mode,
@@ -134,6 +137,7 @@ impl RootContext for Root {
             plan: Vec::new(),
             replayed: None,
             held: false,
+            per_try: None,
         }))
     }
 
@@ -160,6 +164,8 @@ struct Stream {
     replayed: Option<usize>,
     /// `upstream`: an event stream's headers held until its first event.
     held: bool,
+    /// `oneretry`: the call's per-try timeout (ms), if the check asked for one.
+    per_try: Option<Vec<u8>>,
 }
 
 impl Context for Stream {}
@@ -181,6 +187,12 @@ impl HttpContext for Stream {
             // The check's scripted first host, from the headers already listed.
             if let Some((_, host)) = listed.iter().find(|(n, _)| n == FIRST_HOST_HEADER) {
                 self.plan = host.clone();
+            }
+            // A per-try timeout for this call (`x-bench-per-try-ms`), as ai-router's front would
+            // set one from the call's `timeoutMs`: the router's header, which Envoy strips from
+            // a client's request but honours from a filter's.
+            if let Some((_, ms)) = listed.iter().find(|(n, _)| n == PER_TRY_HEADER) {
+                self.per_try = Some(ms.clone());
             }
         }
         if self.mode == Mode::OnePass {
@@ -209,6 +221,12 @@ impl HttpContext for Stream {
         }
         let body = self.get_http_request_body(0, size);
         if self.mode == Mode::OneRetry {
+            if let Some(ms) = self.per_try.take() {
+                self.set_http_request_header_bytes(
+                    "x-envoy-upstream-rq-per-try-timeout-ms",
+                    Some(&ms),
+                );
+            }
             if self.plan.is_empty() {
                 self.set_http_request_header(":authority", Some(&self.authority));
             } else {

@@ -11,7 +11,7 @@
 #   scripts/bench.sh --systems envoy,ai-router --scale targets --out DIR
 #   AGENTGATEWAY_BIN=/path/to/agentgateway scripts/bench.sh --systems direct,envoy-internal,ai-router,agentgateway
 #   scripts/bench.sh --systems envoy-internal,wasm-noop,wasm-floor,ai-router   the platform's floor
-#   scripts/bench.sh --systems direct,envoy-internal,wasm-floor,one-pass-floor  a first attempt in one pass
+#   scripts/bench.sh --systems direct,envoy-internal,wasm-floor,one-pass-floor,one-pass-retry  a first attempt in one pass
 #
 # agentgateway is never built nor installed here: AGENTGATEWAY_BIN names a binary built by hand
 # (docs/benchmarks.md says how); without it the system is skipped with a message. With it, a
@@ -116,7 +116,7 @@ fi
 
 # The floor of a proxy-wasm filter in both passes (bench/wasm-floor; docs/benchmarks.md,
 # "The platform's floor"): built only when a floor system is asked for.
-if wants wasm-noop || wants wasm-floor || wants one-pass-floor; then
+if wants wasm-noop || wants wasm-floor || wants one-pass-floor || wants one-pass-retry; then
     log "cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor"
     cargo build --release --target wasm32-wasip1 -p ai-router-wasm-floor >&2
     export AI_ROUTER_WASM_FLOOR="$TARGET_DIR/wasm32-wasip1/release/ai_router_wasm_floor.wasm"

@@ -50,8 +50,14 @@ const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
 /// Systems run only when named: the floor of a proxy-wasm filter in both passes
 /// (bench/wasm-floor), with no host call (`wasm-noop`) and doing the least ai-router's stages
 /// do with a call's bytes (`wasm-floor`), and that work on a first attempt in one pass
-/// (`one-pass-floor`).
-const FLOOR_SYSTEMS: [&str; 3] = ["wasm-noop", "wasm-floor", "one-pass-floor"];
+/// (`one-pass-floor`: failed over by an internal redirect; `one-pass-retry`: by the router's
+/// retry to the next priority of an aggregate cluster).
+const FLOOR_SYSTEMS: [&str; 4] = [
+    "wasm-noop",
+    "wasm-floor",
+    "one-pass-floor",
+    "one-pass-retry",
+];
 /// Envoy workers of every Envoy under test (the harness runs ai-router's with 2).
 pub(crate) const ENVOY_WORKERS: u32 = 2;
 /// Virtual keys of the systems comparison and of the small scale rows.

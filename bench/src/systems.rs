@@ -9,15 +9,15 @@ use anyhow::{bail, Result};
 
 use crate::airouter::{self, Instance, KeyBundle, Shape};
 use crate::load::{chat_body, Target};
-use crate::onepass::failover_check;
+use crate::onepass::{failover_check, Failover, Scripted};
 use crate::peers;
 use crate::procs::ProcSet;
 use crate::report::{ScaleResult, SystemResult};
 use crate::run::{check, run_phase, warm_up, Plan, ALL_PHASES};
 use crate::scale::{bundle, probes};
 use crate::upstream::{
-    internal_hop_envoy_yaml, one_pass_envoy_yaml, plain_envoy_yaml, wasm_floor_envoy_yaml,
-    BenchEnvoy, Headers,
+    internal_hop_envoy_yaml, one_pass_envoy_yaml, one_pass_retry_envoy_yaml, plain_envoy_yaml,
+    wasm_floor_envoy_yaml, BenchEnvoy, Headers,
 };
 use crate::{log, Args, ENVOY_WORKERS, FEW_PROVIDER_KEYS, FEW_VIRTUAL_KEYS};
 
@@ -47,9 +47,8 @@ pub async fn run_system(
             let what = "the fake upstream itself (Envoy direct_response): the floor";
             measure_system(name, what, &target, &ProcSet::new(), bench, t0).await
         }
-        "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" | "one-pass-floor" => {
-            run_envoy(name, bench, t0).await
-        }
+        "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" | "one-pass-floor"
+        | "one-pass-retry" => run_envoy(name, bench, t0).await,
         "ai-router" => return run_ai_router(name, bench, bundles, t0).await,
         "litellm" => run_litellm(name, bench, t0).await,
         "portkey" => run_portkey(name, bench, t0).await,
@@ -83,6 +82,11 @@ fn direct_target(upstream_port: u16, headers: Headers) -> Result<Target> {
 /// without its filter).
 async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemResult> {
     let upstream = bench.upstream.port;
+    // `one-pass-retry`'s scripted first hosts (its failover check), known to its Envoy at start.
+    let scripted = match name {
+        "one-pass-retry" => Some(Scripted::start().await?),
+        _ => None,
+    };
     let (bootstrap, what) = match name {
         "envoy" => (
             plain_envoy_yaml(upstream),
@@ -100,6 +104,15 @@ async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemR
             one_pass_envoy_yaml(upstream, &wasm_floor_path()?, bench.args.floor_writes),
             "wasm-floor's work on one pass: the public listener's filter does both stages' and its route sends the call straight to the upstream, an upstream filter on that cluster turning a failure into an internal redirect through the internal listener (bench/wasm-floor, modes onepass and upstream)",
         ),
+        "one-pass-retry" => (
+            one_pass_retry_envoy_yaml(
+                upstream,
+                &wasm_floor_path()?,
+                bench.args.floor_writes,
+                &scripted.as_ref().map(Scripted::ports).unwrap_or_default(),
+            ),
+            "wasm-floor's work on one pass, failed over by the router's own retry: the route's cluster is an aggregate of the direct cluster (a dynamic forward proxy, with the upstream filter) and the internal listener, its retry policy sending a retry to the next priority (previous_priorities), the upstream filter turning a failure into the retry header (bench/wasm-floor, modes oneretry, upstream retry and retry)",
+        ),
         _ => (
             internal_hop_envoy_yaml(upstream),
             "Envoy 1.40, two passes and no filter: a listener routing to an internal listener whose router proxies to the upstream (ai-router's shape without its filter)",
@@ -115,8 +128,13 @@ async fn run_envoy(name: &str, bench: &Bench<'_>, t0: Instant) -> Result<SystemR
     )
     .parse()?;
     let mut what = what.to_string();
-    if name == "one-pass-floor" {
-        let checked = failover_check(&envoy, bench.upstream, &target).await?;
+    let design = match name {
+        "one-pass-floor" => Some(Failover::Redirect),
+        "one-pass-retry" => scripted.as_ref().map(Failover::Retry),
+        _ => None,
+    };
+    if let Some(design) = design {
+        let checked = failover_check(design, &envoy, bench.upstream, &target).await?;
         log(format!("  {name}: {checked}"));
         what = format!("{what}; {checked}");
     }

@@ -261,18 +261,34 @@ fn upstream_cluster(upstream_port: u16) -> String {
 
 /// A static cluster to `127.0.0.1:port`, `options` (YAML at the cluster's level) added.
 fn static_cluster(name: &str, upstream_port: u16, options: &str) -> String {
+    one_endpoint_cluster(
+        name,
+        &format!("{options}      type: STATIC\n      connect_timeout: 5s\n"),
+        &format!("{{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}"),
+    )
+}
+
+/// A cluster `name` to the internal listener `second_pass`, as a `clusters:` list item.
+fn internal_cluster(name: &str) -> String {
+    one_endpoint_cluster(
+        name,
+        "      connect_timeout: 1s\n",
+        "{ address: { envoy_internal_address: { server_listener_name: second_pass } } }",
+    )
+}
+
+/// A cluster of one `endpoint` (a YAML flow mapping), `options` at the cluster's level.
+fn one_endpoint_cluster(name: &str, options: &str, endpoint: &str) -> String {
     format!(
         r#"    - name: {name}
-{options}      type: STATIC
-      connect_timeout: 5s
-      circuit_breakers:
+{options}      circuit_breakers:
         thresholds:
           - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
       load_assignment:
         cluster_name: {name}
         endpoints:
           - lb_endpoints:
-              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}
+              - endpoint: {endpoint}
 "#
     )
 }
@@ -330,26 +346,10 @@ fn floor_filter(wasm: &std::path::Path, mode: &str) -> String {
     )
 }
 
-/// A first attempt in one pass (bench/wasm-floor's `onepass` and `upstream` modes; see there):
-/// the public listener's filter does the work of both stages, and its route sends the call
-/// straight to `upstream` through cluster `first_attempt`, whose upstream filter turns a failure
-/// into a `307` that the route's internal redirect policy follows; the continuation goes
-/// through the public listener again, then (`x-floor-lane: retry`) through the internal
-/// listener, with a retry policy, as today's second pass.
-pub fn one_pass_envoy_yaml(upstream_port: u16, wasm: &std::path::Path, writes: usize) -> String {
-    let front = format!(
-        "                  - {}\n",
-        floor_filter(wasm, &format!("onepass {writes}"))
-    );
-    let attempt = format!(
-        "                  - {}\n",
-        floor_filter(wasm, &format!("attempt {writes}"))
-    );
-    let routes = "                        - match: { prefix: /, headers: [{ name: x-floor-lane, string_match: { exact: retry } }] }\n\
-         \x20                         route: { cluster: second_pass, timeout: 30s, retry_policy: { retry_on: retriable-status-codes, retriable_status_codes: [503], num_retries: 1 } }\n\
-         \x20                       - match: { prefix: / }\n\
-         \x20                         route: { cluster: first_attempt, timeout: 30s, internal_redirect_policy: { redirect_response_codes: [307], max_internal_redirects: 1 } }\n";
-    let options = format!(
+/// A cluster's protocol options (HTTP/1) with the floor filter in `mode` as its upstream HTTP
+/// filter.
+fn upstream_filter_options(wasm: &std::path::Path, mode: &str) -> String {
+    format!(
         r#"      typed_extension_protocol_options:
         envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
           "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
@@ -358,14 +358,131 @@ pub fn one_pass_envoy_yaml(upstream_port: u16, wasm: &std::path::Path, writes: u
             - {}
             - {{ name: envoy.filters.http.upstream_codec, typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec }} }}
 "#,
-        floor_filter(wasm, "upstream")
-    );
+        floor_filter(wasm, mode)
+    )
+}
+
+/// The floor filter in `mode` as an item of a listener's `http_filters`.
+fn filter_item(wasm: &std::path::Path, mode: &str) -> String {
+    format!("                  - {}\n", floor_filter(wasm, mode))
+}
+
+/// A first attempt in one pass (bench/wasm-floor's `onepass` and `upstream` modes; see there):
+/// the public listener's filter does the work of both stages, and its route sends the call
+/// straight to `upstream` through cluster `first_attempt`, whose upstream filter turns a failure
+/// into a `307` that the route's internal redirect policy follows; the continuation goes
+/// through the public listener again, then (`x-floor-lane: retry`) through the internal
+/// listener, with a retry policy, as today's second pass.
+pub fn one_pass_envoy_yaml(upstream_port: u16, wasm: &std::path::Path, writes: usize) -> String {
+    let front = filter_item(wasm, &format!("onepass {writes}"));
+    let attempt = filter_item(wasm, &format!("attempt {writes}"));
+    let routes = "                        - match: { prefix: /, headers: [{ name: x-floor-lane, string_match: { exact: retry } }] }\n\
+         \x20                         route: { cluster: second_pass, timeout: 30s, retry_policy: { retry_on: retriable-status-codes, retriable_status_codes: [503], num_retries: 1 } }\n\
+         \x20                       - match: { prefix: / }\n\
+         \x20                         route: { cluster: first_attempt, timeout: 30s, internal_redirect_policy: { redirect_response_codes: [307], max_internal_redirects: 1 } }\n";
+    let options = upstream_filter_options(wasm, "upstream");
     two_passes_routed(
         upstream_port,
         &front,
         &attempt,
         routes,
         &static_cluster("first_attempt", upstream_port, &options),
+    )
+}
+
+/// The per-try timeout of `one-pass-retry`'s route: how long a first attempt may go without an
+/// answer (with an event stream, without its first event: the upstream filter holds the
+/// headers until then) before the router retries it through the internal listener.
+pub const ONE_PASS_RETRY_PER_TRY: &str = "1s";
+
+/// A first attempt in one pass, failed over by the router's own retry (bench/wasm-floor's
+/// `oneretry`, `upstream retry` and `retry` modes; see there): the public route's cluster is an
+/// aggregate (`one_pass`) of the direct cluster (`first_attempt`, a dynamic forward proxy to the
+/// host the filter writes in `:authority`) and the internal listener (twice, `second_pass` and
+/// `second_pass_2`, so that a third attempt does not go back to the direct cluster), and its
+/// retry policy (`previous_priorities`) sends each retry to the next one. The upstream filter
+/// sits on the aggregate cluster (the router takes a route's upstream filters from the route's
+/// cluster, not from the child that serves the attempt), so it sees every attempt's answer; a
+/// 429/5xx or a stream's first error event comes back with `x-floor-retry`; a connect failure,
+/// a reset before the answer and a per-try timeout are retried as they are. `first_hosts`: the
+/// ports on 127.0.0.1 of the check's scripted first hosts, resolved at start with the
+/// upstream's.
+pub fn one_pass_retry_envoy_yaml(
+    upstream_port: u16,
+    wasm: &std::path::Path,
+    writes: usize,
+    first_hosts: &[u16],
+) -> String {
+    let preresolved: Vec<String> = std::iter::once(upstream_port)
+        .chain(first_hosts.iter().copied())
+        .map(|port| format!("{{ address: 127.0.0.1, port_value: {port} }}"))
+        .collect();
+    // The dynamic forward proxy's DNS cache (the filter's and the cluster's), every first host
+    // resolved at start: an aggregate cluster gives a child with no host no load, the filter
+    // resolves nothing for a route whose cluster is the aggregate, and the cluster's own
+    // resolution (`dfp_cluster_resolves_hosts`, an asynchronous host selection) crashes Envoy
+    // 1.40 under an aggregate cluster (a segmentation fault at the first unknown host), so it is
+    // off, and a host not in the cache gets `no healthy upstream`, not retried.
+    let dns_cache = format!(
+        "{{ name: first_attempt, dns_lookup_family: V4_ONLY, host_ttl: 86400s, preresolve_hostnames: [{}] }}",
+        preresolved.join(", ")
+    );
+    let front = filter_item(
+        wasm,
+        &format!("oneretry {writes} 127.0.0.1:{upstream_port}"),
+    ) + &format!("                  - {{ name: envoy.filters.http.dynamic_forward_proxy, typed_config: {{ \"@type\": type.googleapis.com/envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig, dns_cache_config: {dns_cache} }} }}\n");
+    let attempt = filter_item(wasm, &format!("retry {writes}"));
+    let routes = format!(
+        "                        - match: {{ prefix: / }}\n\
+         \x20                         route:\n\
+         \x20                           cluster: one_pass\n\
+         \x20                           timeout: 30s\n\
+         \x20                           retry_policy:\n\
+         \x20                             retry_on: \"retriable-headers,retriable-status-codes,reset,connect-failure\"\n\
+         \x20                             retriable_status_codes: [502, 503]\n\
+         \x20                             retriable_headers: [{{ name: x-floor-retry, present_match: true }}]\n\
+         \x20                             num_retries: 2\n\
+         \x20                             per_try_timeout: {ONE_PASS_RETRY_PER_TRY}\n\
+         \x20                             retry_back_off: {{ base_interval: 0.01s, max_interval: 0.25s }}\n\
+         \x20                             retry_priority:\n\
+         \x20                               name: envoy.retry_priorities.previous_priorities\n\
+         \x20                               typed_config:\n\
+         \x20                                 \"@type\": type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig\n\
+         \x20                                 update_frequency: 1\n"
+    );
+    let clusters = format!(
+        r#"    - name: one_pass
+      connect_timeout: 1s
+      lb_policy: CLUSTER_PROVIDED
+{}      cluster_type:
+        name: envoy.clusters.aggregate
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig
+          clusters: [first_attempt, second_pass, second_pass_2]
+    - name: first_attempt
+      connect_timeout: 1s
+      lb_policy: CLUSTER_PROVIDED
+      circuit_breakers:
+        thresholds:
+          - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
+      cluster_type:
+        name: envoy.clusters.dynamic_forward_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig
+          allow_insecure_cluster_options: true
+          dns_cache_config: {dns_cache}
+"#,
+        upstream_filter_options(wasm, "upstream retry")
+    ) + &internal_cluster("second_pass_2");
+    let yaml = two_passes_routed(upstream_port, &front, &attempt, &routes, &clusters)
+        // The attempt count on each attempt's request, as ai-router's public route has it.
+        .replacen(
+            "                      domains: [\"*\"]\n",
+            "                      domains: [\"*\"]\n                      include_request_attempt_count: true\n",
+            1,
+        );
+    format!(
+        "layered_runtime:\n  layers:\n    - name: static\n      static_layer: {{ envoy.reloadable_features.dfp_cluster_resolves_hosts: false }}\n{yaml}"
     )
 }
 
@@ -411,20 +528,9 @@ fn two_passes_routed(
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:
-    - name: second_pass
-      connect_timeout: 1s
-      circuit_breakers:
-        thresholds:
-          - {{ max_connections: 10000, max_pending_requests: 10000, max_requests: 10000 }}
-      load_assignment:
-        cluster_name: second_pass
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    envoy_internal_address: {{ server_listener_name: second_pass }}
 "#,
-    ) + &upstream_cluster(upstream_port)
+    ) + &internal_cluster("second_pass")
+        + &upstream_cluster(upstream_port)
         + clusters;
     let head = String::from(
         "# The benchmark's two-pass Envoy: a listener, an internal listener, one static cluster.\n\

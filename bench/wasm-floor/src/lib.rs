@@ -25,6 +25,21 @@
 //!   `wasm-floor`. On the continuation's answer it says how many body bytes it read
 //!   (`x-floor-replayed`).
 //!
+//! - `oneretry <writes> <authority>`, `upstream retry` and `retry`: the same first attempt with
+//!   no redirect (system `one-pass-retry`). `oneretry` does `onepass`'s work on the first pass
+//!   and sets `:authority` to the upstream's (or to `x-bench-first-host`, the check's scripted
+//!   first host: one that refuses, resets or stalls), as ai-router's front would for the lane
+//!   it picks for the dynamic forward proxy; `x-bench-per-try-ms` becomes the router's
+//!   `x-envoy-upstream-rq-per-try-timeout-ms` (checked by hand, docs/benchmarks.md). The route's cluster is an aggregate of the direct
+//!   cluster and the internal listener, and its retry policy moves a retry to the next priority
+//!   (`previous_priorities`). `upstream retry` turns a failed first attempt into the retry
+//!   signal (`x-floor-retry` on the answer) instead of a `307`; `x-bench-fail: local` makes it
+//!   answer that signal itself, at once (`send_http_response`), to see whether the router
+//!   retries an upstream filter's own reply. `retry`, on the internal listener, is `attempt`
+//!   that also drops the failure the first attempt met (`x-bench-fail`; kept while the route's
+//!   `x-envoy-attempt-count` is at most `x-bench-fail-through`) and says how many body bytes it
+//!   read (`x-floor-replayed`).
+//!
 //! Nothing here parses, picks or reports: against ai-router's figures, the difference is the
 //! filter's own work.
 
@@ -33,7 +48,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { mode: Mode::Noop, writes: 1 }) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root { mode: Mode::Noop, writes: 1, authority: String::new(), retry_signal: false }) });
 }}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -43,6 +58,10 @@ enum Mode {
     Attempt,
     OnePass,
     Upstream,
+    /// `oneretry`: `onepass`'s first pass for `one-pass-retry` (no continuation).
+    OneRetry,
+    /// `retry`: `attempt` on a retry through the internal listener (`one-pass-retry`).
+    Retry,
 }
 
 /// Where the `upstream` mode sends a failed first attempt (the internal redirect's target).
@@ -53,11 +72,21 @@ const CONTINUATION_PATH: &[u8] = b"/__onepass/";
 /// continuation; declared with the downstream request's life span, which an internal redirect
 /// keeps.
 const PLAN_PROPERTY: &str = "onepass_plan";
+/// The answer header that makes the route retry (`one-pass-retry`).
+const RETRY_HEADER: &str = "x-floor-retry";
+/// The check's scripted first host (`oneretry`), in place of the upstream's.
+const FIRST_HOST_HEADER: &str = "x-bench-first-host";
+/// The check's per-try timeout for one call (`oneretry`), in milliseconds.
+const PER_TRY_HEADER: &str = "x-bench-per-try-ms";
 
 struct Root {
     mode: Mode,
     /// Request headers each pass writes (`front 12`: twelve; one when not given).
     writes: usize,
+    /// `oneretry`: the upstream's authority (the first attempt's host).
+    authority: String,
+    /// `upstream retry`: a failure becomes the retry signal, not a `307`.
+    retry_signal: bool,
 }
 
 impl Context for Root {}
@@ -72,9 +101,14 @@ impl RootContext for Root {
             Some("attempt") => Mode::Attempt,
             Some("onepass") => Mode::OnePass,
             Some("upstream") => Mode::Upstream,
+            Some("oneretry") => Mode::OneRetry,
+            Some("retry") => Mode::Retry,
             _ => Mode::Noop,
         };
-        self.writes = words.next().and_then(|w| w.parse().ok()).unwrap_or(1);
+        let second = words.next();
+        self.retry_signal = second == Some("retry");
+        self.writes = second.and_then(|w| w.parse().ok()).unwrap_or(1);
+        self.authority = words.next().unwrap_or_default().to_string();
         if self.mode == Mode::OnePass {
             // DeclarePropertyArguments { name: PLAN_PROPERTY, type: Bytes, span: DownstreamRequest }
             // (Envoy's source/extensions/common/wasm/declare_property.proto), by hand.
@@ -96,11 +130,14 @@ impl RootContext for Root {
         Some(Box::new(Stream {
             mode: self.mode,
             writes: self.writes,
+            authority: self.authority.clone(),
+            retry_signal: self.retry_signal,
             streamed: false,
             continuation: false,
             plan: Vec::new(),
             replayed: None,
             held: false,
+            per_try: None,
         }))
     }
 
@@ -112,26 +149,52 @@ impl RootContext for Root {
 struct Stream {
     mode: Mode,
     writes: usize,
+    /// `oneretry`: the upstream's authority.
+    authority: String,
+    /// `upstream retry`: a failure becomes the retry signal.
+    retry_signal: bool,
     /// The answer is an event stream (read as it comes, not held).
     streamed: bool,
     /// `onepass`: this stream is a continuation (its path says so; the property proves it).
     continuation: bool,
-    /// `onepass`: the request's authority and path, a newline between.
+    /// `onepass`: the request's authority and path, a newline between; `oneretry`: the
+    /// scripted first host, if any.
     plan: Vec<u8>,
     /// `onepass`: the body bytes a continuation read.
     replayed: Option<usize>,
     /// `upstream`: an event stream's headers held until its first event.
     held: bool,
+    /// `oneretry`: the call's per-try timeout (ms), if the check asked for one.
+    per_try: Option<Vec<u8>>,
 }
 
 impl Context for Stream {}
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+        if self.mode == Mode::Upstream
+            && self.retry_signal
+            && self.get_http_request_header("x-bench-fail").as_deref() == Some("local")
+        {
+            self.send_http_response(503, vec![(RETRY_HEADER, "1")], Some(b"failed locally"));
+            return Action::Pause;
+        }
         if matches!(self.mode, Mode::Noop | Mode::Upstream) || end_of_stream {
             return Action::Continue;
         }
         let listed = self.get_http_request_headers_bytes();
+        if self.mode == Mode::OneRetry {
+            // The check's scripted first host, from the headers already listed.
+            if let Some((_, host)) = listed.iter().find(|(n, _)| n == FIRST_HOST_HEADER) {
+                self.plan = host.clone();
+            }
+            // A per-try timeout for this call (`x-bench-per-try-ms`), as ai-router's front would
+            // set one from the call's `timeoutMs`: the router's header, which Envoy strips from
+            // a client's request but honours from a filter's.
+            if let Some((_, ms)) = listed.iter().find(|(n, _)| n == PER_TRY_HEADER) {
+                self.per_try = Some(ms.clone());
+            }
+        }
         if self.mode == Mode::OnePass {
             let value = |name: &str| {
                 listed
@@ -157,6 +220,31 @@ impl HttpContext for Stream {
             return Action::Pause;
         }
         let body = self.get_http_request_body(0, size);
+        if self.mode == Mode::OneRetry {
+            if let Some(ms) = self.per_try.take() {
+                self.set_http_request_header_bytes(
+                    "x-envoy-upstream-rq-per-try-timeout-ms",
+                    Some(&ms),
+                );
+            }
+            if self.plan.is_empty() {
+                self.set_http_request_header(":authority", Some(&self.authority));
+            } else {
+                self.set_http_request_header_bytes(":authority", Some(&self.plan));
+                self.set_http_request_header(FIRST_HOST_HEADER, None);
+            }
+        }
+        if self.mode == Mode::Retry {
+            // The check's script may have the first `n` attempts fail (`x-bench-fail-through`):
+            // this one keeps the failure while the route's attempt count is at most `n`.
+            let through = self.get_http_request_header("x-bench-fail-through");
+            let attempt = self.get_http_request_header("x-envoy-attempt-count");
+            let number = |v: Option<String>| v.and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+            if number(attempt) > number(through) {
+                self.set_http_request_header("x-bench-fail", None);
+            }
+            self.replayed = Some(body.as_ref().map_or(0, |b| b.len()));
+        }
         if self.mode == Mode::OnePass {
             if self.continuation {
                 let Some(plan) = self.get_property(vec![PLAN_PROPERTY]) else {
@@ -200,7 +288,12 @@ impl HttpContext for Stream {
         if let Some(bytes) = self.replayed {
             self.set_http_response_header("x-floor-replayed", Some(&bytes.to_string()));
         }
-        if matches!(self.mode, Mode::Attempt | Mode::OnePass) && !self.streamed && !end_of_stream {
+        if matches!(
+            self.mode,
+            Mode::Attempt | Mode::OnePass | Mode::OneRetry | Mode::Retry
+        ) && !self.streamed
+            && !end_of_stream
+        {
             return Action::Pause;
         }
         Action::Continue
@@ -215,7 +308,10 @@ impl HttpContext for Stream {
             }
             return Action::Continue;
         }
-        if !matches!(self.mode, Mode::Attempt | Mode::OnePass) {
+        if !matches!(
+            self.mode,
+            Mode::Attempt | Mode::OnePass | Mode::OneRetry | Mode::Retry
+        ) {
             return Action::Continue;
         }
         if self.streamed {
@@ -251,6 +347,10 @@ impl Stream {
     }
 
     fn redirect(&self) {
+        if self.retry_signal {
+            self.set_http_response_header(RETRY_HEADER, Some("1"));
+            return;
+        }
         self.set_http_response_header(":status", Some("307"));
         self.set_http_response_header("location", Some(CONTINUATION_URL));
     }
@@ -268,7 +368,7 @@ fn error_event_first(chunk: &[u8]) -> bool {
 fn pass(mode: Mode) -> &'static str {
     match mode {
         Mode::Front => "front",
-        Mode::OnePass => "onepass",
+        Mode::OnePass | Mode::OneRetry => "onepass",
         _ => "attempt",
     }
 }

@@ -119,6 +119,12 @@ cleanup() {
             for id in $(compose ps -q 2>/dev/null); do
                 podman inspect --format '{{.Name}}: restarted {{.RestartCount}} times, {{.State.Status}}' "$id" >&2 2>&1
             done
+            # A control plane that cannot reach its stores: what its network resolves them to.
+            for svc in control-plane-a control-plane-b; do
+                id=$(compose ps -q "$svc" 2>/dev/null)
+                [ -n "$id" ] || continue
+                log "$svc resolves: $(podman exec "$id" getent hosts redis postgres 2>&1 | tr '\n' ' ')"
+            done
         fi
         log "tearing down"
         curl -sf --unix-socket "$SOCK" http://d/_ping >/dev/null 2>&1 || start_service

@@ -177,31 +177,12 @@ fn redis_error(err: &redis::RedisError) -> String {
         Some(detail) => format!("redis: {kind}: {detail}"),
         // The socket's own words (refused, a name that does not resolve, a reset) say why;
         // they name no URL.
-        None if err.is_io_error() => match io_cause(err) {
+        None if err.is_io_error() => match crate::tls::client::find_cause::<std::io::Error>(err) {
             Some(io) => format!("redis: {kind}: not reachable ({io})"),
             None => format!("redis: {kind}: not reachable"),
         },
         None => format!("redis: {kind}"),
     }
-}
-
-/// The I/O error under a Redis error, if there is one.
-fn io_cause(err: &redis::RedisError) -> Option<&std::io::Error> {
-    let mut link: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
-    while let Some(e) = link {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return Some(io);
-        }
-        // The driver keeps its cause in an `Arc`, which hides it from a downcast.
-        if let Some(shared) =
-            e.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
-        {
-            link = Some(&**shared);
-            continue;
-        }
-        link = e.source();
-    }
-    None
 }
 
 /// What a message says when the TLS handshake failed (a certificate that does not verify).

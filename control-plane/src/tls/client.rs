@@ -64,22 +64,28 @@ pub fn client_config(roots: RootCertStore) -> Result<rustls::ClientConfig, TlsEr
 /// `io::Error`, whose `source` skips it, so each link is also opened as one (and the `Arc`
 /// the Redis driver shares its cause in).
 pub fn handshake_failure(err: &(dyn Error + 'static)) -> Option<String> {
-    let mut link: Option<&(dyn Error + 'static)> = Some(err);
+    find_cause::<rustls::Error>(err).map(ToString::to_string)
+}
+
+/// The first error of type `T` in `err`'s chain of causes, opening the links a driver hides
+/// its cause in: an `Arc` (the Redis driver's) and the error inside an `io::Error` (whose
+/// `source` skips it).
+pub fn find_cause<'a, T: Error + 'static>(err: &'a (dyn Error + 'static)) -> Option<&'a T> {
+    let mut link: Option<&'a (dyn Error + 'static)> = Some(err);
     while let Some(e) = link {
-        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-            return Some(tls.to_string());
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
         }
         if let Some(shared) = e.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
             link = Some(&**shared);
             continue;
         }
-        if let Some(inner) = e
+        if let Some(found) = e
             .downcast_ref::<std::io::Error>()
             .and_then(std::io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<T>())
         {
-            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                return Some(tls.to_string());
-            }
+            return Some(found);
         }
         link = e.source();
     }

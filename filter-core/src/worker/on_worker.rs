@@ -129,12 +129,8 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
         C::time("host.header", || self.calls.header(side, name))
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
-        if let Some(all) = self.listed.headers(side) {
-            return all;
-        }
-        let all = C::time("host.headers", || self.calls.headers(side));
-        self.listed.keep(side, all.clone());
-        all
+        self.list_headers(side);
+        self.listed.headers(side).unwrap_or_default()
     }
     fn list_headers(&self, side: Side) {
         if !self.listed.is_listed(side) {

@@ -45,24 +45,22 @@ pub(super) fn pg_error(err: &tokio_postgres::Error) -> String {
         // before the real one starts) answers, but serves nothing: an outage, not a refusal.
         Some(db) if not_serving(db.code()) => format!("{UNREACHABLE}: {}", db.message()),
         Some(db) => format!("postgres: {}", db.message()),
-        // "server does not support TLS": tokio-postgres' own words.
-        // The server closing the connection in the middle of the handshake (a server starting
-        // or going away does) is an outage like any closed connection, not a refusal.
-        None if err
-            .to_string()
-            .starts_with("error performing TLS handshake")
-            && std::error::Error::source(err).is_some_and(cut_short) =>
-        {
-            format!("{UNREACHABLE}: the connection closed during the TLS handshake")
-        }
         None if err
             .to_string()
             .starts_with("error performing TLS handshake") =>
         {
-            format!(
-                "{UNREACHABLE}: {TLS_FAILED}: {}",
-                std::error::Error::source(err).map_or_else(String::new, ToString::to_string)
-            )
+            match std::error::Error::source(err) {
+                // The server closing the connection in the middle of the handshake (a server
+                // starting or going away does) is an outage like any closed connection.
+                Some(cause) if cut_short(cause) => {
+                    format!("{UNREACHABLE}: the connection closed during the TLS handshake")
+                }
+                // "server does not support TLS": tokio-postgres' own words.
+                cause => format!(
+                    "{UNREACHABLE}: {TLS_FAILED}: {}",
+                    cause.map_or_else(String::new, ToString::to_string)
+                ),
+            }
         }
         None if err.is_closed() => format!("{UNREACHABLE}: the connection closed"),
         None => format!("{UNREACHABLE}: no connection"),

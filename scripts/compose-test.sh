@@ -591,7 +591,28 @@ calls_after() { # calls_after N: waits until N more calls were recorded
 }
 
 # ---------------------------------------------------------------- the steps
+# A control plane on a shared store waits for it before it listens (storeStartWaitMs, 120 s by
+# default): its healthcheck's start period must cover that wait, or a store that answers late
+# (Redis unreachable for 24 s from one container, once in CI) marks it unhealthy and `up` gives
+# up on the Envoy that depends on it.
+store_waits_covered() {
+    compose config | /usr/bin/python3 -c '
+import re, sys, yaml
+services = yaml.safe_load(sys.stdin)["services"]
+def seconds(text):
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([0-9.]+)(ms|h|m|s)", str(text)))
+bad = []
+for name in ("control-plane-a", "control-plane-b"):
+    period = seconds(services[name].get("healthcheck", {}).get("start_period", "0s"))
+    if period < 120:
+        bad.append(f"{name}: start_period {period:g}s < 120s")
+sys.exit("; ".join(bad) if bad else 0)
+'
+}
+
 compose_up_build() {
+    store_waits_covered || die "a clustered control plane could be marked unhealthy while it waits for its store"
     podman images -q --filter dangling=true >"$RUN_DIR/dangling-before"
     touch "$UP"
     compose up -d --build --quiet-pull >"$RUN_DIR/up.log" 2>&1 || { tail -50 "$RUN_DIR/up.log" >&2; return 1; }

@@ -207,7 +207,9 @@ pub struct Listed(RefCell<[Option<Listing>; 2]>);
 
 #[derive(Debug)]
 struct Listing {
-    map: HeaderMap,
+    /// Shared with a [`Flush::Whole`] until the host call that makes it is done: a write
+    /// after it copies the map only if that flush is still held somewhere.
+    map: Rc<HeaderMap>,
     /// The names written since the map was listed or last written, once each, lower case.
     held: Vec<String>,
 }
@@ -234,7 +236,7 @@ pub enum Flush {
     /// One call per name: its one value, or `None` removed.
     Each(Vec<(String, Option<Vec<u8>>)>),
     /// The whole map in one call: Envoy removes every header and adds these back, in order.
-    Whole(HeaderMap),
+    Whole(Rc<HeaderMap>),
 }
 
 /// A header map as the host lists it: names and raw values, in order.
@@ -264,7 +266,16 @@ fn slot(side: Side) -> usize {
 impl Listed {
     /// The side's map, if this callback listed it.
     pub fn headers(&self, side: Side) -> Option<Vec<(String, Vec<u8>)>> {
-        self.0.borrow()[slot(side)].as_ref().map(|l| l.map.clone())
+        self.0.borrow()[slot(side)]
+            .as_ref()
+            .map(|l| l.map.as_ref().clone())
+    }
+
+    /// The names of the side's map, if this callback listed it (its values are not copied).
+    pub fn names(&self, side: Side) -> Option<Vec<String>> {
+        self.0.borrow()[slot(side)]
+            .as_ref()
+            .map(|l| l.map.iter().map(|(k, _)| k.clone()).collect())
     }
 
     /// Whether this callback listed the side.
@@ -286,7 +297,7 @@ impl Listed {
     }
 
     pub fn keep(&self, side: Side, map: Vec<(String, Vec<u8>)>) {
-        let held = Vec::new();
+        let (map, held) = (Rc::new(map), Vec::new());
         self.0.borrow_mut()[slot(side)] = Some(Listing { map, held });
     }
 
@@ -300,9 +311,10 @@ impl Listed {
             return Write::Unchanged;
         }
         let name = name.to_ascii_lowercase();
-        listing.map.retain(|(k, _)| !k.eq_ignore_ascii_case(&name));
+        let map = Rc::make_mut(&mut listing.map);
+        map.retain(|(k, _)| !k.eq_ignore_ascii_case(&name));
         if let Some(v) = value {
-            listing.map.push((name.clone(), v.to_vec()));
+            map.push((name.clone(), v.to_vec()));
         }
         if !listing.held.contains(&name) {
             listing.held.push(name);
@@ -320,7 +332,7 @@ impl Listed {
             return None;
         }
         if held.len() >= WHOLE_MAP_FROM {
-            return Some(Flush::Whole(listing.map.clone()));
+            return Some(Flush::Whole(Rc::clone(&listing.map)));
         }
         let each = held
             .into_iter()

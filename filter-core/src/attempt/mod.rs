@@ -16,6 +16,7 @@ pub mod stream;
 #[cfg(test)]
 mod testkit;
 mod verdict;
+mod whole;
 
 use std::rc::Rc;
 

@@ -19,7 +19,7 @@ use ai_router_contract::headers::{
     RETRY_AFTER as H_RETRY_AFTER,
 };
 
-use super::{Attempt, Mode, Streaming};
+use super::{whole, Attempt, Mode, Streaming};
 
 /// A failed attempt's answer on the hop back to the outer router.
 pub(super) struct Verdict {
@@ -201,37 +201,52 @@ impl Attempt {
         };
         let Some(lane) = &self.lane else { return };
         let now = host.now_ms();
+        let success = (200..300).contains(&status);
+        let stream_wanted = self.plan.as_ref().is_some_and(|p| p.stream);
+        let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
+        let op = self.plan.as_ref().map(|p| p.op);
+        let from_anthropic = lane.kind == ProviderKind::Anthropic && op == Some(Operation::Chat);
+        let checks_dimensions = self.sent.dimensions.is_some() && op == Some(Operation::Embeddings);
+        // A failure, or a success that goes to the client as it came (a chat answer from a chat
+        // lane, whole): the verdict needs a few facts of the answer, read without a `Value`
+        // when it can be (`whole::read`).
+        let as_it_came =
+            !lane.native && !stream_wanted && protocol == Protocol::Chat && !from_anthropic;
+        if !success || (as_it_came && !checks_dimensions) {
+            if let Some(facts) = whole::read(body) {
+                self.answer.answer_tokens = facts.answer_tokens;
+                if success && !facts.error {
+                    if !facts.object {
+                        self.not_an_object(host, status, false, size);
+                        return;
+                    }
+                    self.answer.usage = facts.usage;
+                    self.pass_as_it_came(host, body, size, status);
+                    return;
+                }
+                self.judge_failure(host, status, &headers, body, size, now);
+                return;
+            }
+        }
         let parsed: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let has_error_object = parsed.get("error").is_some_and(|e| !e.is_null());
         self.answer.answer_tokens = crate::protocols::context::estimate_answer_tokens(&parsed);
-        if (200..300).contains(&status) && !has_error_object {
+        if success && !has_error_object {
             // A success must be what it claims: a JSON object (HTML from a proxy, an empty or
             // cut body are not). A JSON answer to a stream request (a server that ignores
             // `stream`) is served as the stream the client asked for.
-            let stream_wanted = self.plan.as_ref().is_some_and(|p| p.stream);
             if !parsed.is_object() {
-                let message = if stream_wanted {
-                    "the provider answered a stream request without a stream"
-                } else {
-                    "the provider answered 2xx with a body that is not a JSON object"
-                };
-                let failure = Failure::local(ErrorClass::Transient, status, message);
-                self.fail(host, failure, size);
+                self.not_an_object(host, status, stream_wanted, size);
                 return;
             }
             // Vectors of another length than declared fail over, in any protocol's shape.
-            if let Some(expected) = self.sent.dimensions.filter(|_| {
-                self.plan
-                    .as_ref()
-                    .is_some_and(|p| p.op == Operation::Embeddings)
-            }) {
+            if let Some(expected) = self.sent.dimensions.filter(|_| checks_dimensions) {
                 if let Err(message) = embeddings::check_dimensions(&parsed, expected) {
                     let failure = Failure::local(ErrorClass::Mismatch, status, message);
                     self.fail(host, failure, size);
                     return;
                 }
             }
-            let protocol = self.plan.as_ref().map_or(Protocol::Chat, |p| p.protocol);
             if lane.native {
                 // The caller's own protocol: the answer goes as it came, its key redacted.
                 self.answer.usage = protocols::answer_usage(protocol, &parsed);
@@ -240,17 +255,9 @@ impl Attempt {
                     self.answer_as_stream(host, size, protocol, parsed, status);
                     return;
                 }
-                if let Some(clean) = redact_bytes(body, &lane.secret) {
-                    host.set_body(Side::Response, 0, size, &clean);
-                    host.set_header(Side::Response, "content-length", None);
-                }
-                self.succeed_headers(host);
-                self.report(host, None, status);
-                self.mode = Mode::Through;
+                self.pass_as_it_came(host, body, size, status);
                 return;
             }
-            let chat_op = self.plan.as_ref().is_some_and(|p| p.op == Operation::Chat);
-            let from_anthropic = lane.kind == ProviderKind::Anthropic && chat_op;
             if from_anthropic || protocol != Protocol::Chat {
                 let chat = if from_anthropic {
                     anthropic::response::from_messages_response(&parsed, now / 1000)
@@ -277,24 +284,60 @@ impl Attempt {
                 self.answer_as_stream(host, size, protocol, parsed, status);
                 return;
             }
-            if let Some(clean) = self
-                .lane
-                .as_ref()
-                .and_then(|l| redact_bytes(body, &l.secret))
-            {
-                host.set_body(Side::Response, 0, size, &clean);
-                host.set_header(Side::Response, "content-length", None);
-            }
-            self.succeed_headers(host);
-            self.report(host, None, status);
-            self.mode = Mode::Through;
+            self.pass_as_it_came(host, body, size, status);
             return;
         }
+        self.judge_failure(host, status, &headers, body, size, now);
+    }
+
+    /// A 2xx whose body is no JSON object: the attempt fails over.
+    fn not_an_object(
+        &mut self,
+        host: &mut impl Host,
+        status: u16,
+        stream_wanted: bool,
+        size: usize,
+    ) {
+        let message = if stream_wanted {
+            "the provider answered a stream request without a stream"
+        } else {
+            "the provider answered 2xx with a body that is not a JSON object"
+        };
+        let failure = Failure::local(ErrorClass::Transient, status, message);
+        self.fail(host, failure, size);
+    }
+
+    /// A success that goes to the client as it came, the lane's key redacted from it.
+    fn pass_as_it_came(&mut self, host: &mut impl Host, body: &[u8], size: usize, status: u16) {
+        if let Some(clean) = self
+            .lane
+            .as_ref()
+            .and_then(|l| redact_bytes(body, &l.secret))
+        {
+            host.set_body(Side::Response, 0, size, &clean);
+            host.set_header(Side::Response, "content-length", None);
+        }
+        self.succeed_headers(host);
+        self.report(host, None, status);
+        self.mode = Mode::Through;
+    }
+
+    /// A failed answer (a status that is no success, or an `error` in a 2xx) classified.
+    fn judge_failure(
+        &mut self,
+        host: &mut impl Host,
+        status: u16,
+        headers: &[(String, String)],
+        body: &[u8],
+        size: usize,
+        now: i64,
+    ) {
+        let Some(lane) = &self.lane else { return };
         let mut failure = classify_in(
             lane.kind.text(),
             lane.daily_reset,
             status,
-            &headers,
+            headers,
             body,
             now,
         );

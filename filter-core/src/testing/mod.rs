@@ -364,11 +364,18 @@ impl Host for FakeHost {
             .map(|(_, v)| v.clone())
     }
     fn headers(&self, side: Side) -> Vec<(String, Vec<u8>)> {
+        self.list_headers(side);
+        self.map(side).clone()
+    }
+    fn list_headers(&self, side: Side) {
         if !self.listed_side(side) {
             self.tally("headers");
             self.listed.keep(side, self.map(side).clone());
         }
-        self.map(side).clone()
+    }
+    fn header_names(&self, side: Side) -> Vec<String> {
+        self.list_headers(side);
+        self.map(side).iter().map(|(k, _)| k.clone()).collect()
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
         self.tally_write("set_header_bytes", side, name, Some(value));

@@ -683,3 +683,32 @@ fn a_resume_or_a_reset_makes_the_held_writes_first() {
         assert_eq!(*vm.header_calls.borrow(), 3, "{call}: nothing left held");
     }
 }
+
+#[test]
+fn a_whole_map_flush_is_the_listing_itself_and_a_later_write_leaves_it_as_it_was() {
+    use crate::host::{Flush, Listed};
+    let listed = Listed::default();
+    let map = vec![("a".into(), b"1".to_vec()), ("b".into(), b"2".to_vec())];
+    listed.keep(Side::Request, map);
+    listed.set(Side::Request, "a", Some(b"3"));
+    listed.set(Side::Request, "c", Some(b"4"));
+    let Some(Flush::Whole(flush)) = listed.take(Side::Request) else {
+        panic!("two names held: the whole map in one call");
+    };
+    // Not a copy: the flush and the listing share the map.
+    assert_eq!(Rc::strong_count(&flush), 2);
+    let written: Vec<(String, Vec<u8>)> = vec![
+        ("b".into(), b"2".to_vec()),
+        ("a".into(), b"3".to_vec()),
+        ("c".into(), b"4".to_vec()),
+    ];
+    assert_eq!(*flush, written);
+    // A write while the flush is still held changes the listing, not the flush.
+    listed.set(Side::Request, "b", None);
+    assert_eq!(*flush, written);
+    assert_eq!(
+        listed.names(Side::Request),
+        Some(vec!["a".into(), "c".into()])
+    );
+    assert_eq!(listed.names(Side::Response), None);
+}

@@ -12,13 +12,14 @@
 #   AGENTGATEWAY_BIN=/path/to/agentgateway scripts/bench.sh --systems direct,envoy-internal,ai-router,agentgateway
 #   scripts/bench.sh --systems envoy-internal,wasm-noop,wasm-floor,ai-router   the platform's floor
 #   scripts/bench.sh --systems direct,envoy-internal,wasm-floor,one-pass-floor,one-pass-retry  a first attempt in one pass
+#   scripts/bench.sh --systems ai-router,ai-router@no-retry --phases c1,c16 --scale none   what a piece of the bootstrap costs
 #
 # agentgateway is never built nor installed here: AGENTGATEWAY_BIN names a binary built by hand
 # (docs/benchmarks.md says how); without it the system is skipped with a message. With it, a
 # run without --systems includes agentgateway.
 #
 # Options: --smoke, --systems LIST, --out DIR, and any other ai-router-bench option
-# (--scale full|targets|keys|none, --duration S, --warmup S, --rate R, --headers static|constant|changing,
+# (--scale full|targets|keys|none, --phases LIST, --duration S, --warmup S, --rate R, --headers static|constant|changing,
 # --upstream-workers N, --floor-writes N, --streak N, --many-virtual-keys N, --many-provider-keys N; see
 # `ai-router-bench --help`).
 #
@@ -51,7 +52,7 @@ while [ "$#" -gt 0 ]; do
         --systems=*) SYSTEMS="${1#--systems=}" ;;
         --out) OUT="${2:?--out needs a directory}"; shift ;;
         --out=*) OUT="${1#--out=}" ;;
-        -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) PASS+=("$1") ;;
     esac
     shift

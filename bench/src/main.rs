@@ -76,7 +76,11 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) smoke: bool,
     /// Systems to run, comma-separated: direct, envoy, envoy-internal, ai-router, litellm,
-    /// portkey, agentgateway.
+    /// portkey, agentgateway; and ai-router@VARIANT[+VARIANT...], ai-router with its Envoy
+    /// bootstrap changed (the ablation study: no-retry, no-attempt-count, no-request-id,
+    /// no-timeouts, no-local-reply, static-upstream, no-overload, no-allocator-manager,
+    /// no-http2-options, no-underscore-drop, no-buffer-limits, no-admin-route, all). A system
+    /// may be named more than once (alternating runs).
     #[arg(long, value_delimiter = ',')]
     pub(crate) systems: Option<Vec<String>>,
     /// Where to write results.json, results.md (default `target/bench/<unix time>`).
@@ -86,6 +90,10 @@ pub(crate) struct Args {
     /// pool and 10,000 VK with 1,000 PK all serving, changing headers), none.
     #[arg(long)]
     pub(crate) scale: Option<String>,
+    /// Only these phases of the systems comparison, comma-separated (c1, c16, c64, open,
+    /// stream-c1; default all): the ablation study runs c1 and c16.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) phases: Option<Vec<String>>,
     /// Seconds per phase (default 10, smoke 0.5).
     #[arg(long)]
     pub(crate) duration: Option<f64>,
@@ -164,6 +172,12 @@ async fn bench(args: Args) -> Result<bool> {
     let started = Instant::now();
     let plan = plan_of(&args);
     let systems = systems_of(&args)?;
+    if let Some(phases) = &args.phases {
+        let known: Vec<String> = run::ALL_PHASES.iter().map(|p| p.name()).collect();
+        if let Some(p) = phases.iter().find(|p| !known.contains(p)) {
+            bail!("unknown phase {p:?} (one of {})", known.join(", "));
+        }
+    }
     let scale = args
         .scale
         .clone()
@@ -251,11 +265,16 @@ fn systems_of(args: &Args) -> Result<Vec<String>> {
             .collect(),
     };
     for s in &systems {
+        if let Some(spec) = s.strip_prefix(systems::AI_ROUTER_VARIANT) {
+            airouter::variant::parse(spec)?;
+            continue;
+        }
         if !ALL_SYSTEMS.contains(&s.as_str()) && !FLOOR_SYSTEMS.contains(&s.as_str()) {
             bail!(
-                "unknown system {s:?} (one of {}, {})",
+                "unknown system {s:?} (one of {}, {}, {}VARIANT)",
                 ALL_SYSTEMS.join(", "),
-                FLOOR_SYSTEMS.join(", ")
+                FLOOR_SYSTEMS.join(", "),
+                systems::AI_ROUTER_VARIANT
             );
         }
     }

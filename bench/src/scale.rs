@@ -104,7 +104,7 @@ pub async fn run_scale(
         shape.other_keys,
         shape.headers.prefix()
     );
-    let mut instance = Instance::start(&name, shape, bundle, upstream).await?;
+    let mut instance = Instance::start(&name, shape, bundle, upstream, &[]).await?;
     let start_s = t0.elapsed().as_secs_f64();
     let target = instance.target()?;
     let checked = check(&target).await?;

@@ -49,7 +49,11 @@ pub async fn run_system(
         }
         "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" | "one-pass-floor"
         | "one-pass-retry" => run_envoy(name, bench, t0).await,
-        "ai-router" => return run_ai_router(name, bench, bundles, t0).await,
+        "ai-router" => return run_ai_router(name, bench, bundles, &[], t0).await,
+        variant if variant.starts_with(AI_ROUTER_VARIANT) => {
+            let variants = airouter::variant::parse(&variant[AI_ROUTER_VARIANT.len()..])?;
+            return run_ai_router(name, bench, bundles, &variants, t0).await;
+        }
         "litellm" => run_litellm(name, bench, t0).await,
         "portkey" => run_portkey(name, bench, t0).await,
         "agentgateway" => run_agentgateway(name, bench, t0).await,
@@ -162,11 +166,17 @@ fn wasm_floor_path() -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
-/// ai-router with the systems comparison's pool; a smoke run also probes its sync.
+/// The prefix of the systems `ai-router@VARIANT[+VARIANT...]`: ai-router with its rendered
+/// Envoy bootstrap changed ([`airouter::variant`]).
+pub const AI_ROUTER_VARIANT: &str = "ai-router@";
+
+/// ai-router with the systems comparison's pool (its Envoy bootstrap changed by `variants`);
+/// a smoke run also probes its sync.
 async fn run_ai_router(
     name: &str,
     bench: &Bench<'_>,
     bundles: &mut BTreeMap<usize, KeyBundle>,
+    variants: &[&'static str],
     t0: Instant,
 ) -> Result<(SystemResult, Option<ScaleResult>)> {
     let shape = Shape {
@@ -176,11 +186,18 @@ async fn run_ai_router(
         headers: bench.headers,
     };
     let bundle = bundle(bundles, shape.virtual_keys, bench.upstream.port).await?;
-    let mut instance = Instance::start("bench-ai-router", shape, &bundle, bench.upstream).await?;
+    let mut instance =
+        Instance::start("bench-ai-router", shape, &bundle, bench.upstream, variants).await?;
     let procs = instance.procs();
     let target = instance.target()?;
-    let what = "ai-router serve + Envoy rendered by ai-router render-envoy with the wasm filter; 2 providers x 4 keys, a virtual key with quotas, 10 virtual keys";
-    let mut result = measure_system(name, what, &target, &procs, bench, t0).await?;
+    let mut what = "ai-router serve + Envoy rendered by ai-router render-envoy with the wasm filter; 2 providers x 4 keys, a virtual key with quotas, 10 virtual keys".to_string();
+    if !variants.is_empty() {
+        what = format!(
+            "{what}; the bootstrap changed: {}",
+            airouter::variant::describe(variants)
+        );
+    }
+    let mut result = measure_system(name, &what, &target, &procs, bench, t0).await?;
     if !bench.args.smoke {
         return Ok((result, None));
     }
@@ -261,6 +278,11 @@ async fn measure_system(
         ..Default::default()
     };
     for phase in ALL_PHASES {
+        if let Some(only) = &bench.args.phases {
+            if !only.iter().any(|p| *p == phase.name()) {
+                continue;
+            }
+        }
         let report = run_phase(target, procs, bench.up_procs, plan, phase).await?;
         log(format!(
             "  {name} {}: {} ok, {} failed, {:.0} rps, p50 {:.3} ms, p99 {:.3} ms",

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// A change to the rendered bootstrap before Envoy starts (the benchmark's ablation variants):
+/// the YAML in, the YAML (or JSON) Envoy is to run out.
+pub type BootstrapEdit = dyn Fn(String) -> Result<String> + Send + Sync;
+
 /// Envoy 1.40 with the bootstrap `ai-router render-envoy` renders, on ephemeral ports.
 #[derive(Debug)]
 pub struct Envoy {
@@ -30,6 +34,28 @@ impl Envoy {
         Self::start_failover(dir, config, &[control_plane_grpc], env, ready_key).await
     }
 
+    /// [`Envoy::start`] with the rendered bootstrap passed through `edit` before Envoy reads
+    /// it (the benchmark's `ai-router@VARIANT` systems; never the tests).
+    pub async fn start_edited(
+        dir: &TestDir,
+        config: &Path,
+        control_plane_grpc: SocketAddr,
+        env: &[(String, String)],
+        ready_key: &str,
+        edit: &BootstrapEdit,
+    ) -> Result<Self> {
+        Self::launch(
+            dir,
+            config,
+            &[control_plane_grpc],
+            env,
+            ready_key,
+            ("127.0.0.1:0", "envoy"),
+            Some(edit),
+        )
+        .await
+    }
+
     /// [`Envoy::start`] with several control planes (the first is the one it starts on; it
     /// fails over to the others).
     pub async fn start_failover(
@@ -45,8 +71,8 @@ impl Envoy {
             control_planes,
             env,
             ready_key,
-            "127.0.0.1:0",
-            "envoy",
+            ("127.0.0.1:0", "envoy"),
+            None,
         )
         .await
     }
@@ -70,7 +96,17 @@ impl Envoy {
         let deadline = Instant::now() + START_TIMEOUT;
         let (mut tries, mut last_error) = (0, String::new());
         let new = loop {
-            match Self::launch(dir, config, control_planes, env, ready_key, &listen, &name).await {
+            match Self::launch(
+                dir,
+                config,
+                control_planes,
+                env,
+                ready_key,
+                (&listen, &name),
+                None,
+            )
+            .await
+            {
                 Ok(new) => break new,
                 // The port was just freed: a bind race is tried again.
                 Err(e) if Instant::now() < deadline => {
@@ -102,8 +138,8 @@ impl Envoy {
         control_planes: &[SocketAddr],
         env: &[(String, String)],
         ready_key: &str,
-        listen: &str,
-        name: &str,
+        (listen, name): (&str, &str),
+        edit: Option<&BootstrapEdit>,
     ) -> Result<Self> {
         let control_plane_list: Vec<String> = control_planes
             .iter()
@@ -137,6 +173,13 @@ impl Envoy {
                 bootstrap.display(),
                 render.tail()
             );
+        }
+        if let Some(edit) = edit {
+            let rendered = fs::read_to_string(&bootstrap)
+                .with_context(|| format!("reading {}", bootstrap.display()))?;
+            let edited = edit(rendered).context("editing the rendered bootstrap")?;
+            fs::write(&bootstrap, edited)
+                .with_context(|| format!("writing {}", bootstrap.display()))?;
         }
 
         let admin_path = dir.join(&format!("{name}-admin.txt"));

@@ -34,6 +34,7 @@ impl Instance {
         shape: Shape,
         bundle: &KeyBundle,
         upstream: &BenchEnvoy,
+        variants: &[&'static str],
     ) -> Result<Self> {
         let dir = TestDir::new(name)?;
         for f in &bundle.files {
@@ -67,14 +68,28 @@ impl Instance {
             ),
             ("RUST_LOG".to_string(), "warn".to_string()),
         ];
-        let envoy = Envoy::start(
-            &dir,
-            cp.config_path(),
-            cp.grpc_addr(),
-            &envoy_env,
-            &bundle.load_key,
-        )
-        .await
+        let envoy = if variants.is_empty() {
+            Envoy::start(
+                &dir,
+                cp.config_path(),
+                cp.grpc_addr(),
+                &envoy_env,
+                &bundle.load_key,
+            )
+            .await
+        } else {
+            let (variants, port) = (variants.to_vec(), upstream.port);
+            let edit = move |yaml: String| super::variant::apply(&yaml, &variants, port);
+            Envoy::start_edited(
+                &dir,
+                cp.config_path(),
+                cp.grpc_addr(),
+                &envoy_env,
+                &bundle.load_key,
+                &edit,
+            )
+            .await
+        }
         .with_context(|| cp.tail())
         .context("starting Envoy")?;
         Ok(Self {

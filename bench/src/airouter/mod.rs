@@ -14,6 +14,7 @@ use crate::upstream::Headers;
 mod instance;
 mod probes;
 mod provision;
+pub mod variant;
 
 pub use instance::Instance;
 pub use probes::SyncProbe;

@@ -30,10 +30,16 @@ pub fn minute_of(now_ms: i64) -> i64 {
 }
 
 /// How many calls an Envoy asks for at a time: a tenth of the limit, but at least 5 (or the
-/// whole limit when it is smaller), so that a burst at one Envoy rarely outruns the answer.
+/// whole limit when it is smaller), so that a burst at one Envoy rarely outruns the answer;
+/// and at most 1,000, or a hundredth of the limit when that is more. One ask is in flight at a
+/// time, so an Envoy admits at most about a block and a half per round trip to its control
+/// plane: a fixed 1,000 refused calls (429) under a large limit at a few thousand calls a
+/// second when a starved control plane took half a second to answer; a hundredth of the limit
+/// keeps the overshoot bound (`limit + E × block`) a few percent of the limit.
 pub fn block_size(limit: u64) -> u32 {
-    let block = limit.div_ceil(10).max(limit.min(5)).clamp(1, 1_000);
-    u32::try_from(block).unwrap_or(1_000)
+    let most = (limit / 100).max(1_000);
+    let block = limit.div_ceil(10).max(limit.min(5)).clamp(1, most);
+    u32::try_from(block).unwrap_or(u32::MAX)
 }
 
 /// An ask older than this without an answer (the singleton restarted) may be made again.
@@ -225,7 +231,23 @@ mod tests {
         assert_eq!(block_size(50), 5);
         assert_eq!(block_size(60), 6);
         assert_eq!(block_size(1_000), 100);
-        assert_eq!(block_size(10_000_000), 1_000);
+        assert_eq!(block_size(100_000), 1_000);
+        // A large limit: a hundredth of it.
+        assert_eq!(block_size(1_000_000), 10_000);
+        assert_eq!(block_size(100_000_000), 1_000_000);
+        assert_eq!(block_size(u64::from(u32::MAX)), 42_949_672);
+    }
+
+    #[test]
+    fn a_burst_under_a_large_limit_passes_while_the_answer_is_slow() {
+        // Requests at a few thousand a second while the control plane takes a second to answer
+        // the first ask: a limit of 100,000,000 a minute refuses none of them.
+        let (lease, admitted, asks) = calls(None, 5_000, 100_000_000);
+        assert_eq!((admitted, lease.used), (5_000, 5_000));
+        assert_eq!(asks.len(), 1, "one ask in flight");
+        // A limit near the rate keeps its small block: the bound stays tight.
+        let (_, admitted, _) = calls(None, 5_000, 60_000);
+        assert_eq!(admitted, 1_000);
     }
 
     #[test]

@@ -186,43 +186,40 @@ fn event_end(buf: &[u8], from: usize) -> Result<usize, usize> {
     Err(i)
 }
 
+/// An event's fields, read from its raw bytes in place (copied only when they are not UTF-8),
+/// its `data:` lines joined as they are read: one allocation for the data, none for the rest of
+/// a common event. Comments and blank lines only (keep-alives) make an event with no name and no
+/// data, still forwarded raw by callers that want them.
 fn parse_event(raw: Vec<u8>) -> Option<Event> {
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let mut name = None;
-    let mut data: Vec<String> = Vec::new();
-    let mut any_field = false;
-    for line in text.split(['\n', '\r']) {
-        if line.is_empty() || line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = match line.find(':') {
-            Some(p) => {
-                let v = &line[p + 1..];
-                (&line[..p], v.strip_prefix(' ').unwrap_or(v))
+    let (name, data) = {
+        let text = String::from_utf8_lossy(&raw);
+        let (mut name, mut data, mut data_lines) = (None, String::new(), 0usize);
+        for line in text.split(['\n', '\r']) {
+            if line.is_empty() || line.starts_with(':') {
+                continue;
             }
-            None => (line, ""),
-        };
-        any_field = true;
-        match field {
-            "event" => name = Some(value.to_string()),
-            "data" => data.push(value.to_string()),
-            _ => {}
+            let (field, value) = match line.find(':') {
+                Some(p) => {
+                    let v = &line[p + 1..];
+                    (&line[..p], v.strip_prefix(' ').unwrap_or(v))
+                }
+                None => (line, ""),
+            };
+            match field {
+                "event" => name = Some(value.to_string()),
+                "data" => {
+                    if data_lines > 0 {
+                        data.push('\n');
+                    }
+                    data.push_str(value);
+                    data_lines += 1;
+                }
+                _ => {}
+            }
         }
-    }
-    if !any_field {
-        // Comments and blank lines only (keep-alives): still forwarded raw by callers that
-        // want them, but carry no event.
-        return Some(Event {
-            raw,
-            name: None,
-            data: String::new(),
-        });
-    }
-    Some(Event {
-        raw,
-        name,
-        data: data.join("\n"),
-    })
+        (name, data)
+    };
+    Some(Event { raw, name, data })
 }
 
 #[cfg(test)]

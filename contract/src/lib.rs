@@ -10,6 +10,7 @@
 //! - `price`: what tokens cost at a model's prices (cached prompt tokens included);
 //! - `latency`: a lane's latency average (the EWMA step);
 //! - `plugin`: the plugin configuration the renderer writes and the filter reads;
+//! - `minute`: the blocks of a key's `requestsPerMinute` an Envoy asks for, and the most granted;
 //! - here: the headers, clusters and metadata between the processes, the OpenAI error type and
 //!   Google's status word of a status, the probe lease holder, SHA-256 and the secret fingerprint.
 
@@ -181,6 +182,31 @@ pub mod shared {
     /// One virtual key's requests in the current UTC minute, across the workers.
     pub fn minute_requests(key_id: &str) -> String {
         format!("ai-router/rpm/{key_id}")
+    }
+}
+
+/// A virtual key's `requestsPerMinute` across Envoys: the blocks of a minute's budget an Envoy
+/// asks its control plane for (`Sync.TakeMinuteCalls`; the filter's side is
+/// `filter-core/src/vm/minute_lease.rs`, the control plane's `store::minute_calls`).
+pub mod minute {
+    /// How many calls an Envoy asks for at a time under `limit`: a tenth of the limit, but at
+    /// least 5 (or the whole limit when it is smaller), so that a burst at one Envoy rarely
+    /// outruns the answer; and at most 1,000, or a hundredth of the limit when that is more.
+    /// One ask is in flight at a time, so an Envoy admits at most about a block and a half per
+    /// round trip to its control plane: a fixed 1,000 refused calls (429) under a large limit at
+    /// a few thousand calls a second when a starved control plane took half a second to answer;
+    /// a hundredth of the limit keeps the overshoot bound (`limit + E × block`) a few percent of
+    /// the limit.
+    pub fn block(limit: u64) -> u64 {
+        let most = (limit / 100).max(1_000);
+        limit.div_ceil(10).max(limit.min(5)).clamp(1, most)
+    }
+
+    /// The most one ask is granted under `limit`: the block, or 10,000 when that is more. An
+    /// Envoy takes a grant smaller than its ask for a spent minute, so every block it can ask
+    /// for must be granted whole while the minute lasts.
+    pub fn most_granted(limit: u64) -> u64 {
+        block(limit).max(10_000)
     }
 }
 

@@ -15,16 +15,14 @@ use std::sync::Mutex;
 
 use crate::store::lock;
 
-/// The most calls one ask may take (the filter asks for a tenth of the limit, at most 1,000).
-pub const MAX_ASK: u64 = 10_000;
-
 /// How long a minute's count is kept: the minute itself, and the next for late asks.
 pub const KEEP_MS: i64 = 120_000;
 
 /// What a minute with `counted` calls granted already grants of an ask for `calls` more under
 /// `limit`: what is left, at most what was asked.
 pub fn grant(counted: u64, calls: u64, limit: u64) -> u64 {
-    limit.saturating_sub(counted).min(calls.min(MAX_ASK))
+    let most = ai_router_contract::minute::most_granted(limit);
+    limit.saturating_sub(counted).min(calls.min(most))
 }
 
 /// The counts of one control plane: per (key id, minute), pruned as minutes pass.
@@ -88,7 +86,33 @@ mod tests {
         assert_eq!(grant(47, 5, 50), 3);
         assert_eq!(grant(50, 5, 50), 0);
         assert_eq!(grant(60, 5, 50), 0);
-        assert_eq!(grant(0, 1_000_000, u64::MAX), MAX_ASK);
+        assert_eq!(grant(0, 1_000_000, 100_000), 10_000);
+    }
+
+    #[test]
+    fn every_block_an_envoy_asks_for_is_granted_whole_while_the_minute_lasts() {
+        // The filter takes a grant smaller than its ask for a spent minute: under any limit,
+        // the block it asks for must come whole when the minute has that much left.
+        for limit in [
+            1,
+            5,
+            50,
+            999,
+            1_000,
+            60_000,
+            100_000,
+            1_000_000,
+            100_000_000,
+            u64::from(u32::MAX),
+        ] {
+            let block = ai_router_contract::minute::block(limit);
+            assert_eq!(grant(0, block, limit), block, "limit {limit}");
+            assert_eq!(
+                grant(limit - block, block, limit),
+                block,
+                "limit {limit}, the last block"
+            );
+        }
     }
 
     #[test]

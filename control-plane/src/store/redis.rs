@@ -680,7 +680,7 @@ impl StateStore for RedisStateStore {
         limit: u64,
     ) -> Result<Option<u64>, StoreError> {
         let key = format!("{}:rpm:{key_id}:{minute}", self.namespace);
-        let calls = calls.min(crate::store::minute_calls::MAX_ASK);
+        let calls = calls.min(ai_router_contract::minute::most_granted(limit));
         let answer = self.call(LEASE_DEADLINE, move |mut conn| async move {
             redis::Script::new(MINUTE_CALLS_SCRIPT)
                 .key(key)

@@ -29,17 +29,10 @@ pub fn minute_of(now_ms: i64) -> i64 {
     now_ms.div_euclid(MINUTE_MS)
 }
 
-/// How many calls an Envoy asks for at a time: a tenth of the limit, but at least 5 (or the
-/// whole limit when it is smaller), so that a burst at one Envoy rarely outruns the answer;
-/// and at most 1,000, or a hundredth of the limit when that is more. One ask is in flight at a
-/// time, so an Envoy admits at most about a block and a half per round trip to its control
-/// plane: a fixed 1,000 refused calls (429) under a large limit at a few thousand calls a
-/// second when a starved control plane took half a second to answer; a hundredth of the limit
-/// keeps the overshoot bound (`limit + E × block`) a few percent of the limit.
+/// How many calls an Envoy asks for at a time ([`ai_router_contract::minute::block`], which the
+/// control plane grants whole while the minute lasts).
 pub fn block_size(limit: u64) -> u32 {
-    let most = (limit / 100).max(1_000);
-    let block = limit.div_ceil(10).max(limit.min(5)).clamp(1, most);
-    u32::try_from(block).unwrap_or(u32::MAX)
+    u32::try_from(ai_router_contract::minute::block(limit)).unwrap_or(u32::MAX)
 }
 
 /// An ask older than this without an answer (the singleton restarted) may be made again.

@@ -274,11 +274,12 @@ fn pair(o: &mut String, p: &ScalePair) {
     }
     let _ = writeln!(
         o,
-        "\nOver all rounds: throughput ratio {} (rounds: lowest {}, median {}); p99 ratio {}.\n",
+        "\nOver all rounds: throughput ratio {} (rounds: lowest {}, median {}); p99 ratio {}; CPU per 1,000 requests ratio {}.\n",
         pct(p.rps_ratio),
         pct(p.round_rps_ratio_min),
         pct(p.round_rps_ratio_median),
-        x(p.p99_ratio)
+        x(p.p99_ratio),
+        x(p.cpu_per_1k_ratio)
     );
 }
 

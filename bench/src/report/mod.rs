@@ -146,6 +146,9 @@ pub struct ScalePair {
     /// The rounds' throughput ratios: the lowest and the median.
     pub round_rps_ratio_min: Option<f64>,
     pub round_rps_ratio_median: Option<f64>,
+    /// Large ÷ small: CPU seconds of the instance's processes per 1,000 requests over all
+    /// rounds (a figure other work on the machine moves less than throughput).
+    pub cpu_per_1k_ratio: Option<f64>,
 }
 
 impl ScalePair {
@@ -170,6 +173,10 @@ impl ScalePair {
             p99_ratio: div(
                 Some(large_c16.load.latency_ms.p99),
                 Some(small_c16.load.latency_ms.p99),
+            ),
+            cpu_per_1k_ratio: div(
+                Some(large_c16.cpu_s_per_1k.system),
+                Some(small_c16.cpu_s_per_1k.system),
             ),
             round_rps_ratio_min: ratios.first().copied(),
             round_rps_ratio_median: median(&ratios),
@@ -342,7 +349,7 @@ mod tests {
     use crate::load::{LoadResult, Percentiles};
     use crate::run::Cpu;
 
-    fn c16(rps: f64, p99: f64) -> PhaseReport {
+    fn c16(rps: f64, p99: f64, cpu: f64) -> PhaseReport {
         PhaseReport {
             concurrency: Some(16),
             rate: None,
@@ -356,7 +363,10 @@ mod tests {
                 ..Default::default()
             },
             cpu_s: Cpu::default(),
-            cpu_s_per_1k: Cpu::default(),
+            cpu_s_per_1k: Cpu {
+                system: cpu,
+                ..Default::default()
+            },
             cpu_s_by_process: BTreeMap::new(),
         }
     }
@@ -384,12 +394,13 @@ mod tests {
             "l".into(),
             2.0,
             rounds,
-            &c16(2000.0, 10.0),
-            &c16(1900.0, 12.0),
+            &c16(2000.0, 10.0, 0.4),
+            &c16(1900.0, 12.0, 0.5),
         );
         assert_eq!(p.rps_ratio, Some(0.95));
         assert!(p.p99_ratio.is_some_and(|r| (r - 1.2).abs() < 1e-9));
         assert_eq!(p.round_rps_ratio_min, Some(0.8));
+        assert_eq!(p.cpu_per_1k_ratio, Some(1.25));
         assert_eq!(p.round_rps_ratio_median, Some(0.95));
         assert_eq!(median(&[1.0, 2.0, 3.0, 5.0]), Some(2.5));
         assert_eq!(median(&[]), None);

@@ -19,9 +19,9 @@
 # run without --systems includes agentgateway.
 #
 # Options: --smoke, --systems LIST, --out DIR, and any other ai-router-bench option
-# (--scale full|targets|keys|none, --phases LIST, --duration S, --warmup S, --rate R, --headers static|constant|changing,
-# --upstream-workers N, --floor-writes N, --streak N, --many-virtual-keys N, --many-provider-keys N; see
-# `ai-router-bench --help`).
+# (--scale full|targets|keys|none, --phases LIST, --duration S, --warmup S, --rate R,
+# --headers static|constant|changing, --upstream-workers N, --floor-writes N, --streak N,
+# --many-virtual-keys N, --many-provider-keys N, --scale-rounds N; see `ai-router-bench --help`).
 #
 # The full run uses release builds of the control plane and of the load generator. The smoke
 # run uses ENVOY_BIN, AI_ROUTER_BIN, AI_ROUTER_WASM and AI_ROUTER_BENCH_BIN when they are set

@@ -262,7 +262,9 @@ pub struct LoadResult {
 }
 
 impl LoadResult {
-    fn from_samples(samples: Vec<Sample>, elapsed: Duration, stream: bool) -> Self {
+    /// The figures of `samples` taken over `elapsed` (for phases measured in rounds: every
+    /// round's samples, over the rounds' summed time).
+    pub fn from_samples(samples: Vec<Sample>, elapsed: Duration, stream: bool) -> Self {
         let mut r = LoadResult {
             requests: samples.len() as u64,
             elapsed_s: elapsed.as_secs_f64(),
@@ -318,6 +320,17 @@ pub async fn closed_loop(
     duration: Duration,
     stream: bool,
 ) -> Result<LoadResult> {
+    let (samples, elapsed) = closed_loop_samples(target, concurrency, duration, stream).await?;
+    Ok(LoadResult::from_samples(samples, elapsed, stream))
+}
+
+/// [`closed_loop`]'s samples and the time they took, unsummarised.
+pub async fn closed_loop_samples(
+    target: &Target,
+    concurrency: usize,
+    duration: Duration,
+    stream: bool,
+) -> Result<(Vec<Sample>, Duration)> {
     let client = client();
     let target = Arc::new(target.clone());
     let start = Instant::now();
@@ -338,7 +351,7 @@ pub async fn closed_loop(
     while let Some(done) = set.join_next().await {
         samples.extend(done.map_err(|e| anyhow!("a load worker failed: {e}"))?);
     }
-    Ok(LoadResult::from_samples(samples, start.elapsed(), stream))
+    Ok((samples, start.elapsed()))
 }
 
 /// Requests due at `rate` per second for `duration`, at most `max_in_flight` at once; a request

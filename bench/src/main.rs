@@ -33,7 +33,7 @@ use crate::airouter::{KeyBundle, Shape};
 use crate::procs::ProcSet;
 use crate::report::{Added, Report, ScaleResult, SystemResult};
 use crate::run::Plan;
-use crate::scale::{bundle, run_scale, scale_shapes};
+use crate::scale::{bundle, run_scale, run_scale_pair, scale_shapes};
 use crate::systems::{run_system, Bench};
 use crate::upstream::{fake_upstream_yaml, BenchEnvoy, Headers};
 
@@ -139,6 +139,11 @@ pub(crate) struct Args {
     /// The large provider-key count of the scale table.
     #[arg(long, default_value_t = 1_000)]
     pub(crate) many_provider_keys: usize,
+    /// Rounds of the two scale rows measured side by side (10 VK · 8 PK and the large pool,
+    /// all serving, changing headers): their c16 phases alternate, each round the phase's
+    /// duration divided by this.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) scale_rounds: usize,
 }
 
 fn main() -> ExitCode {
@@ -232,6 +237,7 @@ async fn bench(args: Args) -> Result<bool> {
     report.targets = report::targets(
         &report.systems,
         &report.scale,
+        &report.scale_pairs,
         args.many_virtual_keys,
         args.many_provider_keys,
     );
@@ -343,51 +349,156 @@ fn add_latency_over_floor(systems: &mut [SystemResult]) {
     }
 }
 
-/// Every row of the scale table; one that fails is recorded with its error.
+/// The two rows of `shapes` the many-keys target compares, when both are there: the small
+/// pool and the large one with every key serving, changing headers (their indices).
+fn scale_pair(shapes: &[Shape], many_vk: usize, many_pk: usize) -> Option<(usize, usize)> {
+    let small = Shape {
+        virtual_keys: FEW_VIRTUAL_KEYS,
+        serving_keys: FEW_PROVIDER_KEYS,
+        other_keys: 0,
+        headers: Headers::Changing,
+    };
+    let large = Shape {
+        virtual_keys: many_vk,
+        serving_keys: many_pk,
+        other_keys: 0,
+        headers: Headers::Changing,
+    };
+    if small == large {
+        return None;
+    }
+    let at = |want: Shape| shapes.iter().position(|s| *s == want);
+    Some((at(small)?, at(large)?))
+}
+
+/// Every row of the scale table, in order; the two rows of [`scale_pair`] measured side by side
+/// when the first of them comes up. One that fails is recorded with its error.
 async fn run_scale_rows(
     shapes: Vec<Shape>,
     run: &Bench<'_>,
     bundles: &mut BTreeMap<usize, KeyBundle>,
     report: &mut Report,
 ) {
-    for shape in shapes {
-        log(format!("scale {}", shape.label()));
-        let failed = |msg: String, report: &mut Report| {
-            report.errors.push(msg.clone());
-            ScaleResult {
-                label: shape.label(),
-                shape: Some(shape),
-                error: Some(msg),
-                ..Default::default()
+    let pair = scale_pair(
+        &shapes,
+        run.args.many_virtual_keys,
+        run.args.many_provider_keys,
+    );
+    let mut rows: Vec<Option<ScaleResult>> = vec![None; shapes.len()];
+    for (i, shape) in shapes.iter().copied().enumerate() {
+        if rows.get(i).is_some_and(Option::is_some) {
+            continue; // measured with its pair
+        }
+        match pair {
+            Some((s, l)) if i == s || i == l => {
+                let (small, large) = (shapes[s], shapes[l]);
+                log(format!(
+                    "scale {} and {}, side by side",
+                    small.label(),
+                    large.label()
+                ));
+                let (a, b) = run_pair(small, large, run, bundles, report).await;
+                rows[s] = Some(a);
+                rows[l] = Some(b);
             }
-        };
-        let bundle = match bundle(bundles, shape.virtual_keys, run.upstream.port).await {
-            Ok(b) => b,
+            _ => rows[i] = Some(run_row(shape, run, bundles, report).await),
+        }
+    }
+    report.scale.extend(rows.into_iter().flatten());
+}
+
+/// A row that failed, with its error recorded.
+fn failed_row(shape: Shape, msg: String, report: &mut Report) -> ScaleResult {
+    log(format!("FAILED {msg}"));
+    report.errors.push(msg.clone());
+    ScaleResult {
+        label: shape.label(),
+        shape: Some(shape),
+        error: Some(msg),
+        ..Default::default()
+    }
+}
+
+/// One row measured alone.
+async fn run_row(
+    shape: Shape,
+    run: &Bench<'_>,
+    bundles: &mut BTreeMap<usize, KeyBundle>,
+    report: &mut Report,
+) -> ScaleResult {
+    log(format!("scale {}", shape.label()));
+    let bundle = match bundle(bundles, shape.virtual_keys, run.upstream.port).await {
+        Ok(b) => b,
+        Err(e) => {
+            let msg = format!("provisioning {} virtual keys: {e:#}", shape.virtual_keys);
+            return failed_row(shape, msg, report);
+        }
+    };
+    match run_scale(
+        shape,
+        &bundle,
+        run.plan,
+        run.upstream,
+        run.up_procs,
+        run.args.streak,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => failed_row(shape, format!("{}: {e:#}", shape.label()), report),
+    }
+}
+
+/// The small and the large row measured side by side; on a failure both rows carry it.
+async fn run_pair(
+    small: Shape,
+    large: Shape,
+    run: &Bench<'_>,
+    bundles: &mut BTreeMap<usize, KeyBundle>,
+    report: &mut Report,
+) -> (ScaleResult, ScaleResult) {
+    let both_failed = |msg: String, report: &mut Report| {
+        (
+            failed_row(small, msg.clone(), report),
+            failed_row(large, msg, report),
+        )
+    };
+    let mut kb = Vec::with_capacity(2);
+    for shape in [small, large] {
+        match bundle(bundles, shape.virtual_keys, run.upstream.port).await {
+            Ok(b) => kb.push(b),
             Err(e) => {
                 let msg = format!("provisioning {} virtual keys: {e:#}", shape.virtual_keys);
-                let row = failed(msg, report);
-                report.scale.push(row);
-                continue;
+                return both_failed(msg, report);
             }
-        };
-        let row = match run_scale(
-            shape,
-            &bundle,
-            run.plan,
-            run.upstream,
-            run.up_procs,
-            run.args.streak,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let msg = format!("{}: {e:#}", shape.label());
-                log(format!("FAILED {msg}"));
-                failed(msg, report)
-            }
-        };
-        report.scale.push(row);
+        }
+    }
+    let (Some(small_keys), Some(large_keys)) = (kb.first(), kb.get(1)) else {
+        return both_failed("provisioning: no key bundle".into(), report);
+    };
+    match run_scale_pair(
+        (small, small_keys),
+        (large, large_keys),
+        run.plan,
+        run.upstream,
+        run.up_procs,
+        run.args.streak,
+        run.args.scale_rounds,
+    )
+    .await
+    {
+        Ok((a, b, pair)) => {
+            report.scale_pairs.push(pair);
+            (a, b)
+        }
+        Err(e) => both_failed(
+            format!(
+                "{} and {} side by side: {e:#}",
+                small.label(),
+                large.label()
+            ),
+            report,
+        ),
     }
 }
 
@@ -408,4 +519,33 @@ fn write_report(report: &Report, out: &Path) -> Result<()> {
 
 fn absolute(path: &Path) -> Result<PathBuf> {
     std::fs::canonicalize(path).with_context(|| format!("{} not found", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_small_and_the_large_all_serving_rows_are_paired_where_both_are_run() {
+        for (scale, paired) in [
+            ("keys", true),
+            ("targets", true),
+            ("full", true),
+            ("none", false),
+        ] {
+            let shapes = scale_shapes(scale, 10_000, 1_000).unwrap_or_default();
+            let pair = scale_pair(&shapes, 10_000, 1_000);
+            assert_eq!(pair.is_some(), paired, "--scale {scale}");
+            if let Some((s, l)) = pair {
+                assert_eq!(shapes[s].label(), "10 VK · 8 PK (all serve) · changing");
+                assert_eq!(
+                    shapes[l].label(),
+                    "10000 VK · 1000 PK (all serve) · changing"
+                );
+            }
+        }
+        // Sizes that make both rows one: nothing to pair.
+        let shapes = scale_shapes("keys", 10, 8).unwrap_or_default();
+        assert_eq!(scale_pair(&shapes, 10, 8), None);
+    }
 }

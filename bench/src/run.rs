@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::load::{closed_loop, open_loop, LoadResult, Target};
+use crate::load::{closed_loop, closed_loop_samples, open_loop, LoadResult, Sample, Target};
 use crate::procs::{own_cpu_s, ProcSet, Reading};
 use crate::upstream::COMPLETION_TEXT;
 
@@ -143,6 +143,74 @@ pub async fn run_phase(
         cpu_s_by_process: by_process,
         load,
     })
+}
+
+/// A closed-loop phase measured in rounds (interleaved with another system's): each round's
+/// own figures, and the phase's summed over its rounds (throughput = requests over the rounds'
+/// summed time; latency percentiles over every round's requests; CPU summed).
+#[derive(Debug, Default)]
+pub struct Rounds {
+    samples: Vec<Sample>,
+    elapsed: Duration,
+    by_process: BTreeMap<String, f64>,
+    upstream: f64,
+    loadgen: f64,
+    /// Each round's figures, in the order run.
+    pub each: Vec<LoadResult>,
+}
+
+impl Rounds {
+    /// One round of `duration` at `concurrency`, with the CPU time it cost.
+    pub async fn run(
+        &mut self,
+        target: &Target,
+        system: &ProcSet,
+        upstream: &ProcSet,
+        concurrency: usize,
+        duration: Duration,
+    ) -> Result<LoadResult> {
+        let s0 = system.read();
+        let u0 = upstream.read();
+        let l0 = own_cpu_s();
+        let (samples, elapsed) = closed_loop_samples(target, concurrency, duration, false).await?;
+        let s1 = system.read();
+        let u1 = upstream.read();
+        let l1 = own_cpu_s();
+        for (k, v) in cpu_delta(&s0, &s1) {
+            *self.by_process.entry(k).or_default() += v;
+        }
+        self.upstream += cpu_delta(&u0, &u1).values().sum::<f64>();
+        self.loadgen += l1 - l0;
+        self.elapsed += elapsed;
+        let round = LoadResult::from_samples(samples.clone(), elapsed, false);
+        self.each.push(round.clone());
+        self.samples.extend(samples);
+        Ok(round)
+    }
+
+    /// Seconds of load over every round.
+    pub fn elapsed_s(&self) -> f64 {
+        self.elapsed.as_secs_f64()
+    }
+
+    /// The phase over every round, as one phase's report.
+    pub fn report(self, concurrency: usize) -> PhaseReport {
+        let load = LoadResult::from_samples(self.samples, self.elapsed, false);
+        let cpu = Cpu {
+            system: self.by_process.values().sum(),
+            upstream: self.upstream,
+            loadgen: self.loadgen,
+        };
+        PhaseReport {
+            concurrency: Some(concurrency),
+            rate: None,
+            stream: false,
+            cpu_s_per_1k: cpu.per_1k(load.requests),
+            cpu_s: cpu,
+            cpu_s_by_process: self.by_process,
+            load,
+        }
+    }
 }
 
 /// Warms the system up (closed loop at 16, results dropped).

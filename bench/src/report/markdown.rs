@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{cpu16, f, p50, p99, rps, rss, ttfb, x, Ratio, Report, HEADLINE};
+use super::{cpu16, f, p50, p99, rps, rss, ttfb, x, Ratio, Report, ScalePair, HEADLINE};
 use crate::airouter::SyncProbe;
 
 /// The whole report as markdown.
@@ -189,7 +189,7 @@ fn ratios(o: &mut String, r: &Report) {
 fn scale(o: &mut String, r: &Report) {
     if !r.scale.is_empty() {
         let _ = writeln!(o, "## ai-router at scale\n");
-        let _ = writeln!(o, "VK = virtual keys in the key store; PK = provider keys (serving the benchmarked model on `fake-a`/`fake-b`, or on 8 other providers serving another model), plus one probe key on its own provider; headers: the fake upstream's rate-limit headers. c16 closed loop. Revoke/blacklist: ms until the change had reached every Envoy worker (the start of a run of polls in a row on fresh connections that all saw it); bytes: what Envoy received on the sync stream for that change. Sync B/s: sync stream bytes per second during the c16 load. Idle CPU: CPU s per s with no traffic.\n");
+        let _ = writeln!(o, "VK = virtual keys in the key store; PK = provider keys (serving the benchmarked model on `fake-a`/`fake-b`, or on 8 other providers serving another model), plus one probe key on its own provider; headers: the fake upstream's rate-limit headers. c16 closed loop. Revoke/blacklist: ms until the change had reached every Envoy worker (the start of a run of polls in a row on fresh connections that all saw it); bytes: what Envoy received on the sync stream for that change. Sync B/s: sync stream bytes per second during the c16 load. Idle CPU: CPU s per s with no traffic. Rows marked *(paired)* were measured side by side: both instances started and warmed, then their c16 phases alternated in rounds (next table); their c16 figures are over all their rounds, the rest per instance afterwards; every other row is one c16 phase of its own instance.\n");
         let _ = writeln!(o, "| scenario | c16 rps | p50 | p99 | failed | Envoy MB | CP MB | total MB | CPU s/1k | sync B/s under load | idle CPU CP | idle CPU Envoy | revoke ms (same / other Envoy) | revoke bytes | blacklist ms (same / other Envoy) | blacklist bytes | CP saw blacklist ms | POST /admin/keys ms | start s |");
         let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for s in &r.scale {
@@ -203,12 +203,17 @@ fn scale(o: &mut String, r: &Report) {
                 continue;
             }
             let c = s.c16.as_ref();
+            let label = if s.paired_with.is_some() {
+                format!("{} *(paired)*", s.label)
+            } else {
+                s.label.clone()
+            };
             let rv = s.probes.revoke.as_ref();
             let bl = s.probes.blacklist.as_ref();
             let _ = writeln!(
                 o,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
-                s.label,
+                label,
                 f(c.map(|p| p.load.throughput_rps), 0),
                 f(c.map(|p| p.load.latency_ms.p50), 2),
                 f(c.map(|p| p.load.latency_ms.p99), 2),
@@ -236,6 +241,46 @@ fn scale(o: &mut String, r: &Report) {
         }
         o.push('\n');
     }
+    for p in &r.scale_pairs {
+        pair(o, p);
+    }
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{:.0}%", v * 100.0))
+}
+
+/// Two rows measured side by side: each round, then the run's ratios.
+fn pair(o: &mut String, p: &ScalePair) {
+    let _ = writeln!(o, "### Side by side: {} against {}\n", p.large, p.small);
+    let _ = writeln!(o, "Both instances up and warmed, then {} rounds of c16, {:.1} s for each row per round, the order alternating (first: the row that ran first in the round). Ratio: large ÷ small throughput of the round.\n", p.rounds.len(), p.round_s);
+    let _ = writeln!(
+        o,
+        "| round | first | small rps | large rps | ratio | small p99 | large p99 |"
+    );
+    let _ = writeln!(o, "|---:|---|---:|---:|---:|---:|---:|");
+    for (i, q) in p.rounds.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {:.0} | {:.0} | {} | {:.2} | {:.2} |",
+            i + 1,
+            q.first,
+            q.small_rps,
+            q.large_rps,
+            pct(q.rps_ratio),
+            q.small_p99_ms,
+            q.large_p99_ms
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nOver all rounds: throughput ratio {} (rounds: lowest {}, median {}); p99 ratio {}; CPU per 1,000 requests ratio {}.\n",
+        pct(p.rps_ratio),
+        pct(p.round_rps_ratio_min),
+        pct(p.round_rps_ratio_median),
+        x(p.p99_ratio),
+        x(p.cpu_per_1k_ratio)
+    );
 }
 
 fn provisioning(o: &mut String, r: &Report) {

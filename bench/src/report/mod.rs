@@ -110,6 +110,89 @@ pub struct ScaleResult {
     pub start_s: f64,
     /// One `POST /admin/keys` with the scenario's virtual keys already in the store.
     pub create_key_ms: Option<f64>,
+    /// The row whose c16 phase alternated with this one's in rounds (see [`ScalePair`]); none
+    /// for a row measured alone.
+    pub paired_with: Option<String>,
+}
+
+/// One round of a pair: each row's c16 figures in it.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PairRound {
+    /// `small` or `large`: which row ran first in this round.
+    pub first: String,
+    pub small_rps: f64,
+    pub large_rps: f64,
+    /// Large ÷ small throughput.
+    pub rps_ratio: Option<f64>,
+    pub small_p99_ms: f64,
+    pub large_p99_ms: f64,
+}
+
+/// Two scale rows measured side by side: their c16 phases alternated in rounds, each row's
+/// figures aggregated over its rounds (in its `c16`).
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalePair {
+    pub small: String,
+    pub large: String,
+    /// Seconds of each row's load per round.
+    pub round_s: f64,
+    pub rounds: Vec<PairRound>,
+    /// Large ÷ small: throughput over all rounds (requests over the rounds' summed time).
+    pub rps_ratio: Option<f64>,
+    /// Large ÷ small: p99 over all the rounds' requests.
+    pub p99_ratio: Option<f64>,
+    /// The rounds' throughput ratios: the lowest and the median.
+    pub round_rps_ratio_min: Option<f64>,
+    pub round_rps_ratio_median: Option<f64>,
+    /// Large ÷ small: CPU seconds of the instance's processes per 1,000 requests over all
+    /// rounds (a figure other work on the machine moves less than throughput).
+    pub cpu_per_1k_ratio: Option<f64>,
+}
+
+impl ScalePair {
+    pub fn new(
+        small: String,
+        large: String,
+        round_s: f64,
+        rounds: Vec<PairRound>,
+        small_c16: &PhaseReport,
+        large_c16: &PhaseReport,
+    ) -> Self {
+        let mut ratios: Vec<f64> = rounds.iter().filter_map(|r| r.rps_ratio).collect();
+        ratios.sort_by(f64::total_cmp);
+        Self {
+            small,
+            large,
+            round_s,
+            rps_ratio: div(
+                Some(large_c16.load.throughput_rps),
+                Some(small_c16.load.throughput_rps),
+            ),
+            p99_ratio: div(
+                Some(large_c16.load.latency_ms.p99),
+                Some(small_c16.load.latency_ms.p99),
+            ),
+            cpu_per_1k_ratio: div(
+                Some(large_c16.cpu_s_per_1k.system),
+                Some(small_c16.cpu_s_per_1k.system),
+            ),
+            round_rps_ratio_min: ratios.first().copied(),
+            round_rps_ratio_median: median(&ratios),
+            rounds,
+        }
+    }
+}
+
+/// The median of sorted values (the mean of the middle two for an even count).
+fn median(sorted: &[f64]) -> Option<f64> {
+    let n = sorted.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => sorted.get(n / 2).copied(),
+        _ => Some((sorted.get(n / 2 - 1)? + sorted.get(n / 2)?) / 2.0),
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -118,6 +201,8 @@ pub struct Report {
     pub meta: Meta,
     pub systems: Vec<SystemResult>,
     pub scale: Vec<ScaleResult>,
+    /// The scale rows measured side by side (the small pool and the large one, all serving).
+    pub scale_pairs: Vec<ScalePair>,
     pub provisioning: Vec<Provisioning>,
     pub ratios: Vec<Ratio>,
     pub targets: Vec<Target>,
@@ -256,4 +341,68 @@ pub fn ratios(systems: &[SystemResult]) -> Vec<Ratio> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{LoadResult, Percentiles};
+    use crate::run::Cpu;
+
+    fn c16(rps: f64, p99: f64, cpu: f64) -> PhaseReport {
+        PhaseReport {
+            concurrency: Some(16),
+            rate: None,
+            stream: false,
+            load: LoadResult {
+                throughput_rps: rps,
+                latency_ms: Percentiles {
+                    p99,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            cpu_s: Cpu::default(),
+            cpu_s_per_1k: Cpu {
+                system: cpu,
+                ..Default::default()
+            },
+            cpu_s_by_process: BTreeMap::new(),
+        }
+    }
+
+    fn round(small: f64, large: f64) -> PairRound {
+        PairRound {
+            small_rps: small,
+            large_rps: large,
+            rps_ratio: Some(large / small),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pair_gives_the_aggregate_ratios_and_the_rounds_lowest_and_median() {
+        let rounds = vec![
+            round(100.0, 90.0),
+            round(100.0, 110.0),
+            round(100.0, 80.0),
+            round(100.0, 100.0),
+            round(100.0, 95.0),
+        ];
+        let p = ScalePair::new(
+            "s".into(),
+            "l".into(),
+            2.0,
+            rounds,
+            &c16(2000.0, 10.0, 0.4),
+            &c16(1900.0, 12.0, 0.5),
+        );
+        assert_eq!(p.rps_ratio, Some(0.95));
+        assert!(p.p99_ratio.is_some_and(|r| (r - 1.2).abs() < 1e-9));
+        assert_eq!(p.round_rps_ratio_min, Some(0.8));
+        assert_eq!(p.cpu_per_1k_ratio, Some(1.25));
+        assert_eq!(p.round_rps_ratio_median, Some(0.95));
+        assert_eq!(median(&[1.0, 2.0, 3.0, 5.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
 }

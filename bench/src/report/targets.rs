@@ -1,7 +1,7 @@
 //! The targets against a run's figures: the scale rows, the added latency and the
 //! throughput against each peer.
 
-use super::{div, f, rps, x, ScaleResult, SystemResult, Target};
+use super::{div, f, rps, x, ScalePair, ScaleResult, SystemResult, Target};
 use crate::airouter::Shape;
 use crate::upstream::Headers;
 
@@ -23,10 +23,11 @@ fn met(ok: Option<bool>) -> String {
 pub fn targets(
     systems: &[SystemResult],
     scale: &[ScaleResult],
+    pairs: &[ScalePair],
     many_vk: usize,
     many_pk: usize,
 ) -> Vec<Target> {
-    let mut out = scale_targets(scale, many_vk, many_pk);
+    let mut out = scale_targets(scale, pairs, many_vk, many_pk);
     let find = |n: &str| systems.iter().find(|s| s.name == n && s.error.is_none());
     let ar = find("ai-router");
     out.extend(latency_targets(ar, find("envoy"), find("agentgateway")));
@@ -35,8 +36,15 @@ pub fn targets(
 }
 
 /// The scale rows against the small pool: throughput, p99, memory and how fast a change
-/// reaches every worker, for the large pool with every key serving and with 8 serving.
-fn scale_targets(scale: &[ScaleResult], many_vk: usize, many_pk: usize) -> Vec<Target> {
+/// reaches every worker, for the large pool with every key serving and with 8 serving. A row
+/// measured side by side with the small pool's is compared over their rounds (each row's c16
+/// is its rounds' aggregate), the rounds' lowest and median ratio stated beside.
+fn scale_targets(
+    scale: &[ScaleResult],
+    pairs: &[ScalePair],
+    many_vk: usize,
+    many_pk: usize,
+) -> Vec<Target> {
     let base = scale_row(scale, |s| {
         s.virtual_keys <= 10
             && s.serving_keys == 8
@@ -55,7 +63,13 @@ fn scale_targets(scale: &[ScaleResult], many_vk: usize, many_pk: usize) -> Vec<T
     let mut out = Vec::new();
     for (what, big) in [("all serve", all_serve), ("8 serve", eight_serve)] {
         let pool = format!("{many_vk} VK + {many_pk} PK ({what})");
-        out.extend(scale_row_targets(&pool, big, base));
+        let pair = match (big, base) {
+            (Some(b), Some(s)) => pairs
+                .iter()
+                .find(|p| p.large == b.label && p.small == s.label),
+            _ => None,
+        };
+        out.extend(scale_row_targets(&pool, big, base, pair));
     }
     out
 }
@@ -65,7 +79,17 @@ fn scale_row_targets(
     pool: &str,
     big: Option<&ScaleResult>,
     base: Option<&ScaleResult>,
+    pair: Option<&ScalePair>,
 ) -> Vec<Target> {
+    let paired = pair.map_or(String::new(), |p| {
+        let pct = |v: Option<f64>| v.map_or("–".into(), |v| format!("{:.0}%", v * 100.0));
+        format!(
+            " (side by side, {} rounds: lowest {}, median {})",
+            p.rounds.len(),
+            pct(p.round_rps_ratio_min),
+            pct(p.round_rps_ratio_median)
+        )
+    });
     let rps_of = |r: Option<&ScaleResult>| {
         r.and_then(|r| r.c16.as_ref())
             .map(|p| p.load.throughput_rps)
@@ -81,7 +105,7 @@ fn scale_row_targets(
         Target {
             target: format!("{pool}, changing headers: c16 throughput ≥ 90% of 10 VK / 8 PK"),
             figure: format!(
-                "{} of {} rps = {}",
+                "{} of {} rps = {}{paired}",
                 f(rps_of(big), 0),
                 f(rps_of(base), 0),
                 tr.map_or("–".into(), |v| format!("{:.0}%", v * 100.0))

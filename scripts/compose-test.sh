@@ -146,7 +146,9 @@ trap "exit 143" TERM
 trap "exit 130" INT
 
 # ---------------------------------------------------------------- the engine
-ENGINE_PACKAGES=(podman runc netavark aardvark-dns docker-compose mmdebstrap busybox-static)
+# iptables: netavark's firewall driver runs it to set up each network (podman only suggests it,
+# and without it every `RUN` of an image build fails with "netavark: No such file or directory").
+ENGINE_PACKAGES=(podman runc netavark aardvark-dns iptables docker-compose mmdebstrap busybox-static)
 install_engine() {
     local missing=() pkg
     for pkg in "${ENGINE_PACKAGES[@]}"; do

@@ -81,6 +81,17 @@ async fn wait_blocked(gw: &Gateway, key: &str, what: &str) -> Reply {
     .unwrap()
 }
 
+/// Waits until a key just created is accepted (its push reached the filter).
+async fn wait_accepted(gw: &Gateway, key: &str) {
+    poll("the created key to be accepted", PUSH, || {
+        let c = gw.client.clone();
+        let key = key.to_string();
+        async move { Ok((c.chat("chat", Some(&key)).await?.status == 200).then_some(())) }
+    })
+    .await
+    .unwrap();
+}
+
 /// Sleeps into the next UTC minute when fewer than `needed` remain in this one, so a burst of
 /// calls lands in one counting window.
 async fn within_one_minute(needed: Duration) {
@@ -113,13 +124,7 @@ async fn requests_per_minute_of_a_mounted_key() {
         )
         .await
         .unwrap();
-    poll("the created key to be accepted", PUSH, || {
-        let c = gw.client.clone();
-        let key = other.clone();
-        async move { Ok((c.chat("chat", Some(&key)).await?.status == 200).then_some(())) }
-    })
-    .await
-    .unwrap();
+    wait_accepted(&gw, &other).await;
     let keys = admin
         .call(reqwest::Method::GET, "/admin/keys", None)
         .await
@@ -284,4 +289,50 @@ async fn tokens_and_cost_per_day_block_the_call_after_the_crossing_one() {
     })
     .await
     .unwrap();
+}
+
+/// A large `requestsPerMinute` admits every call of a burst far below it: each Envoy asks its
+/// control plane for a block of the limit (`ai_router_contract::minute::block`) and must be
+/// granted it whole. When the control plane capped its grants at 10,000 calls, a block of
+/// 100,000 (this limit's) came back short, the filter took the short grant for a spent
+/// minute, and calls were refused (429) a few thousand into the minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_far_below_a_large_requests_per_minute_limit_all_passes() {
+    const CALLS: usize = 12_000;
+    const CONCURRENCY: usize = 16;
+    let gw = Gateway::start("quota_rpm_large").await.expect("fixture");
+    let (_, key) = gw
+        .admin()
+        .create_key(
+            &json!({ "label": "busy", "models": ["*"], "quota": { "requestsPerMinute": 10_000_000 } }),
+        )
+        .await
+        .unwrap();
+    wait_accepted(&gw, &key).await;
+    // The burst lands in one minute: the count starts again in the next.
+    within_one_minute(Duration::from_secs(20)).await;
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers = (0..CONCURRENCY).map(|_| {
+        let (c, key, next) = (gw.client.clone(), key.clone(), next.clone());
+        tokio::spawn(async move {
+            let mut refused = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < CALLS {
+                let r = c.chat("chat", Some(&key)).await?;
+                if r.status != 200 {
+                    refused.push(r.to_string());
+                }
+            }
+            anyhow::Ok(refused)
+        })
+    });
+    let mut refused = Vec::new();
+    for w in futures::future::join_all(workers).await {
+        refused.extend(w.unwrap().unwrap());
+    }
+    assert!(
+        refused.is_empty(),
+        "{} of {CALLS} calls refused under a limit of 10,000,000 a minute; the first: {}",
+        refused.len(),
+        refused[0]
+    );
 }

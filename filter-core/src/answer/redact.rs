@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::plan::Protocol;
-use crate::wire::sse::{Event, Parser};
+use crate::wire::sse::{Event, Parser, Passed, Piece};
 
 const REDACTED: &[u8] = b"[redacted]";
 /// A key shorter than this is not redacted (it would match ordinary text).
@@ -290,6 +290,24 @@ impl StreamRedactor {
         }
         for event in self.parser.feed(bytes) {
             self.event(event, &mut out);
+        }
+        out
+    }
+
+    /// The redacted bytes of what a stream's gate let through: the provider's events read as
+    /// the gate parsed them (while no incomplete event waits here), the gate's own bytes
+    /// parsed here.
+    pub fn feed_passed(&mut self, passed: Passed) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in passed.pieces() {
+            match piece {
+                Piece::Event(event) if self.secret.len() < MIN_SECRET => out.extend(event.raw),
+                Piece::Event(event) if self.parser.pending().is_empty() => {
+                    self.event(event, &mut out);
+                }
+                Piece::Event(event) => out.extend(self.feed(&event.raw)),
+                Piece::Bytes(bytes) => out.extend(self.feed(&bytes)),
+            }
         }
         out
     }
@@ -600,6 +618,30 @@ mod tests {
             want.extend(full.finish());
             assert_eq!(
                 String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&want),
+                "{stream}"
+            );
+            // The same stream as a gate passes it on (its events parsed there, some bytes of
+            // its own between them, the stream cut anywhere): the same bytes reach the client.
+            let cut = rng.random_range(0..=stream.len());
+            let mut parser = Parser::new();
+            let mut passed = StreamRedactor::new(KEY, Protocol::Chat);
+            let mut out = Vec::new();
+            for part in [&stream.as_bytes()[..cut], &stream.as_bytes()[cut..]] {
+                let mut pieces = Passed::default();
+                for event in parser.feed(part) {
+                    if rng.random_bool(0.2) {
+                        pieces.bytes(event.raw);
+                    } else {
+                        pieces.event(event);
+                    }
+                }
+                out.extend(passed.feed_passed(pieces));
+            }
+            out.extend(passed.feed(&parser.take_pending()));
+            out.extend(passed.finish());
+            assert_eq!(
+                String::from_utf8_lossy(&out),
                 String::from_utf8_lossy(&want),
                 "{stream}"
             );

@@ -205,9 +205,9 @@ impl Attempt {
             Step::Release(bytes) => {
                 self.answer.after_first_token = true;
                 self.succeed_headers(host);
-                out = Some(s.redactor.feed(&bytes));
+                out = Some(s.redactor.feed_passed(bytes));
             }
-            Step::Forward(bytes) => out = Some(s.redactor.feed(&bytes)),
+            Step::Forward(bytes) => out = Some(s.redactor.feed_passed(bytes)),
             Step::Fail(failure) => {
                 self.fail(host, failure, size);
                 return Flow::Continue;

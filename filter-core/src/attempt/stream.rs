@@ -11,7 +11,7 @@ use crate::classify::{classify_stream_error, failure::Failure};
 use crate::plan::Protocol;
 use crate::protocols::NativeStream;
 use crate::vocab::{usage_of, Usage};
-use crate::wire::sse::{Event, Parser};
+use crate::wire::sse::{Event, Parser, Passed};
 use ai_router_contract::error_code::ErrorCode;
 use ai_router_contract::failure::ErrorClass;
 
@@ -20,10 +20,10 @@ use ai_router_contract::failure::ErrorClass;
 pub enum Step {
     /// Still before the first token: keep holding.
     Hold,
-    /// The first token arrived: release, forwarding these bytes in place of everything held.
-    Release(Vec<u8>),
-    /// After the first token: forward these bytes in place of the chunk.
-    Forward(Vec<u8>),
+    /// The first token arrived: release, forwarding these events in place of everything held.
+    Release(Passed),
+    /// After the first token: forward these events in place of the chunk.
+    Forward(Passed),
     /// The stream failed before the first token: fail over.
     Fail(Failure),
 }
@@ -36,7 +36,7 @@ pub struct Gate {
     include_usage: bool,
     parser: Parser,
     released: bool,
-    held: Vec<u8>,
+    held: Passed,
     /// Events with data seen so far (comments and keep-alives are not chunks).
     chunks: u64,
     done: bool,
@@ -64,7 +64,7 @@ impl Gate {
             include_usage,
             parser: Parser::new(),
             released: false,
-            held: Vec::new(),
+            held: Passed::default(),
             chunks: 0,
             done: false,
             finished: false,
@@ -140,7 +140,7 @@ impl Gate {
 
     /// Feeds newly received bytes.
     pub fn feed(&mut self, bytes: &[u8], now_ms: i64) -> Step {
-        let mut out: Vec<u8> = Vec::new();
+        let mut out = Passed::default();
         let mut released_now = false;
         if self.failed.is_some() {
             // The stream already ended for the client: nothing more reaches it.
@@ -150,9 +150,9 @@ impl Gate {
             match self.judge(&event, now_ms) {
                 Judged::Keep { token } => {
                     if self.released {
-                        out.extend_from_slice(&event.raw);
+                        out.event(event);
                     } else {
-                        self.held.extend_from_slice(&event.raw);
+                        self.held.event(event);
                         if token {
                             self.released = true;
                             released_now = true;
@@ -162,9 +162,9 @@ impl Gate {
                 }
                 Judged::Replace(bytes) => {
                     if self.released {
-                        out.extend_from_slice(&bytes);
+                        out.bytes(bytes);
                     } else {
-                        self.held.extend_from_slice(&bytes);
+                        self.held.bytes(bytes);
                     }
                 }
                 Judged::Drop => {}
@@ -173,7 +173,7 @@ impl Gate {
                         // One OpenAI error event ends the stream, whatever shape the provider's
                         // error had (or no shape: malformed data); `[DONE]` never follows.
                         self.errored = true;
-                        out.extend(self.end_event(&format!(
+                        out.bytes(self.end_event(&format!(
                             "The provider's stream failed after the answer had started: {}",
                             failure.message
                         )));
@@ -191,7 +191,7 @@ impl Gate {
                 return Step::Fail(failure);
             }
             self.errored = true;
-            out.extend(self.end_event(&format!(
+            out.bytes(self.end_event(&format!(
                 "The provider's stream failed after the answer had started: {}",
                 failure.message
             )));
@@ -218,7 +218,7 @@ impl Gate {
             if self.done {
                 // A complete stream with no content at all: pass it on as it is.
                 self.released = true;
-                let mut out = std::mem::take(&mut self.held);
+                let mut out = std::mem::take(&mut self.held).into_bytes();
                 out.extend_from_slice(&tail);
                 return Ok(out);
             }
@@ -434,7 +434,7 @@ mod tests {
         for part in [&input.as_bytes()[..split], &input.as_bytes()[split..]] {
             match g.feed(part, 0) {
                 Step::Hold => {}
-                Step::Release(b) | Step::Forward(b) => out.extend(b),
+                Step::Release(b) | Step::Forward(b) => out.extend(b.into_bytes()),
                 Step::Fail(f) => panic!("failed: {f:?}"),
             }
         }
@@ -497,7 +497,7 @@ mod tests {
         g.feed(b"data: ", 0);
         for _ in 0..5 {
             if let Step::Forward(b) = g.feed(&line, 0) {
-                out.extend(b);
+                out.extend(b.into_bytes());
             }
         }
         let out = String::from_utf8(out).unwrap();
@@ -528,7 +528,7 @@ mod tests {
             let mut out = Vec::new();
             for part in [&input.as_bytes()[..split], &input.as_bytes()[split..]] {
                 if let Step::Release(b) | Step::Forward(b) = g.feed(part, 0) {
-                    out.extend(b);
+                    out.extend(b.into_bytes());
                 }
             }
             out.extend(g.finish().unwrap());
@@ -549,7 +549,7 @@ mod tests {
         let Step::Release(out) = g.feed(whole().as_bytes(), 0) else {
             panic!("released");
         };
-        assert!(!String::from_utf8_lossy(&out).contains("usage"));
+        assert!(!String::from_utf8_lossy(&out.into_bytes()).contains("usage"));
     }
 
     #[test]
@@ -618,7 +618,7 @@ mod tests {
             let Step::Forward(out) = g.feed(rest.as_bytes(), 0) else {
                 panic!("forwarded");
             };
-            let out = String::from_utf8(out).unwrap();
+            let out = String::from_utf8(out.into_bytes()).unwrap();
             assert_eq!(out.matches("data: ").count(), 1, "{out}");
             assert!(out.contains("\"code\":\"stream_interrupted\""), "{out}");
             assert!(
@@ -630,7 +630,7 @@ mod tests {
             // Whatever follows is dropped, and the end adds nothing.
             assert_eq!(
                 g.feed(chunk(r#"{"content":"z"}"#).as_bytes(), 0),
-                Step::Forward(vec![])
+                Step::Forward(Passed::default())
             );
             assert_eq!(g.finish().unwrap(), Vec::<u8>::new());
         }

@@ -14,6 +14,55 @@ pub struct Event {
     pub data: String,
 }
 
+/// A stream's events on their way on, in order: events as a provider sent them (parsed
+/// already, so the next reader takes their fields instead of parsing their bytes again) and
+/// bytes written in place of others (each whole events).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Passed(Vec<Piece>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Event(Event),
+    Bytes(Vec<u8>),
+}
+
+impl Passed {
+    pub fn event(&mut self, event: Event) {
+        self.0.push(Piece::Event(event));
+    }
+
+    pub fn bytes(&mut self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            self.0.push(Piece::Bytes(bytes));
+        }
+    }
+
+    /// Moves `other`'s pieces to the end of these.
+    pub fn append(&mut self, other: &mut Passed) {
+        self.0.append(&mut other.0);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn pieces(self) -> Vec<Piece> {
+        self.0
+    }
+
+    /// The bytes, as they go on.
+    pub fn into_bytes(self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in self.0 {
+            match piece {
+                Piece::Event(e) => out.extend(e.raw),
+                Piece::Bytes(b) => out.extend(b),
+            }
+        }
+        out
+    }
+}
+
 /// The most an event may hold (its bytes, up to its blank line). A provider's events are
 /// deltas, a few hundred bytes; the largest real one (a Responses stream's last event, which
 /// repeats the whole answer) stays far below this. Past it the parser drops what it holds and

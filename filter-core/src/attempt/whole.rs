@@ -23,7 +23,7 @@ use crate::vocab::Usage;
 const MAX_KEYS: usize = 32;
 
 /// What the verdict reads of a whole answer.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct Facts {
     /// The answer is a JSON object.
     pub object: bool,

@@ -19,14 +19,29 @@ use ai_router_contract::error_code::ErrorCode;
 
 /// A body as the stage read it.
 struct ReadBody {
-    /// The body as a chat-completions request: what the rules and the pool route by.
-    view: Value,
+    /// The body as a chat-completions request: what the rules and the pool route by; `None`
+    /// when the request is one already (not copied: a coding agent's body is large).
+    view: Option<Value>,
     /// The caller's request (a Gemini call's chat translation): what the lanes are sent.
     request: Value,
     /// Gemini's `:countTokens` body, answered once the model is resolved.
     gemini_counted: Option<Value>,
     /// Gemini: what no translation carries; only a native lane can serve the call then.
     gemini_refusal: Option<AdapterError>,
+}
+
+impl ReadBody {
+    /// The body as a chat-completions request.
+    fn view(&self) -> &Value {
+        self.view.as_ref().unwrap_or(&self.request)
+    }
+}
+
+/// Whether a request routes as it came: a chat-completions body (a Gemini call's is its chat
+/// translation already) is its own chat view, unless `:countTokens` gives the view a
+/// `max_tokens`.
+fn routed_as_it_came(protocol: Protocol, count_tokens: bool) -> bool {
+    !count_tokens && matches!(protocol, Protocol::Chat | Protocol::Gemini)
 }
 
 impl Front {
@@ -201,18 +216,23 @@ impl Front {
         } else {
             &parsed
         };
-        let view = match crate::protocols::chat_request(self.protocol, routed, Fidelity::Lenient) {
-            Ok(v) => v,
-            Err(e) => {
-                let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
-                err.param = e.param;
-                return Err(err);
+        let view = if routed_as_it_came(self.protocol, self.count_tokens) {
+            None
+        } else {
+            match crate::protocols::chat_request(self.protocol, routed, Fidelity::Lenient) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    let mut err = GatewayError::new(ErrorCode::InvalidRequest, e.message);
+                    err.param = e.param;
+                    return Err(err);
+                }
             }
         };
+        let chat = view.as_ref().unwrap_or(&parsed);
         match op {
-            Operation::Chat => crate::front::body_check::check_chat(&view)?,
+            Operation::Chat => crate::front::body_check::check_chat(chat)?,
             Operation::Embeddings => {
-                if view.get("input").is_none() {
+                if chat.get("input").is_none() {
                     return Err(
                         GatewayError::new(ErrorCode::InvalidRequest, "input is required.")
                             .with_param("input"),
@@ -238,10 +258,10 @@ impl Front {
         read: &ReadBody,
         op: Operation,
     ) -> Result<resolve::Resolved, GatewayError> {
-        let rule = rules::route_for(state, key, &read.view, &self.metadata);
+        let rule = rules::route_for(state, key, read.view(), &self.metadata);
         self.route = rule.map(|r| r.name.clone());
         let routed = rule.map(|r| r.profile.as_str());
-        let mut resolved = resolve::resolve_as(state, key, &read.view, op, routed)?;
+        let mut resolved = resolve::resolve_as(state, key, read.view(), op, routed)?;
         if let Some(param) = crate::protocols::stateful(self.protocol, &read.request) {
             // Only a provider that keeps responses can serve it: lanes of kind openai, natively.
             match crate::protocols::stateful_tiers(state, &resolved.tiers) {
@@ -350,7 +370,7 @@ impl Front {
         {
             return self.answer_from_cache(host, content_type, &model, &body);
         }
-        let parsed = read.view;
+        let parsed = read.view.unwrap_or(read.request);
         if let Some(token) = self.cache.ask_shared(host) {
             // Paused until the shared tier answers (or its bound passes: a miss).
             self.shared_wait = Some(Box::new(SharedWait {

@@ -153,16 +153,21 @@ pub async fn failover_check(
     }
 
     // The continuation read the whole body again, and the client saw nothing of the 429.
-    replayed(&failing, "a failed-over call").await?;
+    replayed(&failing, "a failed-over call", false).await?;
     Ok(format!(
         "failover checked: a successful first attempt takes one pass (fake upstream +2, internal listener +0 for a unary and a streamed call); a 429 and a stream's error event before its first token each take one internal redirect through the internal listener, the client getting the second attempt's answer (status 200, no location) with the {body_len}-byte body replayed"
     ))
 }
 
+/// The header `one-pass-retry`'s upstream filter writes on the first attempt's request, and on
+/// its answer (bench/wasm-floor).
+const FIRST_WRITE_HEADER: &str = "x-floor-first-attempt";
+
 /// One unary call of `call`: answered 200 by the second attempt, which read the whole body
 /// again (`x-floor-replayed`), with nothing of the first attempt's answer (no `location`, no
-/// retry header).
-async fn replayed(call: &Target, what: &str) -> Result<()> {
+/// retry header); by the router's retry (`retried`), with none of the first attempt's rewrite
+/// either (`x-floor-first-seen: no`).
+async fn replayed(call: &Target, what: &str, retried: bool) -> Result<()> {
     let body = call.body_for(false);
     let resp = send(call, false)
         .await
@@ -177,13 +182,21 @@ async fn replayed(call: &Target, what: &str) -> Result<()> {
     let replayed = header("x-floor-replayed");
     let location = header("location");
     let retry = header("x-floor-retry");
+    // The router's retry carries the client's request, not the first attempt's rewrite.
+    let first_seen = header("x-floor-first-seen");
+    let first_kept = if retried {
+        first_seen.as_deref() == Some("no")
+    } else {
+        first_seen.is_none()
+    };
     if status != 200
         || replayed != Some(body.len().to_string())
         || location.is_some()
         || retry.is_some()
+        || !first_kept
     {
         bail!(
-            "{what}: status {status}, x-floor-replayed {replayed:?} (the body has {} bytes), location {location:?}, x-floor-retry {retry:?}",
+            "{what}: status {status}, x-floor-replayed {replayed:?} (the body has {} bytes), location {location:?}, x-floor-retry {retry:?}, x-floor-first-seen {first_seen:?}",
             body.len()
         );
     }
@@ -202,6 +215,22 @@ async fn retry_check(
     steps: [(&Target, Counts, &str); 2],
 ) -> Result<String> {
     let design = Failover::Retry(scripted);
+    // The upstream filter rewrote the first attempt's request (its answer says so), so that
+    // the retries below show the rewrite stayed with that attempt.
+    let answer = send(target, false)
+        .await
+        .context("a first attempt's rewrite")?;
+    let rewritten = answer
+        .headers()
+        .get(FIRST_WRITE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if answer.status() != 200 || rewritten.as_deref() != Some("rewritten") {
+        bail!(
+            "a successful first attempt: status {}, {FIRST_WRITE_HEADER} {rewritten:?} (expected the upstream filter's rewrite)",
+            answer.status()
+        );
+    }
     let first_host = |port: u16| Target {
         headers: with(
             &target.headers,
@@ -310,7 +339,7 @@ async fn retry_check(
             "a first attempt past the per-try timeout failed over",
         ),
     ] {
-        replayed(call, what).await?;
+        replayed(call, what, true).await?;
     }
     // A stream whose first event comes at once and the rest after the per-try timeout: not
     // cut, not retried.
@@ -325,7 +354,7 @@ async fn retry_check(
         );
     }
     Ok(format!(
-        "failover checked: a successful first attempt takes one pass (fake upstream +2, internal listener +0 for a unary and a streamed call); each of a 429, a stream's error event before its first token, a first host refusing the connection, one closing it before answering, and one not answering within the per-try timeout ({ONE_PASS_RETRY_PER_TRY}) is retried once through the internal listener (a retry failing too: the third attempt through it again, not back to the direct cluster), the client getting the second attempt's answer (status 200, no retry header) with the {}-byte body replayed; a stream slower than the per-try timeout after its first event reaches the client whole, not retried; an answer the upstream filter sends itself reaches the client as it is, not retried",
+        "failover checked: a successful first attempt takes one pass (fake upstream +2, internal listener +0 for a unary and a streamed call); each of a 429, a stream's error event before its first token, a first host refusing the connection, one closing it before answering, and one not answering within the per-try timeout ({ONE_PASS_RETRY_PER_TRY}) is retried once through the internal listener (a retry failing too: the third attempt through it again, not back to the direct cluster), the client getting the second attempt's answer (status 200, no retry header) with the {}-byte body replayed and none of the first attempt's rewrite (its header and its body, written by the upstream filter for that attempt alone); a stream slower than the per-try timeout after its first event reaches the client whole, not retried; an answer the upstream filter sends itself reaches the client as it is, not retried",
         target.body_for(false).len()
     ))
 }

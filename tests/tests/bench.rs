@@ -246,7 +246,7 @@ fn the_one_pass_floor_fails_a_first_attempt_over_through_an_internal_redirect() 
 /// the failures without an answer too: a first host refusing the connection, one closing it
 /// before answering and one not answering within the per-try timeout are each retried once
 /// through the internal listener, a retry that fails too goes through it again (not back to
-/// the first host), a stream slower than the per-try timeout after its first event is not cut,
+/// the first host) with the client's request, not the first attempt's rewrite, a stream slower than the per-try timeout after its first event is not cut,
 /// and an upstream filter's own answer is not retried (bench/src/onepass.rs); any miss is the
 /// system's error.
 #[test]
@@ -258,6 +258,7 @@ fn the_one_pass_retry_fails_a_first_attempt_over_even_without_an_answer() {
             "not answering within the per-try timeout",
             "not back to the direct cluster",
             "reaches the client whole",
+            "none of the first attempt's rewrite",
         ],
     );
 }

@@ -35,10 +35,13 @@
 //!   (`previous_priorities`). `upstream retry` turns a failed first attempt into the retry
 //!   signal (`x-floor-retry` on the answer) instead of a `307`; `x-bench-fail: local` makes it
 //!   answer that signal itself, at once (`send_http_response`), to see whether the router
-//!   retries an upstream filter's own reply. `retry`, on the internal listener, is `attempt`
-//!   that also drops the failure the first attempt met (`x-bench-fail`; kept while the route's
-//!   `x-envoy-attempt-count` is at most `x-bench-fail-through`) and says how many body bytes it
-//!   read (`x-floor-replayed`).
+//!   retries an upstream filter's own reply. On the first attempt it also rewrites the request
+//!   (a header, `x-floor-first-attempt`, `content-length` and the body, as ai-router's attempt
+//!   stage would for its lane) and puts the client's headers back on the later attempts (the
+//!   router replays the headers it left, not its body). `retry`, on the internal listener, is `attempt` that also drops the failure the
+//!   first attempt met (`x-bench-fail`; kept while the route's `x-envoy-attempt-count` is at most
+//!   `x-bench-fail-through`), says how many body bytes it read (`x-floor-replayed`) and whether
+//!   the first attempt's rewrite reached it (`x-floor-first-seen`: it must not).
 //!
 //! Nothing here parses, picks or reports: against ai-router's figures, the difference is the
 //! filter's own work.
@@ -78,6 +81,13 @@ const RETRY_HEADER: &str = "x-floor-retry";
 const FIRST_HOST_HEADER: &str = "x-bench-first-host";
 /// The check's per-try timeout for one call (`oneretry`), in milliseconds.
 const PER_TRY_HEADER: &str = "x-bench-per-try-ms";
+/// `upstream retry`: the header the first attempt's rewrite adds (a stand-in for what
+/// ai-router's attempt stage writes for its lane: the provider's key, host and path).
+const FIRST_WRITE_HEADER: &str = "x-floor-first-attempt";
+/// `upstream retry`: the body the first attempt's rewrite sends in place of the client's (a
+/// stand-in for the provider's body); shorter than any body the benchmark sends, so a retry
+/// that got it would say so in `x-floor-replayed`.
+const FIRST_BODY: &[u8] = b"{\"first\":1}";
 
 struct Root {
     mode: Mode,
@@ -138,6 +148,9 @@ impl RootContext for Root {
             replayed: None,
             held: false,
             per_try: None,
+            first_attempt: false,
+            first_seen: None,
+            request_id: String::new(),
         }))
     }
 
@@ -166,6 +179,22 @@ struct Stream {
     held: bool,
     /// `oneretry`: the call's per-try timeout (ms), if the check asked for one.
     per_try: Option<Vec<u8>>,
+    /// `upstream retry`: this is the route's first attempt, the one the filter rewrites.
+    first_attempt: bool,
+    /// `retry`: whether the first attempt's rewrite reached this retry (it must not).
+    first_seen: Option<bool>,
+    /// `upstream retry`: the call's `x-request-id`, what its kept headers are found by.
+    request_id: String,
+}
+
+/// The most calls whose headers are kept at once (a prototype's bound: all are dropped past it).
+const KEPT_MOST: usize = 4096;
+
+thread_local! {
+    /// `upstream retry`: the client's `content-length` of each call a retry may need, by
+    /// request id (a VM is one worker's, and a call's attempts run on its worker).
+    static KEPT: std::cell::RefCell<std::collections::HashMap<String, Option<String>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
 }
 
 impl Context for Stream {}
@@ -178,6 +207,42 @@ impl HttpContext for Stream {
         {
             self.send_http_response(503, vec![(RETRY_HEADER, "1")], Some(b"failed locally"));
             return Action::Pause;
+        }
+        if self.mode == Mode::Upstream && self.retry_signal {
+            // The first attempt's request is rewritten here, as ai-router's attempt stage would
+            // rewrite it for its lane. The router's retries replay the headers as this filter
+            // left them (the map is the router's; the body is not: a retry gets the client's),
+            // so the headers it rewrote are kept by request id and put back on later attempts.
+            self.request_id = self
+                .get_http_request_header("x-request-id")
+                .unwrap_or_default();
+            self.first_attempt = self
+                .get_http_request_header("x-envoy-attempt-count")
+                .as_deref()
+                == Some("1");
+            if self.first_attempt {
+                KEPT.with(|kept| {
+                    let mut kept = kept.borrow_mut();
+                    if kept.len() >= KEPT_MOST {
+                        kept.clear();
+                    }
+                    kept.insert(
+                        self.request_id.clone(),
+                        self.get_http_request_header("content-length"),
+                    );
+                });
+                self.set_http_request_header(FIRST_WRITE_HEADER, Some("1"));
+                if !end_of_stream {
+                    // The body this attempt sends is the rewrite's.
+                    let length = FIRST_BODY.len().to_string();
+                    self.set_http_request_header("content-length", Some(&length));
+                }
+            } else if let Some(length) =
+                KEPT.with(|kept| kept.borrow().get(&self.request_id).cloned())
+            {
+                self.set_http_request_header(FIRST_WRITE_HEADER, None);
+                self.set_http_request_header("content-length", length.as_deref());
+            }
         }
         if matches!(self.mode, Mode::Noop | Mode::Upstream) || end_of_stream {
             return Action::Continue;
@@ -213,6 +278,13 @@ impl HttpContext for Stream {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.mode == Mode::Upstream && self.first_attempt {
+            if !end_of_stream {
+                return Action::Pause;
+            }
+            self.set_http_request_body(0, size, FIRST_BODY);
+            return Action::Continue;
+        }
         if matches!(self.mode, Mode::Noop | Mode::Upstream) {
             return Action::Continue;
         }
@@ -243,6 +315,7 @@ impl HttpContext for Stream {
             if number(attempt) > number(through) {
                 self.set_http_request_header("x-bench-fail", None);
             }
+            self.first_seen = Some(self.get_http_request_header(FIRST_WRITE_HEADER).is_some());
             self.replayed = Some(body.as_ref().map_or(0, |b| b.len()));
         }
         if self.mode == Mode::OnePass {
@@ -288,6 +361,12 @@ impl HttpContext for Stream {
         if let Some(bytes) = self.replayed {
             self.set_http_response_header("x-floor-replayed", Some(&bytes.to_string()));
         }
+        if let Some(seen) = self.first_seen {
+            self.set_http_response_header(
+                "x-floor-first-seen",
+                Some(if seen { "yes" } else { "no" }),
+            );
+        }
         if matches!(
             self.mode,
             Mode::Attempt | Mode::OnePass | Mode::OneRetry | Mode::Retry
@@ -305,6 +384,8 @@ impl HttpContext for Stream {
             let first = self.get_http_response_body(0, size).unwrap_or_default();
             if error_event_first(&first) {
                 self.redirect();
+            } else {
+                self.answered();
             }
             return Action::Continue;
         }
@@ -330,12 +411,17 @@ impl Stream {
     /// `upstream`: a failed answer becomes the redirect to the continuation; an event stream's
     /// headers wait for its first event; anything else passes at once.
     fn first_attempt_headers(&mut self, end_of_stream: bool) -> Action {
+        if self.first_attempt {
+            // The answer to the rewritten request says so (a success reaches the client).
+            self.set_http_response_header(FIRST_WRITE_HEADER, Some("rewritten"));
+        }
         let status = self.get_http_response_header(":status").unwrap_or_default();
         if status == "429" || status.starts_with('5') {
             self.redirect();
             return Action::Continue;
         }
         if end_of_stream {
+            self.answered();
             return Action::Continue;
         }
         let content_type = self.get_http_response_header("content-type");
@@ -343,7 +429,16 @@ impl Stream {
             self.held = true;
             return Action::Pause;
         }
+        self.answered();
         Action::Continue
+    }
+
+    /// `upstream retry`: the answer reaches the client (no retry), so no retry needs the
+    /// client's request any more.
+    fn answered(&self) {
+        if self.retry_signal {
+            KEPT.with(|kept| kept.borrow_mut().remove(&self.request_id));
+        }
     }
 
     fn redirect(&self) {

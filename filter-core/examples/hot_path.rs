@@ -17,9 +17,9 @@
 //! inlined: its inclusive cost divided by the calls the driver made is the stage's
 //! instructions per request. `docs/benchmarks.md` has the figures.
 //!
-//! Three calls, each `N` times: an OpenAI chat request answered whole by an openai-compatible
-//! lane (pass-through), the same streamed, and one answered by an anthropic lane (translated
-//! both ways); on a pool of 3 providers × 10 keys and 10 virtual keys, then on one of 3
+//! Four calls, each `N` times: an OpenAI chat request answered whole by an openai-compatible
+//! lane (pass-through), the same streamed, one answered by an anthropic lane (translated
+//! both ways), and `long`: the first with a coding agent's body (about 64 KB of turns); on a pool of 3 providers × 10 keys and 10 virtual keys, then on one of 3
 //! providers × 334 keys and 10,000 virtual keys, with rate-limit headers that change on every
 //! answer.
 
@@ -103,6 +103,7 @@ enum Kind {
     Unary,
     Stream,
     Anthropic,
+    Long,
 }
 
 impl Kind {
@@ -111,11 +112,15 @@ impl Kind {
             Kind::Unary => "unary",
             Kind::Stream => "stream",
             Kind::Anthropic => "anthropic",
+            Kind::Long => "long",
         }
     }
 }
 
 fn request_body(kind: Kind) -> String {
+    if let Kind::Long = kind {
+        return long_body();
+    }
     let model = match kind {
         Kind::Anthropic => "claude",
         _ => "gpt-4o-mini",
@@ -126,6 +131,30 @@ fn request_body(kind: Kind) -> String {
     };
     format!(
         r#"{{"model":"{model}","messages":[{{"role":"system","content":"You are a helpful assistant. Answer briefly and precisely."}},{{"role":"user","content":"What is the capital of France? Give one sentence with a short reason."}}],"temperature":0.2,"max_tokens":64{stream}}}"#
+    )
+}
+
+/// A coding agent's chat request: a long system prompt and 40 turns of code and tool output,
+/// about 64 KB.
+fn long_body() -> String {
+    let line =
+        "    let total = items.iter().map(|item| item.price * item.quantity).sum::<u64>();\\n";
+    let code: String = line.repeat(18);
+    let mut messages = vec![format!(
+        r#"{{"role":"system","content":"You are a coding agent. Follow the repository's style.\\n{}"}}"#,
+        "Keep changes small; explain each one. ".repeat(60)
+    )];
+    for turn in 0..20 {
+        messages.push(format!(
+            r#"{{"role":"user","content":"Step {turn}: review this function and fix its bug.\\n{code}"}}"#
+        ));
+        messages.push(format!(
+            r#"{{"role":"assistant","content":"Here is the fix for step {turn}:\\n{code}"}}"#
+        ));
+    }
+    format!(
+        r#"{{"model":"gpt-4o-mini","messages":[{}],"temperature":0.2,"max_tokens":1024}}"#,
+        messages.join(",")
     )
 }
 
@@ -267,7 +296,7 @@ fn one_call(host: &mut FakeHost, kind: Kind, i: usize, virtual_keys: usize, tall
 
     let stream = matches!(kind, Kind::Stream);
     let (content_type, answer) = match kind {
-        Kind::Unary => ("application/json", OPENAI_ANSWER.to_string()),
+        Kind::Unary | Kind::Long => ("application/json", OPENAI_ANSWER.to_string()),
         Kind::Stream => ("text/event-stream", openai_stream()),
         Kind::Anthropic => ("application/json", ANTHROPIC_ANSWER.to_string()),
     };
@@ -298,7 +327,7 @@ fn one_call(host: &mut FakeHost, kind: Kind, i: usize, virtual_keys: usize, tall
 }
 
 fn run(label: &str, keys: usize, virtual_keys: usize, n: usize, only: &str) {
-    for kind in [Kind::Unary, Kind::Stream, Kind::Anthropic] {
+    for kind in [Kind::Unary, Kind::Stream, Kind::Anthropic, Kind::Long] {
         if !only.is_empty() && only != kind.name() {
             continue;
         }
@@ -349,7 +378,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000);
     // Which pools: `small`, `large` or both (the default); which call: `unary`, `stream`,
-    // `anthropic` or every one (the default).
+    // `anthropic`, `long` or every one (the default).
     let which = std::env::args().nth(2).unwrap_or_default();
     let only = std::env::args().nth(3).unwrap_or_default();
     if which != "large" {

@@ -9,15 +9,36 @@ use ai_router_proto::v1::{Model, Provider};
 /// split far finer. Over-estimating CJK is the safe side: a lane cut for a prompt that would
 /// have fitted costs a fallback, a prompt sent past a window costs an attempt.
 pub fn estimate_tokens(text: &str) -> u64 {
+    let (dense, other) = count_characters(text, |_| 1);
+    dense + other.div_ceil(4)
+}
+
+/// A text's characters, counted as (dense, other): an ASCII byte as `ascii` says (read byte by
+/// byte: text is mostly ASCII, and decoding each character cost about forty instructions a
+/// character), any other character one, dense when CJK.
+fn count_characters(text: &str, ascii: impl Fn(u8) -> u64) -> (u64, u64) {
     let (mut dense, mut other) = (0u64, 0u64);
-    for c in text.chars() {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b.is_ascii() {
+            other += ascii(b);
+            i += 1;
+            continue;
+        }
+        // `i` is on a character's first byte: ASCII moves it by one, the others by their
+        // length.
+        let Some(c) = text.get(i..).and_then(|rest| rest.chars().next()) else {
+            break;
+        };
         if is_cjk(c) {
             dense += 1;
         } else {
             other += 1;
         }
+        i += c.len_utf8();
     }
-    dense + other.div_ceil(4)
+    (dense, other)
 }
 
 /// [`estimate_tokens`] of `value` as JSON (compact, as `serde_json` writes it), without writing
@@ -76,18 +97,34 @@ impl Chars {
 
     /// A string as `serde_json` writes it: its quotes, `\"`, `\\` and the short escapes of
     /// control characters in two characters, any other control character in six (`\u00XX`).
+    /// A string's written characters: its quotes, an ASCII byte as [`ASCII_WRITTEN`] says, any
+    /// other character one ([`count_characters`]).
     fn string(&mut self, text: &str) {
-        self.other += 2;
-        for c in text.chars() {
-            match c {
-                '"' | '\\' | '\u{8}' | '\t' | '\n' | '\u{c}' | '\r' => self.other += 2,
-                c if (c as u32) < 0x20 => self.other += 6,
-                c if is_cjk(c) => self.dense += 1,
-                _ => self.other += 1,
-            }
-        }
+        let (dense, other) = count_characters(text, |b| u64::from(ASCII_WRITTEN[usize::from(b)]));
+        self.dense += dense;
+        self.other += 2 + other;
     }
 }
+
+/// How many characters JSON writes for each ASCII byte of a string: two for the escapes of
+/// `"`, `\`, backspace, tab, newline, form feed and carriage return, six (`\u00XX`) for the
+/// other control characters, one for the rest.
+const ASCII_WRITTEN: [u8; 128] = {
+    let mut written = [1u8; 128];
+    let mut b = 0;
+    while b < 0x20 {
+        written[b] = 6;
+        b += 1;
+    }
+    written[0x08] = 2;
+    written[0x09] = 2;
+    written[0x0a] = 2;
+    written[0x0c] = 2;
+    written[0x0d] = 2;
+    written[b'"' as usize] = 2;
+    written[b'\\' as usize] = 2;
+    written
+};
 
 /// The fields of an answer (any protocol, unary or one stream event) whose text the model
 /// generated: message and delta `content`, Anthropic's `text` and `partial_json`, Responses'
@@ -169,6 +206,67 @@ pub fn larger_than(capacity: Option<u64>, failed_capacity: Option<u64>) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What [`Chars::string`] counted character by character before it read ASCII by byte.
+    fn string_by_character(text: &str) -> (u64, u64) {
+        let (mut dense, mut other) = (0, 2);
+        for c in text.chars() {
+            match c {
+                '"' | '\\' | '\u{8}' | '\t' | '\n' | '\u{c}' | '\r' => other += 2,
+                c if (c as u32) < 0x20 => other += 6,
+                c if is_cjk(c) => dense += 1,
+                _ => other += 1,
+            }
+        }
+        (dense, other)
+    }
+
+    #[test]
+    fn a_string_read_by_byte_counts_what_reading_it_by_character_did() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(26);
+        // Every ASCII byte, the edges of each dense range, and other scripts and emoji.
+        let mut pool: Vec<char> = (0u8..128).map(char::from).collect();
+        for (start, end) in [
+            (0x3040, 0x30FF),
+            (0x3100, 0x312F),
+            (0x31F0, 0x31FF),
+            (0x3400, 0x4DBF),
+            (0x4E00, 0x9FFF),
+            (0xAC00, 0xD7AF),
+            (0xF900, 0xFAFF),
+            (0xFF66, 0xFF9F),
+            (0x20000, 0x2FA1F),
+        ] {
+            for code in [start - 1, start, end, end + 1] {
+                pool.extend(char::from_u32(code));
+            }
+        }
+        pool.extend([
+            'é', 'ß', 'Ж', 'ع', '€', '…', '😀', '\u{7ff}', '\u{800}', '\u{ffff}',
+        ]);
+        for _ in 0..20_000 {
+            let text: String = (0..rng.random_range(0..40))
+                .map(|_| pool[rng.random_range(0..pool.len())])
+                .collect();
+            let mut count = Chars::default();
+            count.string(&text);
+            assert_eq!(
+                (count.dense, count.other),
+                string_by_character(&text),
+                "{text:?}"
+            );
+            let (dense, other) = text.chars().fold((0, 0), |(d, o), c| match is_cjk(c) {
+                true => (d + 1, o),
+                false => (d, o + 1),
+            });
+            assert_eq!(
+                estimate_tokens(&text),
+                dense + u64::div_ceil(other, 4),
+                "{text:?}"
+            );
+        }
+    }
 
     #[test]
     fn english_is_about_four_characters_a_token() {

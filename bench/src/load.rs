@@ -60,11 +60,52 @@ impl Target {
     }
 }
 
-/// The body every system gets for `model` (OpenAI chat completion).
+/// `--prompt-kb`: the KB of earlier turns every request carries (0: none).
+static PROMPT_KB: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sets `--prompt-kb` for every body made after.
+pub fn set_prompt_kb(kb: usize) {
+    PROMPT_KB.store(kb, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The KB of earlier turns every request carries.
+pub fn prompt_kb() -> usize {
+    PROMPT_KB.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Turns of a coding agent's conversation, about `kb` KB: a request for a change and the
+/// answer, each with twenty lines of code.
+fn earlier_turns(kb: usize) -> Vec<serde_json::Value> {
+    let code =
+        "    let total = items.iter().map(|item| item.price * item.quantity).sum::<u64>();\n"
+            .repeat(20);
+    let mut turns = Vec::new();
+    let mut size = 0;
+    while size < kb * 1024 {
+        let (role, text) = match turns.len() % 2 {
+            0 => (
+                "user",
+                format!(
+                    "Step {}: fix the bug in this function.\n{code}",
+                    turns.len() / 2
+                ),
+            ),
+            _ => ("assistant", format!("The fix:\n{code}")),
+        };
+        size += text.len() + 32;
+        turns.push(serde_json::json!({ "role": role, "content": text }));
+    }
+    turns
+}
+
+/// The body every system gets for `model` (OpenAI chat completion), with `--prompt-kb` of
+/// earlier turns.
 pub fn chat_body(model: &str, stream: bool) -> Bytes {
+    let mut messages = earlier_turns(prompt_kb());
+    messages.push(serde_json::json!({ "role": "user", "content": "Say hello to the benchmark." }));
     let mut body = serde_json::json!({
         "model": model,
-        "messages": [{ "role": "user", "content": "Say hello to the benchmark." }],
+        "messages": messages,
         "max_tokens": 16,
     });
     if stream {
@@ -414,6 +455,18 @@ pub async fn open_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn earlier_turns_come_to_about_the_size_asked() {
+        assert!(earlier_turns(0).is_empty());
+        for kb in [1, 16, 64] {
+            let bytes = serde_json::to_vec(&earlier_turns(kb)).map_or(0, |b| b.len());
+            assert!(
+                bytes >= kb * 1024 && bytes < kb * 1024 + 4096,
+                "{kb} KB asked: {bytes} bytes"
+            );
+        }
+    }
 
     #[test]
     fn the_overhead_header_is_read_in_microseconds_and_nonsense_is_none() {

@@ -139,6 +139,10 @@ pub(crate) struct Args {
     /// The large provider-key count of the scale table.
     #[arg(long, default_value_t = 1_000)]
     pub(crate) many_provider_keys: usize,
+    /// Earlier turns of a conversation, about this many KB, before the last message of every
+    /// request (code, as a coding agent sends it); 0: the last message alone.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) prompt_kb: usize,
     /// Rounds of the two scale rows measured side by side (10 VK · 8 PK and the large pool,
     /// all serving, changing headers): their c16 phases alternate, each round the phase's
     /// duration divided by this.
@@ -189,6 +193,7 @@ async fn bench(args: Args) -> Result<bool> {
         .unwrap_or_else(|| if args.smoke { "none" } else { "full" }.to_string());
     let scale_shapes = scale_shapes(&scale, args.many_virtual_keys, args.many_provider_keys)?;
     let headers = Headers::parse(&args.headers)?;
+    load::set_prompt_kb(args.prompt_kb);
     let out = out_dir(&args)?;
     // The systems run in their own directories: every path given is made absolute.
     let args = Args {

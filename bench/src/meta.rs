@@ -72,6 +72,8 @@ pub fn meta(args: &Args, envoy: &Path, ai_router: &Path) -> Meta {
         envoy_workers: ENVOY_WORKERS,
         upstream_workers: args.upstream_workers,
         systems_headers: String::new(),
+        prompt_kb: args.prompt_kb,
+        request_bytes: crate::load::chat_body("model", false).len(),
         plan: None,
     }
 }

@@ -51,8 +51,8 @@ fn facts(o: &mut String, r: &Report) {
     if let Some(p) = &m.plan {
         let _ = writeln!(
             o,
-            "- plan: warm-up {} s, {} s per phase, open loop at {} req/s (≤ {} in flight); Envoy workers {}, fake upstream workers {}; systems against the `{}` upstream; run took {:.0} s",
-            p.warmup_s, p.phase_s, p.rate, p.max_in_flight, m.envoy_workers, m.upstream_workers, m.systems_headers, m.duration_s
+            "- plan: warm-up {} s, {} s per phase, open loop at {} req/s (≤ {} in flight); Envoy workers {}, fake upstream workers {}; systems against the `{}` upstream; requests of {} bytes ({} KB of earlier turns); run took {:.0} s",
+            p.warmup_s, p.phase_s, p.rate, p.max_in_flight, m.envoy_workers, m.upstream_workers, m.systems_headers, m.request_bytes, m.prompt_kb, m.duration_s
         );
     }
     o.push('\n');

@@ -44,6 +44,10 @@ pub struct Meta {
     pub upstream_workers: u32,
     /// The fake upstream's rate-limit header variant for the systems comparison.
     pub systems_headers: String,
+    /// `--prompt-kb`: the KB of earlier turns every request carries.
+    pub prompt_kb: usize,
+    /// The size of the unary request's body.
+    pub request_bytes: usize,
     pub plan: Option<Plan>,
 }
 

@@ -208,8 +208,27 @@ async fn the_console_shows_the_run_and_acts_on_the_gateway() {
     .unwrap();
 
     // Spend per provider, model and protocol comes from the same stored usage rows: m1's
-    // priced calls on p1 by both protocols, the hostile model's on p2.
-    let usage = gw.admin().get_json("/admin/console/usage").await.unwrap();
+    // priced calls on p1 by both protocols, the hostile model's on p2. Each worker reports on
+    // its own: the spend above may come before the hostile call's row.
+    let usage = poll(
+        "every lane's usage row",
+        Duration::from_secs(10),
+        || async {
+            let usage = gw.admin().get_json("/admin/console/usage").await?;
+            let rows = usage["lanes"].as_array().cloned().unwrap_or_default();
+            let has = |provider: &str, model: &str, protocol: &str| {
+                rows.iter().any(|l| {
+                    l["provider"] == provider && l["model"] == model && l["protocol"] == protocol
+                })
+            };
+            let all = has("p1", "m1", "chat")
+                && has("p1", "m1", "messages")
+                && has("p2", HOSTILE_MODEL, "chat");
+            Ok(all.then_some(usage))
+        },
+    )
+    .await
+    .unwrap();
     let lane = |provider: &str, model: &str, protocol: &str| {
         usage["lanes"]
             .as_array()

@@ -42,10 +42,6 @@ impl Passed {
         self.0.append(&mut other.0);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     pub fn pieces(self) -> Vec<Piece> {
         self.0
     }

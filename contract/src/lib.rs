@@ -50,6 +50,9 @@ pub mod headers {
     pub const PLAN: &str = "x-ai-router-plan";
     /// Attempt → the attempt listener's route (`cluster_header`): the provider cluster.
     pub const CLUSTER: &str = "x-ai-router-cluster";
+    /// Front → the public route (`cluster_header`, with `gateway.onePass`): the attempts'
+    /// cluster, or the one-pass aggregate whose first attempt goes straight to a provider.
+    pub const PASS: &str = "x-ai-router-pass";
     /// Attempt → outer router (`retriable_headers`): try another lane.
     pub const RETRY: &str = "x-ai-router-retry";
     /// Attempt → front: the gateway status of the final error this answer carries.
@@ -111,6 +114,16 @@ pub mod clusters {
     pub const ATTEMPTS: &str = "ai_router_attempts";
     pub const PROVIDERS_TLS: &str = "providers_tls";
     pub const PROVIDERS_PLAIN: &str = "providers_plain";
+    /// With `gateway.onePass`: the aggregate of `providers_plain` (the first attempt) and one
+    /// attempts cluster per retry ([`attempts_retry`]), in that priority order.
+    pub const ONE_PASS: &str = "ai_router_one_pass";
+
+    /// The attempts cluster the aggregate's priority `n` (2 and on) sends to: the same internal
+    /// listener as [`ATTEMPTS`] (priority 1) under another name, since a retry goes to the next
+    /// priority and back to the first once all were tried.
+    pub fn attempts_retry(n: u32) -> String {
+        format!("{ATTEMPTS}_{n}")
+    }
 }
 
 /// Inside one Envoy process: the wasm VM the three roles share, the queue of reports, and the

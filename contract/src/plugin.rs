@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 pub mod roles {
     pub const FRONT: &str = "front";
     pub const ATTEMPT: &str = "attempt";
+    /// The attempt stage as the one-pass aggregate's upstream filter: a call's first attempt,
+    /// and the headers it rewrote put back on the later ones.
+    pub const FIRST: &str = "first";
     /// The singleton that holds the control-plane stream.
     pub const CTRL: &str = "ctrl";
 }
@@ -35,6 +38,20 @@ pub struct PluginConfig {
     /// ctrl: tick period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tick_ms: Option<u64>,
+    /// front, with `gateway.onePass`: what the public route can send in one pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub one_pass: Option<OnePass>,
+}
+
+/// The front's part of `gateway.onePass`, as the bootstrap was rendered.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnePass {
+    /// The authorities (`host:port`) of the plain-HTTP providers Envoy resolved at start: a
+    /// host outside the cache would get the router's own 503, never retried.
+    pub hosts: Vec<String>,
+    /// The retries the aggregate has a cluster for: a call allowed more goes in two passes.
+    pub retries: u32,
 }
 
 impl PluginConfig {
@@ -45,6 +62,7 @@ impl PluginConfig {
             grpc_cluster: None,
             node: None,
             tick_ms: None,
+            one_pass: None,
         }
     }
 

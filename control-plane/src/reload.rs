@@ -74,6 +74,10 @@ pub fn held_fields(old: &Config, new: &Config) -> Vec<HeldField> {
             "the largest maxAttempts (the router's retries)",
             old.max_attempts() != new.max_attempts(),
         ),
+        envoy(
+            "gateway.onePass, or a plain-HTTP provider's host with it (resolved at Envoy's start)",
+            og.one_pass != ng.one_pass,
+        ),
         cp("controlPlane.host", oc.host != nc.host),
         cp("controlPlane.httpPort", oc.http_port != nc.http_port),
         cp("controlPlane.grpcPort", oc.grpc_port != nc.grpc_port),

@@ -46,6 +46,10 @@ pub struct RenderOptions {
     /// `gateway.requestHeadersTimeoutMs`, `requestTimeoutMs`, `connectionIdleTimeoutMs`,
     /// `maxConcurrentRequests`.
     pub limits: ListenerLimits,
+    /// `gateway.onePass`: the plain-HTTP providers' `(host, port)`, resolved when Envoy starts
+    /// so that a call's first attempt can leave from the public listener (the `one_pass` cluster).
+    /// `None`: every attempt goes through the attempt listener.
+    pub one_pass: Option<Vec<(String, u16)>>,
 }
 
 /// Whether `host` (an IP or `localhost`) is a loopback address: the only kind Envoy's own admin
@@ -165,7 +169,7 @@ fn buffer_limit(max_body_bytes: u64) -> u64 {
         .max(1024 * 1024)
 }
 
-use ai_router_contract::plugin::{roles, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS};
+use ai_router_contract::plugin::{roles, OnePass, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS};
 use ai_router_contract::{clusters, headers};
 
 fn q(s: &str) -> String {
@@ -186,6 +190,16 @@ fn wasm_config(name: &str, plugin: &PluginConfig, wasm_path: &str, indent: usize
     config.lines().map(|l| format!("{pad}{l}\n")).collect()
 }
 
+/// One stage of the filter as an item of an `http_filters` list at `indent`: the wasm filter
+/// (pausing on headers allowed, as the stages do) with the plugin `name` and its configuration.
+fn wasm_filter(name: &str, plugin: &PluginConfig, wasm_path: &str, indent: usize) -> String {
+    let pad = " ".repeat(indent);
+    format!(
+        "{pad}- name: envoy.filters.http.wasm\n{pad}  typed_config:\n{pad}    \"@type\": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm\n{pad}    config:\n{pad}      allow_on_headers_stop_iteration: true\n{}",
+        wasm_config(name, plugin, wasm_path, indent + 6)
+    )
+}
+
 /// The Envoy bootstrap YAML: the header, Envoy's own settings and the singleton, then the
 /// three listeners and the clusters, in that order.
 pub fn render_envoy(o: &RenderOptions) -> String {
@@ -195,10 +209,111 @@ pub fn render_envoy(o: &RenderOptions) -> String {
         attempt_listener(o),
         timer_listener(),
         internal_clusters(o),
+        one_pass(o),
         provider_clusters(o),
         control_plane_cluster(o),
     ]
     .concat()
+}
+
+/// `host:port` as the dynamic forward proxy keys its cache (an IPv6 host in brackets).
+fn authority(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
+/// With one pass, the provider cache's entries resolved at start and kept: the aggregate gives
+/// a child with no host no load, and resolves nothing itself (see [`one_pass`]).
+fn preresolved_hosts(o: &RenderOptions) -> String {
+    let Some(hosts) = &o.one_pass else {
+        return String::new();
+    };
+    let mut out = String::from(
+        "                        # One pass: the plain providers resolved at start, and kept.\n                        host_ttl: 86400s\n",
+    );
+    if hosts.is_empty() {
+        return out;
+    }
+    out.push_str("                        preresolve_hostnames:\n");
+    for (host, port) in hosts {
+        out.push_str(&format!(
+            "                          - {{ address: {}, port_value: {port} }}\n",
+            q(host)
+        ));
+    }
+    out
+}
+
+/// `gateway.onePass`: the aggregate the front sends a call to when its first lane is a plain
+/// provider resolved at start. Its priorities are `providers_plain` (the first attempt, the
+/// host in `:authority`) and one attempts cluster per retry: the route's retry priority sends
+/// each retry to the next one, so a retry never goes back to the provider straight. The
+/// attempt stage runs as its upstream filter (role `first`): it writes the first attempt's
+/// request (the lane the front reserved), judges its answer (the retry header on a failure),
+/// and puts back on a retry the client's headers it rewrote (an upstream filter's header writes
+/// stay in the router's copy). Envoy 1.40 crashes when a dynamic forward proxy cluster under an
+/// aggregate resolves a host itself, so it never does (`dfp_cluster_resolves_hosts` off).
+fn one_pass(o: &RenderOptions) -> String {
+    if o.one_pass.is_none() {
+        return String::new();
+    }
+    let limit = buffer_limit(o.max_body_bytes);
+    let breakers = circuit_breakers(o.limits.max_concurrent_requests, 6);
+    let retries = o.max_attempts.max(2) - 1;
+    let mut children = vec![
+        clusters::PROVIDERS_PLAIN.to_owned(),
+        clusters::ATTEMPTS.to_owned(),
+    ];
+    let mut retry_clusters = String::new();
+    for n in 2..=retries {
+        let name = clusters::attempts_retry(n);
+        retry_clusters.push_str(&format!(
+            r#"    - name: {name}
+      connect_timeout: 1s
+      per_connection_buffer_limit_bytes: {limit}
+{breakers}      load_assignment:
+        cluster_name: {name}
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    envoy_internal_address: {{ server_listener_name: ai_router_attempt }}
+"#
+        ));
+        children.push(name);
+    }
+    let first = wasm_filter(
+        "ai_router_first",
+        &PluginConfig::role(roles::FIRST),
+        &o.wasm_path,
+        12,
+    );
+    let one_pass = clusters::ONE_PASS;
+    let children = children.join(", ");
+    format!(
+        r#"    - name: {one_pass}
+      connect_timeout: 5s
+      lb_policy: CLUSTER_PROVIDED
+      per_connection_buffer_limit_bytes: {limit}
+{breakers}      cluster_type:
+        name: envoy.clusters.aggregate
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.clusters.aggregate.v3.ClusterConfig
+          clusters: [{children}]
+      # The router takes a route's upstream filters from the route's cluster (this one), for
+      # every attempt, whichever child serves it.
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {{ http_protocol_options: {{}} }}
+          http_filters:
+{first}            - name: envoy.filters.http.upstream_codec
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec
+{retry_clusters}"#
+    )
 }
 
 /// The header comment, the node (SDS needs it named), the admin interface, the overload and
@@ -222,6 +337,12 @@ fn bootstrap_head(o: &RenderOptions) -> String {
     let retry_header = headers::RETRY;
     let (control_plane_cluster, attempts_cluster) = (clusters::CONTROL_PLANE, clusters::ATTEMPTS);
     let (providers_tls, providers_plain) = (clusters::PROVIDERS_TLS, clusters::PROVIDERS_PLAIN);
+    // One pass: a provider cluster under the aggregate never resolves a host itself (it
+    // crashes Envoy 1.40 there); the hosts are resolved at start instead.
+    let runtime = match o.one_pass {
+        Some(_) => "layered_runtime:\n  layers:\n    - name: static\n      static_layer: { envoy.reloadable_features.dfp_cluster_resolves_hosts: false }\n",
+        None => "",
+    };
     format!(
         r#"# Generated by `ai-router render-envoy`; edit the pool config and render again instead.
 #
@@ -243,7 +364,7 @@ overload_manager:
 memory_allocator_manager:
   bytes_to_release: 104857600
   memory_release_interval: 1s
-bootstrap_extensions:
+{runtime}bootstrap_extensions:
   - name: envoy.bootstrap.internal_listener
     typed_config:
       "@type": type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener
@@ -262,12 +383,26 @@ bootstrap_extensions:
 fn public_listener(o: &RenderOptions) -> String {
     let limit = buffer_limit(o.max_body_bytes);
     let retries = o.max_attempts.max(1) - 1;
-    let front = wasm_config(
-        "ai_router_front",
-        &PluginConfig::role(roles::FRONT),
-        &o.wasm_path,
-        24,
-    );
+    let front_config = PluginConfig {
+        one_pass: o.one_pass.as_ref().map(|hosts| OnePass {
+            hosts: hosts
+                .iter()
+                .map(|(host, port)| authority(host, *port))
+                .collect(),
+            retries,
+        }),
+        ..PluginConfig::role(roles::FRONT)
+    };
+    let front = wasm_filter("ai_router_front", &front_config, &o.wasm_path, 18);
+    // With one pass the front names the route's cluster: the attempts, or the aggregate whose
+    // first attempt goes straight to the provider and whose retries go to the next priority.
+    let (route_cluster, retry_priority) = match o.one_pass {
+        Some(_) => (
+            format!("cluster_header: {}", headers::PASS),
+            "                              # One pass: each retry to the aggregate's next priority (an attempts\n                              # cluster), never back to the provider the first attempt went to.\n                              retry_priority:\n                                name: envoy.retry_priorities.previous_priorities\n                                typed_config:\n                                  \"@type\": type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig\n                                  update_frequency: 1\n".to_owned(),
+        ),
+        None => (format!("cluster: {}", clusters::ATTEMPTS), String::new()),
+    };
     let listen_host = q(&o.listen_host);
     let listen_port = o.listen_port;
     let request_headers_timeout = seconds(o.limits.request_headers_timeout_ms);
@@ -280,7 +415,7 @@ fn public_listener(o: &RenderOptions) -> String {
         CONNECTION_WINDOW_BYTES,
     );
     let retry_header = headers::RETRY;
-    let (control_plane_cluster, attempts_cluster) = (clusters::CONTROL_PLANE, clusters::ATTEMPTS);
+    let control_plane_cluster = clusters::CONTROL_PLANE;
     format!(
         r#"static_resources:
   listeners:
@@ -336,7 +471,7 @@ fn public_listener(o: &RenderOptions) -> String {
                             timeout: 0s
                         - match: {{ prefix: "/" }}
                           route:
-                            cluster: {attempts_cluster}
+                            {route_cluster}
                             # The call's deadline bounds it (x-envoy-upstream-rq-timeout-ms, set
                             # by the front stage); the route itself never cuts a stream.
                             timeout: 0s
@@ -351,12 +486,7 @@ fn public_listener(o: &RenderOptions) -> String {
                                 - name: {retry_header}
                                   present_match: true
                               retry_back_off: {{ base_interval: 0.01s, max_interval: 0.25s }}
-                http_filters:
-                  - name: envoy.filters.http.wasm
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-                      config:
-                        allow_on_headers_stop_iteration: true
+{retry_priority}                http_filters:
 {front}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
@@ -368,14 +498,15 @@ fn public_listener(o: &RenderOptions) -> String {
 /// the dynamic forward proxy.
 fn attempt_listener(o: &RenderOptions) -> String {
     let limit = buffer_limit(o.max_body_bytes);
-    let attempt = wasm_config(
+    let attempt = wasm_filter(
         "ai_router_attempt",
         &PluginConfig::role(roles::ATTEMPT),
         &o.wasm_path,
-        24,
+        18,
     );
     let concurrency = o.limits.max_concurrent_requests;
     let cluster_header = headers::CLUSTER;
+    let preresolved = preresolved_hosts(o);
     format!(
         r#"    - name: ai_router_attempt
       internal_listener: {{}}
@@ -407,11 +538,6 @@ fn attempt_listener(o: &RenderOptions) -> String {
                           # Chosen by the attempt stage; the provider never sees it.
                           request_headers_to_remove: [{cluster_header}]
                 http_filters:
-                  - name: envoy.filters.http.wasm
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-                      config:
-                        allow_on_headers_stop_iteration: true
 {attempt}                  - name: envoy.filters.http.dynamic_forward_proxy
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig
@@ -420,7 +546,7 @@ fn attempt_listener(o: &RenderOptions) -> String {
                         dns_lookup_family: V4_PREFERRED
                         # Calls waiting for a provider's name to resolve (default 1024).
                         dns_cache_circuit_breaker: {{ max_pending_requests: {concurrency} }}
-                  - name: envoy.filters.http.router
+{preresolved}                  - name: envoy.filters.http.router
                     typed_config:
                       "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#
@@ -689,6 +815,7 @@ mod tests {
             max_body_bytes: 4 * 1024 * 1024,
             max_attempts: 4,
             limits: ListenerLimits::default(),
+            one_pass: None,
         }
     }
 
@@ -861,10 +988,81 @@ mod tests {
                         tick_ms: DEFAULT_TICK_MS,
                     }
                 ),
-                ("ai_router_front".to_string(), Role::Front),
+                (
+                    "ai_router_front".to_string(),
+                    Role::Front { one_pass: None }
+                ),
                 ("ai_router_attempt".to_string(), Role::Attempt),
             ]
         );
+    }
+
+    #[test]
+    fn one_pass_renders_the_aggregate_its_retry_priorities_and_the_hosts_resolved_at_start() {
+        use ai_router_filter_core::vm::plugin::{parse, Role};
+        let mut o = options();
+        o.one_pass = Some(vec![("127.0.0.1".into(), 9000), ("::1".into(), 80)]);
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&render_envoy(&o)).unwrap();
+        let mut plugins = Vec::new();
+        wasm_plugins(&doc, &mut plugins);
+        let roles: Vec<Role> = plugins
+            .iter()
+            .map(|p| parse(p["configuration"]["value"].as_str().map(str::as_bytes)).unwrap())
+            .collect();
+        let front = Role::Front {
+            one_pass: Some(OnePass {
+                hosts: vec!["127.0.0.1:9000".into(), "[::1]:80".into()],
+                retries: 3,
+            }),
+        };
+        assert!(roles.contains(&front), "{roles:?}");
+        assert!(roles.contains(&Role::First), "{roles:?}");
+        // The public route: the front names the cluster; each retry to the next priority.
+        let route = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"][1]["route"];
+        assert_eq!(route["cluster_header"].as_str(), Some(headers::PASS));
+        assert_eq!(
+            route["retry_policy"]["retry_priority"]["name"].as_str(),
+            Some("envoy.retry_priorities.previous_priorities")
+        );
+        // The aggregate: the provider first, then one attempts cluster per retry.
+        let clusters_list = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        let named = |name: &str| {
+            clusters_list
+                .iter()
+                .find(|c| c["name"].as_str() == Some(name))
+                .cloned()
+        };
+        let aggregate = named(clusters::ONE_PASS).unwrap();
+        let children: Vec<&str> = aggregate["cluster_type"]["typed_config"]["clusters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c.as_str())
+            .collect();
+        assert_eq!(
+            children,
+            [
+                clusters::PROVIDERS_PLAIN,
+                clusters::ATTEMPTS,
+                "ai_router_attempts_2",
+                "ai_router_attempts_3"
+            ]
+        );
+        for child in &children {
+            assert!(named(child).is_some(), "{child} is defined");
+        }
+        // The hosts resolved at start, and the dynamic forward proxy never resolving under
+        // the aggregate.
+        let yaml = render_envoy(&o);
+        assert!(
+            yaml.contains("- { address: \"127.0.0.1\", port_value: 9000 }"),
+            "{yaml}"
+        );
+        assert!(yaml.contains("dfp_cluster_resolves_hosts: false"));
+        // Without it, none of this.
+        let plain = render_envoy(&options());
+        assert!(!plain.contains(clusters::ONE_PASS) && !plain.contains("preresolve"));
     }
 
     #[test]

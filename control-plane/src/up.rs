@@ -94,6 +94,7 @@ pub fn render_options(config: &Config, overrides: RenderOverrides) -> RenderOpti
         max_body_bytes: config.gateway.max_body_bytes,
         max_attempts: config.max_attempts(),
         limits: config.gateway.limits,
+        one_pass: config.gateway.one_pass.clone(),
     }
 }
 

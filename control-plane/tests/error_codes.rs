@@ -24,6 +24,7 @@ fn envoys_replies_are_gateway_codes() -> Result<()> {
         max_body_bytes: 1024,
         max_attempts: 4,
         limits: ListenerLimits::default(),
+        one_pass: None,
     });
     let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml)?;
     let hcm =

@@ -110,6 +110,11 @@ pub trait Host {
     fn sync_token(&self) -> Option<String>;
     /// Runs `f` on a call's bookkeeping.
     fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R>;
+    /// One pass: claims the call's `x-request-id` in this VM's call table (false when another
+    /// call holds it, or the table is in use).
+    fn claim_request_id(&mut self, request_id: &str, call_id: &str) -> bool;
+    /// One pass: the call that claimed `request_id`.
+    fn call_by_request_id(&self, request_id: &str) -> Option<String>;
     /// Runs `f` with the picker's view of this process (holds, in-flight counts, latency)
     /// and this VM's round-robin positions.
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R;

@@ -16,10 +16,32 @@ pub struct ControlPlane {
     grpc: SocketAddr,
 }
 
+/// With `AI_ROUTER_E2E_ONE_PASS=1` in the environment, every pool a test starts has
+/// `gateway.onePass` on (a pool that names it keeps its own): a run of any suite in one pass.
+fn with_one_pass_if_asked(yaml: &str) -> String {
+    if std::env::var("AI_ROUTER_E2E_ONE_PASS").as_deref() != Ok("1") {
+        return yaml.to_owned();
+    }
+    let Ok(mut value) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) else {
+        return yaml.to_owned();
+    };
+    let Some(root) = value.as_mapping_mut() else {
+        return yaml.to_owned();
+    };
+    let gateway = root
+        .entry("gateway".into())
+        .or_insert_with(|| serde_yaml_ng::Value::Mapping(Default::default()));
+    if let Some(g) = gateway.as_mapping_mut() {
+        g.entry("onePass".into()).or_insert(true.into());
+    }
+    serde_yaml_ng::to_string(&value).unwrap_or_else(|_| yaml.to_owned())
+}
+
 impl ControlPlane {
     /// Writes `config_yaml` to the test directory and serves it with `env`.
     pub async fn start(dir: &TestDir, config_yaml: &str, env: &[(String, String)]) -> Result<Self> {
-        let config = dir.write("pool.yaml", config_yaml)?;
+        let config_yaml = with_one_pass_if_asked(config_yaml);
+        let config = dir.write("pool.yaml", &config_yaml)?;
         let mut cp = Self {
             dir: dir.clone(),
             config,

@@ -96,6 +96,8 @@ pub struct GatewayConfig {
     pub key_store: Option<StoreConfig>,
     pub max_body_bytes: Option<u64>,
     pub forward_rate_limit_headers: Option<bool>,
+    /// A first attempt to a plain-HTTP provider goes straight from the public listener.
+    pub one_pass: Option<bool>,
     pub request_headers_timeout_ms: Option<u64>,
     pub request_timeout_ms: Option<u64>,
     pub connection_idle_timeout_ms: Option<u64>,

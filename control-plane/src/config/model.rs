@@ -91,6 +91,12 @@ pub struct Gateway {
     pub max_body_bytes: u64,
     /// Providers' `x-ratelimit-*`, `anthropic-ratelimit-*` and `retry-after` reach clients.
     pub forward_rate_limit_headers: bool,
+    /// `gateway.onePass`: a call's first attempt, when it goes to a plain-HTTP provider whose
+    /// host Envoy resolved at start, leaves from the public listener (the attempt stage runs as
+    /// the route's upstream filter); its retries go through the attempt listener as before.
+    /// The plain-HTTP providers' `(host, port)`, every provider of the file (a key may come
+    /// later); `None`: off.
+    pub one_pass: Option<Vec<(String, u16)>>,
     /// Envoy's public listener: the bounds on what a client may hold open.
     pub limits: ListenerLimits,
 }

@@ -4,6 +4,7 @@
 //! callback that answers them.
 
 mod chunk;
+pub mod first;
 mod hold;
 #[cfg(test)]
 mod plan_tests;
@@ -120,8 +121,24 @@ struct Lane {
     capacity: Option<u64>,
 }
 
+/// Where this attempt stage runs.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// The attempt listener: every attempt in two passes, the retries in one.
+    #[default]
+    Listener,
+    /// The one-pass aggregate's upstream filter, before it knows which attempt it sees.
+    Upstream,
+    /// The upstream filter on the call's first attempt: the lane the front stage reserved.
+    First,
+    /// The upstream filter on a retry (to the attempt listener): the client's headers put
+    /// back, then out of the way.
+    Aside,
+}
+
 #[derive(Default)]
 pub struct Attempt {
+    position: Position,
     plan: Option<Rc<Plan>>,
     attempt: u32,
     lane: Option<Lane>,
@@ -203,6 +220,9 @@ struct Bound {
     /// The attempt answered in its own name (it timed out before its answer started): what
     /// comes back through the stage is that answer.
     answered_locally: bool,
+    /// A retry of a one-pass call: the policy's `timeoutMs` from the attempt's start, waits
+    /// included (the router's per-try timeout cuts it two ticks later).
+    per_try_until: Option<i64>,
 }
 
 /// What the attempt waits for.
@@ -257,12 +277,28 @@ impl Attempt {
         self.plan.as_ref().map(|p| p.cid.as_str()).unwrap_or("")
     }
 
+    /// The stage as the one-pass aggregate's upstream filter (role `first`).
+    pub fn upstream() -> Self {
+        Self {
+            position: Position::Upstream,
+            ..Self::default()
+        }
+    }
+
     pub fn on_request_headers(&mut self, host: &mut impl Host, end_of_stream: bool) -> Flow {
         self.sent.started_ms = host.now_ms();
         self.attempt = host
             .header_text(Side::Request, "x-envoy-attempt-count")
             .and_then(|v| v.parse().ok())
             .unwrap_or(1);
+        if self.position == Position::Upstream {
+            if self.attempt > 1 {
+                self.position = Position::Aside;
+                self.put_back(host);
+                return Flow::Continue;
+            }
+            self.position = Position::First;
+        }
         self.plan = host
             .header_text(Side::Request, PLAN_HEADER)
             .and_then(|text| {
@@ -273,10 +309,28 @@ impl Attempt {
         if self.plan.is_none() {
             return self.give_up(host, None, None);
         }
+        if self.position == Position::Listener {
+            // One pass: the router's per-try timeout (timeoutMs and two ticks) cuts this
+            // attempt that long from now, waits included; the stage's own bound, at timeoutMs
+            // from now at the latest, comes first, so the lane's timeout is reported.
+            let cid = self.cid().to_owned();
+            if host.with_call(&cid, |c| c.one_pass) == Some(true) {
+                let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms as i64);
+                self.bound.per_try_until = Some(self.sent.started_ms.saturating_add(timeout));
+            }
+        }
         if end_of_stream {
-            return self.prepare(host);
+            return self.begin(host);
         }
         Flow::Pause
+    }
+
+    /// The request is whole: pick a lane (or, first in one pass, take the front's).
+    fn begin(&mut self, host: &mut impl Host) -> Flow {
+        match self.position {
+            Position::First => self.send_first(host),
+            _ => self.prepare(host),
+        }
     }
 
     pub fn on_request_body(
@@ -288,10 +342,10 @@ impl Attempt {
         if !end_of_stream {
             return Flow::Pause;
         }
-        if self.lane.is_some() {
+        if self.lane.is_some() || self.position == Position::Aside {
             return Flow::Continue;
         }
         self.body = host.body(Side::Request, 0, size);
-        self.prepare(host)
+        self.begin(host)
     }
 }

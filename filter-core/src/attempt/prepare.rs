@@ -9,6 +9,8 @@ use crate::answer::errors::{final_error, unsent_as_unavailable, GatewayError};
 use crate::host::{Flow, Host};
 use crate::lanes::embeddings;
 use crate::lanes::{self, pick::Pick};
+use crate::plan::Plan;
+use crate::state::State;
 use crate::vocab::LaneId;
 use ai_router_contract::failure::ErrorClass;
 use ai_router_contract::headers::{
@@ -92,54 +94,19 @@ impl Attempt {
             // After a transient failure the next attempt waits, bounded by the deadline.
             return self.wait_until(host, backoff_until.min(deadline));
         }
-        // An embeddings call never leaves the vector space of its first lane.
-        let tiers = match &identity {
-            Some(identity) => embeddings::same_identity(&state, &plan.tiers, identity),
-            None => plan.tiers.clone(),
-        };
-        let idle_ms = state.selection().affinity_idle_ms;
-        let pinned = plan
-            .session
-            .as_deref()
-            .and_then(|s| crate::lanes::affinity::pinned(host, s, idle_ms, now));
-        let last_failure = host
-            .with_call(&plan.cid, |c| c.last_failure.map(|(class, _)| class))
-            .flatten();
-        let request = lanes::pick::Request {
-            tried: &tried,
-            excluded: &self.waits.excluded,
-            tokens: plan.tokens,
-            random: host.random_unit(),
-            pinned: pinned.as_ref(),
-            only_key: plan.responses.as_ref().and_then(|r| r.pin.as_ref()),
-            last_failure,
-            reset_interval_ms: plan.reset_ms,
-            larger_than,
-        };
-        let mut skipped = Vec::new();
-        let mut pick = host.with_lanes(|view, rr| {
-            lanes::pick::pick(&state, &tiers, request, view, rr, now, &mut skipped)
-        });
-        // Snap-back: a parked lane whose probe is due goes to the one call (of every worker)
-        // that claims the probe; a call that loses the claim chooses again, passing over it.
-        for _ in 0..SNAP_CLAIM_PICKS {
-            let lost = matches!(&pick, Pick::Lane(c) if c.snap_probe
-                && !crate::lanes::park::claim_probe(host, &c.lane, now, plan.reset_ms));
-            if !lost {
-                break;
-            }
-            skipped.clear();
-            pick = host.with_lanes(|view, rr| {
-                lanes::pick::pick(&state, &tiers, request, view, rr, now, &mut skipped)
-            });
-        }
-        if !skipped.is_empty() {
-            host.with_call(&plan.cid, |c| {
-                for s in &skipped {
-                    c.trail.skip_lane(&s.lane, s.reason);
-                }
-            });
-        }
+        let (pick, skipped) = pick_now(
+            host,
+            &plan,
+            &state,
+            Picking {
+                tried: &tried,
+                identity: identity.as_ref(),
+                larger_than,
+                excluded: &self.waits.excluded,
+                now,
+                claim_snap: true,
+            },
+        );
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
@@ -308,6 +275,77 @@ impl Attempt {
         };
         self.resume_with(host, action);
     }
+}
+
+/// What the pick for a call's next attempt reads besides its plan and the state.
+pub(crate) struct Picking<'a> {
+    pub tried: &'a [LaneId],
+    pub identity: Option<&'a String>,
+    pub larger_than: Option<Option<u64>>,
+    pub excluded: &'a [LaneId],
+    pub now: i64,
+    /// A parked lane's due probe is claimed (else the pick is returned unclaimed).
+    pub claim_snap: bool,
+}
+
+/// The lane the call's next attempt takes now (a parked lane's probe claimed first), with the
+/// lanes passed over, which the call's trail notes.
+pub(crate) fn pick_now(
+    host: &mut impl Host,
+    plan: &Plan,
+    state: &State,
+    at: Picking<'_>,
+) -> (Pick, Vec<lanes::pick::Skipped>) {
+    let now = at.now;
+    // An embeddings call never leaves the vector space of its first lane.
+    let tiers = match at.identity {
+        Some(identity) => embeddings::same_identity(state, &plan.tiers, identity),
+        None => plan.tiers.clone(),
+    };
+    let idle_ms = state.selection().affinity_idle_ms;
+    let pinned = plan
+        .session
+        .as_deref()
+        .and_then(|s| crate::lanes::affinity::pinned(host, s, idle_ms, now));
+    let last_failure = host
+        .with_call(&plan.cid, |c| c.last_failure.map(|(class, _)| class))
+        .flatten();
+    let request = lanes::pick::Request {
+        tried: at.tried,
+        excluded: at.excluded,
+        tokens: plan.tokens,
+        random: host.random_unit(),
+        pinned: pinned.as_ref(),
+        only_key: plan.responses.as_ref().and_then(|r| r.pin.as_ref()),
+        last_failure,
+        reset_interval_ms: plan.reset_ms,
+        larger_than: at.larger_than,
+    };
+    let mut skipped = Vec::new();
+    let mut pick = host.with_lanes(|view, rr| {
+        lanes::pick::pick(state, &tiers, request, view, rr, now, &mut skipped)
+    });
+    // Snap-back: a parked lane whose probe is due goes to the one call (of every worker)
+    // that claims the probe; a call that loses the claim chooses again, passing over it.
+    for _ in 0..SNAP_CLAIM_PICKS * usize::from(at.claim_snap) {
+        let lost = matches!(&pick, Pick::Lane(c) if c.snap_probe
+            && !crate::lanes::park::claim_probe(host, &c.lane, now, plan.reset_ms));
+        if !lost {
+            break;
+        }
+        skipped.clear();
+        pick = host.with_lanes(|view, rr| {
+            lanes::pick::pick(state, &tiers, request, view, rr, now, &mut skipped)
+        });
+    }
+    if !skipped.is_empty() {
+        host.with_call(&plan.cid, |c| {
+            for s in &skipped {
+                c.trail.skip_lane(&s.lane, s.reason);
+            }
+        });
+    }
+    (pick, skipped)
 }
 
 #[cfg(test)]

@@ -198,6 +198,13 @@ impl Attempt {
         })
     }
 
+    /// Whether the policy's `timeoutMs` since the send has passed (the router's per-try
+    /// timeout cuts a first attempt in one pass two ticks after it).
+    fn per_try_passed(&self, now: i64) -> bool {
+        let timeout = self.plan.as_ref().map_or(i64::MAX, |p| p.timeout_ms as i64);
+        now >= self.sent.started_ms.saturating_add(timeout)
+    }
+
     pub fn on_log(&mut self, host: &mut impl Host) {
         if self.reported || self.lane.is_none() {
             return;
@@ -220,6 +227,9 @@ impl Attempt {
             ErrorClass::Cancelled
         } else if self.answer.after_first_token {
             ErrorClass::Stream
+        } else if self.position == super::Position::First && self.per_try_passed(now) {
+            // First in one pass: the router's per-try timeout (timeoutMs) cut it.
+            ErrorClass::Timeout
         } else {
             ErrorClass::Network
         };

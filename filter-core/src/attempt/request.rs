@@ -272,12 +272,34 @@ fn credentials(
 }
 
 impl ProviderRequest {
-    /// Writes the request over the caller's (whose body is `caller_len` bytes).
-    pub(super) fn apply(&self, host: &mut impl Host, caller_len: usize) {
+    /// The caller's headers [`ProviderRequest::apply`] writes over, as they are now (`None`:
+    /// absent): what a later attempt puts back in one pass, when this request was written by the
+    /// route's upstream filter (whose header writes the router keeps for its retries). Envoy's
+    /// own (`x-envoy-`) are left out: the router writes them again for each attempt.
+    pub(super) fn touched(&self, host: &impl Host) -> Vec<(String, Option<Vec<u8>>)> {
+        let mut names: Vec<&str> = vec![":authority", ":path", "content-length"];
+        names.extend(self.remove.iter().map(String::as_str));
+        names.extend(self.set.iter().map(|(name, _)| name.as_str()));
+        let mut out: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(names.len());
+        for name in names {
+            if name.starts_with("x-envoy-") || out.iter().any(|(n, _)| n == name) {
+                continue;
+            }
+            out.push((name.to_owned(), host.header(Side::Request, name)));
+        }
+        out
+    }
+
+    /// Writes the request over the caller's (whose body is `caller_len` bytes). `routed`: the
+    /// attempt listener's route reads the cluster header (and removes it); the upstream filter
+    /// of one pass has its cluster already, so writes none.
+    pub(super) fn apply(&self, host: &mut impl Host, caller_len: usize, routed: bool) {
         host.set_body(Side::Request, 0, caller_len, &self.body);
         host.set_header(Side::Request, ":authority", Some(&self.authority));
         host.set_header(Side::Request, ":path", Some(&self.path));
-        host.set_header(Side::Request, CLUSTER_HEADER, Some(self.cluster));
+        if routed {
+            host.set_header(Side::Request, CLUSTER_HEADER, Some(self.cluster));
+        }
         for name in &self.remove {
             host.set_header(Side::Request, name, None);
         }

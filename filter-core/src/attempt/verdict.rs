@@ -169,9 +169,11 @@ impl Attempt {
             .flatten();
         let verdict = self.verdict(host, &failure, param);
         self.mode = Mode::Drained;
-        if self.answer.headers_only {
+        let retry = verdict.headers.iter().any(|(name, _)| *name == H_RETRY);
+        if self.answer.headers_only && !(retry && self.position == super::Position::First) {
             // The provider's answer has no body to replace (the host refuses to write one):
-            // answer in its place.
+            // answer in its place. (First in one pass, a retry is the router's to make, which
+            // it makes on an upstream's answer only: the headers say it, with no body.)
             host.send_response(verdict.status, &verdict.header_pairs(), &verdict.body);
             return;
         }
@@ -180,7 +182,9 @@ impl Attempt {
             host.set_header(Side::Response, name, Some(value));
         }
         host.set_header(Side::Response, "content-length", None);
-        host.set_body(Side::Response, 0, body_size, &verdict.body);
+        if !self.answer.headers_only {
+            host.set_body(Side::Response, 0, body_size, &verdict.body);
+        }
     }
 
     /// Fails the attempt outside any callback of its answer (its bound passed, on the host's

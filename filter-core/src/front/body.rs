@@ -461,7 +461,42 @@ impl Front {
             "x-envoy-upstream-rq-timeout-ms",
             Some(&plan.deadline_ms.to_string()),
         );
+        if let Some(one_pass) = self.one_pass.clone() {
+            self.route(host, state, &plan, &one_pass);
+        }
         Flow::Continue
+    }
+
+    /// With `gateway.onePass`: the public route's cluster. A call whose first lane the front
+    /// could reserve goes to the one-pass aggregate, to that lane's host; its attempts are then
+    /// bounded by the router's per-try timeout too (only the router can retry an attempt that
+    /// has no answer). Any other goes to the attempt listener.
+    fn route(
+        &mut self,
+        host: &mut impl Host,
+        state: &State,
+        plan: &Plan,
+        one_pass: &ai_router_contract::plugin::OnePass,
+    ) {
+        use ai_router_contract::{clusters, headers::PASS};
+        match crate::attempt::first::reserve(host, plan, state, one_pass) {
+            Some(authority) => {
+                host.set_header(Side::Request, PASS, Some(clusters::ONE_PASS));
+                host.set_header(Side::Request, ":authority", Some(&authority));
+                // Two of the attempt stage's ticks past timeoutMs: a retry through the attempt
+                // listener times out by its own bound first (and reports it); the first
+                // attempt is cut by the router, up to that much late.
+                let per_try = plan
+                    .timeout_ms
+                    .saturating_add(2 * crate::attempt::BOUND_TICK_MS);
+                host.set_header(
+                    Side::Request,
+                    "x-envoy-upstream-rq-per-try-timeout-ms",
+                    Some(&per_try.to_string()),
+                );
+            }
+            None => host.set_header(Side::Request, PASS, Some(clusters::ATTEMPTS)),
+        }
     }
 }
 

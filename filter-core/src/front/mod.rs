@@ -47,6 +47,9 @@ use {
 
 #[derive(Default)]
 pub struct Front {
+    /// `gateway.onePass` as the bootstrap was rendered: the front names the public route's
+    /// cluster, and a call whose first lane is ready goes in one pass.
+    one_pass: Option<Rc<ai_router_contract::plugin::OnePass>>,
     op: Option<Operation>,
     /// The caller's API: the shape of its body, answers and errors.
     protocol: Protocol,
@@ -114,6 +117,16 @@ pub struct Front {
     admin: bool,
     /// Responses: the stored state the call names and whether its answer is stored.
     responses: Option<crate::plan::Stored>,
+}
+
+impl Front {
+    /// The stage on a public listener rendered with `gateway.onePass`.
+    pub fn with_one_pass(one_pass: Option<Rc<ai_router_contract::plugin::OnePass>>) -> Self {
+        Self {
+            one_pass,
+            ..Self::default()
+        }
+    }
 }
 
 /// A Gemini API call, from its path.

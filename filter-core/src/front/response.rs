@@ -161,20 +161,9 @@ impl Front {
     /// could not take the call (503: its circuit breakers are full, or no attempt stage was
     /// there to take it). The answer becomes the gateway's error.
     fn routers_own_answer(&mut self, host: &mut impl Host, end_of_stream: bool) {
-        let err = match self.status {
-            504 => GatewayError::new(
-                ErrorCode::PoolTimeout,
-                "The call's deadline passed before a provider answered.",
-            ),
-            503 => GatewayError::new(
-                ErrorCode::PoolUnavailable,
-                "The gateway cannot take this call now; try again shortly.",
-            )
-            .with_retry_after(Some(1)),
-            _ => GatewayError::new(
-                ErrorCode::UpstreamError,
-                "No provider could be reached for this call.",
-            ),
+        let err = match self.first_attempt_unanswered(host) {
+            Some(err) => err,
+            None => self.routers_status_error(),
         };
         if let Some(s) = err.retry_after_s {
             host.set_header(Side::Response, "retry-after", Some(&s.to_string()));
@@ -190,6 +179,48 @@ impl Front {
             // A final error like any other: with the call's trail.
             self.add_trail = self.cid.is_some();
         }
+    }
+
+    /// The router's own status as the gateway's error.
+    fn routers_status_error(&self) -> GatewayError {
+        match self.status {
+            504 => GatewayError::new(
+                ErrorCode::PoolTimeout,
+                "The call's deadline passed before a provider answered.",
+            ),
+            503 => GatewayError::new(
+                ErrorCode::PoolUnavailable,
+                "The gateway cannot take this call now; try again shortly.",
+            )
+            .with_retry_after(Some(1)),
+            _ => GatewayError::new(
+                ErrorCode::UpstreamError,
+                "No provider could be reached for this call.",
+            ),
+        }
+    }
+
+    /// One pass, no retry left: the first attempt's provider broke off or said nothing within
+    /// timeoutMs, and the router answered for it (its per-try timeout, or the reset). The
+    /// gateway's answer is the one the attempt listener gives for that failure.
+    fn first_attempt_unanswered(&self, host: &mut impl Host) -> Option<GatewayError> {
+        let cid = self.cid.as_deref()?;
+        if host.with_call(cid, |c| c.one_pass) != Some(true) {
+            return None;
+        }
+        let details = host.property(&["response", "code_details"])?;
+        let class = if details.starts_with(b"upstream_per_try_timeout") {
+            ErrorClass::Timeout
+        } else if details.starts_with(b"upstream_reset_before_response_started") {
+            ErrorClass::Network
+        } else {
+            return None;
+        };
+        Some(crate::answer::errors::final_error(
+            Some(class),
+            None,
+            host.now_ms(),
+        ))
     }
 
     pub fn on_response_body(
@@ -248,6 +279,14 @@ impl Front {
 
     pub fn on_log(&mut self, host: &mut impl Host) {
         let call = self.cid.as_deref().and_then(|cid| host.end_call(cid));
+        // A lane the front reserved for a first attempt that never left (one pass).
+        if let Some((provider, send)) = call
+            .as_ref()
+            .and_then(|c| c.first.as_ref())
+            .map(|f| &f.reserved)
+        {
+            host.release_send(provider, send);
+        }
         let Some(op) = self.op else { return };
         let now = host.now_ms();
         let success = (RequestResult::Success, None, "");

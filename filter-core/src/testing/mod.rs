@@ -538,6 +538,14 @@ impl Host for FakeHost {
         self.tally("with_call");
         self.calls.get_mut(call_id).map(f)
     }
+    fn claim_request_id(&mut self, request_id: &str, call_id: &str) -> bool {
+        self.tally("claim_request_id");
+        self.calls.claim_request_id(request_id, call_id)
+    }
+    fn call_by_request_id(&self, request_id: &str) -> Option<String> {
+        self.tally("call_by_request_id");
+        self.calls.by_request_id(request_id).map(str::to_owned)
+    }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
         self.tally("with_lanes");
         self.lane_views += 1;

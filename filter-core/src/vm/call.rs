@@ -32,4 +32,21 @@ pub struct Call {
     pub upstream_us: i64,
     /// The plan the front stage wrote, which its attempts take without decoding it.
     pub plan: Option<crate::plan::Written>,
+    /// One pass: the lane the front stage picked and reserved for the first attempt, until the
+    /// attempt (the route's upstream filter) takes it.
+    pub first: Option<FirstLane>,
+    /// One pass: the client's request headers the first attempt rewrote, as they were (`None`:
+    /// absent), for a later attempt to put back.
+    pub put_back: Vec<(String, Option<Vec<u8>>)>,
+    /// One pass: the first attempt left from the public listener; every attempt of the call is
+    /// then also bounded by the router's per-try timeout.
+    pub one_pass: bool,
+}
+
+/// The first attempt's lane, picked and reserved by the front stage (one pass).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirstLane {
+    pub lane: LaneId,
+    /// The scope's headroom the front stage reserved for it: `(provider, send)`.
+    pub reserved: (String, crate::vm::local::Send),
 }

@@ -19,6 +19,9 @@ pub struct CallTable {
     /// (never empty once set).
     prefix: String,
     next: u64,
+    /// One pass: the calls by their `x-request-id`, each claimed by one call at a time (a
+    /// later attempt finds its call by it: the first attempt took the plan header away).
+    by_request_id: HashMap<String, String>,
 }
 
 impl CallTable {
@@ -49,6 +52,10 @@ impl CallTable {
                 .retain(|_, c| now_ms - c.created_ms < ABANDONED_MS);
         }
         let swept = before - self.calls.len();
+        if swept > 0 {
+            let calls = &self.calls;
+            self.by_request_id.retain(|_, cid| calls.contains_key(cid));
+        }
         (id, 1 - i64::try_from(swept).unwrap_or(i64::MAX))
     }
 
@@ -80,7 +87,32 @@ impl CallTable {
 
     /// Closes a call and returns its bookkeeping.
     pub fn end(&mut self, id: &str) -> Option<Call> {
-        self.calls.remove(id)
+        let call = self.calls.remove(id)?;
+        if call.one_pass || call.first.is_some() || !call.put_back.is_empty() {
+            self.by_request_id.retain(|_, cid| cid != id);
+        }
+        Some(call)
+    }
+
+    /// Claims `request_id` for the open call `id`: false when the id is empty or another call
+    /// of this table holds it (a client may send the same `x-request-id` twice).
+    pub fn claim_request_id(&mut self, request_id: &str, id: &str) -> bool {
+        if request_id.is_empty() || !self.calls.contains_key(id) {
+            return false;
+        }
+        match self.by_request_id.get(request_id) {
+            Some(holder) => holder == id,
+            None => {
+                self.by_request_id
+                    .insert(request_id.to_owned(), id.to_owned());
+                true
+            }
+        }
+    }
+
+    /// The call that claimed `request_id`.
+    pub fn by_request_id(&self, request_id: &str) -> Option<&str> {
+        self.by_request_id.get(request_id).map(String::as_str)
     }
 
     pub fn len(&self) -> usize {

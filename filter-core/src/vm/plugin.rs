@@ -2,13 +2,20 @@
 //! bootstrap): which stage this root runs, and for the ctrl singleton how it reaches the control
 //! plane. Parsed once in `on_configure`; a bad one makes the root refuse its configuration.
 
-use ai_router_contract::plugin::{roles, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS, TICK_MS};
+use ai_router_contract::plugin::{
+    roles, OnePass, PluginConfig, DEFAULT_NODE, DEFAULT_TICK_MS, TICK_MS,
+};
 
 /// What a root context runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
-    Front,
+    /// `one_pass`: what the public route can send in one pass (`gateway.onePass`).
+    Front {
+        one_pass: Option<OnePass>,
+    },
     Attempt,
+    /// The attempt stage as the one-pass aggregate's upstream filter.
+    First,
     /// The singleton that holds the control-plane stream.
     Ctrl {
         grpc_cluster: String,
@@ -28,8 +35,11 @@ pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
     let config: PluginConfig = serde_json::from_slice(raw)
         .map_err(|e| format!("ai-router: bad plugin configuration: {e}"))?;
     match config.role.as_str() {
-        roles::FRONT => Ok(Role::Front),
+        roles::FRONT => Ok(Role::Front {
+            one_pass: config.one_pass,
+        }),
         roles::ATTEMPT => Ok(Role::Attempt),
+        roles::FIRST => Ok(Role::First),
         roles::CTRL => {
             let tick_ms = config.tick_ms.unwrap_or(DEFAULT_TICK_MS);
             if !TICK_MS.contains(&tick_ms) {
@@ -52,7 +62,7 @@ pub fn parse(raw: Option<&[u8]>) -> Result<Role, String> {
             })
         }
         other => Err(format!(
-            "ai-router: unknown role '{other}' (front, attempt or ctrl)"
+            "ai-router: unknown role '{other}' (front, attempt, first or ctrl)"
         )),
     }
 }
@@ -63,7 +73,22 @@ mod tests {
 
     #[test]
     fn each_role_and_the_ctrl_defaults() {
-        assert_eq!(parse(Some(br#"{"role":"front"}"#)), Ok(Role::Front));
+        assert_eq!(
+            parse(Some(br#"{"role":"front"}"#)),
+            Ok(Role::Front { one_pass: None })
+        );
+        assert_eq!(
+            parse(Some(
+                br#"{"role":"front","one_pass":{"hosts":["127.0.0.1:9"],"retries":2}}"#
+            )),
+            Ok(Role::Front {
+                one_pass: Some(OnePass {
+                    hosts: vec!["127.0.0.1:9".into()],
+                    retries: 2
+                })
+            })
+        );
+        assert_eq!(parse(Some(br#"{"role":"first"}"#)), Ok(Role::First));
         assert_eq!(parse(Some(br#"{"role":"attempt"}"#)), Ok(Role::Attempt));
         assert_eq!(
             parse(Some(br#"{"role":"ctrl"}"#)),

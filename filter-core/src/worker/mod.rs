@@ -201,6 +201,19 @@ impl<T> Worker<T> {
         self.local.try_borrow_mut().ok()?.calls.get_mut(cid).map(f)
     }
 
+    /// One pass: claims `request_id` for the call (see [`crate::vm::calls::CallTable`]).
+    pub fn claim_request_id(&self, request_id: &str, cid: &str) -> bool {
+        self.local
+            .try_borrow_mut()
+            .is_ok_and(|mut l| l.calls.claim_request_id(request_id, cid))
+    }
+
+    /// One pass: the call that claimed `request_id`.
+    pub fn call_by_request_id(&self, request_id: &str) -> Option<String> {
+        let local = self.local.try_borrow().ok()?;
+        local.calls.by_request_id(request_id).map(str::to_owned)
+    }
+
     /// Closes a call and returns its bookkeeping.
     pub fn end_call(&self, calls: &mut impl VmCalls, cid: &str) -> Option<Call> {
         let call = self.local.borrow_mut().calls.end(cid);

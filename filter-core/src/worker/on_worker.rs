@@ -269,6 +269,12 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
     fn with_call<R>(&mut self, call_id: &str, f: impl FnOnce(&mut Call) -> R) -> Option<R> {
         C::time("host.with_call", || self.worker.with_call(call_id, f))
     }
+    fn claim_request_id(&mut self, request_id: &str, call_id: &str) -> bool {
+        self.worker.claim_request_id(request_id, call_id)
+    }
+    fn call_by_request_id(&self, request_id: &str) -> Option<String> {
+        self.worker.call_by_request_id(request_id)
+    }
     fn with_lanes<R>(&mut self, f: impl FnOnce(&dyn View, &mut RoundRobin) -> R) -> R {
         C::time("host.with_lanes", || {
             let view = WorkerView::new(self.calls.clone(), self.worker);

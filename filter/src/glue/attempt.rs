@@ -22,8 +22,12 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    pub fn new(id: u32, worker: Rc<Worker>) -> Self {
-        let stage = Rc::default();
+    /// `upstream`: the one-pass aggregate's upstream filter (role `first`).
+    pub fn new(id: u32, worker: Rc<Worker>, upstream: bool) -> Self {
+        let stage = Rc::new(RefCell::new(match upstream {
+            true => attempt::Attempt::upstream(),
+            false => attempt::Attempt::default(),
+        }));
         worker.attempt_opened(&mut WasmCalls, id, &stage);
         Self { id, stage, worker }
     }

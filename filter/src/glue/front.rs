@@ -16,9 +16,12 @@ pub struct Front {
 }
 
 impl Front {
-    pub fn new(worker: Rc<Worker>) -> Self {
+    pub fn new(
+        worker: Rc<Worker>,
+        one_pass: Option<Rc<ai_router_contract::plugin::OnePass>>,
+    ) -> Self {
         Self {
-            stage: front::Front::default(),
+            stage: front::Front::with_one_pass(one_pass),
             worker,
         }
     }

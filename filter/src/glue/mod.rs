@@ -56,8 +56,10 @@ struct Root {
 enum Role {
     #[default]
     Unconfigured,
-    Front,
+    Front(Option<Rc<ai_router_contract::plugin::OnePass>>),
     Attempt,
+    /// The attempt stage as the one-pass aggregate's upstream filter.
+    First,
     Ctrl(Box<ctrl::Ctrl>),
 }
 
@@ -98,7 +100,9 @@ impl RootContext for Root {
             }
         };
         self.role = match role {
-            plugin::Role::Front => Role::Front,
+            plugin::Role::Front { one_pass } => Role::Front(one_pass.map(Rc::new)),
+            // The attempt role's tick checks every attempt of the worker, these too.
+            plugin::Role::First => Role::First,
             plugin::Role::Attempt => {
                 // The attempts' own timeouts are checked on this root's tick.
                 let tick =
@@ -141,16 +145,17 @@ impl RootContext for Root {
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.clone();
-        match self.role {
-            Role::Front => Some(Box::new(front::Front::new(worker))),
-            Role::Attempt => Some(Box::new(attempt::Attempt::new(context_id, worker))),
+        match &self.role {
+            Role::Front(one_pass) => Some(Box::new(front::Front::new(worker, one_pass.clone()))),
+            Role::Attempt => Some(Box::new(attempt::Attempt::new(context_id, worker, false))),
+            Role::First => Some(Box::new(attempt::Attempt::new(context_id, worker, true))),
             _ => None,
         }
     }
 
     fn get_type(&self) -> Option<ContextType> {
         match self.role {
-            Role::Front | Role::Attempt => Some(ContextType::HttpContext),
+            Role::Front(_) | Role::Attempt | Role::First => Some(ContextType::HttpContext),
             _ => None,
         }
     }

@@ -47,6 +47,10 @@ impl FileConfig {
         // Providers, all of them first: references are checked against the whole file, so a
         // typo is refused whatever the environment holds.
         let mut all = self.resolve_providers(env, base_dir)?;
+        let mut gateway = gateway;
+        if let Some(hosts) = gateway.one_pass.as_mut() {
+            *hosts = plain_hosts(&all);
+        }
         // Prices before the policies' checks: a budget needs priced models.
         apply_prices(&mut all, self.auto_price == Some(true));
         crate::config::routes::check_routes(&self.routes, &self.profiles)?;
@@ -244,6 +248,8 @@ impl FileConfig {
             forward_rate_limit_headers: g
                 .forward_rate_limit_headers
                 .unwrap_or(defaults::FORWARD_RATE_LIMIT_HEADERS),
+            // The hosts are filled in once the providers are resolved.
+            one_pass: (g.one_pass == Some(true)).then(Vec::new),
             limits,
         })
     }
@@ -373,6 +379,29 @@ fn model_names(providers: &[Provider]) -> impl Iterator<Item = &str> {
 }
 
 /// The providers a key of which resolves now; the others are left out, with a warning.
+/// The plain-HTTP providers' hosts and ports, each once (`gateway.onePass` has Envoy resolve
+/// them at start): a host without a port is on 80.
+fn plain_hosts(providers: &[Provider]) -> Vec<(String, u16)> {
+    let mut hosts: Vec<(String, u16)> = Vec::new();
+    for p in providers.iter().filter(|p| p.endpoint.scheme == "http") {
+        let authority = p.endpoint.authority.to_ascii_lowercase();
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, port)) if !h.ends_with(':') && port.parse::<u16>().is_ok() => {
+                (h.to_owned(), port.parse().unwrap_or(80))
+            }
+            _ => (authority.clone(), 80),
+        };
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        if !hosts.contains(&(host.clone(), port)) {
+            hosts.push((host, port));
+        }
+    }
+    hosts
+}
+
 fn providers_with_a_key(
     all: Vec<Provider>,
     env: &dyn Env,

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The benchmark (docs/benchmarks.md): builds what it runs, installs its extra tools when they
 # are missing (pinned versions, inside bench/, ignored by git), then runs ai-router-bench
-# (bench/src): a fake upstream, then one after the other direct, plain Envoy, ai-router,
-# LiteLLM, Portkey and (from a binary you built, below) agentgateway, then the ai-router scale
-# table. Writes results.json and results.md.
+# (bench/src): a fake upstream, then one after the other direct, plain Envoy, ai-router (in
+# two passes, then with gateway.onePass), LiteLLM, Portkey and (from a binary you built, below)
+# agentgateway, then the ai-router scale table. Writes results.json and results.md.
 #
 #   scripts/bench.sh                          the full run (about 15 minutes)
 #   scripts/bench.sh --smoke                  a few seconds per system: direct, plain Envoy,
-#                                             ai-router and its sync probes (the test suite runs this)
+#                                             ai-router and its sync probes, ai-router with one
+#                                             pass (the test suite runs this)
 #   scripts/bench.sh --systems envoy,ai-router --scale targets --out DIR
 #   AGENTGATEWAY_BIN=/path/to/agentgateway scripts/bench.sh --systems direct,envoy-internal,ai-router,agentgateway
 #   scripts/bench.sh --systems envoy-internal,wasm-noop,wasm-floor,ai-router   the platform's floor
@@ -58,7 +59,7 @@ while [ "$#" -gt 0 ]; do
     shift
 done
 if [ -z "$SYSTEMS" ]; then
-    if [ "$SMOKE" = 1 ]; then SYSTEMS="direct,envoy,ai-router"; else SYSTEMS="direct,envoy,envoy-internal,ai-router,litellm,portkey"; fi
+    if [ "$SMOKE" = 1 ]; then SYSTEMS="direct,envoy,ai-router,ai-router-one-pass"; else SYSTEMS="direct,envoy,envoy-internal,ai-router,ai-router-one-pass,litellm,portkey"; fi
     if [ "$SMOKE" = 0 ] && [ -n "${AGENTGATEWAY_BIN:-}" ]; then SYSTEMS="$SYSTEMS,agentgateway"; fi
 fi
 wants() { case ",$SYSTEMS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }

@@ -37,16 +37,17 @@ use crate::scale::{bundle, run_scale, run_scale_pair, scale_shapes};
 use crate::systems::{run_system, Bench};
 use crate::upstream::{fake_upstream_yaml, BenchEnvoy, Headers};
 
-const ALL_SYSTEMS: [&str; 7] = [
+const ALL_SYSTEMS: [&str; 8] = [
     "direct",
     "envoy",
     "envoy-internal",
     "ai-router",
+    systems::ONE_PASS,
     "litellm",
     "portkey",
     "agentgateway",
 ];
-const SMOKE_SYSTEMS: [&str; 3] = ["direct", "envoy", "ai-router"];
+const SMOKE_SYSTEMS: [&str; 4] = ["direct", "envoy", "ai-router", systems::ONE_PASS];
 /// Systems run only when named: the floor of a proxy-wasm filter in both passes
 /// (bench/wasm-floor), with no host call (`wasm-noop`) and doing the least ai-router's stages
 /// do with a call's bytes (`wasm-floor`), and that work on a first attempt in one pass

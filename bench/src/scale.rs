@@ -108,7 +108,7 @@ async fn start_row(shape: Shape, bundle: &KeyBundle, upstream: &BenchEnvoy) -> R
         shape.other_keys,
         shape.headers.prefix()
     );
-    let instance = Instance::start(&name, shape, bundle, upstream, &[]).await?;
+    let instance = Instance::start(&name, shape, bundle, upstream, &[], false).await?;
     let start_s = t0.elapsed().as_secs_f64();
     let target = instance.target()?;
     let checked = check(&target).await?;

@@ -49,7 +49,7 @@ pub async fn run_system(
         }
         "envoy" | "envoy-internal" | "wasm-noop" | "wasm-floor" | "one-pass-floor"
         | "one-pass-retry" => run_envoy(name, bench, t0).await,
-        "ai-router" => return run_ai_router(name, bench, bundles, &[], t0).await,
+        "ai-router" | ONE_PASS => return run_ai_router(name, bench, bundles, &[], t0).await,
         variant if variant.starts_with(AI_ROUTER_VARIANT) => {
             let variants = airouter::variant::parse(&variant[AI_ROUTER_VARIANT.len()..])?;
             return run_ai_router(name, bench, bundles, &variants, t0).await;
@@ -169,6 +169,8 @@ fn wasm_floor_path() -> Result<std::path::PathBuf> {
 /// The prefix of the systems `ai-router@VARIANT[+VARIANT...]`: ai-router with its rendered
 /// Envoy bootstrap changed ([`airouter::variant`]).
 pub const AI_ROUTER_VARIANT: &str = "ai-router@";
+/// ai-router with `gateway.onePass`: a call's first attempt straight from the public listener.
+pub const ONE_PASS: &str = "ai-router-one-pass";
 
 /// ai-router with the systems comparison's pool (its Envoy bootstrap changed by `variants`);
 /// a smoke run also probes its sync.
@@ -186,11 +188,22 @@ async fn run_ai_router(
         headers: bench.headers,
     };
     let bundle = bundle(bundles, shape.virtual_keys, bench.upstream.port).await?;
-    let mut instance =
-        Instance::start("bench-ai-router", shape, &bundle, bench.upstream, variants).await?;
+    let one_pass = name == ONE_PASS;
+    let mut instance = Instance::start(
+        "bench-ai-router",
+        shape,
+        &bundle,
+        bench.upstream,
+        variants,
+        one_pass,
+    )
+    .await?;
     let procs = instance.procs();
     let target = instance.target()?;
     let mut what = "ai-router serve + Envoy rendered by ai-router render-envoy with the wasm filter; 2 providers x 4 keys, a virtual key with quotas, 10 virtual keys".to_string();
+    if one_pass {
+        what.push_str("; gateway.onePass: a call's first attempt leaves from the public listener (the attempt stage as the route's upstream filter), retries through the attempt listener");
+    }
     if !variants.is_empty() {
         what = format!(
             "{what}; the bootstrap changed: {}",
@@ -198,7 +211,13 @@ async fn run_ai_router(
         );
     }
     let mut result = measure_system(name, &what, &target, &procs, bench, t0).await?;
-    if !bench.args.smoke {
+    result.attempt_listener_requests = instance
+        .envoy
+        .stat("http.ai_router_attempt.downstream_rq_total")
+        .await
+        .ok();
+    // The sync probes run once, on the two-pass build.
+    if !bench.args.smoke || one_pass {
         return Ok((result, None));
     }
     let probes = probes(&mut instance, bench.upstream, bench.args.streak).await;

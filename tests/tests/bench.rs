@@ -140,7 +140,10 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
         .iter()
         .filter_map(|s| s.get("name").and_then(Value::as_str))
         .collect();
-    assert_eq!(names, ["direct", "envoy", "ai-router"]);
+    assert_eq!(
+        names,
+        ["direct", "envoy", "ai-router", "ai-router-one-pass"]
+    );
     let mut problems = Vec::new();
     for s in &systems {
         let name = s["name"].as_str().unwrap_or_default();
@@ -165,11 +168,23 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
                 problems.push(format!("{name}: no CPU figure"));
             }
         }
-        if (name == "envoy" || name == "ai-router") && s["addedLatencyC1"].is_null() {
+        if name != "direct" && s["addedLatencyC1"].is_null() {
             problems.push(format!("{name}: no added latency"));
         }
+        // In two passes every call crosses the attempt listener; in one pass, none that
+        // succeeds (the load has no failure).
+        let through = s["attemptListenerRequests"].as_u64();
+        match name {
+            "ai-router" if through.is_none_or(|n| n == 0) => {
+                problems.push(format!("{name}: the attempt listener took {through:?}"))
+            }
+            "ai-router-one-pass" if through != Some(0) => problems.push(format!(
+                "{name}: the attempt listener took {through:?} calls, none went in one pass?"
+            )),
+            _ => {}
+        }
         // ai-router states its own overhead on every answer the load generator asked it for.
-        if name == "ai-router" {
+        if name.starts_with("ai-router") {
             for phase in PHASES {
                 let over = s.pointer(&format!("/phases/{phase}/overheadMs/p50"));
                 if !over.and_then(Value::as_f64).is_some_and(|ms| ms > 0.0) {
@@ -183,25 +198,26 @@ fn the_benchmark_smoke_run_measures_every_system_with_real_completions() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 
     // ai-router's answers were the upstream's completions, through the gateway.
-    let ar = systems
-        .iter()
-        .find(|s| s["name"] == "ai-router")
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        ar.pointer("/check/modelHeader").and_then(Value::as_str),
-        Some("bench-model"),
-        "x-ai-router-model: {}",
-        ar["check"]
-    );
-    assert_eq!(
-        ar.pointer("/check/unaryContent").and_then(Value::as_str),
-        Some(COMPLETION)
-    );
-    assert_eq!(
-        ar.pointer("/check/streamContent").and_then(Value::as_str),
-        Some(COMPLETION)
-    );
+    for ar in systems.iter().filter(|s| {
+        s["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("ai-router"))
+    }) {
+        assert_eq!(
+            ar.pointer("/check/modelHeader").and_then(Value::as_str),
+            Some("bench-model"),
+            "x-ai-router-model: {}",
+            ar["check"]
+        );
+        assert_eq!(
+            ar.pointer("/check/unaryContent").and_then(Value::as_str),
+            Some(COMPLETION)
+        );
+        assert_eq!(
+            ar.pointer("/check/streamContent").and_then(Value::as_str),
+            Some(COMPLETION)
+        );
+    }
 
     // The sync probes ran on ai-router: a revoked virtual key and a blacklisted provider key
     // reached every worker of both Envoys.

@@ -35,6 +35,7 @@ impl Instance {
         bundle: &KeyBundle,
         upstream: &BenchEnvoy,
         variants: &[&'static str],
+        one_pass: bool,
     ) -> Result<Self> {
         let dir = TestDir::new(name)?;
         for f in &bundle.files {
@@ -46,7 +47,13 @@ impl Instance {
             std::fs::copy(f, &to).with_context(|| format!("copying {}", f.display()))?;
         }
         let secrets = Secrets::new();
-        let (yaml, env) = pool(&shape, upstream.port, &dir.join("keys.db"), &secrets);
+        let (yaml, env) = pool(
+            &shape,
+            upstream.port,
+            &dir.join("keys.db"),
+            &secrets,
+            one_pass,
+        );
         let cp = ControlPlane::start(&dir, &yaml, &env)
             .await
             .context("starting the control plane")?;

@@ -20,12 +20,13 @@ pub(super) fn key_list(prefix: &str, n: usize) -> String {
         .join(",")
 }
 
-/// The pool YAML and the control plane's variables for `shape`.
+/// The pool YAML and the control plane's variables for `shape` (`one_pass`: `gateway.onePass`).
 pub(super) fn pool(
     shape: &Shape,
     upstream_port: u16,
     key_db: &std::path::Path,
     secrets: &Secrets,
+    one_pass: bool,
 ) -> (String, Vec<(String, String)>) {
     let base = format!("http://127.0.0.1:{upstream_port}");
     let variant = shape.headers.prefix();
@@ -36,6 +37,7 @@ pub(super) fn pool(
          \x20 port: 0\n\
          \x20 adminToken: {{ env: AI_ROUTER_ADMIN_TOKEN }}\n\
          \x20 keyStore: {{ type: sqlite, path: {db} }}\n\
+         \x20 onePass: {one_pass}\n\
          controlPlane: {{ host: 127.0.0.1, httpPort: 0, grpcPort: 0 }}\n\
          providers:\n",
         label = shape.label(),
@@ -223,7 +225,7 @@ pub async fn provision(count: usize, upstream_port: u16) -> Result<KeyBundle> {
         other_keys: 0,
         headers: Headers::Static,
     };
-    let (yaml, env) = pool(&shape, upstream_port, &db, &secrets);
+    let (yaml, env) = pool(&shape, upstream_port, &db, &secrets, false);
     let config = dir.write("pool.yaml", &yaml)?;
     let t0 = Instant::now();
     let load = {

@@ -81,6 +81,10 @@ pub struct SystemResult {
     pub peak_rss_total_mb: f64,
     pub processes: BTreeMap<String, Vec<String>>,
     pub start_s: f64,
+    /// ai-router: the requests its attempt listener took during the run (a call in one pass
+    /// takes it only for a retry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt_listener_requests: Option<u64>,
 }
 
 impl SystemResult {
@@ -330,6 +334,9 @@ pub fn ratios(systems: &[SystemResult]) -> Vec<Ratio> {
     let pairs = [
         ("ai-router", "envoy"),
         ("ai-router", "envoy-internal"),
+        ("ai-router-one-pass", "envoy"),
+        ("ai-router-one-pass", "envoy-internal"),
+        ("ai-router-one-pass", "ai-router"),
         ("envoy-internal", "envoy"),
         ("ai-router", "litellm"),
         ("ai-router", "portkey"),

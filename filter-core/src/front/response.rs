@@ -211,7 +211,10 @@ impl Front {
         let details = host.property(&["response", "code_details"])?;
         let class = if details.starts_with(b"upstream_per_try_timeout") {
             ErrorClass::Timeout
-        } else if details.starts_with(b"upstream_reset_before_response_started") {
+        } else if details.starts_with(b"upstream_reset_before_response_started")
+            && !details.windows(8).any(|w| w == b"overflow")
+        {
+            // (An overflow is the gateway's own bound: its 503 stays.)
             ErrorClass::Network
         } else {
             return None;

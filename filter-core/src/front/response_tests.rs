@@ -298,3 +298,103 @@ fn a_call_no_provider_took_part_in_has_no_overhead() {
     front.on_log(&mut host);
     assert_eq!(host.reports[0].overhead_us, None);
 }
+
+/// [`a_call_sent_on`] on a public route rendered with one pass for `hosts`.
+fn a_one_pass_call(hosts: &[&str]) -> (Front, FakeHost) {
+    let auth = bearer(KEY);
+    let mut host = client("POST", "/v1/chat/completions", &[("authorization", &auth)]);
+    // The fixture's provider, on a plain-HTTP host.
+    let mut snap = state().snapshot;
+    snap.providers[0].scheme = "http".into();
+    snap.providers[0].authority = "p1.test:8000".into();
+    host.state = Some(std::rc::Rc::new(crate::state::State::new(1, snap)));
+    let mut front = Front::with_one_pass(Some(std::rc::Rc::new(
+        ai_router_contract::plugin::OnePass {
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            retries: 3,
+        },
+    )));
+    front.on_request_headers(&mut host, false);
+    let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
+    (front, host)
+}
+
+#[test]
+fn one_pass_sends_a_ready_call_to_the_aggregate_and_any_other_to_the_attempt_listener() {
+    use ai_router_contract::{clusters, headers::PASS};
+    let (_, host) = a_one_pass_call(&["p1.test:8000"]);
+    let first = host.calls.get("call-1").and_then(|c| c.first.clone());
+    let provider = first.map(|f| f.lane.provider).unwrap_or_default();
+    assert!(!provider.is_empty(), "the front reserved the first lane");
+    assert_eq!(
+        host.text(Side::Request, PASS).as_deref(),
+        Some(clusters::ONE_PASS)
+    );
+    assert_eq!(
+        host.text(Side::Request, ":authority"),
+        Some(format!("{provider}.test:8000"))
+    );
+    let per_try = host.text(Side::Request, "x-envoy-upstream-rq-per-try-timeout-ms");
+    let timeout = host
+        .text(Side::Request, PLAN_HEADER)
+        .and_then(|t| crate::plan::Plan::decode(&t))
+        .map(|p| p.timeout_ms);
+    assert_eq!(
+        per_try,
+        timeout.map(|t| (t + 2 * crate::attempt::BOUND_TICK_MS).to_string())
+    );
+    // A host Envoy did not resolve at start: the attempt listener, no per-try timeout.
+    let (_, host) = a_one_pass_call(&[]);
+    assert_eq!(
+        host.text(Side::Request, PASS).as_deref(),
+        Some(clusters::ATTEMPTS)
+    );
+    assert_eq!(
+        host.text(Side::Request, "x-envoy-upstream-rq-per-try-timeout-ms"),
+        None
+    );
+    assert!(host.calls.get("call-1").is_some_and(|c| c.first.is_none()));
+}
+
+#[test]
+fn a_first_attempt_in_one_pass_left_unanswered_is_the_attempt_listener_s_error() {
+    for (router_status, details, status, code) in [
+        (
+            503,
+            "upstream_reset_before_response_started{connection_failure}",
+            502,
+            "upstream_error",
+        ),
+        (504, "upstream_per_try_timeout", 502, "upstream_error"),
+        // The gateway's own bound stays its own answer.
+        (
+            503,
+            "upstream_reset_before_response_started{overflow}",
+            503,
+            "pool_unavailable",
+        ),
+        (504, "upstream_response_timeout", 504, "pool_timeout"),
+    ] {
+        let (mut front, mut host) = a_call_sent_on();
+        if let Some(c) = host.calls.get_mut("call-1") {
+            c.one_pass = true;
+        }
+        host.properties
+            .insert("response.code_details".into(), details.as_bytes().to_vec());
+        host.add(
+            Side::Response,
+            ":status",
+            router_status.to_string().as_bytes(),
+        );
+        front.on_response_headers(&mut host, false);
+        host.response_body = b"upstream connect error".to_vec();
+        assert_eq!(front.on_response_body(&mut host, 22, true), Flow::Continue);
+        let body: Value = serde_json::from_slice(&host.response_body).unwrap_or(Value::Null);
+        assert_eq!(body["error"]["code"], code, "{details}");
+        assert_eq!(
+            host.text(Side::Response, ":status"),
+            Some(status.to_string())
+        );
+    }
+}

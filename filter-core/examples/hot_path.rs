@@ -17,9 +17,11 @@
 //! inlined: its inclusive cost divided by the calls the driver made is the stage's
 //! instructions per request. `docs/benchmarks.md` has the figures.
 //!
-//! Four calls, each `N` times: an OpenAI chat request answered whole by an openai-compatible
+//! Five calls, each `N` times: an OpenAI chat request answered whole by an openai-compatible
 //! lane (pass-through), the same streamed, one answered by an anthropic lane (translated
-//! both ways), and `long`: the first with a coding agent's body (about 64 KB of turns); on a pool of 3 providers × 10 keys and 10 virtual keys, then on one of 3
+//! both ways), `long`: the first with a coding agent's body (about 64 KB of turns), and
+//! `messages`: that body on the Messages API to the anthropic lane (Claude Code's shape); on a
+//! pool of 3 providers × 10 keys and 10 virtual keys, then on one of 3
 //! providers × 334 keys and 10,000 virtual keys, with rate-limit headers that change on every
 //! answer.
 
@@ -104,6 +106,9 @@ enum Kind {
     Stream,
     Anthropic,
     Long,
+    /// A coding agent on the Messages API (Claude Code's shape): the long body as Messages, to
+    /// the anthropic lane (native).
+    Messages,
 }
 
 impl Kind {
@@ -113,13 +118,16 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Anthropic => "anthropic",
             Kind::Long => "long",
+            Kind::Messages => "messages",
         }
     }
 }
 
 fn request_body(kind: Kind) -> String {
-    if let Kind::Long = kind {
-        return long_body();
+    match kind {
+        Kind::Long => return long_body(),
+        Kind::Messages => return messages_body(),
+        _ => {}
     }
     let model = match kind {
         Kind::Anthropic => "claude",
@@ -156,6 +164,21 @@ fn long_body() -> String {
         r#"{{"model":"gpt-4o-mini","messages":[{}],"temperature":0.2,"max_tokens":1024}}"#,
         messages.join(",")
     )
+}
+
+/// [`long_body`] as Claude Code sends it: the system prompt apart, to the anthropic lane.
+fn messages_body() -> String {
+    let chat: serde_json::Value = serde_json::from_str(&long_body()).unwrap_or_default();
+    let turns = chat["messages"].as_array().cloned().unwrap_or_default();
+    let system = turns.first().map(|m| m["content"].clone());
+    let rest: Vec<_> = turns.into_iter().skip(1).collect();
+    serde_json::json!({
+        "model": "claude",
+        "max_tokens": 1024,
+        "system": [{ "type": "text", "text": system, "cache_control": { "type": "ephemeral" } }],
+        "messages": rest,
+    })
+    .to_string()
 }
 
 const OPENAI_ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hello from the bench upstream."},"finish_reason":"stop"}],"usage":{"prompt_tokens":31,"completion_tokens":7,"total_tokens":38}}"#;
@@ -268,9 +291,16 @@ fn one_call(host: &mut FakeHost, kind: Kind, i: usize, virtual_keys: usize, tall
     host.answered = None;
     let body = request_body(kind);
     let auth = format!("Bearer {}", client_key(i % virtual_keys.min(10)));
+    let path = match kind {
+        Kind::Messages => "/v1/messages",
+        _ => "/v1/chat/completions",
+    };
+    if let Kind::Messages = kind {
+        host.add(Side::Request, "anthropic-version", b"2023-06-01");
+    }
     for (k, v) in [
         (":method", "POST"),
-        (":path", "/v1/chat/completions"),
+        (":path", path),
         (":authority", "gateway.local"),
         (":scheme", "http"),
         ("content-type", "application/json"),
@@ -298,7 +328,7 @@ fn one_call(host: &mut FakeHost, kind: Kind, i: usize, virtual_keys: usize, tall
     let (content_type, answer) = match kind {
         Kind::Unary | Kind::Long => ("application/json", OPENAI_ANSWER.to_string()),
         Kind::Stream => ("text/event-stream", openai_stream()),
-        Kind::Anthropic => ("application/json", ANTHROPIC_ANSWER.to_string()),
+        Kind::Anthropic | Kind::Messages => ("application/json", ANTHROPIC_ANSWER.to_string()),
     };
     let remaining = (10_000 - (i % 10_000)).to_string();
     for (k, v) in [
@@ -327,7 +357,13 @@ fn one_call(host: &mut FakeHost, kind: Kind, i: usize, virtual_keys: usize, tall
 }
 
 fn run(label: &str, keys: usize, virtual_keys: usize, n: usize, only: &str) {
-    for kind in [Kind::Unary, Kind::Stream, Kind::Anthropic, Kind::Long] {
+    for kind in [
+        Kind::Unary,
+        Kind::Stream,
+        Kind::Anthropic,
+        Kind::Long,
+        Kind::Messages,
+    ] {
         if !only.is_empty() && only != kind.name() {
             continue;
         }
@@ -378,7 +414,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1_000);
     // Which pools: `small`, `large` or both (the default); which call: `unary`, `stream`,
-    // `anthropic`, `long` or every one (the default).
+    // `anthropic`, `long`, `messages` or every one (the default).
     let which = std::env::args().nth(2).unwrap_or_default();
     let only = std::env::args().nth(3).unwrap_or_default();
     if which != "large" {

@@ -8,7 +8,7 @@ bin=${2:-target/release/examples/hot_path}
 out=$(mktemp -d)
 printf '| pool | call | front.request | attempt.request | attempt.response | front.response | attempt.log | front.log | total |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n'
 for pool in small large; do
-  for kind in unary stream anthropic long; do
+  for kind in ${KINDS:-unary stream anthropic long messages}; do
     valgrind --tool=callgrind --callgrind-out-file="$out/$pool-$kind" "$bin" "$n" "$pool" "$kind" >"$out/$pool-$kind.txt" 2>/dev/null
     # The inclusive cost of each stage function; the setup (the pool's state) is outside them.
     callgrind_annotate --inclusive=yes --threshold=100 "$out/$pool-$kind" 2>/dev/null |

@@ -54,9 +54,9 @@ pub(super) fn build(
         false => protocols::native(plan.protocol, provider.kind()),
     };
     let anthropic = provider.kind() == ProviderKind::Anthropic;
-    // A chat body to a chat lane that names the lane's model goes as it came (no parse into
-    // a value, no serialisation).
-    let copied = passed_through(plan, provider, model, body);
+    // A chat body to a chat lane, or a Messages body to an anthropic lane, that names the
+    // lane's model goes as it came (no parse into a value, no serialisation).
+    let copied = passed_through(plan, provider, model, native, body);
     let (value, echo) = match copied {
         Some(_) => (Value::Null, None),
         None => body_for(plan, provider, model, native, body)?,
@@ -148,15 +148,23 @@ pub(super) fn build(
     })
 }
 
-/// The caller's chat body as the bytes a chat lane (any kind but anthropic) gets, when the
-/// body already names the lane's model: as it came, a stream's with the usage asked for added
-/// (when it has no `stream_options` of its own). What [`body_for`] would send, without parsing
-/// the body into a value and writing it again. `None`: [`body_for`] decides.
-fn passed_through(plan: &Plan, provider: &Provider, model: &str, body: &[u8]) -> Option<Vec<u8>> {
-    if plan.protocol != Protocol::Chat
-        || plan.op != Operation::Chat
-        || provider.kind() == ProviderKind::Anthropic
-    {
+/// The caller's body as the bytes its lane gets, when the body already names the lane's
+/// model: a chat body to a chat lane (any kind but anthropic) as it came, a stream's with the
+/// usage asked for added (when it has no `stream_options` of its own); a Messages body to an
+/// anthropic lane (native: nothing but the model is ever written) as it came. What
+/// [`body_for`] would send, without parsing the body into a value and writing it again.
+/// `None`: [`body_for`] decides.
+fn passed_through(
+    plan: &Plan,
+    provider: &Provider,
+    model: &str,
+    native: bool,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let anthropic = provider.kind() == ProviderKind::Anthropic;
+    let chat = plan.protocol == Protocol::Chat && plan.op == Operation::Chat && !anthropic;
+    let messages = plan.protocol == Protocol::Messages && native && anthropic;
+    if !chat && !messages {
         return None;
     }
     #[derive(serde::Deserialize)]
@@ -176,7 +184,7 @@ fn passed_through(plan: &Plan, provider: &Provider, model: &str, body: &[u8]) ->
     if top.model.as_deref() != Some(model) {
         return None;
     }
-    if !plan.stream {
+    if messages || !plan.stream {
         return Some(body.to_vec());
     }
     if top.stream_options {

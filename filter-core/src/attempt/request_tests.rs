@@ -266,3 +266,36 @@ fn an_anthropic_lanes_max_tokens_is_the_providers_pushed_default_max_tokens() {
     let request = built(&plan(false), &provider, &caller);
     assert_eq!(body_of(&request)["max_tokens"], 777);
 }
+
+#[test]
+fn a_messages_body_naming_an_anthropic_lanes_model_goes_as_it_came() {
+    let lane = provider("p1", ProviderKind::Anthropic, &["a"], "claude-x");
+    let (lane_provider, key) = (&lane, &lane.keys[0]);
+    let names = caller_headers();
+    let caller = br#"{ "model": "claude-x", "max_tokens": 64, "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}], "messages": [{"role": "user", "content": "hi"}], "stream": true }"#;
+    for (stream, count_tokens) in [(false, false), (true, false), (false, true)] {
+        let mut plan = plan(stream);
+        plan.protocol = Protocol::Messages;
+        plan.count_tokens = count_tokens;
+        let sent = build(&plan, lane_provider, key, "claude-x", caller, &names).unwrap();
+        assert!(sent.native);
+        // The caller's bytes, and what a rewrite would have sent.
+        assert_eq!(sent.body, caller.to_vec());
+        let rewritten = body_for(&plan, lane_provider, "claude-x", true, caller)
+            .unwrap()
+            .0;
+        assert_eq!(
+            serde_json::from_slice::<Value>(&sent.body).unwrap(),
+            rewritten
+        );
+    }
+    // Another model: the lane's written in.
+    let mut plan = plan(false);
+    plan.protocol = Protocol::Messages;
+    let other = build(&plan, lane_provider, key, "claude-y", caller, &names).unwrap();
+    assert_eq!(body_of(&other)["model"], "claude-y");
+    // A Messages caller on a chat lane is translated, never passed through.
+    let chat = provider("p2", ProviderKind::OpenaiCompatible, &["c"], "claude-x");
+    let sent = build(&plan, &chat, &chat.keys[0], "claude-x", caller, &names).unwrap();
+    assert!(!sent.native && body_of(&sent).get("system").is_none());
+}

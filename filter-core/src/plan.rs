@@ -156,6 +156,34 @@ pub struct Plan {
     /// (`response_pins`: the only key it may use, and what the answering lane remembers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub responses: Option<Stored>,
+    /// Chat and Messages: the caller's body as the front stage read it, for the attempt stage
+    /// to send it as it came without reading it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_top: Option<BodyTop>,
+}
+
+/// What the attempt stage needs of the caller's body to send it as it came: the `model` it
+/// names and whether it has `stream_options` of its own (the front stage refused a body that
+/// repeats a top-level field, so these are what a provider reads).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BodyTop {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream_options: bool,
+}
+
+impl BodyTop {
+    /// The top of the caller's parsed body.
+    pub fn of(body: &serde_json::Value) -> Self {
+        Self {
+            model: body
+                .get("model")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+            stream_options: body.get("stream_options").is_some(),
+        }
+    }
 }
 
 fn is_chat(p: &Protocol) -> bool {

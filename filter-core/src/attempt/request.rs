@@ -167,6 +167,16 @@ fn passed_through(
     if !chat && !messages {
         return None;
     }
+    if let Some(top) = &plan.body_top {
+        return as_it_came(
+            plan,
+            messages,
+            top.model.as_deref(),
+            top.stream_options,
+            model,
+            body,
+        );
+    }
     #[derive(serde::Deserialize)]
     struct Top<'a> {
         #[serde(borrow)]
@@ -181,13 +191,33 @@ fn passed_through(
     // The front stage refused a repeated top-level field, so this `model` is the one a
     // provider reads.
     let top: Top = serde_json::from_slice(body).ok()?;
-    if top.model.as_deref() != Some(model) {
+    as_it_came(
+        plan,
+        messages,
+        top.model.as_deref(),
+        top.stream_options,
+        model,
+        body,
+    )
+}
+
+/// [`passed_through`] once the body's top is known: its `model` and whether it has
+/// `stream_options`.
+fn as_it_came(
+    plan: &Plan,
+    messages: bool,
+    body_model: Option<&str>,
+    stream_options: bool,
+    model: &str,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    if body_model != Some(model) {
         return None;
     }
     if messages || !plan.stream {
         return Some(body.to_vec());
     }
-    if top.stream_options {
+    if stream_options {
         return None;
     }
     let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;

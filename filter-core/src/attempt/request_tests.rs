@@ -299,3 +299,38 @@ fn a_messages_body_naming_an_anthropic_lanes_model_goes_as_it_came() {
     let sent = build(&plan, &chat, &chat.keys[0], "claude-x", caller, &names).unwrap();
     assert!(!sent.native && body_of(&sent).get("system").is_none());
 }
+
+#[test]
+fn the_body_s_top_from_the_plan_sends_what_reading_the_body_would() {
+    let chat_lane = provider("p1", ProviderKind::OpenaiCompatible, &["a"], "m1");
+    let anthropic_lane = provider("p2", ProviderKind::Anthropic, &["c"], "m1");
+    let names = caller_headers();
+    let bodies: [&[u8]; 4] = [
+        br#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+        br#"{"model":"m2","messages":[{"role":"user","content":"hi"}]}"#,
+        br#"{"model":"m1","stream":true,"stream_options":{"include_usage":false},"messages":[]}"#,
+        br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#,
+    ];
+    for protocol in [Protocol::Chat, Protocol::Messages] {
+        for stream in [false, true] {
+            for body in bodies {
+                for lane in [&chat_lane, &anthropic_lane] {
+                    let mut read = plan(stream);
+                    read.protocol = protocol;
+                    let mut told = read.clone();
+                    let value: Value = serde_json::from_slice(body).unwrap();
+                    told.body_top = Some(crate::plan::BodyTop::of(&value));
+                    let key = &lane.keys[0];
+                    let a = build(&read, lane, key, "m1", body, &names).map(|r| r.body);
+                    let b = build(&told, lane, key, "m1", body, &names).map(|r| r.body);
+                    assert_eq!(
+                        a.ok(),
+                        b.ok(),
+                        "{protocol:?} stream {stream} {}",
+                        String::from_utf8_lossy(body)
+                    );
+                }
+            }
+        }
+    }
+}

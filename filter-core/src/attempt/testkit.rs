@@ -66,6 +66,7 @@ pub(super) fn plan(stream: bool) -> Plan {
         first_choice: None,
         trail: false,
         responses: None,
+        body_top: None,
     }
 }
 

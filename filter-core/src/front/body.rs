@@ -370,6 +370,9 @@ impl Front {
         {
             return self.answer_from_cache(host, content_type, &model, &body);
         }
+        // The caller's body as it came (a Gemini call's `request` is its translation).
+        self.body_top = matches!(self.protocol, Protocol::Chat | Protocol::Messages)
+            .then(|| crate::plan::BodyTop::of(&read.request));
         let parsed = read.view.unwrap_or(read.request);
         if let Some(token) = self.cache.ask_shared(host) {
             // Paused until the shared tier answers (or its bound passes: a miss).
@@ -441,6 +444,7 @@ impl Front {
             first_choice: resolved.first_choice,
             trail: self.wants_trail,
             responses: self.responses.take(),
+            body_top: self.body_top.take(),
         };
         let ruled_out = resolved.trail;
         let written = crate::plan::Written::new(plan);

@@ -50,6 +50,8 @@ pub struct Front {
     /// `gateway.onePass` as the bootstrap was rendered: the front names the public route's
     /// cluster, and a call whose first lane is ready goes in one pass.
     one_pass: Option<Rc<ai_router_contract::plugin::OnePass>>,
+    /// Chat and Messages: the top of the caller's body, for the plan.
+    body_top: Option<crate::plan::BodyTop>,
     op: Option<Operation>,
     /// The caller's API: the shape of its body, answers and errors.
     protocol: Protocol,

@@ -261,7 +261,7 @@ impl Front {
         let rule = rules::route_for(state, key, read.view(), &self.metadata);
         self.route = rule.map(|r| r.name.clone());
         let routed = rule.map(|r| r.profile.as_str());
-        let mut resolved = resolve::resolve_as(state, key, read.view(), op, routed)?;
+        let mut resolved = resolve::resolve_as(state, key, read.view(), op, routed, self.protocol)?;
         if let Some(param) = crate::protocols::stateful(self.protocol, &read.request) {
             // Only a provider that keeps responses can serve it: lanes of kind openai, natively.
             match crate::protocols::stateful_tiers(state, &resolved.tiers) {

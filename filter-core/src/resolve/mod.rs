@@ -56,17 +56,19 @@ pub fn resolve(
     body: &Value,
     op: Operation,
 ) -> Result<Resolved, GatewayError> {
-    resolve_as(state, key, body, op, None)
+    resolve_as(state, key, body, op, None, crate::plan::Protocol::Chat)
 }
 
 /// Decides what a request routes to; `routed`: the profile a `routes:` rule chose for it, in
-/// place of its `model`.
+/// place of its `model`; `protocol`: the caller's (a Messages call goes to an anthropic lane
+/// as it came, so what the adapter from chat cannot express rules none out).
 pub fn resolve_as(
     state: &State,
     key: &VirtualKey,
     body: &Value,
     op: Operation,
     routed: Option<&str>,
+    protocol: crate::plan::Protocol,
 ) -> Result<Resolved, GatewayError> {
     let requested = requested_name(body, routed)?;
     let defaults = state.defaults();
@@ -82,6 +84,9 @@ pub fn resolve_as(
     let allow_fallback = policy.allow_fallback.unwrap_or_default() && key.allow_fallback;
     let needs = Needs::of(body, op, policy.require());
     let mut admission = tiers::Admission::new(state, body, op, &policy, &needs, scope);
+    if protocol == crate::plan::Protocol::Messages {
+        admission.native_to_anthropic();
+    }
     let mut tiers: Vec<Vec<Candidate>> = Vec::new();
     // A direct call's fallbacks follow the families' ranks; a profile's tiers, its order.
     for tier in tiers::with_siblings(state, tiers_by_name, profile.is_none()) {

@@ -168,7 +168,15 @@ fn a_profile_is_sorted_and_keeps_its_conditions() {
 #[test]
 fn a_routed_call_resolves_as_the_rules_profile() {
     let body = json!({"model":"chat","messages":[]});
-    let r = resolve_as(&state(), &all_key(), &body, Operation::Chat, Some("strict")).unwrap();
+    let r = resolve_as(
+        &state(),
+        &all_key(),
+        &body,
+        Operation::Chat,
+        Some("strict"),
+        crate::plan::Protocol::Chat,
+    )
+    .unwrap();
     assert_eq!(
         r.tiers,
         vec![vec![Candidate {
@@ -185,7 +193,8 @@ fn a_routed_call_resolves_as_the_rules_profile() {
         &all_key(),
         &json!({}),
         Operation::Chat,
-        Some("strict")
+        Some("strict"),
+        crate::plan::Protocol::Chat,
     )
     .is_ok());
 }
@@ -404,6 +413,18 @@ fn an_anthropic_lane_that_cannot_take_the_request_is_no_candidate() {
         .map(|r| r.tiers.into_iter().flatten().count())
         .unwrap_or(0);
     assert_eq!(both, 2);
+    // A Messages caller's body goes to an anthropic lane as it came: no adapter to refuse it.
+    let messages = resolve_as(
+        &s,
+        &all_key(),
+        &two("smart"),
+        Operation::Chat,
+        None,
+        crate::plan::Protocol::Messages,
+    )
+    .map(|r| r.tiers.into_iter().flatten().count())
+    .unwrap_or(0);
+    assert_eq!(messages, 2);
 }
 
 #[test]

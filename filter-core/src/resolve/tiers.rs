@@ -171,6 +171,12 @@ impl<'a> Admission<'a> {
         }
     }
 
+    /// The caller speaks Messages: an anthropic lane takes its body as it came, never through
+    /// the adapter from chat, whose refusals then rule no lane out.
+    pub(super) fn native_to_anthropic(&mut self) {
+        self.anthropic_refusal = Some(None);
+    }
+
     /// The lanes of one tier of names that can serve, without those an earlier tier (`before`)
     /// or this one already has.
     pub(super) fn tier(

@@ -32,6 +32,15 @@ pub fn targets(
     let ar = find("ai-router");
     out.extend(latency_targets(ar, find("envoy"), find("agentgateway")));
     out.extend(throughput_targets(ar, &find));
+    // The same targets for the one-pass build, when the run measured it.
+    if let Some(one_pass) = find(crate::systems::ONE_PASS) {
+        let mut more = latency_targets(Some(one_pass), find("envoy"), find("agentgateway"));
+        more.extend(throughput_targets(Some(one_pass), &find));
+        for t in &mut more {
+            t.target = format!("{} (gateway.onePass)", t.target);
+        }
+        out.extend(more);
+    }
     out
 }
 

@@ -1,5 +1,6 @@
-//! The attempt stage: once per attempt, on the internal listener. Picks the lane, sends the
-//! request to its provider, and judges the answer. A state machine over [`Host`]: waits (a
+//! The attempt stage: once per attempt, on the internal listener (with `gateway.onePass`, a
+//! call's first attempt runs it as the public route's upstream filter instead: [`first`]).
+//! Picks the lane, sends the request to its provider, and judges the answer. A state machine over [`Host`]: waits (a
 //! backoff, a lane that returns) and the probe lease are pending states resumed by the
 //! callback that answers them.
 

@@ -41,6 +41,8 @@ pub struct Call {
     /// One pass: the first attempt left from the public listener; every attempt of the call is
     /// then also bounded by the router's per-try timeout.
     pub one_pass: bool,
+    /// One pass: the `x-request-id` this call claimed in its table (given back at its end).
+    pub request_id: Option<String>,
 }
 
 /// The first attempt's lane, picked and reserved by the front stage (one pass).

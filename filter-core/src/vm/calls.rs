@@ -88,8 +88,8 @@ impl CallTable {
     /// Closes a call and returns its bookkeeping.
     pub fn end(&mut self, id: &str) -> Option<Call> {
         let call = self.calls.remove(id)?;
-        if call.one_pass || call.first.is_some() || !call.put_back.is_empty() {
-            self.by_request_id.retain(|_, cid| cid != id);
+        if let Some(rid) = call.request_id.as_deref() {
+            self.by_request_id.remove(rid);
         }
         Some(call)
     }
@@ -105,6 +105,9 @@ impl CallTable {
             None => {
                 self.by_request_id
                     .insert(request_id.to_owned(), id.to_owned());
+                if let Some(call) = self.calls.get_mut(id) {
+                    call.request_id = Some(request_id.to_owned());
+                }
                 true
             }
         }
@@ -127,6 +130,24 @@ impl CallTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_id_is_held_by_one_call_until_it_ends() {
+        let mut t = CallTable::default();
+        let (a, _) = t.open_as(0, || "t".into());
+        let (b, _) = t.open_as(0, || "t".into());
+        assert!(t.claim_request_id("rid", &a));
+        assert!(t.claim_request_id("rid", &a), "its own claim holds");
+        assert!(!t.claim_request_id("rid", &b), "another call's is refused");
+        assert!(!t.claim_request_id("", &b) && !t.claim_request_id("x", "gone"));
+        assert_eq!(t.by_request_id("rid"), Some(a.as_str()));
+        assert!(t.end(&a).is_some());
+        assert_eq!(t.by_request_id("rid"), None, "given back at the end");
+        assert!(t.claim_request_id("rid", &b));
+        assert!(t
+            .end(&b)
+            .is_some_and(|c| c.request_id.as_deref() == Some("rid")));
+    }
 
     #[test]
     fn ids_are_salted_and_abandoned_calls_are_swept_past_the_bound() {

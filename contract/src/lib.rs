@@ -44,6 +44,32 @@ pub const IN_FLIGHT_REFRESH_MS: i64 = 5_000;
 /// Envoy that stopped says nothing more).
 pub const IN_FLIGHT_FORGET_MS: i64 = 3 * IN_FLIGHT_REFRESH_MS;
 
+/// A provider's `host[:port]` as `(host, port)`: lower-case, an IPv6 host without its
+/// brackets, port 80 when none is named (the plain-HTTP providers one pass resolves at start).
+pub fn host_port(authority: &str) -> (String, u16) {
+    let authority = authority.to_ascii_lowercase();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, port)) if !h.ends_with(':') => match port.parse::<u16>() {
+            Ok(port) => (h.to_owned(), port),
+            Err(_) => (authority.clone(), 80),
+        },
+        _ => (authority.clone(), 80),
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    (host, port)
+}
+
+/// `host:port` as the dynamic forward proxy keys its cache (an IPv6 host in brackets).
+pub fn authority_of(host: &str, port: u16) -> String {
+    match host.contains(':') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }
+}
+
 /// The headers the stages use between themselves (never seen by a client or a provider).
 pub mod headers {
     /// Front → attempt: the call plan (JSON).

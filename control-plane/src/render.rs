@@ -216,14 +216,6 @@ pub fn render_envoy(o: &RenderOptions) -> String {
     .concat()
 }
 
-/// `host:port` as the dynamic forward proxy keys its cache (an IPv6 host in brackets).
-fn authority(host: &str, port: u16) -> String {
-    match host.contains(':') {
-        true => format!("[{host}]:{port}"),
-        false => format!("{host}:{port}"),
-    }
-}
-
 /// With one pass, the provider cache's entries resolved at start and kept: the aggregate gives
 /// a child with no host no load, and resolves nothing itself (see [`one_pass`]).
 fn preresolved_hosts(o: &RenderOptions) -> String {
@@ -387,7 +379,7 @@ fn public_listener(o: &RenderOptions) -> String {
         one_pass: o.one_pass.as_ref().map(|hosts| OnePass {
             hosts: hosts
                 .iter()
-                .map(|(host, port)| authority(host, *port))
+                .map(|(host, port)| ai_router_contract::authority_of(host, *port))
                 .collect(),
             retries,
         }),

@@ -69,19 +69,8 @@ pub fn reserve(
 
 /// `host:port` as the dynamic forward proxy keys its cache: a plain host is on port 80.
 fn with_port(authority: &str) -> String {
-    let authority = authority.to_ascii_lowercase();
-    let has_port = match authority.rsplit_once(':') {
-        Some((host, port)) => {
-            !port.is_empty()
-                && port.bytes().all(|b| b.is_ascii_digit())
-                && (!host.contains(':') || host.ends_with(']'))
-        }
-        None => false,
-    };
-    match has_port {
-        true => authority,
-        false => format!("{authority}:80"),
-    }
+    let (host, port) = ai_router_contract::host_port(authority);
+    ai_router_contract::authority_of(&host, port)
 }
 
 impl Attempt {

@@ -384,19 +384,9 @@ fn model_names(providers: &[Provider]) -> impl Iterator<Item = &str> {
 fn plain_hosts(providers: &[Provider]) -> Vec<(String, u16)> {
     let mut hosts: Vec<(String, u16)> = Vec::new();
     for p in providers.iter().filter(|p| p.endpoint.scheme == "http") {
-        let authority = p.endpoint.authority.to_ascii_lowercase();
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, port)) if !h.ends_with(':') && port.parse::<u16>().is_ok() => {
-                (h.to_owned(), port.parse().unwrap_or(80))
-            }
-            _ => (authority.clone(), 80),
-        };
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        if !hosts.contains(&(host.clone(), port)) {
-            hosts.push((host, port));
+        let host = ai_router_contract::host_port(&p.endpoint.authority);
+        if !hosts.contains(&host) {
+            hosts.push(host);
         }
     }
     hosts

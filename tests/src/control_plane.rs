@@ -18,23 +18,41 @@ pub struct ControlPlane {
 
 /// With `AI_ROUTER_E2E_ONE_PASS=1` in the environment, every pool a test starts has
 /// `gateway.onePass` on (a pool that names it keeps its own): a run of any suite in one pass.
+/// The line is inserted into the pool's text, which is otherwise left as the test wrote it.
 fn with_one_pass_if_asked(yaml: &str) -> String {
     if std::env::var("AI_ROUTER_E2E_ONE_PASS").as_deref() != Ok("1") {
         return yaml.to_owned();
     }
-    let Ok(mut value) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) else {
-        return yaml.to_owned();
+    with_one_pass(yaml)
+}
+
+fn with_one_pass(yaml: &str) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let Some(at) = lines.iter().position(|l| l.trim_end() == "gateway:") else {
+        if lines.iter().any(|l| l.starts_with("gateway:")) {
+            // `gateway: {…}` in flow style: left as it is.
+            return yaml.to_owned();
+        }
+        return format!("{}\ngateway:\n  onePass: true\n", yaml.trim_end());
     };
-    let Some(root) = value.as_mapping_mut() else {
+    let children: Vec<&str> = lines[at + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || l.starts_with([' ', '#']))
+        .copied()
+        .collect();
+    if children
+        .iter()
+        .any(|l| l.trim_start().starts_with("onePass:"))
+    {
         return yaml.to_owned();
-    };
-    let gateway = root
-        .entry("gateway".into())
-        .or_insert_with(|| serde_yaml_ng::Value::Mapping(Default::default()));
-    if let Some(g) = gateway.as_mapping_mut() {
-        g.entry("onePass".into()).or_insert(true.into());
     }
-    serde_yaml_ng::to_string(&value).unwrap_or_else(|_| yaml.to_owned())
+    let indent = children
+        .iter()
+        .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map_or("  ", |l| &l[..l.len() - l.trim_start().len()]);
+    let mut out: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    out.insert(at + 1, format!("{indent}onePass: true"));
+    out.join("\n") + "\n"
 }
 
 impl ControlPlane {
@@ -244,5 +262,25 @@ impl ControlPlane {
             .map(Process::tail)
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_one_pass;
+
+    #[test]
+    fn one_pass_is_inserted_into_the_pool_s_text_and_a_pool_s_own_choice_kept() {
+        let pool = "# a pool\nproviders: []\ngateway:\n    retries: 2 # kept\nkeys: []\n";
+        assert_eq!(
+            with_one_pass(pool),
+            "# a pool\nproviders: []\ngateway:\n    onePass: true\n    retries: 2 # kept\nkeys: []\n"
+        );
+        assert_eq!(
+            with_one_pass("providers: []\n"),
+            "providers: []\ngateway:\n  onePass: true\n"
+        );
+        let own = "gateway:\n  onePass: false\n";
+        assert_eq!(with_one_pass(own), own);
     }
 }

@@ -9,13 +9,21 @@
 
 use ai_router_contract::plugin::OnePass;
 
-use super::prepare::{pick_now, Picking};
+use super::prepare::{note_skipped, pick_now, Picking};
 use super::Attempt;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::{self, pick::Pick};
 use crate::plan::Plan;
 use crate::state::State;
 use crate::vm::call::FirstLane;
+
+/// Whether a candidate's provider could take a first attempt in one pass: over plain HTTP, its
+/// host resolved at Envoy's start.
+fn eligible(state: &State, provider: &str, one_pass: &OnePass) -> bool {
+    state.provider(provider).is_some_and(|(_, p)| {
+        p.scheme == "http" && one_pass.hosts.contains(&with_port(&p.authority))
+    })
+}
 
 /// Picks and reserves the first attempt's lane for one pass: its provider's authority (the
 /// host the aggregate's first priority connects to), or `None` when the call goes through the
@@ -31,6 +39,16 @@ pub fn reserve(
     if plan.max_attempts.saturating_sub(1) > one_pass.retries || plan.rid.is_empty() {
         return None;
     }
+    // A call none of whose providers one pass can reach is not picked here: the attempt
+    // listener picks it, once.
+    let reachable = plan
+        .tiers
+        .iter()
+        .flatten()
+        .any(|c| eligible(state, &c.provider, one_pass));
+    if !reachable {
+        return None;
+    }
     let now = host.now_ms();
     let picking = Picking {
         tried: &[],
@@ -40,17 +58,18 @@ pub fn reserve(
         now,
         claim_snap: false,
     };
-    let Pick::Lane(chosen) = pick_now(host, plan, state, picking).0 else {
+    // The lanes this pick passes over are noted only if the call takes it: otherwise the
+    // attempt listener picks again, and notes its own.
+    let (Pick::Lane(chosen), skipped) = pick_now(host, plan, state, picking) else {
         return None;
     };
     if chosen.probe.is_some() || chosen.snap_probe {
         return None;
     }
-    let (provider, key) = lanes::lane_in(state, &chosen.lane)?;
-    let authority = with_port(&provider.authority);
-    if provider.scheme != "http" || !one_pass.hosts.contains(&authority) {
+    if !eligible(state, &chosen.lane.provider, one_pass) {
         return None;
     }
+    let (provider, key) = lanes::lane_in(state, &chosen.lane)?;
     let (allowances, send) = super::send::reservation(&chosen, key, plan.tokens, now);
     if !host.reserve_send(&provider.id, send.clone(), &allowances) {
         return None;
@@ -64,6 +83,7 @@ pub fn reserve(
         reserved: (provider.id.clone(), send),
     };
     host.with_call(&plan.cid, |c| c.first = Some(first));
+    note_skipped(host, plan, &skipped);
     Some(provider.authority.clone())
 }
 

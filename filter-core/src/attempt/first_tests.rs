@@ -188,3 +188,49 @@ fn a_retry_of_a_one_pass_call_is_bounded_before_the_router_s_per_try_timeout() {
     assert_eq!(host.attempts.len(), 1);
     assert_eq!(host.attempts[0].error_class().text(), "timeout");
 }
+
+#[test]
+fn a_call_one_pass_does_not_take_leaves_its_trail_to_the_attempt_listener() {
+    let plan = plan(false);
+    // p1's only lane cools down: the pick passes over it to p2, whose host one pass cannot
+    // reach. The lane passed over is noted once, by the attempt listener's pick, not here.
+    let mut snap = snapshot();
+    snap.cooldowns.push(LaneCooldown {
+        provider: "p1".into(),
+        key: "a".into(),
+        model: "m1".into(),
+        until_ms: NOW + 60_000,
+    });
+    let mut host = host_with(snap.clone(), &plan, 1);
+    let state = host.state().unwrap();
+    assert_eq!(
+        reserve(&mut host, &plan, &state, &one_pass(&["p1.test:8000"])),
+        None
+    );
+    let call = host.calls.get("call-1").unwrap();
+    assert!(call.trail.skipped.is_empty(), "{:?}", call.trail.skipped);
+    assert!(call.first.is_none());
+    assert_eq!(host.lanes.sent_since("p2", "c", "m2", NOW - 1_000), (0, 0));
+
+    // A call whose providers one pass reaches none of is not picked at all: no lane read, no
+    // random draw.
+    let mut host = host_with(snap.clone(), &plan, 1);
+    let state = host.state().unwrap();
+    host.reset_tallies();
+    assert_eq!(
+        reserve(&mut host, &plan, &state, &one_pass(&["elsewhere.test:80"])),
+        None
+    );
+    assert_eq!(host.host_calls_total(), 0, "{:?}", host.host_calls());
+
+    // Taken, the pass notes what its pick passed over.
+    let mut host = host_with(snap, &plan, 1);
+    let state = host.state().unwrap();
+    assert_eq!(
+        reserve(&mut host, &plan, &state, &one_pass(&["p2.test:8000"])).as_deref(),
+        Some("p2.test:8000")
+    );
+    let call = host.calls.get("call-1").unwrap();
+    assert_eq!(call.trail.skipped.len(), 1);
+    assert_eq!(call.trail.skipped[0].provider, "p1");
+}

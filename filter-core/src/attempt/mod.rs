@@ -252,6 +252,21 @@ pub const TIMER_SLICE_MS: i64 = 1_000;
 /// cluster for as long as its attempt.
 pub const BOUND_TICK_MS: u64 = 100;
 
+/// The router's per-try timeout on a one-pass call (`x-envoy-upstream-rq-per-try-timeout-ms`):
+/// two of the attempt stage's ticks past `timeoutMs`. Each attempt's own bound is at
+/// [`own_bound`], so an attempt through the attempt listener gives its own verdict (and reports
+/// the lane's timeout) before the router cuts it; a first attempt, which has no bound of its
+/// own before its first token, is cut by the router up to that much late.
+pub fn router_per_try_ms(timeout_ms: u64) -> u64 {
+    timeout_ms.saturating_add(2 * BOUND_TICK_MS)
+}
+
+/// When an attempt of a one-pass call started at `started_ms` has had its `timeoutMs`, waits
+/// included (the router's per-try timer runs from the attempt's start).
+pub fn own_bound(started_ms: i64, timeout_ms: u64) -> i64 {
+    started_ms.saturating_add(i64::try_from(timeout_ms).unwrap_or(i64::MAX))
+}
+
 /// Asks the timer listener for an answer at `at`, or in [`TIMER_SLICE_MS`] if that is sooner
 /// (its fault filter delays it by `x-envoy-fault-delay-request` ms); the answer comes back
 /// with the returned token, and the wait is decided again.
@@ -311,13 +326,13 @@ impl Attempt {
             return self.give_up(host, None, None);
         }
         if self.position == Position::Listener {
-            // One pass: the router's per-try timeout (timeoutMs and two ticks) cuts this
-            // attempt that long from now, waits included; the stage's own bound, at timeoutMs
-            // from now at the latest, comes first, so the lane's timeout is reported.
+            // One pass: the router's per-try timeout cuts this attempt, waits included; the
+            // stage's own bound comes first, so the lane's timeout is reported
+            // ([`router_per_try_ms`], [`own_bound`]).
             let cid = self.cid().to_owned();
             if host.with_call(&cid, |c| c.one_pass) == Some(true) {
-                let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms as i64);
-                self.bound.per_try_until = Some(self.sent.started_ms.saturating_add(timeout));
+                let timeout = self.plan.as_ref().map_or(0, |p| p.timeout_ms);
+                self.bound.per_try_until = Some(own_bound(self.sent.started_ms, timeout));
             }
         }
         if end_of_stream {

@@ -107,6 +107,7 @@ impl Attempt {
                 claim_snap: true,
             },
         );
+        note_skipped(host, &plan, &skipped);
         let chosen = match pick {
             Pick::Lane(c) => c,
             Pick::Unavailable { class, retry_at_ms } => {
@@ -289,7 +290,7 @@ pub(crate) struct Picking<'a> {
 }
 
 /// The lane the call's next attempt takes now (a parked lane's probe claimed first), with the
-/// lanes passed over, which the call's trail notes.
+/// lanes passed over (for the call's trail: [`note_skipped`], once the pick is taken).
 pub(crate) fn pick_now(
     host: &mut impl Host,
     plan: &Plan,
@@ -338,14 +339,18 @@ pub(crate) fn pick_now(
             lanes::pick::pick(state, &tiers, request, view, rr, now, &mut skipped)
         });
     }
+    (pick, skipped)
+}
+
+/// The lanes a pick the call takes passed over, in its trail.
+pub(crate) fn note_skipped(host: &mut impl Host, plan: &Plan, skipped: &[lanes::pick::Skipped]) {
     if !skipped.is_empty() {
         host.with_call(&plan.cid, |c| {
-            for s in &skipped {
+            for s in skipped {
                 c.trail.skip_lane(&s.lane, s.reason);
             }
         });
     }
-    (pick, skipped)
 }
 
 #[cfg(test)]

@@ -201,8 +201,9 @@ impl Attempt {
     /// Whether the policy's `timeoutMs` since the send has passed (the router's per-try
     /// timeout cuts a first attempt in one pass two ticks after it).
     fn per_try_passed(&self, now: i64) -> bool {
-        let timeout = self.plan.as_ref().map_or(i64::MAX, |p| p.timeout_ms as i64);
-        now >= self.sent.started_ms.saturating_add(timeout)
+        self.plan
+            .as_ref()
+            .is_some_and(|p| now >= super::own_bound(self.sent.started_ms, p.timeout_ms))
     }
 
     pub fn on_log(&mut self, host: &mut impl Host) {

@@ -167,30 +167,8 @@ fn passed_through(
     if !chat && !messages {
         return None;
     }
-    if let Some(top) = &plan.body_top {
-        return as_it_came(
-            plan,
-            messages,
-            top.model.as_deref(),
-            top.stream_options,
-            model,
-            body,
-        );
-    }
-    #[derive(serde::Deserialize)]
-    struct Top<'a> {
-        #[serde(borrow)]
-        model: Option<std::borrow::Cow<'a, str>>,
-        #[serde(default, deserialize_with = "present")]
-        stream_options: bool,
-    }
-    fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-        serde::de::IgnoredAny::deserialize(d).map(|_| true)
-    }
-    use serde::Deserialize;
-    // The front stage refused a repeated top-level field, so this `model` is the one a
-    // provider reads.
-    let top: Top = serde_json::from_slice(body).ok()?;
+    // The front stage read the body's top (`Plan::body_top`); a plan without it is re-written.
+    let top = plan.body_top.as_ref()?;
     as_it_came(
         plan,
         messages,

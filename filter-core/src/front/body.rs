@@ -487,12 +487,7 @@ impl Front {
             Some(authority) => {
                 host.set_header(Side::Request, PASS, Some(clusters::ONE_PASS));
                 host.set_header(Side::Request, ":authority", Some(&authority));
-                // Two of the attempt stage's ticks past timeoutMs: a retry through the attempt
-                // listener times out by its own bound first (and reports it); the first
-                // attempt is cut by the router, up to that much late.
-                let per_try = plan
-                    .timeout_ms
-                    .saturating_add(2 * crate::attempt::BOUND_TICK_MS);
+                let per_try = crate::attempt::router_per_try_ms(plan.timeout_ms);
                 host.set_header(
                     Side::Request,
                     "x-envoy-upstream-rq-per-try-timeout-ms",

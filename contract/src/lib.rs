@@ -72,7 +72,7 @@ pub fn authority_of(host: &str, port: u16) -> String {
 
 /// The headers the stages use between themselves (never seen by a client or a provider).
 pub mod headers {
-    /// Front → attempt: the call plan (JSON).
+    /// Front → attempt: the call's ticket, naming the plan kept in the VM's call table.
     pub const PLAN: &str = "x-ai-router-plan";
     /// Attempt → the attempt listener's route (`cluster_header`): the provider cluster.
     pub const CLUSTER: &str = "x-ai-router-cluster";

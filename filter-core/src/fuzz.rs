@@ -30,7 +30,7 @@ use crate::host::{Flow, Side};
 use crate::state::{LaneHealth, State};
 use crate::testing::FakeHost;
 use crate::wire::sse::Parser;
-use crate::{attempt::stream::Gate, classify, front::Front, plan::Plan, protocols::anthropic};
+use crate::{attempt::stream::Gate, classify, front::Front, protocols::anthropic};
 
 /// Cases per target in the suite's bounded run.
 const DEFAULT_CASES: usize = 400;
@@ -450,9 +450,7 @@ pub(crate) fn front_request(state: State, path: &str, body: &[u8]) {
     host.request_body = body.to_vec();
     match front.on_request_body(&mut host, body.len(), true) {
         Flow::Continue => {
-            let plan = host
-                .text(Side::Request, crate::plan::PLAN_HEADER)
-                .and_then(|p| Plan::decode(&p));
+            let plan = host.planned();
             assert!(plan.is_some(), "an accepted request without a plan");
         }
         Flow::Pause => {
@@ -700,7 +698,7 @@ fn fuzz_the_sync_updates_decode_apply_and_serve() {
             let _ = crate::vm::local::ProviderHolds::decode(bytes);
             let _ = crate::vm::local::InFlight::decode(bytes);
             let _ = crate::vm::minute_lease::MinuteLease::decode(bytes);
-            let _ = Plan::decode(&String::from_utf8_lossy(bytes));
+            let _ = crate::plan::Written::cid_of(&String::from_utf8_lossy(bytes));
         },
     );
 }

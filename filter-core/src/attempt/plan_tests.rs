@@ -45,12 +45,10 @@ fn every_attempt_of_a_call_shares_the_plan_its_front_stage_wrote() {
     });
     let mut host = FakeHost::with_state(State::new(1, snap));
     front_request(&mut host);
-    let text = host
+    let ticket = host
         .text(Side::Request, PLAN_HEADER)
         .expect("a plan header");
-    let cid = Plan::cid_of(&text)
-        .expect("the call id, read without decoding")
-        .to_owned();
+    let cid = Written::cid_of(&ticket).expect("the call id").to_owned();
     let written = host
         .calls
         .get(&cid)
@@ -58,8 +56,9 @@ fn every_attempt_of_a_call_shares_the_plan_its_front_stage_wrote() {
         .plan
         .clone()
         .expect("the plan kept in the call");
-    assert_eq!(*written.text, *text);
-    assert_eq!(Plan::decode(&text).as_ref(), Some(&*written.plan));
+    assert_eq!(*written.ticket, *ticket);
+    // The header names the plan; it does not carry it.
+    assert!(ticket.len() < 40 && !ticket.contains('{'), "{ticket}");
 
     for n in 1..=3 {
         let plan = attempt_plan(&mut host, n).expect("a plan");
@@ -69,34 +68,35 @@ fn every_attempt_of_a_call_shares_the_plan_its_front_stage_wrote() {
         );
     }
 
-    // A header that is not the text written for its call is decoded, as it reads.
-    let mut other = (*written.plan).clone();
-    other.max_attempts += 1;
-    host.set_header(Side::Request, PLAN_HEADER, Some(&other.encode()));
-    let plan = attempt_plan(&mut host, 1).expect("a plan");
-    assert!(!Rc::ptr_eq(&plan, &written.plan));
-    assert_eq!(*plan, other);
-    // So is one whose call this VM does not keep (or keeps without its plan).
+    // A ticket that is not the one written for its call names no plan: the attempt gives up.
+    let forged = format!("{cid}.{:016x}", 7);
+    host.set_header(Side::Request, PLAN_HEADER, Some(&forged));
+    assert_eq!(attempt_plan(&mut host, 1), None);
+    // Nor does one whose call this VM does not keep.
     host.calls.clear();
-    host.set_header(Side::Request, PLAN_HEADER, Some(&text));
-    assert_eq!(attempt_plan(&mut host, 1).as_deref(), Some(&*written.plan));
+    host.set_header(Side::Request, PLAN_HEADER, Some(&ticket));
+    assert_eq!(attempt_plan(&mut host, 1), None);
 }
 
 #[test]
-fn the_call_id_is_read_from_the_plan_s_first_field_or_not_at_all() {
+fn a_ticket_names_its_call_and_takes_only_the_plan_written_with_it() {
     let plan = plan(false);
-    assert_eq!(Plan::cid_of(&plan.encode()), Some("call-1"));
-    assert_eq!(Plan::cid_of(r#"{"rid":"x","cid":"call-1"}"#), None);
-    assert_eq!(Plan::cid_of(r#"{"cid":"call\"-1"}"#), None);
-    assert_eq!(Plan::cid_of(r#"{"cid":"call-1"#), None);
-    // Whatever id it reads, only the very text written takes the kept plan.
-    let written = Written::new(plan.clone());
+    let written = Written::new(plan.clone(), 0xabc);
+    assert_eq!(&*written.ticket, "call-1.0000000000000abc");
+    assert_eq!(Written::cid_of(&written.ticket), Some("call-1"));
+    assert_eq!(Written::cid_of("a.b.0000000000000001"), Some("a.b"));
+    for not_a_ticket in [
+        "",
+        "call-1",
+        ".0000000000000abc",
+        "call-1.abc",
+        r#"{"cid":"call-1"}"#,
+    ] {
+        assert_eq!(Written::cid_of(not_a_ticket), None, "{not_a_ticket}");
+    }
     let kept = |_: &str| Some(written.clone());
-    let read = Written::read(&written.text, kept).expect("the plan");
+    let read = Written::read(&written.ticket, kept).expect("the plan");
     assert!(Rc::ptr_eq(&read, &written.plan));
-    let mut other = plan;
-    other.rid = "rid-2".into();
-    let read = Written::read(&other.encode(), kept).expect("decoded");
-    assert_eq!(*read, other);
-    assert_eq!(Written::read("{\"cid\":\"call-1\"", kept), None);
+    assert_eq!(Written::read("call-1.0000000000000abd", kept), None);
+    assert_eq!(Written::read(&written.ticket, |_| None), None);
 }

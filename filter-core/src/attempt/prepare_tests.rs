@@ -245,14 +245,9 @@ fn open_breakers_with_nothing_sent_are_pool_unavailable_after_zero_attempts() {
     for (sent, code, attempts) in [(0, "pool_unavailable", "0"), (1, "upstream_error", "1")] {
         let mut host = host_with(snap.clone(), &plan, sent + 1);
         if sent > 0 {
-            host.calls.insert(
-                plan.cid.clone(),
-                crate::vm::call::Call {
-                    attempts: sent,
-                    last_failure: Some((ErrorClass::Transient, None)),
-                    ..Default::default()
-                },
-            );
+            let call = host.calls.get_mut(&plan.cid).unwrap();
+            call.attempts = sent;
+            call.last_failure = Some((ErrorClass::Transient, None));
         }
         let mut stage = Attempt::default();
         assert_eq!(send(&mut stage, &mut host), Flow::Pause);

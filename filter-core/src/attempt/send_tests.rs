@@ -162,8 +162,8 @@ fn one_attempt_costs(
         host.request_headers = request.clone();
         host.request_body = body.clone();
         host.response_headers.clear();
-        host.calls
-            .insert(plan.cid.clone(), crate::vm::call::Call::default());
+        host.calls.clear();
+        host.hand_plan(&plan);
         host.now += 10;
         let mut stage = Attempt::default();
         send(&mut stage, &mut host);

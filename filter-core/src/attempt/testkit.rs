@@ -87,7 +87,7 @@ pub(super) fn host_with(snap: Snapshot, plan: &Plan, n: u32) -> FakeHost {
         "x-envoy-attempt-count",
         n.to_string().as_bytes(),
     );
-    host.add(Side::Request, PLAN_HEADER, plan.encode().as_bytes());
+    host.hand_plan(plan);
     let stream = if plan.stream { ",\"stream\":true" } else { "" };
     host.request_body =
         format!(r#"{{"model":"chat","messages":[{{"role":"user","content":"hi"}}]{stream}}}"#)

@@ -447,8 +447,11 @@ impl Front {
             body_top: self.body_top.take(),
         };
         let ruled_out = resolved.trail;
-        let written = crate::plan::Written::new(plan);
-        let (plan, text) = (written.plan.clone(), written.text.clone());
+        // The ticket's number: 53 bits of the VM's draw (the front replaces any header of
+        // this name the client sent, and the attempt listener is reached only from here).
+        let draw = (host.random_unit() * (1u64 << 53) as f64) as u64;
+        let written = crate::plan::Written::new(plan, draw);
+        let (plan, text) = (written.plan.clone(), written.ticket.clone());
         host.with_call(&cid, |c| {
             c.trail = ruled_out;
             c.plan = Some(written);

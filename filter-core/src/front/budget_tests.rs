@@ -85,10 +85,7 @@ fn a_spent_budget_takes_the_budget_step_and_the_trail_says_why() {
     ] {
         let host = call(snapshot(scope, subject, true));
         assert!(host.answered.is_none(), "{scope:?}: no 429");
-        let plan = host
-            .text(Side::Request, PLAN_HEADER)
-            .and_then(|p| Plan::decode(&p))
-            .expect("a plan");
+        let plan = host.planned().expect("a plan");
         assert_eq!(plan.tiers.len(), 1, "{scope:?}");
         let step = &plan.tiers[0][0];
         assert_eq!(
@@ -133,10 +130,7 @@ fn without_a_budget_step_the_429_stays() {
     let mut calm = snapshot(BudgetScope::Provider, "dear", true);
     calm.budgets = None;
     let host = call(calm);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.tiers[0][0].provider, "dear");
     assert_eq!(plan.tiers[1][0].when, ["budget_exceeded"]);
 }

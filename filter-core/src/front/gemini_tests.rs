@@ -45,10 +45,7 @@ fn a_query_key_authenticates_and_leaves_the_path() {
         Some("/v1beta/models/chat:streamGenerateContent?alt=sse")
     );
     assert_eq!(send(&mut front, &mut host, BODY), Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.protocol, Protocol::Gemini);
     assert!(plan.stream && !plan.json_array);
     // The attempts get the caller's body whole (a gemini lane takes it natively, the others
@@ -68,7 +65,7 @@ fn a_header_key_and_the_json_array_stream() {
     front.on_request_headers(&mut host, false);
     assert!(host.header(Side::Request, "x-goog-api-key").is_none());
     assert_eq!(send(&mut front, &mut host, BODY), Flow::Continue);
-    let plan = Plan::decode(&host.text(Side::Request, PLAN_HEADER).unwrap()).unwrap();
+    let plan = host.planned().unwrap();
     assert!(plan.stream && plan.json_array);
 }
 

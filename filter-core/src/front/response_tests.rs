@@ -121,8 +121,7 @@ fn a_final_error_carries_the_calls_trail_and_a_success_only_when_asked() {
         front.on_request_headers(&mut host, false);
         let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
         send_body(&mut front, &mut host, body);
-        let plan = host.text(Side::Request, PLAN_HEADER).unwrap_or_default();
-        assert_eq!(Plan::decode(&plan).is_some_and(|p| p.trail), asked);
+        assert_eq!(host.planned().is_some_and(|p| p.trail), asked);
         host.add(Side::Response, ":status", b"200");
         host.add(Side::Response, H_ATTEMPT, b"1");
         host.add(
@@ -336,10 +335,7 @@ fn one_pass_sends_a_ready_call_to_the_aggregate_and_any_other_to_the_attempt_lis
         Some(format!("{provider}.test:8000"))
     );
     let per_try = host.text(Side::Request, "x-envoy-upstream-rq-per-try-timeout-ms");
-    let timeout = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|t| crate::plan::Plan::decode(&t))
-        .map(|p| p.timeout_ms);
+    let timeout = host.planned().map(|p| p.timeout_ms);
     assert_eq!(
         per_try,
         timeout.map(|t| (t + 2 * crate::attempt::BOUND_TICK_MS).to_string())

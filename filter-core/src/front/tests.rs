@@ -41,10 +41,7 @@ fn a_rule_chooses_the_profile_and_the_answer_says_which_and_what_it_cost() {
         .is_none());
     let body = r#"{"model":"not-a-profile","messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.tiers[0][0].model, "m1");
 
     host.add(Side::Response, ":status", b"200");
@@ -71,9 +68,7 @@ fn the_plan_carries_a_per_tenant_digest_of_the_clients_idempotency_key() {
         front.on_request_headers(&mut host, false);
         let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
         send_body(&mut front, &mut host, body);
-        host.text(Side::Request, PLAN_HEADER)
-            .and_then(|p| Plan::decode(&p))
-            .expect("a plan")
+        host.planned().expect("a plan")
     };
     // The client's own key, not the request id, and never as the client wrote it.
     let plan = plan_for(&[("idempotency-key", b"order-42")]);
@@ -111,10 +106,7 @@ fn a_unary_call_writes_the_plan_then_dresses_the_answer() {
     assert!(host.header(Side::Request, "x-ai-router-plan").is_none());
     let body = r#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.vk, "key_app");
     assert_eq!(plan.rid, "rid-1");
     assert_eq!(plan.tiers[0][0].provider, "p1");
@@ -280,10 +272,7 @@ fn messages_take_x_api_key_and_answer_errors_in_the_anthropic_shape() {
     assert!(host.header(Side::Request, "x-api-key").is_none());
     let body = r#"{"model":"m1","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"stream":true}"#;
     assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.protocol, Protocol::Messages);
     assert!(plan.stream && plan.include_usage);
     assert_eq!(plan.anthropic_version.as_deref(), Some("2023-06-01"));
@@ -369,10 +358,7 @@ fn messages_call(state: State, path: &str, body: &str) -> (FakeHost, Flow) {
 
 /// The plan the front stage wrote, and its lanes' providers in order.
 fn planned_lanes(host: &FakeHost) -> (Plan, Vec<String>) {
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     let lanes = plan
         .tiers
         .iter()
@@ -507,10 +493,7 @@ fn responses_are_routed_like_chat_and_state_is_refused_without_an_openai_lane() 
     front.on_request_headers(&mut host, false);
     let body = r#"{"model":"chat","input":"hi","instructions":"brief"}"#;
     assert_eq!(send_body(&mut front, &mut host, body), Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.protocol, Protocol::Responses);
     assert_eq!(plan.tiers[0][0].model, "m1");
 
@@ -626,10 +609,7 @@ fn budgets_refuse_or_warn_from_the_pushed_states() {
         st("pool-day", "", BudgetLevel::Warn),
     ]);
     assert_eq!(flow, Flow::Continue);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.profile, "", "a direct model call has no profile");
     host.add(Side::Response, ":status", b"200");
     host.add(Side::Response, H_ATTEMPT, b"1");

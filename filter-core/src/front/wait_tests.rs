@@ -37,10 +37,7 @@ fn a_call_to_a_gateway_without_state_waits_for_it_and_is_served() {
     front.on_http_call_response(&mut host, token);
     assert!(host.answered.is_none(), "{:?}", host.answered);
     assert_eq!(host.resumed, 1);
-    let plan = host
-        .text(Side::Request, PLAN_HEADER)
-        .and_then(|p| Plan::decode(&p))
-        .expect("a plan");
+    let plan = host.planned().expect("a plan");
     assert_eq!(plan.tiers[0][0].model, "m1");
     assert!(host.header(Side::Request, "authorization").is_none());
 }

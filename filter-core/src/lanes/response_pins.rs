@@ -287,7 +287,7 @@ mod tests {
     use super::*;
     use crate::attempt::Attempt;
     use crate::host::{Flow, Side};
-    use crate::plan::{Plan, PLAN_HEADER};
+    use crate::plan::Plan;
     use crate::testing::FakeHost;
     use ai_router_proto::v1::{Model, Provider, ProviderKey, ProviderKind, Snapshot};
     use serde_json::json;
@@ -564,23 +564,46 @@ mod tests {
 
     /// Runs an attempt of a Responses call pinned to p1's key `a` (or not pinned).
     fn attempt(host: &mut FakeHost, pin: Option<KeyPin>, n: u32) -> (Attempt, Flow) {
-        let plan: Option<Plan> = serde_json::from_value(json!({
-            "cid": "call-1", "rid": "rid-1", "vk": "vk1", "op": "chat", "stream": false,
-            "include_usage": false, "tiers": [[{ "p": "p1", "m": "m1" }]], "max_attempts": 3,
-            "timeout_ms": 10_000, "deadline_ms": 30_000, "started_ms": NOW, "tokens": 10,
-            "protocol": "responses",
-        }))
-        .ok();
-        let mut plan = plan.expect("a plan");
+        let mut plan = Plan {
+            cid: "call-1".into(),
+            rid: "rid-1".into(),
+            idempotency_key: String::new(),
+            vk: "vk1".into(),
+            op: crate::plan::Operation::Chat,
+            stream: false,
+            include_usage: false,
+            tiers: vec![vec![crate::plan::Candidate {
+                provider: "p1".into(),
+                model: "m1".into(),
+                weight: 1.0,
+                when: Vec::new(),
+            }]],
+            max_attempts: 3,
+            timeout_ms: 10_000,
+            deadline_ms: 30_000,
+            started_ms: NOW,
+            tokens: 10,
+            trail: false,
+            profile: String::new(),
+            prompt_cache: String::new(),
+            session: None,
+            protocol: crate::plan::Protocol::Responses,
+            anthropic_version: None,
+            anthropic_beta: None,
+            count_tokens: false,
+            json_array: false,
+            prompt_tokens: 0,
+            max_tokens: 0,
+            reset_ms: 0,
+            first_choice: None,
+            responses: None,
+            body_top: None,
+        };
         plan.responses = Some(Stored {
             pin,
             store: true,
             ..Stored::default()
         });
-        if host.calls.get(&plan.cid).is_none() {
-            host.calls
-                .insert(plan.cid.clone(), crate::vm::call::Call::default());
-        }
         host.request_headers.clear();
         host.add(Side::Request, ":path", b"/v1/responses");
         host.add(
@@ -588,7 +611,7 @@ mod tests {
             "x-envoy-attempt-count",
             n.to_string().as_bytes(),
         );
-        host.add(Side::Request, PLAN_HEADER, plan.encode().as_bytes());
+        host.hand_plan(&plan);
         host.request_body = json!({ "model": "chat", "input": "Hi" })
             .to_string()
             .into_bytes();

@@ -274,6 +274,34 @@ impl FakeHost {
         self.header_text(side, name)
     }
 
+    /// The plan the front stage left for the attempt stage: the one kept in the call its
+    /// request's plan header names.
+    pub fn planned(&self) -> Option<crate::plan::Plan> {
+        let ticket = self.header_text(Side::Request, crate::plan::PLAN_HEADER)?;
+        crate::plan::Written::read(&ticket, |cid| self.calls.get(cid)?.plan.clone())
+            .map(|plan| (*plan).clone())
+    }
+
+    /// Hands `plan` to the attempt stage as the front stage does: kept in its call (opened
+    /// when the table has none), its ticket in the request's plan header.
+    pub fn hand_plan(&mut self, plan: &crate::plan::Plan) {
+        let written = crate::plan::Written::new(plan.clone(), 0x5eed);
+        let ticket = written.ticket.clone();
+        match self.calls.get_mut(&plan.cid) {
+            Some(call) => call.plan = Some(written),
+            None => self.calls.insert(
+                plan.cid.clone(),
+                crate::vm::call::Call {
+                    plan: Some(written),
+                    ..Default::default()
+                },
+            ),
+        }
+        self.request_headers
+            .retain(|(n, _)| n != crate::plan::PLAN_HEADER);
+        self.add(Side::Request, crate::plan::PLAN_HEADER, ticket.as_bytes());
+    }
+
     fn tally(&self, method: &'static str) {
         *self.tallies.borrow_mut().entry(method).or_default() += 1;
     }

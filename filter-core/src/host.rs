@@ -166,9 +166,10 @@ pub trait Host {
         let _ = self.headers(side);
     }
 
-    /// The names of every header of that side.
-    fn header_names(&self, side: Side) -> Vec<String> {
-        self.headers(side).into_iter().map(|(k, _)| k).collect()
+    /// The side's map as this callback listed it, shared, not copied (a write made while it
+    /// is held copies the listing once: read what is needed, then drop it, then write).
+    fn listed(&self, side: Side) -> Rc<HeaderMap> {
+        Rc::new(self.headers(side))
     }
 
     /// A header's value when it is UTF-8 text; a value that is not is opaque, as if absent.
@@ -276,11 +277,9 @@ impl Listed {
             .map(|l| l.map.as_ref().clone())
     }
 
-    /// The names of the side's map, if this callback listed it (its values are not copied).
-    pub fn names(&self, side: Side) -> Option<Vec<String>> {
-        self.0.borrow()[slot(side)]
-            .as_ref()
-            .map(|l| l.map.iter().map(|(k, _)| k.clone()).collect())
+    /// The side's map, shared, if this callback listed it.
+    pub fn map(&self, side: Side) -> Option<Rc<HeaderMap>> {
+        self.0.borrow()[slot(side)].as_ref().map(|l| l.map.clone())
     }
 
     /// Whether this callback listed the side.

@@ -46,7 +46,7 @@ pub(super) fn build(
     key: &ProviderKey,
     model: &str,
     body: &[u8],
-    caller_headers: &[String],
+    caller_headers: &[(String, impl AsRef<[u8]>)],
 ) -> Result<ProviderRequest, AdapterError> {
     let gemini = plan.protocol == Protocol::Gemini;
     let native = match gemini {
@@ -94,6 +94,7 @@ pub(super) fn build(
     // Only the allowlisted client headers go on; the provider's own are added.
     let mut remove: Vec<String> = caller_headers
         .iter()
+        .map(|(name, _)| name)
         .filter(|name| !headers::forwarded_to_provider(name) && *name != CLUSTER_HEADER)
         .cloned()
         .collect();

@@ -5,7 +5,7 @@ use serde_json::json;
 
 /// The request headers a caller sent: its own credentials and a header no provider gets among
 /// the allowlisted ones.
-fn caller_headers() -> Vec<String> {
+fn caller_headers() -> Vec<(String, Vec<u8>)> {
     [
         ":method",
         ":path",
@@ -16,7 +16,7 @@ fn caller_headers() -> Vec<String> {
         "x-caller-secret",
         "content-length",
     ]
-    .map(String::from)
+    .map(|name| (name.to_owned(), b"v".to_vec()))
     .to_vec()
 }
 

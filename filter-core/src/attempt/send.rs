@@ -107,9 +107,11 @@ impl Attempt {
         };
         let now = host.now_ms();
         // The request for this provider, as a value, then written over the caller's.
-        let names = host.header_names(Side::Request);
+        let listed = host.listed(Side::Request);
         let model = lane.model.as_str();
-        let request = match request::build(plan, provider, key, model, body, &names) {
+        let built = request::build(plan, provider, key, model, body, &listed);
+        drop(listed);
+        let request = match built {
             Ok(r) => r,
             Err(e) => return self.refuse(host, e),
         };

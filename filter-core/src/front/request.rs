@@ -79,8 +79,14 @@ impl Front {
     /// What the stage keeps of the client's headers (its ids, metadata, trace context), then
     /// every internal header taken out.
     fn read_client_headers(&mut self, host: &mut impl Host) {
-        // Listed first: the reads below are answered from the listing (one host call).
-        let names = host.header_names(Side::Request);
+        // Listed first: the reads below are answered from the listing (one host call). The
+        // internal names a client sent, taken out at the end (usually none).
+        let internal: Vec<String> = host
+            .listed(Side::Request)
+            .iter()
+            .filter(|(name, _)| headers::is_internal(name))
+            .map(|(name, _)| name.clone())
+            .collect();
         self.started_ms = host.now_ms();
         self.started_us = host.now_us();
         self.rid = host
@@ -106,10 +112,8 @@ impl Front {
             .map(|t| t.trim().to_owned())
             .unwrap_or_default();
         // Nothing the client sends may steer the router or impersonate the stages.
-        for name in names {
-            if headers::is_internal(&name) {
-                host.set_header(Side::Request, &name, None);
-            }
+        for name in internal {
+            host.set_header(Side::Request, &name, None);
         }
     }
 

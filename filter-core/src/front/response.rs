@@ -73,10 +73,14 @@ impl Front {
         // Strip everything internal.
         // The attempt stage let a provider's rate-limit headers through only if the operator
         // opted in; its own internal ones end here.
-        for name in host.header_names(Side::Response) {
-            if headers::is_internal(&name) {
-                host.set_header(Side::Response, &name, None);
-            }
+        let internal: Vec<String> = host
+            .listed(Side::Response)
+            .iter()
+            .filter(|(name, _)| headers::is_internal(name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in internal {
+            host.set_header(Side::Response, &name, None);
         }
         if !self.rid.is_empty() {
             host.set_header(Side::Response, "x-request-id", Some(&self.rid));

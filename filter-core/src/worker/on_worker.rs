@@ -138,9 +138,9 @@ impl<C: HostCalls, T> Host for OnWorker<'_, C, T> {
             self.listed.keep(side, all);
         }
     }
-    fn header_names(&self, side: Side) -> Vec<String> {
+    fn listed(&self, side: Side) -> Rc<HeaderMap> {
         self.list_headers(side);
-        self.listed.names(side).unwrap_or_default()
+        self.listed.map(side).unwrap_or_default()
     }
     fn set_header(&mut self, side: Side, name: &str, value: Option<&str>) {
         if self.listed.set(side, name, value.map(str::as_bytes)) != Write::Now {

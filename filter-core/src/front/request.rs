@@ -81,12 +81,7 @@ impl Front {
     fn read_client_headers(&mut self, host: &mut impl Host) {
         // Listed first: the reads below are answered from the listing (one host call). The
         // internal names a client sent, taken out at the end (usually none).
-        let internal: Vec<String> = host
-            .listed(Side::Request)
-            .iter()
-            .filter(|(name, _)| headers::is_internal(name))
-            .map(|(name, _)| name.clone())
-            .collect();
+        let internal = headers::internal_names(&host.listed(Side::Request));
         self.started_ms = host.now_ms();
         self.started_us = host.now_us();
         self.rid = host

@@ -73,12 +73,7 @@ impl Front {
         // Strip everything internal.
         // The attempt stage let a provider's rate-limit headers through only if the operator
         // opted in; its own internal ones end here.
-        let internal: Vec<String> = host
-            .listed(Side::Response)
-            .iter()
-            .filter(|(name, _)| headers::is_internal(name))
-            .map(|(name, _)| name.clone())
-            .collect();
+        let internal = headers::internal_names(&host.listed(Side::Response));
         for name in internal {
             host.set_header(Side::Response, &name, None);
         }

@@ -72,6 +72,15 @@ pub fn upstream_idempotency_key(virtual_key_id: &str, client_value: &str) -> Opt
     Some(ai_router_contract::sha256_hex(input.as_bytes()))
 }
 
+/// The names of a listed map's internal headers ([`is_internal`]), to take out once the
+/// listing is dropped (usually none: nothing allocated).
+pub fn internal_names(map: &[(String, Vec<u8>)]) -> Vec<String> {
+    map.iter()
+        .filter(|(name, _)| is_internal(name))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
 /// Whether a header is one the stages use between themselves, or one that steers Envoy.
 pub fn is_internal(name: &str) -> bool {
     name.starts_with(INTERNAL_PREFIX) || name.starts_with("x-envoy-")

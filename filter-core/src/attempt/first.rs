@@ -130,7 +130,7 @@ impl Attempt {
             }
             return self.give_up(host, None, None);
         };
-        let body = std::mem::take(&mut self.body);
+        let body = self.body.clone();
         self.write_request(host, &state, &plan, first.lane, false, body)
     }
 }

@@ -145,8 +145,9 @@ pub struct Attempt {
     lane: Option<Lane>,
     mode: Mode,
     reported: bool,
-    /// The request body, kept while the attempt waits or asks for a lease.
-    body: Vec<u8>,
+    /// The request body, kept while the attempt waits or asks for a lease, and until the
+    /// answer is judged (shared with the call's bookkeeping when the front read it).
+    body: Rc<Vec<u8>>,
     /// Responses: the caller's body, which the translated answer echoes.
     request: Value,
     /// Before the send: the waits, the probe leases and the lanes passed over.
@@ -361,7 +362,14 @@ impl Attempt {
         if self.lane.is_some() || self.position == Position::Aside {
             return Flow::Continue;
         }
-        self.body = host.body(Side::Request, 0, size);
+        // The front stage's copy when it is this very body (the buffer holds what the front
+        // read); else the buffer's.
+        let cid = self.cid().to_owned();
+        self.body = host
+            .with_call(&cid, |c| c.body.clone())
+            .flatten()
+            .filter(|b| b.len() == size)
+            .unwrap_or_else(|| Rc::new(host.body(Side::Request, 0, size)));
         self.begin(host)
     }
 }

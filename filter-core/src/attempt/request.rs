@@ -16,11 +16,21 @@ use crate::wire::headers;
 
 use super::CLUSTER_HEADER;
 
+/// The body a provider request carries.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Body {
+    /// The caller's bytes as they came: Envoy's buffer is left as it is (not read back, not
+    /// written again).
+    AsItCame,
+    /// These bytes, written over the caller's.
+    Written(Vec<u8>),
+}
+
 /// What the attempt sends its lane's provider in place of the caller's request.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct ProviderRequest {
     /// The body in the provider's protocol, its model the lane's.
-    pub body: Vec<u8>,
+    pub body: Body,
     pub path: String,
     pub authority: String,
     /// The provider cluster the attempt route picks by [`CLUSTER_HEADER`].
@@ -134,7 +144,7 @@ pub(super) fn build(
     remove.dedup();
     let body = match copied {
         Some(copied) => copied,
-        None => serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec()),
+        None => Body::Written(serde_json::to_vec(&value).unwrap_or_else(|_| body.to_vec())),
     };
     Ok(ProviderRequest {
         body,
@@ -161,7 +171,7 @@ fn passed_through(
     model: &str,
     native: bool,
     body: &[u8],
-) -> Option<Vec<u8>> {
+) -> Option<Body> {
     let anthropic = provider.kind() == ProviderKind::Anthropic;
     let chat = plan.protocol == Protocol::Chat && plan.op == Operation::Chat && !anthropic;
     let messages = plan.protocol == Protocol::Messages && native && anthropic;
@@ -189,12 +199,12 @@ fn as_it_came(
     stream_options: bool,
     model: &str,
     body: &[u8],
-) -> Option<Vec<u8>> {
+) -> Option<Body> {
     if body_model != Some(model) {
         return None;
     }
     if messages || !plan.stream {
-        return Some(body.to_vec());
+        return Some(Body::AsItCame);
     }
     if stream_options {
         return None;
@@ -207,7 +217,7 @@ fn as_it_came(
     out.extend_from_slice(&body[..end]);
     out.extend_from_slice(br#","stream_options":{"include_usage":true}"#);
     out.extend_from_slice(&body[end..]);
-    Some(out)
+    Some(Body::Written(out))
 }
 
 /// The body for the provider: the caller's, translated to the lane's protocol, with the lane's
@@ -289,6 +299,15 @@ fn credentials(
 }
 
 impl ProviderRequest {
+    /// The bytes the provider gets, the caller's being `caller`.
+    #[cfg(test)]
+    pub fn bytes<'a>(&'a self, caller: &'a [u8]) -> &'a [u8] {
+        match &self.body {
+            Body::AsItCame => caller,
+            Body::Written(bytes) => bytes,
+        }
+    }
+
     /// The caller's headers [`ProviderRequest::apply`] writes over, as they are now (`None`:
     /// absent): what a later attempt puts back in one pass, when this request was written by the
     /// route's upstream filter (whose header writes the router keeps for its retries). Envoy's
@@ -311,7 +330,9 @@ impl ProviderRequest {
     /// attempt listener's route reads the cluster header (and removes it); the upstream filter
     /// of one pass has its cluster already, so writes none.
     pub(super) fn apply(&self, host: &mut impl Host, caller_len: usize, routed: bool) {
-        host.set_body(Side::Request, 0, caller_len, &self.body);
+        if let Body::Written(bytes) = &self.body {
+            host.set_body(Side::Request, 0, caller_len, bytes);
+        }
         host.set_header(Side::Request, ":authority", Some(&self.authority));
         host.set_header(Side::Request, ":path", Some(&self.path));
         if routed {

@@ -1,6 +1,8 @@
 //! The send: the scope's headroom reserved, the provider request built and applied, the
 //! lane recorded for the answer.
 
+use std::rc::Rc;
+
 use crate::answer::errors::GatewayError;
 use crate::host::{Flow, Host, Side};
 use crate::lanes::embeddings;
@@ -54,19 +56,16 @@ impl Attempt {
         let Some(plan) = self.plan.clone() else {
             return self.give_up(host, None, None);
         };
-        let client_body = std::mem::take(&mut self.body);
-        let body = client_body.as_slice();
+        let client_body = self.body.clone();
         // By identity, not by position: after a lease reply `state` may be a newer snapshot
         // than the one the lane was picked from. A lane that is gone is picked again.
         let Some((provider, key)) = lanes::lane_in(state, &chosen.lane) else {
-            self.body = body.to_vec();
             return self.prepare(host);
         };
         // The pick read the scope's headroom; the reservation takes its share of it atomically
         // (another worker may have taken the last of it meanwhile: then pick again).
         let (allowances, send) = reservation(&chosen, key, plan.tokens, host.now_ms());
         if !host.reserve_send(&provider.id, send.clone(), &allowances) {
-            self.body = body.to_vec();
             self.waits.reservations_lost += 1;
             if self.waits.reservations_lost > MAX_RESERVATIONS_LOST {
                 return self.give_up(host, Some(ErrorClass::RateLimit), None);
@@ -94,7 +93,7 @@ impl Attempt {
         plan: &Plan,
         lane: LaneId,
         probe: bool,
-        client_body: Vec<u8>,
+        client_body: Rc<Vec<u8>>,
     ) -> Flow {
         let body = client_body.as_slice();
         let Some((provider, key)) = lanes::lane_in(state, &lane) else {
@@ -179,9 +178,8 @@ impl Attempt {
             super::Position::First => None,
             _ => Some(self.bound.per_try_until.map_or(own, |until| until.min(own))),
         };
-        // Kept until the answer is judged: a verdict resting on words the client sent is not
-        // trusted ([`Failure::unless_echoed`]).
-        self.body = client_body;
+        // Kept until the answer is judged (`self.body`): a verdict resting on words the client
+        // sent is not trusted ([`Failure::unless_echoed`]).
         // Last: the provider holds the attempt from here.
         self.sent.sent_us = Some(host.now_us());
         Flow::Continue

@@ -182,3 +182,67 @@ fn an_attempt_costs_the_same_host_calls_and_reads_whatever_the_pool_s_size() {
     assert_eq!(reads_small, reads_large);
     assert!(reads_small > 0, "the pick read the lanes it looked at");
 }
+
+#[test]
+fn a_body_that_names_its_lane_s_model_stays_in_envoy_s_buffer() {
+    let body = br#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut plan = plan(false);
+    plan.body_top = Some(crate::plan::BodyTop {
+        model: Some("m1".into()),
+        stream_options: false,
+    });
+    let mut host = host_with(snapshot(), &plan, 1);
+    host.request_body = body.to_vec();
+    host.reset_tallies();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(
+        host.text(Side::Request, ":authority").as_deref(),
+        Some("p1.test:8000")
+    );
+    assert_eq!(host.request_body, body.to_vec());
+    assert_eq!(host.host_calls().get("set_body"), None, "not written again");
+
+    // Another model's lane gets the body written over.
+    let mut snap = snapshot();
+    snap.providers[0].models[0].id = "m1-other".into();
+    plan.tiers[0][0].model = "m1-other".into();
+    let mut host = host_with(snap, &plan, 1);
+    host.request_body = body.to_vec();
+    host.reset_tallies();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(host.host_calls().get("set_body"), Some(&1));
+    let sent: serde_json::Value = serde_json::from_slice(&host.request_body).unwrap();
+    assert_eq!(sent["model"], "m1-other");
+}
+
+#[test]
+fn an_attempt_takes_the_body_the_front_read_instead_of_copying_it_again() {
+    let plan = plan(false);
+    let mut host = host_with(snapshot(), &plan, 1);
+    let body = host.request_body.clone();
+    host.calls.get_mut(&plan.cid).unwrap().body = Some(Rc::new(body.clone()));
+    host.reset_tallies();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(
+        host.host_calls().get("body"),
+        None,
+        "the body was not read from Envoy"
+    );
+    assert!(Rc::ptr_eq(
+        &stage.body,
+        host.calls.get(&plan.cid).unwrap().body.as_ref().unwrap()
+    ));
+
+    // A buffer that is not what the front read (another length) is read as it is.
+    let mut host = host_with(snapshot(), &plan, 1);
+    host.calls.get_mut(&plan.cid).unwrap().body = Some(Rc::new(b"{}".to_vec()));
+    let buffered = host.request_body.clone();
+    host.reset_tallies();
+    let mut stage = Attempt::default();
+    assert_eq!(send(&mut stage, &mut host), Flow::Continue);
+    assert_eq!(host.host_calls().get("body"), Some(&1));
+    assert_eq!(*stage.body, buffered);
+}

@@ -67,7 +67,8 @@ impl Front {
         if !end_of_stream {
             return self.body_so_far(host, size);
         }
-        let body = host.body(Side::Request, 0, size);
+        let body = std::rc::Rc::new(host.body(Side::Request, 0, size));
+        self.caller_body = Some(body.clone());
         self.take_body(host, &body)
     }
 
@@ -452,9 +453,11 @@ impl Front {
         let draw = (host.random_unit() * (1u64 << 53) as f64) as u64;
         let written = crate::plan::Written::new(plan, draw);
         let (plan, text) = (written.plan.clone(), written.ticket.clone());
+        let body = self.caller_body.take();
         host.with_call(&cid, |c| {
             c.trail = ruled_out;
             c.plan = Some(written);
+            c.body = body;
         });
         self.cid = Some(cid);
         host.set_header(Side::Request, PLAN_HEADER, Some(&text));

@@ -52,6 +52,8 @@ pub struct Front {
     one_pass: Option<Rc<ai_router_contract::plugin::OnePass>>,
     /// Chat and Messages: the top of the caller's body, for the plan.
     body_top: Option<crate::plan::BodyTop>,
+    /// The caller's body as read, for the call's bookkeeping ([`crate::vm::call::Call::body`]).
+    caller_body: Option<std::rc::Rc<Vec<u8>>>,
     op: Option<Operation>,
     /// The caller's API: the shape of its body, answers and errors.
     protocol: Protocol,

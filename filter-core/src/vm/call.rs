@@ -32,6 +32,9 @@ pub struct Call {
     pub upstream_us: i64,
     /// The plan the front stage wrote, which its attempts take without decoding it.
     pub plan: Option<crate::plan::Written>,
+    /// The caller's body as the front stage read it: what each attempt's buffer holds, so an
+    /// attempt takes it from here instead of copying it out of Envoy again.
+    pub body: Option<std::rc::Rc<Vec<u8>>>,
     /// One pass: the lane the front stage picked and reserved for the first attempt, until the
     /// attempt (the route's upstream filter) takes it.
     pub first: Option<FirstLane>,

@@ -177,23 +177,27 @@ impl Attempt {
         let now = host.now_ms();
         // While held, Envoy buffers: `size` is everything so far and `seen` what was read.
         let buffered = !s.gate.released();
-        let new = if buffered {
+        let read = if buffered {
             host.body(Side::Response, s.seen, size.saturating_sub(s.seen))
         } else {
             host.body(Side::Response, 0, size)
         };
         if let Some(content) = self.sent.content.as_mut() {
-            content.answer(&new);
+            content.answer(&read);
         }
-        self.sent.stored_id.stream(&new);
-        let (new, upstream_failure) = match s.upstream.as_mut() {
-            None => (new, None),
-            Some(t) => t.feed(&new, now),
+        self.sent.stored_id.stream(&read);
+        let (translated, upstream_failure) = match s.upstream.as_mut() {
+            None => (None, None),
+            Some(t) => {
+                let (bytes, failure) = t.feed(&read, now);
+                (Some(bytes), failure)
+            }
         };
+        let new = translated.as_deref().unwrap_or(&read);
         // The bytes that take the place of this callback's body.
         let mut out: Option<Vec<u8>> = None;
         let chunks_before = s.gate.chunks();
-        let step = s.gate.feed(&new, now);
+        let step = s.gate.feed(new, now);
         if s.gate.released() && s.gate.chunks() > chunks_before {
             // A chunk after the first token (or the first token itself): the next one is due
             // within timeoutMs of it, unless the answer is complete ([DONE]).
@@ -233,7 +237,12 @@ impl Attempt {
         if !end_of_stream {
             if let Some(bytes) = out {
                 let bytes = s.for_caller(bytes);
-                host.set_body(Side::Response, 0, size, &bytes);
+                // Released before this callback, Envoy's buffer is this callback's bytes: a
+                // chunk that goes on as it came (its events whole, nothing dropped, added or
+                // held back) is left there.
+                if buffered || bytes != read {
+                    host.set_body(Side::Response, 0, size, &bytes);
+                }
             }
             let held = !s.gate.released();
             s.seen = size;

@@ -380,3 +380,32 @@ fn a_daily_quota_error_in_a_stream_lasts_until_the_configured_zones_midnight() {
         "the key is out until midnight in Shanghai: {holds:?}"
     );
 }
+
+#[test]
+fn a_released_chunk_that_goes_on_as_it_came_is_left_in_envoy_s_buffer() {
+    let plan = plan(true);
+    let mut host = host_with(snapshot(), &plan, 1);
+    let mut stage = Attempt::default();
+    send(&mut stage, &mut host);
+    host.add(Side::Response, ":status", b"200");
+    host.add(Side::Response, "content-type", b"text/event-stream");
+    assert_eq!(stage.on_response_headers(&mut host, false), Flow::Pause);
+    // Held, then released with the first token: written (the held events go out with it).
+    assert_eq!(chunk(&mut stage, &mut host, "Hi"), Flow::Continue);
+    // Whole events after the first token: no write.
+    host.reset_tallies();
+    assert_eq!(chunk(&mut stage, &mut host, " there"), Flow::Continue);
+    assert_eq!(host.host_calls().get("set_body"), None);
+    assert!(String::from_utf8_lossy(&host.response_body).contains(" there"));
+    // A chunk that ends inside an event: what goes on is its whole events only, written.
+    let whole = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"}}]}\n\n";
+    host.response_body = format!("{whole}data: {{\"choi").into_bytes();
+    host.reset_tallies();
+    let size = host.response_body.len();
+    assert_eq!(
+        stage.on_response_body(&mut host, size, false),
+        Flow::Continue
+    );
+    assert_eq!(host.host_calls().get("set_body"), Some(&1));
+    assert_eq!(String::from_utf8_lossy(&host.response_body), whole);
+}

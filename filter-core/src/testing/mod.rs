@@ -402,8 +402,11 @@ impl Host for FakeHost {
         }
     }
     fn listed(&self, side: Side) -> std::rc::Rc<crate::host::HeaderMap> {
+        // The callback's listing, shared as `OnWorker` shares it (its writes keep it current).
         self.list_headers(side);
-        std::rc::Rc::new(self.map(side).clone())
+        self.listed
+            .map(side)
+            .unwrap_or_else(|| std::rc::Rc::new(self.map(side).clone()))
     }
     fn set_header_bytes(&mut self, side: Side, name: &str, value: &[u8]) {
         self.tally_write("set_header_bytes", side, name, Some(value));

@@ -28,13 +28,28 @@ fn with_one_pass_if_asked(yaml: &str) -> String {
 
 fn with_one_pass(yaml: &str) -> String {
     let lines: Vec<&str> = yaml.lines().collect();
-    let Some(at) = lines.iter().position(|l| l.trim_end() == "gateway:") else {
-        if lines.iter().any(|l| l.starts_with("gateway:")) {
-            // `gateway: {…}` in flow style: left as it is.
-            return yaml.to_owned();
-        }
+    let Some(at) = lines.iter().position(|l| l.starts_with("gateway:")) else {
         return format!("{}\ngateway:\n  onePass: true\n", yaml.trim_end());
     };
+    let mut out: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    let rest = lines[at]["gateway:".len()..].trim_start();
+    if let Some(inner) = rest.strip_prefix('{') {
+        // Flow style (`gateway: { host: …, keyStore: { … } }`): the mapping's first key.
+        if lines[at].contains("onePass") {
+            return yaml.to_owned();
+        }
+        let sep = if inner.trim_start().starts_with('}') {
+            " "
+        } else {
+            ", "
+        };
+        out[at] = format!("gateway: {{ onePass: true{sep}{}", inner.trim_start());
+        return out.join("\n") + "\n";
+    }
+    assert!(
+        rest.is_empty() || rest.starts_with('#'),
+        "AI_ROUTER_E2E_ONE_PASS=1: the pool's `gateway` is neither a block nor a flow mapping"
+    );
     let children: Vec<&str> = lines[at + 1..]
         .iter()
         .take_while(|l| l.trim().is_empty() || l.starts_with([' ', '#']))
@@ -50,7 +65,6 @@ fn with_one_pass(yaml: &str) -> String {
         .iter()
         .find(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map_or("  ", |l| &l[..l.len() - l.trim_start().len()]);
-    let mut out: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
     out.insert(at + 1, format!("{indent}onePass: true"));
     out.join("\n") + "\n"
 }
@@ -282,5 +296,32 @@ mod tests {
         );
         let own = "gateway:\n  onePass: false\n";
         assert_eq!(with_one_pass(own), own);
+        // Flow style, as most tests' pools are written, and a commented block.
+        assert_eq!(
+            with_one_pass("gateway: { host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n"),
+            "gateway: { onePass: true, host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n"
+        );
+        assert_eq!(
+            with_one_pass("gateway: {}\n"),
+            "gateway: { onePass: true }\n"
+        );
+        let own = "gateway: { port: 0, onePass: false }\n";
+        assert_eq!(with_one_pass(own), own);
+        assert_eq!(
+            with_one_pass("gateway: # the listener\n  port: 0\n"),
+            "gateway: # the listener\n  onePass: true\n  port: 0\n"
+        );
+        // Every pool the fixture starts gets it, and still parses.
+        for pool in [
+            crate::fixture::pool_yaml_header(),
+            crate::fixture::admin_pool_yaml_header(),
+        ] {
+            let with = with_one_pass(&pool);
+            let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&with).unwrap();
+            assert_eq!(
+                value["gateway"]["onePass"],
+                serde_yaml_ng::Value::Bool(true)
+            );
+        }
     }
 }

@@ -18,6 +18,7 @@ use ai_router_contract::error_code::ErrorCode;
 impl Front {
     pub(super) fn reply(&mut self, host: &mut impl Host, err: GatewayError) -> Flow {
         self.answered = Some((err.status, err.code.as_str()));
+        self.caller_body = None;
         let retry_after = err.retry_after_s.map(|s| s.to_string());
         let mut headers: Vec<(&str, &str)> = vec![
             ("content-type", "application/json"),
@@ -62,6 +63,7 @@ impl Front {
         model: &str,
         body: &[u8],
     ) -> Flow {
+        self.caller_body = None;
         self.answered = Some((200, "cache"));
         let warnings = self.budget_warnings.join(", ");
         let mut headers: Vec<(&str, &str)> = vec![

@@ -31,6 +31,11 @@ impl Front {
             host.set_header(Side::Response, H_COST, Some("0"));
             return Flow::Continue;
         }
+        // No attempt starts once the answer is here: the body they shared is let go (an attempt
+        // still judging its answer holds its own reference).
+        if let Some(cid) = self.cid.as_deref() {
+            host.with_call(cid, |c| c.body = None);
+        }
         // Listed first: the reads below are answered from the listing (one host call).
         host.list_headers(Side::Response);
         self.status = host

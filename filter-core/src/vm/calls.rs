@@ -1,13 +1,14 @@
 //! This VM's calls in progress: opened by the front stage, read and changed by each attempt
 //! (the front and attempt stages of one call run on the same worker), closed by the front
-//! stage's end. A call whose front context never said goodbye is swept after
-//! [`ABANDONED_MS`] once the table holds more than [`SWEEP_ABOVE`] calls.
+//! stage's end. A call whose front context never said goodbye is swept [`ABANDONED_MS`] after
+//! its deadline once the table holds more than [`SWEEP_ABOVE`] calls.
 
 use std::collections::HashMap;
 
 use crate::vm::call::Call;
 
-/// A call older than this is dropped by the sweep.
+/// A call older than this past its deadline (a call without a plan: past its start) is dropped
+/// by the sweep.
 pub const ABANDONED_MS: i64 = 600_000;
 /// The table is swept when it holds more calls than this.
 pub const SWEEP_ABOVE: usize = 1024;
@@ -48,8 +49,12 @@ impl CallTable {
         );
         let before = self.calls.len();
         if before > SWEEP_ABOVE {
-            self.calls
-                .retain(|_, c| now_ms - c.created_ms < ABANDONED_MS);
+            self.calls.retain(|_, c| {
+                // A call's attempts run until its deadline, however long the policy made it.
+                let deadline = c.plan.as_ref().map_or(0, |w| w.plan.deadline_ms);
+                let kept = ABANDONED_MS.saturating_add(i64::try_from(deadline).unwrap_or(i64::MAX));
+                now_ms - c.created_ms < kept
+            });
         }
         let swept = before - self.calls.len();
         if swept > 0 {

@@ -285,32 +285,33 @@ mod tests {
 
     #[test]
     fn one_pass_is_inserted_into_the_pool_s_text_and_a_pool_s_own_choice_kept() {
-        let pool = "# a pool\nproviders: []\ngateway:\n    retries: 2 # kept\nkeys: []\n";
-        assert_eq!(
-            with_one_pass(pool),
-            "# a pool\nproviders: []\ngateway:\n    onePass: true\n    retries: 2 # kept\nkeys: []\n"
-        );
-        assert_eq!(
-            with_one_pass("providers: []\n"),
-            "providers: []\ngateway:\n  onePass: true\n"
-        );
-        let own = "gateway:\n  onePass: false\n";
-        assert_eq!(with_one_pass(own), own);
-        // Flow style, as most tests' pools are written, and a commented block.
-        assert_eq!(
-            with_one_pass("gateway: { host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n"),
-            "gateway: { onePass: true, host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n"
-        );
-        assert_eq!(
-            with_one_pass("gateway: {}\n"),
-            "gateway: { onePass: true }\n"
-        );
-        let own = "gateway: { port: 0, onePass: false }\n";
-        assert_eq!(with_one_pass(own), own);
-        assert_eq!(
-            with_one_pass("gateway: # the listener\n  port: 0\n"),
-            "gateway: # the listener\n  onePass: true\n  port: 0\n"
-        );
+        let cases = [
+            // A block, its children's indent kept, its comments and the rest untouched.
+            (
+                "# a pool\nproviders: []\ngateway:\n    retries: 2 # kept\nkeys: []\n",
+                "# a pool\nproviders: []\ngateway:\n    onePass: true\n    retries: 2 # kept\nkeys: []\n",
+            ),
+            ("providers: []\n", "providers: []\ngateway:\n  onePass: true\n"),
+            (
+                "gateway: # the listener\n  port: 0\n",
+                "gateway: # the listener\n  onePass: true\n  port: 0\n",
+            ),
+            // Flow style, as most tests' pools are written.
+            (
+                "gateway: { host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n",
+                "gateway: { onePass: true, host: 127.0.0.1, keyStore: { type: memory } }\nkeys: []\n",
+            ),
+            ("gateway: {}\n", "gateway: { onePass: true }\n"),
+            // A pool's own choice.
+            ("gateway:\n  onePass: false\n", "gateway:\n  onePass: false\n"),
+            (
+                "gateway: { port: 0, onePass: false }\n",
+                "gateway: { port: 0, onePass: false }\n",
+            ),
+        ];
+        for (pool, with) in cases {
+            assert_eq!(with_one_pass(pool), with, "{pool}");
+        }
         // Every pool the fixture starts gets it, and still parses.
         for pool in [
             crate::fixture::pool_yaml_header(),

@@ -5,7 +5,7 @@
 //! store's usage rows (per key, day, provider, model and protocol), which outlive a restart and which
 //! control planes sharing the store agree on.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use ai_router_proto::v1 as pb;
@@ -21,27 +21,68 @@ pub const PULSE_WINDOW_MS: i64 = 60_000;
 /// The attempts a forecast's rate is taken over.
 pub const FORECAST_WINDOW_MS: i64 = 300_000;
 /// The most calls or attempts remembered (a very busy gateway's last minutes are sampled).
+/// A mark is 24 bytes (its names are held once, in [`Names`]): both queues full hold about
+/// 6 MB, where marks carrying their own strings held about 23 MB.
 pub const MAX_MARKS: usize = 100_000;
+/// The most distinct names held; past it they are collected again from the marks left.
+const MAX_NAMES: usize = 65_536;
 
 // ---------------------------------------------------------------------------------------------
 // The pulse: recent calls and attempts
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Debug, Clone)]
+/// A call: when it was reported, its latency, provider and protocol (ids in [`Names`]), and
+/// whether it succeeded.
+#[derive(Debug, Clone, Copy)]
 struct CallMark {
     at_ms: i64,
+    latency_ms: u32,
+    provider: u32,
+    protocol: u32,
     ok: bool,
-    latency_ms: u64,
-    provider: String,
-    protocol: String,
 }
 
-#[derive(Debug, Clone)]
+/// An attempt: when it was reported, its provider and key (ids in [`Names`]) and its tokens.
+#[derive(Debug, Clone, Copy)]
 struct AttemptMark {
     at_ms: i64,
-    provider: String,
-    key: String,
     tokens: u64,
+    provider: u32,
+    key: u32,
+}
+
+/// The provider, key and protocol names the marks refer to, each held once.
+#[derive(Debug, Default)]
+struct Names {
+    list: Vec<Arc<str>>,
+    ids: HashMap<Arc<str>, u32>,
+    /// How many the marks held when the table was last collected: it is collected again only
+    /// once it has doubled since (a collection reads every mark).
+    kept: usize,
+}
+
+impl Names {
+    /// `name`'s id, given it one when it is new.
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        // Never past `u32::MAX`: the table is collected again at `MAX_NAMES`.
+        let id = u32::try_from(self.list.len()).unwrap_or(u32::MAX);
+        let name: Arc<str> = Arc::from(name);
+        self.list.push(name.clone());
+        self.ids.insert(name, id);
+        id
+    }
+
+    /// `name`'s id when a mark holds it.
+    fn find(&self, name: &str) -> Option<u32> {
+        self.ids.get(name).copied()
+    }
+
+    fn name(&self, id: u32) -> &str {
+        self.list.get(id as usize).map_or("", |n| n)
+    }
 }
 
 /// A node's attempts in flight per provider key, as its last batch that said so counted them.
@@ -59,6 +100,7 @@ struct NodeLoad {
 struct PulseInner {
     calls: VecDeque<CallMark>,
     attempts: VecDeque<AttemptMark>,
+    names: Names,
     /// By node.
     loads: BTreeMap<String, NodeLoad>,
 }
@@ -115,13 +157,14 @@ impl Pulse {
                 );
             }
         }
+        let inner = &mut *inner;
         for r in &batch.requests {
             inner.calls.push_back(CallMark {
                 at_ms: now_ms,
+                latency_ms: u32::try_from(r.latency_ms).unwrap_or(u32::MAX),
+                provider: inner.names.id(&r.provider),
+                protocol: inner.names.id(protocol_name(&r.protocol)),
                 ok: r.outcome() == pb::RequestResult::Success,
-                latency_ms: r.latency_ms,
-                provider: r.provider.clone(),
-                protocol: protocol_name(&r.protocol).to_owned(),
             });
         }
         for a in &batch.attempts {
@@ -130,30 +173,47 @@ impl Pulse {
                 .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
             inner.attempts.push_back(AttemptMark {
                 at_ms: now_ms,
-                provider: a.provider.clone(),
-                key: a.key.clone(),
                 tokens,
+                provider: inner.names.id(&a.provider),
+                key: inner.names.id(&a.key),
             });
         }
-        Self::trim(&mut inner, now_ms);
+        Self::trim(inner, now_ms);
     }
 
+    /// Forgets calls past the rates' window and attempts past the forecasts' (and the oldest
+    /// of either past [`MAX_MARKS`]), and the names no mark holds once there are too many.
     fn trim(inner: &mut PulseInner, now_ms: i64) {
-        let keep = PULSE_WINDOW_MS.max(FORECAST_WINDOW_MS);
         while inner
             .calls
             .front()
-            .is_some_and(|c| c.at_ms < now_ms - keep || inner.calls.len() > MAX_MARKS)
+            .is_some_and(|c| c.at_ms < now_ms - PULSE_WINDOW_MS || inner.calls.len() > MAX_MARKS)
         {
             inner.calls.pop_front();
         }
-        while inner
-            .attempts
-            .front()
-            .is_some_and(|a| a.at_ms < now_ms - keep || inner.attempts.len() > MAX_MARKS)
-        {
+        while inner.attempts.front().is_some_and(|a| {
+            a.at_ms < now_ms - FORECAST_WINDOW_MS || inner.attempts.len() > MAX_MARKS
+        }) {
             inner.attempts.pop_front();
         }
+        if inner.names.list.len() >= MAX_NAMES.max(2 * inner.names.kept) {
+            Self::collect_names(inner);
+        }
+    }
+
+    /// Gives the marks ids in a new table holding only the names they use.
+    fn collect_names(inner: &mut PulseInner) {
+        let old = std::mem::take(&mut inner.names);
+        let names = &mut inner.names;
+        for c in &mut inner.calls {
+            c.provider = names.id(old.name(c.provider));
+            c.protocol = names.id(old.name(c.protocol));
+        }
+        for a in &mut inner.attempts {
+            a.provider = names.id(old.name(a.provider));
+            a.key = names.id(old.name(a.key));
+        }
+        names.kept = names.list.len();
     }
 
     pub(crate) fn clock_ms(&self) -> i64 {
@@ -168,10 +228,11 @@ impl Pulse {
         let recent: Vec<&CallMark> = inner.calls.iter().filter(|c| c.at_ms >= since).collect();
         // A process up for less than the window divides by the time it has been up.
         let span_ms = PULSE_WINDOW_MS.min((now - self.started_ms).max(1_000));
-        let group = |key: fn(&CallMark) -> &str| {
+        let names = &inner.names;
+        let group = |key: fn(&CallMark) -> u32| {
             let mut by: BTreeMap<&str, Vec<&CallMark>> = BTreeMap::new();
             for c in &recent {
-                by.entry(key(c)).or_default().push(c);
+                by.entry(names.name(key(c))).or_default().push(c);
             }
             by.into_iter()
                 .map(|(name, calls)| {
@@ -183,8 +244,8 @@ impl Pulse {
         };
         let mut all = call_figures(&recent, span_ms);
         all["windowMs"] = json!(span_ms);
-        all["providers"] = json!(group(|c| c.provider.as_str()));
-        all["protocols"] = json!(group(|c| c.protocol.as_str()));
+        all["providers"] = json!(group(|c| c.provider));
+        all["protocols"] = json!(group(|c| c.protocol));
         all
     }
 
@@ -218,10 +279,13 @@ impl Pulse {
         let since = now - FORECAST_WINDOW_MS;
         let inner = self.lock();
         let (mut attempts, mut tokens) = (0u64, 0u64);
-        for a in inner.attempts.iter().filter(|a| a.at_ms >= since) {
-            if a.provider == provider && keys.contains(&a.key.as_str()) {
-                attempts += 1;
-                tokens = tokens.saturating_add(a.tokens);
+        let keys: Vec<u32> = keys.iter().filter_map(|k| inner.names.find(k)).collect();
+        if let Some(provider) = inner.names.find(provider) {
+            for a in inner.attempts.iter().filter(|a| a.at_ms >= since) {
+                if a.provider == provider && keys.contains(&a.key) {
+                    attempts += 1;
+                    tokens = tokens.saturating_add(a.tokens);
+                }
             }
         }
         let span = FORECAST_WINDOW_MS.min((now - self.started_ms).max(1_000));
@@ -238,7 +302,7 @@ impl ReportObserver for Pulse {
 /// Calls, calls per second, success rate and p50/p99 latency of `calls` over `span_ms`
 /// (`null` figures without calls).
 fn call_figures(calls: &[&CallMark], span_ms: i64) -> Value {
-    let mut latencies: Vec<u64> = calls.iter().map(|c| c.latency_ms).collect();
+    let mut latencies: Vec<u64> = calls.iter().map(|c| u64::from(c.latency_ms)).collect();
     latencies.sort_unstable();
     let ok = calls.iter().filter(|c| c.ok).count();
     let n = calls.len();
@@ -296,5 +360,78 @@ pub fn forecast(
             json!({ "ratePerMinute": rate, "exhaustsAtMs": null, "verdict": "lasts" })
         }
         _ => json!({ "ratePerMinute": rate, "exhaustsAtMs": at, "verdict": "runs_out" }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::atomic::AtomicI64;
+
+    use super::*;
+    use crate::clock::TestClock;
+
+    const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    fn attempt(provider: &str, key: &str, tokens: u64) -> pb::AttemptOutcome {
+        pb::AttemptOutcome {
+            provider: provider.into(),
+            key: key.into(),
+            usage: Some(pb::Usage {
+                prompt_tokens: tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_mark_holds_ids_not_names() {
+        // What bounds the pulse's memory: 100,000 marks of each kind in about 6 MB.
+        assert!(std::mem::size_of::<CallMark>() <= 24);
+        assert!(std::mem::size_of::<AttemptMark>() <= 24);
+    }
+
+    #[test]
+    fn calls_last_the_rates_window_and_attempts_the_forecasts() {
+        let p = Pulse::new(Arc::new(TestClock(AtomicI64::new(T0))));
+        let batch = pb::ReportBatch {
+            requests: vec![pb::RequestOutcome {
+                provider: "p".into(),
+                ..Default::default()
+            }],
+            attempts: vec![attempt("p", "k", 10)],
+            ..Default::default()
+        };
+        p.record(&batch, T0);
+        p.record(&pb::ReportBatch::default(), T0 + PULSE_WINDOW_MS + 1);
+        let inner = p.lock();
+        assert_eq!((inner.calls.len(), inner.attempts.len()), (0, 1));
+    }
+
+    #[test]
+    fn names_no_mark_holds_are_forgotten_once_there_are_too_many() {
+        let clock = Arc::new(TestClock(AtomicI64::new(T0)));
+        let p = Pulse::new(clock.clone());
+        let many = pb::ReportBatch {
+            // With "p", one name short of the bound: not collected yet.
+            attempts: (0..MAX_NAMES - 2)
+                .map(|i| attempt("p", &format!("k{i}"), 1))
+                .collect(),
+            ..Default::default()
+        };
+        p.record(&many, T0);
+        assert_eq!(p.lock().names.list.len(), MAX_NAMES - 1);
+        let later = T0 + FORECAST_WINDOW_MS + 1;
+        let batch = pb::ReportBatch {
+            attempts: vec![attempt("p", "live", 7), attempt("p", "live", 5)],
+            ..Default::default()
+        };
+        p.record(&batch, later);
+        assert_eq!(p.lock().names.list.len(), 2, "only p and live are held");
+        clock.0.store(later, std::sync::atomic::Ordering::SeqCst);
+        let (attempts, tokens, _) = p.sent("p", &["live", "k1"]);
+        assert_eq!((attempts, tokens), (2, 12));
     }
 }

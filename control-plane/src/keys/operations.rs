@@ -329,6 +329,8 @@ pub struct KeyAdmin {
     clock: Arc<dyn Clock>,
     /// The names a key may be bound to; `None` checks nothing (a store opened without its pool).
     pool: RwLock<Option<PoolNames>>,
+    /// The store's generation the engine's keys were last listed at, plus one (0: never).
+    pushed: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for KeyAdmin {
@@ -350,7 +352,24 @@ impl KeyAdmin {
             mounted: RwLock::new(Arc::new(mounted)),
             clock,
             pool: RwLock::new(None),
+            pushed: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Notes that the engine's keys were listed from the store at `generation` (read before
+    /// the listing, so the listing holds at least what that generation counts).
+    pub fn note_pushed(&self, generation: u64) {
+        self.pushed.store(
+            generation.saturating_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// The store's generation the engine's keys were last listed at.
+    pub fn pushed_generation(&self) -> Option<u64> {
+        self.pushed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .checked_sub(1)
     }
 
     /// Refuses bindings to profiles and models `pool` does not have.
@@ -609,16 +628,13 @@ impl KeyAdmin {
     /// mounted one is left out. Each carries the quota block its usage puts on it now.
     pub fn snapshot_keys(&self) -> Result<Vec<VirtualKeyRecord>, KeyStoreError> {
         let mounted = self.mounted();
-        let stored = self.store.list()?;
-        let mut keys = Vec::with_capacity(mounted.len() + stored.len());
-        keys.extend(mounted.iter().cloned());
-        for key in stored {
-            if key.revoked || mounted.iter().any(|m| m.sha256 == key.sha256) {
-                continue;
+        let mut keys = Vec::clone(&mounted);
+        self.store.each(&mut |key| {
+            if !key.revoked && !mounted.iter().any(|m| m.sha256 == key.sha256) {
+                keys.push(key.into_record());
             }
-            keys.push(key.into_record());
-        }
-        // Revoked keys left room: the engine keeps this list, so no spare capacity.
+        })?;
+        // The list grew by doubling: the engine keeps it, so no spare capacity.
         keys.shrink_to_fit();
         crate::keys::quotas::with_blocks(self.store.as_ref(), &mut keys, self.clock.now_ms())?;
         Ok(keys)

@@ -187,6 +187,19 @@ impl KeyStore for SqliteKeyStore {
         rows.collect::<Result<Vec<_>, _>>().map_err(storage)
     }
 
+    fn each(&self, each: &mut dyn FnMut(StoredKey)) -> Result<(), KeyStoreError> {
+        let conn = self.conn();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {KEY_COLUMNS} FROM virtual_keys ORDER BY created_at_ms, id"
+            ))
+            .map_err(storage)?;
+        for key in stmt.query_map([], key_from_row).map_err(storage)? {
+            each(key.map_err(storage)?);
+        }
+        Ok(())
+    }
+
     fn record_report_usage(
         &self,
         rows: &[(String, UsageDay)],

@@ -22,9 +22,11 @@ const QUOTA_RECHECK_MIN_GAP: Duration = Duration::from_millis(250);
 /// budgets' use the store counted; returns whether the usage rows move anything pushed (a key
 /// with a usage limit, whose block follows them, or a budget policy).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
+    let generation = keys.store().generation()?;
     let records = keys.snapshot_keys()?;
     let limited = records.iter().any(crate::keys::quotas::has_usage_limit);
     engine.set_virtual_keys(records);
+    keys.note_pushed(generation);
     Ok(absorb_budget_use(engine, keys)? || limited)
 }
 
@@ -71,7 +73,6 @@ pub async fn run_key_sync(
 ) {
     let mut tick = tokio::time::interval(KEY_SYNC_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen: Option<u64> = None;
     let mut day = String::new();
     let mut ticks = 0u32;
     let mut failing = false;
@@ -108,13 +109,13 @@ pub async fn run_key_sync(
         }
         let engine = engine.clone();
         let keys = keys.clone();
-        let last = seen;
         if recheck {
             rechecked = Some(tokio::time::Instant::now());
         }
         let result = tokio::task::spawn_blocking(move || {
             let generation = keys.store().generation()?;
-            let pushed = if last != Some(generation) {
+            // A write through this process's admin API pushed its keys already.
+            let pushed = if keys.pushed_generation() != Some(generation) {
                 Some(push_keys(&engine, &keys)?)
             } else if recheck {
                 Some(recheck_quotas(&engine, &keys)?)
@@ -125,12 +126,11 @@ pub async fn run_key_sync(
                 absorb_budget_use(&engine, &keys)?;
                 None
             };
-            Ok::<_, KeyStoreError>((generation, pushed))
+            Ok::<_, KeyStoreError>(pushed)
         })
         .await;
         match result {
-            Ok(Ok((generation, pushed))) => {
-                seen = Some(generation);
+            Ok(Ok(pushed)) => {
                 if let Some(any) = pushed {
                     limited = any;
                 }
@@ -147,5 +147,69 @@ pub async fn run_key_sync(
             Ok(Err(_)) => {}
             Err(err) => tracing::error!(%err, "the key sync task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::path::Path;
+    use std::sync::atomic::AtomicI64;
+
+    use super::*;
+    use crate::clock::TestClock;
+    use crate::config::secrets::MapEnv;
+    use crate::keys::memory::MemoryKeyStore;
+    use crate::keys::operations::KeySpec;
+    use crate::keys::store::KeyStore;
+    use crate::store::durable::DurableState;
+
+    fn spec(label: &str) -> KeySpec {
+        KeySpec {
+            label: label.into(),
+            models: vec!["m".into()],
+            ..KeySpec::default()
+        }
+    }
+
+    #[test]
+    fn a_push_notes_the_generation_it_listed_so_the_sync_lists_only_anothers_change() {
+        let env = MapEnv::new([("P_API_KEY", "sk-p")]);
+        let config = crate::config::parse(
+            "providers:\n  - { id: p, kind: openai, keysFromEnv: P, models: [{ id: m }] }\n",
+        )
+        .unwrap()
+        .resolve(&env, Path::new("."))
+        .unwrap();
+        let clock = Arc::new(TestClock(AtomicI64::new(1_773_576_000_000)));
+        let engine = Engine::new(
+            Arc::new(config),
+            Arc::new(env),
+            clock.clone(),
+            Vec::new(),
+            DurableState::default(),
+        );
+        let store = Arc::new(MemoryKeyStore::default());
+        let keys = KeyAdmin::new(store.clone(), Vec::new(), clock);
+        assert_eq!(keys.pushed_generation(), None, "nothing pushed yet");
+
+        // A write through the admin API pushes at once, at the generation it made.
+        keys.create(spec("one")).unwrap();
+        push_keys(&engine, &keys).unwrap();
+        assert_eq!(keys.pushed_generation(), Some(store.generation().unwrap()));
+        assert_eq!(engine.tables().virtual_keys.len(), 1);
+
+        // Another process's write moves the generation past it: the sync's next tick lists.
+        let other = KeyAdmin::new(
+            store.clone(),
+            Vec::new(),
+            Arc::new(TestClock(AtomicI64::new(0))),
+        );
+        other.create(spec("two")).unwrap();
+        assert_ne!(keys.pushed_generation(), Some(store.generation().unwrap()));
+        push_keys(&engine, &keys).unwrap();
+        assert_eq!(engine.tables().virtual_keys.len(), 2);
+        assert_eq!(keys.pushed_generation(), Some(store.generation().unwrap()));
     }
 }

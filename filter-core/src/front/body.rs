@@ -67,9 +67,8 @@ impl Front {
         if !end_of_stream {
             return self.body_so_far(host, size);
         }
-        let body = std::rc::Rc::new(host.body(Side::Request, 0, size));
-        self.caller_body = Some(body.clone());
-        self.take_body(host, &body)
+        let body = host.body(Side::Request, 0, size);
+        self.take_body(host, body)
     }
 
     /// A part of the body: refused when it is already past the limit, else buffered.
@@ -94,15 +93,19 @@ impl Front {
         })
     }
 
-    /// The whole body.
-    pub(super) fn take_body(&mut self, host: &mut impl Host, body: &[u8]) -> Flow {
+    /// The whole body, kept in the call for its attempts ([`Call::body`]).
+    ///
+    /// [`Call::body`]: crate::vm::call::Call::body
+    pub(super) fn take_body(&mut self, host: &mut impl Host, body: Vec<u8>) -> Flow {
+        let body = std::rc::Rc::new(body);
+        self.caller_body = Some(body.clone());
         let Some(op) = self.op else {
             return Flow::Continue;
         };
         if let Some(err) = self.over_limit(body.len()) {
             return self.reply(host, err);
         }
-        self.on_body(host, body, op)
+        self.on_body(host, &body, op)
     }
 
     /// The whole body, within the limit: read, resolved into the call's tiers, then answered

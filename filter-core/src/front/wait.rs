@@ -102,9 +102,7 @@ impl Front {
             AfterState::Call { end_of_stream } => {
                 match (self.with_state(host, end_of_stream), body) {
                     (Flow::Pause, Some(body)) if self.answered.is_none() => {
-                        let body = std::rc::Rc::new(body);
-                        self.caller_body = Some(body.clone());
-                        self.take_body(host, &body)
+                        self.take_body(host, body)
                     }
                     (flow, _) => flow,
                 }

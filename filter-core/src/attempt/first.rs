@@ -21,7 +21,9 @@ use crate::vm::call::FirstLane;
 /// host resolved at Envoy's start.
 fn eligible(state: &State, provider: &str, one_pass: &OnePass) -> bool {
     state.provider(provider).is_some_and(|(_, p)| {
-        p.scheme == "http" && one_pass.hosts.contains(&with_port(&p.authority))
+        // An authority already in the hosts' form is found without making that form.
+        let listed = |a: &str| one_pass.hosts.iter().any(|h| h == a);
+        p.scheme == "http" && (listed(&p.authority) || listed(&with_port(&p.authority)))
     })
 }
 

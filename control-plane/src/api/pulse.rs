@@ -20,7 +20,7 @@ use crate::keys::store::protocol_name;
 pub const PULSE_WINDOW_MS: i64 = 60_000;
 /// The attempts a forecast's rate is taken over.
 pub const FORECAST_WINDOW_MS: i64 = 300_000;
-/// The most calls or attempts remembered (a very busy gateway's last minutes are sampled).
+/// The most calls or attempts remembered (past it, a very busy gateway keeps its latest ones).
 /// A mark is 24 bytes (its names are held once, in one table): both queues full hold about
 /// 6 MB, where marks carrying their own strings held about 23 MB.
 pub const MAX_MARKS: usize = 100_000;

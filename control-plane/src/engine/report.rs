@@ -12,7 +12,9 @@ use super::state::*;
 use crate::config::secrets::Secret;
 use crate::config::Config;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
-use crate::store::durable::{Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom};
+use crate::store::durable::{
+    Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom, LaneId,
+};
 use crate::store::lock;
 use crate::store::spend::Spend;
 
@@ -154,9 +156,22 @@ fn note_key_attempt(
     now: i64,
     effects: &mut ReportEffects,
 ) {
-    if note_headroom(&mut state.durable, attempt, now) {
+    let lane = (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    );
+    let kept = state.headroom_as_of.get_mut(&lane).map(|k| {
+        let tokens = attempt
+            .usage
+            .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
+        k.attempts = k.attempts.saturating_add(1);
+        k.tokens = k.tokens.saturating_add(tokens);
+        *k
+    });
+    if note_headroom(&mut state.durable, attempt, kept, now) {
         effects.headroom_moved = true;
-        note_headroom_as_of(state, attempt);
+        note_headroom_as_of(state, lane, attempt);
     }
     effects.changed |= note_spend(config, &mut state.durable, attempt, now);
     if attempt.probe {
@@ -180,20 +195,19 @@ fn note_key_attempt(
 
 /// Remembers when the attempt that reported its lane's headroom began (pushed as `as_of_ms`),
 /// dropping the entries of lanes whose headroom is gone once they pile up.
-fn note_headroom_as_of(state: &mut State, attempt: &pb::AttemptOutcome) {
+fn note_headroom_as_of(state: &mut State, lane: LaneId, attempt: &pb::AttemptOutcome) {
     let began = attempt
         .at_ms
         .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
-    let lane = (
-        attempt.provider.clone(),
-        attempt.key.clone(),
-        attempt.model.clone(),
-    );
     if state.headroom_as_of.len() > state.durable.headroom.len() + 64 {
         let kept = &state.durable.headroom;
         state.headroom_as_of.retain(|l, _| kept.contains_key(l));
     }
-    state.headroom_as_of.insert(lane, began);
+    let since = KeptSince {
+        as_of_ms: began,
+        ..KeptSince::default()
+    };
+    state.headroom_as_of.insert(lane, since);
 }
 
 /// A failed attempt: the one failure -> hold rule (the filter applies it too) holds the lane
@@ -388,6 +402,7 @@ pub(super) fn update_breakers(
 pub(super) fn note_headroom(
     durable: &mut DurableState,
     attempt: &pb::AttemptOutcome,
+    kept: Option<KeptSince>,
     now: i64,
 ) -> bool {
     if attempt.remaining_requests < 0 && attempt.remaining_tokens < 0 {
@@ -427,9 +442,54 @@ pub(super) fn note_headroom(
         if same_values && (attempt.ratelimit_reset_at_ms <= 0 || old.reset_at_ms == reset_at_ms) {
             return false;
         }
+        // Nor is a figure within a sixteenth of what every Envoy estimates is left (the kept
+        // figure less what was sent on the lane since), while the kept window runs and the
+        // kept figure is recent: a provider's remaining requests falling by one an answer
+        // would otherwise publish (and store) a version per answer and per key. A window that
+        // refills as it is used (the estimate falling, the figure not) is news.
+        if let Some(kept) = kept.filter(|k| now - k.as_of_ms < HEADROOM_KEPT_AT_MOST_MS) {
+            // What is estimated left of a figure (negative: not reported).
+            let left = |figure: i64, used: u64| {
+                if figure < 0 {
+                    -1
+                } else {
+                    figure.saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
+                }
+            };
+            let requests = left(old.remaining_requests, kept.attempts);
+            let tokens = left(old.remaining_tokens, kept.tokens);
+            if old.reset_at_ms > now
+                && close(requests, entry.remaining_requests)
+                && close(tokens, entry.remaining_tokens)
+            {
+                return false;
+            }
+        }
     }
     durable.headroom.insert(lane, entry);
     true
+}
+
+/// How old a lane's kept headroom figure may get while newer ones close to the estimate are
+/// passed over: half of what each Envoy keeps of its own sends (`SENDS_KEPT_MS` in the
+/// filter), so every Envoy still counts all its sends since the figure it reads.
+const HEADROOM_KEPT_AT_MOST_MS: i64 = 60_000;
+
+/// Below this many requests or tokens left, every change of a lane's headroom is kept.
+const HEADROOM_EXACT_BELOW: i64 = 64;
+
+/// Whether a lane's reported headroom figure `new` says about what was estimated left
+/// (`estimate`, negative: not reported): both absent, or both at least
+/// [`HEADROOM_EXACT_BELOW`] and within a sixteenth of the larger.
+fn close(estimate: i64, new: i64) -> bool {
+    match (estimate < 0, new < 0) {
+        (true, true) => true,
+        (false, false) => {
+            estimate.min(new) >= HEADROOM_EXACT_BELOW
+                && estimate.abs_diff(new).saturating_mul(16) <= estimate.max(new).unsigned_abs()
+        }
+        _ => false,
+    }
 }
 
 /// The cost of an attempt's usage, when it has usage and its model a price: what the usage

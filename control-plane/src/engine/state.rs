@@ -136,14 +136,25 @@ pub(super) struct State {
     pub(super) pending: bool,
     /// Budget policies' use in their current windows (`budgets`).
     pub(super) budgets: budgets::BudgetLedger,
-    /// When the attempt that reported each lane's headroom began (pushed as `as_of_ms`: the
-    /// filter counts its sends since then against it). Not durable: after a restart the
-    /// filter counts every recent send, which only errs on the safe side.
-    pub(super) headroom_as_of: BTreeMap<LaneId, i64>,
+    /// When the attempt that reported each lane's kept headroom began (pushed as `as_of_ms`:
+    /// the filter counts its sends since then against it), and what was reported on the lane
+    /// since. Not durable: after a restart the filter counts every recent send, which only
+    /// errs on the safe side.
+    pub(super) headroom_as_of: BTreeMap<LaneId, KeptSince>,
     /// The [`HeadroomSource`]'s figures as last published.
     pub(super) estimated: Vec<pb::Headroom>,
     /// Each discovering key's listed catalog (`discovery`).
     pub(super) listings: super::discovered::Listings,
+}
+
+/// A lane's kept headroom figure: when the attempt that reported it began, and the attempts
+/// (and their tokens) reported on the lane since, which the figure less is what every Envoy
+/// estimates is left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct KeptSince {
+    pub(super) as_of_ms: i64,
+    pub(super) attempts: u64,
+    pub(super) tokens: u64,
 }
 
 /// Headroom the engine pushes besides what providers report: the quota ledger's estimates

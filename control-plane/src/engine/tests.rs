@@ -1105,6 +1105,85 @@ fn headroom_alone_waits_for_the_next_flush_and_holds_do_not() -> Result<(), Stri
 }
 
 #[test]
+fn headroom_that_says_what_was_estimated_left_is_no_news_while_its_window_runs(
+) -> Result<(), String> {
+    let f = fixture(BREAKERS)?;
+    let e = &f.engine;
+    let kept = |e: &Engine| {
+        let h = snapshot(e).headroom;
+        (
+            h[0].remaining_requests,
+            h[0].remaining_tokens,
+            h[0].reset_at_ms,
+            h[0].as_of_ms,
+        )
+    };
+    let mut ok = success("openai", "openai-1");
+    ok.at_ms = 1_000_000;
+    ok.usage = Some(pb::Usage {
+        prompt_tokens: 100,
+        ..Default::default()
+    });
+    ok.remaining_requests = 10_000;
+    ok.remaining_tokens = 2_000_000;
+    ok.ratelimit_reset_at_ms = 1_060_000;
+    e.apply_report(&batch(vec![ok.clone()]));
+    let v = e.version();
+    // A provider whose remaining falls with each answer, as the kept figure less what was sent
+    // since says: no version, the figure and its time stand (every Envoy counts its sends).
+    for n in 1..=600 {
+        ok.remaining_requests = 10_000 - n;
+        ok.remaining_tokens = 2_000_000 - 100 * n;
+        ok.ratelimit_reset_at_ms = 1_060_000 + n;
+        e.apply_report(&batch(vec![ok.clone()]));
+    }
+    assert_eq!(e.version(), v, "no version for what was estimated");
+    assert_eq!(kept(e), (10_000, 2_000_000, 1_060_000, 1_000_000));
+    // A window that refills as it is used: the figure stays while the estimate falls, and is
+    // kept again once they are a sixteenth apart (625 requests here).
+    let mut reports = 0;
+    while kept(e).2 == 1_060_000 && reports < 1_000 {
+        ok.remaining_requests = 10_000;
+        ok.remaining_tokens = 2_000_000;
+        e.apply_report(&batch(vec![ok.clone()]));
+        reports += 1;
+    }
+    assert_eq!(
+        reports, 26,
+        "10,000 less 626 sent is 9,374: 626 under 10,000"
+    );
+    assert_eq!(kept(e), (10_000, 2_000_000, 1_060_600, 1_000_000));
+    // Near the end every change counts, and a figure no longer reported is news.
+    ok.remaining_requests = 63;
+    e.apply_report(&batch(vec![ok.clone()]));
+    ok.remaining_requests = 62;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(kept(e).0, 62);
+    ok.remaining_tokens = -1;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(kept(e).1, -1);
+    // Once the kept window has ended, any figure is kept again.
+    f.clock.0.store(1_060_601, Ordering::SeqCst);
+    ok.at_ms = 1_060_601;
+    ok.remaining_requests = 10_000;
+    ok.ratelimit_reset_at_ms = 1_200_000;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(kept(e), (10_000, -1, 1_200_000, 1_060_601));
+    ok.remaining_requests = 9_999;
+    ok.ratelimit_reset_at_ms = 1_200_001;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(kept(e).0, 10_000);
+    // And a minute after the kept figure's report, a close one takes its place: each Envoy
+    // keeps its own sends two minutes, so the figure it reads is never older than those.
+    f.clock.0.store(1_120_601, Ordering::SeqCst);
+    ok.at_ms = 1_120_601;
+    ok.remaining_requests = 9_998;
+    e.apply_report(&batch(vec![ok]));
+    assert_eq!(kept(e), (9_998, -1, 1_200_001, 1_120_601));
+    Ok(())
+}
+
+#[test]
 fn headroom_is_the_last_report_until_its_reset() -> Result<(), String> {
     let f = fixture(BREAKERS)?;
     let e = &f.engine;

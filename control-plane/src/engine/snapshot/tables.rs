@@ -174,7 +174,7 @@ fn headroom(config: &Config, state: &State, now: i64) -> Vec<pb::Headroom> {
             remaining_tokens: h.remaining_tokens,
             reset_at_ms: h.reset_at_ms,
             scope: key_scope(config, &lane.0, &lane.1),
-            as_of_ms: state.headroom_as_of.get(lane).copied().unwrap_or(0),
+            as_of_ms: state.headroom_as_of.get(lane).map_or(0, |k| k.as_of_ms),
             spent: false,
         })
         .chain(state.estimated.iter().cloned())

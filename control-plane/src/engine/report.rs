@@ -171,7 +171,7 @@ fn note_key_attempt(
     });
     if note_headroom(&mut state.durable, attempt, kept, now) {
         effects.headroom_moved = true;
-        note_headroom_as_of(state, lane, attempt);
+        note_headroom_as_of(state, lane, attempt, now);
     }
     effects.changed |= note_spend(config, &mut state.durable, attempt, now);
     if attempt.probe {
@@ -195,7 +195,7 @@ fn note_key_attempt(
 
 /// Remembers when the attempt that reported its lane's headroom began (pushed as `as_of_ms`),
 /// dropping the entries of lanes whose headroom is gone once they pile up.
-fn note_headroom_as_of(state: &mut State, lane: LaneId, attempt: &pb::AttemptOutcome) {
+fn note_headroom_as_of(state: &mut State, lane: LaneId, attempt: &pb::AttemptOutcome, now: i64) {
     let began = attempt
         .at_ms
         .saturating_sub(i64::try_from(attempt.latency_ms).unwrap_or(0));
@@ -205,6 +205,7 @@ fn note_headroom_as_of(state: &mut State, lane: LaneId, attempt: &pb::AttemptOut
     }
     let since = KeptSince {
         as_of_ms: began,
+        kept_at_ms: now,
         ..KeptSince::default()
     };
     state.headroom_as_of.insert(lane, since);
@@ -447,13 +448,17 @@ pub(super) fn note_headroom(
         // kept figure is recent: a provider's remaining requests falling by one an answer
         // would otherwise publish (and store) a version per answer and per key. A window that
         // refills as it is used (the estimate falling, the figure not) is news.
-        if let Some(kept) = kept.filter(|k| now - k.as_of_ms < HEADROOM_KEPT_AT_MOST_MS) {
+        if let Some(kept) =
+            kept.filter(|k| now.saturating_sub(k.kept_at_ms) < HEADROOM_KEPT_AT_MOST_MS)
+        {
             // What is estimated left of a figure (negative: not reported).
             let left = |figure: i64, used: u64| {
                 if figure < 0 {
                     -1
                 } else {
-                    figure.saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
+                    figure
+                        .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
+                        .max(0)
                 }
             };
             let requests = left(old.remaining_requests, kept.attempts);

@@ -153,6 +153,9 @@ pub(super) struct State {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct KeptSince {
     pub(super) as_of_ms: i64,
+    /// When this control plane kept the figure (its own clock, which the figure's age is
+    /// taken on: `as_of_ms` is the data plane's).
+    pub(super) kept_at_ms: i64,
     pub(super) attempts: u64,
     pub(super) tokens: u64,
 }

@@ -1184,6 +1184,35 @@ fn headroom_that_says_what_was_estimated_left_is_no_news_while_its_window_runs(
 }
 
 #[test]
+fn a_data_plane_clock_far_off_neither_panics_nor_keeps_a_figure_past_a_minute() -> Result<(), String>
+{
+    let f = fixture(BREAKERS)?;
+    let e = &f.engine;
+    let remaining = |e: &Engine| snapshot(e).headroom[0].remaining_requests;
+    let mut ok = success("openai", "openai-1");
+    ok.at_ms = i64::MIN;
+    ok.latency_ms = u64::MAX;
+    ok.remaining_requests = 10_000;
+    ok.remaining_tokens = -1;
+    ok.ratelimit_reset_at_ms = 1_000_000 + 3_600_000;
+    e.apply_report(&batch(vec![ok.clone()]));
+    ok.at_ms = i64::MAX;
+    ok.remaining_requests = 9_990;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(
+        remaining(e),
+        10_000,
+        "close, and kept under a minute ago here"
+    );
+    // The kept figure's age is taken on this control plane's clock.
+    f.clock.0.store(1_060_000, Ordering::SeqCst);
+    ok.remaining_requests = 9_980;
+    e.apply_report(&batch(vec![ok]));
+    assert_eq!(remaining(e), 9_980);
+    Ok(())
+}
+
+#[test]
 fn headroom_is_the_last_report_until_its_reset() -> Result<(), String> {
     let f = fixture(BREAKERS)?;
     let e = &f.engine;

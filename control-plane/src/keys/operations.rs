@@ -331,6 +331,12 @@ pub struct KeyAdmin {
     pool: RwLock<Option<PoolNames>>,
     /// The store's generation the engine's keys were last listed at, plus one (0: never).
     pushed: std::sync::atomic::AtomicU64,
+    /// Held across a push (generation read, listing, engine set, generation noted), so two
+    /// pushes never cross and leave an older listing noted as the newer generation.
+    push: std::sync::Mutex<()>,
+    /// Whether usage rows move anything pushed (a key with a usage limit, a budget policy), as
+    /// the last push or recheck found; true until one has run.
+    usage_moves: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for KeyAdmin {
@@ -353,7 +359,26 @@ impl KeyAdmin {
             clock,
             pool: RwLock::new(None),
             pushed: std::sync::atomic::AtomicU64::new(0),
+            push: std::sync::Mutex::new(()),
+            usage_moves: std::sync::atomic::AtomicBool::new(true),
         }
+    }
+
+    /// Held while the engine's keys are listed and set ([`crate::api::admin::push_keys`]).
+    pub fn pushing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.push.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes whether usage rows move anything pushed (what a push or recheck found).
+    pub fn note_usage_moves(&self, moves: bool) {
+        self.usage_moves
+            .store(moves, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether usage rows move anything pushed: the key sync rechecks after usage writes only
+    /// then.
+    pub fn usage_moves(&self) -> bool {
+        self.usage_moves.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Notes that the engine's keys were listed from the store at `generation` (read before

@@ -22,12 +22,20 @@ const QUOTA_RECHECK_MIN_GAP: Duration = Duration::from_millis(250);
 /// budgets' use the store counted; returns whether the usage rows move anything pushed (a key
 /// with a usage limit, whose block follows them, or a budget policy).
 pub fn push_keys(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStoreError> {
-    let generation = keys.store().generation()?;
-    let records = keys.snapshot_keys()?;
-    let limited = records.iter().any(crate::keys::quotas::has_usage_limit);
-    engine.set_virtual_keys(records);
-    keys.note_pushed(generation);
-    Ok(absorb_budget_use(engine, keys)? || limited)
+    let limited = {
+        // An admin write's push, the sync's and a reload's never cross: the generation noted
+        // is always the one the engine's keys were listed at.
+        let _pushing = keys.pushing();
+        let generation = keys.store().generation()?;
+        let records = keys.snapshot_keys()?;
+        let limited = records.iter().any(crate::keys::quotas::has_usage_limit);
+        engine.set_virtual_keys(records);
+        keys.note_pushed(generation);
+        limited
+    };
+    let moves = absorb_budget_use(engine, keys)? || limited;
+    keys.note_usage_moves(moves);
+    Ok(moves)
 }
 
 /// [`push_keys`] when the store's keys have not changed since the last push (its generation
@@ -46,7 +54,9 @@ pub fn recheck_quotas(engine: &Engine, keys: &KeyAdmin) -> Result<bool, KeyStore
         None
     };
     engine.recheck_quota_blocks(usage.as_ref(), now);
-    Ok(absorb_budget_use(engine, keys)? || limited)
+    let moves = absorb_budget_use(engine, keys)? || limited;
+    keys.note_usage_moves(moves);
+    Ok(moves)
 }
 
 /// Gives the engine the budgets' use the key store counted; returns whether the pool has a
@@ -76,8 +86,6 @@ pub async fn run_key_sync(
     let mut day = String::new();
     let mut ticks = 0u32;
     let mut failing = false;
-    // Whether a key has a usage limit (unknown until the first push: assume one).
-    let mut limited = true;
     let mut rechecked: Option<tokio::time::Instant> = None;
     loop {
         let written = tokio::select! {
@@ -88,7 +96,7 @@ pub async fn run_key_sync(
         if written {
             // Usage rows move no block when no key has a usage limit; and under load rows
             // are written many times a second: one recheck per gap is enough.
-            if !limited {
+            if !keys.usage_moves() {
                 continue;
             }
             let wait = rechecked.map_or(Duration::ZERO, |at| {
@@ -114,26 +122,23 @@ pub async fn run_key_sync(
         }
         let result = tokio::task::spawn_blocking(move || {
             let generation = keys.store().generation()?;
-            // A write through this process's admin API pushed its keys already.
-            let pushed = if keys.pushed_generation() != Some(generation) {
-                Some(push_keys(&engine, &keys)?)
+            // A write through this process's admin API pushed its keys already (each push and
+            // recheck notes whether usage rows move anything pushed).
+            if keys.pushed_generation() != Some(generation) {
+                push_keys(&engine, &keys)?;
             } else if recheck {
-                Some(recheck_quotas(&engine, &keys)?)
+                recheck_quotas(&engine, &keys)?;
             } else {
                 // What other control planes on the store counted for the budgets, each tick
                 // (one small read): a budget spent through one control plane is enforced
                 // through every other within a tick or two, not at its next quota recheck.
                 absorb_budget_use(&engine, &keys)?;
-                None
-            };
-            Ok::<_, KeyStoreError>(pushed)
+            }
+            Ok::<_, KeyStoreError>(())
         })
         .await;
         match result {
-            Ok(Ok(pushed)) => {
-                if let Some(any) = pushed {
-                    limited = any;
-                }
+            Ok(Ok(())) => {
                 day = today;
                 if failing {
                     tracing::info!("the key store is readable again");
@@ -211,5 +216,18 @@ mod tests {
         push_keys(&engine, &keys).unwrap();
         assert_eq!(engine.tables().virtual_keys.len(), 2);
         assert_eq!(keys.pushed_generation(), Some(store.generation().unwrap()));
+        // Whether usage rows move anything pushed follows every push, an admin write's
+        // included: the sync rechecks after usage writes only then.
+        assert!(!keys.usage_moves(), "no key has a usage limit");
+        keys.create(KeySpec {
+            quota: Some(crate::config::QuotaConfig {
+                tokens_per_day: Some(1_000),
+                ..Default::default()
+            }),
+            ..spec("limited")
+        })
+        .unwrap();
+        push_keys(&engine, &keys).unwrap();
+        assert!(keys.usage_moves(), "a key with a usage limit");
     }
 }

@@ -12,6 +12,8 @@ cd "$ROOT"
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+# A fresh clone gains nothing from incremental caches, and they were a third of its target/.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The test run as a whole is bounded so a hung test fails instead of eating CI's time.
 TEST_TIMEOUT="${AI_ROUTER_TEST_TIMEOUT:-2400}"
 
@@ -41,6 +43,10 @@ summary() {
     local line
     for line in "${TIMINGS[@]}"; do printf '%s\n' "$line"; done
     printf '%5ss  total\n' "$(($(date +%s) - START_ALL))"
+    # A run that ran out of disk says so here, with what the build took of it.
+    printf '\n==> disk\n'
+    df -h "$ROOT" | tail -n 1
+    du -sh "${TARGET_DIR:-$ROOT/target}" 2>/dev/null || true
 }
 
 step "setup (scripts/setup.sh)" ./scripts/setup.sh

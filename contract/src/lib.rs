@@ -10,6 +10,7 @@
 //! - `price`: what tokens cost at a model's prices (cached prompt tokens included);
 //! - `latency`: a lane's latency average (the EWMA step);
 //! - `plugin`: the plugin configuration the renderer writes and the filter reads;
+//! - `headroom`: what is estimated left of a lane's reported headroom;
 //! - `minute`: the blocks of a key's `requestsPerMinute` an Envoy asks for, and the most granted;
 //! - here: the headers, clusters and metadata between the processes, the OpenAI error type and
 //!   Google's status word of a status, the probe lease holder, SHA-256 and the secret fingerprint.
@@ -270,6 +271,22 @@ pub mod ledger {
     }
 }
 
+/// A lane's headroom as both sides estimate it: the filter, to skip a lane with nothing left;
+/// the control plane, to pass over a reported figure that only says what was estimated.
+pub mod headroom {
+    /// What is estimated left of a reported `figure` (requests or tokens; negative: not
+    /// reported, which stays -1) once `used` more were sent since it: never below 0.
+    pub fn left(figure: i64, used: u64) -> i64 {
+        if figure < 0 {
+            -1
+        } else {
+            figure
+                .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
+                .max(0)
+        }
+    }
+}
+
 /// The OpenAI error `type` of a gateway answer, by its HTTP status: one mapping for the filter,
 /// the control plane's APIs and Envoy's own replies.
 pub fn openai_error_type(status: u16) -> &'static str {
@@ -327,6 +344,18 @@ pub fn fingerprint(secret: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn headroom_left_is_the_figure_less_what_was_sent_never_below_zero_and_absent_stays_absent() {
+        assert_eq!(headroom::left(100, 30), 70);
+        assert_eq!(headroom::left(100, 100), 0);
+        assert_eq!(headroom::left(100, 101), 0);
+        assert_eq!(headroom::left(100, u64::MAX), 0);
+        assert_eq!(headroom::left(0, 0), 0);
+        assert_eq!(headroom::left(-1, 0), -1);
+        assert_eq!(headroom::left(-1, 5), -1);
+        assert_eq!(headroom::left(i64::MAX, 1), i64::MAX - 1);
+    }
 
     #[test]
     fn google_status_words_pair_with_http_statuses() {

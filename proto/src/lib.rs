@@ -12,6 +12,21 @@ pub mod names {
     include!(concat!(env!("OUT_DIR"), "/names.rs"));
 }
 
+impl v1::Usage {
+    /// Prompt and completion tokens together: what a rate limit on tokens, a quota and a
+    /// headroom estimate count.
+    pub fn total_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
+
+impl v1::AttemptOutcome {
+    /// The tokens this attempt used, none when it reported no usage.
+    pub fn tokens(&self) -> u64 {
+        self.usage.as_ref().map_or(0, v1::Usage::total_tokens)
+    }
+}
+
 pub mod listing;
 pub mod tables;
 pub mod text;
@@ -57,6 +72,26 @@ mod tests {
                 file.display()
             );
         }
+    }
+
+    #[test]
+    fn an_attempt_s_tokens_are_its_prompt_and_completion_and_none_without_usage() {
+        use super::v1::{AttemptOutcome, Usage};
+        let mut a = AttemptOutcome::default();
+        assert_eq!(a.tokens(), 0);
+        a.usage = Some(Usage {
+            prompt_tokens: 7,
+            completion_tokens: 5,
+            cached_tokens: 3,
+            ..Usage::default()
+        });
+        assert_eq!(a.tokens(), 12);
+        a.usage = Some(Usage {
+            prompt_tokens: u64::MAX,
+            completion_tokens: 5,
+            ..Usage::default()
+        });
+        assert_eq!(a.tokens(), u64::MAX);
     }
 
     #[cfg(feature = "grpc")]

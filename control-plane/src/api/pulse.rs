@@ -168,9 +168,7 @@ impl Pulse {
             });
         }
         for a in &batch.attempts {
-            let tokens = a
-                .usage
-                .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
+            let tokens = a.tokens();
             inner.attempts.push_back(AttemptMark {
                 at_ms: now_ms,
                 tokens,

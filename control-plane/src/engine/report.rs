@@ -2,7 +2,7 @@
 //! headroom, spend and budgets, and become events.
 
 use ai_router_contract::failure::{ErrorClass, Hold};
-use ai_router_contract::probe_holder;
+use ai_router_contract::{headroom, probe_holder};
 use ai_router_proto::v1 as pb;
 
 use super::{budgets, events};
@@ -13,7 +13,7 @@ use crate::config::secrets::Secret;
 use crate::config::Config;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use crate::store::durable::{
-    Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom, LaneId,
+    Blacklist, BlacklistReason, DurableState, KeyId, KeyNames, LaneHeadroom, LaneId, LaneNames,
 };
 use crate::store::lock;
 use crate::store::spend::Spend;
@@ -138,11 +138,12 @@ fn apply_attempt(
     effects: &mut ReportEffects,
 ) {
     super::discovered::note_attempt(&mut state.listings, attempt, now);
-    let id: KeyId = (attempt.provider.clone(), attempt.key.clone());
-    if state.secrets.contains_key(&id) {
+    let names = (attempt.provider.as_str(), attempt.key.as_str());
+    if state.secrets.contains_key(&names as &dyn KeyNames) {
         note_key_attempt(config, state, attempt, now, effects);
     }
     if attempt.outcome() == pb::AttemptResult::Error {
+        let id: KeyId = (attempt.provider.clone(), attempt.key.clone());
         note_failure(config, state, id, attempt, now, effects);
     }
 }
@@ -156,21 +157,26 @@ fn note_key_attempt(
     now: i64,
     effects: &mut ReportEffects,
 ) {
-    let lane = (
-        attempt.provider.clone(),
-        attempt.key.clone(),
-        attempt.model.clone(),
+    let names = (
+        attempt.provider.as_str(),
+        attempt.key.as_str(),
+        attempt.model.as_str(),
     );
-    let kept = state.headroom_as_of.get_mut(&lane).map(|k| {
-        let tokens = attempt
-            .usage
-            .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
-        k.attempts = k.attempts.saturating_add(1);
-        k.tokens = k.tokens.saturating_add(tokens);
-        *k
-    });
+    let kept = state
+        .headroom_as_of
+        .get_mut(&names as &dyn LaneNames)
+        .map(|k| {
+            k.attempts = k.attempts.saturating_add(1);
+            k.tokens = k.tokens.saturating_add(attempt.tokens());
+            *k
+        });
     if note_headroom(&mut state.durable, attempt, kept, now) {
         effects.headroom_moved = true;
+        let lane = (
+            attempt.provider.clone(),
+            attempt.key.clone(),
+            attempt.model.clone(),
+        );
         note_headroom_as_of(state, lane, attempt, now);
     }
     effects.changed |= note_spend(config, &mut state.durable, attempt, now);
@@ -429,12 +435,12 @@ pub(super) fn note_headroom(
         remaining_tokens: attempt.remaining_tokens.max(-1),
         reset_at_ms,
     };
-    let lane = (
-        attempt.provider.clone(),
-        attempt.key.clone(),
-        attempt.model.clone(),
+    let names = (
+        attempt.provider.as_str(),
+        attempt.key.as_str(),
+        attempt.model.as_str(),
     );
-    if let Some(old) = durable.headroom.get(&lane) {
+    if let Some(old) = durable.headroom.get(&names as &dyn LaneNames) {
         let same_values = old.remaining_requests == entry.remaining_requests
             && old.remaining_tokens == entry.remaining_tokens;
         // Without a reset from the provider, the same values again are no news: keep the
@@ -451,18 +457,8 @@ pub(super) fn note_headroom(
         if let Some(kept) =
             kept.filter(|k| now.saturating_sub(k.kept_at_ms) < HEADROOM_KEPT_AT_MOST_MS)
         {
-            // What is estimated left of a figure (negative: not reported).
-            let left = |figure: i64, used: u64| {
-                if figure < 0 {
-                    -1
-                } else {
-                    figure
-                        .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
-                        .max(0)
-                }
-            };
-            let requests = left(old.remaining_requests, kept.attempts);
-            let tokens = left(old.remaining_tokens, kept.tokens);
+            let requests = headroom::left(old.remaining_requests, kept.attempts);
+            let tokens = headroom::left(old.remaining_tokens, kept.tokens);
             if old.reset_at_ms > now
                 && close(requests, entry.remaining_requests)
                 && close(tokens, entry.remaining_tokens)
@@ -471,6 +467,11 @@ pub(super) fn note_headroom(
             }
         }
     }
+    let lane = (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    );
     durable.headroom.insert(lane, entry);
     true
 }

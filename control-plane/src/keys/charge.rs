@@ -54,7 +54,7 @@ impl Charge<'_> {
 /// The charge of `attempt`, when it used anything.
 pub fn charge<'a>(config: &Config, attempt: &'a pb::AttemptOutcome) -> Option<Charge<'a>> {
     let usage = attempt.usage.as_ref()?;
-    if usage.prompt_tokens.saturating_add(usage.completion_tokens) == 0 {
+    if usage.total_tokens() == 0 {
         return None;
     }
     Some(Charge {

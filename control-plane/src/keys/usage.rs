@@ -151,11 +151,7 @@ pub fn usage_rows(config: &Config, batch: &pb::ReportBatch, now_ms: i64) -> Rows
     }
     // What a cheaper lane saved against the call's first choice, on the attempts with usage.
     for attempt in &batch.attempts {
-        let counted = attempt
-            .usage
-            .as_ref()
-            .is_some_and(|u| u.prompt_tokens.saturating_add(u.completion_tokens) > 0);
-        if attempt.virtual_key_id.is_empty() || !counted {
+        if attempt.virtual_key_id.is_empty() || attempt.tokens() == 0 {
             continue;
         }
         let saved = saving_of(config, attempt);

@@ -240,10 +240,7 @@ impl Ledger {
         let Some(counter) = p.counters.get_mut(scope) else {
             return;
         };
-        let tokens = a
-            .usage
-            .as_ref()
-            .map_or(0, |u| u.prompt_tokens.saturating_add(u.completion_tokens));
+        let tokens = a.tokens();
         counter.add(at, 1, tokens);
         let requests_window = match p.limits.requests_window {
             RateLimitWindow::Minute => Window::Rpm,

@@ -57,6 +57,84 @@ pub type KeyId = (String, String);
 /// (provider id, key alias, model)
 pub type LaneId = (String, String, String);
 
+/// Orders a names trait's objects as the owned tuple is ordered (field by field, as strings),
+/// which `Borrow` requires of a borrowed form.
+macro_rules! ordered_by_names {
+    ($names:ident) => {
+        impl PartialEq for dyn $names + '_ {
+            fn eq(&self, other: &Self) -> bool {
+                self.names() == other.names()
+            }
+        }
+
+        impl Eq for dyn $names + '_ {}
+
+        impl PartialOrd for dyn $names + '_ {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for dyn $names + '_ {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.names().cmp(&other.names())
+            }
+        }
+    };
+}
+
+/// A lane's names, borrowed: a map keyed by [`LaneId`] is looked up with
+/// `&(provider, key, model) as &dyn LaneNames` without making the owned key (a report looks up
+/// every attempt's lane).
+pub trait LaneNames {
+    fn names(&self) -> (&str, &str, &str);
+}
+
+impl LaneNames for LaneId {
+    fn names(&self) -> (&str, &str, &str) {
+        (&self.0, &self.1, &self.2)
+    }
+}
+
+impl LaneNames for (&str, &str, &str) {
+    fn names(&self) -> (&str, &str, &str) {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn LaneNames + 'a> for LaneId {
+    fn borrow(&self) -> &(dyn LaneNames + 'a) {
+        self
+    }
+}
+
+ordered_by_names!(LaneNames);
+
+/// A key's names, borrowed, as [`LaneNames`] is a lane's.
+pub trait KeyNames {
+    fn names(&self) -> (&str, &str);
+}
+
+impl KeyNames for KeyId {
+    fn names(&self) -> (&str, &str) {
+        (&self.0, &self.1)
+    }
+}
+
+impl KeyNames for (&str, &str) {
+    fn names(&self) -> (&str, &str) {
+        *self
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn KeyNames + 'a> for KeyId {
+    fn borrow(&self) -> &(dyn KeyNames + 'a) {
+        self
+    }
+}
+
+ordered_by_names!(KeyNames);
+
 /// The last rate-limit headroom a lane's provider reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaneHeadroom {
@@ -341,4 +419,46 @@ pub(crate) fn sample_state() -> DurableState {
     );
     state.resets.insert(("p".into(), String::new()), 4_000);
     state
+}
+
+#[cfg(test)]
+mod names_tests {
+    use std::collections::BTreeMap;
+
+    use super::{KeyId, KeyNames, LaneId, LaneNames};
+
+    fn lane(p: &str, k: &str, m: &str) -> LaneId {
+        (p.into(), k.into(), m.into())
+    }
+
+    /// A borrowed lookup finds what the owned key finds, across names whose concatenations
+    /// collide and a prefix ordered before its extension.
+    #[test]
+    fn a_lane_or_key_looked_up_by_its_borrowed_names_is_the_owned_key_s_entry() {
+        let lanes = [
+            lane("a", "bc", "m"),
+            lane("ab", "c", "m"),
+            lane("a", "b", "cm"),
+            lane("a", "b", "c"),
+            lane("a", "b", ""),
+            lane("", "ab", "c"),
+        ];
+        let map: BTreeMap<LaneId, usize> = lanes.iter().cloned().zip(0..).collect();
+        for (i, l) in lanes.iter().enumerate() {
+            let names = (l.0.as_str(), l.1.as_str(), l.2.as_str());
+            assert_eq!(map.get(&names as &dyn LaneNames), Some(&i), "{l:?}");
+        }
+        for absent in [("a", "bcm", ""), ("abc", "", "m"), ("a", "b", "cm ")] {
+            assert_eq!(map.get(&absent as &dyn LaneNames), None, "{absent:?}");
+        }
+
+        let keys: BTreeMap<KeyId, usize> = [("a", "bc"), ("ab", "c"), ("a", "")]
+            .iter()
+            .map(|(p, k)| (p.to_string(), k.to_string()))
+            .zip(0..)
+            .collect();
+        assert_eq!(keys.get(&("ab", "c") as &dyn KeyNames), Some(&1));
+        assert_eq!(keys.get(&("a", "") as &dyn KeyNames), Some(&2));
+        assert_eq!(keys.get(&("abc", "") as &dyn KeyNames), None);
+    }
 }

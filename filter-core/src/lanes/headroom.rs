@@ -3,6 +3,8 @@
 
 use std::rc::Rc;
 
+use ai_router_contract::headroom::left;
+
 use crate::state::{LaneHealth, State};
 use crate::vm::local::Allowance;
 use crate::vm::view::View;
@@ -50,15 +52,6 @@ pub fn headroom_left(
     model: &str,
     now_ms: i64,
 ) -> Option<Left> {
-    let left = |figure: i64, used: u64| {
-        if figure < 0 {
-            -1
-        } else {
-            figure
-                .saturating_sub(i64::try_from(used).unwrap_or(i64::MAX))
-                .max(0)
-        }
-    };
     let least = |a: i64, b: i64| match (a, b) {
         (-1, x) | (x, -1) => x,
         (a, b) => a.min(b),

@@ -108,9 +108,14 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 512)]
     pub(crate) max_in_flight: usize,
     /// The fake upstream's rate-limit headers in the systems comparison: static, constant,
-    /// changing.
+    /// changing, countdown.
     #[arg(long, default_value = "static")]
     pub(crate) headers: String,
+    /// The rate-limit headers of the scale rows whose headers change: changing (values within
+    /// a tenth of the limit, new on every answer) or countdown (each key's minute counted
+    /// down by one request and the answer's tokens).
+    #[arg(long, default_value = "changing")]
+    pub(crate) scale_headers: String,
     /// Workers of the fake upstream's Envoy.
     #[arg(long, default_value_t = 1)]
     pub(crate) upstream_workers: u32,
@@ -192,7 +197,19 @@ async fn bench(args: Args) -> Result<bool> {
         .scale
         .clone()
         .unwrap_or_else(|| if args.smoke { "none" } else { "full" }.to_string());
-    let scale_shapes = scale_shapes(&scale, args.many_virtual_keys, args.many_provider_keys)?;
+    let scale_headers = Headers::parse(&args.scale_headers)?;
+    if !scale_headers.change() {
+        bail!(
+            "--scale-headers {:?}: the scale rows need headers that change (changing, countdown)",
+            args.scale_headers
+        );
+    }
+    let scale_shapes = scale_shapes(
+        &scale,
+        args.many_virtual_keys,
+        args.many_provider_keys,
+        scale_headers,
+    )?;
     let headers = Headers::parse(&args.headers)?;
     load::set_prompt_kb(args.prompt_kb);
     let out = out_dir(&args)?;
@@ -358,23 +375,18 @@ fn add_latency_over_floor(systems: &mut [SystemResult]) {
 /// The two rows of `shapes` the many-keys target compares, when both are there: the small
 /// pool and the large one with every key serving, changing headers (their indices).
 fn scale_pair(shapes: &[Shape], many_vk: usize, many_pk: usize) -> Option<(usize, usize)> {
-    let small = Shape {
-        virtual_keys: FEW_VIRTUAL_KEYS,
-        serving_keys: FEW_PROVIDER_KEYS,
-        other_keys: 0,
-        headers: Headers::Changing,
-    };
-    let large = Shape {
-        virtual_keys: many_vk,
-        serving_keys: many_pk,
-        other_keys: 0,
-        headers: Headers::Changing,
-    };
-    if small == large {
+    if (FEW_VIRTUAL_KEYS, FEW_PROVIDER_KEYS) == (many_vk, many_pk) {
         return None;
     }
-    let at = |want: Shape| shapes.iter().position(|s| *s == want);
-    Some((at(small)?, at(large)?))
+    let at = |vk: usize, pk: usize| {
+        shapes.iter().position(|s| {
+            (s.virtual_keys, s.serving_keys, s.other_keys) == (vk, pk, 0) && s.headers.change()
+        })
+    };
+    Some((
+        at(FEW_VIRTUAL_KEYS, FEW_PROVIDER_KEYS)?,
+        at(many_vk, many_pk)?,
+    ))
 }
 
 /// Every row of the scale table, in order; the two rows of [`scale_pair`] measured side by side
@@ -539,7 +551,7 @@ mod tests {
             ("full", true),
             ("none", false),
         ] {
-            let shapes = scale_shapes(scale, 10_000, 1_000).unwrap_or_default();
+            let shapes = scale_shapes(scale, 10_000, 1_000, Headers::Changing).unwrap_or_default();
             let pair = scale_pair(&shapes, 10_000, 1_000);
             assert_eq!(pair.is_some(), paired, "--scale {scale}");
             if let Some((s, l)) = pair {
@@ -551,7 +563,7 @@ mod tests {
             }
         }
         // Sizes that make both rows one: nothing to pair.
-        let shapes = scale_shapes("keys", 10, 8).unwrap_or_default();
+        let shapes = scale_shapes("keys", 10, 8, Headers::Changing).unwrap_or_default();
         assert_eq!(scale_pair(&shapes, 10, 8), None);
     }
 }

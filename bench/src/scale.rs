@@ -16,7 +16,14 @@ use crate::run::{check, run_phase, warm_up, Phase, PhaseReport, Plan, Rounds};
 use crate::upstream::{BenchEnvoy, Headers};
 use crate::{FEW_PROVIDER_KEYS, FEW_VIRTUAL_KEYS};
 
-pub fn scale_shapes(scale: &str, many_vk: usize, many_pk: usize) -> Result<Vec<Shape>> {
+/// The rows of `--scale`; the rows whose headers change on every answer carry `changing`
+/// (the `changing` or the `countdown` variant).
+pub fn scale_shapes(
+    scale: &str,
+    many_vk: usize,
+    many_pk: usize,
+    changing: Headers,
+) -> Result<Vec<Shape>> {
     let shape = |vk, serving, other, headers| Shape {
         virtual_keys: vk,
         serving_keys: serving,
@@ -27,18 +34,18 @@ pub fn scale_shapes(scale: &str, many_vk: usize, many_pk: usize) -> Result<Vec<S
     Ok(match scale {
         "none" => vec![],
         "targets" => vec![
-            shape(FEW_VIRTUAL_KEYS, few, 0, Headers::Changing),
-            shape(many_vk, many_pk, 0, Headers::Changing),
-            shape(many_vk, few, many_pk.saturating_sub(few), Headers::Changing),
+            shape(FEW_VIRTUAL_KEYS, few, 0, changing),
+            shape(many_vk, many_pk, 0, changing),
+            shape(many_vk, few, many_pk.saturating_sub(few), changing),
         ],
         // The two rows the many-keys target compares (lane health with every key serving).
         "keys" => vec![
-            shape(FEW_VIRTUAL_KEYS, few, 0, Headers::Changing),
-            shape(many_vk, many_pk, 0, Headers::Changing),
+            shape(FEW_VIRTUAL_KEYS, few, 0, changing),
+            shape(many_vk, many_pk, 0, changing),
         ],
         "full" => {
             let mut v = Vec::new();
-            for headers in [Headers::Static, Headers::Changing] {
+            for headers in [Headers::Static, changing] {
                 for vk in [FEW_VIRTUAL_KEYS, many_vk] {
                     for (serving, other) in
                         [(few, 0), (many_pk, 0), (few, many_pk.saturating_sub(few))]

@@ -45,7 +45,48 @@ pub enum Headers {
     /// Like a real provider: remaining requests and tokens and both resets change on every
     /// answer (taken from the request's start time, to the microsecond).
     Changing,
+    /// Like a real provider counting each key's minute: every answer to a key (its
+    /// `authorization`) has one request and the answer's 19 tokens less remaining than the
+    /// last, both refilled at the minute's turn, and the resets say how long until it
+    /// (counted by a Lua filter on these routes: [`COUNTDOWN_LUA`]).
+    Countdown,
 }
+
+/// The limits [`Headers::Countdown`] counts down from: a key's requests and tokens a minute.
+pub const COUNTDOWN_REQUESTS: u64 = 10_000_000;
+pub const COUNTDOWN_TOKENS: u64 = 100_000_000;
+
+/// The Lua filter that counts [`Headers::Countdown`]'s answers, per worker (the fake upstream
+/// has one by default) and per key: a request takes a number from its key's minute, the answer
+/// says what is left.
+pub const COUNTDOWN_LUA: &str = r#"
+local minutes = {}
+function envoy_on_request(h)
+  local key = h:headers():get("authorization") or ""
+  local now = os.time()
+  local start = now - now % 60
+  local m = minutes[key]
+  if m == nil or m.start ~= start then
+    m = { start = start, sent = 0 }
+    minutes[key] = m
+  end
+  m.sent = m.sent + 1
+  local meta = h:streamInfo():dynamicMetadata()
+  meta:set("bench.countdown", "sent", m.sent)
+  meta:set("bench.countdown", "reset", start + 60 - now)
+end
+function envoy_on_response(h)
+  local m = h:streamInfo():dynamicMetadata():get("bench.countdown")
+  if m == nil then return end
+  local headers = h:headers()
+  headers:add("x-ratelimit-limit-requests", "REQUESTS")
+  headers:add("x-ratelimit-remaining-requests", string.format("%d", REQUESTS - m.sent))
+  headers:add("x-ratelimit-limit-tokens", "TOKENS")
+  headers:add("x-ratelimit-remaining-tokens", string.format("%d", TOKENS - 19 * m.sent))
+  headers:add("x-ratelimit-reset-requests", string.format("%ds", m.reset))
+  headers:add("x-ratelimit-reset-tokens", string.format("%ds", m.reset))
+end
+"#;
 
 impl Headers {
     pub fn prefix(self) -> &'static str {
@@ -53,7 +94,13 @@ impl Headers {
             Headers::Static => "static",
             Headers::Constant => "constant",
             Headers::Changing => "changing",
+            Headers::Countdown => "countdown",
         }
+    }
+
+    /// Whether every answer carries new rate-limit figures (what the scale rows measure).
+    pub fn change(self) -> bool {
+        matches!(self, Headers::Changing | Headers::Countdown)
     }
 
     pub fn parse(s: &str) -> Result<Self> {
@@ -61,13 +108,17 @@ impl Headers {
             "static" => Ok(Headers::Static),
             "constant" => Ok(Headers::Constant),
             "changing" => Ok(Headers::Changing),
-            _ => bail!("unknown rate-limit header variant {s:?} (static, constant, changing)"),
+            "countdown" => Ok(Headers::Countdown),
+            _ => bail!(
+                "unknown rate-limit header variant {s:?} (static, constant, changing, countdown)"
+            ),
         }
     }
 
     fn header_pairs(self) -> Vec<(&'static str, &'static str)> {
         match self {
-            Headers::Static => vec![],
+            // Countdown's are the Lua filter's.
+            Headers::Static | Headers::Countdown => vec![],
             Headers::Constant => vec![
                 ("x-ratelimit-limit-requests", "10000"),
                 ("x-ratelimit-remaining-requests", "9999"),
@@ -86,7 +137,12 @@ impl Headers {
     }
 }
 
-pub const ALL_HEADERS: [Headers; 3] = [Headers::Static, Headers::Constant, Headers::Changing];
+pub const ALL_HEADERS: [Headers; 4] = [
+    Headers::Static,
+    Headers::Constant,
+    Headers::Changing,
+    Headers::Countdown,
+];
 
 fn completion_json() -> String {
     json!({
@@ -143,21 +199,34 @@ fn lit(s: &str) -> String {
 }
 
 fn route(matcher: &str, status: u16, content_type: &str, body: &str, headers: Headers) -> String {
+    let mut per_filter = String::new();
     // A stream goes out chunked, as providers send it (a direct_response has a content-length).
-    let chunked = if content_type == "text/event-stream" {
-        "                          typed_per_filter_config:\n\
-         \x20                           envoy.filters.http.header_mutation:\n\
-         \x20                             \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute\n\
-         \x20                             mutations: { response_mutations: [{ remove: content-length }] }\n"
-    } else {
-        ""
-    };
+    if content_type == "text/event-stream" {
+        per_filter.push_str(
+            "                            envoy.filters.http.header_mutation:\n\
+             \x20                             \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutationPerRoute\n\
+             \x20                             mutations: { response_mutations: [{ remove: content-length }] }\n",
+        );
+    }
+    // The countdown's Lua filter, off on every other route.
+    if headers == Headers::Countdown {
+        per_filter.push_str(
+            "                            envoy.filters.http.lua:\n\
+             \x20                             \"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig\n\
+             \x20                             config:\n\
+             \x20                               \"@type\": type.googleapis.com/envoy.extensions.filters.http.lua.v3.LuaPerRoute\n\
+             \x20                               name: countdown\n",
+        );
+    }
+    if !per_filter.is_empty() {
+        per_filter.insert_str(0, "                          typed_per_filter_config:\n");
+    }
     let mut out = format!(
         "                        - match: {matcher}\n\
          \x20                         direct_response:\n\
          \x20                           status: {status}\n\
          \x20                           body: {{ inline_string: {body} }}\n\
-         {chunked}\
+         {per_filter}\
          \x20                         response_headers_to_add:\n\
          \x20                           - header: {{ key: content-type, value: {ct} }}\n\
          \x20                             append_action: OVERWRITE_IF_EXISTS_OR_ADD\n",
@@ -243,13 +312,25 @@ pub fn fake_upstream_yaml() -> String {
          layered_runtime:\n  layers:\n    - name: admin\n      admin_layer: {}\n",
         "                generate_request_id: false\n",
         &routes,
-        "                  - name: envoy.filters.http.header_mutation\n\
-         \x20                   typed_config:\n\
-         \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation\n\
-         \x20                 - name: envoy.filters.http.buffer\n\
-         \x20                   typed_config:\n\
-         \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer\n\
-         \x20                     max_request_bytes: 1048576\n",
+        &format!(
+            "                  - name: envoy.filters.http.header_mutation\n\
+             \x20                   typed_config:\n\
+             \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation\n\
+             \x20                 - name: envoy.filters.http.lua\n\
+             \x20                   disabled: true\n\
+             \x20                   typed_config:\n\
+             \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua\n\
+             \x20                     source_codes: {{ countdown: {{ inline_string: {lua} }} }}\n\
+             \x20                 - name: envoy.filters.http.buffer\n\
+             \x20                   typed_config:\n\
+             \x20                     \"@type\": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer\n\
+             \x20                     max_request_bytes: 1048576\n",
+            lua = lit(
+                &COUNTDOWN_LUA
+                    .replace("REQUESTS", &COUNTDOWN_REQUESTS.to_string())
+                    .replace("TOKENS", &COUNTDOWN_TOKENS.to_string())
+            ),
+        ),
         "",
     )
 }
@@ -674,4 +755,84 @@ pub async fn envoy_stat(admin: &str, name: &str) -> Result<u64> {
         .and_then(|s| s.get("value"))
         .and_then(Value::as_u64)
         .unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fake upstream in a real Envoy: each key's answers under `/countdown/` count its
+    /// minute down by a request and 19 tokens; another key counts on its own; the other
+    /// variants carry no countdown.
+    #[tokio::test]
+    async fn the_countdown_variant_counts_each_key_s_minute_down_answer_by_answer() -> Result<()> {
+        let dir = TestDir::new("bench-countdown")?;
+        let envoy = ai_router_e2e::envoy_bin()?;
+        let upstream = BenchEnvoy::start(&dir, &envoy, "up", &fake_upstream_yaml(), 1).await?;
+        let client = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{}", upstream.port);
+        let call = |path: &str, key: &str| {
+            client
+                .post(format!("{base}{path}"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+        };
+        let figure = |r: &reqwest::Response, name: &str| -> Result<i64> {
+            let v = r.headers().get(name).context(name.to_string())?;
+            Ok(v.to_str()?.parse()?)
+        };
+        let mut seen = Vec::new();
+        for (key, path) in [
+            ("a", "/countdown/v1/chat/completions"),
+            ("a", "/countdown/v1/chat/completions"),
+            ("b", "/countdown/v1/chat/completions"),
+            ("a", "/countdown/stream/v1/chat/completions"),
+        ] {
+            let r = call(path, key).await?;
+            assert_eq!(r.status(), 200);
+            let reset = r
+                .headers()
+                .get("x-ratelimit-reset-requests")
+                .context("reset")?
+                .to_str()?
+                .to_string();
+            let secs: u64 = reset.trim_end_matches('s').parse()?;
+            assert!((1..=60).contains(&secs), "{reset}");
+            seen.push((
+                figure(&r, "x-ratelimit-remaining-requests")?,
+                figure(&r, "x-ratelimit-remaining-tokens")?,
+            ));
+            assert!(r.text().await?.contains("bench upstream"));
+        }
+        let (r, t) = (COUNTDOWN_REQUESTS as i64, COUNTDOWN_TOKENS as i64);
+        // A minute may turn between two calls: then the later key's count starts again.
+        let turned = seen[1].0 > seen[0].0;
+        if !turned {
+            assert_eq!(seen[0], (r - 1, t - 19), "{seen:?}");
+            assert_eq!(seen[1], (r - 2, t - 38), "{seen:?}");
+        }
+        assert!(
+            seen[2].0 >= r - 1 && seen[2].1 == t - 19 * (r - seen[2].0),
+            "{seen:?}"
+        );
+        assert!(
+            seen[3].0 < r && seen[3].1 == t - 19 * (r - seen[3].0),
+            "{seen:?}"
+        );
+
+        // The other variants are what they were: no Lua filter on their routes.
+        for (prefix, remaining) in [("static", None), ("constant", Some("9999"))] {
+            let r = call(&format!("/{prefix}/v1/chat/completions"), "a").await?;
+            assert_eq!(r.status(), 200);
+            let got = r.headers().get("x-ratelimit-remaining-requests");
+            assert_eq!(got.and_then(|v| v.to_str().ok()), remaining, "{prefix}");
+            assert!(
+                r.headers().get("x-ratelimit-reset-requests").is_none(),
+                "{prefix}"
+            );
+        }
+        Ok(())
+    }
 }

@@ -3,7 +3,6 @@
 
 use super::{div, f, rps, x, ScalePair, ScaleResult, SystemResult, Target};
 use crate::airouter::Shape;
-use crate::upstream::Headers;
 
 fn scale_row(scale: &[ScaleResult], pred: impl Fn(&Shape) -> bool) -> Option<&ScaleResult> {
     scale
@@ -55,19 +54,16 @@ fn scale_targets(
     many_pk: usize,
 ) -> Vec<Target> {
     let base = scale_row(scale, |s| {
-        s.virtual_keys <= 10
-            && s.serving_keys == 8
-            && s.other_keys == 0
-            && s.headers == Headers::Changing
+        s.virtual_keys <= 10 && s.serving_keys == 8 && s.other_keys == 0 && s.headers.change()
     });
     let all_serve = scale_row(scale, |s| {
-        s.virtual_keys == many_vk && s.serving_keys == many_pk && s.headers == Headers::Changing
+        s.virtual_keys == many_vk && s.serving_keys == many_pk && s.headers.change()
     });
     let eight_serve = scale_row(scale, |s| {
         s.virtual_keys == many_vk
             && s.serving_keys == 8
             && s.other_keys + 8 == many_pk
-            && s.headers == Headers::Changing
+            && s.headers.change()
     });
     let mut out = Vec::new();
     for (what, big) in [("all serve", all_serve), ("8 serve", eight_serve)] {

@@ -145,9 +145,16 @@ async fn unary_chat_through_envoy_reaches_the_pool_model_with_the_providers_key(
     }
 
     // Two calls for the same model use both keys of p1 in turn (equal weights alternate).
+    // Each Envoy worker keeps its own turn, as Envoy's load balancers do: the calls go on one
+    // HTTP/2 connection, so one worker takes them all (HTTP/1.1 calls may each open a
+    // connection that another worker accepts, and two workers' turns interleave).
     gw.clear_calls().await.unwrap();
+    let one_connection = ai_router_e2e::Client::new_h2(&gw.envoy.base_url()).unwrap();
     for _ in 0..4 {
-        let r = gw.chat("chat").await.unwrap();
+        let r = one_connection
+            .chat("chat", Some(&gw.virtual_key))
+            .await
+            .unwrap();
         assert_eq!(r.status, 200, "{r}");
     }
     let mut keys = gw.keys_called().await.unwrap();

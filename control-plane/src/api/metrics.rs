@@ -21,6 +21,7 @@ use axum::Router;
 
 use crate::api::error::ErrorCode;
 use crate::engine::{Engine, ReportObserver};
+use crate::store::durable::entry_by_names;
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [
@@ -129,24 +130,39 @@ fn call_labels((op, protocol, p, m): &Call) -> String {
     )
 }
 
+/// What the reports said of one kind of call (operation, protocol, final provider and model).
+#[derive(Debug, Default)]
+struct CallSeries {
+    /// By outcome.
+    outcomes: BTreeMap<String, u64>,
+    /// The calls' whole duration.
+    duration: Histogram,
+}
+
+/// What the reports said of one lane.
+#[derive(Debug, Default)]
+struct LaneSeries {
+    /// Attempts by outcome and failure class.
+    attempts: BTreeMap<(&'static str, &'static str), u64>,
+    /// Successful streams' time to first token (none yet: no series).
+    first_token: Option<Histogram>,
+    /// Every other attempt's duration.
+    attempt_duration: Option<Histogram>,
+    /// Prompt, completion and cached tokens, once an attempt reported usage.
+    tokens: Option<[u64; 3]>,
+    /// Estimated cost, once an attempt had one.
+    cost: Option<f64>,
+}
+
 #[derive(Debug, Default)]
 struct Counters {
-    /// By operation, protocol, provider, model, outcome.
-    requests: BTreeMap<(Call, String), u64>,
-    /// By lane, outcome, class.
-    attempts: BTreeMap<(Lane, String, String), u64>,
-    /// Successful stream attempts: time to the first token.
-    first_token: BTreeMap<Lane, Histogram>,
-    /// Every other attempt: time to its answer or failure.
-    attempt_duration: BTreeMap<Lane, Histogram>,
-    /// By operation, protocol, provider, model: the call's whole duration.
-    request_duration: BTreeMap<Call, Histogram>,
+    /// By operation, protocol, provider and model: the calls by outcome and their duration.
+    calls: BTreeMap<Call, CallSeries>,
+    /// Every lane's series: one lookup an attempt, by the report's names (no copy of them
+    /// once the lane is known).
+    lanes: BTreeMap<Lane, LaneSeries>,
     /// By client protocol and outcome: what the gateway added to calls a provider took part in.
     overhead: BTreeMap<(String, String), Histogram>,
-    prompt_tokens: BTreeMap<Lane, u64>,
-    completion_tokens: BTreeMap<Lane, u64>,
-    cached_tokens: BTreeMap<Lane, u64>,
-    cost: BTreeMap<Lane, f64>,
     /// By code.
     quota_refusals: BTreeMap<String, u64>,
     /// By budget and level: answers that carried a budget warning.
@@ -182,24 +198,39 @@ impl ReportObserver for Metrics {
         let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for r in &batch.requests {
             let outcome = request_outcome_label(r);
-            let call: Call = (
-                r.operation.clone(),
-                r.protocol.clone(),
-                r.provider.clone(),
-                r.model.clone(),
+            let names = (
+                r.operation.as_str(),
+                r.protocol.as_str(),
+                r.provider.as_str(),
+                r.model.as_str(),
             );
-            *c.requests
-                .entry((call.clone(), outcome.clone()))
-                .or_default() += 1;
-            c.request_duration
-                .entry(call)
-                .or_default()
-                .observe(r.latency_ms as f64 / 1000.0);
+            let call = || {
+                let owned = (
+                    r.operation.clone(),
+                    r.protocol.clone(),
+                    r.provider.clone(),
+                    r.model.clone(),
+                );
+                (owned, CallSeries::default())
+            };
+            if let Some(series) = entry_by_names(&mut c.calls, &names, call) {
+                match series.outcomes.get_mut(outcome.as_str()) {
+                    Some(n) => *n += 1,
+                    None => {
+                        series.outcomes.insert(outcome.clone(), 1);
+                    }
+                }
+                series.duration.observe(r.latency_ms as f64 / 1000.0);
+            }
             if let Some(us) = r.overhead_us {
-                c.overhead
-                    .entry((r.protocol.clone(), outcome.clone()))
-                    .or_insert_with(|| Histogram::over(&OVERHEAD_BUCKETS))
-                    .observe(us as f64 / 1e6);
+                let names = (r.protocol.as_str(), outcome.as_str());
+                let labels = || {
+                    let owned = (r.protocol.clone(), outcome.clone());
+                    (owned, Histogram::over(&OVERHEAD_BUCKETS))
+                };
+                if let Some(h) = entry_by_names(&mut c.overhead, &names, labels) {
+                    h.observe(us as f64 / 1e6);
+                }
             }
             if let Some(code) = quota_refusal(&outcome) {
                 *c.quota_refusals.entry(code.into()).or_default() += 1;
@@ -218,36 +249,36 @@ impl ReportObserver for Metrics {
             }
         }
         for a in &batch.attempts {
-            let lane: Lane = (a.provider.clone(), a.key.clone(), a.model.clone());
+            let names = (a.provider.as_str(), a.key.as_str(), a.model.as_str());
+            let lane = || {
+                let owned = (a.provider.clone(), a.key.clone(), a.model.clone());
+                (owned, LaneSeries::default())
+            };
+            let Some(series) = entry_by_names(&mut c.lanes, &names, lane) else {
+                continue;
+            };
             let outcome = attempt_outcome_label(a);
-            let labels = (
-                lane.clone(),
-                outcome.to_string(),
-                attempt_class_label(a).to_string(),
-            );
-            *c.attempts.entry(labels).or_default() += 1;
+            *series
+                .attempts
+                .entry((outcome, attempt_class_label(a)))
+                .or_default() += 1;
             let seconds = a.latency_ms as f64 / 1000.0;
-            if a.stream && outcome == "success" {
-                c.first_token
-                    .entry(lane.clone())
-                    .or_default()
-                    .observe(seconds);
+            let duration = if a.stream && outcome == "success" {
+                &mut series.first_token
             } else {
-                c.attempt_duration
-                    .entry(lane.clone())
-                    .or_default()
-                    .observe(seconds);
-            }
+                &mut series.attempt_duration
+            };
+            duration
+                .get_or_insert_with(Histogram::default)
+                .observe(seconds);
             if let Some(u) = a.usage {
-                let n = c.prompt_tokens.entry(lane.clone()).or_default();
-                *n = n.saturating_add(u.prompt_tokens);
-                let n = c.completion_tokens.entry(lane.clone()).or_default();
-                *n = n.saturating_add(u.completion_tokens);
-                let n = c.cached_tokens.entry(lane.clone()).or_default();
-                *n = n.saturating_add(u.cached_tokens);
+                let [prompt, completion, cached] = series.tokens.get_or_insert_default();
+                *prompt = prompt.saturating_add(u.prompt_tokens);
+                *completion = completion.saturating_add(u.completion_tokens);
+                *cached = cached.saturating_add(u.cached_tokens);
             }
             if let Some(cost) = engine.as_ref().and_then(|e| e.attempt_cost(a)) {
-                *c.cost.entry(lane).or_default() += cost;
+                *series.cost.get_or_insert_default() += cost;
             }
         }
         if !batch.node.is_empty() {
@@ -312,15 +343,19 @@ fn histograms<'a>(
     }
 }
 
+/// A counter family by lane, of the lanes `value` has a figure for.
 fn lane_counters<T: std::fmt::Display>(
     out: &mut String,
     name: &str,
     help: &str,
-    series: &BTreeMap<Lane, T>,
+    lanes: &BTreeMap<Lane, LaneSeries>,
+    value: impl Fn(&LaneSeries) -> Option<T>,
 ) {
     family(out, name, "counter", help);
-    for (lane, v) in series {
-        let _ = writeln!(out, "{name}{{{}}} {v}", lane_labels(lane));
+    for (lane, series) in lanes {
+        if let Some(v) = value(series) {
+            let _ = writeln!(out, "{name}{{{}}} {v}", lane_labels(lane));
+        }
     }
 }
 
@@ -374,7 +409,12 @@ fn calls_and_attempts(out: &mut String, c: &Counters) {
         "counter",
         "Client calls by operation, client protocol (chat, responses, messages, embeddings), final provider and model, and outcome (success, error:<class> or rejected:<code>).",
     );
-    for ((call, outcome), n) in &c.requests {
+    let calls = c.calls.iter().flat_map(|(call, s)| {
+        s.outcomes
+            .iter()
+            .map(move |(outcome, n)| (call, outcome, n))
+    });
+    for (call, outcome, n) in calls {
         let _ = writeln!(
             out,
             "ai_router_requests_total{{{},outcome=\"{}\"}} {n}",
@@ -388,7 +428,11 @@ fn calls_and_attempts(out: &mut String, c: &Counters) {
         "counter",
         "Attempts by lane (provider, key alias, model), outcome and failure class.",
     );
-    for ((lane, outcome, class), n) in &c.attempts {
+    let attempts = c
+        .lanes
+        .iter()
+        .flat_map(|(lane, s)| s.attempts.iter().map(move |(labels, n)| (lane, labels, n)));
+    for (lane, (outcome, class), n) in attempts {
         let _ = writeln!(
             out,
             "ai_router_attempts_total{{{},outcome=\"{}\",class=\"{}\"}} {n}",
@@ -405,21 +449,25 @@ fn latencies(out: &mut String, c: &Counters) {
         out,
         "ai_router_time_to_first_token_seconds",
         "Time from sending a successful stream attempt to its first token, by lane.",
-        c.first_token.iter().map(|(l, h)| (lane_labels(l), h)),
+        c.lanes
+            .iter()
+            .filter_map(|(l, s)| Some((lane_labels(l), s.first_token.as_ref()?))),
     );
     histograms(
         out,
         "ai_router_attempt_duration_seconds",
         "Time from sending an attempt to its answer or failure (every attempt but successful streams), by lane.",
-        c.attempt_duration.iter().map(|(l, h)| (lane_labels(l), h)),
+        c.lanes
+            .iter()
+            .filter_map(|(l, s)| Some((lane_labels(l), s.attempt_duration.as_ref()?))),
     );
     histograms(
         out,
         "ai_router_request_duration_seconds",
         "Whole duration of client calls, by operation, client protocol, final provider and model.",
-        c.request_duration
+        c.calls
             .iter()
-            .map(|(call, h)| (call_labels(call), h)),
+            .map(|(call, s)| (call_labels(call), &s.duration)),
     );
     histograms(
         out,
@@ -444,25 +492,29 @@ fn usage(out: &mut String, c: &Counters) {
         out,
         "ai_router_prompt_tokens_total",
         "Prompt tokens the providers reported, by lane.",
-        &c.prompt_tokens,
+        &c.lanes,
+        |s| Some(s.tokens?[0]),
     );
     lane_counters(
         out,
         "ai_router_completion_tokens_total",
         "Completion tokens the providers reported, by lane.",
-        &c.completion_tokens,
+        &c.lanes,
+        |s| Some(s.tokens?[1]),
     );
     lane_counters(
         out,
         "ai_router_cached_tokens_total",
         "Of the prompt tokens, those the providers served from their cache, by lane.",
-        &c.cached_tokens,
+        &c.lanes,
+        |s| Some(s.tokens?[2]),
     );
     lane_counters(
         out,
         "ai_router_estimated_cost_total",
         "Estimated cost of the reported usage at the models' configured prices, by lane.",
-        &c.cost,
+        &c.lanes,
+        |s| s.cost,
     );
 }
 
@@ -737,6 +789,38 @@ mod tests {
             },
         ];
         m.render_with(&update, &watching)
+    }
+
+    /// A lane's families list it only once it has a figure there: the failed attempt's lane
+    /// has a duration but no first token and no tokens, the stream's the other way round;
+    /// the series follow the lanes' order.
+    #[test]
+    fn a_lane_appears_in_the_families_it_has_figures_for_in_lane_order() {
+        let text = sample();
+        let series = |family: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(family) && !l.contains("_bucket"))
+                .map(|l| {
+                    let key = l.split("key=\"").nth(1).unwrap_or("");
+                    key.split('"').next().unwrap_or("").to_string()
+                })
+                .collect()
+        };
+        assert_eq!(series("ai_router_attempts_total{"), ["a", "b"], "{text}");
+        assert_eq!(series("ai_router_attempt_duration_seconds_count{"), ["a"]);
+        assert_eq!(
+            series("ai_router_time_to_first_token_seconds_count{"),
+            ["b"]
+        );
+        for family in [
+            "ai_router_prompt_tokens_total{",
+            "ai_router_completion_tokens_total{",
+            "ai_router_cached_tokens_total{",
+        ] {
+            assert_eq!(series(family), ["b"], "{family}");
+        }
+        // No engine, no prices: no cost series.
+        assert!(series("ai_router_estimated_cost_total{").is_empty());
     }
 
     #[test]

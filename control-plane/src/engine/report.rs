@@ -13,7 +13,7 @@ use crate::config::secrets::Secret;
 use crate::config::Config;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use crate::store::durable::{
-    Blacklist, BlacklistReason, DurableState, KeyId, KeyNames, LaneHeadroom, LaneId, LaneNames,
+    Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom, LaneId, Names,
 };
 use crate::store::lock;
 use crate::store::spend::Spend;
@@ -139,7 +139,7 @@ fn apply_attempt(
 ) {
     super::discovered::note_attempt(&mut state.listings, attempt, now);
     let names = (attempt.provider.as_str(), attempt.key.as_str());
-    if state.secrets.contains_key(&names as &dyn KeyNames) {
+    if state.secrets.contains_key(&names as &dyn Names<2>) {
         note_key_attempt(config, state, attempt, now, effects);
     }
     if attempt.outcome() == pb::AttemptResult::Error {
@@ -164,7 +164,7 @@ fn note_key_attempt(
     );
     let kept = state
         .headroom_as_of
-        .get_mut(&names as &dyn LaneNames)
+        .get_mut(&names as &dyn Names<3>)
         .map(|k| {
             k.attempts = k.attempts.saturating_add(1);
             k.tokens = k.tokens.saturating_add(attempt.tokens());
@@ -440,7 +440,7 @@ pub(super) fn note_headroom(
         attempt.key.as_str(),
         attempt.model.as_str(),
     );
-    if let Some(old) = durable.headroom.get(&names as &dyn LaneNames) {
+    if let Some(old) = durable.headroom.get(&names as &dyn Names<3>) {
         let same_values = old.remaining_requests == entry.remaining_requests
             && old.remaining_tokens == entry.remaining_tokens;
         // Without a reset from the provider, the same values again are no news: keep the

@@ -57,83 +57,79 @@ pub type KeyId = (String, String);
 /// (provider id, key alias, model)
 pub type LaneId = (String, String, String);
 
-/// Orders a names trait's objects as the owned tuple is ordered (field by field, as strings),
-/// which `Borrow` requires of a borrowed form.
-macro_rules! ordered_by_names {
-    ($names:ident) => {
-        impl PartialEq for dyn $names + '_ {
-            fn eq(&self, other: &Self) -> bool {
-                self.names() == other.names()
+/// Names borrowed: a map keyed by a tuple of `N` owned strings ([`KeyId`], [`LaneId`], the
+/// metrics' labels) is looked up with `&(provider, key, model) as &dyn Names<3>` without
+/// making the owned key (a report looks up every attempt's lane and key).
+pub trait Names<const N: usize> {
+    fn names(&self) -> [&str; N];
+}
+
+macro_rules! names_of_tuples {
+    ($n:literal: $($i:tt),+) => {
+        impl Names<$n> for ($(names_of_tuples!(@string $i),)+) {
+            fn names(&self) -> [&str; $n] {
+                [$(self.$i.as_str()),+]
             }
         }
 
-        impl Eq for dyn $names + '_ {}
-
-        impl PartialOrd for dyn $names + '_ {
-            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-                Some(self.cmp(other))
+        impl Names<$n> for ($(names_of_tuples!(@str $i),)+) {
+            fn names(&self) -> [&str; $n] {
+                [$(self.$i),+]
             }
         }
 
-        impl Ord for dyn $names + '_ {
-            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-                self.names().cmp(&other.names())
+        impl<'a> std::borrow::Borrow<dyn Names<$n> + 'a> for ($(names_of_tuples!(@string $i),)+) {
+            fn borrow(&self) -> &(dyn Names<$n> + 'a) {
+                self
             }
         }
     };
+    (@string $i:tt) => { String };
+    (@str $i:tt) => { &str };
 }
 
-/// A lane's names, borrowed: a map keyed by [`LaneId`] is looked up with
-/// `&(provider, key, model) as &dyn LaneNames` without making the owned key (a report looks up
-/// every attempt's lane).
-pub trait LaneNames {
-    fn names(&self) -> (&str, &str, &str);
+/// The entry of `names` in `map`, made by `new` (the owned key and its first value) when it is
+/// not there: a lookup that copies the names only the first time. `None` only when `new`'s key
+/// has other names.
+pub fn entry_by_names<'m, K, V, const N: usize>(
+    map: &'m mut BTreeMap<K, V>,
+    names: &dyn Names<N>,
+    new: impl FnOnce() -> (K, V),
+) -> Option<&'m mut V>
+where
+    K: Ord + for<'a> std::borrow::Borrow<dyn Names<N> + 'a>,
+{
+    if !map.contains_key(names) {
+        let (key, value) = new();
+        map.insert(key, value);
+    }
+    map.get_mut(names)
 }
 
-impl LaneNames for LaneId {
-    fn names(&self) -> (&str, &str, &str) {
-        (&self.0, &self.1, &self.2)
+names_of_tuples!(2: 0, 1);
+names_of_tuples!(3: 0, 1, 2);
+names_of_tuples!(4: 0, 1, 2, 3);
+
+// Ordered as the owned tuple is (field by field, as strings), which `Borrow` requires.
+impl<const N: usize> PartialEq for dyn Names<N> + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.names() == other.names()
     }
 }
 
-impl LaneNames for (&str, &str, &str) {
-    fn names(&self) -> (&str, &str, &str) {
-        *self
+impl<const N: usize> Eq for dyn Names<N> + '_ {}
+
+impl<const N: usize> PartialOrd for dyn Names<N> + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
     }
 }
 
-impl<'a> std::borrow::Borrow<dyn LaneNames + 'a> for LaneId {
-    fn borrow(&self) -> &(dyn LaneNames + 'a) {
-        self
+impl<const N: usize> Ord for dyn Names<N> + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.names().cmp(&other.names())
     }
 }
-
-ordered_by_names!(LaneNames);
-
-/// A key's names, borrowed, as [`LaneNames`] is a lane's.
-pub trait KeyNames {
-    fn names(&self) -> (&str, &str);
-}
-
-impl KeyNames for KeyId {
-    fn names(&self) -> (&str, &str) {
-        (&self.0, &self.1)
-    }
-}
-
-impl KeyNames for (&str, &str) {
-    fn names(&self) -> (&str, &str) {
-        *self
-    }
-}
-
-impl<'a> std::borrow::Borrow<dyn KeyNames + 'a> for KeyId {
-    fn borrow(&self) -> &(dyn KeyNames + 'a) {
-        self
-    }
-}
-
-ordered_by_names!(KeyNames);
 
 /// The last rate-limit headroom a lane's provider reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -425,7 +421,7 @@ pub(crate) fn sample_state() -> DurableState {
 mod names_tests {
     use std::collections::BTreeMap;
 
-    use super::{KeyId, KeyNames, LaneId, LaneNames};
+    use super::{KeyId, LaneId, Names};
 
     fn lane(p: &str, k: &str, m: &str) -> LaneId {
         (p.into(), k.into(), m.into())
@@ -446,10 +442,10 @@ mod names_tests {
         let map: BTreeMap<LaneId, usize> = lanes.iter().cloned().zip(0..).collect();
         for (i, l) in lanes.iter().enumerate() {
             let names = (l.0.as_str(), l.1.as_str(), l.2.as_str());
-            assert_eq!(map.get(&names as &dyn LaneNames), Some(&i), "{l:?}");
+            assert_eq!(map.get(&names as &dyn Names<3>), Some(&i), "{l:?}");
         }
         for absent in [("a", "bcm", ""), ("abc", "", "m"), ("a", "b", "cm ")] {
-            assert_eq!(map.get(&absent as &dyn LaneNames), None, "{absent:?}");
+            assert_eq!(map.get(&absent as &dyn Names<3>), None, "{absent:?}");
         }
 
         let keys: BTreeMap<KeyId, usize> = [("a", "bc"), ("ab", "c"), ("a", "")]
@@ -457,8 +453,8 @@ mod names_tests {
             .map(|(p, k)| (p.to_string(), k.to_string()))
             .zip(0..)
             .collect();
-        assert_eq!(keys.get(&("ab", "c") as &dyn KeyNames), Some(&1));
-        assert_eq!(keys.get(&("a", "") as &dyn KeyNames), Some(&2));
-        assert_eq!(keys.get(&("abc", "") as &dyn KeyNames), None);
+        assert_eq!(keys.get(&("ab", "c") as &dyn Names<2>), Some(&1));
+        assert_eq!(keys.get(&("a", "") as &dyn Names<2>), Some(&2));
+        assert_eq!(keys.get(&("abc", "") as &dyn Names<2>), None);
     }
 }

@@ -477,9 +477,12 @@ pub(super) fn note_headroom(
 }
 
 /// How old a lane's kept headroom figure may get while newer ones close to the estimate are
-/// passed over: half of what each Envoy keeps of its own sends (`SENDS_KEPT_MS` in the
-/// filter), so every Envoy still counts all its sends since the figure it reads.
-const HEADROOM_KEPT_AT_MOST_MS: i64 = 60_000;
+/// passed over: what each Envoy keeps of its sends for a scope with no figure to check
+/// (`UNCHECKED_KEPT_MS` in the filter). Each Envoy keeps its sends since the oldest figure it
+/// checks, and reads and rewrites that record on every reservation: a figure a minute old made
+/// a busy key's record 12 KB and a reservation 15 times the work of a fresh figure's
+/// (docs/benchmarks.md); one no older than this costs what a scope with no figure costs.
+pub(super) const HEADROOM_KEPT_AT_MOST_MS: i64 = 10_000;
 
 /// Below this many requests or tokens left, every change of a lane's headroom is kept.
 const HEADROOM_EXACT_BELOW: i64 = 64;

@@ -1173,19 +1173,25 @@ fn headroom_that_says_what_was_estimated_left_is_no_news_while_its_window_runs(
     ok.ratelimit_reset_at_ms = 1_200_001;
     e.apply_report(&batch(vec![ok.clone()]));
     assert_eq!(kept(e).0, 10_000);
-    // And a minute after the kept figure's report, a close one takes its place: each Envoy
-    // keeps its own sends two minutes, so the figure it reads is never older than those.
-    f.clock.0.store(1_120_601, Ordering::SeqCst);
-    ok.at_ms = 1_120_601;
+    // Until the kept figure is HEADROOM_KEPT_AT_MOST_MS old a close one is passed over; then
+    // it takes its place: each Envoy keeps its sends since the oldest figure it checks.
+    let at_most = super::report::HEADROOM_KEPT_AT_MOST_MS;
+    f.clock.0.store(1_060_601 + at_most - 1, Ordering::SeqCst);
+    ok.at_ms = 1_060_601 + at_most - 1;
     ok.remaining_requests = 9_998;
+    e.apply_report(&batch(vec![ok.clone()]));
+    assert_eq!(kept(e).0, 10_000);
+    f.clock.0.store(1_060_601 + at_most, Ordering::SeqCst);
+    ok.at_ms = 1_060_601 + at_most;
+    ok.remaining_requests = 9_997;
     e.apply_report(&batch(vec![ok]));
-    assert_eq!(kept(e), (9_998, -1, 1_200_001, 1_120_601));
+    assert_eq!(kept(e), (9_997, -1, 1_200_001, 1_060_601 + at_most));
     Ok(())
 }
 
 #[test]
-fn a_data_plane_clock_far_off_neither_panics_nor_keeps_a_figure_past_a_minute() -> Result<(), String>
-{
+fn a_data_plane_clock_far_off_neither_panics_nor_keeps_a_figure_past_its_bound(
+) -> Result<(), String> {
     let f = fixture(BREAKERS)?;
     let e = &f.engine;
     let remaining = |e: &Engine| snapshot(e).headroom[0].remaining_requests;
@@ -1202,10 +1208,13 @@ fn a_data_plane_clock_far_off_neither_panics_nor_keeps_a_figure_past_a_minute() 
     assert_eq!(
         remaining(e),
         10_000,
-        "close, and kept under a minute ago here"
+        "close, and kept within the bound here"
     );
     // The kept figure's age is taken on this control plane's clock.
-    f.clock.0.store(1_060_000, Ordering::SeqCst);
+    f.clock.0.store(
+        1_000_000 + super::report::HEADROOM_KEPT_AT_MOST_MS,
+        Ordering::SeqCst,
+    );
     ok.remaining_requests = 9_980;
     e.apply_report(&batch(vec![ok]));
     assert_eq!(remaining(e), 9_980);

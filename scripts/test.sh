@@ -45,7 +45,7 @@ summary() {
     printf '%5ss  total\n' "$(($(date +%s) - START_ALL))"
     # A run that ran out of disk says so here, with what the build took of it.
     printf '\n==> disk\n'
-    df -h "$ROOT" | tail -n 1
+    df -h "$ROOT" | tail -n 1 || true
     du -sh "${TARGET_DIR:-$ROOT/target}" 2>/dev/null || true
 }
 

@@ -204,13 +204,19 @@ async fn bench(args: Args) -> Result<bool> {
             args.scale_headers
         );
     }
+    let headers = Headers::parse(&args.headers)?;
+    let counts_down = headers == Headers::Countdown || scale_headers == Headers::Countdown;
+    if counts_down && args.upstream_workers > 1 {
+        // Each worker of the fake upstream counts its own minute: a key's answers would
+        // interleave several counts.
+        bail!("the countdown headers need --upstream-workers 1");
+    }
     let scale_shapes = scale_shapes(
         &scale,
         args.many_virtual_keys,
         args.many_provider_keys,
         scale_headers,
     )?;
-    let headers = Headers::parse(&args.headers)?;
     load::set_prompt_kb(args.prompt_kb);
     let out = out_dir(&args)?;
     // The systems run in their own directories: every path given is made absolute.

@@ -158,6 +158,10 @@ async fn unary_chat_through_envoy_reaches_the_pool_model_with_the_providers_key(
         assert_eq!(r.status, 200, "{r}");
     }
     let mut keys = gw.keys_called().await.unwrap();
+    assert!(
+        keys.len() == 4 && keys[0] != keys[1] && keys[0] == keys[2] && keys[1] == keys[3],
+        "equal keys alternate: {keys:?}"
+    );
     keys.sort();
     assert_eq!(keys, ["a", "a", "b", "b"], "equal keys alternate");
 

@@ -106,9 +106,12 @@ fn scale_row_targets(
     let tr = div(rps_of(big), rps_of(base));
     let pr = div(p99_of(big), p99_of(base));
     let total = big.map(|b| b.peak_rss_total_mb).filter(|v| *v > 0.0);
+    let headers = big
+        .and_then(|b| b.shape)
+        .map_or("changing", |s| s.headers.prefix());
     let mut out = vec![
         Target {
-            target: format!("{pool}, changing headers: c16 throughput ≥ 90% of 10 VK / 8 PK"),
+            target: format!("{pool}, {headers} headers: c16 throughput ≥ 90% of 10 VK / 8 PK"),
             figure: format!(
                 "{} of {} rps = {}{paired}",
                 f(rps_of(big), 0),
@@ -119,7 +122,7 @@ fn scale_row_targets(
         },
         Target {
             target: format!(
-                "{pool}, changing headers: c16 p99 within 1.2× of 10 VK / 8 PK (issue 32)"
+                "{pool}, {headers} headers: c16 p99 within 1.2× of 10 VK / 8 PK (issue 32)"
             ),
             figure: format!(
                 "{} ms vs {} ms = {}",

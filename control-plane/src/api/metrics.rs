@@ -729,6 +729,17 @@ mod tests {
                 },
             ],
             attempts: vec![
+                // Reported before lane a's error and before lanes that sort first: the series
+                // follow the lanes' and the labels' order, not the reports'.
+                pb::AttemptOutcome {
+                    provider: "p".into(),
+                    key: "a".into(),
+                    model: "m".into(),
+                    outcome: pb::AttemptResult::Success.into(),
+                    latency_ms: 30,
+                    stream: true,
+                    ..Default::default()
+                },
                 pb::AttemptOutcome {
                     provider: "p".into(),
                     key: "a".into(),
@@ -751,6 +762,15 @@ mod tests {
                         cached_tokens: 2,
                         ..Default::default()
                     }),
+                    ..Default::default()
+                },
+                pb::AttemptOutcome {
+                    provider: "p".into(),
+                    key: "0".into(),
+                    model: "m".into(),
+                    outcome: pb::AttemptResult::Error.into(),
+                    error_class: pb::ErrorClass::Timeout.into(),
+                    latency_ms: 900,
                     ..Default::default()
                 },
             ],
@@ -806,11 +826,31 @@ mod tests {
                 })
                 .collect()
         };
-        assert_eq!(series("ai_router_attempts_total{"), ["a", "b"], "{text}");
-        assert_eq!(series("ai_router_attempt_duration_seconds_count{"), ["a"]);
+        assert_eq!(
+            series("ai_router_attempts_total{"),
+            ["0", "a", "a", "b"],
+            "{text}"
+        );
+        // Within a lane, by outcome then class.
+        let lane_a: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("ai_router_attempts_total{") && l.contains("key=\"a\""))
+            .collect();
+        assert_eq!(
+            lane_a,
+            [
+                "ai_router_attempts_total{provider=\"p\",key=\"a\",model=\"m\",outcome=\"error\",class=\"rate_limit\"} 1",
+                "ai_router_attempts_total{provider=\"p\",key=\"a\",model=\"m\",outcome=\"success\",class=\"\"} 1",
+            ],
+            "{text}"
+        );
+        assert_eq!(
+            series("ai_router_attempt_duration_seconds_count{"),
+            ["0", "a"]
+        );
         assert_eq!(
             series("ai_router_time_to_first_token_seconds_count{"),
-            ["b"]
+            ["a", "b"]
         );
         for family in [
             "ai_router_prompt_tokens_total{",

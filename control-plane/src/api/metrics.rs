@@ -21,7 +21,7 @@ use axum::Router;
 
 use crate::api::error::ErrorCode;
 use crate::engine::{Engine, ReportObserver};
-use crate::store::durable::entry_by_names;
+use crate::store::durable::{entry_by_names, lane_names, lane_of};
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [
@@ -249,11 +249,8 @@ impl ReportObserver for Metrics {
             }
         }
         for a in &batch.attempts {
-            let names = (a.provider.as_str(), a.key.as_str(), a.model.as_str());
-            let lane = || {
-                let owned = (a.provider.clone(), a.key.clone(), a.model.clone());
-                (owned, LaneSeries::default())
-            };
+            let names = lane_names(a);
+            let lane = || (lane_of(a), LaneSeries::default());
             let Some(series) = entry_by_names(&mut c.lanes, &names, lane) else {
                 continue;
             };

@@ -13,7 +13,8 @@ use crate::config::secrets::Secret;
 use crate::config::Config;
 use crate::store::breaker::{Breaker, BreakerId, BreakerPhase, BreakerScope};
 use crate::store::durable::{
-    Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom, LaneId, Names,
+    lane_names, lane_of, Blacklist, BlacklistReason, DurableState, KeyId, LaneHeadroom, LaneId,
+    Names,
 };
 use crate::store::lock;
 use crate::store::spend::Spend;
@@ -157,11 +158,7 @@ fn note_key_attempt(
     now: i64,
     effects: &mut ReportEffects,
 ) {
-    let names = (
-        attempt.provider.as_str(),
-        attempt.key.as_str(),
-        attempt.model.as_str(),
-    );
+    let names = lane_names(attempt);
     let kept = state
         .headroom_as_of
         .get_mut(&names as &dyn Names<3>)
@@ -172,12 +169,7 @@ fn note_key_attempt(
         });
     if note_headroom(&mut state.durable, attempt, kept, now) {
         effects.headroom_moved = true;
-        let lane = (
-            attempt.provider.clone(),
-            attempt.key.clone(),
-            attempt.model.clone(),
-        );
-        note_headroom_as_of(state, lane, attempt, now);
+        note_headroom_as_of(state, lane_of(attempt), attempt, now);
     }
     effects.changed |= note_spend(config, &mut state.durable, attempt, now);
     if attempt.probe {
@@ -435,11 +427,7 @@ pub(super) fn note_headroom(
         remaining_tokens: attempt.remaining_tokens.max(-1),
         reset_at_ms,
     };
-    let names = (
-        attempt.provider.as_str(),
-        attempt.key.as_str(),
-        attempt.model.as_str(),
-    );
+    let names = lane_names(attempt);
     if let Some(old) = durable.headroom.get(&names as &dyn Names<3>) {
         let same_values = old.remaining_requests == entry.remaining_requests
             && old.remaining_tokens == entry.remaining_tokens;
@@ -467,12 +455,7 @@ pub(super) fn note_headroom(
             }
         }
     }
-    let lane = (
-        attempt.provider.clone(),
-        attempt.key.clone(),
-        attempt.model.clone(),
-    );
-    durable.headroom.insert(lane, entry);
+    durable.headroom.insert(lane_of(attempt), entry);
     true
 }
 

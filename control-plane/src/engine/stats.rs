@@ -10,6 +10,8 @@ use ai_router_contract::latency::ewma_step;
 use ai_router_proto::v1 as pb;
 use serde::Serialize;
 
+use crate::store::durable::{entry_by_names, lane_names, lane_of};
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LaneStats {
@@ -132,16 +134,19 @@ impl Stats {
                     .entry(failure_class(a).to_owned())
                     .or_default() += 1;
             }
-            let lane = s
-                .lanes
-                .entry((a.provider.clone(), a.key.clone(), a.model.clone()))
-                .or_insert_with(|| LaneStats {
+            let first = || {
+                let stats = LaneStats {
                     provider: a.provider.clone(),
                     key: a.key.clone(),
                     model: a.model.clone(),
                     latency_ewma_ms: a.latency_ms as f64,
                     ..LaneStats::default()
-                });
+                };
+                (lane_of(a), stats)
+            };
+            let Some(lane) = entry_by_names(&mut s.lanes, &lane_names(a), first) else {
+                continue;
+            };
             lane.attempts += 1;
             if a.outcome() == pb::AttemptResult::Success {
                 lane.successes += 1;

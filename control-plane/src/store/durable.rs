@@ -106,6 +106,20 @@ where
     map.get_mut(names)
 }
 
+/// An attempt's lane by borrowed names (a [`Names`] lookup).
+pub fn lane_names(attempt: &pb::AttemptOutcome) -> (&str, &str, &str) {
+    (&attempt.provider, &attempt.key, &attempt.model)
+}
+
+/// An attempt's lane, owned (a new entry's key).
+pub fn lane_of(attempt: &pb::AttemptOutcome) -> LaneId {
+    (
+        attempt.provider.clone(),
+        attempt.key.clone(),
+        attempt.model.clone(),
+    )
+}
+
 names_of_tuples!(2: 0, 1);
 names_of_tuples!(3: 0, 1, 2);
 names_of_tuples!(4: 0, 1, 2, 3);
